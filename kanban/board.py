@@ -1,0 +1,801 @@
+"""The filesystem board: task documents as JSON files in status folders, changed under one lock.
+
+Every transition follows the same steps, so a process killed at any point leaves a state that the
+next locked operation finishes (roll forward, never back):
+
+1. a marker `.pending/<id>` names the task being moved,
+2. the new document is written over the old one in place (temp file, fsync, rename),
+3. the transition is appended to `events.jsonl`,
+4. the file is renamed into the folder of its new status,
+5. the marker is removed.
+
+A task is thus always in exactly one folder; a document whose status differs from its folder is
+a transition caught between steps 2 and 4, and its marker says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import stat
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import filelock
+
+from . import drops, fsinfo
+from .events import EventTail, append_event, event
+from .fsio import read_bytes_nofollow, unique_path, write_atomic, write_json_atomic
+from .index import BoardIndex
+from .liveness import HOST, stale_reason, start_time
+from .parse import MAX_BYTES, parse_task_file
+from .task import (
+    STATUSES,
+    TaskError,
+    can_claim,
+    check_document,
+    find_cycle,
+    is_valid_id,
+    normalize,
+    now_iso,
+    slugify,
+    sort_key,
+    transition,
+)
+from .watch import BoardWatcher, ChangeSignal
+
+TaskDoc = dict[str, Any]
+
+DEFAULT_LEASE = 60.0
+# How long a waiting claimer sleeps between rescans when no event wakes it.
+RESCAN_INTERVAL = 2.0
+POLL_INTERVAL = 1.0
+# A claim that finds nothing rescans the folders if the index is older than this.
+RESYNC_AFTER = 2.0
+RECOVER_INTERVAL = 2.0
+STALE_TMP_AGE = 60.0
+LOCK_POLL = 0.001
+ALLOW_NETWORK_FS_ENV = "HERMES_SUP_ALLOW_NETWORK_FS"
+
+
+class BoardError(Exception):
+    """A board operation that cannot be done; the message says why."""
+
+
+class TaskNotFound(BoardError):
+    pass
+
+
+class ClaimLost(BoardError):
+    """The caller's claim token no longer holds the task (its lease expired and it was reclaimed)."""
+
+
+class InvalidTransition(BoardError):
+    pass
+
+
+class Damaged(BoardError):
+    pass
+
+
+@dataclass
+class IngestReport:
+    ingested: list[str] = field(default_factory=list)
+    rejected: list[dict[str, str]] = field(default_factory=list)
+    waiting: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ingested": self.ingested, "rejected": self.rejected, "waiting": self.waiting}
+
+
+@dataclass
+class Listing:
+    tasks: list[TaskDoc]
+    damaged: list[dict[str, str]]
+
+
+def fingerprint(name: str, st: os.stat_result, data: bytes) -> str:
+    """Identity of one dropped file: the same file after a crash gives the same value, a new drop
+    (even with the same name and bytes) a different one."""
+    digest = hashlib.sha256()
+    digest.update(f"{name}\0{st.st_ino}\0{st.st_mtime_ns}\0{st.st_size}\0".encode())
+    digest.update(data)
+    return digest.hexdigest()[:16]
+
+
+class Board:
+    """A Kanban board in a folder. Safe to use from several processes and threads at once."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        create: bool = True,
+        allow_network_fs: bool | None = None,
+        lease: float = DEFAULT_LEASE,
+        lock_timeout: float = 60.0,
+    ) -> None:
+        self.root = Path(root).absolute()
+        if not self.root.is_dir():
+            if not create:
+                raise BoardError(f"no board at {self.root}")
+            self.root.mkdir(parents=True)
+        mount = fsinfo.filesystem_of(self.root)
+        self.fs_type = mount.fstype if mount else "unknown"
+        self.network_fs = fsinfo.is_network(self.fs_type)
+        if allow_network_fs is None:
+            allow_network_fs = os.environ.get(ALLOW_NETWORK_FS_ENV, "").lower() in ("1", "true", "yes")
+        if self.network_fs and not allow_network_fs:
+            raise BoardError(
+                f"the board {self.root} is on a network filesystem ({self.fs_type}): file locks give no mutual "
+                f"exclusion across its clients and it sends no change events. Put the board on a local disk, "
+                f"or set {ALLOW_NETWORK_FS_ENV}=1 if only this machine uses it."
+            )
+        self.lease = lease
+        self.events_path = self.root / "events.jsonl"
+        self.problems: list[str] = []
+        self._ensure_layout()
+        self._flock = filelock.FileLock(
+            str(self.root / ".lock"), timeout=lock_timeout, thread_local=False, poll_interval=LOCK_POLL
+        )
+        self._tlock = threading.RLock()
+        self._depth = 0
+        self._index = BoardIndex()
+        self._tail = EventTail(self.events_path)
+        self._indexed_at: float | None = None
+        self._last_recover = 0.0
+        self.signal = ChangeSignal()
+        self.watcher = BoardWatcher(self.root, self.signal)
+
+    # -- layout and locking -------------------------------------------------------------------
+
+    def _ensure_layout(self) -> None:
+        existing = self.events_path.exists()
+        for name in (*STATUSES, "inbox", "rejected", ".pending", ".ingested"):
+            folder = self.root / name
+            if folder.is_dir():
+                continue
+            folder.mkdir(exist_ok=True)
+            if existing and name in STATUSES:
+                # Never silently: a status folder that vanished took its tasks with it.
+                note = f"status folder {name}/ was missing and has been recreated empty"
+                self.problems.append(note)
+                append_event(self.events_path, event(now_iso(), f"{name}/", None, None, "board", note))
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._tlock:
+            try:
+                self._flock.acquire()
+            except filelock.Timeout as exc:
+                raise BoardError(f"the board lock {self.root / '.lock'} stayed busy for "
+                                 f"{self._flock.timeout:g} s") from exc
+            self._depth += 1
+            try:
+                if self._depth == 1:
+                    self._finish_interrupted()
+                yield
+            finally:
+                self._depth -= 1
+                self._flock.release()
+
+    def _path(self, status: str, task_id: str) -> Path:
+        return self.root / status / f"{task_id}.json"
+
+    def close(self) -> None:
+        self.watcher.stop()
+
+    def __enter__(self) -> Board:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def _read(self, path: Path) -> TaskDoc:
+        data = path.read_bytes()
+        try:
+            doc = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise Damaged(f"not valid JSON ({exc})") from exc
+        try:
+            return check_document(doc)
+        except TaskError as exc:
+            raise Damaged(str(exc)) from exc
+
+    def _locate(self, task_id: str) -> tuple[str, Path] | None:
+        hint = self._index.status.get(task_id)
+        order = [hint] if hint else []
+        order += [status for status in STATUSES if status != hint]
+        for status in order:
+            path = self._path(status, task_id)
+            if path.exists():
+                return status, path
+        return None
+
+    def get(self, task_id: str) -> TaskDoc:
+        """The task's current document (a lock-free read: files are only ever replaced whole)."""
+        if not is_valid_id(task_id):
+            raise TaskNotFound(f"'{task_id}' is not a task id")
+        for _attempt in range(5):
+            found = self._locate(task_id)
+            if found is None:
+                break
+            try:
+                return self._read(found[1])
+            except FileNotFoundError:
+                continue  # moved between the look-up and the read
+            except Damaged as exc:
+                raise BoardError(f"task {task_id} in {found[0]}/ is damaged: {exc}") from exc
+        raise TaskNotFound(f"no task '{task_id}' on the board {self.root}")
+
+    def list(self, status: str | None = None) -> Listing:
+        """Every task (or those in one status), in claim order within each status."""
+        if status is not None and status not in STATUSES:
+            raise BoardError(f"unknown status '{status}'; statuses are {', '.join(STATUSES)}")
+        found: dict[str, TaskDoc] = {}
+        damaged: list[dict[str, str]] = []
+        for folder in [status] if status else STATUSES:
+            try:
+                entries = list(os.scandir(self.root / folder))
+            except FileNotFoundError:
+                damaged.append({"path": f"{folder}/", "reason": "status folder is missing"})
+                continue
+            for entry in entries:
+                if not entry.name.endswith(".json") or entry.name.startswith("."):
+                    continue
+                try:
+                    doc = self._read(Path(entry.path))
+                except FileNotFoundError:
+                    continue
+                except Damaged as exc:
+                    damaged.append({"path": f"{folder}/{entry.name}", "reason": str(exc)})
+                    continue
+                except OSError as exc:
+                    damaged.append({"path": f"{folder}/{entry.name}", "reason": f"unreadable: {exc.strerror}"})
+                    continue
+                seen = found.get(doc["id"])
+                # A transition caught between its write and its rename shows up twice; the longer
+                # history is the newer state.
+                if seen is None or len(doc["history"]) > len(seen["history"]):
+                    found[doc["id"]] = doc
+        tasks = [doc for doc in found.values() if status is None or doc["status"] == status]
+        order = {name: index for index, name in enumerate(STATUSES)}
+        tasks.sort(key=lambda doc: (order[doc["status"]], sort_key(doc)))
+        return Listing(tasks, damaged)
+
+    def counts(self) -> dict[str, int]:
+        counts = {}
+        for status in STATUSES:
+            try:
+                counts[status] = sum(
+                    1 for entry in os.scandir(self.root / status)
+                    if entry.name.endswith(".json") and not entry.name.startswith(".")
+                )
+            except FileNotFoundError:
+                counts[status] = 0
+        return counts
+
+    # -- writing: the one transition path -------------------------------------------------------
+
+    def _commit(self, folder: str, new: TaskDoc) -> TaskDoc:
+        task_id, dst = new["id"], new["status"]
+        src_path = self._path(folder, task_id)
+        marker = self.root / ".pending" / task_id
+        moving = dst != folder
+        if moving:
+            write_atomic(marker, json.dumps({"from": folder, "to": dst}).encode(), fsync=False)
+        write_json_atomic(src_path, new)
+        entry = new["history"][-1]
+        append_event(self.events_path, event(entry["at"], task_id, entry["from"], entry["to"],
+                                             entry["by"], entry["note"]))
+        if moving:
+            self._move_into_place(src_path, dst, task_id)
+            marker.unlink(missing_ok=True)
+        return new
+
+    def _move_into_place(self, src_path: Path, dst: str, task_id: str) -> None:
+        dst_path = self._path(dst, task_id)
+        if dst_path.exists():
+            self._quarantine(dst_path, f"a second copy of task {task_id} was in {dst}/ while the task moved there")
+        os.rename(src_path, dst_path)
+
+    def _event_logged(self, at: str, task_id: str) -> bool:
+        needle = f'"at":{json.dumps(at)},"task":{json.dumps(task_id)}'.encode()
+        try:
+            with open(self.events_path, "rb") as handle:
+                size = os.fstat(handle.fileno()).st_size
+                handle.seek(max(0, size - (4 << 20)))
+                return needle in handle.read()
+        except FileNotFoundError:
+            return False
+
+    def _finish_interrupted(self) -> None:
+        """Roll forward transitions whose process died between their steps (run under the lock,
+        so any marker found belongs to a dead process)."""
+        try:
+            markers = [entry for entry in os.scandir(self.root / ".pending") if not entry.name.startswith(".")]
+        except FileNotFoundError:
+            return
+        for marker in markers:
+            task_id = marker.name
+            found = self._locate(task_id) if is_valid_id(task_id) else None
+            if found is not None:
+                folder, path = found
+                try:
+                    doc = self._read(path)
+                except Damaged as exc:
+                    self._quarantine(path, str(exc))
+                    doc = None
+                if doc is not None and doc["status"] != folder:
+                    entry = doc["history"][-1]
+                    if not self._event_logged(entry["at"], task_id):
+                        append_event(self.events_path, event(
+                            entry["at"], task_id, entry["from"], entry["to"], entry["by"],
+                            f"{entry['note']} (completed after its writer was interrupted)".strip(),
+                        ))
+                    self._move_into_place(path, doc["status"], task_id)
+            os.unlink(marker.path)
+
+    def _quarantine(self, path: Path, reason: str) -> Path:
+        """Move a damaged file aside to rejected/ with a note; never delete it."""
+        folder = path.parent.name
+        dest = unique_path(self.root / "rejected", f"{folder}--{path.name}")
+        note = (f"{folder}/{path.name} was found damaged on {now_iso()}: {reason}\n"
+                f"It was moved here untouched; every other task stayed where it was. Repair it and move it "
+                f"back into {folder}/ if it is still wanted.\n")
+        (dest.parent / f"{dest.name}.error.txt").write_text(note)
+        os.rename(path, dest)
+        self.problems.append(f"{folder}/{path.name}: {reason} (moved to rejected/{dest.name})")
+        append_event(self.events_path, event(now_iso(), path.stem, folder, "rejected", "board",
+                                             f"damaged: {reason}"))
+        self._index.forget(path.stem)
+        return dest
+
+    def quarantine_damaged(self, damaged: Iterable[dict[str, str]]) -> list[str]:
+        """Re-check, under the lock, files a lock-free listing found unreadable; move the damaged aside."""
+        moved = []
+        with self._locked():
+            for item in damaged:
+                path = self.root / item["path"]
+                if not path.is_file():
+                    continue
+                try:
+                    self._read(path)
+                except Damaged as exc:
+                    moved.append(str(self._quarantine(path, str(exc)).relative_to(self.root)))
+                except (FileNotFoundError, OSError):
+                    continue
+        return moved
+
+    # -- adding ---------------------------------------------------------------------------------
+
+    def _deps_of(self, task_id: str) -> list[str]:
+        try:
+            return list(self.get(task_id).get("depends_on") or ())
+        except BoardError:
+            return []
+
+    def _check_new(self, doc: TaskDoc) -> None:
+        cycle = find_cycle(doc["id"], doc["depends_on"], self._deps_of)
+        if cycle:
+            raise TaskError(f"depends_on creates a cycle: {' -> '.join(cycle)}")
+
+    def add(self, fields: dict[str, Any], *, by: str = "cli") -> TaskDoc:
+        """Validate `fields` (as in a dropped file) and put the task on the board."""
+        now = now_iso()
+        title = fields.get("title") if isinstance(fields.get("title"), str) else "task"
+        with self._locked():
+            for _attempt in range(20):
+                default_id = f"{slugify(title)}-{os.urandom(3).hex()}"
+                doc = normalize(fields, default_id=default_id, now=now, by=by, note="added")
+                if self._locate(doc["id"]) is None:
+                    break
+                if "id" in fields:
+                    raise TaskError(f"a task with id '{doc['id']}' already exists")
+            self._check_new(doc)
+            write_json_atomic(self._path(doc["status"], doc["id"]), doc)
+            append_event(self.events_path, event(now, doc["id"], None, doc["status"], by, "added"))
+        return doc
+
+    # -- ingest ---------------------------------------------------------------------------------
+
+    def ingest(self) -> IngestReport:
+        """Turn finished files in the drop zones into tasks; reject what cannot be one."""
+        report = IngestReport()
+        candidates = drops.scan(self.root)
+        if not candidates:
+            return report
+        writers: set[tuple[int, int]] | None = None
+        writers_read = False
+        ready: list[drops.Drop] = []
+        now = time.time()
+        for drop in candidates:
+            try:
+                st = os.lstat(drop.path)
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                ready.append(drop)  # symlinks, folders, devices: rejected at once
+                continue
+            hinted = self.watcher.is_complete(drop.path, st.st_mtime_ns)
+            is_task = drops.is_task_file(drop.path.name)
+            has_writer: bool | None = False
+            if is_task and not hinted:
+                if not writers_read:
+                    writers, writers_read = drops.open_writers(self.root), True
+                has_writer = None if writers is None else (st.st_dev, st.st_ino) in writers
+            state = drops.decide(is_task_type=is_task, hinted_complete=hinted, has_writer=has_writer,
+                                 quiet_for=now - st.st_mtime)
+            if state == "wait":
+                report.waiting.append(str(drop.path.relative_to(self.root)))
+            else:
+                ready.append(drop)
+        if not ready:
+            return report
+        with self._locked():
+            for drop in ready:
+                self._ingest_one(drop, report)
+        return report
+
+    def _reject(self, path: Path, reason: str, report: IngestReport) -> None:
+        rel = str(path.relative_to(self.root))
+        dest = unique_path(self.root / "rejected", path.name)
+        (dest.parent / f"{dest.name}.error.txt").write_text(
+            f"{rel} was rejected on {now_iso()}: {reason}\nFix the file and drop it into inbox/ again.\n"
+        )
+        os.rename(path, dest)
+        self.watcher.forget(path)
+        append_event(self.events_path, event(now_iso(), path.name, "inbox", "rejected", "ingest", reason))
+        report.rejected.append({"file": rel, "moved_to": f"rejected/{dest.name}", "reason": reason})
+
+    def _ingest_one(self, drop: drops.Drop, report: IngestReport) -> None:
+        path = drop.path
+        rel = str(path.relative_to(self.root))
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return  # another process ingested it first
+        if stat.S_ISLNK(st.st_mode):
+            return self._reject(path, f"is a symlink (to {os.readlink(path)}); symlinks are refused, "
+                                      "copy the file in instead", report)
+        if stat.S_ISDIR(st.st_mode):
+            return self._reject(path, "is a folder; drop task files, not folders", report)
+        if not stat.S_ISREG(st.st_mode):
+            return self._reject(path, "is not a regular file", report)
+        if not drops.is_task_file(path.name):
+            return self._reject(path, f"unsupported file type; a task file ends in {', '.join(drops.EXTENSIONS)}",
+                                report)
+        if st.st_size > MAX_BYTES:
+            return self._reject(path, f"file is {st.st_size} bytes; the limit for a task file is "
+                                      f"{MAX_BYTES} bytes (1 MiB)", report)
+        try:
+            data = read_bytes_nofollow(path, MAX_BYTES)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            return self._reject(path, f"cannot be read: {exc.strerror}", report)
+        fp = fingerprint(path.name, st, data)
+        now = now_iso()
+        stem = path.name.rsplit(".", 1)[0]
+        try:
+            raw = parse_task_file(path.name, data)
+            doc = normalize(raw, default_id=f"{slugify(stem, 57)}-{fp[:6]}", now=now, by="ingest",
+                            note=f"ingested from {rel}")
+            found = self._locate(doc["id"])
+            if found is not None:
+                existing = self._read(found[1])
+                if (existing.get("source") or {}).get("fingerprint") == fp:
+                    # This very file was ingested by a process that died before moving it away.
+                    first = existing["history"][0]
+                    if not self._event_logged(first["at"], existing["id"]):
+                        append_event(self.events_path, event(first["at"], existing["id"], "inbox",
+                                                             first["to"], "ingest", first["note"]))
+                    self._archive(path, existing["id"])
+                    report.ingested.append(existing["id"])
+                    return None
+                raise TaskError(f"a task with id '{doc['id']}' already exists (in {found[0]}/)")
+            self._check_new(doc)
+        except (TaskError, Damaged) as exc:
+            return self._reject(path, str(exc), report)
+        doc["source"] = {"file": rel, "fingerprint": fp}
+        write_json_atomic(self._path(doc["status"], doc["id"]), doc)
+        append_event(self.events_path, event(now, doc["id"], "inbox", doc["status"], "ingest",
+                                             f"ingested from {rel}"))
+        self._archive(path, doc["id"])
+        report.ingested.append(doc["id"])
+        return None
+
+    def _archive(self, path: Path, task_id: str) -> None:
+        # The user's file is kept, not deleted: the task's `source` names it.
+        os.rename(path, unique_path(self.root / ".ingested", f"{task_id}--{path.name}"))
+        self.watcher.forget(path)
+
+    # -- the index ------------------------------------------------------------------------------
+
+    def _load_todo(self, task_id: str) -> TaskDoc | None:
+        try:
+            return self._read(self._path("todo", task_id))
+        except (FileNotFoundError, Damaged):
+            return None
+
+    def _rescan(self) -> None:
+        self._tail.seek_end()
+        self._index.clear()
+        for status in STATUSES:
+            try:
+                entries = list(os.scandir(self.root / status))
+            except FileNotFoundError:
+                continue
+            for entry in entries:
+                name = entry.name
+                if not name.endswith(".json") or name.startswith("."):
+                    continue
+                task_id = name[:-5]
+                if status != "todo":
+                    self._index.set_status(task_id, status)
+                    continue
+                path = Path(entry.path)
+                try:
+                    doc = self._read(path)
+                except FileNotFoundError:
+                    continue
+                except Damaged as exc:
+                    self._quarantine(path, str(exc))
+                    continue
+                if doc["status"] == "todo":
+                    self._index.put_todo(doc)
+        self._indexed_at = time.monotonic()
+        self.signal.full_rescan_due = False
+
+    def _refresh_index(self) -> None:
+        if self._indexed_at is None or self.signal.full_rescan_due:
+            self._rescan()
+        else:
+            self._index.apply_events(self._tail.read_new(), self._load_todo)
+
+    # -- claiming -------------------------------------------------------------------------------
+
+    def _done_on_disk(self, task_id: str) -> bool:
+        return self._path("done", task_id).exists()
+
+    def claim(self, agent: str, *, roles: Iterable[str] = (), lease: float | None = None,
+              pid: int | None = None) -> TaskDoc | None:
+        """Claim the best eligible task for `agent`, or None. The returned document's
+        claim.token must be presented to renew, complete, fail, block or release it."""
+        roles = tuple(roles)
+        with self._locked():
+            self._refresh_index()
+            doc = self._claim_from_index(agent, roles, lease, pid)
+            if doc is None and self._indexed_at is not None and time.monotonic() - self._indexed_at > RESYNC_AFTER:
+                self._rescan()
+                doc = self._claim_from_index(agent, roles, lease, pid)
+            return doc
+
+    def _claim_from_index(self, agent: str, roles: tuple[str, ...], lease: float | None,
+                          pid: int | None) -> TaskDoc | None:
+        index = self._index
+
+        def indexed_done(dep: str) -> bool:
+            return index.status.get(dep) == "done"
+
+        for meta in index.todo_in_order():
+            if not can_claim(meta, agent, roles, indexed_done):
+                continue
+            path = self._path("todo", meta["id"])
+            try:
+                doc = self._read(path)
+            except FileNotFoundError:
+                index.forget(meta["id"])
+                continue
+            except Damaged as exc:
+                self._quarantine(path, str(exc))
+                continue
+            if doc["status"] != "todo":
+                index.set_status(doc["id"], doc["status"])
+                continue
+            if not can_claim(doc, agent, roles, self._done_on_disk):
+                index.put_todo(doc)
+                continue
+            return self._commit("todo", self._claimed(doc, agent, lease, pid))
+        return None
+
+    def _claimed(self, doc: TaskDoc, agent: str, lease: float | None, pid: int | None) -> TaskDoc:
+        pid = os.getpid() if pid is None else pid
+        lease = self.lease if lease is None else lease
+        token = int(doc.get("claims") or 0) + 1
+        attempt = int(doc.get("attempts") or 0) + 1
+        now = time.time()
+        claim = {
+            "agent": agent, "pid": pid, "pid_started": start_time(pid), "host": HOST, "token": token,
+            "claimed_at": now_iso(), "lease_until": _iso_at(now + lease), "lease_until_ts": now + lease,
+        }
+        return transition(doc, "doing", by=agent, now=claim["claimed_at"],
+                          note=f"claimed by {agent} (attempt {attempt} of {doc['max_attempts']})",
+                          claim=claim, attempts=attempt, claims=token)
+
+    def _held(self, task_id: str, token: int) -> TaskDoc:
+        """The document of a task held in doing/ by `token`, else ClaimLost."""
+        path = self._path("doing", task_id)
+        try:
+            doc = self._read(path)
+        except FileNotFoundError:
+            found = self._locate(task_id)
+            where = f"it is in {found[0]}/" if found else "it is no longer on the board"
+            raise ClaimLost(f"task {task_id} is not held by token {token}: {where}") from None
+        claim = doc.get("claim") or {}
+        if doc["status"] != "doing" or claim.get("token") != token:
+            holder = f"held by {claim.get('agent')} with token {claim.get('token')}" if claim else "not held"
+            raise ClaimLost(f"task {task_id} is not held by token {token}: it is {holder}")
+        return doc
+
+    def renew(self, task_id: str, token: int, lease: float | None = None) -> TaskDoc:
+        lease = self.lease if lease is None else lease
+        with self._locked():
+            doc = self._held(task_id, token)
+            now = time.time()
+            claim = dict(doc["claim"], lease_until=_iso_at(now + lease), lease_until_ts=now + lease)
+            new = dict(doc, claim=claim)
+            # Not a transition: no event, and a lost renewal only shortens the lease, so no fsync.
+            write_json_atomic(self._path("doing", task_id), new, fsync=False)
+            return new
+
+    def _finish(self, task_id: str, token: int, to: str, note: str, **changes: Any) -> TaskDoc:
+        with self._locked():
+            doc = self._held(task_id, token)
+            by = doc["claim"]["agent"]
+            if to == "todo?":
+                to = "failed" if doc["attempts"] >= doc["max_attempts"] else "todo"
+                note = f"attempt {doc['attempts']} of {doc['max_attempts']} failed: {note}"
+            if changes.pop("_return_attempt", False):
+                changes["attempts"] = max(0, doc["attempts"] - 1)
+            return self._commit("doing", transition(doc, to, by=by, now=now_iso(), note=note, claim=None, **changes))
+
+    def complete(self, task_id: str, token: int, result: Any = None) -> TaskDoc:
+        return self._finish(task_id, token, "done", "completed", result=result, error=None)
+
+    def fail(self, task_id: str, token: int, error: str) -> TaskDoc:
+        """A failed attempt: back to todo, or to failed once max_attempts is reached."""
+        return self._finish(task_id, token, "todo?", error, error=error)
+
+    def block(self, task_id: str, token: int, reason: str) -> TaskDoc:
+        """The agent cannot finish without a person; `task retry` puts it back."""
+        return self._finish(task_id, token, "blocked", reason, error=reason)
+
+    def release(self, task_id: str, token: int, note: str = "released", *, count_attempt: bool = False) -> TaskDoc:
+        """Give the task back to todo; an interrupted attempt (shutdown, restart) is not counted."""
+        return self._finish(task_id, token, "todo", note, _return_attempt=not count_attempt)
+
+    # -- recovery -------------------------------------------------------------------------------
+
+    def recover(self) -> list[dict[str, str]]:
+        """Return tasks whose holder died or whose lease ran out to todo (attempts kept), or to
+        failed once they used up max_attempts; finish interrupted transitions; sweep stale temp files."""
+        recovered = []
+        now = time.time()
+        with self._locked():
+            self._last_recover = time.monotonic()
+            for entry in list(os.scandir(self.root / "doing")):
+                if entry.name.startswith("."):
+                    if entry.name.endswith(".tmp"):
+                        _remove_if_older(Path(entry.path), STALE_TMP_AGE)
+                    continue
+                if not entry.name.endswith(".json"):
+                    continue
+                path = Path(entry.path)
+                try:
+                    doc = self._read(path)
+                except FileNotFoundError:
+                    continue
+                except Damaged as exc:
+                    self._quarantine(path, str(exc))
+                    continue
+                reason = stale_reason(doc.get("claim"), now)
+                if doc["status"] != "doing" or reason is None:
+                    continue
+                exhausted = doc["attempts"] >= doc["max_attempts"]
+                to = "failed" if exhausted else "todo"
+                note = f"recovered: {reason}" + (f"; gave up after {doc['attempts']} attempts" if exhausted else "")
+                self._commit("doing", transition(doc, to, by="board", now=now_iso(), note=note,
+                                                 claim=None, error=note))
+                recovered.append({"task": doc["id"], "to": to, "reason": reason})
+            for status in STATUSES:
+                if status == "doing":
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    for entry in os.scandir(self.root / status):
+                        if entry.name.startswith(".") and entry.name.endswith(".tmp"):
+                            _remove_if_older(Path(entry.path), STALE_TMP_AGE)
+        return recovered
+
+    # -- changes by hand ------------------------------------------------------------------------
+
+    def move(self, task_id: str, to: str, *, by: str = "cli", note: str = "") -> TaskDoc:
+        if to not in STATUSES:
+            raise InvalidTransition(f"unknown status '{to}'; statuses are {', '.join(STATUSES)}")
+        if to == "doing":
+            raise InvalidTransition("a task enters doing/ only when an agent claims it")
+        with self._locked():
+            found = self._locate(task_id)
+            if found is None:
+                raise TaskNotFound(f"no task '{task_id}' on the board {self.root}")
+            folder, path = found
+            doc = self._read(path)
+            if doc["status"] == to:
+                raise InvalidTransition(f"task {task_id} is already {to}")
+            changes: dict[str, Any] = {"claim": None}
+            if doc.get("claim"):
+                note = f"{note}; " if note else ""
+                note += f"claim of {doc['claim'].get('agent')} revoked"
+            if to == "todo":
+                changes["attempts"] = 0
+            return self._commit(folder, transition(doc, to, by=by, now=now_iso(), note=note or f"moved to {to}",
+                                                   **changes))
+
+    def cancel(self, task_id: str, *, by: str = "cli") -> TaskDoc:
+        doc = self.get(task_id)
+        if doc["status"] in ("done", "cancelled"):
+            raise InvalidTransition(f"task {task_id} is already {doc['status']}")
+        return self.move(task_id, "cancelled", by=by, note="cancelled")
+
+    def retry(self, task_id: str, *, by: str = "cli") -> TaskDoc:
+        doc = self.get(task_id)
+        if doc["status"] not in ("blocked", "failed", "cancelled"):
+            raise InvalidTransition(f"task {task_id} is {doc['status']}; retry takes a blocked, failed or "
+                                    "cancelled task")
+        return self.move(task_id, "todo", by=by, note="retry (attempts reset)")
+
+    # -- waiting --------------------------------------------------------------------------------
+
+    def start_watching(self) -> None:
+        if self.watcher.mode == "off":
+            self.watcher.start(force_polling=self.network_fs,
+                               why=f"no change events on a network filesystem ({self.fs_type})")
+
+    def wake(self) -> None:
+        """Wake every thread of this process waiting in wait_for_work (to stop it, say)."""
+        self.signal.bump()
+
+    def wait_for_work(self, agent: str, *, roles: Iterable[str] = (), timeout: float | None = None,
+                      lease: float | None = None, stop: threading.Event | None = None) -> TaskDoc | None:
+        """Claim a task, waiting for one to become eligible; None on timeout or when `stop` is set.
+
+        Drops are ingested and dead claims recovered while waiting, so a board needs no other
+        process to make progress. Sleeps on watcher events, never a busy poll.
+        """
+        self.start_watching()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            seen = self.signal.generation
+            self.ingest()
+            if time.monotonic() - self._last_recover >= RECOVER_INTERVAL:
+                self.recover()
+            doc = self.claim(agent, roles=roles, lease=lease)
+            if doc is not None:
+                return doc
+            if stop is not None and stop.is_set():
+                return None
+            nap = RESCAN_INTERVAL if self.watcher.mode == "inotify" else POLL_INTERVAL
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                nap = min(nap, remaining)
+            self.signal.wait(seen, nap)
+
+
+def _iso_at(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(timestamp)) + f".{int(timestamp % 1 * 1e6):06d}Z"
+
+
+def _remove_if_older(path: Path, age: float) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        if time.time() - path.stat().st_mtime > age:
+            path.unlink()

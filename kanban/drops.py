@@ -1,0 +1,113 @@
+"""The drop zones (`inbox/` and the board folder itself): which files are candidates, and when a
+file is finished being written.
+
+A file written in place (`cp`, a shell redirect, a script) appears before its content does, so it
+is taken only once it is known complete: the watcher saw it closed after writing or renamed into
+place, or no process has it open for writing any more. Editors and tools that write a temp file
+and rename it produce names that are skipped here until the rename.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .parse import EXTENSIONS
+
+# Temp and backup names of editors, browsers, rsync and download tools.
+SKIP_SUFFIXES = (".tmp", ".temp", ".swp", ".swx", ".swo", ".part", ".partial", ".crdownload", ".download",
+                 "~", ".bak", ".error.txt")
+# An unknown file type in inbox/ is rejected only once it has sat still this long: editors create
+# short-lived probe files (vim's "4913") that must not be rejected.
+UNKNOWN_TYPE_GRACE = 2.0
+# Without any sign of completion, a file is taken once it has been quiet this long and no writer
+# is visible (the last resort when /proc cannot be read).
+QUIET_FALLBACK = 2.0
+
+
+@dataclass(frozen=True)
+class Drop:
+    path: Path
+    zone: str  # "inbox" or "." (the board folder)
+
+
+def skipped_name(name: str) -> bool:
+    return (
+        name.startswith((".", "#"))
+        or name.endswith(SKIP_SUFFIXES)
+        or name.endswith("#")
+    )
+
+
+def is_task_file(name: str) -> bool:
+    return name.lower().endswith(EXTENSIONS)
+
+
+def scan(root: Path) -> list[Drop]:
+    """Candidates in the drop zones, oldest first. The board folder itself only offers task-file
+    types (it also holds the status folders, and in a source checkout the package's modules)."""
+    found: list[tuple[float, Drop]] = []
+    for zone, folder in (("inbox", root / "inbox"), (".", root)):
+        try:
+            entries = list(os.scandir(folder))
+        except FileNotFoundError:
+            continue
+        for entry in entries:
+            name = entry.name
+            if skipped_name(name):
+                continue
+            if zone == "." and (entry.is_dir(follow_symlinks=False) or not is_task_file(name)):
+                continue
+            try:
+                mtime = entry.stat(follow_symlinks=False).st_mtime
+            except FileNotFoundError:
+                continue
+            found.append((mtime, Drop(Path(entry.path), zone)))
+    found.sort(key=lambda item: (item[0], item[1].path.name))
+    return [drop for _mtime, drop in found]
+
+
+def decide(*, is_task_type: bool, hinted_complete: bool, has_writer: bool | None, quiet_for: float) -> str:
+    """'ready', 'wait', or 'reject-type' for a candidate (pure).
+
+    has_writer is None when writers cannot be seen (no /proc): then only quiet time tells.
+    """
+    if not is_task_type:
+        return "reject-type" if quiet_for >= UNKNOWN_TYPE_GRACE else "wait"
+    if hinted_complete:
+        return "ready"
+    if has_writer is None:
+        return "ready" if quiet_for >= QUIET_FALLBACK else "wait"
+    return "wait" if has_writer else "ready"
+
+
+def open_writers(root: Path) -> set[tuple[int, int]] | None:
+    """(st_dev, st_ino) of every file under `root` that a visible process holds open for writing,
+    read from Linux /proc in one pass; None if that cannot be known."""
+    if not os.path.isdir("/proc/self/fd"):
+        return None
+    prefix = str(root) + os.sep
+    found: set[tuple[int, int]] = set()
+    try:
+        pids = [entry.name for entry in os.scandir("/proc") if entry.name.isdigit()]
+    except OSError:
+        return None
+    for pid in pids:
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if not os.readlink(f"{fd_dir}/{fd}").startswith(prefix):
+                    continue
+                with open(f"/proc/{pid}/fdinfo/{fd}") as info:
+                    flags = next((int(line.split()[1], 8) for line in info if line.startswith("flags:")), 0)
+                if flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR):
+                    st = os.stat(f"{fd_dir}/{fd}")
+                    found.add((st.st_dev, st.st_ino))
+            except (OSError, ValueError, IndexError, StopIteration):
+                continue
+    return found

@@ -1,0 +1,94 @@
+"""`hermes-sup doctor`: the checks a person runs when something is off. Each check is a dict
+{name, level (ok, info, warn, error), detail}; nothing here changes the workspace except moving
+damaged task files aside, as every board command does."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+from kanban import Board, BoardError
+from kanban.board import ALLOW_NETWORK_FS_ENV
+from kanban.events import read_all
+from kanban.fsinfo import disk_free, inotify_limits, is_network
+
+from .workspace import ConfigError, Workspace, load_config
+
+Check = dict[str, Any]
+KEY_ENVS = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "OPENROUTER_API_KEY")
+
+
+def _check(name: str, level: str, detail: str) -> Check:
+    return {"name": name, "level": level, "detail": detail}
+
+
+def run_checks(ws: Workspace) -> list[Check]:
+    checks: list[Check] = []
+    try:
+        config = load_config(ws.config_path)
+        agents = config.get("agents") or []
+        checks.append(_check("config", "ok", f"{ws.config_path} ({len(agents)} agent entries)"))
+    except ConfigError as exc:
+        checks.append(_check("config", "error", str(exc)))
+
+    present = [name for name in KEY_ENVS if os.environ.get(name)]
+    checks.append(_check(
+        "credentials", "ok" if present else "info",
+        f"set: {', '.join(present)}" if present else
+        f"none of {', '.join(KEY_ENVS)} is set; the auto provider will look for a local server, then run offline",
+    ))
+
+    try:
+        board = Board(ws.board_path)
+    except BoardError as exc:
+        checks.append(_check("board", "error", str(exc)))
+        return checks
+    with board:
+        fs_level = "warn" if board.network_fs else "ok"
+        fs_detail = f"{board.fs_type}" + (
+            f": a network filesystem, allowed by {ALLOW_NETWORK_FS_ENV}; locks hold only within this machine"
+            if is_network(board.fs_type) else "")
+        checks.append(_check("filesystem", fs_level, fs_detail))
+
+        board.start_watching()
+        if board.watcher.mode == "inotify":
+            checks.append(_check("watcher", "ok", "inotify events (drops are picked up at once)"))
+        else:
+            checks.append(_check("watcher", "warn", f"polling every few seconds: {board.watcher.reason}"))
+
+        limits = inotify_limits()
+        watches = limits.get("max_user_watches")
+        level = "warn" if watches is not None and watches < 8192 else "ok"
+        checks.append(_check("inotify limits", level, ", ".join(f"{key}={value}" for key, value in limits.items())))
+
+        ingest = board.ingest().as_dict()
+        listing = board.list()
+        moved = board.quarantine_damaged(listing.damaged)
+        counts = board.counts()
+        detail = ", ".join(f"{status} {count}" for status, count in counts.items())
+        checks.append(_check("board", "ok", f"{board.root}: {detail}"))
+        for item in listing.damaged:
+            checks.append(_check("damaged task", "error", f"{item['path']}: {item['reason']}"))
+        for path in moved:
+            checks.append(_check("moved aside", "warn", f"{path} (see its .error.txt)"))
+        for note in board.problems:
+            checks.append(_check("board problem", "warn", note))
+        rejected = [p.name for p in (board.root / "rejected").iterdir()
+                    if not p.name.endswith(".error.txt") and not p.name.startswith(".")]
+        if rejected:
+            checks.append(_check("rejected files", "warn",
+                                 f"{len(rejected)} in rejected/, each beside its .error.txt: "
+                                 f"{', '.join(sorted(rejected)[:5])}{' ...' if len(rejected) > 5 else ''}"))
+        for item in ingest["rejected"]:
+            checks.append(_check("rejected now", "warn", f"{item['file']}: {item['reason']}"))
+        _records, bad = read_all(board.events_path)
+        if bad:
+            checks.append(_check("events.jsonl", "warn", f"{bad} unreadable line(s) skipped"))
+
+    free, total = disk_free(ws.root)
+    level = "error" if free < 100 << 20 else "warn" if free < 1 << 30 else "ok"
+    checks.append(_check("disk", level, f"{free / (1 << 30):.1f} GiB free of {total / (1 << 30):.1f} GiB"))
+    if shutil.which("hermes-sup") is None:
+        checks.append(_check("path", "info", "hermes-sup is not on PATH (run it from the virtualenv)"))
+    return checks

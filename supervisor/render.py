@@ -1,0 +1,127 @@
+"""Terminal pictures of the board and of tasks (rich), and the JSON shapes the CLI prints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from kanban import STATUSES
+
+STYLE = {"todo": "cyan", "doing": "yellow", "blocked": "magenta", "done": "green", "failed": "red",
+         "cancelled": "dim"}
+TOP_PER_COLUMN = 8
+
+
+def summary(doc: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a task a board listing needs."""
+    claim = doc.get("claim") or {}
+    return {
+        "id": doc["id"], "title": doc["title"], "status": doc["status"], "priority": doc.get("priority", 0),
+        "assignee": doc.get("assignee"), "role": doc.get("role"), "depends_on": doc.get("depends_on", []),
+        "attempts": doc.get("attempts", 0), "max_attempts": doc.get("max_attempts"),
+        "agent": claim.get("agent"), "error": doc.get("error"), "updated_at": doc.get("updated_at"),
+    }
+
+
+def board_document(tasks: list[dict[str, Any]], damaged: list[dict[str, str]],
+                   ingest: dict[str, Any] | None = None) -> dict[str, Any]:
+    columns: dict[str, list[dict[str, Any]]] = {status: [] for status in STATUSES}
+    for doc in tasks:
+        columns[doc["status"]].append(summary(doc))
+    return {
+        "counts": {status: len(items) for status, items in columns.items()},
+        "columns": columns,
+        "damaged": damaged,
+        "ingest": ingest or {},
+    }
+
+
+def _card(item: dict[str, Any]) -> Text:
+    text = Text()
+    text.append(item["id"], style="bold")
+    if item["priority"]:
+        text.append(f"  p{item['priority']}", style="dim")
+    text.append("\n" + item["title"][:60])
+    who = item.get("agent") or item.get("assignee")
+    if who:
+        text.append(f"\n@{who}", style="dim")
+    if item["status"] in ("failed", "blocked") and item.get("error"):
+        text.append(f"\n{item['error'][:60]}", style="red")
+    return text
+
+
+def board_picture(document: dict[str, Any]) -> Table:
+    table = Table(expand=True, show_lines=False, pad_edge=False)
+    for status in STATUSES:
+        table.add_column(f"{status} ({document['counts'][status]})", style=STYLE[status], ratio=1,
+                         overflow="fold")
+    cells = []
+    for status in STATUSES:
+        items = document["columns"][status]
+        shown = [_card(item) for item in items[:TOP_PER_COLUMN]]
+        if len(items) > TOP_PER_COLUMN:
+            shown.append(Text(f"... {len(items) - TOP_PER_COLUMN} more", style="dim"))
+        cells.append(Group(*[Group(card, Text("")) for card in shown]) if shown else Text(""))
+    table.add_row(*cells)
+    return table
+
+
+def print_board(console: Console, document: dict[str, Any]) -> None:
+    console.print(board_picture(document))
+    for item in document["damaged"]:
+        console.print(f"[red]damaged:[/red] {item['path']}: {item['reason']}")
+    print_ingest(console, document.get("ingest") or {})
+
+
+def print_ingest(console: Console, ingest: dict[str, Any]) -> None:
+    for task_id in ingest.get("ingested", []):
+        console.print(f"[green]ingested[/green] {task_id}")
+    for item in ingest.get("rejected", []):
+        console.print(f"[red]rejected[/red] {item['file']}: {item['reason']} (see {item['moved_to']}.error.txt)")
+    for name in ingest.get("waiting", []):
+        console.print(f"[yellow]waiting[/yellow] {name} is still being written")
+
+
+def task_table(tasks: list[dict[str, Any]]) -> Table:
+    table = Table(show_edge=False, header_style="bold")
+    for column in ("id", "status", "pri", "title", "who", "attempts"):
+        table.add_column(column, overflow="fold")
+    for doc in tasks:
+        item = summary(doc)
+        who = item["agent"] or item["assignee"] or (f"role:{item['role']}" if item["role"] else "")
+        table.add_row(item["id"], Text(item["status"], style=STYLE[item["status"]]), str(item["priority"]),
+                      item["title"], who or "", f"{item['attempts']}/{item['max_attempts']}")
+    return table
+
+
+def task_detail(doc: dict[str, Any]) -> Panel:
+    lines = Text()
+    for key in ("status", "priority", "assignee", "role", "depends_on", "tier", "attempts", "max_attempts",
+                "created_at", "updated_at"):
+        value = doc.get(key)
+        if value in (None, [], ""):
+            continue
+        lines.append(f"{key:>13}: ", style="dim")
+        lines.append(f"{', '.join(value) if isinstance(value, list) else value}\n")
+    claim = doc.get("claim")
+    if claim:
+        lines.append(f"{'claim':>13}: ", style="dim")
+        lines.append(f"{claim.get('agent')} (pid {claim.get('pid')}, token {claim.get('token')}, "
+                     f"lease until {claim.get('lease_until')})\n")
+    if doc.get("error"):
+        lines.append(f"{'error':>13}: ", style="dim")
+        lines.append(f"{doc['error']}\n", style="red")
+    if doc.get("result") is not None:
+        lines.append(f"{'result':>13}: ", style="dim")
+        lines.append(f"{doc['result']}\n")
+    if doc.get("body"):
+        lines.append("\n" + doc["body"] + "\n")
+    lines.append("\nhistory\n", style="bold")
+    for entry in doc.get("history", []):
+        lines.append(f"  {entry['at']}  {entry.get('from') or '-'} -> {entry['to']}  by {entry['by']}"
+                     f"{'  ' + entry['note'] if entry.get('note') else ''}\n")
+    return Panel(lines, title=f"{doc['id']}: {doc['title']}", title_align="left")

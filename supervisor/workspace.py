@@ -1,0 +1,181 @@
+"""The workspace: a directory holding hermes.yaml, found like git finds a repository, and its config.
+
+Config errors name the file and line, because a person has to go and fix them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CONFIG_NAME = "hermes.yaml"
+WORKSPACE_ENV = "HERMES_SUP_WORKSPACE"
+BOARD_FOLDERS = ("inbox", "todo", "doing", "blocked", "done", "failed", "cancelled", "rejected")
+
+EXAMPLE_CONFIG = """\
+# A hermes-sup team. `hermes-sup up` in this folder runs it.
+# With no API key and no local model server, the `auto` provider falls back to `offline`:
+# tasks that carry `steps` still run, the others wait in todo until a provider is available.
+providers:
+  cloud: {kind: anthropic, model: claude-sonnet-4-5, api_key_env: ANTHROPIC_API_KEY}
+  local: {kind: openai, base_url: "http://127.0.0.1:11434/v1", model: llama3.1}
+tiers:
+  cheap: [auto]
+  standard: [auto]
+  premium: [auto]
+defaults:
+  restart: {policy: on-failure, backoff: {initial: 0.5, max: 30}, max_restarts: 5, window: 60}
+  stop_timeout: 10
+  heartbeat_timeout: 60
+  orphan_grace: 30
+  max_rss_mb: 1024
+agents:
+  - name: worker
+    roles: [work]
+    tier: cheap
+    count: 2
+"""
+
+
+class ConfigError(Exception):
+    """hermes.yaml cannot be used; the message starts with file:line."""
+
+
+@dataclass(frozen=True)
+class Workspace:
+    root: Path
+
+    @property
+    def config_path(self) -> Path:
+        return self.root / CONFIG_NAME
+
+    @property
+    def board_path(self) -> Path:
+        return self.root / "kanban"
+
+    @property
+    def runs_path(self) -> Path:
+        return self.root / "runs"
+
+    @property
+    def skills_path(self) -> Path:
+        return self.root / "skills"
+
+
+def find_workspace(explicit: str | os.PathLike[str] | None = None, cwd: Path | None = None) -> Workspace:
+    """-w/--workspace, else $HERMES_SUP_WORKSPACE, else the current directory upward."""
+    chosen = explicit or os.environ.get(WORKSPACE_ENV)
+    if chosen:
+        root = Path(chosen).expanduser().absolute()
+        if not (root / CONFIG_NAME).is_file():
+            raise ConfigError(f"{root}: not a workspace (no {CONFIG_NAME}); create one with `hermes-sup init {root}`")
+        return Workspace(root)
+    start = (cwd or Path.cwd()).absolute()
+    for folder in (start, *start.parents):
+        if (folder / CONFIG_NAME).is_file():
+            return Workspace(folder)
+    raise ConfigError(
+        f"{start}: no {CONFIG_NAME} here or in any parent folder; run `hermes-sup init` to create a workspace, "
+        f"or name one with -w DIR or ${WORKSPACE_ENV}"
+    )
+
+
+class _LineLoader(yaml.SafeLoader):
+    """A SafeLoader that remembers the line of every mapping, for error messages."""
+
+
+def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> dict[str, Any]:
+    mapping = loader.construct_mapping(node, deep=True)
+    mapping["__line__"] = node.start_mark.line + 1
+    return mapping
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _strip_lines(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _strip_lines(item) for key, item in value.items() if key != "__line__"}
+    if isinstance(value, list):
+        return [_strip_lines(item) for item in value]
+    return value
+
+
+TOP_KEYS = ("providers", "tiers", "defaults", "agents", "prices", "board")
+AGENT_KEYS = ("name", "roles", "tier", "skills", "capabilities", "count", "provider", "env", "restart",
+              "stop_timeout", "heartbeat_timeout", "max_rss_mb", "max_iterations", "max_tokens", "max_cost",
+              "identity", "toolsets", "command")
+
+
+def load_config(path: Path) -> dict[str, Any]:
+    """Read and check hermes.yaml; ConfigError names file:line of the first problem."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot be read: {exc}") from None
+    try:
+        raw = yaml.load(text, Loader=_LineLoader)  # a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{path}{line}: invalid YAML: {problem}") from None
+    if raw is None:
+        raw = {"__line__": 1}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}:1: the top level must be a mapping (providers, tiers, defaults, agents)")
+
+    def fail(node: Any, message: str) -> ConfigError:
+        line = node.get("__line__", 1) if isinstance(node, dict) else 1
+        return ConfigError(f"{path}:{line}: {message}")
+
+    for key in raw:
+        if key != "__line__" and key not in TOP_KEYS:
+            raise fail(raw, f"unknown key '{key}'; expected one of {', '.join(TOP_KEYS)}")
+    agents = raw.get("agents") or []
+    if not isinstance(agents, list):
+        raise fail(raw, "'agents' must be a list")
+    names: set[str] = set()
+    for agent in agents:
+        if not isinstance(agent, dict):
+            raise fail(raw, "each entry of 'agents' must be a mapping with at least a name")
+        for key in agent:
+            if key != "__line__" and key not in AGENT_KEYS:
+                raise fail(agent, f"unknown agent key '{key}'; expected one of {', '.join(AGENT_KEYS)}")
+        name = agent.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise fail(agent, "an agent needs a 'name'")
+        count = agent.get("count", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise fail(agent, f"agent {name}: 'count' must be a whole number >= 1")
+        roles = agent.get("roles", [])
+        if not isinstance(roles, list) or not all(isinstance(role, str) for role in roles):
+            raise fail(agent, f"agent {name}: 'roles' must be a list of names")
+        expanded = [name] if count == 1 else [f"{name}-{index}" for index in range(1, count + 1)]
+        for item in expanded:
+            if item in names:
+                raise fail(agent, f"agent name '{item}' is used twice")
+            names.add(item)
+    return _strip_lines(raw)
+
+
+def scaffold(root: Path) -> list[str]:
+    """Create a workspace in `root`; keeps whatever is already there. Returns what it created."""
+    created = []
+    root.mkdir(parents=True, exist_ok=True)
+    config = root / CONFIG_NAME
+    if not config.exists():
+        config.write_text(EXAMPLE_CONFIG)
+        created.append(CONFIG_NAME)
+    for folder in [*(f"kanban/{name}" for name in BOARD_FOLDERS), "skills", "runs"]:
+        path = root / folder
+        if not path.is_dir():
+            path.mkdir(parents=True)
+            created.append(folder + "/")
+    return created
