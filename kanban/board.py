@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import json
 import os
+import signal
 import stat
 import threading
 import time
@@ -31,7 +32,7 @@ import filelock
 
 from . import drops, fsinfo
 from .events import EventTail, append_event, event
-from .fsio import read_bytes_nofollow, unique_path, write_atomic, write_json_atomic
+from .fsio import is_tmp_name, read_bytes_nofollow, unique_path, write_atomic, write_json_atomic
 from .index import BoardIndex
 from .liveness import HOST, stale_reason, start_time
 from .parse import MAX_BYTES, parse_task_file
@@ -59,9 +60,21 @@ POLL_INTERVAL = 1.0
 # A claim that finds nothing rescans the folders if the index is older than this.
 RESYNC_AFTER = 2.0
 RECOVER_INTERVAL = 2.0
-STALE_TMP_AGE = 60.0
 LOCK_POLL = 0.001
 ALLOW_NETWORK_FS_ENV = "HERMES_SUP_ALLOW_NETWORK_FS"
+# Test hook: "POINT" or "POINT:N" makes this process SIGKILL itself the Nth time it reaches POINT,
+# so the crash tests can stop a transition between any two of its steps.
+FAULT_ENV = "HERMES_SUP_FAULT"
+_fault_point, _, _fault_nth = os.environ.get(FAULT_ENV, "").partition(":")
+_fault_left = int(_fault_nth or 1)
+
+
+def _fault(point: str) -> None:
+    global _fault_left
+    if point == _fault_point:
+        _fault_left -= 1
+        if _fault_left <= 0:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 class BoardError(Exception):
@@ -292,12 +305,16 @@ class Board:
         moving = dst != folder
         if moving:
             write_atomic(marker, json.dumps({"from": folder, "to": dst}).encode(), fsync=False)
+            _fault("marked")
         write_json_atomic(src_path, new)
+        _fault("written")
         entry = new["history"][-1]
         append_event(self.events_path, event(entry["at"], task_id, entry["from"], entry["to"],
                                              entry["by"], entry["note"]))
+        _fault("logged")
         if moving:
             self._move_into_place(src_path, dst, task_id)
+            _fault("moved")
             marker.unlink(missing_ok=True)
         return new
 
@@ -321,9 +338,15 @@ class Board:
         """Roll forward transitions whose process died between their steps (run under the lock,
         so any marker found belongs to a dead process)."""
         try:
-            markers = [entry for entry in os.scandir(self.root / ".pending") if not entry.name.startswith(".")]
+            entries = list(os.scandir(self.root / ".pending"))
         except FileNotFoundError:
             return
+        markers = []
+        for entry in entries:
+            if is_tmp_name(entry.name):
+                Path(entry.path).unlink(missing_ok=True)  # a marker write cut short
+            elif not entry.name.startswith("."):
+                markers.append(entry)
         for marker in markers:
             task_id = marker.name
             found = self._locate(task_id) if is_valid_id(task_id) else None
@@ -344,6 +367,20 @@ class Board:
                     self._move_into_place(path, doc["status"], task_id)
             os.unlink(marker.path)
 
+    def _adopt_hand_move(self, folder: str, doc: TaskDoc) -> TaskDoc:
+        """A document whose status disagrees with its folder and has no pending marker was moved by
+        a person (`mv todo/x.json done/`): the folder is their intent, so the document follows it."""
+        if (self.root / ".pending" / doc["id"]).exists():
+            return doc
+        changes: dict[str, Any] = {}
+        if folder != "doing":
+            changes["claim"] = None
+        new = transition(doc, folder, by="board", now=now_iso(), note=f"moved into {folder}/ by hand", **changes)
+        write_json_atomic(self._path(folder, doc["id"]), new)
+        entry = new["history"][-1]
+        append_event(self.events_path, event(entry["at"], doc["id"], entry["from"], folder, "board", entry["note"]))
+        return new
+
     def _quarantine(self, path: Path, reason: str) -> Path:
         """Move a damaged file aside to rejected/ with a note; never delete it."""
         folder = path.parent.name
@@ -353,7 +390,7 @@ class Board:
                 f"back into {folder}/ if it is still wanted.\n")
         (dest.parent / f"{dest.name}.error.txt").write_text(note)
         os.rename(path, dest)
-        self.problems.append(f"{folder}/{path.name}: {reason} (moved to rejected/{dest.name})")
+        self.problems.append(f"{folder}/{path.name} was damaged ({reason}); moved to rejected/{dest.name}")
         append_event(self.events_path, event(now_iso(), path.stem, folder, "rejected", "board",
                                              f"damaged: {reason}"))
         self._index.forget(path.stem)
@@ -507,6 +544,7 @@ class Board:
             return self._reject(path, str(exc), report)
         doc["source"] = {"file": rel, "fingerprint": fp}
         write_json_atomic(self._path(doc["status"], doc["id"]), doc)
+        _fault("ingest-written")
         append_event(self.events_path, event(now, doc["id"], "inbox", doc["status"], "ingest",
                                              f"ingested from {rel}"))
         self._archive(path, doc["id"])
@@ -550,6 +588,8 @@ class Board:
                 except Damaged as exc:
                     self._quarantine(path, str(exc))
                     continue
+                if doc["status"] != "todo":
+                    doc = self._adopt_hand_move("todo", doc)
                 if doc["status"] == "todo":
                     self._index.put_todo(doc)
         self._indexed_at = time.monotonic()
@@ -599,8 +639,10 @@ class Board:
                 self._quarantine(path, str(exc))
                 continue
             if doc["status"] != "todo":
-                index.set_status(doc["id"], doc["status"])
-                continue
+                doc = self._adopt_hand_move("todo", doc)
+                if doc["status"] != "todo":
+                    index.set_status(doc["id"], doc["status"])
+                    continue
             if not can_claim(doc, agent, roles, self._done_on_disk):
                 index.put_todo(doc)
                 continue
@@ -683,11 +725,7 @@ class Board:
         with self._locked():
             self._last_recover = time.monotonic()
             for entry in list(os.scandir(self.root / "doing")):
-                if entry.name.startswith("."):
-                    if entry.name.endswith(".tmp"):
-                        _remove_if_older(Path(entry.path), STALE_TMP_AGE)
-                    continue
-                if not entry.name.endswith(".json"):
+                if not entry.name.endswith(".json") or entry.name.startswith("."):
                     continue
                 path = Path(entry.path)
                 try:
@@ -706,13 +744,12 @@ class Board:
                 self._commit("doing", transition(doc, to, by="board", now=now_iso(), note=note,
                                                  claim=None, error=note))
                 recovered.append({"task": doc["id"], "to": to, "reason": reason})
+            # Every board write happens under the lock, so a temp file seen under it is a dead writer's.
             for status in STATUSES:
-                if status == "doing":
-                    continue
                 with contextlib.suppress(FileNotFoundError):
                     for entry in os.scandir(self.root / status):
-                        if entry.name.startswith(".") and entry.name.endswith(".tmp"):
-                            _remove_if_older(Path(entry.path), STALE_TMP_AGE)
+                        if is_tmp_name(entry.name):
+                            Path(entry.path).unlink(missing_ok=True)
         return recovered
 
     # -- changes by hand ------------------------------------------------------------------------
@@ -794,8 +831,3 @@ class Board:
 def _iso_at(timestamp: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(timestamp)) + f".{int(timestamp % 1 * 1e6):06d}Z"
 
-
-def _remove_if_older(path: Path, age: float) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        if time.time() - path.stat().st_mtime > age:
-            path.unlink()

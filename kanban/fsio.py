@@ -9,14 +9,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 TMP_SUFFIX = ".tmp"
 
 
+TMP_RE = re.compile(r"\..+\.\d+\.[0-9a-f]{6}\.tmp")
+
+
 def tmp_path_for(dest: Path) -> Path:
     return dest.with_name(f".{dest.name}.{os.getpid()}.{os.urandom(3).hex()}{TMP_SUFFIX}")
+
+
+def is_tmp_name(name: str) -> bool:
+    """A temp file written by write_atomic (and left behind if its writer was killed)."""
+    return TMP_RE.fullmatch(name) is not None
 
 
 def dumps(doc: Any) -> bytes:

@@ -11,12 +11,28 @@ from __future__ import annotations
 import errno
 import os
 import threading
-import time
 from pathlib import Path
 
-from watchdog.events import FileClosedEvent, FileMovedEvent, FileSystemEvent, FileSystemEventHandler
+from watchdog.events import (
+    DirCreatedEvent,
+    DirMovedEvent,
+    FileClosedEvent,
+    FileCreatedEvent,
+    FileDeletedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
 
 BURST_RESCAN_DELAY = 0.25
+# Only what says a task file arrived or left. Directory-modified events are left out: they repeat
+# the file events, and one fires each time any process closes the lock file after taking it, which
+# would wake every waiter on every lock.
+EVENT_KINDS: list[type[FileSystemEvent]] = [
+    FileCreatedEvent, FileMovedEvent, FileClosedEvent, FileDeletedEvent, DirCreatedEvent, DirMovedEvent,
+]
+# Bookkeeping the board writes for itself; never a reason to wake anyone.
+QUIET_NAMES = frozenset({".lock", ".pending", ".ingested", "events.jsonl"})
 
 
 class ChangeSignal:
@@ -44,12 +60,12 @@ class _Handler(FileSystemEventHandler):
         self.watcher = watcher
 
     def on_any_event(self, event: FileSystemEvent) -> None:
-        if event.event_type in ("opened", "closed_no_write"):
+        if not isinstance(event, tuple(EVENT_KINDS)):
             return
         path = os.fsdecode(event.dest_path if isinstance(event, FileMovedEvent) and event.dest_path
                            else event.src_path)
-        name = os.path.basename(path)
-        if name == ".lock":
+        relative = os.path.relpath(path, self.watcher.root)
+        if relative.split(os.sep, 1)[0] in QUIET_NAMES:
             return
         # A file renamed into place, or closed after writing, is complete: the ingester need not
         # wait for it to settle.
@@ -77,7 +93,7 @@ class BoardWatcher:
             from watchdog.observers.inotify import InotifyObserver
 
             observer = InotifyObserver(generate_full_events=True)
-            observer.schedule(_Handler(self), str(self.root), recursive=True)
+            observer.schedule(_Handler(self), str(self.root), recursive=True, event_filter=EVENT_KINDS)
             observer.daemon = True
             observer.start()
         except OSError as exc:
@@ -135,6 +151,3 @@ class BoardWatcher:
         with self._lock:
             self._complete.pop(str(path), None)
 
-
-def wait_deadline(deadline: float) -> float:
-    return max(0.0, deadline - time.monotonic())

@@ -1,0 +1,79 @@
+"""Shared fixtures. Every process a test starts is killed by the end of the session, and each test's
+own subprocesses at its end, so the suite never leaves anything running."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from kanban import Board
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKERS = Path(__file__).resolve().parent / "workers.py"
+
+
+def _kill_tree(parent: psutil.Process) -> None:
+    children = parent.children(recursive=True)
+    for child in children:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(children, timeout=5)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leftover_processes() -> Iterator[None]:
+    yield
+    _kill_tree(psutil.Process())
+
+
+@pytest.fixture
+def board(tmp_path: Path) -> Iterator[Board]:
+    with Board(tmp_path / "kanban") as b:
+        yield b
+
+
+class Spawner:
+    """Starts worker subprocesses (tests/workers.py) and kills whatever is left at teardown."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def __call__(self, *args: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen[bytes]:
+        full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+        proc = subprocess.Popen([sys.executable, str(WORKERS), *args], env=full_env, **kwargs)
+        self.procs.append(proc)
+        return proc
+
+    def cleanup(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+
+
+@pytest.fixture
+def spawn() -> Iterator[Spawner]:
+    spawner = Spawner()
+    yield spawner
+    spawner.cleanup()
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.01) -> object:
+    """Poll `predicate` until it is truthy; fail the test at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        time.sleep(interval)

@@ -1,0 +1,212 @@
+"""Many real processes on one board: contention, SIGKILL at every step of a transition, and
+claimers woken by a drop."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from kanban import Board
+from kanban.events import read_all
+from kanban.task import STATUSES
+
+from .conftest import wait_until
+
+
+def where(root: Path) -> dict[str, list[str]]:
+    """task id -> every status folder holding a file for it."""
+    found: dict[str, list[str]] = {}
+    for status in STATUSES:
+        for name in os.listdir(root / status):
+            if name.endswith(".json") and not name.startswith("."):
+                found.setdefault(name[:-5], []).append(status)
+    return found
+
+
+def assert_consistent(root: Path) -> dict[str, list[str]]:
+    """Every task in exactly one folder, every file parses and agrees with its folder."""
+    found = where(root)
+    for task_id, folders in found.items():
+        assert len(folders) == 1, f"{task_id} is in {folders}"
+        doc = json.loads((root / folders[0] / f"{task_id}.json").read_text())
+        assert doc["status"] == folders[0], f"{task_id}: status {doc['status']} in {folders[0]}/"
+    assert os.listdir(root / ".pending") == []
+    return found
+
+
+@pytest.mark.slow
+def test_eight_processes_claim_two_thousand_tasks_each_exactly_once(board, spawn, tmp_path):
+    ids = [board.add({"title": f"t{i}", "priority": i % 7})["id"] for i in range(2000)]
+    logs = [tmp_path / f"claims-{n}.jsonl" for n in range(8)]
+    procs = [spawn("contend", str(board.root), str(log), f"w{n}") for n, log in enumerate(logs)]
+    for proc in procs:
+        assert proc.wait(timeout=150) == 0
+
+    claims = [json.loads(line) for log in logs for line in log.read_text().splitlines()]
+    per_task = Counter(c["id"] for c in claims)
+    assert set(per_task) == set(ids)
+    assert max(per_task.values()) == 1, "no task was claimed twice"
+    found = assert_consistent(board.root)
+    assert all(folders == ["done"] for folders in found.values()) and len(found) == 2000
+    assert os.listdir(board.root / "doing") == []
+    events, bad = read_all(board.events_path)
+    assert bad == 0
+    transitions = Counter((e["from"], e["to"]) for e in events)
+    assert transitions[("todo", "doing")] == 2000 and transitions[("doing", "done")] == 2000
+    assert all(c["token"] == 1 for c in claims)
+
+
+def test_a_claim_held_by_a_killed_process_goes_back_to_todo(board, spawn):
+    doc = board.add({"title": "x"})
+    holder = spawn("hold", str(board.root), "victim", stdout=subprocess.PIPE)
+    assert json.loads(holder.stdout.readline())["pid"] == holder.pid
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait(timeout=10)
+    assert [r["task"] for r in board.recover()] == [doc["id"]]
+    assert assert_consistent(board.root) == {doc["id"]: ["todo"]}
+    again = board.claim("survivor")
+    assert again["attempts"] == 2 and again["claim"]["token"] == 2
+
+
+@pytest.mark.parametrize("point", ["marked", "written", "logged", "moved"])
+@pytest.mark.parametrize("action", ["claim", "complete"])
+def test_sigkill_between_the_steps_of_a_transition_rolls_forward(board, spawn, point, action):
+    doc = board.add({"title": "x"})
+    if action == "complete":
+        token = board.claim("w", pid=os.getpid())["claim"]["token"]
+        args = ["complete", doc["id"], str(token)]
+    else:
+        args = ["claim", "w"]
+    proc = spawn("step", str(board.root), *args, env={"HERMES_SUP_FAULT": point})
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    # Killed after only the marker, the transition never happened; from the content write on, it did.
+    happened = point != "marked"
+
+    # Any locked operation finishes (or discards) the interrupted transition first; recover() then
+    # also finds the killed claimer's claim dead.
+    board.recover()
+
+    after = board.get(doc["id"])
+    events, bad = read_all(board.events_path)
+    assert bad == 0
+    moves = [(e["from"], e["to"]) for e in events if e["task"] == doc["id"]]
+    assert len(moves) == len(after["history"]), "events.jsonl accounts for every transition, once"
+    assert [(h["from"], h["to"]) for h in after["history"]] == moves
+    if action == "complete":
+        expected_moves = [(None, "todo"), ("todo", "doing")] + ([("doing", "done")] if happened else [])
+        final = "done" if happened else "doing"
+    else:
+        expected_moves = [(None, "todo")] + ([("todo", "doing"), ("doing", "todo")] if happened else [])
+        final = "todo"
+        if happened:
+            assert "recovered: holder w" in after["history"][-1]["note"]
+    assert moves == expected_moves
+    assert assert_consistent(board.root) == {doc["id"]: [final]}
+
+
+@pytest.mark.slow
+def test_random_sigkills_never_leave_a_task_in_two_places_or_a_torn_file(board, spawn):
+    for i in range(40):
+        board.add({"title": f"t{i}", "max_attempts": 1000})
+    rng = random.Random(7)
+    kills = 0
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline:
+        procs = [spawn("churn", str(board.root), f"c{n}") for n in range(3)]
+        time.sleep(rng.uniform(0.2, 0.5))  # let them get into the middle of things; the kill is the test
+        for proc in procs:
+            proc.kill()
+            proc.wait(timeout=10)
+            kills += 1
+    assert kills >= 9
+    board.recover()
+    found = assert_consistent(board.root)
+    assert len(found) == 40
+    assert os.listdir(board.root / "doing") == [], "every killed claim was recovered"
+    for name in os.listdir(board.root / "todo"):
+        if name.startswith("."):
+            continue
+        json.loads((board.root / "todo" / name).read_text())
+    _events, bad = read_all(board.events_path)
+    assert bad <= kills, "at most one torn line per kill, each skipped by readers"
+
+
+def test_a_waiting_claimer_wakes_on_a_drop(board, spawn):
+    waiter = spawn("wait", str(board.root), "w1", "60", stdout=subprocess.PIPE)
+    assert waiter.stdout.readline().strip() == b"waiting"
+    time.sleep(0.3)  # let it reach its wait; a drop before that would be found by its first scan
+    dropped_at = time.time()
+    tmp = board.root / ".drop.tmp"
+    tmp.write_text('{"title": "wake up"}')
+    os.rename(tmp, board.root / "inbox" / "wake.json")
+    result = json.loads(waiter.stdout.readline())
+    assert waiter.wait(timeout=10) == 0
+    assert result["mode"] == "inotify"
+    assert board.get(result["id"])["title"] == "wake up"
+    # Generous: the event path takes milliseconds; the rescan fallback would take 2 s or more.
+    assert result["at"] - dropped_at < 1.5
+
+
+def test_waiting_falls_back_to_polling_when_inotify_instances_run_out(board):
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    held = []
+    try:
+        while len(held) < 4096:
+            fd = libc.inotify_init1(os.O_CLOEXEC)
+            if fd < 0:
+                break
+            held.append(fd)
+        board.start_watching()
+    finally:
+        for fd in held:
+            os.close(fd)
+    assert board.watcher.mode == "polling"
+    assert "max_user_instances" in board.watcher.reason
+    board.add({"title": "found by polling"})
+    got = board.wait_for_work("w", timeout=10)
+    assert got is not None and got["title"] == "found by polling"
+
+
+def test_a_waiter_does_not_busy_poll(board):
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    started = time.monotonic()
+    assert board.wait_for_work("idle", timeout=3) is None
+    elapsed = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert elapsed >= 2.9
+    assert cpu < 0.5, f"waiting 3 s used {cpu:.2f} s of CPU"
+
+
+def test_wait_for_work_recovers_dead_claims_on_its_own(board, spawn):
+    doc = board.add({"title": "x"})
+    holder = spawn("hold", str(board.root), "victim", stdout=subprocess.PIPE)
+    holder.stdout.readline()
+    holder.kill()
+    holder.wait(timeout=10)
+    got = Board(board.root).wait_for_work("rescuer", timeout=15)
+    assert got is not None and got["id"] == doc["id"] and got["attempts"] == 2
+
+
+def test_drop_while_a_claimer_waits_in_a_thread_of_the_same_process(board):
+    import threading
+
+    results = []
+    thread = threading.Thread(target=lambda: results.append(board.wait_for_work("t", timeout=20)))
+    thread.start()
+    wait_until(lambda: board.watcher.mode == "inotify", timeout=10)
+    (board.root / "inbox" / "t.txt").write_text("thread task\n")
+    thread.join(timeout=20)
+    assert results and results[0]["title"] == "thread task"

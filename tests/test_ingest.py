@@ -1,0 +1,191 @@
+"""Dropped files: good ones become tasks, bad ones land in rejected/ with their reason, files
+still being written are left alone, and a crash mid-ingest never makes two tasks of one file."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from kanban import Board
+from kanban.drops import decide, open_writers, scan
+from kanban.events import read_all
+
+from .conftest import wait_until
+
+BAD_INPUTS = {
+    "bad.json": (b'{"title": "x", oops}', "invalid JSON at line 1, column 16"),
+    "no-title.json": (b'{"body": "no title here"}', "missing title"),
+    "wrong-type.json": (b'{"title": "x", "priority": "urgent"}', "field 'priority' must be an integer"),
+    "unknown-status.json": (b'{"title": "x", "status": "someday"}', "unknown status 'someday'"),
+    "cycle.json": (b'{"title": "x", "id": "loop-b", "depends_on": ["loop-a"]}',
+                   "depends_on creates a cycle: loop-b -> loop-a -> loop-b"),
+    "unsafe-id.json": (b'{"title": "x", "id": "../../etc/passwd"}', "is not a safe file name"),
+    "garbage.json": (bytes(range(256)) * 4, "file is binary, not text"),
+    "latin1.txt": ("caf\xe9 au lait".encode("latin-1"), "not UTF-8 text"),
+    "huge.txt": (b"title\n" + b"x" * (1024 * 1024), "the limit for a task file is 1048576 bytes"),
+    "list.yaml": (b"- just\n- a list\n", "not a list"),
+    "weird.exe": (b"MZ\x90\x00", "unsupported file type"),
+}
+
+
+def drop(board: Board, name: str, data: bytes, zone: str = "inbox") -> None:
+    folder = board.root / zone if zone != "." else board.root
+    (folder / name).write_bytes(data)
+
+
+def age(path, seconds: float = 5.0) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then), follow_symlinks=False)
+
+
+def test_every_bad_input_is_rejected_with_its_reason_and_a_good_file_still_lands(board, tmp_path):
+    board.add({"title": "a", "id": "loop-a", "depends_on": ["loop-b"]})
+    for name, (data, _reason) in BAD_INPUTS.items():
+        drop(board, name, data)
+        age(board.root / "inbox" / name)
+    outside = tmp_path / "secret.json"
+    outside.write_text('{"title": "not yours"}')
+    (board.root / "inbox" / "link.json").symlink_to(outside)
+    drop(board, "good.json", b'{"title": "the good one", "priority": 2}')
+
+    report = board.ingest()
+
+    reasons = {item["file"].removeprefix("inbox/"): item["reason"] for item in report.rejected}
+    for name, (_data, reason) in BAD_INPUTS.items():
+        assert reason in reasons[name], name
+        assert (board.root / "rejected" / name).exists()
+        error_text = (board.root / "rejected" / f"{name}.error.txt").read_text()
+        assert reason in error_text and f"inbox/{name}" in error_text
+    assert "is a symlink" in reasons["link.json"]
+    assert (board.root / "rejected" / "link.json").is_symlink(), "the link itself is moved, never followed"
+    assert outside.read_text() == '{"title": "not yours"}'
+    assert len(report.ingested) == 1
+    good = board.get(report.ingested[0])
+    assert good["title"] == "the good one" and good["priority"] == 2 and good["status"] == "todo"
+    assert good["source"]["file"] == "inbox/good.json"
+    assert os.listdir(board.root / "inbox") == []
+    events, _ = read_all(board.events_path)
+    assert sum(1 for e in events if e["to"] == "rejected") == len(BAD_INPUTS) + 1
+
+
+def test_formats_and_the_board_folder_itself(board):
+    drop(board, "a.yaml", b"title: from yaml\nrole: review\n")
+    drop(board, "b.md", b"---\npriority: 3\n---\n# From markdown\nbody\n")
+    drop(board, "c.txt", b"From text\nline two\n")
+    drop(board, "d.json", b'{"title": "dropped in the board folder"}', zone=".")
+    drop(board, "notes.py", b"print('not a task')", zone=".")
+    report = board.ingest()
+    titles = sorted(board.get(i)["title"] for i in report.ingested)
+    assert titles == ["From markdown", "From text", "dropped in the board folder", "from yaml"]
+    assert (board.root / "notes.py").exists(), "other files in the board folder are left alone"
+    assert report.rejected == []
+
+
+def test_an_editor_temp_file_is_ignored_until_renamed(board):
+    tmp = board.root / "inbox" / ".task.json.swp"
+    tmp.write_text('{"title": "half')
+    assert board.ingest().ingested == []
+    tmp.write_text('{"title": "whole"}')
+    os.rename(tmp, board.root / "inbox" / "task.json")
+    report = board.ingest()
+    assert [board.get(i)["title"] for i in report.ingested] == ["whole"]
+
+
+def test_a_file_still_open_for_writing_is_not_read_half_way(board):
+    path = board.root / "inbox" / "slow.json"
+    with open(path, "w") as handle:
+        handle.write('{"title": "written in')
+        handle.flush()
+        age(path)
+        report = board.ingest()
+        assert report.ingested == [] and report.rejected == []
+        assert report.waiting == ["inbox/slow.json"]
+        handle.write(' two parts"}')
+    report = board.ingest()
+    assert [board.get(i)["title"] for i in report.ingested] == ["written in two parts"]
+
+
+def test_writers_are_seen_through_proc(tmp_path):
+    path = tmp_path / "f.json"
+    with open(path, "w"):
+        st = os.stat(path)
+        assert (st.st_dev, st.st_ino) in open_writers(tmp_path)
+    assert (st.st_dev, st.st_ino) not in open_writers(tmp_path)
+    with open(path):
+        assert (st.st_dev, st.st_ino) not in open_writers(tmp_path), "a reader is not a writer"
+
+
+def test_readiness_decision():
+    assert decide(is_task_type=True, hinted_complete=True, has_writer=True, quiet_for=0) == "ready"
+    assert decide(is_task_type=True, hinted_complete=False, has_writer=True, quiet_for=99) == "wait"
+    assert decide(is_task_type=True, hinted_complete=False, has_writer=False, quiet_for=0) == "ready"
+    assert decide(is_task_type=True, hinted_complete=False, has_writer=None, quiet_for=0.1) == "wait"
+    assert decide(is_task_type=True, hinted_complete=False, has_writer=None, quiet_for=3) == "ready"
+    assert decide(is_task_type=False, hinted_complete=True, has_writer=False, quiet_for=0.1) == "wait"
+    assert decide(is_task_type=False, hinted_complete=False, has_writer=False, quiet_for=3) == "reject-type"
+
+
+def test_scan_skips_hidden_temp_and_backup_names(board):
+    for name in (".hidden.json", "x.json~", "x.json.tmp", "#x.json#", "x.part", "ok.json"):
+        (board.root / "inbox" / name).write_text("{}")
+    assert [d.path.name for d in scan(board.root)] == ["ok.json"]
+
+
+def test_a_fresh_unknown_file_type_gets_a_grace_period(board):
+    probe = board.root / "inbox" / "4913"  # vim's write probe: created and deleted at once
+    probe.write_text("")
+    assert board.ingest().rejected == []
+    age(probe)
+    assert board.ingest().rejected[0]["reason"].startswith("unsupported file type")
+
+
+def test_ingest_is_idempotent_across_a_crash(board, spawn):
+    path = board.root / "inbox" / "once.json"
+    path.write_text('{"title": "only once"}')
+    keep = board.root.parent / "once-link"
+    os.link(path, keep)  # the same inode, so we can check what the crashed ingest left
+    proc = spawn("step", str(board.root), "ingest", env={"HERMES_SUP_FAULT": "ingest-written"})
+    assert proc.wait(timeout=30) == -9
+    assert path.exists(), "killed after writing the task, before moving the user's file"
+    assert len(os.listdir(board.root / "todo")) == 1
+    report = board.ingest()
+    assert len(report.ingested) == 1
+    assert len(os.listdir(board.root / "todo")) == 1, "the same file never yields two tasks"
+    task_id = report.ingested[0]
+    assert (board.root / ".ingested" / f"{task_id}--once.json").exists()
+    events, _ = read_all(board.events_path)
+    assert [e["to"] for e in events if e["task"] == task_id] == ["todo"]
+
+
+def test_the_same_name_dropped_again_later_is_a_new_task(board):
+    (board.root / "inbox" / "again.json").write_text('{"title": "first"}')
+    first = board.ingest().ingested
+    (board.root / "inbox" / "again.json").write_text('{"title": "first"}')
+    second = board.ingest().ingested
+    assert len(first) == len(second) == 1 and first != second
+
+
+def test_explicit_id_that_exists_is_rejected(board):
+    board.add({"title": "x", "id": "taken"})
+    drop(board, "dup.json", json.dumps({"title": "y", "id": "taken"}).encode())
+    report = board.ingest()
+    assert "a task with id 'taken' already exists (in todo/)" in report.rejected[0]["reason"]
+
+
+@pytest.mark.parametrize("writer", ["cp", "rename"])
+def test_watcher_marks_complete_files_so_they_are_taken_at_once(board, writer):
+    board.start_watching()
+    assert board.watcher.mode == "inotify"
+    target = board.root / "inbox" / f"{writer}.json"
+    if writer == "cp":
+        target.write_text('{"title": "copied"}')
+    else:
+        tmp = board.root / f".{writer}.tmp"
+        tmp.write_text('{"title": "renamed"}')
+        os.rename(tmp, target)
+    st = os.stat(target)
+    wait_until(lambda: board.watcher.is_complete(target, st.st_mtime_ns), timeout=10)
+    assert len(board.ingest().ingested) == 1

@@ -1,0 +1,57 @@
+"""Dropped files to task fields: every supported format and every way a file can be wrong."""
+
+from __future__ import annotations
+
+import pytest
+
+from kanban.parse import MAX_BYTES, parse_task_file
+from kanban.task import TaskError
+
+
+def test_json_yaml_markdown_and_text():
+    assert parse_task_file("a.json", b'{"title": "J", "priority": 2}') == {"title": "J", "priority": 2}
+    assert parse_task_file("a.yaml", b"title: Y\nrole: review\n") == {"title": "Y", "role": "review"}
+    assert parse_task_file("a.yml", b"title: Y\n") == {"title": "Y"}
+    assert parse_task_file("a.txt", b"\n  Title line \nbody 1\nbody 2\n") == {
+        "title": "Title line", "body": "body 1\nbody 2"}
+    assert parse_task_file("a.md", b"# Heading title\n\nSome *body*.\n") == {
+        "title": "Heading title", "body": "Some *body*."}
+
+
+def test_markdown_front_matter_sets_fields():
+    fields = parse_task_file("a.md", b"---\npriority: 4\nrole: review\n---\n# The title\nThe body\n")
+    assert fields == {"priority": 4, "role": "review", "title": "The title", "body": "The body"}
+    fields = parse_task_file("a.md", b"---\ntitle: From front matter\n---\nAll of this is body.\n")
+    assert fields == {"title": "From front matter", "body": "All of this is body."}
+
+
+def test_byte_order_mark_is_ignored():
+    assert parse_task_file("a.json", b'\xef\xbb\xbf{"title": "x"}') == {"title": "x"}
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "message"),
+    [
+        ("a.json", b'{"title": "x",}', "invalid JSON at line 1, column 15"),
+        ("a.json", b'{\n"title": "x"\n"body": 1}', "invalid JSON at line 3, column 1: Expecting ',' delimiter"),
+        ("a.json", b"", "file is empty"),
+        ("a.json", b"[1, 2]", "must hold one object (a mapping of fields), not a list"),
+        ("a.yaml", b"title: [unclosed\n", "invalid YAML at line 2"),
+        ("a.yaml", b"- a\n- b\n", "not a list"),
+        ("a.md", b"---\ntitle: x\nno end\n", "never closed"),
+        ("a.md", b"---\n: : :\n---\nx\n", "invalid YAML front matter at line"),
+        ("a.json", b'{"title": "\x00x"}', "file is binary, not text (a NUL byte at offset 11)"),
+        ("a.txt", b"\xff\xfe garbage \x80", "not UTF-8 text (invalid byte 0xff at offset 0)"),
+        ("a.exe", b"MZ", "unsupported file type 'a.exe'"),
+    ],
+)
+def test_bad_files_say_what_is_wrong(name, data, message):
+    with pytest.raises(TaskError) as info:
+        parse_task_file(name, data)
+    assert message in str(info.value)
+
+
+def test_size_limit():
+    with pytest.raises(TaskError, match="limit for a task file is 1048576 bytes"):
+        parse_task_file("a.txt", b"x" * (MAX_BYTES + 1))
+    assert parse_task_file("a.txt", b"t\n" + b"x" * (MAX_BYTES - 2))["title"] == "t"
