@@ -28,13 +28,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import filelock
+import psutil
 
 from . import drops, fsinfo
-from .events import EventTail, append_event, event
-from .fsio import is_tmp_name, read_bytes_nofollow, unique_path, write_atomic, write_json_atomic
+from .events import EventTail, event
+from .fsio import (
+    AppendLog,
+    dumps,
+    read_bytes_nofollow,
+    tmp_writer_pid,
+    unique_path,
+    write_json_atomic,
+    write_small,
+    write_temp,
+)
 from .index import BoardIndex
-from .liveness import HOST, stale_reason, start_time
+from .liveness import HOST, holder_alive, stale_reason, start_time
+from .lock import BoardLock, LockTimeout
 from .parse import MAX_BYTES, parse_task_file
 from .task import (
     STATUSES,
@@ -60,7 +70,12 @@ POLL_INTERVAL = 1.0
 # A claim that finds nothing rescans the folders if the index is older than this.
 RESYNC_AFTER = 2.0
 RECOVER_INTERVAL = 2.0
-LOCK_POLL = 0.001
+# A temp file whose writer is alive is left alone unless it is older than this.
+STALE_TMP_AGE = 600.0
+# Tasks this process has reserved (marked) and not yet committed or given up; a marker naming
+# this process is live only while its task is in here.
+_RESERVED: set[str] = set()
+_RESERVED_LOCK = threading.Lock()
 ALLOW_NETWORK_FS_ENV = "HERMES_SUP_ALLOW_NETWORK_FS"
 # Test hook: "POINT" or "POINT:N" makes this process SIGKILL itself the Nth time it reaches POINT,
 # so the crash tests can stop a transition between any two of its steps.
@@ -153,12 +168,12 @@ class Board:
         self.lease = lease
         self.events_path = self.root / "events.jsonl"
         self.problems: list[str] = []
+        self._log = AppendLog(self.events_path)
         self._ensure_layout()
-        self._flock = filelock.FileLock(
-            str(self.root / ".lock"), timeout=lock_timeout, thread_local=False, poll_interval=LOCK_POLL
-        )
+        self._flock = BoardLock(self.root / ".lock", lock_timeout)
         self._tlock = threading.RLock()
         self._depth = 0
+        self._finished_once = False
         self._index = BoardIndex()
         self._tail = EventTail(self.events_path)
         self._indexed_at: float | None = None
@@ -179,19 +194,19 @@ class Board:
                 # Never silently: a status folder that vanished took its tasks with it.
                 note = f"status folder {name}/ was missing and has been recreated empty"
                 self.problems.append(note)
-                append_event(self.events_path, event(now_iso(), f"{name}/", None, None, "board", note))
+                self._log.append(event(now_iso(), f"{name}/", None, None, "board", note))
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         with self._tlock:
             try:
                 self._flock.acquire()
-            except filelock.Timeout as exc:
-                raise BoardError(f"the board lock {self.root / '.lock'} stayed busy for "
-                                 f"{self._flock.timeout:g} s") from exc
+            except LockTimeout as exc:
+                raise BoardError(f"the board lock {exc}; is a board process stopped while holding it?") from None
             self._depth += 1
             try:
-                if self._depth == 1:
+                if self._depth == 1 and not self._finished_once:
+                    self._finished_once = True
                     self._finish_interrupted()
                 yield
             finally:
@@ -203,6 +218,8 @@ class Board:
 
     def close(self) -> None:
         self.watcher.stop()
+        self._log.close()
+        self._flock.close()
 
     def __enter__(self) -> Board:
         return self
@@ -213,7 +230,9 @@ class Board:
     # -- reading --------------------------------------------------------------------------------
 
     def _read(self, path: Path) -> TaskDoc:
-        data = path.read_bytes()
+        return self._parse(path.read_bytes())
+
+    def _parse(self, data: bytes) -> TaskDoc:
         try:
             doc = json.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
@@ -297,25 +316,60 @@ class Board:
         return counts
 
     # -- writing: the one transition path -------------------------------------------------------
+    #
+    # The fsync, the slow part, happens before the lock is taken when it can (`_prepare`): the
+    # locked section then only checks that the task is still as the new document assumed and
+    # renames. Concurrent fsyncs share journal commits, so claimers no longer queue behind each
+    # other's disk flushes.
 
-    def _commit(self, folder: str, new: TaskDoc) -> TaskDoc:
+    def _prepare(self, folder: str, new: TaskDoc) -> Path:
+        """The new document, fsync'd to a temp file beside the task's current file."""
+        return write_temp(self._path(folder, new["id"]), dumps(new))
+
+    def _marker(self, task_id: str) -> Path:
+        return self.root / ".pending" / task_id
+
+    def _mark(self, task_id: str) -> None:
+        # The marker names its writer, so recovery can tell a live claimer's reservation from a
+        # transition whose process died.
+        write_small(self._marker(task_id), f"{os.getpid()} {_own_start_time()}\n".encode())
+
+    def _marker_is_live(self, path: Path) -> bool:
+        try:
+            pid_text, started_text = path.read_text().split()
+            pid, started = int(pid_text), float(started_text)
+        except (OSError, ValueError):
+            return False
+        if pid == os.getpid() and abs(started - _own_start_time()) < 0.05:
+            with _RESERVED_LOCK:
+                return path.name in _RESERVED
+        return holder_alive(pid, started, HOST) is not False
+
+    def _commit(self, folder: str, new: TaskDoc, prepared: Path | None = None, *, reserved: bool = False) -> TaskDoc:
+        """Make `new` the task's state (under the lock). `prepared` is its fsync'd temp file, if
+        already written; `reserved` says this process's marker is already in place."""
         task_id, dst = new["id"], new["status"]
         src_path = self._path(folder, task_id)
-        marker = self.root / ".pending" / task_id
         moving = dst != folder
-        if moving:
-            write_atomic(marker, json.dumps({"from": folder, "to": dst}).encode(), fsync=False)
-            _fault("marked")
-        write_json_atomic(src_path, new)
+        try:
+            if prepared is None:
+                prepared = self._prepare(folder, new)
+            if moving and not reserved:
+                self._mark(task_id)
+                _fault("marked")
+            os.rename(prepared, src_path)
+        except BaseException:
+            if prepared is not None:
+                prepared.unlink(missing_ok=True)
+            raise
         _fault("written")
         entry = new["history"][-1]
-        append_event(self.events_path, event(entry["at"], task_id, entry["from"], entry["to"],
-                                             entry["by"], entry["note"]))
+        self._log.append(event(entry["at"], task_id, entry["from"], entry["to"], entry["by"], entry["note"]))
         _fault("logged")
         if moving:
             self._move_into_place(src_path, dst, task_id)
             _fault("moved")
-            marker.unlink(missing_ok=True)
+        self._marker(task_id).unlink(missing_ok=True)
         return new
 
     def _move_into_place(self, src_path: Path, dst: str, task_id: str) -> None:
@@ -335,20 +389,19 @@ class Board:
             return False
 
     def _finish_interrupted(self) -> None:
-        """Roll forward transitions whose process died between their steps (run under the lock,
-        so any marker found belongs to a dead process)."""
+        """Roll forward transitions whose process died between their steps, drop reservations of
+        dead claimers, and sweep temp files of dead writers (under the lock)."""
         try:
             entries = list(os.scandir(self.root / ".pending"))
         except FileNotFoundError:
-            return
-        markers = []
+            entries = []
         for entry in entries:
-            if is_tmp_name(entry.name):
-                Path(entry.path).unlink(missing_ok=True)  # a marker write cut short
-            elif not entry.name.startswith("."):
-                markers.append(entry)
-        for marker in markers:
-            task_id = marker.name
+            if entry.name.startswith("."):
+                continue
+            marker = Path(entry.path)
+            if self._marker_is_live(marker):
+                continue  # a live claimer's reservation
+            task_id = entry.name
             found = self._locate(task_id) if is_valid_id(task_id) else None
             if found is not None:
                 folder, path = found
@@ -358,14 +411,20 @@ class Board:
                     self._quarantine(path, str(exc))
                     doc = None
                 if doc is not None and doc["status"] != folder:
-                    entry = doc["history"][-1]
-                    if not self._event_logged(entry["at"], task_id):
-                        append_event(self.events_path, event(
-                            entry["at"], task_id, entry["from"], entry["to"], entry["by"],
-                            f"{entry['note']} (completed after its writer was interrupted)".strip(),
+                    entry_ = doc["history"][-1]
+                    if not self._event_logged(entry_["at"], task_id):
+                        self._log.append(event(
+                            entry_["at"], task_id, entry_["from"], entry_["to"], entry_["by"],
+                            f"{entry_['note']} (completed after its writer was interrupted)".strip(),
                         ))
                     self._move_into_place(path, doc["status"], task_id)
-            os.unlink(marker.path)
+            marker.unlink(missing_ok=True)
+        for status in STATUSES:
+            with contextlib.suppress(FileNotFoundError):
+                for item in os.scandir(self.root / status):
+                    pid = tmp_writer_pid(item.name)
+                    if pid is not None and _writer_gone(pid, Path(item.path)):
+                        Path(item.path).unlink(missing_ok=True)
 
     def _adopt_hand_move(self, folder: str, doc: TaskDoc) -> TaskDoc:
         """A document whose status disagrees with its folder and has no pending marker was moved by
@@ -378,7 +437,7 @@ class Board:
         new = transition(doc, folder, by="board", now=now_iso(), note=f"moved into {folder}/ by hand", **changes)
         write_json_atomic(self._path(folder, doc["id"]), new)
         entry = new["history"][-1]
-        append_event(self.events_path, event(entry["at"], doc["id"], entry["from"], folder, "board", entry["note"]))
+        self._log.append(event(entry["at"], doc["id"], entry["from"], folder, "board", entry["note"]))
         return new
 
     def _quarantine(self, path: Path, reason: str) -> Path:
@@ -391,7 +450,7 @@ class Board:
         (dest.parent / f"{dest.name}.error.txt").write_text(note)
         os.rename(path, dest)
         self.problems.append(f"{folder}/{path.name} was damaged ({reason}); moved to rejected/{dest.name}")
-        append_event(self.events_path, event(now_iso(), path.stem, folder, "rejected", "board",
+        self._log.append(event(now_iso(), path.stem, folder, "rejected", "board",
                                              f"damaged: {reason}"))
         self._index.forget(path.stem)
         return dest
@@ -439,7 +498,7 @@ class Board:
                     raise TaskError(f"a task with id '{doc['id']}' already exists")
             self._check_new(doc)
             write_json_atomic(self._path(doc["status"], doc["id"]), doc)
-            append_event(self.events_path, event(now, doc["id"], None, doc["status"], by, "added"))
+            self._log.append(event(now, doc["id"], None, doc["status"], by, "added"))
         return doc
 
     # -- ingest ---------------------------------------------------------------------------------
@@ -490,7 +549,7 @@ class Board:
         )
         os.rename(path, dest)
         self.watcher.forget(path)
-        append_event(self.events_path, event(now_iso(), path.name, "inbox", "rejected", "ingest", reason))
+        self._log.append(event(now_iso(), path.name, "inbox", "rejected", "ingest", reason))
         report.rejected.append({"file": rel, "moved_to": f"rejected/{dest.name}", "reason": reason})
 
     def _ingest_one(self, drop: drops.Drop, report: IngestReport) -> None:
@@ -533,7 +592,7 @@ class Board:
                     # This very file was ingested by a process that died before moving it away.
                     first = existing["history"][0]
                     if not self._event_logged(first["at"], existing["id"]):
-                        append_event(self.events_path, event(first["at"], existing["id"], "inbox",
+                        self._log.append(event(first["at"], existing["id"], "inbox",
                                                              first["to"], "ingest", first["note"]))
                     self._archive(path, existing["id"])
                     report.ingested.append(existing["id"])
@@ -545,7 +604,7 @@ class Board:
         doc["source"] = {"file": rel, "fingerprint": fp}
         write_json_atomic(self._path(doc["status"], doc["id"]), doc)
         _fault("ingest-written")
-        append_event(self.events_path, event(now, doc["id"], "inbox", doc["status"], "ingest",
+        self._log.append(event(now, doc["id"], "inbox", doc["status"], "ingest",
                                              f"ingested from {rel}"))
         self._archive(path, doc["id"])
         report.ingested.append(doc["id"])
@@ -611,29 +670,57 @@ class Board:
         """Claim the best eligible task for `agent`, or None. The returned document's
         claim.token must be presented to renew, complete, fail, block or release it."""
         roles = tuple(roles)
-        with self._locked():
-            self._refresh_index()
-            doc = self._claim_from_index(agent, roles, lease, pid)
-            if doc is None and self._indexed_at is not None and time.monotonic() - self._indexed_at > RESYNC_AFTER:
-                self._rescan()
-                doc = self._claim_from_index(agent, roles, lease, pid)
-            return doc
+        for _attempt in range(20):
+            with self._locked():
+                self._refresh_index()
+                picked = self._reserve(agent, roles)
+                if picked is None and self._indexed_at is not None and \
+                        time.monotonic() - self._indexed_at > RESYNC_AFTER:
+                    self._rescan()
+                    picked = self._reserve(agent, roles)
+            if picked is None:
+                return None
+            raw, doc = picked
+            prepared: Path | None = None
+            try:
+                new = self._claimed(doc, agent, lease, pid)
+                prepared = self._prepare("todo", new)
+                _fault("prepared")
+                with self._locked():
+                    # A person may have changed the task while it was reserved; then choose again.
+                    if _read_or_none(self._path("todo", doc["id"])) == raw:
+                        committed, prepared = self._commit("todo", new, prepared, reserved=True), None
+                        return committed
+                    self._marker(doc["id"]).unlink(missing_ok=True)
+            except BaseException:
+                self._marker(doc["id"]).unlink(missing_ok=True)
+                raise
+            finally:
+                if prepared is not None:
+                    prepared.unlink(missing_ok=True)
+                with _RESERVED_LOCK:
+                    _RESERVED.discard(doc["id"])
+        raise BoardError("could not claim a task: every pick was changed by hand before the claim finished")
 
-    def _claim_from_index(self, agent: str, roles: tuple[str, ...], lease: float | None,
-                          pid: int | None) -> TaskDoc | None:
+    def _reserve(self, agent: str, roles: tuple[str, ...]) -> tuple[bytes, TaskDoc] | None:
+        """Under the lock: pick the best eligible task and mark it reserved by this process."""
         index = self._index
 
         def indexed_done(dep: str) -> bool:
             return index.status.get(dep) == "done"
 
         for meta in index.todo_in_order():
+            task_id = meta["id"]
             if not can_claim(meta, agent, roles, indexed_done):
                 continue
-            path = self._path("todo", meta["id"])
+            if self._marker(task_id).exists():
+                continue  # reserved by another claimer, or a transition a recovery will finish
+            path = self._path("todo", task_id)
             try:
-                doc = self._read(path)
+                raw = path.read_bytes()
+                doc = self._parse(raw)
             except FileNotFoundError:
-                index.forget(meta["id"])
+                index.forget(task_id)
                 continue
             except Damaged as exc:
                 self._quarantine(path, str(exc))
@@ -641,12 +728,19 @@ class Board:
             if doc["status"] != "todo":
                 doc = self._adopt_hand_move("todo", doc)
                 if doc["status"] != "todo":
-                    index.set_status(doc["id"], doc["status"])
+                    index.set_status(task_id, doc["status"])
                     continue
+                raw = path.read_bytes()
             if not can_claim(doc, agent, roles, self._done_on_disk):
                 index.put_todo(doc)
                 continue
-            return self._commit("todo", self._claimed(doc, agent, lease, pid))
+            with _RESERVED_LOCK:
+                _RESERVED.add(task_id)
+            self._mark(task_id)
+            _fault("marked")
+            # Out of this process's candidates now; the commit's event (or a rescan) settles it.
+            index.set_status(task_id, "doing")
+            return raw, doc
         return None
 
     def _claimed(self, doc: TaskDoc, agent: str, lease: float | None, pid: int | None) -> TaskDoc:
@@ -690,15 +784,32 @@ class Board:
             return new
 
     def _finish(self, task_id: str, token: int, to: str, note: str, **changes: Any) -> TaskDoc:
-        with self._locked():
-            doc = self._held(task_id, token)
-            by = doc["claim"]["agent"]
-            if to == "todo?":
-                to = "failed" if doc["attempts"] >= doc["max_attempts"] else "todo"
-                note = f"attempt {doc['attempts']} of {doc['max_attempts']} failed: {note}"
-            if changes.pop("_return_attempt", False):
-                changes["attempts"] = max(0, doc["attempts"] - 1)
-            return self._commit("doing", transition(doc, to, by=by, now=now_iso(), note=note, claim=None, **changes))
+        """End the holder's claim. The new document is written and fsync'd before the lock is
+        taken; under the lock it is committed if the task is still exactly as it was read, and
+        built again from the current file if not (a renewal in between, say)."""
+        path = self._path("doing", task_id)
+        raw = _read_or_none(path)
+        prepared: Path | None = None
+        new: TaskDoc | None = None
+        if raw is not None:
+            with contextlib.suppress(Damaged):
+                doc = self._parse(raw)
+                if doc["status"] == "doing" and (doc.get("claim") or {}).get("token") == token:
+                    new = _finished(doc, to, note, changes)
+                    prepared = self._prepare("doing", new)
+                    _fault("prepared")
+        try:
+            with self._locked():
+                if prepared is None or new is None or _read_or_none(path) != raw:
+                    if prepared is not None:
+                        prepared.unlink(missing_ok=True)
+                        prepared = None
+                    new = _finished(self._held(task_id, token), to, note, changes)
+                committed, prepared = self._commit("doing", new, prepared), None
+                return committed
+        finally:
+            if prepared is not None:
+                prepared.unlink(missing_ok=True)
 
     def complete(self, task_id: str, token: int, result: Any = None) -> TaskDoc:
         return self._finish(task_id, token, "done", "completed", result=result, error=None)
@@ -724,6 +835,7 @@ class Board:
         now = time.time()
         with self._locked():
             self._last_recover = time.monotonic()
+            self._finish_interrupted()
             for entry in list(os.scandir(self.root / "doing")):
                 if not entry.name.endswith(".json") or entry.name.startswith("."):
                     continue
@@ -744,12 +856,6 @@ class Board:
                 self._commit("doing", transition(doc, to, by="board", now=now_iso(), note=note,
                                                  claim=None, error=note))
                 recovered.append({"task": doc["id"], "to": to, "reason": reason})
-            # Every board write happens under the lock, so a temp file seen under it is a dead writer's.
-            for status in STATUSES:
-                with contextlib.suppress(FileNotFoundError):
-                    for entry in os.scandir(self.root / status):
-                        if is_tmp_name(entry.name):
-                            Path(entry.path).unlink(missing_ok=True)
         return recovered
 
     # -- changes by hand ------------------------------------------------------------------------
@@ -826,6 +932,45 @@ class Board:
                     return None
                 nap = min(nap, remaining)
             self.signal.wait(seen, nap)
+
+
+def _finished(doc: TaskDoc, to: str, note: str, changes: dict[str, Any]) -> TaskDoc:
+    """The document of a held task after its holder ends the claim (pure)."""
+    changes = dict(changes)
+    if to == "todo?":
+        to = "failed" if doc["attempts"] >= doc["max_attempts"] else "todo"
+        note = f"attempt {doc['attempts']} of {doc['max_attempts']} failed: {note}"
+    if changes.pop("_return_attempt", False):
+        changes["attempts"] = max(0, doc["attempts"] - 1)
+    return transition(doc, to, by=doc["claim"]["agent"], now=now_iso(), note=note, claim=None, **changes)
+
+
+def _read_or_none(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+_START_TIME: list[tuple[int, float]] = []
+
+
+def _own_start_time() -> float:
+    pid = os.getpid()
+    if not _START_TIME or _START_TIME[0][0] != pid:  # recomputed after a fork
+        _START_TIME[:] = [(pid, start_time(pid) or 0.0)]
+    return _START_TIME[0][1]
+
+
+def _writer_gone(pid: int, path: Path) -> bool:
+    """A temp file's writer is dead (or the file is too old to still be in use)."""
+    if pid == os.getpid():
+        return False
+    try:
+        age = time.time() - path.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    return age > STALE_TMP_AGE or not psutil.pid_exists(pid)
 
 
 def _iso_at(timestamp: float) -> str:

@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .fsio import append_line
-
 
 def event(at: str, task: str, src: str | None, dst: str | None, by: str, note: str = "") -> dict[str, Any]:
     return {"at": at, "task": task, "from": src, "to": dst, "by": by, "note": note}
@@ -61,10 +59,6 @@ class EventTail:
                 records.append(record)
         self.offset += end + 1
         return records
-
-
-def append_event(path: Path, record: dict[str, Any]) -> None:
-    append_line(path, record)
 
 
 def read_all(path: Path) -> tuple[list[dict[str, Any]], int]:

@@ -3,6 +3,7 @@ own subprocesses at its end, so the suite never leaves anything running."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -22,10 +23,8 @@ WORKERS = Path(__file__).resolve().parent / "workers.py"
 def _kill_tree(parent: psutil.Process) -> None:
     children = parent.children(recursive=True)
     for child in children:
-        try:
+        with contextlib.suppress(psutil.Error):
             child.kill()
-        except psutil.Error:
-            pass
     psutil.wait_procs(children, timeout=5)
 
 

@@ -264,3 +264,19 @@ def test_network_filesystem_is_refused_unless_allowed(tmp_path, monkeypatch):
     assert allowed.watcher.mode == "polling" and "network filesystem" in allowed.watcher.reason
     monkeypatch.setenv("HERMES_SUP_ALLOW_NETWORK_FS", "1")
     assert Board(tmp_path / "kanban").network_fs
+
+
+def test_the_lock_excludes_a_forked_child_using_the_same_board(board):
+    from kanban.lock import LockTimeout
+
+    with board._locked():
+        pid = os.fork()
+        if pid == 0:  # the child: it must open its own descriptor, and so must wait
+            board._flock.timeout = 0.2
+            try:
+                board._flock.acquire()
+                os._exit(1)
+            except LockTimeout:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "a forked child got the lock its parent holds"

@@ -76,7 +76,7 @@ def test_a_claim_held_by_a_killed_process_goes_back_to_todo(board, spawn):
     assert again["attempts"] == 2 and again["claim"]["token"] == 2
 
 
-@pytest.mark.parametrize("point", ["marked", "written", "logged", "moved"])
+@pytest.mark.parametrize("point", ["marked", "prepared", "written", "logged", "moved"])
 @pytest.mark.parametrize("action", ["claim", "complete"])
 def test_sigkill_between_the_steps_of_a_transition_rolls_forward(board, spawn, point, action):
     doc = board.add({"title": "x"})
@@ -87,8 +87,9 @@ def test_sigkill_between_the_steps_of_a_transition_rolls_forward(board, spawn, p
         args = ["claim", "w"]
     proc = spawn("step", str(board.root), *args, env={"HERMES_SUP_FAULT": point})
     assert proc.wait(timeout=30) == -signal.SIGKILL
-    # Killed after only the marker, the transition never happened; from the content write on, it did.
-    happened = point != "marked"
+    # Killed after the marker or the fsync'd temp file, the transition never happened; once the new
+    # document is renamed into place ("written"), it did.
+    happened = point not in ("marked", "prepared")
 
     # Any locked operation finishes (or discards) the interrupted transition first; recover() then
     # also finds the killed claimer's claim dead.
@@ -110,6 +111,8 @@ def test_sigkill_between_the_steps_of_a_transition_rolls_forward(board, spawn, p
             assert "recovered: holder w" in after["history"][-1]["note"]
     assert moves == expected_moves
     assert assert_consistent(board.root) == {doc["id"]: [final]}
+    leftovers = [n for s in STATUSES for n in os.listdir(board.root / s) if n.startswith(".")]
+    assert leftovers == [], "a dead writer's temp files are swept"
 
 
 @pytest.mark.slow

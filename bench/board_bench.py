@@ -1,0 +1,233 @@
+"""Board benchmarks, run by hand: `make bench` or `python bench/board_bench.py [--quick]`.
+
+1. The machine's own limit: fsync'd temp-write-and-rename of a small JSON file, one process.
+2. Claim+complete throughput with 1, 4 and 8 claimer processes on 10,000 tasks, as a ratio to (1).
+3. Drop-to-claim latency with 4 idle claimers in wait_for_work, against a claimer that polls
+   every second (the baseline the watcher must beat).
+4. `hermes-sup board --json` over 10,000 tasks, the whole command.
+
+Every figure is a median (and p99 where it is a distribution) over repeated measurements in this
+one run; these machines are noisy, so compare ratios, not absolute numbers across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from kanban import Board  # noqa: E402
+from kanban.fsio import write_json_atomic  # noqa: E402
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+# -- 1. the machine's fsync limit ------------------------------------------------------------------
+
+def fsync_limit(folder: Path, seconds: float) -> float:
+    doc = {"id": "x", "title": "a small task", "status": "todo", "priority": 0, "history": []}
+    count = 0
+    end = time.perf_counter() + seconds
+    started = time.perf_counter()
+    while time.perf_counter() < end:
+        write_json_atomic(folder / "probe.json", doc)
+        count += 1
+    return count / (time.perf_counter() - started)
+
+
+# -- 2. throughput ---------------------------------------------------------------------------------
+
+def fill(root: Path, count: int) -> None:
+    board = Board(root)
+    for i in range(count):
+        board.add({"title": f"task {i}", "priority": i % 5})
+
+
+def claimer_main(root: str, go_file: str, out: str) -> None:
+    board = Board(root)
+    with board._locked():  # build the claim index (one scan of 10,000 files) before the clock starts
+        board._refresh_index()
+    Path(out + ".ready").touch()
+    while not os.path.exists(go_file):
+        time.sleep(0.001)
+    done = 0
+    while True:
+        doc = board.claim(f"c{os.getpid()}")
+        if doc is None:
+            break
+        board.complete(doc["id"], doc["claim"]["token"], "ok")
+        done += 1
+    Path(out).write_text(json.dumps({"done": done, "end": time.time()}))
+
+
+def throughput(base: Path, claimers: int, tasks: int) -> dict[str, float]:
+    root = base / f"tp-{claimers}"
+    fill(root, tasks)
+    go = base / f"go-{claimers}"
+    outs = [base / f"tp-{claimers}-{n}.json" for n in range(claimers)]
+    procs = [subprocess.Popen([sys.executable, __file__, "_claimer", str(root), str(go), str(out)]) for out in outs]
+    while not all(Path(str(out) + ".ready").exists() for out in outs):
+        time.sleep(0.01)
+    start = time.time()
+    go.touch()
+    for proc in procs:
+        proc.wait(timeout=600)
+    results = [json.loads(out.read_text()) for out in outs]
+    elapsed = max(r["end"] for r in results) - start
+    total = sum(r["done"] for r in results)
+    assert total == tasks, f"{total} of {tasks} tasks completed"
+    shutil.rmtree(root)
+    return {"claimers": claimers, "tasks": tasks, "seconds": elapsed, "per_second": tasks / elapsed}
+
+
+# -- 3. drop-to-claim latency ----------------------------------------------------------------------
+
+def waiter_main(root: str, out: str, mode: str) -> None:
+    board = Board(root)
+    Path(out + ".ready").touch()
+    with open(out, "a") as log:
+        while True:
+            if mode == "watch":
+                doc = board.wait_for_work(f"w{os.getpid()}", timeout=120)
+            else:  # the baseline: a claimer that looks once a second
+                board.ingest()
+                doc = board.claim(f"p{os.getpid()}")
+                if doc is None:
+                    time.sleep(1.0)
+                    continue
+            if doc is None:
+                return
+            stamp = time.time()
+            board.complete(doc["id"], doc["claim"]["token"], "ok")
+            log.write(json.dumps({"title": doc["title"], "claimed": stamp}) + "\n")
+            log.flush()
+
+
+def drop_latency(base: Path, mode: str, claimers: int, drops: int) -> dict[str, float]:
+    root = base / f"lat-{mode}"
+    Board(root)
+    outs = [base / f"lat-{mode}-{n}.jsonl" for n in range(claimers)]
+    procs = [subprocess.Popen([sys.executable, __file__, "_waiter", str(root), str(out), mode]) for out in outs]
+    try:
+        while not all(Path(str(out) + ".ready").exists() for out in outs):
+            time.sleep(0.01)
+        time.sleep(0.5)  # all waiting
+        dropped: dict[str, float] = {}
+        rng = random.Random(1)
+        for n in range(drops):
+            # A drop at a random moment of the poller's 1-second cycle, not right after its last claim.
+            time.sleep(rng.uniform(0, 1.0) if mode == "poll" else 0.02)
+            title = f"drop {n}"
+            tmp = root / f".drop-{n}.tmp"
+            tmp.write_text(json.dumps({"title": title}))
+            dropped[title] = time.time()
+            os.rename(tmp, root / "inbox" / f"drop-{n}.json")
+            # wait for the claim before the next drop, so claimers are idle each time
+            deadline = time.time() + 10
+            while time.time() < deadline:
+                if any(title in out.read_text() for out in outs if out.exists()):
+                    break
+                time.sleep(0.002)
+        claimed = {}
+        for out in outs:
+            for line in out.read_text().splitlines():
+                record = json.loads(line)
+                claimed[record["title"]] = record["claimed"]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    latencies = [1000 * (claimed[t] - dropped[t]) for t in dropped if t in claimed]
+    shutil.rmtree(root)
+    return {"mode": mode, "claimers": claimers, "drops": len(latencies),
+            "median_ms": statistics.median(latencies), "p99_ms": pct(latencies, 0.99)}
+
+
+# -- 4. board --json over 10,000 tasks -------------------------------------------------------------
+
+def board_json(base: Path, tasks: int, repeats: int) -> dict[str, float]:
+    ws = base / "ws"
+    subprocess.run([sys.executable, "-m", "supervisor", "init", str(ws)], check=True, capture_output=True,
+                   cwd=ROOT)
+    fill(ws / "kanban", tasks)
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "supervisor", "-w", str(ws), "board", "--json"],
+                              capture_output=True, cwd=ROOT, check=True)
+        times.append(time.perf_counter() - started)
+        assert json.loads(done.stdout)["counts"]["todo"] == tasks
+    startup = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "supervisor", "--version"], capture_output=True, cwd=ROOT, check=True)
+        startup.append(time.perf_counter() - started)
+    return {"tasks": tasks, "median_s": statistics.median(times), "max_s": max(times),
+            "cli_startup_median_s": statistics.median(startup)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = parser.parse_args()
+    tasks = 2000 if args.quick else 10_000
+    drops = 20 if args.quick else 100
+    base = Path(tempfile.mkdtemp(prefix="hermes-bench-"))
+    report: dict[str, object] = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count()}
+    try:
+        limit = fsync_limit(base, 3.0)
+        report["fsync_rename_per_second"] = limit
+        print(f"fsync'd write+rename, one process: {limit:,.0f}/s (the machine's limit)")
+
+        rows = []
+        for claimers in (1, 4, 8):
+            row = throughput(base, claimers, tasks)
+            row["ratio_to_fsync_limit"] = row["per_second"] / limit
+            rows.append(row)
+            print(f"claim+complete, {claimers} claimer(s), {tasks} tasks: {row['per_second']:,.0f} tasks/s "
+                  f"= {row['ratio_to_fsync_limit']:.0%} of the fsync limit ({row['seconds']:.1f} s)")
+        report["throughput"] = rows
+
+        watch = drop_latency(base, "watch", 4, drops)
+        poll = drop_latency(base, "poll", 1, max(10, drops // 5))
+        report["drop_to_claim"] = [watch, poll]
+        print(f"drop-to-claim, 4 waiting claimers (watcher): median {watch['median_ms']:.1f} ms, "
+              f"p99 {watch['p99_ms']:.1f} ms over {watch['drops']} drops")
+        print(f"drop-to-claim, 1 claimer polling every 1 s (baseline): median {poll['median_ms']:.1f} ms, "
+              f"p99 {poll['p99_ms']:.1f} ms over {poll['drops']} drops")
+        print(f"  watcher / polling median: {watch['median_ms'] / poll['median_ms']:.3f}")
+
+        bj = board_json(base, tasks, 5)
+        report["board_json"] = bj
+        print(f"hermes-sup board --json over {tasks} tasks: median {bj['median_s']:.2f} s "
+              f"(max {bj['max_s']:.2f} s; CLI start-up alone {bj['cli_startup_median_s']:.2f} s)")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"board-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(report, indent=2))
+    print(f"written to {path}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "_claimer":
+        claimer_main(*sys.argv[2:])
+    elif len(sys.argv) > 1 and sys.argv[1] == "_waiter":
+        waiter_main(*sys.argv[2:])
+    else:
+        main()

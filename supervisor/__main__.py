@@ -1,0 +1,5 @@
+"""`python -m supervisor` is `hermes-sup`."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,185 @@
+"""The command line as a user and a script meet it: outputs, --json documents, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from supervisor.cli import main
+from supervisor.workspace import ConfigError, find_workspace, load_config
+
+from .conftest import wait_until
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    result = CliRunner().invoke(main, ["init", str(tmp_path / "ws")])
+    assert result.exit_code == 0, result.output
+    return tmp_path / "ws"
+
+
+def invoke(ws: Path, *args: str):
+    return CliRunner().invoke(main, ["-w", str(ws), *args])
+
+
+def run(ws: Path, *args: str) -> tuple[int, str]:
+    result = invoke(ws, *args)
+    return result.exit_code, result.output
+
+
+def run_json(ws: Path, *args: str) -> dict:
+    result = invoke(ws, *args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_init_scaffolds_and_is_idempotent(tmp_path):
+    runner = CliRunner()
+    first = runner.invoke(main, ["init", str(tmp_path / "w"), "--json"])
+    assert first.exit_code == 0
+    created = json.loads(first.output)["created"]
+    assert "hermes.yaml" in created and "kanban/inbox/" in created and "runs/" in created and "skills/" in created
+    load_config(tmp_path / "w" / "hermes.yaml")
+    again = runner.invoke(main, ["init", str(tmp_path / "w"), "--json"])
+    assert json.loads(again.output)["created"] == []
+
+
+def test_task_lifecycle_through_the_cli(ws):
+    code, output = run(ws, "task", "add", "Write the report", "--priority", "3", "--body", "two pages")
+    assert code == 0
+    task_id = output.strip()
+    doc = run_json(ws, "task", "show", task_id)
+    assert (doc["title"], doc["priority"], doc["body"], doc["status"]) == ("Write the report", 3, "two pages", "todo")
+    dep = run_json(ws, "task", "add", "Review it", "--depends-on", task_id, "--role", "review")
+    assert dep["depends_on"] == [task_id] and dep["role"] == "review"
+    listing = run_json(ws, "task", "list")
+    assert [t["id"] for t in listing["tasks"]] == [task_id, dep["id"]]
+    assert run_json(ws, "task", "list", "--status", "done")["tasks"] == []
+    assert run_json(ws, "task", "cancel", task_id)["status"] == "cancelled"
+    assert run_json(ws, "task", "retry", task_id)["status"] == "todo"
+    moved = run_json(ws, "task", "move", task_id, "blocked", "--note", "waiting for data")
+    assert moved["status"] == "blocked" and moved["history"][-1]["note"] == "waiting for data"
+    code, output = run(ws, "task", "show", task_id)
+    assert code == 0 and "waiting for data" in output and "history" in output
+
+
+def test_steps_are_accepted_as_json(ws):
+    doc = run_json(ws, "task", "add", "Plan", "--steps", '[{"tool": "write_file", "args": {"path": "a"}}]')
+    assert doc["steps"] == [{"tool": "write_file", "args": {"path": "a"}}]
+    code, output = run(ws, "task", "add", "Plan", "--steps", "[{oops")
+    assert code == 2 and "--steps is not valid JSON" in output
+
+
+def test_errors_are_messages_with_exit_codes_not_tracebacks(ws):
+    code, output = run(ws, "task", "show", "no-such-task")
+    assert code == 1 and "no task 'no-such-task'" in output and "Traceback" not in output
+    result = invoke(ws, "task", "show", "no-such-task", "--json")
+    assert result.exit_code == 1
+    assert json.loads(result.stdout) == {"error": f"no task 'no-such-task' on the board {ws / 'kanban'}",
+                                         "exit_code": 1}
+    code, output = run(ws, "task", "add", "x", "--id", "Bad Id")
+    assert code == 1 and "is not a safe file name" in output
+    code, output = run(ws, "task", "retry", run_json(ws, "task", "add", "y")["id"])
+    assert code == 1 and "retry takes a blocked, failed or cancelled task" in output
+    code, output = run(ws, "task", "move", "x", "doing")
+    assert code == 2  # not a choice: a usage error
+
+
+def test_board_ingests_pending_drops_and_counts(ws):
+    (ws / "kanban" / "inbox" / "a.md").write_text("# Dropped task\nbody\n")
+    (ws / "kanban" / "inbox" / "b.json").write_text("{not json")
+    board = run_json(ws, "board")
+    assert board["counts"]["todo"] == 1
+    assert board["columns"]["todo"][0]["title"] == "Dropped task"
+    assert board["ingest"]["rejected"][0]["file"] == "inbox/b.json"
+    code, output = run(ws, "board")
+    assert code == 0 and "todo (1)" in output
+
+
+def test_board_reports_a_damaged_task_and_keeps_the_rest(ws):
+    keep = run_json(ws, "task", "add", "keep")
+    bad = run_json(ws, "task", "add", "bad")
+    (ws / "kanban" / "todo" / f"{bad['id']}.json").write_text('{"id": "trunc')
+    board = run_json(ws, "board")
+    assert [t["id"] for t in board["columns"]["todo"]] == [keep["id"]]
+    assert board["damaged"][0]["path"] == f"todo/{bad['id']}.json"
+    assert (ws / "kanban" / "rejected" / f"todo--{bad['id']}.json").exists()
+
+
+def test_workspace_is_found_upward_and_from_the_environment(ws, tmp_path, monkeypatch):
+    deep = ws / "runs" / "a" / "b"
+    deep.mkdir(parents=True)
+    assert find_workspace(cwd=deep).root == ws
+    monkeypatch.setenv("HERMES_SUP_WORKSPACE", str(ws))
+    assert find_workspace(cwd=tmp_path).root == ws
+    monkeypatch.delenv("HERMES_SUP_WORKSPACE")
+    with pytest.raises(ConfigError, match=r"no hermes\.yaml here or in any parent folder"):
+        find_workspace(cwd=tmp_path)
+    code, output = run(tmp_path / "nowhere", "board")
+    assert code == 2 and "not a workspace" in output
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("agents:\n  - name: a\n    count: zero\n", "hermes.yaml:2: agent a: 'count' must be a whole number >= 1"),
+        ("agents:\n  - name: a\n  - name: a\n", "hermes.yaml:3: agent name 'a' is used twice"),
+        ("agents:\n  - name: a\n    rolez: [x]\n", "hermes.yaml:2: unknown agent key 'rolez'"),
+        ("agents: [\n", "hermes.yaml:2: invalid YAML"),
+        ("agentz: []\n", "hermes.yaml:1: unknown key 'agentz'"),
+        ("agents:\n  - name: w\n    count: 2\n  - name: w-1\n", "hermes.yaml:4: agent name 'w-1' is used twice"),
+    ],
+)
+def test_config_errors_name_file_and_line(tmp_path, text, message):
+    path = tmp_path / "hermes.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert message in str(info.value)
+
+
+def test_doctor_reports_and_fails_on_a_broken_config(ws):
+    report = run_json(ws, "doctor")
+    names = {c["name"]: c for c in report["checks"]}
+    assert names["config"]["level"] == "ok" and names["watcher"]["level"] == "ok"
+    assert names["filesystem"]["level"] == "ok" and "inotify limits" in names
+    (ws / "hermes.yaml").write_text("agents: [\n")
+    result = invoke(ws, "doctor", "--json")
+    assert result.exit_code == 1
+    report = json.loads(result.stdout)
+    assert report["status"] == "error" and "hermes.yaml:2" in report["checks"][0]["detail"]
+
+
+def test_the_installed_console_script_runs(ws):
+    exe = Path(sys.executable).with_name("hermes-sup")
+    command = [str(exe)] if exe.exists() else [sys.executable, "-m", "supervisor"]
+    done = subprocess.run([*command, "-w", str(ws), "task", "add", "from a shell", "--json"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["title"] == "from a shell"
+    bad = subprocess.run([*command, "-w", str(ws), "task", "show", "nope"], capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 1 and "no task 'nope'" in bad.stderr and bad.stdout == ""
+
+
+def test_up_keeps_the_board_and_stops_on_sigterm(ws):
+    exe = Path(sys.executable).with_name("hermes-sup")
+    command = [str(exe)] if exe.exists() else [sys.executable, "-m", "supervisor"]
+    proc = subprocess.Popen([*command, "-w", str(ws), "up"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert "keeping the board" in proc.stderr.readline()
+        (ws / "kanban" / "inbox" / "live.txt").write_text("picked up live\n")
+        wait_until(lambda: [n for n in os.listdir(ws / "kanban" / "todo") if n.endswith(".json")], timeout=10)
+        proc.terminate()
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
