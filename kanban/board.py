@@ -354,7 +354,10 @@ class Board:
         try:
             if prepared is None:
                 prepared = self._prepare(folder, new)
-            if moving and not reserved:
+            # Leaving doing/ needs no marker: recover() reads every document there, and nothing
+            # enters doing/ by hand, so a document in doing/ with another status is always a
+            # transition to finish.
+            if moving and not reserved and folder != "doing":
                 self._mark(task_id)
                 _fault("marked")
             os.rename(prepared, src_path)
@@ -388,6 +391,14 @@ class Board:
         except FileNotFoundError:
             return False
 
+    def _roll_forward(self, path: Path, doc: TaskDoc) -> None:
+        """Finish a transition whose writer died after writing the new document."""
+        entry = doc["history"][-1]
+        if not self._event_logged(entry["at"], doc["id"]):
+            self._log.append(event(entry["at"], doc["id"], entry["from"], entry["to"], entry["by"],
+                                   f"{entry['note']} (completed after its writer was interrupted)".strip()))
+        self._move_into_place(path, doc["status"], doc["id"])
+
     def _finish_interrupted(self) -> None:
         """Roll forward transitions whose process died between their steps, drop reservations of
         dead claimers, and sweep temp files of dead writers (under the lock)."""
@@ -411,13 +422,7 @@ class Board:
                     self._quarantine(path, str(exc))
                     doc = None
                 if doc is not None and doc["status"] != folder:
-                    entry_ = doc["history"][-1]
-                    if not self._event_logged(entry_["at"], task_id):
-                        self._log.append(event(
-                            entry_["at"], task_id, entry_["from"], entry_["to"], entry_["by"],
-                            f"{entry_['note']} (completed after its writer was interrupted)".strip(),
-                        ))
-                    self._move_into_place(path, doc["status"], task_id)
+                    self._roll_forward(path, doc)
             marker.unlink(missing_ok=True)
         for status in STATUSES:
             with contextlib.suppress(FileNotFoundError):
@@ -654,6 +659,11 @@ class Board:
         self._indexed_at = time.monotonic()
         self.signal.full_rescan_due = False
 
+    def _catch_up(self) -> None:
+        with self._tlock:
+            if self._indexed_at is not None and not self.signal.full_rescan_due:
+                self._index.apply_events(self._tail.read_new(), self._load_todo)
+
     def _refresh_index(self) -> None:
         if self._indexed_at is None or self.signal.full_rescan_due:
             self._rescan()
@@ -671,6 +681,9 @@ class Board:
         claim.token must be presented to renew, complete, fail, block or release it."""
         roles = tuple(roles)
         for _attempt in range(20):
+            # Most of the log's new lines can be read before the lock (complete lines of an
+            # append-only file); under the lock only what was appended since is left.
+            self._catch_up()
             with self._locked():
                 self._refresh_index()
                 picked = self._reserve(agent, roles)
@@ -847,8 +860,11 @@ class Board:
                 except Damaged as exc:
                     self._quarantine(path, str(exc))
                     continue
+                if doc["status"] != "doing":
+                    self._roll_forward(path, doc)
+                    continue
                 reason = stale_reason(doc.get("claim"), now)
-                if doc["status"] != "doing" or reason is None:
+                if reason is None:
                     continue
                 exhausted = doc["attempts"] >= doc["max_attempts"]
                 to = "failed" if exhausted else "todo"

@@ -18,10 +18,13 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
+import filelock
 from rich.console import Console
 
 from kanban import STATUSES, Board, BoardError, TaskError
-from kanban.task import TIERS
+from kanban.fsio import write_json_atomic
+from kanban.liveness import start_time
+from kanban.task import TIERS, now_iso
 
 from . import render
 from .doctor import run_checks
@@ -30,7 +33,7 @@ from .workspace import ConfigError, Workspace, find_workspace, load_config, scaf
 F = TypeVar("F", bound=Callable[..., Any])
 
 out = Console(soft_wrap=False)
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # messages stay one line for scripts and grep
 
 
 class Failure(Exception):
@@ -310,6 +313,18 @@ def up(ctx: click.Context) -> None:
     """
     ws = workspace_of(ctx)
     load_config(ws.config_path)
+    ws.runs_path.mkdir(exist_ok=True)
+    # One `up` per workspace. filelock's flock is released by the kernel when the process dies, so
+    # a SIGKILLed `up` never leaves the workspace locked.
+    singleton = filelock.FileLock(str(ws.runs_path / "supervisor.lock"), blocking=False)
+    try:
+        singleton.acquire()
+    except filelock.Timeout:
+        running = read_supervisor_state(ws)
+        raise Failure(f"hermes-sup is already running in {ws.root} (pid {running.get('pid', '?')})") from None
+    write_json_atomic(ws.runs_path / "supervisor.json", {
+        "pid": os.getpid(), "pid_started": start_time(os.getpid()), "started_at": now_iso(), "agents": {},
+    })
     board = open_board(ctx)
     stop = threading.Event()
 
@@ -334,4 +349,13 @@ def up(ctx: click.Context) -> None:
             board.signal.wait(seen, 5.0)
     finally:
         board.close()
+        singleton.release()
     err.print("hermes-sup: stopped")
+
+
+def read_supervisor_state(ws: Workspace) -> dict[str, Any]:
+    try:
+        state = json.loads((ws.runs_path / "supervisor.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}

@@ -177,6 +177,10 @@ def test_up_keeps_the_board_and_stops_on_sigterm(ws):
         assert "keeping the board" in proc.stderr.readline()
         (ws / "kanban" / "inbox" / "live.txt").write_text("picked up live\n")
         wait_until(lambda: [n for n in os.listdir(ws / "kanban" / "todo") if n.endswith(".json")], timeout=10)
+        assert json.loads((ws / "runs" / "supervisor.json").read_text())["pid"] == proc.pid
+        second = subprocess.run([*command, "-w", str(ws), "up"], capture_output=True, text=True, timeout=30)
+        assert second.returncode == 1
+        assert f"already running in {ws} (pid {proc.pid})" in second.stderr
         proc.terminate()
         assert proc.wait(timeout=10) == 0
     finally:

@@ -76,8 +76,11 @@ def test_a_claim_held_by_a_killed_process_goes_back_to_todo(board, spawn):
     assert again["attempts"] == 2 and again["claim"]["token"] == 2
 
 
-@pytest.mark.parametrize("point", ["marked", "prepared", "written", "logged", "moved"])
-@pytest.mark.parametrize("action", ["claim", "complete"])
+@pytest.mark.parametrize(("action", "point"), [
+    *[("claim", point) for point in ("marked", "prepared", "written", "logged", "moved")],
+    # Leaving doing/ takes no marker: recover() finds such a document by reading doing/.
+    *[("complete", point) for point in ("prepared", "written", "logged", "moved")],
+])
 def test_sigkill_between_the_steps_of_a_transition_rolls_forward(board, spawn, point, action):
     doc = board.add({"title": "x"})
     if action == "complete":
