@@ -1,20 +1,23 @@
 """The filesystem board: task documents as JSON files in status folders, changed under one lock.
 
-Every transition follows the same steps, so a process killed at any point leaves a state that the
-next locked operation finishes (roll forward, never back):
+Every transition follows the same steps, so a process killed at any point leaves a state that a
+later locked operation finishes (roll forward) or discards:
 
-1. a marker `.pending/<id>` names the task being moved,
-2. the new document is written over the old one in place (temp file, fsync, rename),
-3. the transition is appended to `events.jsonl`,
-4. the file is renamed into the folder of its new status,
-5. the marker is removed.
+1. the new document is written to a temp file beside the old one and fsync'd (before the lock
+   when it can be: the slow part stays out of the critical section),
+2. under the lock, a marker `.pending/<id>` names the task (a claim places it earlier, to reserve
+   its pick; a task leaving doing/ needs none, see `_commit`),
+3. the temp file is renamed over the old document,
+4. the transition is appended to `events.jsonl`,
+5. the file is renamed into the folder of its new status, and the marker removed.
 
-A task is thus always in exactly one folder; a document whose status differs from its folder is
-a transition caught between steps 2 and 4, and its marker says so.
+A task is thus always in exactly one folder; a document whose status differs from its folder is a
+transition caught between steps 3 and 5, which its marker (or its being in doing/) says.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import json
@@ -39,7 +42,6 @@ from .fsio import (
     tmp_writer_pid,
     unique_path,
     write_json_atomic,
-    write_small,
     write_temp,
 )
 from .index import BoardIndex
@@ -74,8 +76,20 @@ RECOVER_INTERVAL = 2.0
 STALE_TMP_AGE = 600.0
 # Tasks this process has reserved (marked) and not yet committed or given up; a marker naming
 # this process is live only while its task is in here.
-_RESERVED: set[str] = set()
+_RESERVED: collections.Counter[str] = collections.Counter()
 _RESERVED_LOCK = threading.Lock()
+
+
+def _reservation_started(task_id: str) -> None:
+    with _RESERVED_LOCK:
+        _RESERVED[task_id] += 1
+
+
+def _reservation_done(task_id: str) -> None:
+    with _RESERVED_LOCK:
+        _RESERVED[task_id] -= 1
+        if _RESERVED[task_id] <= 0:
+            del _RESERVED[task_id]
 ALLOW_NETWORK_FS_ENV = "HERMES_SUP_ALLOW_NETWORK_FS"
 # Test hook: "POINT" or "POINT:N" makes this process SIGKILL itself the Nth time it reaches POINT,
 # so the crash tests can stop a transition between any two of its steps.
@@ -169,7 +183,6 @@ class Board:
         self.events_path = self.root / "events.jsonl"
         self.problems: list[str] = []
         self._log = AppendLog(self.events_path)
-        self._ensure_layout()
         self._flock = BoardLock(self.root / ".lock", lock_timeout)
         self._tlock = threading.RLock()
         self._depth = 0
@@ -180,6 +193,7 @@ class Board:
         self._last_recover = 0.0
         self.signal = ChangeSignal()
         self.watcher = BoardWatcher(self.root, self.signal)
+        self._ensure_layout()
 
     # -- layout and locking -------------------------------------------------------------------
 
@@ -194,7 +208,8 @@ class Board:
                 # Never silently: a status folder that vanished took its tasks with it.
                 note = f"status folder {name}/ was missing and has been recreated empty"
                 self.problems.append(note)
-                self._log.append(event(now_iso(), f"{name}/", None, None, "board", note))
+                with self._locked():
+                    self._log.append(event(now_iso(), f"{name}/", None, None, "board", note))
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -330,19 +345,24 @@ class Board:
         return self.root / ".pending" / task_id
 
     def _mark(self, task_id: str) -> None:
-        # The marker names its writer, so recovery can tell a live claimer's reservation from a
-        # transition whose process died.
-        write_small(self._marker(task_id), f"{os.getpid()} {_own_start_time()}\n".encode())
+        """Place the marker for a transition made under the lock (replacing any other)."""
+        marker = self._marker(task_id)
+        marker.unlink(missing_ok=True)
+        os.symlink(_owner_text(), marker)
+
+    def _has_marker(self, task_id: str) -> bool:
+        return os.path.lexists(self._marker(task_id))
 
     def _marker_is_live(self, path: Path) -> bool:
+        """Whether the process a marker names is still running (a live claimer's reservation)."""
         try:
-            pid_text, started_text = path.read_text().split()
+            pid_text, started_text = os.readlink(path).split()
             pid, started = int(pid_text), float(started_text)
         except (OSError, ValueError):
             return False
         if pid == os.getpid() and abs(started - _own_start_time()) < 0.05:
             with _RESERVED_LOCK:
-                return path.name in _RESERVED
+                return _RESERVED[path.name] > 0
         return holder_alive(pid, started, HOST) is not False
 
     def _commit(self, folder: str, new: TaskDoc, prepared: Path | None = None, *, reserved: bool = False) -> TaskDoc:
@@ -372,7 +392,11 @@ class Board:
         if moving:
             self._move_into_place(src_path, dst, task_id)
             _fault("moved")
-        self._marker(task_id).unlink(missing_ok=True)
+        if not reserved:
+            # A claimer removes its own reservation after releasing the lock: one journaled
+            # operation fewer inside it. Until then the marker names a live process, and the
+            # task is in doing/, so nothing acts on it.
+            self._marker(task_id).unlink(missing_ok=True)
         return new
 
     def _move_into_place(self, src_path: Path, dst: str, task_id: str) -> None:
@@ -434,7 +458,7 @@ class Board:
     def _adopt_hand_move(self, folder: str, doc: TaskDoc) -> TaskDoc:
         """A document whose status disagrees with its folder and has no pending marker was moved by
         a person (`mv todo/x.json done/`): the folder is their intent, so the document follows it."""
-        if (self.root / ".pending" / doc["id"]).exists():
+        if self._has_marker(doc["id"]):
             return doc
         changes: dict[str, Any] = {}
         if folder != "doing":
@@ -455,8 +479,7 @@ class Board:
         (dest.parent / f"{dest.name}.error.txt").write_text(note)
         os.rename(path, dest)
         self.problems.append(f"{folder}/{path.name} was damaged ({reason}); moved to rejected/{dest.name}")
-        self._log.append(event(now_iso(), path.stem, folder, "rejected", "board",
-                                             f"damaged: {reason}"))
+        self._log.append(event(now_iso(), path.stem, folder, "rejected", "board", f"damaged: {reason}"))
         self._index.forget(path.stem)
         return dest
 
@@ -628,41 +651,43 @@ class Board:
         except (FileNotFoundError, Damaged):
             return None
 
+    def _documents(self, status: str) -> Iterator[tuple[Path, TaskDoc]]:
+        """Every readable task document in a status folder (under the lock); a damaged one is
+        moved aside as it is met."""
+        try:
+            entries = list(os.scandir(self.root / status))
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            if not entry.name.endswith(".json") or entry.name.startswith("."):
+                continue
+            path = Path(entry.path)
+            try:
+                doc = self._read(path)
+            except FileNotFoundError:
+                continue
+            except Damaged as exc:
+                self._quarantine(path, str(exc))
+                continue
+            yield path, doc
+
     def _rescan(self) -> None:
         self._tail.seek_end()
         self._index.clear()
         for status in STATUSES:
-            try:
-                entries = list(os.scandir(self.root / status))
-            except FileNotFoundError:
+            if status == "todo":
                 continue
-            for entry in entries:
-                name = entry.name
-                if not name.endswith(".json") or name.startswith("."):
-                    continue
-                task_id = name[:-5]
-                if status != "todo":
-                    self._index.set_status(task_id, status)
-                    continue
-                path = Path(entry.path)
-                try:
-                    doc = self._read(path)
-                except FileNotFoundError:
-                    continue
-                except Damaged as exc:
-                    self._quarantine(path, str(exc))
-                    continue
-                if doc["status"] != "todo":
-                    doc = self._adopt_hand_move("todo", doc)
-                if doc["status"] == "todo":
-                    self._index.put_todo(doc)
+            with contextlib.suppress(FileNotFoundError):
+                for entry in os.scandir(self.root / status):
+                    if entry.name.endswith(".json") and not entry.name.startswith("."):
+                        self._index.set_status(entry.name[:-5], status)
+        for _path, doc in self._documents("todo"):
+            if doc["status"] != "todo":
+                doc = self._adopt_hand_move("todo", doc)
+            if doc["status"] == "todo":
+                self._index.put_todo(doc)
         self._indexed_at = time.monotonic()
         self.signal.full_rescan_due = False
-
-    def _catch_up(self) -> None:
-        with self._tlock:
-            if self._indexed_at is not None and not self.signal.full_rescan_due:
-                self._index.apply_events(self._tail.read_new(), self._load_todo)
 
     def _refresh_index(self) -> None:
         if self._indexed_at is None or self.signal.full_rescan_due:
@@ -678,23 +703,33 @@ class Board:
     def claim(self, agent: str, *, roles: Iterable[str] = (), lease: float | None = None,
               pid: int | None = None) -> TaskDoc | None:
         """Claim the best eligible task for `agent`, or None. The returned document's
-        claim.token must be presented to renew, complete, fail, block or release it."""
+        claim.token must be presented to renew, complete, fail, block or release it.
+
+        The pick is reserved without the board lock (an exclusive create of its marker), then its
+        new document is fsync'd, and only the commit takes the lock. When the fast path finds
+        nothing, the locked path refreshes the index, adopts hand moves, moves damaged files
+        aside, and rescans the folders if the index is stale.
+        """
         roles = tuple(roles)
         for _attempt in range(20):
-            # Most of the log's new lines can be read before the lock (complete lines of an
-            # append-only file); under the lock only what was appended since is left.
-            self._catch_up()
-            with self._locked():
-                self._refresh_index()
-                picked = self._reserve(agent, roles)
-                if picked is None and self._indexed_at is not None and \
-                        time.monotonic() - self._indexed_at > RESYNC_AFTER:
-                    self._rescan()
-                    picked = self._reserve(agent, roles)
+            picked = None
+            with self._tlock:
+                if self._indexed_at is not None and not self.signal.full_rescan_due:
+                    self._index.apply_events(self._tail.read_new(), self._load_todo)
+                    picked = self._reserve(agent, roles, locked=False)
+            if picked is None:
+                with self._locked():
+                    self._refresh_index()
+                    picked = self._reserve(agent, roles, locked=True)
+                    if picked is None and self._indexed_at is not None and \
+                            time.monotonic() - self._indexed_at > RESYNC_AFTER:
+                        self._rescan()
+                        picked = self._reserve(agent, roles, locked=True)
             if picked is None:
                 return None
             raw, doc = picked
             prepared: Path | None = None
+            committed: TaskDoc | None = None
             try:
                 new = self._claimed(doc, agent, lease, pid)
                 prepared = self._prepare("todo", new)
@@ -703,20 +738,18 @@ class Board:
                     # A person may have changed the task while it was reserved; then choose again.
                     if _read_or_none(self._path("todo", doc["id"])) == raw:
                         committed, prepared = self._commit("todo", new, prepared, reserved=True), None
-                        return committed
-                    self._marker(doc["id"]).unlink(missing_ok=True)
-            except BaseException:
-                self._marker(doc["id"]).unlink(missing_ok=True)
-                raise
             finally:
+                self._marker(doc["id"]).unlink(missing_ok=True)
                 if prepared is not None:
                     prepared.unlink(missing_ok=True)
-                with _RESERVED_LOCK:
-                    _RESERVED.discard(doc["id"])
+                _reservation_done(doc["id"])
+            if committed is not None:
+                return committed
         raise BoardError("could not claim a task: every pick was changed by hand before the claim finished")
 
-    def _reserve(self, agent: str, roles: tuple[str, ...]) -> tuple[bytes, TaskDoc] | None:
-        """Under the lock: pick the best eligible task and mark it reserved by this process."""
+    def _reserve(self, agent: str, roles: tuple[str, ...], *, locked: bool) -> tuple[bytes, TaskDoc] | None:
+        """Pick the best eligible task and reserve it for this process. Without the lock
+        (`locked=False`) a task that needs repair (moved by hand, damaged) is only skipped."""
         index = self._index
 
         def indexed_done(dep: str) -> bool:
@@ -726,8 +759,6 @@ class Board:
             task_id = meta["id"]
             if not can_claim(meta, agent, roles, indexed_done):
                 continue
-            if self._marker(task_id).exists():
-                continue  # reserved by another claimer, or a transition a recovery will finish
             path = self._path("todo", task_id)
             try:
                 raw = path.read_bytes()
@@ -736,9 +767,12 @@ class Board:
                 index.forget(task_id)
                 continue
             except Damaged as exc:
-                self._quarantine(path, str(exc))
+                if locked:
+                    self._quarantine(path, str(exc))
                 continue
             if doc["status"] != "todo":
+                if not locked:
+                    continue
                 doc = self._adopt_hand_move("todo", doc)
                 if doc["status"] != "todo":
                     index.set_status(task_id, doc["status"])
@@ -747,14 +781,45 @@ class Board:
             if not can_claim(doc, agent, roles, self._done_on_disk):
                 index.put_todo(doc)
                 continue
-            with _RESERVED_LOCK:
-                _RESERVED.add(task_id)
-            self._mark(task_id)
-            _fault("marked")
+            if not self._try_reserve(task_id, locked=locked):
+                continue
+            # Reserved; another claimer may have committed this task just before.
+            if _read_or_none(path) != raw:
+                self._marker(task_id).unlink(missing_ok=True)
+                _reservation_done(task_id)
+                continue
             # Out of this process's candidates now; the commit's event (or a rescan) settles it.
             index.set_status(task_id, "doing")
             return raw, doc
         return None
+
+    def _try_reserve(self, task_id: str, *, locked: bool) -> bool:
+        """Create the task's marker exclusively; False if someone else holds it. Under the lock, a
+        marker over a second old whose writer is dead (a claimer killed after reserving) is cleared
+        so it cannot hide the task until the next recover()."""
+        marker = self._marker(task_id)
+        for _try in range(2):
+            _reservation_started(task_id)
+            try:
+                # A symlink is created with its target in one step, and exclusively: a marker
+                # is never seen without the owner it names, even if its claimer is killed.
+                os.symlink(_owner_text(), marker)
+            except FileExistsError:
+                _reservation_done(task_id)
+                if not locked or not self._stale_marker(marker):
+                    return False
+                self._finish_interrupted()
+                continue
+            _fault("marked")
+            return True
+        return False
+
+    def _stale_marker(self, marker: Path) -> bool:
+        try:
+            age = time.time() - marker.lstat().st_mtime
+        except FileNotFoundError:
+            return True
+        return age >= 1.0 and not self._marker_is_live(marker)
 
     def _claimed(self, doc: TaskDoc, agent: str, lease: float | None, pid: int | None) -> TaskDoc:
         pid = os.getpid() if pid is None else pid
@@ -849,17 +914,7 @@ class Board:
         with self._locked():
             self._last_recover = time.monotonic()
             self._finish_interrupted()
-            for entry in list(os.scandir(self.root / "doing")):
-                if not entry.name.endswith(".json") or entry.name.startswith("."):
-                    continue
-                path = Path(entry.path)
-                try:
-                    doc = self._read(path)
-                except FileNotFoundError:
-                    continue
-                except Damaged as exc:
-                    self._quarantine(path, str(exc))
-                    continue
+            for path, doc in self._documents("doing"):
                 if doc["status"] != "doing":
                     self._roll_forward(path, doc)
                     continue
@@ -976,6 +1031,11 @@ def _own_start_time() -> float:
     if not _START_TIME or _START_TIME[0][0] != pid:  # recomputed after a fork
         _START_TIME[:] = [(pid, start_time(pid) or 0.0)]
     return _START_TIME[0][1]
+
+
+def _owner_text() -> str:
+    """What a marker says of its owner: pid and process start time."""
+    return f"{os.getpid()} {_own_start_time()!r}"
 
 
 def _writer_gone(pid: int, path: Path) -> bool:

@@ -121,16 +121,6 @@ class AppendLog:
             os.close(fd)
 
 
-def write_small(path: Path, data: bytes) -> None:
-    """Create or overwrite a small file in place: one open(2), no rename, no fsync. For markers
-    that only need to survive the death of a process, not of the machine."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-
-
 def unique_path(folder: Path, name: str) -> Path:
     """`folder/name`, or `folder/name-1`, `-2`, ... (before the extension) if it exists."""
     candidate = folder / name

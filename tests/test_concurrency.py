@@ -216,3 +216,14 @@ def test_drop_while_a_claimer_waits_in_a_thread_of_the_same_process(board):
     (board.root / "inbox" / "t.txt").write_text("thread task\n")
     thread.join(timeout=20)
     assert results and results[0]["title"] == "thread task"
+
+
+def test_a_reservation_of_a_killed_claimer_does_not_hide_the_task(board, spawn):
+    doc = board.add({"title": "x"})
+    proc = spawn("step", str(board.root), "claim", "doomed", env={"HERMES_SUP_FAULT": "marked"})
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    assert os.path.lexists(board.root / ".pending" / doc["id"])
+    # No recover() here: a plain claim loop must get past the dead reservation by itself.
+    got = wait_until(lambda: board.claim("rescuer"), timeout=10, interval=0.1)
+    assert got["id"] == doc["id"] and got["attempts"] == 1
+    assert not os.path.lexists(board.root / ".pending" / doc["id"])
