@@ -106,9 +106,14 @@ def _strip_lines(value: Any) -> Any:
 
 
 TOP_KEYS = ("providers", "tiers", "defaults", "agents", "prices", "board")
+DEFAULT_KEYS = ("restart", "stop_timeout", "heartbeat_timeout", "orphan_grace", "max_rss_mb", "max_iterations",
+                "max_tokens", "max_cost")
+RESTART_KEYS = ("policy", "backoff", "max_restarts", "window", "reset_after")
+CAPABILITIES = ("fs.read", "fs.write", "shell", "network", "memory", "delegate", "skills", "kanban")
+TIERS = ("auto", "cheap", "standard", "premium")
 AGENT_KEYS = ("name", "roles", "tier", "skills", "capabilities", "count", "provider", "env", "restart",
-              "stop_timeout", "heartbeat_timeout", "max_rss_mb", "max_iterations", "max_tokens", "max_cost",
-              "identity", "toolsets", "command")
+              "stop_timeout", "heartbeat_timeout", "orphan_grace", "max_rss_mb", "max_iterations", "max_tokens",
+              "max_cost", "identity", "toolsets", "command")
 
 
 def load_config(path: Path) -> dict[str, Any]:
@@ -138,6 +143,13 @@ def load_config(path: Path) -> dict[str, Any]:
     for key in raw:
         if key != "__line__" and key not in TOP_KEYS:
             raise fail(raw, f"unknown key '{key}'; expected one of {', '.join(TOP_KEYS)}")
+    defaults = raw.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise fail(raw, "'defaults' must be a mapping")
+    for key in defaults:
+        if key != "__line__" and key not in DEFAULT_KEYS:
+            raise fail(defaults, f"unknown key 'defaults.{key}'; expected one of {', '.join(DEFAULT_KEYS)}")
+    _check_settings(defaults, "defaults", fail)
     agents = raw.get("agents") or []
     if not isinstance(agents, list):
         raise fail(raw, "'agents' must be a list")
@@ -157,12 +169,66 @@ def load_config(path: Path) -> dict[str, Any]:
         roles = agent.get("roles", [])
         if not isinstance(roles, list) or not all(isinstance(role, str) for role in roles):
             raise fail(agent, f"agent {name}: 'roles' must be a list of names")
+        _check_settings(agent, f"agent {name}", fail)
+        if agent.get("tier", "auto") not in TIERS:
+            raise fail(agent, f"agent {name}: unknown tier {agent.get('tier')!r}; tiers are {', '.join(TIERS)}")
+        capabilities = agent.get("capabilities", [])
+        if not isinstance(capabilities, list) or any(c not in CAPABILITIES for c in capabilities):
+            raise fail(agent, f"agent {name}: 'capabilities' must be a list drawn from {', '.join(CAPABILITIES)}")
+        env = agent.get("env", {})
+        if not isinstance(env, dict) or any(isinstance(v, (dict, list)) for k, v in env.items() if k != "__line__"):
+            raise fail(agent, f"agent {name}: 'env' must be a mapping of names to values")
+        command = agent.get("command")
+        if command is not None and (not isinstance(command, list) or not command
+                                    or not all(isinstance(part, str) for part in command)):
+            raise fail(agent, f"agent {name}: 'command' must be a non-empty list of strings")
         expanded = [name] if count == 1 else [f"{name}-{index}" for index in range(1, count + 1)]
         for item in expanded:
             if item in names:
                 raise fail(agent, f"agent name '{item}' is used twice")
             names.add(item)
     return _strip_lines(raw)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_settings(node: dict[str, Any], where: str, fail: Any) -> None:
+    """Types and ranges of the supervision settings, in `defaults` or one agent."""
+    for key in ("stop_timeout", "heartbeat_timeout"):
+        if key in node and (not _number(node[key]) or node[key] <= 0):
+            raise fail(node, f"{where}: '{key}' must be a number of seconds > 0, got {node[key]!r}")
+    if "orphan_grace" in node and (not _number(node["orphan_grace"]) or node["orphan_grace"] < 0):
+        raise fail(node, f"{where}: 'orphan_grace' must be a number of seconds >= 0, got {node['orphan_grace']!r}")
+    if "max_rss_mb" in node and node["max_rss_mb"] is not None and (
+            not _number(node["max_rss_mb"]) or node["max_rss_mb"] <= 0):
+        raise fail(node, f"{where}: 'max_rss_mb' must be a number > 0 or null, got {node['max_rss_mb']!r}")
+    restart = node.get("restart")
+    if restart is None:
+        return
+    if not isinstance(restart, dict):
+        raise fail(node, f"{where}: 'restart' must be a mapping ({', '.join(RESTART_KEYS)})")
+    for key in restart:
+        if key != "__line__" and key not in RESTART_KEYS:
+            raise fail(restart, f"{where}: unknown key 'restart.{key}'; expected one of {', '.join(RESTART_KEYS)}")
+    if "policy" in restart and restart["policy"] not in ("always", "on-failure", "never"):
+        raise fail(restart, f"{where}: restart policy must be always, on-failure or never, got {restart['policy']!r}")
+    if "max_restarts" in restart and (not isinstance(restart["max_restarts"], int)
+                                      or isinstance(restart["max_restarts"], bool) or restart["max_restarts"] < 0):
+        raise fail(restart, f"{where}: 'max_restarts' must be a whole number >= 0")
+    for key in ("window", "reset_after"):
+        if key in restart and (not _number(restart[key]) or restart[key] <= 0):
+            raise fail(restart, f"{where}: 'restart.{key}' must be a number of seconds > 0")
+    backoff = restart.get("backoff")
+    if backoff is not None:
+        if not isinstance(backoff, dict) or any(k not in ("initial", "max", "__line__") for k in backoff):
+            raise fail(restart, f"{where}: 'restart.backoff' must be a mapping with 'initial' and 'max'")
+        for key in ("initial", "max"):
+            if key in backoff and (not _number(backoff[key]) or backoff[key] < 0):
+                raise fail(backoff, f"{where}: 'backoff.{key}' must be a number of seconds >= 0")
+        if _number(backoff.get("initial")) and _number(backoff.get("max")) and backoff["initial"] > backoff["max"]:
+            raise fail(backoff, f"{where}: 'backoff.initial' is larger than 'backoff.max'")
 
 
 def scaffold(root: Path) -> list[str]:

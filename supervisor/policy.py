@@ -1,0 +1,98 @@
+"""Restart decisions, as pure functions of what happened (no processes, no clock of their own).
+
+Modelled on Erlang/OTP's supervisor: a child that crashes more than `max_restarts` times within
+`window` seconds is given up on (`fatal`), since restarting it again only burns money. Within that
+limit, the first crash of a child that had been healthy is restarted at once and repeated crashes
+back off exponentially with jitter, from `initial` up to `max`; a run that lasts `reset_after`
+seconds clears the backoff (PM2 resets after 30 s).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+POLICIES = ("always", "on-failure", "never")
+
+
+@dataclass(frozen=True)
+class RestartSpec:
+    policy: str = "on-failure"
+    initial: float = 0.5
+    max: float = 30.0
+    max_restarts: int = 5
+    window: float = 60.0
+    reset_after: float = 30.0
+
+
+@dataclass(frozen=True)
+class RestartHistory:
+    """What the decision needs to remember about a child between its exits."""
+
+    crashes: tuple[float, ...] = ()  # times of the crashes inside the current window
+    streak: int = 0                  # crashes since the child last ran healthily
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Literal["restart", "fatal", "stop"]
+    delay: float = 0.0
+    reason: str = ""
+    history: RestartHistory = field(default_factory=RestartHistory)
+
+
+def describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "vanished"
+    if returncode < 0:
+        import signal
+
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+def backoff_delay(spec: RestartSpec, streak: int, rng: random.Random) -> float:
+    """Delay before restart number `streak` of a crash streak: 0 for the first, then
+    initial * 2^(n-2) capped at max, with equal jitter (half fixed, half random)."""
+    if streak <= 1:
+        return 0.0
+    base = min(spec.max, spec.initial * 2 ** (streak - 2))
+    return base / 2 + rng.uniform(0, base / 2)
+
+
+def decide(
+    spec: RestartSpec,
+    history: RestartHistory,
+    *,
+    now: float,
+    returncode: int | None,
+    uptime: float,
+    rng: random.Random,
+) -> Decision:
+    """What to do when a child exits on its own (not stopped by us: that is never restarted)."""
+    how = describe_exit(returncode)
+    crashed = returncode != 0
+    if spec.policy == "never" or (spec.policy == "on-failure" and not crashed):
+        return Decision("stop", reason=f"{how}; restart policy {spec.policy}", history=history)
+    streak = 0 if uptime >= spec.reset_after else history.streak
+    crashes = (*(t for t in history.crashes if now - t <= spec.window), now)
+    streak += 1
+    updated = RestartHistory(crashes=crashes, streak=streak)
+    if len(crashes) > spec.max_restarts:
+        return Decision(
+            "fatal",
+            reason=f"{how}; {len(crashes)} crashes within {spec.window:g} s (limit {spec.max_restarts}): giving up "
+                   f"until `hermes-sup restart`",
+            history=updated,
+        )
+    delay = backoff_delay(spec, streak, rng)
+    return Decision("restart", delay=delay, reason=f"{how}; restart in {delay:.2f} s", history=updated)
+
+
+def cleared(history: RestartHistory) -> RestartHistory:
+    """A manual restart: forgets the crash count and the backoff (it is not a crash)."""
+    return replace(history, crashes=(), streak=0)

@@ -1,0 +1,81 @@
+"""Restart decisions, without spawning anything."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from supervisor.policy import Decision, RestartHistory, RestartSpec, backoff_delay, cleared, decide
+
+SPEC = RestartSpec(policy="on-failure", initial=0.5, max=8.0, max_restarts=5, window=60.0, reset_after=30.0)
+
+
+def crash_loop(spec: RestartSpec, times: list[float], uptime: float = 0.1) -> list[Decision]:
+    history, out, rng = RestartHistory(), [], random.Random(0)
+    for now in times:
+        decision = decide(spec, history, now=now, returncode=1, uptime=uptime, rng=rng)
+        out.append(decision)
+        history = decision.history
+    return out
+
+
+def test_first_crash_is_restarted_at_once_then_backoff_grows_with_jitter():
+    decisions = crash_loop(SPEC, [0, 1, 2, 3, 4])
+    delays = [d.delay for d in decisions]
+    assert delays[0] == 0.0
+    for delay, base in zip(delays[1:], [0.5, 1.0, 2.0, 4.0], strict=True):
+        assert base / 2 <= delay <= base
+    assert all(d.action == "restart" for d in decisions)
+
+
+def test_backoff_is_capped():
+    rng = random.Random(1)
+    assert all(backoff_delay(SPEC, streak, rng) <= SPEC.max for streak in range(1, 40))
+    assert backoff_delay(SPEC, 30, rng) >= SPEC.max / 2
+
+
+def test_more_than_max_restarts_in_the_window_is_fatal():
+    decisions = crash_loop(SPEC, [0, 1, 2, 3, 4, 5])
+    assert [d.action for d in decisions] == ["restart"] * 5 + ["fatal"]
+    assert "6 crashes within 60 s (limit 5)" in decisions[-1].reason
+
+
+def test_crashes_outside_the_window_do_not_count():
+    decisions = crash_loop(SPEC, [0, 20, 40, 61, 81, 101, 121])
+    assert all(d.action == "restart" for d in decisions)
+
+
+def test_a_healthy_run_resets_the_backoff_but_not_the_crash_count():
+    history = crash_loop(SPEC, [0, 1, 2])[-1].history
+    assert history.streak == 3
+    after_healthy = decide(SPEC, history, now=40, returncode=1, uptime=35, rng=random.Random(0))
+    assert after_healthy.delay == 0.0 and after_healthy.history.streak == 1
+    assert len(after_healthy.history.crashes) == 4
+
+
+@pytest.mark.parametrize(
+    ("policy", "returncode", "action"),
+    [
+        ("on-failure", 0, "stop"), ("on-failure", 1, "restart"), ("on-failure", -9, "restart"),
+        ("always", 0, "restart"), ("always", -15, "restart"),
+        ("never", 1, "stop"), ("never", 0, "stop"),
+    ],
+)
+def test_policies(policy, returncode, action):
+    spec = RestartSpec(policy=policy)
+    assert decide(spec, RestartHistory(), now=0, returncode=returncode, uptime=1, rng=random.Random(0)).action == action
+
+
+def test_exit_is_described_for_people():
+    decision = decide(SPEC, RestartHistory(), now=0, returncode=-9, uptime=1, rng=random.Random(0))
+    assert decision.reason.startswith("killed by SIGKILL")
+    assert "exited with status 3" in decide(SPEC, RestartHistory(), now=0, returncode=3, uptime=1,
+                                            rng=random.Random(0)).reason
+
+
+def test_a_manual_restart_clears_the_history():
+    fatal = crash_loop(SPEC, [0, 1, 2, 3, 4, 5])[-1]
+    assert fatal.action == "fatal"
+    fresh = cleared(fatal.history)
+    assert decide(SPEC, fresh, now=6, returncode=1, uptime=0.1, rng=random.Random(0)).action == "restart"
