@@ -341,15 +341,21 @@ def up(ctx: click.Context) -> None:
     board.start_watching()
     err.print(f"hermes-sup: keeping the board {board.root} (watcher: {board.watcher.mode}); "
               "agent supervision is not part of this build yet. Ctrl-C stops.")
+    shown = None
     try:
         while not stop.is_set():
             seen = board.signal.generation
             ingest = refreshed(board)
             listing = board.list()
             document = render.board_document(listing.tasks, listing.damaged, ingest)
-            if os.isatty(1):
-                out.clear()
-            render.print_board(out, document)
+            picture = json.dumps([document["columns"], document["damaged"]], sort_keys=True, default=str)
+            if picture != shown:  # a wake-up from our own writes changes nothing to show
+                shown = picture
+                if os.isatty(1):
+                    out.clear()
+                render.print_board(out, document)
+            else:
+                render.print_ingest(out, ingest)
             board.signal.wait(seen, 5.0)
     finally:
         board.close()
