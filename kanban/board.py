@@ -39,6 +39,7 @@ from .fsio import (
     AppendLog,
     dumps,
     read_bytes_nofollow,
+    tmp_path_for,
     tmp_writer_pid,
     unique_path,
     write_json_atomic,
@@ -340,6 +341,18 @@ class Board:
     def _prepare(self, folder: str, new: TaskDoc) -> Path:
         """The new document, fsync'd to a temp file beside the task's current file."""
         return write_temp(self._path(folder, new["id"]), dumps(new))
+
+    def _keep_old(self, folder: str, task_id: str) -> Path | None:
+        """A second link to the task's current file, made before the lock: the rename that
+        replaces the file inside the lock then only drops a link count, and the old inode is
+        freed (several journal updates) when the caller removes this link after the lock."""
+        current = self._path(folder, task_id)
+        keeper = tmp_path_for(current)
+        try:
+            os.link(current, keeper)
+        except FileNotFoundError:
+            return None
+        return keeper
 
     def _marker(self, task_id: str) -> Path:
         return self.root / ".pending" / task_id
@@ -729,10 +742,12 @@ class Board:
                 return None
             raw, doc = picked
             prepared: Path | None = None
+            keeper: Path | None = None
             committed: TaskDoc | None = None
             try:
                 new = self._claimed(doc, agent, lease, pid)
                 prepared = self._prepare("todo", new)
+                keeper = self._keep_old("todo", doc["id"])
                 _fault("prepared")
                 with self._locked():
                     # A person may have changed the task while it was reserved; then choose again.
@@ -740,8 +755,9 @@ class Board:
                         committed, prepared = self._commit("todo", new, prepared, reserved=True), None
             finally:
                 self._marker(doc["id"]).unlink(missing_ok=True)
-                if prepared is not None:
-                    prepared.unlink(missing_ok=True)
+                for leftover in (prepared, keeper):
+                    if leftover is not None:
+                        leftover.unlink(missing_ok=True)
                 _reservation_done(doc["id"])
             if committed is not None:
                 return committed
@@ -868,6 +884,7 @@ class Board:
         path = self._path("doing", task_id)
         raw = _read_or_none(path)
         prepared: Path | None = None
+        keeper: Path | None = None
         new: TaskDoc | None = None
         if raw is not None:
             with contextlib.suppress(Damaged):
@@ -875,6 +892,7 @@ class Board:
                 if doc["status"] == "doing" and (doc.get("claim") or {}).get("token") == token:
                     new = _finished(doc, to, note, changes)
                     prepared = self._prepare("doing", new)
+                    keeper = self._keep_old("doing", task_id)
                     _fault("prepared")
         try:
             with self._locked():
@@ -886,8 +904,9 @@ class Board:
                 committed, prepared = self._commit("doing", new, prepared), None
                 return committed
         finally:
-            if prepared is not None:
-                prepared.unlink(missing_ok=True)
+            for leftover in (prepared, keeper):
+                if leftover is not None:
+                    leftover.unlink(missing_ok=True)
 
     def complete(self, task_id: str, token: int, result: Any = None) -> TaskDoc:
         return self._finish(task_id, token, "done", "completed", result=result, error=None)
