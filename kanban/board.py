@@ -714,14 +714,15 @@ class Board:
         return self._path("done", task_id).exists()
 
     def claim(self, agent: str, *, roles: Iterable[str] = (), lease: float | None = None,
-              pid: int | None = None) -> TaskDoc | None:
+              pid: int | None = None, steps_only: bool = False) -> TaskDoc | None:
         """Claim the best eligible task for `agent`, or None. The returned document's
         claim.token must be presented to renew, complete, fail, block or release it.
 
         The pick is reserved without the board lock (an exclusive create of its marker), then its
         new document is fsync'd, and only the commit takes the lock. When the fast path finds
         nothing, the locked path refreshes the index, adopts hand moves, moves damaged files
-        aside, and rescans the folders if the index is stale.
+        aside, and rescans the folders if the index is stale. `steps_only` takes only tasks that
+        carry `steps` (an agent with no LLM provider can do nothing else).
         """
         roles = tuple(roles)
         for _attempt in range(20):
@@ -729,15 +730,15 @@ class Board:
             with self._tlock:
                 if self._indexed_at is not None and not self.signal.full_rescan_due:
                     self._index.apply_events(self._tail.read_new(), self._load_todo)
-                    picked = self._reserve(agent, roles, locked=False)
+                    picked = self._reserve(agent, roles, steps_only, locked=False)
             if picked is None:
                 with self._locked():
                     self._refresh_index()
-                    picked = self._reserve(agent, roles, locked=True)
+                    picked = self._reserve(agent, roles, steps_only, locked=True)
                     if picked is None and self._indexed_at is not None and \
                             time.monotonic() - self._indexed_at > RESYNC_AFTER:
                         self._rescan()
-                        picked = self._reserve(agent, roles, locked=True)
+                        picked = self._reserve(agent, roles, steps_only, locked=True)
             if picked is None:
                 return None
             raw, doc = picked
@@ -763,7 +764,8 @@ class Board:
                 return committed
         raise BoardError("could not claim a task: every pick was changed by hand before the claim finished")
 
-    def _reserve(self, agent: str, roles: tuple[str, ...], *, locked: bool) -> tuple[bytes, TaskDoc] | None:
+    def _reserve(self, agent: str, roles: tuple[str, ...], steps_only: bool, *,
+                 locked: bool) -> tuple[bytes, TaskDoc] | None:
         """Pick the best eligible task and reserve it for this process. Without the lock
         (`locked=False`) a task that needs repair (moved by hand, damaged) is only skipped."""
         index = self._index
@@ -773,7 +775,7 @@ class Board:
 
         for meta in index.todo_in_order():
             task_id = meta["id"]
-            if not can_claim(meta, agent, roles, indexed_done):
+            if (steps_only and not meta["has_steps"]) or not can_claim(meta, agent, roles, indexed_done):
                 continue
             path = self._path("todo", task_id)
             try:
@@ -794,7 +796,7 @@ class Board:
                     index.set_status(task_id, doc["status"])
                     continue
                 raw = path.read_bytes()
-            if not can_claim(doc, agent, roles, self._done_on_disk):
+            if (steps_only and not doc.get("steps")) or not can_claim(doc, agent, roles, self._done_on_disk):
                 index.put_todo(doc)
                 continue
             if not self._try_reserve(task_id, locked=locked):
@@ -997,7 +999,8 @@ class Board:
         self.signal.bump()
 
     def wait_for_work(self, agent: str, *, roles: Iterable[str] = (), timeout: float | None = None,
-                      lease: float | None = None, stop: threading.Event | None = None) -> TaskDoc | None:
+                      lease: float | None = None, stop: threading.Event | None = None,
+                      steps_only: bool = False) -> TaskDoc | None:
         """Claim a task, waiting for one to become eligible; None on timeout or when `stop` is set.
 
         Drops are ingested and dead claims recovered while waiting, so a board needs no other
@@ -1010,7 +1013,9 @@ class Board:
             self.ingest()
             if time.monotonic() - self._last_recover >= RECOVER_INTERVAL:
                 self.recover()
-            doc = self.claim(agent, roles=roles, lease=lease)
+            if stop is not None and stop.is_set():
+                return None
+            doc = self.claim(agent, roles=roles, lease=lease, steps_only=steps_only)
             if doc is not None:
                 return doc
             if stop is not None and stop.is_set():

@@ -19,7 +19,9 @@ META_FIELDS = ("id", "status", "priority", "created_at", "assignee", "role", "de
 
 
 def meta_of(doc: dict[str, Any]) -> Meta:
-    return {key: doc.get(key) for key in META_FIELDS}
+    meta = {key: doc.get(key) for key in META_FIELDS}
+    meta["has_steps"] = bool(doc.get("steps"))
+    return meta
 
 
 class BoardIndex:

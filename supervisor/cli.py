@@ -7,26 +7,31 @@ go to stderr.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
+import psutil
 from rich.console import Console
 
 from kanban import STATUSES, Board, BoardError, TaskError
-from kanban.fsio import write_json_atomic
-from kanban.liveness import start_time
-from kanban.task import TIERS, now_iso
+from kanban.liveness import holder_alive
+from kanban.task import TIERS
 
 from . import render
 from .doctor import run_checks
+from .runner import Supervisor, request, tree_rss_mb
+from .spec import build_specs
 from .workspace import ConfigError, Workspace, find_workspace, load_config, scaffold
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -304,63 +309,287 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
         sys.exit(1)
 
 
+def _agents_option(ws: Workspace, config: dict[str, Any], csv: str | None) -> set[str] | None:
+    if not csv:
+        return None
+    known = [spec.name for spec in build_specs(config, ws.root)]
+    chosen = {name.strip() for name in csv.split(",") if name.strip()}
+    unknown = sorted(chosen - set(known))
+    if unknown:
+        raise Failure(f"--agents names unknown agent(s) {', '.join(unknown)}; agents: {', '.join(known)}", 2)
+    return chosen
+
+
 @main.command()
+@click.option("--detach", is_flag=True, help="Run the supervisor in the background; return once every agent runs.")
+@click.option("--agents", "agents_csv", metavar="A,B", help="Start only these agents.")
 @click.pass_context
 @handled
-def up(ctx: click.Context) -> None:
-    """Run the workspace in the foreground until Ctrl-C.
-
-    For now this keeps the board: drops are ingested the moment they land, claims of dead holders
-    are recovered, and the board is redrawn as it changes. Agent processes are not started yet.
-    """
+def up(ctx: click.Context, detach: bool, agents_csv: str | None) -> None:
+    """Start the supervisor and the team (foreground: events and agent logs; Ctrl-C stops)."""
     ws = workspace_of(ctx)
-    load_config(ws.config_path)
+    config = load_config(ws.config_path)
+    only = _agents_option(ws, config, agents_csv)
     ws.runs_path.mkdir(exist_ok=True)
+    open_board(ctx).close()  # refuse a network filesystem before anything starts
     import filelock  # only `up` needs it; 30 ms of start-up for every other command
 
-    # One `up` per workspace. filelock's flock is released by the kernel when the process dies, so
-    # a SIGKILLed `up` never leaves the workspace locked.
+    # One supervisor per workspace. The kernel drops the flock when its holder dies, so a
+    # SIGKILLed supervisor never leaves the workspace locked.
     singleton = filelock.FileLock(str(ws.runs_path / "supervisor.lock"), blocking=False)
     try:
         singleton.acquire()
     except filelock.Timeout:
         running = read_supervisor_state(ws)
         raise Failure(f"hermes-sup is already running in {ws.root} (pid {running.get('pid', '?')})") from None
-    write_json_atomic(ws.runs_path / "supervisor.json", {
-        "pid": os.getpid(), "pid_started": start_time(os.getpid()), "started_at": now_iso(), "agents": {},
-    })
-    board = open_board(ctx)
-    stop = threading.Event()
-
-    def request_stop(_signum: int, _frame: Any) -> None:
-        stop.set()
-        board.wake()
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
-    board.start_watching()
-    err.print(f"hermes-sup: keeping the board {board.root} (watcher: {board.watcher.mode}); "
-              "agent supervision is not part of this build yet. Ctrl-C stops.")
-    shown = None
-    try:
-        while not stop.is_set():
-            seen = board.signal.generation
-            ingest = refreshed(board)
-            listing = board.list()
-            document = render.board_document(listing.tasks, listing.damaged, ingest)
-            picture = json.dumps([document["columns"], document["damaged"]], sort_keys=True, default=str)
-            if picture != shown:  # a wake-up from our own writes changes nothing to show
-                shown = picture
-                if os.isatty(1):
-                    out.clear()
-                render.print_board(out, document)
-            else:
-                render.print_ingest(out, ingest)
-            board.signal.wait(seen, 5.0)
-    finally:
-        board.close()
+    if detach:
         singleton.release()
-    err.print("hermes-sup: stopped")
+        sys.exit(_detach(ws, agents_csv))
+    try:
+        supervisor = Supervisor(ws, config, only=only, say=lambda line: err.print(
+            f"[dim]{time.strftime('%H:%M:%S')}[/dim] {line}", highlight=False))
+        tail = LogTail(supervisor.children, out)
+        tail.start()
+        code = supervisor.serve()
+        tail.stop()
+    finally:
+        singleton.release()
+    sys.exit(code)
+
+
+def _detach(ws: Workspace, agents_csv: str | None) -> int:
+    command = [sys.executable, "-m", "supervisor", "-w", str(ws.root), "up"]
+    if agents_csv:
+        command += ["--agents", agents_csv]
+    with open(ws.runs_path / "supervisor.log", "ab") as log:
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            err.print(f"hermes-sup: the supervisor exited with status {proc.returncode}; "
+                      f"see {ws.runs_path}/supervisor.log")
+            return 1
+        state = read_supervisor_state(ws)
+        agents = state.get("agents") or {}
+        if state.get("pid") == proc.pid and agents and all(a["state"] != "starting" for a in agents.values()):
+            out.print(render.status_table(status_rows(state)))
+            return 0 if all(a["state"] == "running" for a in agents.values()) else 1
+        time.sleep(0.05)
+    err.print("hermes-sup: agents did not all report ready within 60 s; see `hermes-sup status`")
+    return 1
+
+
+class LogTail:
+    """Prints what the agents write to their logs, prefixed by name (foreground `up` only; a
+    display refresh on a short timer, not how crashes are found)."""
+
+    def __init__(self, children: dict[str, Any], console: Console) -> None:
+        self.children = children
+        self.console = console
+        self.offsets: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="log-tail", daemon=True)
+
+    def start(self) -> None:
+        for name, child in self.children.items():
+            with contextlib.suppress(OSError):
+                self.offsets[name] = (child.spec.workdir / "agent.log").stat().st_size
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self._drain()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self._drain()
+
+    def _drain(self) -> None:
+        width = max((len(name) for name in self.children), default=0)
+        for name, child in list(self.children.items()):
+            path = child.spec.workdir / "agent.log"
+            try:
+                with open(path, "rb") as handle:
+                    size = os.fstat(handle.fileno()).st_size
+                    offset = self.offsets.get(name, 0)
+                    if size < offset:
+                        offset = 0
+                    handle.seek(offset)
+                    data = handle.read(size - offset)
+            except OSError:
+                continue
+            end = data.rfind(b"\n")
+            if end < 0:
+                continue
+            self.offsets[name] = offset + end + 1
+            for line in data[:end].decode("utf-8", "replace").splitlines():
+                self.console.print(f"[cyan]{name:<{width}}[/cyan] | {line}", highlight=False, markup=True)
+
+
+def status_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per agent: name, pid, state, restarts, uptime, task, rss, cpu, last exit (live from psutil)."""
+    rows = []
+    for name, agent in (state.get("agents") or {}).items():
+        row = {"name": name, **{k: agent.get(k) for k in ("pid", "state", "restarts", "task", "last_exit")},
+               "uptime_s": None, "rss_mb": None, "cpu_percent": None}
+        pid = agent.get("pid")
+        if pid and holder_alive(pid, agent.get("pid_started"), None):
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(pid)
+                row["uptime_s"] = round(time.time() - proc.create_time(), 1)
+                row["rss_mb"] = round(tree_rss_mb(pid), 1)
+                row["cpu_percent"] = proc.cpu_percent(interval=0.05)
+        rows.append(row)
+    return rows
+
+
+def supervisor_alive(state: dict[str, Any]) -> bool:
+    pid = state.get("pid")
+    return bool(pid) and holder_alive(pid, state.get("pid_started"), None) is True
+
+
+@main.command()
+@json_option
+@click.pass_context
+@handled
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Per agent: pid, state, restarts, uptime, current task, rss, cpu, last exit."""
+    ws = workspace_of(ctx)
+    state = read_supervisor_state(ws)
+    running = supervisor_alive(state)
+    if running:
+        reply = request(ws.runs_path, {"cmd": "status"}, timeout=5)
+        if reply and reply.get("ok"):
+            state = reply["state"]
+    rows = status_rows(state)
+    document = {"running": running, "supervisor_pid": state.get("pid") if running else None,
+                "workspace": str(ws.root), "agents": rows}
+    if as_json:
+        emit_json(document)
+        return
+    if not running:
+        out.print("hermes-sup is not running in this workspace" + (" (last known state below)" if rows else ""))
+    else:
+        out.print(f"hermes-sup running (pid {state.get('pid')}) in {ws.root}")
+    if rows:
+        out.print(render.status_table(rows))
+
+
+def _ask(ctx: click.Context, payload: dict[str, Any], as_json: bool) -> dict[str, Any]:
+    ws = workspace_of(ctx)
+    if not supervisor_alive(read_supervisor_state(ws)):
+        raise Failure(f"hermes-sup is not running in {ws.root}; start it with `hermes-sup up`")
+    reply = request(ws.runs_path, payload)
+    if reply is None:
+        raise Failure("the supervisor did not answer on its control socket")
+    if as_json:
+        emit_json(reply)
+    elif reply.get("ok"):
+        out.print(reply.get("message", "ok"))
+    if not reply.get("ok"):
+        raise Failure(reply.get("message", "refused"), 2 if "reload refused" in reply.get("message", "") else 1)
+    return reply
+
+
+@main.command()
+@click.argument("agent")
+@json_option
+@click.pass_context
+@handled
+def restart(ctx: click.Context, agent: str, as_json: bool) -> None:
+    """Restart one agent (clears fatal; not counted as a crash)."""
+    _ask(ctx, {"cmd": "restart", "agent": agent}, as_json)
+
+
+@main.command()
+@json_option
+@click.pass_context
+@handled
+def reload(ctx: click.Context, as_json: bool) -> None:
+    """Re-read hermes.yaml: start added agents, stop removed ones, restart changed ones."""
+    _ask(ctx, {"cmd": "reload"}, as_json)
+
+
+@main.command()
+@click.option("--timeout", type=click.FloatRange(min=0),
+              help="Seconds before SIGKILL (default: each agent's stop_timeout).")
+@json_option
+@click.pass_context
+@handled
+def down(ctx: click.Context, timeout: float | None, as_json: bool) -> None:
+    """Stop the team gracefully (SIGTERM, then SIGKILL after the timeout) and the supervisor."""
+    ws = workspace_of(ctx)
+    state = read_supervisor_state(ws)
+    if not supervisor_alive(state):
+        if as_json:
+            emit_json({"ok": True, "message": "not running"})
+        else:
+            out.print("hermes-sup is not running in this workspace")
+        return
+    payload: dict[str, Any] = {"cmd": "down"}
+    if timeout is not None:
+        payload["timeout"] = timeout
+    if request(ws.runs_path, payload) is None:
+        os.kill(state["pid"], signal.SIGTERM)
+    if timeout is None:
+        try:
+            timeout = max((spec.stop_timeout for spec in build_specs(load_config(ws.config_path), ws.root)),
+                          default=10.0)
+        except ConfigError:
+            timeout = 30.0
+    wait = timeout + 15  # SIGKILL comes at the timeout; then the agents' exits and the final save
+    deadline = time.monotonic() + wait
+    while supervisor_alive(state) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if supervisor_alive(state):
+        raise Failure(f"the supervisor (pid {state['pid']}) is still running after {wait:g} s")
+    if as_json:
+        emit_json({"ok": True, "message": "stopped"})
+    else:
+        out.print("hermes-sup stopped")
+
+
+@main.command()
+@click.argument("agent", required=False)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines (Ctrl-C stops).")
+@click.option("-n", "lines", type=click.IntRange(min=0), default=20, show_default=True, help="Lines of each log.")
+@click.pass_context
+@handled
+def logs(ctx: click.Context, agent: str | None, follow: bool, lines: int) -> None:
+    """The agents' logs (or one agent's), prefixed by name."""
+    ws = workspace_of(ctx)
+    names = [spec.name for spec in build_specs(load_config(ws.config_path), ws.root)]
+    if agent is not None and agent not in names:
+        raise Failure(f"no agent named {agent!r}; agents: {', '.join(names)}", 2)
+    chosen = [agent] if agent else names
+    width = max((len(name) for name in chosen), default=0)
+    offsets = {}
+    for name in chosen:
+        path = ws.runs_path / name / "agent.log"
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            continue
+        offsets[name] = len(data)
+        for line in data.decode("utf-8", "replace").splitlines()[-lines:] if lines else []:
+            click.echo(f"{name:<{width}} | {line}")
+    while follow:
+        time.sleep(0.2)
+        for name in chosen:
+            path = ws.runs_path / name / "agent.log"
+            try:
+                with open(path, "rb") as handle:
+                    handle.seek(offsets.get(name, 0))
+                    data = handle.read()
+            except FileNotFoundError:
+                continue
+            end = data.rfind(b"\n")
+            if end >= 0:
+                offsets[name] = offsets.get(name, 0) + end + 1
+                for line in data[:end].decode("utf-8", "replace").splitlines():
+                    click.echo(f"{name:<{width}} | {line}")
 
 
 def read_supervisor_state(ws: Workspace) -> dict[str, Any]:

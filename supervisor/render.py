@@ -125,3 +125,23 @@ def task_detail(doc: dict[str, Any]) -> Panel:
         lines.append(f"  {entry['at']}  {entry.get('from') or '-'} -> {entry['to']}  by {entry['by']}"
                      f"{'  ' + entry['note'] if entry.get('note') else ''}\n")
     return Panel(lines, title=f"{doc['id']}: {doc['title']}", title_align="left")
+
+
+AGENT_STYLE = {"running": "green", "starting": "cyan", "backoff": "yellow", "fatal": "bold red", "stopping": "yellow",
+               "stopped": "dim"}
+
+
+def status_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(show_edge=False, header_style="bold")
+    for column in ("agent", "pid", "state", "restarts", "uptime", "task", "rss", "cpu", "last exit"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        uptime = row.get("uptime_s")
+        state = row.get("state") or "-"
+        table.add_row(
+            row["name"], str(row.get("pid") or "-"), Text(state, style=AGENT_STYLE.get(state, "")),
+            str(row.get("restarts") or 0), "-" if uptime is None else f"{uptime:.0f}s", row.get("task") or "-",
+            "-" if row.get("rss_mb") is None else f"{row['rss_mb']:.0f} MB",
+            "-" if row.get("cpu_percent") is None else f"{row['cpu_percent']:.0f}%", row.get("last_exit") or "-",
+        )
+    return table

@@ -18,6 +18,19 @@ from kanban import Board
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers.py"
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _become_subreaper() -> None:
+    """Orphans of the processes a test starts (agents of a SIGKILLed supervisor, say) are reparented
+    to this process instead of init, so the cleanup below still finds and reaps them."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+_become_subreaper()
 
 
 def _kill_tree(parent: psutil.Process) -> None:
@@ -26,6 +39,9 @@ def _kill_tree(parent: psutil.Process) -> None:
         with contextlib.suppress(psutil.Error):
             child.kill()
     psutil.wait_procs(children, timeout=5)
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
 
 
 @pytest.fixture(scope="session", autouse=True)

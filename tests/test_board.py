@@ -280,3 +280,13 @@ def test_the_lock_excludes_a_forked_child_using_the_same_board(board):
                 os._exit(0)
         _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, "a forked child got the lock its parent holds"
+
+
+def test_steps_only_claims_skip_tasks_that_need_an_llm(board):
+    llm = board.add({"title": "think hard", "priority": 9})
+    plan = board.add({"title": "deterministic", "steps": [{"tool": "wait", "args": {"seconds": 0}}]})
+    got = board.claim("offline-agent", steps_only=True)
+    assert got["id"] == plan["id"]
+    assert board.claim("offline-agent", steps_only=True) is None
+    assert board.get(llm["id"])["status"] == "todo"
+    assert board.claim("llm-agent")["id"] == llm["id"]

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 from click.testing import CliRunner
 
@@ -168,21 +169,27 @@ def test_the_installed_console_script_runs(ws):
     assert bad.returncode == 1 and "no task 'nope'" in bad.stderr and bad.stdout == ""
 
 
-def test_up_keeps_the_board_and_stops_on_sigterm(ws):
+def test_up_runs_the_team_which_does_a_dropped_task_and_stops_on_sigterm(ws):
     exe = Path(sys.executable).with_name("hermes-sup")
     command = [str(exe)] if exe.exists() else [sys.executable, "-m", "supervisor"]
-    proc = subprocess.Popen([*command, "-w", str(ws), "up"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([*command, "-w", str(ws), "up"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        assert "keeping the board" in proc.stderr.readline()
-        (ws / "kanban" / "inbox" / "live.txt").write_text("picked up live\n")
-        wait_until(lambda: [n for n in os.listdir(ws / "kanban" / "todo") if n.endswith(".json")], timeout=10)
-        assert json.loads((ws / "runs" / "supervisor.json").read_text())["pid"] == proc.pid
-        second = subprocess.run([*command, "-w", str(ws), "up"], capture_output=True, text=True, timeout=30)
-        assert second.returncode == 1
-        assert f"already running in {ws} (pid {proc.pid})" in second.stderr
+        state = ws / "runs" / "supervisor.json"
+        wait_until(lambda: state.exists() and all(
+            a["state"] == "running" for a in json.loads(state.read_text())["agents"].values()), timeout=30)
+        agents = json.loads(state.read_text())["agents"]
+        assert sorted(agents) == ["worker-1", "worker-2"]
+        step = {"tool": "write_file", "args": {"path": "note.txt", "content": "hi"}}
+        drop = {"title": "write a note", "steps": [step]}
+        (ws / "kanban" / "inbox" / "note.json").write_text(json.dumps(drop))
+        done = wait_until(lambda: [n for n in os.listdir(ws / "kanban" / "done") if n.endswith(".json")], timeout=30)
+        doc = json.loads((ws / "kanban" / "done" / done[0]).read_text())
+        who = doc["history"][-1]["by"]
+        assert (ws / "runs" / who / "scratch" / "note.txt").read_text() == "hi"
         proc.terminate()
-        assert proc.wait(timeout=10) == 0
+        assert proc.wait(timeout=30) == 0
+        for info in agents.values():
+            assert not psutil.pid_exists(info["pid"]) or psutil.Process(info["pid"]).status() == psutil.STATUS_ZOMBIE
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -1,0 +1,55 @@
+"""Telling the supervisor we are alive, the way systemd's sd_notify does: one datagram per message
+to a Unix socket the supervisor binds (`$HERMES_SUP_NOTIFY`).
+
+A send never blocks: with no supervisor listening it fails at once (the agent then counts how long
+it has been orphaned), and with a full queue the message is dropped (the next heartbeat follows).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+
+NOTIFY_ENV = "HERMES_SUP_NOTIFY"
+
+
+class Notifier:
+    def __init__(self, path: str | None, name: str) -> None:
+        self.path = path
+        self.name = name
+        self._sock: socket.socket | None = None
+
+    def send(self, **fields: object) -> bool:
+        """Send NAME=..., PID=... and `fields`; True if a supervisor received it."""
+        if not self.path:
+            return False
+        if self._sock is None:
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+            self._sock.setblocking(False)
+        lines = [f"NAME={self.name}", f"PID={os.getpid()}"]
+        lines += [f"{key.upper()}={value}" for key, value in fields.items()]
+        try:
+            self._sock.sendto("\n".join(lines).encode(), self.path)
+            return True
+        except BlockingIOError:
+            return True  # the supervisor is there, only busy: this heartbeat is dropped
+        except OSError as exc:
+            if exc.errno in (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK, errno.ENOTDIR):
+                return False
+            raise
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
+def parse(datagram: bytes) -> dict[str, str]:
+    """The fields of one notify message (what the supervisor reads)."""
+    fields: dict[str, str] = {}
+    for line in datagram.decode("utf-8", "replace").splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            fields[key.strip().upper()] = value.strip()
+    return fields

@@ -1,0 +1,160 @@
+"""The agent process: heartbeat, claim a task, work it, close it; stop cleanly on SIGTERM; leave by
+itself when no supervisor has heard from it for `orphan_grace` seconds.
+
+For now a task is worked by running its `steps` (tool calls, no LLM); tasks without steps wait in
+todo for an LLM provider, which the runtime issue adds here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from kanban import Board, ClaimLost
+from kanban.fsio import write_json_atomic
+from kanban.task import now_iso
+
+from .notify import NOTIFY_ENV, Notifier
+from .tools import ToolContext, ToolError, run_step
+
+AGENT_ENV = "HERMES_SUP_AGENT"
+WORKSPACE_ENV = "HERMES_SUP_WORKSPACE"
+
+
+class Agent:
+    def __init__(self, config: dict[str, Any], workspace: Path, workdir: Path) -> None:
+        self.config = config
+        self.name: str = config["name"]
+        self.roles = tuple(config.get("roles") or ())
+        self.capabilities = tuple(config.get("capabilities") or ("fs.read", "fs.write", "memory", "kanban"))
+        self.orphan_grace = float(config.get("orphan_grace", 30.0))
+        self.interval = max(0.05, min(5.0, float(config.get("heartbeat_timeout", 60.0)) / 4))
+        self.workdir = workdir
+        self.scratch = workdir / "scratch"
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        self.board = Board(workspace / "kanban")
+        self.notifier = Notifier(os.environ.get(NOTIFY_ENV), self.name)
+        self.stop = threading.Event()
+        self.why_stopping = ""
+        self.current: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+        self._orphaned_since: float | None = None
+
+    # -- signals and heartbeat --------------------------------------------------------------------
+
+    def request_stop(self, why: str) -> None:
+        if not self.stop.is_set():
+            self.why_stopping = why
+            self.stop.set()
+            self.board.wake()
+
+    def beat(self) -> None:
+        with self._lock:
+            task = self.current
+        delivered = self.notifier.send(WATCHDOG=1, TASK=task["id"] if task else "-")
+        now = time.monotonic()
+        if delivered:
+            self._orphaned_since = None
+        elif self._orphaned_since is None:
+            self._orphaned_since = now
+        elif now - self._orphaned_since >= self.orphan_grace:
+            self.request_stop(f"no supervisor for {self.orphan_grace:g} s")
+        self.write_state("working" if task else "idle")
+        if task is not None:
+            # If the task was taken back, the step in flight finds out when it closes the task.
+            with contextlib.suppress(ClaimLost):
+                self.board.renew(task["id"], task["claim"]["token"])
+
+    def write_state(self, status: str) -> None:
+        with self._lock:
+            task = self.current
+        write_json_atomic(self.workdir / "state.json", {
+            "name": self.name, "pid": os.getpid(), "status": status, "task": task["id"] if task else None,
+            "heartbeat": now_iso(), "provider": "offline",
+        }, fsync=False)
+
+    def _heartbeat_loop(self) -> None:
+        while not self.stop.wait(self.interval):
+            self.beat()
+
+    # -- work -----------------------------------------------------------------------------------
+
+    def work(self, doc: dict[str, Any]) -> None:
+        task_id, token = doc["id"], doc["claim"]["token"]
+        ctx = ToolContext(scratch=self.scratch, stop=self.stop)
+        results = []
+        try:
+            for index, step in enumerate(doc.get("steps") or []):
+                if self.stop.is_set():
+                    raise InterruptedError
+                try:
+                    results.append(run_step(ctx, step, self.capabilities))
+                except ToolError as exc:
+                    if self.stop.is_set():
+                        raise InterruptedError from None
+                    self.board.fail(task_id, token, f"step {index + 1} ({step.get('tool')}): {exc}")
+                    return
+            self.board.complete(task_id, token, {"steps": results})
+        except InterruptedError:
+            # Stopping is not the task's fault: the attempt is given back.
+            self.board.release(task_id, token, f"released: {self.name} is stopping ({self.why_stopping})")
+        except ClaimLost as exc:
+            print(f"{self.name}: lost task {task_id}: {exc}", file=sys.stderr, flush=True)
+
+    def _watch_signals(self) -> None:
+        # A signal handler must not take locks (Event.set does): it only writes the signal
+        # number to a pipe, and this thread turns it into a stop request.
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        os.set_blocking(write_end, False)
+        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: None)
+
+        def wait_for_signal() -> None:
+            while True:
+                data = os.read(read_end, 16)
+                if data:
+                    self.request_stop(signal.Signals(data[-1]).name)
+
+        threading.Thread(target=wait_for_signal, name="signals", daemon=True).start()
+
+    def run(self) -> int:
+        self._watch_signals()
+        self.notifier.send(READY=1)
+        self.write_state("idle")
+        threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
+        print(f"{self.name}: ready (pid {os.getpid()}, roles {', '.join(self.roles) or '-'})", flush=True)
+        while not self.stop.is_set():
+            doc = self.board.wait_for_work(self.name, roles=self.roles, stop=self.stop, steps_only=True)
+            if doc is None:
+                continue
+            with self._lock:
+                self.current = doc
+            print(f"{self.name}: working on {doc['id']}: {doc['title']}", flush=True)
+            try:
+                self.work(doc)
+            finally:
+                with self._lock:
+                    self.current = None
+        self.write_state("stopped")
+        self.notifier.send(STOPPING=1)
+        print(f"{self.name}: stopped ({self.why_stopping})", flush=True)
+        self.board.close()
+        return 0
+
+
+def main() -> int:
+    raw = os.environ.get(AGENT_ENV)
+    workspace = os.environ.get(WORKSPACE_ENV)
+    if not raw or not workspace:
+        print(f"agents: started outside a supervisor ({AGENT_ENV} and {WORKSPACE_ENV} are not set); "
+              "run `hermes-sup up` instead", file=sys.stderr)
+        return 2
+    return Agent(json.loads(raw), Path(workspace), Path.cwd()).run()

@@ -1,0 +1,40 @@
+"""Misbehaving agent processes for the supervisor tests; `command: [python, tests/fake_agent.py, MODE]`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from agents.notify import NOTIFY_ENV, Notifier
+
+
+def main(mode: str) -> None:
+    name = json.loads(os.environ["HERMES_SUP_AGENT"])["name"]
+    notifier = Notifier(os.environ.get(NOTIFY_ENV), name)
+    if mode == "exit":
+        sys.exit(3)
+    if mode == "ignore-term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        grandchild = subprocess.Popen(["sleep", "300"])
+        print(f"grandchild {grandchild.pid}", flush=True)
+        notifier.send(READY=1)
+        while True:
+            time.sleep(0.2)
+            notifier.send(WATCHDOG=1)
+    if mode == "silent":  # ready once, then never heart-beats again
+        notifier.send(READY=1)
+        time.sleep(300)
+    if mode == "beat":
+        while True:
+            notifier.send(WATCHDOG=1)
+            time.sleep(0.2)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

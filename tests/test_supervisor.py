@@ -1,0 +1,198 @@
+"""The supervisor with real processes and real signals: restarts, crash loops, hangs, stops,
+a second `up`, reload."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from kanban import Board
+
+from .conftest import wait_until
+
+FAKE = Path(__file__).resolve().parent / "fake_agent.py"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def hermes(ws: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "supervisor", "-w", str(ws), *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def make_ws(tmp_path: Path, agents: str, defaults: str = "") -> Path:
+    ws = tmp_path / "ws"
+    subprocess.run([sys.executable, "-m", "supervisor", "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    text = "defaults:\n  stop_timeout: 5\n  heartbeat_timeout: 30\n"
+    text += "".join(f"  {line}\n" for line in defaults.splitlines())
+    text += "agents:\n" + "".join(f"  {line}\n" for line in agents.splitlines())
+    (ws / "hermes.yaml").write_text(text)
+    return ws
+
+
+def state(ws: Path) -> dict:
+    try:
+        return json.loads((ws / "runs" / "supervisor.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def agent(ws: Path, name: str) -> dict:
+    return state(ws).get("agents", {}).get(name, {})
+
+
+@pytest.fixture
+def up(tmp_path):
+    """Start `hermes-sup up` in the foreground for a workspace; stop it (and its agents) after."""
+    procs = []
+
+    def start(ws: Path) -> subprocess.Popen[str]:
+        log = open(tmp_path / "up.log", "w")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen([sys.executable, "-m", "supervisor", "-w", str(ws), "up"], stdout=log,
+                                stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+        procs.append((proc, log))
+        wait_until(lambda: state(ws).get("pid") == proc.pid, timeout=30)
+        return proc
+
+    yield start
+    for proc, log in procs:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+
+def test_a_sigkilled_agent_is_restarted_and_its_claim_goes_back(tmp_path, up):
+    ws = make_ws(tmp_path, "- name: worker\n  roles: [work]\n")
+    board = Board(ws / "kanban")
+    task = board.add({"title": "long", "role": "work", "steps": [{"tool": "wait", "args": {"seconds": 120}}]})
+    up(ws)
+    wait_until(lambda: agent(ws, "worker").get("state") == "running", timeout=30)
+    wait_until(lambda: board.get(task["id"])["status"] == "doing", timeout=30)
+    first = agent(ws, "worker")["pid"]
+    os.kill(first, signal.SIGKILL)
+    wait_until(lambda: agent(ws, "worker").get("restarts") == 1 and agent(ws, "worker").get("state") == "running",
+               timeout=30)
+    assert agent(ws, "worker")["pid"] != first
+    assert "killed by SIGKILL" in agent(ws, "worker")["last_exit"]
+    doc = wait_until(lambda: (d := board.get(task["id"]))["attempts"] == 2 and d, timeout=30)
+    notes = [h["note"] for h in doc["history"]]
+    assert any(f"holder worker (pid {first}) is gone" in note for note in notes), notes
+    assert doc["status"] == "doing" and doc["claim"]["pid"] == agent(ws, "worker")["pid"]
+
+
+def test_an_agent_that_exits_at_once_ends_fatal_without_spinning(tmp_path, up):
+    ws = make_ws(tmp_path, f"- name: crasher\n  command: [{sys.executable}, {FAKE}, exit]\n",
+                 defaults="restart: {max_restarts: 3, window: 60, backoff: {initial: 0.05, max: 0.2}}\n")
+    proc = up(ws)
+    wait_until(lambda: agent(ws, "crasher").get("state") == "fatal", timeout=30)
+    crasher = agent(ws, "crasher")
+    assert crasher["restarts"] == 3 and crasher["last_exit"] == "exited with status 3"
+    time.sleep(0.5)  # nothing more may happen: fatal is final until `restart`
+    assert agent(ws, "crasher")["restarts"] == 3
+    cpu = psutil.Process(proc.pid).cpu_times()
+    assert cpu.user + cpu.system < 3.0
+    listing = hermes(ws, "status", "--json")
+    assert json.loads(listing.stdout)["agents"][0]["state"] == "fatal"
+    assert hermes(ws, "restart", "crasher").returncode == 0
+    wait_until(lambda: agent(ws, "crasher").get("state") == "fatal" and agent(ws, "crasher")["restarts"] > 3,
+               timeout=30)
+
+
+def test_down_kills_an_agent_that_ignores_sigterm_and_its_grandchild(tmp_path, up):
+    ws = make_ws(tmp_path, f"- name: stubborn\n  command: [{sys.executable}, {FAKE}, ignore-term]\n")
+    proc = up(ws)
+    wait_until(lambda: agent(ws, "stubborn").get("state") == "running", timeout=30)
+    log = ws / "runs" / "stubborn" / "agent.log"
+    grandchild = int(wait_until(lambda: log.exists() and "grandchild" in log.read_text() and log.read_text(),
+                                timeout=10).split()[1])
+    stubborn = agent(ws, "stubborn")["pid"]
+    started = time.monotonic()
+    done = hermes(ws, "down", "--timeout", "1")
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - started >= 1.0
+    assert proc.wait(timeout=10) == 0
+    for pid in (stubborn, grandchild):
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_an_agent_that_stops_heart_beating_is_restarted(tmp_path, up):
+    ws = make_ws(tmp_path, f"- name: mute\n  command: [{sys.executable}, {FAKE}, silent]\n  heartbeat_timeout: 1\n")
+    up(ws)
+    wait_until(lambda: agent(ws, "mute").get("restarts", 0) >= 1, timeout=30)
+    assert "(hang)" in agent(ws, "mute")["last_exit"]
+
+
+def test_a_second_up_is_refused_with_the_running_pid(tmp_path, up):
+    ws = make_ws(tmp_path, f"- name: beater\n  command: [{sys.executable}, {FAKE}, beat]\n")
+    proc = up(ws)
+    second = hermes(ws, "up")
+    assert second.returncode == 1
+    assert f"already running in {ws} (pid {proc.pid})" in second.stderr
+
+
+def test_reload_starts_stops_and_restarts_only_what_changed(tmp_path, up):
+    beat = f"command: [{sys.executable}, {FAKE}, beat]"
+    ws = make_ws(tmp_path, f"- name: keep\n  {beat}\n- name: change\n  {beat}\n- name: drop\n  {beat}\n")
+    up(ws)
+    wait_until(lambda: all(agent(ws, n).get("state") == "running" for n in ("keep", "change", "drop")), timeout=30)
+    pids = {n: agent(ws, n)["pid"] for n in ("keep", "change", "drop")}
+    text = (ws / "hermes.yaml").read_text()
+    (ws / "hermes.yaml").write_text("agents: [\n")
+    refused = hermes(ws, "reload")
+    assert refused.returncode == 2 and "hermes.yaml:2" in refused.stderr and "unchanged" in refused.stderr
+    (ws / "hermes.yaml").write_text(text.replace(f"- name: drop\n    {beat}\n", f"- name: new\n    {beat}\n").replace(
+        f"- name: change\n    {beat}\n", f"- name: change\n    {beat}\n    env: {{X: '1'}}\n"))
+    done = hermes(ws, "reload", "--json")
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)["plan"]
+    assert plan == {"start": ["new"], "stop": ["drop"], "restart": ["change"], "keep": ["keep"]}
+    wait_until(lambda: agent(ws, "new").get("state") == "running" and agent(ws, "change").get("state") == "running"
+               and agent(ws, "change").get("pid") != pids["change"] and agent(ws, "drop").get("state") == "stopped",
+               timeout=30)
+    assert agent(ws, "keep")["pid"] == pids["keep"]
+
+
+def test_a_new_up_adopts_the_agents_of_a_killed_supervisor(tmp_path, up):
+    ws = make_ws(tmp_path, "- name: worker\n  roles: [work]\n")
+    first = up(ws)
+    wait_until(lambda: agent(ws, "worker").get("state") == "running", timeout=30)
+    pid = agent(ws, "worker")["pid"]
+    first.kill()
+    first.wait(timeout=10)
+    second = up(ws)
+    wait_until(lambda: agent(ws, "worker").get("state") == "running", timeout=30)
+    assert agent(ws, "worker")["pid"] == pid, "adopted, not restarted"
+    assert agent(ws, "worker")["restarts"] == 0
+    os.kill(pid, signal.SIGKILL)  # the adopted agent is supervised: it comes back
+    wait_until(lambda: agent(ws, "worker").get("restarts") == 1 and agent(ws, "worker").get("state") == "running",
+               timeout=30)
+    assert agent(ws, "worker")["pid"] != pid
+    assert second.poll() is None
+
+
+def test_orphaned_agents_release_their_claims_and_leave_after_the_grace(tmp_path, up):
+    ws = make_ws(tmp_path, "- name: worker\n  roles: [work]\n", defaults="orphan_grace: 1\nheartbeat_timeout: 4\n")
+    board = Board(ws / "kanban")
+    task = board.add({"title": "long", "steps": [{"tool": "wait", "args": {"seconds": 120}}]})
+    sup = up(ws)
+    wait_until(lambda: board.get(task["id"])["status"] == "doing", timeout=30)
+    pid = agent(ws, "worker")["pid"]
+    sup.kill()
+    sup.wait(timeout=10)
+    wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+               timeout=20)
+    doc = board.get(task["id"])
+    assert doc["status"] == "todo" and doc["attempts"] == 0, "released, not counted as a failed attempt"
+    assert "no supervisor for 1 s" in doc["history"][-1]["note"]
