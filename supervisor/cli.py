@@ -358,7 +358,9 @@ def up(ctx: click.Context, detach: bool, agents_csv: str | None) -> None:
 
 
 def _detach(ws: Workspace, agents_csv: str | None) -> int:
-    command = [sys.executable, "-m", "supervisor", "-w", str(ws.root), "up"]
+    # -P: the workspace is the working directory, and its kanban/ board folder must not shadow
+    # the kanban package.
+    command = [sys.executable, "-P", "-m", "supervisor", "-w", str(ws.root), "up"]
     if agents_csv:
         command += ["--agents", agents_csv]
     with open(ws.runs_path / "supervisor.log", "ab") as log:

@@ -83,7 +83,8 @@ def build_specs(config: dict[str, Any], root: Path, *, python: str = sys.executa
             rss = _merged(defaults, entry, "max_rss_mb")
             env = {str(k): str(v) for k, v in (entry.get("env") or {}).items()}
             command = entry.get("command")
-            argv = tuple(command) if command else (python, "-m", "agents", "run")
+            # -P: nothing in the agent's working directory may shadow a package.
+            argv = tuple(command) if command else (python, "-P", "-m", "agents", "run")
             spec = ChildSpec(
                 name=name,
                 argv=argv,

@@ -196,3 +196,30 @@ def test_orphaned_agents_release_their_claims_and_leave_after_the_grace(tmp_path
     doc = board.get(task["id"])
     assert doc["status"] == "todo" and doc["attempts"] == 0, "released, not counted as a failed attempt"
     assert "no supervisor for 1 s" in doc["history"][-1]["note"]
+
+
+def test_detach_status_logs_restart_and_down_from_another_shell(tmp_path):
+    ws = tmp_path / "ws"
+    subprocess.run([sys.executable, "-m", "supervisor", "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    # From inside the workspace, as a user would: its kanban/ folder must not shadow the package.
+    run = {"capture_output": True, "text": True, "timeout": 90, "cwd": ws}
+    exe = [str(Path(sys.executable).with_name("hermes-sup"))]
+    try:
+        detached = subprocess.run([*exe, "up", "--detach"], **run)
+        assert detached.returncode == 0, detached.stdout + detached.stderr
+        assert "worker-1" in detached.stdout and "running" in detached.stdout
+        status = json.loads(subprocess.run([*exe, "status", "--json"], **run).stdout)
+        assert status["running"] and [a["state"] for a in status["agents"]] == ["running", "running"]
+        assert all(a["rss_mb"] and a["uptime_s"] is not None for a in status["agents"])
+        logs = subprocess.run([*exe, "logs", "worker-2", "-n", "5"], **run)
+        assert "worker-2 | worker-2: ready" in logs.stdout
+        first = status["agents"][0]["pid"]
+        assert subprocess.run([*exe, "restart", "worker-1"], **run).returncode == 0
+        wait_until(lambda: agent(ws, "worker-1").get("pid") not in (None, first)
+                   and agent(ws, "worker-1").get("state") == "running", timeout=30)
+        assert agent(ws, "worker-1")["restarts"] == 1
+        assert subprocess.run([*exe, "restart", "nobody"], **run).returncode == 1
+    finally:
+        down = subprocess.run([*exe, "down"], **run)
+    assert down.returncode == 0 and "stopped" in down.stdout
+    assert json.loads(subprocess.run([*exe, "status", "--json"], **run).stdout)["running"] is False
