@@ -36,6 +36,8 @@ class Agent:
         self.capabilities = tuple(config.get("capabilities") or ("fs.read", "fs.write", "memory", "kanban"))
         self.orphan_grace = float(config.get("orphan_grace", 30.0))
         self.interval = max(0.05, min(5.0, float(config.get("heartbeat_timeout", 60.0)) / 4))
+        self.log_max_bytes = int(float(config.get("log_max_mb", 10.0)) * (1 << 20))
+        self.log_keep = int(config.get("log_keep", 3))
         self.workdir = workdir
         self.scratch = workdir / "scratch"
         self.scratch.mkdir(parents=True, exist_ok=True)
@@ -45,6 +47,7 @@ class Agent:
         self.why_stopping = ""
         self.current: dict[str, Any] | None = None
         self._lock = threading.Lock()
+        self._log_lock = threading.Lock()
         self._orphaned_since: float | None = None
 
     # -- signals and heartbeat --------------------------------------------------------------------
@@ -67,10 +70,40 @@ class Agent:
         elif now - self._orphaned_since >= self.orphan_grace:
             self.request_stop(f"no supervisor for {self.orphan_grace:g} s")
         self.write_state("working" if task else "idle")
+        self.rotate_log()
         if task is not None:
             # If the task was taken back, the step in flight finds out when it closes the task.
             with contextlib.suppress(ClaimLost):
                 self.board.renew(task["id"], task["claim"]["token"])
+
+    def rotate_log(self) -> None:
+        """Rotate our own log by size: the writer rotating is the one way no line is lost or
+        written to a file nobody reads. agent.log -> agent.log.1 -> ... -> agent.log.<keep>."""
+        with self._log_lock:
+            self._rotate_log()
+
+    def _rotate_log(self) -> None:
+        path = self.workdir / "agent.log"
+        try:
+            current = os.fstat(1)
+            if current.st_size < self.log_max_bytes or os.stat(path).st_ino != current.st_ino:
+                return
+        except OSError:
+            return  # stdout is not our log file (started by hand), or it is gone
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for index in range(self.log_keep - 1, 0, -1):
+            older = path.with_name(f"agent.log.{index}")
+            if older.exists():
+                os.replace(older, path.with_name(f"agent.log.{index + 1}"))
+        if self.log_keep > 0:
+            os.replace(path, path.with_name("agent.log.1"))
+        else:
+            path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
 
     def write_state(self, status: str) -> None:
         with self._lock:
@@ -143,6 +176,7 @@ class Agent:
             finally:
                 with self._lock:
                     self.current = None
+            self.rotate_log()
         self.write_state("stopped")
         self.notifier.send(STOPPING=1)
         print(f"{self.name}: stopped ({self.why_stopping})", flush=True)

@@ -22,6 +22,8 @@ DEFAULTS: dict[str, Any] = {
     "heartbeat_timeout": 60.0,
     "orphan_grace": 30.0,
     "max_rss_mb": 1024.0,
+    "log_max_mb": 10.0,
+    "log_keep": 3,
 }
 DEFAULT_CAPABILITIES = ("fs.read", "fs.write", "memory", "kanban")
 
@@ -41,6 +43,8 @@ class ChildSpec:
     heartbeat_timeout: float = 60.0
     orphan_grace: float = 30.0
     max_rss_mb: float | None = 1024.0
+    log_max_mb: float = 10.0
+    log_keep: int = 3
     digest: str = ""
 
     def agent_config(self) -> dict[str, Any]:
@@ -49,6 +53,7 @@ class ChildSpec:
             "name": self.name, "roles": list(self.roles), "tier": self.tier,
             "capabilities": list(self.capabilities), "skills": list(self.skills),
             "heartbeat_timeout": self.heartbeat_timeout, "orphan_grace": self.orphan_grace,
+            "log_max_mb": self.log_max_mb, "log_keep": self.log_keep,
         }
 
 
@@ -99,6 +104,8 @@ def build_specs(config: dict[str, Any], root: Path, *, python: str = sys.executa
                 heartbeat_timeout=float(_merged(defaults, entry, "heartbeat_timeout")),
                 orphan_grace=float(_merged(defaults, entry, "orphan_grace")),
                 max_rss_mb=None if rss is None else float(rss),
+                log_max_mb=float(_merged(defaults, entry, "log_max_mb")),
+                log_keep=int(_merged(defaults, entry, "log_keep")),
             )
             specs.append(_with_digest(spec))
     return specs

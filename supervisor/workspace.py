@@ -106,14 +106,14 @@ def _strip_lines(value: Any) -> Any:
 
 
 TOP_KEYS = ("providers", "tiers", "defaults", "agents", "prices", "board")
-DEFAULT_KEYS = ("restart", "stop_timeout", "heartbeat_timeout", "orphan_grace", "max_rss_mb", "max_iterations",
-                "max_tokens", "max_cost")
+DEFAULT_KEYS = ("restart", "stop_timeout", "heartbeat_timeout", "orphan_grace", "max_rss_mb", "log_max_mb",
+                "log_keep", "max_iterations", "max_tokens", "max_cost")
 RESTART_KEYS = ("policy", "backoff", "max_restarts", "window", "reset_after")
 CAPABILITIES = ("fs.read", "fs.write", "shell", "network", "memory", "delegate", "skills", "kanban")
 TIERS = ("auto", "cheap", "standard", "premium")
 AGENT_KEYS = ("name", "roles", "tier", "skills", "capabilities", "count", "provider", "env", "restart",
-              "stop_timeout", "heartbeat_timeout", "orphan_grace", "max_rss_mb", "max_iterations", "max_tokens",
-              "max_cost", "identity", "toolsets", "command")
+              "stop_timeout", "heartbeat_timeout", "orphan_grace", "max_rss_mb", "log_max_mb", "log_keep",
+              "max_iterations", "max_tokens", "max_cost", "identity", "toolsets", "command")
 
 
 def load_config(path: Path) -> dict[str, Any]:
@@ -204,6 +204,11 @@ def _check_settings(node: dict[str, Any], where: str, fail: Any) -> None:
     if "max_rss_mb" in node and node["max_rss_mb"] is not None and (
             not _number(node["max_rss_mb"]) or node["max_rss_mb"] <= 0):
         raise fail(node, f"{where}: 'max_rss_mb' must be a number > 0 or null, got {node['max_rss_mb']!r}")
+    if "log_max_mb" in node and (not _number(node["log_max_mb"]) or node["log_max_mb"] <= 0):
+        raise fail(node, f"{where}: 'log_max_mb' must be a number > 0, got {node['log_max_mb']!r}")
+    if "log_keep" in node and (not isinstance(node["log_keep"], int) or isinstance(node["log_keep"], bool)
+                               or node["log_keep"] < 0):
+        raise fail(node, f"{where}: 'log_keep' must be a whole number >= 0, got {node['log_keep']!r}")
     restart = node.get("restart")
     if restart is None:
         return

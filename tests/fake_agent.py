@@ -30,6 +30,11 @@ def main(mode: str) -> None:
     if mode == "silent":  # ready once, then never heart-beats again
         notifier.send(READY=1)
         time.sleep(300)
+    if mode == "hog":  # heart-beats, and holds 150 MB in a child (the limit counts the whole tree)
+        subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(150 << 20); time.sleep(300)"])
+        while True:
+            notifier.send(WATCHDOG=1)
+            time.sleep(0.2)
     if mode == "beat":
         while True:
             notifier.send(WATCHDOG=1)

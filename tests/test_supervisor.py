@@ -223,3 +223,26 @@ def test_detach_status_logs_restart_and_down_from_another_shell(tmp_path):
         down = subprocess.run([*exe, "down"], **run)
     assert down.returncode == 0 and "stopped" in down.stdout
     assert json.loads(subprocess.run([*exe, "status", "--json"], **run).stdout)["running"] is False
+
+
+def test_an_agent_rotates_its_own_log_by_size(tmp_path, up):
+    ws = make_ws(tmp_path, "- name: chatty\n  log_max_mb: 0.001\n  log_keep: 2\n  heartbeat_timeout: 1\n")
+    board = Board(ws / "kanban")
+    up(ws)
+    logs = ws / "runs" / "chatty"
+    for i in range(60):
+        board.add({"title": f"task number {i} with a title long enough to fill a log",
+                   "steps": [{"tool": "wait", "args": {"seconds": 0}}]})
+    wait_until(lambda: (logs / "agent.log.2").exists(), timeout=30)
+    wait_until(lambda: len([n for n in os.listdir(ws / "kanban" / "done") if n.endswith(".json")]) == 60, timeout=60)
+    assert not (logs / "agent.log.3").exists(), "log_keep: 2"
+    for name in ("agent.log.1", "agent.log.2"):
+        assert 1000 <= (logs / name).stat().st_size < 8000
+    assert "working on" in (logs / "agent.log.1").read_text()
+
+
+def test_an_agent_over_its_memory_limit_is_restarted(tmp_path, up):
+    ws = make_ws(tmp_path, f"- name: hog\n  command: [{sys.executable}, {FAKE}, hog]\n  max_rss_mb: 60\n")
+    up(ws)
+    wait_until(lambda: agent(ws, "hog").get("restarts", 0) >= 1, timeout=30)
+    assert "(memory)" in agent(ws, "hog")["last_exit"]
