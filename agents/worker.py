@@ -170,12 +170,14 @@ class Agent:
                 continue
             with self._lock:
                 self.current = doc
+            self.notifier.send(TASK=doc["id"])  # at once, not at the next heartbeat
             print(f"{self.name}: working on {doc['id']}: {doc['title']}", flush=True)
             try:
                 self.work(doc)
             finally:
                 with self._lock:
                     self.current = None
+                self.notifier.send(TASK="-")
             self.rotate_log()
         self.write_state("stopped")
         self.notifier.send(STOPPING=1)

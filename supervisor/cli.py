@@ -345,12 +345,24 @@ def up(ctx: click.Context, detach: bool, agents_csv: str | None) -> None:
     if detach:
         singleton.release()
         sys.exit(_detach(ws, agents_csv))
+    # At a terminal: a live table of the agents and the board above which events and the agents'
+    # logs scroll. Piped (or detached): plain lines only, so nobody pays for a display unseen.
+    live = out.is_terminal
+    console = out if live else err
     try:
-        supervisor = Supervisor(ws, config, only=only, say=lambda line: err.print(
+        supervisor = Supervisor(ws, config, only=only, say=lambda line: console.print(
             f"[dim]{time.strftime('%H:%M:%S')}[/dim] {line}", highlight=False))
         tail = LogTail(supervisor.children, out)
         tail.start()
-        code = supervisor.serve()
+        if live:
+            from rich.live import Live
+
+            with Live(console=out, refresh_per_second=2, transient=True,
+                      get_renderable=lambda: render.live_view(supervisor.snapshot(), supervisor.board.counts(),
+                                                             tree_rss_mb)):
+                code = supervisor.serve()
+        else:
+            code = supervisor.serve()
         tail.stop()
     finally:
         singleton.release()

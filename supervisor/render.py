@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console, Group
@@ -145,3 +146,20 @@ def status_table(rows: list[dict[str, Any]]) -> Table:
             "-" if row.get("cpu_percent") is None else f"{row['cpu_percent']:.0f}%", row.get("last_exit") or "-",
         )
     return table
+
+
+def live_view(snapshot: dict[str, Any], counts: dict[str, int], rss: Callable[[int], float]) -> Group:
+    """What a foreground `up` keeps on screen: the agents, then the board's counts."""
+    now_rows = []
+    for name, agent in (snapshot.get("agents") or {}).items():
+        pid = agent.get("pid")
+        now_rows.append({"name": name, "pid": pid, "state": agent.get("state"),
+                         "restarts": agent.get("restarts"), "task": agent.get("task"),
+                         "last_exit": agent.get("last_exit"), "uptime_s": agent.get("uptime_s"),
+                         "rss_mb": rss(pid) if pid else None, "cpu_percent": None})
+    board = Text("board: ", style="bold")
+    for status in STATUSES:
+        board.append(f"{status} {counts.get(status, 0)}  ", style=STYLE[status])
+    title = Text(f"hermes-sup (pid {snapshot.get('pid')}) in {snapshot.get('workspace')}  Ctrl-C stops",
+                 style="bold")
+    return Group(title, status_table(now_rows), board)

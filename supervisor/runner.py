@@ -392,6 +392,7 @@ class Supervisor:
             "agents": {name: {
                 "pid": child.pid, "pid_started": child.pid_started, "state": child.state,
                 "restarts": child.restarts, "started_at": child.started_at if child.pid else None,
+                "uptime_s": round(time.monotonic() - child.started, 1) if child.pid else None,
                 "task": child.task, "last_exit": child.last_exit or None,
                 "log": str(child.spec.workdir / "agent.log"), "digest": child.spec.digest,
             } for name, child in self.children.items()},
