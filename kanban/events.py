@@ -7,10 +7,11 @@ file from an offset, take only complete lines, and skip (and report) a line that
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .fsio import read_complete_lines
 
 
 def event(at: str, task: str, src: str | None, dst: str | None, by: str, note: str = "") -> dict[str, Any]:
@@ -32,22 +33,9 @@ class EventTail:
             self.offset = 0
 
     def read_new(self) -> list[dict[str, Any]]:
-        try:
-            with open(self.path, "rb") as handle:
-                size = os.fstat(handle.fileno()).st_size
-                if size < self.offset:  # truncated or replaced by hand: start over
-                    self.offset = 0
-                if size == self.offset:
-                    return []
-                handle.seek(self.offset)
-                data = handle.read(size - self.offset)
-        except FileNotFoundError:
-            return []
-        end = data.rfind(b"\n")
-        if end < 0:
-            return []
+        lines, self.offset = read_complete_lines(self.path, self.offset)
         records = []
-        for raw in data[: end + 1].splitlines():
+        for raw in lines:
             if not raw.strip():
                 continue
             try:
@@ -57,7 +45,6 @@ class EventTail:
                 continue
             if isinstance(record, dict):
                 records.append(record)
-        self.offset += end + 1
         return records
 
 

@@ -121,6 +121,27 @@ class AppendLog:
             os.close(fd)
 
 
+def read_complete_lines(path: Path, offset: int) -> tuple[list[bytes], int]:
+    """The complete lines appended to `path` since `offset`, and the offset after them. A file
+    that shrank (truncated, rotated, replaced) is read again from its start; a line still being
+    written is left for the next call."""
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size < offset:
+                offset = 0
+            if size == offset:
+                return [], offset
+            handle.seek(offset)
+            data = handle.read(size - offset)
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n")
+    if end < 0:
+        return [], offset
+    return data[:end].split(b"\n"), offset + end + 1
+
+
 def unique_path(folder: Path, name: str) -> Path:
     """`folder/name`, or `folder/name-1`, `-2`, ... (before the extension) if it exists."""
     candidate = folder / name

@@ -25,6 +25,7 @@ import psutil
 from rich.console import Console
 
 from kanban import STATUSES, Board, BoardError, TaskError
+from kanban.fsio import read_complete_lines
 from kanban.liveness import holder_alive
 from kanban.task import TIERS
 
@@ -423,23 +424,10 @@ class LogTail:
     def _drain(self) -> None:
         width = max((len(name) for name in self.children), default=0)
         for name, child in list(self.children.items()):
-            path = child.spec.workdir / "agent.log"
-            try:
-                with open(path, "rb") as handle:
-                    size = os.fstat(handle.fileno()).st_size
-                    offset = self.offsets.get(name, 0)
-                    if size < offset:
-                        offset = 0
-                    handle.seek(offset)
-                    data = handle.read(size - offset)
-            except OSError:
-                continue
-            end = data.rfind(b"\n")
-            if end < 0:
-                continue
-            self.offsets[name] = offset + end + 1
-            for line in data[:end].decode("utf-8", "replace").splitlines():
-                self.console.print(f"[cyan]{name:<{width}}[/cyan] | {line}", highlight=False, markup=True)
+            lines, self.offsets[name] = read_complete_lines(child.spec.workdir / "agent.log", self.offsets.get(name, 0))
+            for line in lines:
+                self.console.print(f"[cyan]{name:<{width}}[/cyan] | {line.decode('utf-8', 'replace')}",
+                                   highlight=False, markup=True)
 
 
 def status_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
@@ -592,18 +580,9 @@ def logs(ctx: click.Context, agent: str | None, follow: bool, lines: int) -> Non
     while follow:
         time.sleep(0.2)
         for name in chosen:
-            path = ws.runs_path / name / "agent.log"
-            try:
-                with open(path, "rb") as handle:
-                    handle.seek(offsets.get(name, 0))
-                    data = handle.read()
-            except FileNotFoundError:
-                continue
-            end = data.rfind(b"\n")
-            if end >= 0:
-                offsets[name] = offsets.get(name, 0) + end + 1
-                for line in data[:end].decode("utf-8", "replace").splitlines():
-                    click.echo(f"{name:<{width}} | {line}")
+            new_lines, offsets[name] = read_complete_lines(ws.runs_path / name / "agent.log", offsets.get(name, 0))
+            for line in new_lines:
+                click.echo(f"{name:<{width}} | {line.decode('utf-8', 'replace')}")
 
 
 def read_supervisor_state(ws: Workspace) -> dict[str, Any]:
