@@ -1,0 +1,220 @@
+"""Message translation between the OpenAI chat format (the runtime's own, and the transcript's) and
+Anthropic's Messages API, as pure functions over plain dicts. The SDKs' response objects are turned
+into dicts (`model_dump()`) before they get here, so everything is tested without a network.
+
+Canonical messages:
+  {"role": "system" | "user", "content": str}
+  {"role": "assistant", "content": str | None, "tool_calls": [{"id", "type": "function",
+   "function": {"name", "arguments": <JSON string>}}]}
+  {"role": "tool", "tool_call_id": str, "content": str, "is_error"?: bool}
+`is_error` is ours: Anthropic has a field for it, OpenAI does not (it is dropped there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+Message = dict[str, Any]
+CACHE = {"type": "ephemeral"}
+
+
+@dataclass(frozen=True)
+class Usage:
+    input: int = 0        # every prompt token, cached or not
+    output: int = 0
+    cached: int = 0       # prompt tokens read from the provider's cache
+    cache_write: int = 0  # prompt tokens written to it (Anthropic)
+
+
+@dataclass(frozen=True)
+class Completion:
+    message: Message      # a canonical assistant message
+    stop: str             # stop, tool_calls, length, content_filter, pause
+    usage: Usage = field(default_factory=Usage)
+    model: str = ""
+
+
+# -- OpenAI ------------------------------------------------------------------------------------------
+
+def to_openai(messages: list[Message]) -> list[Message]:
+    """Canonical messages as the OpenAI API takes them (our `is_error` removed)."""
+    out = []
+    for message in messages:
+        if message["role"] == "tool":
+            out.append({"role": "tool", "tool_call_id": message["tool_call_id"],
+                        "content": message.get("content") or ""})
+        else:
+            out.append({key: value for key, value in message.items() if key != "is_error"})
+    return out
+
+
+OPENAI_STOPS = {"stop": "stop", "tool_calls": "tool_calls", "function_call": "tool_calls", "length": "length",
+                "content_filter": "content_filter"}
+
+
+def from_openai(response: dict[str, Any]) -> Completion:
+    choice = (response.get("choices") or [{}])[0]
+    raw = choice.get("message") or {}
+    message: Message = {"role": "assistant", "content": raw.get("content")}
+    calls = [
+        {"id": call.get("id") or _new_id(), "type": "function",
+         "function": {"name": call["function"]["name"], "arguments": call["function"].get("arguments") or "{}"}}
+        for call in raw.get("tool_calls") or [] if call.get("function")
+    ]
+    if calls:
+        message["tool_calls"] = calls
+    usage = response.get("usage") or {}
+    details = usage.get("prompt_tokens_details") or {}
+    stop = OPENAI_STOPS.get(choice.get("finish_reason") or "stop", "stop")
+    if calls and stop == "stop":
+        stop = "tool_calls"  # some servers say "stop" with tool calls
+    return Completion(
+        message=message, stop=stop, model=response.get("model", ""),
+        usage=Usage(input=usage.get("prompt_tokens") or 0, output=usage.get("completion_tokens") or 0,
+                    cached=details.get("cached_tokens") or 0),
+    )
+
+
+# -- Anthropic ---------------------------------------------------------------------------------------
+
+def _arguments(raw: str) -> dict[str, Any]:
+    """Tool-call arguments as Anthropic wants them (an object). A model's malformed JSON is kept as
+    a string under `_raw` rather than lost, so the transcript still says what was asked."""
+    try:
+        value = json.loads(raw or "{}")
+    except ValueError:
+        return {"_raw": raw}
+    return value if isinstance(value, dict) else {"_value": value}
+
+
+def to_anthropic(messages: list[Message], tools: list[dict[str, Any]] | None = None,
+                 *, cache: bool = True) -> dict[str, Any]:
+    """The `system`, `messages` and `tools` arguments of an Anthropic request.
+
+    Consecutive messages of one role are merged (tool results after a tool-use turn must be one
+    user message); empty text is left out (Anthropic refuses empty text blocks). With `cache`, the
+    system prompt and the tool list end in cache_control breakpoints: both are byte-identical
+    across the turns of a task, so every turn after the first reads them from the cache.
+    """
+    system_parts = [m["content"] for m in messages if m["role"] == "system" and m.get("content")]
+    turns: list[Message] = []
+    for message in messages:
+        role = message["role"]
+        if role == "system":
+            continue
+        if role == "tool":
+            block: dict[str, Any] = {"type": "tool_result", "tool_use_id": message["tool_call_id"],
+                                     "content": message.get("content") or "(no output)"}
+            if message.get("is_error"):
+                block["is_error"] = True
+            blocks, role = [block], "user"
+        elif role == "assistant":
+            blocks = [{"type": "text", "text": message["content"]}] if message.get("content") else []
+            for call in message.get("tool_calls") or []:
+                blocks.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
+                               "input": _arguments(call["function"].get("arguments", "{}"))})
+        else:
+            content = message.get("content")
+            blocks = [{"type": "text", "text": content}] if content else []
+        if not blocks:
+            continue
+        if turns and turns[-1]["role"] == role:
+            # Tool results first within a user turn, as Anthropic requires.
+            merged = turns[-1]["content"] + blocks
+            merged.sort(key=lambda b: 0 if b["type"] == "tool_result" else 1)
+            turns[-1]["content"] = merged
+        else:
+            turns.append({"role": role, "content": blocks})
+    request: dict[str, Any] = {"messages": turns}
+    if system_parts:
+        system: list[dict[str, Any]] = [{"type": "text", "text": "\n\n".join(system_parts)}]
+        if cache:
+            system[-1]["cache_control"] = CACHE
+        request["system"] = system
+    if tools:
+        converted = [{"name": t["function"]["name"], "description": t["function"].get("description", ""),
+                      "input_schema": t["function"].get("parameters") or {"type": "object", "properties": {}}}
+                     for t in tools]
+        if cache:
+            converted[-1]["cache_control"] = CACHE
+        request["tools"] = converted
+    return request
+
+
+ANTHROPIC_STOPS = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls", "max_tokens": "length",
+                   "refusal": "content_filter", "pause_turn": "pause"}
+
+
+def from_anthropic(response: dict[str, Any]) -> Completion:
+    texts, calls = [], []
+    for block in response.get("content") or []:
+        if block.get("type") == "text" and block.get("text"):
+            texts.append(block["text"])
+        elif block.get("type") == "tool_use":
+            calls.append({"id": block["id"], "type": "function",
+                          "function": {"name": block["name"], "arguments": json.dumps(block.get("input") or {})}})
+    message: Message = {"role": "assistant", "content": "".join(texts) or None}
+    if calls:
+        message["tool_calls"] = calls
+    usage = response.get("usage") or {}
+    cached = usage.get("cache_read_input_tokens") or 0
+    written = usage.get("cache_creation_input_tokens") or 0
+    return Completion(
+        message=message, stop=ANTHROPIC_STOPS.get(response.get("stop_reason") or "end_turn", "stop"),
+        model=response.get("model", ""),
+        usage=Usage(input=(usage.get("input_tokens") or 0) + cached + written, output=usage.get("output_tokens") or 0,
+                    cached=cached, cache_write=written),
+    )
+
+
+# -- tool calls written as text by local models ------------------------------------------------------
+
+TOOL_CALL_TAG = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
+
+
+def _as_call(obj: Any, known: set[str]) -> dict[str, Any] | None:
+    if not isinstance(obj, dict):
+        return None
+    name = obj.get("name") or obj.get("tool") or (obj.get("function") or {}).get("name")
+    if name not in known:
+        return None
+    args = obj.get("arguments", obj.get("args", obj.get("parameters", (obj.get("function") or {}).get("arguments"))))
+    arguments = args if isinstance(args, str) else json.dumps(args if isinstance(args, dict) else {})
+    return {"id": _new_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def text_tool_calls(message: Message, known: set[str]) -> Message:
+    """A local model's tool call written as text — a `<tool_call>{...}</tool_call>` block, or a bare
+    JSON object naming a known tool with its arguments — turned into a structured one. A message
+    that already has tool calls, or whose text names no known tool, is returned unchanged."""
+    content = message.get("content")
+    if message.get("tool_calls") or not isinstance(content, str) or not content.strip():
+        return message
+    calls = []
+    for match in TOOL_CALL_TAG.finditer(content):
+        with contextlib.suppress(ValueError):
+            call = _as_call(json.loads(match.group(1)), known)
+            if call:
+                calls.append(call)
+    rest = TOOL_CALL_TAG.sub("", content).strip() if calls else content
+    if not calls:
+        stripped = content.strip()
+        fenced = re.fullmatch(r"```(?:json)?\s*(\{.*\})\s*```", stripped, re.DOTALL)
+        candidate = fenced.group(1) if fenced else stripped
+        if candidate.startswith("{") and candidate.endswith("}"):
+            with contextlib.suppress(ValueError):
+                call = _as_call(json.loads(candidate), known)
+                if call:
+                    calls, rest = [call], ""
+    if not calls:
+        return message
+    return {**message, "content": rest or None, "tool_calls": calls}
+
+
+def _new_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
