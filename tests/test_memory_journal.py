@@ -1,0 +1,111 @@
+"""MEMORY.md in Hermes Agent's format, written under a lock; JSONL journals that survive torn lines."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agents.journal import Journal
+from agents.memory import MemoryEntryError, MemoryFile, apply, parse, render
+
+HERMES_FILE = """User prefers concise answers.
+§
+The staging server is staging.example.internal; deploys need a ticket.
+§
+Project uses Python 3.11 and ruff.
+"""
+
+
+def test_a_hermes_memory_file_reads_as_it_is_and_round_trips():
+    entries = parse(HERMES_FILE)
+    assert entries == ["User prefers concise answers.",
+                       "The staging server is staging.example.internal; deploys need a ticket.",
+                       "Project uses Python 3.11 and ruff."]
+    assert parse(render(entries)) == entries
+    assert render(entries) == HERMES_FILE
+
+
+def test_add_replace_remove_by_unique_substring():
+    entries = parse(HERMES_FILE)
+    added = apply(entries, "add", content="Tests run with make test.")
+    assert added[-1] == "Tests run with make test."
+    assert apply(added, "add", content="Tests run with make test.") == added, "adding a known fact changes nothing"
+    replaced = apply(added, "replace", old_text="staging server", content="Staging moved to stg.example.internal.")
+    assert replaced[1] == "Staging moved to stg.example.internal."
+    assert apply(replaced, "remove", old_text="concise") == replaced[1:]
+
+
+@pytest.mark.parametrize(
+    ("action", "kwargs", "message"),
+    [
+        ("replace", {"old_text": "nowhere", "content": "x"}, "no memory entry contains 'nowhere'"),
+        ("remove", {"old_text": "e"}, "3 memory entries contain 'e'; give a longer piece"),
+        ("remove", {}, "old_text is required"),
+        ("add", {"content": "  "}, "content is required"),
+        ("add", {"content": "a\n§\nb"}, "must not contain a line holding only §"),
+        ("forget", {}, "unknown memory action 'forget'"),
+    ],
+)
+def test_memory_errors_say_what_to_do(action, kwargs, message):
+    with pytest.raises(MemoryEntryError) as info:
+        apply(parse(HERMES_FILE), action, **kwargs)
+    assert message in str(info.value)
+
+
+def test_a_full_memory_refuses_to_grow():
+    entries = ["x" * 90]
+    with pytest.raises(MemoryEntryError, match=r"memory is full \(90 of 100 characters\)"):
+        apply(entries, "add", content="y" * 20, limit=100)
+    assert apply(entries, "replace", old_text="x", content="short", limit=100) == ["short"]
+
+
+def test_the_file_is_changed_in_place_and_shown_in_the_prompt(tmp_path):
+    path = tmp_path / "memory" / "MEMORY.md"
+    path.parent.mkdir()
+    path.write_text(HERMES_FILE)
+    memory = MemoryFile(path)
+    assert "3 entries" not in memory.change("add", content="New fact.")
+    assert parse(path.read_text())[-1] == "New fact."
+    assert memory.prompt_block().startswith("## What you remember\n- User prefers concise answers.")
+    assert MemoryFile(tmp_path / "empty" / "MEMORY.md").prompt_block() == ""
+
+
+def test_writers_in_several_processes_lose_nothing(tmp_path):
+    path = tmp_path / "MEMORY.md"
+    code = ("import sys; from pathlib import Path; from agents.memory import MemoryFile; "
+            "m = MemoryFile(Path(sys.argv[1]), limit=10**6)\n"
+            "for i in range(25): m.change('add', content=f'fact {sys.argv[2]}-{i}')")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(path), str(n)], env=env) for n in range(4)]
+    for proc in procs:
+        assert proc.wait(timeout=60) == 0
+    assert sorted(parse(path.read_text())) == sorted(f"fact {n}-{i}" for n in range(4) for i in range(25))
+
+
+def test_a_journal_drops_a_torn_last_line_and_sets_it_aside_before_appending(tmp_path):
+    journal = Journal(tmp_path / "transcript.jsonl")
+    journal.append({"role": "user", "content": "hi"})
+    journal.close()
+    with open(journal.path, "ab") as handle:
+        handle.write(b'{"role": "assistant", "content": "half a li')  # a kill in the middle of a write
+    read = journal.read()
+    assert read.records == [{"role": "user", "content": "hi"}]
+    assert "cut short" in read.notes[0]
+    journal.append({"role": "assistant", "content": "whole"})
+    assert [r["content"] for r in journal.read().records] == ["hi", "whole"]
+    assert journal.read().notes == []
+    damaged = (tmp_path / "transcript.jsonl.damaged").read_text()
+    assert "half a li" in damaged and "set aside" in damaged
+
+
+def test_a_journal_skips_a_damaged_middle_line_with_a_note(tmp_path):
+    path = tmp_path / "tool_calls.jsonl"
+    path.write_bytes(b'{"a": 1}\n\x00\x00garbage\n{"a": 2}\n')
+    read = Journal(path).read()
+    assert read.records == [{"a": 1}, {"a": 2}]
+    assert read.notes == ["tool_calls.jsonl: line 2 is not JSON and is ignored"]
+    assert Journal(tmp_path / "missing.jsonl").read().records == []
