@@ -1,0 +1,60 @@
+"""The auto strategy and tier chains: keys first, then local servers, then offline."""
+
+from __future__ import annotations
+
+from agents.routing import chain_for, probe_models, resolve_auto, task_tier
+
+from .llm_server import ScriptedLLM
+
+NOTHING = lambda url: None  # noqa: E731 - a probe that finds no server
+
+
+def test_keys_come_first_in_order():
+    env = {"OPENAI_API_KEY": "o", "ANTHROPIC_API_KEY": "a"}
+    found = resolve_auto(env, NOTHING)
+    assert (found.kind, found.api_key_env) == ("anthropic", "ANTHROPIC_API_KEY")
+    found = resolve_auto({"OPENROUTER_API_KEY": "sk-or-SECRET-123"}, NOTHING)
+    assert found.kind == "openai" and found.base_url == "https://openrouter.ai/api/v1"
+    assert "SECRET" not in repr(found), "the config names the variable; the key itself stays in the environment"
+
+
+def test_then_local_servers_on_their_usual_ports_then_offline():
+    seen = []
+
+    def probe(url):
+        seen.append(url)
+        return ["qwen2.5:7b"] if ":1234/" in url else None
+
+    found = resolve_auto({}, probe)
+    assert seen == ["http://127.0.0.1:11434/v1", "http://127.0.0.1:1234/v1"]
+    assert (found.name, found.model, found.base_url) == ("auto:lm-studio", "qwen2.5:7b", "http://127.0.0.1:1234/v1")
+    assert resolve_auto({}, NOTHING) is None
+
+
+def test_the_probe_reads_a_real_server_and_finds_none_on_a_closed_port():
+    with ScriptedLLM() as llm:
+        assert probe_models(f"{llm.url}/v1") == ["scripted"]
+        found = resolve_auto({}, ports=((llm.port, "test"),))
+        assert found.base_url == f"{llm.url}/v1" and found.model == "scripted"
+    assert probe_models(f"{llm.url}/v1", timeout=0.2) is None
+
+
+CONFIG = {
+    "providers": {"cloud": {"kind": "anthropic", "model": "c", "api_key_env": "ANTHROPIC_API_KEY"},
+                  "local": {"kind": "openai", "base_url": "http://127.0.0.1:11434/v1", "model": "l"}},
+    "tiers": {"cheap": ["local", "cloud"], "standard": ["cloud", "auto"], "premium": ["cloud"]},
+}
+
+
+def test_tier_chains_skip_providers_without_their_key_and_resolve_auto():
+    no_keys = chain_for("cheap", CONFIG, lambda: None, {})
+    assert [p.name for p in no_keys] == ["local"]
+    with_key = chain_for("standard", CONFIG, lambda: None, {"ANTHROPIC_API_KEY": "k"})
+    assert [p.name for p in with_key] == ["cloud"]
+    assert chain_for("premium", CONFIG, lambda: None, {}) == [], "offline: nothing can serve premium"
+
+
+def test_task_tier_falls_back_to_the_agent_then_standard():
+    assert task_tier({"tier": "premium"}, "cheap") == "premium"
+    assert task_tier({"tier": "auto"}, "cheap") == "cheap"
+    assert task_tier({}, "auto") == "standard"
