@@ -20,6 +20,11 @@ class ToolError(Exception):
 class ToolContext:
     scratch: Path
     stop: threading.Event
+    memory: Any = None  # agents.memory.MemoryFile, when the agent has one
+
+
+class NeedsPerson(Exception):
+    """Raised by ask_human: the task is blocked until a person answers."""
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,14 @@ class Tool:
     capability: str
     idempotent: bool
     handler: Callable[[ToolContext, dict[str, Any]], Any]
+    description: str = ""
+    parameters: dict[str, Any] | None = None
+
+    def schema(self) -> dict[str, Any]:
+        """The tool as an OpenAI function definition."""
+        return {"type": "function", "function": {
+            "name": self.name, "description": self.description,
+            "parameters": self.parameters or {"type": "object", "properties": {}}}}
 
 
 REGISTRY: dict[str, Tool] = {}
@@ -79,9 +92,52 @@ def _read_file(ctx: ToolContext, args: dict[str, Any]) -> str:
         raise ToolError(f"no such file: {args.get('path')}") from None
 
 
-register(Tool("wait", "fs.read", True, _wait))
-register(Tool("write_file", "fs.write", True, _write_file))
-register(Tool("read_file", "fs.read", True, _read_file))
+def _memory(ctx: ToolContext, args: dict[str, Any]) -> str:
+    from .memory import MemoryEntryError
+
+    if ctx.memory is None:
+        raise ToolError("this agent has no memory file")
+    try:
+        return ctx.memory.change(str(args.get("action", "")), content=args.get("content"),
+                                 old_text=args.get("old_text"))
+    except MemoryEntryError as exc:
+        raise ToolError(str(exc)) from None
+
+
+def _ask_human(ctx: ToolContext, args: dict[str, Any]) -> str:
+    question = str(args.get("question") or "").strip()
+    if not question:
+        raise ToolError("question is required")
+    raise NeedsPerson(question)
+
+
+def _string(description: str) -> dict[str, str]:
+    return {"type": "string", "description": description}
+
+
+register(Tool("wait", "fs.read", True, _wait, "Wait a number of seconds.",
+              {"type": "object", "properties": {"seconds": {"type": "number"}}, "required": ["seconds"]}))
+register(Tool("write_file", "fs.write", True, _write_file, "Write a text file in your scratch folder.",
+              {"type": "object", "properties": {"path": _string("relative path"), "content": _string("the text")},
+               "required": ["path", "content"]}))
+register(Tool("read_file", "fs.read", True, _read_file, "Read a text file from your scratch folder.",
+              {"type": "object", "properties": {"path": _string("relative path")}, "required": ["path"]}))
+register(Tool("memory", "memory", False, _memory,
+              "Keep a fact across tasks: add one, or replace or remove the one containing old_text.",
+              {"type": "object", "properties": {
+                  "action": {"type": "string", "enum": ["add", "replace", "remove"]},
+                  "content": _string("the fact, for add and replace"),
+                  "old_text": _string("a piece of the entry to change, unique to it")}, "required": ["action"]}))
+register(Tool("ask_human", "kanban", False, _ask_human,
+              "Stop and ask a person: use only when you cannot go on without their answer.",
+              {"type": "object", "properties": {"question": _string("what you need to know")},
+               "required": ["question"]}))
+
+
+def schemas(capabilities: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The definitions of every tool the capabilities allow, in a stable order (provider caches
+    need byte-identical prompts)."""
+    return [REGISTRY[name].schema() for name in sorted(REGISTRY) if REGISTRY[name].capability in capabilities]
 
 
 def run_step(ctx: ToolContext, step: dict[str, Any], capabilities: tuple[str, ...]) -> Any:

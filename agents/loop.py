@@ -1,0 +1,204 @@
+"""The tool-calling loop for one task, durable across a SIGKILL at any point.
+
+Every message goes to the task's transcript (OpenAI format, one JSONL record per message) before
+anything acts on it, and every tool call is logged as started and then done, with its result. A
+restarted agent rebuilds the conversation from the transcript and goes on from the last completed
+step: a call whose result is logged is not executed again; one that was in flight is run again
+only if its tool is idempotent, and otherwise the model is told it was interrupted.
+
+The loop always ends the task one way or another: a final answer completes it, `ask_human` blocks
+it with the question, and everything else (the model stuck, the iteration limit, every provider
+failing) fails it with the reason. It never leaves the task to a "complete" tool the model might
+forget to call.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kanban.task import now_iso
+
+from .journal import Journal
+from .providers import Attempt, Provider, ProviderError, complete_with_fallback
+from .tools import REGISTRY, NeedsPerson, ToolContext, ToolError, run_step, schemas
+from .translate import Message, text_tool_calls
+
+MAX_ITERATIONS = 60
+STUCK_REPEATS = 3
+MAX_RESULT_CHARS = 20_000
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: str  # done, failed, blocked
+    text: str
+
+
+def system_prompt(identity: str, memory_block: str) -> str:
+    parts = [identity.strip() or "You are an agent on a team. Work the task you are given.",
+             "Use the tools when they help. When the task is done, answer with the result as your final "
+             "message, without calling a tool. If you cannot go on without a person, call ask_human."]
+    if memory_block:
+        parts.append(memory_block)
+    return "\n\n".join(parts)
+
+
+def task_prompt(task: dict[str, Any]) -> str:
+    body = (task.get("body") or "").strip()
+    return f"Task {task['id']}: {task['title']}" + (f"\n\n{body}" if body else "")
+
+
+def unanswered(messages: list[Message]) -> tuple[int, list[dict[str, Any]]]:
+    """The position of the last assistant message and its tool calls that have no result yet.
+
+    The position names the turn: call ids alone are not unique (some local servers number them
+    from call_0 on every turn), and the transcript is append-only, so a turn keeps its position
+    across restarts."""
+    for index in range(len(messages) - 1, -1, -1):
+        if messages[index]["role"] == "assistant":
+            answered = {m.get("tool_call_id") for m in messages[index + 1:] if m["role"] == "tool"}
+            return index, [c for c in messages[index].get("tool_calls") or [] if c["id"] not in answered]
+    return -1, []
+
+
+class TaskLoop:
+    def __init__(self, *, task: dict[str, Any], chain: list[Provider], workdir: Path, ctx: ToolContext,
+                 capabilities: tuple[str, ...], identity: str = "", max_iterations: int = MAX_ITERATIONS,
+                 complete: Callable[..., Any] = complete_with_fallback) -> None:
+        self.task = task
+        self.chain = chain
+        self.ctx = ctx
+        self.capabilities = capabilities
+        self.identity = identity
+        self.max_iterations = max_iterations
+        self.complete = complete
+        self.transcript = Journal(workdir / "transcripts" / f"{task['id']}.jsonl")
+        self.tool_log = Journal(workdir / "tool_calls.jsonl")
+        self.llm_log = Journal(workdir / "llm_calls.jsonl")
+        self.notes: list[str] = []
+
+    # -- state ------------------------------------------------------------------------------------
+
+    def _append(self, messages: list[Message], message: Message) -> None:
+        self.transcript.append(message)
+        messages.append(message)
+
+    def resume(self) -> list[Message]:
+        """The conversation so far, from the transcript; a new one if there is none."""
+        read = self.transcript.read()
+        self.notes += read.notes
+        messages = read.records
+        if not messages:
+            memory = self.ctx.memory.prompt_block() if self.ctx.memory is not None else ""
+            for message in ({"role": "system", "content": system_prompt(self.identity, memory)},
+                            {"role": "user", "content": task_prompt(self.task)}):
+                self._append(messages, message)
+        return messages
+
+    def _log_llm(self, attempt: Attempt) -> None:
+        usage = attempt.completion.usage if attempt.completion else None
+        self.llm_log.append({
+            "at": now_iso(), "task": self.task["id"], "provider": attempt.provider, "model": attempt.model,
+            "outcome": attempt.outcome, "latency_s": round(attempt.latency, 3), "error": attempt.error or None,
+            "tokens_in": usage.input if usage else 0, "tokens_out": usage.output if usage else 0,
+            "tokens_cached": usage.cached if usage else 0,
+        })
+
+    # -- tools ------------------------------------------------------------------------------------
+
+    def _logged_calls(self, turn: int) -> tuple[dict[str, dict[str, Any]], set[str]]:
+        done, started = {}, set()
+        for record in self.tool_log.read().records:
+            if record.get("task") != self.task["id"] or record.get("turn") != turn:
+                continue
+            if record.get("status") == "done":
+                done[record["call_id"]] = record
+            elif record.get("status") == "started":
+                started.add(record["call_id"])
+        return done, started
+
+    def run_calls(self, messages: list[Message], turn: int, calls: list[dict[str, Any]]) -> None:
+        done, started = self._logged_calls(turn)
+        for call in calls:
+            call_id, name = call["id"], call["function"]["name"]
+            tool = REGISTRY.get(name)
+            if call_id in done:  # ran before a restart: its result stands, it is not run again
+                record = done[call_id]
+                self._append(messages, {"role": "tool", "tool_call_id": call_id, "content": record["result"],
+                                        **({"is_error": True} if record.get("is_error") else {})})
+                continue
+            if call_id in started and not (tool and tool.idempotent):
+                self._append(messages, {"role": "tool", "tool_call_id": call_id, "is_error": True, "content": (
+                    f"interrupted: {name} was running when the agent stopped, and it is not safe to repeat; "
+                    "check its effect before calling it again")})
+                continue
+            try:
+                args = json.loads(call["function"].get("arguments") or "{}")
+                if not isinstance(args, dict):
+                    raise ValueError("arguments must be a JSON object")
+            except ValueError as exc:
+                self._append(messages, {"role": "tool", "tool_call_id": call_id, "is_error": True,
+                                        "content": f"invalid arguments for {name}: {exc}"})
+                continue
+            self.tool_log.append({"at": now_iso(), "task": self.task["id"], "turn": turn, "call_id": call_id,
+                                  "tool": name, "args": args, "status": "started"})
+            started_at = time.monotonic()
+            is_error = False
+            try:
+                result = run_step(self.ctx, {"tool": name, "args": args}, self.capabilities)
+                text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
+            except NeedsPerson:
+                raise
+            except ToolError as exc:
+                text, is_error = f"error: {exc}", True
+            except Exception as exc:  # a tool that raises is an error result, never the agent's end
+                text, is_error = f"error: {name} raised {type(exc).__name__}: {exc}", True
+            text = text[:MAX_RESULT_CHARS]
+            self.tool_log.append({"at": now_iso(), "task": self.task["id"], "turn": turn, "call_id": call_id,
+                                  "tool": name, "status": "done", "result": text, "is_error": is_error,
+                                  "duration_s": round(time.monotonic() - started_at, 3)})
+            self._append(messages, {"role": "tool", "tool_call_id": call_id, "content": text,
+                                    **({"is_error": True} if is_error else {})})
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        messages = self.resume()
+        tools = schemas(self.capabilities)
+        known = {t["function"]["name"] for t in tools}
+        recent: list[str] = []
+        try:
+            for _iteration in range(self.max_iterations):
+                turn, pending = unanswered(messages)
+                if pending:
+                    self.run_calls(messages, turn, pending)
+                    signature = json.dumps([[c["function"]["name"], c["function"]["arguments"]] for c in pending]
+                                           + [m.get("content") for m in messages[-len(pending):]])
+                    recent = [*recent[-(STUCK_REPEATS - 1):], signature]
+                    if len(recent) == STUCK_REPEATS and len(set(recent)) == 1:
+                        return Outcome("failed", f"stuck: the same tool call returned the same result "
+                                                 f"{STUCK_REPEATS} times in a row")
+                if self.ctx.stop.is_set():
+                    raise InterruptedError
+                completion = self.complete(self.chain, messages, tools or None, log=self._log_llm)
+                message = text_tool_calls(completion.message, known)
+                self._append(messages, message)
+                if message.get("tool_calls"):
+                    continue
+                answer = (message.get("content") or "").strip()
+                if not answer:
+                    return Outcome("failed", f"the model ended its turn without an answer (stop: {completion.stop})")
+                return Outcome("done", answer)
+        except NeedsPerson as question:
+            return Outcome("blocked", str(question))
+        except ProviderError as exc:
+            return Outcome("failed", str(exc))
+        finally:
+            for journal in (self.transcript, self.tool_log, self.llm_log):
+                journal.close()
+        return Outcome("failed", f"no final answer after {self.max_iterations} model turns")

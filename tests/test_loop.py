@@ -1,0 +1,129 @@
+"""The tool-calling loop against the scripted server (real openai SDK): multi-step tool use, resume
+without running a completed call twice, interrupted calls, blocking, stuck detection, text tool calls."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from agents.loop import TaskLoop
+from agents.memory import MemoryFile
+from agents.providers import OpenAIProvider, ProviderConfig
+from agents.tools import REGISTRY, Tool, ToolContext, register
+
+from .llm_server import ScriptedLLM, error_reply, openai_reply
+
+CAPS = ("fs.read", "fs.write", "memory", "kanban", "test")
+TASK = {"id": "t-1", "title": "Count and report", "body": "Use the tools."}
+
+
+@pytest.fixture
+def counter(tmp_path):
+    """Two tools with a side effect the test can count: one safe to repeat, one not."""
+    effects = tmp_path / "effects.txt"
+
+    def bump(ctx, args):
+        with open(effects, "a") as handle:
+            handle.write(f"{args.get('n')}\n")
+        return f"bumped {args.get('n')}"
+
+    register(Tool("bump", "test", False, bump, "Bump once.", {"type": "object", "properties": {"n": {}}}))
+    register(Tool("bump_safe", "test", True, bump, "Bump, safe to repeat.", {"type": "object", "properties": {}}))
+    yield lambda: effects.read_text().split() if effects.exists() else []
+    REGISTRY.pop("bump")
+    REGISTRY.pop("bump_safe")
+
+
+@pytest.fixture
+def llm():
+    with ScriptedLLM() as server:
+        yield server
+
+
+def make_loop(llm, tmp_path, **kwargs) -> TaskLoop:
+    scratch = tmp_path / "agent" / "scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    ctx = ToolContext(scratch=scratch, stop=threading.Event(), memory=MemoryFile(tmp_path / "agent" / "MEMORY.md"))
+    provider = OpenAIProvider(ProviderConfig(name="scripted", kind="openai", model="m", base_url=f"{llm.url}/v1"))
+    return TaskLoop(task=TASK, chain=[provider], workdir=tmp_path / "agent", ctx=ctx, capabilities=CAPS, **kwargs)
+
+
+def test_multi_step_tool_use_to_a_final_answer(llm, tmp_path, counter):
+    # The scripted server numbers call ids from call_0 on every turn, as some local servers do:
+    # a completed call of one turn must not answer a new call of the next.
+    llm.script("openai",
+               openai_reply(tool_calls=[("write_file", {"path": "n.txt", "content": "7"})]),
+               openai_reply(tool_calls=[("read_file", {"path": "n.txt"}), ("bump", {"n": 1})]),
+               openai_reply("The file says 7."))
+    outcome = make_loop(llm, tmp_path).run()
+    assert (outcome.kind, outcome.text) == ("done", "The file says 7.")
+    assert counter() == ["1"]
+    transcript = [json.loads(line) for line in (tmp_path / "agent/transcripts/t-1.jsonl").read_text().splitlines()]
+    assert [m["role"] for m in transcript] == ["system", "user", "assistant", "tool", "assistant", "tool", "tool",
+                                               "assistant"]
+    assert transcript[5]["content"] == "7"
+    last_request = llm.requests[-1]["body"]
+    assert last_request["messages"][-1] == {"role": "tool", "tool_call_id": "call_1", "content": "bumped 1"}
+    assert [t["function"]["name"] for t in last_request["tools"]] == sorted(
+        ["ask_human", "bump", "bump_safe", "memory", "read_file", "wait", "write_file"])
+    assert llm.requests[0]["body"]["tools"] == last_request["tools"], "tool schemas are byte-stable across turns"
+    calls = [json.loads(line) for line in (tmp_path / "agent/llm_calls.jsonl").read_text().splitlines()]
+    assert [c["outcome"] for c in calls] == ["ok", "ok", "ok"] and calls[0]["tokens_in"] == 100
+
+
+def test_a_resumed_task_does_not_run_a_completed_call_again(llm, tmp_path, counter):
+    llm.script("openai", openai_reply(tool_calls=[("bump", {"n": 1})]), error_reply(500), error_reply(500),
+               error_reply(500))
+    first = make_loop(llm, tmp_path).run()  # the call ran; then every provider failed: like a crash
+    assert first.kind == "failed" and counter() == ["1"]
+    llm.script("openai", openai_reply("done after the restart"))
+    second = make_loop(llm, tmp_path).run()
+    assert (second.kind, second.text) == ("done", "done after the restart")
+    assert counter() == ["1"], "the completed call was not executed twice"
+    assert llm.requests[-1]["body"]["messages"][-1]["content"] == "bumped 1"
+
+
+def test_an_interrupted_call_is_rerun_only_if_idempotent(llm, tmp_path, counter):
+    loop = make_loop(llm, tmp_path)
+    messages = loop.resume()
+    loop._append(messages, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "bump", "arguments": '{"n": 1}'}},
+        {"id": "c2", "type": "function", "function": {"name": "bump_safe", "arguments": '{"n": 2}'}}]})
+    for call_id, tool in (("c1", "bump"), ("c2", "bump_safe")):  # both were in flight at the kill
+        loop.tool_log.append({"task": "t-1", "turn": 2, "call_id": call_id, "tool": tool, "status": "started"})
+    llm.script("openai", openai_reply("checked"))
+    assert make_loop(llm, tmp_path).run().kind == "done"
+    assert counter() == ["2"], "only the idempotent call ran again"
+    sent = llm.requests[-1]["body"]["messages"]
+    assert sent[-2]["content"].startswith("interrupted: bump was running")
+    assert sent[-1]["content"] == "bumped 2"
+
+
+def test_ask_human_blocks_and_tool_errors_go_back_to_the_model(llm, tmp_path):
+    llm.script("openai", openai_reply(tool_calls=[("read_file", {"path": "missing.txt"})]),
+               openai_reply(tool_calls=[("ask_human", {"question": "Which file did you mean?"})]))
+    outcome = make_loop(llm, tmp_path).run()
+    assert (outcome.kind, outcome.text) == ("blocked", "Which file did you mean?")
+    assert llm.requests[1]["body"]["messages"][-1]["content"] == "error: no such file: missing.txt"
+
+
+def test_the_same_call_with_the_same_result_is_stuck(llm, tmp_path):
+    llm.script("openai", *[openai_reply(tool_calls=[("read_file", {"path": "x"})]) for _ in range(5)])
+    outcome = make_loop(llm, tmp_path).run()
+    assert outcome.kind == "failed" and outcome.text.startswith("stuck")
+
+
+def test_a_tool_call_written_as_text_is_run(llm, tmp_path):
+    llm.script("openai", openai_reply('<tool_call>{"name": "memory", "arguments": {"action": "add", '
+                                      '"content": "The user likes tea."}}</tool_call>'),
+               openai_reply("Noted."))
+    assert make_loop(llm, tmp_path).run().kind == "done"
+    assert "The user likes tea." in (tmp_path / "agent" / "MEMORY.md").read_text()
+
+
+def test_the_iteration_limit_fails_the_task(llm, tmp_path):
+    llm.script("openai", *[openai_reply(tool_calls=[("wait", {"seconds": i / 1000})]) for i in range(3)])
+    outcome = make_loop(llm, tmp_path, max_iterations=2).run()
+    assert (outcome.kind, outcome.text) == ("failed", "no final answer after 2 model turns")
