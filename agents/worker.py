@@ -1,8 +1,9 @@
 """The agent process: heartbeat, claim a task, work it, close it; stop cleanly on SIGTERM; leave by
 itself when no supervisor has heard from it for `orphan_grace` seconds.
 
-For now a task is worked by running its `steps` (tool calls, no LLM); tasks without steps wait in
-todo for an LLM provider, which the runtime issue adds here.
+A task with `steps` is worked by running them (tool calls, no LLM); any other task by the LLM
+loop (agents/loop.py) over the provider chain of its tier. With no provider at all the agent takes
+only tasks with steps and leaves the rest in todo, looking again every minute.
 """
 
 from __future__ import annotations
@@ -21,7 +22,11 @@ from kanban import Board, ClaimLost
 from kanban.fsio import write_json_atomic
 from kanban.task import now_iso
 
+from .loop import TaskLoop
+from .memory import MemoryFile
 from .notify import NOTIFY_ENV, Notifier
+from .providers import Provider, ProviderConfig, make_provider
+from .routing import chain_for, resolve_auto, task_tier
 from .tools import ToolContext, ToolError, run_step
 
 AGENT_ENV = "HERMES_SUP_AGENT"
@@ -44,6 +49,11 @@ class Agent:
         self.board = Board(workspace / "kanban")
         self.notifier = Notifier(os.environ.get(NOTIFY_ENV), self.name)
         self.stop = threading.Event()
+        self.tier = str(config.get("tier") or "auto")
+        self.llm = config.get("llm") or {}
+        self.memory = MemoryFile(workdir / "memory" / "MEMORY.md")
+        self._providers: dict[str, Provider] = {}
+        self._auto: tuple[float, ProviderConfig | None] | None = None
         self.why_stopping = ""
         self.current: dict[str, Any] | None = None
         self._lock = threading.Lock()
@@ -110,18 +120,66 @@ class Agent:
             task = self.current
         write_json_atomic(self.workdir / "state.json", {
             "name": self.name, "pid": os.getpid(), "status": status, "task": task["id"] if task else None,
-            "heartbeat": now_iso(), "provider": "offline",
+            "heartbeat": now_iso(),
         }, fsync=False)
 
     def _heartbeat_loop(self) -> None:
         while not self.stop.wait(self.interval):
             self.beat()
 
+    # -- providers --------------------------------------------------------------------------------
+
+    def _resolve_auto(self) -> ProviderConfig | None:
+        # Probing local ports costs up to a second; remember the answer for a while (a server
+        # started later is found within a minute, without restarting the team).
+        now = time.monotonic()
+        if self._auto is None or now - self._auto[0] > 60:
+            self._auto = (now, resolve_auto(os.environ))
+        return self._auto[1]
+
+    def chain(self, tier: str) -> list[Provider]:
+        configs = chain_for(tier, self.llm, self._resolve_auto, os.environ)
+        chain = []
+        for config in configs:
+            if config.name not in self._providers:
+                self._providers[config.name] = make_provider(config)
+            chain.append(self._providers[config.name])
+        return chain
+
+    def has_llm(self) -> bool:
+        return bool(self.chain(task_tier({}, self.tier)))
+
     # -- work -----------------------------------------------------------------------------------
 
-    def work(self, doc: dict[str, Any]) -> None:
+    def think(self, doc: dict[str, Any]) -> None:
+        """Work a task with the LLM loop and close it by its outcome."""
         task_id, token = doc["id"], doc["claim"]["token"]
-        ctx = ToolContext(scratch=self.scratch, stop=self.stop)
+        ctx = ToolContext(scratch=self.scratch, stop=self.stop, memory=self.memory)
+        loop = TaskLoop(task=doc, chain=self.chain(task_tier(doc, self.tier)), workdir=self.workdir, ctx=ctx,
+                        capabilities=self.capabilities, identity=str(self.config.get("identity") or ""))
+        try:
+            outcome = loop.run()
+        except InterruptedError:
+            self.board.release(task_id, token, f"released: {self.name} is stopping ({self.why_stopping})")
+            return
+        for note in loop.notes:
+            print(f"{self.name}: {note}", flush=True)
+        try:
+            if outcome.kind == "done":
+                self.board.complete(task_id, token, {"answer": outcome.text})
+            elif outcome.kind == "blocked":
+                self.board.block(task_id, token, outcome.text)
+            else:
+                self.board.fail(task_id, token, outcome.text)
+        except ClaimLost as exc:
+            print(f"{self.name}: lost task {task_id}: {exc}", file=sys.stderr, flush=True)
+
+    def work(self, doc: dict[str, Any]) -> None:
+        if not doc.get("steps"):
+            self.think(doc)
+            return
+        task_id, token = doc["id"], doc["claim"]["token"]
+        ctx = ToolContext(scratch=self.scratch, stop=self.stop, memory=self.memory)
         results = []
         try:
             for index, step in enumerate(doc.get("steps") or []):
@@ -165,7 +223,9 @@ class Agent:
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
         print(f"{self.name}: ready (pid {os.getpid()}, roles {', '.join(self.roles) or '-'})", flush=True)
         while not self.stop.is_set():
-            doc = self.board.wait_for_work(self.name, roles=self.roles, stop=self.stop, steps_only=True)
+            # Without an LLM provider only tasks with steps can be done; the others wait in todo.
+            doc = self.board.wait_for_work(self.name, roles=self.roles, stop=self.stop,
+                                           steps_only=not self.has_llm(), timeout=60)
             if doc is None:
                 continue
             with self._lock:

@@ -45,6 +45,8 @@ class ChildSpec:
     max_rss_mb: float | None = 1024.0
     log_max_mb: float = 10.0
     log_keep: int = 3
+    identity: str = ""
+    llm: str = "{}"  # the providers and tiers of hermes.yaml, as JSON (what the agent calls)
     digest: str = ""
 
     def agent_config(self) -> dict[str, Any]:
@@ -53,7 +55,8 @@ class ChildSpec:
             "name": self.name, "roles": list(self.roles), "tier": self.tier,
             "capabilities": list(self.capabilities), "skills": list(self.skills),
             "heartbeat_timeout": self.heartbeat_timeout, "orphan_grace": self.orphan_grace,
-            "log_max_mb": self.log_max_mb, "log_keep": self.log_keep,
+            "log_max_mb": self.log_max_mb, "log_keep": self.log_keep, "identity": self.identity,
+            "llm": json.loads(self.llm),
         }
 
 
@@ -106,6 +109,9 @@ def build_specs(config: dict[str, Any], root: Path, *, python: str = sys.executa
                 max_rss_mb=None if rss is None else float(rss),
                 log_max_mb=float(_merged(defaults, entry, "log_max_mb")),
                 log_keep=int(_merged(defaults, entry, "log_keep")),
+                identity=str(entry.get("identity") or ""),
+                llm=json.dumps({"providers": config.get("providers") or {}, "tiers": config.get("tiers") or {}},
+                               sort_keys=True),
             )
             specs.append(_with_digest(spec))
     return specs

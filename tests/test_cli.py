@@ -172,13 +172,17 @@ def test_the_installed_console_script_runs(ws):
 def test_up_runs_the_team_which_does_a_dropped_task_and_stops_on_sigterm(ws):
     exe = Path(sys.executable).with_name("hermes-sup")
     command = [str(exe)] if exe.exists() else [sys.executable, "-m", "supervisor"]
-    proc = subprocess.Popen([*command, "-w", str(ws), "up"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    keyless = {k: v for k, v in os.environ.items()
+               if k not in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "OPENROUTER_API_KEY")}
+    proc = subprocess.Popen([*command, "-w", str(ws), "up"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=keyless)
     try:
         state = ws / "runs" / "supervisor.json"
         wait_until(lambda: state.exists() and all(
             a["state"] == "running" for a in json.loads(state.read_text())["agents"].values()), timeout=30)
         agents = json.loads(state.read_text())["agents"]
         assert sorted(agents) == ["worker-1", "worker-2"]
+        (ws / "kanban" / "inbox" / "think.txt").write_text("A task that needs an LLM\n")
         step = {"tool": "write_file", "args": {"path": "note.txt", "content": "hi"}}
         drop = {"title": "write a note", "steps": [step]}
         (ws / "kanban" / "inbox" / "note.json").write_text(json.dumps(drop))
@@ -186,6 +190,9 @@ def test_up_runs_the_team_which_does_a_dropped_task_and_stops_on_sigterm(ws):
         doc = json.loads((ws / "kanban" / "done" / done[0]).read_text())
         who = doc["history"][-1]["by"]
         assert (ws / "runs" / who / "scratch" / "note.txt").read_text() == "hi"
+        # No API key and no local server here: the task that needs an LLM waits in todo.
+        waiting = [json.loads(p.read_text()) for p in (ws / "kanban" / "todo").glob("*.json")]
+        assert [d["title"] for d in waiting] == ["A task that needs an LLM"] and waiting[0]["attempts"] == 0
         proc.terminate()
         assert proc.wait(timeout=30) == 0
         for info in agents.values():

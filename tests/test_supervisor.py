@@ -246,3 +246,35 @@ def test_an_agent_over_its_memory_limit_is_restarted(tmp_path, up):
     up(ws)
     wait_until(lambda: agent(ws, "hog").get("restarts", 0) >= 1, timeout=30)
     assert "(memory)" in agent(ws, "hog")["last_exit"]
+
+
+def test_an_agent_killed_in_the_middle_of_an_llm_call_resumes_without_repeating_a_tool(tmp_path, up):
+    from .llm_server import ScriptedLLM, openai_reply
+
+    with ScriptedLLM() as llm:
+        ws = tmp_path / "ws"
+        subprocess.run([sys.executable, "-m", "supervisor", "init", str(ws)], check=True, capture_output=True,
+                       cwd=ROOT)
+        (ws / "hermes.yaml").write_text(
+            f"providers:\n  scripted: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
+            "tiers: {cheap: [scripted], standard: [scripted], premium: [scripted]}\n"
+            "agents:\n  - name: thinker\n")
+        llm.script("openai",
+                   openai_reply(tool_calls=[("write_file", {"path": "draft.txt", "content": "first draft"})]),
+                   {"delay": 60, **openai_reply("never delivered")},  # the agent is killed while waiting
+                   openai_reply("The draft is written."))
+        board = Board(ws / "kanban")
+        task = board.add({"title": "write a draft"})
+        up(ws)
+        wait_until(lambda: len(llm.requests) >= 2, timeout=30)  # the second model call is in flight
+        first = agent(ws, "thinker")["pid"]
+        os.kill(first, signal.SIGKILL)
+        done = wait_until(lambda: (d := board.get(task["id"]))["status"] == "done" and d, timeout=60)
+        assert done["result"] == {"answer": "The draft is written."}
+        assert agent(ws, "thinker")["restarts"] == 1
+        calls = [json.loads(line) for line in (ws / "runs/thinker/tool_calls.jsonl").read_text().splitlines()]
+        assert [(c["tool"], c["status"]) for c in calls] == [("write_file", "started"), ("write_file", "done")], \
+            "the completed call was not executed again after the restart"
+        resumed = llm.requests[2]["body"]["messages"]
+        assert resumed[-1]["role"] == "tool" and resumed[-1]["content"].startswith("wrote 11 characters")
+        assert (ws / "runs/thinker/scratch/draft.txt").read_text() == "first draft"
