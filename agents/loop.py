@@ -26,7 +26,7 @@ from kanban.task import now_iso
 from .journal import Journal
 from .providers import Attempt, Provider, ProviderError, complete_with_fallback
 from .tools import REGISTRY, NeedsPerson, ToolContext, ToolError, run_step, schemas
-from .translate import Message, text_tool_calls
+from .translate import Message, Usage, text_tool_calls
 
 MAX_ITERATIONS = 60
 STUCK_REPEATS = 3
@@ -37,6 +37,18 @@ MAX_RESULT_CHARS = 20_000
 class Outcome:
     kind: str  # done, failed, blocked
     text: str
+
+
+def price(prices: dict[str, Any], model: str, usage: Usage) -> float | None:
+    """Dollars for one call from the price table (per million tokens: input, output, cached), or
+    None for a model the table does not know: unpriced, never counted as free."""
+    entry = prices.get(model)
+    if not isinstance(entry, dict):
+        return None
+    fresh = max(0, usage.input - usage.cached)
+    cached_rate = entry.get("cached", entry.get("input", 0))
+    return round((fresh * entry.get("input", 0) + usage.cached * cached_rate + usage.output * entry.get("output", 0))
+                 / 1e6, 8)
 
 
 def system_prompt(identity: str, memory_block: str) -> str:
@@ -69,8 +81,10 @@ def unanswered(messages: list[Message]) -> tuple[int, list[dict[str, Any]]]:
 class TaskLoop:
     def __init__(self, *, task: dict[str, Any], chain: list[Provider], workdir: Path, ctx: ToolContext,
                  capabilities: tuple[str, ...], identity: str = "", max_iterations: int = MAX_ITERATIONS,
-                 complete: Callable[..., Any] = complete_with_fallback) -> None:
+                 complete: Callable[..., Any] = complete_with_fallback,
+                 prices: dict[str, Any] | None = None) -> None:
         self.task = task
+        self.prices = prices or {}
         self.chain = chain
         self.ctx = ctx
         self.capabilities = capabilities
@@ -102,11 +116,13 @@ class TaskLoop:
 
     def _log_llm(self, attempt: Attempt) -> None:
         usage = attempt.completion.usage if attempt.completion else None
+        model = (attempt.completion.model if attempt.completion and attempt.completion.model else attempt.model)
+        cost = price(self.prices, model, usage) if usage else 0.0
         self.llm_log.append({
-            "at": now_iso(), "task": self.task["id"], "provider": attempt.provider, "model": attempt.model,
+            "at": now_iso(), "task": self.task["id"], "provider": attempt.provider, "model": model,
             "outcome": attempt.outcome, "latency_s": round(attempt.latency, 3), "error": attempt.error or None,
             "tokens_in": usage.input if usage else 0, "tokens_out": usage.output if usage else 0,
-            "tokens_cached": usage.cached if usage else 0,
+            "tokens_cached": usage.cached if usage else 0, "cost_usd": cost,
         })
 
     # -- tools ------------------------------------------------------------------------------------

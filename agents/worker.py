@@ -156,7 +156,8 @@ class Agent:
         task_id, token = doc["id"], doc["claim"]["token"]
         ctx = ToolContext(scratch=self.scratch, stop=self.stop, memory=self.memory)
         loop = TaskLoop(task=doc, chain=self.chain(task_tier(doc, self.tier)), workdir=self.workdir, ctx=ctx,
-                        capabilities=self.capabilities, identity=str(self.config.get("identity") or ""))
+                        capabilities=self.capabilities, identity=str(self.config.get("identity") or ""),
+                        prices=self.llm.get("prices") or {})
         try:
             outcome = loop.run()
         except InterruptedError:

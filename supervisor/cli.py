@@ -33,6 +33,7 @@ from . import render
 from .doctor import run_checks
 from .runner import Supervisor, request, tree_rss_mb
 from .spec import build_specs
+from .usage import read_logs, summarize
 from .workspace import ConfigError, Workspace, find_workspace, load_config, scaffold
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -551,6 +552,33 @@ def down(ctx: click.Context, timeout: float | None, as_json: bool) -> None:
         emit_json({"ok": True, "message": "stopped"})
     else:
         out.print("hermes-sup stopped")
+
+
+@main.command()
+@json_option
+@click.pass_context
+@handled
+def usage(ctx: click.Context, as_json: bool) -> None:
+    """Tokens and cost per agent, per task and per provider, from the LLM-call logs."""
+    ws = workspace_of(ctx)
+    records, notes = read_logs(ws.runs_path)
+    summary = summarize(records)
+    if as_json:
+        emit_json({**summary, "notes": notes})
+        return
+    for note in notes:
+        err.print(f"[yellow]note:[/yellow] {note}")
+    total = summary["total"]
+    if not total["calls"]:
+        out.print("no LLM calls yet")
+        return
+    out.print(render.usage_table("agent", summary["agents"]))
+    out.print(render.usage_table("provider (model)", summary["providers"]))
+    out.print(render.usage_table("task", summary["tasks"]))
+    unpriced = f" ({total['unpriced_calls']} calls unpriced: add their models to `prices`)" \
+        if total["unpriced_calls"] else ""
+    out.print(f"total: {total['calls']} calls, {total['tokens_in']:,} tokens in ({total['tokens_cached']:,} cached), "
+              f"{total['tokens_out']:,} out, ${total['cost_usd']:.4f}{unpriced}")
 
 
 @main.command()

@@ -163,3 +163,14 @@ def live_view(snapshot: dict[str, Any], counts: dict[str, int], rss: Callable[[i
     title = Text(f"hermes-sup (pid {snapshot.get('pid')}) in {snapshot.get('workspace')}  Ctrl-C stops",
                  style="bold")
     return Group(title, status_table(now_rows), board)
+
+
+def usage_table(label: str, rows: dict[str, dict[str, Any]]) -> Table:
+    table = Table(show_edge=False, header_style="bold")
+    for column in (label, "calls", "failed", "tokens in", "cached", "tokens out", "cost"):
+        table.add_column(column, justify="left" if column == label else "right")
+    for key, row in sorted(rows.items(), key=lambda item: -item[1]["cost_usd"]):
+        cost = f"${row['cost_usd']:.4f}" + (f" (+{row['unpriced_calls']} unpriced)" if row["unpriced_calls"] else "")
+        table.add_row(key, str(row["calls"]), str(row["failed_calls"]), f"{row['tokens_in']:,}",
+                      f"{row['tokens_cached']:,}", f"{row['tokens_out']:,}", cost)
+    return table

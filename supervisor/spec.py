@@ -110,8 +110,8 @@ def build_specs(config: dict[str, Any], root: Path, *, python: str = sys.executa
                 log_max_mb=float(_merged(defaults, entry, "log_max_mb")),
                 log_keep=int(_merged(defaults, entry, "log_keep")),
                 identity=str(entry.get("identity") or ""),
-                llm=json.dumps({"providers": config.get("providers") or {}, "tiers": config.get("tiers") or {}},
-                               sort_keys=True),
+                llm=json.dumps({"providers": config.get("providers") or {}, "tiers": config.get("tiers") or {},
+                                "prices": config.get("prices") or {}}, sort_keys=True),
             )
             specs.append(_with_digest(spec))
     return specs

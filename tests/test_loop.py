@@ -127,3 +127,12 @@ def test_the_iteration_limit_fails_the_task(llm, tmp_path):
     llm.script("openai", *[openai_reply(tool_calls=[("wait", {"seconds": i / 1000})]) for i in range(3)])
     outcome = make_loop(llm, tmp_path, max_iterations=2).run()
     assert (outcome.kind, outcome.text) == ("failed", "no final answer after 2 model turns")
+
+
+def test_the_fixed_prompt_overhead_stays_small():
+    from agents.loop import system_prompt
+    from agents.tools import schemas
+
+    text = system_prompt("", "") + json.dumps(schemas(("fs.read", "fs.write", "memory", "kanban")))
+    # 3 characters per token is a pessimistic estimate for English and JSON; the target is 3,000.
+    assert len(text) / 3 < 3000, f"about {len(text) / 3:.0f} tokens of system prompt and tool schemas"

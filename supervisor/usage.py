@@ -1,0 +1,49 @@
+"""`hermes-sup usage`: tokens and cost per agent, per task and per provider, summed from every
+agent's LLM-call log (runs/<agent>/llm_calls.jsonl). Calls of a model missing from the price table
+are counted as unpriced, never as free."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from agents.journal import Journal
+
+
+def _blank() -> dict[str, Any]:
+    return {"calls": 0, "failed_calls": 0, "tokens_in": 0, "tokens_out": 0, "tokens_cached": 0, "cost_usd": 0.0,
+            "unpriced_calls": 0}
+
+
+def _add(total: dict[str, Any], record: dict[str, Any]) -> None:
+    total["calls"] += 1
+    if record.get("outcome") != "ok":
+        total["failed_calls"] += 1
+        return
+    for key in ("tokens_in", "tokens_out", "tokens_cached"):
+        total[key] += int(record.get(key) or 0)
+    if record.get("cost_usd") is None:
+        total["unpriced_calls"] += 1
+    else:
+        total["cost_usd"] = round(total["cost_usd"] + float(record["cost_usd"]), 8)
+
+
+def summarize(records: Iterable[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """records: (agent, llm-call record) pairs. Pure."""
+    result: dict[str, Any] = {"total": _blank(), "agents": {}, "tasks": {}, "providers": {}}
+    for agent, record in records:
+        for bucket, key in (("agents", agent), ("tasks", record.get("task") or "-"),
+                            ("providers", f"{record.get('provider')} ({record.get('model')})")):
+            _add(result[bucket].setdefault(key, _blank()), record)
+        _add(result["total"], record)
+    return result
+
+
+def read_logs(runs: Path) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+    records, notes = [], []
+    for path in sorted(runs.glob("*/llm_calls.jsonl")):
+        read = Journal(path).read()
+        notes += [f"{path.parent.name}: {note}" for note in read.notes]
+        records += [(path.parent.name, record) for record in read.records]
+    return records, notes

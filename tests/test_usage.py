@@ -1,0 +1,55 @@
+"""Cost from the price table, and `hermes-sup usage` over the agents' LLM-call logs."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from agents.loop import price
+from agents.translate import Usage
+from supervisor.cli import main
+from supervisor.usage import summarize
+
+PRICES = {"claude-x": {"input": 3.0, "output": 15.0, "cached": 0.3}, "cheap": {"input": 0.1, "output": 0.4}}
+
+
+def test_price_per_million_tokens_with_cached_input():
+    assert price(PRICES, "claude-x", Usage(input=1_000_000, output=100_000, cached=800_000)) == 0.6 + 0.24 + 1.5
+    assert price(PRICES, "cheap", Usage(input=2_000_000, output=0, cached=1_000_000)) == 0.2
+    assert price(PRICES, "mystery-model", Usage(input=10, output=10)) is None, "unpriced, not free"
+
+
+def test_summarize_per_agent_task_and_provider():
+    records = [
+        ("w1", {"task": "a", "provider": "cloud", "model": "claude-x", "outcome": "ok", "tokens_in": 100,
+                "tokens_out": 10, "tokens_cached": 50, "cost_usd": 0.002}),
+        ("w1", {"task": "a", "provider": "cloud", "model": "claude-x", "outcome": "rate_limit", "tokens_in": 0,
+                "tokens_out": 0, "cost_usd": 0.0}),
+        ("w2", {"task": "b", "provider": "local", "model": "llama", "outcome": "ok", "tokens_in": 300,
+                "tokens_out": 30, "cost_usd": None}),
+    ]
+    summary = summarize(records)
+    assert summary["total"] == {"calls": 3, "failed_calls": 1, "tokens_in": 400, "tokens_out": 40,
+                                "tokens_cached": 50, "cost_usd": 0.002, "unpriced_calls": 1}
+    assert summary["agents"]["w1"]["calls"] == 2 and summary["tasks"]["b"]["unpriced_calls"] == 1
+    assert set(summary["providers"]) == {"cloud (claude-x)", "local (llama)"}
+
+
+def test_usage_command_reads_every_agents_log(tmp_path):
+    ws = tmp_path / "ws"
+    assert CliRunner().invoke(main, ["init", str(ws)]).exit_code == 0
+    (ws / "runs" / "w1").mkdir()
+    (ws / "runs" / "w1" / "llm_calls.jsonl").write_text(json.dumps(
+        {"task": "a", "provider": "cloud", "model": "claude-x", "outcome": "ok", "tokens_in": 1000, "tokens_out": 100,
+         "tokens_cached": 0, "cost_usd": 0.0045}) + "\n" + '{"task": "a", "torn')
+    result = CliRunner().invoke(main, ["-w", str(ws), "usage", "--json"])
+    assert result.exit_code == 0
+    document = json.loads(result.stdout)
+    assert document["total"]["cost_usd"] == 0.0045 and document["total"]["calls"] == 1
+    assert "cut short" in document["notes"][0]
+    text = CliRunner().invoke(main, ["-w", str(ws), "usage"]).output
+    assert "total: 1 calls" in text and "$0.0045" in text
+    empty = tmp_path / "empty"
+    CliRunner().invoke(main, ["init", str(empty)])
+    assert "no LLM calls yet" in CliRunner().invoke(main, ["-w", str(empty), "usage"]).output
