@@ -8,6 +8,7 @@ import os
 import shutil
 from typing import Any
 
+from agents.routing import provider_configs, resolve_auto
 from kanban import Board, BoardError
 from kanban.board import ALLOW_NETWORK_FS_ENV
 from kanban.events import read_all
@@ -25,6 +26,7 @@ def _check(name: str, level: str, detail: str) -> Check:
 
 def run_checks(ws: Workspace) -> list[Check]:
     checks: list[Check] = []
+    config: dict[str, Any] = {}
     try:
         config = load_config(ws.config_path)
         agents = config.get("agents") or []
@@ -38,6 +40,20 @@ def run_checks(ws: Workspace) -> list[Check]:
         f"set: {', '.join(present)}" if present else
         f"none of {', '.join(KEY_ENVS)} is set; the auto provider will look for a local server, then run offline",
     ))
+    found = resolve_auto(os.environ)
+    if found is None:
+        checks.append(_check("provider auto", "warn", "offline: no API key and no local server on ports "
+                             "11434, 1234, 8000, 8080; only tasks with steps will run"))
+    else:
+        where = f"key in ${found.api_key_env}" if found.api_key_env else f"server at {found.base_url}"
+        checks.append(_check("provider auto", "ok", f"{found.name}: {found.kind}, model {found.model} ({where})"))
+    for name, provider in provider_configs(config).items():
+        if provider.api_key_env and not os.environ.get(provider.api_key_env):
+            checks.append(_check(f"provider {name}", "info",
+                                 f"${provider.api_key_env} is not set; left out of its tiers"))
+        else:
+            checks.append(_check(f"provider {name}", "ok", f"{provider.kind}, model {provider.model}"
+                                 + (f" at {provider.base_url}" if provider.base_url else "")))
 
     try:
         board = Board(ws.board_path)

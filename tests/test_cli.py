@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
+from agents.routing import resolve_auto
 from supervisor.cli import main
 from supervisor.workspace import ConfigError, find_workspace, load_config
 
@@ -201,3 +203,17 @@ def test_up_runs_the_team_which_does_a_dropped_task_and_stops_on_sigterm(ws):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_doctor_shows_what_auto_found_and_never_a_key(ws, monkeypatch):
+    for name in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "OPENROUTER_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    # No local server probing here: the machine running the tests may have one.
+    monkeypatch.setattr("supervisor.doctor.resolve_auto", functools.partial(resolve_auto, ports=()))
+    checks = {c["name"]: c for c in run_json(ws, "doctor")["checks"]}
+    assert checks["provider auto"]["level"] == "warn" and checks["provider auto"]["detail"].startswith("offline")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-very-secret-value")
+    result = invoke(ws, "doctor", "--json")
+    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    assert checks["provider auto"]["detail"].startswith("auto:anthropic")
+    assert "very-secret" not in result.output
