@@ -15,12 +15,15 @@ forget to call.
 from __future__ import annotations
 
 import json
+import os
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kanban.fsio import write_atomic
 from kanban.task import now_iso
 
 from .journal import Journal
@@ -31,6 +34,11 @@ from .translate import Message, Usage, text_tool_calls
 MAX_ITERATIONS = 60
 STUCK_REPEATS = 3
 MAX_RESULT_CHARS = 20_000
+COMPRESS_AT = 0.8  # of the model's context window
+KEEP_RECENT = 6    # messages kept verbatim at the end when the middle is summarized
+SUMMARIZE = ("Summarize the work below for the agent that will continue it: what was found, what was done "
+             "(files written, commands run), what failed, and what is left. Be concise and keep names, paths "
+             "and numbers exact.")
 
 
 @dataclass(frozen=True)
@@ -65,26 +73,71 @@ def task_prompt(task: dict[str, Any]) -> str:
     return f"Task {task['id']}: {task['title']}" + (f"\n\n{body}" if body else "")
 
 
-def unanswered(messages: list[Message]) -> tuple[int, list[dict[str, Any]]]:
-    """The position of the last assistant message and its tool calls that have no result yet.
+def _dollars(amount: float) -> str:
+    """$0.00011 rather than $0.0001: small amounts keep their significant digits."""
+    return "$" + (f"{amount:.6f}".rstrip("0").rstrip(".") or "0")
 
-    The position names the turn: call ids alone are not unique (some local servers number them
-    from call_0 on every turn), and the transcript is append-only, so a turn keeps its position
-    across restarts."""
+
+def estimate_tokens(messages: list[Message]) -> int:
+    """A pessimistic token count (3 characters a token) of a conversation, for deciding when to
+    compress; the provider's own count only arrives after the call."""
+    return sum(len(json.dumps(message, ensure_ascii=False)) for message in messages) // 3
+
+
+def middle_to_summarize(messages: list[Message], keep_recent: int = KEEP_RECENT) -> tuple[int, int] | None:
+    """The slice [start, end) to replace by a summary: after the system prompt and the task, before
+    the last `keep_recent` messages, with its end moved back so that a tool result is never kept
+    without the call it answers. None when there is too little to gain."""
+    start = 2
+    end = len(messages) - keep_recent
+    while end > start and messages[end]["role"] == "tool":
+        end -= 1
+    return (start, end) if end - start >= 2 else None
+
+
+def render_for_summary(messages: list[Message]) -> str:
+    lines = []
+    for message in messages:
+        if message["role"] == "tool":
+            lines.append(f"[result of {message.get('tool_call_id')}] {message.get('content')}")
+            continue
+        if message.get("content"):
+            lines.append(f"[{message['role']}] {message['content']}")
+        for call in message.get("tool_calls") or []:
+            lines.append(f"[call {call['id']}] {call['function']['name']}({call['function'].get('arguments')})")
+    return "\n".join(lines)
+
+
+def unanswered(messages: list[Message]) -> tuple[str, list[dict[str, Any]]]:
+    """The turn id of the last assistant message and its tool calls that have no result yet.
+
+    Tool calls are logged by turn and call id: call ids alone are not unique (some local servers
+    number them from call_0 on every turn). The turn id is stored in the assistant message itself,
+    so it survives restarts and the rewriting of the transcript by compression."""
     for index in range(len(messages) - 1, -1, -1):
         if messages[index]["role"] == "assistant":
             answered = {m.get("tool_call_id") for m in messages[index + 1:] if m["role"] == "tool"}
-            return index, [c for c in messages[index].get("tool_calls") or [] if c["id"] not in answered]
-    return -1, []
+            turn = str(messages[index].get("turn") or index)
+            return turn, [c for c in messages[index].get("tool_calls") or [] if c["id"] not in answered]
+    return "", []
 
 
 class TaskLoop:
     def __init__(self, *, task: dict[str, Any], chain: list[Provider], workdir: Path, ctx: ToolContext,
                  capabilities: tuple[str, ...], identity: str = "", max_iterations: int = MAX_ITERATIONS,
                  complete: Callable[..., Any] = complete_with_fallback,
-                 prices: dict[str, Any] | None = None) -> None:
+                 prices: dict[str, Any] | None = None, max_tokens: int | None = None,
+                 max_cost: float | None = None, context_window: int = 128_000,
+                 summarizer: list[Provider] | None = None, keep_recent: int = KEEP_RECENT) -> None:
         self.task = task
         self.prices = prices or {}
+        self.max_tokens = max_tokens
+        self.max_cost = max_cost
+        self.context_window = context_window
+        self.summarizer = summarizer or chain
+        self.keep_recent = keep_recent
+        self.spent_tokens = 0
+        self.spent_cost = 0.0
         self.chain = chain
         self.ctx = ctx
         self.capabilities = capabilities
@@ -124,13 +177,56 @@ class TaskLoop:
             "tokens_in": usage.input if usage else 0, "tokens_out": usage.output if usage else 0,
             "tokens_cached": usage.cached if usage else 0, "cost_usd": cost,
         })
+        if usage:
+            self.spent_tokens += usage.input + usage.output
+            self.spent_cost += cost or 0.0
+
+    def _spent_before(self) -> None:
+        """What earlier attempts at this task cost: a ceiling holds across restarts."""
+        for record in self.llm_log.read().records:
+            if record.get("task") == self.task["id"]:
+                self.spent_tokens += int(record.get("tokens_in") or 0) + int(record.get("tokens_out") or 0)
+                self.spent_cost += float(record.get("cost_usd") or 0.0)
+
+    def over_ceiling(self) -> str | None:
+        if self.max_tokens is not None and self.spent_tokens > self.max_tokens:
+            return f"token ceiling: {self.spent_tokens:,} tokens used, the limit is {self.max_tokens:,} (max_tokens)"
+        if self.max_cost is not None and self.spent_cost > self.max_cost:
+            return f"cost ceiling: {_dollars(self.spent_cost)} spent, the limit is {_dollars(self.max_cost)} (max_cost)"
+        return None
+
+    # -- compression ----------------------------------------------------------------------------
+
+    def compress(self, messages: list[Message]) -> bool:
+        """Summarize the middle of the conversation with the summarizer chain; the transcript is
+        rewritten (the old one kept beside it). False when nothing can be compressed."""
+        cut = middle_to_summarize(messages, self.keep_recent)
+        if cut is None:
+            return False
+        start, end = cut
+        request = [{"role": "system", "content": SUMMARIZE},
+                   {"role": "user", "content": render_for_summary(messages[start:end])}]
+        summary = self.complete(self.summarizer, request, None, log=self._log_llm).message.get("content") or ""
+        note = {"role": "user", "content": "Summary of the earlier work on this task (older turns were compressed "
+                                           f"to fit the context window):\n{summary.strip()}"}
+        compressed = [*messages[:start], note, *messages[end:]]
+        path = self.transcript.path
+        self.transcript.close()
+        index = 1
+        while path.with_name(f"{path.name}.{index}").exists():
+            index += 1
+        os.replace(path, path.with_name(f"{path.name}.{index}"))
+        write_atomic(path, "".join(json.dumps(m, ensure_ascii=False) + "\n" for m in compressed).encode())
+        messages[:] = compressed
+        self.notes.append(f"compressed {end - start} messages into a summary ({path.name}.{index} keeps them)")
+        return True
 
     # -- tools ------------------------------------------------------------------------------------
 
-    def _logged_calls(self, turn: int) -> tuple[dict[str, dict[str, Any]], set[str]]:
+    def _logged_calls(self, turn: str) -> tuple[dict[str, dict[str, Any]], set[str]]:
         done, started = {}, set()
         for record in self.tool_log.read().records:
-            if record.get("task") != self.task["id"] or record.get("turn") != turn:
+            if record.get("task") != self.task["id"] or str(record.get("turn")) != turn:
                 continue
             if record.get("status") == "done":
                 done[record["call_id"]] = record
@@ -138,7 +234,7 @@ class TaskLoop:
                 started.add(record["call_id"])
         return done, started
 
-    def run_calls(self, messages: list[Message], turn: int, calls: list[dict[str, Any]]) -> None:
+    def run_calls(self, messages: list[Message], turn: str, calls: list[dict[str, Any]]) -> None:
         done, started = self._logged_calls(turn)
         for call in calls:
             call_id, name = call["id"], call["function"]["name"]
@@ -183,7 +279,18 @@ class TaskLoop:
 
     # -- the loop ---------------------------------------------------------------------------------
 
+    def _call_model(self, messages: list[Message], tools: list[dict[str, Any]]) -> Any:
+        if estimate_tokens(messages) > COMPRESS_AT * self.context_window:
+            self.compress(messages)
+        try:
+            return self.complete(self.chain, messages, tools or None, log=self._log_llm)
+        except ProviderError as exc:
+            if exc.kind != "context_overflow" or not self.compress(messages):
+                raise
+            return self.complete(self.chain, messages, tools or None, log=self._log_llm)
+
     def run(self) -> Outcome:
+        self._spent_before()
         messages = self.resume()
         tools = schemas(self.capabilities)
         known = {t["function"]["name"] for t in tools}
@@ -201,8 +308,11 @@ class TaskLoop:
                                                  f"{STUCK_REPEATS} times in a row")
                 if self.ctx.stop.is_set():
                     raise InterruptedError
-                completion = self.complete(self.chain, messages, tools or None, log=self._log_llm)
-                message = text_tool_calls(completion.message, known)
+                ceiling = self.over_ceiling()
+                if ceiling:
+                    return Outcome("failed", ceiling)
+                completion = self._call_model(messages, tools)
+                message = {**text_tool_calls(completion.message, known), "turn": uuid.uuid4().hex[:12]}
                 self._append(messages, message)
                 if message.get("tool_calls"):
                     continue

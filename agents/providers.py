@@ -85,6 +85,7 @@ class ProviderConfig:
     api_key: str | None = field(default=None, repr=False)  # never logged, never written anywhere
     timeout: float = 120.0
     max_tokens: int = 4096
+    context_window: int = 128_000
 
 
 class Provider(Protocol):

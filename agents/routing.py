@@ -62,6 +62,7 @@ def provider_configs(config: Mapping[str, Any]) -> dict[str, ProviderConfig]:
             name=name, kind=str(spec.get("kind", "openai")), model=str(spec.get("model", "")),
             base_url=spec.get("base_url"), api_key_env=spec.get("api_key_env"),
             timeout=float(spec.get("timeout", 120.0)), max_tokens=int(spec.get("max_tokens", 4096)),
+            context_window=int(spec.get("context_window", 200_000 if spec.get("kind") == "anthropic" else 128_000)),
         )
     return out
 

@@ -41,15 +41,19 @@ class Completion:
 
 # -- OpenAI ------------------------------------------------------------------------------------------
 
+OPENAI_FIELDS = ("role", "content", "tool_calls", "name")
+
+
 def to_openai(messages: list[Message]) -> list[Message]:
-    """Canonical messages as the OpenAI API takes them (our `is_error` removed)."""
+    """Canonical messages as the OpenAI API takes them: only its own fields (our bookkeeping, such
+    as `is_error` and `turn`, stays out)."""
     out = []
     for message in messages:
         if message["role"] == "tool":
             out.append({"role": "tool", "tool_call_id": message["tool_call_id"],
                         "content": message.get("content") or ""})
         else:
-            out.append({key: value for key, value in message.items() if key != "is_error"})
+            out.append({key: message[key] for key in OPENAI_FIELDS if key in message})
     return out
 
 

@@ -155,9 +155,13 @@ class Agent:
         """Work a task with the LLM loop and close it by its outcome."""
         task_id, token = doc["id"], doc["claim"]["token"]
         ctx = ToolContext(scratch=self.scratch, stop=self.stop, memory=self.memory)
-        loop = TaskLoop(task=doc, chain=self.chain(task_tier(doc, self.tier)), workdir=self.workdir, ctx=ctx,
-                        capabilities=self.capabilities, identity=str(self.config.get("identity") or ""),
-                        prices=self.llm.get("prices") or {})
+        chain = self.chain(task_tier(doc, self.tier))
+        loop = TaskLoop(task=doc, chain=chain, workdir=self.workdir, ctx=ctx, capabilities=self.capabilities,
+                        identity=str(self.config.get("identity") or ""), prices=self.llm.get("prices") or {},
+                        max_iterations=int(self.config.get("max_iterations") or 60),
+                        max_tokens=self.config.get("max_tokens"), max_cost=self.config.get("max_cost"),
+                        context_window=min((p.config.context_window for p in chain), default=128_000),
+                        summarizer=self.chain("cheap") or chain)
         try:
             outcome = loop.run()
         except InterruptedError:

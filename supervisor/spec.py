@@ -46,6 +46,9 @@ class ChildSpec:
     log_max_mb: float = 10.0
     log_keep: int = 3
     identity: str = ""
+    max_iterations: int = 60
+    max_tokens: int | None = None
+    max_cost: float | None = None
     llm: str = "{}"  # the providers and tiers of hermes.yaml, as JSON (what the agent calls)
     digest: str = ""
 
@@ -56,6 +59,7 @@ class ChildSpec:
             "capabilities": list(self.capabilities), "skills": list(self.skills),
             "heartbeat_timeout": self.heartbeat_timeout, "orphan_grace": self.orphan_grace,
             "log_max_mb": self.log_max_mb, "log_keep": self.log_keep, "identity": self.identity,
+            "max_iterations": self.max_iterations, "max_tokens": self.max_tokens, "max_cost": self.max_cost,
             "llm": json.loads(self.llm),
         }
 
@@ -110,6 +114,9 @@ def build_specs(config: dict[str, Any], root: Path, *, python: str = sys.executa
                 log_max_mb=float(_merged(defaults, entry, "log_max_mb")),
                 log_keep=int(_merged(defaults, entry, "log_keep")),
                 identity=str(entry.get("identity") or ""),
+                max_iterations=int(_merged(defaults, entry, "max_iterations") or 60),
+                max_tokens=_merged(defaults, entry, "max_tokens"),
+                max_cost=_merged(defaults, entry, "max_cost"),
                 llm=json.dumps({"providers": config.get("providers") or {}, "tiers": config.get("tiers") or {},
                                 "prices": config.get("prices") or {}}, sort_keys=True),
             )

@@ -209,6 +209,13 @@ def _check_settings(node: dict[str, Any], where: str, fail: Any) -> None:
     if "log_keep" in node and (not isinstance(node["log_keep"], int) or isinstance(node["log_keep"], bool)
                                or node["log_keep"] < 0):
         raise fail(node, f"{where}: 'log_keep' must be a whole number >= 0, got {node['log_keep']!r}")
+    for key, kind in (("max_iterations", "whole number"), ("max_tokens", "whole number"), ("max_cost", "number")):
+        value = node.get(key)
+        if value is None:
+            continue
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if (kind == "whole number" and not whole) or not _number(value) or value <= 0:
+            raise fail(node, f"{where}: '{key}' must be a {kind} > 0 (or absent), got {value!r}")
     restart = node.get("restart")
     if restart is None:
         return

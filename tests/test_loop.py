@@ -88,11 +88,11 @@ def test_a_resumed_task_does_not_run_a_completed_call_again(llm, tmp_path, count
 def test_an_interrupted_call_is_rerun_only_if_idempotent(llm, tmp_path, counter):
     loop = make_loop(llm, tmp_path)
     messages = loop.resume()
-    loop._append(messages, {"role": "assistant", "content": None, "tool_calls": [
+    loop._append(messages, {"role": "assistant", "content": None, "turn": "t2", "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "bump", "arguments": '{"n": 1}'}},
         {"id": "c2", "type": "function", "function": {"name": "bump_safe", "arguments": '{"n": 2}'}}]})
     for call_id, tool in (("c1", "bump"), ("c2", "bump_safe")):  # both were in flight at the kill
-        loop.tool_log.append({"task": "t-1", "turn": 2, "call_id": call_id, "tool": tool, "status": "started"})
+        loop.tool_log.append({"task": "t-1", "turn": "t2", "call_id": call_id, "tool": tool, "status": "started"})
     llm.script("openai", openai_reply("checked"))
     assert make_loop(llm, tmp_path).run().kind == "done"
     assert counter() == ["2"], "only the idempotent call ran again"
@@ -136,3 +136,61 @@ def test_the_fixed_prompt_overhead_stays_small():
     text = system_prompt("", "") + json.dumps(schemas(("fs.read", "fs.write", "memory", "kanban")))
     # 3 characters per token is a pessimistic estimate for English and JSON; the target is 3,000.
     assert len(text) / 3 < 3000, f"about {len(text) / 3:.0f} tokens of system prompt and tool schemas"
+
+
+def test_the_cut_never_separates_a_tool_result_from_its_call():
+    from agents.loop import middle_to_summarize
+
+    convo = [{"role": "system"}, {"role": "user"},
+             {"role": "assistant"}, {"role": "tool"}, {"role": "assistant"}, {"role": "tool"}, {"role": "tool"},
+             {"role": "assistant"}]
+    assert middle_to_summarize(convo, keep_recent=2) == (2, 4), "the two results of message 4 stay with it"
+    assert middle_to_summarize(convo, keep_recent=1) == (2, 7)
+    assert middle_to_summarize(convo[:4], keep_recent=1) is None
+
+
+def test_a_conversation_nearing_the_window_is_compressed(llm, tmp_path):
+    loop = make_loop(llm, tmp_path, context_window=1500, keep_recent=2)
+    (loop.ctx.scratch / "big.txt").write_text("x" * 3000)
+    llm.script("openai", openai_reply(tool_calls=[("read_file", {"path": "big.txt"})]),
+               openai_reply(tool_calls=[("wait", {"seconds": 0})]),
+               openai_reply("Read a big file full of x."),  # the summarizer's answer
+               openai_reply("All done."))
+    outcome = loop.run()
+    assert (outcome.kind, outcome.text) == ("done", "All done.")
+    summarize_request, final_request = llm.requests[2]["body"], llm.requests[3]["body"]
+    assert summarize_request["messages"][0]["content"].startswith("Summarize the work")
+    assert "x" * 3000 in summarize_request["messages"][1]["content"]
+    kept = final_request["messages"]
+    assert kept[2]["content"].startswith("Summary of the earlier work") and "big file" in kept[2]["content"]
+    assert all("x" * 3000 not in json.dumps(m) for m in kept), "the big result was compressed away"
+    transcripts = tmp_path / "agent" / "transcripts"
+    assert (transcripts / "t-1.jsonl.1").exists() and "x" * 3000 in (transcripts / "t-1.jsonl.1").read_text()
+    assert "Summary of the earlier work" in (transcripts / "t-1.jsonl").read_text()
+    assert any(note.startswith("compressed") for note in loop.notes)
+
+
+def test_a_context_overflow_error_compresses_and_retries(llm, tmp_path):
+    loop = make_loop(llm, tmp_path, keep_recent=1)
+    llm.script("openai", openai_reply(tool_calls=[("wait", {"seconds": 0})]),
+               openai_reply(tool_calls=[("wait", {"seconds": 0})]),
+               error_reply(400, "This model's maximum context length is 8192 tokens", kind="context_length_exceeded"),
+               openai_reply("short summary"), openai_reply("Finished."))
+    outcome = loop.run()
+    assert (outcome.kind, outcome.text) == ("done", "Finished.")
+    assert llm.requests[3]["body"]["messages"][0]["content"].startswith("Summarize the work")
+
+
+def test_token_and_cost_ceilings_fail_the_task(llm, tmp_path):
+    # Two calls of 110 tokens pass 150; the second attempt starts over the ceiling and calls nothing.
+    llm.script("openai", *[openai_reply(tool_calls=[("wait", {"seconds": 0})]) for _ in range(2)])
+    outcome = make_loop(llm, tmp_path, max_tokens=150).run()
+    assert outcome.kind == "failed" and outcome.text == "token ceiling: 220 tokens used, the limit is 150 (max_tokens)"
+    again = make_loop(llm, tmp_path, max_tokens=150).run()
+    assert again.text.startswith("token ceiling: 220"), "the ceiling counts earlier attempts"
+    assert len(llm.requests) == 2
+    other = tmp_path / "other"
+    other.mkdir()
+    llm.script("openai", openai_reply(tool_calls=[("wait", {"seconds": 0})], model="m"))
+    costly = make_loop(llm, other, max_cost=0.0001, prices={"m": {"input": 1.0, "output": 1.0}}).run()
+    assert (costly.kind, costly.text) == ("failed", "cost ceiling: $0.00011 spent, the limit is $0.0001 (max_cost)")

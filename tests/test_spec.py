@@ -67,6 +67,8 @@ def test_reload_plan_touches_only_what_changed(tmp_path):
         ("agents:\n  - name: a\n    capabilities: [root]\n", ":2: agent a: 'capabilities' must be a list drawn"),
         ("agents:\n  - name: a\n    tier: gold\n", ":2: agent a: unknown tier 'gold'"),
         ("agents:\n  - name: a\n    command: python\n", ":2: agent a: 'command' must be a non-empty list"),
+        ("defaults:\n  max_cost: -1\n", ":2: defaults: 'max_cost' must be a number > 0"),
+        ("agents:\n  - name: a\n    max_tokens: 1.5\n", ":2: agent a: 'max_tokens' must be a whole number > 0"),
     ],
 )
 def test_bad_settings_are_refused_with_file_and_line(tmp_path, text, message):
