@@ -90,9 +90,17 @@ def chain_for(tier: str, config: Mapping[str, Any], auto: Callable[[], ProviderC
     return chain
 
 
+ESCALATION = ("cheap", "standard", "premium")
+SHORT_TASK = 500  # characters of title and body
+
+
 def task_tier(task: Mapping[str, Any], agent_tier: str) -> str:
-    """A task's own tier, else its agent's; `auto` on both means standard (escalation is the loop's)."""
+    """A task's own tier, else its agent's. `auto` on both picks by the attempt: a short task starts
+    on the cheap tier, a long one on standard, and each failed attempt escalates one tier."""
     for tier in (task.get("tier"), agent_tier):
         if tier and tier != "auto":
             return str(tier)
-    return "standard"
+    size = len(str(task.get("title") or "")) + len(str(task.get("body") or ""))
+    start = 0 if size <= SHORT_TASK else 1
+    attempt = max(1, int(task.get("attempts") or 1))
+    return ESCALATION[min(len(ESCALATION) - 1, start + attempt - 1)]

@@ -194,3 +194,25 @@ def test_token_and_cost_ceilings_fail_the_task(llm, tmp_path):
     llm.script("openai", openai_reply(tool_calls=[("wait", {"seconds": 0})], model="m"))
     costly = make_loop(llm, other, max_cost=0.0001, prices={"m": {"input": 1.0, "output": 1.0}}).run()
     assert (costly.kind, costly.text) == ("failed", "cost ceiling: $0.00011 spent, the limit is $0.0001 (max_cost)")
+
+
+def test_memory_written_under_one_provider_is_in_the_prompt_under_another(llm, tmp_path):
+    from agents.providers import AnthropicProvider
+
+    llm.script("openai", openai_reply(tool_calls=[("memory", {"action": "add",
+                                                              "content": "The deploy key lives in vault/ops."})]),
+               openai_reply("Remembered."))
+    assert make_loop(llm, tmp_path).run().kind == "done"
+    # A later task, after a restart, served by Anthropic: a fresh loop, the same memory file.
+    llm.script("anthropic", {"json": {"id": "m", "type": "message", "role": "assistant", "model": "c",
+                                      "content": [{"type": "text", "text": "vault/ops"}], "stop_reason": "end_turn",
+                                      "usage": {"input_tokens": 5, "output_tokens": 2}}})
+    scratch = tmp_path / "agent" / "scratch"
+    ctx = ToolContext(scratch=scratch, stop=threading.Event(), memory=MemoryFile(tmp_path / "agent" / "MEMORY.md"))
+    cloud = AnthropicProvider(ProviderConfig(name="cloud", kind="anthropic", model="c", base_url=llm.url,
+                                             api_key="k"))
+    later = TaskLoop(task={"id": "t-2", "title": "Where is the deploy key?"}, chain=[cloud],
+                     workdir=tmp_path / "agent", ctx=ctx, capabilities=CAPS)
+    assert later.run().text == "vault/ops"
+    system = llm.requests[-1]["body"]["system"][0]["text"]
+    assert "The deploy key lives in vault/ops." in system

@@ -54,7 +54,11 @@ def test_tier_chains_skip_providers_without_their_key_and_resolve_auto():
     assert chain_for("premium", CONFIG, lambda: None, {}) == [], "offline: nothing can serve premium"
 
 
-def test_task_tier_falls_back_to_the_agent_then_standard():
+def test_task_tier_falls_back_to_the_agent_then_escalates_by_attempt():
     assert task_tier({"tier": "premium"}, "cheap") == "premium"
-    assert task_tier({"tier": "auto"}, "cheap") == "cheap"
-    assert task_tier({}, "auto") == "standard"
+    assert task_tier({"tier": "auto", "attempts": 3}, "standard") == "standard"
+    short = {"title": "rename a file", "body": ""}
+    assert [task_tier({**short, "attempts": n}, "auto") for n in (1, 2, 3, 4)] == [
+        "cheap", "standard", "premium", "premium"]
+    long = {"title": "write a report", "body": "x" * 600, "attempts": 1}
+    assert task_tier(long, "auto") == "standard" and task_tier({**long, "attempts": 2}, "auto") == "premium"
