@@ -143,7 +143,11 @@ class OpenAIProvider:
         if tools:
             request["tools"] = tools
         try:
-            response = client.chat.completions.create(**request)
+            # Posted through the SDK's client (its HTTP stack, its errors), but not through
+            # chat.completions.create, whose request transform re-walks every message of the
+            # conversation on each call: 29 ms a call at 40 turns, and growing. The messages are
+            # already in the API's shape.
+            response = client.post("/chat/completions", body=request, cast_to=self._sdk.types.chat.ChatCompletion)
         except self._sdk.OpenAIError as exc:
             raise _provider_error(self._sdk, exc, self.config.name) from None
         return from_openai(response.model_dump())
@@ -171,7 +175,8 @@ class AnthropicProvider:
         request = {"model": self.config.model, "max_tokens": max_tokens or self.config.max_tokens,
                    **to_anthropic(messages, tools)}
         try:
-            response = client.messages.create(**request)
+            # As for OpenAI: the SDK's client and errors, without the per-call request transform.
+            response = client.post("/v1/messages", body=request, cast_to=self._sdk.types.Message)
         except self._sdk.AnthropicError as exc:
             raise _provider_error(self._sdk, exc, self.config.name) from None
         return from_anthropic(response.model_dump())

@@ -62,6 +62,9 @@ class ScriptedLLM:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # Headers and body go out in two writes; without TCP_NODELAY the second waits for the
+            # client's delayed ACK, adding 40 ms to every answer.
+            disable_nagle_algorithm = True
 
             def log_message(self, *args: Any) -> None:
                 pass
