@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kanban.faults import fault
 from kanban.fsio import write_atomic
 from kanban.task import now_iso
 
@@ -274,6 +275,7 @@ class TaskLoop:
             self.tool_log.append({"at": now_iso(), "task": self.task["id"], "turn": turn, "call_id": call_id,
                                   "tool": name, "status": "done", "result": text, "is_error": is_error,
                                   "duration_s": round(time.monotonic() - started_at, 3)})
+            fault("tool-done")  # the result is logged, not yet in the transcript
             self._append(messages, {"role": "tool", "tool_call_id": call_id, "content": text,
                                     **({"is_error": True} if is_error else {})})
 

@@ -22,7 +22,6 @@ import contextlib
 import hashlib
 import json
 import os
-import signal
 import stat
 import threading
 import time
@@ -35,6 +34,7 @@ import psutil
 
 from . import drops, fsinfo
 from .events import EventTail, event
+from .faults import fault
 from .fsio import (
     AppendLog,
     dumps,
@@ -92,19 +92,6 @@ def _reservation_done(task_id: str) -> None:
         if _RESERVED[task_id] <= 0:
             del _RESERVED[task_id]
 ALLOW_NETWORK_FS_ENV = "HERMES_SUP_ALLOW_NETWORK_FS"
-# Test hook: "POINT" or "POINT:N" makes this process SIGKILL itself the Nth time it reaches POINT,
-# so the crash tests can stop a transition between any two of its steps.
-FAULT_ENV = "HERMES_SUP_FAULT"
-_fault_point, _, _fault_nth = os.environ.get(FAULT_ENV, "").partition(":")
-_fault_left = int(_fault_nth or 1)
-
-
-def _fault(point: str) -> None:
-    global _fault_left
-    if point == _fault_point:
-        _fault_left -= 1
-        if _fault_left <= 0:
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
 class BoardError(Exception):
@@ -392,19 +379,19 @@ class Board:
             # transition to finish.
             if moving and not reserved and folder != "doing":
                 self._mark(task_id)
-                _fault("marked")
+                fault("marked")
             os.rename(prepared, src_path)
         except BaseException:
             if prepared is not None:
                 prepared.unlink(missing_ok=True)
             raise
-        _fault("written")
+        fault("written")
         entry = new["history"][-1]
         self._log.append(event(entry["at"], task_id, entry["from"], entry["to"], entry["by"], entry["note"]))
-        _fault("logged")
+        fault("logged")
         if moving:
             self._move_into_place(src_path, dst, task_id)
-            _fault("moved")
+            fault("moved")
         if not reserved:
             # A claimer removes its own reservation after releasing the lock: one journaled
             # operation fewer inside it. Until then the marker names a live process, and the
@@ -644,7 +631,7 @@ class Board:
             return self._reject(path, str(exc), report)
         doc["source"] = {"file": rel, "fingerprint": fp}
         write_json_atomic(self._path(doc["status"], doc["id"]), doc)
-        _fault("ingest-written")
+        fault("ingest-written")
         self._log.append(event(now, doc["id"], "inbox", doc["status"], "ingest",
                                              f"ingested from {rel}"))
         self._archive(path, doc["id"])
@@ -749,7 +736,7 @@ class Board:
                 new = self._claimed(doc, agent, lease, pid)
                 prepared = self._prepare("todo", new)
                 keeper = self._keep_old("todo", doc["id"])
-                _fault("prepared")
+                fault("prepared")
                 with self._locked():
                     # A person may have changed the task while it was reserved; then choose again.
                     if _read_or_none(self._path("todo", doc["id"])) == raw:
@@ -828,7 +815,7 @@ class Board:
                     return False
                 self._finish_interrupted()
                 continue
-            _fault("marked")
+            fault("marked")
             return True
         return False
 
@@ -895,7 +882,7 @@ class Board:
                     new = _finished(doc, to, note, changes)
                     prepared = self._prepare("doing", new)
                     keeper = self._keep_old("doing", task_id)
-                    _fault("prepared")
+                    fault("prepared")
         try:
             with self._locked():
                 if prepared is None or new is None or _read_or_none(path) != raw:

@@ -216,3 +216,12 @@ def test_memory_written_under_one_provider_is_in_the_prompt_under_another(llm, t
     assert later.run().text == "vault/ops"
     system = llm.requests[-1]["body"]["system"][0]["text"]
     assert "The deploy key lives in vault/ops." in system
+
+
+def test_malformed_tool_arguments_go_back_to_the_model_as_an_error(llm, tmp_path):
+    bad = openai_reply(tool_calls=[("read_file", {})])
+    bad["json"]["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = '{"path": "a.txt"'
+    llm.script("openai", bad, openai_reply("I will fix my call."))
+    assert make_loop(llm, tmp_path).run().kind == "done"
+    sent = llm.requests[1]["body"]["messages"][-1]
+    assert sent["role"] == "tool" and sent["content"].startswith("invalid arguments for read_file")

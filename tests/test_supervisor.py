@@ -278,3 +278,28 @@ def test_an_agent_killed_in_the_middle_of_an_llm_call_resumes_without_repeating_
         resumed = llm.requests[2]["body"]["messages"]
         assert resumed[-1]["role"] == "tool" and resumed[-1]["content"].startswith("wrote 11 characters")
         assert (ws / "runs/thinker/scratch/draft.txt").read_text() == "first draft"
+
+
+def test_an_agent_killed_between_a_tool_call_and_the_next_llm_call_resumes(tmp_path, up):
+    from .llm_server import ScriptedLLM, openai_reply
+
+    with ScriptedLLM() as llm:
+        ws = tmp_path / "ws"
+        subprocess.run([sys.executable, "-m", "supervisor", "init", str(ws)], check=True, capture_output=True,
+                       cwd=ROOT)
+        # The agent SIGKILLs itself once the tool's result is logged and before it is in the transcript.
+        (ws / "hermes.yaml").write_text(
+            f"providers:\n  scripted: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
+            "tiers: {cheap: [scripted], standard: [scripted], premium: [scripted]}\n"
+            "agents:\n  - name: thinker\n    env: {HERMES_SUP_FAULT: tool-done}\n")
+        llm.script("openai", openai_reply(tool_calls=[("memory", {"action": "add", "content": "fact one"})]),
+                   openai_reply("Stored."))
+        board = Board(ws / "kanban")
+        task = board.add({"title": "remember a fact"})
+        up(ws)
+        done = wait_until(lambda: (d := board.get(task["id"]))["status"] == "done" and d, timeout=60)
+        assert done["result"] == {"answer": "Stored."} and agent(ws, "thinker")["restarts"] == 1
+        calls = [json.loads(line) for line in (ws / "runs/thinker/tool_calls.jsonl").read_text().splitlines()]
+        assert [c["status"] for c in calls] == ["started", "done"], "memory (not idempotent) ran once"
+        assert (ws / "runs/thinker/memory/MEMORY.md").read_text() == "fact one\n"
+        assert len(llm.requests) == 2 and llm.requests[1]["body"]["messages"][-1]["content"].startswith("memory add")
