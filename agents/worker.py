@@ -30,6 +30,7 @@ from .routing import chain_for, resolve_auto, task_tier
 from .tools import ToolContext, ToolError, run_step
 
 AGENT_ENV = "HERMES_SUP_AGENT"
+NO_PROVIDER = "no LLM provider available"
 WORKSPACE_ENV = "HERMES_SUP_WORKSPACE"
 
 
@@ -228,9 +229,12 @@ class Agent:
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
         print(f"{self.name}: ready (pid {os.getpid()}, roles {', '.join(self.roles) or '-'})", flush=True)
         while not self.stop.is_set():
-            # Without an LLM provider only tasks with steps can be done; the others wait in todo.
-            doc = self.board.wait_for_work(self.name, roles=self.roles, stop=self.stop,
-                                           steps_only=not self.has_llm(), timeout=60)
+            # Without an LLM provider only tasks with steps can be done; the others wait in todo,
+            # saying why, until a provider appears (looked for again every minute).
+            offline = not self.has_llm()
+            self.board.mark_waiting(NO_PROVIDER if offline else None)
+            doc = self.board.wait_for_work(self.name, roles=self.roles, stop=self.stop, steps_only=offline,
+                                           timeout=60)
             if doc is None:
                 continue
             with self._lock:

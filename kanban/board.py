@@ -838,7 +838,7 @@ class Board:
         }
         return transition(doc, "doing", by=agent, now=claim["claimed_at"],
                           note=f"claimed by {agent} (attempt {attempt} of {doc['max_attempts']})",
-                          claim=claim, attempts=attempt, claims=token)
+                          claim=claim, attempts=attempt, claims=token, waiting=None)
 
     def _held(self, task_id: str, token: int) -> TaskDoc:
         """The document of a task held in doing/ by `token`, else ClaimLost."""
@@ -911,6 +911,26 @@ class Board:
     def release(self, task_id: str, token: int, note: str = "released", *, count_attempt: bool = False) -> TaskDoc:
         """Give the task back to todo; an interrupted attempt (shutdown, restart) is not counted."""
         return self._finish(task_id, token, "todo", note, _return_attempt=not count_attempt)
+
+    def mark_waiting(self, reason: str | None, *, needs_llm: bool = True) -> int:
+        """Say on each todo task (without `steps`, when `needs_llm`) why it is not being worked, or
+        clear that note with None. Not a transition: no event, no history entry. Only documents whose
+        note changes are written, so many agents can call this without churning files."""
+        changed = 0
+        for doc in self.list("todo").tasks:
+            if (needs_llm and doc.get("steps")) or doc.get("waiting") == reason:
+                continue
+            with self._locked():
+                path = self._path("todo", doc["id"])
+                try:
+                    current = self._read(path)
+                except (FileNotFoundError, Damaged):
+                    continue
+                if current["status"] != "todo" or current.get("waiting") == reason or self._has_marker(doc["id"]):
+                    continue
+                write_json_atomic(path, {**current, "waiting": reason}, fsync=False)
+                changed += 1
+        return changed
 
     # -- recovery -------------------------------------------------------------------------------
 

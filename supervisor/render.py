@@ -24,7 +24,8 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
         "id": doc["id"], "title": doc["title"], "status": doc["status"], "priority": doc.get("priority", 0),
         "assignee": doc.get("assignee"), "role": doc.get("role"), "depends_on": doc.get("depends_on", []),
         "attempts": doc.get("attempts", 0), "max_attempts": doc.get("max_attempts"),
-        "agent": claim.get("agent"), "error": doc.get("error"), "updated_at": doc.get("updated_at"),
+        "agent": claim.get("agent"), "error": doc.get("error"), "waiting": doc.get("waiting"),
+        "updated_at": doc.get("updated_at"),
     }
 
 
@@ -52,6 +53,8 @@ def _card(item: dict[str, Any]) -> Text:
         text.append(f"\n@{who}", style="dim")
     if item["status"] in ("failed", "blocked") and item.get("error"):
         text.append(f"\n{item['error'][:60]}", style="red")
+    if item["status"] == "todo" and item.get("waiting"):
+        text.append(f"\nwaiting: {item['waiting'][:60]}", style="yellow")
     return text
 
 
@@ -101,8 +104,8 @@ def task_table(tasks: list[dict[str, Any]]) -> Table:
 
 def task_detail(doc: dict[str, Any]) -> Panel:
     lines = Text()
-    for key in ("status", "priority", "assignee", "role", "depends_on", "tier", "attempts", "max_attempts",
-                "created_at", "updated_at"):
+    for key in ("status", "waiting", "priority", "assignee", "role", "depends_on", "tier", "attempts",
+                "max_attempts", "created_at", "updated_at"):
         value = doc.get(key)
         if value in (None, [], ""):
             continue

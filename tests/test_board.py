@@ -290,3 +290,19 @@ def test_steps_only_claims_skip_tasks_that_need_an_llm(board):
     assert board.claim("offline-agent", steps_only=True) is None
     assert board.get(llm["id"])["status"] == "todo"
     assert board.claim("llm-agent")["id"] == llm["id"]
+
+
+def test_waiting_notes_are_set_cleared_and_dropped_on_claim(board):
+    llm_task = board.add({"title": "needs a model"})
+    steps_task = board.add({"title": "plan", "steps": [{"tool": "wait", "args": {}}]})
+    events_before = len(read_all(board.events_path)[0])
+    assert board.mark_waiting("no LLM provider available") == 1
+    assert board.mark_waiting("no LLM provider available") == 0, "unchanged notes are not written again"
+    assert board.get(llm_task["id"])["waiting"] == "no LLM provider available"
+    assert "waiting" not in board.get(steps_task["id"])
+    assert len(read_all(board.events_path)[0]) == events_before, "a note is not a transition"
+    claimed = board.claim("w", steps_only=False)
+    assert claimed["id"] == llm_task["id"] and claimed["waiting"] is None
+    board.release(claimed["id"], claimed["claim"]["token"])
+    board.mark_waiting("no LLM provider available")
+    assert board.mark_waiting(None) == 1 and board.get(llm_task["id"])["waiting"] is None

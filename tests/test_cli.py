@@ -192,9 +192,15 @@ def test_up_runs_the_team_which_does_a_dropped_task_and_stops_on_sigterm(ws):
         doc = json.loads((ws / "kanban" / "done" / done[0]).read_text())
         who = doc["history"][-1]["by"]
         assert (ws / "runs" / who / "scratch" / "note.txt").read_text() == "hi"
-        # No API key and no local server here: the task that needs an LLM waits in todo.
-        waiting = [json.loads(p.read_text()) for p in (ws / "kanban" / "todo").glob("*.json")]
-        assert [d["title"] for d in waiting] == ["A task that needs an LLM"] and waiting[0]["attempts"] == 0
+        # No API key and no local server here: the task that needs an LLM waits in todo, saying why.
+        def waiting():
+            return [json.loads(p.read_text()) for p in (ws / "kanban" / "todo").glob("*.json")]
+
+        wait_until(lambda: waiting() and waiting()[0].get("waiting"), timeout=30)
+        parked = waiting()
+        assert [d["title"] for d in parked] == ["A task that needs an LLM"] and parked[0]["attempts"] == 0
+        assert parked[0]["waiting"] == "no LLM provider available"
+        assert run_json(ws, "board")["columns"]["todo"][0]["waiting"] == "no LLM provider available"
         proc.terminate()
         assert proc.wait(timeout=30) == 0
         for info in agents.values():
