@@ -129,7 +129,8 @@ class TaskLoop:
                  complete: Callable[..., Any] = complete_with_fallback,
                  prices: dict[str, Any] | None = None, max_tokens: int | None = None,
                  max_cost: float | None = None, context_window: int = 128_000,
-                 summarizer: list[Provider] | None = None, keep_recent: int = KEEP_RECENT) -> None:
+                 summarizer: list[Provider] | None = None, keep_recent: int = KEEP_RECENT,
+                 on_step: Callable[[int], None] = lambda step: None) -> None:
         self.task = task
         self.prices = prices or {}
         self.max_tokens = max_tokens
@@ -137,6 +138,7 @@ class TaskLoop:
         self.context_window = context_window
         self.summarizer = summarizer or chain
         self.keep_recent = keep_recent
+        self.on_step = on_step
         self.spent_tokens = 0
         self.spent_cost = 0.0
         self.chain = chain
@@ -298,7 +300,8 @@ class TaskLoop:
         known = {t["function"]["name"] for t in tools}
         recent: list[str] = []
         try:
-            for _iteration in range(self.max_iterations):
+            for iteration in range(self.max_iterations):
+                self.on_step(iteration + 1)
                 turn, pending = unanswered(messages)
                 if pending:
                     self.run_calls(messages, turn, pending)

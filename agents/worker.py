@@ -55,6 +55,8 @@ class Agent:
         self.memory = MemoryFile(workdir / "memory" / "MEMORY.md")
         self._providers: dict[str, Provider] = {}
         self._auto: tuple[float, ProviderConfig | None] | None = None
+        self.step: int | None = None
+        self.provider = "offline"
         self.why_stopping = ""
         self.current: dict[str, Any] | None = None
         self._lock = threading.Lock()
@@ -121,7 +123,7 @@ class Agent:
             task = self.current
         write_json_atomic(self.workdir / "state.json", {
             "name": self.name, "pid": os.getpid(), "status": status, "task": task["id"] if task else None,
-            "heartbeat": now_iso(),
+            "step": self.step if task else None, "provider": self.provider, "heartbeat": now_iso(),
         }, fsync=False)
 
     def _heartbeat_loop(self) -> None:
@@ -148,9 +150,14 @@ class Agent:
         return chain
 
     def has_llm(self) -> bool:
-        return bool(self.chain(task_tier({}, self.tier)))
+        chain = self.chain(task_tier({}, self.tier))
+        self.provider = chain[0].config.name if chain else "offline"
+        return bool(chain)
 
     # -- work -----------------------------------------------------------------------------------
+
+    def _on_step(self, step: int) -> None:
+        self.step = step
 
     def think(self, doc: dict[str, Any]) -> None:
         """Work a task with the LLM loop and close it by its outcome."""
@@ -162,7 +169,7 @@ class Agent:
                         max_iterations=int(self.config.get("max_iterations") or 60),
                         max_tokens=self.config.get("max_tokens"), max_cost=self.config.get("max_cost"),
                         context_window=min((p.config.context_window for p in chain), default=128_000),
-                        summarizer=self.chain("cheap") or chain)
+                        summarizer=self.chain("cheap") or chain, on_step=self._on_step)
         try:
             outcome = loop.run()
         except InterruptedError:
@@ -225,6 +232,7 @@ class Agent:
     def run(self) -> int:
         self._watch_signals()
         self.notifier.send(READY=1)
+        self.has_llm()  # names the provider in state.json from the first write on
         self.write_state("idle")
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
         print(f"{self.name}: ready (pid {os.getpid()}, roles {', '.join(self.roles) or '-'})", flush=True)
@@ -247,6 +255,7 @@ class Agent:
                 with self._lock:
                     self.current = None
                 self.notifier.send(TASK="-")
+            self.write_state("idle")
             self.rotate_log()
         self.write_state("stopped")
         self.notifier.send(STOPPING=1)
