@@ -147,8 +147,7 @@ def test_random_sigkills_never_leave_a_task_in_two_places_or_a_torn_file(board, 
 
 def test_a_waiting_claimer_wakes_on_a_drop(board, spawn):
     waiter = spawn("wait", str(board.root), "w1", "60", stdout=subprocess.PIPE)
-    assert waiter.stdout.readline().strip() == b"waiting"
-    time.sleep(0.3)  # let it reach its wait; a drop before that would be found by its first scan
+    assert waiter.stdout.readline().strip() == b"waiting"  # its watcher is running
     dropped_at = time.time()
     tmp = board.root / ".drop.tmp"
     tmp.write_text('{"title": "wake up"}')

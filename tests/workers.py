@@ -70,6 +70,9 @@ def churn(root: str, agent: str) -> None:
 def wait(root: str, agent: str, timeout: str) -> None:
     """Block in wait_for_work; print the claimed task's id and when it was claimed."""
     board = Board(root)
+    # Announce only once the watcher runs: a drop made before then would be found by a rescan
+    # seconds later, not by the event the test measures.
+    board.start_watching()
     print("waiting", flush=True)
     doc = board.wait_for_work(agent, timeout=float(timeout))
     print(json.dumps({"id": doc["id"] if doc else None, "at": time.time(),
