@@ -13,6 +13,7 @@ will accept, or a context overflow the caller must fix by compressing).
 
 from __future__ import annotations
 
+import importlib
 import os
 import random
 import time
@@ -120,7 +121,15 @@ def _provider_error(sdk: Any, exc: Exception, provider: str) -> ProviderError:
     raise exc
 
 
-class OpenAIProvider:
+class _SDKProvider:
+    """What both SDK providers share: the SDK imported on the first call, its retries off, and a
+    request posted through its client (its HTTP stack, its error classes) but not through its
+    create() methods, whose per-call request transform re-walks every message of the conversation
+    (29 ms a call at 40 turns). The messages are already in the API's shape."""
+
+    module = ""
+    key_env = ""
+
     def __init__(self, config: ProviderConfig) -> None:
         self.config = config
         self._client: Any = None
@@ -128,58 +137,70 @@ class OpenAIProvider:
 
     def _connect(self) -> Any:
         if self._client is None:
-            import openai  # lazy: only agents that use this kind pay for the import
-
-            self._sdk = openai
-            self._client = openai.OpenAI(api_key=_key(self.config, "OPENAI_API_KEY"), base_url=self.config.base_url,
-                                         max_retries=0, timeout=self.config.timeout)
+            self._sdk = importlib.import_module(self.module)  # lazy: anthropic alone takes a second
+            self._client = self._new_client(self._sdk, _key(self.config, self.key_env))
         return self._client
 
     def complete(self, messages: list[Message], tools: list[dict[str, Any]] | None, *,
                  max_tokens: int | None = None) -> Completion:
         client = self._connect()
-        request: dict[str, Any] = {"model": self.config.model, "messages": to_openai(messages),
-                                   "max_tokens": max_tokens or self.config.max_tokens}
+        path, body, response_type = self._request(messages, tools, max_tokens or self.config.max_tokens)
+        try:
+            response = client.post(path, body=body, cast_to=response_type)
+        except self._sdk_error() as exc:
+            raise _provider_error(self._sdk, exc, self.config.name) from None
+        return self._read(response.model_dump())
+
+    def _new_client(self, sdk: Any, key: str) -> Any:
+        raise NotImplementedError
+
+    def _sdk_error(self) -> type[Exception]:
+        raise NotImplementedError
+
+    def _request(self, messages: list[Message], tools: list[dict[str, Any]] | None,
+                 max_tokens: int) -> tuple[str, dict[str, Any], Any]:
+        raise NotImplementedError
+
+    def _read(self, response: dict[str, Any]) -> Completion:
+        raise NotImplementedError
+
+
+class OpenAIProvider(_SDKProvider):
+    module, key_env = "openai", "OPENAI_API_KEY"
+
+    def _new_client(self, sdk: Any, key: str) -> Any:
+        return sdk.OpenAI(api_key=key, base_url=self.config.base_url, max_retries=0, timeout=self.config.timeout)
+
+    def _sdk_error(self) -> type[Exception]:
+        return self._sdk.OpenAIError
+
+    def _request(self, messages: list[Message], tools: list[dict[str, Any]] | None,
+                 max_tokens: int) -> tuple[str, dict[str, Any], Any]:
+        body: dict[str, Any] = {"model": self.config.model, "messages": to_openai(messages), "max_tokens": max_tokens}
         if tools:
-            request["tools"] = tools
-        try:
-            # Posted through the SDK's client (its HTTP stack, its errors), but not through
-            # chat.completions.create, whose request transform re-walks every message of the
-            # conversation on each call: 29 ms a call at 40 turns, and growing. The messages are
-            # already in the API's shape.
-            response = client.post("/chat/completions", body=request, cast_to=self._sdk.types.chat.ChatCompletion)
-        except self._sdk.OpenAIError as exc:
-            raise _provider_error(self._sdk, exc, self.config.name) from None
-        return from_openai(response.model_dump())
+            body["tools"] = tools
+        return "/chat/completions", body, self._sdk.types.chat.ChatCompletion
+
+    def _read(self, response: dict[str, Any]) -> Completion:
+        return from_openai(response)
 
 
-class AnthropicProvider:
-    def __init__(self, config: ProviderConfig) -> None:
-        self.config = config
-        self._client: Any = None
-        self._sdk: Any = None
+class AnthropicProvider(_SDKProvider):
+    module, key_env = "anthropic", "ANTHROPIC_API_KEY"
 
-    def _connect(self) -> Any:
-        if self._client is None:
-            import anthropic  # lazy: about a second to import
+    def _new_client(self, sdk: Any, key: str) -> Any:
+        return sdk.Anthropic(api_key=key, base_url=self.config.base_url, max_retries=0, timeout=self.config.timeout)
 
-            self._sdk = anthropic
-            self._client = anthropic.Anthropic(api_key=_key(self.config, "ANTHROPIC_API_KEY"),
-                                               base_url=self.config.base_url, max_retries=0,
-                                               timeout=self.config.timeout)
-        return self._client
+    def _sdk_error(self) -> type[Exception]:
+        return self._sdk.AnthropicError
 
-    def complete(self, messages: list[Message], tools: list[dict[str, Any]] | None, *,
-                 max_tokens: int | None = None) -> Completion:
-        client = self._connect()
-        request = {"model": self.config.model, "max_tokens": max_tokens or self.config.max_tokens,
-                   **to_anthropic(messages, tools)}
-        try:
-            # As for OpenAI: the SDK's client and errors, without the per-call request transform.
-            response = client.post("/v1/messages", body=request, cast_to=self._sdk.types.Message)
-        except self._sdk.AnthropicError as exc:
-            raise _provider_error(self._sdk, exc, self.config.name) from None
-        return from_anthropic(response.model_dump())
+    def _request(self, messages: list[Message], tools: list[dict[str, Any]] | None,
+                 max_tokens: int) -> tuple[str, dict[str, Any], Any]:
+        body = {"model": self.config.model, "max_tokens": max_tokens, **to_anthropic(messages, tools)}
+        return "/v1/messages", body, self._sdk.types.Message
+
+    def _read(self, response: dict[str, Any]) -> Completion:
+        return from_anthropic(response)
 
 
 KINDS: dict[str, Callable[[ProviderConfig], Provider]] = {"openai": OpenAIProvider, "anthropic": AnthropicProvider}

@@ -37,6 +37,17 @@ def make_ws(tmp_path: Path, agents: str, defaults: str = "") -> Path:
     return ws
 
 
+def llm_workspace(tmp_path: Path, llm, agent_settings: str = "") -> Path:
+    """A workspace whose one agent, thinker, is served by the scripted LLM server on every tier."""
+    ws = tmp_path / "ws"
+    subprocess.run([sys.executable, "-m", "supervisor", "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    (ws / "hermes.yaml").write_text(
+        f"providers:\n  scripted: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
+        "tiers: {cheap: [scripted], standard: [scripted], premium: [scripted]}\n"
+        f"agents:\n  - name: thinker\n{agent_settings}")
+    return ws
+
+
 def state(ws: Path) -> dict:
     try:
         return json.loads((ws / "runs" / "supervisor.json").read_text())
@@ -252,13 +263,7 @@ def test_an_agent_killed_in_the_middle_of_an_llm_call_resumes_without_repeating_
     from .llm_server import ScriptedLLM, openai_reply
 
     with ScriptedLLM() as llm:
-        ws = tmp_path / "ws"
-        subprocess.run([sys.executable, "-m", "supervisor", "init", str(ws)], check=True, capture_output=True,
-                       cwd=ROOT)
-        (ws / "hermes.yaml").write_text(
-            f"providers:\n  scripted: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
-            "tiers: {cheap: [scripted], standard: [scripted], premium: [scripted]}\n"
-            "agents:\n  - name: thinker\n")
+        ws = llm_workspace(tmp_path, llm)
         llm.script("openai",
                    openai_reply(tool_calls=[("write_file", {"path": "draft.txt", "content": "first draft"})]),
                    {"delay": 60, **openai_reply("never delivered")},  # the agent is killed while waiting
@@ -286,14 +291,8 @@ def test_an_agent_killed_between_a_tool_call_and_the_next_llm_call_resumes(tmp_p
     from .llm_server import ScriptedLLM, openai_reply
 
     with ScriptedLLM() as llm:
-        ws = tmp_path / "ws"
-        subprocess.run([sys.executable, "-m", "supervisor", "init", str(ws)], check=True, capture_output=True,
-                       cwd=ROOT)
         # The agent SIGKILLs itself once the tool's result is logged and before it is in the transcript.
-        (ws / "hermes.yaml").write_text(
-            f"providers:\n  scripted: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
-            "tiers: {cheap: [scripted], standard: [scripted], premium: [scripted]}\n"
-            "agents:\n  - name: thinker\n    env: {HERMES_SUP_FAULT: tool-done}\n")
+        ws = llm_workspace(tmp_path, llm, "    env: {HERMES_SUP_FAULT: tool-done}\n")
         llm.script("openai", openai_reply(tool_calls=[("memory", {"action": "add", "content": "fact one"})]),
                    openai_reply("Stored."))
         board = Board(ws / "kanban")
