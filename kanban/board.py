@@ -73,6 +73,8 @@ POLL_INTERVAL = 1.0
 # A claim that finds nothing rescans the folders if the index is older than this.
 RESYNC_AFTER = 2.0
 RECOVER_INTERVAL = 2.0
+# A waiting claimer sweeps dead writers' temp files (a listing of every status folder) this rarely.
+SWEEP_INTERVAL = 60.0
 # A temp file whose writer is alive is left alone unless it is older than this.
 STALE_TMP_AGE = 600.0
 # Tasks this process has reserved (marked) and not yet committed or given up; a marker naming
@@ -179,6 +181,8 @@ class Board:
         self._tail = EventTail(self.events_path)
         self._indexed_at: float | None = None
         self._last_recover = 0.0
+        self._last_sweep = 0.0
+        self._noted: dict[str, tuple[str | None, str | None]] = {}  # mark_waiting's last note, per version
         self.signal = ChangeSignal()
         self.watcher = BoardWatcher(self.root, self.signal)
         self._ensure_layout()
@@ -423,9 +427,10 @@ class Board:
                                    f"{entry['note']} (completed after its writer was interrupted)".strip()))
         self._move_into_place(path, doc["status"], doc["id"])
 
-    def _finish_interrupted(self) -> None:
+    def _finish_interrupted(self, *, sweep: bool = True) -> None:
         """Roll forward transitions whose process died between their steps, drop reservations of
-        dead claimers, and sweep temp files of dead writers (under the lock)."""
+        dead claimers, and (with `sweep`) remove temp files of dead writers (under the lock). The
+        sweep lists every status folder, done/ included, so frequent callers ask for it rarely."""
         try:
             entries = list(os.scandir(self.root / ".pending"))
         except FileNotFoundError:
@@ -448,6 +453,9 @@ class Board:
                 if doc is not None and doc["status"] != folder:
                     self._roll_forward(path, doc)
             marker.unlink(missing_ok=True)
+        if not sweep:
+            return
+        self._last_sweep = time.monotonic()
         for status in STATUSES:
             with contextlib.suppress(FileNotFoundError):
                 for item in os.scandir(self.root / status):
@@ -813,7 +821,7 @@ class Board:
                 _reservation_done(task_id)
                 if not locked or not self._stale_marker(marker):
                     return False
-                self._finish_interrupted()
+                self._finish_interrupted(sweep=False)
                 continue
             fault("marked")
             return True
@@ -914,34 +922,41 @@ class Board:
 
     def mark_waiting(self, reason: str | None, *, needs_llm: bool = True) -> int:
         """Say on each todo task (without `steps`, when `needs_llm`) why it is not being worked, or
-        clear that note with None. Not a transition: no event, no history entry. Only documents whose
-        note changes are written, so many agents can call this without churning files."""
+        clear that note with None. Not a transition: no event, no history entry. Candidates come
+        from the in-memory index and this board remembers what it noted, so a call reads only the
+        tasks new to it: agents call this after every task."""
+        with self._locked():
+            self._refresh_index()
+        # A note stands for the task as it was: any transition changes updated_at, a note does not.
+        candidates = [meta["id"] for meta in self._index.todo_in_order()
+                      if not (needs_llm and meta["has_steps"])
+                      and self._noted.get(meta["id"]) != (reason, meta["updated_at"])]
         changed = 0
-        for doc in self.list("todo").tasks:
-            if (needs_llm and doc.get("steps")) or doc.get("waiting") == reason:
-                continue
+        for task_id in candidates:
             with self._locked():
-                path = self._path("todo", doc["id"])
+                path = self._path("todo", task_id)
                 try:
                     current = self._read(path)
                 except (FileNotFoundError, Damaged):
                     continue
-                if current["status"] != "todo" or current.get("waiting") == reason or self._has_marker(doc["id"]):
+                if current["status"] != "todo" or self._has_marker(task_id):
                     continue
-                write_json_atomic(path, {**current, "waiting": reason}, fsync=False)
-                changed += 1
+                if current.get("waiting") != reason:
+                    write_json_atomic(path, {**current, "waiting": reason}, fsync=False)
+                    changed += 1
+                self._noted[task_id] = (reason, current.get("updated_at"))
         return changed
 
     # -- recovery -------------------------------------------------------------------------------
 
-    def recover(self) -> list[dict[str, str]]:
+    def recover(self, *, sweep: bool = True) -> list[dict[str, str]]:
         """Return tasks whose holder died or whose lease ran out to todo (attempts kept), or to
         failed once they used up max_attempts; finish interrupted transitions; sweep stale temp files."""
         recovered = []
         now = time.time()
         with self._locked():
             self._last_recover = time.monotonic()
-            self._finish_interrupted()
+            self._finish_interrupted(sweep=sweep)
             for path, doc in self._documents("doing"):
                 if doc["status"] != "doing":
                     self._roll_forward(path, doc)
@@ -1019,7 +1034,7 @@ class Board:
             seen = self.signal.generation
             self.ingest()
             if time.monotonic() - self._last_recover >= RECOVER_INTERVAL:
-                self.recover()
+                self.recover(sweep=time.monotonic() - self._last_sweep >= SWEEP_INTERVAL)
             if stop is not None and stop.is_set():
                 return None
             doc = self.claim(agent, roles=roles, lease=lease, steps_only=steps_only)

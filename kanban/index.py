@@ -15,7 +15,7 @@ from typing import Any
 from .task import STATUSES, sort_key
 
 Meta = dict[str, Any]
-META_FIELDS = ("id", "status", "priority", "created_at", "assignee", "role", "depends_on")
+META_FIELDS = ("id", "status", "priority", "created_at", "updated_at", "assignee", "role", "depends_on")
 
 
 def meta_of(doc: dict[str, Any]) -> Meta:

@@ -432,8 +432,9 @@ class LogTail:
 
 
 def status_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per agent: name, pid, state, restarts, uptime, task, rss, cpu, last exit (live from psutil)."""
-    rows = []
+    """Per agent: name, pid, state, restarts, uptime, task, rss, cpu, last exit (live from psutil).
+    CPU is sampled over one short interval for all agents together, not one interval each."""
+    rows, live = [], []
     for name, agent in (state.get("agents") or {}).items():
         row = {"name": name, **{k: agent.get(k) for k in ("pid", "state", "restarts", "task", "last_exit")},
                "uptime_s": None, "rss_mb": None, "cpu_percent": None}
@@ -443,8 +444,14 @@ def status_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
                 proc = psutil.Process(pid)
                 row["uptime_s"] = round(time.time() - proc.create_time(), 1)
                 row["rss_mb"] = round(tree_rss_mb(pid), 1)
-                row["cpu_percent"] = proc.cpu_percent(interval=0.05)
+                proc.cpu_percent(None)  # starts the sample
+                live.append((row, proc))
         rows.append(row)
+    if live:
+        time.sleep(0.1)
+        for row, proc in live:
+            with contextlib.suppress(psutil.Error):
+                row["cpu_percent"] = proc.cpu_percent(None)
     return rows
 
 
