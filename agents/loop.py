@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kanban.faults import fault
 from kanban.fsio import write_atomic
@@ -109,6 +110,55 @@ def render_for_summary(messages: list[Message]) -> str:
     return "\n".join(lines)
 
 
+def holders(task: dict[str, Any], me: str) -> tuple[str | None, list[str]]:
+    """From a task's history: the agent that held it before the current claim when that was
+    another agent (whose transcript the resumed conversation continues), and every other agent
+    that ever held it (whose spending counts against the task's ceilings)."""
+    claims = [entry.get("by") for entry in task.get("history") or [] if entry.get("to") == "doing"]
+    names = [name for name in claims if isinstance(name, str) and name and "/" not in name and name not in (".", "..")]
+    previous = names[-2] if len(names) >= 2 and names[-2] != me else None
+    return previous, sorted(set(names) - {me})
+
+
+def set_aside(path: Path) -> Path:
+    """Move a file to the first free `<name>.N` beside it; returns where it went."""
+    index = 1
+    while path.with_name(f"{path.name}.{index}").exists():
+        index += 1
+    target = path.with_name(f"{path.name}.{index}")
+    os.replace(path, target)
+    return target
+
+
+T = TypeVar("T")
+
+
+def interruptible(call: Callable[[], T], stop: threading.Event, poll: float = 0.1) -> T:
+    """Run `call` on a daemon thread and wait for it or for `stop`, whichever comes first.
+
+    A model call can take minutes, longer than the supervisor's stop_timeout; a stop request
+    should not wait for it, and need not: its answer is not yet in the transcript, so the resumed
+    task simply asks again. The abandoned thread dies with the process."""
+    box: dict[str, Any] = {}
+    finished = threading.Event()
+
+    def target() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # handed to the waiting thread as it is
+            box["error"] = exc
+        finally:
+            finished.set()
+
+    threading.Thread(target=target, name="llm-call", daemon=True).start()
+    while not finished.wait(poll):
+        if stop.is_set():
+            raise InterruptedError
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 def unanswered(messages: list[Message]) -> tuple[str, list[dict[str, Any]]]:
     """The turn id of the last assistant message and its tool calls that have no result yet.
 
@@ -130,8 +180,13 @@ class TaskLoop:
                  prices: dict[str, Any] | None = None, max_tokens: int | None = None,
                  max_cost: float | None = None, context_window: int = 128_000,
                  summarizer: list[Provider] | None = None, keep_recent: int = KEEP_RECENT,
-                 on_step: Callable[[int], None] = lambda step: None) -> None:
+                 on_step: Callable[[int], None] = lambda step: None, agent: str = "") -> None:
         self.task = task
+        # Other agents' working directories sit beside ours: a task reclaimed from one of them
+        # continues its conversation, and what they spent on it counts against the ceilings.
+        previous, others = holders(task, agent)
+        self.previous = workdir.parent / previous if previous else None
+        self.others = [workdir.parent / name for name in others]
         self.prices = prices or {}
         self.max_tokens = max_tokens
         self.max_cost = max_cost
@@ -151,6 +206,8 @@ class TaskLoop:
         self.tool_log = Journal(workdir / "tool_calls.jsonl")
         self.llm_log = Journal(workdir / "llm_calls.jsonl")
         self.notes: list[str] = []
+        self._log_lock = threading.Lock()
+        self._interrupted = False
 
     # -- state ------------------------------------------------------------------------------------
 
@@ -158,8 +215,30 @@ class TaskLoop:
         self.transcript.append(message)
         messages.append(message)
 
+    def take_over(self, previous: Path) -> None:
+        """Continue the conversation of the agent that held the task before us: copy its transcript
+        (ours, from an older attempt, is set aside) and the task's records from its tool-call log,
+        so its completed calls are not run again here either. Its files are only read."""
+        theirs = Journal(previous / "transcripts" / self.transcript.path.name).read()
+        if not theirs.records:
+            return
+        self.notes += [f"{previous.name}: {note}" for note in theirs.notes]
+        self.transcript.close()
+        if self.transcript.path.exists():
+            set_aside(self.transcript.path)
+        write_atomic(self.transcript.path,
+                     "".join(json.dumps(m, ensure_ascii=False) + "\n" for m in theirs.records).encode())
+        key = ("turn", "call_id", "status")
+        mine = {tuple(r.get(k) for k in key) for r in self.tool_log.read().records if r.get("task") == self.task["id"]}
+        for record in Journal(previous / "tool_calls.jsonl").read().records:
+            if record.get("task") == self.task["id"] and tuple(record.get(k) for k in key) not in mine:
+                self.tool_log.append(record)
+        self.notes.append(f"continued the conversation of {previous.name} ({len(theirs.records)} messages)")
+
     def resume(self) -> list[Message]:
         """The conversation so far, from the transcript; a new one if there is none."""
+        if self.previous is not None:
+            self.take_over(self.previous)
         read = self.transcript.read()
         self.notes += read.notes
         messages = read.records
@@ -171,6 +250,11 @@ class TaskLoop:
         return messages
 
     def _log_llm(self, attempt: Attempt) -> None:
+        with self._log_lock:  # the call runs on its own thread (see interruptible)
+            if not self._interrupted:
+                self._write_llm_record(attempt)
+
+    def _write_llm_record(self, attempt: Attempt) -> None:
         usage = attempt.completion.usage if attempt.completion else None
         model = (attempt.completion.model if attempt.completion and attempt.completion.model else attempt.model)
         cost = price(self.prices, model, usage) if usage else 0.0
@@ -185,8 +269,10 @@ class TaskLoop:
             self.spent_cost += cost or 0.0
 
     def _spent_before(self) -> None:
-        """What earlier attempts at this task cost: a ceiling holds across restarts."""
-        for record in self.llm_log.read().records:
+        """What earlier attempts at this task cost, ours and other agents': a ceiling holds across
+        restarts and reclaims."""
+        logs = [self.llm_log, *(Journal(other / "llm_calls.jsonl") for other in self.others)]
+        for record in (record for log in logs for record in log.read().records):
             if record.get("task") == self.task["id"]:
                 self.spent_tokens += int(record.get("tokens_in") or 0) + int(record.get("tokens_out") or 0)
                 self.spent_cost += float(record.get("cost_usd") or 0.0)
@@ -209,19 +295,16 @@ class TaskLoop:
         start, end = cut
         request = [{"role": "system", "content": SUMMARIZE},
                    {"role": "user", "content": render_for_summary(messages[start:end])}]
-        summary = self.complete(self.summarizer, request, None, log=self._log_llm).message.get("content") or ""
+        summary = self._complete(self.summarizer, request, None).message.get("content") or ""
         note = {"role": "user", "content": "Summary of the earlier work on this task (older turns were compressed "
                                            f"to fit the context window):\n{summary.strip()}"}
         compressed = [*messages[:start], note, *messages[end:]]
         path = self.transcript.path
         self.transcript.close()
-        index = 1
-        while path.with_name(f"{path.name}.{index}").exists():
-            index += 1
-        os.replace(path, path.with_name(f"{path.name}.{index}"))
+        kept = set_aside(path)
         write_atomic(path, "".join(json.dumps(m, ensure_ascii=False) + "\n" for m in compressed).encode())
         messages[:] = compressed
-        self.notes.append(f"compressed {end - start} messages into a summary ({path.name}.{index} keeps them)")
+        self.notes.append(f"compressed {end - start} messages into a summary ({kept.name} keeps them)")
         return True
 
     # -- tools ------------------------------------------------------------------------------------
@@ -283,15 +366,27 @@ class TaskLoop:
 
     # -- the loop ---------------------------------------------------------------------------------
 
+    def _complete(self, chain: list[Provider], messages: list[Message], tools: list[dict[str, Any]] | None) -> Any:
+        started = time.monotonic()
+        try:
+            return interruptible(lambda: self.complete(chain, messages, tools, log=self._log_llm), self.ctx.stop)
+        except InterruptedError:
+            with self._log_lock:
+                self._interrupted = True  # a late answer of the abandoned call is not logged as used
+                self._write_llm_record(Attempt(chain[0].config.name if chain else "-", chain[0].config.model if chain
+                                               else "-", "interrupted", time.monotonic() - started,
+                                               error="the agent was asked to stop during the call"))
+            raise
+
     def _call_model(self, messages: list[Message], tools: list[dict[str, Any]]) -> Any:
         if estimate_tokens(messages) > COMPRESS_AT * self.context_window:
             self.compress(messages)
         try:
-            return self.complete(self.chain, messages, tools or None, log=self._log_llm)
+            return self._complete(self.chain, messages, tools or None)
         except ProviderError as exc:
             if exc.kind != "context_overflow" or not self.compress(messages):
                 raise
-            return self.complete(self.chain, messages, tools or None, log=self._log_llm)
+            return self._complete(self.chain, messages, tools or None)
 
     def run(self) -> Outcome:
         self._spent_before()

@@ -16,11 +16,13 @@ from __future__ import annotations
 import importlib
 import os
 import random
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .streams import assemble_anthropic, assemble_openai
 from .translate import Completion, Message, from_anthropic, from_openai, to_anthropic, to_openai
 
 RETRY_SAME = frozenset({"rate_limit", "server"})
@@ -87,6 +89,7 @@ class ProviderConfig:
     timeout: float = 120.0
     max_tokens: int = 4096
     context_window: int = 128_000
+    stream: bool = False  # ask for server-sent events; `timeout` then bounds each read, not the whole answer
 
 
 class Provider(Protocol):
@@ -105,6 +108,12 @@ def _key(config: ProviderConfig, default_env: str) -> str:
 
 
 def _provider_error(sdk: Any, exc: Exception, provider: str) -> ProviderError:
+    # The anthropic SDK lets transport errors raised while a stream is read through unwrapped.
+    transport = sys.modules.get("httpx2")
+    if transport is not None and isinstance(exc, transport.TimeoutException):
+        return ProviderError("timeout", f"{provider}: timed out", provider=provider)
+    if transport is not None and isinstance(exc, transport.TransportError):
+        return ProviderError("unavailable", f"{provider}: connection lost ({exc})", provider=provider)
     if isinstance(exc, sdk.APITimeoutError):
         return ProviderError("timeout", f"{provider}: timed out", provider=provider)
     if isinstance(exc, sdk.APIConnectionError):
@@ -146,13 +155,24 @@ class _SDKProvider:
         client = self._connect()
         path, body, response_type = self._request(messages, tools, max_tokens or self.config.max_tokens)
         try:
-            response = client.post(path, body=body, cast_to=response_type)
-        except self._sdk_error() as exc:
+            if not self.config.stream:
+                return self._read(client.post(path, body=body, cast_to=response_type).model_dump())
+            # Stream[object] hands over each event as the decoded dict, without building a model
+            # per chunk; a read timeout or a dropped connection mid-stream raises the SDK's errors.
+            stream = client.post(path, body={**body, **self._stream_fields()}, cast_to=object, stream=True,
+                                 stream_cls=self._sdk.Stream[object])
+            with stream:
+                return self._read(self._assemble(stream))
+        except (self._sdk_error(), *self._transport_errors()) as exc:
             raise _provider_error(self._sdk, exc, self.config.name) from None
-        return self._read(response.model_dump())
 
     def _new_client(self, sdk: Any, key: str) -> Any:
         raise NotImplementedError
+
+    @staticmethod
+    def _transport_errors() -> tuple[type[Exception], ...]:
+        transport = sys.modules.get("httpx2")  # the SDKs' HTTP stack, loaded with them
+        return (transport.TransportError,) if transport is not None else ()
 
     def _sdk_error(self) -> type[Exception]:
         raise NotImplementedError
@@ -162,6 +182,12 @@ class _SDKProvider:
         raise NotImplementedError
 
     def _read(self, response: dict[str, Any]) -> Completion:
+        raise NotImplementedError
+
+    def _stream_fields(self) -> dict[str, Any]:
+        return {"stream": True}
+
+    def _assemble(self, events: Any) -> dict[str, Any]:
         raise NotImplementedError
 
 
@@ -184,6 +210,12 @@ class OpenAIProvider(_SDKProvider):
     def _read(self, response: dict[str, Any]) -> Completion:
         return from_openai(response)
 
+    def _stream_fields(self) -> dict[str, Any]:
+        return {"stream": True, "stream_options": {"include_usage": True}}
+
+    def _assemble(self, events: Any) -> dict[str, Any]:
+        return assemble_openai(events)
+
 
 class AnthropicProvider(_SDKProvider):
     module, key_env = "anthropic", "ANTHROPIC_API_KEY"
@@ -201,6 +233,9 @@ class AnthropicProvider(_SDKProvider):
 
     def _read(self, response: dict[str, Any]) -> Completion:
         return from_anthropic(response)
+
+    def _assemble(self, events: Any) -> dict[str, Any]:
+        return assemble_anthropic(events)
 
 
 KINDS: dict[str, Callable[[ProviderConfig], Provider]] = {"openai": OpenAIProvider, "anthropic": AnthropicProvider}

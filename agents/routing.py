@@ -63,6 +63,7 @@ def provider_configs(config: Mapping[str, Any]) -> dict[str, ProviderConfig]:
             base_url=spec.get("base_url"), api_key_env=spec.get("api_key_env"),
             timeout=float(spec.get("timeout", 120.0)), max_tokens=int(spec.get("max_tokens", 4096)),
             context_window=int(spec.get("context_window", 200_000 if spec.get("kind") == "anthropic" else 128_000)),
+            stream=bool(spec.get("stream", False)),
         )
     return out
 

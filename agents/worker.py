@@ -169,7 +169,7 @@ class Agent:
                         max_iterations=int(self.config.get("max_iterations") or 60),
                         max_tokens=self.config.get("max_tokens"), max_cost=self.config.get("max_cost"),
                         context_window=min((p.config.context_window for p in chain), default=128_000),
-                        summarizer=self.chain("cheap") or chain, on_step=self._on_step)
+                        summarizer=self.chain("cheap") or chain, on_step=self._on_step, agent=self.name)
         try:
             outcome = loop.run()
         except InterruptedError:

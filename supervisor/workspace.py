@@ -111,6 +111,8 @@ DEFAULT_KEYS = ("restart", "stop_timeout", "heartbeat_timeout", "orphan_grace", 
 RESTART_KEYS = ("policy", "backoff", "max_restarts", "window", "reset_after")
 CAPABILITIES = ("fs.read", "fs.write", "shell", "network", "memory", "delegate", "skills", "kanban")
 TIERS = ("auto", "cheap", "standard", "premium")
+PROVIDER_KINDS = ("openai", "anthropic", "auto", "offline")
+PROVIDER_KEYS = ("kind", "model", "base_url", "api_key_env", "timeout", "max_tokens", "context_window", "stream")
 AGENT_KEYS = ("name", "roles", "tier", "skills", "capabilities", "count", "provider", "env", "restart",
               "stop_timeout", "heartbeat_timeout", "orphan_grace", "max_rss_mb", "log_max_mb", "log_keep",
               "max_iterations", "max_tokens", "max_cost", "identity", "toolsets", "command")
@@ -150,6 +152,7 @@ def load_config(path: Path) -> dict[str, Any]:
         if key != "__line__" and key not in DEFAULT_KEYS:
             raise fail(defaults, f"unknown key 'defaults.{key}'; expected one of {', '.join(DEFAULT_KEYS)}")
     _check_settings(defaults, "defaults", fail)
+    _check_providers(raw, fail)
     agents = raw.get("agents") or []
     if not isinstance(agents, list):
         raise fail(raw, "'agents' must be a list")
@@ -192,6 +195,50 @@ def load_config(path: Path) -> dict[str, Any]:
 
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_providers(raw: dict[str, Any], fail: Any) -> None:
+    """The named providers, and tiers that name only providers that exist."""
+    providers = raw.get("providers") or {}
+    if not isinstance(providers, dict):
+        raise fail(raw, "'providers' must be a mapping of names to providers")
+    for name, spec in providers.items():
+        if name == "__line__":
+            continue
+        if not isinstance(spec, dict):
+            raise fail(providers, f"provider {name}: must be a mapping with a 'kind'")
+        if "api_key" in spec:
+            raise fail(spec, f"provider {name}: keys are not written in hermes.yaml; name the environment "
+                             "variable that holds it with 'api_key_env'")
+        for key in spec:
+            if key != "__line__" and key not in PROVIDER_KEYS:
+                raise fail(spec, f"provider {name}: unknown key '{key}'; expected one of {', '.join(PROVIDER_KEYS)}")
+        kind = spec.get("kind", "openai")
+        if kind not in PROVIDER_KINDS:
+            raise fail(spec, f"provider {name}: unknown kind {kind!r}; kinds are {', '.join(PROVIDER_KINDS)}")
+        if kind in ("openai", "anthropic") and (not isinstance(spec.get("model"), str) or not spec["model"]):
+            raise fail(spec, f"provider {name}: kind {kind} needs a 'model'")
+        if "timeout" in spec and (not _number(spec["timeout"]) or spec["timeout"] <= 0):
+            raise fail(spec, f"provider {name}: 'timeout' must be a number of seconds > 0, got {spec['timeout']!r}")
+        for key in ("max_tokens", "context_window"):
+            if key in spec and (not isinstance(spec[key], int) or isinstance(spec[key], bool) or spec[key] <= 0):
+                raise fail(spec, f"provider {name}: '{key}' must be a whole number > 0, got {spec[key]!r}")
+        if "stream" in spec and not isinstance(spec["stream"], bool):
+            raise fail(spec, f"provider {name}: 'stream' must be true or false, got {spec['stream']!r}")
+    tiers = raw.get("tiers") or {}
+    if not isinstance(tiers, dict):
+        raise fail(raw, "'tiers' must be a mapping of tier names to lists of providers")
+    known = {*providers, "auto", "offline"} - {"__line__"}
+    for tier, chain in tiers.items():
+        if tier == "__line__":
+            continue
+        if tier not in TIERS[1:]:
+            raise fail(tiers, f"unknown tier {tier!r}; tiers are {', '.join(TIERS[1:])}")
+        if not isinstance(chain, list) or not all(isinstance(item, str) for item in chain):
+            raise fail(tiers, f"tier {tier}: must be a list of provider names")
+        for item in chain:
+            if item not in known:
+                raise fail(tiers, f"tier {tier}: no provider named {item!r} (providers: {', '.join(sorted(known))})")
 
 
 def _check_settings(node: dict[str, Any], where: str, fail: Any) -> None:

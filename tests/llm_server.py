@@ -4,11 +4,14 @@ it (base_url), so their HTTP stack runs for real. It speaks /v1/chat/completions
 
 A reply is a dict: {"json": body} (200 with that body), {"status": 429, "headers": {...}, "json": ...},
 {"delay": seconds, ...} (answer late, to trigger a client timeout), or {"close": True} (drop the
-connection).
+connection). A request with "stream": true gets a 200 reply as server-sent events, cut the way the
+real APIs cut them (text in small pieces, tool arguments in fragments, usage at the end);
+{"stall": seconds} then pauses after the first event, to time out mid-stream.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -45,6 +48,55 @@ def anthropic_reply(content: str | None = None, tool_calls: list[tuple[str, dict
         "usage": {"input_tokens": prompt, "output_tokens": completion, "cache_read_input_tokens": cache_read,
                   "cache_creation_input_tokens": 0},
     }}
+
+
+def _pieces(text: str, size: int = 7) -> list[str]:
+    return [text[i:i + size] for i in range(0, len(text), size)] or [""]
+
+
+def openai_events(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """A chat.completion as the chunks of its stream."""
+    base = {"id": body["id"], "object": "chat.completion.chunk", "created": body["created"], "model": body["model"]}
+    choice = body["choices"][0]
+    message = choice["message"]
+    chunks = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]}]
+    for piece in _pieces(message.get("content") or "") if message.get("content") else []:
+        chunks.append({**base, "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]})
+    for index, call in enumerate(message.get("tool_calls") or []):
+        head = {"index": index, "id": call["id"], "type": "function",
+                "function": {"name": call["function"]["name"], "arguments": ""}}
+        chunks.append({**base, "choices": [{"index": 0, "delta": {"tool_calls": [head]}, "finish_reason": None}]})
+        for piece in _pieces(call["function"]["arguments"]):
+            delta = {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
+            chunks.append({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+    chunks.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]})
+    chunks.append({**base, "choices": [], "usage": body["usage"]})
+    return chunks
+
+
+def anthropic_events(body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """A message as the (event, data) pairs of its stream."""
+    usage = body["usage"]
+    start = {**body, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
+    events = [("message_start", {"type": "message_start", "message": start}), ("ping", {"type": "ping"})]
+    for index, block in enumerate(body["content"]):
+        if block["type"] == "text":
+            events.append(("content_block_start", {"type": "content_block_start", "index": index,
+                                                   "content_block": {"type": "text", "text": ""}}))
+            events += [("content_block_delta", {"type": "content_block_delta", "index": index,
+                                                "delta": {"type": "text_delta", "text": piece}})
+                       for piece in _pieces(block["text"])]
+        else:
+            events.append(("content_block_start", {"type": "content_block_start", "index": index, "content_block": {
+                "type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}}))
+            events += [("content_block_delta", {"type": "content_block_delta", "index": index,
+                                                "delta": {"type": "input_json_delta", "partial_json": piece}})
+                       for piece in _pieces(block.get("raw_input") or json.dumps(block["input"]))]
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+    events.append(("message_delta", {"type": "message_delta", "delta": {"stop_reason": body["stop_reason"],
+                   "stop_sequence": None}, "usage": {"output_tokens": usage["output_tokens"]}}))
+    events.append(("message_stop", {"type": "message_stop"}))
+    return events
 
 
 def error_reply(status: int, message: str = "error", *, kind: str = "api_error",
@@ -90,7 +142,33 @@ class ScriptedLLM:
                     self.close_connection = True
                     self.connection.close()
                     return
+                if body.get("stream") and reply.get("status", 200) == 200:
+                    self._stream(api, reply)
+                    return
                 self._send(reply.get("status", 200), reply.get("json", {}), reply.get("headers", {}))
+
+            def _stream(self, api: str, reply: dict[str, Any]) -> None:
+                if api == "openai":
+                    frames = [f"data: {json.dumps(chunk)}\n\n" for chunk in openai_events(reply["json"])]
+                    frames.append("data: [DONE]\n\n")
+                else:
+                    frames = [f"event: {event}\ndata: {json.dumps(data)}\n\n"
+                              for event, data in anthropic_events(reply["json"])]
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("transfer-encoding", "chunked")
+                self.end_headers()
+                for index, frame in enumerate(frames):
+                    data = frame.encode()
+                    try:
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                        self.wfile.flush()
+                    except OSError:
+                        return  # the client gave up (a timeout, or a stop)
+                    if index == 0 and reply.get("stall"):
+                        time.sleep(reply["stall"])
+                with contextlib.suppress(OSError):
+                    self.wfile.write(b"0\r\n\r\n")
 
             def _send(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
                 data = json.dumps(body).encode()

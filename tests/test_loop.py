@@ -42,12 +42,17 @@ def llm():
         yield server
 
 
-def make_loop(llm, tmp_path, **kwargs) -> TaskLoop:
-    scratch = tmp_path / "agent" / "scratch"
+def make_loop(llm, tmp_path, name: str = "agent", task: dict | None = None, **kwargs) -> TaskLoop:
+    scratch = tmp_path / name / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
-    ctx = ToolContext(scratch=scratch, stop=threading.Event(), memory=MemoryFile(tmp_path / "agent" / "MEMORY.md"))
+    ctx = ToolContext(scratch=scratch, stop=threading.Event(), memory=MemoryFile(tmp_path / name / "MEMORY.md"))
     provider = OpenAIProvider(ProviderConfig(name="scripted", kind="openai", model="m", base_url=f"{llm.url}/v1"))
-    return TaskLoop(task=TASK, chain=[provider], workdir=tmp_path / "agent", ctx=ctx, capabilities=CAPS, **kwargs)
+    return TaskLoop(task=task or TASK, chain=[provider], workdir=tmp_path / name, ctx=ctx, capabilities=CAPS,
+                    agent=name, **kwargs)
+
+
+def claimed_by(*names: str) -> dict:
+    return {**TASK, "history": [{"by": name, "from": "todo", "to": "doing"} for name in names]}
 
 
 def test_multi_step_tool_use_to_a_final_answer(llm, tmp_path, counter):
@@ -83,6 +88,32 @@ def test_a_resumed_task_does_not_run_a_completed_call_again(llm, tmp_path, count
     assert (second.kind, second.text) == ("done", "done after the restart")
     assert counter() == ["1"], "the completed call was not executed twice"
     assert llm.requests[-1]["body"]["messages"][-1]["content"] == "bumped 1"
+
+
+def test_a_task_reclaimed_by_another_agent_continues_its_conversation(llm, tmp_path, counter):
+    llm.script("openai", openai_reply(tool_calls=[("bump", {"n": 1})]), error_reply(500), error_reply(500),
+               error_reply(500))
+    assert make_loop(llm, tmp_path, "alice", claimed_by("alice")).run().kind == "failed"  # alice dies
+    llm.script("openai", openai_reply(tool_calls=[("bump", {"n": 2})]), error_reply(500), error_reply(500),
+               error_reply(500))
+    bob = make_loop(llm, tmp_path, "bob", claimed_by("alice", "bob"), max_tokens=450)
+    assert bob.run().kind == "failed"  # bob continues alice's conversation, then dies too
+    assert counter() == ["1", "2"], "alice's completed call was not run again by bob"
+    assert bob.spent_tokens == 220, "alice's spending counts against the task's ceiling"
+    sent = llm.requests[4]["body"]["messages"]
+    assert sent[-1] == {"role": "tool", "tool_call_id": "call_0", "content": "bumped 1"}
+    assert "continued the conversation of alice (4 messages)" in bob.notes
+    # alice takes it back: she continues from bob's transcript (hers, older, is set aside).
+    llm.script("openai", openai_reply("two bumps done"))
+    again = make_loop(llm, tmp_path, "alice", claimed_by("alice", "bob", "alice"))
+    assert (again.run().text, counter()) == ("two bumps done", ["1", "2"])
+    assert [m["role"] for m in llm.requests[-1]["body"]["messages"]] == [
+        "system", "user", "assistant", "tool", "assistant", "tool"]
+    assert (tmp_path / "alice/transcripts/t-1.jsonl.1").exists()
+    alice_log = [json.loads(line) for line in (tmp_path / "alice/tool_calls.jsonl").read_text().splitlines()]
+    assert [(r["args"]["n"] if "args" in r else r["result"]) for r in alice_log] == [1, "bumped 1", 2, "bumped 2"]
+    assert json.loads((tmp_path / "bob/transcripts/t-1.jsonl").read_text().splitlines()[-1])["role"] == "tool", \
+        "bob's files are only read"
 
 
 def test_an_interrupted_call_is_rerun_only_if_idempotent(llm, tmp_path, counter):

@@ -35,13 +35,17 @@ def llm():
         yield server
 
 
-def openai_at(url: str, name: str = "local", timeout: float = 5.0) -> OpenAIProvider:
-    return OpenAIProvider(ProviderConfig(name=name, kind="openai", model="m", base_url=f"{url}/v1", timeout=timeout))
+def openai_at(url: str, name: str = "local", timeout: float = 5.0, stream: bool = False) -> OpenAIProvider:
+    return OpenAIProvider(ProviderConfig(name=name, kind="openai", model="m", base_url=f"{url}/v1", timeout=timeout,
+                                         stream=stream))
 
 
-def anthropic_at(url: str, name: str = "cloud", timeout: float = 5.0) -> AnthropicProvider:
+def anthropic_at(url: str, name: str = "cloud", timeout: float = 5.0, stream: bool = False) -> AnthropicProvider:
     return AnthropicProvider(ProviderConfig(name=name, kind="anthropic", model="claude-m", base_url=url,
-                                            api_key="sk-test-not-real", timeout=timeout))
+                                            api_key="sk-test-not-real", timeout=timeout, stream=stream))
+
+
+PROVIDERS = {"openai": (openai_at, openai_reply), "anthropic": (anthropic_at, anthropic_reply)}
 
 
 def closed_port_url() -> str:
@@ -172,3 +176,43 @@ def test_importing_the_provider_layer_imports_no_sdk():
     code = "import sys, agents.providers; print('openai' in sys.modules, 'anthropic' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_a_streamed_answer_is_the_same_completion_as_a_plain_one(llm, api):
+    make, reply = PROVIDERS[api]
+    script = [reply("Reading both files, then I will compare them.", tool_calls=[
+        ("read_file", {"path": "a.txt"}), ("read_file", {"path": "notes/b.txt"})], prompt=321, completion=45),
+        reply("The files differ in line 3: 'alpha' against 'beta'.", prompt=400, completion=17)]
+    llm.script(api, *script, *script)
+    plain = [make(llm.url).complete(MESSAGES, TOOLS) for _ in range(2)]
+    streamed_provider = make(llm.url, stream=True)
+    streamed = [streamed_provider.complete(MESSAGES, TOOLS) for _ in range(2)]
+    assert streamed == plain
+    assert streamed[0].stop == "tool_calls" and len(streamed[0].message["tool_calls"]) == 2
+    assert streamed[0].usage.input == 321 and streamed[0].usage.output == 45
+    assert streamed[1].message["content"] == "The files differ in line 3: 'alpha' against 'beta'."
+    bodies = [request["body"] for request in llm.requests]
+    assert [body.get("stream", False) for body in bodies] == [False, False, True, True]
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_a_stream_that_stalls_times_out_and_the_chain_moves_on(llm, api):
+    make, reply = PROVIDERS[api]
+    other = "anthropic" if api == "openai" else "openai"
+    llm.script(api, {"stall": 2.0, **reply("a long answer that never ends in time")})
+    llm.script(other, PROVIDERS[other][1]("from the next provider"))
+    attempts = []
+    result = complete_with_fallback([make(llm.url, "stalls", timeout=0.3, stream=True), PROVIDERS[other][0](llm.url)],
+                                    MESSAGES, None, log=attempts.append)
+    assert result.message["content"] == "from the next provider"
+    assert [(a.provider, a.outcome) for a in attempts] == [("stalls", "timeout"), (attempts[1].provider, "ok")]
+
+
+def test_streamed_tool_input_that_is_not_json_reaches_the_loop_as_text(llm):
+    reply = anthropic_reply(tool_calls=[("read_file", {"path": "a"})])
+    reply["json"]["content"][0]["raw_input"] = '{"path": "a'
+    llm.script("anthropic", reply)
+    completion = anthropic_at(llm.url, stream=True).complete(MESSAGES, TOOLS)
+    arguments = completion.message["tool_calls"][0]["function"]["arguments"]
+    assert json.loads(arguments) == '{"path": "a'  # a string, not an object: the loop refuses it

@@ -69,6 +69,14 @@ def test_reload_plan_touches_only_what_changed(tmp_path):
         ("agents:\n  - name: a\n    command: python\n", ":2: agent a: 'command' must be a non-empty list"),
         ("defaults:\n  max_cost: -1\n", ":2: defaults: 'max_cost' must be a number > 0"),
         ("agents:\n  - name: a\n    max_tokens: 1.5\n", ":2: agent a: 'max_tokens' must be a whole number > 0"),
+        ("providers:\n  x: {kind: openia, model: m}\n", ":2: provider x: unknown kind 'openia'"),
+        ("providers:\n  x: {kind: anthropic}\n", ":2: provider x: kind anthropic needs a 'model'"),
+        ("providers:\n  x:\n    kind: openai\n    model: m\n    api_key: sk-1\n",
+         ":3: provider x: keys are not written in hermes.yaml"),
+        ("providers:\n  x: {model: m, stream: yes please}\n", ":2: provider x: 'stream' must be true or false"),
+        ("providers:\n  x: {model: m, timout: 3}\n", ":2: provider x: unknown key 'timout'"),
+        ("providers:\n  x: {model: m}\ntiers:\n  cheap: [x, y]\n", ":4: tier cheap: no provider named 'y'"),
+        ("tiers:\n  fast: [auto]\n", ":2: unknown tier 'fast'"),
     ],
 )
 def test_bad_settings_are_refused_with_file_and_line(tmp_path, text, message):

@@ -304,3 +304,27 @@ def test_an_agent_killed_between_a_tool_call_and_the_next_llm_call_resumes(tmp_p
         assert [c["status"] for c in calls] == ["started", "done"], "memory (not idempotent) ran once"
         assert (ws / "runs/thinker/memory/MEMORY.md").read_text() == "fact one\n"
         assert len(llm.requests) == 2 and llm.requests[1]["body"]["messages"][-1]["content"].startswith("memory add")
+
+
+def test_down_does_not_wait_for_a_long_model_call(tmp_path, up):
+    from .llm_server import ScriptedLLM, openai_reply
+
+    with ScriptedLLM() as llm:
+        ws = llm_workspace(tmp_path, llm)
+        llm.script("openai", {"delay": 60, **openai_reply("never delivered")})
+        board = Board(ws / "kanban")
+        task = board.add({"title": "think for a long time"})
+        up(ws)
+        wait_until(lambda: len(llm.requests) >= 1, timeout=30)
+        pid = agent(ws, "thinker")["pid"]
+        started = time.monotonic()
+        stopped = hermes(ws, "down", "--timeout", "30")
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert time.monotonic() - started < 10, "the agent stopped without waiting for the call to end"
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        released = board.get(task["id"])
+        assert released["status"] == "todo" and released["attempts"] == 0, "the attempt was given back"
+        assert "released: thinker is stopping (SIGTERM)" in released["history"][-1]["note"]
+        log = [json.loads(line) for line in (ws / "runs/thinker/llm_calls.jsonl").read_text().splitlines()]
+        assert [record["outcome"] for record in log] == ["interrupted"]
+        assert "(SIGTERM)" in (ws / "runs/thinker/agent.log").read_text()
