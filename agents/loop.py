@@ -30,7 +30,7 @@ from kanban.task import now_iso
 
 from .journal import Journal
 from .providers import Attempt, Provider, ProviderError, complete_with_fallback
-from .tools import REGISTRY, NeedsPerson, ToolContext, ToolError, run_step, schemas
+from .tools import NeedsPerson, Refused, Toolbox, ToolContext, ToolError
 from .translate import Message, Usage, text_tool_calls
 
 MAX_ITERATIONS = 60
@@ -61,12 +61,11 @@ def price(prices: dict[str, Any], model: str, usage: Usage) -> float | None:
                  / 1e6, 8)
 
 
-def system_prompt(identity: str, memory_block: str) -> str:
+def system_prompt(identity: str, memory_block: str, skills_block: str = "") -> str:
     parts = [identity.strip() or "You are an agent on a team. Work the task you are given.",
              "Use the tools when they help. When the task is done, answer with the result as your final "
              "message, without calling a tool. If you cannot go on without a person, call ask_human."]
-    if memory_block:
-        parts.append(memory_block)
+    parts += [block for block in (skills_block, memory_block) if block]
     return "\n\n".join(parts)
 
 
@@ -175,7 +174,7 @@ def unanswered(messages: list[Message]) -> tuple[str, list[dict[str, Any]]]:
 
 class TaskLoop:
     def __init__(self, *, task: dict[str, Any], chain: list[Provider], workdir: Path, ctx: ToolContext,
-                 capabilities: tuple[str, ...], identity: str = "", max_iterations: int = MAX_ITERATIONS,
+                 toolbox: Toolbox, identity: str = "", prompt_extra: str = "", max_iterations: int = MAX_ITERATIONS,
                  complete: Callable[..., Any] = complete_with_fallback,
                  prices: dict[str, Any] | None = None, max_tokens: int | None = None,
                  max_cost: float | None = None, context_window: int = 128_000,
@@ -198,7 +197,8 @@ class TaskLoop:
         self.spent_cost = 0.0
         self.chain = chain
         self.ctx = ctx
-        self.capabilities = capabilities
+        self.toolbox = toolbox
+        self.prompt_extra = prompt_extra
         self.identity = identity
         self.max_iterations = max_iterations
         self.complete = complete
@@ -244,7 +244,7 @@ class TaskLoop:
         messages = read.records
         if not messages:
             memory = self.ctx.memory.prompt_block() if self.ctx.memory is not None else ""
-            for message in ({"role": "system", "content": system_prompt(self.identity, memory)},
+            for message in ({"role": "system", "content": system_prompt(self.identity, memory, self.prompt_extra)},
                             {"role": "user", "content": task_prompt(self.task)}):
                 self._append(messages, message)
         return messages
@@ -320,11 +320,36 @@ class TaskLoop:
                 started.add(record["call_id"])
         return done, started
 
+    def _record(self, messages: list[Message], turn: str, call_id: str, name: str, text: str, outcome: str,
+                started_at: float) -> None:
+        text = text[:MAX_RESULT_CHARS]
+        is_error = outcome != "ok"
+        self.tool_log.append({"at": now_iso(), "task": self.task["id"], "turn": turn, "call_id": call_id,
+                              "tool": name, "status": "done", "outcome": outcome, "result": text,
+                              "is_error": is_error, "duration_s": round(time.monotonic() - started_at, 3)})
+        fault("tool-done")  # the result is logged, not yet in the transcript
+        self._append(messages, {"role": "tool", "tool_call_id": call_id, "content": text,
+                                **({"is_error": True} if is_error else {})})
+
     def run_calls(self, messages: list[Message], turn: str, calls: list[dict[str, Any]]) -> None:
         done, started = self._logged_calls(turn)
+        parsed: dict[str, Any] = {}
+        for call in calls:
+            try:
+                parsed[call["id"]] = json.loads(call["function"].get("arguments") or "{}")
+            except ValueError as exc:
+                parsed[call["id"]] = exc
+        for call in calls:  # start what can work in parallel (delegations) before running one by one
+            tool = self.toolbox.get(call["function"]["name"])
+            if tool is not None and tool.prepare is not None and call["id"] not in done:
+                try:
+                    self.toolbox.check(tool.name, parsed[call["id"]])
+                except ToolError:
+                    continue
+                tool.prepare(self.ctx, parsed[call["id"]])
         for call in calls:
             call_id, name = call["id"], call["function"]["name"]
-            tool = REGISTRY.get(name)
+            tool = self.toolbox.get(name)
             if call_id in done:  # ran before a restart: its result stands, it is not run again
                 record = done[call_id]
                 self._append(messages, {"role": "tool", "tool_call_id": call_id, "content": record["result"],
@@ -335,34 +360,28 @@ class TaskLoop:
                     f"interrupted: {name} was running when the agent stopped, and it is not safe to repeat; "
                     "check its effect before calling it again")})
                 continue
+            started_at = time.monotonic()
+            args = parsed[call_id]
+            if isinstance(args, ValueError):
+                self._record(messages, turn, call_id, name, f"refused: invalid arguments for {name}: "
+                             f"not JSON ({args})", "refused", started_at)
+                continue
             try:
-                args = json.loads(call["function"].get("arguments") or "{}")
-                if not isinstance(args, dict):
-                    raise ValueError("arguments must be a JSON object")
-            except ValueError as exc:
-                self._append(messages, {"role": "tool", "tool_call_id": call_id, "is_error": True,
-                                        "content": f"invalid arguments for {name}: {exc}"})
+                self.toolbox.check(name, args)
+            except Refused as exc:  # never run, so nothing to resume: logged as done, refused
+                self._record(messages, turn, call_id, name, str(exc), "refused", started_at)
                 continue
             self.tool_log.append({"at": now_iso(), "task": self.task["id"], "turn": turn, "call_id": call_id,
                                   "tool": name, "args": args, "status": "started"})
-            started_at = time.monotonic()
-            is_error = False
             try:
-                result = run_step(self.ctx, {"tool": name, "args": args}, self.capabilities)
+                result = self.toolbox.call(self.ctx, name, args)
                 text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
-            except NeedsPerson:
+                outcome = "ok"
+            except (NeedsPerson, InterruptedError):
                 raise
             except ToolError as exc:
-                text, is_error = f"error: {exc}", True
-            except Exception as exc:  # a tool that raises is an error result, never the agent's end
-                text, is_error = f"error: {name} raised {type(exc).__name__}: {exc}", True
-            text = text[:MAX_RESULT_CHARS]
-            self.tool_log.append({"at": now_iso(), "task": self.task["id"], "turn": turn, "call_id": call_id,
-                                  "tool": name, "status": "done", "result": text, "is_error": is_error,
-                                  "duration_s": round(time.monotonic() - started_at, 3)})
-            fault("tool-done")  # the result is logged, not yet in the transcript
-            self._append(messages, {"role": "tool", "tool_call_id": call_id, "content": text,
-                                    **({"is_error": True} if is_error else {})})
+                text, outcome = f"error: {exc}", "error"
+            self._record(messages, turn, call_id, name, text, outcome, started_at)
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -391,7 +410,7 @@ class TaskLoop:
     def run(self) -> Outcome:
         self._spent_before()
         messages = self.resume()
-        tools = schemas(self.capabilities)
+        tools = self.toolbox.schemas()
         known = {t["function"]["name"] for t in tools}
         recent: list[str] = []
         try:

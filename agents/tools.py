@@ -1,26 +1,39 @@
-"""The tool registry: each tool registers itself with its name, capability and handler. A plain dict
-filled by explicit registration. For now it holds what a task's `steps` need to run without an LLM;
-the tools issue adds schemas, capability checks and the full built-in set."""
+"""The tool registry and the checks around every call.
+
+Each tool registers itself (name, description, JSON schema of its arguments, handler, the
+capabilities it needs, whether it is safe to repeat) into `REGISTRY`, a plain dict filled by
+explicit `register` calls: the built-ins in agents/builtins.py, skills by their own files. An agent
+sees its tools through a `Toolbox`: the registered tools, plus the skills it enables, narrowed to
+its toolsets. A call is refused, with a result that says why, when the tool is unknown, when the
+agent lacks one of its capabilities, or when its arguments do not match its schema; the handler
+runs only after those checks, and anything it raises becomes an error result.
+
+Imports nothing of the supervisor; the handlers' modules import this one, never the reverse.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import re
 import threading
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+CAPABILITIES = ("fs.read", "fs.write", "shell", "network", "memory", "delegate", "skills", "kanban")
+DEFAULT_CAPABILITIES = ("fs.read", "fs.write", "memory", "kanban")
+TOOL_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+JSON_TYPES = {"object": dict, "array": list, "string": str, "integer": int, "number": (int, float),
+              "boolean": bool, "null": type(None)}
+
 
 class ToolError(Exception):
-    """A tool call that failed in a way the caller (a task, or later a model) should be told."""
+    """A tool call that failed in a way the caller (a task's steps, or the model) should be told."""
 
 
-@dataclass(frozen=True)
-class ToolContext:
-    scratch: Path
-    stop: threading.Event
-    memory: Any = None  # agents.memory.MemoryFile, when the agent has one
+class Refused(ToolError):
+    """A call that was not made: unknown tool, a capability the agent lacks, bad arguments."""
 
 
 class NeedsPerson(Exception):
@@ -28,122 +41,204 @@ class NeedsPerson(Exception):
 
 
 @dataclass(frozen=True)
+class ToolContext:
+    """What a handler may use. Everything is optional but the scratch folder and the stop event,
+    so a tool can be run by a test, a task's steps or the loop alike."""
+    scratch: Path
+    stop: threading.Event
+    memory: Any = None              # agents.memory.MemoryFile
+    board: Any = None               # kanban.Board
+    agent: str = ""
+    task: dict[str, Any] | None = None
+    llm: Callable[[str, str], str] | None = None  # (tier, prompt) -> text, for tools that ask a model
+    settings: dict[str, Any] = field(default_factory=dict)  # the agent's config (terminal, delegation)
+    services: dict[str, Any] = field(default_factory=dict)  # skills, delegation: set by the agent
+
+
+@dataclass(frozen=True)
 class Tool:
     name: str
-    capability: str
-    idempotent: bool
+    description: str
     handler: Callable[[ToolContext, dict[str, Any]], Any]
-    description: str = ""
-    parameters: dict[str, Any] | None = None
+    parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+    capabilities: tuple[str, ...] = ()
+    idempotent: bool = False
+    toolset: str = ""  # the group an agent's `toolsets` names: files, terminal, memory, board, skills, ...
+    # Called for every call of a turn before the calls run one by one (delegate_task starts its
+    # child there, so the children of one turn work in parallel).
+    prepare: Callable[[ToolContext, dict[str, Any]], None] | None = None
 
     def schema(self) -> dict[str, Any]:
         """The tool as an OpenAI function definition."""
         return {"type": "function", "function": {
-            "name": self.name, "description": self.description,
-            "parameters": self.parameters or {"type": "object", "properties": {}}}}
+            "name": self.name, "description": self.description, "parameters": self.parameters}}
 
 
 REGISTRY: dict[str, Tool] = {}
+_collecting: list[list[Tool]] = []
 
 
 def register(tool: Tool) -> Tool:
-    REGISTRY[tool.name] = tool
+    """Add a tool. While a skill file is being loaded, its tools are collected for it instead of
+    going into the shared registry."""
+    if _collecting:
+        _collecting[-1].append(tool)
+    else:
+        REGISTRY[tool.name] = tool
     return tool
 
 
-def confined(ctx: ToolContext, relative: object) -> Path:
-    """A path inside the scratch folder, checked on the resolved path (no `..`, no absolute path,
-    no symlink out)."""
-    if not isinstance(relative, str) or not relative:
-        raise ToolError("path must be a non-empty string")
-    if Path(relative).is_absolute():
-        raise ToolError(f"absolute paths are refused: {relative}")
-    root = ctx.scratch.resolve()
-    target = (root / relative).resolve()
-    if target != root and root not in target.parents:
-        raise ToolError(f"path escapes the scratch folder: {relative}")
-    return target
-
-
-def _wait(ctx: ToolContext, args: dict[str, Any]) -> str:
-    seconds = float(args.get("seconds", 0))
-    if ctx.stop.wait(timeout=max(0.0, seconds)):
-        raise ToolError("interrupted: the agent is stopping")
-    return f"waited {seconds:g} s"
-
-
-def _write_file(ctx: ToolContext, args: dict[str, Any]) -> str:
-    target = confined(ctx, args.get("path"))
-    content = args.get("content", "")
-    if not isinstance(content, str):
-        raise ToolError("content must be a string")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{time.monotonic_ns()}.tmp")
-    tmp.write_text(content)
-    tmp.replace(target)
-    return f"wrote {len(content)} characters to {args['path']}"
-
-
-def _read_file(ctx: ToolContext, args: dict[str, Any]) -> str:
-    target = confined(ctx, args.get("path"))
+@contextlib.contextmanager
+def collecting() -> Iterator[list[Tool]]:
+    tools: list[Tool] = []
+    _collecting.append(tools)
     try:
-        return target.read_text()
-    except FileNotFoundError:
-        raise ToolError(f"no such file: {args.get('path')}") from None
+        yield tools
+    finally:
+        _collecting.pop()
 
 
-def _memory(ctx: ToolContext, args: dict[str, Any]) -> str:
-    from .memory import MemoryEntryError
+# -- argument schemas (a JSON Schema subset: what tool definitions use) --------------------------
 
-    if ctx.memory is None:
-        raise ToolError("this agent has no memory file")
-    try:
-        return ctx.memory.change(str(args.get("action", "")), content=args.get("content"),
-                                 old_text=args.get("old_text"))
-    except MemoryEntryError as exc:
-        raise ToolError(str(exc)) from None
-
-
-def _ask_human(ctx: ToolContext, args: dict[str, Any]) -> str:
-    question = str(args.get("question") or "").strip()
-    if not question:
-        raise ToolError("question is required")
-    raise NeedsPerson(question)
-
-
-def _string(description: str) -> dict[str, str]:
-    return {"type": "string", "description": description}
-
-
-register(Tool("wait", "fs.read", True, _wait, "Wait a number of seconds.",
-              {"type": "object", "properties": {"seconds": {"type": "number"}}, "required": ["seconds"]}))
-register(Tool("write_file", "fs.write", True, _write_file, "Write a text file in your scratch folder.",
-              {"type": "object", "properties": {"path": _string("relative path"), "content": _string("the text")},
-               "required": ["path", "content"]}))
-register(Tool("read_file", "fs.read", True, _read_file, "Read a text file from your scratch folder.",
-              {"type": "object", "properties": {"path": _string("relative path")}, "required": ["path"]}))
-register(Tool("memory", "memory", False, _memory,
-              "Keep a fact across tasks: add one, or replace or remove the one containing old_text.",
-              {"type": "object", "properties": {
-                  "action": {"type": "string", "enum": ["add", "replace", "remove"]},
-                  "content": _string("the fact, for add and replace"),
-                  "old_text": _string("a piece of the entry to change, unique to it")}, "required": ["action"]}))
-register(Tool("ask_human", "kanban", False, _ask_human,
-              "Stop and ask a person: use only when you cannot go on without their answer.",
-              {"type": "object", "properties": {"question": _string("what you need to know")},
-               "required": ["question"]}))
+def schema_problem(schema: Any, where: str = "parameters") -> str | None:
+    """Why `schema` is not a usable definition of a tool's arguments, or None (pure)."""
+    if not isinstance(schema, dict):
+        return f"{where} must be a JSON schema object"
+    kind = schema.get("type")
+    kinds = kind if isinstance(kind, list) else [kind] if kind is not None else []
+    if any(k not in JSON_TYPES for k in kinds):
+        return f"{where}: unknown type {kind!r}"
+    if where == "parameters" and kind != "object":
+        return "parameters must have type 'object'"
+    properties = schema.get("properties", {})
+    if not isinstance(properties, dict):
+        return f"{where}.properties must be a mapping"
+    for name, sub in properties.items():
+        problem = schema_problem(sub, f"{where}.properties.{name}")
+        if problem:
+            return problem
+    required = schema.get("required", [])
+    if not isinstance(required, list) or any(item not in properties for item in required):
+        return f"{where}.required must list names defined in properties"
+    if "enum" in schema and not isinstance(schema["enum"], list):
+        return f"{where}.enum must be a list"
+    if "items" in schema:
+        return schema_problem(schema["items"], f"{where}.items")
+    return None
 
 
-def schemas(capabilities: tuple[str, ...]) -> list[dict[str, Any]]:
-    """The definitions of every tool the capabilities allow, in a stable order (provider caches
-    need byte-identical prompts)."""
-    return [REGISTRY[name].schema() for name in sorted(REGISTRY) if REGISTRY[name].capability in capabilities]
+def args_problem(schema: dict[str, Any], value: Any, where: str = "") -> str | None:
+    """The first way `value` fails `schema`, in words, or None (pure)."""
+    label = where or "arguments"
+    kind = schema.get("type")
+    kinds = kind if isinstance(kind, list) else [kind] if kind else []
+    if kinds and not any(_is(value, k) for k in kinds):
+        return f"{label} must be {' or '.join(kinds)}, got {_json_type(value)}"
+    if "enum" in schema and value not in schema["enum"]:
+        return f"{label} must be one of {', '.join(map(str, schema['enum']))}, got {value!r}"
+    if isinstance(value, dict):
+        properties = schema.get("properties") or {}
+        for name in schema.get("required") or []:
+            if name not in value:
+                return f"{label + '.' if where else ''}{name} is required"
+        if schema.get("additionalProperties") is False:
+            extra = sorted(set(value) - set(properties))
+            if extra:
+                return f"unknown argument{'s' if len(extra) > 1 else ''}: {', '.join(extra)}"
+        for name, item in value.items():
+            if name in properties:
+                problem = args_problem(properties[name], item, f"{where}.{name}" if where else name)
+                if problem:
+                    return problem
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(value):
+            problem = args_problem(schema["items"], item, f"{label}[{index}]")
+            if problem:
+                return problem
+    if _is(value, "number"):
+        if "minimum" in schema and value < schema["minimum"]:
+            return f"{label} must be >= {schema['minimum']}, got {value}"
+        if "maximum" in schema and value > schema["maximum"]:
+            return f"{label} must be <= {schema['maximum']}, got {value}"
+    if isinstance(value, str) and "minLength" in schema and len(value) < schema["minLength"]:
+        return f"{label} must not be empty" if schema["minLength"] == 1 else f"{label} is too short"
+    return None
 
 
-def run_step(ctx: ToolContext, step: dict[str, Any], capabilities: tuple[str, ...]) -> Any:
-    tool = REGISTRY.get(step.get("tool", ""))
-    if tool is None:
-        raise ToolError(f"unknown tool {step.get('tool')!r}; known: {', '.join(sorted(REGISTRY))}")
-    if tool.capability not in capabilities:
-        raise ToolError(f"tool {tool.name} needs the {tool.capability} capability, which this agent lacks")
-    return tool.handler(ctx, step.get("args") or {})
+def _is(value: Any, kind: str) -> bool:
+    if isinstance(value, bool) and kind in ("integer", "number"):
+        return False
+    if kind == "integer" and isinstance(value, float):
+        return value.is_integer()
+    return isinstance(value, JSON_TYPES[kind])
+
+
+def _json_type(value: Any) -> str:
+    for name in ("null", "boolean", "integer", "number", "string", "array", "object"):
+        if _is(value, name):
+            return name
+    return type(value).__name__
+
+
+# -- an agent's view ------------------------------------------------------------------------------
+
+@dataclass
+class Toolbox:
+    """The tools one agent may see and call: the registry plus its skills' tools, narrowed to its
+    toolsets; calls checked against its granted capabilities."""
+    grants: tuple[str, ...] = DEFAULT_CAPABILITIES
+    toolsets: tuple[str, ...] | None = None  # None: every toolset
+    extra: dict[str, Tool] = field(default_factory=dict)  # tools of the skills this agent enables
+
+    def tools(self) -> dict[str, Tool]:
+        merged = {**REGISTRY, **self.extra}
+        if self.toolsets is None:
+            return merged
+        return {name: tool for name, tool in merged.items() if tool.toolset in self.toolsets}
+
+    def allowed(self, tool: Tool) -> bool:
+        return all(capability in self.grants for capability in tool.capabilities)
+
+    def schemas(self) -> list[dict[str, Any]]:
+        """The definitions of every tool this agent may call, in a stable order (provider caches
+        need byte-identical prompts)."""
+        tools = self.tools()
+        return [tools[name].schema() for name in sorted(tools) if self.allowed(tools[name])]
+
+    def get(self, name: str) -> Tool | None:
+        return self.tools().get(name)
+
+    def check(self, name: str, args: Any) -> Tool:
+        """The tool to run, or Refused saying why the call may not be made."""
+        tool = self.get(name)
+        if tool is None:
+            known = sorted(n for n, t in self.tools().items() if self.allowed(t))
+            raise Refused(f"unknown tool {name!r}; this agent's tools are: {', '.join(known)}")
+        missing = [capability for capability in tool.capabilities if capability not in self.grants]
+        if missing:
+            raise Refused(f"refused: {name} needs the {', '.join(missing)} capabilit"
+                          f"{'ies' if len(missing) > 1 else 'y'}, which this agent is not granted")
+        if not isinstance(args, dict):
+            raise Refused(f"refused: the arguments of {name} must be a JSON object")
+        problem = args_problem(tool.parameters, args)
+        if problem:
+            raise Refused(f"refused: invalid arguments for {name}: {problem}")
+        return tool
+
+    def call(self, ctx: ToolContext, name: str, args: Any) -> Any:
+        """Check, then run. ToolError (Refused included) and NeedsPerson go to the caller; any other
+        exception of the handler is turned into a ToolError naming it."""
+        tool = self.check(name, args)
+        try:
+            return tool.handler(ctx, args)
+        except (ToolError, NeedsPerson, InterruptedError):
+            raise
+        except Exception as exc:
+            raise ToolError(f"{name} raised {type(exc).__name__}: {exc}") from exc
+
+
+def run_step(ctx: ToolContext, step: dict[str, Any], toolbox: Toolbox) -> Any:
+    """One step of a task's deterministic plan."""
+    if not isinstance(step, dict):
+        raise Refused("a step must be a mapping with 'tool' and 'args'")
+    return toolbox.call(ctx, str(step.get("tool", "")), step.get("args") or {})

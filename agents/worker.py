@@ -18,16 +18,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kanban import Board, ClaimLost
+from kanban import Board, BoardError, ClaimLost
 from kanban.fsio import write_json_atomic
 from kanban.task import now_iso
 
+from . import builtins  # noqa: F401 - registers the built-in tools
+from .delegation import Delegator
 from .loop import TaskLoop
 from .memory import MemoryFile
 from .notify import NOTIFY_ENV, Notifier
-from .providers import Provider, ProviderConfig, make_provider
+from .providers import Provider, ProviderConfig, ProviderError, complete_with_fallback, make_provider
 from .routing import chain_for, resolve_auto, task_tier
-from .tools import ToolContext, ToolError, run_step
+from .skills import Skills, prompt_block
+from .tools import DEFAULT_CAPABILITIES, Toolbox, ToolContext, ToolError, run_step
 
 AGENT_ENV = "HERMES_SUP_AGENT"
 NO_PROVIDER = "no LLM provider available"
@@ -39,7 +42,11 @@ class Agent:
         self.config = config
         self.name: str = config["name"]
         self.roles = tuple(config.get("roles") or ())
-        self.capabilities = tuple(config.get("capabilities") or ("fs.read", "fs.write", "memory", "kanban"))
+        self.capabilities = tuple(config.get("capabilities") or DEFAULT_CAPABILITIES)
+        self.toolsets = tuple(config["toolsets"]) if config.get("toolsets") is not None else None
+        self.only_task: str | None = config.get("only_task")  # a delegated child: its one task, then leave
+        self.parent_pid: int | None = config.get("parent_pid")
+        self.workspace = workspace
         self.orphan_grace = float(config.get("orphan_grace", 30.0))
         self.interval = max(0.05, min(5.0, float(config.get("heartbeat_timeout", 60.0)) / 4))
         self.log_max_bytes = int(float(config.get("log_max_mb", 10.0)) * (1 << 20))
@@ -48,6 +55,8 @@ class Agent:
         self.scratch = workdir / "scratch"
         self.scratch.mkdir(parents=True, exist_ok=True)
         self.board = Board(workspace / "kanban")
+        self.skills = Skills(workspace)
+        self.delegator = Delegator(board=self.board, workspace=workspace, workdir=workdir, config=config)
         self.notifier = Notifier(os.environ.get(NOTIFY_ENV), self.name)
         self.stop = threading.Event()
         self.tier = str(config.get("tier") or "auto")
@@ -74,7 +83,10 @@ class Agent:
     def beat(self) -> None:
         with self._lock:
             task = self.current
-        delivered = self.notifier.send(WATCHDOG=1, TASK=task["id"] if task else "-")
+        if self.parent_pid is not None:
+            delivered = os.getppid() == self.parent_pid  # a child answers to its parent agent, not the supervisor
+        else:
+            delivered = self.notifier.send(WATCHDOG=1, TASK=task["id"] if task else "-")
         now = time.monotonic()
         if delivered:
             self._orphaned_since = None
@@ -124,6 +136,7 @@ class Agent:
         write_json_atomic(self.workdir / "state.json", {
             "name": self.name, "pid": os.getpid(), "status": status, "task": task["id"] if task else None,
             "step": self.step if task else None, "provider": self.provider, "heartbeat": now_iso(),
+            "children": self.delegator.visible(),
         }, fsync=False)
 
     def _heartbeat_loop(self) -> None:
@@ -159,13 +172,49 @@ class Agent:
     def _on_step(self, step: int) -> None:
         self.step = step
 
-    def think(self, doc: dict[str, Any]) -> None:
+    def toolbox(self) -> Toolbox:
+        """This agent's tools for the next task: the built-ins and the skills it enables, looked up
+        again for every task so a skill dropped into skills/ is picked up without a restart. An agent
+        that may manage skills may use every valid one; others use the ones their config lists."""
+        enabled = None if "skills" in self.capabilities else set(self.config.get("skills") or ())
+        extra, notes = self.skills.tools_for(enabled)
+        for note in notes:
+            print(f"{self.name}: {note}", flush=True)
+        return Toolbox(grants=self.capabilities, toolsets=self.toolsets, extra=extra)
+
+    def ask_model(self, tier: str, prompt: str) -> str:
+        """One model call for a tool (a summarize skill, say), on a tier's chain."""
+        chain = self.chain(tier) or self.chain(task_tier({}, self.tier))
+        if not chain:
+            raise ToolError(NO_PROVIDER)
+        try:
+            completion = complete_with_fallback(chain, [{"role": "user", "content": prompt}], None)
+        except ProviderError as exc:
+            raise ToolError(str(exc)) from None
+        return completion.message.get("content") or ""
+
+    def context(self, doc: dict[str, Any]) -> ToolContext:
+        scratch = self.scratch
+        folder = (doc.get("meta") or {}).get("workspace") if isinstance(doc.get("meta"), dict) else None
+        settings = dict(self.config)
+        if isinstance(folder, str) and folder:
+            root = (self.workspace / folder).resolve()
+            if root == self.workspace.resolve() or self.workspace.resolve() in root.parents:
+                root.mkdir(parents=True, exist_ok=True)
+                settings["files_root"] = str(root)
+        return ToolContext(scratch=scratch, stop=self.stop, memory=self.memory, board=self.board, agent=self.name,
+                           task=doc, llm=self.ask_model, settings=settings,
+                           services={"skills": self.skills, "delegation": self.delegator})
+
+    def think(self, doc: dict[str, Any], toolbox: Toolbox) -> None:
         """Work a task with the LLM loop and close it by its outcome."""
         task_id, token = doc["id"], doc["claim"]["token"]
-        ctx = ToolContext(scratch=self.scratch, stop=self.stop, memory=self.memory)
         chain = self.chain(task_tier(doc, self.tier))
-        loop = TaskLoop(task=doc, chain=chain, workdir=self.workdir, ctx=ctx, capabilities=self.capabilities,
-                        identity=str(self.config.get("identity") or ""), prices=self.llm.get("prices") or {},
+        extra = prompt_block(self.skills.catalog()) if toolbox.get("skill_view") and toolbox.allowed(
+            toolbox.get("skill_view")) else ""
+        loop = TaskLoop(task=doc, chain=chain, workdir=self.workdir, ctx=self.context(doc), toolbox=toolbox,
+                        identity=str(self.config.get("identity") or ""), prompt_extra=extra,
+                        prices=self.llm.get("prices") or {},
                         max_iterations=int(self.config.get("max_iterations") or 60),
                         max_tokens=self.config.get("max_tokens"), max_cost=self.config.get("max_cost"),
                         context_window=min((p.config.context_window for p in chain), default=128_000),
@@ -173,6 +222,7 @@ class Agent:
         try:
             outcome = loop.run()
         except InterruptedError:
+            self.delegator.stop_all()
             self.board.release(task_id, token, f"released: {self.name} is stopping ({self.why_stopping})")
             return
         for note in loop.notes:
@@ -188,18 +238,20 @@ class Agent:
             print(f"{self.name}: lost task {task_id}: {exc}", file=sys.stderr, flush=True)
 
     def work(self, doc: dict[str, Any]) -> None:
+        toolbox = self.toolbox()
         if not doc.get("steps"):
-            self.think(doc)
+            self.think(doc, toolbox)
             return
         task_id, token = doc["id"], doc["claim"]["token"]
-        ctx = ToolContext(scratch=self.scratch, stop=self.stop, memory=self.memory)
+        ctx = self.context(doc)
         results = []
         try:
             for index, step in enumerate(doc.get("steps") or []):
                 if self.stop.is_set():
                     raise InterruptedError
+                self.step = index + 1
                 try:
-                    results.append(run_step(ctx, step, self.capabilities))
+                    results.append(run_step(ctx, step, toolbox))
                 except ToolError as exc:
                     if self.stop.is_set():
                         raise InterruptedError from None
@@ -208,9 +260,16 @@ class Agent:
             self.board.complete(task_id, token, {"steps": results})
         except InterruptedError:
             # Stopping is not the task's fault: the attempt is given back.
+            self.delegator.stop_all()
             self.board.release(task_id, token, f"released: {self.name} is stopping ({self.why_stopping})")
         except ClaimLost as exc:
             print(f"{self.name}: lost task {task_id}: {exc}", file=sys.stderr, flush=True)
+
+    def _only_task_closed(self) -> bool:
+        try:
+            return self.board.get(str(self.only_task))["status"] not in ("todo", "doing")
+        except BoardError:
+            return True
 
     def _watch_signals(self) -> None:
         # A signal handler must not take locks (Event.set does): it only writes the signal
@@ -237,12 +296,15 @@ class Agent:
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
         print(f"{self.name}: ready (pid {os.getpid()}, roles {', '.join(self.roles) or '-'})", flush=True)
         while not self.stop.is_set():
+            if self.only_task is not None and self._only_task_closed():
+                self.request_stop(f"its task {self.only_task} is closed")
+                break
             # Without an LLM provider only tasks with steps can be done; the others wait in todo,
             # saying why, until a provider appears (looked for again every minute).
             offline = not self.has_llm()
             self.board.mark_waiting(NO_PROVIDER if offline else None)
             doc = self.board.wait_for_work(self.name, roles=self.roles, stop=self.stop, steps_only=offline,
-                                           timeout=60)
+                                           timeout=60, assigned_only=self.only_task is not None)
             if doc is None:
                 continue
             with self._lock:

@@ -25,10 +25,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from agents import builtins  # noqa: E402, F401 - registers the built-in tools
 from agents.loop import TaskLoop  # noqa: E402
 from agents.memory import MemoryFile  # noqa: E402
 from agents.providers import OpenAIProvider, ProviderConfig  # noqa: E402
-from agents.tools import ToolContext  # noqa: E402
+from agents.tools import Toolbox, ToolContext  # noqa: E402
 from tests.llm_server import ScriptedLLM, openai_reply  # noqa: E402
 
 PROVIDERS = {
@@ -84,7 +85,7 @@ def loop_overhead(turns: int, base: Path) -> tuple[list[float], float]:
         provider = OpenAIProvider(ProviderConfig(name="s", kind="openai", model="m", base_url=f"{llm.url}/v1"))
         provider._connect()  # the SDK import is start-up, not a turn
         loop = TaskLoop(task={"id": "bench", "title": "ten turns"}, chain=[provider], workdir=base / "loop", ctx=ctx,
-                        capabilities=("fs.read", "fs.write", "memory", "kanban"))
+                        toolbox=Toolbox())
         original = llm.httpd.RequestHandlerClass.do_POST
         server_time: list[float] = []
 

@@ -709,7 +709,7 @@ class Board:
         return self._path("done", task_id).exists()
 
     def claim(self, agent: str, *, roles: Iterable[str] = (), lease: float | None = None,
-              pid: int | None = None, steps_only: bool = False) -> TaskDoc | None:
+              pid: int | None = None, steps_only: bool = False, assigned_only: bool = False) -> TaskDoc | None:
         """Claim the best eligible task for `agent`, or None. The returned document's
         claim.token must be presented to renew, complete, fail, block or release it.
 
@@ -717,7 +717,8 @@ class Board:
         new document is fsync'd, and only the commit takes the lock. When the fast path finds
         nothing, the locked path refreshes the index, adopts hand moves, moves damaged files
         aside, and rescans the folders if the index is stale. `steps_only` takes only tasks that
-        carry `steps` (an agent with no LLM provider can do nothing else).
+        carry `steps` (an agent with no LLM provider can do nothing else); `assigned_only` only
+        tasks assigned to `agent` (a delegated child takes its own task and nothing else).
         """
         roles = tuple(roles)
         for _attempt in range(20):
@@ -725,15 +726,15 @@ class Board:
             with self._tlock:
                 if self._indexed_at is not None and not self.signal.full_rescan_due:
                     self._index.apply_events(self._tail.read_new(), self._load_todo)
-                    picked = self._reserve(agent, roles, steps_only, locked=False)
+                    picked = self._reserve(agent, roles, steps_only, assigned_only, locked=False)
             if picked is None:
                 with self._locked():
                     self._refresh_index()
-                    picked = self._reserve(agent, roles, steps_only, locked=True)
+                    picked = self._reserve(agent, roles, steps_only, assigned_only, locked=True)
                     if picked is None and self._indexed_at is not None and \
                             time.monotonic() - self._indexed_at > RESYNC_AFTER:
                         self._rescan()
-                        picked = self._reserve(agent, roles, steps_only, locked=True)
+                        picked = self._reserve(agent, roles, steps_only, assigned_only, locked=True)
             if picked is None:
                 return None
             raw, doc = picked
@@ -759,7 +760,7 @@ class Board:
                 return committed
         raise BoardError("could not claim a task: every pick was changed by hand before the claim finished")
 
-    def _reserve(self, agent: str, roles: tuple[str, ...], steps_only: bool, *,
+    def _reserve(self, agent: str, roles: tuple[str, ...], steps_only: bool, assigned_only: bool, *,
                  locked: bool) -> tuple[bytes, TaskDoc] | None:
         """Pick the best eligible task and reserve it for this process. Without the lock
         (`locked=False`) a task that needs repair (moved by hand, damaged) is only skipped."""
@@ -770,7 +771,8 @@ class Board:
 
         for meta in index.todo_in_order():
             task_id = meta["id"]
-            if (steps_only and not meta["has_steps"]) or not can_claim(meta, agent, roles, indexed_done):
+            if ((steps_only and not meta["has_steps"]) or (assigned_only and meta.get("assignee") != agent)
+                    or not can_claim(meta, agent, roles, indexed_done)):
                 continue
             path = self._path("todo", task_id)
             try:
@@ -791,7 +793,8 @@ class Board:
                     index.set_status(task_id, doc["status"])
                     continue
                 raw = path.read_bytes()
-            if (steps_only and not doc.get("steps")) or not can_claim(doc, agent, roles, self._done_on_disk):
+            if ((steps_only and not doc.get("steps")) or (assigned_only and doc.get("assignee") != agent)
+                    or not can_claim(doc, agent, roles, self._done_on_disk)):
                 index.put_todo(doc)
                 continue
             if not self._try_reserve(task_id, locked=locked):
@@ -947,6 +950,26 @@ class Board:
                 self._noted[task_id] = (reason, current.get("updated_at"))
         return changed
 
+    def comment(self, task_id: str, text: str, *, by: str = "cli", wait: float = 5.0) -> TaskDoc:
+        """Add a comment to a task in any status. Not a transition: no event, the status and
+        updated_at stay; the comment carries its own time and author. A claim or move in flight
+        (its marker) is waited out, as a transition would overwrite the comment."""
+        deadline = time.monotonic() + wait
+        while True:
+            with self._locked():
+                found = self._locate(task_id)
+                if found is None:
+                    raise TaskNotFound(f"no task '{task_id}' on the board {self.root}")
+                if not self._has_marker(task_id):
+                    doc = self._read(found[1])
+                    entry = {"at": now_iso(), "by": by, "text": text}
+                    new = {**doc, "comments": [*(doc.get("comments") or []), entry]}
+                    write_json_atomic(found[1], new)
+                    return new
+            if time.monotonic() > deadline:
+                raise InvalidTransition(f"task {task_id} is being moved; try the comment again")
+            time.sleep(0.01)
+
     # -- recovery -------------------------------------------------------------------------------
 
     def recover(self, *, sweep: bool = True) -> list[dict[str, str]]:
@@ -1022,7 +1045,7 @@ class Board:
 
     def wait_for_work(self, agent: str, *, roles: Iterable[str] = (), timeout: float | None = None,
                       lease: float | None = None, stop: threading.Event | None = None,
-                      steps_only: bool = False) -> TaskDoc | None:
+                      steps_only: bool = False, assigned_only: bool = False) -> TaskDoc | None:
         """Claim a task, waiting for one to become eligible; None on timeout or when `stop` is set.
 
         Drops are ingested and dead claims recovered while waiting, so a board needs no other
@@ -1037,7 +1060,7 @@ class Board:
                 self.recover(sweep=time.monotonic() - self._last_sweep >= SWEEP_INTERVAL)
             if stop is not None and stop.is_set():
                 return None
-            doc = self.claim(agent, roles=roles, lease=lease, steps_only=steps_only)
+            doc = self.claim(agent, roles=roles, lease=lease, steps_only=steps_only, assigned_only=assigned_only)
             if doc is not None:
                 return doc
             if stop is not None and stop.is_set():

@@ -389,7 +389,7 @@ def _detach(ws: Workspace, agents_csv: str | None) -> int:
         state = read_supervisor_state(ws)
         agents = state.get("agents") or {}
         if state.get("pid") == proc.pid and agents and all(a["state"] != "starting" for a in agents.values()):
-            out.print(render.status_table(status_rows(state)))
+            out.print(render.status_table(status_rows(state, ws.runs_path)))
             return 0 if all(a["state"] == "running" for a in agents.values()) else 1
         time.sleep(0.05)
     err.print("hermes-sup: agents did not all report ready within 60 s; see `hermes-sup status`")
@@ -431,15 +431,25 @@ class LogTail:
                                    highlight=False, markup=True)
 
 
-def status_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per agent: name, pid, state, restarts, uptime, task, rss, cpu, last exit (live from psutil).
-    CPU is sampled over one short interval for all agents together, not one interval each."""
+def live_children(runs: Path, name: str) -> list[dict[str, Any]]:
+    """The delegated child agents an agent reports in its state.json that are still running."""
+    try:
+        children = json.loads((runs / name / "state.json").read_text()).get("children") or []
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [child for child in children if isinstance(child, dict) and psutil.pid_exists(child.get("pid") or 0)]
+
+
+def status_rows(state: dict[str, Any], runs: Path) -> list[dict[str, Any]]:
+    """Per agent: name, pid, state, restarts, uptime, task, rss, cpu, last exit (live from psutil),
+    and its delegated children. CPU is sampled over one short interval for all agents together."""
     rows, live = [], []
     for name, agent in (state.get("agents") or {}).items():
         row = {"name": name, **{k: agent.get(k) for k in ("pid", "state", "restarts", "task", "last_exit")},
-               "uptime_s": None, "rss_mb": None, "cpu_percent": None}
+               "uptime_s": None, "rss_mb": None, "cpu_percent": None, "children": []}
         pid = agent.get("pid")
         if pid and holder_alive(pid, agent.get("pid_started"), None):
+            row["children"] = live_children(runs, name)
             with contextlib.suppress(psutil.Error):
                 proc = psutil.Process(pid)
                 row["uptime_s"] = round(time.time() - proc.create_time(), 1)
@@ -473,7 +483,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
         reply = request(ws.runs_path, {"cmd": "status"}, timeout=5)
         if reply and reply.get("ok"):
             state = reply["state"]
-    rows = status_rows(state)
+    rows = status_rows(state, ws.runs_path)
     document = {"running": running, "supervisor_pid": state.get("pid") if running else None,
                 "workspace": str(ws.root), "agents": rows}
     if as_json:
@@ -586,6 +596,73 @@ def usage(ctx: click.Context, as_json: bool) -> None:
         if total["unpriced_calls"] else ""
     out.print(f"total: {total['calls']} calls, {total['tokens_in']:,} tokens in ({total['tokens_cached']:,} cached), "
               f"{total['tokens_out']:,} out, ${total['cost_usd']:.4f}{unpriced}")
+
+
+@main.group()
+def skills() -> None:
+    """The skills: Python files that add tools, and instruction skills (SKILL.md)."""
+
+
+def _skills(ctx: click.Context) -> Any:
+    from agents.skills import Skills  # the agents package is only needed by these commands
+
+    return Skills(workspace_of(ctx).root)
+
+
+@skills.command("list")
+@json_option
+@click.pass_context
+@handled
+def skills_list(ctx: click.Context, as_json: bool) -> None:
+    """Every skill, where it comes from, whether it is valid (and why not), and its tools."""
+    rows = [skill.as_dict() for skill in _skills(ctx).catalog()]
+    if as_json:
+        emit_json({"skills": rows})
+        return
+    if not rows:
+        out.print("no skills (drop a .py file or a folder with a SKILL.md into skills/)")
+        return
+    out.print(render.skills_table(rows))
+
+
+@skills.command("history")
+@click.argument("name")
+@json_option
+@click.pass_context
+@handled
+def skills_history(ctx: click.Context, name: str, as_json: bool) -> None:
+    """The versions of a skill kept by skill_manage and rollbacks, oldest first."""
+    entries = _skills(ctx).history(name)
+    if as_json:
+        emit_json({"skill": name, "versions": entries})
+        return
+    if not entries:
+        out.print(f"skill {name} has no earlier versions")
+        return
+    for entry in entries:
+        out.print(f"{entry['version']:>3}  {entry['at']}  {entry['digest']}  by {entry['by']}: {entry['note']}",
+                  highlight=False)
+
+
+@skills.command("rollback")
+@click.argument("name")
+@click.argument("version", type=click.IntRange(min=1), required=False)
+@json_option
+@click.pass_context
+@handled
+def skills_rollback(ctx: click.Context, name: str, version: int | None, as_json: bool) -> None:
+    """Make an earlier version of a skill current again (default: the latest kept)."""
+    from agents.tools import ToolError
+
+    try:
+        chosen, skill = _skills(ctx).rollback(name, version, by="cli")
+    except ToolError as exc:
+        raise Failure(str(exc)) from None
+    if as_json:
+        emit_json({"skill": name, "restored": chosen, **skill.as_dict()})
+        return
+    out.print(f"skill {name}: version {chosen} restored ({skill.state}"
+              f"{': ' + skill.error if skill.error else ''})", highlight=False)
 
 
 @main.command()

@@ -148,6 +148,9 @@ def status_table(rows: list[dict[str, Any]]) -> Table:
             "-" if row.get("rss_mb") is None else f"{row['rss_mb']:.0f} MB",
             "-" if row.get("cpu_percent") is None else f"{row['cpu_percent']:.0f}%", row.get("last_exit") or "-",
         )
+        for child in row.get("children") or []:
+            table.add_row(f"  └ {child['name']}", str(child.get("pid")), Text("child", style="cyan"), "-", "-",
+                          child.get("task") or "-", "-", "-", "-")
     return table
 
 
@@ -176,4 +179,15 @@ def usage_table(label: str, rows: dict[str, dict[str, Any]]) -> Table:
         cost = f"${row['cost_usd']:.4f}" + (f" (+{row['unpriced_calls']} unpriced)" if row["unpriced_calls"] else "")
         table.add_row(key, str(row["calls"]), str(row["failed_calls"]), f"{row['tokens_in']:,}",
                       f"{row['tokens_cached']:,}", f"{row['tokens_out']:,}", cost)
+    return table
+
+
+def skills_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("skill", "kind", "source", "state", "tools / description"):
+        table.add_column(column)
+    for row in rows:
+        state = Text("ok", style="green") if row["state"] == "ok" else Text(f"rejected: {row['error']}", style="red")
+        detail = ", ".join(row["tools"]) if row["kind"] == "python" else row["description"]
+        table.add_row(row["name"], row["kind"], row["source"], state, detail)
     return table

@@ -161,10 +161,8 @@ class Supervisor:
         self._dirty = True
 
     def _signal_group(self, child: Child, signum: int) -> None:
-        if child.pid is None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(child.pid, signum)
+        if child.pid is not None:
+            signal_session(child.pid, signum)
 
     def adopt(self, child: Child, info: dict[str, Any]) -> None:
         """Take over an agent a previous supervisor started and that is still running: no restart,
@@ -444,16 +442,38 @@ def _age(pid: int) -> float:
         return 0.0
 
 
+def session_groups(sid: int) -> set[int]:
+    """The process groups of session `sid`: an agent leads its session, and what it starts in a
+    group of its own (a terminal command, a delegated child) stays in that session."""
+    groups = {sid}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if len(fields) > 4 and int(fields[3]) == sid:  # after the name: state, ppid, pgrp, session
+            groups.add(int(fields[2]))
+    return groups
+
+
+def signal_session(sid: int, signum: int) -> None:
+    """Signal every process group of an agent's session (the group of the agent itself first)."""
+    for group in sorted(session_groups(sid), key=lambda g: g != sid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signum)
+
+
 def _stop_stray(pid: int, started: float | None, timeout: float) -> None:
-    """Stop one process group of a previous run, identified by pid and start time."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGTERM)
+    """Stop the process groups of a previous run's agent, identified by pid and start time."""
+    signal_session(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and holder_alive(pid, started, None) is True:
         time.sleep(0.05)
     if holder_alive(pid, started, None) is True:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
+        signal_session(pid, signal.SIGKILL)
 
 
 def tree_rss_mb(pid: int) -> float:

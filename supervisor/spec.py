@@ -50,6 +50,7 @@ class ChildSpec:
     max_tokens: int | None = None
     max_cost: float | None = None
     llm: str = "{}"  # the providers and tiers of hermes.yaml, as JSON (what the agent calls)
+    tools: str = "{}"  # toolsets, terminal and delegation settings, as JSON
     digest: str = ""
 
     def agent_config(self) -> dict[str, Any]:
@@ -60,7 +61,7 @@ class ChildSpec:
             "heartbeat_timeout": self.heartbeat_timeout, "orphan_grace": self.orphan_grace,
             "log_max_mb": self.log_max_mb, "log_keep": self.log_keep, "identity": self.identity,
             "max_iterations": self.max_iterations, "max_tokens": self.max_tokens, "max_cost": self.max_cost,
-            "llm": json.loads(self.llm),
+            "llm": json.loads(self.llm), **json.loads(self.tools),
         }
 
 
@@ -119,6 +120,9 @@ def build_specs(config: dict[str, Any], root: Path, *, python: str = sys.executa
                 max_cost=_merged(defaults, entry, "max_cost"),
                 llm=json.dumps({"providers": config.get("providers") or {}, "tiers": config.get("tiers") or {},
                                 "prices": config.get("prices") or {}}, sort_keys=True),
+                tools=json.dumps({"toolsets": entry.get("toolsets"),
+                                  "terminal": _merged(defaults, entry, "terminal") or {},
+                                  "delegation": _merged(defaults, entry, "delegation") or {}}, sort_keys=True),
             )
             specs.append(_with_digest(spec))
     return specs

@@ -107,7 +107,7 @@ def _strip_lines(value: Any) -> Any:
 
 TOP_KEYS = ("providers", "tiers", "defaults", "agents", "prices", "board")
 DEFAULT_KEYS = ("restart", "stop_timeout", "heartbeat_timeout", "orphan_grace", "max_rss_mb", "log_max_mb",
-                "log_keep", "max_iterations", "max_tokens", "max_cost")
+                "log_keep", "max_iterations", "max_tokens", "max_cost", "terminal", "delegation")
 RESTART_KEYS = ("policy", "backoff", "max_restarts", "window", "reset_after")
 CAPABILITIES = ("fs.read", "fs.write", "shell", "network", "memory", "delegate", "skills", "kanban")
 TIERS = ("auto", "cheap", "standard", "premium")
@@ -115,7 +115,8 @@ PROVIDER_KINDS = ("openai", "anthropic", "auto", "offline")
 PROVIDER_KEYS = ("kind", "model", "base_url", "api_key_env", "timeout", "max_tokens", "context_window", "stream")
 AGENT_KEYS = ("name", "roles", "tier", "skills", "capabilities", "count", "provider", "env", "restart",
               "stop_timeout", "heartbeat_timeout", "orphan_grace", "max_rss_mb", "log_max_mb", "log_keep",
-              "max_iterations", "max_tokens", "max_cost", "identity", "toolsets", "command")
+              "max_iterations", "max_tokens", "max_cost", "identity", "toolsets", "command", "terminal",
+              "delegation")
 
 
 def load_config(path: Path) -> dict[str, Any]:
@@ -263,6 +264,12 @@ def _check_settings(node: dict[str, Any], where: str, fail: Any) -> None:
         whole = isinstance(value, int) and not isinstance(value, bool)
         if (kind == "whole number" and not whole) or not _number(value) or value <= 0:
             raise fail(node, f"{where}: '{key}' must be a {kind} > 0 (or absent), got {value!r}")
+    for key, fields in (("terminal", ("timeout", "approve")),
+                        ("delegation", ("tier", "max_depth", "max_concurrent", "timeout"))):
+        value = node.get(key)
+        if value is not None and (not isinstance(value, dict)
+                                  or any(k not in (*fields, "__line__") for k in value)):
+            raise fail(node, f"{where}: '{key}' must be a mapping with {', '.join(fields)}")
     restart = node.get("restart")
     if restart is None:
         return

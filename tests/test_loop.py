@@ -8,10 +8,11 @@ import threading
 
 import pytest
 
+from agents import builtins  # noqa: F401 - registers the built-in tools
 from agents.loop import TaskLoop
 from agents.memory import MemoryFile
 from agents.providers import OpenAIProvider, ProviderConfig
-from agents.tools import REGISTRY, Tool, ToolContext, register
+from agents.tools import REGISTRY, Tool, Toolbox, ToolContext, register
 
 from .llm_server import ScriptedLLM, error_reply, openai_reply
 
@@ -29,8 +30,9 @@ def counter(tmp_path):
             handle.write(f"{args.get('n')}\n")
         return f"bumped {args.get('n')}"
 
-    register(Tool("bump", "test", False, bump, "Bump once.", {"type": "object", "properties": {"n": {}}}))
-    register(Tool("bump_safe", "test", True, bump, "Bump, safe to repeat.", {"type": "object", "properties": {}}))
+    register(Tool("bump", "Bump once.", bump, {"type": "object", "properties": {"n": {}}}, capabilities=("test",)))
+    register(Tool("bump_safe", "Bump, safe to repeat.", bump, {"type": "object", "properties": {}},
+                  capabilities=("test",), idempotent=True))
     yield lambda: effects.read_text().split() if effects.exists() else []
     REGISTRY.pop("bump")
     REGISTRY.pop("bump_safe")
@@ -47,7 +49,8 @@ def make_loop(llm, tmp_path, name: str = "agent", task: dict | None = None, **kw
     scratch.mkdir(parents=True, exist_ok=True)
     ctx = ToolContext(scratch=scratch, stop=threading.Event(), memory=MemoryFile(tmp_path / name / "MEMORY.md"))
     provider = OpenAIProvider(ProviderConfig(name="scripted", kind="openai", model="m", base_url=f"{llm.url}/v1"))
-    return TaskLoop(task=task or TASK, chain=[provider], workdir=tmp_path / name, ctx=ctx, capabilities=CAPS,
+    return TaskLoop(task=task or TASK, chain=[provider], workdir=tmp_path / name, ctx=ctx,
+                    toolbox=Toolbox(grants=CAPS),
                     agent=name, **kwargs)
 
 
@@ -72,7 +75,8 @@ def test_multi_step_tool_use_to_a_final_answer(llm, tmp_path, counter):
     last_request = llm.requests[-1]["body"]
     assert last_request["messages"][-1] == {"role": "tool", "tool_call_id": "call_1", "content": "bumped 1"}
     assert [t["function"]["name"] for t in last_request["tools"]] == sorted(
-        ["ask_human", "bump", "bump_safe", "memory", "read_file", "wait", "write_file"])
+        ["ask_human", "bump", "bump_safe", "kanban_comment", "kanban_create", "memory", "patch", "read_file",
+         "search_files", "wait", "write_file"])
     assert llm.requests[0]["body"]["tools"] == last_request["tools"], "tool schemas are byte-stable across turns"
     calls = [json.loads(line) for line in (tmp_path / "agent/llm_calls.jsonl").read_text().splitlines()]
     assert [c["outcome"] for c in calls] == ["ok", "ok", "ok"] and calls[0]["tokens_in"] == 100
@@ -162,9 +166,8 @@ def test_the_iteration_limit_fails_the_task(llm, tmp_path):
 
 def test_the_fixed_prompt_overhead_stays_small():
     from agents.loop import system_prompt
-    from agents.tools import schemas
 
-    text = system_prompt("", "") + json.dumps(schemas(("fs.read", "fs.write", "memory", "kanban")))
+    text = system_prompt("", "") + json.dumps(Toolbox().schemas())
     # 3 characters per token is a pessimistic estimate for English and JSON; the target is 3,000.
     assert len(text) / 3 < 3000, f"about {len(text) / 3:.0f} tokens of system prompt and tool schemas"
 
@@ -243,7 +246,7 @@ def test_memory_written_under_one_provider_is_in_the_prompt_under_another(llm, t
     cloud = AnthropicProvider(ProviderConfig(name="cloud", kind="anthropic", model="c", base_url=llm.url,
                                              api_key="k"))
     later = TaskLoop(task={"id": "t-2", "title": "Where is the deploy key?"}, chain=[cloud],
-                     workdir=tmp_path / "agent", ctx=ctx, capabilities=CAPS)
+                     workdir=tmp_path / "agent", ctx=ctx, toolbox=Toolbox(grants=CAPS))
     assert later.run().text == "vault/ops"
     system = llm.requests[-1]["body"]["system"][0]["text"]
     assert "The deploy key lives in vault/ops." in system
@@ -255,4 +258,4 @@ def test_malformed_tool_arguments_go_back_to_the_model_as_an_error(llm, tmp_path
     llm.script("openai", bad, openai_reply("I will fix my call."))
     assert make_loop(llm, tmp_path).run().kind == "done"
     sent = llm.requests[1]["body"]["messages"][-1]
-    assert sent["role"] == "tool" and sent["content"].startswith("invalid arguments for read_file")
+    assert sent["role"] == "tool" and sent["content"].startswith("refused: invalid arguments for read_file: not JSON")

@@ -328,3 +328,58 @@ def test_down_does_not_wait_for_a_long_model_call(tmp_path, up):
         log = [json.loads(line) for line in (ws / "runs/thinker/llm_calls.jsonl").read_text().splitlines()]
         assert [record["outcome"] for record in log] == ["interrupted"]
         assert "(SIGTERM)" in (ws / "runs/thinker/agent.log").read_text()
+
+
+DELEGATOR = "    capabilities: [fs.read, fs.write, memory, kanban, delegate]\n"
+
+
+def test_a_delegated_subtask_runs_in_a_child_process_and_its_answer_comes_back(tmp_path, up):
+    from .llm_server import ScriptedLLM, openai_reply
+
+    with ScriptedLLM() as llm:
+        ws = llm_workspace(tmp_path, llm, DELEGATOR)
+        delegate = ("delegate_task", {"goal": "Add 2 and 3", "toolsets": ["files"]})
+        llm.script("openai", openai_reply(tool_calls=[delegate]),
+                   openai_reply("5"),  # the child's answer
+                   openai_reply("The helper says 5."))
+        board = Board(ws / "kanban")
+        task = board.add({"title": "compute with help"})
+        up(ws)
+        done = wait_until(lambda: (d := board.get(task["id"]))["status"] == "done" and d, timeout=60)
+        assert done["result"] == {"answer": "The helper says 5."}
+        children = [d for d in board.list().tasks if (d.get("meta") or {}).get("parent")]
+        assert len(children) == 1
+        child = children[0]
+        assert child["status"] == "done" and child["result"] == {"answer": "5"}
+        assert child["meta"]["parent"] == {"task": task["id"], "agent": "thinker"}
+        assert child["history"][1]["by"] == child["assignee"] and child["assignee"].startswith("thinker.sub-")
+        assert (ws / "runs/thinker/children" / child["assignee"] / "transcripts" / f"{child['id']}.jsonl").exists()
+        sent = llm.requests[1]["body"]
+        assert [t["function"]["name"] for t in sent["tools"]] == ["patch", "read_file", "search_files", "write_file"]
+        assert llm.requests[2]["body"]["messages"][-1]["content"] == "5"
+
+
+def test_a_sigkilled_child_gives_the_parent_an_error_result(tmp_path, up):
+    from .llm_server import ScriptedLLM, openai_reply
+
+    with ScriptedLLM() as llm:
+        ws = llm_workspace(tmp_path, llm, DELEGATOR)
+        llm.script("openai", openai_reply(tool_calls=[("delegate_task", {"goal": "Think for a long time"})]),
+                   {"delay": 60, **openai_reply("never delivered")},  # the child waits here when it is killed
+                   openai_reply("The helper crashed; I stop here."))
+        board = Board(ws / "kanban")
+        task = board.add({"title": "delegate and lose the child"})
+        up(ws)
+        wait_until(lambda: len(llm.requests) >= 2, timeout=30)
+        children = wait_until(lambda: json.loads((ws / "runs/thinker/state.json").read_text()).get("children"),
+                              timeout=30)
+        status = json.loads(hermes(ws, "status", "--json").stdout)
+        assert status["agents"][0]["children"][0]["pid"] == children[0]["pid"], "status shows the child"
+        os.kill(children[0]["pid"], signal.SIGKILL)
+        done = wait_until(lambda: (d := board.get(task["id"]))["status"] == "done" and d, timeout=60)
+        assert done["result"] == {"answer": "The helper crashed; I stop here."}
+        result = llm.requests[2]["body"]["messages"][-1]["content"]
+        assert result.startswith(f"error: the child agent {children[0]['name']} died (exit status -9)")
+        assert board.get(children[0]["task"])["status"] == "failed"
+        assert agent(ws, "thinker")["restarts"] == 0, "the parent did not crash"
+        assert not psutil.pid_exists(children[0]["pid"])

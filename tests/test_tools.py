@@ -1,47 +1,185 @@
-"""The step tools the agent runs without an LLM, and the scratch-folder confinement."""
+"""The tool registry's checks (capabilities, argument schemas), the file tools' confinement, the
+terminal (timeout, deny list, environment, process group), and the board tools, all for real."""
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 
+import psutil
 import pytest
 
-from agents.tools import ToolContext, ToolError, run_step
+from agents import builtins  # noqa: F401 - registers the built-in tools
+from agents.terminal import clean_env, denied
+from agents.tools import REGISTRY, Refused, Tool, Toolbox, ToolContext, ToolError, args_problem, register, run_step
+from kanban import Board
 
-CAPS = ("fs.read", "fs.write")
+CAPS = ("fs.read", "fs.write", "kanban", "shell")
 
 
 @pytest.fixture
 def ctx(tmp_path):
     (tmp_path / "scratch").mkdir()
-    return ToolContext(scratch=tmp_path / "scratch", stop=threading.Event())
+    return ToolContext(scratch=tmp_path / "scratch", stop=threading.Event(), board=Board(tmp_path / "kanban"),
+                       agent="tester", task={"id": "parent-task"})
 
 
-def test_write_then_read(ctx):
-    assert run_step(ctx, {"tool": "write_file", "args": {"path": "a/b.txt", "content": "hi"}}, CAPS).startswith("wrote")
-    assert run_step(ctx, {"tool": "read_file", "args": {"path": "a/b.txt"}}, CAPS) == "hi"
+def call(ctx, name, caps=CAPS, **args):
+    return Toolbox(grants=caps).call(ctx, name, args)
 
 
-@pytest.mark.parametrize("path", ["../escape.txt", "/etc/passwd", "a/../../x"])
-def test_paths_cannot_leave_the_scratch_folder(ctx, path):
-    with pytest.raises(ToolError, match=r"escapes|absolute"):
-        run_step(ctx, {"tool": "write_file", "args": {"path": path, "content": "x"}}, CAPS)
+def test_write_read_patch_and_search(ctx):
+    assert call(ctx, "write_file", path="a/b.txt", content="one\ntwo\nthree\n").startswith("wrote")
+    assert call(ctx, "read_file", path="a/b.txt") == "one\ntwo\nthree\n"
+    assert call(ctx, "read_file", path="a/b.txt", offset=2, limit=1) == "two\n"
+    assert call(ctx, "patch", path="a/b.txt", old_string="two", new_string="2") == "replaced 1 occurrence(s) in a/b.txt"
+    assert call(ctx, "read_file", path="a/b.txt") == "one\n2\nthree\n"
+    with pytest.raises(ToolError, match="does not occur"):
+        call(ctx, "patch", path="a/b.txt", old_string="two", new_string="x")
+    call(ctx, "write_file", path="c.py", content="x = 1\ny = 2\n")
+    assert call(ctx, "search_files", pattern=r"\d") == "a/b.txt:2: 2\nc.py:1: x = 1\nc.py:2: y = 2"
+    assert call(ctx, "search_files", pattern="y", file_glob="*.py") == "c.py:2: y = 2"
 
 
-def test_a_symlink_out_of_the_scratch_folder_is_refused(ctx, tmp_path):
-    (ctx.scratch / "out").symlink_to(tmp_path)
-    with pytest.raises(ToolError, match="escapes"):
-        run_step(ctx, {"tool": "read_file", "args": {"path": "out/secret"}}, CAPS)
+@pytest.mark.parametrize(("path", "why"), [("../escape.txt", "'..' is refused"), ("/etc/passwd", "absolute"),
+                                           ("a/../../x", "'..' is refused"), ("~/x", "absolute")])
+def test_paths_cannot_leave_the_folder(ctx, path, why):
+    with pytest.raises(ToolError, match=why):
+        call(ctx, "write_file", path=path, content="x")
+    assert not (ctx.scratch.parent / "escape.txt").exists()
 
 
-def test_unknown_tools_and_missing_capabilities_are_errors(ctx):
-    with pytest.raises(ToolError, match="unknown tool 'nope'"):
-        run_step(ctx, {"tool": "nope"}, CAPS)
-    with pytest.raises(ToolError, match=r"needs the fs\.write capability"):
-        run_step(ctx, {"tool": "write_file", "args": {"path": "x", "content": ""}}, ("fs.read",))
+def test_a_symlink_out_of_the_folder_is_refused_at_use_time(ctx, tmp_path):
+    (tmp_path / "secret").write_text("s3cret")
+    (ctx.scratch / "link").mkdir()
+    assert call(ctx, "write_file", path="link/ok.txt", content="fine").startswith("wrote")
+    # The folder is swapped for a symlink after a first use: the next call sees it.
+    (ctx.scratch / "link" / "ok.txt").unlink()
+    (ctx.scratch / "link").rmdir()
+    (ctx.scratch / "link").symlink_to(tmp_path)
+    with pytest.raises(ToolError, match="leads outside your folder"):
+        call(ctx, "read_file", path="link/secret")
+    assert "s3cret" not in call(ctx, "search_files", pattern="s3cret")
 
 
-def test_wait_is_interrupted_by_a_stop(ctx):
-    ctx.stop.set()
-    with pytest.raises(ToolError, match="interrupted"):
-        run_step(ctx, {"tool": "wait", "args": {"seconds": 30}}, CAPS)
+def test_a_tool_the_agent_lacks_the_capability_for_is_refused(ctx):
+    with pytest.raises(Refused, match=r"refused: write_file needs the fs\.write capability"):
+        call(ctx, "write_file", caps=("fs.read",), path="x", content="")
+    with pytest.raises(Refused, match="unknown tool 'nope'"):
+        call(ctx, "nope")
+    assert "write_file" not in [s["function"]["name"] for s in Toolbox(grants=("fs.read",)).schemas()]
+    assert not (ctx.scratch / "x").exists()
+
+
+@pytest.mark.parametrize(("args", "problem"), [
+    ({}, "path is required"),
+    ({"path": 3, "content": "x"}, "path must be string, got integer"),
+    ({"path": "a", "content": "x", "mode": "w"}, "unknown argument: mode"),
+])
+def test_arguments_are_checked_against_the_schema_before_the_handler_runs(ctx, args, problem):
+    with pytest.raises(Refused, match=f"invalid arguments for write_file: {problem}"):
+        Toolbox(grants=CAPS).call(ctx, "write_file", args)
+    assert list(ctx.scratch.iterdir()) == []
+
+
+def test_the_schema_checker():
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}, "tags": {
+        "type": "array", "items": {"type": "string"}}, "mode": {"enum": ["a", "b"]}}, "required": ["n"]}
+    assert args_problem(schema, {"n": 2, "tags": ["x"], "mode": "a"}) is None
+    assert args_problem(schema, {"n": 2.0}) is None, "2.0 is an integer in JSON"
+    assert args_problem(schema, {"n": True}) == "n must be integer, got boolean"
+    assert args_problem(schema, {"n": 0}) == "n must be >= 1, got 0"
+    assert args_problem(schema, {"n": 1, "tags": ["x", 2]}) == "tags[1] must be string, got integer"
+    assert args_problem(schema, {"n": 1, "mode": "c"}) == "mode must be one of a, b, got 'c'"
+
+
+def test_a_tool_that_raises_becomes_an_error_result(ctx):
+    def broken(ctx, args):
+        return {}["missing"]
+
+    register(Tool("broken", "Always raises.", broken))
+    try:
+        with pytest.raises(ToolError, match="broken raised KeyError: 'missing'"):
+            call(ctx, "broken")
+    finally:
+        REGISTRY.pop("broken")
+
+
+def test_steps_go_through_the_same_checks(ctx):
+    with pytest.raises(Refused, match="needs the shell capability"):
+        run_step(ctx, {"tool": "terminal", "args": {"command": "true"}}, Toolbox(grants=("fs.read",)))
+
+
+# -- terminal -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("command", "rule"), [
+    ("rm -rf /", "rm-root"), ("sudo rm -rf --no-preserve-root /", "rm-root"), ("rm -fr ~", "rm-root"),
+    ("rm -rf /*", "rm-root"), ("dd if=/dev/zero of=/dev/sda bs=1M", "block-device"), ("echo x > /dev/nvme0n1",
+                                                                                       "block-device"),
+    ("mkfs.ext4 /dev/sdb1", "mkfs"), (":(){ :|:& };:", "fork-bomb"), ("shutdown -h now", "power"),
+    ("kill -9 -1", "kill-all"), ("chmod -R 777 /", "chmod-root"),
+])
+def test_the_deny_list_catches_destructive_commands(command, rule):
+    assert denied(command) == rule
+    assert denied(command, approved=(rule,)) is None
+
+
+@pytest.mark.parametrize("command", ["rm -rf build/", "rm -rf ./out", "ls /", "dd if=a of=b", "echo shutdown-notes",
+                                     "git status", "kill -9 12345"])
+def test_the_deny_list_lets_ordinary_commands_through(command):
+    assert denied(command) is None
+
+
+def test_terminal_runs_in_the_folder_without_keys(ctx, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-must-not-leak")
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp-must-not-leak")
+    out = call(ctx, "terminal", command="pwd; env")
+    assert out.splitlines()[0] == str(ctx.scratch)
+    assert "must-not-leak" not in out and "PATH=" in out
+    assert call(ctx, "terminal", command="exit 3") == "exit status 3\n"
+    assert clean_env({"ANTHROPIC_API_KEY": "x", "HOME": "/h", "DB_PASSWORD": "y"}) == {"HOME": "/h"}
+    with pytest.raises(ToolError, match="deny rule 'rm-root'"):
+        call(ctx, "terminal", command="rm -rf /")
+
+
+def test_terminal_times_out_and_kills_its_whole_group(ctx):
+    started = time.monotonic()
+    with pytest.raises(ToolError, match="timed out after 1 s"):
+        call(ctx, "terminal", command="sleep 300 & echo $! > bg.pid; sleep 300", timeout=1)
+    assert time.monotonic() - started < 10
+    background = int((ctx.scratch / "bg.pid").read_text())
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(background) and psutil.Process(background).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the background job of the command was left running"
+        time.sleep(0.02)
+
+
+def test_terminal_runs_in_a_process_group_of_its_own(ctx):
+    out = call(ctx, "terminal", command="ps -o pgid= -p $$")
+    assert int(out.strip()) != os.getpgrp()
+
+
+def test_a_stop_request_ends_a_running_command(ctx):
+    threading.Timer(0.3, ctx.stop.set).start()
+    started = time.monotonic()
+    with pytest.raises(InterruptedError):
+        call(ctx, "terminal", command="sleep 300")
+    assert time.monotonic() - started < 5
+
+
+# -- board tools ----------------------------------------------------------------------------------
+
+def test_kanban_create_and_comment(ctx):
+    first = call(ctx, "kanban_create", title="Collect the numbers", role="work")
+    first_id = first.split()[2].rstrip(":")
+    second = call(ctx, "kanban_create", title="Sum them", depends_on=[first_id], priority=5)
+    second_id = second.split()[2].rstrip(":")
+    doc = ctx.board.get(second_id)
+    assert doc["depends_on"] == [first_id] and doc["priority"] == 5
+    assert doc["meta"] == {"created_by_task": "parent-task"} and doc["history"][0]["by"] == "tester"
+    assert call(ctx, "kanban_comment", task_id=first_id, text="started on it") == f"commented on {first_id}"
+    comments = ctx.board.get(first_id)["comments"]
+    assert [(c["by"], c["text"]) for c in comments] == [("tester", "started on it")]
+    with pytest.raises(ToolError, match="the board refused the task"):
+        call(ctx, "kanban_create", title="bad id", depends_on=["Not An Id!"])

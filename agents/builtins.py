@@ -1,0 +1,97 @@
+"""The built-in tools, named and shaped as Hermes Agent names them where it has one: the small ones
+are here; the file tools, `terminal`, the skill tools and `delegate_task` live in their own modules,
+imported here so that importing this module registers every built-in."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import delegation, files, skills, terminal  # noqa: F401 - they register their tools
+from .tools import NeedsPerson, Tool, ToolContext, ToolError, register
+
+
+def _string(description: str, **extra: Any) -> dict[str, Any]:
+    return {"type": "string", "description": description, **extra}
+
+
+def wait(ctx: ToolContext, args: dict[str, Any]) -> str:
+    seconds = float(args["seconds"])
+    if ctx.stop.wait(timeout=max(0.0, seconds)):
+        raise InterruptedError
+    return f"waited {seconds:g} s"
+
+
+def memory(ctx: ToolContext, args: dict[str, Any]) -> str:
+    from .memory import MemoryEntryError
+
+    if ctx.memory is None:
+        raise ToolError("this agent has no memory file")
+    try:
+        return ctx.memory.change(args["action"], content=args.get("content"), old_text=args.get("old_text"))
+    except MemoryEntryError as exc:
+        raise ToolError(str(exc)) from None
+
+
+def ask_human(ctx: ToolContext, args: dict[str, Any]) -> str:
+    raise NeedsPerson(args["question"].strip())
+
+
+def _board(ctx: ToolContext) -> Any:
+    if ctx.board is None:
+        raise ToolError("this agent has no board")
+    return ctx.board
+
+
+def kanban_create(ctx: ToolContext, args: dict[str, Any]) -> str:
+    from kanban import BoardError, TaskError
+
+    fields = {key: args[key] for key in ("title", "body", "priority", "depends_on", "role", "assignee", "tier")
+              if key in args}
+    if ctx.task:
+        fields["meta"] = {"created_by_task": ctx.task["id"]}
+    try:
+        doc = _board(ctx).add(fields, by=ctx.agent or "agent")
+    except (BoardError, TaskError) as exc:
+        raise ToolError(f"the board refused the task: {exc}") from None
+    return f"created task {doc['id']}: {doc['title']}"
+
+
+def kanban_comment(ctx: ToolContext, args: dict[str, Any]) -> str:
+    from kanban import BoardError, TaskError
+
+    try:
+        _board(ctx).comment(args["task_id"], args["text"], by=ctx.agent or "agent")
+    except (BoardError, TaskError) as exc:
+        raise ToolError(str(exc)) from None
+    return f"commented on {args['task_id']}"
+
+
+register(Tool("wait", "Wait a number of seconds.", wait,
+              {"type": "object", "properties": {"seconds": {"type": "number", "minimum": 0}}, "required": ["seconds"]},
+              capabilities=("fs.read",), idempotent=True, toolset="board"))
+register(Tool("memory", "Keep a fact across tasks: add one, or replace or remove the entry containing old_text.",
+              memory, {"type": "object", "properties": {
+                  "action": {"type": "string", "enum": ["add", "replace", "remove"]},
+                  "content": _string("the fact, for add and replace"),
+                  "old_text": _string("a piece of the entry to change, unique to it")},
+                  "required": ["action"], "additionalProperties": False},
+              capabilities=("memory",), toolset="memory"))
+register(Tool("ask_human", "Stop and ask a person: use only when you cannot go on without their answer.", ask_human,
+              {"type": "object", "properties": {"question": _string("what you need to know", minLength=1)},
+               "required": ["question"], "additionalProperties": False},
+              capabilities=("kanban",), toolset="board"))
+register(Tool("kanban_create", "Put a new task on the team's board (a follow-up, or a sub-task for others); "
+              "returns its id, which depends_on of later tasks can name.", kanban_create,
+              {"type": "object", "properties": {
+                  "title": _string("one line", minLength=1), "body": _string("the instruction"),
+                  "priority": {"type": "integer"}, "depends_on": {"type": "array", "items": {"type": "string"}},
+                  "role": _string("only agents with this role take it"),
+                  "assignee": _string("only this agent takes it"),
+                  "tier": {"type": "string", "enum": ["auto", "cheap", "standard", "premium"]}},
+                  "required": ["title"], "additionalProperties": False},
+              capabilities=("kanban",), toolset="board"))
+register(Tool("kanban_comment", "Add a comment to a task on the board.", kanban_comment,
+              {"type": "object", "properties": {"task_id": _string("the task's id", minLength=1),
+                                                "text": _string("the comment", minLength=1)},
+               "required": ["task_id", "text"], "additionalProperties": False},
+              capabilities=("kanban",), idempotent=False, toolset="board"))

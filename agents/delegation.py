@@ -1,0 +1,234 @@
+"""`delegate_task`: a subtask worked by a child agent in a process of its own, durably.
+
+The child's work is a task on the board, assigned to the child, linked to the parent's task
+(`meta.parent`), with an id derived from the parent's task and the delegation itself: a parent that
+crashes and runs the call again finds the same task, and takes its result if it is done, or starts
+a child for it again (the child resumes from its own transcript) if it is not. The child runs as
+`python -m agents run` in `runs/<parent>/children/<child>/`, in its own process group within the
+parent's session (the supervisor kills the session's groups with the parent), with a narrower
+toolset, the delegation tier, one more level of depth, and leaves once its task is closed. A child
+that dies before closing its task fails it and the parent gets an error result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .tools import Tool, ToolContext, ToolError, register
+
+TERMINAL = ("done", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_depth: int = 2
+    max_concurrent: int = 3
+    tier: str = "cheap"
+    timeout: float = 1800.0
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Limits:
+        raw = config.get("delegation") or {}
+        return cls(int(raw.get("max_depth", 2)), int(raw.get("max_concurrent", 3)), str(raw.get("tier", "cheap")),
+                   float(raw.get("timeout", 1800.0)))
+
+
+def child_ids(parent_task: str, agent: str, args: dict[str, Any]) -> tuple[str, str]:
+    """(the child's task id, the child agent's name) for a delegation (pure, deterministic)."""
+    key = json.dumps([parent_task, args.get("goal"), args.get("context"), args.get("toolsets")], sort_keys=True)
+    short = hashlib.sha256(key.encode()).hexdigest()[:8]
+    return f"{parent_task[:50]}-sub-{short}", f"{agent}.sub-{short}"
+
+
+def child_config(parent: dict[str, Any], name: str, task_id: str, limits: Limits,
+                 toolsets: list[str] | None) -> dict[str, Any]:
+    """The child agent's config: the parent's, narrowed (pure)."""
+    depth = int(parent.get("depth", 0)) + 1
+    grants = [c for c in parent.get("capabilities") or ("fs.read", "fs.write", "memory", "kanban")
+              if c != "delegate" or depth < limits.max_depth]
+    narrowed = toolsets if parent.get("toolsets") is None else [t for t in (toolsets or parent["toolsets"])
+                                                                if t in parent["toolsets"]]
+    return {**{k: v for k, v in parent.items() if k not in ("count", "roles", "env", "command")},
+            "name": name, "roles": [], "tier": limits.tier, "capabilities": grants, "toolsets": narrowed,
+            "depth": depth, "only_task": task_id, "parent_pid": os.getpid(),
+            "identity": f"You are a helper working one subtask for {parent['name']}; answer with its result."}
+
+
+@dataclass
+class Child:
+    name: str
+    task: str
+    proc: subprocess.Popen[bytes]
+    started: float = field(default_factory=time.monotonic)
+
+
+class Delegator:
+    """One agent's delegations: starts children, waits for their tasks, stops them."""
+
+    def __init__(self, *, board: Any, workspace: Path, workdir: Path, config: dict[str, Any]) -> None:
+        self.board = board
+        self.workspace = workspace
+        self.workdir = workdir
+        self.config = config
+        self.limits = Limits.from_config(config)
+        self.slots = threading.BoundedSemaphore(self.limits.max_concurrent)
+        self.children: dict[str, Child] = {}
+        self._lock = threading.Lock()
+
+    def visible(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [{"name": c.name, "pid": c.proc.pid, "task": c.task} for c in self.children.values()
+                    if c.proc.poll() is None]
+
+    def ensure_task(self, ctx: ToolContext, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        from kanban import TaskNotFound
+
+        if int(self.config.get("depth", 0)) + 1 > self.limits.max_depth:
+            raise ToolError(f"refused: delegation depth limit reached ({self.limits.max_depth})")
+        parent_task = (ctx.task or {}).get("id", "adhoc")
+        task_id, name = child_ids(parent_task, self.config["name"], args)
+        try:
+            return self.board.get(task_id), name
+        except TaskNotFound:
+            pass
+        body = args["goal"] + (f"\n\nContext:\n{args['context']}" if args.get("context") else "")
+        doc = self.board.add({"id": task_id, "title": args["goal"].strip().splitlines()[0][:200], "body": body,
+                              "assignee": name, "tier": self.limits.tier,
+                              "meta": {"parent": {"task": parent_task, "agent": self.config["name"]}}},
+                             by=self.config["name"])
+        return doc, name
+
+    def start(self, ctx: ToolContext, args: dict[str, Any], *, block: bool) -> Child | None:
+        """Start the child for a delegation unless its task is closed or its child runs; with
+        `block` False, only when a concurrency slot is free now."""
+        doc, name = self.ensure_task(ctx, args)
+        with self._lock:
+            running = self.children.get(name)
+            if running is not None and running.proc.poll() is None:
+                return running
+        if doc["status"] in TERMINAL:
+            return None
+        if not self.slots.acquire(blocking=block):
+            return None
+        folder = self.workdir / "children" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        config = child_config(self.config, name, doc["id"], self.limits, args.get("toolsets"))
+        env = {**os.environ, "HERMES_SUP_AGENT": json.dumps(config), "HERMES_SUP_WORKSPACE": str(self.workspace)}
+        env.pop("HERMES_SUP_NOTIFY", None)
+        log = open(folder / "agent.log", "ab")  # noqa: SIM115 - handed to the child
+        try:
+            proc = subprocess.Popen([sys.executable, "-P", "-m", "agents", "run"], cwd=folder, env=env,
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    process_group=0, close_fds=True)
+        except OSError:
+            self.slots.release()
+            raise
+        finally:
+            log.close()
+        child = Child(name, doc["id"], proc)
+        with self._lock:
+            self.children[name] = child
+        return child
+
+    def run(self, ctx: ToolContext, args: dict[str, Any]) -> str:
+        child = self.start(ctx, args, block=True)
+        task_id, _name = child_ids((ctx.task or {}).get("id", "adhoc"), self.config["name"], args)
+        try:
+            return self._wait(ctx, task_id, child)
+        finally:
+            if child is not None:
+                self._reap(child, stopping=ctx.stop.is_set())
+
+    def _wait(self, ctx: ToolContext, task_id: str, child: Child | None) -> str:
+        deadline = time.monotonic() + self.limits.timeout
+        while True:
+            doc = self.board.get(task_id)
+            if doc["status"] == "done":
+                result = doc.get("result")
+                return result.get("answer", json.dumps(result)) if isinstance(result, dict) else str(result)
+            if doc["status"] in ("failed", "cancelled", "blocked"):
+                raise ToolError(f"the subtask {task_id} ended {doc['status']}: {doc.get('error') or 'no reason given'}")
+            if ctx.stop.is_set():
+                raise InterruptedError
+            if child is not None and child.proc.poll() is not None:
+                doc = self.board.get(task_id)
+                if doc["status"] in TERMINAL or doc["status"] == "blocked":
+                    continue
+                reason = f"the child agent {child.name} died (exit status {child.proc.returncode}) before finishing"
+                with contextlib.suppress(Exception):
+                    self.board.move(task_id, "failed", by=self.config["name"], note=reason)
+                raise ToolError(reason)
+            if child is None and doc["status"] == "todo":
+                raise ToolError(f"the subtask {task_id} has no child to work it")
+            if time.monotonic() > deadline:
+                raise ToolError(f"the subtask {task_id} did not finish within {self.limits.timeout:g} s")
+            if child is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.proc.wait(timeout=0.1)
+            else:
+                time.sleep(0.1)
+
+    def _reap(self, child: Child, *, stopping: bool) -> None:
+        if child.proc.poll() is None:
+            # The child leaves by itself once its task is closed; a stop request ends it now.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.proc.wait(timeout=0 if stopping else 10)
+        if child.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.proc.pid, signal.SIGTERM)
+            try:
+                child.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(child.proc.pid, signal.SIGKILL)
+                child.proc.wait()
+        with self._lock:
+            if self.children.get(child.name) is child:
+                del self.children[child.name]
+                self.slots.release()
+
+    def stop_all(self) -> None:
+        with self._lock:
+            children = list(self.children.values())
+        for child in children:
+            self._reap(child, stopping=True)
+
+
+def _delegator(ctx: ToolContext) -> Delegator:
+    delegator = ctx.services.get("delegation")
+    if delegator is None:
+        raise ToolError("delegation is not available here")
+    return delegator
+
+
+def delegate_task(ctx: ToolContext, args: dict[str, Any]) -> str:
+    return _delegator(ctx).run(ctx, args)
+
+
+def start_early(ctx: ToolContext, args: dict[str, Any]) -> None:
+    """Before the calls of a turn run one by one: start this delegation's child if a slot is free,
+    so several delegations of one turn work in parallel."""
+    with contextlib.suppress(ToolError):
+        _delegator(ctx).start(ctx, args, block=False)
+
+
+register(Tool("delegate_task", "Hand a self-contained subtask to a helper agent and get its final answer. Several "
+              "delegate_task calls in one turn run in parallel.", delegate_task,
+              {"type": "object", "properties": {
+                  "goal": {"type": "string", "minLength": 1, "description": "what the helper must do"},
+                  "context": {"type": "string", "description": "what it needs to know"},
+                  "toolsets": {"type": "array", "items": {"type": "string"},
+                               "description": "narrow its tools, e.g. [files]"}},
+                  "required": ["goal"], "additionalProperties": False},
+              capabilities=("delegate",), idempotent=True, toolset="delegation", prepare=start_early))

@@ -1,0 +1,81 @@
+"""Validate one skill file in a process of its own: `python -P -m agents.skillcheck PATH`.
+
+The file must parse, import, and register at least one tool with a valid name, description,
+argument schema and known capabilities, none clashing with a built-in. The verdict is one JSON line
+on stdout: {"ok": true, "tools": [...], "doc": "..."} or {"ok": false, "error": "..."}. Whatever
+the skill prints goes to stderr; a skill that calls sys.exit is rejected for it; one that kills the
+process or loops is judged by the caller (exit status, timeout).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+
+def check(path: Path) -> dict[str, Any]:
+    from . import builtins  # noqa: F401 - the built-in names a skill may not take
+    from .tools import CAPABILITIES, REGISTRY, TOOL_NAME, collecting, schema_problem
+
+    try:
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source, filename=str(path))
+    except SyntaxError as exc:
+        return {"ok": False, "error": f"syntax error at line {exc.lineno}: {exc.msg}"}
+    except (OSError, UnicodeDecodeError) as exc:
+        return {"ok": False, "error": f"cannot be read: {exc}"}
+    namespace: dict[str, Any] = {"__name__": f"hermes_skill_{path.stem}", "__file__": str(path)}
+    with collecting() as tools:
+        try:
+            exec(compile(tree, str(path), "exec"), namespace)
+        except SystemExit as exc:
+            return {"ok": False, "error": f"calls sys.exit({exc.code!r}) while loading"}
+        except BaseException as exc:
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            return {"ok": False, "error": f"{type(exc).__name__} while loading: {exc} (line {where.lineno})"}
+    if not tools:
+        return {"ok": False, "error": "registers no tool (call agents.tools.register(Tool(...)))"}
+    seen: set[str] = set()
+    for tool in tools:
+        if not isinstance(tool.name, str) or not TOOL_NAME.fullmatch(tool.name):
+            return {"ok": False, "error": f"tool name {tool.name!r} must match [a-z][a-z0-9_]{{0,63}}"}
+        if tool.name in REGISTRY:
+            return {"ok": False, "error": f"tool {tool.name} clashes with the built-in tool of that name"}
+        if tool.name in seen:
+            return {"ok": False, "error": f"tool {tool.name} is registered twice"}
+        seen.add(tool.name)
+        if not callable(tool.handler):
+            return {"ok": False, "error": f"tool {tool.name}: its handler is not callable"}
+        if not isinstance(tool.description, str) or not tool.description.strip():
+            return {"ok": False, "error": f"tool {tool.name}: needs a description"}
+        problem = schema_problem(tool.parameters)
+        if problem:
+            return {"ok": False, "error": f"tool {tool.name}: bad schema: {problem}"}
+        unknown = [c for c in tool.capabilities if c not in CAPABILITIES]
+        if unknown:
+            return {"ok": False, "error": f"tool {tool.name}: unknown capability {unknown[0]!r}"}
+    return {"ok": True, "doc": (ast.get_docstring(tree) or "").strip().split("\n")[0],
+            "tools": [{"name": t.name, "description": t.description, "capabilities": list(t.capabilities)}
+                      for t in tools]}
+
+
+def main() -> int:
+    if len(sys.argv) != 2:
+        print("usage: python -m agents.skillcheck PATH", file=sys.stderr)
+        return 2
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # the skill's own prints must not be taken for the verdict
+    sys.stdout = sys.stderr
+    verdict = check(Path(sys.argv[1]))
+    out.write(json.dumps(verdict) + "\n")
+    out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
