@@ -11,6 +11,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from kanban.fsio import write_atomic
+
 from .tools import Tool, ToolContext, ToolError, register
 
 MAX_READ_CHARS = 100_000
@@ -50,9 +52,7 @@ def _text(target: Path, shown: str) -> str:
 
 def _write(target: Path, text: str) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, target)
+    write_atomic(target, text.encode("utf-8"), fsync=False)
 
 
 def read_file(ctx: ToolContext, args: dict[str, Any]) -> str:

@@ -119,6 +119,11 @@ def holders(task: dict[str, Any], me: str) -> tuple[str | None, list[str]]:
     return previous, sorted(set(names) - {me})
 
 
+def write_records(path: Path, records: list[Message]) -> None:
+    """Replace a transcript whole (compression, a take-over), atomically."""
+    write_atomic(path, "".join(json.dumps(m, ensure_ascii=False) + "\n" for m in records).encode())
+
+
 def set_aside(path: Path) -> Path:
     """Move a file to the first free `<name>.N` beside it; returns where it went."""
     index = 1
@@ -226,8 +231,7 @@ class TaskLoop:
         self.transcript.close()
         if self.transcript.path.exists():
             set_aside(self.transcript.path)
-        write_atomic(self.transcript.path,
-                     "".join(json.dumps(m, ensure_ascii=False) + "\n" for m in theirs.records).encode())
+        write_records(self.transcript.path, theirs.records)
         key = ("turn", "call_id", "status")
         mine = {tuple(r.get(k) for k in key) for r in self.tool_log.read().records if r.get("task") == self.task["id"]}
         for record in Journal(previous / "tool_calls.jsonl").read().records:
@@ -302,7 +306,7 @@ class TaskLoop:
         path = self.transcript.path
         self.transcript.close()
         kept = set_aside(path)
-        write_atomic(path, "".join(json.dumps(m, ensure_ascii=False) + "\n" for m in compressed).encode())
+        write_records(path, compressed)
         messages[:] = compressed
         self.notes.append(f"compressed {end - start} messages into a summary ({kept.name} keeps them)")
         return True

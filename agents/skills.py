@@ -28,6 +28,7 @@ import yaml
 from kanban.fsio import write_atomic, write_json_atomic
 from kanban.task import now_iso
 
+from .journal import Journal
 from .tools import Tool, ToolContext, ToolError, collecting, register
 
 BUNDLED = Path(__file__).resolve().parent.parent / "skills"
@@ -191,18 +192,7 @@ class Skills:
         return self.folder / ".history" / name
 
     def history(self, name: str) -> list[dict[str, Any]]:
-        log = self.history_dir(name) / "log.jsonl"
-        try:
-            lines = log.read_text().splitlines()
-        except FileNotFoundError:
-            return []
-        out = []
-        for line in lines:
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-        return out
+        return Journal(self.history_dir(name) / "log.jsonl").read().records
 
     def _archive(self, name: str, current: Path, by: str, note: str) -> int:
         folder = self.history_dir(name)
