@@ -92,3 +92,12 @@ def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval:
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout} s")
         time.sleep(interval)
+
+
+def gone(pid: int) -> bool:
+    """True once `pid` has exited: an orphan reparented to this subreaper stays a zombie until the
+    session's cleanup reaps it, and a zombie runs nothing."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

@@ -16,7 +16,7 @@ import pytest
 
 from kanban import Board
 
-from .conftest import wait_until
+from .conftest import gone, wait_until
 
 FAKE = Path(__file__).resolve().parent / "fake_agent.py"
 ROOT = Path(__file__).resolve().parent.parent
@@ -383,3 +383,35 @@ def test_a_sigkilled_child_gives_the_parent_an_error_result(tmp_path, up):
         assert board.get(children[0]["task"])["status"] == "failed"
         assert agent(ws, "thinker")["restarts"] == 0, "the parent did not crash"
         assert not psutil.pid_exists(children[0]["pid"])
+
+
+def test_a_parent_sigkilled_while_its_child_works_delegates_once_and_the_child_resumes(tmp_path, up):
+    from .llm_server import ScriptedLLM, openai_reply
+
+    with ScriptedLLM() as llm:
+        ws = llm_workspace(tmp_path, llm, DELEGATOR)
+        llm.script("openai", openai_reply(tool_calls=[("delegate_task", {"goal": "Add 2 and 3"})]),
+                   {"delay": 60, **openai_reply("never delivered")},  # the first child waits here
+                   openai_reply("5"),  # the child started again by the restarted parent
+                   openai_reply("The helper says 5."))
+        board = Board(ws / "kanban")
+        task = board.add({"title": "compute with help"})
+        up(ws)
+        wait_until(lambda: len(llm.requests) >= 2, timeout=30)
+        first = wait_until(lambda: json.loads((ws / "runs/thinker/state.json").read_text()).get("children"),
+                           timeout=30)[0]
+        parent = agent(ws, "thinker")["pid"]
+        os.kill(parent, signal.SIGKILL)
+        done = wait_until(lambda: (d := board.get(task["id"]))["status"] == "done" and d, timeout=60)
+        assert done["result"] == {"answer": "The helper says 5."}
+        assert agent(ws, "thinker")["restarts"] == 1
+        children = [d for d in board.list().tasks if (d.get("meta") or {}).get("parent")]
+        assert [c["id"] for c in children] == [first["task"]], "the restarted parent found the same subtask"
+        assert children[0]["status"] == "done" and children[0]["result"] == {"answer": "5"}
+        assert gone(first["pid"]), "the first child went with its parent"
+        calls = [json.loads(line) for line in (ws / "runs/thinker/tool_calls.jsonl").read_text().splitlines()]
+        assert [(c["tool"], c["status"]) for c in calls] == [("delegate_task", "started")] * 2 + \
+            [("delegate_task", "done")], "the idempotent call was run again, not delegated twice"
+        child_requests = [r for r in llm.requests if "helper working one subtask" in json.dumps(r["body"])]
+        assert len(child_requests) == 2
+        assert len(llm.requests) == 4

@@ -183,3 +183,60 @@ def test_kanban_create_and_comment(ctx):
     assert [(c["by"], c["text"]) for c in comments] == [("tester", "started on it")]
     with pytest.raises(ToolError, match="the board refused the task"):
         call(ctx, "kanban_create", title="bad id", depends_on=["Not An Id!"])
+
+
+# -- delegation decisions ---------------------------------------------------------------------------
+
+def test_a_delegation_has_one_task_id_and_child_name_whoever_asks_again():
+    from agents.delegation import child_ids
+
+    args = {"goal": "Add 2 and 3", "toolsets": ["files"]}
+    assert child_ids("t-1", "planner", args) == child_ids("t-1", "planner", dict(args))
+    task_id, name = child_ids("t-1", "planner", args)
+    assert task_id.startswith("t-1-sub-") and name.startswith("planner.sub-") and task_id[-8:] == name[-8:]
+    assert child_ids("t-1", "planner", {**args, "goal": "Add 2 and 4"})[0] != task_id
+    assert child_ids("t-2", "planner", args)[0] != task_id
+
+
+def test_a_child_gets_a_narrower_config_one_level_deeper():
+    from agents.delegation import Limits, child_config
+
+    parent = {"name": "planner", "count": 2, "roles": ["plan"], "env": {"X": "1"}, "tier": "standard",
+              "capabilities": ["fs.read", "kanban", "delegate"], "toolsets": ["files", "board"]}
+    child = child_config(parent, "planner.sub-1", "t-sub", Limits(max_depth=2), ["files", "terminal"])
+    assert child["depth"] == 1 and child["only_task"] == "t-sub" and child["tier"] == "cheap"
+    assert child["toolsets"] == ["files"], "a child cannot widen its parent's toolsets"
+    assert child["capabilities"] == ["fs.read", "kanban", "delegate"] and child["roles"] == []
+    assert "env" not in child and "count" not in child
+    grandchild = child_config(child, "planner.sub-1.sub-2", "t-sub-2", Limits(max_depth=2), None)
+    assert "delegate" not in grandchild["capabilities"], "the depth limit removes delegation"
+    assert grandchild["toolsets"] == ["files"]
+
+
+def test_delegation_past_the_depth_limit_is_refused(ctx, tmp_path):
+    from agents.delegation import Delegator
+
+    deep = Delegator(board=ctx.board, workspace=tmp_path, workdir=tmp_path / "agent",
+                     config={"name": "helper", "depth": 2, "delegation": {"max_depth": 2}})
+    with pytest.raises(ToolError, match=r"depth limit reached \(2\)"):
+        deep.ensure_task(ctx, {"goal": "go deeper"})
+    assert ctx.board.list().tasks == []
+
+
+def test_the_concurrency_limit_holds_a_second_child_back(ctx, tmp_path):
+    from agents.delegation import Delegator
+
+    delegator = Delegator(board=ctx.board, workspace=tmp_path, workdir=tmp_path / "agent",
+                          config={"name": "planner", "delegation": {"max_concurrent": 1}})
+    try:
+        first = delegator.start(ctx, {"goal": "first"}, block=False)
+        assert first is not None and first.proc.poll() is None
+        assert delegator.start(ctx, {"goal": "second"}, block=False) is None, "no free slot"
+        assert delegator.start(ctx, {"goal": "first"}, block=False) is first, "the running child is reused"
+        assert [c["name"] for c in delegator.visible()] == [first.name]
+        assert len(ctx.board.list().tasks) == 2, "both subtasks are on the board, one waits for a slot"
+    finally:
+        delegator.stop_all()
+    assert first.proc.poll() is not None and delegator.visible() == []
+    assert delegator.start(ctx, {"goal": "second"}, block=False) is not None, "the slot came back"
+    delegator.stop_all()
