@@ -30,7 +30,8 @@ from .notify import NOTIFY_ENV, Notifier
 from .providers import Provider, ProviderConfig, ProviderError, complete_with_fallback, make_provider
 from .routing import chain_for, resolve_auto, task_tier
 from .skills import Skills, prompt_block
-from .tools import DEFAULT_CAPABILITIES, Toolbox, ToolContext, ToolError, run_step
+from .steps import StepRun
+from .tools import DEFAULT_CAPABILITIES, Toolbox, ToolContext, ToolError
 
 AGENT_ENV = "HERMES_SUP_AGENT"
 NO_PROVIDER = "no LLM provider available"
@@ -243,21 +244,16 @@ class Agent:
             self.think(doc, toolbox)
             return
         task_id, token = doc["id"], doc["claim"]["token"]
-        ctx = self.context(doc)
-        results = []
+        run = StepRun(task=doc, workdir=self.workdir, ctx=self.context(doc), toolbox=toolbox, agent=self.name,
+                      on_step=self._on_step)
         try:
-            for index, step in enumerate(doc.get("steps") or []):
-                if self.stop.is_set():
-                    raise InterruptedError
-                self.step = index + 1
-                try:
-                    results.append(run_step(ctx, step, toolbox))
-                except ToolError as exc:
-                    if self.stop.is_set():
-                        raise InterruptedError from None
-                    self.board.fail(task_id, token, f"step {index + 1} ({step.get('tool')}): {exc}")
-                    return
-            self.board.complete(task_id, token, {"steps": results})
+            outcome = run.run()
+            if outcome.kind == "done":
+                self.board.complete(task_id, token, {"steps": outcome.results})
+            elif outcome.kind == "blocked":
+                self.board.block(task_id, token, outcome.reason)
+            else:
+                self.board.fail(task_id, token, outcome.reason)
         except InterruptedError:
             # Stopping is not the task's fault: the attempt is given back.
             self.delegator.stop_all()

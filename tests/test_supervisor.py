@@ -415,3 +415,26 @@ def test_a_parent_sigkilled_while_its_child_works_delegates_once_and_the_child_r
         child_requests = [r for r in llm.requests if "helper working one subtask" in json.dumps(r["body"])]
         assert len(child_requests) == 2
         assert len(llm.requests) == 4
+
+
+def test_a_steps_task_resumes_after_its_last_completed_step_and_an_unsafe_one_waits_for_a_person(tmp_path, up):
+    # The agent SIGKILLs itself as the second step starts: after its restart the first step is not
+    # run again, and the second (memory, not safe to repeat) blocks the task until a person retries it.
+    ws = make_ws(tmp_path, "- name: runner\n  env: {HERMES_SUP_FAULT: 'step-started:2'}\n")
+    board = Board(ws / "kanban")
+    task = board.add({"title": "two steps", "steps": [
+        {"tool": "write_file", "args": {"path": "a.txt", "content": "one"}},
+        {"tool": "memory", "args": {"action": "add", "content": "a fact"}}]})
+    up(ws)
+    blocked = wait_until(lambda: (d := board.get(task["id"]))["status"] == "blocked" and d, timeout=60)
+    assert "step 2 (memory) was running when the agent stopped" in blocked["error"]
+    assert agent(ws, "runner")["restarts"] == 1
+    assert not (ws / "runs/runner/memory/MEMORY.md").exists()
+    retried = hermes(ws, "task", "retry", task["id"])
+    assert retried.returncode == 0, retried.stdout + retried.stderr
+    done = wait_until(lambda: (d := board.get(task["id"]))["status"] == "done" and d, timeout=60)
+    assert done["result"]["steps"][0] == "wrote 3 characters to a.txt"
+    assert (ws / "runs/runner/memory/MEMORY.md").read_text() == "a fact\n"
+    calls = [json.loads(line) for line in (ws / "runs/runner/tool_calls.jsonl").read_text().splitlines()]
+    assert [(c["call_id"], c["status"]) for c in calls] == [
+        ("step-1", "started"), ("step-1", "done"), ("step-2", "started"), ("step-2", "started"), ("step-2", "done")]

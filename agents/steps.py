@@ -1,0 +1,149 @@
+"""A task's `steps`, its deterministic plan of tool calls, run with no LLM and resumed after a crash.
+
+Each step is logged in the agent's tool-call log (turn "steps", call id `step-N`) as started, then
+done with its result, exactly like a model's tool call. A resumed task (by this agent or, after a
+reclaim, by another one, whose records are copied over) takes the results of the steps completed
+before and runs the rest. A step that was running when its agent died is run again if its tool is
+idempotent; if not, running it again could double its effect, so the task is blocked for a person,
+and runs it again only once a person has moved the task back to todo (`task retry`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kanban.faults import fault
+from kanban.task import now_iso
+
+from .journal import Journal
+from .loop import MAX_RESULT_CHARS, holders
+from .tools import Toolbox, ToolContext, ToolError, run_step
+
+TURN = "steps"
+
+
+def step_id(index: int) -> str:
+    return f"step-{index + 1}"
+
+
+@dataclass
+class Progress:
+    """What the log says about a task's steps: results of the completed ones, and when the ones that
+    never finished started."""
+
+    done: dict[str, Any] = field(default_factory=dict)
+    started: dict[str, str] = field(default_factory=dict)
+
+
+def progress(records: Iterable[dict[str, Any]], task_id: str) -> Progress:
+    """Fold the tool-call log into the task's step progress (pure). A step that ended in an error is
+    not done: the next attempt runs it again."""
+    seen = Progress()
+    for record in records:
+        if record.get("task") != task_id or record.get("turn") != TURN:
+            continue
+        call_id = str(record.get("call_id"))
+        if record.get("status") == "started":
+            seen.started[call_id] = str(record.get("at") or "")
+            seen.done.pop(call_id, None)
+        elif record.get("status") == "done":
+            seen.started.pop(call_id, None)
+            if record.get("outcome") == "ok":
+                seen.done[call_id] = record.get("value", record.get("result"))
+    return seen
+
+
+def retried_since(task: dict[str, Any], moment: str) -> bool:
+    """Whether someone moved the task from blocked or failed back to todo after `moment` (pure)."""
+    return any(entry.get("from") in ("blocked", "failed") and entry.get("to") == "todo"
+               and str(entry.get("at") or "") > moment for entry in task.get("history") or [])
+
+
+@dataclass
+class Outcome:
+    kind: str  # done, failed, blocked
+    results: list[Any] = field(default_factory=list)
+    reason: str = ""
+
+
+class StepRun:
+    def __init__(self, *, task: dict[str, Any], workdir: Path, ctx: ToolContext, toolbox: Toolbox,
+                 agent: str, on_step: Any = lambda step: None) -> None:
+        self.task = task
+        self.ctx = ctx
+        self.toolbox = toolbox
+        self.on_step = on_step
+        self.log = Journal(workdir / "tool_calls.jsonl")
+        previous, _others = holders(task, agent)
+        self.previous = workdir.parent / previous if previous else None
+
+    def _records(self) -> list[dict[str, Any]]:
+        """This agent's records of the task, after copying in those of the agent that held it before."""
+        mine = [r for r in self.log.read().records if r.get("task") == self.task["id"]]
+        if self.previous is not None:
+            key = ("call_id", "status", "at")
+            have = {tuple(r.get(k) for k in key) for r in mine}
+            for record in Journal(self.previous / "tool_calls.jsonl").read().records:
+                if (record.get("task") == self.task["id"] and record.get("turn") == TURN
+                        and tuple(record.get(k) for k in key) not in have):
+                    self.log.append(record)
+                    mine.append(record)
+        return mine
+
+    def run(self) -> Outcome:
+        """Run the steps not yet done; InterruptedError when the agent is asked to stop."""
+        seen = progress(self._records(), self.task["id"])
+        results: list[Any] = []
+        for index, step in enumerate(self.task.get("steps") or []):
+            call_id = step_id(index)
+            name = str(step.get("tool", "")) if isinstance(step, dict) else ""
+            if call_id in seen.done:
+                results.append(seen.done[call_id])
+                continue
+            if self.ctx.stop.is_set():
+                raise InterruptedError
+            self.on_step(index + 1)
+            tool = self.toolbox.get(name)
+            if call_id in seen.started and not (tool and tool.idempotent) and not retried_since(
+                    self.task, seen.started[call_id]):
+                return Outcome("blocked", results, (
+                    f"step {index + 1} ({name}) was running when the agent stopped, and it is not safe to repeat: "
+                    f"check whether it took effect, then `hermes-sup task retry {self.task['id']}` runs it again "
+                    f"(or cancel the task)"))
+            started = time.monotonic()
+            self.log.append({"at": now_iso(), "task": self.task["id"], "turn": TURN, "call_id": call_id,
+                             "tool": name, "args": step.get("args") if isinstance(step, dict) else None,
+                             "status": "started"})
+            fault("step-started")
+            try:
+                value = run_step(self.ctx, step, self.toolbox)
+            except ToolError as exc:
+                if self.ctx.stop.is_set():
+                    raise InterruptedError from None
+                self._done(call_id, name, f"error: {exc}", "error", started)
+                return Outcome("failed", results, f"step {index + 1} ({name}): {exc}")
+            self._done(call_id, name, value, "ok", started)
+            fault("step-done")
+            results.append(value)
+        return Outcome("done", results)
+
+    def _done(self, call_id: str, name: str, value: Any, outcome: str, started: float) -> None:
+        text = value if isinstance(value, str) else repr(value)
+        self.log.append({"at": now_iso(), "task": self.task["id"], "turn": TURN, "call_id": call_id, "tool": name,
+                         "status": "done", "outcome": outcome, "result": text[:MAX_RESULT_CHARS],
+                         **({"value": value} if not isinstance(value, str) and _plain(value) else {}),
+                         "is_error": outcome != "ok", "duration_s": round(time.monotonic() - started, 3)})
+
+
+def _plain(value: Any) -> bool:
+    """Whether a step's result survives a JSON round trip as it is (kept as `value` in the log, so a
+    resumed task's result is the same object)."""
+    try:
+        return json.loads(json.dumps(value)) == value
+    except (TypeError, ValueError):
+        return False

@@ -1,0 +1,99 @@
+"""Steps, a task's plan run without an LLM: what the log says is done, what a resume runs again."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from agents import builtins  # noqa: F401 - registers the built-in tools
+from agents.memory import MemoryFile
+from agents.steps import StepRun, progress, retried_since
+from agents.tools import Toolbox, ToolContext
+
+TASK = "t-1"
+
+
+def record(call_id, status, outcome=None, at="2026-01-01T00:00:00.000000Z", task=TASK, turn="steps", **extra):
+    return {"task": task, "turn": turn, "call_id": call_id, "status": status, "at": at,
+            **({"outcome": outcome} if outcome else {}), **extra}
+
+
+def test_progress_folds_the_log():
+    seen = progress([
+        record("step-1", "started"), record("step-1", "done", "ok", result="a"),
+        record("step-2", "started"), record("step-2", "done", "error", result="error: boom"),
+        record("step-3", "started", at="2026-01-01T00:00:05.000000Z"),
+        record("step-4", "started", task="other"), record("c1", "started", turn="t0"),
+        record("step-5", "started"), record("step-5", "done", "ok", result="[1, 2]", value=[1, 2]),
+    ], TASK)
+    assert seen.done == {"step-1": "a", "step-5": [1, 2]}, "an error is not done; a value keeps its type"
+    assert seen.started == {"step-3": "2026-01-01T00:00:05.000000Z"}
+
+
+def test_a_retry_counts_only_after_the_step_started():
+    task = {"history": [{"at": "2026-01-01T00:00:01.000000Z", "from": "blocked", "to": "todo"},
+                        {"at": "2026-01-01T00:00:09.000000Z", "from": "doing", "to": "todo"}]}
+    assert not retried_since(task, "2026-01-01T00:00:05.000000Z"), "a release is not a person's retry"
+    assert retried_since(task, "2026-01-01T00:00:00.500000Z")
+
+
+def make_run(tmp_path, task, agent="w1"):
+    workdir = tmp_path / "runs" / agent
+    (workdir / "scratch").mkdir(parents=True, exist_ok=True)
+    memory = MemoryFile(workdir / "memory" / "MEMORY.md")
+    ctx = ToolContext(scratch=workdir / "scratch", stop=threading.Event(), memory=memory, agent=agent, task=task)
+    return StepRun(task=task, workdir=workdir, ctx=ctx, toolbox=Toolbox(grants=("fs.read", "fs.write", "memory")),
+                   agent=agent), workdir
+
+
+def log_of(workdir):
+    return [json.loads(line) for line in (workdir / "tool_calls.jsonl").read_text().splitlines()]
+
+
+STEPS = [{"tool": "write_file", "args": {"path": "a.txt", "content": "one"}},
+         {"tool": "memory", "args": {"action": "add", "content": "a fact"}},
+         {"tool": "read_file", "args": {"path": "a.txt"}}]
+
+
+def test_a_resumed_run_skips_what_was_done_and_blocks_on_an_unsafe_half_done_step(tmp_path):
+    task = {"id": TASK, "steps": STEPS, "history": [{"to": "doing", "by": "w1", "at": "2026-01-01T00:00:00Z"}]}
+    run, workdir = make_run(tmp_path, task)
+    run.log.append(record("step-1", "started", tool="write_file"))
+    (workdir / "scratch/a.txt").write_text("written before the crash")
+    run.log.append(record("step-1", "done", "ok", result="done before the crash"))
+    run.log.append(record("step-2", "started", tool="memory"))
+    outcome = run.run()
+    assert outcome.kind == "blocked" and "step 2 (memory) was running when the agent stopped" in outcome.reason
+    assert f"hermes-sup task retry {TASK}" in outcome.reason
+    assert len(log_of(workdir)) == 3, "nothing ran"
+
+    task["history"].append({"at": "2099-01-01T00:00:00.000000Z", "from": "blocked", "to": "todo", "by": "cli"})
+    outcome = make_run(tmp_path, task)[0].run()
+    assert outcome.kind == "done"
+    assert outcome.results[0] == "done before the crash"
+    assert "written before the crash" in outcome.results[2], "the completed write was not run again"
+    assert (workdir / "memory/MEMORY.md").read_text() == "a fact\n", "a person's retry runs the step, once"
+
+
+def test_an_idempotent_half_done_step_is_simply_run_again(tmp_path):
+    task = {"id": TASK, "steps": STEPS[:1], "history": []}
+    run, workdir = make_run(tmp_path, task)
+    run.log.append(record("step-1", "started", tool="write_file"))
+    assert run.run().kind == "done" and (workdir / "scratch/a.txt").read_text() == "one"
+
+
+def test_a_reclaiming_agent_continues_from_the_steps_another_agent_completed(tmp_path):
+    task = {"id": TASK, "steps": STEPS, "history": [{"to": "doing", "by": "w1"}, {"to": "doing", "by": "w2"}]}
+    first, _ = make_run(tmp_path, task, "w1")
+    first.log.append(record("step-1", "started", tool="write_file"))
+    first.log.append(record("step-1", "done", "ok", result="wrote 3 characters to a.txt"))
+    first.log.append(record("step-2", "started", tool="memory"))
+    first.log.append(record("step-2", "done", "ok", result="memory add: ok"))
+    second, second_dir = make_run(tmp_path, task, "w2")
+    outcome = second.run()
+    assert outcome.kind == "failed" and outcome.reason.startswith("step 3 (read_file)"), \
+        "w1's file is in w1's scratch: only step 3 ran, in w2's"
+    assert not (second_dir / "memory/MEMORY.md").exists(), "w1's completed memory call was not repeated"
+    assert [(r["call_id"], r["status"]) for r in log_of(second_dir)] == [
+        ("step-1", "started"), ("step-1", "done"), ("step-2", "started"), ("step-2", "done"),
+        ("step-3", "started"), ("step-3", "done")]
