@@ -4,6 +4,7 @@ imported here so that importing this module registers every built-in."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from . import delegation, files, skills, terminal  # noqa: F401 - they register their tools
@@ -42,16 +43,27 @@ def _board(ctx: ToolContext) -> Any:
     return ctx.board
 
 
-def kanban_create(ctx: ToolContext, args: dict[str, Any]) -> str:
-    from kanban import BoardError, TaskError
+KANBAN_CREATE_FIELDS = ("id", "title", "body", "priority", "depends_on", "role", "assignee", "tier", "steps")
 
-    fields = {key: args[key] for key in ("title", "body", "priority", "depends_on", "role", "assignee", "tier")
-              if key in args}
+
+def kanban_create(ctx: ToolContext, args: dict[str, Any]) -> str:
+    from kanban import BoardError, TaskError, TaskNotFound
+
+    fields = {key: args[key] for key in KANBAN_CREATE_FIELDS if key in args}
     if ctx.task:
         fields["meta"] = {"created_by_task": ctx.task["id"]}
+    board = _board(ctx)
     try:
-        doc = _board(ctx).add(fields, by=ctx.agent or "agent")
+        doc = board.add(fields, by=ctx.agent or "agent")
     except (BoardError, TaskError) as exc:
+        # With its own id, creating a task is safe to repeat: the same task made by the same parent
+        # (a step or a call run again after a crash) is the one asked for.
+        if "id" in args:
+            with contextlib.suppress(TaskNotFound):
+                existing = board.get(args["id"])
+                if (existing.get("meta") or {}).get("created_by_task") == fields.get("meta", {}).get(
+                        "created_by_task") and existing["title"] == args["title"]:
+                    return f"created task {existing['id']}: {existing['title']} (it was already on the board)"
         raise ToolError(f"the board refused the task: {exc}") from None
     return f"created task {doc['id']}: {doc['title']}"
 
@@ -87,7 +99,11 @@ register(Tool("kanban_create", "Put a new task on the team's board (a follow-up,
                   "priority": {"type": "integer"}, "depends_on": {"type": "array", "items": {"type": "string"}},
                   "role": _string("only agents with this role take it"),
                   "assignee": _string("only this agent takes it"),
-                  "tier": {"type": "string", "enum": ["auto", "cheap", "standard", "premium"]}},
+                  "tier": {"type": "string", "enum": ["auto", "cheap", "standard", "premium"]},
+                  "id": _string("an id of your choosing (lowercase letters, digits, '-'), so later tasks can name "
+                                "it in depends_on before it exists"),
+                  "steps": {"type": "array", "items": {"type": "object"},
+                            "description": "a plan run without a model: [{tool, args}, ...]"}},
                   "required": ["title"], "additionalProperties": False},
               capabilities=("kanban",), toolset="board"))
 register(Tool("kanban_comment", "Add a comment to a task on the board.", kanban_comment,

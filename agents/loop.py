@@ -36,6 +36,7 @@ from .translate import Message, Usage, text_tool_calls
 MAX_ITERATIONS = 60
 STUCK_REPEATS = 3
 MAX_RESULT_CHARS = 20_000
+INPUT_CHARS = 8_000       # of each dependency's result in the task's first message
 COMPRESS_AT = 0.8  # of the model's context window
 KEEP_RECENT = 6    # messages kept verbatim at the end when the middle is summarized
 SUMMARIZE = ("Summarize the work below for the agent that will continue it: what was found, what was done "
@@ -69,9 +70,23 @@ def system_prompt(identity: str, memory_block: str, skills_block: str = "") -> s
     return "\n\n".join(parts)
 
 
-def task_prompt(task: dict[str, Any]) -> str:
+def task_prompt(task: dict[str, Any], inputs: list[dict[str, Any]] | None = None) -> str:
+    """The task as the model first sees it: title, body, the results of the tasks it depends on
+    (how work planned on the board flows from one agent to the next), and people's comments."""
     body = (task.get("body") or "").strip()
-    return f"Task {task['id']}: {task['title']}" + (f"\n\n{body}" if body else "")
+    parts = [f"Task {task['id']}: {task['title']}" + (f"\n\n{body}" if body else "")]
+    if inputs:
+        parts.append("Results of the tasks this one depends on:")
+        for dep in inputs:
+            result = dep.get("result")
+            if isinstance(result, dict) and set(result) == {"answer"}:
+                result = result["answer"]
+            text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
+            parts.append(f"## {dep['id']}: {dep.get('title', '')}\n{text[:INPUT_CHARS]}")
+    comments = [c for c in task.get("comments") or [] if isinstance(c, dict) and c.get("text")]
+    if comments:
+        parts.append("Comments on this task:\n" + "\n".join(f"- {c.get('by', '?')}: {c['text']}" for c in comments))
+    return "\n\n".join(parts)
 
 
 def _dollars(amount: float) -> str:
@@ -184,8 +199,10 @@ class TaskLoop:
                  prices: dict[str, Any] | None = None, max_tokens: int | None = None,
                  max_cost: float | None = None, context_window: int = 128_000,
                  summarizer: list[Provider] | None = None, keep_recent: int = KEEP_RECENT,
-                 on_step: Callable[[int], None] = lambda step: None, agent: str = "") -> None:
+                 on_step: Callable[[int], None] = lambda step: None, agent: str = "",
+                 inputs: list[dict[str, Any]] | None = None) -> None:
         self.task = task
+        self.inputs = inputs
         # Other agents' working directories sit beside ours: a task reclaimed from one of them
         # continues its conversation, and what they spent on it counts against the ceilings.
         previous, others = holders(task, agent)
@@ -249,7 +266,7 @@ class TaskLoop:
         if not messages:
             memory = self.ctx.memory.prompt_block() if self.ctx.memory is not None else ""
             for message in ({"role": "system", "content": system_prompt(self.identity, memory, self.prompt_extra)},
-                            {"role": "user", "content": task_prompt(self.task)}):
+                            {"role": "user", "content": task_prompt(self.task, self.inputs)}):
                 self._append(messages, message)
         return messages
 

@@ -207,6 +207,14 @@ class Agent:
                            task=doc, llm=self.ask_model, settings=settings,
                            services={"skills": self.skills, "delegation": self.delegator})
 
+    def inputs(self, doc: dict[str, Any]) -> list[dict[str, Any]]:
+        """The tasks this one depends on, for their results."""
+        found = []
+        for dep in doc.get("depends_on") or []:
+            with contextlib.suppress(BoardError):
+                found.append(self.board.get(dep))
+        return found
+
     def think(self, doc: dict[str, Any], toolbox: Toolbox) -> None:
         """Work a task with the LLM loop and close it by its outcome."""
         task_id, token = doc["id"], doc["claim"]["token"]
@@ -219,7 +227,8 @@ class Agent:
                         max_iterations=int(self.config.get("max_iterations") or 60),
                         max_tokens=self.config.get("max_tokens"), max_cost=self.config.get("max_cost"),
                         context_window=min((p.config.context_window for p in chain), default=128_000),
-                        summarizer=self.chain("cheap") or chain, on_step=self._on_step, agent=self.name)
+                        summarizer=self.chain("cheap") or chain, on_step=self._on_step, agent=self.name,
+                        inputs=self.inputs(doc))
         try:
             outcome = loop.run()
         except InterruptedError:

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from agents import builtins  # noqa: F401 - registers the built-in tools
-from agents.loop import TaskLoop
+from agents.loop import TaskLoop, task_prompt
 from agents.memory import MemoryFile
 from agents.providers import OpenAIProvider, ProviderConfig
 from agents.tools import REGISTRY, Tool, Toolbox, ToolContext, register
@@ -259,3 +259,16 @@ def test_malformed_tool_arguments_go_back_to_the_model_as_an_error(llm, tmp_path
     assert make_loop(llm, tmp_path).run().kind == "done"
     sent = llm.requests[1]["body"]["messages"][-1]
     assert sent["role"] == "tool" and sent["content"].startswith("refused: invalid arguments for read_file: not JSON")
+
+
+def test_the_first_message_carries_the_dependencies_results_and_the_comments():
+    task = {"id": "review", "title": "Review the report", "body": "Check the numbers.",
+            "comments": [{"by": "ana", "text": "region B looks low"}]}
+    inputs = [{"id": "count-a", "title": "Count A", "result": {"answer": "A: 120"}},
+              {"id": "count-b", "title": "Count B", "result": {"steps": ["wrote 3 characters", 7]}}]
+    text = task_prompt(task, inputs)
+    assert text == ("Task review: Review the report\n\nCheck the numbers.\n\n"
+                    "Results of the tasks this one depends on:\n\n## count-a: Count A\nA: 120\n\n"
+                    '## count-b: Count B\n{"steps": ["wrote 3 characters", 7]}\n\n'
+                    "Comments on this task:\n- ana: region B looks low")
+    assert task_prompt({"id": "t", "title": "Plain"}) == "Task t: Plain"

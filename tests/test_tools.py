@@ -240,3 +240,15 @@ def test_the_concurrency_limit_holds_a_second_child_back(ctx, tmp_path):
     assert first.proc.poll() is not None and delegator.visible() == []
     assert delegator.start(ctx, {"goal": "second"}, block=False) is not None, "the slot came back"
     delegator.stop_all()
+
+
+def test_kanban_create_with_an_id_and_steps_is_safe_to_run_again(ctx):
+    steps = [{"tool": "write_file", "args": {"path": "a.txt", "content": "x"}}]
+    made = call(ctx, "kanban_create", id="count-a", title="Count A", role="work", steps=steps)
+    assert made == "created task count-a: Count A" and ctx.board.get("count-a")["steps"] == steps
+    again = call(ctx, "kanban_create", id="count-a", title="Count A", role="work", steps=steps)
+    assert again == "created task count-a: Count A (it was already on the board)"
+    assert len(ctx.board.list().tasks) == 1
+    other = ToolContext(scratch=ctx.scratch, stop=ctx.stop, board=ctx.board, agent="tester", task={"id": "other"})
+    with pytest.raises(ToolError, match="already exists"):
+        call(other, "kanban_create", id="count-a", title="Count A")
