@@ -18,7 +18,9 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(VENV)/.installed $@
 
+# On a board that never held a task (a fresh clone), the example tasks are dropped in first.
 up: $(VENV)/.installed
+	@test -e kanban/events.jsonl || cp examples/*.json kanban/inbox/
 	$(BIN)/hermes-sup up
 
 test: $(VENV)/.installed-test

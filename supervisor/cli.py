@@ -271,11 +271,16 @@ def task_move(ctx: click.Context, task_id: str, status: str, note: str, as_json:
 
 @main.command("board")
 @json_option
+@click.option("--watch", is_flag=True,
+              help="Redraw as tasks move, on the board's change events (--json: one document per line).")
 @click.pass_context
 @handled
-def board_cmd(ctx: click.Context, as_json: bool) -> None:
+def board_cmd(ctx: click.Context, as_json: bool, watch: bool) -> None:
     """The board as columns, with counts and the top tasks of each."""
     with open_board(ctx) as board:
+        if watch:
+            watch_board(board, as_json)
+            return
         ingest = refreshed(board)
         listing = board.list()
         board.quarantine_damaged(listing.damaged)
@@ -284,6 +289,49 @@ def board_cmd(ctx: click.Context, as_json: bool) -> None:
         emit_json(document)
     else:
         render.print_board(out, document)
+
+
+SETTLE = 0.05      # a burst of moves is drawn once it pauses this long...
+SETTLE_MAX = 0.25  # ...or after this long, whichever comes first
+SAFETY_RESCAN = 5.0  # events are a wake-up, not the truth (see kanban/watch.py): look again now and then
+
+
+def watch_board(board: Board, as_json: bool) -> None:
+    """Draw the board, then again each time the watcher reports a change that alters the picture."""
+    from rich.live import Live
+
+    board.start_watching()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # leave the screen as Ctrl-C does
+    live = Live(console=out, auto_refresh=False, screen=True) if out.is_terminal and not as_json else None
+    drawn: Any = None
+    try:
+        if live is not None:
+            live.start()
+        while True:
+            seen = board.signal.generation
+            ingest = board.ingest().as_dict()
+            listing = board.list()
+            document = render.board_document(listing.tasks, listing.damaged, ingest)
+            picture = {k: v for k, v in document.items() if k != "ingest"}
+            if picture != drawn:
+                drawn = picture
+                if as_json:
+                    click.echo(json.dumps(document, ensure_ascii=False, default=str))
+                elif live is not None:
+                    live.update(render.watched_board(document, board.watcher.mode), refresh=True)
+                else:
+                    render.print_board(out, document)
+            if board.signal.wait(seen, SAFETY_RESCAN):
+                settle_until = time.monotonic() + SETTLE_MAX
+                while time.monotonic() < settle_until:
+                    seen = board.signal.generation
+                    if not board.signal.wait(seen, SETTLE):
+                        break
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if live is not None:
+            live.stop()
 
 
 @main.command()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from rich import box
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
@@ -32,8 +33,12 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
 def board_document(tasks: list[dict[str, Any]], damaged: list[dict[str, str]],
                    ingest: dict[str, Any] | None = None) -> dict[str, Any]:
     columns: dict[str, list[dict[str, Any]]] = {status: [] for status in STATUSES}
+    done = {doc["id"] for doc in tasks if doc["status"] == "done"}
     for doc in tasks:
-        columns[doc["status"]].append(summary(doc))
+        item = summary(doc)
+        if doc["status"] in ("todo", "blocked"):
+            item["needs"] = [dep for dep in item["depends_on"] if dep not in done]
+        columns[doc["status"]].append(item)
     return {
         "counts": {status: len(items) for status, items in columns.items()},
         "columns": columns,
@@ -42,29 +47,35 @@ def board_document(tasks: list[dict[str, Any]], damaged: list[dict[str, str]],
     }
 
 
-def _card(item: dict[str, Any]) -> Text:
-    text = Text()
-    text.append(item["id"], style="bold")
+def _card(item: dict[str, Any]) -> Group:
+    lines = [Text(item["id"], style="bold", no_wrap=True, overflow="ellipsis")]
     if item["priority"]:
-        text.append(f"  p{item['priority']}", style="dim")
-    text.append("\n" + item["title"][:60])
+        lines[0].append(f" p{item['priority']}", style="dim")
+    lines.append(Text(item["title"][:80]))
     who = item.get("agent") or item.get("assignee")
     if who:
-        text.append(f"\n@{who}", style="dim")
+        lines.append(Text(f"@{who}", style="dim", no_wrap=True, overflow="ellipsis"))
+    if item.get("needs"):
+        lines.append(Text(f"needs {', '.join(item['needs'])}", style="dim"))
     if item["status"] in ("failed", "blocked") and item.get("error"):
-        text.append(f"\n{item['error'][:60]}", style="red")
+        lines.append(Text(item["error"][:80], style="red"))
     if item["status"] == "todo" and item.get("waiting"):
-        text.append(f"\nwaiting: {item['waiting'][:60]}", style="yellow")
-    return text
+        lines.append(Text(f"waiting: {item['waiting'][:60]}", style="yellow"))
+    return Group(*lines)
+
+
+# Always shown; the others only when they hold a task, so the picture fits an 80-column terminal.
+CORE_COLUMNS = ("todo", "doing", "done")
 
 
 def board_picture(document: dict[str, Any]) -> Table:
-    table = Table(expand=True, show_lines=False, pad_edge=False)
-    for status in STATUSES:
-        table.add_column(f"{status} ({document['counts'][status]})", style=STYLE[status], ratio=1,
-                         overflow="fold")
+    shown_statuses = [s for s in STATUSES if s in CORE_COLUMNS or document["counts"][s]]
+    table = Table(expand=True, show_lines=False, pad_edge=False, box=box.SIMPLE_HEAD)
+    for status in shown_statuses:
+        table.add_column(Text(f"{status} {document['counts'][status]}", no_wrap=True), style=STYLE[status],
+                         header_style=f"bold {STYLE[status]}", ratio=1, overflow="fold")
     cells = []
-    for status in STATUSES:
+    for status in shown_statuses:
         items = document["columns"][status]
         shown = [_card(item) for item in items[:TOP_PER_COLUMN]]
         if len(items) > TOP_PER_COLUMN:
@@ -79,6 +90,15 @@ def print_board(console: Console, document: dict[str, Any]) -> None:
     for item in document["damaged"]:
         console.print(f"[red]damaged:[/red] {item['path']}: {item['reason']}")
     print_ingest(console, document.get("ingest") or {})
+
+
+def watched_board(document: dict[str, Any], mode: str) -> Group:
+    """The picture `board --watch` redraws, with a line saying when and how it is watching."""
+    import time
+
+    note = Text(f"{time.strftime('%H:%M:%S')}  watching the board ({mode} events); Ctrl-C to stop", style="dim")
+    damaged = [Text(f"damaged: {item['path']}: {item['reason']}", style="red") for item in document["damaged"]]
+    return Group(board_picture(document), *damaged, note)
 
 
 def print_ingest(console: Console, ingest: dict[str, Any]) -> None:

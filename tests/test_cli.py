@@ -102,7 +102,7 @@ def test_board_ingests_pending_drops_and_counts(ws):
     assert board["columns"]["todo"][0]["title"] == "Dropped task"
     assert board["ingest"]["rejected"][0]["file"] == "inbox/b.json"
     code, output = run(ws, "board")
-    assert code == 0 and "todo (1)" in output
+    assert code == 0 and "todo 1" in output and "Dropped task" in output
 
 
 def test_board_reports_a_damaged_task_and_keeps_the_rest(ws):
@@ -223,3 +223,33 @@ def test_doctor_shows_what_auto_found_and_never_a_key(ws, monkeypatch):
     checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
     assert checks["provider auto"]["detail"].startswith("auto:anthropic")
     assert "very-secret" not in result.output
+
+
+def test_board_watch_redraws_on_change_events_and_draws_a_burst_once_settled(ws):
+    import queue
+    import threading
+
+    from kanban import Board
+    from supervisor.cli import SAFETY_RESCAN
+
+    proc = subprocess.Popen([sys.executable, "-m", "supervisor", "-w", str(ws), "board", "--watch", "--json"],
+                            stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    try:
+        assert json.loads(lines.get(timeout=30))["counts"]["todo"] == 0
+        board = Board(ws / "kanban")
+        board.add({"title": "first"})
+        # Well inside the safety rescan: the change event drew it, not a timer.
+        drawn = json.loads(lines.get(timeout=SAFETY_RESCAN / 2))
+        assert drawn["counts"]["todo"] == 1 and drawn["columns"]["todo"][0]["title"] == "first"
+        for index in range(30):
+            (ws / "kanban" / "inbox" / f"drop-{index}.md").write_text(f"# drop {index}\n")
+        counts = []
+        while not counts or counts[-1] < 31:
+            counts.append(json.loads(lines.get(timeout=SAFETY_RESCAN / 2))["counts"]["todo"])
+        assert len(counts) < 10, f"a burst of 30 drops was drawn {len(counts)} times: {counts}"
+        assert lines.empty()
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=10) == 0, "SIGTERM ends the watch like Ctrl-C"
