@@ -16,6 +16,7 @@ import json
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -106,7 +107,11 @@ def error_reply(status: int, message: str = "error", *, kind: str = "api_error",
 
 
 class ScriptedLLM:
-    def __init__(self) -> None:
+    """`responder(api, body) -> reply`, when given, answers every request instead of the scripts (a
+    team working many tasks at once needs answers by content, not by order)."""
+
+    def __init__(self, responder: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None) -> None:
+        self.responder = responder
         self.scripts: dict[str, deque[dict[str, Any]]] = {"openai": deque(), "anthropic": deque()}
         self.requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -134,8 +139,16 @@ class ScriptedLLM:
                 with server._lock:
                     server.requests.append({"api": api, "path": self.path, "body": body,
                                             "headers": {k.lower(): v for k, v in self.headers.items()}})
-                    reply = server.scripts[api].popleft() if server.scripts[api] else error_reply(
-                        500, f"no scripted reply left for {api}")
+                    if server.responder is not None:
+                        reply = None
+                    else:
+                        reply = server.scripts[api].popleft() if server.scripts[api] else error_reply(
+                            500, f"no scripted reply left for {api}")
+                if reply is None:
+                    try:
+                        reply = server.responder(api, body)
+                    except Exception as exc:  # a bug in a test's responder is an answer the test sees
+                        reply = error_reply(500, f"responder failed: {exc!r}")
                 if reply.get("delay"):
                     time.sleep(reply["delay"])
                 if reply.get("close"):
@@ -180,7 +193,15 @@ class ScriptedLLM:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                # A client that went away mid-answer (a killed agent, a timeout) is expected here.
+                import sys
+
+                if not isinstance(sys.exc_info()[1], ConnectionError):
+                    super().handle_error(request, client_address)
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
