@@ -157,8 +157,12 @@ AGENT_STYLE = {"running": "green", "starting": "cyan", "backoff": "yellow", "fat
 
 def status_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(show_edge=False, header_style="bold")
+    # Names, numbers and states never wrap; the task and the last exit give way on a narrow terminal.
     for column in ("agent", "pid", "state", "restarts", "uptime", "task", "rss", "cpu", "last exit"):
-        table.add_column(column, overflow="fold")
+        if column in ("task", "last exit"):
+            table.add_column(column, overflow="fold", ratio=1)
+        else:
+            table.add_column(column, no_wrap=True)
     for row in rows:
         uptime = row.get("uptime_s")
         state = row.get("state") or "-"

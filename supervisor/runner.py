@@ -418,6 +418,9 @@ class Supervisor:
             if self._dirty:
                 self.save()
             if self.shutting_down and not any(child.alive() for child in self.children.values()):
+                for child in self.children.values():
+                    if child.pidfd is not None:  # alive() reaped it before its pidfd was read
+                        self._on_exit(child)
                 break
         self.save()
         self.board.close()

@@ -233,7 +233,10 @@ def test_detach_status_logs_restart_and_down_from_another_shell(tmp_path):
     finally:
         down = subprocess.run([*exe, "down"], **run)
     assert down.returncode == 0 and "stopped" in down.stdout
-    assert json.loads(subprocess.run([*exe, "status", "--json"], **run).stdout)["running"] is False
+    after = json.loads(subprocess.run([*exe, "status", "--json"], **run).stdout)
+    assert after["running"] is False
+    ended = [(a["state"], a["last_exit"]) for a in after["agents"]]
+    assert ended == [("stopped", "exited with status 0 (down)")] * 2, "the last state says how every agent ended"
 
 
 def test_an_agent_rotates_its_own_log_by_size(tmp_path, up):
@@ -438,3 +441,13 @@ def test_a_steps_task_resumes_after_its_last_completed_step_and_an_unsafe_one_wa
     calls = [json.loads(line) for line in (ws / "runs/runner/tool_calls.jsonl").read_text().splitlines()]
     assert [(c["call_id"], c["status"]) for c in calls] == [
         ("step-1", "started"), ("step-1", "done"), ("step-2", "started"), ("step-2", "started"), ("step-2", "done")]
+
+
+def test_after_down_the_last_state_says_every_agent_stopped(tmp_path, up):
+    # Agents that all leave at once on SIGTERM: some exit before the supervisor reads their exit.
+    ws = make_ws(tmp_path, f"- name: quick\n  count: 8\n  command: [{sys.executable}, {FAKE}, beat]\n")
+    up(ws)
+    wait_until(lambda: [a.get("state") for a in state(ws).get("agents", {}).values()] == ["running"] * 8, timeout=30)
+    assert hermes(ws, "down").returncode == 0
+    ended = {name: (a["state"], a["last_exit"]) for name, a in state(ws)["agents"].items()}
+    assert set(ended.values()) == {("stopped", "killed by SIGTERM (down)")}, ended
