@@ -3,7 +3,7 @@ itself when no supervisor has heard from it for `orphan_grace` seconds.
 
 A task with `steps` is worked by running them (tool calls, no LLM); any other task by the LLM
 loop (agents/loop.py) over the provider chain of its tier. With no provider at all the agent takes
-only tasks with steps and leaves the rest in todo, looking again every minute.
+only tasks with steps and leaves the rest in todo, looking for a provider again every few seconds.
 """
 
 from __future__ import annotations
@@ -24,17 +24,21 @@ from kanban.task import now_iso
 
 from . import builtins  # noqa: F401 - registers the built-in tools
 from .delegation import Delegator
+from .keys import ENV_FILE, KeyFile
 from .loop import TaskLoop
 from .memory import MemoryFile
 from .notify import NOTIFY_ENV, Notifier
 from .providers import Provider, ProviderConfig, ProviderError, complete_with_fallback, make_provider
-from .routing import chain_for, resolve_auto, task_tier
+from .routing import KEYED, chain_for, provider_configs, resolve_auto, task_tier
 from .skills import Skills, prompt_block
 from .steps import StepRun
 from .tools import DEFAULT_CAPABILITIES, Toolbox, ToolContext, ToolError
 
 AGENT_ENV = "HERMES_SUP_AGENT"
 NO_PROVIDER = "no LLM provider available"
+# How often an agent without a provider looks again: a stat of .env (a new local server is looked for
+# at most once a minute, see _resolve_auto).
+OFFLINE_RECHECK = 5.0
 WORKSPACE_ENV = "HERMES_SUP_WORKSPACE"
 
 
@@ -65,6 +69,9 @@ class Agent:
         self.memory = MemoryFile(workdir / "memory" / "MEMORY.md")
         self._providers: dict[str, Provider] = {}
         self._auto: tuple[float, ProviderConfig | None] | None = None
+        key_names = {variable for variable, *_ in KEYED} | {
+            c.api_key_env for c in provider_configs(self.llm).values() if c.api_key_env}
+        self.keys = KeyFile(workspace / ENV_FILE, key_names)
         self.step: int | None = None
         self.provider = "offline"
         self.why_stopping = ""
@@ -164,6 +171,9 @@ class Agent:
         return chain
 
     def has_llm(self) -> bool:
+        if self.keys.refresh():  # a key was added to (or taken out of) .env: look again
+            self._providers.clear()
+            self._auto = None
         chain = self.chain(task_tier({}, self.tier))
         self.provider = chain[0].config.name if chain else "offline"
         return bool(chain)
@@ -305,11 +315,12 @@ class Agent:
                 self.request_stop(f"its task {self.only_task} is closed")
                 break
             # Without an LLM provider only tasks with steps can be done; the others wait in todo,
-            # saying why, until a provider appears (looked for again every minute).
+            # saying why, until a provider appears.
             offline = not self.has_llm()
             self.board.mark_waiting(NO_PROVIDER if offline else None)
             doc = self.board.wait_for_work(self.name, roles=self.roles, stop=self.stop, steps_only=offline,
-                                           timeout=60, assigned_only=self.only_task is not None)
+                                           timeout=OFFLINE_RECHECK if offline else 60,
+                                           assigned_only=self.only_task is not None)
             if doc is None:
                 continue
             with self._lock:

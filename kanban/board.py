@@ -849,7 +849,7 @@ class Board:
         }
         return transition(doc, "doing", by=agent, now=claim["claimed_at"],
                           note=f"claimed by {agent} (attempt {attempt} of {doc['max_attempts']})",
-                          claim=claim, attempts=attempt, claims=token, waiting=None)
+                          claim=claim, attempts=attempt, claims=token)
 
     def _held(self, task_id: str, token: int) -> TaskDoc:
         """The document of a task held in doing/ by `token`, else ClaimLost."""
@@ -945,7 +945,8 @@ class Board:
                 if current["status"] != "todo" or self._has_marker(task_id):
                     continue
                 if current.get("waiting") != reason:
-                    write_json_atomic(path, {**current, "waiting": reason}, fsync=False)
+                    noted = {k: v for k, v in current.items() if k != "waiting"}
+                    write_json_atomic(path, {**noted, "waiting": reason} if reason else noted, fsync=False)
                     changed += 1
                 self._noted[task_id] = (reason, current.get("updated_at"))
         return changed

@@ -239,6 +239,7 @@ def check_document(doc: object, *, folder: str | None = None) -> dict[str, Any]:
 def transition(doc: dict[str, Any], to: str, *, by: str, now: str, note: str = "", **changes: Any) -> dict[str, Any]:
     """A new document with status `to`, `changes` applied, and one more history entry."""
     new = dict(doc)
+    new.pop("waiting", None)  # a note on why a todo task waits says nothing once it moves
     new.update(changes)
     entry = {"at": now, "by": by, "from": doc["status"], "to": to, "note": note}
     new["status"] = to

@@ -8,6 +8,7 @@ import os
 import shutil
 from typing import Any
 
+from agents.keys import ENV_FILE, KeyFile
 from agents.routing import provider_configs, resolve_auto
 from kanban import Board, BoardError
 from kanban.board import ALLOW_NETWORK_FS_ENV
@@ -34,13 +35,19 @@ def run_checks(ws: Workspace) -> list[Check]:
     except ConfigError as exc:
         checks.append(_check("config", "error", str(exc)))
 
-    present = [name for name in KEY_ENVS if os.environ.get(name)]
+    # What the agents will see: this environment, filled in from the workspace's .env (see agents/keys.py).
+    names = set(KEY_ENVS) | {p.api_key_env for p in provider_configs(config).values() if p.api_key_env}
+    env: dict[str, str] = dict(os.environ)
+    KeyFile(ws.root / ENV_FILE, names, env).refresh()
+    present = [name for name in KEY_ENVS if env.get(name)]
+    from_file = [name for name in sorted(names) if env.get(name) and not os.environ.get(name)]
     checks.append(_check(
         "credentials", "ok" if present else "info",
-        f"set: {', '.join(present)}" if present else
-        f"none of {', '.join(KEY_ENVS)} is set; the auto provider will look for a local server, then run offline",
+        (f"set: {', '.join(present)}" if present else
+         f"none of {', '.join(KEY_ENVS)} is set; the auto provider will look for a local server, then run offline")
+        + (f" ({', '.join(from_file)} from {ENV_FILE})" if from_file else ""),
     ))
-    found = resolve_auto(os.environ)
+    found = resolve_auto(env)
     if found is None:
         checks.append(_check("provider auto", "warn", "offline: no API key and no local server on ports "
                              "11434, 1234, 8000, 8080; only tasks with steps will run"))
@@ -48,7 +55,7 @@ def run_checks(ws: Workspace) -> list[Check]:
         where = f"key in ${found.api_key_env}" if found.api_key_env else f"server at {found.base_url}"
         checks.append(_check("provider auto", "ok", f"{found.name}: {found.kind}, model {found.model} ({where})"))
     for name, provider in provider_configs(config).items():
-        if provider.api_key_env and not os.environ.get(provider.api_key_env):
+        if provider.api_key_env and not env.get(provider.api_key_env):
             checks.append(_check(f"provider {name}", "info",
                                  f"${provider.api_key_env} is not set; left out of its tiers"))
         else:

@@ -451,3 +451,31 @@ def test_after_down_the_last_state_says_every_agent_stopped(tmp_path, up):
     assert hermes(ws, "down").returncode == 0
     ended = {name: (a["state"], a["last_exit"]) for name, a in state(ws)["agents"].items()}
     assert set(ended.values()) == {("stopped", "killed by SIGTERM (down)")}, ended
+
+
+def test_a_key_added_to_dot_env_starts_the_waiting_tasks_without_a_restart(tmp_path, up):
+    from .llm_server import ScriptedLLM, openai_reply
+
+    with ScriptedLLM() as llm:
+        ws = tmp_path / "ws"
+        subprocess.run([sys.executable, "-m", "supervisor", "init", str(ws)], check=True, capture_output=True,
+                       cwd=ROOT)
+        (ws / "hermes.yaml").write_text(
+            f"providers:\n  keyed: {{kind: openai, base_url: '{llm.url}/v1', model: m, "
+            "api_key_env: HERMES_TEST_KEY}\n"
+            "tiers: {cheap: [keyed], standard: [keyed], premium: [keyed]}\n"
+            "agents:\n  - name: thinker\n")
+        llm.script("openai", openai_reply("Answered once the key came."))
+        board = Board(ws / "kanban")
+        task = board.add({"title": "needs a model"})
+        up(ws)
+        waiting = wait_until(lambda: (d := board.get(task["id"])).get("waiting") and d, timeout=30)
+        assert waiting["waiting"] == "no LLM provider available" and waiting["status"] == "todo"
+        (ws / ".env").write_text("HERMES_TEST_KEY=sk-test-123\n")
+        done = wait_until(lambda: (d := board.get(task["id"]))["status"] == "done" and d, timeout=30)
+        assert done["result"] == {"answer": "Answered once the key came."} and "waiting" not in done
+        assert llm.requests[0]["headers"]["authorization"] == "Bearer sk-test-123"
+        assert agent(ws, "thinker")["restarts"] == 0
+        for path in [*(ws / "runs").rglob("*"), *(ws / "kanban").rglob("*")]:
+            if path.is_file():
+                assert b"sk-test-123" not in path.read_bytes(), f"the key was written to {path}"
