@@ -242,20 +242,28 @@ class Agent:
         try:
             outcome = loop.run()
         except InterruptedError:
-            self.delegator.stop_all()
-            self.board.release(task_id, token, f"released: {self.name} is stopping ({self.why_stopping})")
+            self._give_back(task_id, token)
             return
         for note in loop.notes:
             print(f"{self.name}: {note}", flush=True)
+        self._close(task_id, token, outcome.kind, {"answer": outcome.text}, outcome.text)
+
+    def _close(self, task_id: str, token: int, kind: str, result: dict[str, Any], reason: str) -> None:
+        """Close a worked task by its outcome: done with `result`, else blocked or failed for `reason`."""
         try:
-            if outcome.kind == "done":
-                self.board.complete(task_id, token, {"answer": outcome.text})
-            elif outcome.kind == "blocked":
-                self.board.block(task_id, token, outcome.text)
+            if kind == "done":
+                self.board.complete(task_id, token, result)
+            elif kind == "blocked":
+                self.board.block(task_id, token, reason)
             else:
-                self.board.fail(task_id, token, outcome.text)
+                self.board.fail(task_id, token, reason)
         except ClaimLost as exc:
             print(f"{self.name}: lost task {task_id}: {exc}", file=sys.stderr, flush=True)
+
+    def _give_back(self, task_id: str, token: int) -> None:
+        # Stopping is not the task's fault: the attempt is given back.
+        self.delegator.stop_all()
+        self.board.release(task_id, token, f"released: {self.name} is stopping ({self.why_stopping})")
 
     def work(self, doc: dict[str, Any]) -> None:
         toolbox = self.toolbox()
@@ -267,18 +275,10 @@ class Agent:
                       on_step=self._on_step)
         try:
             outcome = run.run()
-            if outcome.kind == "done":
-                self.board.complete(task_id, token, {"steps": outcome.results})
-            elif outcome.kind == "blocked":
-                self.board.block(task_id, token, outcome.reason)
-            else:
-                self.board.fail(task_id, token, outcome.reason)
         except InterruptedError:
-            # Stopping is not the task's fault: the attempt is given back.
-            self.delegator.stop_all()
-            self.board.release(task_id, token, f"released: {self.name} is stopping ({self.why_stopping})")
-        except ClaimLost as exc:
-            print(f"{self.name}: lost task {task_id}: {exc}", file=sys.stderr, flush=True)
+            self._give_back(task_id, token)
+            return
+        self._close(task_id, token, outcome.kind, {"steps": outcome.results}, outcome.reason)
 
     def _only_task_closed(self) -> bool:
         try:
