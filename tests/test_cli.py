@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 from click.testing import CliRunner
 
@@ -17,7 +16,7 @@ from agents.routing import resolve_auto
 from supervisor.cli import main
 from supervisor.workspace import ConfigError, find_workspace, load_config
 
-from .conftest import wait_until
+from .conftest import gone, wait_until
 
 
 @pytest.fixture
@@ -204,7 +203,7 @@ def test_up_runs_the_team_which_does_a_dropped_task_and_stops_on_sigterm(ws):
         proc.terminate()
         assert proc.wait(timeout=30) == 0
         for info in agents.values():
-            assert not psutil.pid_exists(info["pid"]) or psutil.Process(info["pid"]).status() == psutil.STATUS_ZOMBIE
+            assert gone(info["pid"])
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -135,7 +135,7 @@ def test_down_kills_an_agent_that_ignores_sigterm_and_its_grandchild(tmp_path, u
     assert time.monotonic() - started >= 1.0
     assert proc.wait(timeout=10) == 0
     for pid in (stubborn, grandchild):
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert gone(pid)
 
 
 def test_an_agent_that_stops_heart_beating_is_restarted(tmp_path, up):
@@ -202,8 +202,7 @@ def test_orphaned_agents_release_their_claims_and_leave_after_the_grace(tmp_path
     pid = agent(ws, "worker")["pid"]
     sup.kill()
     sup.wait(timeout=10)
-    wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
-               timeout=20)
+    wait_until(lambda: gone(pid), timeout=20)
     doc = board.get(task["id"])
     assert doc["status"] == "todo" and doc["attempts"] == 0, "released, not counted as a failed attempt"
     assert "no supervisor for 1 s" in doc["history"][-1]["note"]
@@ -324,7 +323,7 @@ def test_down_does_not_wait_for_a_long_model_call(tmp_path, up):
         stopped = hermes(ws, "down", "--timeout", "30")
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         assert time.monotonic() - started < 10, "the agent stopped without waiting for the call to end"
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert gone(pid)
         released = board.get(task["id"])
         assert released["status"] == "todo" and released["attempts"] == 0, "the attempt was given back"
         assert "released: thinker is stopping (SIGTERM)" in released["history"][-1]["note"]

@@ -7,13 +7,14 @@ import os
 import threading
 import time
 
-import psutil
 import pytest
 
 from agents import builtins  # noqa: F401 - registers the built-in tools
 from agents.terminal import clean_env, denied
 from agents.tools import REGISTRY, Refused, Tool, Toolbox, ToolContext, ToolError, args_problem, register, run_step
 from kanban import Board
+
+from .conftest import gone
 
 CAPS = ("fs.read", "fs.write", "kanban", "shell")
 
@@ -150,7 +151,7 @@ def test_terminal_times_out_and_kills_its_whole_group(ctx):
     assert time.monotonic() - started < 10
     background = int((ctx.scratch / "bg.pid").read_text())
     deadline = time.monotonic() + 5
-    while psutil.pid_exists(background) and psutil.Process(background).status() != psutil.STATUS_ZOMBIE:
+    while not gone(background):
         assert time.monotonic() < deadline, "the background job of the command was left running"
         time.sleep(0.02)
 
