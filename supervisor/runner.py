@@ -417,10 +417,9 @@ class Supervisor:
             self._due(time.monotonic())
             if self._dirty:
                 self.save()
-            if self.shutting_down and not any(child.alive() for child in self.children.values()):
-                for child in self.children.values():
-                    if child.pidfd is not None:  # alive() reaped it before its pidfd was read
-                        self._on_exit(child)
+            # Done once every exit has been handled (its pidfd read and closed), not merely once no
+            # agent is alive: an agent reaped by a liveness check still has its exit to record.
+            if self.shutting_down and all(child.pidfd is None for child in self.children.values()):
                 break
         self.save()
         self.board.close()
