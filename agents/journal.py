@@ -60,6 +60,17 @@ class Journal:
                 result.records.append(record)
         return result
 
+    def take_task_records(self, source: Path, task_id: str, key: tuple[str, ...]) -> list[dict[str, Any]]:
+        """A task's records here, after appending those of another agent's log (`source`) that are
+        not here yet, telling records apart by the fields of `key`. The other log is only read."""
+        mine = [r for r in self.read().records if r.get("task") == task_id]
+        have = {tuple(r.get(k) for k in key) for r in mine}
+        for record in Journal(source).read().records:
+            if record.get("task") == task_id and tuple(record.get(k) for k in key) not in have:
+                self.append(record)
+                mine.append(record)
+        return mine
+
     def repair(self) -> list[str]:
         """Before appending: move a torn last line out to `<file>.damaged` (with a note) so the next
         record starts on a line of its own. Returns the notes."""

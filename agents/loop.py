@@ -249,11 +249,7 @@ class TaskLoop:
         if self.transcript.path.exists():
             set_aside(self.transcript.path)
         write_records(self.transcript.path, theirs.records)
-        key = ("turn", "call_id", "status")
-        mine = {tuple(r.get(k) for k in key) for r in self.tool_log.read().records if r.get("task") == self.task["id"]}
-        for record in Journal(previous / "tool_calls.jsonl").read().records:
-            if record.get("task") == self.task["id"] and tuple(record.get(k) for k in key) not in mine:
-                self.tool_log.append(record)
+        self.tool_log.take_task_records(previous / "tool_calls.jsonl", self.task["id"], ("turn", "call_id", "status"))
         self.notes.append(f"continued the conversation of {previous.name} ({len(theirs.records)} messages)")
 
     def resume(self) -> list[Message]:

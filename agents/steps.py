@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,7 +73,7 @@ class Outcome:
 
 class StepRun:
     def __init__(self, *, task: dict[str, Any], workdir: Path, ctx: ToolContext, toolbox: Toolbox,
-                 agent: str, on_step: Any = lambda step: None) -> None:
+                 agent: str, on_step: Callable[[int], None] = lambda step: None) -> None:
         self.task = task
         self.ctx = ctx
         self.toolbox = toolbox
@@ -83,17 +83,12 @@ class StepRun:
         self.previous = workdir.parent / previous if previous else None
 
     def _records(self) -> list[dict[str, Any]]:
-        """This agent's records of the task, after copying in those of the agent that held it before."""
-        mine = [r for r in self.log.read().records if r.get("task") == self.task["id"]]
-        if self.previous is not None:
-            key = ("call_id", "status", "at")
-            have = {tuple(r.get(k) for k in key) for r in mine}
-            for record in Journal(self.previous / "tool_calls.jsonl").read().records:
-                if (record.get("task") == self.task["id"] and record.get("turn") == TURN
-                        and tuple(record.get(k) for k in key) not in have):
-                    self.log.append(record)
-                    mine.append(record)
-        return mine
+        """This agent's records of the task, after copying in those of the agent that held it before.
+        Records are told apart by their time too: a step started again after a retry is a new record."""
+        if self.previous is None:
+            return [r for r in self.log.read().records if r.get("task") == self.task["id"]]
+        return self.log.take_task_records(self.previous / "tool_calls.jsonl", self.task["id"],
+                                          ("turn", "call_id", "status", "at"))
 
     def run(self) -> Outcome:
         """Run the steps not yet done; InterruptedError when the agent is asked to stop."""
