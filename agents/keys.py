@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from pathlib import Path
+from typing import Any
+
+from .routing import KEYED, provider_configs
 
 ENV_FILE = ".env"
+AUTO_KEYS = tuple(variable for variable, *_ in KEYED)  # what `auto` looks for, in its order
 _LINE = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*$")
 
 
@@ -32,6 +36,11 @@ def parse_env(text: str) -> dict[str, str]:
             value = value.split(" #", 1)[0].rstrip()
         values[name] = value
     return values
+
+
+def key_names(config: Mapping[str, Any]) -> set[str]:
+    """The variables a team's keys may come from: those `auto` looks for and those its providers name."""
+    return set(AUTO_KEYS) | {c.api_key_env for c in provider_configs(config).values() if c.api_key_env}
 
 
 class KeyFile:

@@ -24,12 +24,12 @@ from kanban.task import now_iso
 
 from . import builtins  # noqa: F401 - registers the built-in tools
 from .delegation import Delegator
-from .keys import ENV_FILE, KeyFile
+from .keys import ENV_FILE, KeyFile, key_names
 from .loop import TaskLoop
 from .memory import MemoryFile
 from .notify import NOTIFY_ENV, Notifier
 from .providers import Provider, ProviderConfig, ProviderError, complete_with_fallback, make_provider
-from .routing import KEYED, chain_for, provider_configs, resolve_auto, task_tier
+from .routing import chain_for, resolve_auto, task_tier
 from .skills import Skills, prompt_block
 from .steps import StepRun
 from .tools import DEFAULT_CAPABILITIES, Toolbox, ToolContext, ToolError
@@ -69,9 +69,7 @@ class Agent:
         self.memory = MemoryFile(workdir / "memory" / "MEMORY.md")
         self._providers: dict[str, Provider] = {}
         self._auto: tuple[float, ProviderConfig | None] | None = None
-        key_names = {variable for variable, *_ in KEYED} | {
-            c.api_key_env for c in provider_configs(self.llm).values() if c.api_key_env}
-        self.keys = KeyFile(workspace / ENV_FILE, key_names)
+        self.keys = KeyFile(workspace / ENV_FILE, key_names(self.llm))
         self.step: int | None = None
         self.provider = "offline"
         self.why_stopping = ""

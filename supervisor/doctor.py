@@ -8,7 +8,7 @@ import os
 import shutil
 from typing import Any
 
-from agents.keys import ENV_FILE, KeyFile
+from agents.keys import AUTO_KEYS, ENV_FILE, KeyFile, key_names
 from agents.routing import provider_configs, resolve_auto
 from kanban import Board, BoardError
 from kanban.board import ALLOW_NETWORK_FS_ENV
@@ -18,7 +18,6 @@ from kanban.fsinfo import disk_free, inotify_limits, is_network
 from .workspace import ConfigError, Workspace, load_config
 
 Check = dict[str, Any]
-KEY_ENVS = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "OPENROUTER_API_KEY")
 
 
 def _check(name: str, level: str, detail: str) -> Check:
@@ -36,15 +35,15 @@ def run_checks(ws: Workspace) -> list[Check]:
         checks.append(_check("config", "error", str(exc)))
 
     # What the agents will see: this environment, filled in from the workspace's .env (see agents/keys.py).
-    names = set(KEY_ENVS) | {p.api_key_env for p in provider_configs(config).values() if p.api_key_env}
+    names = key_names(config)
     env: dict[str, str] = dict(os.environ)
     KeyFile(ws.root / ENV_FILE, names, env).refresh()
-    present = [name for name in KEY_ENVS if env.get(name)]
+    present = [name for name in AUTO_KEYS if env.get(name)]
     from_file = [name for name in sorted(names) if env.get(name) and not os.environ.get(name)]
     checks.append(_check(
         "credentials", "ok" if present else "info",
         (f"set: {', '.join(present)}" if present else
-         f"none of {', '.join(KEY_ENVS)} is set; the auto provider will look for a local server, then run offline")
+         f"none of {', '.join(AUTO_KEYS)} is set; the auto provider will look for a local server, then run offline")
         + (f" ({', '.join(from_file)} from {ENV_FILE})" if from_file else ""),
     ))
     found = resolve_auto(env)
