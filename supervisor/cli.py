@@ -281,10 +281,7 @@ def board_cmd(ctx: click.Context, as_json: bool, watch: bool) -> None:
         if watch:
             watch_board(board, as_json)
             return
-        ingest = refreshed(board)
-        listing = board.list()
-        board.quarantine_damaged(listing.damaged)
-    document = render.board_document(listing.tasks, listing.damaged, ingest)
+        document = board_now(board)
     if as_json:
         emit_json(document)
     else:
@@ -294,6 +291,15 @@ def board_cmd(ctx: click.Context, as_json: bool, watch: bool) -> None:
 SETTLE = 0.05      # a burst of moves is drawn once it pauses this long...
 SETTLE_MAX = 0.25  # ...or after this long, whichever comes first
 SAFETY_RESCAN = 5.0  # events are a wake-up, not the truth (see kanban/watch.py): look again now and then
+
+
+def board_now(board: Board) -> dict[str, Any]:
+    """The board as `board` shows it, after doing a board command's work (see refreshed) and
+    setting damaged task files aside."""
+    ingest = refreshed(board)
+    listing = board.list()
+    board.quarantine_damaged(listing.damaged)
+    return render.board_document(listing.tasks, listing.damaged, ingest)
 
 
 def watch_board(board: Board, as_json: bool) -> None:
@@ -309,9 +315,7 @@ def watch_board(board: Board, as_json: bool) -> None:
             live.start()
         while True:
             seen = board.signal.generation
-            ingest = board.ingest().as_dict()
-            listing = board.list()
-            document = render.board_document(listing.tasks, listing.damaged, ingest)
+            document = board_now(board)
             picture = {k: v for k, v in document.items() if k != "ingest"}
             if picture != drawn:
                 drawn = picture

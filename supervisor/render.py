@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -85,20 +86,21 @@ def board_picture(document: dict[str, Any]) -> Table:
     return table
 
 
+def _damaged(document: dict[str, Any]) -> list[Text]:
+    return [Text(f"damaged: {item['path']}: {item['reason']}", style="red") for item in document["damaged"]]
+
+
 def print_board(console: Console, document: dict[str, Any]) -> None:
     console.print(board_picture(document))
-    for item in document["damaged"]:
-        console.print(f"[red]damaged:[/red] {item['path']}: {item['reason']}")
+    for line in _damaged(document):
+        console.print(line)
     print_ingest(console, document.get("ingest") or {})
 
 
 def watched_board(document: dict[str, Any], mode: str) -> Group:
     """The picture `board --watch` redraws, with a line saying when and how it is watching."""
-    import time
-
     note = Text(f"{time.strftime('%H:%M:%S')}  watching the board ({mode} events); Ctrl-C to stop", style="dim")
-    damaged = [Text(f"damaged: {item['path']}: {item['reason']}", style="red") for item in document["damaged"]]
-    return Group(board_picture(document), *damaged, note)
+    return Group(board_picture(document), *_damaged(document), note)
 
 
 def print_ingest(console: Console, ingest: dict[str, Any]) -> None:

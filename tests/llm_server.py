@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import threading
 import time
 from collections import deque
@@ -196,8 +197,6 @@ class ScriptedLLM:
         class Server(ThreadingHTTPServer):
             def handle_error(self, request: Any, client_address: Any) -> None:
                 # A client that went away mid-answer (a killed agent, a timeout) is expected here.
-                import sys
-
                 if not isinstance(sys.exc_info()[1], ConnectionError):
                     super().handle_error(request, client_address)
 
