@@ -1,4 +1,4 @@
-"""`python -m agents run`: the agent process the supervisor starts."""
+"""`python -m hermes_sup.agents run`: the agent process the supervisor starts."""
 
 import sys
 
@@ -6,6 +6,6 @@ from .worker import main
 
 if __name__ == "__main__":
     if sys.argv[1:2] not in (["run"], []):
-        print("usage: python -m agents run", file=sys.stderr)
+        print("usage: python -m hermes_sup.agents run", file=sys.stderr)
         sys.exit(2)
     sys.exit(main())

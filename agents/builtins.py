@@ -47,7 +47,7 @@ KANBAN_CREATE_FIELDS = ("id", "title", "body", "priority", "depends_on", "role",
 
 
 def kanban_create(ctx: ToolContext, args: dict[str, Any]) -> str:
-    from kanban import BoardError, TaskError, TaskNotFound
+    from hermes_sup.kanban import BoardError, TaskError, TaskNotFound
 
     fields = {key: args[key] for key in KANBAN_CREATE_FIELDS if key in args}
     if ctx.task:
@@ -69,7 +69,7 @@ def kanban_create(ctx: ToolContext, args: dict[str, Any]) -> str:
 
 
 def kanban_comment(ctx: ToolContext, args: dict[str, Any]) -> str:
-    from kanban import BoardError, TaskError
+    from hermes_sup.kanban import BoardError, TaskError
 
     try:
         _board(ctx).comment(args["task_id"], args["text"], by=ctx.agent or "agent")

@@ -4,7 +4,7 @@ The child's work is a task on the board, assigned to the child, linked to the pa
 (`meta.parent`), with an id derived from the parent's task and the delegation itself: a parent that
 crashes and runs the call again finds the same task, and takes its result if it is done, or starts
 a child for it again (the child resumes from its own transcript) if it is not. The child runs as
-`python -m agents run` in `runs/<parent>/children/<child>/`, in its own process group within the
+`python -m hermes_sup.agents run` in `runs/<parent>/children/<child>/`, in its own process group within the
 parent's session (the supervisor kills the session's groups with the parent), with a narrower
 toolset, the delegation tier, one more level of depth, and leaves once its task is closed. A child
 that dies before closing its task fails it and the parent gets an error result.
@@ -92,7 +92,7 @@ class Delegator:
                     if c.proc.poll() is None]
 
     def ensure_task(self, ctx: ToolContext, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
-        from kanban import TaskNotFound
+        from hermes_sup.kanban import TaskNotFound
 
         if int(self.config.get("depth", 0)) + 1 > self.limits.max_depth:
             raise ToolError(f"refused: delegation depth limit reached ({self.limits.max_depth})")
@@ -128,7 +128,7 @@ class Delegator:
         env.pop("HERMES_SUP_NOTIFY", None)
         log = open(folder / "agent.log", "ab")  # noqa: SIM115 - handed to the child
         try:
-            proc = subprocess.Popen([sys.executable, "-P", "-m", "agents", "run"], cwd=folder, env=env,
+            proc = subprocess.Popen([sys.executable, "-P", "-m", "hermes_sup.agents", "run"], cwd=folder, env=env,
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     process_group=0, close_fds=True)
         except OSError:

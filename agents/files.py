@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from kanban.fsio import write_atomic
+from hermes_sup.kanban.fsio import write_atomic
 
 from .tools import Tool, ToolContext, ToolError, register
 

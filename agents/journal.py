@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kanban.task import now_iso
+from hermes_sup.kanban.task import now_iso
 
 
 @dataclass

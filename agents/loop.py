@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kanban.faults import fault
-from kanban.fsio import write_atomic
-from kanban.task import now_iso
+from hermes_sup.kanban.faults import fault
+from hermes_sup.kanban.fsio import write_atomic
+from hermes_sup.kanban.task import now_iso
 
 from .journal import Journal
 from .providers import Attempt, Provider, ProviderError, complete_with_fallback

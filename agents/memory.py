@@ -15,8 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import filelock
-
-from kanban.fsio import write_atomic
+from hermes_sup.kanban.fsio import write_atomic
 
 SEPARATOR = "§"
 DEFAULT_LIMIT = 8000  # characters of entries, about 2,000 tokens of every prompt

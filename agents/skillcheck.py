@@ -1,4 +1,4 @@
-"""Validate one skill file in a process of its own: `python -P -m agents.skillcheck PATH`.
+"""Validate one skill file in a process of its own: `python -P -m hermes_sup.agents.skillcheck PATH`.
 
 The file must parse, import, and register at least one tool with a valid name, description,
 argument schema and known capabilities, none clashing with a built-in. The verdict is one JSON line
@@ -39,7 +39,7 @@ def check(path: Path) -> dict[str, Any]:
             where = traceback.extract_tb(exc.__traceback__)[-1]
             return {"ok": False, "error": f"{type(exc).__name__} while loading: {exc} (line {where.lineno})"}
     if not tools:
-        return {"ok": False, "error": "registers no tool (call agents.tools.register(Tool(...)))"}
+        return {"ok": False, "error": "registers no tool (call hermes_sup.agents.tools.register(Tool(...)))"}
     seen: set[str] = set()
     for tool in tools:
         if not isinstance(tool.name, str) or not TOOL_NAME.fullmatch(tool.name):
@@ -66,7 +66,7 @@ def check(path: Path) -> dict[str, Any]:
 
 def main() -> int:
     if len(sys.argv) != 2:
-        print("usage: python -m agents.skillcheck PATH", file=sys.stderr)
+        print("usage: python -m hermes_sup.agents.skillcheck PATH", file=sys.stderr)
         return 2
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # the skill's own prints must not be taken for the verdict

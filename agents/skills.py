@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from kanban.fsio import write_atomic, write_json_atomic
-from kanban.task import now_iso
+from hermes_sup.kanban.fsio import write_atomic, write_json_atomic
+from hermes_sup.kanban.task import now_iso
 
 from .journal import Journal
 from .tools import Tool, ToolContext, ToolError, collecting, register
@@ -76,7 +75,8 @@ def check_in_process_of_its_own(path: Path) -> dict[str, Any]:
     """The verdict of agents.skillcheck on `path`, bounded in time."""
     env = {key: value for key, value in os.environ.items() if not key.endswith(("_API_KEY", "_TOKEN"))}
     try:
-        done = subprocess.run([sys.executable, "-P", "-m", "agents.skillcheck", str(path)], capture_output=True,
+        done = subprocess.run([sys.executable, "-P", "-m", "hermes_sup.agents.skillcheck", str(path)],
+                              capture_output=True,
                               text=True, timeout=CHECK_TIMEOUT, env=env, stdin=subprocess.DEVNULL,
                               cwd=BUNDLED.parent)
     except subprocess.TimeoutExpired:

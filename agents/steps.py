@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kanban.faults import fault
-from kanban.task import now_iso
+from hermes_sup.kanban.faults import fault
+from hermes_sup.kanban.task import now_iso
 
 from .journal import Journal
 from .loop import MAX_RESULT_CHARS, holders

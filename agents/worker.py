@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kanban import Board, BoardError, ClaimLost
-from kanban.fsio import write_json_atomic
-from kanban.task import now_iso
+from hermes_sup.kanban import Board, BoardError, ClaimLost
+from hermes_sup.kanban.fsio import write_json_atomic
+from hermes_sup.kanban.task import now_iso
 
 from . import builtins  # noqa: F401 - registers the built-in tools
 from .delegation import Delegator

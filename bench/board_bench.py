@@ -29,8 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kanban import Board  # noqa: E402
-from kanban.fsio import write_json_atomic  # noqa: E402
+from hermes_sup.kanban import Board  # noqa: E402
+from hermes_sup.kanban.fsio import write_json_atomic  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:
@@ -163,20 +163,21 @@ def drop_latency(base: Path, mode: str, claimers: int, drops: int) -> dict[str, 
 
 def board_json(base: Path, tasks: int, repeats: int) -> dict[str, float]:
     ws = base / "ws"
-    subprocess.run([sys.executable, "-m", "supervisor", "init", str(ws)], check=True, capture_output=True,
+    subprocess.run([sys.executable, "-m", "hermes_sup.supervisor", "init", str(ws)], check=True, capture_output=True,
                    cwd=ROOT)
     fill(ws / "kanban", tasks)
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "supervisor", "-w", str(ws), "board", "--json"],
+        done = subprocess.run([sys.executable, "-m", "hermes_sup.supervisor", "-w", str(ws), "board", "--json"],
                               capture_output=True, cwd=ROOT, check=True)
         times.append(time.perf_counter() - started)
         assert json.loads(done.stdout)["counts"]["todo"] == tasks
     startup = []
     for _ in range(repeats):
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "supervisor", "--version"], capture_output=True, cwd=ROOT, check=True)
+        subprocess.run([sys.executable, "-m", "hermes_sup.supervisor", "--version"], capture_output=True, cwd=ROOT,
+                       check=True)
         startup.append(time.perf_counter() - started)
     return {"tasks": tasks, "median_s": statistics.median(times), "max_s": max(times),
             "cli_startup_median_s": statistics.median(startup)}

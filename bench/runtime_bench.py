@@ -1,6 +1,6 @@
 """Agent runtime benchmarks, run by hand: `python bench/runtime_bench.py`.
 
-1. Cold start: spawn `python -m agents run` to its first heartbeat (READY on the notify socket),
+1. Cold start: spawn `python -m hermes_sup.agents run` to its first heartbeat (READY on the notify socket),
    with an openai provider, an anthropic provider, or none configured (20 runs each).
 2. Loop overhead per turn: a 10-turn task against the scripted server on 127.0.0.1 (real openai
    SDK), minus the time the server spent answering, per turn.
@@ -25,11 +25,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agents import builtins  # noqa: E402, F401 - registers the built-in tools
-from agents.loop import TaskLoop  # noqa: E402
-from agents.memory import MemoryFile  # noqa: E402
-from agents.providers import OpenAIProvider, ProviderConfig  # noqa: E402
-from agents.tools import Toolbox, ToolContext  # noqa: E402
+from hermes_sup.agents import builtins  # noqa: E402, F401 - registers the built-in tools
+from hermes_sup.agents.loop import TaskLoop  # noqa: E402
+from hermes_sup.agents.memory import MemoryFile  # noqa: E402
+from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig  # noqa: E402
+from hermes_sup.agents.tools import Toolbox, ToolContext  # noqa: E402
+
 from tests.llm_server import ScriptedLLM, openai_reply  # noqa: E402
 
 PROVIDERS = {
@@ -42,7 +43,7 @@ PROVIDERS = {
 
 
 def cold_start(kind: str, runs: int, base: Path) -> list[float]:
-    from kanban import Board
+    from hermes_sup.kanban import Board
 
     Board(base / "kanban").close()
     times = []
@@ -59,7 +60,7 @@ def cold_start(kind: str, runs: int, base: Path) -> list[float]:
         for key in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "OPENROUTER_API_KEY"):
             env.pop(key, None)
         started = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-P", "-m", "agents", "run"], cwd=workdir, env=env,
+        proc = subprocess.Popen([sys.executable, "-P", "-m", "hermes_sup.agents", "run"], cwd=workdir, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             while True:

@@ -101,8 +101,8 @@ class Hermes:
 
     def __init__(self, base: Path, child: Path, count: int) -> None:
         self.ws = base / "hermes-ws"
-        subprocess.run([sys.executable, "-m", "supervisor", "init", str(self.ws)], check=True, capture_output=True,
-                       cwd=ROOT)
+        subprocess.run([sys.executable, "-m", "hermes_sup.supervisor", "init", str(self.ws)], check=True,
+                       capture_output=True, cwd=ROOT)
         agents = "".join(f"  - name: c{i:02d}\n    command: [{sys.executable}, {child}]\n" for i in range(count))
         (self.ws / "hermes.yaml").write_text(
             "defaults:\n  restart: {policy: always, backoff: {initial: 0.5, max: 30}, max_restarts: 1000000,\n"
@@ -112,7 +112,7 @@ class Hermes:
         self.env = {**os.environ, "BENCH_STAMPS": str(self.stamps)}
 
     def start(self) -> subprocess.Popen[bytes]:
-        self.proc = subprocess.Popen([sys.executable, "-P", "-m", "supervisor", "-w", str(self.ws), "up"],
+        self.proc = subprocess.Popen([sys.executable, "-P", "-m", "hermes_sup.supervisor", "-w", str(self.ws), "up"],
                                      env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return self.proc
 

@@ -7,8 +7,8 @@ import json
 import statistics
 from typing import Any
 
-from agents.files import confined
-from agents.tools import Tool, ToolError, register
+from hermes_sup.agents.files import confined
+from hermes_sup.agents.tools import Tool, ToolError, register
 
 
 def query(data: Any, path: str) -> Any:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.files import confined
-from agents.tools import Tool, ToolError, register
+from hermes_sup.agents.files import confined
+from hermes_sup.agents.tools import Tool, ToolError, register
 
 MAX_INPUT = 200_000
 

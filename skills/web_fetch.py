@@ -8,7 +8,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from agents.tools import Tool, ToolError, register
+from hermes_sup.agents.tools import Tool, ToolError, register
 
 MAX_BYTES = 2_000_000
 MAX_CHARS = 20_000

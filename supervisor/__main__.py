@@ -1,4 +1,4 @@
-"""`python -m supervisor` is `hermes-sup`."""
+"""`python -m hermes_sup.supervisor` is `hermes-sup`."""
 
 from .cli import main
 

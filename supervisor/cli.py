@@ -22,12 +22,11 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 import psutil
+from hermes_sup.kanban import STATUSES, Board, BoardError, TaskError
+from hermes_sup.kanban.fsio import read_complete_lines
+from hermes_sup.kanban.liveness import holder_alive
+from hermes_sup.kanban.task import TIERS
 from rich.console import Console
-
-from kanban import STATUSES, Board, BoardError, TaskError
-from kanban.fsio import read_complete_lines
-from kanban.liveness import holder_alive
-from kanban.task import TIERS
 
 from . import render
 from .doctor import run_checks
@@ -426,7 +425,7 @@ def up(ctx: click.Context, detach: bool, agents_csv: str | None) -> None:
 def _detach(ws: Workspace, agents_csv: str | None) -> int:
     # -P: the workspace is the working directory, and its kanban/ board folder must not shadow
     # the kanban package.
-    command = [sys.executable, "-P", "-m", "supervisor", "-w", str(ws.root), "up"]
+    command = [sys.executable, "-P", "-m", "hermes_sup.supervisor", "-w", str(ws.root), "up"]
     if agents_csv:
         command += ["--agents", agents_csv]
     with open(ws.runs_path / "supervisor.log", "ab") as log:
@@ -656,7 +655,7 @@ def skills() -> None:
 
 
 def _skills(ctx: click.Context) -> Any:
-    from agents.skills import Skills  # the agents package is only needed by these commands
+    from hermes_sup.agents.skills import Skills  # the agents package is only needed by these commands
 
     return Skills(workspace_of(ctx).root)
 
@@ -704,7 +703,7 @@ def skills_history(ctx: click.Context, name: str, as_json: bool) -> None:
 @handled
 def skills_rollback(ctx: click.Context, name: str, version: int | None, as_json: bool) -> None:
     """Make an earlier version of a skill current again (default: the latest kept)."""
-    from agents.tools import ToolError
+    from hermes_sup.agents.tools import ToolError
 
     try:
         chosen, skill = _skills(ctx).rollback(name, version, by="cli")

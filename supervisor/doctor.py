@@ -8,12 +8,12 @@ import os
 import shutil
 from typing import Any
 
-from agents.keys import AUTO_KEYS, ENV_FILE, KeyFile, key_names
-from agents.routing import provider_configs, resolve_auto
-from kanban import Board, BoardError
-from kanban.board import ALLOW_NETWORK_FS_ENV
-from kanban.events import read_all
-from kanban.fsinfo import disk_free, inotify_limits, is_network
+from hermes_sup.agents.keys import AUTO_KEYS, ENV_FILE, KeyFile, key_names
+from hermes_sup.agents.routing import provider_configs, resolve_auto
+from hermes_sup.kanban import Board, BoardError
+from hermes_sup.kanban.board import ALLOW_NETWORK_FS_ENV
+from hermes_sup.kanban.events import read_all
+from hermes_sup.kanban.fsinfo import disk_free, inotify_limits, is_network
 
 from .workspace import ConfigError, Workspace, load_config
 

@@ -6,13 +6,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from hermes_sup.kanban import STATUSES
 from rich import box
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
-
-from kanban import STATUSES
 
 STYLE = {"todo": "cyan", "doing": "yellow", "blocked": "magenta", "done": "green", "failed": "red",
          "cancelled": "dim"}

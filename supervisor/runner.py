@@ -24,13 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-
-from agents.notify import NOTIFY_ENV, parse
-from agents.worker import AGENT_ENV, WORKSPACE_ENV
-from kanban import Board
-from kanban.fsio import write_json_atomic
-from kanban.liveness import holder_alive, start_time
-from kanban.task import now_iso
+from hermes_sup.agents.notify import NOTIFY_ENV, parse
+from hermes_sup.agents.worker import AGENT_ENV, WORKSPACE_ENV
+from hermes_sup.kanban import Board
+from hermes_sup.kanban.fsio import write_json_atomic
+from hermes_sup.kanban.liveness import holder_alive, start_time
+from hermes_sup.kanban.task import now_iso
 
 from .policy import RestartHistory, cleared, decide, describe_exit
 from .spec import ChildSpec, build_specs, plan_reload

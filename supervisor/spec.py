@@ -97,7 +97,7 @@ def build_specs(config: dict[str, Any], root: Path, *, python: str = sys.executa
             env = {str(k): str(v) for k, v in (entry.get("env") or {}).items()}
             command = entry.get("command")
             # -P: nothing in the agent's working directory may shadow a package.
-            argv = tuple(command) if command else (python, "-P", "-m", "agents", "run")
+            argv = tuple(command) if command else (python, "-P", "-m", "hermes_sup.agents", "run")
             spec = ChildSpec(
                 name=name,
                 argv=argv,

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from agents.journal import Journal
+from hermes_sup.agents.journal import Journal
 
 
 def _blank() -> dict[str, Any]:

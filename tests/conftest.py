@@ -13,9 +13,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+from hermes_sup.kanban import Board
 
-from kanban import Board
-
+# The command line as a module, so a test runs the checkout's code whichever `hermes-sup` is on PATH.
+CLI = (sys.executable, "-m", "hermes_sup.supervisor")
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers.py"
 PR_SET_CHILD_SUBREAPER = 36

@@ -11,7 +11,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from agents.notify import NOTIFY_ENV, Notifier
+from hermes_sup.agents.notify import NOTIFY_ENV, Notifier
 
 
 def main(mode: str) -> None:

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-
-from kanban import Board, BoardError, ClaimLost, InvalidTransition, TaskError, TaskNotFound
-from kanban.events import read_all
+from hermes_sup.kanban import Board, BoardError, ClaimLost, InvalidTransition, TaskError, TaskNotFound
+from hermes_sup.kanban.events import read_all
 
 from .conftest import wait_until
 
@@ -39,7 +38,7 @@ def test_claim_takes_highest_priority_then_oldest(board):
 
 def test_claim_sees_tasks_added_by_another_process(board, tmp_path):
     assert board.claim("w") is None
-    code = f"from kanban import Board; print(Board({str(board.root)!r}).add({{'title': 'elsewhere'}})['id'])"
+    code = f"from hermes_sup.kanban import Board; print(Board({str(board.root)!r}).add({{'title': 'elsewhere'}})['id'])"
     added = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}).stdout.strip()
     assert board.claim("w")["id"] == added
@@ -254,7 +253,7 @@ def test_torn_event_line_is_repaired_before_the_next_append(board):
 
 
 def test_network_filesystem_is_refused_unless_allowed(tmp_path, monkeypatch):
-    from kanban import fsinfo
+    from hermes_sup.kanban import fsinfo
 
     monkeypatch.setattr(fsinfo, "filesystem_of", lambda path: fsinfo.Mount(str(path), "nfs4", "srv:/x"))
     with pytest.raises(BoardError, match=r"network filesystem \(nfs4\).*HERMES_SUP_ALLOW_NETWORK_FS=1"):
@@ -267,7 +266,7 @@ def test_network_filesystem_is_refused_unless_allowed(tmp_path, monkeypatch):
 
 
 def test_the_lock_excludes_a_forked_child_using_the_same_board(board):
-    from kanban.lock import LockTimeout
+    from hermes_sup.kanban.lock import LockTimeout
 
     with board._locked():
         pid = os.fork()

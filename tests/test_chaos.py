@@ -19,7 +19,6 @@ import re
 import signal
 import statistics
 import subprocess
-import sys
 import time
 from collections import Counter
 from datetime import datetime
@@ -27,10 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hermes_sup.kanban import Board
 
-from kanban import Board
-
-from .conftest import gone, wait_until
+from .conftest import CLI, gone, wait_until
 from .llm_server import ScriptedLLM, openai_reply
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(400)]
@@ -49,7 +47,7 @@ TALLY_SKILL = '''"""A side effect the chaos test can count: one line per executi
 import json
 import os
 
-from agents.tools import Tool, register
+from hermes_sup.agents.tools import Tool, register
 
 
 def tally(ctx, args):
@@ -121,7 +119,7 @@ def expected_steps(task_id: str) -> list[str]:
 
 def workspace(tmp_path: Path, llm: ScriptedLLM) -> Path:
     ws = tmp_path / "ws"
-    subprocess.run([sys.executable, "-m", "supervisor", "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
     (ws / "skills" / "tally.py").write_text(TALLY_SKILL)
     (ws / "hermes.yaml").write_text(f"""\
 providers:
@@ -197,7 +195,7 @@ class Team:
         self.pids: set[int] = set()
 
     def up(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "supervisor", "-w", str(self.ws), "up"], stdout=self.log,
+        self.proc = subprocess.Popen([*CLI, "-w", str(self.ws), "up"], stdout=self.log,
                                      stderr=subprocess.STDOUT, text=True, cwd=ROOT)
         self.pids.add(self.proc.pid)
         proc = self.proc

@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hermes_sup.agents.routing import resolve_auto
+from hermes_sup.supervisor.cli import main
+from hermes_sup.supervisor.workspace import ConfigError, find_workspace, load_config
 
-from agents.routing import resolve_auto
-from supervisor.cli import main
-from supervisor.workspace import ConfigError, find_workspace, load_config
-
-from .conftest import gone, wait_until
+from .conftest import CLI, gone, wait_until
 
 
 @pytest.fixture
@@ -160,7 +159,7 @@ def test_doctor_reports_and_fails_on_a_broken_config(ws):
 
 def test_the_installed_console_script_runs(ws):
     exe = Path(sys.executable).with_name("hermes-sup")
-    command = [str(exe)] if exe.exists() else [sys.executable, "-m", "supervisor"]
+    command = [str(exe)] if exe.exists() else [*CLI]
     done = subprocess.run([*command, "-w", str(ws), "task", "add", "from a shell", "--json"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -172,7 +171,7 @@ def test_the_installed_console_script_runs(ws):
 
 def test_up_runs_the_team_which_does_a_dropped_task_and_stops_on_sigterm(ws):
     exe = Path(sys.executable).with_name("hermes-sup")
-    command = [str(exe)] if exe.exists() else [sys.executable, "-m", "supervisor"]
+    command = [str(exe)] if exe.exists() else [*CLI]
     keyless = {k: v for k, v in os.environ.items()
                if k not in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "OPENROUTER_API_KEY")}
     proc = subprocess.Popen([*command, "-w", str(ws), "up"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -214,7 +213,7 @@ def test_doctor_shows_what_auto_found_and_never_a_key(ws, monkeypatch):
     for name in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "OPENROUTER_API_KEY"):
         monkeypatch.delenv(name, raising=False)
     # No local server probing here: the machine running the tests may have one.
-    monkeypatch.setattr("supervisor.doctor.resolve_auto", functools.partial(resolve_auto, ports=()))
+    monkeypatch.setattr("hermes_sup.supervisor.doctor.resolve_auto", functools.partial(resolve_auto, ports=()))
     checks = {c["name"]: c for c in run_json(ws, "doctor")["checks"]}
     assert checks["provider auto"]["level"] == "warn" and checks["provider auto"]["detail"].startswith("offline")
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-very-secret-value")
@@ -228,10 +227,10 @@ def test_board_watch_redraws_on_change_events_and_draws_a_burst_once_settled(ws)
     import queue
     import threading
 
-    from kanban import Board
-    from supervisor.cli import SAFETY_RESCAN
+    from hermes_sup.kanban import Board
+    from hermes_sup.supervisor.cli import SAFETY_RESCAN
 
-    proc = subprocess.Popen([sys.executable, "-m", "supervisor", "-w", str(ws), "board", "--watch", "--json"],
+    proc = subprocess.Popen([*CLI, "-w", str(ws), "board", "--watch", "--json"],
                             stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent)
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()

@@ -13,10 +13,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
-from kanban import Board
-from kanban.events import read_all
-from kanban.task import STATUSES
+from hermes_sup.kanban import Board
+from hermes_sup.kanban.events import read_all
+from hermes_sup.kanban.task import STATUSES
 
 from .conftest import wait_until
 

@@ -8,10 +8,9 @@ import os
 import time
 
 import pytest
-
-from kanban import Board
-from kanban.drops import decide, open_writers, scan
-from kanban.events import read_all
+from hermes_sup.kanban import Board
+from hermes_sup.kanban.drops import decide, open_writers, scan
+from hermes_sup.kanban.events import read_all
 
 from .conftest import wait_until
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from agents.keys import KeyFile, parse_env
+from hermes_sup.agents.keys import KeyFile, parse_env
 
 
 def test_parse_env_reads_what_dotenv_files_hold():

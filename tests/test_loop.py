@@ -7,12 +7,11 @@ import json
 import threading
 
 import pytest
-
-from agents import builtins  # noqa: F401 - registers the built-in tools
-from agents.loop import TaskLoop, task_prompt
-from agents.memory import MemoryFile
-from agents.providers import OpenAIProvider, ProviderConfig
-from agents.tools import REGISTRY, Tool, Toolbox, ToolContext, register
+from hermes_sup.agents import builtins  # noqa: F401 - registers the built-in tools
+from hermes_sup.agents.loop import TaskLoop, task_prompt
+from hermes_sup.agents.memory import MemoryFile
+from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig
+from hermes_sup.agents.tools import REGISTRY, Tool, Toolbox, ToolContext, register
 
 from .llm_server import ScriptedLLM, error_reply, openai_reply
 
@@ -165,7 +164,7 @@ def test_the_iteration_limit_fails_the_task(llm, tmp_path):
 
 
 def test_the_fixed_prompt_overhead_stays_small():
-    from agents.loop import system_prompt
+    from hermes_sup.agents.loop import system_prompt
 
     text = system_prompt("", "") + json.dumps(Toolbox().schemas())
     # 3 characters per token is a pessimistic estimate for English and JSON; the target is 3,000.
@@ -173,7 +172,7 @@ def test_the_fixed_prompt_overhead_stays_small():
 
 
 def test_the_cut_never_separates_a_tool_result_from_its_call():
-    from agents.loop import middle_to_summarize
+    from hermes_sup.agents.loop import middle_to_summarize
 
     convo = [{"role": "system"}, {"role": "user"},
              {"role": "assistant"}, {"role": "tool"}, {"role": "assistant"}, {"role": "tool"}, {"role": "tool"},
@@ -231,7 +230,7 @@ def test_token_and_cost_ceilings_fail_the_task(llm, tmp_path):
 
 
 def test_memory_written_under_one_provider_is_in_the_prompt_under_another(llm, tmp_path):
-    from agents.providers import AnthropicProvider
+    from hermes_sup.agents.providers import AnthropicProvider
 
     llm.script("openai", openai_reply(tool_calls=[("memory", {"action": "add",
                                                               "content": "The deploy key lives in vault/ops."})]),

@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from agents.journal import Journal
-from agents.memory import MemoryEntryError, MemoryFile, apply, parse, render
+from hermes_sup.agents.journal import Journal
+from hermes_sup.agents.memory import MemoryEntryError, MemoryFile, apply, parse, render
 
 HERMES_FILE = """User prefers concise answers.
 §
@@ -76,7 +75,7 @@ def test_the_file_is_changed_in_place_and_shown_in_the_prompt(tmp_path):
 
 def test_writers_in_several_processes_lose_nothing(tmp_path):
     path = tmp_path / "MEMORY.md"
-    code = ("import sys; from pathlib import Path; from agents.memory import MemoryFile; "
+    code = ("import sys; from pathlib import Path; from hermes_sup.agents.memory import MemoryFile; "
             "m = MemoryFile(Path(sys.argv[1]), limit=10**6)\n"
             "for i in range(25): m.change('add', content=f'fact {sys.argv[2]}-{i}')")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from kanban.parse import MAX_BYTES, parse_task_file
-from kanban.task import TaskError
+from hermes_sup.kanban.parse import MAX_BYTES, parse_task_file
+from hermes_sup.kanban.task import TaskError
 
 
 def test_json_yaml_markdown_and_text():

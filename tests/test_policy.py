@@ -5,8 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-
-from supervisor.policy import Decision, RestartHistory, RestartSpec, backoff_delay, cleared, decide
+from hermes_sup.supervisor.policy import Decision, RestartHistory, RestartSpec, backoff_delay, cleared, decide
 
 SPEC = RestartSpec(policy="on-failure", initial=0.5, max=8.0, max_restarts=5, window=60.0, reset_after=30.0)
 

@@ -10,8 +10,7 @@ import subprocess
 import sys
 
 import pytest
-
-from agents.providers import (
+from hermes_sup.agents.providers import (
     AnthropicProvider,
     OpenAIProvider,
     ProviderConfig,

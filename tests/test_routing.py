@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agents.routing import chain_for, probe_models, resolve_auto, task_tier
+from hermes_sup.agents.routing import chain_for, probe_models, resolve_auto, task_tier
 
 from .llm_server import ScriptedLLM
 

@@ -11,14 +11,13 @@ import threading
 from pathlib import Path
 
 import pytest
-
-from agents import builtins  # noqa: F401 - registers the built-in tools
-from agents.skills import Skills, front_matter, prompt_block
-from agents.tools import Toolbox, ToolContext, ToolError
+from hermes_sup.agents import builtins  # noqa: F401 - registers the built-in tools
+from hermes_sup.agents.skills import Skills, front_matter, prompt_block
+from hermes_sup.agents.tools import Toolbox, ToolContext, ToolError
 
 ROOT = Path(__file__).resolve().parent.parent
 GOOD = '''"""Double a number."""
-from agents.tools import Tool, register
+from hermes_sup.agents.tools import Tool, register
 
 def double(ctx, args):
     return str(args["n"] * 2)
@@ -29,12 +28,12 @@ register(Tool("double", "Double n.", double, {"type": "object", "properties": {"
 BROKEN = {
     "syntax": ("def oops(:\n    pass\n", "syntax error at line 1"),
     "importer": ("import no_such_module_here\n", "ModuleNotFoundError while loading: No module named"),
-    "badschema": ('from agents.tools import Tool, register\nregister(Tool("bad_schema", "x", print, '
+    "badschema": ('from hermes_sup.agents.tools import Tool, register\nregister(Tool("bad_schema", "x", print, '
                   '{"type": "object", "properties": {"n": {"type": "integr"}}}))\n',
                   "tool bad_schema: bad schema: parameters.properties.n: unknown type 'integr'"),
     "exits": ("import sys\nsys.exit(3)\n", "calls sys.exit(3) while loading"),
     "loops": ("while True:\n    pass\n", "did not finish loading within"),
-    "clash": ('from agents.tools import Tool, register\nregister(Tool("terminal", "mine", print))\n',
+    "clash": ('from hermes_sup.agents.tools import Tool, register\nregister(Tool("terminal", "mine", print))\n',
               "clashes with the built-in tool"),
     "nothing": ("x = 1\n", "registers no tool"),
     "kills": ("import os\nos._exit(9)\n", "ended with status 9 without a verdict"),
@@ -43,9 +42,9 @@ BROKEN = {
 
 @pytest.fixture
 def workspace(tmp_path, monkeypatch):
-    import agents.skills
+    from hermes_sup.agents import skills as skills_module
 
-    monkeypatch.setattr(agents.skills, "CHECK_TIMEOUT", 3.0)  # bounds the looping skill's check
+    monkeypatch.setattr(skills_module, "CHECK_TIMEOUT", 3.0)  # bounds the looping skill's check
     (tmp_path / "skills").mkdir()
     return tmp_path
 
@@ -91,7 +90,7 @@ def test_create_patch_break_and_roll_back_through_skill_manage_and_the_cli(works
                                    "new_string": "1 / 0"})
     with pytest.raises(ToolError, match="double raised ZeroDivisionError"):
         Toolbox(extra=skills.tools_for(None)[0]).call(ctx, "double", {"n": 2})
-    cli = [sys.executable, "-m", "supervisor", "-w", str(workspace)]
+    cli = [sys.executable, "-m", "hermes_sup.supervisor", "-w", str(workspace)]
     (workspace / "hermes.yaml").write_text("agents: []\n")
     history = json.loads(subprocess.run([*cli, "skills", "history", "double", "--json"], capture_output=True,
                                         text=True, cwd=ROOT, check=True).stdout)
@@ -128,7 +127,7 @@ def test_instruction_skills_are_listed_and_read_on_demand(workspace):
 
 
 def test_the_bundled_skills_validate():
-    from agents.skills import check_in_process_of_its_own
+    from hermes_sup.agents.skills import check_in_process_of_its_own
 
     verdicts = {path.stem: check_in_process_of_its_own(path) for path in sorted((ROOT / "skills").glob("*.py"))}
     assert {name: v["ok"] for name, v in verdicts.items()} == {"data_tools": True, "summarize": True,

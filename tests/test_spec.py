@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from supervisor.spec import build_specs, plan_reload
-from supervisor.workspace import ConfigError, load_config
+from hermes_sup.supervisor.spec import build_specs, plan_reload
+from hermes_sup.supervisor.workspace import ConfigError, load_config
 
 CONFIG = """\
 defaults:
@@ -34,7 +33,7 @@ def test_agents_expand_and_inherit_defaults(tmp_path):
     specs = {spec.name: spec for spec in specs_from(tmp_path, CONFIG)}
     assert list(specs) == ["planner", "worker-1", "worker-2"]
     planner, worker = specs["planner"], specs["worker-1"]
-    assert planner.argv == ("/py", "-P", "-m", "agents", "run")
+    assert planner.argv == ("/py", "-P", "-m", "hermes_sup.agents", "run")
     assert planner.workdir == tmp_path / "runs" / "planner"
     assert (planner.restart.policy, planner.restart.initial, planner.restart.max) == ("always", 1.0, 10.0)
     assert planner.restart.max_restarts == 3 and worker.restart.max_restarts == 9

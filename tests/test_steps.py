@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import threading
 
-from agents import builtins  # noqa: F401 - registers the built-in tools
-from agents.memory import MemoryFile
-from agents.steps import StepRun, progress, retried_since
-from agents.tools import Toolbox, ToolContext
+from hermes_sup.agents import builtins  # noqa: F401 - registers the built-in tools
+from hermes_sup.agents.memory import MemoryFile
+from hermes_sup.agents.steps import StepRun, progress, retried_since
+from hermes_sup.agents.tools import Toolbox, ToolContext
 
 TASK = "t-1"
 

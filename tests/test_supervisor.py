@@ -13,23 +13,22 @@ from pathlib import Path
 
 import psutil
 import pytest
+from hermes_sup.kanban import Board
 
-from kanban import Board
-
-from .conftest import gone, wait_until
+from .conftest import CLI, gone, wait_until
 
 FAKE = Path(__file__).resolve().parent / "fake_agent.py"
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def hermes(ws: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "supervisor", "-w", str(ws), *args], capture_output=True, text=True,
+    return subprocess.run([*CLI, "-w", str(ws), *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
 
 
 def make_ws(tmp_path: Path, agents: str, defaults: str = "") -> Path:
     ws = tmp_path / "ws"
-    subprocess.run([sys.executable, "-m", "supervisor", "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
     text = "defaults:\n  stop_timeout: 5\n  heartbeat_timeout: 30\n"
     text += "".join(f"  {line}\n" for line in defaults.splitlines())
     text += "agents:\n" + "".join(f"  {line}\n" for line in agents.splitlines())
@@ -40,7 +39,7 @@ def make_ws(tmp_path: Path, agents: str, defaults: str = "") -> Path:
 def llm_workspace(tmp_path: Path, llm, agent_settings: str = "") -> Path:
     """A workspace whose one agent, thinker, is served by the scripted LLM server on every tier."""
     ws = tmp_path / "ws"
-    subprocess.run([sys.executable, "-m", "supervisor", "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
     (ws / "hermes.yaml").write_text(
         f"providers:\n  scripted: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
         "tiers: {cheap: [scripted], standard: [scripted], premium: [scripted]}\n"
@@ -66,7 +65,7 @@ def up(tmp_path):
 
     def start(ws: Path) -> subprocess.Popen[str]:
         log = open(tmp_path / "up.log", "w")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen([sys.executable, "-m", "supervisor", "-w", str(ws), "up"], stdout=log,
+        proc = subprocess.Popen([*CLI, "-w", str(ws), "up"], stdout=log,
                                 stderr=subprocess.STDOUT, text=True, cwd=ROOT)
         procs.append((proc, log))
         wait_until(lambda: state(ws).get("pid") == proc.pid, timeout=30)
@@ -210,7 +209,7 @@ def test_orphaned_agents_release_their_claims_and_leave_after_the_grace(tmp_path
 
 def test_detach_status_logs_restart_and_down_from_another_shell(tmp_path):
     ws = tmp_path / "ws"
-    subprocess.run([sys.executable, "-m", "supervisor", "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
     # From inside the workspace, as a user would: its kanban/ folder must not shadow the package.
     run = {"capture_output": True, "text": True, "timeout": 90, "cwd": ws}
     exe = [str(Path(sys.executable).with_name("hermes-sup"))]
@@ -457,7 +456,7 @@ def test_a_key_added_to_dot_env_starts_the_waiting_tasks_without_a_restart(tmp_p
 
     with ScriptedLLM() as llm:
         ws = tmp_path / "ws"
-        subprocess.run([sys.executable, "-m", "supervisor", "init", str(ws)], check=True, capture_output=True,
+        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True,
                        cwd=ROOT)
         (ws / "hermes.yaml").write_text(
             f"providers:\n  keyed: {{kind: openai, base_url: '{llm.url}/v1', model: m, "

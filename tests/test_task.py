@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from kanban.task import (
+from hermes_sup.kanban.task import (
     TaskError,
     can_claim,
     find_cycle,

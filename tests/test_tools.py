@@ -8,11 +8,20 @@ import threading
 import time
 
 import pytest
-
-from agents import builtins  # noqa: F401 - registers the built-in tools
-from agents.terminal import clean_env, denied
-from agents.tools import REGISTRY, Refused, Tool, Toolbox, ToolContext, ToolError, args_problem, register, run_step
-from kanban import Board
+from hermes_sup.agents import builtins  # noqa: F401 - registers the built-in tools
+from hermes_sup.agents.terminal import clean_env, denied
+from hermes_sup.agents.tools import (
+    REGISTRY,
+    Refused,
+    Tool,
+    Toolbox,
+    ToolContext,
+    ToolError,
+    args_problem,
+    register,
+    run_step,
+)
+from hermes_sup.kanban import Board
 
 from .conftest import gone
 
@@ -189,7 +198,7 @@ def test_kanban_create_and_comment(ctx):
 # -- delegation decisions ---------------------------------------------------------------------------
 
 def test_a_delegation_has_one_task_id_and_child_name_whoever_asks_again():
-    from agents.delegation import child_ids
+    from hermes_sup.agents.delegation import child_ids
 
     args = {"goal": "Add 2 and 3", "toolsets": ["files"]}
     assert child_ids("t-1", "planner", args) == child_ids("t-1", "planner", dict(args))
@@ -200,7 +209,7 @@ def test_a_delegation_has_one_task_id_and_child_name_whoever_asks_again():
 
 
 def test_a_child_gets_a_narrower_config_one_level_deeper():
-    from agents.delegation import Limits, child_config
+    from hermes_sup.agents.delegation import Limits, child_config
 
     parent = {"name": "planner", "count": 2, "roles": ["plan"], "env": {"X": "1"}, "tier": "standard",
               "capabilities": ["fs.read", "kanban", "delegate"], "toolsets": ["files", "board"]}
@@ -215,7 +224,7 @@ def test_a_child_gets_a_narrower_config_one_level_deeper():
 
 
 def test_delegation_past_the_depth_limit_is_refused(ctx, tmp_path):
-    from agents.delegation import Delegator
+    from hermes_sup.agents.delegation import Delegator
 
     deep = Delegator(board=ctx.board, workspace=tmp_path, workdir=tmp_path / "agent",
                      config={"name": "helper", "depth": 2, "delegation": {"max_depth": 2}})
@@ -225,7 +234,7 @@ def test_delegation_past_the_depth_limit_is_refused(ctx, tmp_path):
 
 
 def test_the_concurrency_limit_holds_a_second_child_back(ctx, tmp_path):
-    from agents.delegation import Delegator
+    from hermes_sup.agents.delegation import Delegator
 
     delegator = Delegator(board=ctx.board, workspace=tmp_path, workdir=tmp_path / "agent",
                           config={"name": "planner", "delegation": {"max_concurrent": 1}})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from agents.translate import (
+from hermes_sup.agents.translate import (
     CACHE,
     Usage,
     from_anthropic,

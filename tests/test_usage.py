@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 
 from click.testing import CliRunner
-
-from agents.loop import price
-from agents.translate import Usage
-from supervisor.cli import main
-from supervisor.usage import summarize
+from hermes_sup.agents.loop import price
+from hermes_sup.agents.translate import Usage
+from hermes_sup.supervisor.cli import main
+from hermes_sup.supervisor.usage import summarize
 
 PRICES = {"claude-x": {"input": 3.0, "output": 15.0, "cached": 0.3}, "cheap": {"input": 0.1, "output": 0.4}}
 

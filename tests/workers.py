@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from kanban import Board, ClaimLost
+from hermes_sup.kanban import Board, ClaimLost
 
 
 def contend(root: str, out: str, agent: str) -> None:
