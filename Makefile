@@ -14,8 +14,11 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
+# tests/test_packaging.py installs our wheel beside these two (they own `agents` and `supervisor`);
+# they are fetched here so that the suite itself never reaches a package index.
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip download --quiet --no-deps -d $(VENV)/wheelhouse openai-agents supervisor
 	touch $(VENV)/.installed $@
 
 # On a board that never held a task (a fresh clone), the example tasks are dropped in first.

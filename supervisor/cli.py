@@ -122,14 +122,18 @@ def main(ctx: click.Context, workspace: Path | None) -> None:
 
 @main.command()
 @click.argument("directory", required=False, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--example", is_flag=True,
+              help="The example team (planner, two workers, reviewer) with its example tasks in kanban/inbox/.")
 @json_option
 @handled
-def init(directory: Path | None, as_json: bool) -> None:
+def init(directory: Path | None, example: bool, as_json: bool) -> None:
     """Scaffold a workspace in DIRECTORY (default: here): hermes.yaml, kanban/, skills/, runs/."""
     root = (directory or Path.cwd()).absolute()
     if root.exists() and not root.is_dir():
         raise Failure(f"{root} exists and is not a folder", 2)
-    created = scaffold(root)
+    if example and (root / "hermes.yaml").exists():
+        raise Failure(f"{root / 'hermes.yaml'} already exists; --example needs a folder without a team", 2)
+    created = scaffold(root, example=example)
     Board(root / "kanban").close()
     if as_json:
         emit_json({"workspace": str(root), "created": created})

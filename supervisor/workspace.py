@@ -14,6 +14,8 @@ import yaml
 
 CONFIG_NAME = "hermes.yaml"
 WORKSPACE_ENV = "HERMES_SUP_WORKSPACE"
+# The example team and its tasks, shipped beside the code (the repository's examples/ folder).
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 BOARD_FOLDERS = ("inbox", "todo", "doing", "blocked", "done", "failed", "cancelled", "rejected")
 
 EXAMPLE_CONFIG = """\
@@ -297,17 +299,27 @@ def _check_settings(node: dict[str, Any], where: str, fail: Any) -> None:
             raise fail(backoff, f"{where}: 'backoff.initial' is larger than 'backoff.max'")
 
 
-def scaffold(root: Path) -> list[str]:
-    """Create a workspace in `root`; keeps whatever is already there. Returns what it created."""
+def scaffold(root: Path, example: bool = False) -> list[str]:
+    """Create a workspace in `root`; keeps whatever is already there. Returns what it created.
+
+    With `example`, hermes.yaml is the bundled planner/worker/reviewer team and its example tasks are
+    dropped into kanban/inbox/, so the first `up` has work to show.
+    """
     created = []
     root.mkdir(parents=True, exist_ok=True)
     config = root / CONFIG_NAME
     if not config.exists():
-        config.write_text(EXAMPLE_CONFIG)
+        config.write_text((EXAMPLES / CONFIG_NAME).read_text() if example else EXAMPLE_CONFIG)
         created.append(CONFIG_NAME)
     for folder in [*(f"kanban/{name}" for name in BOARD_FOLDERS), "skills", "runs"]:
         path = root / folder
         if not path.is_dir():
             path.mkdir(parents=True)
             created.append(folder + "/")
+    if example:
+        for task in sorted(EXAMPLES.glob("*.json")):
+            target = root / "kanban" / "inbox" / task.name
+            if not target.exists():
+                target.write_bytes(task.read_bytes())
+                created.append(f"kanban/inbox/{task.name}")
     return created
