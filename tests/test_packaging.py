@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import site
 import subprocess
@@ -120,3 +121,14 @@ def test_installed_beside_openai_agents_and_supervisord_it_runs_the_example_team
         run("-w", str(team), "down", "--timeout", "10", check=False)
     status = json.loads(run("-w", str(team), "status", "--json").stdout)
     assert status["running"] is False
+
+
+def test_no_module_imports_the_folders_by_their_repository_names() -> None:
+    """In the repository the folders are importable as top-level names too (tests/ puts the checkout
+    on sys.path); installed they are not, and `agents`/`supervisor` are other projects' names."""
+    pattern = re.compile(r"^\s*(from|import)\s+(agents|kanban|supervisor)\b", re.MULTILINE)
+    offenders = [f"{path.relative_to(ROOT)}: {match.group(0).strip()}"
+                 for folder in ("agents", "kanban", "supervisor", "skills", "tests", "bench")
+                 for path in sorted((ROOT / folder).rglob("*.py"))
+                 for match in pattern.finditer(path.read_text())]
+    assert offenders == []
