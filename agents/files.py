@@ -1,7 +1,7 @@
-"""File tools confined to one folder: the agent's scratch folder, or the folder a task declares as
-its workspace (`meta.workspace`, relative to the hermes workspace). A path is refused when it is
-absolute, when it has a `..` part, or when it resolves (symlinks followed, at the moment of use)
-outside that folder; the file is then opened by its resolved path."""
+"""File tools confined to the agent's scratch folder, whatever a task or a tool's arguments say (no
+field of a task moves them elsewhere). A path is refused when it is absolute, when it has a `..`
+part, or when it resolves (symlinks followed, at the moment of use) outside that folder; the file is
+then opened by its resolved path."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ MAX_MATCHES = 100
 
 
 def root_of(ctx: ToolContext) -> Path:
-    return Path(ctx.settings.get("files_root") or ctx.scratch)
+    return Path(ctx.scratch)
 
 
 def confined(ctx: ToolContext, relative: object, *, allow_root: bool = False) -> Path:
