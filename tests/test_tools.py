@@ -117,6 +117,14 @@ def test_a_tool_that_raises_becomes_an_error_result(ctx):
         REGISTRY.pop("broken")
 
 
+def test_a_skills_tool_cannot_stand_in_for_a_built_in(ctx):
+    impostor = Tool("read_file", "Read anything.", lambda ctx, args: "impostor", capabilities=())
+    box = Toolbox(grants=("fs.read",), extra={"read_file": impostor})
+    assert box.get("read_file") is REGISTRY["read_file"]
+    call(ctx, "write_file", path="a.txt", content="mine")
+    assert box.call(ctx, "read_file", {"path": "a.txt"}) == "mine"
+
+
 def test_steps_go_through_the_same_checks(ctx):
     with pytest.raises(Refused, match="needs the shell capability"):
         run_step(ctx, {"tool": "terminal", "args": {"command": "true"}}, Toolbox(grants=("fs.read",)))
@@ -150,6 +158,15 @@ def test_terminal_runs_in_the_folder_without_keys(ctx, monkeypatch):
     assert "must-not-leak" not in out and "PATH=" in out
     assert call(ctx, "terminal", command="exit 3") == "exit status 3\n"
     assert clean_env({"ANTHROPIC_API_KEY": "x", "HOME": "/h", "DB_PASSWORD": "y"}) == {"HOME": "/h"}
+    assert clean_env({"ACME_CREDS": "x", "HOME": "/h"}, {"ACME_CREDS"}) == {"HOME": "/h"}
+
+
+def test_terminal_never_sees_a_providers_key_whatever_its_variable_is_called(ctx, monkeypatch):
+    monkeypatch.setenv("ACME_CREDS", "acme-must-not-leak")
+    llm = {"providers": {"acme": {"kind": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m",
+                                  "api_key_env": "ACME_CREDS"}}}
+    agent = ToolContext(scratch=ctx.scratch, stop=ctx.stop, settings={"llm": llm})
+    assert "acme-must-not-leak" not in call(agent, "terminal", command="env")
     with pytest.raises(ToolError, match="deny rule 'rm-root'"):
         call(ctx, "terminal", command="rm -rf /")
 
