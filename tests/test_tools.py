@@ -74,6 +74,17 @@ def test_a_symlink_out_of_the_folder_is_refused_at_use_time(ctx, tmp_path):
     assert "s3cret" not in call(ctx, "search_files", pattern="s3cret")
 
 
+def test_a_scratch_folder_swapped_for_a_symlink_is_refused(ctx, tmp_path):
+    (tmp_path / "secret").write_text("s3cret")
+    ctx.scratch.rename(tmp_path / "old-scratch")
+    ctx.scratch.symlink_to(tmp_path)  # what `rm -r scratch; ln -s .. scratch` in a terminal leaves
+    for name, args in (("read_file", {"path": "secret"}), ("search_files", {"pattern": "s3cret"}),
+                       ("write_file", {"path": "planted", "content": "x"})):
+        with pytest.raises(ToolError, match="is a symlink"):
+            call(ctx, name, **args)
+    assert not (tmp_path / "planted").exists()
+
+
 def test_a_tool_the_agent_lacks_the_capability_for_is_refused(ctx):
     with pytest.raises(Refused, match=r"refused: write_file needs the fs\.write capability"):
         call(ctx, "write_file", caps=("fs.read",), path="x", content="")
