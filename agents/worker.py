@@ -204,12 +204,13 @@ class Agent:
             raise ToolError(str(exc)) from None
         return completion.message.get("content") or ""
 
-    def context(self, doc: dict[str, Any], grants: tuple[str, ...]) -> ToolContext:
+    def context(self, doc: dict[str, Any], grants: tuple[str, ...] | None = None) -> ToolContext:
         # Nothing of the task decides where the tools work: the scratch folder is the agent's own
         # whatever the task says (a task is input, and may come from anyone).
         return ToolContext(scratch=self.scratch, stop=self.stop, memory=self.memory, board=self.board,
                            agent=self.name, task=doc, llm=self.ask_model, settings=dict(self.config),
-                           services={"skills": self.skills, "delegation": self.delegator}, grants=grants)
+                           services={"skills": self.skills, "delegation": self.delegator},
+                           grants=self.capabilities if grants is None else grants)
 
     def inputs(self, doc: dict[str, Any]) -> list[dict[str, Any]]:
         """The tasks this one depends on, for their results."""
@@ -225,8 +226,7 @@ class Agent:
         chain = self.chain(task_tier(doc, self.tier))
         extra = prompt_block(self.skills.catalog()) if toolbox.get("skill_view") and toolbox.allowed(
             toolbox.get("skill_view")) else ""
-        loop = TaskLoop(task=doc, chain=chain, workdir=self.workdir, ctx=self.context(doc, toolbox.grants),
-                        toolbox=toolbox,
+        loop = TaskLoop(task=doc, chain=chain, workdir=self.workdir, ctx=self.context(doc), toolbox=toolbox,
                         identity=str(self.config.get("identity") or ""), prompt_extra=extra,
                         prices=self.llm.get("prices") or {},
                         max_iterations=int(self.config.get("max_iterations") or 60),
