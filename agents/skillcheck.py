@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 CPU_SECONDS = 15
-MEMORY_BYTES = 1 << 30
+MEMORY_BYTES = 4 << 30  # address space: generous, as numeric libraries reserve much more than they use
 FILE_BYTES = 8 << 20
 # Landlock (linux/landlock.h): the system calls, and the rights this process gives up.
 _CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446
