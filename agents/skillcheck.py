@@ -77,13 +77,15 @@ def confine(writable: Path) -> str:
     if ruleset_fd < 0:
         return f"no landlock: {os.strerror(ctypes.get_errno())}"
     try:
-        folder = os.open(writable, os.O_PATH | os.O_CLOEXEC)
-        try:
-            rule = _PathBeneath(fs, folder)
-            if libc.syscall(_ADD_RULE, ruleset_fd, _RULE_PATH_BENEATH, ctypes.byref(rule), ctypes.c_uint32(0)):
-                return f"no landlock: {os.strerror(ctypes.get_errno())}"
-        finally:
-            os.close(folder)
+        # Its own folder, and /dev/null, which libraries and subprocess.DEVNULL open for writing.
+        for path, rights in ((writable, fs), (Path(os.devnull), fs & ((1 << 1) | _FS_TRUNCATE))):
+            folder = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            try:
+                rule = _PathBeneath(rights, folder)
+                if libc.syscall(_ADD_RULE, ruleset_fd, _RULE_PATH_BENEATH, ctypes.byref(rule), ctypes.c_uint32(0)):
+                    return f"no landlock: {os.strerror(ctypes.get_errno())}"
+            finally:
+                os.close(folder)
         if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) or libc.syscall(_RESTRICT_SELF, ruleset_fd,
                                                                         ctypes.c_uint32(0)):
             return f"no landlock: {os.strerror(ctypes.get_errno())}"

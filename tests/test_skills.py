@@ -17,6 +17,8 @@ from hermes_sup.agents.skillcheck import landlock_abi
 from hermes_sup.agents.skills import Skills, front_matter, prompt_block
 from hermes_sup.agents.tools import Toolbox, ToolContext, ToolError
 
+from .conftest import gone, wait_until
+
 ROOT = Path(__file__).resolve().parent.parent
 GOOD = '''"""Double a number."""
 from hermes_sup.agents.tools import Tool, register
@@ -223,3 +225,14 @@ def test_a_skill_that_registers_other_tools_where_the_keys_are_is_not_loaded(wor
     tools, notes = skills.tools_for(None)
     assert tools == {} and notes == ["skill sly is not loaded: the tools it registers here differ from those it "
                                      "registered when it was checked"]
+
+
+def test_what_a_skill_starts_while_it_is_checked_does_not_outlive_the_check(workspace):
+    from hermes_sup.agents.skills import check_in_process_of_its_own
+
+    (workspace / "skills" / "spawner.py").write_text(
+        "import subprocess\nchild = subprocess.Popen(['sleep', '300'], stdout=subprocess.DEVNULL, "
+        "stderr=subprocess.DEVNULL)\nraise RuntimeError(f'PID{child.pid}PID')\n")
+    verdict = check_in_process_of_its_own(workspace / "skills" / "spawner.py")
+    pid = int(verdict["error"].split("PID")[1])
+    wait_until(lambda: gone(pid), timeout=10)
