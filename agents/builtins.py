@@ -43,6 +43,16 @@ def _board(ctx: ToolContext) -> Any:
     return ctx.board
 
 
+def created_by(ctx: ToolContext) -> dict[str, Any]:
+    """What a task an agent makes records of its maker (pure): the task it worked on, its name, and
+    the capabilities of the call, so the new task's steps never run with more (agents/steps.py).
+    Taken from the context, never from the arguments, which the model writes."""
+    meta: dict[str, Any] = {"created_by": ctx.agent or "agent", "capabilities": list(ctx.grants or ())}
+    if ctx.task:
+        meta["created_by_task"] = ctx.task["id"]
+    return meta
+
+
 KANBAN_CREATE_FIELDS = ("id", "title", "body", "priority", "depends_on", "role", "assignee", "tier", "steps")
 
 
@@ -50,8 +60,7 @@ def kanban_create(ctx: ToolContext, args: dict[str, Any]) -> str:
     from hermes_sup.kanban import BoardError, TaskError, TaskNotFound
 
     fields = {key: args[key] for key in KANBAN_CREATE_FIELDS if key in args}
-    if ctx.task:
-        fields["meta"] = {"created_by_task": ctx.task["id"]}
+    fields["meta"] = created_by(ctx)
     board = _board(ctx)
     try:
         doc = board.add(fields, by=ctx.agent or "agent")

@@ -52,11 +52,13 @@ def child_ids(parent_task: str, agent: str, args: dict[str, Any]) -> tuple[str, 
 
 
 def child_config(parent: dict[str, Any], name: str, task_id: str, limits: Limits,
-                 toolsets: list[str] | None) -> dict[str, Any]:
-    """The child agent's config: the parent's, narrowed (pure)."""
+                 toolsets: list[str] | None, grants: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The child agent's config: the parent's, narrowed (pure). `grants` are the capabilities the
+    delegating call runs with (a task's steps may have fewer than the parent agent): the child gets
+    no more than those."""
     depth = int(parent.get("depth", 0)) + 1
     grants = [c for c in parent.get("capabilities") or ("fs.read", "fs.write", "memory", "kanban")
-              if c != "delegate" or depth < limits.max_depth]
+              if (c != "delegate" or depth < limits.max_depth) and (grants is None or c in grants)]
     narrowed = toolsets if parent.get("toolsets") is None else [t for t in (toolsets or parent["toolsets"])
                                                                 if t in parent["toolsets"]]
     return {**{k: v for k, v in parent.items() if k not in ("count", "roles", "env", "command")},
@@ -91,6 +93,9 @@ class Delegator:
             return [{"name": c.name, "pid": c.proc.pid, "task": c.task} for c in self.children.values()
                     if c.proc.poll() is None]
 
+    def _grants(self, ctx: ToolContext, args: dict[str, Any]) -> list[str]:
+        return child_config(self.config, "-", "-", self.limits, args.get("toolsets"), ctx.grants)["capabilities"]
+
     def ensure_task(self, ctx: ToolContext, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
         from hermes_sup.kanban import TaskNotFound
 
@@ -105,7 +110,9 @@ class Delegator:
         body = args["goal"] + (f"\n\nContext:\n{args['context']}" if args.get("context") else "")
         doc = self.board.add({"id": task_id, "title": args["goal"].strip().splitlines()[0][:200], "body": body,
                               "assignee": name, "tier": self.limits.tier,
-                              "meta": {"parent": {"task": parent_task, "agent": self.config["name"]}}},
+                              "meta": {"parent": {"task": parent_task, "agent": self.config["name"]},
+                                       "created_by": self.config["name"],
+                                       "capabilities": list(self._grants(ctx, args))}},
                              by=self.config["name"])
         return doc, name
 
@@ -123,7 +130,7 @@ class Delegator:
             return None
         folder = self.workdir / "children" / name
         folder.mkdir(parents=True, exist_ok=True)
-        config = child_config(self.config, name, doc["id"], self.limits, args.get("toolsets"))
+        config = child_config(self.config, name, doc["id"], self.limits, args.get("toolsets"), ctx.grants)
         env = {**os.environ, "HERMES_SUP_AGENT": json.dumps(config), "HERMES_SUP_WORKSPACE": str(self.workspace)}
         env.pop("HERMES_SUP_NOTIFY", None)
         log = open(folder / "agent.log", "ab")  # noqa: SIM115 - handed to the child

@@ -1,7 +1,7 @@
-"""File tools confined to one folder: the agent's scratch folder, or the folder a task declares as
-its workspace (`meta.workspace`, relative to the hermes workspace). A path is refused when it is
-absolute, when it has a `..` part, or when it resolves (symlinks followed, at the moment of use)
-outside that folder; the file is then opened by its resolved path."""
+"""File tools confined to the agent's scratch folder, whatever a task or a tool's arguments say (no
+field of a task moves them elsewhere). A path is refused when it is absolute, when it has a `..`
+part, or when it resolves (symlinks followed, at the moment of use) outside that folder; the file is
+then opened by its resolved path."""
 
 from __future__ import annotations
 
@@ -20,7 +20,14 @@ MAX_MATCHES = 100
 
 
 def root_of(ctx: ToolContext) -> Path:
-    return Path(ctx.settings.get("files_root") or ctx.scratch)
+    """The scratch folder, resolved. Refused when the folder itself is a symlink: a command that
+    swapped it for a link to `/` would make everything "inside", for every later call, a task's
+    steps with fewer rights included."""
+    scratch = Path(ctx.scratch)
+    if scratch.is_symlink():
+        raise ToolError(f"refused: your folder {scratch} is a symlink (to {os.readlink(scratch)}); "
+                        "file tools work only in a real folder")
+    return scratch.resolve()
 
 
 def confined(ctx: ToolContext, relative: object, *, allow_root: bool = False) -> Path:
@@ -30,7 +37,7 @@ def confined(ctx: ToolContext, relative: object, *, allow_root: bool = False) ->
         raise ToolError(f"absolute paths are refused: {relative} (paths are relative to your folder)")
     if ".." in Path(relative).parts:
         raise ToolError(f"'..' is refused in paths: {relative}")
-    root = root_of(ctx).resolve()
+    root = root_of(ctx)
     target = (root / relative).resolve()
     if target == root and not allow_root:
         raise ToolError(f"{relative} is your folder itself, not a file in it")
@@ -91,7 +98,7 @@ def search_files(ctx: ToolContext, args: dict[str, Any]) -> str:
     except re.error as exc:
         raise ToolError(f"pattern is not a valid regular expression: {exc}") from None
     base = confined(ctx, args.get("path") or ".", allow_root=True)
-    root = root_of(ctx).resolve()
+    root = root_of(ctx)
     glob = args.get("file_glob") or "*"
     matches: list[str] = []
     files = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file())

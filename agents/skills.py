@@ -12,13 +12,18 @@ prompt and read on demand with `skill_view`.
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,11 +33,14 @@ from hermes_sup.kanban.fsio import write_atomic, write_json_atomic
 from hermes_sup.kanban.task import now_iso
 
 from .journal import Journal
+from .terminal import SECRET_NAMES
 from .tools import Tool, ToolContext, ToolError, collecting, register
 
 BUNDLED = Path(__file__).resolve().parent.parent / "skills"
 SKILL_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 CHECK_TIMEOUT = 10.0
+# What a skill check inherits of its caller's environment; HOME and TMPDIR are its own folder.
+CHECK_ENV = ("PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH")
 
 
 @dataclass
@@ -71,22 +79,47 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def check_env(environ: Mapping[str, str], home: str) -> dict[str, str]:
+    """The environment of a skill check (pure): an allow-list of harmless variables, never one
+    named like a credential, so neither a provider's key (whatever `api_key_env` calls it) nor any
+    other secret of the caller reaches the skill's code."""
+    kept = {key: value for key, value in environ.items()
+            if (key in CHECK_ENV or key.startswith("LC_")) and not SECRET_NAMES.search(key)}
+    return {**kept, "HOME": home, "TMPDIR": home, "PYTHONDONTWRITEBYTECODE": "1"}
+
+
 def check_in_process_of_its_own(path: Path) -> dict[str, Any]:
-    """The verdict of agents.skillcheck on `path`, bounded in time."""
-    env = {key: value for key, value in os.environ.items() if not key.endswith(("_API_KEY", "_TOKEN"))}
+    """The verdict on `path`: parsed here (no code of the skill runs in this process), imported by
+    agents.skillcheck in a process of its own with no credential, in an empty folder that is removed
+    after, bounded in time; whatever it started is killed with it."""
     try:
-        done = subprocess.run([sys.executable, "-P", "-m", "hermes_sup.agents.skillcheck", str(path)],
-                              capture_output=True,
-                              text=True, timeout=CHECK_TIMEOUT, env=env, stdin=subprocess.DEVNULL,
-                              cwd=BUNDLED.parent)
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "error": f"did not finish loading within {CHECK_TIMEOUT:g} s (a loop at import?)"}
-    lines = [line for line in done.stdout.splitlines() if line.strip()]
+        ast.parse(path.read_bytes(), filename=str(path))
+    except SyntaxError as exc:
+        return {"ok": False, "error": f"syntax error at line {exc.lineno}: {exc.msg}"}
+    except (OSError, ValueError) as exc:
+        return {"ok": False, "error": f"cannot be read: {exc}"}
+    with tempfile.TemporaryDirectory(prefix="hermes-skillcheck-") as folder:
+        proc = subprocess.Popen([sys.executable, "-P", "-m", "hermes_sup.agents.skillcheck", str(path.resolve())],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=check_env(os.environ, folder), stdin=subprocess.DEVNULL, cwd=folder,
+                                start_new_session=True, close_fds=True)
+        try:
+            stdout, stderr = proc.communicate(timeout=CHECK_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            return {"ok": False, "error": f"did not finish loading within {CHECK_TIMEOUT:g} s (a loop at import?)"}
+        finally:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the check, and anything the skill left running
+            proc.wait()
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+    lines = [line for line in stdout.splitlines() if line.strip()]
     try:
         verdict = json.loads(lines[-1])
     except (IndexError, ValueError):
-        tail = done.stderr.strip().splitlines()[-1:] or [""]
-        return {"ok": False, "error": f"the check process ended with status {done.returncode} without a verdict "
+        tail = stderr.strip().splitlines()[-1:] or [""]
+        return {"ok": False, "error": f"the check process ended with status {proc.returncode} without a verdict "
                                       f"{tail[0][:200]}".strip()}
     return verdict if isinstance(verdict, dict) else {"ok": False, "error": "no verdict"}
 
@@ -176,10 +209,17 @@ class Skills:
             cached = self._loaded.get(skill.name)
             if cached is None or cached[0] != skill.digest:
                 try:
-                    cached = (skill.digest, load(skill.path))
+                    loaded = load(skill.path)
                 except Exception as exc:  # validated, yet failing here: keep the agent going
                     notes.append(f"skill {skill.name} failed to load: {type(exc).__name__}: {exc}")
                     continue
+                if shape(loaded) != shape_of_verdict(skill.tools):
+                    # It registers other tools here than in its check (it looks for a key, say):
+                    # what was checked is not what would run.
+                    notes.append(f"skill {skill.name} is not loaded: the tools it registers here differ "
+                                 "from those it registered when it was checked")
+                    continue
+                cached = (skill.digest, loaded)
                 self._loaded[skill.name] = cached
             for tool in cached[1]:
                 tools[tool.name] = dataclasses.replace(tool, capabilities=tuple(tool.capabilities),
@@ -240,6 +280,15 @@ class Skills:
             self._archive(name, target, by, f"rolled back to version {chosen}")
         write_atomic(target, (folder / f"{chosen}.py").read_bytes())
         return chosen, self.get(name)
+
+
+def shape(tools: list[Tool]) -> list[tuple[str, tuple[str, ...]]]:
+    """What a check vouches for about a skill's tools: their names and capabilities (pure)."""
+    return sorted((str(tool.name), tuple(sorted(map(str, tool.capabilities)))) for tool in tools)
+
+
+def shape_of_verdict(tools: list[dict[str, Any]]) -> list[tuple[str, tuple[str, ...]]]:
+    return sorted((str(tool.get("name")), tuple(sorted(map(str, tool.get("capabilities") or ())))) for tool in tools)
 
 
 def load(path: Path) -> list[Tool]:
@@ -320,6 +369,7 @@ register(Tool("skill_view", "Read a skill: the instructions of an instruction sk
               skill_view, {"type": "object", "properties": {"name": {"type": "string", "minLength": 1}},
                            "required": ["name"], "additionalProperties": False},
               capabilities=("skills",), idempotent=True, toolset="skills"))
+# A skill is code the agents run in their own processes, so writing one takes the trust of `shell`.
 register(Tool("skill_manage", "Create a Python skill (a file that registers tools), patch it, or roll it back to "
               "an earlier version. A new version is validated first; a failing one changes nothing.", skill_manage,
               {"type": "object", "properties": {
@@ -328,4 +378,4 @@ register(Tool("skill_manage", "Create a Python skill (a file that registers tool
                   "old_string": {"type": "string"}, "new_string": {"type": "string"},
                   "version": {"type": "integer", "minimum": 1}, "note": {"type": "string"}},
                   "required": ["action", "name"], "additionalProperties": False},
-              capabilities=("skills",), toolset="skills"))
+              capabilities=("skills", "shell"), toolset="skills"))

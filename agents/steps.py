@@ -6,6 +6,11 @@ reclaim, by another one, whose records are copied over) takes the results of the
 before and runs the rest. A step that was running when its agent died is run again if its tool is
 idempotent; if not, running it again could double its effect, so the task is blocked for a person,
 and runs it again only once a person has moved the task back to todo (`task retry`).
+
+Steps run with the rights of whoever wrote them, never more: a person's task (a drop, `task add`)
+with the claiming agent's capabilities, a task an agent put on the board with the capabilities the
+board tool recorded from that agent when it made the task (`meta.capabilities`), intersected with
+the claimer's. An agent without `shell` cannot have a teammate with `shell` run `terminal` for it.
 """
 
 from __future__ import annotations
@@ -25,6 +30,32 @@ from .loop import MAX_RESULT_CHARS, holders
 from .tools import Toolbox, ToolContext, ToolError, run_step
 
 TURN = "steps"
+# Who `history[0].by` names when a person made the task: `task add` and the drop zone's ingest.
+PEOPLE = ("cli", "ingest")
+
+
+def step_grants(claimer: Iterable[str], task: dict[str, Any]) -> tuple[tuple[str, ...], str]:
+    """(the capabilities a task's steps run with, who they are, for a refusal) (pure).
+
+    `meta.capabilities` is what the board tool recorded when an agent made the task (a person may
+    set it too, to narrow a task of theirs): the steps get at most that. Without it, a task a person
+    made gets the claimer's capabilities, and one an agent made (before the record existed, or by a
+    way that does not write one) gets none: unknown rights are no rights. A malformed record
+    counts as none too."""
+    mine = tuple(claimer)
+    meta = task.get("meta") if isinstance(task.get("meta"), dict) else {}
+    history = task.get("history") if isinstance(task.get("history"), list) else []
+    first = history[0] if history and isinstance(history[0], dict) else {}
+    creator = str(first.get("by") or "?")
+    if "capabilities" in meta:
+        recorded = meta["capabilities"]
+        if not isinstance(recorded, list) or not all(isinstance(c, str) for c in recorded):
+            return (), "this task's steps (their recorded capabilities are malformed)"
+        by = str(meta.get("created_by") or creator)
+        return tuple(c for c in mine if c in recorded), f"this task's steps (written by {by})"
+    if creator in PEOPLE:
+        return mine, "this agent"
+    return (), f"this task's steps (written by {creator}, who recorded no capabilities)"
 
 
 def step_id(index: int) -> str:

@@ -12,9 +12,10 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
+from .keys import key_names
 from .tools import Tool, ToolContext, ToolError, register
 
 DEFAULT_TIMEOUT = 60.0
@@ -43,9 +44,10 @@ def denied(command: str, approved: tuple[str, ...] = ()) -> str | None:
     return None
 
 
-def clean_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The environment without anything that looks like a credential (pure)."""
-    return {key: value for key, value in env.items() if not SECRET_NAMES.search(key)}
+def clean_env(env: Mapping[str, str], keys: Collection[str] = ()) -> dict[str, str]:
+    """The environment without anything that looks like a credential, nor the variables the
+    agent's providers take their keys from (`keys`, which may be named anyhow) (pure)."""
+    return {key: value for key, value in env.items() if not SECRET_NAMES.search(key) and key not in keys}
 
 
 def _cap(text: str) -> str:
@@ -65,7 +67,8 @@ def terminal(ctx: ToolContext, args: dict[str, Any]) -> str:
     limit = float(settings.get("timeout", DEFAULT_TIMEOUT))
     timeout = min(float(args.get("timeout") or limit), MAX_TIMEOUT)
     ctx.scratch.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(["/bin/sh", "-c", command], cwd=ctx.scratch, env=clean_env(os.environ),
+    keys = key_names(ctx.settings.get("llm") or {})
+    proc = subprocess.Popen(["/bin/sh", "-c", command], cwd=ctx.scratch, env=clean_env(os.environ, keys),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             process_group=0, close_fds=True)
     try:

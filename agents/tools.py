@@ -14,6 +14,7 @@ Imports nothing of the supervisor; the handlers' modules import this one, never 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -53,6 +54,10 @@ class ToolContext:
     llm: Callable[[str, str], str] | None = None  # (tier, prompt) -> text, for tools that ask a model
     settings: dict[str, Any] = field(default_factory=dict)  # the agent's config (terminal, delegation)
     services: dict[str, Any] = field(default_factory=dict)  # skills, delegation: set by the agent
+    # The capabilities the work in hand runs with (a task's steps may get fewer than the agent has).
+    # Toolbox.call narrows it to its own grants, so a handler that hands rights on (kanban_create
+    # recording them on a new task, delegate_task starting a child) never passes on more than this.
+    grants: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -189,9 +194,12 @@ class Toolbox:
     grants: tuple[str, ...] = DEFAULT_CAPABILITIES
     toolsets: tuple[str, ...] | None = None  # None: every toolset
     extra: dict[str, Tool] = field(default_factory=dict)  # tools of the skills this agent enables
+    whose: str = "this agent"  # who lacks a capability, in a refusal ("this task's steps", ...)
 
     def tools(self) -> dict[str, Tool]:
-        merged = {**REGISTRY, **self.extra}
+        # A built-in always wins over a skill's tool of the same name: a skill that registers another
+        # tool when it is loaded than when it was checked cannot stand in for read_file, say.
+        merged = {**self.extra, **REGISTRY}
         if self.toolsets is None:
             return merged
         return {name: tool for name, tool in merged.items() if tool.toolset in self.toolsets}
@@ -217,7 +225,7 @@ class Toolbox:
         missing = [capability for capability in tool.capabilities if capability not in self.grants]
         if missing:
             raise Refused(f"refused: {name} needs the {', '.join(missing)} capabilit"
-                          f"{'ies' if len(missing) > 1 else 'y'}, which this agent is not granted")
+                          f"{'ies' if len(missing) > 1 else 'y'}, which {self.whose} is not granted")
         if not isinstance(args, dict):
             raise Refused(f"refused: the arguments of {name} must be a JSON object")
         problem = args_problem(tool.parameters, args)
@@ -229,8 +237,9 @@ class Toolbox:
         """Check, then run. ToolError (Refused included) and NeedsPerson go to the caller; any other
         exception of the handler is turned into a ToolError naming it."""
         tool = self.check(name, args)
+        grants = tuple(c for c in self.grants if ctx.grants is None or c in ctx.grants)
         try:
-            return tool.handler(ctx, args)
+            return tool.handler(dataclasses.replace(ctx, grants=grants), args)
         except (ToolError, NeedsPerson, InterruptedError):
             raise
         except Exception as exc:

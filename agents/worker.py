@@ -31,7 +31,7 @@ from .notify import NOTIFY_ENV, Notifier
 from .providers import Provider, ProviderConfig, ProviderError, complete_with_fallback, make_provider
 from .routing import chain_for, resolve_auto, task_tier
 from .skills import Skills, prompt_block
-from .steps import StepRun
+from .steps import StepRun, step_grants
 from .tools import DEFAULT_CAPABILITIES, Toolbox, ToolContext, ToolError
 
 AGENT_ENV = "HERMES_SUP_AGENT"
@@ -181,15 +181,17 @@ class Agent:
     def _on_step(self, step: int) -> None:
         self.step = step
 
-    def toolbox(self) -> Toolbox:
-        """This agent's tools for the next task: the built-ins and the skills it enables, looked up
-        again for every task so a skill dropped into skills/ is picked up without a restart. An agent
-        that may manage skills may use every valid one; others use the ones their config lists."""
-        enabled = None if "skills" in self.capabilities else set(self.config.get("skills") or ())
+    def toolbox(self, grants: tuple[str, ...] | None = None, whose: str = "this agent") -> Toolbox:
+        """This agent's tools for the next task, with `grants` (default: its capabilities): the
+        built-ins and the skills it enables, looked up again for every task so a skill dropped into
+        skills/ is picked up without a restart. With `skills` granted every valid skill may be used;
+        otherwise the ones the agent's config lists."""
+        grants = self.capabilities if grants is None else grants
+        enabled = None if "skills" in grants else set(self.config.get("skills") or ())
         extra, notes = self.skills.tools_for(enabled)
         for note in notes:
             print(f"{self.name}: {note}", flush=True)
-        return Toolbox(grants=self.capabilities, toolsets=self.toolsets, extra=extra)
+        return Toolbox(grants=grants, toolsets=self.toolsets, extra=extra, whose=whose)
 
     def ask_model(self, tier: str, prompt: str) -> str:
         """One model call for a tool (a summarize skill, say), on a tier's chain."""
@@ -202,18 +204,13 @@ class Agent:
             raise ToolError(str(exc)) from None
         return completion.message.get("content") or ""
 
-    def context(self, doc: dict[str, Any]) -> ToolContext:
-        scratch = self.scratch
-        folder = (doc.get("meta") or {}).get("workspace") if isinstance(doc.get("meta"), dict) else None
-        settings = dict(self.config)
-        if isinstance(folder, str) and folder:
-            root = (self.workspace / folder).resolve()
-            if root == self.workspace.resolve() or self.workspace.resolve() in root.parents:
-                root.mkdir(parents=True, exist_ok=True)
-                settings["files_root"] = str(root)
-        return ToolContext(scratch=scratch, stop=self.stop, memory=self.memory, board=self.board, agent=self.name,
-                           task=doc, llm=self.ask_model, settings=settings,
-                           services={"skills": self.skills, "delegation": self.delegator})
+    def context(self, doc: dict[str, Any], grants: tuple[str, ...] | None = None) -> ToolContext:
+        # Nothing of the task decides where the tools work: the scratch folder is the agent's own
+        # whatever the task says (a task is input, and may come from anyone).
+        return ToolContext(scratch=self.scratch, stop=self.stop, memory=self.memory, board=self.board,
+                           agent=self.name, task=doc, llm=self.ask_model, settings=dict(self.config),
+                           services={"skills": self.skills, "delegation": self.delegator},
+                           grants=self.capabilities if grants is None else grants)
 
     def inputs(self, doc: dict[str, Any]) -> list[dict[str, Any]]:
         """The tasks this one depends on, for their results."""
@@ -264,13 +261,13 @@ class Agent:
         self.board.release(task_id, token, f"released: {self.name} is stopping ({self.why_stopping})")
 
     def work(self, doc: dict[str, Any]) -> None:
-        toolbox = self.toolbox()
         if not doc.get("steps"):
-            self.think(doc, toolbox)
+            self.think(doc, self.toolbox())
             return
+        toolbox = self.toolbox(*step_grants(self.capabilities, doc))  # the rights of whoever wrote them
         task_id, token = doc["id"], doc["claim"]["token"]
-        run = StepRun(task=doc, workdir=self.workdir, ctx=self.context(doc), toolbox=toolbox, agent=self.name,
-                      on_step=self._on_step)
+        run = StepRun(task=doc, workdir=self.workdir, ctx=self.context(doc, toolbox.grants), toolbox=toolbox,
+                      agent=self.name, on_step=self._on_step)
         try:
             outcome = run.run()
         except InterruptedError:

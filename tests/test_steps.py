@@ -7,7 +7,7 @@ import threading
 
 from hermes_sup.agents import builtins  # noqa: F401 - registers the built-in tools
 from hermes_sup.agents.memory import MemoryFile
-from hermes_sup.agents.steps import StepRun, progress, retried_since
+from hermes_sup.agents.steps import StepRun, progress, retried_since, step_grants
 from hermes_sup.agents.tools import Toolbox, ToolContext
 
 TASK = "t-1"
@@ -97,3 +97,46 @@ def test_a_reclaiming_agent_continues_from_the_steps_another_agent_completed(tmp
     assert [(r["call_id"], r["status"]) for r in log_of(second_dir)] == [
         ("step-1", "started"), ("step-1", "done"), ("step-2", "started"), ("step-2", "done"),
         ("step-3", "started"), ("step-3", "done")]
+
+
+# -- whose rights the steps run with -------------------------------------------------------------
+
+CODER = ("fs.read", "fs.write", "kanban", "shell")
+
+
+def made_by(by, **meta):
+    return {"id": "x", "meta": meta, "history": [{"by": by, "from": None, "to": "todo", "at": "t"}]}
+
+
+def test_a_persons_task_runs_its_steps_with_the_claimers_capabilities():
+    assert step_grants(CODER, made_by("cli")) == (CODER, "this agent")
+    assert step_grants(CODER, made_by("ingest"))[0] == CODER
+    # A person may narrow a task of theirs; never widen it past the claimer.
+    assert step_grants(CODER, made_by("ingest", capabilities=["fs.read", "network"]))[0] == ("fs.read",)
+
+
+def test_an_agents_task_runs_its_steps_with_at_most_its_makers_capabilities():
+    grants, whose = step_grants(CODER, made_by("planner", created_by="planner", capabilities=["fs.read", "kanban"]))
+    assert grants == ("fs.read", "kanban") and whose == "this task's steps (written by planner)"
+    # No record (an older task, or a way of making tasks that writes none): no rights, not the claimer's.
+    assert step_grants(CODER, made_by("planner"))[0] == ()
+    assert step_grants(CODER, {"id": "x"})[0] == (), "no history at all: nobody vouches for the steps"
+    for bad in ("shell", [["shell"]], {"shell": True}, None):
+        assert step_grants(CODER, made_by("cli", capabilities=bad))[0] == (), bad
+
+
+def test_a_step_beyond_the_makers_rights_is_refused_and_says_whose_rights_they_are(tmp_path):
+    task = {"id": TASK, "steps": [{"tool": "write_file", "args": {"path": "a.txt", "content": "one"}},
+                                  {"tool": "terminal", "args": {"command": "touch pwned"}}],
+            "meta": {"created_by": "planner", "capabilities": ["fs.read", "fs.write"]},
+            "history": [{"by": "planner", "to": "todo", "at": "t"}]}
+    workdir = tmp_path / "runs" / "coder"
+    (workdir / "scratch").mkdir(parents=True)
+    grants, whose = step_grants(CODER, task)
+    ctx = ToolContext(scratch=workdir / "scratch", stop=threading.Event(), agent="coder", task=task)
+    outcome = StepRun(task=task, workdir=workdir, ctx=ctx, toolbox=Toolbox(grants=grants, whose=whose),
+                      agent="coder").run()
+    assert outcome.kind == "failed" and outcome.results == ["wrote 3 characters to a.txt"]
+    assert outcome.reason == ("step 2 (terminal): refused: terminal needs the shell capability, which this "
+                              "task's steps (written by planner) is not granted")
+    assert not (workdir / "scratch" / "pwned").exists()
