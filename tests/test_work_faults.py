@@ -1,0 +1,111 @@
+"""An agent's work under faults it did not cause: stopped mid-step, its task cancelled, a question
+for a person, a model server that refuses connections. Real agents, real signals, the scripted
+LLM server; the pure decisions are tested on their own."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+from hermes_sup.agents import builtins  # noqa: F401 - registers the built-in tools
+from hermes_sup.agents.terminal import died_of
+from hermes_sup.agents.tools import Toolbox, ToolContext, run_step
+from hermes_sup.kanban import Board
+
+from .conftest import CLI, ROOT, wait_until
+
+
+def hermes(ws: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, "-w", str(ws), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def make_ws(tmp_path: Path, text: str) -> Path:
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    (ws / "hermes.yaml").write_text("defaults:\n  stop_timeout: 20\n  heartbeat_timeout: 30\n" + text)
+    return ws
+
+
+def supervisor(ws: Path) -> dict:
+    try:
+        return json.loads((ws / "runs" / "supervisor.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def agent_state(ws: Path, name: str) -> dict:
+    try:
+        return json.loads((ws / "runs" / name / "state.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def tool_log(ws: Path, name: str) -> list[dict]:
+    path = ws / "runs" / name / "tool_calls.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.fixture
+def up(tmp_path):
+    """`hermes-sup up` in the foreground for a workspace; stopped (with its agents) at the end."""
+    procs = []
+
+    def start(ws: Path) -> subprocess.Popen[str]:
+        log = open(tmp_path / "up.log", "w")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen([*CLI, "-w", str(ws), "up"], stdout=log, stderr=subprocess.STDOUT, text=True,
+                                cwd=ROOT)
+        procs.append((proc, log))
+        wait_until(lambda: supervisor(ws).get("pid") == proc.pid, timeout=30)
+        return proc
+
+    yield start
+    for proc, log in procs:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+
+# -- a stop during a step -----------------------------------------------------------------------
+
+def test_the_signal_a_command_died_of():
+    assert [died_of(code) for code in (None, 0, 1, -15, -9, 143, 130, 255)] == [None, None, None, 15, 9, 15, 2, None]
+
+
+def test_a_command_killed_by_our_own_stop_is_interrupted_not_a_result(tmp_path):
+    # The supervisor signals the agent's whole session at once: the command may die of the SIGTERM
+    # before the agent has turned the same signal into its stop request.
+    ctx = ToolContext(scratch=tmp_path, stop=threading.Event())
+    toolbox = Toolbox(grants=("shell",))
+    threading.Timer(0.3, ctx.stop.set).start()
+    with pytest.raises(InterruptedError):
+        run_step(ctx, {"tool": "terminal", "args": {"command": "kill -TERM $$"}}, toolbox)
+    # A command that kills itself with no stop of ours following is a result like any other.
+    assert run_step(ToolContext(scratch=tmp_path, stop=threading.Event()),
+                    {"tool": "terminal", "args": {"command": "kill -TERM $$"}}, toolbox) == "exit status -15\n"
+
+
+def test_down_during_the_last_terminal_step_gives_the_task_back_not_done(tmp_path, up):
+    ws = make_ws(tmp_path, "agents:\n  - name: runner\n    capabilities: [fs.read, fs.write, shell]\n")
+    board = Board(ws / "kanban")
+    task = board.add({"title": "one long command", "steps": [
+        {"tool": "write_file", "args": {"path": "a.txt", "content": "one"}},
+        {"tool": "terminal", "args": {"command": "sleep 60"}}]})
+    up(ws)
+    wait_until(lambda: [(r["call_id"], r["status"]) for r in tool_log(ws, "runner")][-1:] == [("step-2", "started")],
+               timeout=60)
+    stopped = hermes(ws, "down")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    doc = board.get(task["id"])
+    assert doc["status"] == "todo" and doc["result"] is None, doc["history"][-1]
+    assert doc["attempts"] == 0, "a stop is not an attempt of the task's fault"
+    assert "is stopping" in doc["history"][-1]["note"]
+    assert [(r["call_id"], r["status"]) for r in tool_log(ws, "runner")] == [
+        ("step-1", "started"), ("step-1", "done"), ("step-2", "started")], "the interrupted step is not done"
