@@ -34,6 +34,7 @@ from .tools import NeedsPerson, Refused, Toolbox, ToolContext, ToolError
 from .translate import Message, Usage, text_tool_calls
 
 MAX_ITERATIONS = 60
+ASK_HUMAN = "ask_human"
 STUCK_REPEATS = 3
 MAX_RESULT_CHARS = 20_000
 INPUT_CHARS = 8_000       # of each dependency's result in the task's first message
@@ -48,6 +49,18 @@ SUMMARIZE = ("Summarize the work below for the agent that will continue it: what
 class Outcome:
     kind: str  # done, failed, blocked
     text: str
+    question: str | None = None  # blocked by ask_human: what it asks a person
+
+
+def answer_since(task: dict[str, Any], moment: str) -> str | None:
+    """The answer a person gave (`task answer`) to the task's question after `moment`, as the one
+    who asked sees it, or None (pure). The latest answer wins."""
+    answers = [c for c in task.get("comments") or [] if isinstance(c, dict) and c.get("answers")
+               and isinstance(c.get("text"), str) and str(c.get("at") or "") > moment]
+    if not answers:
+        return None
+    last = answers[-1]
+    return f"{last.get('by', 'a person')} answered: {last['text']}"
 
 
 def price(prices: dict[str, Any], model: str, usage: Usage) -> float | None:
@@ -326,15 +339,16 @@ class TaskLoop:
 
     # -- tools ------------------------------------------------------------------------------------
 
-    def _logged_calls(self, turn: str) -> tuple[dict[str, dict[str, Any]], set[str]]:
-        done, started = {}, set()
+    def _logged_calls(self, turn: str) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+        """The calls of a turn logged as done (their records) and as started (when)."""
+        done, started = {}, {}
         for record in self.tool_log.read().records:
             if record.get("task") != self.task["id"] or str(record.get("turn")) != turn:
                 continue
             if record.get("status") == "done":
                 done[record["call_id"]] = record
             elif record.get("status") == "started":
-                started.add(record["call_id"])
+                started[record["call_id"]] = str(record.get("at") or "")
         return done, started
 
     def _record(self, messages: list[Message], turn: str, call_id: str, name: str, text: str, outcome: str,
@@ -371,6 +385,13 @@ class TaskLoop:
                 record = done[call_id]
                 self._append(messages, {"role": "tool", "tool_call_id": call_id, "content": record["result"],
                                         **({"is_error": True} if record.get("is_error") else {})})
+                continue
+            if call_id in started and name == ASK_HUMAN:
+                # The question blocked the task; a person's answer is the call's result.
+                answer = answer_since(self.task, started[call_id])
+                self._record(messages, turn, call_id, name, answer or (
+                    "no answer: a person put the task back without answering; go on without it, or ask again"),
+                    "ok", time.monotonic())
                 continue
             if call_id in started and not (tool and tool.idempotent):
                 self._append(messages, {"role": "tool", "tool_call_id": call_id, "is_error": True, "content": (
@@ -457,7 +478,7 @@ class TaskLoop:
                     return Outcome("failed", f"the model ended its turn without an answer (stop: {completion.stop})")
                 return Outcome("done", answer)
         except NeedsPerson as question:
-            return Outcome("blocked", str(question))
+            return Outcome("blocked", str(question), question=str(question))
         except ProviderError as exc:
             return Outcome("failed", str(exc))
         finally:

@@ -21,8 +21,8 @@ from hermes_sup.kanban.faults import fault
 from hermes_sup.kanban.task import now_iso
 
 from .journal import Journal
-from .loop import MAX_RESULT_CHARS, holders
-from .tools import Toolbox, ToolContext, ToolError, run_step
+from .loop import ASK_HUMAN, MAX_RESULT_CHARS, answer_since, holders
+from .tools import NeedsPerson, Toolbox, ToolContext, ToolError, run_step
 
 TURN = "steps"
 
@@ -69,6 +69,7 @@ class Outcome:
     kind: str  # done, failed, blocked
     results: list[Any] = field(default_factory=list)
     reason: str = ""
+    question: str | None = None  # blocked by an ask_human step: what it asks a person
 
 
 class StepRun:
@@ -104,6 +105,12 @@ class StepRun:
                 raise InterruptedError
             self.on_step(index + 1)
             tool = self.toolbox.get(name)
+            answer = answer_since(self.task, seen.started[call_id]) if (
+                name == ASK_HUMAN and call_id in seen.started) else None
+            if answer is not None:  # the step asked, the task blocked, a person answered: its result
+                self._done(call_id, name, answer, "ok", time.monotonic())
+                results.append(answer)
+                continue
             if call_id in seen.started and not (tool and tool.idempotent) and not retried_since(
                     self.task, seen.started[call_id]):
                 return Outcome("blocked", results, (
@@ -117,6 +124,8 @@ class StepRun:
             fault("step-started")
             try:
                 value = run_step(self.ctx, step, self.toolbox)
+            except NeedsPerson as question:  # stays started: the answer, once given, is its result
+                return Outcome("blocked", results, f"step {index + 1} asks: {question}", question=str(question))
             except ToolError as exc:
                 if self.ctx.stop.is_set():
                     raise InterruptedError from None

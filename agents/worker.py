@@ -244,13 +244,18 @@ class Agent:
             return
         for note in loop.notes:
             print(f"{self.name}: {note}", flush=True)
-        self._close(task_id, token, outcome.kind, {"answer": outcome.text}, outcome.text)
+        self._close(task_id, token, outcome.kind, {"answer": outcome.text}, outcome.text, outcome.question)
 
-    def _close(self, task_id: str, token: int, kind: str, result: dict[str, Any], reason: str) -> None:
-        """Close a worked task by its outcome: done with `result`, else blocked or failed for `reason`."""
+    def _close(self, task_id: str, token: int, kind: str, result: dict[str, Any], reason: str,
+               question: str | None = None) -> None:
+        """Close a worked task by its outcome: done with `result`, else blocked or failed for `reason`;
+        blocked on a `question` until a person answers it."""
         try:
             if kind == "done":
                 self.board.complete(task_id, token, result)
+            elif kind == "blocked" and question is not None:
+                self.board.block(task_id, token, f"question: {question} (answer it with `hermes-sup task answer "
+                                                 f"{task_id} TEXT`)", question=question)
             elif kind == "blocked":
                 self.board.block(task_id, token, reason)
             else:
@@ -276,7 +281,7 @@ class Agent:
         except InterruptedError:
             self._give_back(task_id, token)
             return
-        self._close(task_id, token, outcome.kind, {"steps": outcome.results}, outcome.reason)
+        self._close(task_id, token, outcome.kind, {"steps": outcome.results}, outcome.reason, outcome.question)
 
     def _only_task_closed(self) -> bool:
         try:

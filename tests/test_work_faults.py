@@ -109,3 +109,53 @@ def test_down_during_the_last_terminal_step_gives_the_task_back_not_done(tmp_pat
     assert "is stopping" in doc["history"][-1]["note"]
     assert [(r["call_id"], r["status"]) for r in tool_log(ws, "runner")] == [
         ("step-1", "started"), ("step-1", "done"), ("step-2", "started")], "the interrupted step is not done"
+
+
+# -- a question for a person --------------------------------------------------------------------
+
+def test_an_ask_human_step_blocks_with_its_question_and_the_answer_is_its_result(tmp_path, up):
+    ws = make_ws(tmp_path, "agents:\n  - name: runner\n")
+    board = Board(ws / "kanban")
+    task = board.add({"title": "ask first", "steps": [
+        {"tool": "ask_human", "args": {"question": "Which colour?"}},
+        {"tool": "write_file", "args": {"path": "after.txt", "content": "asked"}}]})
+    up(ws)
+    blocked = wait_until(lambda: (d := board.get(task["id"]))["status"] == "blocked" and d, timeout=60)
+    assert blocked["question"] == "Which colour?" and blocked["attempts"] == 0, "asking is not a failed attempt"
+    shown = hermes(ws, "task", "show", task["id"])
+    assert "Which colour?" in shown.stdout and f"task answer {task['id']}" in shown.stdout.replace("\n", " ")
+    assert not (ws / "runs/runner/scratch/after.txt").exists(), "the step after the question waits for the answer"
+    answered = hermes(ws, "task", "answer", task["id"], "blue, [b]really[/b]")
+    assert answered.returncode == 0, answered.stdout + answered.stderr
+    done = wait_until(lambda: (d := board.get(task["id"]))["status"] == "done" and d, timeout=60)
+    assert done["result"]["steps"] == ["cli answered: blue, [b]really[/b]", "wrote 5 characters to after.txt"]
+    assert done["attempts"] == 1 and done.get("question") is None
+    assert supervisor(ws)["agents"]["runner"]["restarts"] == 0, "the question did not crash the agent"
+    assert [(r["call_id"], r["status"]) for r in tool_log(ws, "runner")] == [
+        ("step-1", "started"), ("step-1", "done"), ("step-2", "started"), ("step-2", "done")]
+
+
+def test_a_model_that_asks_gets_the_answer_as_the_result_of_its_question(tmp_path, up):
+    from .llm_server import ScriptedLLM, openai_reply
+
+    with ScriptedLLM() as llm:
+        ws = make_ws(tmp_path, f"providers:\n  scripted: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
+                               "tiers: {cheap: [scripted], standard: [scripted], premium: [scripted]}\n"
+                               "agents:\n  - name: thinker\n")
+        llm.script("openai", openai_reply(tool_calls=[("ask_human", {"question": "Which file?"})]),
+                   openai_reply("I will use notes.txt."))
+        board = Board(ws / "kanban")
+        task = board.add({"title": "edit the file"})
+        up(ws)
+        blocked = wait_until(lambda: (d := board.get(task["id"]))["status"] == "blocked" and d, timeout=60)
+        assert (blocked["question"], blocked["attempts"]) == ("Which file?", 0)
+        refused = hermes(ws, "task", "answer", "no-such-task", "x")
+        assert refused.returncode != 0 and "Traceback" not in refused.stderr
+        assert hermes(ws, "task", "answer", task["id"], "notes.txt").returncode == 0
+        done = wait_until(lambda: (d := board.get(task["id"]))["status"] == "done" and d, timeout=60)
+        assert done["result"] == {"answer": "I will use notes.txt."}
+        sent = llm.requests[-1]["body"]["messages"]
+        assert sent[-1] == {"role": "tool", "tool_call_id": "call_0", "content": "cli answered: notes.txt"}
+        assert len(llm.requests) == 2, "the model was not asked again for the question it already put"
+        again = hermes(ws, "task", "answer", task["id"], "late")
+        assert again.returncode != 0 and "waits on no question" in again.stderr
