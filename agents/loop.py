@@ -29,7 +29,7 @@ from hermes_sup.kanban.fsio import write_atomic
 from hermes_sup.kanban.task import now_iso
 
 from .journal import Journal
-from .providers import Attempt, Provider, ProviderError, complete_with_fallback
+from .providers import Attempt, Provider, ProviderError, abort, complete_with_fallback
 from .tools import NeedsPerson, Refused, Toolbox, ToolContext, ToolError
 from .translate import Message, Usage, text_tool_calls
 
@@ -165,12 +165,14 @@ def set_aside(path: Path) -> Path:
 T = TypeVar("T")
 
 
-def interruptible(call: Callable[[], T], stop: threading.Event, poll: float = 0.1) -> T:
+def interruptible(call: Callable[[], T], stop: threading.Event, poll: float = 0.1,
+                  on_stop: Callable[[], None] = lambda: None) -> T:
     """Run `call` on a daemon thread and wait for it or for `stop`, whichever comes first.
 
     A model call can take minutes, longer than the supervisor's stop_timeout; a stop request
     should not wait for it, and need not: its answer is not yet in the transcript, so the resumed
-    task simply asks again. The abandoned thread dies with the process."""
+    task simply asks again. `on_stop` cuts the call's request (a model must not go on generating
+    for a cancelled task); the abandoned thread then ends, or dies with the process."""
     box: dict[str, Any] = {}
     finished = threading.Event()
 
@@ -185,6 +187,7 @@ def interruptible(call: Callable[[], T], stop: threading.Event, poll: float = 0.
     threading.Thread(target=target, name="llm-call", daemon=True).start()
     while not finished.wait(poll):
         if stop.is_set():
+            on_stop()
             raise InterruptedError
     if "error" in box:
         raise box["error"]
@@ -379,6 +382,8 @@ class TaskLoop:
                     continue
                 tool.prepare(self.ctx, parsed[call["id"]])
         for call in calls:
+            if self.ctx.stop.is_set():  # stopped, or the task taken away: no further call
+                raise InterruptedError
             call_id, name = call["id"], call["function"]["name"]
             tool = self.toolbox.get(name)
             if call_id in done:  # ran before a restart: its result stands, it is not run again
@@ -426,7 +431,8 @@ class TaskLoop:
     def _complete(self, chain: list[Provider], messages: list[Message], tools: list[dict[str, Any]] | None) -> Any:
         started = time.monotonic()
         try:
-            return interruptible(lambda: self.complete(chain, messages, tools, log=self._log_llm), self.ctx.stop)
+            return interruptible(lambda: self.complete(chain, messages, tools, log=self._log_llm, stop=self.ctx.stop),
+                                 self.ctx.stop, on_stop=lambda: abort(chain))
         except InterruptedError:
             with self._log_lock:
                 self._interrupted = True  # a late answer of the abandoned call is not logged as used

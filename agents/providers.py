@@ -13,12 +13,14 @@ will accept, or a context overflow the caller must fix by compressing).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import random
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -96,7 +98,25 @@ class Provider(Protocol):
     config: ProviderConfig
 
     def complete(self, messages: list[Message], tools: list[dict[str, Any]] | None, *,
-                 max_tokens: int | None = None) -> Completion: ...
+                 max_tokens: int | None = None, stop: threading.Event | None = None) -> Completion: ...
+
+
+def abort(chain: Iterable[Any]) -> None:
+    """Cut the requests in flight on these providers (a stop, a cancelled task): a model must not
+    keep generating, and billing, an answer nobody will read. Providers without `abort` are left."""
+    for provider in chain:
+        cut = getattr(provider, "abort", None)
+        if cut is not None:
+            with contextlib.suppress(Exception):
+                cut()
+
+
+def _until(events: Iterable[Any], stop: threading.Event | None) -> Iterator[Any]:
+    """A stream's events, ended by `stop` between two of them."""
+    for event in events:
+        if stop is not None and stop.is_set():
+            raise InterruptedError
+        yield event
 
 
 def _key(config: ProviderConfig, default_env: str) -> str:
@@ -150,8 +170,15 @@ class _SDKProvider:
             self._client = self._new_client(self._sdk, _key(self.config, self.key_env))
         return self._client
 
+    def abort(self) -> None:
+        """Close the client, which closes its connections and so every request in flight on it (the
+        thread waiting on one gets an error); the next call opens a new client."""
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
     def complete(self, messages: list[Message], tools: list[dict[str, Any]] | None, *,
-                 max_tokens: int | None = None) -> Completion:
+                 max_tokens: int | None = None, stop: threading.Event | None = None) -> Completion:
         client = self._connect()
         path, body, response_type = self._request(messages, tools, max_tokens or self.config.max_tokens)
         try:
@@ -161,8 +188,8 @@ class _SDKProvider:
             # per chunk; a read timeout or a dropped connection mid-stream raises the SDK's errors.
             stream = client.post(path, body={**body, **self._stream_fields()}, cast_to=object, stream=True,
                                  stream_cls=self._sdk.Stream[object])
-            with stream:
-                return self._read(self._assemble(stream))
+            with stream:  # leaving it closes the connection: a stop mid-stream ends the answer there
+                return self._read(self._assemble(_until(stream, stop)))
         except (self._sdk_error(), *self._transport_errors()) as exc:
             raise _provider_error(self._sdk, exc, self.config.name) from None
 
@@ -283,18 +310,26 @@ def complete_with_fallback(
     chain: list[Provider], messages: list[Message], tools: list[dict[str, Any]] | None, *,
     policy: RetryPolicy = RetryPolicy(), log: Callable[[Attempt], None] = lambda attempt: None,
     sleep: Callable[[float], None] = time.sleep, rng: random.Random | None = None,
+    stop: threading.Event | None = None,
 ) -> Completion:
-    """Call the chain in order until one provider answers; every attempt goes to `log`."""
+    """Call the chain in order until one provider answers; every attempt goes to `log`. Once `stop`
+    is set no further attempt is made (InterruptedError): a stopped or cancelled task spends nothing."""
     rng = rng or random.Random()
     errors: list[str] = []
+    if stop is not None:
+        sleep = stop.wait
     for provider in chain:
         attempt = 0
         while True:
             attempt += 1
+            if stop is not None and stop.is_set():
+                raise InterruptedError
             started = time.monotonic()
             try:
-                completion = provider.complete(messages, tools)
+                completion = provider.complete(messages, tools, **({"stop": stop} if stop is not None else {}))
             except ProviderError as error:
+                if stop is not None and stop.is_set():
+                    raise InterruptedError from None  # the error is our own abort
                 log(Attempt(provider.config.name, provider.config.model, error.kind, time.monotonic() - started,
                             error=str(error)))
                 action, delay = next_step(error, attempt, policy, rng)

@@ -18,17 +18,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban import Board, BoardError, ClaimLost
+from hermes_sup.kanban import Board, BoardError, ClaimLost, TaskNotFound
 from hermes_sup.kanban.fsio import write_json_atomic
 from hermes_sup.kanban.task import now_iso
 
 from . import builtins  # noqa: F401 - registers the built-in tools
 from .delegation import Delegator
 from .keys import ENV_FILE, KeyFile, key_names
-from .loop import TaskLoop
+from .loop import TaskLoop, interruptible
 from .memory import MemoryFile
 from .notify import NOTIFY_ENV, Notifier
-from .providers import Provider, ProviderConfig, ProviderError, complete_with_fallback, make_provider
+from .providers import Provider, ProviderConfig, ProviderError, abort, complete_with_fallback, make_provider
 from .routing import chain_for, resolve_auto, task_tier
 from .skills import Skills, prompt_block
 from .steps import StepRun
@@ -40,6 +40,25 @@ NO_PROVIDER = "no LLM provider available"
 # at most once a minute, see _resolve_auto).
 OFFLINE_RECHECK = 5.0
 WORKSPACE_ENV = "HERMES_SUP_WORKSPACE"
+# How often the holder of a task looks whether it still holds it (a cancel, a move by hand, a
+# reclaim), and how many looks in a row must say no: work stops within CLAIM_CHECK * CLAIM_LOOKS,
+# plus the moment a tool or a model call takes to notice.
+CLAIM_CHECK = 0.15
+CLAIM_LOOKS = 2
+
+
+def claim_gone(doc: dict[str, Any] | None, token: int) -> str | None:
+    """Why a task's document says its claim `token` is no longer held, or None while it is (pure).
+    None for the document means the task is no longer on the board."""
+    if doc is None:
+        return "it is no longer on the board"
+    claim = doc.get("claim") or {}
+    if doc.get("status") == "doing" and claim.get("token") == token:
+        return None
+    if doc.get("status") == "doing":
+        return f"it was claimed again by {claim.get('agent')}"
+    return f"it was moved to {doc.get('status')}" + (f" ({doc['history'][-1].get('note')})"
+                                                      if doc.get("history") else "")
 
 
 class Agent:
@@ -74,6 +93,7 @@ class Agent:
         self.provider = "offline"
         self.why_stopping = ""
         self.current: dict[str, Any] | None = None
+        self._halt: threading.Event | None = None  # the current task's stop: ours, or the task taken away
         self._lock = threading.Lock()
         self._log_lock = threading.Lock()
         self._orphaned_since: float | None = None
@@ -84,6 +104,9 @@ class Agent:
         if not self.stop.is_set():
             self.why_stopping = why
             self.stop.set()
+            with self._lock:
+                if self._halt is not None:
+                    self._halt.set()
             self.board.wake()
 
     def beat(self) -> None:
@@ -191,18 +214,21 @@ class Agent:
             print(f"{self.name}: {note}", flush=True)
         return Toolbox(grants=self.capabilities, toolsets=self.toolsets, extra=extra)
 
-    def ask_model(self, tier: str, prompt: str) -> str:
-        """One model call for a tool (a summarize skill, say), on a tier's chain."""
+    def ask_model(self, tier: str, prompt: str, stop: threading.Event | None = None) -> str:
+        """One model call for a tool (a summarize skill, say), on a tier's chain; abandoned (and
+        its request aborted) when `stop` is set."""
         chain = self.chain(tier) or self.chain(task_tier({}, self.tier))
         if not chain:
             raise ToolError(NO_PROVIDER)
+        halt = stop or self.stop
         try:
-            completion = complete_with_fallback(chain, [{"role": "user", "content": prompt}], None)
+            completion = interruptible(lambda: complete_with_fallback(
+                chain, [{"role": "user", "content": prompt}], None, stop=halt), halt, on_stop=lambda: abort(chain))
         except ProviderError as exc:
             raise ToolError(str(exc)) from None
         return completion.message.get("content") or ""
 
-    def context(self, doc: dict[str, Any]) -> ToolContext:
+    def context(self, doc: dict[str, Any], halt: threading.Event | None = None) -> ToolContext:
         scratch = self.scratch
         folder = (doc.get("meta") or {}).get("workspace") if isinstance(doc.get("meta"), dict) else None
         settings = dict(self.config)
@@ -211,8 +237,9 @@ class Agent:
             if root == self.workspace.resolve() or self.workspace.resolve() in root.parents:
                 root.mkdir(parents=True, exist_ok=True)
                 settings["files_root"] = str(root)
-        return ToolContext(scratch=scratch, stop=self.stop, memory=self.memory, board=self.board, agent=self.name,
-                           task=doc, llm=self.ask_model, settings=settings,
+        stop = halt or self.stop
+        return ToolContext(scratch=scratch, stop=stop, memory=self.memory, board=self.board, agent=self.name,
+                           task=doc, llm=lambda tier, prompt: self.ask_model(tier, prompt, stop), settings=settings,
                            services={"skills": self.skills, "delegation": self.delegator})
 
     def inputs(self, doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -223,13 +250,13 @@ class Agent:
                 found.append(self.board.get(dep))
         return found
 
-    def think(self, doc: dict[str, Any], toolbox: Toolbox) -> None:
+    def think(self, doc: dict[str, Any], toolbox: Toolbox, halt: threading.Event) -> None:
         """Work a task with the LLM loop and close it by its outcome."""
         task_id, token = doc["id"], doc["claim"]["token"]
         chain = self.chain(task_tier(doc, self.tier))
         extra = prompt_block(self.skills.catalog()) if toolbox.get("skill_view") and toolbox.allowed(
             toolbox.get("skill_view")) else ""
-        loop = TaskLoop(task=doc, chain=chain, workdir=self.workdir, ctx=self.context(doc), toolbox=toolbox,
+        loop = TaskLoop(task=doc, chain=chain, workdir=self.workdir, ctx=self.context(doc, halt), toolbox=toolbox,
                         identity=str(self.config.get("identity") or ""), prompt_extra=extra,
                         prices=self.llm.get("prices") or {},
                         max_iterations=int(self.config.get("max_iterations") or 60),
@@ -240,7 +267,7 @@ class Agent:
         try:
             outcome = loop.run()
         except InterruptedError:
-            self._give_back(task_id, token)
+            self._interrupted(task_id, token)
             return
         for note in loop.notes:
             print(f"{self.name}: {note}", flush=True)
@@ -263,23 +290,63 @@ class Agent:
         except ClaimLost as exc:
             print(f"{self.name}: lost task {task_id}: {exc}", file=sys.stderr, flush=True)
 
-    def _give_back(self, task_id: str, token: int) -> None:
-        # Stopping is not the task's fault: the attempt is given back.
+    def _interrupted(self, task_id: str, token: int) -> None:
+        """Work on a task stopped part-way: by our own stop (the task is given back, the attempt not
+        counted: stopping is not the task's fault), or because the task was taken from us (cancelled,
+        moved by hand), when it is no longer ours to write."""
         self.delegator.stop_all()
-        self.board.release(task_id, token, f"released: {self.name} is stopping ({self.why_stopping})")
+        if self.stop.is_set():
+            with contextlib.suppress(ClaimLost):
+                self.board.release(task_id, token, f"released: {self.name} is stopping ({self.why_stopping})")
+                return
+        why = self._claim_lost(task_id, token) or "its claim was lost"
+        print(f"{self.name}: stopped work on {task_id}: {why}", flush=True)
+
+    def _claim_lost(self, task_id: str, token: int) -> str | None:
+        try:
+            return claim_gone(self.board.get(task_id), token)
+        except TaskNotFound:
+            return claim_gone(None, token)
+        except BoardError:
+            return None  # a damaged file is not a cancel: look again
+
+    def _watch_claim(self, task_id: str, token: int, halt: threading.Event, finished: threading.Event) -> None:
+        """Set `halt` once the task is no longer ours, so that no further step, tool call or model
+        call is made for it."""
+        looks = 0
+        while not finished.wait(CLAIM_CHECK) and not halt.is_set():
+            looks = looks + 1 if self._claim_lost(task_id, token) else 0
+            if looks >= CLAIM_LOOKS:
+                halt.set()
 
     def work(self, doc: dict[str, Any]) -> None:
+        task_id, token = doc["id"], doc["claim"]["token"]
+        halt, finished = threading.Event(), threading.Event()
+        with self._lock:
+            self._halt = halt
+        if self.stop.is_set():
+            halt.set()
+        threading.Thread(target=self._watch_claim, args=(task_id, token, halt, finished), name="claim",
+                         daemon=True).start()
+        try:
+            self._work(doc, halt)
+        finally:
+            finished.set()
+            with self._lock:
+                self._halt = None
+
+    def _work(self, doc: dict[str, Any], halt: threading.Event) -> None:
         toolbox = self.toolbox()
         if not doc.get("steps"):
-            self.think(doc, toolbox)
+            self.think(doc, toolbox, halt)
             return
         task_id, token = doc["id"], doc["claim"]["token"]
-        run = StepRun(task=doc, workdir=self.workdir, ctx=self.context(doc), toolbox=toolbox, agent=self.name,
-                      on_step=self._on_step)
+        run = StepRun(task=doc, workdir=self.workdir, ctx=self.context(doc, halt), toolbox=toolbox,
+                      agent=self.name, on_step=self._on_step)
         try:
             outcome = run.run()
         except InterruptedError:
-            self._give_back(task_id, token)
+            self._interrupted(task_id, token)
             return
         self._close(task_id, token, outcome.kind, {"steps": outcome.results}, outcome.reason, outcome.question)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,69 @@ def test_down_during_the_last_terminal_step_gives_the_task_back_not_done(tmp_pat
     assert "is stopping" in doc["history"][-1]["note"]
     assert [(r["call_id"], r["status"]) for r in tool_log(ws, "runner")] == [
         ("step-1", "started"), ("step-1", "done"), ("step-2", "started")], "the interrupted step is not done"
+
+
+# -- a cancel -------------------------------------------------------------------------------------
+
+def seconds_between(earlier: str, later: str) -> float:
+    def parse(at: str) -> datetime:
+        return datetime.strptime(at, "%Y-%m-%dT%H:%M:%S.%fZ")
+
+    return (parse(later) - parse(earlier)).total_seconds()
+
+
+def claimed_at(doc: dict) -> str:
+    return [h for h in doc["history"] if h["to"] == "doing"][-1]["at"]
+
+
+def test_a_cancelled_steps_task_stops_at_once_and_the_agent_takes_the_next(tmp_path, up):
+    ws = make_ws(tmp_path, "agents:\n  - name: runner\n    capabilities: [fs.read, fs.write, shell]\n")
+    board = Board(ws / "kanban")
+    slow = board.add({"title": "slow", "priority": 5, "steps": [
+        {"tool": "terminal", "args": {"command": "echo $$ > slow.pid; sleep 60"}},
+        {"tool": "write_file", "args": {"path": "late.txt", "content": "too late"}}]})
+    following = board.add({"title": "next", "steps": [
+        {"tool": "write_file", "args": {"path": "next.txt", "content": "next"}}]})
+    up(ws)
+    pid_file = ws / "runs/runner/scratch/slow.pid"
+    wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=60)
+    cancelled = hermes(ws, "task", "cancel", slow["id"])
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    done = wait_until(lambda: (d := board.get(following["id"]))["status"] == "done" and d, timeout=30)
+    took = seconds_between(board.get(slow["id"])["history"][-1]["at"], claimed_at(done))
+    assert took < 1.0, f"the agent took the next task {took:.2f} s after the cancel"
+    assert board.get(slow["id"])["status"] == "cancelled"
+    assert not (ws / "runs/runner/scratch/late.txt").exists(), "no step ran after the cancel"
+    assert [(r["call_id"], r["status"]) for r in tool_log(ws, "runner") if r["task"] == slow["id"]] == [
+        ("step-1", "started")]
+    log = (ws / "runs/runner/agent.log").read_text()
+    assert f"stopped work on {slow['id']}: it was moved to cancelled" in log
+
+
+def test_a_cancelled_llm_task_cuts_the_stream_and_calls_no_model_again(tmp_path, up):
+    from .llm_server import ScriptedLLM, openai_reply
+
+    with ScriptedLLM() as llm:
+        ws = make_ws(tmp_path, f"providers:\n  scripted: {{kind: openai, base_url: '{llm.url}/v1', model: m, "
+                               "stream: true}\n"
+                               "tiers: {cheap: [scripted], standard: [scripted], premium: [scripted]}\n"
+                               "agents:\n  - name: thinker\n")
+        llm.script("openai", {"drip": 0.05, **openai_reply("word " * 400)}, openai_reply("the next one"))
+        board = Board(ws / "kanban")
+        talky = board.add({"title": "talk at length", "priority": 5})
+        following = board.add({"title": "then this"})
+        up(ws)
+        wait_until(lambda: len(llm.requests) == 1, timeout=60)
+        assert hermes(ws, "task", "cancel", talky["id"]).returncode == 0
+        done = wait_until(lambda: (d := board.get(following["id"]))["status"] == "done" and d, timeout=30)
+        took = seconds_between(board.get(talky["id"])["history"][-1]["at"], claimed_at(done))
+        assert took < 1.0, f"the agent took the next task {took:.2f} s after the cancel"
+        assert done["result"] == {"answer": "the next one"}
+        wait_until(lambda: llm.requests[0].get("aborted"), timeout=5)  # the stream was cut, not read to its end
+        assert [r["body"]["messages"][1]["content"].split(":")[0] for r in llm.requests] == [
+            f"Task {talky['id']}", f"Task {following['id']}"], "no model call for the cancelled task after the cancel"
+        assert board.get(talky["id"])["status"] == "cancelled"
+        assert not (ws / f"runs/thinker/transcripts/{talky['id']}.jsonl").read_text().count('"assistant"')
 
 
 # -- a question for a person --------------------------------------------------------------------
