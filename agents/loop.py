@@ -47,9 +47,10 @@ SUMMARIZE = ("Summarize the work below for the agent that will continue it: what
 
 @dataclass(frozen=True)
 class Outcome:
-    kind: str  # done, failed, blocked
+    kind: str  # done, failed, blocked, waiting (for an unreachable provider: not the task's fault)
     text: str
     question: str | None = None  # blocked by ask_human: what it asks a person
+    retry_at: float | None = None  # waiting: when (epoch seconds) a provider may be tried again
 
 
 def answer_since(task: dict[str, Any], moment: str) -> str | None:
@@ -486,6 +487,8 @@ class TaskLoop:
         except NeedsPerson as question:
             return Outcome("blocked", str(question), question=str(question))
         except ProviderError as exc:
+            if exc.kind == "unreachable":
+                return Outcome("waiting", str(exc), retry_at=exc.retry_at)
             return Outcome("failed", str(exc))
         finally:
             for journal in (self.transcript, self.tool_log, self.llm_log):

@@ -36,9 +36,10 @@ CONTEXT_WORDS = ("context length", "context_length", "maximum context", "prompt 
 
 class ProviderError(Exception):
     def __init__(self, kind: str, message: str, *, provider: str = "", retry_after: float | None = None,
-                 status: int | None = None) -> None:
+                 status: int | None = None, retry_at: float | None = None) -> None:
         super().__init__(message)
         self.kind = kind
+        self.retry_at = retry_at  # "unreachable": when (epoch seconds) the first provider may be tried again
         self.provider = provider
         self.retry_after = retry_after
         self.status = status
@@ -296,6 +297,59 @@ def next_step(error: ProviderError, attempt: int, policy: RetryPolicy, rng: rand
     return "raise", 0.0
 
 
+@dataclass(frozen=True)
+class CooldownPolicy:
+    base: float = 5.0     # seconds after the first refused connection, doubling with each one in a row
+    cap: float = 300.0
+    jitter: float = 0.2   # +/- this fraction, so a team's agents do not all knock again at once
+
+
+def cooldown_delay(failures: int, policy: CooldownPolicy, rand: float) -> float:
+    """Seconds a provider that refused `failures` connections in a row is left alone (pure):
+    `base` doubling up to `cap`, spread by +/- `jitter` with `rand` in [0, 1)."""
+    if failures <= 0:
+        return 0.0
+    delay = min(policy.cap, policy.base * 2 ** min(failures - 1, 32))
+    return delay * (1 - policy.jitter + 2 * policy.jitter * rand)
+
+
+def retry_label(moment: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(moment))
+
+
+class ProviderHealth:
+    """Which providers of an agent are cooling down after refusing connections, and until when. A
+    task never spends an attempt on a server that is not there: the chain skips a cooling provider,
+    and a chain with nothing else to try ends in an "unreachable" error that gives the task back."""
+
+    def __init__(self, policy: CooldownPolicy = CooldownPolicy(), clock: Callable[[], float] = time.time,
+                 rng: random.Random | None = None) -> None:
+        self.policy = policy
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.failures: dict[str, int] = {}
+        self.until: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def refused(self, name: str) -> float:
+        """Note a refused connection; returns when the provider may be tried again."""
+        with self._lock:
+            self.failures[name] = self.failures.get(name, 0) + 1
+            self.until[name] = self.clock() + cooldown_delay(self.failures[name], self.policy, self.rng.random())
+            return self.until[name]
+
+    def answered(self, name: str) -> None:
+        with self._lock:
+            self.failures.pop(name, None)
+            self.until.pop(name, None)
+
+    def cooling(self, name: str) -> float | None:
+        """When a cooling provider may be tried again, or None when it may be tried now."""
+        with self._lock:
+            until = self.until.get(name)
+            return until if until is not None and until > self.clock() else None
+
+
 @dataclass
 class Attempt:
     provider: str
@@ -310,15 +364,25 @@ def complete_with_fallback(
     chain: list[Provider], messages: list[Message], tools: list[dict[str, Any]] | None, *,
     policy: RetryPolicy = RetryPolicy(), log: Callable[[Attempt], None] = lambda attempt: None,
     sleep: Callable[[float], None] = time.sleep, rng: random.Random | None = None,
-    stop: threading.Event | None = None,
+    stop: threading.Event | None = None, health: ProviderHealth | None = None,
 ) -> Completion:
     """Call the chain in order until one provider answers; every attempt goes to `log`. Once `stop`
-    is set no further attempt is made (InterruptedError): a stopped or cancelled task spends nothing."""
+    is set no further attempt is made (InterruptedError): a stopped or cancelled task spends nothing.
+    With `health`, a provider cooling down is skipped and one that refuses the connection starts
+    cooling; when every provider failed that way the error's kind is "unreachable" (not the task's
+    fault: it waits for the provider) with the moment the first may be tried again."""
     rng = rng or random.Random()
     errors: list[str] = []
+    refused: dict[str, float] = {}  # provider -> when it may be tried again
     if stop is not None:
         sleep = stop.wait
     for provider in chain:
+        name = provider.config.name
+        until = health.cooling(name) if health is not None else None
+        if until is not None:
+            refused[name] = until
+            errors.append(f"{name}: unreachable, cooling down until {retry_label(until)}")
+            continue
         attempt = 0
         while True:
             attempt += 1
@@ -332,6 +396,8 @@ def complete_with_fallback(
                     raise InterruptedError from None  # the error is our own abort
                 log(Attempt(provider.config.name, provider.config.model, error.kind, time.monotonic() - started,
                             error=str(error)))
+                if health is not None and error.kind == "unavailable":
+                    refused[name] = health.refused(name)
                 action, delay = next_step(error, attempt, policy, rng)
                 if action == "raise":
                     raise
@@ -342,5 +408,11 @@ def complete_with_fallback(
                 break
             log(Attempt(provider.config.name, provider.config.model, "ok", time.monotonic() - started,
                         completion=completion))
+            if health is not None:
+                health.answered(name)
             return completion
+    if chain and len(refused) == len(chain):
+        retry_at = min(refused.values())
+        raise ProviderError("unreachable", f"provider{'s' if len(refused) > 1 else ''} {', '.join(refused)} "
+                            f"unreachable, retry at {retry_label(retry_at)}", retry_at=retry_at)
     raise ProviderError("exhausted", "every provider failed: " + "; ".join(errors) if errors else "no provider")

@@ -22,7 +22,7 @@ from hermes_sup.kanban.task import now_iso
 
 from .journal import Journal
 from .loop import ASK_HUMAN, MAX_RESULT_CHARS, answer_since, holders
-from .tools import NeedsPerson, Toolbox, ToolContext, ToolError, run_step
+from .tools import NeedsPerson, Refused, Toolbox, ToolContext, ToolError, run_step
 
 TURN = "steps"
 
@@ -70,6 +70,7 @@ class Outcome:
     results: list[Any] = field(default_factory=list)
     reason: str = ""
     question: str | None = None  # blocked by an ask_human step: what it asks a person
+    permanent: bool = False  # failed in a way no further attempt can change
 
 
 class StepRun:
@@ -130,7 +131,10 @@ class StepRun:
                 if self.ctx.stop.is_set():
                     raise InterruptedError from None
                 self._done(call_id, name, f"error: {exc}", "error", started)
-                return Outcome("failed", results, f"step {index + 1} ({name}): {exc}")
+                # A refused step (unknown tool, a capability the agent lacks, bad arguments) is
+                # refused again on every attempt: the task fails now, not after max_attempts.
+                return Outcome("failed", results, f"step {index + 1} ({name}): {exc}",
+                               permanent=isinstance(exc, Refused))
             self._done(call_id, name, value, "ok", started)
             fault("step-done")
             results.append(value)

@@ -9,6 +9,7 @@ only tasks with steps and leaves the rest in todo, looking for a provider again 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -28,7 +29,15 @@ from .keys import ENV_FILE, KeyFile, key_names
 from .loop import TaskLoop, interruptible
 from .memory import MemoryFile
 from .notify import NOTIFY_ENV, Notifier
-from .providers import Provider, ProviderConfig, ProviderError, abort, complete_with_fallback, make_provider
+from .providers import (
+    Provider,
+    ProviderConfig,
+    ProviderError,
+    ProviderHealth,
+    abort,
+    complete_with_fallback,
+    make_provider,
+)
 from .routing import chain_for, resolve_auto, task_tier
 from .skills import Skills, prompt_block
 from .steps import StepRun
@@ -87,6 +96,10 @@ class Agent:
         self.llm = config.get("llm") or {}
         self.memory = MemoryFile(workdir / "memory" / "MEMORY.md")
         self._providers: dict[str, Provider] = {}
+        self.health = ProviderHealth()
+        # Until when LLM tasks are left in todo because every provider refused its connections
+        # (epoch seconds), and the reason they show meanwhile.
+        self._paused: tuple[float, str] | None = None
         self._auto: tuple[float, ProviderConfig | None] | None = None
         self.keys = KeyFile(workspace / ENV_FILE, key_names(self.llm))
         self.step: int | None = None
@@ -223,7 +236,8 @@ class Agent:
         halt = stop or self.stop
         try:
             completion = interruptible(lambda: complete_with_fallback(
-                chain, [{"role": "user", "content": prompt}], None, stop=halt), halt, on_stop=lambda: abort(chain))
+                chain, [{"role": "user", "content": prompt}], None, stop=halt, health=self.health), halt,
+                on_stop=lambda: abort(chain))
         except ProviderError as exc:
             raise ToolError(str(exc)) from None
         return completion.message.get("content") or ""
@@ -263,7 +277,7 @@ class Agent:
                         max_tokens=self.config.get("max_tokens"), max_cost=self.config.get("max_cost"),
                         context_window=min((p.config.context_window for p in chain), default=128_000),
                         summarizer=self.chain("cheap") or chain, on_step=self._on_step, agent=self.name,
-                        inputs=self.inputs(doc))
+                        inputs=self.inputs(doc), complete=functools.partial(complete_with_fallback, health=self.health))
         try:
             outcome = loop.run()
         except InterruptedError:
@@ -271,10 +285,13 @@ class Agent:
             return
         for note in loop.notes:
             print(f"{self.name}: {note}", flush=True)
+        if outcome.kind == "waiting":
+            self._wait_for_provider(task_id, token, outcome.text, outcome.retry_at)
+            return
         self._close(task_id, token, outcome.kind, {"answer": outcome.text}, outcome.text, outcome.question)
 
     def _close(self, task_id: str, token: int, kind: str, result: dict[str, Any], reason: str,
-               question: str | None = None) -> None:
+               question: str | None = None, permanent: bool = False) -> None:
         """Close a worked task by its outcome: done with `result`, else blocked or failed for `reason`;
         blocked on a `question` until a person answers it."""
         try:
@@ -286,9 +303,30 @@ class Agent:
             elif kind == "blocked":
                 self.board.block(task_id, token, reason)
             else:
-                self.board.fail(task_id, token, reason)
+                self.board.fail(task_id, token, reason, permanent=permanent)
         except ClaimLost as exc:
             print(f"{self.name}: lost task {task_id}: {exc}", file=sys.stderr, flush=True)
+
+    def _wait_for_provider(self, task_id: str, token: int, reason: str, retry_at: float | None) -> None:
+        """Every provider refused its connection: the task goes back to todo with its attempt (a
+        server that is not there is not the task's fault), and LLM tasks wait, saying why, until the
+        first provider may be tried again."""
+        self._paused = (retry_at if retry_at is not None else time.time() + OFFLINE_RECHECK, reason)
+        print(f"{self.name}: {reason}; {task_id} goes back to todo", flush=True)
+        with contextlib.suppress(ClaimLost):
+            self.board.release(task_id, token, f"released: {reason}")
+
+    def _waiting_reason(self) -> tuple[str, float] | None:
+        """Why LLM tasks are left in todo now, and for how long at most, or None when they are not."""
+        if not self.has_llm():
+            return NO_PROVIDER, OFFLINE_RECHECK
+        if self._paused is not None:
+            until, reason = self._paused
+            left = until - time.time()
+            if left > 0:
+                return reason, min(left, 60.0)
+            self._paused = None
+        return None
 
     def _interrupted(self, task_id: str, token: int) -> None:
         """Work on a task stopped part-way: by our own stop (the task is given back, the attempt not
@@ -348,7 +386,8 @@ class Agent:
         except InterruptedError:
             self._interrupted(task_id, token)
             return
-        self._close(task_id, token, outcome.kind, {"steps": outcome.results}, outcome.reason, outcome.question)
+        self._close(task_id, token, outcome.kind, {"steps": outcome.results}, outcome.reason, outcome.question,
+                    outcome.permanent)
 
     def _only_task_closed(self) -> bool:
         try:
@@ -384,12 +423,12 @@ class Agent:
             if self.only_task is not None and self._only_task_closed():
                 self.request_stop(f"its task {self.only_task} is closed")
                 break
-            # Without an LLM provider only tasks with steps can be done; the others wait in todo,
-            # saying why, until a provider appears.
-            offline = not self.has_llm()
-            self.board.mark_waiting(NO_PROVIDER if offline else None)
-            doc = self.board.wait_for_work(self.name, roles=self.roles, stop=self.stop, steps_only=offline,
-                                           timeout=OFFLINE_RECHECK if offline else 60,
+            # Without an LLM provider (none configured, or every one refusing connections) only
+            # tasks with steps can be done; the others wait in todo, saying why, until one is there.
+            waiting = self._waiting_reason()
+            self.board.mark_waiting(waiting[0] if waiting else None)
+            doc = self.board.wait_for_work(self.name, roles=self.roles, stop=self.stop, steps_only=waiting is not None,
+                                           timeout=waiting[1] if waiting else 60,
                                            assigned_only=self.only_task is not None)
             if doc is None:
                 continue

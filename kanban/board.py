@@ -911,8 +911,11 @@ class Board:
     def complete(self, task_id: str, token: int, result: Any = None) -> TaskDoc:
         return self._finish(task_id, token, "done", "completed", result=result, error=None)
 
-    def fail(self, task_id: str, token: int, error: str) -> TaskDoc:
-        """A failed attempt: back to todo, or to failed once max_attempts is reached."""
+    def fail(self, task_id: str, token: int, error: str, *, permanent: bool = False) -> TaskDoc:
+        """A failed attempt: back to todo, or to failed once max_attempts is reached. A `permanent`
+        failure (one no further attempt can change) goes to failed at once."""
+        if permanent:
+            return self._finish(task_id, token, "failed", f"cannot succeed, not retried: {error}", error=error)
         return self._finish(task_id, token, "todo?", error, error=error)
 
     def block(self, task_id: str, token: int, reason: str, *, question: str | None = None) -> TaskDoc:

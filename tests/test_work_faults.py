@@ -5,6 +5,8 @@ LLM server; the pure decisions are tested on their own."""
 from __future__ import annotations
 
 import json
+import random
+import socket
 import subprocess
 import threading
 from datetime import datetime
@@ -12,6 +14,15 @@ from pathlib import Path
 
 import pytest
 from hermes_sup.agents import builtins  # noqa: F401 - registers the built-in tools
+from hermes_sup.agents.providers import (
+    CooldownPolicy,
+    OpenAIProvider,
+    ProviderConfig,
+    ProviderError,
+    ProviderHealth,
+    complete_with_fallback,
+    cooldown_delay,
+)
 from hermes_sup.agents.terminal import died_of
 from hermes_sup.agents.tools import Toolbox, ToolContext, run_step
 from hermes_sup.kanban import Board
@@ -223,3 +234,90 @@ def test_a_model_that_asks_gets_the_answer_as_the_result_of_its_question(tmp_pat
         assert len(llm.requests) == 2, "the model was not asked again for the question it already put"
         again = hermes(ws, "task", "answer", task["id"], "late")
         assert again.returncode != 0 and "waits on no question" in again.stderr
+
+
+# -- a model server that is not there, an error that cannot go away ------------------------------
+
+def closed_port_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_the_cooldown_doubles_up_to_its_cap_with_bounded_jitter():
+    policy = CooldownPolicy(base=5.0, cap=60.0, jitter=0.2)
+    assert cooldown_delay(0, policy, 0.5) == 0.0
+    assert [cooldown_delay(n, policy, 0.5) for n in (1, 2, 3, 4, 5, 6, 100)] == [5, 10, 20, 40, 60, 60, 60]
+    assert (cooldown_delay(1, policy, 0.0), cooldown_delay(1, policy, 0.999999)) == pytest.approx((4.0, 6.0))
+    spread = {round(cooldown_delay(3, policy, random.Random(seed).random()), 3) for seed in range(20)}
+    assert len(spread) > 10 and all(16.0 <= delay <= 24.0 for delay in spread), "agents do not knock in step"
+
+
+def test_a_provider_that_refuses_connections_cools_down_and_is_skipped_meanwhile():
+    now = [1000.0]
+    health = ProviderHealth(CooldownPolicy(base=5.0, cap=60.0, jitter=0.0), clock=lambda: now[0])
+    down = OpenAIProvider(ProviderConfig(name="down", kind="openai", model="m", base_url=f"{closed_port_url()}/v1"))
+    attempts = []
+    with pytest.raises(ProviderError) as first:
+        complete_with_fallback([down], [{"role": "user", "content": "hi"}], None, log=attempts.append, health=health)
+    assert (first.value.kind, first.value.retry_at) == ("unreachable", 1005.0)
+    assert str(first.value) == "provider down unreachable, retry at 1970-01-01T00:16:45Z"
+    with pytest.raises(ProviderError) as second:
+        complete_with_fallback([down], [{"role": "user", "content": "hi"}], None, log=attempts.append, health=health)
+    assert second.value.kind == "unreachable" and len(attempts) == 1, "a cooling provider is not called"
+    now[0] = 1006.0
+    with pytest.raises(ProviderError) as third:
+        complete_with_fallback([down], [{"role": "user", "content": "hi"}], None, log=attempts.append, health=health)
+    assert third.value.retry_at == 1016.0 and len(attempts) == 2, "tried again after the cooldown, then longer"
+    health.answered("down")
+    assert health.cooling("down") is None
+
+
+def test_an_unreachable_provider_leaves_the_tasks_waiting_without_spending_attempts(tmp_path, up):
+    ws = make_ws(tmp_path, f"providers:\n  gone: {{kind: openai, base_url: '{closed_port_url()}/v1', model: m}}\n"
+                           "tiers: {cheap: [gone], standard: [gone], premium: [gone]}\n"
+                           "agents:\n  - name: thinker\n")
+    board = Board(ws / "kanban")
+    tasks = [board.add({"title": f"think {n}"}) for n in range(3)]
+    up(ws)
+    log = ws / "runs/thinker/llm_calls.jsonl"
+    wait_until(lambda: log.exists() and log.read_text().count("\n") >= 1, timeout=60)
+
+    def all_waiting() -> list[dict]:
+        docs = [board.get(t["id"]) for t in tasks]
+        return docs if all(d["status"] == "todo" and (d.get("waiting") or "").startswith(
+            "provider gone unreachable, retry at ") for d in docs) else []
+
+    docs = wait_until(all_waiting, timeout=30)
+    assert [d["attempts"] for d in docs] == [0, 0, 0], "a server that is not there costs no attempt"
+    assert "failed" not in json.dumps([d["history"] for d in docs])
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [c["outcome"] for c in calls] == ["unavailable"], "one refused connection, then the cooldown"
+
+
+def test_a_step_that_can_never_succeed_fails_at_once(tmp_path, up):
+    ws = make_ws(tmp_path, "agents:\n  - name: runner\n")
+    board = Board(ws / "kanban")
+    unknown = board.add({"title": "no such tool", "steps": [{"tool": "teleport", "args": {}}]})
+    lacking = board.add({"title": "no shell", "steps": [{"tool": "terminal", "args": {"command": "true"}}]})
+    up(ws)
+    for task, why in ((unknown, "unknown tool 'teleport'"), (lacking, "needs the shell capability")):
+        doc = wait_until(lambda t=task: (d := board.get(t["id"]))["status"] == "failed" and d, timeout=60)
+        assert doc["attempts"] == 1 and why in doc["error"], doc["history"]
+        assert doc["history"][-1]["note"].startswith("cannot succeed, not retried: step 1")
+
+
+def test_doctor_probes_each_named_provider(tmp_path):
+    from .llm_server import ScriptedLLM
+
+    with ScriptedLLM() as llm:
+        ws = make_ws(tmp_path, f"providers:\n  here: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
+                               f"  claude: {{kind: anthropic, base_url: '{llm.url}', model: c}}\n"
+                               f"  gone: {{kind: openai, base_url: '{closed_port_url()}/v1', model: m}}\n"
+                               "agents:\n  - name: a\n")
+        result = hermes(ws, "doctor", "--json")
+        checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    assert (checks["provider here"]["level"], checks["provider here"]["detail"][-9:]) == ("ok", "reachable")
+    assert checks["provider claude"]["level"] == "ok" and checks["provider claude"]["detail"].endswith("reachable")
+    assert checks["provider gone"]["level"] == "warn"
+    assert "unreachable (" in checks["provider gone"]["detail"] and "refused" in checks["provider gone"]["detail"]
