@@ -29,6 +29,9 @@ from .translate import Completion, Message, from_anthropic, from_openai, to_anth
 
 RETRY_SAME = frozenset({"rate_limit", "server"})
 NEXT_PROVIDER = frozenset({"timeout", "unavailable", "auth", "quota"})
+# Failures that say nothing about the task, only that the provider cannot serve now: past the
+# chain's own retries, the provider cools down (see ProviderHealth), and a task is not failed for it.
+COOL_DOWN = {"unavailable": "unreachable", "rate_limit": "rate limited"}
 QUOTA_WORDS = ("insufficient_quota", "quota", "billing", "credit balance", "payment", "spend limit")
 CONTEXT_WORDS = ("context length", "context_length", "maximum context", "prompt is too long", "too many tokens",
                  "context window")
@@ -318,9 +321,10 @@ def retry_label(moment: float) -> str:
 
 
 class ProviderHealth:
-    """Which providers of an agent are cooling down after refusing connections, and until when. A
-    task never spends an attempt on a server that is not there: the chain skips a cooling provider,
-    and a chain with nothing else to try ends in an "unreachable" error that gives the task back."""
+    """Which providers of an agent are cooling down, and until when: after refusing connections
+    (the server is not there), or rate limiting past the chain's retries. A task never spends an
+    attempt on that: the chain skips a cooling provider, and a chain with nothing else to try ends
+    in an "unreachable" error that gives the task back."""
 
     def __init__(self, policy: CooldownPolicy = CooldownPolicy(), clock: Callable[[], float] = time.time,
                  rng: random.Random | None = None) -> None:
@@ -328,26 +332,28 @@ class ProviderHealth:
         self.clock = clock
         self.rng = rng or random.Random()
         self.failures: dict[str, int] = {}
-        self.until: dict[str, float] = {}
+        self.until: dict[str, tuple[float, str]] = {}
         self._lock = threading.Lock()
 
-    def refused(self, name: str) -> float:
-        """Note a refused connection; returns when the provider may be tried again."""
+    def refused(self, name: str, why: str = "unreachable", at_least: float = 0.0) -> float:
+        """Note a refusal (`why`: unreachable, rate limited); returns when the provider may be tried
+        again: after its cooldown, and never before `at_least` seconds (a retry-after)."""
         with self._lock:
             self.failures[name] = self.failures.get(name, 0) + 1
-            self.until[name] = self.clock() + cooldown_delay(self.failures[name], self.policy, self.rng.random())
-            return self.until[name]
+            delay = max(at_least, cooldown_delay(self.failures[name], self.policy, self.rng.random()))
+            self.until[name] = (self.clock() + delay, why)
+            return self.until[name][0]
 
     def answered(self, name: str) -> None:
         with self._lock:
             self.failures.pop(name, None)
             self.until.pop(name, None)
 
-    def cooling(self, name: str) -> float | None:
-        """When a cooling provider may be tried again, or None when it may be tried now."""
+    def cooling(self, name: str) -> tuple[float, str] | None:
+        """When a cooling provider may be tried again and why it cools, or None when it may be tried now."""
         with self._lock:
-            until = self.until.get(name)
-            return until if until is not None and until > self.clock() else None
+            entry = self.until.get(name)
+            return entry if entry is not None and entry[0] > self.clock() else None
 
 
 @dataclass
@@ -368,20 +374,21 @@ def complete_with_fallback(
 ) -> Completion:
     """Call the chain in order until one provider answers; every attempt goes to `log`. Once `stop`
     is set no further attempt is made (InterruptedError): a stopped or cancelled task spends nothing.
-    With `health`, a provider cooling down is skipped and one that refuses the connection starts
-    cooling; when every provider failed that way the error's kind is "unreachable" (not the task's
-    fault: it waits for the provider) with the moment the first may be tried again."""
+    With `health`, a provider cooling down is skipped, and one that refuses the connection or rate
+    limits past the retries starts cooling; when every provider failed that way the error's kind is
+    "unreachable" (not the task's fault: it waits for the provider) with the moment the first may be
+    tried again."""
     rng = rng or random.Random()
     errors: list[str] = []
-    refused: dict[str, float] = {}  # provider -> when it may be tried again
+    refused: dict[str, tuple[float, str]] = {}  # provider -> when it may be tried again, and why not now
     if stop is not None:
         sleep = stop.wait
     for provider in chain:
         name = provider.config.name
-        until = health.cooling(name) if health is not None else None
-        if until is not None:
-            refused[name] = until
-            errors.append(f"{name}: unreachable, cooling down until {retry_label(until)}")
+        cooling = health.cooling(name) if health is not None else None
+        if cooling is not None:
+            refused[name] = cooling
+            errors.append(f"{name}: {cooling[1]}, cooling down until {retry_label(cooling[0])}")
             continue
         attempt = 0
         while True:
@@ -396,9 +403,10 @@ def complete_with_fallback(
                     raise InterruptedError from None  # the error is our own abort
                 log(Attempt(provider.config.name, provider.config.model, error.kind, time.monotonic() - started,
                             error=str(error)))
-                if health is not None and error.kind == "unavailable":
-                    refused[name] = health.refused(name)
                 action, delay = next_step(error, attempt, policy, rng)
+                if health is not None and action == "next" and error.kind in COOL_DOWN:
+                    why = COOL_DOWN[error.kind]
+                    refused[name] = (health.refused(name, why, error.retry_after or 0.0), why)
                 if action == "raise":
                     raise
                 if action == "retry":
@@ -411,8 +419,8 @@ def complete_with_fallback(
             if health is not None:
                 health.answered(name)
             return completion
-    if chain and len(refused) == len(chain):
-        retry_at = min(refused.values())
-        raise ProviderError("unreachable", f"provider{'s' if len(refused) > 1 else ''} {', '.join(refused)} "
-                            f"unreachable, retry at {retry_label(retry_at)}", retry_at=retry_at)
+    if chain and {provider.config.name for provider in chain} <= set(refused):
+        retry_at = min(until for until, _why in refused.values())
+        said = "; ".join(f"provider {name} {why}" for name, (_until, why) in refused.items())
+        raise ProviderError("unreachable", f"{said}, retry at {retry_label(retry_at)}", retry_at=retry_at)
     raise ProviderError("exhausted", "every provider failed: " + "; ".join(errors) if errors else "no provider")

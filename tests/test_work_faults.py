@@ -273,6 +273,22 @@ def test_a_provider_that_refuses_connections_cools_down_and_is_skipped_meanwhile
     assert health.cooling("down") is None
 
 
+def test_a_provider_rate_limiting_past_the_retries_cools_down_for_its_retry_after():
+    from .llm_server import ScriptedLLM, error_reply
+
+    now = [1000.0]
+    health = ProviderHealth(CooldownPolicy(base=5.0, cap=60.0, jitter=0.0), clock=lambda: now[0])
+    with ScriptedLLM() as llm:
+        llm.script("openai", error_reply(429, "slow down", kind="rate_limit_exceeded", headers={"retry-after": "90"}))
+        busy = OpenAIProvider(ProviderConfig(name="busy", kind="openai", model="m", base_url=f"{llm.url}/v1"))
+        with pytest.raises(ProviderError) as info:
+            complete_with_fallback([busy], [{"role": "user", "content": "hi"}], None, health=health)
+        assert len(llm.requests) == 1
+    assert (info.value.kind, info.value.retry_at) == ("unreachable", 1090.0), "its retry-after, not the cooldown"
+    assert str(info.value).startswith("provider busy rate limited, retry at ")
+    assert health.cooling("busy") == (1090.0, "rate limited")
+
+
 def test_an_unreachable_provider_leaves_the_tasks_waiting_without_spending_attempts(tmp_path, up):
     ws = make_ws(tmp_path, f"providers:\n  gone: {{kind: openai, base_url: '{closed_port_url()}/v1', model: m}}\n"
                            "tiers: {cheap: [gone], standard: [gone], premium: [gone]}\n"
