@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -368,6 +369,14 @@ class Agent:
                          daemon=True).start()
         try:
             self._work(doc, halt)
+        except InterruptedError:
+            self._interrupted(task_id, token)
+        except Exception as exc:
+            # A bug, or a task whose input trips one, must not take the agent down: a crash would
+            # cost the task an attempt all the same, then restart the agent for each attempt.
+            traceback.print_exc()
+            self._close(task_id, token, "failed", {}, f"the agent could not work this task: "
+                                                      f"{type(exc).__name__}: {exc}")
         finally:
             finished.set()
             with self._lock:

@@ -337,3 +337,18 @@ def test_doctor_probes_each_named_provider(tmp_path):
     assert checks["provider claude"]["level"] == "ok" and checks["provider claude"]["detail"].endswith("reachable")
     assert checks["provider gone"]["level"] == "warn"
     assert "unreachable (" in checks["provider gone"]["detail"] and "refused" in checks["provider gone"]["detail"]
+
+
+def test_a_task_that_trips_the_agent_fails_without_taking_the_agent_down(tmp_path, up):
+    ws = make_ws(tmp_path, "agents:\n  - name: runner\n")
+    board = Board(ws / "kanban")
+    # Its working folder names a file: making the folder fails inside the agent.
+    odd = board.add({"title": "odd folder", "max_attempts": 2, "meta": {"workspace": "hermes.yaml"},
+                     "steps": [{"tool": "write_file", "args": {"path": "a.txt", "content": "a"}}]})
+    fine = board.add({"title": "fine", "priority": -1,
+                      "steps": [{"tool": "write_file", "args": {"path": "b.txt", "content": "b"}}]})
+    up(ws)
+    failed = wait_until(lambda: (d := board.get(odd["id"]))["status"] == "failed" and d, timeout=60)
+    assert failed["error"].startswith("the agent could not work this task: FileExistsError")
+    assert wait_until(lambda: board.get(fine["id"])["status"] == "done", timeout=60)
+    assert supervisor(ws)["agents"]["runner"]["restarts"] == 0
