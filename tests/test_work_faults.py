@@ -121,6 +121,11 @@ def test_down_during_the_last_terminal_step_gives_the_task_back_not_done(tmp_pat
     assert "is stopping" in doc["history"][-1]["note"]
     assert [(r["call_id"], r["status"]) for r in tool_log(ws, "runner")] == [
         ("step-1", "started"), ("step-1", "done"), ("step-2", "started")], "the interrupted step is not done"
+    # Taken again, the interrupted step follows the resume rule: terminal is not safe to repeat.
+    up(ws)
+    blocked = wait_until(lambda: (d := board.get(task["id"]))["status"] == "blocked" and d, timeout=60)
+    assert "step 2 (terminal) was running when the agent stopped" in blocked["error"]
+    assert len(tool_log(ws, "runner")) == 3, "step 1 was not run again, step 2 not started again"
 
 
 # -- a cancel -------------------------------------------------------------------------------------
@@ -352,3 +357,27 @@ def test_a_task_that_trips_the_agent_fails_without_taking_the_agent_down(tmp_pat
     assert failed["error"].startswith("the agent could not work this task: FileExistsError")
     assert wait_until(lambda: board.get(fine["id"])["status"] == "done", timeout=60)
     assert supervisor(ws)["agents"]["runner"]["restarts"] == 0
+
+
+# -- the pure decisions -----------------------------------------------------------------------------
+
+def test_whether_a_claim_is_still_held():
+    from hermes_sup.agents.worker import claim_gone
+
+    held = {"status": "doing", "claim": {"token": 3, "agent": "a"}, "history": []}
+    assert claim_gone(held, 3) is None
+    assert claim_gone(held, 2) == "it was claimed again by a"
+    assert claim_gone(None, 3) == "it is no longer on the board"
+    cancelled = {"status": "cancelled", "claim": None, "history": [{"note": "cancelled; claim of a revoked"}]}
+    assert claim_gone(cancelled, 3) == "it was moved to cancelled (cancelled; claim of a revoked)"
+
+
+def test_the_answer_a_question_gets_is_the_latest_one_given_after_it_was_asked():
+    from hermes_sup.agents.loop import answer_since
+
+    task = {"comments": [{"at": "2026-01-01T00:00:01.000000Z", "by": "ana", "text": "old", "answers": "Q?"},
+                         {"at": "2026-01-01T00:00:05.000000Z", "by": "bo", "text": "a comment"},
+                         {"at": "2026-01-01T00:00:06.000000Z", "by": "cy", "text": "new", "answers": "Q?"}]}
+    assert answer_since(task, "2026-01-01T00:00:00.000000Z") == "cy answered: new"
+    assert answer_since(task, "2026-01-01T00:00:07.000000Z") is None, "an answer to an earlier question"
+    assert answer_since({}, "") is None
