@@ -27,7 +27,7 @@ from hermes_sup.agents.terminal import died_of
 from hermes_sup.agents.tools import Toolbox, ToolContext, run_step
 from hermes_sup.kanban import Board
 
-from .conftest import CLI, ROOT, wait_until
+from .conftest import CLI, ROOT, gone, wait_until
 
 
 def hermes(ws: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -151,7 +151,7 @@ def test_a_cancelled_steps_task_stops_at_once_and_the_agent_takes_the_next(tmp_p
         {"tool": "write_file", "args": {"path": "next.txt", "content": "next"}}]})
     up(ws)
     pid_file = ws / "runs/runner/scratch/slow.pid"
-    wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=60)
+    command = int(wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=60))
     cancelled = hermes(ws, "task", "cancel", slow["id"])
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
     done = wait_until(lambda: (d := board.get(following["id"]))["status"] == "done" and d, timeout=30)
@@ -159,6 +159,7 @@ def test_a_cancelled_steps_task_stops_at_once_and_the_agent_takes_the_next(tmp_p
     assert took < 1.0, f"the agent took the next task {took:.2f} s after the cancel"
     assert board.get(slow["id"])["status"] == "cancelled"
     assert not (ws / "runs/runner/scratch/late.txt").exists(), "no step ran after the cancel"
+    assert wait_until(lambda: gone(command), timeout=5), "the running command was killed"
     assert [(r["call_id"], r["status"]) for r in tool_log(ws, "runner") if r["task"] == slow["id"]] == [
         ("step-1", "started")]
     log = (ws / "runs/runner/agent.log").read_text()
