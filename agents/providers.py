@@ -31,7 +31,10 @@ RETRY_SAME = frozenset({"rate_limit", "server"})
 NEXT_PROVIDER = frozenset({"timeout", "unavailable", "auth", "quota"})
 # Failures that say nothing about the task, only that the provider cannot serve now: past the
 # chain's own retries, the provider cools down (see ProviderHealth), and a task is not failed for it.
-COOL_DOWN = {"unavailable": "unreachable", "rate_limit": "rate limited"}
+# A rejected key or exhausted quota needs a person (a new key in .env resets the cooldowns); until
+# then the tasks wait, saying why, instead of failing one after the other.
+COOL_DOWN = {"unavailable": "unreachable", "rate_limit": "rate limited", "auth": "rejected its key",
+             "quota": "out of quota"}
 QUOTA_WORDS = ("insufficient_quota", "quota", "billing", "credit balance", "payment", "spend limit")
 CONTEXT_WORDS = ("context length", "context_length", "maximum context", "prompt is too long", "too many tokens",
                  "context window")

@@ -209,6 +209,8 @@ class Agent:
         if self.keys.refresh():  # a key was added to (or taken out of) .env: look again
             self._providers.clear()
             self._auto = None
+            self.health = ProviderHealth()  # a new key may be what a cooling provider lacked
+            self._paused = None
         chain = self.chain(task_tier({}, self.tier))
         self.provider = chain[0].config.name if chain else "offline"
         return bool(chain)
@@ -325,7 +327,7 @@ class Agent:
             until, reason = self._paused
             left = until - time.time()
             if left > 0:
-                return reason, min(left, 60.0)
+                return reason, min(left, OFFLINE_RECHECK)  # .env is looked at again meanwhile
             self._paused = None
         return None
 

@@ -295,6 +295,24 @@ def test_a_provider_rate_limiting_past_the_retries_cools_down_for_its_retry_afte
     assert health.cooling("busy") == (1090.0, "rate limited")
 
 
+def test_a_rejected_key_or_exhausted_quota_cools_down_rather_than_failing_task_after_task():
+    from .llm_server import ScriptedLLM, error_reply
+
+    now = [1000.0]
+    health = ProviderHealth(CooldownPolicy(base=5.0, cap=60.0, jitter=0.0), clock=lambda: now[0])
+    with ScriptedLLM() as llm:
+        llm.script("openai", error_reply(401, "invalid api key", kind="invalid_api_key"),
+                   error_reply(429, "You exceeded your current quota", kind="insufficient_quota"))
+        keyed = OpenAIProvider(ProviderConfig(name="keyed", kind="openai", model="m", base_url=f"{llm.url}/v1"))
+        paid = OpenAIProvider(ProviderConfig(name="paid", kind="openai", model="m", base_url=f"{llm.url}/v1"))
+        with pytest.raises(ProviderError) as info:
+            complete_with_fallback([keyed, paid], [{"role": "user", "content": "hi"}], None, health=health)
+        assert len(llm.requests) == 2, "neither is retried"
+    assert info.value.kind == "unreachable"
+    assert str(info.value) == ("provider keyed rejected its key; provider paid out of quota, "
+                               "retry at 1970-01-01T00:16:45Z")
+
+
 def test_an_unreachable_provider_leaves_the_tasks_waiting_without_spending_attempts(tmp_path, up):
     ws = make_ws(tmp_path, f"providers:\n  gone: {{kind: openai, base_url: '{closed_port_url()}/v1', model: m}}\n"
                            "tiers: {cheap: [gone], standard: [gone], premium: [gone]}\n"
@@ -382,3 +400,24 @@ def test_the_answer_a_question_gets_is_the_latest_one_given_after_it_was_asked()
     assert answer_since(task, "2026-01-01T00:00:00.000000Z") == "cy answered: new"
     assert answer_since(task, "2026-01-01T00:00:07.000000Z") is None, "an answer to an earlier question"
     assert answer_since({}, "") is None
+
+
+def test_a_new_key_in_dot_env_ends_the_cooldowns_at_once(tmp_path, monkeypatch):
+    from hermes_sup.agents.worker import Agent
+
+    monkeypatch.delenv("H5_TEST_KEY", raising=False)
+    llm = {"providers": {"keyed": {"kind": "openai", "base_url": f"{closed_port_url()}/v1", "model": "m",
+                                   "api_key_env": "H5_TEST_KEY"}},
+           "tiers": {"cheap": ["keyed"], "standard": ["keyed"], "premium": ["keyed"]}}
+    (tmp_path / ".env").write_text("H5_TEST_KEY=wrong\n")
+    agent = Agent({"name": "a", "llm": llm}, tmp_path, tmp_path / "runs" / "a")
+    try:
+        assert agent.has_llm()
+        retry_at = agent.health.refused("keyed", "rejected its key", at_least=300)
+        agent._paused = (retry_at, "provider keyed rejected its key, retry at later")
+        assert agent._waiting_reason()[0] == "provider keyed rejected its key, retry at later"
+        (tmp_path / ".env").write_text("H5_TEST_KEY=fixed\n")
+        assert agent._waiting_reason() is None, "the LLM tasks are taken again with the new key"
+        assert agent.health.cooling("keyed") is None
+    finally:
+        agent.board.close()
