@@ -363,19 +363,25 @@ def test_doctor_probes_each_named_provider(tmp_path):
     assert "unreachable (" in checks["provider gone"]["detail"] and "refused" in checks["provider gone"]["detail"]
 
 
-def test_a_task_that_trips_the_agent_fails_without_taking_the_agent_down(tmp_path, up):
-    ws = make_ws(tmp_path, "agents:\n  - name: runner\n")
-    board = Board(ws / "kanban")
-    # Its working folder names a file: making the folder fails inside the agent.
-    odd = board.add({"title": "odd folder", "max_attempts": 2, "meta": {"workspace": "hermes.yaml"},
-                     "steps": [{"tool": "write_file", "args": {"path": "a.txt", "content": "a"}}]})
-    fine = board.add({"title": "fine", "priority": -1,
-                      "steps": [{"tool": "write_file", "args": {"path": "b.txt", "content": "b"}}]})
-    up(ws)
-    failed = wait_until(lambda: (d := board.get(odd["id"]))["status"] == "failed" and d, timeout=60)
-    assert failed["error"].startswith("the agent could not work this task: FileExistsError")
-    assert wait_until(lambda: board.get(fine["id"])["status"] == "done", timeout=60)
-    assert supervisor(ws)["agents"]["runner"]["restarts"] == 0
+def test_a_task_that_trips_the_agent_fails_without_taking_the_agent_down(tmp_path):
+    from hermes_sup.agents.worker import Agent
+
+    agent = Agent({"name": "a"}, tmp_path, tmp_path / "runs" / "a")
+    try:
+        task = agent.board.add({"title": "trips a bug", "steps": [{"tool": "wait", "args": {"seconds": 0}}]})
+        doc = agent.board.claim("a")
+
+        def bug(doc, halt):  # stands for any bug a task's input trips inside the agent
+            raise RuntimeError("a bug")
+
+        agent._work = bug
+        agent.work(doc)  # returns: the agent goes on with its next task
+        failed = agent.board.get(task["id"])
+        assert failed["status"] == "todo"
+        assert failed["error"] == "the agent could not work this task: RuntimeError: a bug"
+        assert failed["attempts"] == 1 and failed["claim"] is None
+    finally:
+        agent.board.close()
 
 
 # -- the pure decisions -----------------------------------------------------------------------------
