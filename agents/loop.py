@@ -7,9 +7,12 @@ step: a call whose result is logged is not executed again; one that was in fligh
 only if its tool is idempotent, and otherwise the model is told it was interrupted.
 
 The loop always ends the task one way or another: a final answer completes it, `ask_human` blocks
-it with the question, and everything else (the model stuck, the iteration limit, every provider
+it with the question (a person's answer becomes that call's result when the task is taken again),
+providers that cannot serve now (refused, rate limited: see providers.ProviderHealth) give it back
+to wait for them, and everything else (the model stuck, the iteration limit, every provider
 failing) fails it with the reason. It never leaves the task to a "complete" tool the model might
-forget to call.
+forget to call. A stop, or the task taken away, ends it between any two calls and cuts a model
+call in flight.
 """
 
 from __future__ import annotations

@@ -5,7 +5,10 @@ done with its result, exactly like a model's tool call. A resumed task (by this 
 reclaim, by another one, whose records are copied over) takes the results of the steps completed
 before and runs the rest. A step that was running when its agent died is run again if its tool is
 idempotent; if not, running it again could double its effect, so the task is blocked for a person,
-and runs it again only once a person has moved the task back to todo (`task retry`).
+and runs it again only once a person has moved the task back to todo (`task retry`). An
+`ask_human` step blocks the task with its question; once a person answers (`task answer`), the
+answer is that step's result. A step refused outright (unknown tool, a capability not granted, bad
+arguments) fails the task at once: no attempt would go differently.
 """
 
 from __future__ import annotations
