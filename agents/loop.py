@@ -7,9 +7,12 @@ step: a call whose result is logged is not executed again; one that was in fligh
 only if its tool is idempotent, and otherwise the model is told it was interrupted.
 
 The loop always ends the task one way or another: a final answer completes it, `ask_human` blocks
-it with the question, and everything else (the model stuck, the iteration limit, every provider
+it with the question (a person's answer becomes that call's result when the task is taken again),
+providers that cannot serve now (refused, rate limited: see providers.ProviderHealth) give it back
+to wait for them, and everything else (the model stuck, the iteration limit, every provider
 failing) fails it with the reason. It never leaves the task to a "complete" tool the model might
-forget to call.
+forget to call. A stop, or the task taken away, ends it between any two calls and cuts a model
+call in flight.
 """
 
 from __future__ import annotations
@@ -29,11 +32,12 @@ from hermes_sup.kanban.fsio import write_atomic
 from hermes_sup.kanban.task import now_iso
 
 from .journal import Journal
-from .providers import Attempt, Provider, ProviderError, complete_with_fallback
+from .providers import Attempt, Provider, ProviderError, abort, complete_with_fallback
 from .tools import NeedsPerson, Refused, Toolbox, ToolContext, ToolError
 from .translate import Message, Usage, text_tool_calls
 
 MAX_ITERATIONS = 60
+ASK_HUMAN = "ask_human"
 STUCK_REPEATS = 3
 MAX_RESULT_CHARS = 20_000
 INPUT_CHARS = 8_000       # of each dependency's result in the task's first message
@@ -46,8 +50,21 @@ SUMMARIZE = ("Summarize the work below for the agent that will continue it: what
 
 @dataclass(frozen=True)
 class Outcome:
-    kind: str  # done, failed, blocked
+    kind: str  # done, failed, blocked, waiting (for an unreachable provider: not the task's fault)
     text: str
+    question: str | None = None  # blocked by ask_human: what it asks a person
+    retry_at: float | None = None  # waiting: when (epoch seconds) a provider may be tried again
+
+
+def answer_since(task: dict[str, Any], moment: str) -> str | None:
+    """The answer a person gave (`task answer`) to the task's question after `moment`, as the one
+    who asked sees it, or None (pure). The latest answer wins."""
+    answers = [c for c in task.get("comments") or [] if isinstance(c, dict) and c.get("answers")
+               and isinstance(c.get("text"), str) and str(c.get("at") or "") > moment]
+    if not answers:
+        return None
+    last = answers[-1]
+    return f"{last.get('by', 'a person')} answered: {last['text']}"
 
 
 def price(prices: dict[str, Any], model: str, usage: Usage) -> float | None:
@@ -152,12 +169,14 @@ def set_aside(path: Path) -> Path:
 T = TypeVar("T")
 
 
-def interruptible(call: Callable[[], T], stop: threading.Event, poll: float = 0.1) -> T:
+def interruptible(call: Callable[[], T], stop: threading.Event, poll: float = 0.1,
+                  on_stop: Callable[[], None] = lambda: None) -> T:
     """Run `call` on a daemon thread and wait for it or for `stop`, whichever comes first.
 
     A model call can take minutes, longer than the supervisor's stop_timeout; a stop request
     should not wait for it, and need not: its answer is not yet in the transcript, so the resumed
-    task simply asks again. The abandoned thread dies with the process."""
+    task simply asks again. `on_stop` cuts the call's request (a model must not go on generating
+    for a cancelled task); the abandoned thread then ends, or dies with the process."""
     box: dict[str, Any] = {}
     finished = threading.Event()
 
@@ -172,6 +191,7 @@ def interruptible(call: Callable[[], T], stop: threading.Event, poll: float = 0.
     threading.Thread(target=target, name="llm-call", daemon=True).start()
     while not finished.wait(poll):
         if stop.is_set():
+            on_stop()
             raise InterruptedError
     if "error" in box:
         raise box["error"]
@@ -326,15 +346,16 @@ class TaskLoop:
 
     # -- tools ------------------------------------------------------------------------------------
 
-    def _logged_calls(self, turn: str) -> tuple[dict[str, dict[str, Any]], set[str]]:
-        done, started = {}, set()
+    def _logged_calls(self, turn: str) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+        """The calls of a turn logged as done (their records) and as started (when)."""
+        done, started = {}, {}
         for record in self.tool_log.read().records:
             if record.get("task") != self.task["id"] or str(record.get("turn")) != turn:
                 continue
             if record.get("status") == "done":
                 done[record["call_id"]] = record
             elif record.get("status") == "started":
-                started.add(record["call_id"])
+                started[record["call_id"]] = str(record.get("at") or "")
         return done, started
 
     def _record(self, messages: list[Message], turn: str, call_id: str, name: str, text: str, outcome: str,
@@ -365,12 +386,21 @@ class TaskLoop:
                     continue
                 tool.prepare(self.ctx, parsed[call["id"]])
         for call in calls:
+            if self.ctx.stop.is_set():  # stopped, or the task taken away: no further call
+                raise InterruptedError
             call_id, name = call["id"], call["function"]["name"]
             tool = self.toolbox.get(name)
             if call_id in done:  # ran before a restart: its result stands, it is not run again
                 record = done[call_id]
                 self._append(messages, {"role": "tool", "tool_call_id": call_id, "content": record["result"],
                                         **({"is_error": True} if record.get("is_error") else {})})
+                continue
+            if call_id in started and name == ASK_HUMAN:
+                # The question blocked the task; a person's answer is the call's result.
+                answer = answer_since(self.task, started[call_id])
+                self._record(messages, turn, call_id, name, answer or (
+                    "no answer: a person put the task back without answering; go on without it, or ask again"),
+                    "ok", time.monotonic())
                 continue
             if call_id in started and not (tool and tool.idempotent):
                 self._append(messages, {"role": "tool", "tool_call_id": call_id, "is_error": True, "content": (
@@ -405,7 +435,8 @@ class TaskLoop:
     def _complete(self, chain: list[Provider], messages: list[Message], tools: list[dict[str, Any]] | None) -> Any:
         started = time.monotonic()
         try:
-            return interruptible(lambda: self.complete(chain, messages, tools, log=self._log_llm), self.ctx.stop)
+            return interruptible(lambda: self.complete(chain, messages, tools, log=self._log_llm, stop=self.ctx.stop),
+                                 self.ctx.stop, on_stop=lambda: abort(chain))
         except InterruptedError:
             with self._log_lock:
                 self._interrupted = True  # a late answer of the abandoned call is not logged as used
@@ -457,8 +488,10 @@ class TaskLoop:
                     return Outcome("failed", f"the model ended its turn without an answer (stop: {completion.stop})")
                 return Outcome("done", answer)
         except NeedsPerson as question:
-            return Outcome("blocked", str(question))
+            return Outcome("blocked", str(question), question=str(question))
         except ProviderError as exc:
+            if exc.kind == "unreachable":
+                return Outcome("waiting", str(exc), retry_at=exc.retry_at)
             return Outcome("failed", str(exc))
         finally:
             for journal in (self.transcript, self.tool_log, self.llm_log):

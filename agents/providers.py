@@ -13,12 +13,14 @@ will accept, or a context overflow the caller must fix by compressing).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import random
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -27,6 +29,12 @@ from .translate import Completion, Message, from_anthropic, from_openai, to_anth
 
 RETRY_SAME = frozenset({"rate_limit", "server"})
 NEXT_PROVIDER = frozenset({"timeout", "unavailable", "auth", "quota"})
+# Failures that say nothing about the task, only that the provider cannot serve now: past the
+# chain's own retries, the provider cools down (see ProviderHealth), and a task is not failed for it.
+# A rejected key or exhausted quota needs a person (a new key in .env resets the cooldowns); until
+# then the tasks wait, saying why, instead of failing one after the other.
+COOL_DOWN = {"unavailable": "unreachable", "rate_limit": "rate limited", "auth": "rejected its key",
+             "quota": "out of quota"}
 QUOTA_WORDS = ("insufficient_quota", "quota", "billing", "credit balance", "payment", "spend limit")
 CONTEXT_WORDS = ("context length", "context_length", "maximum context", "prompt is too long", "too many tokens",
                  "context window")
@@ -34,9 +42,10 @@ CONTEXT_WORDS = ("context length", "context_length", "maximum context", "prompt 
 
 class ProviderError(Exception):
     def __init__(self, kind: str, message: str, *, provider: str = "", retry_after: float | None = None,
-                 status: int | None = None) -> None:
+                 status: int | None = None, retry_at: float | None = None) -> None:
         super().__init__(message)
         self.kind = kind
+        self.retry_at = retry_at  # "unreachable": when (epoch seconds) the first provider may be tried again
         self.provider = provider
         self.retry_after = retry_after
         self.status = status
@@ -96,7 +105,25 @@ class Provider(Protocol):
     config: ProviderConfig
 
     def complete(self, messages: list[Message], tools: list[dict[str, Any]] | None, *,
-                 max_tokens: int | None = None) -> Completion: ...
+                 max_tokens: int | None = None, stop: threading.Event | None = None) -> Completion: ...
+
+
+def abort(chain: Iterable[Any]) -> None:
+    """Cut the requests in flight on these providers (a stop, a cancelled task): a model must not
+    keep generating, and billing, an answer nobody will read. Providers without `abort` are left."""
+    for provider in chain:
+        cut = getattr(provider, "abort", None)
+        if cut is not None:
+            with contextlib.suppress(Exception):
+                cut()
+
+
+def _until(events: Iterable[Any], stop: threading.Event | None) -> Iterator[Any]:
+    """A stream's events, ended by `stop` between two of them."""
+    for event in events:
+        if stop is not None and stop.is_set():
+            raise InterruptedError
+        yield event
 
 
 def _key(config: ProviderConfig, default_env: str) -> str:
@@ -150,8 +177,15 @@ class _SDKProvider:
             self._client = self._new_client(self._sdk, _key(self.config, self.key_env))
         return self._client
 
+    def abort(self) -> None:
+        """Close the client, which closes its connections and so every request in flight on it (the
+        thread waiting on one gets an error); the next call opens a new client."""
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
     def complete(self, messages: list[Message], tools: list[dict[str, Any]] | None, *,
-                 max_tokens: int | None = None) -> Completion:
+                 max_tokens: int | None = None, stop: threading.Event | None = None) -> Completion:
         client = self._connect()
         path, body, response_type = self._request(messages, tools, max_tokens or self.config.max_tokens)
         try:
@@ -161,8 +195,8 @@ class _SDKProvider:
             # per chunk; a read timeout or a dropped connection mid-stream raises the SDK's errors.
             stream = client.post(path, body={**body, **self._stream_fields()}, cast_to=object, stream=True,
                                  stream_cls=self._sdk.Stream[object])
-            with stream:
-                return self._read(self._assemble(stream))
+            with stream:  # leaving it closes the connection: a stop mid-stream ends the answer there
+                return self._read(self._assemble(_until(stream, stop)))
         except (self._sdk_error(), *self._transport_errors()) as exc:
             raise _provider_error(self._sdk, exc, self.config.name) from None
 
@@ -269,6 +303,62 @@ def next_step(error: ProviderError, attempt: int, policy: RetryPolicy, rng: rand
     return "raise", 0.0
 
 
+@dataclass(frozen=True)
+class CooldownPolicy:
+    base: float = 5.0     # seconds after the first refused connection, doubling with each one in a row
+    cap: float = 300.0
+    jitter: float = 0.2   # +/- this fraction, so a team's agents do not all knock again at once
+
+
+def cooldown_delay(failures: int, policy: CooldownPolicy, rand: float) -> float:
+    """Seconds a provider that refused `failures` connections in a row is left alone (pure):
+    `base` doubling up to `cap`, spread by +/- `jitter` with `rand` in [0, 1)."""
+    if failures <= 0:
+        return 0.0
+    delay = min(policy.cap, policy.base * 2 ** min(failures - 1, 32))
+    return delay * (1 - policy.jitter + 2 * policy.jitter * rand)
+
+
+def retry_label(moment: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(moment))
+
+
+class ProviderHealth:
+    """Which providers of an agent are cooling down, and until when: after refusing connections
+    (the server is not there), or rate limiting past the chain's retries. A task never spends an
+    attempt on that: the chain skips a cooling provider, and a chain with nothing else to try ends
+    in an "unreachable" error that gives the task back."""
+
+    def __init__(self, policy: CooldownPolicy = CooldownPolicy(), clock: Callable[[], float] = time.time,
+                 rng: random.Random | None = None) -> None:
+        self.policy = policy
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.failures: dict[str, int] = {}
+        self.until: dict[str, tuple[float, str]] = {}
+        self._lock = threading.Lock()
+
+    def refused(self, name: str, why: str = "unreachable", at_least: float = 0.0) -> float:
+        """Note a refusal (`why`: unreachable, rate limited); returns when the provider may be tried
+        again: after its cooldown, and never before `at_least` seconds (a retry-after)."""
+        with self._lock:
+            self.failures[name] = self.failures.get(name, 0) + 1
+            delay = max(at_least, cooldown_delay(self.failures[name], self.policy, self.rng.random()))
+            self.until[name] = (self.clock() + delay, why)
+            return self.until[name][0]
+
+    def answered(self, name: str) -> None:
+        with self._lock:
+            self.failures.pop(name, None)
+            self.until.pop(name, None)
+
+    def cooling(self, name: str) -> tuple[float, str] | None:
+        """When a cooling provider may be tried again and why it cools, or None when it may be tried now."""
+        with self._lock:
+            entry = self.until.get(name)
+            return entry if entry is not None and entry[0] > self.clock() else None
+
+
 @dataclass
 class Attempt:
     provider: str
@@ -283,21 +373,43 @@ def complete_with_fallback(
     chain: list[Provider], messages: list[Message], tools: list[dict[str, Any]] | None, *,
     policy: RetryPolicy = RetryPolicy(), log: Callable[[Attempt], None] = lambda attempt: None,
     sleep: Callable[[float], None] = time.sleep, rng: random.Random | None = None,
+    stop: threading.Event | None = None, health: ProviderHealth | None = None,
 ) -> Completion:
-    """Call the chain in order until one provider answers; every attempt goes to `log`."""
+    """Call the chain in order until one provider answers; every attempt goes to `log`. Once `stop`
+    is set no further attempt is made (InterruptedError): a stopped or cancelled task spends nothing.
+    With `health`, a provider cooling down is skipped, and one that refuses the connection or rate
+    limits past the retries starts cooling; when every provider failed that way the error's kind is
+    "unreachable" (not the task's fault: it waits for the provider) with the moment the first may be
+    tried again."""
     rng = rng or random.Random()
     errors: list[str] = []
+    refused: dict[str, tuple[float, str]] = {}  # provider -> when it may be tried again, and why not now
+    if stop is not None:
+        sleep = stop.wait
     for provider in chain:
+        name = provider.config.name
+        cooling = health.cooling(name) if health is not None else None
+        if cooling is not None:
+            refused[name] = cooling
+            errors.append(f"{name}: {cooling[1]}, cooling down until {retry_label(cooling[0])}")
+            continue
         attempt = 0
         while True:
             attempt += 1
+            if stop is not None and stop.is_set():
+                raise InterruptedError
             started = time.monotonic()
             try:
-                completion = provider.complete(messages, tools)
+                completion = provider.complete(messages, tools, **({"stop": stop} if stop is not None else {}))
             except ProviderError as error:
+                if stop is not None and stop.is_set():
+                    raise InterruptedError from None  # the error is our own abort
                 log(Attempt(provider.config.name, provider.config.model, error.kind, time.monotonic() - started,
                             error=str(error)))
                 action, delay = next_step(error, attempt, policy, rng)
+                if health is not None and action == "next" and error.kind in COOL_DOWN:
+                    why = COOL_DOWN[error.kind]
+                    refused[name] = (health.refused(name, why, error.retry_after or 0.0), why)
                 if action == "raise":
                     raise
                 if action == "retry":
@@ -307,5 +419,11 @@ def complete_with_fallback(
                 break
             log(Attempt(provider.config.name, provider.config.model, "ok", time.monotonic() - started,
                         completion=completion))
+            if health is not None:
+                health.answered(name)
             return completion
+    if chain and {provider.config.name for provider in chain} <= set(refused):
+        retry_at = min(until for until, _why in refused.values())
+        said = "; ".join(f"provider {name} {why}" for name, (_until, why) in refused.items())
+        raise ProviderError("unreachable", f"{said}, retry at {retry_label(retry_at)}", retry_at=retry_at)
     raise ProviderError("exhausted", "every provider failed: " + "; ".join(errors) if errors else "no provider")

@@ -24,6 +24,7 @@ KEYED = (
 )
 LOCAL_PORTS = ((11434, "ollama"), (1234, "lm-studio"), (8000, "vllm"), (8080, "llama.cpp"))
 PROBE_TIMEOUT = 0.3
+REACH_TIMEOUT = 2.0
 
 
 def probe_models(base_url: str, timeout: float = PROBE_TIMEOUT) -> list[str] | None:
@@ -35,6 +36,24 @@ def probe_models(base_url: str, timeout: float = PROBE_TIMEOUT) -> list[str] | N
         return None
     models = data.get("data") if isinstance(data, dict) else None
     return [str(m.get("id")) for m in models if isinstance(m, dict) and m.get("id")] if isinstance(models, list) else []
+
+
+def unreachable(config: ProviderConfig, timeout: float = REACH_TIMEOUT) -> str | None:
+    """Why a provider's server cannot be reached, or None when it answers: one short GET of its model
+    list, without a key and around any proxy. Any HTTP answer (401, 404 included) means a server is
+    there. A provider without a base_url (the SDK's cloud endpoint) is not probed: None."""
+    if not config.base_url:
+        return None
+    path = "/v1/models" if config.kind == "anthropic" else "/models"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(f"{config.base_url.rstrip('/')}{path}", timeout=timeout):
+            return None
+    except urllib.error.HTTPError:
+        return None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        return str(reason) or type(reason).__name__
 
 
 def resolve_auto(env: Mapping[str, str], probe: Callable[[str], list[str] | None] = probe_models,

@@ -5,7 +5,10 @@ done with its result, exactly like a model's tool call. A resumed task (by this 
 reclaim, by another one, whose records are copied over) takes the results of the steps completed
 before and runs the rest. A step that was running when its agent died is run again if its tool is
 idempotent; if not, running it again could double its effect, so the task is blocked for a person,
-and runs it again only once a person has moved the task back to todo (`task retry`).
+and runs it again only once a person has moved the task back to todo (`task retry`). An
+`ask_human` step blocks the task with its question; once a person answers (`task answer`), the
+answer is that step's result. A step refused outright (unknown tool, a capability not granted, bad
+arguments) fails the task at once: no attempt would go differently.
 
 Steps run with the rights of whoever wrote them, never more: a person's task (a drop, `task add`)
 with the claiming agent's capabilities, a task an agent put on the board with the capabilities the
@@ -26,8 +29,8 @@ from hermes_sup.kanban.faults import fault
 from hermes_sup.kanban.task import now_iso
 
 from .journal import Journal
-from .loop import MAX_RESULT_CHARS, holders
-from .tools import Toolbox, ToolContext, ToolError, run_step
+from .loop import ASK_HUMAN, MAX_RESULT_CHARS, answer_since, holders
+from .tools import NeedsPerson, Refused, Toolbox, ToolContext, ToolError, run_step
 
 TURN = "steps"
 # Who `history[0].by` names when a person made the task: `task add` and the drop zone's ingest.
@@ -100,6 +103,8 @@ class Outcome:
     kind: str  # done, failed, blocked
     results: list[Any] = field(default_factory=list)
     reason: str = ""
+    question: str | None = None  # blocked by an ask_human step: what it asks a person
+    permanent: bool = False  # failed in a way no further attempt can change
 
 
 class StepRun:
@@ -135,6 +140,12 @@ class StepRun:
                 raise InterruptedError
             self.on_step(index + 1)
             tool = self.toolbox.get(name)
+            answer = answer_since(self.task, seen.started[call_id]) if (
+                name == ASK_HUMAN and call_id in seen.started) else None
+            if answer is not None:  # the step asked, the task blocked, a person answered: its result
+                self._done(call_id, name, answer, "ok", time.monotonic())
+                results.append(answer)
+                continue
             if call_id in seen.started and not (tool and tool.idempotent) and not retried_since(
                     self.task, seen.started[call_id]):
                 return Outcome("blocked", results, (
@@ -148,11 +159,16 @@ class StepRun:
             fault("step-started")
             try:
                 value = run_step(self.ctx, step, self.toolbox)
+            except NeedsPerson as question:  # stays started: the answer, once given, is its result
+                return Outcome("blocked", results, f"step {index + 1} asks: {question}", question=str(question))
             except ToolError as exc:
                 if self.ctx.stop.is_set():
                     raise InterruptedError from None
                 self._done(call_id, name, f"error: {exc}", "error", started)
-                return Outcome("failed", results, f"step {index + 1} ({name}): {exc}")
+                # A refused step (unknown tool, a capability the agent lacks, bad arguments) is
+                # refused again on every attempt: the task fails now, not after max_attempts.
+                return Outcome("failed", results, f"step {index + 1} ({name}): {exc}",
+                               permanent=isinstance(exc, Refused))
             self._done(call_id, name, value, "ok", started)
             fault("step-done")
             results.append(value)

@@ -21,6 +21,10 @@ from .tools import Tool, ToolContext, ToolError, register
 DEFAULT_TIMEOUT = 60.0
 MAX_TIMEOUT = 600.0
 MAX_OUTPUT = 20_000
+# The signals our own stops send (down, restart, the memory limit, a cancel), and how long a command
+# ended by one waits for the agent's stop request to arrive before its exit counts as a result.
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL})
+STOP_GRACE = 2.0
 
 # Rule name -> pattern. The names are what `terminal.approve` lists to allow one.
 DENY_RULES: dict[str, re.Pattern[str]] = {
@@ -75,6 +79,8 @@ def terminal(ctx: ToolContext, args: dict[str, Any]) -> str:
         output, timed_out = _communicate(proc, ctx, timeout)
     finally:
         _kill_group(proc)  # what the command left running in the background goes with it
+    if not timed_out and _stopped_by_us(ctx, proc.returncode):
+        raise InterruptedError
     text = _cap(output.decode("utf-8", "replace"))
     if timed_out:
         raise ToolError(f"timed out after {timeout:g} s (the command's processes were killed)\n{text}")
@@ -98,6 +104,24 @@ def _communicate(proc: subprocess.Popen[bytes], ctx: ToolContext, timeout: float
             if time.monotonic() >= deadline:
                 _kill_group(proc)
                 return proc.communicate()[0], True
+
+
+def died_of(returncode: int | None) -> int | None:
+    """The signal a command died of, from its exit status: negative when the shell itself was
+    killed, 128 + N when the shell reports a child killed by N (pure)."""
+    if returncode is None or returncode == 0:
+        return None
+    if returncode < 0:
+        return -returncode
+    return returncode - 128 if 128 < returncode < 160 else None
+
+
+def _stopped_by_us(ctx: ToolContext, returncode: int | None) -> bool:
+    """Whether a command was ended by our own stop. The supervisor signals the agent's whole session
+    at once, so the command may die before the agent has turned the signal into its stop request: a
+    command ended by a stop signal waits a moment for that request. One killed by anything else, or
+    with no stop following, has its exit status as its result, like any other."""
+    return died_of(returncode) in STOP_SIGNALS and ctx.stop.wait(STOP_GRACE)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

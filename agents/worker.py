@@ -9,26 +9,36 @@ only tasks with steps and leaves the rest in todo, looking for a provider again 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban import Board, BoardError, ClaimLost
+from hermes_sup.kanban import Board, BoardError, ClaimLost, TaskNotFound
 from hermes_sup.kanban.fsio import write_json_atomic
 from hermes_sup.kanban.task import now_iso
 
 from . import builtins  # noqa: F401 - registers the built-in tools
 from .delegation import Delegator
 from .keys import ENV_FILE, KeyFile, key_names
-from .loop import TaskLoop
+from .loop import TaskLoop, interruptible
 from .memory import MemoryFile
 from .notify import NOTIFY_ENV, Notifier
-from .providers import Provider, ProviderConfig, ProviderError, complete_with_fallback, make_provider
+from .providers import (
+    Provider,
+    ProviderConfig,
+    ProviderError,
+    ProviderHealth,
+    abort,
+    complete_with_fallback,
+    make_provider,
+)
 from .routing import chain_for, resolve_auto, task_tier
 from .skills import Skills, prompt_block
 from .steps import StepRun, step_grants
@@ -40,6 +50,25 @@ NO_PROVIDER = "no LLM provider available"
 # at most once a minute, see _resolve_auto).
 OFFLINE_RECHECK = 5.0
 WORKSPACE_ENV = "HERMES_SUP_WORKSPACE"
+# How often the holder of a task looks whether it still holds it (a cancel, a move by hand, a
+# reclaim), and how many looks in a row must say no: work stops within CLAIM_CHECK * CLAIM_LOOKS,
+# plus the moment a tool or a model call takes to notice.
+CLAIM_CHECK = 0.15
+CLAIM_LOOKS = 2
+
+
+def claim_gone(doc: dict[str, Any] | None, token: int) -> str | None:
+    """Why a task's document says its claim `token` is no longer held, or None while it is (pure).
+    None for the document means the task is no longer on the board."""
+    if doc is None:
+        return "it is no longer on the board"
+    claim = doc.get("claim") or {}
+    if doc.get("status") == "doing" and claim.get("token") == token:
+        return None
+    if doc.get("status") == "doing":
+        return f"it was claimed again by {claim.get('agent')}"
+    return f"it was moved to {doc.get('status')}" + (f" ({doc['history'][-1].get('note')})"
+                                                      if doc.get("history") else "")
 
 
 class Agent:
@@ -68,12 +97,17 @@ class Agent:
         self.llm = config.get("llm") or {}
         self.memory = MemoryFile(workdir / "memory" / "MEMORY.md")
         self._providers: dict[str, Provider] = {}
+        self.health = ProviderHealth()
+        # Until when LLM tasks are left in todo because every provider refused its connections
+        # (epoch seconds), and the reason they show meanwhile.
+        self._paused: tuple[float, str] | None = None
         self._auto: tuple[float, ProviderConfig | None] | None = None
         self.keys = KeyFile(workspace / ENV_FILE, key_names(self.llm))
         self.step: int | None = None
         self.provider = "offline"
         self.why_stopping = ""
         self.current: dict[str, Any] | None = None
+        self._halt: threading.Event | None = None  # the current task's stop: ours, or the task taken away
         self._lock = threading.Lock()
         self._log_lock = threading.Lock()
         self._orphaned_since: float | None = None
@@ -84,6 +118,9 @@ class Agent:
         if not self.stop.is_set():
             self.why_stopping = why
             self.stop.set()
+            with self._lock:
+                if self._halt is not None:
+                    self._halt.set()
             self.board.wake()
 
     def beat(self) -> None:
@@ -172,6 +209,8 @@ class Agent:
         if self.keys.refresh():  # a key was added to (or taken out of) .env: look again
             self._providers.clear()
             self._auto = None
+            self.health = ProviderHealth()  # a new key may be what a cooling provider lacked
+            self._paused = None
         chain = self.chain(task_tier({}, self.tier))
         self.provider = chain[0].config.name if chain else "offline"
         return bool(chain)
@@ -193,22 +232,29 @@ class Agent:
             print(f"{self.name}: {note}", flush=True)
         return Toolbox(grants=grants, toolsets=self.toolsets, extra=extra, whose=whose)
 
-    def ask_model(self, tier: str, prompt: str) -> str:
-        """One model call for a tool (a summarize skill, say), on a tier's chain."""
+    def ask_model(self, tier: str, prompt: str, stop: threading.Event | None = None) -> str:
+        """One model call for a tool (a summarize skill, say), on a tier's chain; abandoned (and
+        its request aborted) when `stop` is set."""
         chain = self.chain(tier) or self.chain(task_tier({}, self.tier))
         if not chain:
             raise ToolError(NO_PROVIDER)
+        halt = stop or self.stop
         try:
-            completion = complete_with_fallback(chain, [{"role": "user", "content": prompt}], None)
+            completion = interruptible(lambda: complete_with_fallback(
+                chain, [{"role": "user", "content": prompt}], None, stop=halt, health=self.health), halt,
+                on_stop=lambda: abort(chain))
         except ProviderError as exc:
             raise ToolError(str(exc)) from None
         return completion.message.get("content") or ""
 
-    def context(self, doc: dict[str, Any], grants: tuple[str, ...] | None = None) -> ToolContext:
+    def context(self, doc: dict[str, Any], halt: threading.Event | None = None,
+                grants: tuple[str, ...] | None = None) -> ToolContext:
         # Nothing of the task decides where the tools work: the scratch folder is the agent's own
         # whatever the task says (a task is input, and may come from anyone).
-        return ToolContext(scratch=self.scratch, stop=self.stop, memory=self.memory, board=self.board,
-                           agent=self.name, task=doc, llm=self.ask_model, settings=dict(self.config),
+        stop = halt or self.stop
+        return ToolContext(scratch=self.scratch, stop=stop, memory=self.memory, board=self.board,
+                           agent=self.name, task=doc, llm=lambda tier, prompt: self.ask_model(tier, prompt, stop),
+                           settings=dict(self.config),
                            services={"skills": self.skills, "delegation": self.delegator},
                            grants=self.capabilities if grants is None else grants)
 
@@ -220,60 +266,138 @@ class Agent:
                 found.append(self.board.get(dep))
         return found
 
-    def think(self, doc: dict[str, Any], toolbox: Toolbox) -> None:
+    def think(self, doc: dict[str, Any], toolbox: Toolbox, halt: threading.Event) -> None:
         """Work a task with the LLM loop and close it by its outcome."""
         task_id, token = doc["id"], doc["claim"]["token"]
         chain = self.chain(task_tier(doc, self.tier))
         extra = prompt_block(self.skills.catalog()) if toolbox.get("skill_view") and toolbox.allowed(
             toolbox.get("skill_view")) else ""
-        loop = TaskLoop(task=doc, chain=chain, workdir=self.workdir, ctx=self.context(doc), toolbox=toolbox,
+        loop = TaskLoop(task=doc, chain=chain, workdir=self.workdir, ctx=self.context(doc, halt), toolbox=toolbox,
                         identity=str(self.config.get("identity") or ""), prompt_extra=extra,
                         prices=self.llm.get("prices") or {},
                         max_iterations=int(self.config.get("max_iterations") or 60),
                         max_tokens=self.config.get("max_tokens"), max_cost=self.config.get("max_cost"),
                         context_window=min((p.config.context_window for p in chain), default=128_000),
                         summarizer=self.chain("cheap") or chain, on_step=self._on_step, agent=self.name,
-                        inputs=self.inputs(doc))
+                        inputs=self.inputs(doc), complete=functools.partial(complete_with_fallback, health=self.health))
         try:
             outcome = loop.run()
         except InterruptedError:
-            self._give_back(task_id, token)
+            self._interrupted(task_id, token)
             return
         for note in loop.notes:
             print(f"{self.name}: {note}", flush=True)
-        self._close(task_id, token, outcome.kind, {"answer": outcome.text}, outcome.text)
+        if outcome.kind == "waiting":
+            self._wait_for_provider(task_id, token, outcome.text, outcome.retry_at)
+            return
+        self._close(task_id, token, outcome.kind, {"answer": outcome.text}, outcome.text, outcome.question)
 
-    def _close(self, task_id: str, token: int, kind: str, result: dict[str, Any], reason: str) -> None:
-        """Close a worked task by its outcome: done with `result`, else blocked or failed for `reason`."""
+    def _close(self, task_id: str, token: int, kind: str, result: dict[str, Any], reason: str,
+               question: str | None = None, permanent: bool = False) -> None:
+        """Close a worked task by its outcome: done with `result`, else blocked or failed for `reason`;
+        blocked on a `question` until a person answers it."""
         try:
             if kind == "done":
                 self.board.complete(task_id, token, result)
+            elif kind == "blocked" and question is not None:
+                self.board.block(task_id, token, f"question: {question} (answer it with `hermes-sup task answer "
+                                                 f"{task_id} TEXT`)", question=question)
             elif kind == "blocked":
                 self.board.block(task_id, token, reason)
             else:
-                self.board.fail(task_id, token, reason)
+                self.board.fail(task_id, token, reason, permanent=permanent)
         except ClaimLost as exc:
             print(f"{self.name}: lost task {task_id}: {exc}", file=sys.stderr, flush=True)
 
-    def _give_back(self, task_id: str, token: int) -> None:
-        # Stopping is not the task's fault: the attempt is given back.
+    def _wait_for_provider(self, task_id: str, token: int, reason: str, retry_at: float | None) -> None:
+        """Every provider refused its connection: the task goes back to todo with its attempt (a
+        server that is not there is not the task's fault), and LLM tasks wait, saying why, until the
+        first provider may be tried again."""
+        self._paused = (retry_at if retry_at is not None else time.time() + OFFLINE_RECHECK, reason)
+        print(f"{self.name}: {reason}; {task_id} goes back to todo", flush=True)
+        with contextlib.suppress(ClaimLost):
+            self.board.release(task_id, token, f"released: {reason}")
+
+    def _waiting_reason(self) -> tuple[str, float] | None:
+        """Why LLM tasks are left in todo now, and for how long at most, or None when they are not."""
+        if not self.has_llm():
+            return NO_PROVIDER, OFFLINE_RECHECK
+        if self._paused is not None:
+            until, reason = self._paused
+            left = until - time.time()
+            if left > 0:
+                return reason, min(left, OFFLINE_RECHECK)  # .env is looked at again meanwhile
+            self._paused = None
+        return None
+
+    def _interrupted(self, task_id: str, token: int) -> None:
+        """Work on a task stopped part-way: by our own stop (the task is given back, the attempt not
+        counted: stopping is not the task's fault), or because the task was taken from us (cancelled,
+        moved by hand), when it is no longer ours to write."""
         self.delegator.stop_all()
-        self.board.release(task_id, token, f"released: {self.name} is stopping ({self.why_stopping})")
+        if self.stop.is_set():
+            with contextlib.suppress(ClaimLost):
+                self.board.release(task_id, token, f"released: {self.name} is stopping ({self.why_stopping})")
+                return
+        why = self._claim_lost(task_id, token) or "its claim was lost"
+        print(f"{self.name}: stopped work on {task_id}: {why}", flush=True)
+
+    def _claim_lost(self, task_id: str, token: int) -> str | None:
+        try:
+            return claim_gone(self.board.get(task_id), token)
+        except TaskNotFound:
+            return claim_gone(None, token)
+        except BoardError:
+            return None  # a damaged file is not a cancel: look again
+
+    def _watch_claim(self, task_id: str, token: int, halt: threading.Event, finished: threading.Event) -> None:
+        """Set `halt` once the task is no longer ours, so that no further step, tool call or model
+        call is made for it."""
+        looks = 0
+        while not finished.wait(CLAIM_CHECK) and not halt.is_set():
+            looks = looks + 1 if self._claim_lost(task_id, token) else 0
+            if looks >= CLAIM_LOOKS:
+                halt.set()
 
     def work(self, doc: dict[str, Any]) -> None:
+        task_id, token = doc["id"], doc["claim"]["token"]
+        halt, finished = threading.Event(), threading.Event()
+        with self._lock:
+            self._halt = halt
+        if self.stop.is_set():
+            halt.set()
+        threading.Thread(target=self._watch_claim, args=(task_id, token, halt, finished), name="claim",
+                         daemon=True).start()
+        try:
+            self._work(doc, halt)
+        except InterruptedError:
+            self._interrupted(task_id, token)
+        except Exception as exc:
+            # A bug, or a task whose input trips one, must not take the agent down: a crash would
+            # cost the task an attempt all the same, then restart the agent for each attempt.
+            traceback.print_exc()
+            self._close(task_id, token, "failed", {}, f"the agent could not work this task: "
+                                                      f"{type(exc).__name__}: {exc}")
+        finally:
+            finished.set()
+            with self._lock:
+                self._halt = None
+
+    def _work(self, doc: dict[str, Any], halt: threading.Event) -> None:
         if not doc.get("steps"):
-            self.think(doc, self.toolbox())
+            self.think(doc, self.toolbox(), halt)
             return
         toolbox = self.toolbox(*step_grants(self.capabilities, doc))  # the rights of whoever wrote them
         task_id, token = doc["id"], doc["claim"]["token"]
-        run = StepRun(task=doc, workdir=self.workdir, ctx=self.context(doc, toolbox.grants), toolbox=toolbox,
+        run = StepRun(task=doc, workdir=self.workdir, ctx=self.context(doc, halt, toolbox.grants), toolbox=toolbox,
                       agent=self.name, on_step=self._on_step)
         try:
             outcome = run.run()
         except InterruptedError:
-            self._give_back(task_id, token)
+            self._interrupted(task_id, token)
             return
-        self._close(task_id, token, outcome.kind, {"steps": outcome.results}, outcome.reason)
+        self._close(task_id, token, outcome.kind, {"steps": outcome.results}, outcome.reason, outcome.question,
+                    outcome.permanent)
 
     def _only_task_closed(self) -> bool:
         try:
@@ -309,12 +433,12 @@ class Agent:
             if self.only_task is not None and self._only_task_closed():
                 self.request_stop(f"its task {self.only_task} is closed")
                 break
-            # Without an LLM provider only tasks with steps can be done; the others wait in todo,
-            # saying why, until a provider appears.
-            offline = not self.has_llm()
-            self.board.mark_waiting(NO_PROVIDER if offline else None)
-            doc = self.board.wait_for_work(self.name, roles=self.roles, stop=self.stop, steps_only=offline,
-                                           timeout=OFFLINE_RECHECK if offline else 60,
+            # Without an LLM provider (none configured, or every one refusing connections) only
+            # tasks with steps can be done; the others wait in todo, saying why, until one is there.
+            waiting = self._waiting_reason()
+            self.board.mark_waiting(waiting[0] if waiting else None)
+            doc = self.board.wait_for_work(self.name, roles=self.roles, stop=self.stop, steps_only=waiting is not None,
+                                           timeout=waiting[1] if waiting else 60,
                                            assigned_only=self.only_task is not None)
             if doc is None:
                 continue

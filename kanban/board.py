@@ -911,13 +911,20 @@ class Board:
     def complete(self, task_id: str, token: int, result: Any = None) -> TaskDoc:
         return self._finish(task_id, token, "done", "completed", result=result, error=None)
 
-    def fail(self, task_id: str, token: int, error: str) -> TaskDoc:
-        """A failed attempt: back to todo, or to failed once max_attempts is reached."""
+    def fail(self, task_id: str, token: int, error: str, *, permanent: bool = False) -> TaskDoc:
+        """A failed attempt: back to todo, or to failed once max_attempts is reached. A `permanent`
+        failure (one no further attempt can change) goes to failed at once."""
+        if permanent:
+            return self._finish(task_id, token, "failed", f"cannot succeed, not retried: {error}", error=error)
         return self._finish(task_id, token, "todo?", error, error=error)
 
-    def block(self, task_id: str, token: int, reason: str) -> TaskDoc:
-        """The agent cannot finish without a person; `task retry` puts it back."""
-        return self._finish(task_id, token, "blocked", reason, error=reason)
+    def block(self, task_id: str, token: int, reason: str, *, question: str | None = None) -> TaskDoc:
+        """The agent cannot finish without a person; `task retry` puts it back. A task blocked on
+        a `question` waits for `answer`; asking is not a failed attempt, so the attempt is given back."""
+        if question is None:
+            return self._finish(task_id, token, "blocked", reason, error=reason)
+        return self._finish(task_id, token, "blocked", reason, error=reason, question=question,
+                            _return_attempt=True)
 
     def release(self, task_id: str, token: int, note: str = "released", *, count_attempt: bool = False) -> TaskDoc:
         """Give the task back to todo; an interrupted attempt (shutdown, restart) is not counted."""
@@ -1012,6 +1019,8 @@ class Board:
             if doc["status"] == to:
                 raise InvalidTransition(f"task {task_id} is already {to}")
             changes: dict[str, Any] = {"claim": None}
+            if doc.get("question"):
+                changes["question"] = None  # moved on without an answer: it waits on it no more
             if doc.get("claim"):
                 note = f"{note}; " if note else ""
                 note += f"claim of {doc['claim'].get('agent')} revoked"
@@ -1019,6 +1028,27 @@ class Board:
                 changes["attempts"] = 0
             return self._commit(folder, transition(doc, to, by=by, now=now_iso(), note=note or f"moved to {to}",
                                                    **changes))
+
+    def answer(self, task_id: str, text: str, *, by: str = "cli") -> TaskDoc:
+        """Answer the question a blocked task asked: it goes back to todo with the answer among its
+        comments, marked as the answer to that question, for the agent that takes it next."""
+        if not text.strip():
+            raise InvalidTransition("an answer must not be empty")
+        with self._locked():
+            found = self._locate(task_id)
+            if found is None:
+                raise TaskNotFound(f"no task '{task_id}' on the board {self.root}")
+            folder, path = found
+            doc = self._read(path)
+            question = doc.get("question")
+            if doc["status"] != "blocked" or not question:
+                raise InvalidTransition(f"task {task_id} is {doc['status']} and waits on no question; "
+                                        "`task comment` adds a comment, `task retry` puts a blocked task back")
+            now = now_iso()
+            entry = {"at": now, "by": by, "text": text, "answers": question}
+            return self._commit(folder, transition(doc, "todo", by=by, now=now, note=f"answered by {by}",
+                                                   question=None, error=None,
+                                                   comments=[*(doc.get("comments") or []), entry]))
 
     def cancel(self, task_id: str, *, by: str = "cli") -> TaskDoc:
         doc = self.get(task_id)

@@ -25,7 +25,7 @@ USER_FIELDS = (
 # Fields only the board writes; present in a dropped file (a task copied out of done/, say) they are reset.
 SYSTEM_FIELDS = (
     "attempts", "claims", "claim", "result", "error", "history", "created_at", "updated_at", "source", "waiting",
-    "comments",
+    "comments", "question",
 )
 DEFAULT_MAX_ATTEMPTS = 3
 

@@ -248,6 +248,17 @@ def task_cancel(ctx: click.Context, task_id: str, as_json: bool) -> None:
     _change(ctx, as_json, lambda board: board.cancel(task_id))
 
 
+@task.command("answer")
+@click.argument("task_id", metavar="ID")
+@click.argument("text")
+@json_option
+@click.pass_context
+@handled
+def task_answer(ctx: click.Context, task_id: str, text: str, as_json: bool) -> None:
+    """Answer the question a blocked task asked: it goes back to todo, the answer in its next message."""
+    _change(ctx, as_json, lambda board: board.answer(task_id, text))
+
+
 @task.command("retry")
 @click.argument("task_id", metavar="ID")
 @json_option

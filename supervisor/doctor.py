@@ -9,7 +9,7 @@ import shutil
 from typing import Any
 
 from hermes_sup.agents.keys import AUTO_KEYS, ENV_FILE, KeyFile, key_names
-from hermes_sup.agents.routing import provider_configs, resolve_auto
+from hermes_sup.agents.routing import REACH_TIMEOUT, provider_configs, resolve_auto, unreachable
 from hermes_sup.kanban import Board, BoardError
 from hermes_sup.kanban.board import ALLOW_NETWORK_FS_ENV
 from hermes_sup.kanban.events import read_all
@@ -57,9 +57,15 @@ def run_checks(ws: Workspace) -> list[Check]:
         if provider.api_key_env and not env.get(provider.api_key_env):
             checks.append(_check(f"provider {name}", "info",
                                  f"${provider.api_key_env} is not set; left out of its tiers"))
+        elif not provider.base_url:
+            checks.append(_check(f"provider {name}", "ok", f"{provider.kind}, model {provider.model} "
+                                 "(the SDK's default endpoint, not probed)"))
         else:
-            checks.append(_check(f"provider {name}", "ok", f"{provider.kind}, model {provider.model}"
-                                 + (f" at {provider.base_url}" if provider.base_url else "")))
+            why = unreachable(provider)
+            where = f"{provider.kind}, model {provider.model} at {provider.base_url}"
+            checks.append(_check(f"provider {name}", "warn", f"{where}: unreachable ({why}) within "
+                                 f"{REACH_TIMEOUT:g} s; its tasks wait until it answers") if why else
+                          _check(f"provider {name}", "ok", f"{where}: reachable"))
 
     try:
         board = Board(ws.board_path)

@@ -6,7 +6,8 @@ A reply is a dict: {"json": body} (200 with that body), {"status": 429, "headers
 {"delay": seconds, ...} (answer late, to trigger a client timeout), or {"close": True} (drop the
 connection). A request with "stream": true gets a 200 reply as server-sent events, cut the way the
 real APIs cut them (text in small pieces, tool arguments in fragments, usage at the end);
-{"stall": seconds} then pauses after the first event, to time out mid-stream.
+{"stall": seconds} then pauses after the first event, to time out mid-stream, and {"drip": seconds}
+between every two events, for a long answer; a stream the client cut is marked `aborted` in its request.
 """
 
 from __future__ import annotations
@@ -137,9 +138,10 @@ class ScriptedLLM:
                 length = int(self.headers.get("content-length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
                 api = "anthropic" if self.path.rstrip("/").endswith("/messages") else "openai"
+                record = {"api": api, "path": self.path, "body": body,
+                          "headers": {k.lower(): v for k, v in self.headers.items()}}
                 with server._lock:
-                    server.requests.append({"api": api, "path": self.path, "body": body,
-                                            "headers": {k.lower(): v for k, v in self.headers.items()}})
+                    server.requests.append(record)
                     if server.responder is not None:
                         reply = None
                     else:
@@ -157,11 +159,11 @@ class ScriptedLLM:
                     self.connection.close()
                     return
                 if body.get("stream") and reply.get("status", 200) == 200:
-                    self._stream(api, reply)
+                    self._stream(api, reply, record)
                     return
                 self._send(reply.get("status", 200), reply.get("json", {}), reply.get("headers", {}))
 
-            def _stream(self, api: str, reply: dict[str, Any]) -> None:
+            def _stream(self, api: str, reply: dict[str, Any], record: dict[str, Any]) -> None:
                 if api == "openai":
                     frames = [f"data: {json.dumps(chunk)}\n\n" for chunk in openai_events(reply["json"])]
                     frames.append("data: [DONE]\n\n")
@@ -178,9 +180,12 @@ class ScriptedLLM:
                         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                         self.wfile.flush()
                     except OSError:
+                        record["aborted"] = True
                         return  # the client gave up (a timeout, or a stop)
                     if index == 0 and reply.get("stall"):
                         time.sleep(reply["stall"])
+                    if reply.get("drip"):
+                        time.sleep(reply["drip"])
                 with contextlib.suppress(OSError):
                     self.wfile.write(b"0\r\n\r\n")
 

@@ -53,6 +53,13 @@ def make_loop(llm, tmp_path, name: str = "agent", task: dict | None = None, **kw
                     agent=name, **kwargs)
 
 
+def tool_log(tmp_path, name: str = "agent") -> list[dict]:
+    """The agent's tool-call log, as (tool, call id, status, outcome) per record."""
+    path = tmp_path / name / "tool_calls.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [(r["tool"], r["call_id"], r["status"], r.get("outcome")) for r in records]
+
+
 def claimed_by(*names: str) -> dict:
     return {**TASK, "history": [{"by": name, "from": "todo", "to": "doing"} for name in names]}
 
@@ -79,6 +86,13 @@ def test_multi_step_tool_use_to_a_final_answer(llm, tmp_path, counter):
     assert llm.requests[0]["body"]["tools"] == last_request["tools"], "tool schemas are byte-stable across turns"
     calls = [json.loads(line) for line in (tmp_path / "agent/llm_calls.jsonl").read_text().splitlines()]
     assert [c["outcome"] for c in calls] == ["ok", "ok", "ok"] and calls[0]["tokens_in"] == 100
+    assert tool_log(tmp_path) == [
+        ("write_file", "call_0", "started", None), ("write_file", "call_0", "done", "ok"),
+        ("read_file", "call_0", "started", None), ("read_file", "call_0", "done", "ok"),
+        ("bump", "call_1", "started", None), ("bump", "call_1", "done", "ok")]
+    records = [json.loads(line) for line in (tmp_path / "agent/tool_calls.jsonl").read_text().splitlines()]
+    assert records[0]["args"] == {"path": "n.txt", "content": "7"} and records[3]["result"] == "7"
+    assert len({r["turn"] for r in records}) == 2, "calls are logged by turn: call_0 twice is two calls"
 
 
 def test_a_resumed_task_does_not_run_a_completed_call_again(llm, tmp_path, counter):
@@ -87,9 +101,12 @@ def test_a_resumed_task_does_not_run_a_completed_call_again(llm, tmp_path, count
     first = make_loop(llm, tmp_path).run()  # the call ran; then every provider failed: like a crash
     assert first.kind == "failed" and counter() == ["1"]
     llm.script("openai", openai_reply("done after the restart"))
+    assert tool_log(tmp_path) == [("bump", "call_0", "started", None), ("bump", "call_0", "done", "ok")]
     second = make_loop(llm, tmp_path).run()
     assert (second.kind, second.text) == ("done", "done after the restart")
     assert counter() == ["1"], "the completed call was not executed twice"
+    assert tool_log(tmp_path) == [("bump", "call_0", "started", None), ("bump", "call_0", "done", "ok")], \
+        "the resumed run took the logged result and logged no new call"
     assert llm.requests[-1]["body"]["messages"][-1]["content"] == "bumped 1"
 
 
@@ -133,20 +150,29 @@ def test_an_interrupted_call_is_rerun_only_if_idempotent(llm, tmp_path, counter)
     sent = llm.requests[-1]["body"]["messages"]
     assert sent[-2]["content"].startswith("interrupted: bump was running")
     assert sent[-1]["content"] == "bumped 2"
+    assert tool_log(tmp_path) == [("bump", "c1", "started", None), ("bump_safe", "c2", "started", None),
+                                  ("bump_safe", "c2", "started", None), ("bump_safe", "c2", "done", "ok")], \
+        "the unsafe call was not started again; the safe one was, and completed"
 
 
 def test_ask_human_blocks_and_tool_errors_go_back_to_the_model(llm, tmp_path):
     llm.script("openai", openai_reply(tool_calls=[("read_file", {"path": "missing.txt"})]),
                openai_reply(tool_calls=[("ask_human", {"question": "Which file did you mean?"})]))
     outcome = make_loop(llm, tmp_path).run()
-    assert (outcome.kind, outcome.text) == ("blocked", "Which file did you mean?")
+    assert (outcome.kind, outcome.text, outcome.question) == ("blocked", "Which file did you mean?",
+                                                               "Which file did you mean?")
     assert llm.requests[1]["body"]["messages"][-1]["content"] == "error: no such file: missing.txt"
+    assert tool_log(tmp_path) == [("read_file", "call_0", "started", None), ("read_file", "call_0", "done", "error"),
+                                  ("ask_human", "call_0", "started", None)], "the question waits, unanswered"
+    assert len(llm.requests) == 2, "no model call after the question"
 
 
 def test_the_same_call_with_the_same_result_is_stuck(llm, tmp_path):
     llm.script("openai", *[openai_reply(tool_calls=[("read_file", {"path": "x"})]) for _ in range(5)])
     outcome = make_loop(llm, tmp_path).run()
-    assert outcome.kind == "failed" and outcome.text.startswith("stuck")
+    assert (outcome.kind, outcome.text) == ("failed", "stuck: the same tool call returned the same result 3 times "
+                                                      "in a row")
+    assert len(llm.requests) == 3 and tool_log(tmp_path).count(("read_file", "call_0", "done", "error")) == 3
 
 
 def test_a_tool_call_written_as_text_is_run(llm, tmp_path):
@@ -155,12 +181,16 @@ def test_a_tool_call_written_as_text_is_run(llm, tmp_path):
                openai_reply("Noted."))
     assert make_loop(llm, tmp_path).run().kind == "done"
     assert "The user likes tea." in (tmp_path / "agent" / "MEMORY.md").read_text()
+    assert [(tool, status, outcome) for tool, _id, status, outcome in tool_log(tmp_path)] == [
+        ("memory", "started", None), ("memory", "done", "ok")]
+    assert llm.requests[1]["body"]["messages"][-1]["role"] == "tool", "the model got the call's result"
 
 
 def test_the_iteration_limit_fails_the_task(llm, tmp_path):
     llm.script("openai", *[openai_reply(tool_calls=[("wait", {"seconds": i / 1000})]) for i in range(3)])
     outcome = make_loop(llm, tmp_path, max_iterations=2).run()
     assert (outcome.kind, outcome.text) == ("failed", "no final answer after 2 model turns")
+    assert len(llm.requests) == 2, "the limit counts model turns"
 
 
 def test_the_fixed_prompt_overhead_stays_small():
@@ -258,6 +288,7 @@ def test_malformed_tool_arguments_go_back_to_the_model_as_an_error(llm, tmp_path
     assert make_loop(llm, tmp_path).run().kind == "done"
     sent = llm.requests[1]["body"]["messages"][-1]
     assert sent["role"] == "tool" and sent["content"].startswith("refused: invalid arguments for read_file: not JSON")
+    assert tool_log(tmp_path) == [("read_file", "call_0", "done", "refused")], "refused, so never started"
 
 
 def test_the_first_message_carries_the_dependencies_results_and_the_comments():
