@@ -1,0 +1,196 @@
+"""Who owns an agent's processes: never two processes for one agent, nothing left running after `down`,
+not even after a supervisor crash, and a reused pid is never taken for an agent. Real processes,
+signals and cgroups."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+from hermes_sup.kanban import Board
+from hermes_sup.supervisor import cgroups
+from hermes_sup.supervisor.procs import MARKER_ENV, Marker, marked, marker_value
+from hermes_sup.supervisor.runner import Supervisor
+from hermes_sup.supervisor.workspace import Workspace, load_config
+
+from . import test_supervisor
+from .conftest import CLI, ROOT, gone, wait_until
+from .test_supervisor import FAKE, agent, hermes, make_ws
+
+up = test_supervisor.up  # the fixture that runs `hermes-sup up` and cleans up after it
+
+BEAT = f"command: [{sys.executable}, {FAKE}, beat]"
+
+
+def instances(ws: Path, name: str) -> set[str]:
+    """The agent instances (one per start) that have a live process carrying their marker."""
+    return {p.marker.nonce for p in marked(ws) if p.marker.agent == name}
+
+
+def test_down_after_a_supervisor_crash_stops_the_agents_it_left(tmp_path, up):
+    # A long grace: the agents do not leave by themselves while the test looks.
+    ws = make_ws(tmp_path, "- name: worker\n  roles: [work]\n", defaults="orphan_grace: 600\n")
+    board = Board(ws / "kanban")
+    task = board.add({"title": "long", "role": "work", "steps": [{"tool": "wait", "args": {"seconds": 120}}]})
+    sup = up(ws)
+    wait_until(lambda: board.get(task["id"])["status"] == "doing", timeout=30)
+    pid = agent(ws, "worker")["pid"]
+    sup.kill()
+    sup.wait(timeout=10)
+    done = hermes(ws, "down", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["message"] == "not running" and report["stopped_orphans"] >= 1, report  # the agent and its helpers
+    assert gone(pid)
+    released = board.get(task["id"])
+    assert released["status"] == "todo" and released["attempts"] == 0, "stopped by SIGTERM: the claim was given back"
+    assert hermes(ws, "down").stdout.strip() == "hermes-sup is not running in this workspace"
+
+
+def test_an_up_after_a_crash_before_the_state_was_saved_runs_one_process_per_agent(tmp_path, up):
+    ws = make_ws(tmp_path, "- name: worker\n", defaults="orphan_grace: 600\n")
+    sup = up(ws)
+    wait_until(lambda: agent(ws, "worker").get("state") == "running", timeout=30)
+    old = agent(ws, "worker")["pid"]
+    sup.kill()
+    sup.wait(timeout=10)
+    (ws / "runs" / "supervisor.json").unlink()  # as if it died before its first save
+    up(ws)
+    wait_until(lambda: agent(ws, "worker").get("state") == "running", timeout=30)
+    assert agent(ws, "worker")["pid"] != old
+    assert gone(old), "the old process was stopped, not left beside the new one"
+    assert len(instances(ws, "worker")) == 1
+
+
+def test_an_agent_leaves_when_the_supervisor_it_reaches_does_not_run_it(tmp_path):
+    # A supervisor that started after ours died binds the same notify socket: our heartbeats reach it,
+    # but if it runs another process for our name, nobody supervises us and we must leave.
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    runs = ws / "runs"
+    workdir = runs / "worker"
+    workdir.mkdir(parents=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(runs / "notify.sock"))
+    config = {"name": "worker", "orphan_grace": 0.5, "heartbeat_timeout": 0.4,
+              "llm": {"providers": {}, "tiers": {"cheap": [], "standard": [], "premium": []}}}
+    env = {**os.environ, "HERMES_SUP_AGENT": json.dumps(config), "HERMES_SUP_WORKSPACE": str(ws),
+           "HERMES_SUP_NOTIFY": str(runs / "notify.sock")}
+    log = open(workdir / "agent.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "hermes_sup.agents", "run"], cwd=workdir, env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        (runs / "supervisor.json").write_text(json.dumps({"agents": {"worker": {"pid": proc.pid}}}))
+        wait_until(lambda: listener.recv(4096), timeout=30)  # it heart-beats
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=3)  # six times the grace: it stays while its supervisor runs it
+        (runs / "supervisor.json").write_text(json.dumps({"agents": {"worker": {"pid": 1}}}))
+        assert proc.wait(timeout=20) == 0
+        assert "stopped (no supervisor for 0.5 s)" in (workdir / "agent.log").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+        listener.close()
+
+
+def _marked_sleep(ws: Path, name: str) -> subprocess.Popen[bytes]:
+    """A process carrying the marker of agent `name` (as a process of one of its instances would)."""
+    marker = Marker(str(ws.resolve()), name, "0123456789abcdef")
+    return subprocess.Popen(["sleep", "300"], env={**os.environ, MARKER_ENV: marker_value(marker)})
+
+
+def _pretend_state(ws: Path, name: str, pid: int, started: float, digest: str) -> None:
+    (ws / "runs" / "supervisor.json").write_text(json.dumps({
+        "pid": 999999999, "pid_started": 1.0,
+        "agents": {name: {"pid": pid, "pid_started": started, "digest": digest, "state": "running",
+                          "restarts": 0}}}))
+
+
+def _digest(ws: Path, name: str) -> str:
+    sup = Supervisor(Workspace(ws), load_config(ws / "hermes.yaml"), say=lambda _line: None)
+    sup.board.close()
+    return sup.children[name].spec.digest
+
+
+def test_a_reused_pid_with_another_start_time_is_not_adopted(tmp_path, up):
+    ws = make_ws(tmp_path, f"- name: beater\n  {BEAT}\n")
+    reused = _marked_sleep(ws, "beater")
+    try:
+        started = psutil.Process(reused.pid).create_time()
+        _pretend_state(ws, "beater", reused.pid, started - 50.0, _digest(ws, "beater"))
+        up(ws)
+        wait_until(lambda: agent(ws, "beater").get("state") == "running", timeout=30)
+        assert agent(ws, "beater")["pid"] != reused.pid, "a pid whose start time differs is another process"
+        assert reused.wait(timeout=15) == -signal.SIGTERM, "a process of the agent nobody runs is stopped"
+    finally:
+        reused.kill()
+        reused.wait()
+
+
+def test_a_process_that_is_not_an_agent_of_this_workspace_is_neither_adopted_nor_stopped(tmp_path, up):
+    ws = make_ws(tmp_path, f"- name: beater\n  {BEAT}\n")
+    stranger = subprocess.Popen(["sleep", "300"])
+    try:
+        started = psutil.Process(stranger.pid).create_time()
+        _pretend_state(ws, "beater", stranger.pid, started, _digest(ws, "beater"))
+        up(ws)
+        wait_until(lambda: agent(ws, "beater").get("state") == "running", timeout=30)
+        assert agent(ws, "beater")["pid"] != stranger.pid, "same pid and start time, but no agent's marker"
+        assert stranger.poll() is None, "a process that is not ours is never signalled"
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_start_never_runs_a_second_process_for_a_live_agent(tmp_path):
+    ws = make_ws(tmp_path, f"- name: beater\n  {BEAT}\n")
+    said: list[str] = []
+    sup = Supervisor(Workspace(ws), load_config(ws / "hermes.yaml"), say=said.append)
+    sup.notify_path = ws / "runs" / "notify.sock"  # nobody listens: the fake agent does not mind
+    child = sup.children["beater"]
+    try:
+        sup.start(child)
+        first = child.proc
+        assert first is not None
+        sup.start(child)
+        assert child.proc is first and first.poll() is None
+        assert said[-1] == f"beater: still running as pid {first.pid}; not starting another"
+        assert [p.pid for p in marked(ws)] == [first.pid]
+    finally:
+        if child.proc is not None:
+            child.proc.kill()
+            child.proc.wait()
+        sup.board.close()
+        if sup.containment.base is not None:
+            cgroups.remove(sup.containment.base)
+
+
+def test_processes_an_agent_started_with_setsid_do_not_outlive_down(tmp_path, up):
+    containment = cgroups.detect(tmp_path, keep=False)
+    ws = make_ws(tmp_path, f"- name: escaper\n  command: [{sys.executable}, {FAKE}, setsid]\n")
+    up(ws)
+    wait_until(lambda: agent(ws, "escaper").get("state") == "running", timeout=30)
+    log = ws / "runs" / "escaper" / "agent.log"
+    line = wait_until(lambda: re.search(r"escaped (\d+) (\d+)", log.read_text()), timeout=10)
+    escaped, scrubbed = int(line[1]), int(line[2])
+    wait_until(lambda: psutil.Process(scrubbed).cmdline()[:1] == ["sleep"], timeout=10)
+    leader = agent(ws, "escaper")["pid"]
+    for pid in (escaped, scrubbed):
+        assert os.getsid(pid) != os.getsid(leader), "it left the agent's session"
+    done = hermes(ws, "down")
+    assert done.returncode == 0, done.stderr
+    assert gone(escaped), "it carried the agent's marker"
+    if containment.mode != "cgroup":
+        pytest.skip(f"without a cgroup a process that drops its environment too escapes: {containment.detail}")
+    assert gone(scrubbed), "it was in the agent's cgroup"
+    assert cgroups.base_path(ws) is not None and not cgroups.base_path(ws).exists(), "the cgroups were removed"
