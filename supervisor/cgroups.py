@@ -22,6 +22,7 @@ from pathlib import Path
 from .procs import workspace_key
 
 PREFIX = "hermes-sup-"
+OFF_ENV = "HERMES_SUP_NO_CGROUPS"  # set (to anything but "" or "0") for process groups only
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,8 @@ def base_path(root: Path) -> Path | None:
 def detect(root: Path, *, keep: bool = True) -> Containment:
     """Cgroup mode if a cgroup for the workspace's agents can be created here, else session mode and
     why. With keep False (doctor), a folder created only to find out is removed again."""
+    if os.environ.get(OFF_ENV, "") not in ("", "0"):
+        return Containment("session", None, f"process groups only: ${OFF_ENV} is set")
     try:
         mount = cgroup2_mount(_read("/proc/self/mountinfo"))
         own = own_cgroup(_read("/proc/self/cgroup"))

@@ -175,8 +175,13 @@ def test_start_never_runs_a_second_process_for_a_live_agent(tmp_path):
             cgroups.remove(sup.containment.base)
 
 
-def test_processes_an_agent_started_with_setsid_do_not_outlive_down(tmp_path, up):
+@pytest.mark.parametrize("contained", [True, False], ids=["cgroup", "process-group"])
+def test_processes_an_agent_started_with_setsid_do_not_outlive_down(tmp_path, up, monkeypatch, contained):
+    if not contained:
+        monkeypatch.setenv(cgroups.OFF_ENV, "1")
     containment = cgroups.detect(tmp_path, keep=False)
+    if contained and containment.mode != "cgroup":
+        pytest.skip(f"cgroups are not available here: {containment.detail}")
     ws = make_ws(tmp_path, f"- name: escaper\n  command: [{sys.executable}, {FAKE}, setsid]\n")
     up(ws)
     wait_until(lambda: agent(ws, "escaper").get("state") == "running", timeout=30)
@@ -189,8 +194,13 @@ def test_processes_an_agent_started_with_setsid_do_not_outlive_down(tmp_path, up
         assert os.getsid(pid) != os.getsid(leader), "it left the agent's session"
     done = hermes(ws, "down")
     assert done.returncode == 0, done.stderr
-    assert gone(escaped), "it carried the agent's marker"
-    if containment.mode != "cgroup":
-        pytest.skip(f"without a cgroup a process that drops its environment too escapes: {containment.detail}")
-    assert gone(scrubbed), "it was in the agent's cgroup"
-    assert cgroups.base_path(ws) is not None and not cgroups.base_path(ws).exists(), "the cgroups were removed"
+    assert gone(escaped), "it was in the agent's cgroup, and carried the agent's marker"
+    if contained:
+        assert gone(scrubbed), "it was in the agent's cgroup"
+        assert cgroups.base_path(ws) is not None and not cgroups.base_path(ws).exists(), "the cgroups were removed"
+    else:  # the limit of process-group mode: one that left the session and dropped its environment stays
+        assert not gone(scrubbed)
+        os.kill(scrubbed, signal.SIGKILL)
+    mode = "supervisor: cgroup v2: each agent in a cgroup of its own" if contained else \
+        f"supervisor: process groups only: ${cgroups.OFF_ENV} is set"
+    assert mode in (tmp_path / "up.log").read_text(), "the log says which mode is in use"
