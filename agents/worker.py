@@ -23,7 +23,7 @@ from hermes_sup.kanban.fsio import write_json_atomic
 from hermes_sup.kanban.task import now_iso
 
 from . import builtins  # noqa: F401 - registers the built-in tools
-from .delegation import Delegator
+from .delegation import Delegator, watch_parent
 from .keys import ENV_FILE, KeyFile, key_names
 from .loop import TaskLoop
 from .memory import MemoryFile
@@ -313,6 +313,8 @@ class Agent:
 
     def run(self) -> int:
         self._watch_signals()
+        if self.parent_pid is not None:
+            watch_parent(self.parent_pid, self.request_stop)
         self.notifier.send(READY=1)
         self.has_llm()  # names the provider in state.json from the first write on
         self.write_state("idle")

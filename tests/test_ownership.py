@@ -204,3 +204,49 @@ def test_processes_an_agent_started_with_setsid_do_not_outlive_down(tmp_path, up
     mode = "supervisor: cgroup v2: each agent in a cgroup of its own" if contained else \
         f"supervisor: process groups only: ${cgroups.OFF_ENV} is set"
     assert mode in (tmp_path / "up.log").read_text(), "the log says which mode is in use"
+
+
+PARENT = """
+import json, os, subprocess, sys
+config, workspace, folder = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+config["parent_pid"] = os.getpid()
+env = {**os.environ, "HERMES_SUP_AGENT": json.dumps(config), "HERMES_SUP_WORKSPACE": workspace}
+with open(os.path.join(folder, "agent.log"), "ab") as log:
+    child = subprocess.Popen([sys.executable, "-P", "-m", "hermes_sup.agents", "run"], cwd=folder, env=env,
+                             stdout=log, stderr=subprocess.STDOUT, process_group=0)
+print(child.pid, flush=True)
+child.wait()
+"""
+
+
+def test_a_delegated_child_leaves_at_once_when_its_parent_dies(tmp_path):
+    # No supervisor here to kill the parent's processes, and a grace far beyond the test: the child
+    # must see for itself that its parent is gone (a restarted parent starts a child of its own).
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    board = Board(ws / "kanban")
+    name = "boss.sub-1"
+    task = board.add({"title": "the subtask", "assignee": name,
+                      "steps": [{"tool": "wait", "args": {"seconds": 120}}]})
+    folder = ws / "runs" / "boss" / "children" / name
+    folder.mkdir(parents=True)
+    config = {"name": name, "only_task": task["id"], "orphan_grace": 600, "heartbeat_timeout": 4,
+              "llm": {"providers": {}, "tiers": {"cheap": [], "standard": [], "premium": []}}}
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, json.dumps(config), str(ws), str(folder)],
+                              stdout=subprocess.PIPE, text=True)
+    child = None
+    try:
+        child = int(parent.stdout.readline())
+        wait_until(lambda: board.get(task["id"])["status"] == "doing", timeout=30)
+        parent.kill()
+        parent.wait(timeout=10)
+        wait_until(lambda: gone(child), timeout=15)
+        released = board.get(task["id"])
+        assert released["status"] == "todo" and released["attempts"] == 0, "it gave its claim back"
+        assert f"its parent agent (pid {parent.pid}) is gone" in released["history"][-1]["note"]
+    finally:
+        parent.kill()
+        parent.wait()
+        parent.stdout.close()
+        if child is not None and not gone(child):
+            os.kill(child, signal.SIGKILL)
