@@ -250,3 +250,21 @@ def test_a_delegated_child_leaves_at_once_when_its_parent_dies(tmp_path):
         parent.stdout.close()
         if child is not None and not gone(child):
             os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("contained", [True, False], ids=["cgroup", "process-group"])
+def test_doctor_says_how_agents_are_contained(tmp_path, contained):
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    env = {**os.environ, cgroups.OFF_ENV: "" if contained else "1"}
+    available = cgroups.detect(ws, keep=False)
+    if contained and available.mode != "cgroup":
+        pytest.skip(f"cgroups are not available here: {available.detail}")
+    report = subprocess.run([*CLI, "-w", str(ws), "doctor", "--json"], capture_output=True, text=True, env=env,
+                            cwd=ROOT, timeout=60)
+    check = next(c for c in json.loads(report.stdout)["checks"] if c["name"] == "process containment")
+    if contained:
+        assert check["level"] == "ok" and check["detail"].startswith("cgroup v2: each agent in a cgroup of its own")
+    else:
+        assert check["level"] == "info" and check["detail"] == f"process groups only: ${cgroups.OFF_ENV} is set"
+    assert not cgroups.base_path(ws).exists(), "doctor leaves no cgroup behind"
