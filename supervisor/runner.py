@@ -41,6 +41,8 @@ STATE_FILE = "supervisor.json"
 NOTIFY_SOCKET = "notify.sock"
 CONTROL_SOCKET = "control.sock"
 RSS_CHECK_INTERVAL = 5.0
+# Once `down` began, a restart or reload would start an agent nobody stops: the supervisor would never end.
+STOPPING = "the supervisor is stopping the team; nothing is started now"
 
 
 @dataclass
@@ -362,6 +364,8 @@ class Supervisor:
             child = self.children.get(name or "")
             if child is None:
                 return {"ok": False, "message": f"no agent named {name!r}; agents: {', '.join(self.children)}"}
+            if self.shutting_down:
+                return {"ok": False, "message": STOPPING}
             child.history = cleared(child.history)  # a manual restart is not a crash
             if child.alive():
                 self.stop(child, "restart")
@@ -380,6 +384,8 @@ class Supervisor:
         return {"ok": False, "message": f"unknown command {cmd!r}"}
 
     def reload(self) -> dict[str, Any]:
+        if self.shutting_down:
+            return {"ok": False, "message": STOPPING}
         try:
             config = load_config(self.ws.config_path)
         except ConfigError as exc:

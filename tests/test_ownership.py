@@ -23,7 +23,7 @@ from hermes_sup.supervisor.workspace import Workspace, load_config
 
 from . import test_supervisor
 from .conftest import CLI, ROOT, gone, wait_until
-from .test_supervisor import FAKE, agent, hermes, make_ws
+from .test_supervisor import FAKE, agent, hermes, make_ws, state
 
 up = test_supervisor.up  # the fixture that runs `hermes-sup up` and cleans up after it
 
@@ -268,3 +268,28 @@ def test_doctor_says_how_agents_are_contained(tmp_path, contained):
     else:
         assert check["level"] == "info" and check["detail"] == f"process groups only: ${cgroups.OFF_ENV} is set"
     assert not cgroups.base_path(ws).exists(), "doctor leaves no cgroup behind"
+
+
+def test_a_restart_or_reload_asked_while_down_runs_starts_nothing(tmp_path, up):
+    ws = make_ws(tmp_path, f"- name: stubborn\n  command: [{sys.executable}, {FAKE}, ignore-term]\n")
+    sup = up(ws)
+    wait_until(lambda: agent(ws, "stubborn").get("state") == "running", timeout=30)
+    first = agent(ws, "stubborn")["pid"]
+    down = subprocess.Popen([*CLI, "-w", str(ws), "down", "--timeout", "2"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        wait_until(lambda: state(ws).get("shutting_down"), timeout=30)  # it ignores SIGTERM: still there
+        refused = hermes(ws, "restart", "stubborn")
+        with (ws / "hermes.yaml").open("a") as config:
+            config.write(f"  - name: late\n    {BEAT}\n")
+        reload = hermes(ws, "reload")
+        out, err = down.communicate(timeout=60)
+        assert down.returncode == 0, out + err
+    finally:
+        if down.poll() is None:
+            down.kill()
+            down.communicate()
+    assert sup.wait(timeout=10) == 0
+    assert gone(first) and marked(ws) == [], "nothing of the team outlives down"
+    for answer in (refused, reload):
+        assert answer.returncode == 1 and "stopping the team; nothing is started now" in answer.stderr
