@@ -179,10 +179,17 @@ def remove(path: Path, timeout: float = 2.0) -> bool:
             time.sleep(0.02)
 
 
-def cgroup_of(pid: int) -> Path | None:
-    """The cgroup v2 folder a process is in, or None."""
+def mount_point() -> Path | None:
     try:
-        mount = cgroup2_mount(_read("/proc/self/mountinfo"))
+        return cgroup2_mount(_read("/proc/self/mountinfo"))
+    except OSError:
+        return None
+
+
+def cgroup_of(pid: int, mount: Path | None = None) -> Path | None:
+    """The cgroup v2 folder a process is in, or None (`mount`: the cgroup2 mount point, if known)."""
+    mount = mount or mount_point()
+    try:
         own = own_cgroup(_read(f"/proc/{pid}/cgroup"))
     except OSError:
         return None

@@ -16,11 +16,14 @@ def workspace_cgroups(root: Path) -> set[Path]:
     """The agent cgroups of the workspace at `root` that hold a process, wherever the supervisor that made
     them ran: found from the processes' own /proc/<pid>/cgroup."""
     name = cgroups.base_name(root)
+    mount = cgroups.mount_point()
+    if mount is None:
+        return set()
     found = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        where = cgroups.cgroup_of(int(entry))
+        where = cgroups.cgroup_of(int(entry), mount)
         if where is not None and where.parent.name == name:
             found.add(where)
     return found
@@ -44,7 +47,7 @@ def sweep(root: Path, runs: Path, timeout: float) -> int | None:
         for folder in folders:
             count += len(cgroups.members(folder))
             cgroups.kill(folder)
-        for base in {folder.parent for folder in folders} | {cgroups.base_path(root)} - {None}:
+        for base in {folder.parent for folder in folders} | {cgroups.base_path(root)}:
             if base is not None and base.is_dir():
                 cgroups.remove(base)
         return count
