@@ -186,6 +186,23 @@ def mount_point() -> Path | None:
         return None
 
 
+def workspace_cgroups(root: Path) -> set[Path]:
+    """The agent cgroups of the workspace at `root` that hold a process, wherever the supervisor that made
+    them ran: found from the processes' own /proc/<pid>/cgroup."""
+    name = base_name(root)
+    mount = mount_point()
+    if mount is None:
+        return set()
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        where = cgroup_of(int(entry), mount)
+        if where is not None and where.parent.name == name:
+            found.add(where)
+    return found
+
+
 def cgroup_of(pid: int, mount: Path | None = None) -> Path | None:
     """The cgroup v2 folder a process is in, or None (`mount`: the cgroup2 mount point, if known)."""
     mount = mount or mount_point()

@@ -257,11 +257,10 @@ class Supervisor:
             self.say(f"supervisor: stopping {len(left)} process(es) a previous supervisor left running and "
                      f"nobody runs now: {', '.join(f'{p.marker.agent} (pid {p.pid})' for p in left)}")
             stop_all(left, max((c.spec.stop_timeout for c in self.children.values()), default=10.0))
-        if self.containment.base is not None and self.containment.base.is_dir():
-            kept = {child.cgroup for child in self.children.values() if child.cgroup is not None}
-            for folder in self.containment.base.iterdir():
-                if folder.is_dir() and folder not in kept:
-                    cgroups.kill(folder)
+        # What dropped its marker too, in the agents' cgroups (wherever the previous supervisor made them).
+        kept = {child.cgroup for child in self.children.values() if child.cgroup is not None}
+        for folder in cgroups.workspace_cgroups(self.ws.root) - kept:
+            cgroups.kill(folder)
         return adopted
 
     def _on_exit(self, child: Child) -> None:

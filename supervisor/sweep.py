@@ -3,30 +3,12 @@ or the last escapes after `down`), under the supervisor lock so that no supervis
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from . import cgroups
 from .procs import marked, stop_all
 
 LOCK_FILE = "supervisor.lock"
-
-
-def workspace_cgroups(root: Path) -> set[Path]:
-    """The agent cgroups of the workspace at `root` that hold a process, wherever the supervisor that made
-    them ran: found from the processes' own /proc/<pid>/cgroup."""
-    name = cgroups.base_name(root)
-    mount = cgroups.mount_point()
-    if mount is None:
-        return set()
-    found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        where = cgroups.cgroup_of(int(entry), mount)
-        if where is not None and where.parent.name == name:
-            found.add(where)
-    return found
 
 
 def sweep(root: Path, runs: Path, timeout: float) -> int | None:
@@ -43,7 +25,7 @@ def sweep(root: Path, runs: Path, timeout: float) -> int | None:
         return None
     try:
         count = stop_all(marked(root), timeout)
-        folders = workspace_cgroups(root)
+        folders = cgroups.workspace_cgroups(root)
         for folder in folders:
             count += len(cgroups.members(folder))
             cgroups.kill(folder)

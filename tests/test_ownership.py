@@ -293,3 +293,19 @@ def test_a_restart_or_reload_asked_while_down_runs_starts_nothing(tmp_path, up):
     assert gone(first) and marked(ws) == [], "nothing of the team outlives down"
     for answer in (refused, reload):
         assert answer.returncode == 1 and "stopping the team; nothing is started now" in answer.stderr
+
+
+def test_what_an_adopted_agent_started_dies_with_it(tmp_path, up):
+    ws = make_ws(tmp_path, f"- name: stubborn\n  command: [{sys.executable}, {FAKE}, ignore-term]\n")
+    first = up(ws)
+    wait_until(lambda: agent(ws, "stubborn").get("state") == "running", timeout=30)
+    log = ws / "runs" / "stubborn" / "agent.log"
+    grandchild = int(wait_until(lambda: re.search(r"grandchild (\d+)", log.read_text()), timeout=10)[1])
+    first.kill()
+    first.wait(timeout=10)
+    up(ws)
+    wait_until(lambda: "adopted" in (tmp_path / "up.log").read_text(), timeout=30)
+    pid = agent(ws, "stubborn")["pid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: agent(ws, "stubborn").get("restarts") == 1, timeout=30)
+    assert gone(grandchild), "killed with the adopted agent it belonged to"
