@@ -518,8 +518,12 @@ def status_rows(state: dict[str, Any], runs: Path) -> list[dict[str, Any]]:
 
 
 def supervisor_alive(state: dict[str, Any]) -> bool:
-    pid = state.get("pid")
-    return bool(pid) and holder_alive(pid, state.get("pid_started"), None) is True
+    """The process supervisor.json names still runs: its pid AND start time (without a start time a pid
+    names nothing: `down` would signal whatever process reuses it)."""
+    pid, started = state.get("pid"), state.get("pid_started")
+    if not isinstance(pid, int) or pid <= 0 or not isinstance(started, (int, float)) or not started:
+        return False
+    return holder_alive(pid, started, None) is True
 
 
 @main.command()

@@ -309,3 +309,18 @@ def test_what_an_adopted_agent_started_dies_with_it(tmp_path, up):
     os.kill(pid, signal.SIGKILL)
     wait_until(lambda: agent(ws, "stubborn").get("restarts") == 1, timeout=30)
     assert gone(grandchild), "killed with the adopted agent it belonged to"
+
+
+@pytest.mark.parametrize("recorded", [{}, {"pid_started": None}, {"pid_started": 0}, {"pid_started": "x"}],
+                         ids=["no-start-time", "null", "zero", "text"])
+def test_down_never_signals_a_pid_named_without_its_start_time(tmp_path, recorded):
+    ws = make_ws(tmp_path, f"- name: beater\n  {BEAT}\n")
+    stranger = subprocess.Popen(["sleep", "300"])
+    try:
+        (ws / "runs" / "supervisor.json").write_text(json.dumps({"pid": stranger.pid, **recorded, "agents": {}}))
+        done = hermes(ws, "down", "--timeout", "1")
+        assert done.returncode == 0 and done.stdout.strip() == "hermes-sup is not running in this workspace"
+        assert stranger.poll() is None, "not the supervisor: never signalled"
+    finally:
+        stranger.kill()
+        stranger.wait()
