@@ -80,6 +80,7 @@ def test_an_agent_leaves_when_the_supervisor_it_reaches_does_not_run_it(tmp_path
     workdir.mkdir(parents=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     listener.bind(str(runs / "notify.sock"))
+    listener.settimeout(30)  # a recv below fails the test rather than hang it
     config = {"name": "worker", "orphan_grace": 0.5, "heartbeat_timeout": 0.4,
               "llm": {"providers": {}, "tiers": {"cheap": [], "standard": [], "premium": []}}}
     env = {**os.environ, "HERMES_SUP_AGENT": json.dumps(config), "HERMES_SUP_WORKSPACE": str(ws),
