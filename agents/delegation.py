@@ -6,8 +6,9 @@ crashes and runs the call again finds the same task, and takes its result if it 
 a child for it again (the child resumes from its own transcript) if it is not. The child runs as
 `python -m hermes_sup.agents run` in `runs/<parent>/children/<child>/`, in its own process group within the
 parent's session (the supervisor kills the session's groups with the parent), with a narrower
-toolset, the delegation tier, one more level of depth, and leaves once its task is closed. A child
-that dies before closing its task fails it and the parent gets an error result.
+toolset, the delegation tier, one more level of depth, and leaves once its task is closed, or at once
+when its parent is gone. A child that dies before closing its task fails it and the parent gets an
+error result.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ import contextlib
 import hashlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +68,31 @@ def child_config(parent: dict[str, Any], name: str, task_id: str, limits: Limits
             "name": name, "roles": [], "tier": limits.tier, "capabilities": grants, "toolsets": narrowed,
             "depth": depth, "only_task": task_id, "parent_pid": os.getpid(),
             "identity": f"You are a helper working one subtask for {parent['name']}; answer with its result."}
+
+
+def watch_parent(parent_pid: int, on_gone: Callable[[str], None]) -> None:
+    """Call `on_gone` (from a thread) the moment the parent agent exits. A child has nothing to wait for
+    without its parent: unlike an agent without its supervisor it is never adopted, and a restarted
+    parent starts a child of its own for the same subtask, so this one must not linger (for
+    `orphan_grace`) beside it. Independent of any supervisor killing the parent's processes."""
+    why = f"its parent agent (pid {parent_pid}) is gone"
+    try:
+        pidfd = os.pidfd_open(parent_pid)
+    except OSError:
+        on_gone(why)
+        return
+    if os.getppid() != parent_pid:  # it died before the pidfd was open (the pid may name another process now)
+        os.close(pidfd)
+        on_gone(why)
+        return
+
+    def wait() -> None:
+        with contextlib.suppress(OSError):
+            select.select([pidfd], [], [])  # readable once the process has exited
+        os.close(pidfd)
+        on_gone(why)
+
+    threading.Thread(target=wait, name="parent", daemon=True).start()
 
 
 @dataclass

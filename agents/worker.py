@@ -25,7 +25,7 @@ from hermes_sup.kanban.fsio import write_json_atomic
 from hermes_sup.kanban.task import now_iso
 
 from . import builtins  # noqa: F401 - registers the built-in tools
-from .delegation import Delegator
+from .delegation import Delegator, watch_parent
 from .keys import ENV_FILE, KeyFile, key_names
 from .loop import TaskLoop, interruptible
 from .memory import MemoryFile
@@ -129,7 +129,7 @@ class Agent:
         if self.parent_pid is not None:
             delivered = os.getppid() == self.parent_pid  # a child answers to its parent agent, not the supervisor
         else:
-            delivered = self.notifier.send(WATCHDOG=1, TASK=task["id"] if task else "-")
+            delivered = self.notifier.send(WATCHDOG=1, TASK=task["id"] if task else "-") and self._owned()
         now = time.monotonic()
         if delivered:
             self._orphaned_since = None
@@ -143,6 +143,16 @@ class Agent:
             # If the task was taken back, the step in flight finds out when it closes the task.
             with contextlib.suppress(ClaimLost):
                 self.board.renew(task["id"], task["claim"]["token"])
+
+    def _owned(self) -> bool:
+        """Whether the supervisor we heart-beat to runs this very process: its state names our pid. A
+        supervisor started after ours died binds the same socket; if it did not adopt us (it runs another
+        process for our name) our heartbeats reach it but keep nobody informed, and we must leave."""
+        try:
+            state = json.loads((self.workspace / "runs" / "supervisor.json").read_text())  # the supervisor's STATE_FILE
+            return state["agents"][self.name]["pid"] == os.getpid()
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
 
     def rotate_log(self) -> None:
         """Rotate our own log by size: the writer rotating is the one way no line is lost or
@@ -424,6 +434,8 @@ class Agent:
 
     def run(self) -> int:
         self._watch_signals()
+        if self.parent_pid is not None:
+            watch_parent(self.parent_pid, self.request_stop)
         self.notifier.send(READY=1)
         self.has_llm()  # names the provider in state.json from the first write on
         self.write_state("idle")

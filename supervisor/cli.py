@@ -32,6 +32,7 @@ from . import render
 from .doctor import run_checks
 from .runner import Supervisor, request, tree_rss_mb
 from .spec import build_specs
+from .sweep import LOCK_FILE, sweep
 from .usage import read_logs, summarize
 from .workspace import ConfigError, Workspace, find_workspace, load_config, scaffold
 
@@ -404,7 +405,7 @@ def up(ctx: click.Context, detach: bool, agents_csv: str | None) -> None:
 
     # One supervisor per workspace. The kernel drops the flock when its holder dies, so a
     # SIGKILLed supervisor never leaves the workspace locked.
-    singleton = filelock.FileLock(str(ws.runs_path / "supervisor.lock"), blocking=False)
+    singleton = filelock.FileLock(str(ws.runs_path / LOCK_FILE), blocking=False)
     try:
         singleton.acquire()
     except filelock.Timeout:
@@ -532,8 +533,12 @@ def status_rows(state: dict[str, Any], runs: Path) -> list[dict[str, Any]]:
 
 
 def supervisor_alive(state: dict[str, Any]) -> bool:
-    pid = state.get("pid")
-    return bool(pid) and holder_alive(pid, state.get("pid_started"), None) is True
+    """The process supervisor.json names still runs: its pid AND start time (without a start time a pid
+    names nothing: `down` would signal whatever process reuses it)."""
+    pid, started = state.get("pid"), state.get("pid_started")
+    if not isinstance(pid, int) or pid <= 0 or not isinstance(started, (int, float)) or not started:
+        return False
+    return holder_alive(pid, started, None) is True
 
 
 @main.command()
@@ -605,36 +610,58 @@ def reload(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 @handled
 def down(ctx: click.Context, timeout: float | None, as_json: bool) -> None:
-    """Stop the team gracefully (SIGTERM, then SIGKILL after the timeout) and the supervisor."""
+    """Stop the team gracefully (SIGTERM, then SIGKILL after the timeout) and the supervisor; with no
+    supervisor running, stop whatever its agents left running."""
     ws = workspace_of(ctx)
     state = read_supervisor_state(ws)
-    if not supervisor_alive(state):
-        if as_json:
-            emit_json({"ok": True, "message": "not running"})
-        else:
-            out.print("hermes-sup is not running in this workspace")
-        return
-    payload: dict[str, Any] = {"cmd": "down"}
-    if timeout is not None:
-        payload["timeout"] = timeout
-    if request(ws.runs_path, payload) is None:
-        os.kill(state["pid"], signal.SIGTERM)
+    explicit = timeout
     if timeout is None:
         try:
             timeout = max((spec.stop_timeout for spec in build_specs(load_config(ws.config_path), ws.root)),
                           default=10.0)
         except ConfigError:
             timeout = 30.0
+    if not supervisor_alive(state):
+        # A supervisor killed with SIGKILL leaves its agents running: stop them, unless a supervisor
+        # holds the workspace (one starting up that has not saved its state yet).
+        left = sweep(ws.root, ws.runs_path, timeout)
+        if left is not None:
+            if as_json:
+                emit_json({"ok": True, "message": "not running", "stopped_orphans": left})
+            else:
+                out.print("hermes-sup is not running in this workspace"
+                          + (f"; stopped {left} process(es) its agents left running" if left else ""))
+            return
+        state = wait_until_saved(ws, 30.0)
+    payload: dict[str, Any] = {"cmd": "down"}
+    if explicit is not None:
+        payload["timeout"] = explicit
+    if request(ws.runs_path, payload) is None:
+        os.kill(state["pid"], signal.SIGTERM)
     wait = timeout + 15  # SIGKILL comes at the timeout; then the agents' exits and the final save
     deadline = time.monotonic() + wait
     while supervisor_alive(state) and time.monotonic() < deadline:
         time.sleep(0.05)
     if supervisor_alive(state):
         raise Failure(f"the supervisor (pid {state['pid']}) is still running after {wait:g} s")
+    # The last resort for a process that left its agent's session and cgroup (or ran with no cgroup).
+    left = sweep(ws.root, ws.runs_path, min(timeout, 5.0)) or 0
     if as_json:
-        emit_json({"ok": True, "message": "stopped"})
+        emit_json({"ok": True, "message": "stopped", "stopped_orphans": left})
     else:
-        out.print("hermes-sup stopped")
+        out.print("hermes-sup stopped" + (f"; stopped {left} process(es) left behind" if left else ""))
+
+
+def wait_until_saved(ws: Workspace, seconds: float) -> dict[str, Any]:
+    """The state of a supervisor that holds the workspace lock but has not saved its state yet."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        state = read_supervisor_state(ws)
+        if supervisor_alive(state):
+            return state
+        time.sleep(0.05)
+    raise Failure(f"a supervisor holds {ws.runs_path}/supervisor.lock but did not save its state within "
+                  f"{seconds:g} s; try again")
 
 
 @main.command()

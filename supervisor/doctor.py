@@ -15,6 +15,7 @@ from hermes_sup.kanban.board import ALLOW_NETWORK_FS_ENV
 from hermes_sup.kanban.events import read_all
 from hermes_sup.kanban.fsinfo import disk_free, inotify_limits, is_network
 
+from .cgroups import detect
 from .workspace import ConfigError, Workspace, load_config
 
 Check = dict[str, Any]
@@ -66,6 +67,9 @@ def run_checks(ws: Workspace) -> list[Check]:
             checks.append(_check(f"provider {name}", "warn", f"{where}: unreachable ({why}) within "
                                  f"{REACH_TIMEOUT:g} s; its tasks wait until it answers") if why else
                           _check(f"provider {name}", "ok", f"{where}: reachable"))
+
+    containment = detect(ws.root, keep=False)  # as a supervisor started from here would find it
+    checks.append(_check("process containment", "ok" if containment.mode == "cgroup" else "info", containment.detail))
 
     try:
         board = Board(ws.board_path)

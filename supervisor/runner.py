@@ -31,7 +31,9 @@ from hermes_sup.kanban.fsio import write_json_atomic
 from hermes_sup.kanban.liveness import holder_alive, start_time
 from hermes_sup.kanban.task import now_iso
 
+from . import cgroups
 from .policy import RestartHistory, cleared, decide, describe_exit
+from .procs import MARKER_ENV, Marker, is_agent_process, marked, marker_value, new_marker, stop_all, strays
 from .spec import ChildSpec, build_specs, plan_reload
 from .workspace import ConfigError, Workspace, load_config
 
@@ -39,6 +41,8 @@ STATE_FILE = "supervisor.json"
 NOTIFY_SOCKET = "notify.sock"
 CONTROL_SOCKET = "control.sock"
 RSS_CHECK_INTERVAL = 5.0
+# Once `down` began, a restart or reload would start an agent nobody stops: the supervisor would never end.
+STOPPING = "the supervisor is stopping the team; nothing is started now"
 
 
 @dataclass
@@ -59,6 +63,8 @@ class Child:
     last_exit: str = ""
     task: str | None = None
     adopted: int | None = None  # pid of an agent a previous supervisor started (not our child)
+    marker: Marker | None = None  # what its processes carry in their environment (procs.py)
+    cgroup: Path | None = None  # its own cgroup, in cgroup mode
 
     @property
     def pid(self) -> int | None:
@@ -89,6 +95,7 @@ class Supervisor:
         self._dirty = True
         self._next_rss = 0.0
         self.started_at = now_iso()
+        self.containment = cgroups.detect(ws.root)
 
     # -- set-up -----------------------------------------------------------------------------------
 
@@ -123,17 +130,14 @@ class Supervisor:
             return
         spec = child.spec
         spec.workdir.mkdir(parents=True, exist_ok=True)
+        marker = new_marker(self.ws.root, spec.name)
         env = {
             **os.environ, **dict(spec.env),
             AGENT_ENV: json.dumps(spec.agent_config()), WORKSPACE_ENV: str(self.ws.root),
-            NOTIFY_ENV: str(self.notify_path), "PYTHONUNBUFFERED": "1",
+            NOTIFY_ENV: str(self.notify_path), "PYTHONUNBUFFERED": "1", MARKER_ENV: marker_value(marker),
         }
-        # The agent writes to its own log file, never to a pipe we must drain.
-        with open(spec.workdir / "agent.log", "ab") as log:
-            child.proc = subprocess.Popen(
-                spec.argv, cwd=spec.workdir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, close_fds=True,
-            )
+        child.proc, child.cgroup = self._spawn(spec, env)
+        child.marker = marker
         child.pidfd = os.pidfd_open(child.proc.pid)
         self.selector.register(child.pidfd, selectors.EVENT_READ, lambda c=child: self._on_exit(c))
         child.pid_started = start_time(child.proc.pid)
@@ -144,6 +148,46 @@ class Supervisor:
         child.stopping_for, child.task = "", None
         self._dirty = True
         self.say(f"{spec.name}: started (pid {child.pid})")
+
+    def _spawn(self, spec: ChildSpec, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path | None]:
+        """Start the agent's process in a session of its own and, in cgroup mode, in its own cgroup
+        from its first instruction on (if joining it fails, in its session only, and say so)."""
+        fd, join, where = None, None, None
+        if self.containment.base is not None:
+            where = cgroups.agent_cgroup(self.containment.base, spec.name)
+            try:
+                fd, join = cgroups.joiner(where)
+            except OSError as exc:
+                self.say(f"{spec.name}: cannot use its cgroup ({exc.strerror}); process group only")
+                where = None
+        try:
+            # The agent writes to its own log file, never to a pipe we must drain.
+            with open(spec.workdir / "agent.log", "ab") as log:
+                return subprocess.Popen(
+                    spec.argv, cwd=spec.workdir, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, preexec_fn=join,
+                ), where
+        except subprocess.SubprocessError as exc:  # the preexec function failed: nothing was started
+            if join is None:
+                raise
+            self.say(f"{spec.name}: cannot join its cgroup ({exc}); process group only")
+        finally:
+            if fd is not None:
+                os.close(fd)
+        with open(spec.workdir / "agent.log", "ab") as log:
+            return subprocess.Popen(spec.argv, cwd=spec.workdir, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True), None
+
+    def _kill_leftovers(self, child: Child, pid: int | None) -> None:
+        """No process an agent started outlives it: what is left in its cgroup, in its session's
+        process groups, or carries its marker (having left both, with setsid in process-group mode)."""
+        if child.cgroup is not None:
+            cgroups.kill(child.cgroup)
+        if pid is not None:
+            signal_session(pid, signal.SIGKILL)
+        if child.marker is not None:
+            nonce = child.marker.nonce
+            stop_all([p for p in marked(self.ws.root) if p.marker.nonce == nonce], 0)
 
     def stop(self, child: Child, why: str, *, kill: bool = False) -> None:
         """SIGTERM the agent's process group (SIGKILL after stop_timeout), or SIGKILL at once."""
@@ -163,12 +207,16 @@ class Supervisor:
         if child.pid is not None:
             signal_session(child.pid, signum)
 
-    def adopt(self, child: Child, info: dict[str, Any]) -> None:
+    def adopt(self, child: Child, info: dict[str, Any], marker: Marker, pidfd: int) -> None:
         """Take over an agent a previous supervisor started and that is still running: no restart,
         only a pidfd to see it exit (it is not our child, so its exit status is not ours to read)."""
         pid = info["pid"]
-        child.pidfd = os.pidfd_open(pid)
-        child.adopted, child.pid_started = pid, info.get("pid_started")
+        child.pidfd = pidfd
+        child.adopted, child.pid_started, child.marker = pid, info.get("pid_started"), marker
+        where = cgroups.cgroup_of(pid)
+        if where is not None and where.name == cgroups.agent_name(child.spec.name) \
+                and where.parent.name == cgroups.base_name(self.ws.root):
+            child.cgroup = where
         self.selector.register(child.pidfd, selectors.EVENT_READ, lambda c=child: self._on_exit(c))
         now = time.monotonic()
         child.state, child.last_beat = "running", now
@@ -180,31 +228,51 @@ class Supervisor:
         self.say(f"{child.spec.name}: adopted the running agent (pid {pid})")
 
     def _take_over(self, previous: dict[str, Any]) -> set[str]:
-        """Adopt the agents of a previous supervisor that are still alive (same pid and start time);
-        stop the ones the config no longer names. Returns the names adopted."""
+        """Adopt the agents of a previous supervisor that are still alive: the same process (pid and
+        start time) and one of this agent (its marker); then stop every other process any agent of this
+        workspace left (not wanted any more, changed, or never saved). Returns the names adopted."""
         adopted = set()
-        for name, info in (previous.get("agents") or {}).items():
-            pid = info.get("pid")
-            if not pid or holder_alive(pid, info.get("pid_started"), None) is not True:
-                continue
+        agents = previous.get("agents")
+        for name, info in (agents if isinstance(agents, dict) else {}).items():
             child = self.children.get(name)
-            if child is not None and child.spec.digest == info.get("digest"):
-                self.adopt(child, info)
-                adopted.add(name)
+            if child is None or not isinstance(info, dict) or child.spec.digest != info.get("digest"):
                 continue
-            self.say(f"{name}: left running by a previous supervisor but not wanted now (pid {pid}); stopping it")
-            _stop_stray(pid, info.get("pid_started"), 10.0)
+            pid, started = info.get("pid"), info.get("pid_started")
+            if not isinstance(pid, int) or pid <= 0 or not isinstance(started, (int, float)):
+                continue
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:
+                continue
+            # Checked once the pidfd is open: it cannot name a newer process that reused the pid.
+            marker = is_agent_process(pid, started, self.ws.root, name)
+            if marker is None:
+                os.close(pidfd)
+                continue
+            self.adopt(child, info, marker, pidfd)
+            adopted.add(name)
+        keep = {child.marker.nonce for name, child in self.children.items() if name in adopted and child.marker}
+        left = strays(marked(self.ws.root), keep)
+        if left:
+            self.say(f"supervisor: stopping {len(left)} process(es) a previous supervisor left running and "
+                     f"nobody runs now: {', '.join(f'{p.marker.agent} (pid {p.pid})' for p in left)}")
+            stop_all(left, max((c.spec.stop_timeout for c in self.children.values()), default=10.0))
+        # What dropped its marker too, in the agents' cgroups (wherever the previous supervisor made them).
+        kept = {child.cgroup for child in self.children.values() if child.cgroup is not None}
+        for folder in cgroups.workspace_cgroups(self.ws.root) - kept:
+            cgroups.kill(folder)
         return adopted
 
     def _on_exit(self, child: Child) -> None:
         assert child.pidfd is not None
+        pid = child.pid
         returncode = child.proc.wait() if child.proc is not None else None
         child.adopted = None
         self.selector.unregister(child.pidfd)
         os.close(child.pidfd)
         child.pidfd = None
-        # No grandchild outlives its agent (a shell command it started, say).
-        self._signal_group(child, signal.SIGKILL)
+        # No grandchild outlives its agent (a shell command it started, a delegated child, say).
+        self._kill_leftovers(child, pid)
         now = time.monotonic()
         uptime = now - child.started
         why = child.stopping_for
@@ -295,6 +363,8 @@ class Supervisor:
             child = self.children.get(name or "")
             if child is None:
                 return {"ok": False, "message": f"no agent named {name!r}; agents: {', '.join(self.children)}"}
+            if self.shutting_down:
+                return {"ok": False, "message": STOPPING}
             child.history = cleared(child.history)  # a manual restart is not a crash
             if child.alive():
                 self.stop(child, "restart")
@@ -313,6 +383,8 @@ class Supervisor:
         return {"ok": False, "message": f"unknown command {cmd!r}"}
 
     def reload(self) -> dict[str, Any]:
+        if self.shutting_down:
+            return {"ok": False, "message": STOPPING}
         try:
             config = load_config(self.ws.config_path)
         except ConfigError as exc:
@@ -402,6 +474,7 @@ class Supervisor:
     def serve(self) -> int:
         previous = _read_json(self.runs / STATE_FILE)
         self._bind()
+        self.say(f"supervisor: {self.containment.detail}")
         adopted = self._take_over(previous)
         for recovered in self.board.recover():
             self.say(f"board: {recovered['task']} back to {recovered['to']} ({recovered['reason']})")
@@ -424,6 +497,8 @@ class Supervisor:
         self.board.close()
         for path in (self.notify_path, self.runs / CONTROL_SOCKET):
             path.unlink(missing_ok=True)
+        if self.containment.base is not None:
+            cgroups.remove(self.containment.base)
         self.say("supervisor: stopped")
         return 0
 
@@ -465,16 +540,6 @@ def signal_session(sid: int, signum: int) -> None:
     for group in sorted(session_groups(sid), key=lambda g: g != sid):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(group, signum)
-
-
-def _stop_stray(pid: int, started: float | None, timeout: float) -> None:
-    """Stop the process groups of a previous run's agent, identified by pid and start time."""
-    signal_session(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and holder_alive(pid, started, None) is True:
-        time.sleep(0.05)
-    if holder_alive(pid, started, None) is True:
-        signal_session(pid, signal.SIGKILL)
 
 
 def tree_rss_mb(pid: int) -> float:

@@ -35,6 +35,18 @@ def main(mode: str) -> None:
         while True:
             notifier.send(WATCHDOG=1)
             time.sleep(0.2)
+    if mode == "stamp-exit":  # notes when it started (in its working folder), then crashes
+        with open("starts.txt", "a") as stamps:
+            stamps.write(f"{time.time()}\n")
+        sys.exit(3)
+    if mode == "setsid":  # starts two processes that leave its session, one without its environment
+        escaped = subprocess.Popen(["setsid", "sleep", "1000"])
+        scrubbed = subprocess.Popen(["setsid", "env", "-i", "sleep", "1001"])
+        print(f"escaped {escaped.pid} {scrubbed.pid}", flush=True)
+        notifier.send(READY=1)
+        while True:
+            notifier.send(WATCHDOG=1)
+            time.sleep(0.2)
     if mode == "beat":
         while True:
             notifier.send(WATCHDOG=1)

@@ -1,0 +1,159 @@
+"""Which processes belong to a workspace's agents, found by a marker in their environment, and stopping them.
+
+Every agent is started with $HERMES_SUP_INSTANCE (workspace, agent name, a nonce new for each start);
+whatever it starts inherits it, so the processes of an agent are found even after the supervisor that
+started them crashed before saving their pids, and even when one left the agent's session (`setsid`).
+A process is identified by its pid AND its start time, and is only ever signalled through a pidfd opened
+after that check, so a reused pid is never signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from hermes_sup.kanban.liveness import START_TIME_TOLERANCE, start_time
+
+MARKER_ENV = "HERMES_SUP_INSTANCE"
+
+
+@dataclass(frozen=True)
+class Marker:
+    workspace: str
+    agent: str
+    nonce: str
+
+
+@dataclass(frozen=True)
+class Marked:
+    """A live process carrying a marker, identified by pid and start time."""
+
+    pid: int
+    started: float
+    marker: Marker
+
+
+def workspace_key(root: Path) -> str:
+    """The workspace as markers name it: resolved, so a symlinked path finds the same agents."""
+    return str(Path(root).resolve())
+
+
+def new_marker(root: Path, agent: str) -> Marker:
+    return Marker(workspace_key(root), agent, os.urandom(8).hex())
+
+
+def marker_value(marker: Marker) -> str:
+    return json.dumps({"ws": marker.workspace, "agent": marker.agent, "nonce": marker.nonce}, sort_keys=True)
+
+
+def parse_environ(environ: bytes) -> Marker | None:
+    """The marker in a process's environment block (NUL-separated KEY=VALUE), if any (pure)."""
+    prefix = MARKER_ENV.encode() + b"="
+    for entry in environ.split(b"\0"):
+        if entry.startswith(prefix):
+            try:
+                data = json.loads(entry[len(prefix):])
+                return Marker(str(data["ws"]), str(data["agent"]), str(data["nonce"]))
+            except (ValueError, KeyError, TypeError):
+                return None
+    return None
+
+
+def read_marker(pid: int) -> Marker | None:
+    """The marker a process was started with (its environment at exec; what it does to os.environ later
+    does not matter). None for a process of another user we may not read, a zombie, or no marker."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return parse_environ(handle.read())
+    except OSError:
+        return None
+
+
+def marked(root: Path) -> list[Marked]:
+    """Every live process (but this one) carrying a marker of the workspace at `root`."""
+    key = workspace_key(root)
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        pid = int(entry)
+        marker = read_marker(pid)
+        if marker is None or marker.workspace != key:
+            continue
+        started = start_time(pid)
+        if started:  # None: gone already; 0.0: not ours to read
+            found.append(Marked(pid, started, marker))
+    return found
+
+
+def strays(found: Iterable[Marked], keep: set[str], agent: str | None = None) -> list[Marked]:
+    """The marked processes whose agent instance (nonce) is not one to keep, of one agent or all (pure)."""
+    return [p for p in found if p.marker.nonce not in keep and (agent is None or p.marker.agent == agent)]
+
+
+def is_agent_process(pid: int, started: float | None, root: Path, agent: str) -> Marker | None:
+    """The marker of `pid` if it is still the process started at `started` and belongs to `agent` of the
+    workspace at `root`; None otherwise (gone, a reused pid, or not one of ours)."""
+    if started is None:
+        return None
+    actual = start_time(pid)
+    if not actual or abs(actual - started) > START_TIME_TOLERANCE:
+        return None
+    marker = read_marker(pid)
+    if marker is None or marker.workspace != workspace_key(root) or marker.agent != agent:
+        return None
+    return marker
+
+
+def _open(proc: Marked) -> int | None:
+    """A pidfd for `proc` if the pid still names that very process (checked after the open, so the
+    pidfd cannot point at a newer process reusing the pid)."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except OSError:
+        return None
+    actual = start_time(proc.pid)
+    if not actual or abs(actual - proc.started) > START_TIME_TOLERANCE:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _exited(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+def _wait(fds: list[int], timeout: float) -> None:
+    """Until every process has exited or `timeout` passed. A pidfd turns readable once its process
+    has exited (a zombie of its parent is enough), and stays so."""
+    deadline = time.monotonic() + timeout
+    while (pending := [fd for fd in fds if not _exited(fd)]) and (left := deadline - time.monotonic()) > 0:
+        select.select(pending, [], [], min(left, 0.5))
+
+
+def stop_all(procs: Iterable[Marked], timeout: float) -> int:
+    """SIGTERM each process, SIGKILL those still there after `timeout` (0: SIGKILL at once); returns
+    how many were signalled. Waits (bounded) until they have exited."""
+    fds = [fd for fd in (_open(p) for p in procs) if fd is not None]
+    try:
+        first = signal.SIGKILL if timeout <= 0 else signal.SIGTERM
+        for fd in fds:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                signal.pidfd_send_signal(fd, first)
+        _wait(fds, timeout)
+        for fd in fds:
+            if not _exited(fd):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+        _wait(fds, 5.0)
+        return len(fds)
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -1,0 +1,56 @@
+"""The pure parts of process ownership: markers, strays, cgroup paths (no processes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hermes_sup.supervisor.cgroups import agent_name, cgroup2_mount, own_cgroup
+from hermes_sup.supervisor.procs import MARKER_ENV, Marked, Marker, marker_value, parse_environ, strays
+
+
+def test_a_marker_survives_its_round_trip_through_an_environment_block():
+    marker = Marker("/srv/ws with space", 'we"ird\nname', "00ff")
+    block = b"PATH=/bin\0" + f"{MARKER_ENV}={marker_value(marker)}".encode() + b"\0HOME=/root\0"
+    assert parse_environ(block) == marker
+
+
+@pytest.mark.parametrize("value", [b"not json", b"[1, 2]", b'{"ws": "/w"}', b"", b"null"])
+def test_a_damaged_marker_is_no_marker(value):
+    assert parse_environ(b"A=1\0" + MARKER_ENV.encode() + b"=" + value + b"\0") is None
+
+
+def test_an_environment_without_a_marker_has_none():
+    assert parse_environ(b"HERMES_SUP_WORKSPACE=/w\0HERMES_SUP_AGENT={}\0") is None
+    assert parse_environ(b"X" + MARKER_ENV.encode() + b"={}\0") is None
+
+
+def test_strays_are_the_instances_not_kept():
+    def proc(pid: int, agent: str, nonce: str) -> Marked:
+        return Marked(pid, 1.0, Marker("/w", agent, nonce))
+
+    found = [proc(1, "a", "kept"), proc(2, "a", "old"), proc(3, "b", "other"), proc(4, "a", "kept")]
+    assert [p.pid for p in strays(found, {"kept"})] == [2, 3]
+    assert [p.pid for p in strays(found, {"kept"}, agent="a")] == [2]
+    assert [p.pid for p in strays(found, set(), agent="b")] == [3]
+
+
+def test_the_cgroup2_mount_is_found_in_mountinfo():
+    hybrid = ("25 20 0:22 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755\n"
+              "26 25 0:23 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+              "27 25 0:24 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n")
+    assert cgroup2_mount(hybrid) == Path("/sys/fs/cgroup/unified")
+    assert cgroup2_mount("30 1 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n") == Path("/sys/fs/cgroup")
+    assert cgroup2_mount("27 25 0:24 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n") is None
+
+
+def test_own_cgroup_is_the_unified_line():
+    assert own_cgroup("4:memory:/x\n0::/user.slice/app.scope\n") == "/user.slice/app.scope"
+    assert own_cgroup("4:memory:/x\n") is None
+
+
+@pytest.mark.parametrize("name", ["../../etc", "a/b", ".hidden", "", "x" * 300, "worker-1"])
+def test_an_agent_cgroup_name_is_one_safe_folder_whatever_the_agent_is_called(name):
+    folder = agent_name(name)
+    assert "/" not in folder and not folder.startswith(".") and len(folder) <= 49
+    assert agent_name(name) == folder and (name == "x" or agent_name(name + "x") != folder)
