@@ -116,6 +116,11 @@ class Skills:
                     found[entry.name] = ("instructions", entry / "SKILL.md", source)
         return found
 
+    def names(self) -> set[str]:
+        """The names of the skills present, from their file and folder names alone (nothing is read
+        or run): what `hermes.yaml` may name in an agent's `skills`."""
+        return set(self._found())
+
     def _verdicts(self) -> dict[str, Any]:
         try:
             data = json.loads(self.verdicts_path.read_text())
