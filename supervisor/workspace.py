@@ -248,7 +248,10 @@ def _check_skills(agents: list[Any], fail: Any, present: Callable[[], Collection
               for item in agent.get(key) or ()]
     if not wanted:
         return
-    known = set(present())
+    try:
+        known = set(present())
+    except OSError as exc:
+        raise fail(wanted[0][0], f"the skills cannot be listed: {exc}") from None
     for agent, key, item in wanted:
         if item in known or (key == "toolsets" and item in BUILTIN_TOOLSETS):
             continue

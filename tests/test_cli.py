@@ -261,6 +261,7 @@ def test_board_watch_redraws_on_change_events_and_draws_a_burst_once_settled(ws)
         ("agents:\n  - name: a\nagents:\n  - name: b\n", "hermes.yaml:3: invalid YAML: duplicate key 'agents'"),
         ("agents:\n  - name: a\n    count: 10000\n", "hermes.yaml:2: agent a: 'count' must be a whole number from 1"),
         ("agents:\n  - name: ../../x\n", "hermes.yaml:2: agent name '../../x' must be"),
+        ("agents:\n  - name: a\n    skills: [nope]\n", "hermes.yaml:2: agent a: skills: no skill named 'nope'"),
     ],
 )
 def test_up_refuses_a_bad_team_at_once_and_starts_nothing(ws, text, message):
