@@ -182,6 +182,10 @@ def load_config(path: Path, *, skills: Callable[[], Collection[str]] | None = No
         raise ConfigError(f"{path}:{line}: not UTF-8 text (byte {data[exc.start]:#04x})") from None
     try:
         raw = yaml.load(text, Loader=_LineLoader)  # a SafeLoader subclass
+    except yaml.reader.ReaderError as exc:  # a control character: it carries a position, not a mark
+        line = text[:exc.position].count("\n") + 1
+        raise ConfigError(f"{path}:{line}: invalid YAML: character {exc.character:#06x} is not allowed "
+                          "(write it as an escape in a double-quoted string)") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""

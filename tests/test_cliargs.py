@@ -1,0 +1,82 @@
+"""The command line's numbers, JSON and text arguments as an attacker or a slip of the keyboard gives
+them: a usage error (exit 2) with a clear message, never a traceback, a NaN deadline or a hang."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hermes_sup.supervisor.cli import main
+from hermes_sup.supervisor.cliargs import json_depth
+
+from .conftest import CLI
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    assert CliRunner().invoke(main, ["init", str(tmp_path / "ws")]).exit_code == 0
+    return tmp_path / "ws"
+
+
+def usage_error(ws: Path, *args: str) -> str:
+    result = CliRunner().invoke(main, ["-w", str(ws), *args])
+    assert result.exit_code == 2, (args, result.output, result.exception)
+    assert "Traceback" not in result.output and not isinstance(result.exception, (RecursionError, UnicodeError))
+    return result.output
+
+
+def test_json_depth_is_iterative_and_exact():
+    assert json_depth(1) == 0 and json_depth([]) == 1 and json_depth({"a": [{"b": 1}]}) == 3
+    deep: list = []
+    for _ in range(50_000):  # deeper than Python's recursion limit
+        deep = [deep]
+    assert json_depth(deep) == 50_001
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "-1", "1e9", "ten"])
+def test_down_timeout_must_be_finite_seconds_in_range(ws, value):
+    output = usage_error(ws, "down", "--timeout", value)
+    assert "Invalid value for '--timeout'" in output and "is not a number of seconds" in output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--priority", str(10**10)], "Invalid value for '--priority'"),
+        (["--priority", str(-(10**10))], "Invalid value for '--priority'"),
+        (["--priority", "9" * 5000], "Invalid value for '--priority'"),
+        (["--max-attempts", str(10**6)], "Invalid value for '--max-attempts'"),
+        (["--steps", "[" * 100_000 + "]" * 100_000], "--steps nests deeper than 32 levels"),
+        (["--steps", json.dumps([{"tool": "t", "args": {"a": "[" * 31 + "1" + "]" * 31}}]).replace('"[', "[").replace(
+            ']"', "]")], "--steps nests deeper than 32 levels"),
+        (["--steps", json.dumps([{"tool": "t", "args": {"a": "x" * (1 << 20)}}])], "--steps is longer than 1,048,576"),
+        (["--steps", "[{oops"], "--steps is not valid JSON"),
+        (["--body", "caf\udce9"], "body: the argument is not UTF-8 text"),
+        (["--depends-on", "a", "--depends-on", "\udcff"], "depends_on: the argument is not UTF-8 text"),
+    ],
+)
+def test_task_add_arguments_are_bounded(ws, args, message):
+    output = usage_error(ws, "task", "add", "t", *args)
+    assert message in output, output
+    assert CliRunner().invoke(main, ["-w", str(ws), "task", "list", "--json"]).output.count('"id"') == 0
+
+
+def test_a_title_that_is_not_utf8_is_a_usage_error_also_as_json(ws):
+    result = CliRunner().invoke(main, ["-w", str(ws), "task", "add", "caf\udce9", "--json"])
+    assert result.exit_code == 2
+    assert json.loads(result.stdout) == {"error": "TITLE: the argument is not UTF-8 text", "exit_code": 2}
+
+
+def test_other_numbers_are_bounded(ws):
+    assert "Invalid value for '-n'" in usage_error(ws, "logs", "-n", str(10**12))
+    assert "Invalid value for '[VERSION]'" in usage_error(ws, "skills", "rollback", "x", str(10**12))
+
+
+def test_up_with_an_empty_agents_list_is_refused_at_once(ws):
+    done = subprocess.run([*CLI, "-w", str(ws), "up", "--detach", "--agents", " , "], capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 2 and "--agents names no agent; agents: worker-1, worker-2" in done.stderr, done.stderr
+    assert not (ws / "runs" / "supervisor.json").exists()
