@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import stat
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,14 +168,9 @@ AGENT_KEYS = ("name", "roles", "tier", "skills", "capabilities", "count", "provi
 def load_config(path: Path, *, skills: Callable[[], Collection[str]] | None = None) -> dict[str, Any]:
     """Read and check hermes.yaml; ConfigError names file:line of the first problem. `skills` gives
     the names of the skills present (default: discovered beside the file, never run)."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    data = _read_regular(path, MAX_CONFIG_BYTES + 1)
     if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path}:1: {len(data):,} bytes; hermes.yaml may hold at most {MAX_CONFIG_BYTES:,}")
+        raise ConfigError(f"{path}:1: larger than {MAX_CONFIG_BYTES:,} bytes, the most hermes.yaml may hold")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -213,6 +209,7 @@ def load_config(path: Path, *, skills: Callable[[], Collection[str]] | None = No
             raise fail(defaults, f"unknown key 'defaults.{key}'; expected one of {', '.join(DEFAULT_KEYS)}")
     _check_settings(defaults, "defaults", fail)
     _check_providers(raw, fail)
+    _check_prices(raw, fail)
     agents = raw.get("agents") or []
     if not isinstance(agents, list):
         raise fail(raw, "'agents' must be a list")
@@ -231,6 +228,26 @@ def load_config(path: Path, *, skills: Callable[[], Collection[str]] | None = No
             names.add(item)
     _check_skills(agents, fail, skills or (lambda: skill_names(path.parent)))
     return _strip_lines(raw)
+
+
+def _read_regular(path: Path, limit: int) -> bytes:
+    """At most `limit` bytes of a regular file. A FIFO in its place would block a reload forever
+    and /dev/zero would never end, so the file is opened without blocking and checked first."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(f"{path}: cannot be read: not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read(limit)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
 
 
 def skill_names(root: Path) -> set[str]:
@@ -320,6 +337,22 @@ def _number(value: Any) -> bool:
 
 def _whole(value: Any, low: int, high: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _check_prices(raw: dict[str, Any], fail: Any) -> None:
+    """Dollars per million tokens: a NaN price would make every cost NaN, and a NaN cost never
+    reaches a task's max_cost."""
+    prices = raw.get("prices") or {}
+    if not isinstance(prices, dict):
+        raise fail(raw, "'prices' must be a mapping of model names to {input, output, cached}")
+    for model, entry in prices.items():
+        if model == "__line__":
+            continue
+        if not isinstance(entry, dict) or any(k not in ("input", "output", "cached", "__line__") for k in entry):
+            raise fail(prices, f"price of {model}: must be a mapping with input, output and cached")
+        for key, value in entry.items():
+            if key != "__line__" and (not _number(value) or value < 0):
+                raise fail(entry, f"price of {model}: '{key}' must be a number of dollars >= 0, got {value!r}")
 
 
 def _check_providers(raw: dict[str, Any], fail: Any) -> None:

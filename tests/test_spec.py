@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -136,6 +138,10 @@ LAUGHS = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
         ("agents:\n  - name: a\n    terminal: {timeout: .nan}\n", ":3: agent a: 'terminal.timeout' must be a number"),
         ("agents:\n  - name: a\n    terminal: {approve: rm-root}\n", ":3: agent a: 'terminal.approve' must be a list"),
         ("providers:\n  x: {model: m, base_url: [u]}\n", ":2: provider x: 'base_url' must be text"),
+        ("prices:\n  m: {input: .nan, output: 1}\n", ":2: price of m: 'input' must be a number of dollars >= 0"),
+        ("prices:\n  m: {input: 1, output: -1}\n", ":2: price of m: 'output' must be a number of dollars"),
+        ("prices:\n  m: {inptu: 1}\n", ":2: price of m: must be a mapping with input, output and cached"),
+        ("prices: [1]\n", ":1: 'prices' must be a mapping of model names"),
     ],
 )
 def test_hostile_configs_are_refused_with_file_and_line(tmp_path, text, message):
@@ -153,11 +159,29 @@ def test_unreadable_and_non_utf8_and_oversized_configs_are_config_errors(tmp_pat
         load_config(path)
     path.unlink()
     path.mkdir()
-    with pytest.raises(ConfigError, match=r"hermes\.yaml: cannot be read: Is a directory"):
+    with pytest.raises(ConfigError, match=r"hermes\.yaml: cannot be read: not a regular file"):
         load_config(path)
     path.rmdir()
+    os.mkfifo(path)  # would block a reader (a reload) forever
+    outcome: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            load_config(path)
+        except BaseException as exc:  # what the loader raised is the result
+            outcome.append(exc)
+
+    reader = threading.Thread(target=load, daemon=True)
+    reader.start()
+    reader.join(timeout=30)
+    if reader.is_alive():  # blocked in open(): let it go before failing
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(timeout=30)
+    assert outcome and isinstance(outcome[0], ConfigError), outcome
+    assert str(outcome[0]) == f"{path}: cannot be read: not a regular file"
+    path.unlink()
     path.write_text("agents:\n  - name: a\n" + "#" * (1 << 20))
-    with pytest.raises(ConfigError, match=r"hermes\.yaml:1: 1,048,59\d bytes; hermes.yaml may hold at most"):
+    with pytest.raises(ConfigError, match=r"hermes\.yaml:1: larger than 1,048,576 bytes, the most"):
         load_config(path)
 
 
