@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.text import Text
 
 from . import render
-from .cliargs import MAX_PRIORITY, Seconds, UsageError, json_text, not_utf8, parse_steps
+from .cliargs import MAX_PRIORITY, Seconds, UsageError, json_text, not_utf8, parse_steps, sane_state
 from .doctor import run_checks
 from .runner import Supervisor, request, tree_rss_mb
 from .spec import build_specs
@@ -529,8 +529,31 @@ def status_rows(state: dict[str, Any], runs: Path) -> list[dict[str, Any]]:
 
 
 def supervisor_alive(state: dict[str, Any]) -> bool:
-    pid = state.get("pid")
-    return bool(pid) and holder_alive(pid, state.get("pid_started"), None) is True
+    """The supervisor runs: its pid and its start time match a live process (a pid alone could be
+    any process now; supervisor.json is only as trustworthy as whoever can write runs/)."""
+    pid, started = state.get("pid"), state.get("pid_started")
+    return bool(pid) and started is not None and holder_alive(pid, started, None) is True
+
+
+def is_supervisor_process(pid: int) -> bool:
+    """Whether `pid` runs `hermes-sup up`: checked before signalling it, never trusting the state file."""
+    try:
+        argv = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+    return "up" in argv and any(arg.endswith("hermes-sup") or arg == "hermes_sup.supervisor" for arg in argv)
+
+
+def ask_supervisor(ws: Workspace, payload: dict[str, Any], timeout: float = 10.0) -> dict[str, Any] | None:
+    """One command to the supervisor's control socket; None if nobody listens there."""
+    try:
+        reply = request(ws.runs_path, payload, timeout=timeout)
+    except ValueError:
+        reply = []
+    if reply is not None and not isinstance(reply, dict):
+        raise Failure(f"the supervisor's control socket {ws.runs_path / 'control.sock'} answered something "
+                      "that is not a reply")
+    return reply
 
 
 @main.command()
@@ -543,9 +566,9 @@ def status(ctx: click.Context, as_json: bool) -> None:
     state = read_supervisor_state(ws)
     running = supervisor_alive(state)
     if running:
-        reply = request(ws.runs_path, {"cmd": "status"}, timeout=5)
+        reply = ask_supervisor(ws, {"cmd": "status"}, timeout=5)
         if reply and reply.get("ok"):
-            state = reply["state"]
+            state = sane_state(reply.get("state"))
     rows = status_rows(state, ws.runs_path)
     document = {"running": running, "supervisor_pid": state.get("pid") if running else None,
                 "workspace": str(ws.root), "agents": rows}
@@ -564,7 +587,7 @@ def _ask(ctx: click.Context, payload: dict[str, Any], as_json: bool) -> dict[str
     ws = workspace_of(ctx)
     if not supervisor_alive(read_supervisor_state(ws)):
         raise Failure(f"hermes-sup is not running in {ws.root}; start it with `hermes-sup up`")
-    reply = request(ws.runs_path, payload)
+    reply = ask_supervisor(ws, payload)
     if reply is None:
         raise Failure("the supervisor did not answer on its control socket")
     if as_json:
@@ -614,7 +637,10 @@ def down(ctx: click.Context, timeout: float | None, as_json: bool) -> None:
     payload: dict[str, Any] = {"cmd": "down"}
     if timeout is not None:
         payload["timeout"] = timeout
-    if request(ws.runs_path, payload) is None:
+    if ask_supervisor(ws, payload) is None:
+        if not is_supervisor_process(state["pid"]):
+            raise Failure(f"pid {state['pid']} in {ws.runs_path / 'supervisor.json'} is not hermes-sup up and "
+                          "its control socket does not answer; not signalling it")
         os.kill(state["pid"], signal.SIGTERM)
     if timeout is None:
         try:
@@ -762,7 +788,6 @@ def logs(ctx: click.Context, agent: str | None, follow: bool, lines: int) -> Non
 
 def read_supervisor_state(ws: Workspace) -> dict[str, Any]:
     try:
-        state = json.loads((ws.runs_path / "supervisor.json").read_text())
+        return sane_state(json.loads((ws.runs_path / "supervisor.json").read_text()))
     except (OSError, ValueError):
         return {}
-    return state if isinstance(state, dict) else {}

@@ -1,9 +1,11 @@
-"""The command line's arguments checked as hostile input: numbers finite and in range, JSON bounded
-in size and depth, text that is UTF-8, and JSON printed without raw control characters (all pure)."""
+"""What the command line reads, checked as hostile input: arguments (numbers finite and in range,
+JSON bounded in size and depth, text that is UTF-8), the supervisor's state file, and JSON printed
+without raw control characters (all pure)."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -86,3 +88,37 @@ def parse_steps(text: str) -> Any:
     if steps is None or json_depth(steps) > MAX_JSON_DEPTH:
         raise UsageError(f"--steps nests deeper than {MAX_JSON_DEPTH} levels")
     return steps
+
+
+def _pid(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 22 else None
+
+
+def _seconds(value: Any) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    return float(value) if ok else None
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def sane_state(raw: Any) -> dict[str, Any]:
+    """supervisor.json (or a status reply) as the CLI may use it: pids are pids, times are numbers,
+    agents a mapping of names to mappings, texts are text; anything else is dropped, so a damaged
+    or forged file cannot crash `status` or `down` or aim them at another process."""
+    if not isinstance(raw, dict):
+        return {}
+    state = {key: raw[key] for key in ("started_at", "workspace", "shutting_down") if key in raw}
+    if _pid(raw.get("pid")) is not None and _seconds(raw.get("pid_started")) is not None:
+        state["pid"], state["pid_started"] = raw["pid"], float(raw["pid_started"])
+    agents = raw.get("agents") if isinstance(raw.get("agents"), dict) else {}
+    state["agents"] = {str(name): {
+        "pid": _pid(agent.get("pid")), "pid_started": _seconds(agent.get("pid_started")),
+        "state": _text(agent.get("state")), "task": _text(agent.get("task")),
+        "last_exit": _text(agent.get("last_exit")), "started_at": _text(agent.get("started_at")),
+        "uptime_s": _seconds(agent.get("uptime_s")), "log": _text(agent.get("log")),
+        "digest": _text(agent.get("digest")),
+        "restarts": agent["restarts"] if isinstance(agent.get("restarts"), int) else 0,
+    } for name, agent in agents.items() if isinstance(agent, dict)}
+    return state

@@ -80,3 +80,31 @@ def test_up_with_an_empty_agents_list_is_refused_at_once(ws):
                           timeout=30)
     assert done.returncode == 2 and "--agents names no agent; agents: worker-1, worker-2" in done.stderr, done.stderr
     assert not (ws / "runs" / "supervisor.json").exists()
+
+
+@pytest.mark.parametrize("state", [
+    {"pid": "x"}, {"pid": 1, "pid_started": "x"}, {"agents": [1]}, {"agents": {"a": 1}},
+    {"agents": {"a": {"pid": "12", "pid_started": [], "restarts": "many", "task": {"x": 1}}}}, [1, 2], "text",
+])
+def test_a_damaged_or_forged_state_file_never_crashes_status_down_or_restart(ws, state):
+    (ws / "runs" / "supervisor.json").write_text(json.dumps(state))
+    for args, code in ((["status"], 0), (["status", "--json"], 0), (["down"], 0), (["restart", "a"], 1)):
+        result = CliRunner().invoke(main, ["-w", str(ws), *args])
+        assert result.exit_code == code and not isinstance(result.exception, (TypeError, AttributeError)), \
+            (args, result.output, result.exception)
+
+
+def test_down_never_signals_a_process_that_is_not_the_supervisor(ws):
+    import psutil
+
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        started = psutil.Process(victim.pid).create_time()
+        (ws / "runs" / "supervisor.json").write_text(json.dumps({"pid": victim.pid, "pid_started": started}))
+        result = CliRunner().invoke(main, ["-w", str(ws), "down", "--timeout", "1"])
+        assert result.exit_code == 1, result.output
+        assert f"pid {victim.pid} in {ws / 'runs' / 'supervisor.json'} is not hermes-sup up" in result.output
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait()
