@@ -12,6 +12,7 @@ import functools
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -769,21 +770,49 @@ def logs(ctx: click.Context, agent: str | None, follow: bool, lines: int) -> Non
     chosen = [agent] if agent else names
     width = max((len(name) for name in chosen), default=0)
     offsets = {}
-    for name in chosen:
+    for name in list(chosen):
         path = ws.runs_path / name / "agent.log"
         try:
-            data = path.read_bytes()
-        except FileNotFoundError:
+            found = last_lines(path, lines)
+        except Failure as exc:
+            err.print(Text.assemble(("note:", "yellow"), " ", literal(str(exc))))
+            chosen.remove(name)
             continue
-        offsets[name] = len(data)
-        for line in data.decode("utf-8", "replace").splitlines()[-lines:] if lines else []:
-            click.echo(visible(f"{name:<{width}} | {line}", one_line=True))
+        if found is None:
+            continue
+        tail, offsets[name] = found
+        for line in tail:
+            click.echo(visible(f"{name:<{width}} | {line.decode('utf-8', 'replace')}", one_line=True))
     while follow:
         time.sleep(0.2)
         for name in chosen:
             new_lines, offsets[name] = read_complete_lines(ws.runs_path / name / "agent.log", offsets.get(name, 0))
             for line in new_lines:
                 click.echo(visible(f"{name:<{width}} | {line.decode('utf-8', 'replace')}", one_line=True))
+
+
+TAIL_BLOCK = 1 << 16
+
+
+def last_lines(path: Path, count: int) -> tuple[list[bytes], int] | None:
+    """The last `count` lines of a log and its size, read backwards from its end (a log can be
+    large); None if it is not there. A FIFO or a device in its place (/dev/zero never ends) is
+    refused without reading it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise Failure(f"{path} is not a regular file; not reading it")
+        data, start = b"", info.st_size
+        while start > 0 and data.count(b"\n") <= count:
+            step = min(TAIL_BLOCK, start)
+            start -= step
+            handle.seek(start)
+            data = handle.read(step) + data
+    return (data.splitlines()[-count:] if count else []), info.st_size
 
 
 def read_supervisor_state(ws: Workspace) -> dict[str, Any]:

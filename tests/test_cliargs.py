@@ -4,6 +4,7 @@ them: a usage error (exit 2) with a clear message, never a traceback, a NaN dead
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -108,3 +109,21 @@ def test_down_never_signals_a_process_that_is_not_the_supervisor(ws):
     finally:
         victim.kill()
         victim.wait()
+
+
+def test_logs_reads_the_tail_of_a_large_log_and_refuses_a_fifo(ws):
+    log = ws / "runs" / "worker-1" / "agent.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("".join(f"line {index}\n" for index in range(200_000)))  # about 2.3 MB, many blocks
+    result = CliRunner().invoke(main, ["-w", str(ws), "logs", "worker-1", "-n", "3"])
+    assert result.exit_code == 0 and result.output == "".join(
+        f"worker-1 | line {index}\n" for index in (199_997, 199_998, 199_999)), result.output
+    result = CliRunner().invoke(main, ["-w", str(ws), "logs", "worker-1", "-n", "1000000"])
+    assert result.output.count("\n") == 200_000 and result.output.startswith("worker-1 | line 0\n")
+    fifo = ws / "runs" / "worker-2" / "agent.log"
+    fifo.parent.mkdir(parents=True)
+    os.mkfifo(fifo)  # reading it would block until someone writes
+    done = subprocess.run([*CLI, "-w", str(ws), "logs"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert f"note: {fifo} is not a regular file; not reading it" in done.stderr
+    assert "worker-1 | line 199999\n" in done.stdout
