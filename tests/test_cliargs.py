@@ -127,3 +127,18 @@ def test_logs_reads_the_tail_of_a_large_log_and_refuses_a_fifo(ws):
     assert done.returncode == 0, done.stderr
     assert f"note: {fifo} is not a regular file; not reading it" in done.stderr
     assert "worker-1 | line 199999\n" in done.stdout
+
+
+def test_usage_counts_a_damaged_record_without_crashing_or_pricing_it(ws):
+    log = ws / "runs" / "worker-1" / "llm_calls.jsonl"
+    log.parent.mkdir(parents=True)
+    records = [{"outcome": "ok", "tokens_in": "abc", "cost_usd": "x"}, {"outcome": "ok", "tokens_out": 1e400},
+               {"outcome": "ok", "cost_usd": float("nan")}, {"outcome": "ok", "tokens_in": 5, "cost_usd": 0.5}]
+    log.write_text("".join(json.dumps(record) + "\n" for record in records))
+    result = CliRunner().invoke(main, ["-w", str(ws), "usage", "--json"])
+    assert result.exit_code == 0, result.exception
+    total = json.loads(result.stdout)["total"]
+    assert (total["calls"], total["tokens_in"], total["tokens_out"], total["cost_usd"], total["unpriced_calls"]) == \
+        (4, 5, 0, 0.5, 3)
+    result = CliRunner().invoke(main, ["-w", str(ws), "usage"])
+    assert result.exit_code == 0 and "total: 4 calls" in result.output and "nan" not in result.output
