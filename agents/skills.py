@@ -194,6 +194,8 @@ class Skills:
     # -- versions ---------------------------------------------------------------------------------
 
     def history_dir(self, name: str) -> Path:
+        if not SKILL_NAME.fullmatch(name):  # "../../x" would read and write outside skills/
+            raise ToolError(f"skill name {name!r} must match [a-z][a-z0-9_]{{0,63}}")
         return self.folder / ".history" / name
 
     def history(self, name: str) -> list[dict[str, Any]]:

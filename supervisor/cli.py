@@ -693,9 +693,11 @@ def skills() -> None:
     """The skills: Python files that add tools, and instruction skills (SKILL.md)."""
 
 
-def _skills(ctx: click.Context) -> Any:
-    from hermes_sup.agents.skills import Skills  # the agents package is only needed by these commands
+def _skills(ctx: click.Context, name: str | None = None) -> Any:
+    from hermes_sup.agents.skills import SKILL_NAME, Skills  # only these commands need the agents package
 
+    if name is not None and not SKILL_NAME.fullmatch(name):
+        raise Failure(f"{name!r} is not a skill name (a-z, 0-9 and _, starting with a letter)", 2)
     return Skills(workspace_of(ctx).root)
 
 
@@ -722,7 +724,7 @@ def skills_list(ctx: click.Context, as_json: bool) -> None:
 @handled
 def skills_history(ctx: click.Context, name: str, as_json: bool) -> None:
     """The versions of a skill kept by skill_manage and rollbacks, oldest first."""
-    entries = _skills(ctx).history(name)
+    entries = _skills(ctx, name).history(name)
     if as_json:
         emit_json({"skill": name, "versions": entries})
         return
@@ -745,7 +747,7 @@ def skills_rollback(ctx: click.Context, name: str, version: int | None, as_json:
     from hermes_sup.agents.tools import ToolError
 
     try:
-        chosen, skill = _skills(ctx).rollback(name, version, by="cli")
+        chosen, skill = _skills(ctx, name).rollback(name, version, by="cli")
     except ToolError as exc:
         raise Failure(str(exc)) from None
     if as_json:

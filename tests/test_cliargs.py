@@ -142,3 +142,18 @@ def test_usage_counts_a_damaged_record_without_crashing_or_pricing_it(ws):
         (4, 5, 0, 0.5, 3)
     result = CliRunner().invoke(main, ["-w", str(ws), "usage"])
     assert result.exit_code == 0 and "total: 4 calls" in result.output and "nan" not in result.output
+
+
+def test_a_skill_name_cannot_lead_out_of_skills(ws, tmp_path):
+    from hermes_sup.agents.skills import Skills
+    from hermes_sup.agents.tools import ToolError
+
+    (ws / "skills" / ".history").mkdir(parents=True)
+    (ws / "evil").mkdir()
+    (ws / "evil" / "1.py").write_text("print('planted')\n")
+    for args in (["skills", "rollback", "../../evil"], ["skills", "history", "../../evil"]):
+        result = CliRunner().invoke(main, ["-w", str(ws), *args])
+        assert result.exit_code == 2 and "'../../evil' is not a skill name" in result.output, result.output
+    with pytest.raises(ToolError, match="must match"):  # what skill_manage's rollback calls
+        Skills(ws).rollback("../../evil", by="agent")
+    assert not (tmp_path / "evil.py").exists()
