@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shutil
 import stat
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -222,6 +223,10 @@ def load_config(path: Path, *, skills: Callable[[], Collection[str]] | None = No
         _check_agent(agent, fail)
         name, count = agent["name"], agent.get("count", 1)
         expanded = [name] if count == 1 else [f"{name}-{index}" for index in range(1, count + 1)]
+        command = agent.get("command")
+        if command and not _runnable(command[0], path.parent / "runs" / expanded[0], agent.get("env") or {}):
+            raise fail(agent, f"agent {name}: command {command[0]!r} is not an executable file"
+                              + ("" if "/" in command[0] else " on PATH"))
         for item in expanded:
             if item in names:
                 raise fail(agent, f"agent name '{item}' is used twice")
@@ -248,6 +253,17 @@ def _read_regular(path: Path, limit: int) -> bytes:
         raise ConfigError(f"{path}: cannot be read: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
+
+
+def _runnable(program: str, workdir: Path, env: dict[str, Any]) -> bool:
+    """Whether the supervisor can start `program` for an agent whose working directory is
+    `workdir` (the way Popen looks it up: a path from there, else a name on the agent's PATH).
+    Found now, not when a reload is half done."""
+    if "/" in program:
+        # Lexically: the working directory is only made when the agent starts.
+        candidate = Path(os.path.normpath(program if os.path.isabs(program) else workdir / program))
+        return candidate.is_file() and os.access(candidate, os.X_OK)
+    return shutil.which(program, path=str(env.get("PATH") or os.environ.get("PATH", os.defpath))) is not None
 
 
 def skill_names(root: Path) -> set[str]:

@@ -36,6 +36,8 @@ def test_a_broken_reload_never_touches_the_running_team(tmp_path, up):  # noqa: 
         (good + f"    env: {{X: {DEEP}}}\n", ":7: invalid YAML: nested more than 32 levels deep"),
         (good + f"    max_iterations: {'9' * 5000}\n", ": invalid YAML: Exceeds the limit"),
         ("agents: [\n", ":2: invalid YAML"),
+        (good + "  - name: other\n    command: [/nonexistent/agent]\n",
+         ":7: agent other: command '/nonexistent/agent' is not an executable file"),
     ]
     for text, message in broken:
         config.write_text(text)

@@ -185,6 +185,24 @@ def test_unreadable_and_non_utf8_and_oversized_configs_are_config_errors(tmp_pat
         load_config(path)
 
 
+def test_an_agent_command_must_be_runnable(tmp_path):
+    path = tmp_path / "hermes.yaml"
+    script = tmp_path / "agent.sh"
+    script.write_text("#!/bin/sh\n")
+    for command, message in (("[/nonexistent/agent]", "command '/nonexistent/agent' is not an executable file"),
+                             (f"[{script}]", f"command '{script}' is not an executable file"),
+                             ("[no-such-program-here, x]", "command 'no-such-program-here' is not an executable "
+                                                           "file on PATH")):
+        path.write_text(f"agents:\n  - name: a\n  - name: b\n    command: {command}\n")
+        with pytest.raises(ConfigError) as info:
+            load_config(path)
+        assert str(info.value) == f"{path}:3: agent b: {message}"
+    script.chmod(0o755)
+    for command in (f"[{script}]", "[sh, -c, 'true']", "[../../agent.sh]"):  # the last: from runs/b/
+        path.write_text(f"agents:\n  - name: b\n    command: {command}\n")
+        assert load_config(path)["agents"][0]["command"][0] in (str(script), "sh", "../../agent.sh")
+
+
 def test_skills_and_toolsets_an_agent_names_must_exist(tmp_path):
     path = tmp_path / "hermes.yaml"
     path.write_text("agents:\n  - name: a\n    skills: [data_tools]\n    toolsets: [files, summarize]\n"
