@@ -591,12 +591,13 @@ def _ask(ctx: click.Context, payload: dict[str, Any], as_json: bool) -> dict[str
     reply = ask_supervisor(ws, payload)
     if reply is None:
         raise Failure("the supervisor did not answer on its control socket")
+    message = str(reply.get("message", "ok" if reply.get("ok") else "refused"))
     if as_json:
         emit_json(reply)
     elif reply.get("ok"):
-        out.print(literal(reply.get("message", "ok")))
+        out.print(literal(message))
     if not reply.get("ok"):
-        raise Failure(reply.get("message", "refused"), 2 if "reload refused" in reply.get("message", "") else 1)
+        raise Failure(message, 2 if "reload refused" in message else 1)
     return reply
 
 

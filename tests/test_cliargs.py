@@ -157,3 +157,33 @@ def test_a_skill_name_cannot_lead_out_of_skills(ws, tmp_path):
     with pytest.raises(ToolError, match="must match"):  # what skill_manage's rollback calls
         Skills(ws).rollback("../../evil", by="agent")
     assert not (tmp_path / "evil.py").exists()
+
+
+@pytest.mark.parametrize(("answer", "message"), [
+    (b'{"ok": false, "message": 5}\n', "error: 5"),
+    (b"[1]\n", "answered something that is not a reply"),
+    (b"\x00garbage\n", "answered something that is not a reply"),
+])
+def test_a_strange_answer_on_the_control_socket_is_an_error_message(ws, answer, message):
+    import socket
+    import threading
+
+    import psutil
+
+    me = psutil.Process()
+    (ws / "runs" / "supervisor.json").write_text(json.dumps({"pid": me.pid, "pid_started": me.create_time()}))
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(ws / "runs" / "control.sock"))
+        server.listen(1)
+
+        def serve() -> None:
+            conn, _ = server.accept()
+            with conn:
+                conn.makefile("rb").readline()
+                conn.sendall(answer)
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        result = CliRunner().invoke(main, ["-w", str(ws), "restart", "a"])
+        thread.join(timeout=10)
+    assert result.exit_code == 1 and message in result.output, (result.output, result.exception)
