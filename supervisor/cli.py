@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.text import Text
 
 from . import render
-from .cliargs import MAX_PRIORITY, Seconds, UsageError, json_text, not_utf8, parse_steps, sane_state
+from .cliargs import MAX_PRIORITY, Seconds, UsageError, json_text, not_utf8, parse_steps, pid_or_none, sane_state
 from .doctor import run_checks
 from .runner import Supervisor, request, tree_rss_mb
 from .spec import build_specs
@@ -488,6 +488,8 @@ class LogTail:
     def _drain(self) -> None:
         width = max((len(name) for name in self.children), default=0)
         for name, child in list(self.children.items()):
+            if not is_regular(child.spec.workdir / "agent.log"):
+                continue
             lines, self.offsets[name] = read_complete_lines(child.spec.workdir / "agent.log", self.offsets.get(name, 0))
             for line in lines:
                 self.console.print(Text.assemble((visible(f"{name:<{width}}"), "cyan"), " | ",
@@ -501,7 +503,10 @@ def live_children(runs: Path, name: str) -> list[dict[str, Any]]:
         children = json.loads((runs / name / "state.json").read_text()).get("children") or []
     except (OSError, ValueError, AttributeError):
         return []
-    return [child for child in children if isinstance(child, dict) and psutil.pid_exists(child.get("pid") or 0)]
+    if not isinstance(children, list):  # the agent's own file: as damaged as the agent left it
+        return []
+    return [child for child in children if isinstance(child, dict)
+            and pid_or_none(child.get("pid")) is not None and psutil.pid_exists(child["pid"])]
 
 
 def status_rows(state: dict[str, Any], runs: Path) -> list[dict[str, Any]]:
@@ -789,9 +794,20 @@ def logs(ctx: click.Context, agent: str | None, follow: bool, lines: int) -> Non
     while follow:
         time.sleep(0.2)
         for name in chosen:
+            if not is_regular(ws.runs_path / name / "agent.log"):
+                continue
             new_lines, offsets[name] = read_complete_lines(ws.runs_path / name / "agent.log", offsets.get(name, 0))
             for line in new_lines:
                 click.echo(visible(f"{name:<{width}} | {line.decode('utf-8', 'replace')}", one_line=True))
+
+
+def is_regular(path: Path) -> bool:
+    """Whether `path` is a regular file: a log an agent replaced by a FIFO would block its reader
+    (up's log thread, then up's shutdown) forever."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 TAIL_BLOCK = 1 << 16

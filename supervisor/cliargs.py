@@ -90,7 +90,8 @@ def parse_steps(text: str) -> Any:
     return steps
 
 
-def _pid(value: Any) -> int | None:
+def pid_or_none(value: Any) -> int | None:
+    """`value` if it can be a process id, else None."""
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 22 else None
 
 
@@ -110,11 +111,11 @@ def sane_state(raw: Any) -> dict[str, Any]:
     if not isinstance(raw, dict):
         return {}
     state = {key: raw[key] for key in ("started_at", "workspace", "shutting_down") if key in raw}
-    if _pid(raw.get("pid")) is not None and _seconds(raw.get("pid_started")) is not None:
+    if pid_or_none(raw.get("pid")) is not None and _seconds(raw.get("pid_started")) is not None:
         state["pid"], state["pid_started"] = raw["pid"], float(raw["pid_started"])
     agents = raw.get("agents") if isinstance(raw.get("agents"), dict) else {}
     state["agents"] = {str(name): {
-        "pid": _pid(agent.get("pid")), "pid_started": _seconds(agent.get("pid_started")),
+        "pid": pid_or_none(agent.get("pid")), "pid_started": _seconds(agent.get("pid_started")),
         "state": _text(agent.get("state")), "task": _text(agent.get("task")),
         "last_exit": _text(agent.get("last_exit")), "started_at": _text(agent.get("started_at")),
         "uptime_s": _seconds(agent.get("uptime_s")), "log": _text(agent.get("log")),

@@ -187,3 +187,17 @@ def test_a_strange_answer_on_the_control_socket_is_an_error_message(ws, answer, 
         result = CliRunner().invoke(main, ["-w", str(ws), "restart", "a"])
         thread.join(timeout=10)
     assert result.exit_code == 1 and message in result.output, (result.output, result.exception)
+
+
+@pytest.mark.parametrize("children", [5, {"a": 1}, [{"pid": "x"}, {"pid": 2**80}, {"pid": -3}, "child"]])
+def test_status_survives_a_damaged_state_json_of_a_running_agent(ws, children):
+    import psutil
+
+    me = psutil.Process()  # stands in for a running agent: its pid and start time match
+    (ws / "runs" / "supervisor.json").write_text(json.dumps(
+        {"agents": {"a": {"pid": me.pid, "pid_started": me.create_time(), "state": "running"}}}))
+    (ws / "runs" / "a").mkdir()
+    (ws / "runs" / "a" / "state.json").write_text(json.dumps({"children": children}))
+    result = CliRunner().invoke(main, ["-w", str(ws), "status", "--json"])
+    assert result.exit_code == 0, result.exception
+    assert json.loads(result.stdout)["agents"][0]["children"] == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -170,3 +171,24 @@ def test_a_control_character_in_hermes_yaml_is_refused_with_its_line(tmp_path):
     path.write_text("agents:\n  - name: a\n    identity: \"x\x1b]0;pwned\"\n")
     with pytest.raises(ConfigError, match=r"hermes\.yaml:3: invalid YAML: character 0x001b is not allowed"):
         load_config(path)
+
+
+def test_up_stops_even_when_an_agent_log_was_replaced_by_a_fifo(ws, tmp_path):
+    (ws / "hermes.yaml").write_text(f"agents:\n  - name: w\n    command: [{sys.executable}, "
+                                    f"{Path(__file__).parent / 'fake_agent.py'}, beat]\n")
+    err = tmp_path / "up.err"
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen([*CLI, "-w", str(ws), "up"], stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        state = ws / "runs" / "supervisor.json"
+        wait_until(lambda: state.exists() and json.loads(state.read_text())["agents"]["w"]["state"] == "running",
+                   timeout=30)
+        log = ws / "runs" / "w" / "agent.log"
+        log.unlink()
+        os.mkfifo(log)  # reading it blocks until someone writes
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0, err.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
