@@ -98,6 +98,7 @@ def handled(func: F) -> F:
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document to stdout.")
 
+
 def workspace_of(ctx: click.Context) -> Workspace:
     return find_workspace(ctx.obj.get("workspace"))
 
