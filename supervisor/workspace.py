@@ -94,6 +94,8 @@ MAX_NESTING = 32  # hermes.yaml needs about 6 levels; PyYAML's composer recurses
 MAX_COUNT = 64  # each agent is a Python process of its own: more than this is a typo, not a team
 MAX_LOG_KEEP = 100  # the agent renames each kept file on every rotation
 MAX_WHOLE = 10**9  # other whole numbers: far above any sane setting, and exact in JSON and floats
+MAX_SECONDS = 86_400  # every duration in hermes.yaml
+UP_TO_A_DAY = f" and at most {MAX_SECONDS:,}"
 # One path component under runs/ that cannot be one of the supervisor's own files there
 # (supervisor.json, supervisor.lock, notify.sock, skills.json, ...: they all hold a dot).
 AGENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
@@ -351,6 +353,12 @@ def _number(value: Any) -> bool:
         return False
 
 
+def _seconds(value: Any, *, zero: bool = False) -> bool:
+    """A duration: finite, > 0 (>= 0 with `zero`), and at most a day, since `down` and the
+    supervisor's deadlines wait that long: a year-long stop_timeout is a hang, not a setting."""
+    return _number(value) and (value >= 0 if zero else value > 0) and value <= MAX_SECONDS
+
+
 def _whole(value: Any, low: int, high: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
@@ -392,8 +400,9 @@ def _check_providers(raw: dict[str, Any], fail: Any) -> None:
             raise fail(spec, f"provider {name}: unknown kind {kind!r}; kinds are {', '.join(PROVIDER_KINDS)}")
         if kind in ("openai", "anthropic") and (not isinstance(spec.get("model"), str) or not spec["model"]):
             raise fail(spec, f"provider {name}: kind {kind} needs a 'model'")
-        if "timeout" in spec and (not _number(spec["timeout"]) or spec["timeout"] <= 0):
-            raise fail(spec, f"provider {name}: 'timeout' must be a number of seconds > 0, got {spec['timeout']!r}")
+        if "timeout" in spec and not _seconds(spec["timeout"]):
+            raise fail(spec, f"provider {name}: 'timeout' must be a number of seconds > 0{UP_TO_A_DAY}, "
+                             f"got {spec['timeout']!r}")
         for key in ("max_tokens", "context_window"):
             if key in spec and not _whole(spec[key], 1, MAX_WHOLE):
                 raise fail(spec, f"provider {name}: '{key}' must be a whole number from 1 to {MAX_WHOLE:,}, "
@@ -429,8 +438,9 @@ def _check_tools(node: dict[str, Any], where: str, fail: Any) -> None:
                                   or any(k not in (*fields, "__line__") for k in value)):
             raise fail(node, f"{where}: '{key}' must be a mapping with {', '.join(fields)}")
         value = value or {}
-        if "timeout" in value and (not _number(value["timeout"]) or value["timeout"] <= 0):
-            raise fail(value, f"{where}: '{key}.timeout' must be a number of seconds > 0, got {value['timeout']!r}")
+        if "timeout" in value and not _seconds(value["timeout"]):
+            raise fail(value, f"{where}: '{key}.timeout' must be a number of seconds > 0{UP_TO_A_DAY}, "
+                              f"got {value['timeout']!r}")
     terminal = node.get("terminal") or {}
     approve = terminal.get("approve", [])
     if not isinstance(approve, list) or not all(isinstance(rule, str) for rule in approve):
@@ -447,10 +457,11 @@ def _check_tools(node: dict[str, Any], where: str, fail: Any) -> None:
 def _check_settings(node: dict[str, Any], where: str, fail: Any) -> None:
     """Types and ranges of the supervision settings, in `defaults` or one agent."""
     for key in ("stop_timeout", "heartbeat_timeout"):
-        if key in node and (not _number(node[key]) or node[key] <= 0):
-            raise fail(node, f"{where}: '{key}' must be a number of seconds > 0, got {node[key]!r}")
-    if "orphan_grace" in node and (not _number(node["orphan_grace"]) or node["orphan_grace"] < 0):
-        raise fail(node, f"{where}: 'orphan_grace' must be a number of seconds >= 0, got {node['orphan_grace']!r}")
+        if key in node and not _seconds(node[key]):
+            raise fail(node, f"{where}: '{key}' must be a number of seconds > 0{UP_TO_A_DAY}, got {node[key]!r}")
+    if "orphan_grace" in node and not _seconds(node["orphan_grace"], zero=True):
+        raise fail(node, f"{where}: 'orphan_grace' must be a number of seconds >= 0{UP_TO_A_DAY}, "
+                         f"got {node['orphan_grace']!r}")
     if "max_rss_mb" in node and node["max_rss_mb"] is not None and (
             not _number(node["max_rss_mb"]) or node["max_rss_mb"] <= 0):
         raise fail(node, f"{where}: 'max_rss_mb' must be a number > 0 or null, got {node['max_rss_mb']!r}")
@@ -480,15 +491,15 @@ def _check_settings(node: dict[str, Any], where: str, fail: Any) -> None:
     if "max_restarts" in restart and not _whole(restart["max_restarts"], 0, MAX_WHOLE):
         raise fail(restart, f"{where}: 'max_restarts' must be a whole number from 0 to {MAX_WHOLE:,}")
     for key in ("window", "reset_after"):
-        if key in restart and (not _number(restart[key]) or restart[key] <= 0):
-            raise fail(restart, f"{where}: 'restart.{key}' must be a number of seconds > 0")
+        if key in restart and not _seconds(restart[key]):
+            raise fail(restart, f"{where}: 'restart.{key}' must be a number of seconds > 0{UP_TO_A_DAY}")
     backoff = restart.get("backoff")
     if backoff is not None:
         if not isinstance(backoff, dict) or any(k not in ("initial", "max", "__line__") for k in backoff):
             raise fail(restart, f"{where}: 'restart.backoff' must be a mapping with 'initial' and 'max'")
         for key in ("initial", "max"):
-            if key in backoff and (not _number(backoff[key]) or backoff[key] < 0):
-                raise fail(backoff, f"{where}: 'backoff.{key}' must be a number of seconds >= 0")
+            if key in backoff and not _seconds(backoff[key], zero=True):
+                raise fail(backoff, f"{where}: 'backoff.{key}' must be a number of seconds >= 0{UP_TO_A_DAY}")
         if _number(backoff.get("initial")) and _number(backoff.get("max")) and backoff["initial"] > backoff["max"]:
             raise fail(backoff, f"{where}: 'backoff.initial' is larger than 'backoff.max'")
 

@@ -107,6 +107,12 @@ LAUGHS = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
         (f"defaults:\n  stop_timeout: 1{'0' * 400}\n", ":2: defaults: 'stop_timeout' must be a number of seconds"),
         ("defaults:\n  restart: {backoff: {max: .inf}}\n", ":2: defaults: 'backoff.max' must be a number"),
         ("defaults:\n  max_cost: .nan\n", ":2: defaults: 'max_cost' must be a number > 0"),
+        ("defaults:\n  stop_timeout: 31536000\n", ":2: defaults: 'stop_timeout' must be a number of seconds > 0 "
+                                                "and at most 86,400, got 31536000"),
+        ("defaults:\n  restart: {window: 1000000000.0}\n", ":2: defaults: 'restart.window' must be a number of seconds > 0 "
+                                                "and at most 86,400"),
+        ("agents:\n  - name: a\n    delegation: {timeout: 10000000.0}\n", ":3: agent a: 'delegation.timeout' must be a "
+                                                                  "number of seconds > 0 and at most 86,400"),
         ("providers:\n  x: {model: m, timeout: .nan}\n", ":2: provider x: 'timeout' must be a number of seconds"),
         ("agents:\n  - name: a\nagents:\n  - name: b\n", ":3: invalid YAML: duplicate key 'agents' (first on line 1)"),
         ("agents:\n  - name: a\n    roles: [x]\n    roles: [y]\n", ":4: invalid YAML: duplicate key 'roles'"),
