@@ -109,8 +109,8 @@ LAUGHS = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
         ("defaults:\n  max_cost: .nan\n", ":2: defaults: 'max_cost' must be a number > 0"),
         ("defaults:\n  stop_timeout: 31536000\n", ":2: defaults: 'stop_timeout' must be a number of seconds > 0 "
                                                 "and at most 86,400, got 31536000"),
-        ("defaults:\n  restart: {window: 1000000000.0}\n", ":2: defaults: 'restart.window' must be a number of seconds > 0 "
-                                                "and at most 86,400"),
+        ("defaults:\n  restart: {window: 1000000000.0}\n",
+         ":2: defaults: 'restart.window' must be a number of seconds > 0 and at most 86,400"),
         ("agents:\n  - name: a\n    delegation: {timeout: 10000000.0}\n", ":3: agent a: 'delegation.timeout' must be a "
                                                                   "number of seconds > 0 and at most 86,400"),
         ("providers:\n  x: {model: m, timeout: .nan}\n", ":2: provider x: 'timeout' must be a number of seconds"),
