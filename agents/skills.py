@@ -149,6 +149,11 @@ class Skills:
                     found[entry.name] = ("instructions", entry / "SKILL.md", source)
         return found
 
+    def names(self) -> set[str]:
+        """The names of the skills present, from their file and folder names alone (nothing is read
+        or run): what `hermes.yaml` may name in an agent's `skills`."""
+        return set(self._found())
+
     def _verdicts(self) -> dict[str, Any]:
         try:
             data = json.loads(self.verdicts_path.read_text())
@@ -229,6 +234,8 @@ class Skills:
     # -- versions ---------------------------------------------------------------------------------
 
     def history_dir(self, name: str) -> Path:
+        if not SKILL_NAME.fullmatch(name):  # "../../x" would read and write outside skills/
+            raise ToolError(f"skill name {name!r} must match [a-z][a-z0-9_]{{0,63}}")
         return self.folder / ".history" / name
 
     def history(self, name: str) -> list[dict[str, Any]]:

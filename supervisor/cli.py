@@ -12,6 +12,7 @@ import functools
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -27,8 +28,10 @@ from hermes_sup.kanban.fsio import read_complete_lines
 from hermes_sup.kanban.liveness import holder_alive
 from hermes_sup.kanban.task import TIERS
 from rich.console import Console
+from rich.text import Text
 
 from . import render
+from .cliargs import MAX_PRIORITY, Seconds, UsageError, json_text, not_utf8, parse_steps, pid_or_none, sane_state
 from .doctor import run_checks
 from .runner import Supervisor, request, tree_rss_mb
 from .spec import build_specs
@@ -38,8 +41,11 @@ from .workspace import ConfigError, Workspace, find_workspace, load_config, scaf
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-out = Console(soft_wrap=False)
-err = Console(stderr=True, soft_wrap=True)  # messages stay one line for scripts and grep
+# Markup and emoji codes off: a string that reaches print() by mistake is still printed as written.
+# What people, agents and models wrote goes through render.literal/visible (see render.py).
+out = Console(soft_wrap=False, markup=False, emoji=False)
+err = Console(stderr=True, soft_wrap=True, markup=False, emoji=False)  # one line per message for grep
+literal, visible = render.literal, render.visible
 
 
 class Failure(Exception):
@@ -54,13 +60,13 @@ def emit_json(document: Any) -> None:
     # Indented for a person at a terminal; one line for a script, which also keeps json on its C
     # encoder (indent makes it several times slower, a third of `board --json` over 10,000 tasks).
     indent = 2 if sys.stdout.isatty() else None
-    click.echo(json.dumps(document, indent=indent, ensure_ascii=False, default=str))
+    click.echo(json_text(document, indent))
 
 
 def _exit(message: str, code: int, as_json: bool) -> NoReturn:
     if as_json:
         emit_json({"error": message, "exit_code": code})
-    err.print(f"[red]error:[/red] {message}", markup=True, highlight=False)
+    err.print(Text.assemble(("error:", "red"), " ", literal(message)), highlight=False)
     sys.exit(code)
 
 
@@ -70,12 +76,19 @@ def handled(func: F) -> F:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         as_json = bool(kwargs.get("as_json"))
+        bad = not_utf8(kwargs)
+        if bad is not None:
+            ctx = click.get_current_context(silent=True)
+            names = {param.name: param.human_readable_name for param in (ctx.command.params if ctx else [])}
+            _exit(f"{names.get(bad, bad)}: the argument is not UTF-8 text", 2, as_json)
         try:
             return func(*args, **kwargs)
         except ConfigError as exc:
             _exit(str(exc), 2, as_json)
         except Failure as exc:
             _exit(str(exc), exc.code, as_json)
+        except UsageError as exc:
+            _exit(str(exc), 2, as_json)
         except (BoardError, TaskError) as exc:
             _exit(str(exc), 1, as_json)
         except OSError as exc:
@@ -140,10 +153,10 @@ def init(directory: Path | None, example: bool, as_json: bool) -> None:
         emit_json({"workspace": str(root), "created": created})
         return
     if created:
-        out.print(f"workspace ready in {root}: created {', '.join(created)}")
+        out.print(literal(f"workspace ready in {root}: created {', '.join(created)}"))
     else:
-        out.print(f"{root} is already a workspace; nothing to create")
-    out.print("next: [bold]hermes-sup up[/bold], then drop a task file into kanban/inbox/")
+        out.print(literal(f"{root} is already a workspace; nothing to create"))
+    out.print(Text.assemble("next: ", ("hermes-sup up", "bold"), ", then drop a task file into kanban/inbox/"))
 
 
 # -- tasks ------------------------------------------------------------------------------------------
@@ -156,12 +169,13 @@ def task() -> None:
 @task.command("add")
 @click.argument("title")
 @click.option("--body", default="", help="The instruction for the agent.")
-@click.option("--priority", type=int, default=0, show_default=True, help="Higher is claimed first.")
+@click.option("--priority", type=click.IntRange(-MAX_PRIORITY, MAX_PRIORITY), default=0, show_default=True,
+              help="Higher is claimed first.")
 @click.option("--assignee", help="Only this agent may claim it.")
 @click.option("--role", help="Only agents with this role may claim it.")
 @click.option("--depends-on", "depends_on", multiple=True, help="A task that must be done first (repeatable).")
 @click.option("--tier", type=click.Choice(TIERS), default="auto", show_default=True)
-@click.option("--max-attempts", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--max-attempts", type=click.IntRange(1, 1000), default=3, show_default=True)
 @click.option("--steps", "steps_json", help='A deterministic plan as JSON: [{"tool": NAME, "args": {...}}].')
 @click.option("--id", "task_id", help="Choose the id (default: derived from the title).")
 @json_option
@@ -177,10 +191,7 @@ def task_add(ctx: click.Context, title: str, body: str, priority: int, assignee:
     if task_id:
         fields["id"] = task_id
     if steps_json:
-        try:
-            fields["steps"] = json.loads(steps_json)
-        except ValueError as exc:
-            raise Failure(f"--steps is not valid JSON: {exc}", 2) from None
+        fields["steps"] = parse_steps(steps_json)
     with open_board(ctx) as board:
         refreshed(board)
         doc = board.add(fields, by="cli")
@@ -210,7 +221,7 @@ def task_list(ctx: click.Context, status: str | None, as_json: bool) -> None:
     else:
         out.print("no tasks" + (f" in {status}" if status else ""))
     for item in listing.damaged:
-        err.print(f"[red]damaged:[/red] {item['path']}: {item['reason']}")
+        err.print(Text.assemble(("damaged:", "red"), " ", literal(f"{item['path']}: {item['reason']}")))
 
 
 @task.command("show")
@@ -236,7 +247,7 @@ def _change(ctx: click.Context, as_json: bool, action: Callable[[Board], dict[st
     if as_json:
         emit_json(doc)
     else:
-        out.print(f"{doc['id']}: {doc['history'][-1]['from']} -> {doc['status']}")
+        out.print(literal(f"{doc['id']}: {doc['history'][-1]['from']} -> {doc['status']}"))
 
 
 @task.command("cancel")
@@ -335,7 +346,7 @@ def watch_board(board: Board, as_json: bool) -> None:
             if picture != drawn:
                 drawn = picture
                 if as_json:
-                    click.echo(json.dumps(document, ensure_ascii=False, default=str))
+                    click.echo(json_text(document))
                 elif live is not None:
                     live.update(render.watched_board(document, board.watcher.mode), refresh=True)
                 else:
@@ -372,8 +383,8 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
     else:
         colour = {"ok": "green", "warn": "yellow", "error": "red", "info": "blue"}
         for check in checks:
-            out.print(f"[{colour[check['level']]}]{check['level']:>5}[/] {check['name']}: {check['detail']}",
-                      highlight=False)
+            out.print(Text.assemble((f"{check['level']:>5}", colour[check["level"]]), " ",
+                                    literal(f"{check['name']}: {check['detail']}")), highlight=False)
     if worst == "error":
         sys.exit(1)
 
@@ -383,6 +394,8 @@ def _agents_option(ws: Workspace, config: dict[str, Any], csv: str | None) -> se
         return None
     known = [spec.name for spec in build_specs(config, ws.root)]
     chosen = {name.strip() for name in csv.split(",") if name.strip()}
+    if not chosen:
+        raise Failure(f"--agents names no agent; agents: {', '.join(known)}", 2)
     unknown = sorted(chosen - set(known))
     if unknown:
         raise Failure(f"--agents names unknown agent(s) {', '.join(unknown)}; agents: {', '.join(known)}", 2)
@@ -420,7 +433,7 @@ def up(ctx: click.Context, detach: bool, agents_csv: str | None) -> None:
     console = out if live else err
     try:
         supervisor = Supervisor(ws, config, only=only, say=lambda line: console.print(
-            f"[dim]{time.strftime('%H:%M:%S')}[/dim] {line}", highlight=False))
+            Text.assemble((time.strftime("%H:%M:%S"), "dim"), " ", literal(line)), highlight=False))
         tail = LogTail(supervisor.children, out)
         tail.start()
         if live:
@@ -450,8 +463,8 @@ def _detach(ws: Workspace, agents_csv: str | None) -> int:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            err.print(f"hermes-sup: the supervisor exited with status {proc.returncode}; "
-                      f"see {ws.runs_path}/supervisor.log")
+            err.print(literal(f"hermes-sup: the supervisor exited with status {proc.returncode}; "
+                              f"see {ws.runs_path}/supervisor.log"))
             return 1
         state = read_supervisor_state(ws)
         agents = state.get("agents") or {}
@@ -492,10 +505,13 @@ class LogTail:
     def _drain(self) -> None:
         width = max((len(name) for name in self.children), default=0)
         for name, child in list(self.children.items()):
+            if not is_regular(child.spec.workdir / "agent.log"):
+                continue
             lines, self.offsets[name] = read_complete_lines(child.spec.workdir / "agent.log", self.offsets.get(name, 0))
             for line in lines:
-                self.console.print(f"[cyan]{name:<{width}}[/cyan] | {line.decode('utf-8', 'replace')}",
-                                   highlight=False, markup=True)
+                self.console.print(Text.assemble((visible(f"{name:<{width}}"), "cyan"), " | ",
+                                                 literal(line.decode("utf-8", "replace"), one_line=True)),
+                                   highlight=False, soft_wrap=True)  # a log line stays one line
 
 
 def live_children(runs: Path, name: str) -> list[dict[str, Any]]:
@@ -504,7 +520,10 @@ def live_children(runs: Path, name: str) -> list[dict[str, Any]]:
         children = json.loads((runs / name / "state.json").read_text()).get("children") or []
     except (OSError, ValueError, AttributeError):
         return []
-    return [child for child in children if isinstance(child, dict) and psutil.pid_exists(child.get("pid") or 0)]
+    if not isinstance(children, list):  # the agent's own file: as damaged as the agent left it
+        return []
+    return [child for child in children if isinstance(child, dict)
+            and pid_or_none(child.get("pid")) is not None and psutil.pid_exists(child["pid"])]
 
 
 def status_rows(state: dict[str, Any], runs: Path) -> list[dict[str, Any]]:
@@ -541,6 +560,27 @@ def supervisor_alive(state: dict[str, Any]) -> bool:
     return holder_alive(pid, started, None) is True
 
 
+def is_supervisor_process(pid: int) -> bool:
+    """Whether `pid` runs `hermes-sup up`: checked before signalling it, never trusting the state file."""
+    try:
+        argv = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+    return "up" in argv and any(arg.endswith("hermes-sup") or arg == "hermes_sup.supervisor" for arg in argv)
+
+
+def ask_supervisor(ws: Workspace, payload: dict[str, Any], timeout: float = 10.0) -> dict[str, Any] | None:
+    """One command to the supervisor's control socket; None if nobody listens there."""
+    try:
+        reply = request(ws.runs_path, payload, timeout=timeout)
+    except ValueError:
+        reply = []
+    if reply is not None and not isinstance(reply, dict):
+        raise Failure(f"the supervisor's control socket {ws.runs_path / 'control.sock'} answered something "
+                      "that is not a reply")
+    return reply
+
+
 @main.command()
 @json_option
 @click.pass_context
@@ -551,9 +591,9 @@ def status(ctx: click.Context, as_json: bool) -> None:
     state = read_supervisor_state(ws)
     running = supervisor_alive(state)
     if running:
-        reply = request(ws.runs_path, {"cmd": "status"}, timeout=5)
+        reply = ask_supervisor(ws, {"cmd": "status"}, timeout=5)
         if reply and reply.get("ok"):
-            state = reply["state"]
+            state = sane_state(reply.get("state"))
     rows = status_rows(state, ws.runs_path)
     document = {"running": running, "supervisor_pid": state.get("pid") if running else None,
                 "workspace": str(ws.root), "agents": rows}
@@ -563,7 +603,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
     if not running:
         out.print("hermes-sup is not running in this workspace" + (" (last known state below)" if rows else ""))
     else:
-        out.print(f"hermes-sup running (pid {state.get('pid')}) in {ws.root}")
+        out.print(literal(f"hermes-sup running (pid {state.get('pid')}) in {ws.root}"))
     if rows:
         out.print(render.status_table(rows))
 
@@ -572,15 +612,16 @@ def _ask(ctx: click.Context, payload: dict[str, Any], as_json: bool) -> dict[str
     ws = workspace_of(ctx)
     if not supervisor_alive(read_supervisor_state(ws)):
         raise Failure(f"hermes-sup is not running in {ws.root}; start it with `hermes-sup up`")
-    reply = request(ws.runs_path, payload)
+    reply = ask_supervisor(ws, payload)
     if reply is None:
         raise Failure("the supervisor did not answer on its control socket")
+    message = str(reply.get("message", "ok" if reply.get("ok") else "refused"))
     if as_json:
         emit_json(reply)
     elif reply.get("ok"):
-        out.print(reply.get("message", "ok"))
+        out.print(literal(message))
     if not reply.get("ok"):
-        raise Failure(reply.get("message", "refused"), 2 if "reload refused" in reply.get("message", "") else 1)
+        raise Failure(message, 2 if "reload refused" in message else 1)
     return reply
 
 
@@ -604,7 +645,7 @@ def reload(ctx: click.Context, as_json: bool) -> None:
 
 
 @main.command()
-@click.option("--timeout", type=click.FloatRange(min=0),
+@click.option("--timeout", type=Seconds(),
               help="Seconds before SIGKILL (default: each agent's stop_timeout).")
 @json_option
 @click.pass_context
@@ -636,7 +677,10 @@ def down(ctx: click.Context, timeout: float | None, as_json: bool) -> None:
     payload: dict[str, Any] = {"cmd": "down"}
     if explicit is not None:
         payload["timeout"] = explicit
-    if request(ws.runs_path, payload) is None:
+    if ask_supervisor(ws, payload) is None:
+        if not is_supervisor_process(state["pid"]):
+            raise Failure(f"pid {state['pid']} in {ws.runs_path / 'supervisor.json'} is not hermes-sup up and "
+                          "its control socket does not answer; not signalling it")
         os.kill(state["pid"], signal.SIGTERM)
     wait = timeout + 15  # SIGKILL comes at the timeout; then the agents' exits and the final save
     deadline = time.monotonic() + wait
@@ -677,7 +721,7 @@ def usage(ctx: click.Context, as_json: bool) -> None:
         emit_json({**summary, "notes": notes})
         return
     for note in notes:
-        err.print(f"[yellow]note:[/yellow] {note}")
+        err.print(Text.assemble(("note:", "yellow"), " ", literal(note)))
     total = summary["total"]
     if not total["calls"]:
         out.print("no LLM calls yet")
@@ -696,9 +740,11 @@ def skills() -> None:
     """The skills: Python files that add tools, and instruction skills (SKILL.md)."""
 
 
-def _skills(ctx: click.Context) -> Any:
-    from hermes_sup.agents.skills import Skills  # the agents package is only needed by these commands
+def _skills(ctx: click.Context, name: str | None = None) -> Any:
+    from hermes_sup.agents.skills import SKILL_NAME, Skills  # only these commands need the agents package
 
+    if name is not None and not SKILL_NAME.fullmatch(name):
+        raise Failure(f"{name!r} is not a skill name (a-z, 0-9 and _, starting with a letter)", 2)
     return Skills(workspace_of(ctx).root)
 
 
@@ -725,21 +771,21 @@ def skills_list(ctx: click.Context, as_json: bool) -> None:
 @handled
 def skills_history(ctx: click.Context, name: str, as_json: bool) -> None:
     """The versions of a skill kept by skill_manage and rollbacks, oldest first."""
-    entries = _skills(ctx).history(name)
+    entries = _skills(ctx, name).history(name)
     if as_json:
         emit_json({"skill": name, "versions": entries})
         return
     if not entries:
-        out.print(f"skill {name} has no earlier versions")
+        out.print(literal(f"skill {name} has no earlier versions"))
         return
     for entry in entries:
-        out.print(f"{entry['version']:>3}  {entry['at']}  {entry['digest']}  by {entry['by']}: {entry['note']}",
-                  highlight=False)
+        out.print(literal(f"{entry.get('version', '?'):>3}  {entry.get('at')}  {entry.get('digest')}  "
+                          f"by {entry.get('by')}: {entry.get('note')}", one_line=True), highlight=False)
 
 
 @skills.command("rollback")
 @click.argument("name")
-@click.argument("version", type=click.IntRange(min=1), required=False)
+@click.argument("version", type=click.IntRange(1, 10**9), required=False)
 @json_option
 @click.pass_context
 @handled
@@ -748,20 +794,20 @@ def skills_rollback(ctx: click.Context, name: str, version: int | None, as_json:
     from hermes_sup.agents.tools import ToolError
 
     try:
-        chosen, skill = _skills(ctx).rollback(name, version, by="cli")
+        chosen, skill = _skills(ctx, name).rollback(name, version, by="cli")
     except ToolError as exc:
         raise Failure(str(exc)) from None
     if as_json:
         emit_json({"skill": name, "restored": chosen, **skill.as_dict()})
         return
-    out.print(f"skill {name}: version {chosen} restored ({skill.state}"
-              f"{': ' + skill.error if skill.error else ''})", highlight=False)
+    out.print(literal(f"skill {name}: version {chosen} restored ({skill.state}"
+                      f"{': ' + skill.error if skill.error else ''})"), highlight=False)
 
 
 @main.command()
 @click.argument("agent", required=False)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines (Ctrl-C stops).")
-@click.option("-n", "lines", type=click.IntRange(min=0), default=20, show_default=True, help="Lines of each log.")
+@click.option("-n", "lines", type=click.IntRange(0, 10**9), default=20, show_default=True, help="Lines of each log.")
 @click.pass_context
 @handled
 def logs(ctx: click.Context, agent: str | None, follow: bool, lines: int) -> None:
@@ -773,26 +819,64 @@ def logs(ctx: click.Context, agent: str | None, follow: bool, lines: int) -> Non
     chosen = [agent] if agent else names
     width = max((len(name) for name in chosen), default=0)
     offsets = {}
-    for name in chosen:
+    for name in list(chosen):
         path = ws.runs_path / name / "agent.log"
         try:
-            data = path.read_bytes()
-        except FileNotFoundError:
+            found = last_lines(path, lines)
+        except Failure as exc:
+            err.print(Text.assemble(("note:", "yellow"), " ", literal(str(exc))))
+            chosen.remove(name)
             continue
-        offsets[name] = len(data)
-        for line in data.decode("utf-8", "replace").splitlines()[-lines:] if lines else []:
-            click.echo(f"{name:<{width}} | {line}")
+        if found is None:
+            continue
+        tail, offsets[name] = found
+        for line in tail:
+            click.echo(visible(f"{name:<{width}} | {line.decode('utf-8', 'replace')}", one_line=True))
     while follow:
         time.sleep(0.2)
         for name in chosen:
+            if not is_regular(ws.runs_path / name / "agent.log"):
+                continue
             new_lines, offsets[name] = read_complete_lines(ws.runs_path / name / "agent.log", offsets.get(name, 0))
             for line in new_lines:
-                click.echo(f"{name:<{width}} | {line.decode('utf-8', 'replace')}")
+                click.echo(visible(f"{name:<{width}} | {line.decode('utf-8', 'replace')}", one_line=True))
+
+
+def is_regular(path: Path) -> bool:
+    """Whether `path` is a regular file: a log an agent replaced by a FIFO would block its reader
+    (up's log thread, then up's shutdown) forever."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+TAIL_BLOCK = 1 << 16
+
+
+def last_lines(path: Path, count: int) -> tuple[list[bytes], int] | None:
+    """The last `count` lines of a log and its size, read backwards from its end (a log can be
+    large); None if it is not there. A FIFO or a device in its place (/dev/zero never ends) is
+    refused without reading it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise Failure(f"{path} is not a regular file; not reading it")
+        data, start = b"", info.st_size
+        while start > 0 and data.count(b"\n") <= count:
+            step = min(TAIL_BLOCK, start)
+            start -= step
+            handle.seek(start)
+            data = handle.read(step) + data
+    return (data.splitlines()[-count:] if count else []), info.st_size
 
 
 def read_supervisor_state(ws: Workspace) -> dict[str, Any]:
     try:
-        state = json.loads((ws.runs_path / "supervisor.json").read_text())
+        return sane_state(json.loads((ws.runs_path / "supervisor.json").read_text()))
     except (OSError, ValueError):
         return {}
-    return state if isinstance(state, dict) else {}

@@ -1,7 +1,15 @@
-"""Terminal pictures of the board and of tasks (rich), and the JSON shapes the CLI prints."""
+"""Terminal pictures of the board and of tasks (rich), and the JSON shapes the CLI prints.
+
+Everything a user, an agent or a model wrote (titles, bodies, results, names, log lines, paths,
+error messages) reaches the terminal only through `visible` and `literal`: never as rich markup
+(a title `[/var/tmp]` would raise MarkupError, `[link=...]` would forge a hyperlink), never
+with its control characters (ESC, CSI, OSC, other C0/C1 controls, bidi overrides), which are
+shown as escapes instead.
+"""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +20,29 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
+
+# Every C0 control but tab and newline, DEL, every C1 control (U+009B is a CSI by itself), and the
+# bidirectional overrides and isolates that make text read differently from what it is.
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_CONTROLS_ONE_LINE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return {10: "\\n", 13: "\\r", 9: "\\t"}.get(code) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def visible(value: object, *, one_line: bool = False) -> str:
+    """`value` as text whose control characters are shown as escapes (`\\x1b`, `\\u202e`); with
+    `one_line`, newlines and tabs too (pure)."""
+    text = value if isinstance(value, str) else str(value)
+    return (_CONTROLS_ONE_LINE if one_line else _CONTROLS).sub(_escape, text)
+
+
+def literal(value: object, style: str = "", *, one_line: bool = False, **options: Any) -> Text:
+    """User text as a rich Text: printed exactly (no markup, no emoji codes), controls made visible."""
+    return Text(visible(value, one_line=one_line), style=style, **options)
+
 
 STYLE = {"todo": "cyan", "doing": "yellow", "blocked": "magenta", "done": "green", "failed": "red",
          "cancelled": "dim"}
@@ -48,19 +79,19 @@ def board_document(tasks: list[dict[str, Any]], damaged: list[dict[str, str]],
 
 
 def _card(item: dict[str, Any]) -> Group:
-    lines = [Text(item["id"], style="bold", no_wrap=True, overflow="ellipsis")]
+    lines = [literal(item["id"], "bold", one_line=True, no_wrap=True, overflow="ellipsis")]
     if item["priority"]:
         lines[0].append(f" p{item['priority']}", style="dim")
-    lines.append(Text(item["title"][:80]))
+    lines.append(literal(str(item["title"])[:80], one_line=True))
     who = item.get("agent") or item.get("assignee")
     if who:
-        lines.append(Text(f"@{who}", style="dim", no_wrap=True, overflow="ellipsis"))
+        lines.append(literal(f"@{who}", "dim", one_line=True, no_wrap=True, overflow="ellipsis"))
     if item.get("needs"):
-        lines.append(Text(f"needs {', '.join(item['needs'])}", style="dim"))
+        lines.append(literal(f"needs {', '.join(item['needs'])}", "dim", one_line=True))
     if item["status"] in ("failed", "blocked") and item.get("error"):
-        lines.append(Text(item["error"][:80], style="red"))
+        lines.append(literal(str(item["error"])[:80], "red", one_line=True))
     if item["status"] == "todo" and item.get("waiting"):
-        lines.append(Text(f"waiting: {item['waiting'][:60]}", style="yellow"))
+        lines.append(literal(f"waiting: {str(item['waiting'])[:60]}", "yellow", one_line=True))
     return Group(*lines)
 
 
@@ -86,7 +117,7 @@ def board_picture(document: dict[str, Any]) -> Table:
 
 
 def _damaged(document: dict[str, Any]) -> list[Text]:
-    return [Text(f"damaged: {item['path']}: {item['reason']}", style="red") for item in document["damaged"]]
+    return [literal(f"damaged: {item['path']}: {item['reason']}", "red") for item in document["damaged"]]
 
 
 def print_board(console: Console, document: dict[str, Any]) -> None:
@@ -104,11 +135,12 @@ def watched_board(document: dict[str, Any], mode: str) -> Group:
 
 def print_ingest(console: Console, ingest: dict[str, Any]) -> None:
     for task_id in ingest.get("ingested", []):
-        console.print(f"[green]ingested[/green] {task_id}")
+        console.print(Text.assemble(("ingested", "green"), " ", literal(task_id)))
     for item in ingest.get("rejected", []):
-        console.print(f"[red]rejected[/red] {item['file']}: {item['reason']} (see {item['moved_to']}.error.txt)")
+        console.print(Text.assemble(("rejected", "red"), " ", literal(
+            f"{item['file']}: {item['reason']} (see {item['moved_to']}.error.txt)")))
     for name in ingest.get("waiting", []):
-        console.print(f"[yellow]waiting[/yellow] {name} is still being written")
+        console.print(Text.assemble(("waiting", "yellow"), " ", literal(f"{name} is still being written")))
 
 
 def task_table(tasks: list[dict[str, Any]]) -> Table:
@@ -118,8 +150,9 @@ def task_table(tasks: list[dict[str, Any]]) -> Table:
     for doc in tasks:
         item = summary(doc)
         who = item["agent"] or item["assignee"] or (f"role:{item['role']}" if item["role"] else "")
-        table.add_row(item["id"], Text(item["status"], style=STYLE[item["status"]]), str(item["priority"]),
-                      item["title"], who or "", f"{item['attempts']}/{item['max_attempts']}")
+        table.add_row(literal(item["id"], one_line=True), Text(item["status"], style=STYLE[item["status"]]),
+                      str(item["priority"]), literal(item["title"], one_line=True), literal(who or "", one_line=True),
+                      f"{item['attempts']}/{item['max_attempts']}")
     return table
 
 
@@ -131,25 +164,25 @@ def task_detail(doc: dict[str, Any]) -> Panel:
         if value in (None, [], ""):
             continue
         lines.append(f"{key:>13}: ", style="dim")
-        lines.append(f"{', '.join(value) if isinstance(value, list) else value}\n")
+        lines.append(visible(', '.join(map(str, value)) if isinstance(value, list) else value, one_line=True) + "\n")
     claim = doc.get("claim")
     if claim:
         lines.append(f"{'claim':>13}: ", style="dim")
-        lines.append(f"{claim.get('agent')} (pid {claim.get('pid')}, token {claim.get('token')}, "
-                     f"lease until {claim.get('lease_until')})\n")
+        lines.append(visible(f"{claim.get('agent')} (pid {claim.get('pid')}, token {claim.get('token')}, "
+                             f"lease until {claim.get('lease_until')})", one_line=True) + "\n")
     if doc.get("error"):
         lines.append(f"{'error':>13}: ", style="dim")
-        lines.append(f"{doc['error']}\n", style="red")
+        lines.append(visible(doc["error"]) + "\n", style="red")
     if doc.get("result") is not None:
         lines.append(f"{'result':>13}: ", style="dim")
-        lines.append(f"{doc['result']}\n")
+        lines.append(visible(doc["result"]) + "\n")
     if doc.get("body"):
-        lines.append("\n" + doc["body"] + "\n")
+        lines.append("\n" + visible(doc["body"]) + "\n")
     lines.append("\nhistory\n", style="bold")
     for entry in doc.get("history", []):
-        lines.append(f"  {entry['at']}  {entry.get('from') or '-'} -> {entry['to']}  by {entry['by']}"
-                     f"{'  ' + entry['note'] if entry.get('note') else ''}\n")
-    return Panel(lines, title=f"{doc['id']}: {doc['title']}", title_align="left")
+        lines.append(visible(f"  {entry['at']}  {entry.get('from') or '-'} -> {entry['to']}  by {entry['by']}"
+                             f"{'  ' + str(entry['note']) if entry.get('note') else ''}", one_line=True) + "\n")
+    return Panel(lines, title=literal(f"{doc['id']}: {doc['title']}", one_line=True), title_align="left")
 
 
 AGENT_STYLE = {"running": "green", "starting": "cyan", "backoff": "yellow", "fatal": "bold red", "stopping": "yellow",
@@ -168,14 +201,18 @@ def status_table(rows: list[dict[str, Any]]) -> Table:
         uptime = row.get("uptime_s")
         state = row.get("state") or "-"
         table.add_row(
-            row["name"], str(row.get("pid") or "-"), Text(state, style=AGENT_STYLE.get(state, "")),
-            str(row.get("restarts") or 0), "-" if uptime is None else f"{uptime:.0f}s", row.get("task") or "-",
+            literal(row["name"], one_line=True), literal(row.get("pid") or "-"),
+            literal(state, AGENT_STYLE.get(str(state), ""), one_line=True),
+            literal(row.get("restarts") or 0), "-" if uptime is None else f"{uptime:.0f}s",
+            literal(row.get("task") or "-", one_line=True),
             "-" if row.get("rss_mb") is None else f"{row['rss_mb']:.0f} MB",
-            "-" if row.get("cpu_percent") is None else f"{row['cpu_percent']:.0f}%", row.get("last_exit") or "-",
+            "-" if row.get("cpu_percent") is None else f"{row['cpu_percent']:.0f}%",
+            literal(row.get("last_exit") or "-", one_line=True),
         )
         for child in row.get("children") or []:
-            table.add_row(f"  └ {child['name']}", str(child.get("pid")), Text("child", style="cyan"), "-", "-",
-                          child.get("task") or "-", "-", "-", "-")
+            table.add_row(literal(f"  └ {child.get('name')}", one_line=True), literal(child.get("pid")),
+                          Text("child", style="cyan"), "-", "-", literal(child.get("task") or "-", one_line=True),
+                          "-", "-", "-")
     return table
 
 
@@ -191,8 +228,8 @@ def live_view(snapshot: dict[str, Any], counts: dict[str, int], rss: Callable[[i
     board = Text("board: ", style="bold")
     for status in STATUSES:
         board.append(f"{status} {counts.get(status, 0)}  ", style=STYLE[status])
-    title = Text(f"hermes-sup (pid {snapshot.get('pid')}) in {snapshot.get('workspace')}  Ctrl-C stops",
-                 style="bold")
+    title = literal(f"hermes-sup (pid {snapshot.get('pid')}) in {snapshot.get('workspace')}  Ctrl-C stops",
+                    "bold", one_line=True)
     return Group(title, status_table(now_rows), board)
 
 
@@ -202,7 +239,7 @@ def usage_table(label: str, rows: dict[str, dict[str, Any]]) -> Table:
         table.add_column(column, justify="left" if column == label else "right")
     for key, row in sorted(rows.items(), key=lambda item: -item[1]["cost_usd"]):
         cost = f"${row['cost_usd']:.4f}" + (f" (+{row['unpriced_calls']} unpriced)" if row["unpriced_calls"] else "")
-        table.add_row(key, str(row["calls"]), str(row["failed_calls"]), f"{row['tokens_in']:,}",
+        table.add_row(literal(key, one_line=True), str(row["calls"]), str(row["failed_calls"]), f"{row['tokens_in']:,}",
                       f"{row['tokens_cached']:,}", f"{row['tokens_out']:,}", cost)
     return table
 
@@ -212,7 +249,8 @@ def skills_table(rows: list[dict[str, Any]]) -> Table:
     for column in ("skill", "kind", "source", "state", "tools / description"):
         table.add_column(column)
     for row in rows:
-        state = Text("ok", style="green") if row["state"] == "ok" else Text(f"rejected: {row['error']}", style="red")
-        detail = ", ".join(row["tools"]) if row["kind"] == "python" else row["description"]
-        table.add_row(row["name"], row["kind"], row["source"], state, detail)
+        state = Text("ok", style="green") if row["state"] == "ok" else literal(f"rejected: {row['error']}", "red")
+        detail = ", ".join(map(str, row["tools"])) if row["kind"] == "python" else row["description"]
+        table.add_row(literal(row["name"], one_line=True), literal(row["kind"]), literal(row["source"]), state,
+                      literal(detail))
     return table

@@ -387,9 +387,11 @@ class Supervisor:
             return {"ok": False, "message": STOPPING}
         try:
             config = load_config(self.ws.config_path)
+            wanted = [s for s in build_specs(config, self.ws.root) if self.only is None or s.name in self.only]
         except ConfigError as exc:
             return {"ok": False, "message": f"reload refused, the team is unchanged: {exc}"}
-        wanted = [s for s in build_specs(config, self.ws.root) if self.only is None or s.name in self.only]
+        except Exception as exc:  # a config the checks missed must not end the team it was meant to change
+            return {"ok": False, "message": f"reload refused, the team is unchanged: {type(exc).__name__}: {exc}"}
         plan = plan_reload({name: child.spec for name, child in self.children.items()}, wanted)
         by_name = {spec.name: spec for spec in wanted}
         for name in plan.stop:

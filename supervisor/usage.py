@@ -4,6 +4,7 @@ are counted as unpriced, never as free."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -16,17 +17,29 @@ def _blank() -> dict[str, Any]:
             "unpriced_calls": 0}
 
 
+def _count(value: Any) -> int:
+    """A token count as logged, or 0 for anything that is not one (a damaged or forged record)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _dollars(value: Any) -> float | None:
+    """A cost as logged; None (unpriced, never free) for anything that is not a finite amount."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    return float(value) if ok else None
+
+
 def _add(total: dict[str, Any], record: dict[str, Any]) -> None:
     total["calls"] += 1
     if record.get("outcome") != "ok":
         total["failed_calls"] += 1
         return
     for key in ("tokens_in", "tokens_out", "tokens_cached"):
-        total[key] += int(record.get(key) or 0)
-    if record.get("cost_usd") is None:
+        total[key] += _count(record.get(key))
+    cost = _dollars(record.get("cost_usd"))
+    if cost is None:
         total["unpriced_calls"] += 1
     else:
-        total["cost_usd"] = round(total["cost_usd"] + float(record["cost_usd"]), 8)
+        total["cost_usd"] = round(total["cost_usd"] + cost, 8)
 
 
 def summarize(records: Iterable[tuple[str, dict[str, Any]]]) -> dict[str, Any]:

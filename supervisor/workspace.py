@@ -5,7 +5,12 @@ Config errors name the file and line, because a person has to go and fix them.
 
 from __future__ import annotations
 
+import math
 import os
+import re
+import shutil
+import stat
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,11 +91,55 @@ def find_workspace(explicit: str | os.PathLike[str] | None = None, cwd: Path | N
     )
 
 
+MAX_CONFIG_BYTES = 1 << 20
+MAX_NESTING = 32  # hermes.yaml needs about 6 levels; PyYAML's composer recurses once per level
+MAX_COUNT = 64  # each agent is a Python process of its own: more than this is a typo, not a team
+MAX_LOG_KEEP = 100  # the agent renames each kept file on every rotation
+MAX_WHOLE = 10**9  # other whole numbers: far above any sane setting, and exact in JSON and floats
+MAX_SECONDS = 86_400  # every duration in hermes.yaml
+UP_TO_A_DAY = f" and at most {MAX_SECONDS:,}"
+# One path component under runs/ that cannot be one of the supervisor's own files there
+# (supervisor.json, supervisor.lock, notify.sock, skills.json, ...: they all hold a dot).
+AGENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 class _LineLoader(yaml.SafeLoader):
-    """A SafeLoader that remembers the line of every mapping, for error messages."""
+    """A SafeLoader that remembers the line of every mapping, for error messages, and refuses
+    what a config never needs but an attacker can use: aliases (billion laughs), deep nesting
+    (a RecursionError in the composer), duplicate keys (a second `agents:` replacing the team)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"aliases (*{event.anchor}) are not allowed in hermes.yaml; write the value out",
+                event.start_mark)
+        self._depth += 1
+        try:
+            if self._depth > MAX_NESTING:
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested more than {MAX_NESTING} levels deep", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> dict[str, Any]:
+    seen: dict[Any, int] = {}
+    for key_node, _value in node.value:
+        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # an unhashable key is refused by construct_mapping, with its line
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first on line {seen[key]}); a second one would silently "
+                            "replace the first", key_node.start_mark)
+        seen[key] = key_node.start_mark.line + 1
     mapping = loader.construct_mapping(node, deep=True)
     mapping["__line__"] = node.start_mark.line + 1
     return mapping
@@ -121,21 +170,30 @@ AGENT_KEYS = ("name", "roles", "tier", "skills", "capabilities", "count", "provi
               "delegation")
 
 
-def load_config(path: Path) -> dict[str, Any]:
-    """Read and check hermes.yaml; ConfigError names file:line of the first problem."""
+def load_config(path: Path, *, skills: Callable[[], Collection[str]] | None = None) -> dict[str, Any]:
+    """Read and check hermes.yaml; ConfigError names file:line of the first problem. `skills` gives
+    the names of the skills present (default: discovered beside the file, never run)."""
+    data = _read_regular(path, MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}:1: larger than {MAX_CONFIG_BYTES:,} bytes, the most hermes.yaml may hold")
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot be read: {exc}") from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte {data[exc.start]:#04x})") from None
     try:
         raw = yaml.load(text, Loader=_LineLoader)  # a SafeLoader subclass
+    except yaml.reader.ReaderError as exc:  # a control character: it carries a position, not a mark
+        line = text[:exc.position].count("\n") + 1
+        raise ConfigError(f"{path}:{line}: invalid YAML: character {exc.character:#06x} is not allowed "
+                          "(write it as an escape in a double-quoted string)") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{path}{line}: invalid YAML: {problem}") from None
+    except (ValueError, RecursionError, OverflowError) as exc:  # an integer of 5,000 digits, say
+        raise ConfigError(f"{path}: invalid YAML: {exc}") from None
     if raw is None:
         raw = {"__line__": 1}
     if not isinstance(raw, dict):
@@ -156,48 +214,171 @@ def load_config(path: Path) -> dict[str, Any]:
             raise fail(defaults, f"unknown key 'defaults.{key}'; expected one of {', '.join(DEFAULT_KEYS)}")
     _check_settings(defaults, "defaults", fail)
     _check_providers(raw, fail)
+    _check_prices(raw, fail)
     agents = raw.get("agents") or []
     if not isinstance(agents, list):
         raise fail(raw, "'agents' must be a list")
+    if not agents:
+        raise fail(raw, "no agents: 'agents' must list at least one (a name and its roles)")
     names: set[str] = set()
     for agent in agents:
         if not isinstance(agent, dict):
             raise fail(raw, "each entry of 'agents' must be a mapping with at least a name")
-        for key in agent:
-            if key != "__line__" and key not in AGENT_KEYS:
-                raise fail(agent, f"unknown agent key '{key}'; expected one of {', '.join(AGENT_KEYS)}")
-        name = agent.get("name")
-        if not isinstance(name, str) or not name.strip():
-            raise fail(agent, "an agent needs a 'name'")
-        count = agent.get("count", 1)
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise fail(agent, f"agent {name}: 'count' must be a whole number >= 1")
-        roles = agent.get("roles", [])
-        if not isinstance(roles, list) or not all(isinstance(role, str) for role in roles):
-            raise fail(agent, f"agent {name}: 'roles' must be a list of names")
-        _check_settings(agent, f"agent {name}", fail)
-        if agent.get("tier", "auto") not in TIERS:
-            raise fail(agent, f"agent {name}: unknown tier {agent.get('tier')!r}; tiers are {', '.join(TIERS)}")
-        capabilities = agent.get("capabilities", [])
-        if not isinstance(capabilities, list) or any(c not in CAPABILITIES for c in capabilities):
-            raise fail(agent, f"agent {name}: 'capabilities' must be a list drawn from {', '.join(CAPABILITIES)}")
-        env = agent.get("env", {})
-        if not isinstance(env, dict) or any(isinstance(v, (dict, list)) for k, v in env.items() if k != "__line__"):
-            raise fail(agent, f"agent {name}: 'env' must be a mapping of names to values")
-        command = agent.get("command")
-        if command is not None and (not isinstance(command, list) or not command
-                                    or not all(isinstance(part, str) for part in command)):
-            raise fail(agent, f"agent {name}: 'command' must be a non-empty list of strings")
+        _check_agent(agent, fail)
+        name, count = agent["name"], agent.get("count", 1)
         expanded = [name] if count == 1 else [f"{name}-{index}" for index in range(1, count + 1)]
+        command = agent.get("command")
+        if command and not _runnable(command[0], path.parent / "runs" / expanded[0], agent.get("env") or {}):
+            raise fail(agent, f"agent {name}: command {command[0]!r} is not an executable file"
+                              + ("" if "/" in command[0] else " on PATH"))
         for item in expanded:
             if item in names:
                 raise fail(agent, f"agent name '{item}' is used twice")
             names.add(item)
+    _check_skills(agents, fail, skills or (lambda: skill_names(path.parent)))
     return _strip_lines(raw)
 
 
+def _read_regular(path: Path, limit: int) -> bytes:
+    """At most `limit` bytes of a regular file. A FIFO in its place would block a reload forever
+    and /dev/zero would never end, so the file is opened without blocking and checked first."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(f"{path}: cannot be read: not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read(limit)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+def _runnable(program: str, workdir: Path, env: dict[str, Any]) -> bool:
+    """Whether the supervisor can start `program` for an agent whose working directory is
+    `workdir` (the way Popen looks it up: a path from there, else a name on the agent's PATH).
+    Found now, not when a reload is half done."""
+    if "/" in program:
+        # Lexically: the working directory is only made when the agent starts.
+        candidate = Path(os.path.normpath(program if os.path.isabs(program) else workdir / program))
+        return candidate.is_file() and os.access(candidate, os.X_OK)
+    return shutil.which(program, path=str(env.get("PATH") or os.environ.get("PATH", os.defpath))) is not None
+
+
+def skill_names(root: Path) -> set[str]:
+    """The skills present in the workspace's skills/ and the bundled ones, found by name only:
+    nothing is imported or run."""
+    from hermes_sup.agents.skills import Skills  # only configs that name skills pay for the import
+
+    return Skills(root).names()
+
+
+# The toolsets the built-in tools belong to (agents/: each Tool's `toolset`); a skill's name is one too.
+BUILTIN_TOOLSETS = ("files", "terminal", "memory", "board", "skills", "delegation")
+
+
+def _check_skills(agents: list[Any], fail: Any, present: Callable[[], Collection[str]]) -> None:
+    """Every skill an agent's `skills` or `toolsets` names exists: a typo is found at `up`, not
+    when a task fails for want of a tool."""
+    wanted = [(agent, key, item) for agent in agents for key in ("skills", "toolsets")
+              for item in agent.get(key) or ()]
+    if not wanted:
+        return
+    try:
+        known = set(present())
+    except OSError as exc:
+        raise fail(wanted[0][0], f"the skills cannot be listed: {exc}") from None
+    for agent, key, item in wanted:
+        if item in known or (key == "toolsets" and item in BUILTIN_TOOLSETS):
+            continue
+        choices = sorted(known) if key == "skills" else [*BUILTIN_TOOLSETS, *sorted(known)]
+        what = "no skill" if key == "skills" else "no toolset or skill"
+        raise fail(agent, f"agent {agent['name']}: {key}: {what} named {item!r} "
+                          f"({key} known here: {', '.join(choices) or 'none'})")
+
+
+def _check_agent(agent: dict[str, Any], fail: Any) -> None:
+    """The keys, types and ranges of one entry of `agents`."""
+    for key in agent:
+        if key != "__line__" and key not in AGENT_KEYS:
+            raise fail(agent, f"unknown agent key '{key}'; expected one of {', '.join(AGENT_KEYS)}")
+    name = agent.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise fail(agent, "an agent needs a 'name'")
+    if not AGENT_NAME.fullmatch(name):
+        raise fail(agent, f"agent name {name!r} must be 1 to 64 letters, digits, '-' or '_', starting with a "
+                          "letter or digit (it names the agent's folder under runs/)")
+    count = agent.get("count", 1)
+    if not _whole(count, 1, MAX_COUNT):
+        raise fail(agent, f"agent {name}: 'count' must be a whole number from 1 to {MAX_COUNT}, got {count!r}")
+    for key in ("roles", "skills", "toolsets"):
+        value = agent.get(key, [])
+        if value is None and key == "toolsets":
+            continue
+        if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+            raise fail(agent, f"agent {name}: '{key}' must be a list of names")
+    _check_settings(agent, f"agent {name}", fail)
+    if agent.get("tier", "auto") not in TIERS:
+        raise fail(agent, f"agent {name}: unknown tier {agent.get('tier')!r}; tiers are {', '.join(TIERS)}")
+    capabilities = agent.get("capabilities", [])
+    if not isinstance(capabilities, list) or any(c not in CAPABILITIES for c in capabilities):
+        raise fail(agent, f"agent {name}: 'capabilities' must be a list drawn from {', '.join(CAPABILITIES)}")
+    env = agent.get("env", {})
+    if not isinstance(env, dict) or any(
+            not isinstance(k, str) or not ENV_NAME.fullmatch(k) or isinstance(v, (dict, list))
+            or "\0" in str(v) for k, v in env.items() if k != "__line__"):
+        raise fail(agent, f"agent {name}: 'env' must be a mapping of variable names (letters, digits, '_') "
+                          "to values without NUL")
+    command = agent.get("command")
+    if command is not None and (not isinstance(command, list) or not command
+                                or not all(isinstance(part, str) and part and "\0" not in part
+                                           for part in command)):
+        raise fail(agent, f"agent {name}: 'command' must be a non-empty list of non-empty strings")
+    identity = agent.get("identity")
+    if identity is not None and not isinstance(identity, str):
+        raise fail(agent, f"agent {name}: 'identity' must be text")
+
+
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite int or float: NaN compares false with everything, so no range check would catch it,
+    and an int too large for a float would raise where the specs are built."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def _seconds(value: Any, *, zero: bool = False) -> bool:
+    """A duration: finite, > 0 (>= 0 with `zero`), and at most a day, since `down` and the
+    supervisor's deadlines wait that long: a year-long stop_timeout is a hang, not a setting."""
+    return _number(value) and (value >= 0 if zero else value > 0) and value <= MAX_SECONDS
+
+
+def _whole(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _check_prices(raw: dict[str, Any], fail: Any) -> None:
+    """Dollars per million tokens: a NaN price would make every cost NaN, and a NaN cost never
+    reaches a task's max_cost."""
+    prices = raw.get("prices") or {}
+    if not isinstance(prices, dict):
+        raise fail(raw, "'prices' must be a mapping of model names to {input, output, cached}")
+    for model, entry in prices.items():
+        if model == "__line__":
+            continue
+        if not isinstance(entry, dict) or any(k not in ("input", "output", "cached", "__line__") for k in entry):
+            raise fail(prices, f"price of {model}: must be a mapping with input, output and cached")
+        for key, value in entry.items():
+            if key != "__line__" and (not _number(value) or value < 0):
+                raise fail(entry, f"price of {model}: '{key}' must be a number of dollars >= 0, got {value!r}")
 
 
 def _check_providers(raw: dict[str, Any], fail: Any) -> None:
@@ -221,11 +402,16 @@ def _check_providers(raw: dict[str, Any], fail: Any) -> None:
             raise fail(spec, f"provider {name}: unknown kind {kind!r}; kinds are {', '.join(PROVIDER_KINDS)}")
         if kind in ("openai", "anthropic") and (not isinstance(spec.get("model"), str) or not spec["model"]):
             raise fail(spec, f"provider {name}: kind {kind} needs a 'model'")
-        if "timeout" in spec and (not _number(spec["timeout"]) or spec["timeout"] <= 0):
-            raise fail(spec, f"provider {name}: 'timeout' must be a number of seconds > 0, got {spec['timeout']!r}")
+        if "timeout" in spec and not _seconds(spec["timeout"]):
+            raise fail(spec, f"provider {name}: 'timeout' must be a number of seconds > 0{UP_TO_A_DAY}, "
+                             f"got {spec['timeout']!r}")
         for key in ("max_tokens", "context_window"):
-            if key in spec and (not isinstance(spec[key], int) or isinstance(spec[key], bool) or spec[key] <= 0):
-                raise fail(spec, f"provider {name}: '{key}' must be a whole number > 0, got {spec[key]!r}")
+            if key in spec and not _whole(spec[key], 1, MAX_WHOLE):
+                raise fail(spec, f"provider {name}: '{key}' must be a whole number from 1 to {MAX_WHOLE:,}, "
+                                 f"got {spec[key]!r}")
+        for key in ("model", "base_url", "api_key_env"):
+            if spec.get(key) is not None and not isinstance(spec[key], str):
+                raise fail(spec, f"provider {name}: '{key}' must be text, got {spec[key]!r}")
         if "stream" in spec and not isinstance(spec["stream"], bool):
             raise fail(spec, f"provider {name}: 'stream' must be true or false, got {spec['stream']!r}")
     tiers = raw.get("tiers") or {}
@@ -244,34 +430,56 @@ def _check_providers(raw: dict[str, Any], fail: Any) -> None:
                 raise fail(tiers, f"tier {tier}: no provider named {item!r} (providers: {', '.join(sorted(known))})")
 
 
-def _check_settings(node: dict[str, Any], where: str, fail: Any) -> None:
-    """Types and ranges of the supervision settings, in `defaults` or one agent."""
-    for key in ("stop_timeout", "heartbeat_timeout"):
-        if key in node and (not _number(node[key]) or node[key] <= 0):
-            raise fail(node, f"{where}: '{key}' must be a number of seconds > 0, got {node[key]!r}")
-    if "orphan_grace" in node and (not _number(node["orphan_grace"]) or node["orphan_grace"] < 0):
-        raise fail(node, f"{where}: 'orphan_grace' must be a number of seconds >= 0, got {node['orphan_grace']!r}")
-    if "max_rss_mb" in node and node["max_rss_mb"] is not None and (
-            not _number(node["max_rss_mb"]) or node["max_rss_mb"] <= 0):
-        raise fail(node, f"{where}: 'max_rss_mb' must be a number > 0 or null, got {node['max_rss_mb']!r}")
-    if "log_max_mb" in node and (not _number(node["log_max_mb"]) or node["log_max_mb"] <= 0):
-        raise fail(node, f"{where}: 'log_max_mb' must be a number > 0, got {node['log_max_mb']!r}")
-    if "log_keep" in node and (not isinstance(node["log_keep"], int) or isinstance(node["log_keep"], bool)
-                               or node["log_keep"] < 0):
-        raise fail(node, f"{where}: 'log_keep' must be a whole number >= 0, got {node['log_keep']!r}")
-    for key, kind in (("max_iterations", "whole number"), ("max_tokens", "whole number"), ("max_cost", "number")):
-        value = node.get(key)
-        if value is None:
-            continue
-        whole = isinstance(value, int) and not isinstance(value, bool)
-        if (kind == "whole number" and not whole) or not _number(value) or value <= 0:
-            raise fail(node, f"{where}: '{key}' must be a {kind} > 0 (or absent), got {value!r}")
+def _check_tools(node: dict[str, Any], where: str, fail: Any) -> None:
+    """`terminal` and `delegation` of `defaults` or one agent: the agent converts these with int()
+    and float() when it starts, so a wrong type here would be a crash loop there."""
     for key, fields in (("terminal", ("timeout", "approve")),
                         ("delegation", ("tier", "max_depth", "max_concurrent", "timeout"))):
         value = node.get(key)
         if value is not None and (not isinstance(value, dict)
                                   or any(k not in (*fields, "__line__") for k in value)):
             raise fail(node, f"{where}: '{key}' must be a mapping with {', '.join(fields)}")
+        value = value or {}
+        if "timeout" in value and not _seconds(value["timeout"]):
+            raise fail(value, f"{where}: '{key}.timeout' must be a number of seconds > 0{UP_TO_A_DAY}, "
+                              f"got {value['timeout']!r}")
+    terminal = node.get("terminal") or {}
+    approve = terminal.get("approve", [])
+    if not isinstance(approve, list) or not all(isinstance(rule, str) for rule in approve):
+        raise fail(terminal, f"{where}: 'terminal.approve' must be a list of rule names")
+    delegation = node.get("delegation") or {}
+    if delegation.get("tier", "cheap") not in TIERS:
+        raise fail(delegation, f"{where}: unknown delegation tier {delegation['tier']!r}; tiers are {', '.join(TIERS)}")
+    for key, low, high in (("max_depth", 0, 10), ("max_concurrent", 1, MAX_COUNT)):
+        if key in delegation and not _whole(delegation[key], low, high):
+            raise fail(delegation, f"{where}: 'delegation.{key}' must be a whole number from {low} to {high}, "
+                                   f"got {delegation[key]!r}")
+
+
+def _check_settings(node: dict[str, Any], where: str, fail: Any) -> None:
+    """Types and ranges of the supervision settings, in `defaults` or one agent."""
+    for key in ("stop_timeout", "heartbeat_timeout"):
+        if key in node and not _seconds(node[key]):
+            raise fail(node, f"{where}: '{key}' must be a number of seconds > 0{UP_TO_A_DAY}, got {node[key]!r}")
+    if "orphan_grace" in node and not _seconds(node["orphan_grace"], zero=True):
+        raise fail(node, f"{where}: 'orphan_grace' must be a number of seconds >= 0{UP_TO_A_DAY}, "
+                         f"got {node['orphan_grace']!r}")
+    if "max_rss_mb" in node and node["max_rss_mb"] is not None and (
+            not _number(node["max_rss_mb"]) or node["max_rss_mb"] <= 0):
+        raise fail(node, f"{where}: 'max_rss_mb' must be a number > 0 or null, got {node['max_rss_mb']!r}")
+    if "log_max_mb" in node and (not _number(node["log_max_mb"]) or node["log_max_mb"] <= 0):
+        raise fail(node, f"{where}: 'log_max_mb' must be a number > 0, got {node['log_max_mb']!r}")
+    if "log_keep" in node and not _whole(node["log_keep"], 0, MAX_LOG_KEEP):
+        raise fail(node, f"{where}: 'log_keep' must be a whole number from 0 to {MAX_LOG_KEEP}, "
+                         f"got {node['log_keep']!r}")
+    for key, kind in (("max_iterations", "whole number"), ("max_tokens", "whole number"), ("max_cost", "number")):
+        value = node.get(key)
+        if value is None:
+            continue
+        if (kind == "whole number" and not _whole(value, 1, MAX_WHOLE)) or not _number(value) or value <= 0:
+            limit = f" up to {MAX_WHOLE:,}" if kind == "whole number" else ""
+            raise fail(node, f"{where}: '{key}' must be a {kind} > 0{limit} (or absent), got {value!r}")
+    _check_tools(node, where, fail)
     restart = node.get("restart")
     if restart is None:
         return
@@ -282,19 +490,18 @@ def _check_settings(node: dict[str, Any], where: str, fail: Any) -> None:
             raise fail(restart, f"{where}: unknown key 'restart.{key}'; expected one of {', '.join(RESTART_KEYS)}")
     if "policy" in restart and restart["policy"] not in ("always", "on-failure", "never"):
         raise fail(restart, f"{where}: restart policy must be always, on-failure or never, got {restart['policy']!r}")
-    if "max_restarts" in restart and (not isinstance(restart["max_restarts"], int)
-                                      or isinstance(restart["max_restarts"], bool) or restart["max_restarts"] < 0):
-        raise fail(restart, f"{where}: 'max_restarts' must be a whole number >= 0")
+    if "max_restarts" in restart and not _whole(restart["max_restarts"], 0, MAX_WHOLE):
+        raise fail(restart, f"{where}: 'max_restarts' must be a whole number from 0 to {MAX_WHOLE:,}")
     for key in ("window", "reset_after"):
-        if key in restart and (not _number(restart[key]) or restart[key] <= 0):
-            raise fail(restart, f"{where}: 'restart.{key}' must be a number of seconds > 0")
+        if key in restart and not _seconds(restart[key]):
+            raise fail(restart, f"{where}: 'restart.{key}' must be a number of seconds > 0{UP_TO_A_DAY}")
     backoff = restart.get("backoff")
     if backoff is not None:
         if not isinstance(backoff, dict) or any(k not in ("initial", "max", "__line__") for k in backoff):
             raise fail(restart, f"{where}: 'restart.backoff' must be a mapping with 'initial' and 'max'")
         for key in ("initial", "max"):
-            if key in backoff and (not _number(backoff[key]) or backoff[key] < 0):
-                raise fail(backoff, f"{where}: 'backoff.{key}' must be a number of seconds >= 0")
+            if key in backoff and not _seconds(backoff[key], zero=True):
+                raise fail(backoff, f"{where}: 'backoff.{key}' must be a number of seconds >= 0{UP_TO_A_DAY}")
         if _number(backoff.get("initial")) and _number(backoff.get("max")) and backoff["initial"] > backoff["max"]:
             raise fail(backoff, f"{where}: 'backoff.initial' is larger than 'backoff.max'")
 

@@ -129,7 +129,8 @@ def test_workspace_is_found_upward_and_from_the_environment(ws, tmp_path, monkey
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("agents:\n  - name: a\n    count: zero\n", "hermes.yaml:2: agent a: 'count' must be a whole number >= 1"),
+        ("agents:\n  - name: a\n    count: zero\n",
+         "hermes.yaml:2: agent a: 'count' must be a whole number from 1 to 64"),
         ("agents:\n  - name: a\n  - name: a\n", "hermes.yaml:3: agent name 'a' is used twice"),
         ("agents:\n  - name: a\n    rolez: [x]\n", "hermes.yaml:2: unknown agent key 'rolez'"),
         ("agents: [\n", "hermes.yaml:2: invalid YAML"),
@@ -251,3 +252,21 @@ def test_board_watch_redraws_on_change_events_and_draws_a_burst_once_settled(ws)
     finally:
         proc.terminate()
         assert proc.wait(timeout=10) == 0, "SIGTERM ends the watch like Ctrl-C"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("agents: []\n", "hermes.yaml:1: no agents"),
+        ("agents:\n  - name: a\nagents:\n  - name: b\n", "hermes.yaml:3: invalid YAML: duplicate key 'agents'"),
+        ("agents:\n  - name: a\n    count: 10000\n", "hermes.yaml:2: agent a: 'count' must be a whole number from 1"),
+        ("agents:\n  - name: ../../x\n", "hermes.yaml:2: agent name '../../x' must be"),
+        ("agents:\n  - name: a\n    skills: [nope]\n", "hermes.yaml:2: agent a: skills: no skill named 'nope'"),
+    ],
+)
+def test_up_refuses_a_bad_team_at_once_and_starts_nothing(ws, text, message):
+    (ws / "hermes.yaml").write_text(text)
+    done = subprocess.run([*CLI, "-w", str(ws), "up", "--detach"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (ws / "runs" / "supervisor.json").exists() and not (ws / "runs" / "supervisor.log").exists()

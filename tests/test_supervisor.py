@@ -31,8 +31,10 @@ def hermes(ws: Path, *args: str, timeout: float = 60) -> subprocess.CompletedPro
 def make_ws(tmp_path: Path, agents: str, defaults: str = "") -> Path:
     ws = tmp_path / "ws"
     subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
-    text = "defaults:\n  stop_timeout: 5\n  heartbeat_timeout: 30\n"
-    text += "".join(f"  {line}\n" for line in defaults.splitlines())
+    # A setting given in `defaults` replaces the base one: hermes.yaml refuses a key twice.
+    given = {line.split(":", 1)[0] for line in defaults.splitlines()}
+    base = [line for line in ("stop_timeout: 5", "heartbeat_timeout: 30") if line.split(":")[0] not in given]
+    text = "defaults:\n" + "".join(f"  {line}\n" for line in [*base, *defaults.splitlines()])
     text += "agents:\n" + "".join(f"  {line}\n" for line in agents.splitlines())
     (ws / "hermes.yaml").write_text(text)
     return ws

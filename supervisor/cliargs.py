@@ -1,0 +1,125 @@
+"""What the command line reads, checked as hostile input: arguments (numbers finite and in range,
+JSON bounded in size and depth, text that is UTF-8), the supervisor's state file, and JSON printed
+without raw control characters (all pure)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+import click
+
+
+class UsageError(Exception):
+    """An argument that cannot be used; the CLI exits 2 with this message."""
+
+
+# A lone surrogate: how Python hands over an argument that is not UTF-8; it cannot be written anywhere.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def not_utf8(params: dict[str, Any]) -> str | None:
+    """The name of the first text argument that is not UTF-8, if any (pure)."""
+    for key, value in params.items():
+        if any(isinstance(item, str) and _SURROGATE.search(item)
+               for item in (value if isinstance(value, (tuple, list)) else (value,))):
+            return key
+    return None
+
+
+# JSON escapes C0 controls itself; these it leaves raw, and a terminal would act on them.
+_JSON_RAW_CONTROLS = re.compile("[\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def json_text(document: Any, indent: int | None = None) -> str:
+    """`document` as JSON with no raw control character in it (they only occur inside strings,
+    where an escape means the same)."""
+    text = json.dumps(document, indent=indent, ensure_ascii=False, default=str)
+    if _JSON_RAW_CONTROLS.search(text) is None:
+        return text
+    return _JSON_RAW_CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+MAX_SECONDS = 86_400.0  # a day: more is a typo, and a deadline that never comes
+MAX_PRIORITY = 10**9
+MAX_STEPS_BYTES = 1 << 20  # as for a dropped task file
+MAX_JSON_DEPTH = 32
+
+
+class Seconds(click.ParamType):
+    """A number of seconds from 0 to MAX_SECONDS; click's FloatRange lets NaN through (every
+    comparison with NaN is false) and inf, and either would mean a deadline that never comes."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not 0 <= seconds <= MAX_SECONDS:  # false for NaN too
+            self.fail(f"{value!r} is not a number of seconds from 0 to {MAX_SECONDS:g}", param, ctx)
+        return seconds
+
+
+def json_depth(value: Any) -> int:
+    """How deeply lists and objects nest in a parsed JSON value (pure, iterative)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, dict)):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def parse_steps(text: str) -> Any:
+    """--steps as JSON, bounded in size and depth; Failure (exit 2) says what is wrong."""
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_STEPS_BYTES:
+        raise UsageError(f"--steps is longer than {MAX_STEPS_BYTES:,} bytes")
+    try:
+        steps = json.loads(text)
+    except RecursionError:
+        steps = None
+    except ValueError as exc:
+        raise UsageError(f"--steps is not valid JSON: {exc}") from None
+    if steps is None or json_depth(steps) > MAX_JSON_DEPTH:
+        raise UsageError(f"--steps nests deeper than {MAX_JSON_DEPTH} levels")
+    return steps
+
+
+def pid_or_none(value: Any) -> int | None:
+    """`value` if it can be a process id, else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 22 else None
+
+
+def _seconds(value: Any) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    return float(value) if ok else None
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def sane_state(raw: Any) -> dict[str, Any]:
+    """supervisor.json (or a status reply) as the CLI may use it: pids are pids, times are numbers,
+    agents a mapping of names to mappings, texts are text; anything else is dropped, so a damaged
+    or forged file cannot crash `status` or `down` or aim them at another process."""
+    if not isinstance(raw, dict):
+        return {}
+    state = {key: raw[key] for key in ("started_at", "workspace", "shutting_down") if key in raw}
+    if pid_or_none(raw.get("pid")) is not None and _seconds(raw.get("pid_started")) is not None:
+        state["pid"], state["pid_started"] = raw["pid"], float(raw["pid_started"])
+    agents = raw.get("agents") if isinstance(raw.get("agents"), dict) else {}
+    state["agents"] = {str(name): {
+        "pid": pid_or_none(agent.get("pid")), "pid_started": _seconds(agent.get("pid_started")),
+        "state": _text(agent.get("state")), "task": _text(agent.get("task")),
+        "last_exit": _text(agent.get("last_exit")), "started_at": _text(agent.get("started_at")),
+        "uptime_s": _seconds(agent.get("uptime_s")), "log": _text(agent.get("log")),
+        "digest": _text(agent.get("digest")),
+        "restarts": agent["restarts"] if isinstance(agent.get("restarts"), int) else 0,
+    } for name, agent in agents.items() if isinstance(agent, dict)}
+    return state
