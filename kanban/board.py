@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -37,8 +38,10 @@ from .events import EventTail, event
 from .faults import fault
 from .fsio import (
     AppendLog,
+    create_exclusive,
     dumps,
     read_bytes_nofollow,
+    safe_name,
     tmp_path_for,
     tmp_writer_pid,
     unique_path,
@@ -48,8 +51,9 @@ from .fsio import (
 from .index import BoardIndex
 from .liveness import HOST, holder_alive, stale_reason, start_time
 from .lock import BoardLock, LockTimeout
-from .parse import MAX_BYTES, parse_task_file
+from .parse import parse_task_file
 from .task import (
+    MAX_BYTES,
     STATUSES,
     TaskError,
     can_claim,
@@ -94,6 +98,12 @@ def _reservation_done(task_id: str) -> None:
         if _RESERVED[task_id] <= 0:
             del _RESERVED[task_id]
 ALLOW_NETWORK_FS_ENV = "HERMES_SUP_ALLOW_NETWORK_FS"
+# A task document read back from a status folder is refused past this size: it starts under
+# MAX_BYTES and grows only by its history, comments and result.
+MAX_DOCUMENT_BYTES = 64 * MAX_BYTES
+ERROR_SUFFIX = ".error.txt"
+# The board's own folders and files: never a symlink, or the board would write where it points.
+FOLDERS = (*STATUSES, "inbox", "rejected", ".pending", ".ingested")
 
 
 class BoardError(Exception):
@@ -189,9 +199,21 @@ class Board:
 
     # -- layout and locking -------------------------------------------------------------------
 
+    def _check_links(self, names: Iterable[str] = (*FOLDERS, ".lock", "events.jsonl")) -> None:
+        """Refuse to work through a symlink planted in place of one of the board's folders or files."""
+        for name in names:
+            path = self.root / name
+            if path.is_symlink():
+                raise BoardError(
+                    f"{path} is a symlink (to {safe_name(os.readlink(path), 400)}); the board never works through "
+                    f"links in its own folders. Replace it with a real {'file' if '.' in name[1:] else 'folder'}.")
+            if name in FOLDERS and path.exists() and not path.is_dir():
+                raise BoardError(f"{path} is not a folder; the board keeps its {name}/ tasks there. Move it away.")
+
     def _ensure_layout(self) -> None:
+        self._check_links()
         existing = self.events_path.exists()
-        for name in (*STATUSES, "inbox", "rejected", ".pending", ".ingested"):
+        for name in FOLDERS:
             folder = self.root / name
             if folder.is_dir():
                 continue
@@ -221,6 +243,10 @@ class Board:
                 self._flock.release()
 
     def _path(self, status: str, task_id: str) -> Path:
+        # Every task file name passes here, and a caller's id may be hostile ("../../x", from a
+        # tool call or the command line): only a valid id names a file, and only inside the board.
+        if not is_valid_id(task_id):
+            raise TaskNotFound(f"{_short_text(task_id)} is not a task id")
         return self.root / status / f"{task_id}.json"
 
     def close(self) -> None:
@@ -236,14 +262,31 @@ class Board:
 
     # -- reading --------------------------------------------------------------------------------
 
+    def _raw(self, path: Path) -> bytes:
+        """A task file's bytes; Damaged if it is a symlink, not a regular file, or oversized
+        (never followed, never read without bound: a link to /dev/zero or a FIFO is planted easily)."""
+        try:
+            data = read_bytes_nofollow(path, MAX_DOCUMENT_BYTES)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise Damaged("it is a symlink; the board never follows links in its folders") from None
+            if exc.errno == errno.EINVAL:
+                raise Damaged("it is not a regular file") from None
+            raise Damaged(f"unreadable: {exc.strerror}") from None
+        if len(data) > MAX_DOCUMENT_BYTES:
+            raise Damaged(f"it is larger than {MAX_DOCUMENT_BYTES} bytes")
+        return data
+
     def _read(self, path: Path) -> TaskDoc:
-        return self._parse(path.read_bytes())
+        return self._parse(self._raw(path))
 
     def _parse(self, data: bytes) -> TaskDoc:
         try:
             doc = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise Damaged(f"not valid JSON ({exc})") from exc
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            raise Damaged(f"not valid JSON ({str(exc)[:200]})") from exc
         try:
             return check_document(doc)
         except TaskError as exc:
@@ -255,7 +298,7 @@ class Board:
         order += [status for status in STATUSES if status != hint]
         for status in order:
             path = self._path(status, task_id)
-            if path.exists():
+            if os.path.lexists(path):
                 return status, path
         return None
 
@@ -340,7 +383,7 @@ class Board:
         current = self._path(folder, task_id)
         keeper = tmp_path_for(current)
         try:
-            os.link(current, keeper)
+            os.link(current, keeper, follow_symlinks=False)
         except FileNotFoundError:
             return None
         return keeper
@@ -405,7 +448,7 @@ class Board:
 
     def _move_into_place(self, src_path: Path, dst: str, task_id: str) -> None:
         dst_path = self._path(dst, task_id)
-        if dst_path.exists():
+        if os.path.lexists(dst_path):
             self._quarantine(dst_path, f"a second copy of task {task_id} was in {dst}/ while the task moved there")
         os.rename(src_path, dst_path)
 
@@ -477,15 +520,28 @@ class Board:
         self._log.append(event(entry["at"], doc["id"], entry["from"], folder, "board", entry["note"]))
         return new
 
+    def _set_aside(self, path: Path, name: str, note: str) -> Path:
+        """Move `path` into rejected/ as `name` (made unique), beside `name`.error.txt holding `note`.
+        Nothing planted in rejected/ is written through: the note is created exclusively and
+        without following links, and the move takes a name at which nothing exists."""
+        for _try in range(100):
+            dest = unique_path(self.root / "rejected", name, (ERROR_SUFFIX,))
+            with contextlib.suppress(FileExistsError):
+                create_exclusive(dest.with_name(dest.name + ERROR_SUFFIX), note.encode("utf-8", "backslashreplace"))
+                break
+        else:
+            raise BoardError(f"no free name for {name} in {self.root / 'rejected'}")
+        os.rename(path, dest)
+        return dest
+
     def _quarantine(self, path: Path, reason: str) -> Path:
         """Move a damaged file aside to rejected/ with a note; never delete it."""
         folder = path.parent.name
-        dest = unique_path(self.root / "rejected", f"{folder}--{path.name}")
-        note = (f"{folder}/{path.name} was found damaged on {now_iso()}: {reason}\n"
+        name = safe_name(path.name)
+        note = (f"{folder}/{name} was found damaged on {now_iso()}: {reason}\n"
                 f"It was moved here untouched; every other task stayed where it was. Repair it and move it "
                 f"back into {folder}/ if it is still wanted.\n")
-        (dest.parent / f"{dest.name}.error.txt").write_text(note)
-        os.rename(path, dest)
+        dest = self._set_aside(path, f"{folder}--{name}", note)
         self.problems.append(f"{folder}/{path.name} was damaged ({reason}); moved to rejected/{dest.name}")
         self._log.append(event(now_iso(), path.stem, folder, "rejected", "board", f"damaged: {reason}"))
         self._index.forget(path.stem)
@@ -497,7 +553,7 @@ class Board:
         with self._locked():
             for item in damaged:
                 path = self.root / item["path"]
-                if not path.is_file():
+                if path.parent.parent != self.root or path.parent.name not in STATUSES or not os.path.lexists(path):
                     continue
                 try:
                     self._read(path)
@@ -540,8 +596,9 @@ class Board:
     # -- ingest ---------------------------------------------------------------------------------
 
     def ingest(self) -> IngestReport:
-        """Turn finished files in the drop zones into tasks; reject what cannot be one."""
+        """Turn finished files in inbox/ into tasks; reject what cannot be one."""
         report = IngestReport()
+        self._check_links(("inbox", "rejected", ".ingested"))
         candidates = drops.scan(self.root)
         if not candidates:
             return report
@@ -567,7 +624,7 @@ class Board:
             state = drops.decide(is_task_type=is_task, hinted_complete=hinted, has_writer=has_writer,
                                  quiet_for=now - st.st_mtime)
             if state == "wait":
-                report.waiting.append(str(drop.path.relative_to(self.root)))
+                report.waiting.append(f"inbox/{safe_name(drop.path.name)}")
             else:
                 ready.append(drop)
         if not ready:
@@ -578,26 +635,29 @@ class Board:
         return report
 
     def _reject(self, path: Path, reason: str, report: IngestReport) -> None:
-        rel = str(path.relative_to(self.root))
-        dest = unique_path(self.root / "rejected", path.name)
-        (dest.parent / f"{dest.name}.error.txt").write_text(
-            f"{rel} was rejected on {now_iso()}: {reason}\nFix the file and drop it into inbox/ again.\n"
-        )
-        os.rename(path, dest)
+        # The dropped file's name may be anything but "/" and NUL: it is shown and reused only
+        # made safe (UTF-8, no control characters, short enough for ".error.txt").
+        name = safe_name(path.name)
+        rel = f"inbox/{name}"
+        dest = self._set_aside(path, name, f"{rel} was rejected on {now_iso()}: {reason}\n"
+                                           "Fix the file and drop it into inbox/ again.\n")
         self.watcher.forget(path)
-        self._log.append(event(now_iso(), path.name, "inbox", "rejected", "ingest", reason))
+        self._log.append(event(now_iso(), name, "inbox", "rejected", "ingest", reason))
         report.rejected.append({"file": rel, "moved_to": f"rejected/{dest.name}", "reason": reason})
 
     def _ingest_one(self, drop: drops.Drop, report: IngestReport) -> None:
         path = drop.path
-        rel = str(path.relative_to(self.root))
+        rel = f"inbox/{path.name}"
         try:
             st = os.lstat(path)
         except FileNotFoundError:
             return  # another process ingested it first
+        problem = drops.name_problem(path.name)
+        if problem is not None:
+            return self._reject(path, problem, report)
         if stat.S_ISLNK(st.st_mode):
-            return self._reject(path, f"is a symlink (to {os.readlink(path)}); symlinks are refused, "
-                                      "copy the file in instead", report)
+            return self._reject(path, f"is a symlink (to {safe_name(os.readlink(path), 400)}); symlinks are "
+                                      "refused, copy the file in instead", report)
         if stat.S_ISDIR(st.st_mode):
             return self._reject(path, "is a folder; drop task files, not folders", report)
         if not stat.S_ISREG(st.st_mode):
@@ -613,7 +673,8 @@ class Board:
         except FileNotFoundError:
             return
         except OSError as exc:
-            return self._reject(path, f"cannot be read: {exc.strerror}", report)
+            why = "is a symlink" if exc.errno == errno.ELOOP else f"cannot be read: {exc.strerror}"
+            return self._reject(path, why, report)
         fp = fingerprint(path.name, st, data)
         now = now_iso()
         stem = path.name.rsplit(".", 1)[0]
@@ -637,6 +698,10 @@ class Board:
             self._check_new(doc)
         except (TaskError, Damaged) as exc:
             return self._reject(path, str(exc), report)
+        except (ValueError, TypeError, RecursionError) as exc:
+            # Whatever else a hostile file makes the parsers raise: it must not stop the ingest
+            # of every later drop, which would meet it first again.
+            return self._reject(path, f"cannot be read as a task ({type(exc).__name__}: {str(exc)[:200]})", report)
         doc["source"] = {"file": rel, "fingerprint": fp}
         write_json_atomic(self._path(doc["status"], doc["id"]), doc)
         fault("ingest-written")
@@ -648,7 +713,7 @@ class Board:
 
     def _archive(self, path: Path, task_id: str) -> None:
         # The user's file is kept, not deleted: the task's `source` names it.
-        os.rename(path, unique_path(self.root / ".ingested", f"{task_id}--{path.name}"))
+        os.rename(path, unique_path(self.root / ".ingested", f"{task_id}--{safe_name(path.name)}"))
         self.watcher.forget(path)
 
     # -- the index ------------------------------------------------------------------------------
@@ -1086,11 +1151,19 @@ def _finished(doc: TaskDoc, to: str, note: str, changes: dict[str, Any]) -> Task
     return transition(doc, to, by=doc["claim"]["agent"], now=now_iso(), note=note, claim=None, **changes)
 
 
+def _short_text(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _read_or_none(path: Path) -> bytes | None:
+    """A task file's bytes, or None if it is gone or not a plain file (then it never equals bytes
+    read before, and the locked path reads it again and says why)."""
     try:
-        return path.read_bytes()
-    except FileNotFoundError:
+        data = read_bytes_nofollow(path, MAX_DOCUMENT_BYTES)
+    except OSError:
         return None
+    return data if len(data) <= MAX_DOCUMENT_BYTES else None
 
 
 _START_TIME: list[tuple[int, float]] = []
