@@ -45,6 +45,7 @@ from .fsio import (
     tmp_path_for,
     tmp_writer_pid,
     unique_path,
+    write_atomic,
     write_json_atomic,
     write_temp,
 )
@@ -374,7 +375,7 @@ class Board:
 
     def _prepare(self, folder: str, new: TaskDoc) -> Path:
         """The new document, fsync'd to a temp file beside the task's current file."""
-        return write_temp(self._path(folder, new["id"]), dumps(new))
+        return write_temp(self._path(folder, new["id"]), _bounded(dumps(new), new["id"]))
 
     def _keep_old(self, folder: str, task_id: str) -> Path | None:
         """A second link to the task's current file, made before the lock: the rename that
@@ -1020,6 +1021,11 @@ class Board:
         """Add a comment to a task in any status. Not a transition: no event, the status and
         updated_at stay; the comment carries its own time and author. A claim or move in flight
         (its marker) is waited out, as a transition would overwrite the comment."""
+        if not isinstance(text, str):
+            raise TaskError(f"a comment is text, not {type(text).__name__}")
+        size = len(text.encode("utf-8", "backslashreplace"))
+        if size > MAX_BYTES:
+            raise TaskError(f"the comment is {size} bytes; the limit for a comment is {MAX_BYTES} bytes (1 MiB)")
         deadline = time.monotonic() + wait
         while True:
             with self._locked():
@@ -1030,7 +1036,7 @@ class Board:
                     doc = self._read(found[1])
                     entry = {"at": now_iso(), "by": by, "text": text}
                     new = {**doc, "comments": [*(doc.get("comments") or []), entry]}
-                    write_json_atomic(found[1], new)
+                    write_atomic(found[1], _bounded(dumps(new), task_id))
                     return new
             if time.monotonic() > deadline:
                 raise InvalidTransition(f"task {task_id} is being moved; try the comment again")
@@ -1149,6 +1155,14 @@ def _finished(doc: TaskDoc, to: str, note: str, changes: dict[str, Any]) -> Task
     if changes.pop("_return_attempt", False):
         changes["attempts"] = max(0, doc["attempts"] - 1)
     return transition(doc, to, by=doc["claim"]["agent"], now=now_iso(), note=note, claim=None, **changes)
+
+
+def _bounded(data: bytes, task_id: str) -> bytes:
+    """`data`, unless it is a document the board would refuse to read back."""
+    if len(data) > MAX_DOCUMENT_BYTES:
+        raise BoardError(f"task {task_id}'s document would be {len(data)} bytes; a task document is at most "
+                         f"{MAX_DOCUMENT_BYTES} bytes (its result or comments are too large)")
+    return data
 
 
 def _short_text(value: object) -> str:
