@@ -304,20 +304,33 @@ class Board:
         return None
 
     def get(self, task_id: str) -> TaskDoc:
-        """The task's current document (a lock-free read: files are only ever replaced whole)."""
+        """The task's current document: a lock-free read (files are only ever replaced whole), and
+        if that misses, a read under the lock. A task being moved is, for an instant, in neither
+        folder a lock-free look-up visits in turn (it left doing/ after doing/ was looked at, and
+        todo/ was looked at before it arrived); every move is made under the lock, so a look-up
+        holding it finds a task that exists."""
         if not is_valid_id(task_id):
-            raise TaskNotFound(f"'{task_id}' is not a task id")
+            raise TaskNotFound(f"{_short_text(task_id)} is not a task id")
+        doc = self._get_once(task_id)
+        if doc is None:
+            with self._locked():
+                doc = self._get_once(task_id)
+        if doc is None:
+            raise TaskNotFound(f"no task '{task_id}' on the board {self.root}")
+        return doc
+
+    def _get_once(self, task_id: str) -> TaskDoc | None:
         for _attempt in range(5):
             found = self._locate(task_id)
             if found is None:
-                break
+                return None
             try:
                 return self._read(found[1])
             except FileNotFoundError:
                 continue  # moved between the look-up and the read
             except Damaged as exc:
                 raise BoardError(f"task {task_id} in {found[0]}/ is damaged: {exc}") from exc
-        raise TaskNotFound(f"no task '{task_id}' on the board {self.root}")
+        return None
 
     def list(self, status: str | None = None) -> Listing:
         """Every task (or those in one status), in claim order within each status."""
