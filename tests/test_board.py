@@ -305,3 +305,50 @@ def test_waiting_notes_are_set_cleared_and_dropped_on_claim(board):
     board.release(claimed["id"], claimed["claim"]["token"])
     board.mark_waiting("no LLM provider available")
     assert board.mark_waiting(None) == 1 and "waiting" not in board.get(llm_task["id"])
+
+
+class Interleaved(Board):
+    """A board that lets a test act between a claim's pick and its commit: after the claimed
+    document is written and fsync'd, before the lock is taken to commit it."""
+
+    def __init__(self, root: Path, between) -> None:
+        super().__init__(root)
+        self.between = between
+
+    def _prepare(self, folder: str, new: dict) -> Path:
+        prepared = super()._prepare(folder, new)
+        if new["status"] == "doing" and self.between is not None:
+            between, self.between = self.between, None
+            between(new["id"])
+        return prepared
+
+
+def _rewrite_assigned_elsewhere(root: Path, task_id: str) -> None:
+    path = root / "todo" / f"{task_id}.json"
+    doc = json.loads(path.read_text())
+    tmp = path.with_name(".edit.tmp")
+    tmp.write_text(json.dumps({**doc, "assignee": "someone-else"}))
+    os.rename(tmp, path)
+
+
+@pytest.mark.parametrize("change", ["cancelled", "edited by hand"])
+def test_a_claim_never_commits_over_a_task_changed_after_its_pick(tmp_path, change):
+    root = tmp_path / "kanban"
+    with Board(root) as person:
+        task = person.add({"title": "picked, then changed", "id": "picked"})
+
+        def meanwhile(task_id: str) -> None:
+            if change == "cancelled":
+                person.cancel(task_id)  # its own lock descriptor: a second process, as far as flock goes
+            else:
+                _rewrite_assigned_elsewhere(root, task_id)
+
+        with Interleaved(root, meanwhile) as claimer:
+            assert claimer.claim("a") is None, "the claim re-checks the task at commit and gives it up"
+            assert claimer.between is None, "the change was made between the pick and the commit"
+        doc = person.get(task["id"])
+        if change == "cancelled":
+            assert doc["status"] == "cancelled" and folder_of(person, "picked") == ["cancelled"]
+        else:
+            assert doc["status"] == "todo" and doc["assignee"] == "someone-else" and doc["claim"] is None
+            assert folder_of(person, "picked") == ["todo"]
