@@ -281,15 +281,15 @@ class Board:
         return data
 
     def _read(self, path: Path) -> TaskDoc:
-        return self._parse(self._raw(path))
+        return self._parse(self._raw(path), path.stem)
 
-    def _parse(self, data: bytes) -> TaskDoc:
+    def _parse(self, data: bytes, file_id: str | None = None) -> TaskDoc:
         try:
             doc = json.loads(data)
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             raise Damaged(f"not valid JSON ({str(exc)[:200]})") from exc
         try:
-            return check_document(doc)
+            return check_document(doc, file_id=file_id)
         except TaskError as exc:
             raise Damaged(str(exc)) from exc
 
@@ -478,10 +478,12 @@ class Board:
 
     def _roll_forward(self, path: Path, doc: TaskDoc) -> None:
         """Finish a transition whose writer died after writing the new document."""
-        entry = doc["history"][-1]
-        if not self._event_logged(entry["at"], doc["id"]):
-            self._log.append(event(entry["at"], doc["id"], entry["from"], entry["to"], entry["by"],
-                                   f"{entry['note']} (completed after its writer was interrupted)".strip()))
+        # A hand-made document may have an empty or sparse history: what it lacks is not logged.
+        entry = doc["history"][-1] if doc["history"] else {}
+        at = str(entry.get("at") or now_iso())
+        if not self._event_logged(at, doc["id"]):
+            self._log.append(event(at, doc["id"], entry.get("from"), doc["status"], str(entry.get("by") or "board"),
+                                   f"{entry.get('note') or ''} (completed after its writer was interrupted)".strip()))
         self._move_into_place(path, doc["status"], doc["id"])
 
     def _finish_interrupted(self, *, sweep: bool = True) -> None:
@@ -855,8 +857,8 @@ class Board:
                 continue
             path = self._path("todo", task_id)
             try:
-                raw = path.read_bytes()
-                doc = self._parse(raw)
+                raw = self._raw(path)
+                doc = self._parse(raw, task_id)
             except FileNotFoundError:
                 index.forget(task_id)
                 continue
@@ -871,7 +873,7 @@ class Board:
                 if doc["status"] != "todo":
                     index.set_status(task_id, doc["status"])
                     continue
-                raw = path.read_bytes()
+                raw = self._raw(path)
             if ((steps_only and not doc.get("steps")) or (assigned_only and doc.get("assignee") != agent)
                     or not can_claim(doc, agent, roles, self._done_on_disk)):
                 index.put_todo(doc)
@@ -967,7 +969,7 @@ class Board:
         new: TaskDoc | None = None
         if raw is not None:
             with contextlib.suppress(Damaged):
-                doc = self._parse(raw)
+                doc = self._parse(raw, task_id)
                 if doc["status"] == "doing" and (doc.get("claim") or {}).get("token") == token:
                     new = _finished(doc, to, note, changes)
                     prepared = self._prepare("doing", new)

@@ -282,10 +282,29 @@ def normalize(
     return doc
 
 
-def check_document(doc: object, *, folder: str | None = None) -> dict[str, Any]:
-    """Validate a task document read back from a status folder (the board's own format).
+_DOC_KINDS: dict[str, tuple[type, ...]] = {
+    "title": (str,), "body": (str,), "created_at": (str,), "updated_at": (str,), "priority": (int,),
+    "attempts": (int,), "max_attempts": (int,), "claims": (int,), "depends_on": (list,), "history": (list,),
+    "assignee": (str, type(None)), "role": (str, type(None)), "steps": (list, type(None)),
+    "claim": (dict, type(None)), "meta": (dict, type(None)), "tier": (str,), "comments": (list,),
+    "waiting": (str, type(None)),
+}
+# What recovery reads of a claim to decide whether its holder lives.
+_CLAIM_KINDS: dict[str, tuple[type, ...]] = {
+    "agent": (str,), "pid": (int, type(None)), "pid_started": (int, float, type(None)), "host": (str, type(None)),
+    "token": (int,), "lease_until_ts": (int, float, type(None)),
+}
+# Linux pids stay below 2**22; a larger one would overflow psutil.
+MAX_PID = 1 << 22
 
-    A document that fails this is damaged: it is moved aside, never guessed at.
+
+def check_document(doc: object, *, file_id: str | None = None) -> dict[str, Any]:
+    """Validate a task document read back from a status folder (the board's own format, but any
+    file there may have been written by hand, or by an attacker): every field the board reads has
+    the type it expects, so no hand-made file can crash a claimer or a recovery.
+
+    A document that fails this is damaged: it is moved aside, never guessed at. Counters a hand-made
+    task may leave out start at their defaults.
     """
     if not isinstance(doc, dict):
         raise TaskError(f"a task document must be an object, got {_type_name(doc)}")
@@ -294,14 +313,33 @@ def check_document(doc: object, *, folder: str | None = None) -> dict[str, Any]:
             raise TaskError(f"task document lacks '{key}'")
     if not is_valid_id(doc["id"]):
         raise TaskError(f"task document has an invalid id {_short(doc['id'])}")
+    if file_id is not None and doc["id"] != file_id:
+        raise TaskError(f"task document's id '{doc['id']}' is not its file name '{file_id}.json'")
     if doc["status"] not in STATUSES:
         raise TaskError(f"task document has an unknown status {_short(doc['status'])}")
-    if not isinstance(doc["history"], list):
-        raise TaskError("task document's history is not a list")
-    for key, kind in (("priority", int), ("attempts", int), ("max_attempts", int), ("depends_on", list)):
-        if key in doc and not isinstance(doc[key], kind):
+    for key, kinds in _DOC_KINDS.items():
+        if key in doc and (isinstance(doc[key], bool) or not isinstance(doc[key], kinds)):
             raise TaskError(f"task document's '{key}' is {_type_name(doc[key])}")
-    doc.setdefault("claims", doc.get("attempts", 0))
+    if not all(isinstance(entry, dict) for entry in doc["history"]):
+        raise TaskError("task document's history holds an entry that is not an object")
+    if not all(is_valid_id(dep) for dep in doc.get("depends_on") or ()):
+        raise TaskError("task document's depends_on holds something that is not a task id")
+    for step in doc.get("steps") or ():
+        if not (isinstance(step, dict) and isinstance(step.get("tool"), str)
+                and isinstance(step.get("args", {}), dict)):
+            raise TaskError("task document's steps hold an entry that is not a {tool, args} object")
+    claim = doc.get("claim")
+    if claim is not None:
+        for key, kinds in _CLAIM_KINDS.items():
+            value = claim.get(key)
+            if isinstance(value, bool) or not isinstance(value, kinds):
+                raise TaskError(f"task document's claim.{key} is {_type_name(value)}")
+        if claim.get("pid") is not None and not 0 < claim["pid"] < MAX_PID:
+            raise TaskError(f"task document's claim.pid {claim['pid']} is not a process id")
+    doc.setdefault("priority", 0)
+    doc.setdefault("attempts", 0)
+    doc.setdefault("max_attempts", DEFAULT_MAX_ATTEMPTS)
+    doc.setdefault("claims", doc["attempts"])
     return doc
 
 

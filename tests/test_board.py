@@ -352,3 +352,44 @@ def test_a_claim_never_commits_over_a_task_changed_after_its_pick(tmp_path, chan
         else:
             assert doc["status"] == "todo" and doc["assignee"] == "someone-else" and doc["claim"] is None
             assert folder_of(person, "picked") == ["todo"]
+
+
+HAND_MADE = {"id": "hand", "title": "written by hand", "status": "todo", "history": [],
+             "created_at": "2026-01-01T00:00:00.000000Z"}
+HOSTILE_DOCS = {
+    "a claim that is text": {"claim": "mine"},
+    "a title that is a number": {"title": 5},
+    "an assignee that is a list": {"assignee": ["a"]},
+    "a role that is an object": {"role": {"r": 1}},
+    "dependencies that are numbers": {"depends_on": [1, 2]},
+    "steps that are text": {"steps": "rm -rf /"},
+    "a step that is text": {"steps": ["rm -rf /"]},
+    "history entries that are numbers": {"history": [1, 2]},
+    "a claim whose holder start is text": {"claim": {"agent": "a", "pid": 1, "pid_started": "x", "token": 1,
+                                                     "lease_until_ts": 1.0}},
+    "a claim with an impossible pid": {"claim": {"agent": "a", "pid": 10**30, "token": 1}},
+    "an id that is not its file name": {"id": "other"},
+}
+
+
+@pytest.mark.parametrize("folder", ["todo", "doing"])
+@pytest.mark.parametrize("what", list(HOSTILE_DOCS))
+def test_a_hostile_hand_made_document_is_moved_aside_and_never_crashes_the_board(board, folder, what):
+    doc = {**HAND_MADE, "status": folder, **HOSTILE_DOCS[what]}
+    (board.root / folder / "hand.json").write_text(json.dumps(doc))
+    good = board.add({"title": "a good task"})
+    listing = board.list()
+    assert [t["id"] for t in listing.tasks] == [good["id"]] and listing.damaged[0]["path"] == f"{folder}/hand.json"
+    board.recover()
+    board.mark_waiting("no model")
+    assert board.claim("a", roles=("r",))["id"] == good["id"]
+    assert os.path.exists(board.root / "rejected" / f"{folder}--hand.json")
+    assert not os.path.exists(board.root / folder / "hand.json")
+
+
+def test_a_minimal_hand_made_document_gets_its_counters_and_is_claimed(board):
+    (board.root / "todo" / "hand.json").write_text(json.dumps(HAND_MADE))
+    board.mark_waiting("no model")
+    doc = board.claim("a")
+    assert doc["id"] == "hand" and doc["attempts"] == 1 and doc["max_attempts"] == 3
+    assert board.complete("hand", doc["claim"]["token"], "ok")["status"] == "done"
