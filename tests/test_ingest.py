@@ -258,3 +258,29 @@ def test_hostile_documents_are_rejected_in_bounded_time_and_memory_and_the_next_
     drop(board, "after.json", b'{"title": "the next drop"}')
     report = board.ingest()
     assert [board.get(i)["title"] for i in report.ingested] == ["the next drop"]
+
+
+def test_a_name_as_long_as_the_filesystem_allows_is_ingested_or_rejected_and_the_next_drop_lands(board):
+    long_good = "g" * 250 + ".json"  # 255 bytes: with "<id>--" or ".error.txt" it would not fit
+    long_bad = "b" * 245 + ".json"
+    drop(board, long_good, b'{"title": "a long name"}')
+    drop(board, long_bad, b"{broken")
+    report = board.ingest()
+    assert [board.get(i)["title"] for i in report.ingested] == ["a long name"]
+    moved = report.rejected[0]["moved_to"]
+    assert (board.root / moved).read_bytes() == b"{broken"
+    assert "invalid JSON" in (board.root / f"{moved}.error.txt").read_text()
+    assert os.listdir(board.root / "inbox") == []
+    assert [name.endswith(".json") for name in os.listdir(board.root / ".ingested")] == [True]
+    drop(board, "next.json", b'{"title": "the next drop"}')
+    assert [board.get(i)["title"] for i in board.ingest().ingested] == ["the next drop"]
+
+
+def test_a_hostile_line_in_the_event_log_does_not_stop_claims(board):
+    board.claim("a")  # builds the index, so the next claim reads the log's new lines
+    with open(board.events_path, "a") as log:
+        log.write("[" * 100_000 + "\n" + '{"task": "x", "to": "todo"}' + "\n")
+    doc = board.add({"title": "still claimable"})
+    assert board.claim("a")["id"] == doc["id"]
+    events, bad = read_all(board.events_path)
+    assert bad == 1 and events[-1]["task"] == doc["id"]
