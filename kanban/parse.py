@@ -117,11 +117,13 @@ class _PlainLoader(_Loader):
             raise ComposerError(
                 None, None, "YAML aliases (*name) are not allowed in a task file; write the value out",
                 event.start_mark)
+        if not self.check_event(yaml.SequenceStartEvent, yaml.MappingStartEvent):
+            return super().compose_node(parent, index)  # type: ignore[no-untyped-call]
+        if self._depth >= MAX_DEPTH:
+            raise ComposerError(
+                None, None, f"the data is nested more than {MAX_DEPTH} levels deep", self.peek_event().start_mark)
         self._depth += 1
         try:
-            if self._depth > MAX_DEPTH:
-                raise ComposerError(
-                    None, None, f"the data is nested more than {MAX_DEPTH} levels deep", self.peek_event().start_mark)
             return super().compose_node(parent, index)  # type: ignore[no-untyped-call]
         finally:
             self._depth -= 1

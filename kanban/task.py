@@ -109,7 +109,7 @@ def _plain_problem(value: object) -> str | None:
             if isinstance(item, dict):
                 for key, child in item.items():
                     if not isinstance(key, str):
-                        return f"keys must be text, but{at or ' the top level'} has the key {_short(key)}"
+                        return f"keys must be text, but {where or 'the task'} has the key {_short(key)}"
                     if _SURROGATE.search(key):
                         return f"the key {key!r}{at} holds an unpaired surrogate, which is not Unicode text"
                     stack.append((child, depth + 1, f"{where}.{key}" if where else key))
