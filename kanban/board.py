@@ -20,20 +20,19 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
-import hashlib
 import json
 import os
-import stat
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from . import drops, fsinfo
+from . import fsinfo
+from .errors import BoardError, ClaimLost, Damaged, InvalidTransition, TaskNotFound
 from .events import EventTail, event
 from .faults import fault
 from .fsio import (
@@ -50,9 +49,9 @@ from .fsio import (
     write_temp,
 )
 from .index import BoardIndex
+from .ingest import IngestMixin
 from .liveness import HOST, holder_alive, stale_reason, start_time
 from .lock import BoardLock, LockTimeout
-from .parse import parse_task_file
 from .task import (
     MAX_BYTES,
     STATUSES,
@@ -107,52 +106,13 @@ ERROR_SUFFIX = ".error.txt"
 FOLDERS = (*STATUSES, "inbox", "rejected", ".pending", ".ingested")
 
 
-class BoardError(Exception):
-    """A board operation that cannot be done; the message says why."""
-
-
-class TaskNotFound(BoardError):
-    pass
-
-
-class ClaimLost(BoardError):
-    """The caller's claim token no longer holds the task (its lease expired and it was reclaimed)."""
-
-
-class InvalidTransition(BoardError):
-    pass
-
-
-class Damaged(BoardError):
-    pass
-
-
-@dataclass
-class IngestReport:
-    ingested: list[str] = field(default_factory=list)
-    rejected: list[dict[str, str]] = field(default_factory=list)
-    waiting: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"ingested": self.ingested, "rejected": self.rejected, "waiting": self.waiting}
-
-
 @dataclass
 class Listing:
     tasks: list[TaskDoc]
     damaged: list[dict[str, str]]
 
 
-def fingerprint(name: str, st: os.stat_result, data: bytes) -> str:
-    """Identity of one dropped file: the same file after a crash gives the same value, a new drop
-    (even with the same name and bytes) a different one."""
-    digest = hashlib.sha256()
-    digest.update(f"{name}\0{st.st_ino}\0{st.st_mtime_ns}\0{st.st_size}\0".encode())
-    digest.update(data)
-    return digest.hexdigest()[:16]
-
-
-class Board:
+class Board(IngestMixin):
     """A Kanban board in a folder. Safe to use from several processes and threads at once."""
 
     def __init__(
@@ -608,129 +568,6 @@ class Board:
             write_json_atomic(self._path(doc["status"], doc["id"]), doc)
             self._log.append(event(now, doc["id"], None, doc["status"], by, "added"))
         return doc
-
-    # -- ingest ---------------------------------------------------------------------------------
-
-    def ingest(self) -> IngestReport:
-        """Turn finished files in inbox/ into tasks; reject what cannot be one."""
-        report = IngestReport()
-        self._check_links(("inbox", "rejected", ".ingested"))
-        candidates = drops.scan(self.root)
-        if not candidates:
-            return report
-        writers: set[tuple[int, int]] | None = None
-        writers_read = False
-        ready: list[drops.Drop] = []
-        now = time.time()
-        for drop in candidates:
-            try:
-                st = os.lstat(drop.path)
-            except FileNotFoundError:
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                ready.append(drop)  # symlinks, folders, devices: rejected at once
-                continue
-            hinted = self.watcher.is_complete(drop.path, st.st_mtime_ns)
-            is_task = drops.is_task_file(drop.path.name)
-            has_writer: bool | None = False
-            if is_task and not hinted:
-                if not writers_read:
-                    writers, writers_read = drops.open_writers(self.root), True
-                has_writer = None if writers is None else (st.st_dev, st.st_ino) in writers
-            state = drops.decide(is_task_type=is_task, hinted_complete=hinted, has_writer=has_writer,
-                                 quiet_for=now - st.st_mtime)
-            if state == "wait":
-                report.waiting.append(f"inbox/{safe_name(drop.path.name)}")
-            else:
-                ready.append(drop)
-        if not ready:
-            return report
-        with self._locked():
-            for drop in ready:
-                self._ingest_one(drop, report)
-        return report
-
-    def _reject(self, path: Path, reason: str, report: IngestReport) -> None:
-        # The dropped file's name may be anything but "/" and NUL: it is shown and reused only
-        # made safe (UTF-8, no control characters, short enough for ".error.txt").
-        name = safe_name(path.name)
-        rel = f"inbox/{name}"
-        dest = self._set_aside(path, name, f"{rel} was rejected on {now_iso()}: {reason}\n"
-                                           "Fix the file and drop it into inbox/ again.\n")
-        self.watcher.forget(path)
-        self._log.append(event(now_iso(), name, "inbox", "rejected", "ingest", reason))
-        report.rejected.append({"file": rel, "moved_to": f"rejected/{dest.name}", "reason": reason})
-
-    def _ingest_one(self, drop: drops.Drop, report: IngestReport) -> None:
-        path = drop.path
-        rel = f"inbox/{path.name}"
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            return  # another process ingested it first
-        problem = drops.name_problem(path.name)
-        if problem is not None:
-            return self._reject(path, problem, report)
-        if stat.S_ISLNK(st.st_mode):
-            return self._reject(path, f"is a symlink (to {safe_name(os.readlink(path), 400)}); symlinks are "
-                                      "refused, copy the file in instead", report)
-        if stat.S_ISDIR(st.st_mode):
-            return self._reject(path, "is a folder; drop task files, not folders", report)
-        if not stat.S_ISREG(st.st_mode):
-            return self._reject(path, "is not a regular file", report)
-        if not drops.is_task_file(path.name):
-            return self._reject(path, f"unsupported file type; a task file ends in {', '.join(drops.EXTENSIONS)}",
-                                report)
-        if st.st_size > MAX_BYTES:
-            return self._reject(path, f"file is {st.st_size} bytes; the limit for a task file is "
-                                      f"{MAX_BYTES} bytes (1 MiB)", report)
-        try:
-            data = read_bytes_nofollow(path, MAX_BYTES)
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            why = "is a symlink" if exc.errno == errno.ELOOP else f"cannot be read: {exc.strerror}"
-            return self._reject(path, why, report)
-        fp = fingerprint(path.name, st, data)
-        now = now_iso()
-        stem = path.name.rsplit(".", 1)[0]
-        try:
-            raw = parse_task_file(path.name, data)
-            doc = normalize(raw, default_id=f"{slugify(stem, 57)}-{fp[:6]}", now=now, by="ingest",
-                            note=f"ingested from {rel}")
-            found = self._locate(doc["id"])
-            if found is not None:
-                existing = self._read(found[1])
-                if (existing.get("source") or {}).get("fingerprint") == fp:
-                    # This very file was ingested by a process that died before moving it away.
-                    first = existing["history"][0]
-                    if not self._event_logged(first["at"], existing["id"]):
-                        self._log.append(event(first["at"], existing["id"], "inbox",
-                                                             first["to"], "ingest", first["note"]))
-                    self._archive(path, existing["id"])
-                    report.ingested.append(existing["id"])
-                    return None
-                raise TaskError(f"a task with id '{doc['id']}' already exists (in {found[0]}/)")
-            self._check_new(doc)
-        except (TaskError, Damaged) as exc:
-            return self._reject(path, str(exc), report)
-        except (ValueError, TypeError, RecursionError) as exc:
-            # Whatever else a hostile file makes the parsers raise: it must not stop the ingest
-            # of every later drop, which would meet it first again.
-            return self._reject(path, f"cannot be read as a task ({type(exc).__name__}: {str(exc)[:200]})", report)
-        doc["source"] = {"file": rel, "fingerprint": fp}
-        write_json_atomic(self._path(doc["status"], doc["id"]), doc)
-        fault("ingest-written")
-        self._log.append(event(now, doc["id"], "inbox", doc["status"], "ingest",
-                                             f"ingested from {rel}"))
-        self._archive(path, doc["id"])
-        report.ingested.append(doc["id"])
-        return None
-
-    def _archive(self, path: Path, task_id: str) -> None:
-        # The user's file is kept, not deleted: the task's `source` names it.
-        os.rename(path, unique_path(self.root / ".ingested", f"{task_id}--{safe_name(path.name)}"))
-        self.watcher.forget(path)
 
     # -- the index ------------------------------------------------------------------------------
 
