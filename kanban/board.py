@@ -368,8 +368,19 @@ class Board(IngestMixin):
     def _mark(self, task_id: str) -> None:
         """Place the marker for a transition made under the lock (replacing any other)."""
         marker = self._marker(task_id)
-        marker.unlink(missing_ok=True)
+        self._remove_marker(marker)
         os.symlink(_owner_text(), marker)
+
+    def _remove_marker(self, marker: Path) -> None:
+        """Remove a marker (under the lock). The board's markers are symlinks; anything else in
+        .pending/ was put there by hand and is moved aside, so it can neither hide its task nor
+        stop every transition with an error."""
+        try:
+            marker.unlink(missing_ok=True)
+        except IsADirectoryError:
+            self._set_aside(marker, f"pending--{safe_name(marker.name)}",
+                            f".pending/{safe_name(marker.name)} is a folder, not a marker of the board; it was "
+                            f"moved here on {now_iso()} so the task it names can be worked again.\n")
 
     def _has_marker(self, task_id: str) -> bool:
         return os.path.lexists(self._marker(task_id))
@@ -417,7 +428,7 @@ class Board(IngestMixin):
             # A claimer removes its own reservation after releasing the lock: one journaled
             # operation fewer inside it. Until then the marker names a live process, and the
             # task is in doing/, so nothing acts on it.
-            self._marker(task_id).unlink(missing_ok=True)
+            _unlink_marker(self._marker(task_id))
         return new
 
     def _move_into_place(self, src_path: Path, dst: str, task_id: str) -> None:
@@ -471,7 +482,7 @@ class Board(IngestMixin):
                     doc = None
                 if doc is not None and doc["status"] != folder:
                     self._roll_forward(path, doc)
-            marker.unlink(missing_ok=True)
+            self._remove_marker(marker)
         if not sweep:
             return
         self._last_sweep = time.monotonic()
@@ -669,7 +680,7 @@ class Board(IngestMixin):
                     if _read_or_none(self._path("todo", doc["id"])) == raw:
                         committed, prepared = self._commit("todo", new, prepared, reserved=True), None
             finally:
-                self._marker(doc["id"]).unlink(missing_ok=True)
+                _unlink_marker(self._marker(doc["id"]))
                 for leftover in (prepared, keeper):
                     if leftover is not None:
                         leftover.unlink(missing_ok=True)
@@ -719,7 +730,7 @@ class Board(IngestMixin):
                 continue
             # Reserved; another claimer may have committed this task just before.
             if _read_or_none(path) != raw:
-                self._marker(task_id).unlink(missing_ok=True)
+                _unlink_marker(self._marker(task_id))
                 _reservation_done(task_id)
                 continue
             # Out of this process's candidates now; the commit's event (or a rescan) settles it.
@@ -1007,6 +1018,13 @@ def _finished(doc: TaskDoc, to: str, note: str, changes: dict[str, Any]) -> Task
     if changes.pop("_return_attempt", False):
         changes["attempts"] = max(0, doc["attempts"] - 1)
     return transition(doc, to, by=doc["claim"]["agent"], now=now_iso(), note=note, claim=None, **changes)
+
+
+def _unlink_marker(marker: Path) -> None:
+    # Outside the lock a marker that is not ours (a folder put there) is left for the next
+    # locked pass to move aside.
+    with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+        marker.unlink()
 
 
 def _bounded(data: bytes, task_id: str) -> bytes:

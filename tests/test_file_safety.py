@@ -118,3 +118,16 @@ def test_a_task_id_naming_a_path_outside_the_board_is_never_found(board, tmp_pat
         with pytest.raises(BoardError):
             call()
     assert outside.read_text() == json.dumps(TASK)
+
+
+def test_a_folder_planted_as_a_marker_is_moved_aside_and_the_task_stays_workable(board):
+    task = board.add({"title": "named by a planted folder", "id": "planted"})
+    os.mkdir(board.root / ".pending" / "planted")
+    with Board(board.root) as fresh:  # its first locked call finishes interrupted transitions
+        doc = fresh.claim("a")
+        assert doc is not None and doc["id"] == task["id"]
+        assert fresh.complete("planted", doc["claim"]["token"], "ok")["status"] == "done"
+    assert os.path.isdir(board.root / "rejected" / "pending--planted")
+    os.mkdir(board.root / ".pending" / "planted")
+    assert board.move("planted", "todo")["status"] == "todo", "a move places its own marker over it"
+    assert os.listdir(board.root / ".pending") == []
