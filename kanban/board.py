@@ -490,7 +490,9 @@ class Board(IngestMixin):
             with contextlib.suppress(FileNotFoundError):
                 for item in os.scandir(self.root / status):
                     pid = tmp_writer_pid(item.name)
-                    if pid is not None and _writer_gone(pid, Path(item.path)):
+                    # Only files: a folder with a temp file's name was not written by the board.
+                    if pid is not None and not item.is_dir(follow_symlinks=False) and \
+                            _writer_gone(pid, Path(item.path)):
                         Path(item.path).unlink(missing_ok=True)
 
     def _adopt_hand_move(self, folder: str, doc: TaskDoc) -> TaskDoc:
@@ -1070,7 +1072,7 @@ def _writer_gone(pid: int, path: Path) -> bool:
     if pid == os.getpid():
         return False
     try:
-        age = time.time() - path.stat().st_mtime
+        age = time.time() - path.lstat().st_mtime
     except FileNotFoundError:
         return False
     return age > STALE_TMP_AGE or not psutil.pid_exists(pid)

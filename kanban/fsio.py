@@ -24,7 +24,9 @@ NAME_LIMIT = 160
 _UNSAFE_CHAR = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
-TMP_RE = re.compile(r"\..+\.(\d+)\.[0-9a-f]{6}\.tmp")
+# A pid has at most 7 digits (Linux pids stay below 2**22): a longer number is no writer of ours,
+# and would overflow psutil.
+TMP_RE = re.compile(r"\..+\.(\d{1,7})\.[0-9a-f]{6}\.tmp")
 
 
 def tmp_path_for(dest: Path) -> Path:

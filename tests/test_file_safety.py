@@ -131,3 +131,16 @@ def test_a_folder_planted_as_a_marker_is_moved_aside_and_the_task_stays_workable
     os.mkdir(board.root / ".pending" / "planted")
     assert board.move("planted", "todo")["status"] == "todo", "a move places its own marker over it"
     assert os.listdir(board.root / ".pending") == []
+
+
+def test_names_that_look_like_temp_files_do_not_crash_the_sweep(board):
+    board.add({"title": "still claimable", "id": "x"})
+    huge_pid = board.root / "todo" / ".x.json.99999999999999999999999.abcdef.tmp"
+    huge_pid.write_text("not ours")
+    folder = board.root / "todo" / ".x.json.123.abcdef.tmp"
+    folder.mkdir()
+    os.utime(folder, (1, 1))
+    with Board(board.root) as fresh:  # its first locked call sweeps dead writers' temp files
+        assert fresh.claim("a")["id"] == "x"
+        fresh.recover(sweep=True)
+    assert huge_pid.exists() and folder.is_dir(), "what the board did not write, it does not delete"
