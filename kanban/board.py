@@ -189,10 +189,13 @@ class Board(IngestMixin):
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         with self._tlock:
-            try:
-                self._flock.acquire()
-            except LockTimeout as exc:
-                raise BoardError(f"the board lock {exc}; is a board process stopped while holding it?") from None
+            # Re-entrant: a section may call a verb that locks again (add looks up dependencies
+            # with get). flock is not counted, so only the outermost section takes and drops it.
+            if self._depth == 0:
+                try:
+                    self._flock.acquire()
+                except LockTimeout as exc:
+                    raise BoardError(f"the board lock {exc}; is a board process stopped while holding it?") from None
             self._depth += 1
             try:
                 if self._depth == 1 and not self._finished_once:
@@ -201,7 +204,8 @@ class Board(IngestMixin):
                 yield
             finally:
                 self._depth -= 1
-                self._flock.release()
+                if self._depth == 0:
+                    self._flock.release()
 
     def _path(self, status: str, task_id: str) -> Path:
         # Every task file name passes here, and a caller's id may be hostile ("../../x", from a

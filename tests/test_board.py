@@ -393,3 +393,26 @@ def test_a_minimal_hand_made_document_gets_its_counters_and_is_claimed(board):
     doc = board.claim("a")
     assert doc["id"] == "hand" and doc["attempts"] == 1 and doc["max_attempts"] == 3
     assert board.complete("hand", doc["claim"]["token"], "ok")["status"] == "done"
+
+
+def test_the_lock_is_held_to_the_end_of_a_section_that_nests_another(tmp_path):
+    """add() looks up the dependencies of a new task under the lock, and a look-up that misses
+    takes the lock again: leaving that inner section must not release the outer one's lock."""
+    from hermes_sup.kanban.lock import BoardLock, LockTimeout
+
+    class Probe(Board):
+        def _check_new(self, doc: dict) -> None:
+            super()._check_new(doc)
+            other = BoardLock(self.root / ".lock", timeout=0)  # its own descriptor: like another process
+            try:
+                other.acquire()
+                self.outsider_got_in = True
+                other.release()
+            except LockTimeout:
+                self.outsider_got_in = False
+            finally:
+                other.close()
+
+    with Probe(tmp_path / "kanban") as board:
+        board.add({"title": "waits for a task not yet on the board", "depends_on": ["later"]})
+        assert board.outsider_got_in is False
