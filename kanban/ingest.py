@@ -34,9 +34,11 @@ class IngestReport:
     ingested: list[str] = field(default_factory=list)
     rejected: list[dict[str, str]] = field(default_factory=list)
     waiting: list[str] = field(default_factory=list)
+    # Drops the board could not move this time (permissions, a full disk), with the reason.
+    failed: list[dict[str, str]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"ingested": self.ingested, "rejected": self.rejected, "waiting": self.waiting}
+        return {"ingested": self.ingested, "rejected": self.rejected, "waiting": self.waiting, "failed": self.failed}
 
 
 def fingerprint(name: str, st: os.stat_result, data: bytes) -> str:
@@ -115,6 +117,7 @@ class IngestMixin:
 
     root: Path
     watcher: Any
+    problems: list[str]
     _log: Any
 
     def ingest(self) -> IngestReport:
@@ -122,11 +125,22 @@ class IngestMixin:
         report = IngestReport()
         self._check_links(("inbox", "rejected", ".ingested"))  # type: ignore[attr-defined]
         for drop in self._ready(report):
-            read = _read_drop(drop.path)
-            if read is None:
-                continue
-            with self._locked():  # type: ignore[attr-defined]
-                self._ingest_one(drop.path, read, report)
+            try:
+                read = _read_drop(drop.path)
+                if read is None:
+                    continue
+                with self._locked():  # type: ignore[attr-defined]
+                    self._ingest_one(drop.path, read, report)
+            except OSError as exc:
+                # A file the board cannot move must not stop the drops after it: they are taken
+                # oldest first, so it would fail first on every pass. It is tried again next time
+                # (a task already written for it is found by its fingerprint, never made twice).
+                name = f"inbox/{safe_name(drop.path.name)}"
+                reason = f"could not be taken: {exc.strerror or exc}; it is tried again on the next ingest"
+                report.failed.append({"file": name, "reason": reason})
+                note = f"{name} {reason}"
+                if note not in self.problems:
+                    self.problems.append(note)
         return report
 
     def _ready(self, report: IngestReport) -> list[drops.Drop]:

@@ -284,3 +284,26 @@ def test_a_hostile_line_in_the_event_log_does_not_stop_claims(board):
     assert board.claim("a")["id"] == doc["id"]
     events, bad = read_all(board.events_path)
     assert bad == 1 and events[-1]["task"] == doc["id"]
+
+
+def test_a_drop_the_board_cannot_move_does_not_stop_the_drops_after_it(board):
+    stuck = board.root / "inbox" / "stuck.json"
+    stuck.write_text('{"title": "cannot be moved"}')
+    age(stuck, 60)  # the oldest: taken first on every pass
+    # The immutable flag makes the rename fail even for root; without it, there is no portable way.
+    if subprocess.run(["chattr", "+i", str(stuck)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here")
+    try:
+        drop(board, "next.json", b'{"title": "the next drop"}')
+        report = board.ingest()
+        assert [board.get(i)["title"] for i in report.ingested] == ["the next drop"]
+        assert report.failed[0]["file"] == "inbox/stuck.json" and "not permitted" in report.failed[0]["reason"]
+        assert any("inbox/stuck.json could not be taken" in note for note in board.problems)
+        again = board.ingest()
+        assert again.ingested == [] and len(again.failed) == 1
+        assert board.counts()["todo"] == 2, "the stuck file's task was written once, never twice"
+    finally:
+        subprocess.run(["chattr", "-i", str(stuck)], check=True)
+    report = board.ingest()
+    assert len(report.ingested) == 1 and report.failed == [] and board.counts()["todo"] == 2
+    assert os.listdir(board.root / "inbox") == []
