@@ -316,10 +316,7 @@ class Board(IngestMixin):
                 except FileNotFoundError:
                     continue
                 except Damaged as exc:
-                    damaged.append({"path": f"{folder}/{entry.name}", "reason": str(exc)})
-                    continue
-                except OSError as exc:
-                    damaged.append({"path": f"{folder}/{entry.name}", "reason": f"unreadable: {exc.strerror}"})
+                    damaged.append({"path": f"{folder}/{safe_name(entry.name, 255)}", "reason": str(exc)})
                     continue
                 seen = found.get(doc["id"])
                 # A transition caught between its write and its rename shows up twice; the longer
@@ -535,7 +532,7 @@ class Board(IngestMixin):
                 f"It was moved here untouched; every other task stayed where it was. Repair it and move it "
                 f"back into {folder}/ if it is still wanted.\n")
         dest = self._set_aside(path, f"{folder}--{name}", note)
-        self.problems.append(f"{folder}/{path.name} was damaged ({reason}); moved to rejected/{dest.name}")
+        self.problems.append(f"{folder}/{name} was damaged ({reason}); moved to rejected/{dest.name}")
         self._log.append(event(now_iso(), path.stem, folder, "rejected", "board", f"damaged: {reason}"))
         self._index.forget(path.stem)
         return dest

@@ -314,7 +314,7 @@ def check_document(doc: object, *, file_id: str | None = None) -> dict[str, Any]
     if not is_valid_id(doc["id"]):
         raise TaskError(f"task document has an invalid id {_short(doc['id'])}")
     if file_id is not None and doc["id"] != file_id:
-        raise TaskError(f"task document's id '{doc['id']}' is not its file name '{file_id}.json'")
+        raise TaskError(f"task document's id '{doc['id']}' is not its file name {file_id + '.json'!r}")
     if doc["status"] not in STATUSES:
         raise TaskError(f"task document has an unknown status {_short(doc['status'])}")
     for key, kinds in _DOC_KINDS.items():

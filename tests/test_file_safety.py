@@ -144,3 +144,17 @@ def test_names_that_look_like_temp_files_do_not_crash_the_sweep(board):
         assert fresh.claim("a")["id"] == "x"
         fresh.recover(sweep=True)
     assert huge_pid.exists() and folder.is_dir(), "what the board did not write, it does not delete"
+
+
+def test_a_task_file_whose_name_is_not_utf8_is_listed_and_moved_aside_printably(board):
+    task = json.dumps({**TASK, "id": "x"}).encode()
+    with open(os.path.join(bytes(board.root / "todo"), b"caf\xe9.json"), "wb") as handle:
+        handle.write(task)
+    listing = board.list()
+    assert listing.damaged[0]["path"] == "todo/caf\\xe9.json"
+    json.dumps(listing.damaged, ensure_ascii=False).encode("utf-8")  # printable as it is listed
+    assert board.claim("a") is None
+    assert os.listdir(bytes(board.root / "todo")) == []
+    assert (board.root / "rejected" / "todo--caf\\xe9.json").read_bytes() == task
+    for note in board.problems:
+        note.encode("utf-8")
