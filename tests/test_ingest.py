@@ -307,3 +307,11 @@ def test_a_drop_the_board_cannot_move_does_not_stop_the_drops_after_it(board):
     report = board.ingest()
     assert len(report.ingested) == 1 and report.failed == [] and board.counts()["todo"] == 2
     assert os.listdir(board.root / "inbox") == []
+
+
+def test_an_event_naming_a_path_instead_of_a_task_does_not_stop_claims(board):
+    board.claim("a")  # builds the index, so the next claim reads the log's new lines
+    with open(board.events_path, "a") as log:
+        log.write('{"task": "../../etc/passwd", "to": "todo"}\n{"task": "Not An Id", "to": "done"}\n')
+    doc = board.add({"title": "still claimable"})
+    assert board.claim("a")["id"] == doc["id"]
