@@ -95,7 +95,6 @@ def test_a_link_to_a_fifo_in_a_status_folder_does_not_hang_the_board(board, tmp_
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     (board.root / "todo" / "stuck.json").symlink_to(fifo)
-    (board.root / "todo" / "pipe.json").unlink(missing_ok=True)
     os.mkfifo(board.root / "doing" / "pipe.json")
     board.add({"title": "a real task", "id": "real"})
     code = ("import json, sys; from hermes_sup.kanban import Board; b = Board(sys.argv[1]); "
