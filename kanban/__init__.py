@@ -1,8 +1,9 @@
 """The shared task board: task documents as JSON files in status folders, one lock, a watcher.
 
 Modules: `task` (schema, validation, pure transitions), `parse` (dropped files to fields),
-`drops` (drop zones and when a file is finished), `index` (in-process claim index),
-`events` (events.jsonl), `fsio` (atomic writes), `lock` (the board's flock), `liveness` (is a
+`drops` (the drop zone and when a file is finished), `ingest` (drops to tasks, mixed into the
+board), `errors` (the board's exceptions), `index` (in-process claim index), `events`
+(events.jsonl), `fsio` (atomic, link-safe writes), `lock` (the board's flock), `liveness` (is a
 claim's holder alive), `fsinfo` (filesystem type, inotify limits), `watch` (watchdog wake-ups),
 `store` (the protocol a board backend implements), `board` (the filesystem backend).
 
@@ -10,7 +11,9 @@ Imports only the standard library, watchdog, psutil and pyyaml; never `superviso
 or `agents`.
 """
 
-from .board import Board, BoardError, ClaimLost, IngestReport, InvalidTransition, TaskNotFound
+from .board import Board
+from .errors import BoardError, ClaimLost, InvalidTransition, TaskNotFound
+from .ingest import IngestReport
 from .store import BoardStore
 from .task import STATUSES, TaskError
 

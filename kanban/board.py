@@ -19,37 +19,41 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import hashlib
+import errno
 import json
 import os
-import stat
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from . import drops, fsinfo
+from . import fsinfo
+from .errors import BoardError, ClaimLost, Damaged, InvalidTransition, TaskNotFound
 from .events import EventTail, event
 from .faults import fault
 from .fsio import (
     AppendLog,
+    create_exclusive,
     dumps,
     read_bytes_nofollow,
+    safe_name,
     tmp_path_for,
     tmp_writer_pid,
     unique_path,
+    write_atomic,
     write_json_atomic,
     write_temp,
 )
 from .index import BoardIndex
+from .ingest import IngestMixin
 from .liveness import HOST, holder_alive, stale_reason, start_time
 from .lock import BoardLock, LockTimeout
-from .parse import MAX_BYTES, parse_task_file
 from .task import (
+    MAX_BYTES,
     STATUSES,
     TaskError,
     can_claim,
@@ -94,36 +98,12 @@ def _reservation_done(task_id: str) -> None:
         if _RESERVED[task_id] <= 0:
             del _RESERVED[task_id]
 ALLOW_NETWORK_FS_ENV = "HERMES_SUP_ALLOW_NETWORK_FS"
-
-
-class BoardError(Exception):
-    """A board operation that cannot be done; the message says why."""
-
-
-class TaskNotFound(BoardError):
-    pass
-
-
-class ClaimLost(BoardError):
-    """The caller's claim token no longer holds the task (its lease expired and it was reclaimed)."""
-
-
-class InvalidTransition(BoardError):
-    pass
-
-
-class Damaged(BoardError):
-    pass
-
-
-@dataclass
-class IngestReport:
-    ingested: list[str] = field(default_factory=list)
-    rejected: list[dict[str, str]] = field(default_factory=list)
-    waiting: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"ingested": self.ingested, "rejected": self.rejected, "waiting": self.waiting}
+# A task document read back from a status folder is refused past this size: it starts under
+# MAX_BYTES and grows only by its history, comments and result.
+MAX_DOCUMENT_BYTES = 64 * MAX_BYTES
+ERROR_SUFFIX = ".error.txt"
+# The board's own folders and files: never a symlink, or the board would write where it points.
+FOLDERS = (*STATUSES, "inbox", "rejected", ".pending", ".ingested")
 
 
 @dataclass
@@ -132,16 +112,7 @@ class Listing:
     damaged: list[dict[str, str]]
 
 
-def fingerprint(name: str, st: os.stat_result, data: bytes) -> str:
-    """Identity of one dropped file: the same file after a crash gives the same value, a new drop
-    (even with the same name and bytes) a different one."""
-    digest = hashlib.sha256()
-    digest.update(f"{name}\0{st.st_ino}\0{st.st_mtime_ns}\0{st.st_size}\0".encode())
-    digest.update(data)
-    return digest.hexdigest()[:16]
-
-
-class Board:
+class Board(IngestMixin):
     """A Kanban board in a folder. Safe to use from several processes and threads at once."""
 
     def __init__(
@@ -189,9 +160,21 @@ class Board:
 
     # -- layout and locking -------------------------------------------------------------------
 
+    def _check_links(self, names: Iterable[str] = (*FOLDERS, ".lock", "events.jsonl")) -> None:
+        """Refuse to work through a symlink planted in place of one of the board's folders or files."""
+        for name in names:
+            path = self.root / name
+            if path.is_symlink():
+                raise BoardError(
+                    f"{path} is a symlink (to {safe_name(os.readlink(path), 400)}); the board never works through "
+                    f"links in its own folders. Replace it with a real {'file' if '.' in name[1:] else 'folder'}.")
+            if name in FOLDERS and path.exists() and not path.is_dir():
+                raise BoardError(f"{path} is not a folder; the board keeps its {name}/ tasks there. Move it away.")
+
     def _ensure_layout(self) -> None:
+        self._check_links()
         existing = self.events_path.exists()
-        for name in (*STATUSES, "inbox", "rejected", ".pending", ".ingested"):
+        for name in FOLDERS:
             folder = self.root / name
             if folder.is_dir():
                 continue
@@ -206,10 +189,13 @@ class Board:
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         with self._tlock:
-            try:
-                self._flock.acquire()
-            except LockTimeout as exc:
-                raise BoardError(f"the board lock {exc}; is a board process stopped while holding it?") from None
+            # Re-entrant: a section may call a verb that locks again (add looks up dependencies
+            # with get). flock is not counted, so only the outermost section takes and drops it.
+            if self._depth == 0:
+                try:
+                    self._flock.acquire()
+                except LockTimeout as exc:
+                    raise BoardError(f"the board lock {exc}; is a board process stopped while holding it?") from None
             self._depth += 1
             try:
                 if self._depth == 1 and not self._finished_once:
@@ -218,9 +204,14 @@ class Board:
                 yield
             finally:
                 self._depth -= 1
-                self._flock.release()
+                if self._depth == 0:
+                    self._flock.release()
 
     def _path(self, status: str, task_id: str) -> Path:
+        # Every task file name passes here, and a caller's id may be hostile ("../../x", from a
+        # tool call or the command line): only a valid id names a file, and only inside the board.
+        if not is_valid_id(task_id):
+            raise TaskNotFound(f"{_short_text(task_id)} is not a task id")
         return self.root / status / f"{task_id}.json"
 
     def close(self) -> None:
@@ -236,16 +227,33 @@ class Board:
 
     # -- reading --------------------------------------------------------------------------------
 
-    def _read(self, path: Path) -> TaskDoc:
-        return self._parse(path.read_bytes())
+    def _raw(self, path: Path) -> bytes:
+        """A task file's bytes; Damaged if it is a symlink, not a regular file, or oversized
+        (never followed, never read without bound: a link to /dev/zero or a FIFO is planted easily)."""
+        try:
+            data = read_bytes_nofollow(path, MAX_DOCUMENT_BYTES)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise Damaged("it is a symlink; the board never follows links in its folders") from None
+            if exc.errno == errno.EINVAL:
+                raise Damaged("it is not a regular file") from None
+            raise Damaged(f"unreadable: {exc.strerror}") from None
+        if len(data) > MAX_DOCUMENT_BYTES:
+            raise Damaged(f"it is larger than {MAX_DOCUMENT_BYTES} bytes")
+        return data
 
-    def _parse(self, data: bytes) -> TaskDoc:
+    def _read(self, path: Path) -> TaskDoc:
+        return self._parse(self._raw(path), path.stem)
+
+    def _parse(self, data: bytes, file_id: str | None = None) -> TaskDoc:
         try:
             doc = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise Damaged(f"not valid JSON ({exc})") from exc
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            raise Damaged(f"not valid JSON ({str(exc)[:200]})") from exc
         try:
-            return check_document(doc)
+            return check_document(doc, file_id=file_id)
         except TaskError as exc:
             raise Damaged(str(exc)) from exc
 
@@ -255,25 +263,38 @@ class Board:
         order += [status for status in STATUSES if status != hint]
         for status in order:
             path = self._path(status, task_id)
-            if path.exists():
+            if os.path.lexists(path):
                 return status, path
         return None
 
     def get(self, task_id: str) -> TaskDoc:
-        """The task's current document (a lock-free read: files are only ever replaced whole)."""
+        """The task's current document: a lock-free read (files are only ever replaced whole), and
+        if that misses, a read under the lock. A task being moved is, for an instant, in neither
+        folder a lock-free look-up visits in turn (it left doing/ after doing/ was looked at, and
+        todo/ was looked at before it arrived); every move is made under the lock, so a look-up
+        holding it finds a task that exists."""
         if not is_valid_id(task_id):
-            raise TaskNotFound(f"'{task_id}' is not a task id")
+            raise TaskNotFound(f"{_short_text(task_id)} is not a task id")
+        doc = self._get_once(task_id)
+        if doc is None:
+            with self._locked():
+                doc = self._get_once(task_id)
+        if doc is None:
+            raise TaskNotFound(f"no task '{task_id}' on the board {self.root}")
+        return doc
+
+    def _get_once(self, task_id: str) -> TaskDoc | None:
         for _attempt in range(5):
             found = self._locate(task_id)
             if found is None:
-                break
+                return None
             try:
                 return self._read(found[1])
             except FileNotFoundError:
                 continue  # moved between the look-up and the read
             except Damaged as exc:
                 raise BoardError(f"task {task_id} in {found[0]}/ is damaged: {exc}") from exc
-        raise TaskNotFound(f"no task '{task_id}' on the board {self.root}")
+        return None
 
     def list(self, status: str | None = None) -> Listing:
         """Every task (or those in one status), in claim order within each status."""
@@ -295,10 +316,7 @@ class Board:
                 except FileNotFoundError:
                     continue
                 except Damaged as exc:
-                    damaged.append({"path": f"{folder}/{entry.name}", "reason": str(exc)})
-                    continue
-                except OSError as exc:
-                    damaged.append({"path": f"{folder}/{entry.name}", "reason": f"unreadable: {exc.strerror}"})
+                    damaged.append({"path": f"{folder}/{safe_name(entry.name, 255)}", "reason": str(exc)})
                     continue
                 seen = found.get(doc["id"])
                 # A transition caught between its write and its rename shows up twice; the longer
@@ -331,7 +349,7 @@ class Board:
 
     def _prepare(self, folder: str, new: TaskDoc) -> Path:
         """The new document, fsync'd to a temp file beside the task's current file."""
-        return write_temp(self._path(folder, new["id"]), dumps(new))
+        return write_temp(self._path(folder, new["id"]), _bounded(dumps(new), new["id"]))
 
     def _keep_old(self, folder: str, task_id: str) -> Path | None:
         """A second link to the task's current file, made before the lock: the rename that
@@ -340,7 +358,7 @@ class Board:
         current = self._path(folder, task_id)
         keeper = tmp_path_for(current)
         try:
-            os.link(current, keeper)
+            os.link(current, keeper, follow_symlinks=False)
         except FileNotFoundError:
             return None
         return keeper
@@ -351,8 +369,19 @@ class Board:
     def _mark(self, task_id: str) -> None:
         """Place the marker for a transition made under the lock (replacing any other)."""
         marker = self._marker(task_id)
-        marker.unlink(missing_ok=True)
+        self._remove_marker(marker)
         os.symlink(_owner_text(), marker)
+
+    def _remove_marker(self, marker: Path) -> None:
+        """Remove a marker (under the lock). The board's markers are symlinks; anything else in
+        .pending/ was put there by hand and is moved aside, so it can neither hide its task nor
+        stop every transition with an error."""
+        try:
+            marker.unlink(missing_ok=True)
+        except IsADirectoryError:
+            self._set_aside(marker, f"pending--{safe_name(marker.name)}",
+                            f".pending/{safe_name(marker.name)} is a folder, not a marker of the board; it was "
+                            f"moved here on {now_iso()} so the task it names can be worked again.\n")
 
     def _has_marker(self, task_id: str) -> bool:
         return os.path.lexists(self._marker(task_id))
@@ -400,12 +429,12 @@ class Board:
             # A claimer removes its own reservation after releasing the lock: one journaled
             # operation fewer inside it. Until then the marker names a live process, and the
             # task is in doing/, so nothing acts on it.
-            self._marker(task_id).unlink(missing_ok=True)
+            _unlink_marker(self._marker(task_id))
         return new
 
     def _move_into_place(self, src_path: Path, dst: str, task_id: str) -> None:
         dst_path = self._path(dst, task_id)
-        if dst_path.exists():
+        if os.path.lexists(dst_path):
             self._quarantine(dst_path, f"a second copy of task {task_id} was in {dst}/ while the task moved there")
         os.rename(src_path, dst_path)
 
@@ -421,10 +450,12 @@ class Board:
 
     def _roll_forward(self, path: Path, doc: TaskDoc) -> None:
         """Finish a transition whose writer died after writing the new document."""
-        entry = doc["history"][-1]
-        if not self._event_logged(entry["at"], doc["id"]):
-            self._log.append(event(entry["at"], doc["id"], entry["from"], entry["to"], entry["by"],
-                                   f"{entry['note']} (completed after its writer was interrupted)".strip()))
+        # A hand-made document may have an empty or sparse history: what it lacks is not logged.
+        entry = doc["history"][-1] if doc["history"] else {}
+        at = str(entry.get("at") or now_iso())
+        if not self._event_logged(at, doc["id"]):
+            self._log.append(event(at, doc["id"], entry.get("from"), doc["status"], str(entry.get("by") or "board"),
+                                   f"{entry.get('note') or ''} (completed after its writer was interrupted)".strip()))
         self._move_into_place(path, doc["status"], doc["id"])
 
     def _finish_interrupted(self, *, sweep: bool = True) -> None:
@@ -452,7 +483,7 @@ class Board:
                     doc = None
                 if doc is not None and doc["status"] != folder:
                     self._roll_forward(path, doc)
-            marker.unlink(missing_ok=True)
+            self._remove_marker(marker)
         if not sweep:
             return
         self._last_sweep = time.monotonic()
@@ -460,7 +491,9 @@ class Board:
             with contextlib.suppress(FileNotFoundError):
                 for item in os.scandir(self.root / status):
                     pid = tmp_writer_pid(item.name)
-                    if pid is not None and _writer_gone(pid, Path(item.path)):
+                    # Only files: a folder with a temp file's name was not written by the board.
+                    if pid is not None and not item.is_dir(follow_symlinks=False) and \
+                            _writer_gone(pid, Path(item.path)):
                         Path(item.path).unlink(missing_ok=True)
 
     def _adopt_hand_move(self, folder: str, doc: TaskDoc) -> TaskDoc:
@@ -477,16 +510,29 @@ class Board:
         self._log.append(event(entry["at"], doc["id"], entry["from"], folder, "board", entry["note"]))
         return new
 
+    def _set_aside(self, path: Path, name: str, note: str) -> Path:
+        """Move `path` into rejected/ as `name` (made unique), beside `name`.error.txt holding `note`.
+        Nothing planted in rejected/ is written through: the note is created exclusively and
+        without following links, and the move takes a name at which nothing exists."""
+        for _try in range(100):
+            dest = unique_path(self.root / "rejected", name, (ERROR_SUFFIX,))
+            with contextlib.suppress(FileExistsError):
+                create_exclusive(dest.with_name(dest.name + ERROR_SUFFIX), note.encode("utf-8", "backslashreplace"))
+                break
+        else:
+            raise BoardError(f"no free name for {name} in {self.root / 'rejected'}")
+        os.rename(path, dest)
+        return dest
+
     def _quarantine(self, path: Path, reason: str) -> Path:
         """Move a damaged file aside to rejected/ with a note; never delete it."""
         folder = path.parent.name
-        dest = unique_path(self.root / "rejected", f"{folder}--{path.name}")
-        note = (f"{folder}/{path.name} was found damaged on {now_iso()}: {reason}\n"
+        name = safe_name(path.name)
+        note = (f"{folder}/{name} was found damaged on {now_iso()}: {reason}\n"
                 f"It was moved here untouched; every other task stayed where it was. Repair it and move it "
                 f"back into {folder}/ if it is still wanted.\n")
-        (dest.parent / f"{dest.name}.error.txt").write_text(note)
-        os.rename(path, dest)
-        self.problems.append(f"{folder}/{path.name} was damaged ({reason}); moved to rejected/{dest.name}")
+        dest = self._set_aside(path, f"{folder}--{name}", note)
+        self.problems.append(f"{folder}/{name} was damaged ({reason}); moved to rejected/{dest.name}")
         self._log.append(event(now_iso(), path.stem, folder, "rejected", "board", f"damaged: {reason}"))
         self._index.forget(path.stem)
         return dest
@@ -497,7 +543,7 @@ class Board:
         with self._locked():
             for item in damaged:
                 path = self.root / item["path"]
-                if not path.is_file():
+                if path.parent.parent != self.root or path.parent.name not in STATUSES or not os.path.lexists(path):
                     continue
                 try:
                     self._read(path)
@@ -536,120 +582,6 @@ class Board:
             write_json_atomic(self._path(doc["status"], doc["id"]), doc)
             self._log.append(event(now, doc["id"], None, doc["status"], by, "added"))
         return doc
-
-    # -- ingest ---------------------------------------------------------------------------------
-
-    def ingest(self) -> IngestReport:
-        """Turn finished files in the drop zones into tasks; reject what cannot be one."""
-        report = IngestReport()
-        candidates = drops.scan(self.root)
-        if not candidates:
-            return report
-        writers: set[tuple[int, int]] | None = None
-        writers_read = False
-        ready: list[drops.Drop] = []
-        now = time.time()
-        for drop in candidates:
-            try:
-                st = os.lstat(drop.path)
-            except FileNotFoundError:
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                ready.append(drop)  # symlinks, folders, devices: rejected at once
-                continue
-            hinted = self.watcher.is_complete(drop.path, st.st_mtime_ns)
-            is_task = drops.is_task_file(drop.path.name)
-            has_writer: bool | None = False
-            if is_task and not hinted:
-                if not writers_read:
-                    writers, writers_read = drops.open_writers(self.root), True
-                has_writer = None if writers is None else (st.st_dev, st.st_ino) in writers
-            state = drops.decide(is_task_type=is_task, hinted_complete=hinted, has_writer=has_writer,
-                                 quiet_for=now - st.st_mtime)
-            if state == "wait":
-                report.waiting.append(str(drop.path.relative_to(self.root)))
-            else:
-                ready.append(drop)
-        if not ready:
-            return report
-        with self._locked():
-            for drop in ready:
-                self._ingest_one(drop, report)
-        return report
-
-    def _reject(self, path: Path, reason: str, report: IngestReport) -> None:
-        rel = str(path.relative_to(self.root))
-        dest = unique_path(self.root / "rejected", path.name)
-        (dest.parent / f"{dest.name}.error.txt").write_text(
-            f"{rel} was rejected on {now_iso()}: {reason}\nFix the file and drop it into inbox/ again.\n"
-        )
-        os.rename(path, dest)
-        self.watcher.forget(path)
-        self._log.append(event(now_iso(), path.name, "inbox", "rejected", "ingest", reason))
-        report.rejected.append({"file": rel, "moved_to": f"rejected/{dest.name}", "reason": reason})
-
-    def _ingest_one(self, drop: drops.Drop, report: IngestReport) -> None:
-        path = drop.path
-        rel = str(path.relative_to(self.root))
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            return  # another process ingested it first
-        if stat.S_ISLNK(st.st_mode):
-            return self._reject(path, f"is a symlink (to {os.readlink(path)}); symlinks are refused, "
-                                      "copy the file in instead", report)
-        if stat.S_ISDIR(st.st_mode):
-            return self._reject(path, "is a folder; drop task files, not folders", report)
-        if not stat.S_ISREG(st.st_mode):
-            return self._reject(path, "is not a regular file", report)
-        if not drops.is_task_file(path.name):
-            return self._reject(path, f"unsupported file type; a task file ends in {', '.join(drops.EXTENSIONS)}",
-                                report)
-        if st.st_size > MAX_BYTES:
-            return self._reject(path, f"file is {st.st_size} bytes; the limit for a task file is "
-                                      f"{MAX_BYTES} bytes (1 MiB)", report)
-        try:
-            data = read_bytes_nofollow(path, MAX_BYTES)
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            return self._reject(path, f"cannot be read: {exc.strerror}", report)
-        fp = fingerprint(path.name, st, data)
-        now = now_iso()
-        stem = path.name.rsplit(".", 1)[0]
-        try:
-            raw = parse_task_file(path.name, data)
-            doc = normalize(raw, default_id=f"{slugify(stem, 57)}-{fp[:6]}", now=now, by="ingest",
-                            note=f"ingested from {rel}")
-            found = self._locate(doc["id"])
-            if found is not None:
-                existing = self._read(found[1])
-                if (existing.get("source") or {}).get("fingerprint") == fp:
-                    # This very file was ingested by a process that died before moving it away.
-                    first = existing["history"][0]
-                    if not self._event_logged(first["at"], existing["id"]):
-                        self._log.append(event(first["at"], existing["id"], "inbox",
-                                                             first["to"], "ingest", first["note"]))
-                    self._archive(path, existing["id"])
-                    report.ingested.append(existing["id"])
-                    return None
-                raise TaskError(f"a task with id '{doc['id']}' already exists (in {found[0]}/)")
-            self._check_new(doc)
-        except (TaskError, Damaged) as exc:
-            return self._reject(path, str(exc), report)
-        doc["source"] = {"file": rel, "fingerprint": fp}
-        write_json_atomic(self._path(doc["status"], doc["id"]), doc)
-        fault("ingest-written")
-        self._log.append(event(now, doc["id"], "inbox", doc["status"], "ingest",
-                                             f"ingested from {rel}"))
-        self._archive(path, doc["id"])
-        report.ingested.append(doc["id"])
-        return None
-
-    def _archive(self, path: Path, task_id: str) -> None:
-        # The user's file is kept, not deleted: the task's `source` names it.
-        os.rename(path, unique_path(self.root / ".ingested", f"{task_id}--{path.name}"))
-        self.watcher.forget(path)
 
     # -- the index ------------------------------------------------------------------------------
 
@@ -751,7 +683,7 @@ class Board:
                     if _read_or_none(self._path("todo", doc["id"])) == raw:
                         committed, prepared = self._commit("todo", new, prepared, reserved=True), None
             finally:
-                self._marker(doc["id"]).unlink(missing_ok=True)
+                _unlink_marker(self._marker(doc["id"]))
                 for leftover in (prepared, keeper):
                     if leftover is not None:
                         leftover.unlink(missing_ok=True)
@@ -776,8 +708,8 @@ class Board:
                 continue
             path = self._path("todo", task_id)
             try:
-                raw = path.read_bytes()
-                doc = self._parse(raw)
+                raw = self._raw(path)
+                doc = self._parse(raw, task_id)
             except FileNotFoundError:
                 index.forget(task_id)
                 continue
@@ -792,7 +724,7 @@ class Board:
                 if doc["status"] != "todo":
                     index.set_status(task_id, doc["status"])
                     continue
-                raw = path.read_bytes()
+                raw = self._raw(path)
             if ((steps_only and not doc.get("steps")) or (assigned_only and doc.get("assignee") != agent)
                     or not can_claim(doc, agent, roles, self._done_on_disk)):
                 index.put_todo(doc)
@@ -801,7 +733,7 @@ class Board:
                 continue
             # Reserved; another claimer may have committed this task just before.
             if _read_or_none(path) != raw:
-                self._marker(task_id).unlink(missing_ok=True)
+                _unlink_marker(self._marker(task_id))
                 _reservation_done(task_id)
                 continue
             # Out of this process's candidates now; the commit's event (or a rescan) settles it.
@@ -888,7 +820,7 @@ class Board:
         new: TaskDoc | None = None
         if raw is not None:
             with contextlib.suppress(Damaged):
-                doc = self._parse(raw)
+                doc = self._parse(raw, task_id)
                 if doc["status"] == "doing" and (doc.get("claim") or {}).get("token") == token:
                     new = _finished(doc, to, note, changes)
                     prepared = self._prepare("doing", new)
@@ -962,6 +894,11 @@ class Board:
         """Add a comment to a task in any status. Not a transition: no event, the status and
         updated_at stay; the comment carries its own time and author. A claim or move in flight
         (its marker) is waited out, as a transition would overwrite the comment."""
+        if not isinstance(text, str):
+            raise TaskError(f"a comment is text, not {type(text).__name__}")
+        size = len(text.encode("utf-8", "backslashreplace"))
+        if size > MAX_BYTES:
+            raise TaskError(f"the comment is {size} bytes; the limit for a comment is {MAX_BYTES} bytes (1 MiB)")
         deadline = time.monotonic() + wait
         while True:
             with self._locked():
@@ -972,7 +909,7 @@ class Board:
                     doc = self._read(found[1])
                     entry = {"at": now_iso(), "by": by, "text": text}
                     new = {**doc, "comments": [*(doc.get("comments") or []), entry]}
-                    write_json_atomic(found[1], new)
+                    write_atomic(found[1], _bounded(dumps(new), task_id))
                     return new
             if time.monotonic() > deadline:
                 raise InvalidTransition(f"task {task_id} is being moved; try the comment again")
@@ -1116,11 +1053,34 @@ def _finished(doc: TaskDoc, to: str, note: str, changes: dict[str, Any]) -> Task
     return transition(doc, to, by=doc["claim"]["agent"], now=now_iso(), note=note, claim=None, **changes)
 
 
+def _unlink_marker(marker: Path) -> None:
+    # Outside the lock a marker that is not ours (a folder put there) is left for the next
+    # locked pass to move aside.
+    with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+        marker.unlink()
+
+
+def _bounded(data: bytes, task_id: str) -> bytes:
+    """`data`, unless it is a document the board would refuse to read back."""
+    if len(data) > MAX_DOCUMENT_BYTES:
+        raise BoardError(f"task {task_id}'s document would be {len(data)} bytes; a task document is at most "
+                         f"{MAX_DOCUMENT_BYTES} bytes (its result or comments are too large)")
+    return data
+
+
+def _short_text(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _read_or_none(path: Path) -> bytes | None:
+    """A task file's bytes, or None if it is gone or not a plain file (then it never equals bytes
+    read before, and the locked path reads it again and says why)."""
     try:
-        return path.read_bytes()
-    except FileNotFoundError:
+        data = read_bytes_nofollow(path, MAX_DOCUMENT_BYTES)
+    except OSError:
         return None
+    return data if len(data) <= MAX_DOCUMENT_BYTES else None
 
 
 _START_TIME: list[tuple[int, float]] = []
@@ -1143,7 +1103,7 @@ def _writer_gone(pid: int, path: Path) -> bool:
     if pid == os.getpid():
         return False
     try:
-        age = time.time() - path.stat().st_mtime
+        age = time.time() - path.lstat().st_mtime
     except FileNotFoundError:
         return False
     return age > STALE_TMP_AGE or not psutil.pid_exists(pid)

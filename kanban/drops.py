@@ -1,5 +1,8 @@
-"""The drop zones (`inbox/` and the board folder itself): which files are candidates, and when a
-file is finished being written.
+"""The drop zone `inbox/`: which files are candidates, and when a file is finished being written.
+
+Only inbox/ is a drop zone. Files directly in the board folder are left alone: in a source checkout
+that folder also holds the package's modules, and a file taken from there would vanish into the
+git-ignored .ingested/ or rejected/.
 
 A file written in place (`cp`, a shell redirect, a script) appears before its content does, so it
 is taken only once it is known complete: the watcher saw it closed after writing or renamed into
@@ -29,7 +32,6 @@ QUIET_FALLBACK = 2.0
 @dataclass(frozen=True)
 class Drop:
     path: Path
-    zone: str  # "inbox" or "." (the board folder)
 
 
 def skipped_name(name: str) -> bool:
@@ -40,30 +42,35 @@ def skipped_name(name: str) -> bool:
     )
 
 
+def name_problem(name: str) -> str | None:
+    """Why a dropped file's name is refused, or None (pure). Python reads bytes that are not UTF-8
+    in a name as lone surrogates, which cannot be written to a UTF-8 log or shown."""
+    if any("\udc80" <= char <= "\udcff" for char in name):
+        return "file name is not valid UTF-8; rename the file"
+    if any(ord(char) < 0x20 or 0x7F <= ord(char) <= 0x9F for char in name):
+        return "file name holds control characters; rename the file"
+    return None
+
+
 def is_task_file(name: str) -> bool:
     return name.lower().endswith(EXTENSIONS)
 
 
 def scan(root: Path) -> list[Drop]:
-    """Candidates in the drop zones, oldest first. The board folder itself only offers task-file
-    types (it also holds the status folders, and in a source checkout the package's modules)."""
+    """Candidates in inbox/, oldest first."""
     found: list[tuple[float, Drop]] = []
-    for zone, folder in (("inbox", root / "inbox"), (".", root)):
+    try:
+        entries = list(os.scandir(root / "inbox"))
+    except FileNotFoundError:
+        return []
+    for entry in entries:
+        if skipped_name(entry.name):
+            continue
         try:
-            entries = list(os.scandir(folder))
+            mtime = entry.stat(follow_symlinks=False).st_mtime
         except FileNotFoundError:
             continue
-        for entry in entries:
-            name = entry.name
-            if skipped_name(name):
-                continue
-            if zone == "." and (entry.is_dir(follow_symlinks=False) or not is_task_file(name)):
-                continue
-            try:
-                mtime = entry.stat(follow_symlinks=False).st_mtime
-            except FileNotFoundError:
-                continue
-            found.append((mtime, Drop(Path(entry.path), zone)))
+        found.append((mtime, Drop(Path(entry.path))))
     found.sort(key=lambda item: (item[0], item[1].path.name))
     return [drop for _mtime, drop in found]
 

@@ -40,7 +40,7 @@ class EventTail:
                 continue
             try:
                 record = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):  # anyone who can write the log can write this
                 self.bad_lines.append(self.offset)
                 continue
             if isinstance(record, dict):

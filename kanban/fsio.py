@@ -1,22 +1,32 @@
-"""Atomic file primitives: the only way the board writes a task document.
+"""Atomic and link-safe file primitives: the only way the board writes a task document.
 
 A document is written to a hidden temp file beside its destination, fsync'd, and renamed over it,
 so a reader sees the old bytes or the new ones, never a mix; a process killed half-way leaves only
-a hidden temp file, which the board's recovery sweeps away.
+a hidden temp file, which the board's recovery sweeps away. Nothing here follows a symlink at the
+last component: anyone who can write into the board's folders could plant one.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
 TMP_SUFFIX = ".tmp"
+# Names the board makes from outside names stay this short: room under NAME_MAX (255 bytes) for a
+# task id before them and "-NN" and ".error.txt" after.
+NAME_LIMIT = 160
+# Bytes that are not UTF-8 (decoded by Python as lone surrogates) and control characters.
+_UNSAFE_CHAR = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
-TMP_RE = re.compile(r"\..+\.(\d+)\.[0-9a-f]{6}\.tmp")
+# A pid has at most 7 digits (Linux pids stay below 2**22): a longer number is no writer of ours,
+# and would overflow psutil.
+TMP_RE = re.compile(r"\..+\.(\d{1,7})\.[0-9a-f]{6}\.tmp")
 
 
 def tmp_path_for(dest: Path) -> Path:
@@ -32,7 +42,41 @@ def tmp_writer_pid(name: str) -> int | None:
 def dumps(doc: Any) -> bytes:
     # One line, not indented: with indent set, json falls back from its C encoder to pure Python,
     # several times slower on the claim path. `hermes-sup task show` is the readable view.
-    return (json.dumps(doc, ensure_ascii=False, separators=(", ", ": ")) + "\n").encode("utf-8")
+    # backslashreplace: a lone surrogate (an agent's error naming a non-UTF-8 file, say) is written
+    # as the JSON escape \udcXX instead of failing the transition.
+    return (json.dumps(doc, ensure_ascii=False, separators=(", ", ": ")) + "\n").encode("utf-8", "backslashreplace")
+
+
+def _escape_char(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if 0xDC80 <= code <= 0xDCFF:
+        return f"\\x{code - 0xDC00:02x}"  # the original byte, as Python's surrogateescape kept it
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def safe_name(name: str, limit: int = NAME_LIMIT) -> str:
+    """`name` safe to create and to show: bytes that are not UTF-8 and control characters written
+    as \\xNN, and cut to `limit` bytes keeping a short extension (pure)."""
+    text = _UNSAFE_CHAR.sub(_escape_char, name)
+    if len(text.encode("utf-8")) <= limit:
+        return text
+    stem, dot, ext = text.rpartition(".")
+    if not dot or len(ext.encode("utf-8")) > 16:
+        stem, ext = text, ""
+    room = limit - len(ext.encode("utf-8")) - len(dot if ext else "")
+    cut = stem.encode("utf-8")[:room].decode("utf-8", "ignore")
+    return f"{cut}.{ext}" if ext else cut
+
+
+def create_exclusive(path: Path, data: bytes) -> None:
+    """Create `path` with `data`; FileExistsError if anything, a symlink included, is there."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
 
 
 def write_temp(dest: Path, data: bytes, *, fsync: bool = True) -> Path:
@@ -68,9 +112,12 @@ def write_json_atomic(dest: Path, doc: Any, *, fsync: bool = True) -> None:
 
 
 def read_bytes_nofollow(path: Path, limit: int) -> bytes:
-    """Up to `limit` + 1 bytes of a regular file; refuses a symlink at the last component."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    """Up to `limit` + 1 bytes of a regular file. A symlink at the last component raises OSError
+    ELOOP, anything else that is not a regular file (a FIFO, a device) OSError EINVAL, unread."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
         chunks = []
         remaining = limit + 1
         while remaining > 0:
@@ -104,7 +151,7 @@ class AppendLog:
             except FileNotFoundError:
                 pass
             self.close()
-        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         return self._fd
 
     def append(self, record: dict[str, Any]) -> None:
@@ -113,7 +160,7 @@ class AppendLog:
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
             line = "\n" + line
-        os.write(fd, line.encode("utf-8"))
+        os.write(fd, line.encode("utf-8", "backslashreplace"))
 
     def close(self) -> None:
         fd, self._fd = self._fd, None
@@ -142,12 +189,13 @@ def read_complete_lines(path: Path, offset: int) -> tuple[list[bytes], int]:
     return data[:end].split(b"\n"), offset + end + 1
 
 
-def unique_path(folder: Path, name: str) -> Path:
-    """`folder/name`, or `folder/name-1`, `-2`, ... (before the extension) if it exists."""
+def unique_path(folder: Path, name: str, companions: tuple[str, ...] = ()) -> Path:
+    """`folder/name`, or `folder/name-1`, `-2`, ... (before the extension) if it, or it with one of
+    the `companions` suffixes appended, exists (a symlink, dangling or not, included)."""
     candidate = folder / name
     stem, dot, ext = name.partition(".")
     index = 1
-    while candidate.exists() or candidate.is_symlink():
+    while any(os.path.lexists(f"{candidate}{suffix}") for suffix in ("", *companions)):
         candidate = folder / f"{stem}-{index}{dot}{ext}"
         index += 1
     return candidate

@@ -12,7 +12,7 @@ import bisect
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .task import STATUSES, sort_key
+from .task import STATUSES, is_valid_id, sort_key
 
 Meta = dict[str, Any]
 META_FIELDS = ("id", "status", "priority", "created_at", "updated_at", "assignee", "role", "depends_on")
@@ -76,7 +76,9 @@ class BoardIndex:
         entered: list[str] = []
         for record in records:
             task_id, dst = record.get("task"), record.get("to")
-            if not isinstance(task_id, str) or dst not in STATUSES:
+            # Rejections are logged under the file's name, and anyone who can write the log can
+            # write any line: only a task id is a task.
+            if not is_valid_id(task_id) or dst not in STATUSES:
                 continue
             self.set_status(task_id, dst)
             if dst == "todo":

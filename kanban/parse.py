@@ -2,19 +2,35 @@
 
 Formats by extension: .json, .yaml/.yml, .md (optional YAML front matter, then first line = title),
 .txt (first line = title, the rest = body). Errors say where and what, the way a person fixes them.
+
+Every file is hostile until parsed: both loaders give only plain JSON data (text, numbers, true/false,
+null, lists, objects), refuse nesting deeper than MAX_DEPTH before any recursion, refuse integers too
+long to print, and the YAML loader refuses aliases (a billion laughs, a self-reference) and the types
+JSON cannot hold (dates, sets, binary), so what parses here can always be written as a task.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from typing import Any
 
 import yaml
+from yaml.composer import Composer, ComposerError
+from yaml.constructor import ConstructorError, SafeConstructor
+from yaml.nodes import Node, ScalarNode
+from yaml.resolver import Resolver
 
-from .task import TaskError
+from .task import MAX_BYTES, MAX_DEPTH, MAX_INT_DIGITS, TaskError
+
+__all__ = ["EXTENSIONS", "MAX_BYTES", "decode_text", "load_json", "load_yaml", "parse_task_file"]
 
 EXTENSIONS = (".json", ".yaml", ".yml", ".md", ".txt")
-MAX_BYTES = 1024 * 1024
+# A JSON string once its escaped backslashes and quotes are gone: no backslash is left to
+# backtrack over, so an unterminated one costs one pass, not one per later quote.
+_JSON_STRING = re.compile(r'"[^"]*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 
 
 def decode_text(data: bytes) -> str:
@@ -30,9 +46,135 @@ def decode_text(data: bytes) -> str:
     return text.removeprefix("\ufeff")
 
 
+def _json_too_deep(text: str) -> bool:
+    """Whether `text` nests deeper than MAX_DEPTH: json.loads recurses once per level, so this is
+    checked first, in a few linear passes. Escapes pair from the left, as JSON reads them."""
+    bare = _JSON_STRING.sub("", text.replace("\\\\", "").replace('\\"', ""))
+    depth = 0
+    for char in _NOT_BRACKET.sub("", bare):
+        depth += 1 if char in "[{" else -1
+        if depth > MAX_DEPTH:
+            return True
+    return False
+
+
+def _json_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise TaskError(f"an integer of {len(digits.lstrip('-'))} digits; a task's integers have at most "
+                        f"{MAX_INT_DIGITS} digits")
+    return int(digits)
+
+
+def _json_constant(name: str) -> Any:
+    raise TaskError(f"{name} is not a finite number; JSON has no {name}")
+
+
+def _json_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise TaskError(f"{text[:40]} is not a finite number")
+    return value
+
+
+def load_json(text: str) -> Any:
+    """Plain data from JSON text; TaskError saying where and what if it is not."""
+    if _json_too_deep(text):
+        raise TaskError(f"the data is nested more than {MAX_DEPTH} levels deep")
+    try:
+        return json.loads(text, parse_int=_json_int, parse_float=_json_float, parse_constant=_json_constant)
+    except json.JSONDecodeError as exc:
+        raise TaskError(f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from exc
+    except RecursionError:  # a nesting the pre-scan missed must still not end the process
+        raise TaskError(f"the data is nested more than {MAX_DEPTH} levels deep") from None
+
+
+if yaml.__with_libyaml__:
+    from yaml._yaml import CParser
+
+    class _Loader(Composer, CParser, SafeConstructor, Resolver):  # type: ignore[misc]
+        """libyaml's parser, for speed (pure Python takes seconds per MiB of YAML, which an agent's
+        ingest waits out), with Python's composer: libyaml's own recurses without a limit and
+        crashes the process (a segfault at 100,000 levels)."""
+
+        def __init__(self, stream: str) -> None:
+            CParser.__init__(self, stream)
+            SafeConstructor.__init__(self)
+            Resolver.__init__(self)
+            Composer.__init__(self)
+else:  # pragma: no cover - PyYAML built without libyaml
+    _Loader = yaml.SafeLoader  # type: ignore[misc]
+
+
+class _PlainLoader(_Loader):
+    """YAML to plain JSON data only: no aliases, no nesting past MAX_DEPTH, no dates, sets or binary."""
+
+    def __init__(self, stream: str) -> None:
+        _Loader.__init__(self, stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Node | None, index: object) -> Node | None:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise ComposerError(
+                None, None, "YAML aliases (*name) are not allowed in a task file; write the value out",
+                event.start_mark)
+        if not self.check_event(yaml.SequenceStartEvent, yaml.MappingStartEvent):
+            return super().compose_node(parent, index)  # type: ignore[no-untyped-call]
+        if self._depth >= MAX_DEPTH:
+            raise ComposerError(
+                None, None, f"the data is nested more than {MAX_DEPTH} levels deep", self.peek_event().start_mark)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)  # type: ignore[no-untyped-call]
+        finally:
+            self._depth -= 1
+
+
+def _refuse(what: str, *, quoted_is_text: bool = False) -> Any:
+    def construct(loader: SafeConstructor, node: Node) -> Any:
+        if quoted_is_text and isinstance(node, ScalarNode):
+            problem = f"{what} ({node.value[:40]}) is not plain data; put it in quotes to keep it as text"
+        else:
+            problem = (f"{what} is not plain data; a task holds only text, numbers, true/false, null, lists "
+                       "and objects")
+        raise ConstructorError(None, None, problem, node.start_mark)
+    return construct
+
+
+def _yaml_int(loader: SafeConstructor, node: Node) -> int:
+    digits = len(str(node.value).lstrip("+-").replace("_", ""))
+    if digits > MAX_INT_DIGITS:
+        raise ConstructorError(None, None, f"an integer of {digits} digits; a task's integers have at most "
+                                           f"{MAX_INT_DIGITS} digits", node.start_mark)
+    return loader.construct_yaml_int(node)  # type: ignore[no-untyped-call,no-any-return]
+
+
+def _yaml_float(loader: SafeConstructor, node: Node) -> float:
+    value = loader.construct_yaml_float(node)  # type: ignore[no-untyped-call]
+    if not math.isfinite(value):
+        raise ConstructorError(None, None, f"{node.value} is not a finite number", node.start_mark)
+    return value  # type: ignore[no-any-return]
+
+
+_PlainLoader.add_constructor("tag:yaml.org,2002:int", _yaml_int)
+_PlainLoader.add_constructor("tag:yaml.org,2002:float", _yaml_float)
+_PlainLoader.add_constructor("tag:yaml.org,2002:timestamp", _refuse("a date or time", quoted_is_text=True))
+for _tag in ("set", "binary", "omap", "pairs"):
+    _PlainLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _refuse(f"a YAML !!{_tag}"))
+
+
+def load_yaml(text: str) -> Any:
+    """Plain data from YAML text; raises yaml.YAMLError saying where and what."""
+    loader = _PlainLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def _yaml_mapping(text: str, what: str, line_offset: int = 0) -> Any:
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
@@ -45,12 +187,13 @@ def _yaml_mapping(text: str, what: str, line_offset: int = 0) -> Any:
 
 def _title_and_body(text: str) -> dict[str, Any]:
     lines = text.splitlines()
-    while lines and not lines[0].strip():
-        lines.pop(0)
-    if not lines:
+    # One pass to the first non-blank line: popping blank lines off the front one at a time is
+    # quadratic, a minute for a file of a million newlines.
+    first = next((index for index, line in enumerate(lines) if line.strip()), None)
+    if first is None:
         return {}
-    title = lines[0].strip().lstrip("#").strip()
-    body = "\n".join(lines[1:]).strip("\n")
+    title = lines[first].strip().lstrip("#").strip()
+    body = "\n".join(lines[first + 1:]).strip("\n")
     return {"title": title, "body": body}
 
 
@@ -90,10 +233,7 @@ def parse_task_file(name: str, data: bytes) -> dict[str, Any]:
     if lower.endswith(".json"):
         if not text.strip():
             raise TaskError("file is empty")
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise TaskError(f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from exc
+        raw = load_json(text)
     elif lower.endswith((".yaml", ".yml")):
         if not text.strip():
             raise TaskError("file is empty")

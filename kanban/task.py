@@ -7,6 +7,8 @@ writes what they return.
 from __future__ import annotations
 
 import difflib
+import json
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
@@ -28,6 +30,15 @@ SYSTEM_FIELDS = (
     "comments", "question",
 )
 DEFAULT_MAX_ATTEMPTS = 3
+# One cap for every task put on the board (a dropped file, `task add`, `kanban_create`): its
+# bytes as a file, its fields as a document.
+MAX_BYTES = 1024 * 1024
+# Deeper nesting than this is no task's data, and a parser or json.dumps recursing through
+# 100,000 levels crashes the process that reads it.
+MAX_DEPTH = 64
+# Python refuses to print an int of more than 4,300 digits (json.dumps raises); no field needs 100.
+MAX_INT_DIGITS = 100
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class TaskError(ValueError):
@@ -66,6 +77,59 @@ def _expect(name: str, value: object, kind: type | tuple[type, ...], what: str) 
 def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _plain_problem(value: object) -> str | None:
+    """Why `value` is not plain JSON data within the board's bounds, or None (pure, iterative:
+    no recursion to exhaust, and it stops after MAX_BYTES values, which no 1 MiB task holds)."""
+    stack: list[tuple[object, int, str]] = [(value, 0, "")]
+    seen = 0
+    while stack:
+        item, depth, where = stack.pop()
+        seen += 1
+        if seen > MAX_BYTES:
+            return "it holds more values than a 1 MiB task can"
+        at = f" at {where}" if where else ""
+        if item is None or isinstance(item, bool):
+            continue
+        if isinstance(item, str):
+            found = _SURROGATE.search(item)
+            if found:
+                code = ord(found.group())
+                return f"the text{at} holds an unpaired surrogate \\u{code:04x}, which is not Unicode text"
+        elif isinstance(item, int):
+            if item.bit_length() > MAX_INT_DIGITS * 10 // 3:
+                return f"the integer{at} has more than {MAX_INT_DIGITS} digits"
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return f"the number{at} ({item}) is not a finite number"
+        elif isinstance(item, (dict, list, tuple)):
+            if depth >= MAX_DEPTH:
+                return f"the data{at} is nested more than {MAX_DEPTH} levels deep"
+            if isinstance(item, dict):
+                for key, child in item.items():
+                    if not isinstance(key, str):
+                        return f"keys must be text, but {where or 'the task'} has the key {_short(key)}"
+                    if _SURROGATE.search(key):
+                        return f"the key {key!r}{at} holds an unpaired surrogate, which is not Unicode text"
+                    stack.append((child, depth + 1, f"{where}.{key}" if where else key))
+            else:
+                stack.extend((child, depth + 1, f"{where}[{index}]") for index, child in enumerate(item))
+        else:
+            return (f"the value{at} is a {type(item).__name__}; a task holds only text, numbers, true/false, "
+                    f"null, lists and objects")
+    return None
+
+
+def check_plain(value: object) -> None:
+    """Raise TaskError unless `value` is plain JSON data within the board's bounds."""
+    problem = _plain_problem(value)
+    if problem is not None:
+        raise TaskError(problem)
+
+
+def document_size(doc: Mapping[str, Any]) -> int:
+    return len(json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
 
 
 def _optional_name(name: str, value: object) -> str | None:
@@ -133,6 +197,7 @@ def normalize(
     """
     if not isinstance(raw, Mapping):
         raise TaskError(f"a task must be an object (a mapping of fields), got {_type_name(raw)}")
+    check_plain(dict(raw))
     unknown = [key for key in raw if key not in USER_FIELDS and key not in SYSTEM_FIELDS]
     if unknown:
         key = str(unknown[0])
@@ -189,7 +254,7 @@ def normalize(
     if task_id in deps:
         raise TaskError(f"depends_on creates a cycle: {task_id} -> {task_id}")
 
-    return {
+    doc = {
         "id": task_id,
         "title": title,
         "body": body,
@@ -211,12 +276,35 @@ def normalize(
         "created_at": now,
         "updated_at": now,
     }
+    size = document_size(doc)
+    if size > MAX_BYTES:
+        raise TaskError(f"the task is {size} bytes as a document; the limit for a task is {MAX_BYTES} bytes (1 MiB)")
+    return doc
 
 
-def check_document(doc: object, *, folder: str | None = None) -> dict[str, Any]:
-    """Validate a task document read back from a status folder (the board's own format).
+_DOC_KINDS: dict[str, tuple[type, ...]] = {
+    "title": (str,), "body": (str,), "created_at": (str,), "updated_at": (str,), "priority": (int,),
+    "attempts": (int,), "max_attempts": (int,), "claims": (int,), "depends_on": (list,), "history": (list,),
+    "assignee": (str, type(None)), "role": (str, type(None)), "steps": (list, type(None)),
+    "claim": (dict, type(None)), "meta": (dict, type(None)), "tier": (str,), "comments": (list,),
+    "waiting": (str, type(None)),
+}
+# What recovery reads of a claim to decide whether its holder lives.
+_CLAIM_KINDS: dict[str, tuple[type, ...]] = {
+    "agent": (str,), "pid": (int, type(None)), "pid_started": (int, float, type(None)), "host": (str, type(None)),
+    "token": (int,), "lease_until_ts": (int, float, type(None)),
+}
+# Linux pids stay below 2**22; a larger one would overflow psutil.
+MAX_PID = 1 << 22
 
-    A document that fails this is damaged: it is moved aside, never guessed at.
+
+def check_document(doc: object, *, file_id: str | None = None) -> dict[str, Any]:
+    """Validate a task document read back from a status folder (the board's own format, but any
+    file there may have been written by hand, or by an attacker): every field the board reads has
+    the type it expects, so no hand-made file can crash a claimer or a recovery.
+
+    A document that fails this is damaged: it is moved aside, never guessed at. Counters a hand-made
+    task may leave out start at their defaults.
     """
     if not isinstance(doc, dict):
         raise TaskError(f"a task document must be an object, got {_type_name(doc)}")
@@ -225,14 +313,33 @@ def check_document(doc: object, *, folder: str | None = None) -> dict[str, Any]:
             raise TaskError(f"task document lacks '{key}'")
     if not is_valid_id(doc["id"]):
         raise TaskError(f"task document has an invalid id {_short(doc['id'])}")
+    if file_id is not None and doc["id"] != file_id:
+        raise TaskError(f"task document's id '{doc['id']}' is not its file name {file_id + '.json'!r}")
     if doc["status"] not in STATUSES:
         raise TaskError(f"task document has an unknown status {_short(doc['status'])}")
-    if not isinstance(doc["history"], list):
-        raise TaskError("task document's history is not a list")
-    for key, kind in (("priority", int), ("attempts", int), ("max_attempts", int), ("depends_on", list)):
-        if key in doc and not isinstance(doc[key], kind):
+    for key, kinds in _DOC_KINDS.items():
+        if key in doc and (isinstance(doc[key], bool) or not isinstance(doc[key], kinds)):
             raise TaskError(f"task document's '{key}' is {_type_name(doc[key])}")
-    doc.setdefault("claims", doc.get("attempts", 0))
+    if not all(isinstance(entry, dict) for entry in doc["history"]):
+        raise TaskError("task document's history holds an entry that is not an object")
+    if not all(is_valid_id(dep) for dep in doc.get("depends_on") or ()):
+        raise TaskError("task document's depends_on holds something that is not a task id")
+    for step in doc.get("steps") or ():
+        if not (isinstance(step, dict) and isinstance(step.get("tool"), str)
+                and isinstance(step.get("args", {}), dict)):
+            raise TaskError("task document's steps hold an entry that is not a {tool, args} object")
+    claim = doc.get("claim")
+    if claim is not None:
+        for key, kinds in _CLAIM_KINDS.items():
+            value = claim.get(key)
+            if isinstance(value, bool) or not isinstance(value, kinds):
+                raise TaskError(f"task document's claim.{key} is {_type_name(value)}")
+        if claim.get("pid") is not None and not 0 < claim["pid"] < MAX_PID:
+            raise TaskError(f"task document's claim.pid {claim['pid']} is not a process id")
+    doc.setdefault("priority", 0)
+    doc.setdefault("attempts", 0)
+    doc.setdefault("max_attempts", DEFAULT_MAX_ATTEMPTS)
+    doc.setdefault("claims", doc["attempts"])
     return doc
 
 

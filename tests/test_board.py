@@ -305,3 +305,114 @@ def test_waiting_notes_are_set_cleared_and_dropped_on_claim(board):
     board.release(claimed["id"], claimed["claim"]["token"])
     board.mark_waiting("no LLM provider available")
     assert board.mark_waiting(None) == 1 and "waiting" not in board.get(llm_task["id"])
+
+
+class Interleaved(Board):
+    """A board that lets a test act between a claim's pick and its commit: after the claimed
+    document is written and fsync'd, before the lock is taken to commit it."""
+
+    def __init__(self, root: Path, between) -> None:
+        super().__init__(root)
+        self.between = between
+
+    def _prepare(self, folder: str, new: dict) -> Path:
+        prepared = super()._prepare(folder, new)
+        if new["status"] == "doing" and self.between is not None:
+            between, self.between = self.between, None
+            between(new["id"])
+        return prepared
+
+
+def _rewrite_assigned_elsewhere(root: Path, task_id: str) -> None:
+    path = root / "todo" / f"{task_id}.json"
+    doc = json.loads(path.read_text())
+    tmp = path.with_name(".edit.tmp")
+    tmp.write_text(json.dumps({**doc, "assignee": "someone-else"}))
+    os.rename(tmp, path)
+
+
+@pytest.mark.parametrize("change", ["cancelled", "edited by hand"])
+def test_a_claim_never_commits_over_a_task_changed_after_its_pick(tmp_path, change):
+    root = tmp_path / "kanban"
+    with Board(root) as person:
+        task = person.add({"title": "picked, then changed", "id": "picked"})
+
+        def meanwhile(task_id: str) -> None:
+            if change == "cancelled":
+                person.cancel(task_id)  # its own lock descriptor: a second process, as far as flock goes
+            else:
+                _rewrite_assigned_elsewhere(root, task_id)
+
+        with Interleaved(root, meanwhile) as claimer:
+            assert claimer.claim("a") is None, "the claim re-checks the task at commit and gives it up"
+            assert claimer.between is None, "the change was made between the pick and the commit"
+        doc = person.get(task["id"])
+        if change == "cancelled":
+            assert doc["status"] == "cancelled" and folder_of(person, "picked") == ["cancelled"]
+        else:
+            assert doc["status"] == "todo" and doc["assignee"] == "someone-else" and doc["claim"] is None
+            assert folder_of(person, "picked") == ["todo"]
+
+
+HAND_MADE = {"id": "hand", "title": "written by hand", "status": "todo", "history": [],
+             "created_at": "2026-01-01T00:00:00.000000Z"}
+HOSTILE_DOCS = {
+    "a claim that is text": {"claim": "mine"},
+    "a title that is a number": {"title": 5},
+    "an assignee that is a list": {"assignee": ["a"]},
+    "a role that is an object": {"role": {"r": 1}},
+    "dependencies that are numbers": {"depends_on": [1, 2]},
+    "steps that are text": {"steps": "rm -rf /"},
+    "a step that is text": {"steps": ["rm -rf /"]},
+    "history entries that are numbers": {"history": [1, 2]},
+    "a claim whose holder start is text": {"claim": {"agent": "a", "pid": 1, "pid_started": "x", "token": 1,
+                                                     "lease_until_ts": 1.0}},
+    "a claim with an impossible pid": {"claim": {"agent": "a", "pid": 10**30, "token": 1}},
+    "an id that is not its file name": {"id": "other"},
+}
+
+
+@pytest.mark.parametrize("folder", ["todo", "doing"])
+@pytest.mark.parametrize("what", list(HOSTILE_DOCS))
+def test_a_hostile_hand_made_document_is_moved_aside_and_never_crashes_the_board(board, folder, what):
+    doc = {**HAND_MADE, "status": folder, **HOSTILE_DOCS[what]}
+    (board.root / folder / "hand.json").write_text(json.dumps(doc))
+    good = board.add({"title": "a good task"})
+    listing = board.list()
+    assert [t["id"] for t in listing.tasks] == [good["id"]] and listing.damaged[0]["path"] == f"{folder}/hand.json"
+    board.recover()
+    board.mark_waiting("no model")
+    assert board.claim("a", roles=("r",))["id"] == good["id"]
+    assert os.path.exists(board.root / "rejected" / f"{folder}--hand.json")
+    assert not os.path.exists(board.root / folder / "hand.json")
+
+
+def test_a_minimal_hand_made_document_gets_its_counters_and_is_claimed(board):
+    (board.root / "todo" / "hand.json").write_text(json.dumps(HAND_MADE))
+    board.mark_waiting("no model")
+    doc = board.claim("a")
+    assert doc["id"] == "hand" and doc["attempts"] == 1 and doc["max_attempts"] == 3
+    assert board.complete("hand", doc["claim"]["token"], "ok")["status"] == "done"
+
+
+def test_the_lock_is_held_to_the_end_of_a_section_that_nests_another(tmp_path):
+    """add() looks up the dependencies of a new task under the lock, and a look-up that misses
+    takes the lock again: leaving that inner section must not release the outer one's lock."""
+    from hermes_sup.kanban.lock import BoardLock, LockTimeout
+
+    class Probe(Board):
+        def _check_new(self, doc: dict) -> None:
+            super()._check_new(doc)
+            other = BoardLock(self.root / ".lock", timeout=0)  # its own descriptor: like another process
+            try:
+                other.acquire()
+                self.outsider_got_in = True
+                other.release()
+            except LockTimeout:
+                self.outsider_got_in = False
+            finally:
+                other.close()
+
+    with Probe(tmp_path / "kanban") as board:
+        board.add({"title": "waits for a task not yet on the board", "depends_on": ["later"]})
+        assert board.outsider_got_in is False

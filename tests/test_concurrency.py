@@ -8,6 +8,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -225,3 +226,38 @@ def test_a_reservation_of_a_killed_claimer_does_not_hide_the_task(board, spawn):
     got = wait_until(lambda: board.claim("rescuer"), timeout=10, interval=0.1)
     assert got["id"] == doc["id"] and got["attempts"] == 1
     assert not os.path.lexists(board.root / ".pending" / doc["id"])
+
+
+COMMENTER = """
+import sys, time
+from pathlib import Path
+from hermes_sup.kanban import Board
+root, task_id, name, count, go = sys.argv[1:]
+board = Board(root)
+while not Path(go).exists():
+    time.sleep(0.001)
+for index in range(int(count)):
+    board.comment(task_id, f"{name}-{index}", by=name)
+"""
+
+
+def test_the_board_lock_excludes_other_processes_no_comment_is_lost(board, tmp_path):
+    """Four processes read, change and write one task at once: only the cross-process lock keeps
+    each from writing over a comment another has just added."""
+    task = board.add({"title": "talked about"})
+    go = tmp_path / "go"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    procs = [subprocess.Popen([sys.executable, "-c", COMMENTER, str(board.root), task["id"], f"p{n}", "40", str(go)],
+                              env=env) for n in range(4)]
+    try:
+        go.touch()
+        for proc in procs:
+            assert proc.wait(timeout=120) == 0
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+    texts = [c["text"] for c in board.get(task["id"])["comments"]]
+    assert sorted(texts) == sorted(f"p{n}-{i}" for n in range(4) for i in range(40)), \
+        f"{160 - len(texts)} of 160 comments were lost"

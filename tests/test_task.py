@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+
 import pytest
 from hermes_sup.kanban.task import (
     TaskError,
@@ -121,3 +123,34 @@ def test_transition_appends_history_and_keeps_the_old_document():
     assert new["status"] == "doing" and new["attempts"] == 1 and new["updated_at"] == "later"
     assert new["history"][-1] == {"at": "later", "by": "w1", "from": "todo", "to": "doing", "note": "claimed"}
     assert doc["status"] == "todo" and len(doc["history"]) == 1
+
+
+def _nested(levels: int) -> dict:
+    value: dict = {}
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize(
+    ("meta", "message"),
+    [
+        ({"due": datetime.date(2024, 1, 1)}, "the value at meta.due is a date"),
+        ({"tags": {"a", "b"}}, "the value at meta.tags is a set"),
+        ({"blob": b"\x00"}, "the value at meta.blob is a bytes"),
+        ({"n": float("nan")}, "the number at meta.n (nan) is not a finite number"),
+        ({"n": 10**200}, "the integer at meta.n has more than 100 digits"),
+        ({"text": "caf\udce9"}, "the text at meta.text holds an unpaired surrogate \\udce9"),
+        ({1: "one"}, "keys must be text, but meta has the key 1"),
+        (_nested(100_000), "nested more than 64 levels deep"),  # built by a caller, not parsed: no recursion
+    ],
+)
+def test_only_plain_bounded_data_becomes_a_task(meta, message):
+    with pytest.raises(TaskError) as info:
+        norm({"title": "x", "meta": meta})
+    assert message in str(info.value)
+
+
+def test_steps_args_are_checked_the_same_way():
+    with pytest.raises(TaskError, match=r"the value at steps\[0\].args.when is a datetime"):
+        norm({"title": "x", "steps": [{"tool": "wait", "args": {"when": datetime.datetime(2024, 1, 1)}}]})

@@ -1,0 +1,232 @@
+"""Ingest, mixed into Board: finished files in inbox/ become tasks, what cannot be one goes to rejected/.
+
+Every dropped file is hostile until parsed. Reading and parsing it (up to 1 MiB, of YAML say) is
+done before the board lock is taken; under the lock the file is checked to be the one that was
+read, and only the id's uniqueness, the dependency-cycle check and the writes remain. A crash
+between writing the task and moving the file away is repaired by the next ingest: the same file
+(its fingerprint) is never made into two tasks.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import stat
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import drops
+from .errors import Damaged
+from .events import event
+from .faults import fault
+from .fsio import read_bytes_nofollow, safe_name, unique_path, write_json_atomic
+from .parse import parse_task_file
+from .task import MAX_BYTES, TaskError, normalize, now_iso, slugify
+
+TaskDoc = dict[str, Any]
+
+
+@dataclass
+class IngestReport:
+    ingested: list[str] = field(default_factory=list)
+    rejected: list[dict[str, str]] = field(default_factory=list)
+    waiting: list[str] = field(default_factory=list)
+    # Drops the board could not move this time (permissions, a full disk), with the reason.
+    failed: list[dict[str, str]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ingested": self.ingested, "rejected": self.rejected, "waiting": self.waiting, "failed": self.failed}
+
+
+def fingerprint(name: str, st: os.stat_result, data: bytes) -> str:
+    """Identity of one dropped file: the same file after a crash gives the same value, a new drop
+    (even with the same name and bytes) a different one."""
+    digest = hashlib.sha256()
+    digest.update(f"{name}\0{st.st_ino}\0{st.st_mtime_ns}\0{st.st_size}\0".encode())
+    digest.update(data)
+    return digest.hexdigest()[:16]
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_dev, st.st_ino, st.st_mode, st.st_mtime_ns, st.st_size)
+
+
+@dataclass
+class _Read:
+    """A drop as read and parsed outside the lock: a task document, or the reason it is none."""
+
+    identity: tuple[int, ...]
+    doc: TaskDoc | None = None
+    fp: str = ""
+    reason: str | None = None
+
+
+def _read_drop(path: Path) -> _Read | None:
+    """Read and parse one drop (no board state needed); None if it is gone."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    read = _Read(_identity(st))
+    problem = drops.name_problem(path.name)
+    if problem is None and stat.S_ISLNK(st.st_mode):
+        try:
+            target = safe_name(os.readlink(path), 400)
+        except OSError:
+            target = "?"
+        problem = f"is a symlink (to {target}); symlinks are refused, copy the file in instead"
+    elif problem is None and stat.S_ISDIR(st.st_mode):
+        problem = "is a folder; drop task files, not folders"
+    elif problem is None and not stat.S_ISREG(st.st_mode):
+        problem = "is not a regular file"
+    elif problem is None and not drops.is_task_file(path.name):
+        problem = f"unsupported file type; a task file ends in {', '.join(drops.EXTENSIONS)}"
+    elif problem is None and st.st_size > MAX_BYTES:
+        problem = f"file is {st.st_size} bytes; the limit for a task file is {MAX_BYTES} bytes (1 MiB)"
+    if problem is not None:
+        read.reason = problem
+        return read
+    try:
+        data = read_bytes_nofollow(path, MAX_BYTES)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        read.reason = "is a symlink" if exc.errno == errno.ELOOP else f"cannot be read: {exc.strerror}"
+        return read
+    rel = f"inbox/{path.name}"
+    read.fp = fingerprint(path.name, st, data)
+    stem = path.name.rsplit(".", 1)[0]
+    try:
+        raw = parse_task_file(path.name, data)
+        read.doc = normalize(raw, default_id=f"{slugify(stem, 57)}-{read.fp[:6]}", now=now_iso(), by="ingest",
+                             note=f"ingested from {rel}")
+    except TaskError as exc:
+        read.reason = str(exc)
+    except (ValueError, TypeError, RecursionError) as exc:
+        # Whatever else a hostile file makes the parsers raise: it must not stop the ingest of
+        # every later drop, which would meet it first again.
+        read.reason = f"cannot be read as a task ({type(exc).__name__}: {str(exc)[:200]})"
+    return read
+
+
+class IngestMixin:
+    """Board's ingest verbs; they use the board's lock, log, look-ups and set-aside."""
+
+    root: Path
+    watcher: Any
+    problems: list[str]
+    _log: Any
+
+    def ingest(self) -> IngestReport:
+        """Turn finished files in inbox/ into tasks; reject what cannot be one."""
+        report = IngestReport()
+        self._check_links(("inbox", "rejected", ".ingested"))  # type: ignore[attr-defined]
+        for drop in self._ready(report):
+            try:
+                read = _read_drop(drop.path)
+                if read is None:
+                    continue
+                with self._locked():  # type: ignore[attr-defined]
+                    self._ingest_one(drop.path, read, report)
+            except OSError as exc:
+                # A file the board cannot move must not stop the drops after it: they are taken
+                # oldest first, so it would fail first on every pass. It is tried again next time
+                # (a task already written for it is found by its fingerprint, never made twice).
+                name = f"inbox/{safe_name(drop.path.name)}"
+                reason = f"could not be taken: {exc.strerror or exc}; it is tried again on the next ingest"
+                report.failed.append({"file": name, "reason": reason})
+                note = f"{name} {reason}"
+                if note not in self.problems:
+                    self.problems.append(note)
+        return report
+
+    def _ready(self, report: IngestReport) -> list[drops.Drop]:
+        """The drops finished being written; the others are listed as waiting."""
+        candidates = drops.scan(self.root)
+        if not candidates:
+            return []
+        writers: set[tuple[int, int]] | None = None
+        writers_read = False
+        ready: list[drops.Drop] = []
+        now = time.time()
+        for drop in candidates:
+            try:
+                st = os.lstat(drop.path)
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                ready.append(drop)  # symlinks, folders, devices: rejected at once
+                continue
+            hinted = self.watcher.is_complete(drop.path, st.st_mtime_ns)
+            is_task = drops.is_task_file(drop.path.name)
+            has_writer: bool | None = False
+            if is_task and not hinted:
+                if not writers_read:
+                    writers, writers_read = drops.open_writers(self.root), True
+                has_writer = None if writers is None else (st.st_dev, st.st_ino) in writers
+            state = drops.decide(is_task_type=is_task, hinted_complete=hinted, has_writer=has_writer,
+                                 quiet_for=now - st.st_mtime)
+            if state == "wait":
+                report.waiting.append(f"inbox/{safe_name(drop.path.name)}")
+            else:
+                ready.append(drop)
+        return ready
+
+    def _reject(self, path: Path, reason: str, report: IngestReport) -> None:
+        # The dropped file's name may be anything but "/" and NUL: it is shown and reused only
+        # made safe (UTF-8, no control characters, short enough for ".error.txt").
+        name = safe_name(path.name)
+        rel = f"inbox/{name}"
+        dest = self._set_aside(path, name, f"{rel} was rejected on {now_iso()}: {reason}\n"  # type: ignore[attr-defined]
+                                           "Fix the file and drop it into inbox/ again.\n")
+        self.watcher.forget(path)
+        self._log.append(event(now_iso(), name, "inbox", "rejected", "ingest", reason))
+        report.rejected.append({"file": rel, "moved_to": f"rejected/{dest.name}", "reason": reason})
+
+    def _ingest_one(self, path: Path, read: _Read, report: IngestReport) -> None:
+        """Under the lock: make the task `read` holds, or reject the file with its reason."""
+        try:
+            now_identity = _identity(os.lstat(path))
+        except FileNotFoundError:
+            return  # another process ingested it first
+        if now_identity != read.identity:
+            # Replaced or rewritten since it was read: read it again (under the lock this time).
+            again = _read_drop(path)
+            if again is None:
+                return
+            read = again
+        if read.reason is not None or read.doc is None:
+            return self._reject(path, read.reason or "cannot be read as a task", report)
+        doc, rel = read.doc, f"inbox/{path.name}"
+        try:
+            found = self._locate(doc["id"])  # type: ignore[attr-defined]
+            if found is not None:
+                existing = self._read(found[1])  # type: ignore[attr-defined]
+                if (existing.get("source") or {}).get("fingerprint") == read.fp:
+                    # This very file was ingested by a process that died before moving it away.
+                    first = existing["history"][0] if existing["history"] else {}
+                    if first and not self._event_logged(first.get("at"), existing["id"]):  # type: ignore[attr-defined]
+                        self._log.append(event(str(first.get("at")), existing["id"], "inbox", first.get("to"),
+                                               "ingest", str(first.get("note") or "")))
+                    self._archive(path, existing["id"])
+                    report.ingested.append(existing["id"])
+                    return None
+                raise TaskError(f"a task with id '{doc['id']}' already exists (in {found[0]}/)")
+            self._check_new(doc)  # type: ignore[attr-defined]
+        except (TaskError, Damaged) as exc:
+            return self._reject(path, str(exc), report)
+        doc["source"] = {"file": rel, "fingerprint": read.fp}
+        write_json_atomic(self._path(doc["status"], doc["id"]), doc)  # type: ignore[attr-defined]
+        fault("ingest-written")
+        self._log.append(event(doc["created_at"], doc["id"], "inbox", doc["status"], "ingest", f"ingested from {rel}"))
+        self._archive(path, doc["id"])
+        report.ingested.append(doc["id"])
+        return None
+
+    def _archive(self, path: Path, task_id: str) -> None:
+        # The user's file is kept, not deleted: the task's `source` names it.
+        os.rename(path, unique_path(self.root / ".ingested", f"{task_id}--{safe_name(path.name)}"))
+        self.watcher.forget(path)
