@@ -10,6 +10,8 @@ import re
 from typing import Any
 
 import click
+from hermes_sup.kanban.parse import load_json
+from hermes_sup.kanban.task import MAX_BYTES, TaskError
 
 
 class UsageError(Exception):
@@ -44,8 +46,6 @@ def json_text(document: Any, indent: int | None = None) -> str:
 
 MAX_SECONDS = 86_400.0  # a day: more is a typo, and a deadline that never comes
 MAX_PRIORITY = 10**9
-MAX_STEPS_BYTES = 1 << 20  # as for a dropped task file
-MAX_JSON_DEPTH = 32
 
 
 class Seconds(click.ParamType):
@@ -64,30 +64,15 @@ class Seconds(click.ParamType):
         return seconds
 
 
-def json_depth(value: Any) -> int:
-    """How deeply lists and objects nest in a parsed JSON value (pure, iterative)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, (list, dict)):
-            deepest = max(deepest, depth)
-            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
-    return deepest
-
-
 def parse_steps(text: str) -> Any:
-    """--steps as JSON, bounded in size and depth; Failure (exit 2) says what is wrong."""
-    if len(text.encode("utf-8", "surrogatepass")) > MAX_STEPS_BYTES:
-        raise UsageError(f"--steps is longer than {MAX_STEPS_BYTES:,} bytes")
+    """--steps as JSON, read by the board's own loader (bounded in size, depth and numbers, as a
+    dropped task is); UsageError (exit 2) says what is wrong."""
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
+        raise UsageError(f"--steps is longer than {MAX_BYTES:,} bytes (a task's limit)")
     try:
-        steps = json.loads(text)
-    except RecursionError:
-        steps = None
-    except ValueError as exc:
-        raise UsageError(f"--steps is not valid JSON: {exc}") from None
-    if steps is None or json_depth(steps) > MAX_JSON_DEPTH:
-        raise UsageError(f"--steps nests deeper than {MAX_JSON_DEPTH} levels")
-    return steps
+        return load_json(text)
+    except TaskError as exc:
+        raise UsageError(f"--steps: {exc}") from None
 
 
 def pid_or_none(value: Any) -> int | None:
