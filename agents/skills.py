@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 from hermes_sup.kanban.fsio import write_atomic, write_json_atomic
+from hermes_sup.kanban.parse import load_yaml
 from hermes_sup.kanban.task import now_iso
 
 from .journal import Journal
@@ -69,7 +70,7 @@ def front_matter(text: str) -> tuple[dict[str, Any], str]:
     if end < 0:
         return {}, text
     try:
-        meta = yaml.safe_load(text[3:end]) or {}
+        meta = load_yaml(text[3:end]) or {}  # bounded: a SKILL.md may come from anyone
     except yaml.YAMLError:
         return {}, text
     return (meta if isinstance(meta, dict) else {}), text[end + 4:].lstrip("\n")

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 from yaml.composer import Composer, ComposerError
 from yaml.constructor import ConstructorError, SafeConstructor
-from yaml.nodes import Node, ScalarNode
+from yaml.nodes import MappingNode, Node, ScalarNode
 from yaml.resolver import Resolver
 
 from .task import MAX_BYTES, MAX_DEPTH, MAX_INT_DIGITS, TaskError
@@ -105,8 +105,13 @@ else:  # pragma: no cover - PyYAML built without libyaml
     _Loader = yaml.SafeLoader  # type: ignore[misc]
 
 
-class _PlainLoader(_Loader):
-    """YAML to plain JSON data only: no aliases, no nesting past MAX_DEPTH, no dates, sets or binary."""
+class PlainLoader(_Loader):
+    """YAML to plain JSON data only: no aliases (a billion laughs, a self-reference), no nesting past
+    `max_depth` (the composer recurses once per level), no duplicate keys (a second one would
+    silently replace the first), no dates, sets or binary. hermes.yaml's loader builds on it."""
+
+    source = "a task file"  # for messages: where aliases are not allowed
+    max_depth = MAX_DEPTH
 
     def __init__(self, stream: str) -> None:
         _Loader.__init__(self, stream)
@@ -116,18 +121,32 @@ class _PlainLoader(_Loader):
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
             raise ComposerError(
-                None, None, "YAML aliases (*name) are not allowed in a task file; write the value out",
+                None, None, f"aliases (*{event.anchor}) are not allowed in {self.source}; write the value out",
                 event.start_mark)
         if not self.check_event(yaml.SequenceStartEvent, yaml.MappingStartEvent):
             return super().compose_node(parent, index)  # type: ignore[no-untyped-call]
-        if self._depth >= MAX_DEPTH:
+        if self._depth >= self.max_depth:
             raise ComposerError(
-                None, None, f"the data is nested more than {MAX_DEPTH} levels deep", self.peek_event().start_mark)
+                None, None, f"the data is nested more than {self.max_depth} levels deep",
+                self.peek_event().start_mark)
         self._depth += 1
         try:
             return super().compose_node(parent, index)  # type: ignore[no-untyped-call]
         finally:
             self._depth -= 1
+
+    def construct_plain_mapping(self, node: MappingNode) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _value in node.value:
+            if not isinstance(key_node, ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # an unhashable key is refused by construct_mapping, with its line
+            key = self.construct_object(key_node)  # type: ignore[no-untyped-call]
+            if key in seen:
+                raise ConstructorError(
+                    None, None, f"duplicate key {key!r} (first on line {seen[key]}); a second one would "
+                                "silently replace the first", key_node.start_mark)
+            seen[key] = key_node.start_mark.line + 1
+        return self.construct_mapping(node, deep=True)  # type: ignore[no-untyped-call,no-any-return]
 
 
 def _refuse(what: str, *, quoted_is_text: bool = False) -> Any:
@@ -144,7 +163,7 @@ def _refuse(what: str, *, quoted_is_text: bool = False) -> Any:
 def _yaml_int(loader: SafeConstructor, node: Node) -> int:
     digits = len(str(node.value).lstrip("+-").replace("_", ""))
     if digits > MAX_INT_DIGITS:
-        raise ConstructorError(None, None, f"an integer of {digits} digits; a task's integers have at most "
+        raise ConstructorError(None, None, f"an integer of {digits} digits; integers here have at most "
                                            f"{MAX_INT_DIGITS} digits", node.start_mark)
     return loader.construct_yaml_int(node)  # type: ignore[no-untyped-call,no-any-return]
 
@@ -156,16 +175,18 @@ def _yaml_float(loader: SafeConstructor, node: Node) -> float:
     return value  # type: ignore[no-any-return]
 
 
-_PlainLoader.add_constructor("tag:yaml.org,2002:int", _yaml_int)
-_PlainLoader.add_constructor("tag:yaml.org,2002:float", _yaml_float)
-_PlainLoader.add_constructor("tag:yaml.org,2002:timestamp", _refuse("a date or time", quoted_is_text=True))
+PlainLoader.add_constructor("tag:yaml.org,2002:map",
+                            lambda loader, node: loader.construct_plain_mapping(node))  # type: ignore[attr-defined]
+PlainLoader.add_constructor("tag:yaml.org,2002:int", _yaml_int)
+PlainLoader.add_constructor("tag:yaml.org,2002:float", _yaml_float)
+PlainLoader.add_constructor("tag:yaml.org,2002:timestamp", _refuse("a date or time", quoted_is_text=True))
 for _tag in ("set", "binary", "omap", "pairs"):
-    _PlainLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _refuse(f"a YAML !!{_tag}"))
+    PlainLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _refuse(f"a YAML !!{_tag}"))
 
 
 def load_yaml(text: str) -> Any:
     """Plain data from YAML text; raises yaml.YAMLError saying where and what."""
-    loader = _PlainLoader(text)
+    loader = PlainLoader(text)
     try:
         return loader.get_single_data()
     finally:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from hermes_sup.kanban.parse import PlainLoader
 
 CONFIG_NAME = "hermes.yaml"
 WORKSPACE_ENV = "HERMES_SUP_WORKSPACE"
@@ -104,48 +105,17 @@ AGENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-class _LineLoader(yaml.SafeLoader):
-    """A SafeLoader that remembers the line of every mapping, for error messages, and refuses
-    what a config never needs but an attacker can use: aliases (billion laughs), deep nesting
-    (a RecursionError in the composer), duplicate keys (a second `agents:` replacing the team)."""
+class _LineLoader(PlainLoader):
+    """The board's plain-data YAML loader (no aliases, duplicate keys, dates, deep nesting), which also
+    remembers the line of every mapping, for error messages."""
 
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._depth = 0
+    source = "hermes.yaml"
+    max_depth = MAX_NESTING
 
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            raise yaml.composer.ComposerError(
-                None, None, f"aliases (*{event.anchor}) are not allowed in hermes.yaml; write the value out",
-                event.start_mark)
-        self._depth += 1
-        try:
-            if self._depth > MAX_NESTING:
-                raise yaml.composer.ComposerError(
-                    None, None, f"nested more than {MAX_NESTING} levels deep", self.peek_event().start_mark)
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-
-def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> dict[str, Any]:
-    seen: dict[Any, int] = {}
-    for key_node, _value in node.value:
-        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
-            continue  # an unhashable key is refused by construct_mapping, with its line
-        key = loader.construct_object(key_node)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (first on line {seen[key]}); a second one would silently "
-                            "replace the first", key_node.start_mark)
-        seen[key] = key_node.start_mark.line + 1
-    mapping = loader.construct_mapping(node, deep=True)
-    mapping["__line__"] = node.start_mark.line + 1
-    return mapping
-
-
-_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+    def construct_plain_mapping(self, node: yaml.MappingNode) -> dict[Any, Any]:
+        mapping = super().construct_plain_mapping(node)
+        mapping["__line__"] = node.start_mark.line + 1
+        return mapping
 
 
 def _strip_lines(value: Any) -> Any:

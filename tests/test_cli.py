@@ -74,7 +74,7 @@ def test_steps_are_accepted_as_json(ws):
     doc = run_json(ws, "task", "add", "Plan", "--steps", '[{"tool": "write_file", "args": {"path": "a"}}]')
     assert doc["steps"] == [{"tool": "write_file", "args": {"path": "a"}}]
     code, output = run(ws, "task", "add", "Plan", "--steps", "[{oops")
-    assert code == 2 and "--steps is not valid JSON" in output
+    assert code == 2 and "--steps: invalid JSON" in output
 
 
 def test_errors_are_messages_with_exit_codes_not_tracebacks(ws):

@@ -236,3 +236,13 @@ def test_what_a_skill_starts_while_it_is_checked_does_not_outlive_the_check(work
     verdict = check_in_process_of_its_own(workspace / "skills" / "spawner.py")
     pid = int(verdict["error"].split("PID")[1])
     wait_until(lambda: gone(pid), timeout=10)
+
+
+def test_a_hostile_skill_md_front_matter_is_no_front_matter():
+    from hermes_sup.agents.skills import front_matter
+
+    laughs = "---\na: &a [x, x]\nb: &b [*a, *a]\nc: [*b, *b]\n---\nbody\n"
+    deep = "---\nx: " + "[" * 100_000 + "]" * 100_000 + "\n---\nbody\n"
+    for text in (laughs, deep):
+        assert front_matter(text) == ({}, text)
+    assert front_matter("---\ndescription: fine\n---\nbody\n") == ({"description": "fine"}, "body\n")
