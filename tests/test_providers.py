@@ -63,7 +63,9 @@ def closed_port_url() -> str:
         (403, "forbidden", "auth"), (500, "", "server"), (503, "", "server"), (529, "Overloaded", "server"),
         (408, "", "server"), (400, "This model's maximum context length is 8192 tokens", "context_overflow"),
         (400, "prompt is too long: 210000 tokens > 200000 maximum", "context_overflow"),
-        (400, "tools[0].name: invalid", "bad_request"), (404, "model not found", "bad_request"),
+        (400, "tools[0].name: invalid", "bad_request"), (404, "model not found", "misconfigured"),
+        (405, "", "misconfigured"), (500, "Context size has been exceeded.", "server"),
+        (400, "the request exceeds the available context size, try increasing it", "context_overflow"),
     ],
 )
 def test_classify(status, message, kind):
@@ -83,7 +85,7 @@ def test_next_step_decisions():
     assert next_step(limited, 3, policy, rng) == ("next", 0.0)
     assert next_step(ProviderError("rate_limit", "x", retry_after=3), 1, policy, rng) == ("retry", 3)
     assert next_step(ProviderError("rate_limit", "x", retry_after=120), 1, policy, rng) == ("next", 0.0)
-    for kind in ("timeout", "unavailable", "auth", "quota"):
+    for kind in ("timeout", "unavailable", "auth", "quota", "misconfigured"):
         assert next_step(ProviderError(kind, "x"), 1, policy, rng) == ("next", 0.0)
     for kind in ("context_overflow", "bad_request"):
         assert next_step(ProviderError(kind, "x"), 1, policy, rng) == ("raise", 0.0)
