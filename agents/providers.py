@@ -94,7 +94,7 @@ def stream_error(body: Any, default: int | None = None) -> tuple[int | None, str
     """The status and text of an error a server sent inside a stream, from its JSON body (pure):
     the status is the body's numeric `code`, else the one its error type stands for, else
     `default`. A context overflow is one whatever the status (llama.cpp sends it as a 500)."""
-    detail = body.get("error", body) if isinstance(body, dict) else {}
+    detail = body.get("error", body) if isinstance(body, dict) else {"message": str(body)}
     detail = detail if isinstance(detail, dict) else {"message": str(detail)}
     parts = [str(detail.get(key)) for key in ("message", "type", "code") if detail.get(key) not in (None, "")]
     text = " ".join(parts) or "an error inside the stream"

@@ -19,6 +19,7 @@ from hermes_sup.agents.providers import (
     classify,
     complete_with_fallback,
     next_step,
+    stream_error,
 )
 
 from .llm_server import ScriptedLLM, anthropic_reply, error_reply, openai_reply
@@ -70,6 +71,21 @@ def closed_port_url() -> str:
 )
 def test_classify(status, message, kind):
     assert classify(status, message) == kind
+
+
+@pytest.mark.parametrize(("body", "status", "kind"), [
+    ({"code": 500, "message": "Context size has been exceeded.", "type": "server_error"}, 400, "context_overflow"),
+    ({"error": {"type": "overloaded_error", "message": "Overloaded"}}, 529, "server"),
+    ({"error": {"type": "rate_limit_error", "message": "slow down"}}, 429, "rate_limit"),
+    ({"message": "no code, no type"}, 500, "server"),
+    ({"code": "context_length_exceeded", "message": "maximum context length is 4096 tokens"}, 400,
+     "context_overflow"),
+    ("a bare string", 500, "server"),
+])
+def test_errors_inside_a_stream_are_classified_by_code_or_type(body, status, kind):
+    found, text = stream_error(body, default=500)
+    said = body if isinstance(body, str) else (body.get("error") or body)["message"]
+    assert found == status and classify(found, text) == kind and said in text
 
 
 def test_classify_transport_failures():
