@@ -69,15 +69,19 @@ def to_openai(messages: list[Message]) -> list[Message]:
     null content is sent as "" beside its tool calls (llama-cpp-python answers a null with a 500,
     and the spec wants content where there are no tool calls), and left out altogether when it has
     none: it says nothing, and resending it broke every retry. Done here, on the way out, so
-    transcripts already on disk heal too. Records that are not messages are skipped."""
+    transcripts already on disk heal too. Records that are not messages are skipped, and so is a
+    tool result that answers no call of the assistant turn before it (the API refuses those)."""
     out = []
+    open_calls: set[str] = set()
     for message in messages:
         role = message.get("role") if isinstance(message, dict) else None
         if role == "tool":
-            out.append({"role": "tool", "tool_call_id": str(message.get("tool_call_id") or ""),
-                        "content": _text(message.get("content"))})
+            call_id = str(message.get("tool_call_id") or "")
+            if call_id in open_calls:
+                out.append({"role": "tool", "tool_call_id": call_id, "content": _text(message.get("content"))})
         elif role == "assistant":
             calls = _openai_calls(message.get("tool_calls"))
+            open_calls = {call["id"] for call in calls}
             content = _text(message.get("content"))
             if not calls and not content.strip():
                 continue

@@ -161,6 +161,7 @@ def test_to_openai_never_sends_null_content_and_skips_what_is_no_message():
             {"id": "call_0", "type": "function", "function": {"name": "read_file", "arguments": None}},
             {"id": "call_bad", "type": "function"}]},
         {"role": "tool", "tool_call_id": "call_0", "content": None, "is_error": True},
+        {"role": "tool", "tool_call_id": "call_bad", "content": "the result of a call that is not there"},
         {"content": "a record without a role"},
         {"role": "assistant", "content": {"odd": "shape"}},
     ]
