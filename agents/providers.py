@@ -25,6 +25,7 @@ import importlib
 import json
 import os
 import random
+import re
 import sys
 import threading
 import time
@@ -45,6 +46,7 @@ COOL_DOWN = {"unavailable": "unreachable", "rate_limit": "rate limited", "auth":
              "quota": "out of quota",
              "misconfigured": "is misconfigured (not found: check its base_url, which usually ends in /v1, "
                               "and its model)"}
+TOOL_CHOICE = re.compile(r"tool[_ ]choice", re.IGNORECASE)
 QUOTA_WORDS = ("insufficient_quota", "quota", "billing", "credit balance", "payment", "spend limit")
 CONTEXT_WORDS = ("context length", "context_length", "maximum context", "prompt is too long", "too many tokens",
                  "context window", "context size", "exceed_context_size")
@@ -219,6 +221,7 @@ class _SDKProvider:
         self.config = config
         self._client: Any = None
         self._sdk: Any = None
+        self.tool_choice = True  # sent with the tools until the server refuses it
 
     def _connect(self) -> Any:
         if self._client is None:
@@ -235,6 +238,18 @@ class _SDKProvider:
 
     def complete(self, messages: list[Message], tools: list[dict[str, Any]] | None, *,
                  max_tokens: int | None = None, stop: threading.Event | None = None) -> Completion:
+        try:
+            return self._complete(messages, tools, max_tokens, stop)
+        except ProviderError as error:
+            if not (tools and self.tool_choice and error.kind == "bad_request" and TOOL_CHOICE.search(str(error))):
+                raise
+            # vLLM without --enable-auto-tool-choice refuses tool_choice outright: asked again
+            # without it, and not sent to this provider again.
+            self.tool_choice = False
+            return self._complete(messages, tools, max_tokens, stop)
+
+    def _complete(self, messages: list[Message], tools: list[dict[str, Any]] | None, max_tokens: int | None,
+                  stop: threading.Event | None) -> Completion:
         client = self._connect()
         path, body, response_type = self._request(messages, tools, max_tokens or self.config.max_tokens)
         try:
@@ -300,8 +315,9 @@ class OpenAIProvider(_SDKProvider):
                  max_tokens: int) -> tuple[str, dict[str, Any], Any]:
         body: dict[str, Any] = {"model": self.config.model, "messages": to_openai(messages), "max_tokens": max_tokens}
         if tools:
-            # Said outright: llama.cpp and llama-cpp-python drop the tools silently without it.
-            body["tools"], body["tool_choice"] = tools, "auto"
+            body["tools"] = tools
+            if self.tool_choice:  # said outright: llama.cpp and llama-cpp-python drop the tools without it
+                body["tool_choice"] = "auto"
         return "/chat/completions", body, self._sdk.types.chat.ChatCompletion
 
     def _read(self, response: dict[str, Any]) -> Completion:

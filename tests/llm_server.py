@@ -120,6 +120,8 @@ QUIRKS = {
     # llama.cpp / llama-cpp-python without tool_choice: the tools never reach the model, which answers
     # in prose (naming the tool it would have called).
     "tools_need_choice": "tools are dropped unless the request sets tool_choice",
+    # vLLM started without --enable-auto-tool-choice: a request naming tool_choice is refused.
+    "rejects_tool_choice": "a request with tool_choice is answered with HTTP 400",
     # llama-server with a chat template that has no tools: dropped whatever the request says.
     "tools_ignored": "tools are always dropped",
     # Many local servers ignore stream_options.include_usage.
@@ -221,6 +223,9 @@ class ScriptedLLM:
                 """The error a real server answers this request with before any model runs, or None."""
                 if "v1_only" in server.quirks and not self.path.startswith("/v1/"):
                     return {"status": 404, "json": {"detail": "Not Found"}}
+                if "rejects_tool_choice" in server.quirks and body.get("tool_choice"):
+                    return error_reply(400, '"auto" tool choice requires --enable-auto-tool-choice and '
+                                            "--tool-call-parser to be set", kind="BadRequestError")
                 index = null_content(body) if "null_content_500" in server.quirks else None
                 if index is not None:
                     return error_reply(500, f"1 validation error for CreateChatCompletionRequest\nmessages.{index}"

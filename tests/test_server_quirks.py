@@ -154,6 +154,18 @@ def wrong_path(kind: str, url: str) -> OpenAIProvider | AnthropicProvider:
                                             api_key="sk-test-not-real", timeout=5))
 
 
+def test_a_server_that_refuses_tool_choice_is_asked_again_without_it_from_then_on():
+    with ScriptedLLM(quirks=("rejects_tool_choice",)) as llm:
+        llm.script("openai", openai_reply(tool_calls=[("read_file", {"path": "a"})]), openai_reply("a holds AAA"))
+        provider = openai_at(llm.url)
+        first = provider.complete(MESSAGES, TOOLS)
+        second = provider.complete(MESSAGES, TOOLS)
+        sent = [request["body"].get("tool_choice") for request in llm.requests]
+    assert first.message["tool_calls"][0]["function"]["name"] == "read_file"
+    assert second.message["content"] == "a holds AAA"
+    assert sent == ["auto", None, None], "refused once, then never sent to that server again"
+
+
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 def test_a_base_url_without_v1_is_skipped_like_a_down_provider(api):
     other = "anthropic" if api == "openai" else "openai"
