@@ -89,6 +89,7 @@ def ignores_tools(use: ToolUse, answer: str, known: set[str], after: int = IGNOR
                 "be dropping them (a chat template without tool support?)", False)
     return None
 
+
 def answer_since(task: dict[str, Any], moment: str) -> str | None:
     """The answer a person gave (`task answer`) to the task's question after `moment`, as the one
     who asked sees it, or None (pure). The latest answer wins."""
