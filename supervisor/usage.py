@@ -23,11 +23,12 @@ def _add(total: dict[str, Any], record: dict[str, Any]) -> None:
     if record.get("outcome") != "ok":
         total["failed_calls"] += 1
         return
+    before = total["tokens_in"] + total["tokens_out"]
     for key in ("tokens_in", "tokens_out", "tokens_cached"):
         total[key] += int(record.get(key) or 0)
-    if record.get("estimated"):
+    if record.get("estimated") is True:  # its tokens, as counted just above
         total["estimated_calls"] += 1
-        total["tokens_estimated"] += int(record.get("tokens_in") or 0) + int(record.get("tokens_out") or 0)
+        total["tokens_estimated"] += total["tokens_in"] + total["tokens_out"] - before
     if record.get("cost_usd") is None:
         total["unpriced_calls"] += 1
     else:
