@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 import uuid
@@ -54,6 +55,39 @@ class Outcome:
     text: str
     question: str | None = None  # blocked by ask_human: what it asks a person
     retry_at: float | None = None  # waiting: when (epoch seconds) a provider may be tried again
+    warnings: tuple[str, ...] = ()  # for the task's comments: what a person should know about how it went
+
+
+ROLES = ("system", "user", "assistant", "tool")
+IGNORED_AFTER = 3  # tool-offered answers in prose, none with a tool call, before a provider is suspected
+
+
+@dataclass
+class ToolUse:
+    """How a provider has answered the calls that offered it tools (kept per provider for as long
+    as the agent runs): a server that drops the tools (llama.cpp without a tool-capable template)
+    never answers with a call."""
+    offered: int = 0
+    called: int = 0
+    warned: bool = False
+
+
+def ignores_tools(use: ToolUse, answer: str, known: set[str], after: int = IGNORED_AFTER) -> tuple[str, bool] | None:
+    """Why a provider seems to drop the tools it is offered, and whether that is sure enough to say
+    on the task, or None (pure). Suspect: it never answered an offer with a tool call, and now
+    answers in prose that names one of the tools (sure), or has so answered `after` offers in a row
+    (a hint only: a task may need no tool)."""
+    if use.called or not use.offered:
+        return None
+    named = sorted(name for name in known if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", answer))
+    if named:
+        return (f"the model answered in prose that names the tool {named[0]} instead of calling it, and has not "
+                f"called a tool in {use.offered} answer(s) that offered tools: its server may be dropping the tools "
+                "(a chat template without tool support?)", True)
+    if use.offered >= after:
+        return (f"no tool call in {use.offered} answers that offered tools: if its tasks need tools, its server may "
+                "be dropping them (a chat template without tool support?)", False)
+    return None
 
 
 def answer_since(task: dict[str, Any], moment: str) -> str | None:
@@ -220,8 +254,11 @@ class TaskLoop:
                  max_cost: float | None = None, context_window: int = 128_000,
                  summarizer: list[Provider] | None = None, keep_recent: int = KEEP_RECENT,
                  on_step: Callable[[int], None] = lambda step: None, agent: str = "",
-                 inputs: list[dict[str, Any]] | None = None) -> None:
+                 inputs: list[dict[str, Any]] | None = None, tool_use: dict[str, ToolUse] | None = None) -> None:
         self.task = task
+        self.tool_use = tool_use if tool_use is not None else {}
+        self.warnings: list[str] = []
+        self._answered_by = ""
         self.inputs = inputs
         # Other agents' working directories sit beside ours: a task reclaimed from one of them
         # continues its conversation, and what they spent on it counts against the ceilings.
@@ -278,7 +315,11 @@ class TaskLoop:
             self.take_over(self.previous)
         read = self.transcript.read()
         self.notes += read.notes
-        messages = read.records
+        # A record that is no message (hand-edited, damaged) is left out, not sent on every call.
+        messages = [record for record in read.records if record.get("role") in ROLES]
+        if len(messages) != len(read.records):
+            self.notes.append(f"transcript {self.transcript.path.name}: skipped "
+                              f"{len(read.records) - len(messages)} record(s) that are not messages")
         if not messages:
             memory = self.ctx.memory.prompt_block() if self.ctx.memory is not None else ""
             for message in ({"role": "system", "content": system_prompt(self.identity, memory, self.prompt_extra)},
@@ -290,6 +331,10 @@ class TaskLoop:
         with self._log_lock:  # the call runs on its own thread (see interruptible)
             if not self._interrupted:
                 self._write_llm_record(attempt)
+                if attempt.outcome == "ok":
+                    self._answered_by = attempt.provider
+                elif attempt.outcome in ("misconfigured", "auth"):
+                    self.notes.append(f"provider {attempt.provider} skipped: {attempt.error}")
 
     def _write_llm_record(self, attempt: Attempt) -> None:
         usage = attempt.completion.usage if attempt.completion else None
@@ -300,6 +345,7 @@ class TaskLoop:
             "outcome": attempt.outcome, "latency_s": round(attempt.latency, 3), "error": attempt.error or None,
             "tokens_in": usage.input if usage else 0, "tokens_out": usage.output if usage else 0,
             "tokens_cached": usage.cached if usage else 0, "cost_usd": cost,
+            **({"estimated": True} if usage and usage.estimated else {}),
         })
         if usage:
             self.spent_tokens += usage.input + usage.output
@@ -455,6 +501,25 @@ class TaskLoop:
                 raise
             return self._complete(self.chain, messages, tools or None)
 
+    def _watch_tool_use(self, message: Message, known: set[str]) -> None:
+        """Count the answer to a tool-offered call for the provider that gave it, and say so (the
+        agent's log, and the task when sure) when that provider seems to drop the tools."""
+        name = self._answered_by or (self.chain[0].config.name if self.chain else "-")
+        use = self.tool_use.setdefault(name, ToolUse())
+        use.offered += 1
+        if message.get("tool_calls"):
+            use.called += 1
+            return
+        found = ignores_tools(use, str(message.get("content") or ""), known)
+        if found is None:
+            return
+        why, sure = found
+        if not use.warned:
+            use.warned = True
+            self.notes.append(f"provider {name}: {why}")
+        if sure:
+            self.warnings.append(f"provider {name}: {why}")
+
     def run(self) -> Outcome:
         self._spent_before()
         messages = self.resume()
@@ -481,12 +546,15 @@ class TaskLoop:
                 completion = self._call_model(messages, tools)
                 message = {**text_tool_calls(completion.message, known), "turn": uuid.uuid4().hex[:12]}
                 self._append(messages, message)
+                if tools:
+                    self._watch_tool_use(message, known)
                 if message.get("tool_calls"):
                     continue
                 answer = (message.get("content") or "").strip()
                 if not answer:
-                    return Outcome("failed", f"the model ended its turn without an answer (stop: {completion.stop})")
-                return Outcome("done", answer)
+                    return Outcome("failed", f"the model ended its turn without an answer (stop: {completion.stop})",
+                                   warnings=tuple(self.warnings))
+                return Outcome("done", answer, warnings=tuple(self.warnings))
         except NeedsPerson as question:
             return Outcome("blocked", str(question), question=str(question))
         except ProviderError as exc:

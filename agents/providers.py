@@ -7,16 +7,25 @@ own retries are off: the chain here decides, so retries never multiply.
 
 Errors are sorted by a pure function (`classify`) into what the chain does with them: retry the
 same provider (rate limits, server errors, overload), move to the next one (timeouts, connection
-errors, bad credentials, exhausted quota, which is never retried), or give up (a request no provider
-will accept, or a context overflow the caller must fix by compressing).
+errors, bad credentials, exhausted quota, which is never retried, and a provider that is not found
+where it is configured: a 404 is a wrong base_url or model, not a bad request), or give up (a request
+no provider will accept, or a context overflow the caller must fix by compressing).
+
+Real OpenAI-compatible servers are held to the same rules: an error sent inside a stream (llama.cpp's
+"Context size has been exceeded") is classified like an HTTP one, a stream that ends without a finish
+reason is a truncated answer (retried, never taken as finished), an answer the SDK cannot make sense
+of is a `bad_response`, and nothing but a ProviderError (or a stop's InterruptedError) leaves here.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
+import json
 import os
 import random
+import re
 import sys
 import threading
 import time
@@ -25,19 +34,28 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .streams import assemble_anthropic, assemble_openai
-from .translate import Completion, Message, from_anthropic, from_openai, to_anthropic, to_openai
+from .translate import Completion, Message, Usage, from_anthropic, from_openai, to_anthropic, to_openai
 
-RETRY_SAME = frozenset({"rate_limit", "server"})
-NEXT_PROVIDER = frozenset({"timeout", "unavailable", "auth", "quota"})
+RETRY_SAME = frozenset({"rate_limit", "server", "truncated", "bad_response"})
+NEXT_PROVIDER = frozenset({"timeout", "unavailable", "auth", "quota", "misconfigured"})
 # Failures that say nothing about the task, only that the provider cannot serve now: past the
 # chain's own retries, the provider cools down (see ProviderHealth), and a task is not failed for it.
 # A rejected key or exhausted quota needs a person (a new key in .env resets the cooldowns); until
 # then the tasks wait, saying why, instead of failing one after the other.
 COOL_DOWN = {"unavailable": "unreachable", "rate_limit": "rate limited", "auth": "rejected its key",
-             "quota": "out of quota"}
+             "quota": "out of quota",
+             "misconfigured": "is misconfigured (not found: check its base_url, which usually ends in /v1, "
+                              "and its model)"}
+TOOL_CHOICE = re.compile(r"tool[_ ]choice", re.IGNORECASE)
 QUOTA_WORDS = ("insufficient_quota", "quota", "billing", "credit balance", "payment", "spend limit")
 CONTEXT_WORDS = ("context length", "context_length", "maximum context", "prompt is too long", "too many tokens",
-                 "context window")
+                 "context window", "context size", "exceed_context_size")
+# Error types of the Anthropic API (and the names OpenAI-compatible servers give their errors) as
+# the HTTP status they stand for: an error sent inside a stream arrives with the stream's 200.
+ERROR_TYPES = {"invalid_request_error": 400, "authentication_error": 401, "permission_error": 403,
+               "not_found_error": 404, "request_too_large": 413, "rate_limit_error": 429,
+               "rate_limit_exceeded": 429, "api_error": 500, "server_error": 500, "overloaded_error": 529,
+               "exceed_context_size_error": 400}
 
 
 class ProviderError(Exception):
@@ -53,7 +71,7 @@ class ProviderError(Exception):
 
 def classify(status: int | None, message: str, *, timeout: bool = False, connection: bool = False) -> str:
     """What kind of failure an error is: rate_limit, server, timeout, unavailable, auth, quota,
-    context_overflow or bad_request (pure)."""
+    misconfigured, context_overflow or bad_request (pure)."""
     text = message.lower()
     if timeout:
         return "timeout"
@@ -67,9 +85,28 @@ def classify(status: int | None, message: str, *, timeout: bool = False, connect
         return "auth"
     if status in (400, 413, 422) and any(word in text for word in CONTEXT_WORDS):
         return "context_overflow"
+    if status in (404, 405):  # nothing there: a base_url without /v1, or a model the server lacks
+        return "misconfigured"
     if status in (408, 409, 425) or status >= 500:
         return "server"
     return "bad_request"
+
+
+def stream_error(body: Any, default: int | None = None) -> tuple[int | None, str]:
+    """The status and text of an error a server sent inside a stream, from its JSON body (pure):
+    the status is the body's numeric `code`, else the one its error type stands for, else
+    `default`. A context overflow is one whatever the status (llama.cpp sends it as a 500)."""
+    detail = body.get("error", body) if isinstance(body, dict) else {"message": str(body)}
+    detail = detail if isinstance(detail, dict) else {"message": str(detail)}
+    parts = [str(detail.get(key)) for key in ("message", "type", "code") if detail.get(key) not in (None, "")]
+    text = " ".join(parts) or "an error inside the stream"
+    code = detail.get("code")
+    status = code if isinstance(code, int) and 400 <= code <= 599 else None
+    if status is None:
+        status = ERROR_TYPES.get(str(detail.get("type") or ""), ERROR_TYPES.get(str(code or ""), default))
+    if status is not None and any(word in text.lower() for word in CONTEXT_WORDS):
+        status = 400
+    return status, text
 
 
 def retry_after_seconds(headers: Any) -> float | None:
@@ -145,6 +182,9 @@ def _provider_error(sdk: Any, exc: Exception, provider: str) -> ProviderError:
         return ProviderError("timeout", f"{provider}: timed out", provider=provider)
     if isinstance(exc, sdk.APIConnectionError):
         return ProviderError("unavailable", f"{provider}: cannot connect ({exc})", provider=provider)
+    if isinstance(exc, sdk.APIStatusError) and exc.status_code < 400:
+        # An error event inside a stream that had begun with a 200 (anthropic raises it so).
+        return _stream_provider_error(exc.body, provider)
     if isinstance(exc, sdk.APIStatusError):
         body = exc.body if isinstance(exc.body, dict) else {}
         detail = body.get("error", body) if isinstance(body, dict) else {}
@@ -152,9 +192,20 @@ def _provider_error(sdk: Any, exc: Exception, provider: str) -> ProviderError:
             getattr(exc, "message", ""), detail.get("code", "") if isinstance(detail, dict) else "",
             detail.get("type", "") if isinstance(detail, dict) else "") if part)
         kind = classify(exc.status_code, text)
+        if kind == "misconfigured":
+            text = f"{text[:300]}; {COOL_DOWN['misconfigured'].removeprefix('is misconfigured ')}"
         return ProviderError(kind, f"{provider}: HTTP {exc.status_code} ({kind}): {text}"[:500], provider=provider,
                              retry_after=retry_after_seconds(exc.response.headers), status=exc.status_code)
-    raise exc
+    if isinstance(exc, sdk.APIError):  # the openai SDK's error for an `error` object inside a stream
+        return _stream_provider_error(exc.body if exc.body is not None else {"message": str(exc)}, provider)
+    return ProviderError("bad_response", f"{provider}: {type(exc).__name__}: {exc}"[:500], provider=provider)
+
+
+def _stream_provider_error(body: Any, provider: str) -> ProviderError:
+    status, text = stream_error(body, default=500)
+    kind = classify(status, text)
+    return ProviderError(kind, f"{provider}: error in the stream ({kind}): {text}"[:500], provider=provider,
+                         status=status)
 
 
 class _SDKProvider:
@@ -170,6 +221,7 @@ class _SDKProvider:
         self.config = config
         self._client: Any = None
         self._sdk: Any = None
+        self.tool_choice = True  # sent with the tools until the server refuses it
 
     def _connect(self) -> Any:
         if self._client is None:
@@ -186,19 +238,41 @@ class _SDKProvider:
 
     def complete(self, messages: list[Message], tools: list[dict[str, Any]] | None, *,
                  max_tokens: int | None = None, stop: threading.Event | None = None) -> Completion:
+        try:
+            return self._complete(messages, tools, max_tokens, stop)
+        except ProviderError as error:
+            if not (tools and self.tool_choice and error.kind == "bad_request" and TOOL_CHOICE.search(str(error))):
+                raise
+            # vLLM without --enable-auto-tool-choice refuses tool_choice outright: asked again
+            # without it, and not sent to this provider again.
+            self.tool_choice = False
+            return self._complete(messages, tools, max_tokens, stop)
+
+    def _complete(self, messages: list[Message], tools: list[dict[str, Any]] | None, max_tokens: int | None,
+                  stop: threading.Event | None) -> Completion:
         client = self._connect()
         path, body, response_type = self._request(messages, tools, max_tokens or self.config.max_tokens)
         try:
             if not self.config.stream:
-                return self._read(client.post(path, body=body, cast_to=response_type).model_dump())
+                return self._read(client.post(path, body=body, cast_to=response_type).model_dump(warnings=False))
             # Stream[object] hands over each event as the decoded dict, without building a model
             # per chunk; a read timeout or a dropped connection mid-stream raises the SDK's errors.
             stream = client.post(path, body={**body, **self._stream_fields()}, cast_to=object, stream=True,
                                  stream_cls=self._sdk.Stream[object])
             with stream:  # leaving it closes the connection: a stop mid-stream ends the answer there
-                return self._read(self._assemble(_until(stream, stop)))
+                assembled = self._assemble(_until(stream, stop))
+            if not self._finished(assembled):
+                # llama-cpp-python ends a stream it cut (another request came in) with [DONE] and no
+                # finish reason: the text stops mid-sentence, and must not be taken as an answer.
+                raise ProviderError("truncated", f"{self.config.name}: the stream ended without a finish reason "
+                                    "(the answer was cut off)", provider=self.config.name)
+            return self._read(assembled)
         except (self._sdk_error(), *self._transport_errors()) as exc:
             raise _provider_error(self._sdk, exc, self.config.name) from None
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+            # An answer in a shape no API gives (a hostile or broken server): its reason, not a crash.
+            raise ProviderError("bad_response", f"{self.config.name}: an answer that cannot be read "
+                                f"({type(exc).__name__}: {exc})"[:500], provider=self.config.name) from None
 
     def _new_client(self, sdk: Any, key: str) -> Any:
         raise NotImplementedError
@@ -224,6 +298,9 @@ class _SDKProvider:
     def _assemble(self, events: Any) -> dict[str, Any]:
         raise NotImplementedError
 
+    def _finished(self, assembled: dict[str, Any]) -> bool:
+        raise NotImplementedError
+
 
 class OpenAIProvider(_SDKProvider):
     module, key_env = "openai", "OPENAI_API_KEY"
@@ -239,6 +316,8 @@ class OpenAIProvider(_SDKProvider):
         body: dict[str, Any] = {"model": self.config.model, "messages": to_openai(messages), "max_tokens": max_tokens}
         if tools:
             body["tools"] = tools
+            if self.tool_choice:  # said outright: llama.cpp and llama-cpp-python drop the tools without it
+                body["tool_choice"] = "auto"
         return "/chat/completions", body, self._sdk.types.chat.ChatCompletion
 
     def _read(self, response: dict[str, Any]) -> Completion:
@@ -249,6 +328,9 @@ class OpenAIProvider(_SDKProvider):
 
     def _assemble(self, events: Any) -> dict[str, Any]:
         return assemble_openai(events)
+
+    def _finished(self, assembled: dict[str, Any]) -> bool:
+        return bool(assembled["choices"][0].get("finish_reason"))
 
 
 class AnthropicProvider(_SDKProvider):
@@ -270,6 +352,9 @@ class AnthropicProvider(_SDKProvider):
 
     def _assemble(self, events: Any) -> dict[str, Any]:
         return assemble_anthropic(events)
+
+    def _finished(self, assembled: dict[str, Any]) -> bool:
+        return bool(assembled.get("stop_reason"))
 
 
 KINDS: dict[str, Callable[[ProviderConfig], Provider]] = {"openai": OpenAIProvider, "anthropic": AnthropicProvider}
@@ -359,6 +444,20 @@ class ProviderHealth:
             return entry if entry is not None and entry[0] > self.clock() else None
 
 
+CHARS_PER_TOKEN = 4  # the usual rule of thumb for English text and code with BPE tokenizers
+
+
+def estimate_usage(messages: list[Message], tools: list[dict[str, Any]] | None, answer: Message) -> Usage:
+    """Tokens of a call whose server reported none (many local servers send no usage in a stream),
+    estimated as characters / 4 of what was sent and of the answer, and marked as estimated (pure)."""
+    def size(value: Any) -> int:
+        return len(json.dumps(value, ensure_ascii=False, default=str))
+
+    return Usage(input=(size(to_openai(messages)) + (size(tools) if tools else 0)) // CHARS_PER_TOKEN,
+                 output=size({key: answer.get(key) for key in ("content", "tool_calls") if answer.get(key)})
+                 // CHARS_PER_TOKEN, estimated=True)
+
+
 @dataclass
 class Attempt:
     provider: str
@@ -400,7 +499,13 @@ def complete_with_fallback(
                 raise InterruptedError
             started = time.monotonic()
             try:
-                completion = provider.complete(messages, tools, **({"stop": stop} if stop is not None else {}))
+                try:
+                    completion = provider.complete(messages, tools, **({"stop": stop} if stop is not None else {}))
+                except (ProviderError, InterruptedError):
+                    raise
+                except Exception as exc:  # a provider's own bug: logged and classified, never the agent's crash
+                    raise ProviderError("bad_response", f"{name}: {type(exc).__name__}: {exc}"[:500],
+                                        provider=name) from None
             except ProviderError as error:
                 if stop is not None and stop.is_set():
                     raise InterruptedError from None  # the error is our own abort
@@ -417,6 +522,8 @@ def complete_with_fallback(
                     continue
                 errors.append(str(error))
                 break
+            if not completion.usage.input and not completion.usage.output:
+                completion = dataclasses.replace(completion, usage=estimate_usage(messages, tools, completion.message))
             log(Attempt(provider.config.name, provider.config.model, "ok", time.monotonic() - started,
                         completion=completion))
             if health is not None:

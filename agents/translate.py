@@ -29,6 +29,7 @@ class Usage:
     output: int = 0
     cached: int = 0       # prompt tokens read from the provider's cache
     cache_write: int = 0  # prompt tokens written to it (Anthropic)
+    estimated: bool = False  # the server reported none: see providers.estimate_usage
 
 
 @dataclass(frozen=True)
@@ -41,19 +42,58 @@ class Completion:
 
 # -- OpenAI ------------------------------------------------------------------------------------------
 
-OPENAI_FIELDS = ("role", "content", "tool_calls", "name")
+def _text(value: Any) -> str:
+    """Message content as the text every server takes: null (an empty answer) becomes "", and
+    anything else that is not a string (a hand-edited or damaged transcript) its JSON."""
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _openai_calls(calls: Any) -> list[Message]:
+    """The well-formed tool calls of an assistant message, in the API's shape; a damaged entry is
+    left out rather than sent (one bad record must not make every later request fail)."""
+    out = []
+    for call in calls if isinstance(calls, list) else []:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not call.get("id"):
+            continue
+        out.append({"id": str(call["id"]), "type": "function",
+                    "function": {"name": function["name"], "arguments": _text(function.get("arguments")) or "{}"}})
+    return out
 
 
 def to_openai(messages: list[Message]) -> list[Message]:
     """Canonical messages as the OpenAI API takes them: only its own fields (our bookkeeping, such
-    as `is_error` and `turn`, stays out)."""
+    as `is_error` and `turn`, stays out), and content always a string. An empty answer saved as
+    null content is sent as "" beside its tool calls (llama-cpp-python answers a null with a 500,
+    and the spec wants content where there are no tool calls), and left out altogether when it has
+    none: it says nothing, and resending it broke every retry. Done here, on the way out, so
+    transcripts already on disk heal too. Records that are not messages are skipped, and so is a
+    tool result that answers no call of the assistant turn before it (the API refuses those)."""
     out = []
+    open_calls: set[str] = set()
     for message in messages:
-        if message["role"] == "tool":
-            out.append({"role": "tool", "tool_call_id": message["tool_call_id"],
-                        "content": message.get("content") or ""})
-        else:
-            out.append({key: message[key] for key in OPENAI_FIELDS if key in message})
+        role = message.get("role") if isinstance(message, dict) else None
+        if role == "tool":
+            call_id = str(message.get("tool_call_id") or "")
+            if call_id in open_calls:
+                out.append({"role": "tool", "tool_call_id": call_id, "content": _text(message.get("content"))})
+        elif role == "assistant":
+            calls = _openai_calls(message.get("tool_calls"))
+            open_calls = {call["id"] for call in calls}
+            content = _text(message.get("content"))
+            if not calls and not content.strip():
+                continue
+            sent: Message = {"role": "assistant", "content": content}
+            if calls:
+                sent["tool_calls"] = calls
+            out.append(sent)
+        elif role in ("system", "user", "developer"):
+            sent = {"role": role, "content": _text(message.get("content"))}
+            if isinstance(message.get("name"), str):
+                sent["name"] = message["name"]
+            out.append(sent)
     return out
 
 
@@ -105,26 +145,27 @@ def to_anthropic(messages: list[Message], tools: list[dict[str, Any]] | None = N
     system prompt and the tool list end in cache_control breakpoints: both are byte-identical
     across the turns of a task, so every turn after the first reads them from the cache.
     """
-    system_parts = [m["content"] for m in messages if m["role"] == "system" and m.get("content")]
+    messages = [m for m in messages if isinstance(m, dict) and m.get("role") in ("system", "user", "assistant", "tool")]
+    system_parts = [_text(m.get("content")) for m in messages if m["role"] == "system" and m.get("content")]
     turns: list[Message] = []
     for message in messages:
         role = message["role"]
         if role == "system":
             continue
         if role == "tool":
-            block: dict[str, Any] = {"type": "tool_result", "tool_use_id": message["tool_call_id"],
-                                     "content": message.get("content") or "(no output)"}
+            block: dict[str, Any] = {"type": "tool_result", "tool_use_id": str(message.get("tool_call_id") or ""),
+                                     "content": _text(message.get("content")) or "(no output)"}
             if message.get("is_error"):
                 block["is_error"] = True
             blocks, role = [block], "user"
         elif role == "assistant":
-            blocks = [{"type": "text", "text": message["content"]}] if message.get("content") else []
-            for call in message.get("tool_calls") or []:
+            blocks = [{"type": "text", "text": _text(message["content"])}] if message.get("content") else []
+            for call in _openai_calls(message.get("tool_calls")):
                 blocks.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
                                "input": _arguments(call["function"].get("arguments", "{}"))})
         else:
             content = message.get("content")
-            blocks = [{"type": "text", "text": content}] if content else []
+            blocks = [{"type": "text", "text": _text(content)}] if content else []
         if not blocks:
             continue
         if turns and turns[-1]["role"] == role:

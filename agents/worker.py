@@ -27,7 +27,7 @@ from hermes_sup.kanban.task import now_iso
 from . import builtins  # noqa: F401 - registers the built-in tools
 from .delegation import Delegator, watch_parent
 from .keys import ENV_FILE, KeyFile, key_names
-from .loop import TaskLoop, interruptible
+from .loop import TaskLoop, ToolUse, interruptible
 from .memory import MemoryFile
 from .notify import NOTIFY_ENV, Notifier
 from .providers import (
@@ -97,6 +97,7 @@ class Agent:
         self.llm = config.get("llm") or {}
         self.memory = MemoryFile(workdir / "memory" / "MEMORY.md")
         self._providers: dict[str, Provider] = {}
+        self._tool_use: dict[str, ToolUse] = {}  # per provider: does it ever call the tools it is offered?
         self.health = ProviderHealth()
         # Until when LLM tasks are left in todo because every provider refused its connections
         # (epoch seconds), and the reason they show meanwhile.
@@ -289,7 +290,8 @@ class Agent:
                         max_tokens=self.config.get("max_tokens"), max_cost=self.config.get("max_cost"),
                         context_window=min((p.config.context_window for p in chain), default=128_000),
                         summarizer=self.chain("cheap") or chain, on_step=self._on_step, agent=self.name,
-                        inputs=self.inputs(doc), complete=functools.partial(complete_with_fallback, health=self.health))
+                        inputs=self.inputs(doc), complete=functools.partial(complete_with_fallback, health=self.health),
+                        tool_use=self._tool_use)
         try:
             outcome = loop.run()
         except InterruptedError:
@@ -297,6 +299,9 @@ class Agent:
             return
         for note in loop.notes:
             print(f"{self.name}: {note}", flush=True)
+        for warning in outcome.warnings:  # before the close: a person reading the result sees it
+            with contextlib.suppress(BoardError):
+                self.board.comment(task_id, warning, by=self.name)
         if outcome.kind == "waiting":
             self._wait_for_provider(task_id, token, outcome.text, outcome.retry_at)
             return

@@ -731,8 +731,12 @@ def usage(ctx: click.Context, as_json: bool) -> None:
     out.print(render.usage_table("task", summary["tasks"]))
     unpriced = f" ({total['unpriced_calls']} calls unpriced: add their models to `prices`)" \
         if total["unpriced_calls"] else ""
-    out.print(f"total: {total['calls']} calls, {total['tokens_in']:,} tokens in ({total['tokens_cached']:,} cached), "
-              f"{total['tokens_out']:,} out, ${total['cost_usd']:.4f}{unpriced}")
+    about = "~" if total["estimated_calls"] else ""
+    out.print(f"total: {total['calls']} calls, {about}{total['tokens_in']:,} tokens in ({total['tokens_cached']:,} "
+              f"cached), {about}{total['tokens_out']:,} out, ${total['cost_usd']:.4f}{unpriced}")
+    if total["estimated_calls"]:
+        out.print(f"~ estimated: {total['estimated_calls']} calls ({total['tokens_estimated']:,} tokens) got no usage "
+                  "from their server and are counted at 4 characters a token")
 
 
 @main.group()

@@ -239,8 +239,10 @@ def usage_table(label: str, rows: dict[str, dict[str, Any]]) -> Table:
         table.add_column(column, justify="left" if column == label else "right")
     for key, row in sorted(rows.items(), key=lambda item: -item[1]["cost_usd"]):
         cost = f"${row['cost_usd']:.4f}" + (f" (+{row['unpriced_calls']} unpriced)" if row["unpriced_calls"] else "")
-        table.add_row(literal(key, one_line=True), str(row["calls"]), str(row["failed_calls"]), f"{row['tokens_in']:,}",
-                      f"{row['tokens_cached']:,}", f"{row['tokens_out']:,}", cost)
+        about = "~" if row.get("estimated_calls") else ""  # some of its tokens are estimates
+        table.add_row(literal(key, one_line=True), str(row["calls"]), str(row["failed_calls"]),
+                      f"{about}{row['tokens_in']:,}", f"{row['tokens_cached']:,}", f"{about}{row['tokens_out']:,}",
+                      cost)
     return table
 
 

@@ -1,6 +1,8 @@
 """`hermes-sup usage`: tokens and cost per agent, per task and per provider, summed from every
 agent's LLM-call log (runs/<agent>/llm_calls.jsonl). Calls of a model missing from the price table
-are counted as unpriced, never as free."""
+are counted as unpriced, never as free. Every call is logged, failed ones too (counted, with no
+tokens); a call whose server reported no usage carries tokens estimated at 4 characters a token,
+marked `estimated`, and the figures they are part of are shown as estimates."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from hermes_sup.agents.journal import Journal
 
 def _blank() -> dict[str, Any]:
     return {"calls": 0, "failed_calls": 0, "tokens_in": 0, "tokens_out": 0, "tokens_cached": 0, "cost_usd": 0.0,
-            "unpriced_calls": 0}
+            "unpriced_calls": 0, "estimated_calls": 0, "tokens_estimated": 0}
 
 
 def _count(value: Any) -> int:
@@ -33,8 +35,12 @@ def _add(total: dict[str, Any], record: dict[str, Any]) -> None:
     if record.get("outcome") != "ok":
         total["failed_calls"] += 1
         return
+    before = total["tokens_in"] + total["tokens_out"]
     for key in ("tokens_in", "tokens_out", "tokens_cached"):
         total[key] += _count(record.get(key))
+    if record.get("estimated") is True:  # its tokens, as counted just above
+        total["estimated_calls"] += 1
+        total["tokens_estimated"] += total["tokens_in"] + total["tokens_out"] - before
     cost = _dollars(record.get("cost_usd"))
     if cost is None:
         total["unpriced_calls"] += 1

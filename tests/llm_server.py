@@ -8,6 +8,12 @@ connection). A request with "stream": true gets a 200 reply as server-sent event
 real APIs cut them (text in small pieces, tool arguments in fragments, usage at the end);
 {"stall": seconds} then pauses after the first event, to time out mid-stream, and {"drip": seconds}
 between every two events, for a long answer; a stream the client cut is marked `aborted` in its request.
+Two more per-reply options reproduce real servers' streams: {"cut": True} ends the stream with [DONE]
+and no finish reason (llama-cpp-python, when another request arrives), and {"stream_error": {...}}
+sends that error object as an event after the first chunk, then ends (llama.cpp's "Context size has
+been exceeded"; anthropic's `event: error`).
+
+`quirks` make the whole server behave like a real one nobody here wrote (see QUIRKS).
 """
 
 from __future__ import annotations
@@ -108,11 +114,54 @@ def error_reply(status: int, message: str = "error", *, kind: str = "api_error",
             "json": {"type": "error", "error": {"type": kind, "message": message, "code": kind}}}
 
 
+QUIRKS = {
+    # llama-cpp-python: a message whose content is null fails its request validation, as a 500.
+    "null_content_500": "a message with null content is answered with HTTP 500",
+    # llama.cpp / llama-cpp-python without tool_choice: the tools never reach the model, which answers
+    # in prose (naming the tool it would have called).
+    "tools_need_choice": "tools are dropped unless the request sets tool_choice",
+    # vLLM started without --enable-auto-tool-choice: a request naming tool_choice is refused.
+    "rejects_tool_choice": "a request with tool_choice is answered with HTTP 400",
+    # llama-server with a chat template that has no tools: dropped whatever the request says.
+    "tools_ignored": "tools are always dropped",
+    # Many local servers ignore stream_options.include_usage.
+    "no_stream_usage": "streams carry no usage",
+    # A real server has nothing outside /v1: a base_url without it gets 404s.
+    "v1_only": "POST outside /v1/ is answered with HTTP 404",
+}
+
+
+def ignored_tools(reply: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI reply as a model that never saw the tools gives it: prose naming the tools."""
+    body = json.loads(json.dumps(reply.get("json") or {}))
+    for choice in body.get("choices") or []:
+        message = choice.get("message") or {}
+        calls = message.pop("tool_calls", None)
+        if calls:
+            names = ", ".join(call["function"]["name"] for call in calls)
+            message["content"] = f"To do this I would use the {names} tool with the right arguments."
+            choice["finish_reason"] = "stop"
+    return {**reply, "json": body}
+
+
+def null_content(body: dict[str, Any]) -> int | None:
+    """The index of the first message with null content in a request, or None."""
+    for index, message in enumerate(body.get("messages") or []):
+        if isinstance(message, dict) and "content" in message and message["content"] is None:
+            return index
+    return None
+
+
 class ScriptedLLM:
     """`responder(api, body) -> reply`, when given, answers every request instead of the scripts (a
     team working many tasks at once needs answers by content, not by order)."""
 
-    def __init__(self, responder: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None) -> None:
+    def __init__(self, responder: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None,
+                 quirks: tuple[str, ...] = ()) -> None:
+        unknown = set(quirks) - set(QUIRKS)
+        if unknown:
+            raise ValueError(f"unknown quirks: {sorted(unknown)}")
+        self.quirks = frozenset(quirks)
         self.responder = responder
         self.scripts: dict[str, deque[dict[str, Any]]] = {"openai": deque(), "anthropic": deque()}
         self.requests: list[dict[str, Any]] = []
@@ -140,9 +189,12 @@ class ScriptedLLM:
                 api = "anthropic" if self.path.rstrip("/").endswith("/messages") else "openai"
                 record = {"api": api, "path": self.path, "body": body,
                           "headers": {k.lower(): v for k, v in self.headers.items()}}
+                rejected = self._rejected(api, body)
                 with server._lock:
                     server.requests.append(record)
-                    if server.responder is not None:
+                    if rejected is not None:
+                        reply = rejected
+                    elif server.responder is not None:
                         reply = None
                     else:
                         reply = server.scripts[api].popleft() if server.scripts[api] else error_reply(
@@ -152,6 +204,10 @@ class ScriptedLLM:
                         reply = server.responder(api, body)
                     except Exception as exc:  # a bug in a test's responder is an answer the test sees
                         reply = error_reply(500, f"responder failed: {exc!r}")
+                if api == "openai" and body.get("tools") and ("tools_ignored" in server.quirks or (
+                        "tools_need_choice" in server.quirks and not body.get("tool_choice"))):
+                    record["tools_dropped"] = True
+                    reply = ignored_tools(reply)
                 if reply.get("delay"):
                     time.sleep(reply["delay"])
                 if reply.get("close"):
@@ -163,13 +219,41 @@ class ScriptedLLM:
                     return
                 self._send(reply.get("status", 200), reply.get("json", {}), reply.get("headers", {}))
 
+            def _rejected(self, api: str, body: dict[str, Any]) -> dict[str, Any] | None:
+                """The error a real server answers this request with before any model runs, or None."""
+                if "v1_only" in server.quirks and not self.path.startswith("/v1/"):
+                    return {"status": 404, "json": {"detail": "Not Found"}}
+                if "rejects_tool_choice" in server.quirks and body.get("tool_choice"):
+                    return error_reply(400, '"auto" tool choice requires --enable-auto-tool-choice and '
+                                            "--tool-call-parser to be set", kind="BadRequestError")
+                index = null_content(body) if "null_content_500" in server.quirks else None
+                if index is not None:
+                    return error_reply(500, f"1 validation error for CreateChatCompletionRequest\nmessages.{index}"
+                                            ".content\n  Input should be a valid string [type=string_type, "
+                                            "input_value=None]", kind="internal_server_error")
+                return None
+
             def _stream(self, api: str, reply: dict[str, Any], record: dict[str, Any]) -> None:
                 if api == "openai":
-                    frames = [f"data: {json.dumps(chunk)}\n\n" for chunk in openai_events(reply["json"])]
-                    frames.append("data: [DONE]\n\n")
+                    chunks = openai_events(reply["json"])
+                    if "no_stream_usage" in server.quirks or reply.get("cut"):
+                        chunks = [chunk for chunk in chunks if not chunk.get("usage")]
+                    if reply.get("cut"):
+                        chunks = [chunk for chunk in chunks if not chunk["choices"][0].get("finish_reason")]
+                    frames = [f"data: {json.dumps(chunk)}\n\n" for chunk in chunks]
+                    if reply.get("stream_error"):
+                        frames = [*frames[:2], f"data: {json.dumps({'error': reply['stream_error']})}\n\n"]
+                    else:
+                        frames.append("data: [DONE]\n\n")
                 else:
                     frames = [f"event: {event}\ndata: {json.dumps(data)}\n\n"
                               for event, data in anthropic_events(reply["json"])]
+                    if reply.get("cut"):
+                        frames = [frame for frame in frames if not frame.startswith(("event: message_delta",
+                                                                                    "event: message_stop"))]
+                    if reply.get("stream_error"):
+                        error = {"type": "error", "error": reply["stream_error"]}
+                        frames = [*frames[:3], f"event: error\ndata: {json.dumps(error)}\n\n"]
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
                 self.send_header("transfer-encoding", "chunked")

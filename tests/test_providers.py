@@ -19,6 +19,7 @@ from hermes_sup.agents.providers import (
     classify,
     complete_with_fallback,
     next_step,
+    stream_error,
 )
 
 from .llm_server import ScriptedLLM, anthropic_reply, error_reply, openai_reply
@@ -63,11 +64,28 @@ def closed_port_url() -> str:
         (403, "forbidden", "auth"), (500, "", "server"), (503, "", "server"), (529, "Overloaded", "server"),
         (408, "", "server"), (400, "This model's maximum context length is 8192 tokens", "context_overflow"),
         (400, "prompt is too long: 210000 tokens > 200000 maximum", "context_overflow"),
-        (400, "tools[0].name: invalid", "bad_request"), (404, "model not found", "bad_request"),
+        (400, "tools[0].name: invalid", "bad_request"), (404, "model not found", "misconfigured"),
+        (405, "", "misconfigured"), (500, "Context size has been exceeded.", "server"),
+        (400, "the request exceeds the available context size, try increasing it", "context_overflow"),
     ],
 )
 def test_classify(status, message, kind):
     assert classify(status, message) == kind
+
+
+@pytest.mark.parametrize(("body", "status", "kind"), [
+    ({"code": 500, "message": "Context size has been exceeded.", "type": "server_error"}, 400, "context_overflow"),
+    ({"error": {"type": "overloaded_error", "message": "Overloaded"}}, 529, "server"),
+    ({"error": {"type": "rate_limit_error", "message": "slow down"}}, 429, "rate_limit"),
+    ({"message": "no code, no type"}, 500, "server"),
+    ({"code": "context_length_exceeded", "message": "maximum context length is 4096 tokens"}, 400,
+     "context_overflow"),
+    ("a bare string", 500, "server"),
+])
+def test_errors_inside_a_stream_are_classified_by_code_or_type(body, status, kind):
+    found, text = stream_error(body, default=500)
+    said = body if isinstance(body, str) else (body.get("error") or body)["message"]
+    assert found == status and classify(found, text) == kind and said in text
 
 
 def test_classify_transport_failures():
@@ -83,7 +101,7 @@ def test_next_step_decisions():
     assert next_step(limited, 3, policy, rng) == ("next", 0.0)
     assert next_step(ProviderError("rate_limit", "x", retry_after=3), 1, policy, rng) == ("retry", 3)
     assert next_step(ProviderError("rate_limit", "x", retry_after=120), 1, policy, rng) == ("next", 0.0)
-    for kind in ("timeout", "unavailable", "auth", "quota"):
+    for kind in ("timeout", "unavailable", "auth", "quota", "misconfigured"):
         assert next_step(ProviderError(kind, "x"), 1, policy, rng) == ("next", 0.0)
     for kind in ("context_overflow", "bad_request"):
         assert next_step(ProviderError(kind, "x"), 1, policy, rng) == ("raise", 0.0)

@@ -148,3 +148,33 @@ def test_text_that_is_not_a_known_tool_call_is_left_alone():
         assert text_tool_calls(message, KNOWN) is message
     structured = {"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}
     assert text_tool_calls(structured, KNOWN) is structured
+
+
+def test_to_openai_never_sends_null_content_and_skips_what_is_no_message():
+    # An empty answer saved as null (alone, or beside tool calls), as transcripts on disk hold them.
+    saved = [
+        {"role": "system", "content": "You are a worker."},
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "turn": "a1"},
+        {"role": "user", "content": "Comments on this task: try again"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_0", "type": "function", "function": {"name": "read_file", "arguments": None}},
+            {"id": "call_bad", "type": "function"}]},
+        {"role": "tool", "tool_call_id": "call_0", "content": None, "is_error": True},
+        {"role": "tool", "tool_call_id": "call_bad", "content": "the result of a call that is not there"},
+        {"content": "a record without a role"},
+        {"role": "assistant", "content": {"odd": "shape"}},
+    ]
+    sent = to_openai(saved)
+    assert all(isinstance(m["content"], str) for m in sent)
+    assert sent == [
+        {"role": "system", "content": "You are a worker."},
+        {"role": "user", "content": "go"},
+        {"role": "user", "content": "Comments on this task: try again"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_0", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_0", "content": ""},
+        {"role": "assistant", "content": '{"odd": "shape"}'},
+    ]
+    request = to_anthropic(saved)  # the same transcript serves Anthropic too
+    assert [m["role"] for m in request["messages"]] == ["user", "assistant", "user", "assistant"]

@@ -30,7 +30,8 @@ def test_summarize_per_agent_task_and_provider():
     ]
     summary = summarize(records)
     assert summary["total"] == {"calls": 3, "failed_calls": 1, "tokens_in": 400, "tokens_out": 40,
-                                "tokens_cached": 50, "cost_usd": 0.002, "unpriced_calls": 1}
+                                "tokens_cached": 50, "cost_usd": 0.002, "unpriced_calls": 1, "estimated_calls": 0,
+                                "tokens_estimated": 0}
     assert summary["agents"]["w1"]["calls"] == 2 and summary["tasks"]["b"]["unpriced_calls"] == 1
     assert set(summary["providers"]) == {"cloud (claude-x)", "local (llama)"}
 
@@ -52,3 +53,26 @@ def test_usage_command_reads_every_agents_log(tmp_path):
     empty = tmp_path / "empty"
     CliRunner().invoke(main, ["init", str(empty)])
     assert "no LLM calls yet" in CliRunner().invoke(main, ["-w", str(empty), "usage"]).output
+
+
+def test_usage_shows_estimated_tokens_as_such_and_counts_failed_calls(tmp_path):
+    ws = tmp_path / "ws"
+    assert CliRunner().invoke(main, ["init", str(ws)]).exit_code == 0
+    (ws / "runs" / "w1").mkdir()
+    records = [
+        {"task": "a", "provider": "local", "model": "smol", "outcome": "ok", "tokens_in": 1200, "tokens_out": 30,
+         "tokens_cached": 0, "cost_usd": None, "estimated": True},
+        {"task": "a", "provider": "local", "model": "smol", "outcome": "context_overflow", "tokens_in": 0,
+         "tokens_out": 0, "error": "local: error in the stream (context_overflow): Context size has been exceeded."},
+        {"task": "b", "provider": "cloud", "model": "claude-x", "outcome": "ok", "tokens_in": 100, "tokens_out": 10,
+         "tokens_cached": 0, "cost_usd": 0.0005},
+    ]
+    (ws / "runs" / "w1" / "llm_calls.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    document = json.loads(CliRunner().invoke(main, ["-w", str(ws), "usage", "--json"]).stdout)
+    assert document["total"]["estimated_calls"] == 1 and document["total"]["tokens_estimated"] == 1230
+    assert document["total"]["failed_calls"] == 1 and document["total"]["calls"] == 3
+    assert document["tasks"]["b"]["estimated_calls"] == 0
+    text = CliRunner(env={"COLUMNS": "200"}).invoke(main, ["-w", str(ws), "usage"]).output
+    assert "~1,300 tokens in" in text and "~40 out" in text
+    assert "~ estimated: 1 calls (1,230 tokens)" in text and "4 characters a token" in text
+    assert "~1,200" in text, "the task's row marks its estimated figures"
