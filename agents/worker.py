@@ -29,7 +29,7 @@ from .loop import TaskLoop
 from .memory import MemoryFile
 from .notify import NOTIFY_ENV, Notifier
 from .providers import Provider, ProviderConfig, ProviderError, complete_with_fallback, make_provider
-from .routing import chain_for, resolve_auto, task_tier
+from .routing import chain_for, configured_ports, describe, resolve_auto, task_tier
 from .skills import Skills, prompt_block
 from .steps import StepRun
 from .tools import DEFAULT_CAPABILITIES, Toolbox, ToolContext, ToolError
@@ -69,6 +69,7 @@ class Agent:
         self.memory = MemoryFile(workdir / "memory" / "MEMORY.md")
         self._providers: dict[str, Provider] = {}
         self._auto: tuple[float, ProviderConfig | None] | None = None
+        self._auto_said: list[str] = []
         self.keys = KeyFile(workspace / ENV_FILE, key_names(self.llm))
         self.step: int | None = None
         self.provider = "offline"
@@ -156,7 +157,14 @@ class Agent:
         # started later is found within a minute, without restarting the team).
         now = time.monotonic()
         if self._auto is None or now - self._auto[0] > 60:
-            self._auto = (now, resolve_auto(os.environ))
+            notes: list[str] = []
+            found = resolve_auto(os.environ, configured=configured_ports(self.llm), notes=notes)
+            said = [describe(found), *notes]
+            if said != self._auto_said:  # which server auto adopted, or passed over, once per change
+                self._auto_said = said
+                for line in said:
+                    print(f"{self.name}: {line}", flush=True)
+            self._auto = (now, found)
         return self._auto[1]
 
     def chain(self, tier: str) -> list[Provider]:

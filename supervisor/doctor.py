@@ -9,7 +9,7 @@ import shutil
 from typing import Any
 
 from hermes_sup.agents.keys import AUTO_KEYS, ENV_FILE, KeyFile, key_names
-from hermes_sup.agents.routing import provider_configs, resolve_auto
+from hermes_sup.agents.routing import AUTO_PORTS_ENV, auto_ports, configured_ports, provider_configs, resolve_auto
 from hermes_sup.kanban import Board, BoardError
 from hermes_sup.kanban.board import ALLOW_NETWORK_FS_ENV
 from hermes_sup.kanban.events import read_all
@@ -46,13 +46,17 @@ def run_checks(ws: Workspace) -> list[Check]:
          f"none of {', '.join(AUTO_KEYS)} is set; the auto provider will look for a local server, then run offline")
         + (f" ({', '.join(from_file)} from {ENV_FILE})" if from_file else ""),
     ))
-    found = resolve_auto(env)
+    notes: list[str] = []
+    found = resolve_auto(env, configured=configured_ports(config), notes=notes)
     if found is None:
-        checks.append(_check("provider auto", "warn", "offline: no API key and no local server on ports "
-                             "11434, 1234, 8000, 8080; only tasks with steps will run"))
+        ports = ", ".join(str(port) for port, _ in auto_ports(env)) or f"none (${AUTO_PORTS_ENV} is empty)"
+        checks.append(_check("provider auto", "warn", f"offline: no API key and no local server of this user on "
+                             f"ports {ports}; only tasks with steps will run"))
     else:
         where = f"key in ${found.api_key_env}" if found.api_key_env else f"server at {found.base_url}"
         checks.append(_check("provider auto", "ok", f"{found.name}: {found.kind}, model {found.model} ({where})"))
+    for note in notes:
+        checks.append(_check("auto passed over", "warn", note))
     for name, provider in provider_configs(config).items():
         if provider.api_key_env and not env.get(provider.api_key_env):
             checks.append(_check(f"provider {name}", "info",

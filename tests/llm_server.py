@@ -3,10 +3,12 @@ it (base_url), so their HTTP stack runs for real. It speaks /v1/chat/completions
 /v1/models, answers each request with the next scripted reply for that API, and records requests.
 
 A reply is a dict: {"json": body} (200 with that body), {"status": 429, "headers": {...}, "json": ...},
-{"delay": seconds, ...} (answer late, to trigger a client timeout), or {"close": True} (drop the
-connection). A request with "stream": true gets a 200 reply as server-sent events, cut the way the
-real APIs cut them (text in small pieces, tool arguments in fragments, usage at the end);
-{"stall": seconds} then pauses after the first event, to time out mid-stream.
+{"delay": seconds, ...} (answer late, to trigger a client timeout), {"close": True} (drop the
+connection), or {"echo_key": True, ...} (every "{key}" in the body becomes the key the request
+carried, as a server that quotes a bad key back does). A request with "stream": true gets a 200
+reply as server-sent events, cut the way the real APIs cut them (text in small pieces, tool
+arguments in fragments, usage at the end); {"stall": seconds} then pauses after the first event,
+to time out mid-stream.
 """
 
 from __future__ import annotations
@@ -109,9 +111,11 @@ def error_reply(status: int, message: str = "error", *, kind: str = "api_error",
 
 class ScriptedLLM:
     """`responder(api, body) -> reply`, when given, answers every request instead of the scripts (a
-    team working many tasks at once needs answers by content, not by order)."""
+    team working many tasks at once needs answers by content, not by order). `port` 0 is any free
+    port; a given one raises OSError if it is taken."""
 
-    def __init__(self, responder: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None) -> None:
+    def __init__(self, responder: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None, *,
+                 port: int = 0) -> None:
         self.responder = responder
         self.scripts: dict[str, deque[dict[str, Any]]] = {"openai": deque(), "anthropic": deque()}
         self.requests: list[dict[str, Any]] = []
@@ -156,6 +160,11 @@ class ScriptedLLM:
                     self.close_connection = True
                     self.connection.close()
                     return
+                if reply.get("echo_key"):
+                    sent = self.headers.get("x-api-key") or (self.headers.get("authorization") or "").removeprefix(
+                        "Bearer ")
+                    reply = {**reply, "json": json.loads(json.dumps(reply.get("json", {})).replace(
+                        "{key}", json.dumps(sent)[1:-1]))}
                 if body.get("stream") and reply.get("status", 200) == 200:
                     self._stream(api, reply)
                     return
@@ -200,7 +209,7 @@ class ScriptedLLM:
                 if not isinstance(sys.exc_info()[1], ConnectionError):
                     super().handle_error(request, client_address)
 
-        self.httpd = Server(("127.0.0.1", 0), Handler)
+        self.httpd = Server(("127.0.0.1", port), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
