@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hermes_sup.kanban.redact import scrub
 from hermes_sup.kanban.task import now_iso
 
 
@@ -31,7 +32,9 @@ class Journal:
         if self._fd is None:
             self.repair()
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        os.write(self._fd, (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8"))
+        # A transcript holds what providers and tools said, an echoed key included: never on disk.
+        line = scrub(json.dumps(record, ensure_ascii=False, separators=(",", ":")))
+        os.write(self._fd, (line + "\n").encode("utf-8"))
 
     def close(self) -> None:
         if self._fd is not None:

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from hermes_sup.kanban.redact import known, redact
+
 from .streams import assemble_anthropic, assemble_openai
 from .translate import Completion, Message, from_anthropic, from_openai, to_anthropic, to_openai
 
@@ -102,12 +104,19 @@ class Provider(Protocol):
 def _key(config: ProviderConfig, default_env: str) -> str:
     if config.api_key:
         return config.api_key
-    value = os.environ.get(config.api_key_env or default_env, "")
-    # Local OpenAI-compatible servers need no key, but the SDK insists on one.
-    return value or "not-needed"
+    return os.environ.get(config.api_key_env or default_env, "")
 
 
-def _provider_error(sdk: Any, exc: Exception, provider: str) -> ProviderError:
+def _provider_error(sdk: Any, exc: Exception, provider: str, key: str = "") -> ProviderError:
+    """The SDK's exception as a ProviderError whose text holds no key: some servers echo the key
+    they were sent (an "invalid key sk-..." body), and the text goes to logs and the task."""
+    error = _sdk_error_text(sdk, exc, provider)
+    text = redact(str(error), (key, *known()))[:500]  # cut after redacting: never half a key
+    return ProviderError(error.kind, text, provider=error.provider, retry_after=error.retry_after,
+                         status=error.status)
+
+
+def _sdk_error_text(sdk: Any, exc: Exception, provider: str) -> ProviderError:
     # The anthropic SDK lets transport errors raised while a stream is read through unwrapped.
     transport = sys.modules.get("httpx2")
     if transport is not None and isinstance(exc, transport.TimeoutException):
@@ -125,7 +134,7 @@ def _provider_error(sdk: Any, exc: Exception, provider: str) -> ProviderError:
             getattr(exc, "message", ""), detail.get("code", "") if isinstance(detail, dict) else "",
             detail.get("type", "") if isinstance(detail, dict) else "") if part)
         kind = classify(exc.status_code, text)
-        return ProviderError(kind, f"{provider}: HTTP {exc.status_code} ({kind}): {text}"[:500], provider=provider,
+        return ProviderError(kind, f"{provider}: HTTP {exc.status_code} ({kind}): {text}", provider=provider,
                              retry_after=retry_after_seconds(exc.response.headers), status=exc.status_code)
     raise exc
 
@@ -143,11 +152,14 @@ class _SDKProvider:
         self.config = config
         self._client: Any = None
         self._sdk: Any = None
+        self._secret = ""
 
     def _connect(self) -> Any:
         if self._client is None:
             self._sdk = importlib.import_module(self.module)  # lazy: anthropic alone takes a second
-            self._client = self._new_client(self._sdk, _key(self.config, self.key_env))
+            self._secret = _key(self.config, self.key_env)
+            # Local OpenAI-compatible servers need no key, but the SDK insists on one.
+            self._client = self._new_client(self._sdk, self._secret or "not-needed")
         return self._client
 
     def complete(self, messages: list[Message], tools: list[dict[str, Any]] | None, *,
@@ -164,7 +176,7 @@ class _SDKProvider:
             with stream:
                 return self._read(self._assemble(stream))
         except (self._sdk_error(), *self._transport_errors()) as exc:
-            raise _provider_error(self._sdk, exc, self.config.name) from None
+            raise _provider_error(self._sdk, exc, self.config.name, self._secret) from None
 
     def _new_client(self, sdk: Any, key: str) -> Any:
         raise NotImplementedError

@@ -13,6 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from .redact import scrub
+
 TMP_SUFFIX = ".tmp"
 
 
@@ -32,7 +34,8 @@ def tmp_writer_pid(name: str) -> int | None:
 def dumps(doc: Any) -> bytes:
     # One line, not indented: with indent set, json falls back from its C encoder to pure Python,
     # several times slower on the claim path. `hermes-sup task show` is the readable view.
-    return (json.dumps(doc, ensure_ascii=False, separators=(", ", ": ")) + "\n").encode("utf-8")
+    # Every document goes out without a known key: a provider's error echoing one ends up in a task.
+    return (scrub(json.dumps(doc, ensure_ascii=False, separators=(", ", ": "))) + "\n").encode("utf-8")
 
 
 def write_temp(dest: Path, data: bytes, *, fsync: bool = True) -> Path:
@@ -108,7 +111,7 @@ class AppendLog:
         return self._fd
 
     def append(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
+        line = scrub(json.dumps(record, ensure_ascii=False, separators=(",", ":"))) + "\n"
         fd = self._descriptor()
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
