@@ -3,6 +3,10 @@
 A document is written to a hidden temp file beside its destination, fsync'd, and renamed over it,
 so a reader sees the old bytes or the new ones, never a mix; a process killed half-way leaves only
 a hidden temp file, which the board's recovery sweeps away.
+
+A file takes its permissions from its folder, whatever the writer's umask: readable by whoever may
+read the folder, never writable by anyone but its owner (`mode_for`). The board's folders are
+0755 by default, so a team's humans can read it; an agent's state under runs/ (0700) stays private.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +43,22 @@ def dumps(doc: Any) -> bytes:
     return (scrub(json.dumps(doc, ensure_ascii=False, separators=(", ", ": "))) + "\n").encode("utf-8")
 
 
+def mode_for(folder: Path) -> int:
+    """The mode of a file written in `folder`: the folder's read bits, and write for the owner only
+    (0755 gives 0644, 0700 gives 0600, a world-writable 0777 still 0644)."""
+    try:
+        return stat.S_IMODE(os.stat(folder).st_mode) & 0o644 | 0o600
+    except OSError:
+        return 0o600
+
+
 def write_temp(dest: Path, data: bytes, *, fsync: bool = True) -> Path:
     """Write `data` to a new hidden temp file beside `dest` and return its path; the caller renames
     it into place (under the board lock) or unlinks it."""
     tmp = tmp_path_for(dest)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
+        os.fchmod(fd, mode_for(dest.parent))  # not the umask's say: 000 would make it world-writable
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
@@ -107,7 +122,9 @@ class AppendLog:
             except FileNotFoundError:
                 pass
             self.close()
-        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        if os.fstat(self._fd).st_size == 0:  # just created (or empty): as its folder says, see mode_for
+            os.fchmod(self._fd, mode_for(self.path.parent))
         return self._fd
 
     def append(self, record: dict[str, Any]) -> None:

@@ -33,7 +33,7 @@ from .doctor import run_checks
 from .runner import Supervisor, request, tree_rss_mb
 from .spec import build_specs
 from .usage import read_logs, summarize
-from .workspace import ConfigError, Workspace, find_workspace, load_config, scaffold
+from .workspace import PRIVATE_UMASK, ConfigError, Workspace, find_workspace, load_config, private_dir, scaffold
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -383,7 +383,10 @@ def up(ctx: click.Context, detach: bool, agents_csv: str | None) -> None:
     ws = workspace_of(ctx)
     config = load_config(ws.config_path)
     only = _agents_option(ws, config, agents_csv)
-    ws.runs_path.mkdir(exist_ok=True)
+    # Whatever the supervisor and its agents create (logs, sockets, transcripts, a tool's files) is
+    # the user's alone; the board's files keep their folders' modes (see kanban/fsio.py).
+    os.umask(PRIVATE_UMASK)
+    private_dir(ws.runs_path)
     open_board(ctx).close()  # refuse a network filesystem before anything starts
     import filelock  # only `up` needs it; 30 ms of start-up for every other command
 

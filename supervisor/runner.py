@@ -33,7 +33,7 @@ from hermes_sup.kanban.task import now_iso
 
 from .policy import RestartHistory, cleared, decide, describe_exit
 from .spec import ChildSpec, build_specs, plan_reload
-from .workspace import ConfigError, Workspace, load_config
+from .workspace import ConfigError, Workspace, load_config, private_dir
 
 STATE_FILE = "supervisor.json"
 NOTIFY_SOCKET = "notify.sock"
@@ -93,7 +93,7 @@ class Supervisor:
     # -- set-up -----------------------------------------------------------------------------------
 
     def _bind(self) -> None:
-        self.runs.mkdir(exist_ok=True)
+        private_dir(self.runs)  # the sockets below: only the user may send to or command the team
         # Only the holder of the workspace's supervisor lock gets here, so old socket files are stale.
         self.notify_path = self.runs / NOTIFY_SOCKET
         self.notify_path.unlink(missing_ok=True)
@@ -122,14 +122,15 @@ class Supervisor:
             self.say(f"{child.spec.name}: still running as pid {child.pid}; not starting another")
             return
         spec = child.spec
-        spec.workdir.mkdir(parents=True, exist_ok=True)
+        private_dir(spec.workdir)
         env = {
             **os.environ, **dict(spec.env),
             AGENT_ENV: json.dumps(spec.agent_config()), WORKSPACE_ENV: str(self.ws.root),
             NOTIFY_ENV: str(self.notify_path), "PYTHONUNBUFFERED": "1",
         }
         # The agent writes to its own log file, never to a pipe we must drain.
-        with open(spec.workdir / "agent.log", "ab") as log:
+        log_fd = os.open(spec.workdir / "agent.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        with os.fdopen(log_fd, "ab") as log:
             child.proc = subprocess.Popen(
                 spec.argv, cwd=spec.workdir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, close_fds=True,

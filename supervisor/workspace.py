@@ -6,6 +6,7 @@ Config errors name the file and line, because a person has to go and fix them.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -297,17 +298,40 @@ def _check_settings(node: dict[str, Any], where: str, fail: Any) -> None:
             raise fail(backoff, f"{where}: 'backoff.initial' is larger than 'backoff.max'")
 
 
+# The supervisor's and the agents' state (runs/): transcripts, tool and LLM-call logs, memory, agent
+# logs and the control socket are the user's alone. Everything else (hermes.yaml, the board, skills)
+# is readable by others as far as the umask allows, and never writable by them: under umask 000,
+# anyone could otherwise rewrite hermes.yaml, whose agents' `command` runs as this user.
+PRIVATE_UMASK = 0o077
+SHARED_DIR, SHARED_FILE = 0o755, 0o644
+
+
+def private_dir(path: Path) -> None:
+    """Create `path` as 0700, or narrow an existing one to its owner (a workspace made before
+    runs/ was private, or under a loose umask)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        path.chmod(mode & 0o700)
+
+
 def scaffold(root: Path) -> list[str]:
     """Create a workspace in `root`; keeps whatever is already there. Returns what it created."""
     created = []
-    root.mkdir(parents=True, exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True, mode=SHARED_DIR)
     config = root / CONFIG_NAME
     if not config.exists():
-        config.write_text(EXAMPLE_CONFIG)
+        fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, SHARED_FILE)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(EXAMPLE_CONFIG)
         created.append(CONFIG_NAME)
-    for folder in [*(f"kanban/{name}" for name in BOARD_FOLDERS), "skills", "runs"]:
+    for folder in ["kanban", *(f"kanban/{name}" for name in BOARD_FOLDERS), "skills", "runs"]:
         path = root / folder
         if not path.is_dir():
-            path.mkdir(parents=True)
-            created.append(folder + "/")
+            if folder == "runs":
+                private_dir(path)
+            else:
+                path.mkdir(mode=SHARED_DIR)
+            if folder != "kanban":
+                created.append(folder + "/")
     return created
