@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hermes_sup.kanban.redact import scrub
+
 CAPABILITIES = ("fs.read", "fs.write", "shell", "network", "memory", "delegate", "skills", "kanban")
 DEFAULT_CAPABILITIES = ("fs.read", "fs.write", "memory", "kanban")
 TOOL_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
@@ -230,11 +232,28 @@ class Toolbox:
         exception of the handler is turned into a ToolError naming it."""
         tool = self.check(name, args)
         try:
-            return tool.handler(ctx, args)
-        except (ToolError, NeedsPerson, InterruptedError):
+            return scrubbed(tool.handler(ctx, args))
+        except (NeedsPerson, InterruptedError):
+            raise
+        except ToolError as exc:
+            text = scrub(str(exc))
+            if text != str(exc):
+                exc.args = (text,)
             raise
         except Exception as exc:
-            raise ToolError(f"{name} raised {type(exc).__name__}: {exc}") from exc
+            raise ToolError(scrub(f"{name} raised {type(exc).__name__}: {exc}")) from exc
+
+
+def scrubbed(value: Any) -> Any:
+    """A tool's result without any key this process knows: a `cat .env` or `env` in the terminal, a
+    file read, must not hand the model (and through it a fetched URL) a key."""
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, dict):
+        return {key: scrubbed(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [scrubbed(item) for item in value]
+    return value
 
 
 def run_step(ctx: ToolContext, step: dict[str, Any], toolbox: Toolbox) -> Any:
