@@ -123,9 +123,9 @@ def configured_ports(config: Mapping[str, Any]) -> frozenset[int]:
 def describe(found: ProviderConfig | None) -> str:
     """What `auto` settled on, for the agent's log and doctor, without the key itself (pure)."""
     if found is None:
-        return "auto: offline (no API key, no local server of this user)"
+        return "auto is offline: no API key, and no local server of this user"
     where = f"key in ${found.api_key_env}" if found.api_key_env else f"server at {found.base_url}"
-    return f"auto: {found.name}, model {found.model} ({where})"
+    return f"auto uses {found.name}, model {found.model} ({where})"
 
 
 def resolve_auto(env: Mapping[str, str], probe: Callable[[str], list[str] | None] = probe_models,

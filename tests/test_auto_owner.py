@@ -172,8 +172,8 @@ def test_the_agent_log_says_which_server_auto_adopted(tmp_path):
                                 cwd=ROOT, env={**os.environ, AUTO_PORTS_ENV: str(llm.port)})
         try:
             log = ws / "runs" / "solo" / "agent.log"
-            wait_until(lambda: log.exists() and "auto:" in log.read_text(), timeout=30)
-            line = next(line for line in log.read_text().splitlines() if "auto:" in line)
+            wait_until(lambda: log.exists() and "auto uses" in log.read_text(), timeout=30)
+            line = next(line for line in log.read_text().splitlines() if "auto uses" in line)
             assert f"server at {llm.url}/v1" in line and "model scripted" in line
             wait_until(lambda: state(ws).get("agents", {}).get("solo", {}).get("state") == "running", timeout=30)
         finally:

@@ -107,3 +107,30 @@ def test_under_any_umask_no_state_file_is_readable_by_others(tmp_path, umask):
     if umask == 0o022:
         assert mode(ws / "kanban") == 0o755 and mode(next((ws / "kanban" / "done").glob("*.json"))) == 0o644, \
             "the board stays readable for the team's humans"
+
+
+def test_doctor_warns_of_a_key_file_others_may_read(tmp_path):
+    from hermes_sup.supervisor.doctor import env_file_exposure
+
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    env = ws / ".env"
+    assert env_file_exposure(env) is None, "no key file, nothing to say"
+    env.write_text("ANTHROPIC_API_KEY=sk-ant-0123456789\n")
+    env.chmod(0o644)
+
+    def checks() -> dict[str, dict]:
+        done = subprocess.run([*CLI, "-w", str(ws), "doctor", "--json"], capture_output=True, text=True,
+                              timeout=60, cwd=ROOT)
+        assert "sk-ant-0123456789" not in done.stdout + done.stderr
+        return {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+
+    warned = checks()["key file"]
+    assert warned["level"] == "warn" and "0644" in warned["detail"] and f"chmod 600 {env}" in warned["detail"]
+    env.chmod(0o666)
+    assert "may write" in env_file_exposure(env)
+    env.chmod(0o600)
+    assert "key file" not in checks()
+    if os.getuid() == 0:
+        os.chown(env, 65534, 65534)
+        assert "belongs to uid 65534" in env_file_exposure(env)
