@@ -69,7 +69,8 @@ def run_checks(ws: Workspace) -> list[Check]:
     notes: list[str] = []
     found = resolve_auto(env, configured=configured_ports(config), notes=notes)
     if found is None:
-        ports = ", ".join(str(port) for port, _ in auto_ports(env)) or f"none (${AUTO_PORTS_ENV} is empty)"
+        ports = (", ".join(str(port) for port, _ in auto_ports(env))
+                 or f"none (${AUTO_PORTS_ENV}={env.get(AUTO_PORTS_ENV)!r})")
         checks.append(_check("provider auto", "warn", f"offline: no API key and no local server of this user on "
                              f"ports {ports}; only tasks with steps will run"))
     else:
