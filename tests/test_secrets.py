@@ -33,15 +33,6 @@ def echo(status: int) -> dict:
                           kind="invalid_api_key"), "echo_key": True}
 
 
-@pytest.fixture
-def forget():
-    """Each test starts with the process knowing no key, and leaves it so."""
-    saved = redact._known
-    redact._known = ()
-    yield
-    redact._known = saved
-
-
 def test_redact_replaces_every_key_in_every_spelling_and_leaves_short_values_alone():
     text = 'key sk-abcdefgh1 and "sk-abcdefgh12" and {"k": "sk-q\\"uote\\\\d1"}'
     out = redact.redact(text, ["sk-abcdefgh1", "sk-abcdefgh12", 'sk-q"uote\\d1', "short"])
@@ -49,8 +40,8 @@ def test_redact_replaces_every_key_in_every_spelling_and_leaves_short_values_alo
     assert redact.redact("a ok word", ["ok", "", "a"]) == "a ok word", "too short to be a key"
 
 
-def test_what_the_process_knows_is_scrubbed_from_journals_task_documents_and_the_event_log(tmp_path, forget):
-    assert redact.scrub(f"x {FILE_KEY}") == f"x {FILE_KEY}", "nothing known yet"
+def test_what_the_process_knows_is_scrubbed_from_journals_task_documents_and_the_event_log(tmp_path):
+    assert redact.scrub(f"x {FILE_KEY}") == f"x {FILE_KEY}", "nothing known yet (conftest: hermetic)"
     env = {"MY_KEY": SHELL_KEY}
     (tmp_path / ".env").write_text(f"OTHER_KEY={FILE_KEY}\n")
     KeyFile(tmp_path / ".env", {"MY_KEY", "OTHER_KEY"}, env).refresh()
@@ -69,7 +60,7 @@ def test_what_the_process_knows_is_scrubbed_from_journals_task_documents_and_the
 
 
 @pytest.mark.parametrize("status", [401, 500])
-def test_a_provider_error_that_echoes_the_key_is_redacted(forget, status):
+def test_a_provider_error_that_echoes_the_key_is_redacted(status):
     with ScriptedLLM() as llm:
         llm.script("openai", echo(status), echo(status), echo(status))
         # The key is the provider's own, known to no registry: the error is cleaned where it is made.
@@ -83,7 +74,7 @@ def test_a_provider_error_that_echoes_the_key_is_redacted(forget, status):
     assert SHELL_KEY not in text and "Incorrect API key provided: [redacted]" in text
 
 
-def test_a_key_cut_in_half_by_the_length_limit_is_still_redacted(forget):
+def test_a_key_cut_in_half_by_the_length_limit_is_still_redacted():
     with ScriptedLLM() as llm:
         for pad in range(430, 470, 3):  # the key straddles the 500th character of the error for some pad
             reply = error_reply(400, "x" * pad + " {key} tail", kind="invalid_request_error")
@@ -141,7 +132,7 @@ def test_a_team_whose_provider_echoes_its_key_writes_it_nowhere_and_prints_it_no
             assert FILE_KEY.encode() not in data and SHELL_KEY.encode() not in data, f"a key was written to {path}"
 
 
-def test_tools_hand_the_model_no_key_and_run_without_one(tmp_path, monkeypatch, forget):
+def test_tools_hand_the_model_no_key_and_run_without_one(tmp_path, monkeypatch):
     import threading
 
     from hermes_sup.agents import builtins  # noqa: F401 - registers the built-in tools
