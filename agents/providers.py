@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hermes_sup.kanban.redact import known, redact
+from hermes_sup.kanban.redact import known, redact, remember
 
 from .streams import assemble_anthropic, assemble_openai
 from .translate import Completion, Message, from_anthropic, from_openai, to_anthropic, to_openai
@@ -158,6 +158,7 @@ class _SDKProvider:
         if self._client is None:
             self._sdk = importlib.import_module(self.module)  # lazy: anthropic alone takes a second
             self._secret = _key(self.config, self.key_env)
+            remember((self._secret,))  # whatever key a provider sends is one no file or log may hold
             # Local OpenAI-compatible servers need no key, but the SDK insists on one.
             self._client = self._new_client(self._sdk, self._secret or "not-needed")
         return self._client

@@ -162,3 +162,16 @@ def test_tools_hand_the_model_no_key_and_run_without_one(tmp_path, monkeypatch):
     check_in_process_of_its_own(skill)
     seen = (tmp_path / "seen.txt").read_text()
     assert "PATH" in seen and SHELL_KEY not in seen
+
+
+def test_a_key_a_provider_sends_is_one_this_process_redacts_everywhere(tmp_path):
+    with ScriptedLLM() as llm:
+        llm.script("openai", {"close": True})
+        provider = OpenAIProvider(ProviderConfig(name="p", kind="openai", model="m", base_url=f"{llm.url}/v1",
+                                                 api_key=SHELL_KEY))  # not from any variable
+        with pytest.raises(ProviderError):
+            provider.complete(MESSAGES, None)
+    journal = Journal(tmp_path / "log.jsonl")
+    journal.append({"note": f"something else quoted {SHELL_KEY}"})
+    journal.close()
+    assert SHELL_KEY not in journal.path.read_text()
