@@ -303,6 +303,7 @@ def _check_settings(node: dict[str, Any], where: str, fail: Any) -> None:
 # is readable by others as far as the umask allows, and never writable by them: under umask 000,
 # anyone could otherwise rewrite hermes.yaml, whose agents' `command` runs as this user.
 PRIVATE_UMASK = 0o077
+GITIGNORE = "# API keys, and what the agents saw and did: never committed\n.env\nruns/\n"
 SHARED_DIR, SHARED_FILE = 0o755, 0o644
 
 
@@ -325,6 +326,12 @@ def scaffold(root: Path) -> list[str]:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(EXAMPLE_CONFIG)
         created.append(CONFIG_NAME)
+    ignore = root / ".gitignore"
+    if not ignore.exists():  # a workspace kept in git must not publish its keys or transcripts
+        fd = os.open(ignore, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, SHARED_FILE)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(GITIGNORE)
+        created.append(".gitignore")
     for folder in ["kanban", *(f"kanban/{name}" for name in BOARD_FOLDERS), "skills", "runs"]:
         path = root / folder
         if not path.is_dir():

@@ -175,3 +175,18 @@ def test_a_key_a_provider_sends_is_one_this_process_redacts_everywhere(tmp_path)
     journal.append({"note": f"something else quoted {SHELL_KEY}"})
     journal.close()
     assert SHELL_KEY not in journal.path.read_text()
+
+
+def test_a_new_workspace_keeps_its_keys_and_state_out_of_git(tmp_path):
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    (ws / ".env").write_text(f"OPENAI_API_KEY={FILE_KEY}\n")
+    (ws / "runs" / "a").mkdir()
+    (ws / "runs" / "a" / "llm_calls.jsonl").write_text("{}\n")
+    subprocess.run(["git", "init", "-q", str(ws)], check=True)
+    listed = subprocess.run(["git", "-C", str(ws), "status", "--porcelain", "--untracked-files=all"],
+                            capture_output=True, text=True, check=True).stdout
+    assert "hermes.yaml" in listed and ".env" not in listed and "runs/" not in listed, listed
+    (ws / ".gitignore").write_text("mine\n")
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    assert (ws / ".gitignore").read_text() == "mine\n", "a workspace's own .gitignore is kept"
