@@ -12,10 +12,8 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
-
-from hermes_sup.kanban.redact import known
 
 from .tools import Tool, ToolContext, ToolError, register
 
@@ -45,11 +43,9 @@ def denied(command: str, approved: tuple[str, ...] = ()) -> str | None:
     return None
 
 
-def clean_env(env: Mapping[str, str], secrets: Iterable[str] = ()) -> dict[str, str]:
-    """The environment without anything that looks like a credential, by its name or by its value
-    being one of `secrets` (a provider's `api_key_env` may have any name) (pure)."""
-    values = set(secrets)
-    return {key: value for key, value in env.items() if not SECRET_NAMES.search(key) and value not in values}
+def clean_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment without anything that looks like a credential (pure)."""
+    return {key: value for key, value in env.items() if not SECRET_NAMES.search(key)}
 
 
 def _cap(text: str) -> str:
@@ -69,7 +65,7 @@ def terminal(ctx: ToolContext, args: dict[str, Any]) -> str:
     limit = float(settings.get("timeout", DEFAULT_TIMEOUT))
     timeout = min(float(args.get("timeout") or limit), MAX_TIMEOUT)
     ctx.scratch.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(["/bin/sh", "-c", command], cwd=ctx.scratch, env=clean_env(os.environ, known()),
+    proc = subprocess.Popen(["/bin/sh", "-c", command], cwd=ctx.scratch, env=clean_env(os.environ),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             process_group=0, close_fds=True)
     try:

@@ -14,6 +14,7 @@ Imports nothing of the supervisor; the handlers' modules import this one, never 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -225,28 +226,32 @@ class Toolbox:
         problem = args_problem(tool.parameters, args)
         if problem:
             raise Refused(f"refused: invalid arguments for {name}: {problem}")
-        return tool
+        return scrubbing(tool)  # what it returns or raises goes to the model and the logs: no key in it
 
     def call(self, ctx: ToolContext, name: str, args: Any) -> Any:
         """Check, then run. ToolError (Refused included) and NeedsPerson go to the caller; any other
         exception of the handler is turned into a ToolError naming it."""
         tool = self.check(name, args)
         try:
-            return scrubbed(tool.handler(ctx, args))
-        except (NeedsPerson, InterruptedError):
-            raise
-        except ToolError as exc:
-            text = scrub(str(exc))
-            if text != str(exc):
-                exc.args = (text,)
+            return tool.handler(ctx, args)
+        except (ToolError, NeedsPerson, InterruptedError):
             raise
         except Exception as exc:
-            raise ToolError(scrub(f"{name} raised {type(exc).__name__}: {exc}")) from exc
+            raise ToolError(f"{name} raised {type(exc).__name__}: {exc}") from exc
 
+
+def run_step(ctx: ToolContext, step: dict[str, Any], toolbox: Toolbox) -> Any:
+    """One step of a task's deterministic plan."""
+    if not isinstance(step, dict):
+        raise Refused("a step must be a mapping with 'tool' and 'args'")
+    return toolbox.call(ctx, str(step.get("tool", "")), step.get("args") or {})
+
+
+# -- keys out of what tools hand back ---------------------------------------------------------------
 
 def scrubbed(value: Any) -> Any:
-    """A tool's result without any key this process knows: a `cat .env` or `env` in the terminal, a
-    file read, must not hand the model (and through it a fetched URL) a key."""
+    """A tool's result without any key this process knows: a `cat .env` in the terminal, or a file
+    read, must not hand the model (and through it a fetched URL) a key."""
     if isinstance(value, str):
         return scrub(value)
     if isinstance(value, dict):
@@ -256,8 +261,21 @@ def scrubbed(value: Any) -> Any:
     return value
 
 
-def run_step(ctx: ToolContext, step: dict[str, Any], toolbox: Toolbox) -> Any:
-    """One step of a task's deterministic plan."""
-    if not isinstance(step, dict):
-        raise Refused("a step must be a mapping with 'tool' and 'args'")
-    return toolbox.call(ctx, str(step.get("tool", "")), step.get("args") or {})
+def scrubbing(tool: Tool) -> Tool:
+    """`tool` whose results and errors are scrubbed (see scrubbed)."""
+    handler = tool.handler
+
+    def run(ctx: ToolContext, args: dict[str, Any]) -> Any:
+        try:
+            return scrubbed(handler(ctx, args))
+        except ToolError as exc:
+            text = scrub(str(exc))
+            if text != str(exc):
+                exc.args = (text,)
+            raise
+        except (NeedsPerson, InterruptedError):
+            raise
+        except Exception as exc:  # named as Toolbox.call names it, without the key its text may hold
+            raise ToolError(scrub(f"{tool.name} raised {type(exc).__name__}: {exc}")) from exc
+
+    return dataclasses.replace(tool, handler=run)

@@ -33,7 +33,17 @@ from .doctor import run_checks
 from .runner import Supervisor, request, tree_rss_mb
 from .spec import build_specs
 from .usage import read_logs, summarize
-from .workspace import PRIVATE_UMASK, ConfigError, Workspace, find_workspace, load_config, private_dir, scaffold
+from .workspace import (
+    PRIVATE_UMASK,
+    SHARED_UMASK,
+    ConfigError,
+    Workspace,
+    find_workspace,
+    keep_out_of_git,
+    load_config,
+    private_dir,
+    scaffold,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -114,6 +124,9 @@ def refreshed(board: Board) -> dict[str, Any]:
 @click.pass_context
 def main(ctx: click.Context, workspace: Path | None) -> None:
     """hermes-sup: keep a team of LLM agents alive around a shared Kanban board of files."""
+    # Nothing a command creates (hermes.yaml, the board's folders) is writable by others, even
+    # under umask 000; `up` narrows further (see there).
+    os.umask(os.umask(SHARED_UMASK) | SHARED_UMASK)
     ctx.ensure_object(dict)
     ctx.obj["workspace"] = workspace
 
@@ -131,6 +144,8 @@ def init(directory: Path | None, as_json: bool) -> None:
         raise Failure(f"{root} exists and is not a folder", 2)
     created = scaffold(root)
     Board(root / "kanban").close()
+    private_dir(root / "runs")
+    created += keep_out_of_git(root)
     if as_json:
         emit_json({"workspace": str(root), "created": created})
         return

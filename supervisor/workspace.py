@@ -298,13 +298,30 @@ def _check_settings(node: dict[str, Any], where: str, fail: Any) -> None:
             raise fail(backoff, f"{where}: 'backoff.initial' is larger than 'backoff.max'")
 
 
+def scaffold(root: Path) -> list[str]:
+    """Create a workspace in `root`; keeps whatever is already there. Returns what it created."""
+    created = []
+    root.mkdir(parents=True, exist_ok=True)
+    config = root / CONFIG_NAME
+    if not config.exists():
+        config.write_text(EXAMPLE_CONFIG)
+        created.append(CONFIG_NAME)
+    for folder in [*(f"kanban/{name}" for name in BOARD_FOLDERS), "skills", "runs"]:
+        path = root / folder
+        if not path.is_dir():
+            path.mkdir(parents=True)
+            created.append(folder + "/")
+    return created
+
+
+# -- who may read what ------------------------------------------------------------------------------
 # The supervisor's and the agents' state (runs/): transcripts, tool and LLM-call logs, memory, agent
 # logs and the control socket are the user's alone. Everything else (hermes.yaml, the board, skills)
 # is readable by others as far as the umask allows, and never writable by them: under umask 000,
 # anyone could otherwise rewrite hermes.yaml, whose agents' `command` runs as this user.
 PRIVATE_UMASK = 0o077
+SHARED_UMASK = 0o022  # the bits the command line always masks
 GITIGNORE = "# API keys, and what the agents saw and did: never committed\n.env\nruns/\n"
-SHARED_DIR, SHARED_FILE = 0o755, 0o644
 
 
 def private_dir(path: Path) -> None:
@@ -316,29 +333,13 @@ def private_dir(path: Path) -> None:
         path.chmod(mode & 0o700)
 
 
-def scaffold(root: Path) -> list[str]:
-    """Create a workspace in `root`; keeps whatever is already there. Returns what it created."""
-    created = []
-    root.mkdir(parents=True, exist_ok=True, mode=SHARED_DIR)
-    config = root / CONFIG_NAME
-    if not config.exists():
-        fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, SHARED_FILE)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(EXAMPLE_CONFIG)
-        created.append(CONFIG_NAME)
-    ignore = root / ".gitignore"
-    if not ignore.exists():  # a workspace kept in git must not publish its keys or transcripts
-        fd = os.open(ignore, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, SHARED_FILE)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(GITIGNORE)
-        created.append(".gitignore")
-    for folder in ["kanban", *(f"kanban/{name}" for name in BOARD_FOLDERS), "skills", "runs"]:
-        path = root / folder
-        if not path.is_dir():
-            if folder == "runs":
-                private_dir(path)
-            else:
-                path.mkdir(mode=SHARED_DIR)
-            if folder != "kanban":
-                created.append(folder + "/")
-    return created
+def keep_out_of_git(root: Path) -> list[str]:
+    """Write a .gitignore that keeps .env and runs/ out of git, unless the workspace has one: a
+    workspace kept in git must not publish its keys or transcripts. Returns what it created."""
+    try:
+        fd = os.open(root / ".gitignore", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    except FileExistsError:
+        return []
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(GITIGNORE)
+    return [".gitignore"]

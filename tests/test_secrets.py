@@ -132,16 +132,13 @@ def test_a_team_whose_provider_echoes_its_key_writes_it_nowhere_and_prints_it_no
             assert FILE_KEY.encode() not in data and SHELL_KEY.encode() not in data, f"a key was written to {path}"
 
 
-def test_tools_hand_the_model_no_key_and_run_without_one(tmp_path, monkeypatch):
+def test_tools_hand_the_model_no_key(tmp_path, monkeypatch):
     import threading
 
     from hermes_sup.agents import builtins  # noqa: F401 - registers the built-in tools
-    from hermes_sup.agents.skills import check_in_process_of_its_own
-    from hermes_sup.agents.terminal import clean_env
-    from hermes_sup.agents.tools import DEFAULT_CAPABILITIES, Toolbox, ToolContext, ToolError
+    from hermes_sup.agents.tools import DEFAULT_CAPABILITIES, Tool, Toolbox, ToolContext, ToolError
 
-    # A provider's api_key_env may have any name: nothing in it says "key".
-    monkeypatch.setenv("HERMES_LLM_CRED", SHELL_KEY)
+    monkeypatch.setenv("HERMES_LLM_CRED", SHELL_KEY)  # a provider's api_key_env may have any name
     KeyFile(tmp_path / ".env", {"HERMES_LLM_CRED"}).refresh()
     scratch = tmp_path / "scratch"
     scratch.mkdir()
@@ -149,19 +146,20 @@ def test_tools_hand_the_model_no_key_and_run_without_one(tmp_path, monkeypatch):
     ctx = ToolContext(scratch=scratch, stop=threading.Event(), agent="a", task={"id": "t"})
     box = Toolbox(grants=(*DEFAULT_CAPABILITIES, "shell"))
     assert box.call(ctx, "read_file", {"path": "copy.txt"}) == "someone pasted [redacted] here\n"
-    out = box.call(ctx, "terminal", {"command": "echo \"[$HERMES_LLM_CRED]\"; cat copy.txt"})
-    assert SHELL_KEY not in out and out.startswith("[]"), "the variable is not even in the terminal's environment"
+    out = box.call(ctx, "terminal", {"command": f"cat copy.txt; echo {SHELL_KEY[:9]}''{SHELL_KEY[9:]}"})
+    assert SHELL_KEY not in out and out.count("[redacted]") == 2, out
     with pytest.raises(ToolError) as info:
         box.call(ctx, "read_file", {"path": f"{SHELL_KEY}.txt"})
     assert SHELL_KEY not in str(info.value)
-    assert clean_env({"HERMES_LLM_CRED": SHELL_KEY, "HOME": "/h"}, [SHELL_KEY]) == {"HOME": "/h"}
-    # A skill under check is untrusted code run in a process of its own: no key there either.
-    skill = tmp_path / "nosy.py"
-    skill.write_text(f"import os, pathlib\npathlib.Path({str(tmp_path / 'seen.txt')!r}).write_text("
-                     "repr(dict(os.environ)))\n")
-    check_in_process_of_its_own(skill)
-    seen = (tmp_path / "seen.txt").read_text()
-    assert "PATH" in seen and SHELL_KEY not in seen
+
+
+    def leaky(ctx, args):
+        raise ValueError(f"connection string had {SHELL_KEY}")
+
+    box = Toolbox(extra={"leaky": Tool("leaky", "A tool whose failure quotes a key", leaky)})
+    with pytest.raises(ToolError) as info:
+        box.call(ctx, "leaky", {})
+    assert str(info.value) == "leaky raised ValueError: connection string had [redacted]"
 
 
 def test_a_key_a_provider_sends_is_one_this_process_redacts_everywhere(tmp_path):
