@@ -123,7 +123,8 @@ class AppendLog:
                 pass
             self.close()
         self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        if os.fstat(self._fd).st_size == 0:  # just created (or empty): as its folder says, see mode_for
+        info = os.fstat(self._fd)
+        if info.st_size == 0 and info.st_uid == os.getuid():  # just created: as its folder says (mode_for)
             os.fchmod(self._fd, mode_for(self.path.parent))
         return self._fd
 
