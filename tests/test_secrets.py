@@ -88,6 +88,7 @@ def test_a_key_cut_in_half_by_the_length_limit_is_still_redacted():
 
 def run(ws: Path, *args: str) -> str:
     done = subprocess.run([*CLI, "-w", str(ws), *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, (args, done.stderr)
     return done.stdout + done.stderr
 
 
@@ -117,12 +118,13 @@ def test_a_team_whose_provider_echoes_its_key_writes_it_nowhere_and_prints_it_no
             assert "Incorrect API key provided: [redacted]" in json.dumps(failed)
             outputs = {args: run(ws, *args) for args in (
                 ("board", "--json"), ("board",), ("task", "show", task["id"], "--json"), ("task", "list", "--json"),
-                ("status", "--json"), ("usage", "--json"), ("logs", "--lines", "200"), ("doctor", "--json"))}
+                ("status", "--json"), ("usage", "--json"), ("logs", "-n", "200"), ("doctor", "--json"))}
             llm_calls = (ws / "runs" / "thinker" / "llm_calls.jsonl").read_text()
             assert llm_calls.count("[redacted]") >= 4, llm_calls
         finally:
             proc.terminate()
             up_output = proc.communicate(timeout=30)[0].decode()
+    assert "working on" in outputs[("logs", "-n", "200")], "the agent's log was shown"
     for args, text in outputs.items():
         assert FILE_KEY not in text and SHELL_KEY not in text, f"`{' '.join(args)}` printed a key"
     assert FILE_KEY not in up_output and SHELL_KEY not in up_output, "`up` printed a key"
