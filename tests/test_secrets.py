@@ -190,3 +190,19 @@ def test_a_new_workspace_keeps_its_keys_and_state_out_of_git(tmp_path):
     (ws / ".gitignore").write_text("mine\n")
     subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
     assert (ws / ".gitignore").read_text() == "mine\n", "a workspace's own .gitignore is kept"
+
+
+def test_an_agent_prints_no_key_to_its_log(tmp_path):
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    workdir = ws / "runs" / "agent"
+    workdir.mkdir()
+    # Its name carries the key, as anything it prints might: its log (stdout) must not.
+    config = {"name": f"agent-{SHELL_KEY}", "orphan_grace": 0.5, "heartbeat_timeout": 1}
+    env = {**os.environ, "HERMES_SUP_AGENT": json.dumps(config), "HERMES_SUP_WORKSPACE": str(ws),
+           "OPENAI_API_KEY": SHELL_KEY}
+    done = subprocess.run([*CLI[:1], "-P", "-m", "hermes_sup.agents", "run"], cwd=workdir, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "agent-[redacted]: ready" in done.stdout and "no supervisor" in done.stdout, done.stdout
+    assert SHELL_KEY not in done.stdout + done.stderr
