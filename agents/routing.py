@@ -32,13 +32,6 @@ KEYED = (
 )
 LOCAL_PORTS = ((11434, "ollama"), (1234, "lm-studio"), (8000, "vllm"), (8080, "llama.cpp"))
 PROBE_TIMEOUT = 0.3
-AUTO_PORTS_ENV = "HERMES_SUP_AUTO_PORTS"
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
-# /proc/net/tcp{,6} addresses a connection to 127.0.0.1 reaches: 127.0.0.1 and 0.0.0.0; ::, ::1
-# and ::ffff:127.0.0.1 (in the kernel's byte order, as the files spell them).
-_REACHABLE = frozenset({"0100007F", "00000000", "00000000000000000000000000000000",
-                        "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"})
-_LISTEN = "0A"
 
 
 def probe_models(base_url: str, timeout: float = PROBE_TIMEOUT) -> list[str] | None:
@@ -50,6 +43,58 @@ def probe_models(base_url: str, timeout: float = PROBE_TIMEOUT) -> list[str] | N
         return None
     models = data.get("data") if isinstance(data, dict) else None
     return [str(m.get("id")) for m in models if isinstance(m, dict) and m.get("id")] if isinstance(models, list) else []
+
+
+def resolve_auto(env: Mapping[str, str], probe: Callable[[str], list[str] | None] = probe_models,
+                 host: str = "127.0.0.1", ports: tuple[tuple[int, str], ...] | None = None, *,
+                 owners: Callable[[int], set[int] | None] | None = None, uid: int | None = None,
+                 configured: Iterable[int] = (), config: Mapping[str, Any] | None = None,
+                 notes: list[str] | None = None) -> ProviderConfig | None:
+    """The provider `auto` stands for. A local server is taken only if it runs as `uid` (ours) or
+    its port is `configured` (or named by a provider of `config`, hermes.yaml). `notes`, when given,
+    receives a line per server passed over and, last, what auto settled on (see describe): what the
+    agent logs and doctor shows."""
+    ports = auto_ports(env) if ports is None else ports
+    passed_over: list[str] = []
+    found = _resolve(env, probe, host, ports, owners or listening_owners, os.getuid() if uid is None else uid,
+                     frozenset(configured) | configured_ports(config or {}), passed_over)
+    if notes is not None:
+        notes += [*passed_over, describe(found, ports)]
+    return found
+
+
+def _resolve(env: Mapping[str, str], probe: Callable[[str], list[str] | None], host: str,
+             ports: tuple[tuple[int, str], ...], owners: Callable[[int], set[int] | None], our_uid: int,
+             configured: frozenset[int], notes: list[str]) -> ProviderConfig | None:
+    for variable, kind, base_url, model in KEYED:
+        if env.get(variable):
+            return ProviderConfig(name=f"auto:{kind if not base_url else 'openrouter'}", kind=kind, model=model,
+                                  base_url=base_url, api_key_env=variable)
+    for port, server in ports:
+        running = owners(port)
+        if running is not None and not running:
+            continue  # nothing listens there: no need to ask
+        why = refusal(port, running, our_uid, configured)
+        if why is not None:
+            notes.append(why)
+            continue
+        base_url = f"http://{host}:{port}/v1"
+        models = probe(base_url)
+        if models is not None:
+            return ProviderConfig(name=f"auto:{server}", kind="openai", model=models[0] if models else "default",
+                                  base_url=base_url)
+    return None
+
+
+# -- which local servers auto may use ------------------------------------------------------------
+
+AUTO_PORTS_ENV = "HERMES_SUP_AUTO_PORTS"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+# /proc/net/tcp{,6} addresses a connection to 127.0.0.1 reaches: 127.0.0.1 and 0.0.0.0; ::, ::1
+# and ::ffff:127.0.0.1 (in the kernel's byte order, as the files spell them).
+_REACHABLE = frozenset({"0100007F", "00000000", "00000000000000000000000000000000",
+                        "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"})
+_LISTEN = "0A"
 
 
 def auto_ports(env: Mapping[str, str]) -> tuple[tuple[int, str], ...]:
@@ -120,40 +165,13 @@ def configured_ports(config: Mapping[str, Any]) -> frozenset[int]:
     return frozenset(ports)
 
 
-def describe(found: ProviderConfig | None) -> str:
+def describe(found: ProviderConfig | None, ports: tuple[tuple[int, str], ...] = LOCAL_PORTS) -> str:
     """What `auto` settled on, for the agent's log and doctor, without the key itself (pure)."""
     if found is None:
-        return "auto is offline: no API key, and no local server of this user"
+        probed = ", ".join(str(port) for port, _ in ports) or "none"
+        return f"auto is offline: no API key, and no local server of this user on ports {probed}"
     where = f"key in ${found.api_key_env}" if found.api_key_env else f"server at {found.base_url}"
     return f"auto uses {found.name}, model {found.model} ({where})"
-
-
-def resolve_auto(env: Mapping[str, str], probe: Callable[[str], list[str] | None] = probe_models,
-                 host: str = "127.0.0.1", ports: tuple[tuple[int, str], ...] | None = None, *,
-                 owners: Callable[[int], set[int] | None] = listening_owners, uid: int | None = None,
-                 configured: Iterable[int] = (), notes: list[str] | None = None) -> ProviderConfig | None:
-    """The provider `auto` stands for; why a server was passed over goes to `notes`."""
-    for variable, kind, base_url, model in KEYED:
-        if env.get(variable):
-            return ProviderConfig(name=f"auto:{kind if not base_url else 'openrouter'}", kind=kind, model=model,
-                                  base_url=base_url, api_key_env=variable)
-    our_uid = os.getuid() if uid is None else uid
-    configured = frozenset(configured)
-    for port, server in auto_ports(env) if ports is None else ports:
-        running = owners(port)
-        if running is not None and not running:
-            continue  # nothing listens there: no need to ask
-        why = refusal(port, running, our_uid, configured)
-        if why is not None:
-            if notes is not None:
-                notes.append(why)
-            continue
-        base_url = f"http://{host}:{port}/v1"
-        models = probe(base_url)
-        if models is not None:
-            return ProviderConfig(name=f"auto:{server}", kind="openai", model=models[0] if models else "default",
-                                  base_url=base_url)
-    return None
 
 
 def provider_configs(config: Mapping[str, Any]) -> dict[str, ProviderConfig]:

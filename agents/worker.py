@@ -29,7 +29,7 @@ from .loop import TaskLoop
 from .memory import MemoryFile
 from .notify import NOTIFY_ENV, Notifier
 from .providers import Provider, ProviderConfig, ProviderError, complete_with_fallback, make_provider
-from .routing import chain_for, configured_ports, describe, resolve_auto, task_tier
+from .routing import chain_for, resolve_auto, task_tier
 from .skills import Skills, prompt_block
 from .steps import StepRun
 from .tools import DEFAULT_CAPABILITIES, Toolbox, ToolContext, ToolError
@@ -157,9 +157,8 @@ class Agent:
         # started later is found within a minute, without restarting the team).
         now = time.monotonic()
         if self._auto is None or now - self._auto[0] > 60:
-            notes: list[str] = []
-            found = resolve_auto(os.environ, configured=configured_ports(self.llm), notes=notes)
-            said = [describe(found), *notes]
+            said: list[str] = []
+            found = resolve_auto(os.environ, config=self.llm, notes=said)
             if said != self._auto_said:  # which server auto adopted, or passed over, once per change
                 self._auto_said = said
                 for line in said:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hermes_sup.agents.keys import AUTO_KEYS, ENV_FILE, KeyFile, key_names
-from hermes_sup.agents.routing import AUTO_PORTS_ENV, auto_ports, configured_ports, provider_configs, resolve_auto
+from hermes_sup.agents.routing import provider_configs, resolve_auto
 from hermes_sup.kanban import Board, BoardError
 from hermes_sup.kanban.board import ALLOW_NETWORK_FS_ENV
 from hermes_sup.kanban.events import read_all
@@ -66,17 +66,15 @@ def run_checks(ws: Workspace) -> list[Check]:
     exposed = env_file_exposure(ws.root / ENV_FILE)
     if exposed:
         checks.append(_check("key file", "warn", exposed))
-    notes: list[str] = []
-    found = resolve_auto(env, configured=configured_ports(config), notes=notes)
+    said: list[str] = []  # the servers auto passed over, then what it settled on
+    found = resolve_auto(env, config=config, notes=said)
     if found is None:
-        ports = (", ".join(str(port) for port, _ in auto_ports(env))
-                 or f"none (${AUTO_PORTS_ENV}={env.get(AUTO_PORTS_ENV)!r})")
-        checks.append(_check("provider auto", "warn", f"offline: no API key and no local server of this user on "
-                             f"ports {ports}; only tasks with steps will run"))
+        checks.append(_check("provider auto", "warn", said[-1].replace("auto is offline", "offline", 1)
+                             + "; only tasks with steps will run"))
     else:
         where = f"key in ${found.api_key_env}" if found.api_key_env else f"server at {found.base_url}"
         checks.append(_check("provider auto", "ok", f"{found.name}: {found.kind}, model {found.model} ({where})"))
-    for note in notes:
+    for note in said[:-1]:
         checks.append(_check("auto passed over", "warn", note))
     for name, provider in provider_configs(config).items():
         if provider.api_key_env and not env.get(provider.api_key_env):

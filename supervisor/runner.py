@@ -122,15 +122,14 @@ class Supervisor:
             self.say(f"{child.spec.name}: still running as pid {child.pid}; not starting another")
             return
         spec = child.spec
-        private_dir(spec.workdir)
+        spec.workdir.mkdir(parents=True, exist_ok=True)
         env = {
             **os.environ, **dict(spec.env),
             AGENT_ENV: json.dumps(spec.agent_config()), WORKSPACE_ENV: str(self.ws.root),
             NOTIFY_ENV: str(self.notify_path), "PYTHONUNBUFFERED": "1",
         }
         # The agent writes to its own log file, never to a pipe we must drain.
-        log_fd = os.open(spec.workdir / "agent.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        with os.fdopen(log_fd, "ab") as log:
+        with open(spec.workdir / "agent.log", "ab") as log:
             child.proc = subprocess.Popen(
                 spec.argv, cwd=spec.workdir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, close_fds=True,

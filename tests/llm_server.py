@@ -3,12 +3,10 @@ it (base_url), so their HTTP stack runs for real. It speaks /v1/chat/completions
 /v1/models, answers each request with the next scripted reply for that API, and records requests.
 
 A reply is a dict: {"json": body} (200 with that body), {"status": 429, "headers": {...}, "json": ...},
-{"delay": seconds, ...} (answer late, to trigger a client timeout), {"close": True} (drop the
-connection), or {"echo_key": True, ...} (every "{key}" in the body becomes the key the request
-carried, as a server that quotes a bad key back does). A request with "stream": true gets a 200
-reply as server-sent events, cut the way the real APIs cut them (text in small pieces, tool
-arguments in fragments, usage at the end); {"stall": seconds} then pauses after the first event,
-to time out mid-stream.
+{"delay": seconds, ...} (answer late, to trigger a client timeout), or {"close": True} (drop the
+connection). A request with "stream": true gets a 200 reply as server-sent events, cut the way the
+real APIs cut them (text in small pieces, tool arguments in fragments, usage at the end);
+{"stall": seconds} then pauses after the first event, to time out mid-stream.
 """
 
 from __future__ import annotations
@@ -160,6 +158,8 @@ class ScriptedLLM:
                     self.close_connection = True
                     self.connection.close()
                     return
+                # {"echo_key": True, ...}: every "{key}" in the body becomes the key the request
+                # carried, as a server that quotes a bad key back does.
                 if reply.get("echo_key"):
                     sent = self.headers.get("x-api-key") or (self.headers.get("authorization") or "").removeprefix(
                         "Bearer ")

@@ -130,9 +130,15 @@ def test_auto_passes_over_a_server_of_another_user_unless_hermes_yaml_names_it(n
 
     assert resolve_auto({AUTO_PORTS_ENV: str(port)}, probe, notes=notes) is None
     assert probed == [], "not even asked: a probe already tells the server we are here"
-    assert len(notes) == 1 and f"port {port}" in notes[0] and f"uid {uid}" in notes[0]
+    assert len(notes) == 2 and f"port {port}" in notes[0] and f"uid {uid}" in notes[0]
+    assert notes[1] == f"auto is offline: no API key, and no local server of this user on ports {port}"
     found = resolve_auto({AUTO_PORTS_ENV: str(port)}, configured={port})
     assert found is not None and found.model == "someone-elses-model"
+    config = {"providers": {"theirs": {"kind": "openai", "model": "m", "base_url": f"http://localhost:{port}/v1"}}}
+    notes.clear()
+    found = resolve_auto({AUTO_PORTS_ENV: str(port)}, config=config, notes=notes)
+    assert found.model == "someone-elses-model" and notes == [
+        f"auto uses auto:local, model someone-elses-model (server at http://127.0.0.1:{port}/v1)"]
 
 
 def doctor(ws: Path, **env: str) -> dict[str, list[dict]]:
