@@ -92,9 +92,18 @@ def run(ws: Path, *args: str) -> str:
     return done.stdout + done.stderr
 
 
+def failed_calls(ws: Path) -> list[dict]:
+    try:
+        lines = (ws / "runs" / "thinker" / "llm_calls.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    return [record for record in map(json.loads, lines) if record.get("error")]
+
+
 def test_a_team_whose_provider_echoes_its_key_writes_it_nowhere_and_prints_it_nowhere(tmp_path):
-    # Each provider gets a server error (retried), then a bad-key answer (the next provider); the
-    # task is tried again a few times. Every answer quotes the key.
+    # Each provider gets a server error (retried), then a bad-key answer (the next provider), and
+    # every answer quotes the key. Whether the task then fails or waits for a person to fix the key
+    # is not what this test is about: the key must be in no file and no output either way.
     statuses = itertools.cycle([500, 401])
     with ScriptedLLM(lambda api, body: echo(next(statuses))) as llm:
         ws = tmp_path / "ws"
@@ -111,16 +120,13 @@ def test_a_team_whose_provider_echoes_its_key_writes_it_nowhere_and_prints_it_no
         proc = subprocess.Popen([*CLI, "-w", str(ws), "up"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 cwd=ROOT, env=env)
         try:
-            board = Board(ws / "kanban")
-            failed = wait_until(lambda: (d := board.get(task["id"]))["status"] == "failed" and d, timeout=60)
+            wait_until(lambda: len(failed_calls(ws)) >= 4, timeout=60)
             sent = [r["headers"]["authorization"] for r in llm.requests]
             assert sent[:4] == [f"Bearer {FILE_KEY}"] * 2 + [f"Bearer {SHELL_KEY}"] * 2, "each key was sent, and echoed"
-            assert "Incorrect API key provided: [redacted]" in json.dumps(failed)
+            assert all("Incorrect API key provided: [redacted]" in r["error"] for r in failed_calls(ws)[:4])
             outputs = {args: run(ws, *args) for args in (
                 ("board", "--json"), ("board",), ("task", "show", task["id"], "--json"), ("task", "list", "--json"),
                 ("status", "--json"), ("usage", "--json"), ("logs", "-n", "200"), ("doctor", "--json"))}
-            llm_calls = (ws / "runs" / "thinker" / "llm_calls.jsonl").read_text()
-            assert llm_calls.count("[redacted]") >= 4, llm_calls
         finally:
             proc.terminate()
             up_output = proc.communicate(timeout=30)[0].decode()
