@@ -2,10 +2,9 @@
 
 Modules: `task` (schema, validation, pure transitions), `parse` (dropped files to fields),
 `drops` (drop zones and when a file is finished), `index` (in-process claim index),
-`events` (events.jsonl), `fsio` (atomic writes), `redact` (keys out of what is written),
-`lock` (the board's flock), `liveness` (is a claim's holder alive), `fsinfo` (filesystem type,
-inotify limits), `watch` (watchdog wake-ups), `store` (the protocol a board backend implements),
-`board` (the filesystem backend).
+`events` (events.jsonl), `fsio` (atomic writes), `lock` (the board's flock), `liveness` (is a
+claim's holder alive), `fsinfo` (filesystem type, inotify limits), `watch` (watchdog wake-ups),
+`store` (the protocol a board backend implements), `board` (the filesystem backend).
 
 Imports only the standard library, watchdog, psutil and pyyaml; never `supervisor`
 or `agents`.

@@ -42,7 +42,6 @@ from .fsio import (
     tmp_path_for,
     tmp_writer_pid,
     unique_path,
-    write_atomic,
     write_json_atomic,
     write_temp,
 )
@@ -95,9 +94,6 @@ def _reservation_done(task_id: str) -> None:
         if _RESERVED[task_id] <= 0:
             del _RESERVED[task_id]
 ALLOW_NETWORK_FS_ENV = "HERMES_SUP_ALLOW_NETWORK_FS"
-# The board's folders: readable by the team's humans, writable by its owner alone, whatever the
-# umask (000 would let anyone on the machine drop, move or delete tasks). A narrower umask narrows it.
-BOARD_DIR_MODE = 0o755
 
 
 class BoardError(Exception):
@@ -161,7 +157,7 @@ class Board:
         if not self.root.is_dir():
             if not create:
                 raise BoardError(f"no board at {self.root}")
-            self.root.mkdir(parents=True, mode=BOARD_DIR_MODE)
+            self.root.mkdir(parents=True, mode=0o755)  # see _ensure_layout
         mount = fsinfo.filesystem_of(self.root)
         self.fs_type = mount.fstype if mount else "unknown"
         self.network_fs = fsinfo.is_network(self.fs_type)
@@ -199,7 +195,9 @@ class Board:
             folder = self.root / name
             if folder.is_dir():
                 continue
-            folder.mkdir(exist_ok=True, mode=BOARD_DIR_MODE)
+            # Readable by the team's humans, writable by the board's owner alone whatever the umask
+            # (000 would let anyone on the machine drop, move or delete tasks); a narrower umask narrows it.
+            folder.mkdir(exist_ok=True, mode=0o755)
             if existing and name in STATUSES:
                 # Never silently: a status folder that vanished took its tasks with it.
                 note = f"status folder {name}/ was missing and has been recreated empty"
@@ -488,7 +486,7 @@ class Board:
         note = (f"{folder}/{path.name} was found damaged on {now_iso()}: {reason}\n"
                 f"It was moved here untouched; every other task stayed where it was. Repair it and move it "
                 f"back into {folder}/ if it is still wanted.\n")
-        write_atomic(dest.parent / f"{dest.name}.error.txt", note.encode(), fsync=False)
+        (dest.parent / f"{dest.name}.error.txt").write_text(note)
         os.rename(path, dest)
         self.problems.append(f"{folder}/{path.name} was damaged ({reason}); moved to rejected/{dest.name}")
         self._log.append(event(now_iso(), path.stem, folder, "rejected", "board", f"damaged: {reason}"))
@@ -584,9 +582,9 @@ class Board:
     def _reject(self, path: Path, reason: str, report: IngestReport) -> None:
         rel = str(path.relative_to(self.root))
         dest = unique_path(self.root / "rejected", path.name)
-        write_atomic(dest.parent / f"{dest.name}.error.txt",
-                     f"{rel} was rejected on {now_iso()}: {reason}\nFix the file and drop it into inbox/ again.\n"
-                     .encode(), fsync=False)
+        (dest.parent / f"{dest.name}.error.txt").write_text(
+            f"{rel} was rejected on {now_iso()}: {reason}\nFix the file and drop it into inbox/ again.\n"
+        )
         os.rename(path, dest)
         self.watcher.forget(path)
         self._log.append(event(now_iso(), path.name, "inbox", "rejected", "ingest", reason))

@@ -3,10 +3,6 @@
 A document is written to a hidden temp file beside its destination, fsync'd, and renamed over it,
 so a reader sees the old bytes or the new ones, never a mix; a process killed half-way leaves only
 a hidden temp file, which the board's recovery sweeps away.
-
-A file takes its permissions from its folder, whatever the writer's umask: readable by whoever may
-read the folder, never writable by anyone but its owner (`mode_for`). The board's folders are
-0755 by default, so a team's humans can read it; an agent's state under runs/ (0700) stays private.
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from .redact import scrub
+from .redact import scrub, scrub_bytes
 
 TMP_SUFFIX = ".tmp"
 
@@ -39,23 +35,14 @@ def tmp_writer_pid(name: str) -> int | None:
 def dumps(doc: Any) -> bytes:
     # One line, not indented: with indent set, json falls back from its C encoder to pure Python,
     # several times slower on the claim path. `hermes-sup task show` is the readable view.
-    # Every document goes out without a known key: a provider's error echoing one ends up in a task.
-    return (scrub(json.dumps(doc, ensure_ascii=False, separators=(", ", ": "))) + "\n").encode("utf-8")
-
-
-def mode_for(folder: Path) -> int:
-    """The mode of a file written in `folder`: the folder's read bits, and write for the owner only
-    (0755 gives 0644, 0700 gives 0600, a world-writable 0777 still 0644)."""
-    try:
-        return stat.S_IMODE(os.stat(folder).st_mode) & 0o644 | 0o600
-    except OSError:
-        return 0o600
+    return (json.dumps(doc, ensure_ascii=False, separators=(", ", ": ")) + "\n").encode("utf-8")
 
 
 def write_temp(dest: Path, data: bytes, *, fsync: bool = True) -> Path:
     """Write `data` to a new hidden temp file beside `dest` and return its path; the caller renames
     it into place (under the board lock) or unlinks it."""
     tmp = tmp_path_for(dest)
+    data = scrub_bytes(data)  # no key this process knows reaches a file: a task's error, a transcript
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         os.fchmod(fd, mode_for(dest.parent))  # not the umask's say: 000 would make it world-writable
@@ -122,16 +109,16 @@ class AppendLog:
             except FileNotFoundError:
                 pass
             self.close()
-        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        info = os.fstat(self._fd)
-        if info.st_size == 0 and info.st_uid == os.getuid():  # just created: as its folder says (mode_for)
-            os.fchmod(self._fd, mode_for(self.path.parent))
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         return self._fd
 
     def append(self, record: dict[str, Any]) -> None:
         line = scrub(json.dumps(record, ensure_ascii=False, separators=(",", ":"))) + "\n"
         fd = self._descriptor()
-        size = os.fstat(fd).st_size
+        info = os.fstat(fd)
+        size = info.st_size
+        if not size and info.st_uid == os.getuid():  # just created: as its folder says (mode_for)
+            os.fchmod(fd, mode_for(self.path.parent))
         if size and os.pread(fd, 1, size - 1) != b"\n":
             line = "\n" + line
         os.write(fd, line.encode("utf-8"))
@@ -172,3 +159,14 @@ def unique_path(folder: Path, name: str) -> Path:
         candidate = folder / f"{stem}-{index}{dot}{ext}"
         index += 1
     return candidate
+
+
+def mode_for(folder: Path) -> int:
+    """The mode of a file the board (or an agent) writes in `folder`, whatever the writer's umask:
+    the folder's read bits, and write for the owner only (0755 gives 0644, 0700 gives 0600, a
+    world-writable 0777 still 0644). The board's folders are 0755, so a team's humans can read it;
+    an agent's state under runs/ (0700) stays private."""
+    try:
+        return stat.S_IMODE(os.stat(folder).st_mode) & 0o644 | 0o600
+    except OSError:
+        return 0o600

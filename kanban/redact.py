@@ -61,6 +61,18 @@ def scrub(text: str) -> str:
     return redact(text, secrets)
 
 
+def scrub_bytes(data: bytes) -> bytes:
+    """`data` (a file's bytes, in UTF-8 or not) without any key value this process knows."""
+    secrets = _known
+    if not secrets:
+        return data
+    mark = MARK.encode()
+    for secret in secrets:  # longest first (see remember)
+        for form in _forms(secret):
+            data = data.replace(form.encode("utf-8", "surrogateescape"), mark)
+    return data
+
+
 class ScrubbingStream:
     """A text stream (sys.stdout, sys.stderr) whose writes go out scrubbed: an agent's log is a
     file on disk like any other. Each write is scrubbed whole; print() hands over each argument in

@@ -6,7 +6,6 @@ Config errors name the file and line, because a person has to go and fix them.
 from __future__ import annotations
 
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -328,9 +327,9 @@ def private_dir(path: Path) -> None:
     """Create `path` as 0700, or narrow an existing one to its owner (a workspace made before
     runs/ was private, or under a loose umask)."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    mode = stat.S_IMODE(path.stat().st_mode)
+    mode = path.stat().st_mode & 0o7777
     if mode & 0o077:
-        path.chmod(mode & 0o700)
+        path.chmod(mode & 0o7700)
 
 
 def keep_out_of_git(root: Path) -> list[str]:

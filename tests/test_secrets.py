@@ -16,7 +16,7 @@ from hermes_sup.agents.journal import Journal
 from hermes_sup.agents.keys import KeyFile
 from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig, ProviderError, complete_with_fallback
 from hermes_sup.kanban import Board, redact
-from hermes_sup.kanban.fsio import AppendLog, dumps
+from hermes_sup.kanban.fsio import AppendLog, write_atomic, write_json_atomic
 
 from .conftest import CLI, wait_until
 from .llm_server import ScriptedLLM, error_reply
@@ -51,9 +51,12 @@ def test_what_the_process_knows_is_scrubbed_from_journals_task_documents_and_the
     log = AppendLog(tmp_path / "events.jsonl")
     log.append({"reason": f"failed: {FILE_KEY}"})
     log.close()
-    written = (tmp_path / "t.jsonl").read_text() + (tmp_path / "events.jsonl").read_text() + dumps(
-        {"error": SHELL_KEY}).decode()
-    assert SHELL_KEY not in written and FILE_KEY not in written and written.count("[redacted]") == 4
+    write_json_atomic(tmp_path / "task.json", {"error": SHELL_KEY})  # a task document, state.json
+    write_atomic(tmp_path / "notes.bin", b"\xff\xfe not UTF-8, then " + FILE_KEY.encode())  # any file
+    written = b"".join((tmp_path / name).read_bytes() for name in ("t.jsonl", "events.jsonl", "task.json",
+                                                                    "notes.bin"))
+    assert SHELL_KEY.encode() not in written and FILE_KEY.encode() not in written
+    assert written.count(b"[redacted]") == 5
     stream = io.StringIO()
     print(f"lost a task: bad key {SHELL_KEY}", file=redact.ScrubbingStream(stream), flush=True)
     assert stream.getvalue() == "lost a task: bad key [redacted]\n", "what an agent prints, to its log"
