@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hermes_sup.kanban.redact import scrub
 from hermes_sup.kanban.task import now_iso
 
 
@@ -24,14 +25,17 @@ class Read:
 class Journal:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Transcripts and logs hold what the model and the tools saw: the agent's user's alone.
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._fd: int | None = None
 
     def append(self, record: dict[str, Any]) -> None:
         if self._fd is None:
             self.repair()
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        os.write(self._fd, (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8"))
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # A transcript holds what providers and tools said, an echoed key included: never on disk.
+        line = scrub(json.dumps(record, ensure_ascii=False, separators=(",", ":")))
+        os.write(self._fd, (line + "\n").encode("utf-8"))
 
     def close(self) -> None:
         if self._fd is not None:
@@ -81,7 +85,9 @@ class Journal:
                 if cut == len(data):
                     return []
                 torn = data[cut:]
-                with open(self.path.with_name(self.path.name + ".damaged"), "ab") as damaged:
+                damaged_path = self.path.with_name(self.path.name + ".damaged")
+                flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+                with os.fdopen(os.open(damaged_path, flags, 0o600), "ab") as damaged:
                     damaged.write(f"# {now_iso()}: torn last line of {self.path.name} set aside\n".encode())
                     damaged.write(torn + b"\n")
                 handle.truncate(cut)

@@ -2,7 +2,9 @@
 
 A variable set in the agent's own environment wins; the file only fills in the variables the
 providers name (`api_key_env`, and the ones `auto` looks for), nothing else (not PATH, say). The
-agent reads the file again whenever it looks for a provider and the file changed.
+agent reads the file again whenever it looks for a provider and the file changed. Every value
+of those variables, from either place, is handed to kanban.redact, so no file or log this process
+writes holds it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import re
 from collections.abc import Iterable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
+
+from hermes_sup.kanban.redact import remember
 
 from .routing import KEYED, provider_configs
 
@@ -49,6 +53,7 @@ class KeyFile:
         self.names = set(names)
         self.environ = environ
         self.fixed = {name for name in self.names if environ.get(name)}  # set by whoever started us
+        remember(environ[name] for name in self.fixed)
         self.mine: dict[str, str] = {}
         self._seen: tuple[int, int] | None = None
 
@@ -67,6 +72,7 @@ class KeyFile:
         except (OSError, UnicodeDecodeError):
             values = {}
         wanted = {k: v for k, v in values.items() if k in self.names and k not in self.fixed and v}
+        remember(wanted.values())
         changed = False
         for name in set(self.mine) - set(wanted):
             self.environ.pop(name, None)

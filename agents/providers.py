@@ -33,6 +33,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from hermes_sup.kanban.redact import known, redact, remember
+
 from .streams import assemble_anthropic, assemble_openai
 from .translate import Completion, Message, Usage, from_anthropic, from_openai, to_anthropic, to_openai
 
@@ -166,12 +168,19 @@ def _until(events: Iterable[Any], stop: threading.Event | None) -> Iterator[Any]
 def _key(config: ProviderConfig, default_env: str) -> str:
     if config.api_key:
         return config.api_key
-    value = os.environ.get(config.api_key_env or default_env, "")
-    # Local OpenAI-compatible servers need no key, but the SDK insists on one.
-    return value or "not-needed"
+    return os.environ.get(config.api_key_env or default_env, "")
 
 
-def _provider_error(sdk: Any, exc: Exception, provider: str) -> ProviderError:
+def _provider_error(sdk: Any, exc: Exception, provider: str, key: str = "") -> ProviderError:
+    """The SDK's exception as a ProviderError whose text holds no key: some servers echo the key
+    they were sent (an "invalid key sk-..." body), and the text goes to logs and the task."""
+    error = _sdk_error_text(sdk, exc, provider)
+    text = redact(str(error), (key, *known()))[:500]  # cut after redacting: never half a key
+    return ProviderError(error.kind, text, provider=error.provider, retry_after=error.retry_after,
+                         status=error.status)
+
+
+def _sdk_error_text(sdk: Any, exc: Exception, provider: str) -> ProviderError:
     # The anthropic SDK lets transport errors raised while a stream is read through unwrapped.
     transport = sys.modules.get("httpx2")
     if transport is not None and isinstance(exc, transport.TimeoutException):
@@ -194,18 +203,18 @@ def _provider_error(sdk: Any, exc: Exception, provider: str) -> ProviderError:
         kind = classify(exc.status_code, text)
         if kind == "misconfigured":
             text = f"{text[:300]}; {COOL_DOWN['misconfigured'].removeprefix('is misconfigured ')}"
-        return ProviderError(kind, f"{provider}: HTTP {exc.status_code} ({kind}): {text}"[:500], provider=provider,
+        return ProviderError(kind, f"{provider}: HTTP {exc.status_code} ({kind}): {text}", provider=provider,
                              retry_after=retry_after_seconds(exc.response.headers), status=exc.status_code)
     if isinstance(exc, sdk.APIError):  # the openai SDK's error for an `error` object inside a stream
         return _stream_provider_error(exc.body if exc.body is not None else {"message": str(exc)}, provider)
-    return ProviderError("bad_response", f"{provider}: {type(exc).__name__}: {exc}"[:500], provider=provider)
+    return ProviderError("bad_response", f"{provider}: {type(exc).__name__}: {exc}", provider=provider)
 
 
 def _stream_provider_error(body: Any, provider: str) -> ProviderError:
     status, text = stream_error(body, default=500)
     kind = classify(status, text)
-    return ProviderError(kind, f"{provider}: error in the stream ({kind}): {text}"[:500], provider=provider,
-                         status=status)
+    return ProviderError(kind, f"{provider}: error in the stream ({kind}): {text}", provider=provider,
+                         status=status)  # cut to size by _provider_error, after redacting
 
 
 class _SDKProvider:
@@ -222,11 +231,15 @@ class _SDKProvider:
         self._client: Any = None
         self._sdk: Any = None
         self.tool_choice = True  # sent with the tools until the server refuses it
+        self._secret = ""
 
     def _connect(self) -> Any:
         if self._client is None:
             self._sdk = importlib.import_module(self.module)  # lazy: anthropic alone takes a second
-            self._client = self._new_client(self._sdk, _key(self.config, self.key_env))
+            self._secret = _key(self.config, self.key_env)
+            remember((self._secret,))  # whatever key a provider sends is one no file or log may hold
+            # Local OpenAI-compatible servers need no key, but the SDK insists on one.
+            self._client = self._new_client(self._sdk, self._secret or "not-needed")
         return self._client
 
     def abort(self) -> None:
@@ -268,11 +281,12 @@ class _SDKProvider:
                                     "(the answer was cut off)", provider=self.config.name)
             return self._read(assembled)
         except (self._sdk_error(), *self._transport_errors()) as exc:
-            raise _provider_error(self._sdk, exc, self.config.name) from None
+            raise _provider_error(self._sdk, exc, self.config.name, self._secret) from None
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             # An answer in a shape no API gives (a hostile or broken server): its reason, not a crash.
-            raise ProviderError("bad_response", f"{self.config.name}: an answer that cannot be read "
-                                f"({type(exc).__name__}: {exc})"[:500], provider=self.config.name) from None
+            text = redact(f"{self.config.name}: an answer that cannot be read ({type(exc).__name__}: {exc})",
+                          (self._secret, *known()))[:500]
+            raise ProviderError("bad_response", text, provider=self.config.name) from None
 
     def _new_client(self, sdk: Any, key: str) -> Any:
         raise NotImplementedError
@@ -504,7 +518,7 @@ def complete_with_fallback(
                 except (ProviderError, InterruptedError):
                     raise
                 except Exception as exc:  # a provider's own bug: logged and classified, never the agent's crash
-                    raise ProviderError("bad_response", f"{name}: {type(exc).__name__}: {exc}"[:500],
+                    raise ProviderError("bad_response", redact(f"{name}: {type(exc).__name__}: {exc}", known())[:500],
                                         provider=name) from None
             except ProviderError as error:
                 if stop is not None and stop.is_set():

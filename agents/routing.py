@@ -5,14 +5,22 @@ local OpenAI-compatible server on its usual port (Ollama 11434, LM Studio 1234, 
 llama.cpp 8080, probed at /v1/models with a short timeout), and otherwise answers None: offline,
 where only tasks with `steps` can run. The decision is a pure function of the environment and the
 probe's answers.
+
+A port is probed only if the server listening there runs as our own user (its owner read from
+/proc/net/tcp): on a shared machine anyone can start a "model server" on 11434 and read every
+prompt sent to it. A server of another user is used only if hermes.yaml names it (a provider
+whose base_url is that port). `HERMES_SUP_AUTO_PORTS` (comma-separated; empty: none) replaces
+the list of ports.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
+import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .providers import ProviderConfig
@@ -57,18 +65,132 @@ def unreachable(config: ProviderConfig, timeout: float = REACH_TIMEOUT) -> str |
 
 
 def resolve_auto(env: Mapping[str, str], probe: Callable[[str], list[str] | None] = probe_models,
-                 host: str = "127.0.0.1", ports: tuple[tuple[int, str], ...] = LOCAL_PORTS) -> ProviderConfig | None:
+                 host: str = "127.0.0.1", ports: tuple[tuple[int, str], ...] | None = None, *,
+                 owners: Callable[[int], set[int] | None] | None = None, uid: int | None = None,
+                 configured: Iterable[int] = (), config: Mapping[str, Any] | None = None,
+                 notes: list[str] | None = None) -> ProviderConfig | None:
+    """The provider `auto` stands for. A local server is taken only if it runs as `uid` (ours) or
+    its port is `configured` (or named by a provider of `config`, hermes.yaml). `notes`, when given,
+    receives a line per server passed over and, last, what auto settled on (see describe): what the
+    agent logs and doctor shows."""
+    ports = auto_ports(env) if ports is None else ports
+    passed_over: list[str] = []
+    found = _resolve(env, probe, host, ports, owners or listening_owners, os.getuid() if uid is None else uid,
+                     frozenset(configured) | configured_ports(config or {}), passed_over)
+    if notes is not None:
+        notes += [*passed_over, describe(found, ports)]
+    return found
+
+
+def _resolve(env: Mapping[str, str], probe: Callable[[str], list[str] | None], host: str,
+             ports: tuple[tuple[int, str], ...], owners: Callable[[int], set[int] | None], our_uid: int,
+             configured: frozenset[int], notes: list[str]) -> ProviderConfig | None:
     for variable, kind, base_url, model in KEYED:
         if env.get(variable):
             return ProviderConfig(name=f"auto:{kind if not base_url else 'openrouter'}", kind=kind, model=model,
                                   base_url=base_url, api_key_env=variable)
     for port, server in ports:
+        running = owners(port)
+        if running is not None and not running:
+            continue  # nothing listens there: no need to ask
+        why = refusal(port, running, our_uid, configured)
+        if why is not None:
+            notes.append(why)
+            continue
         base_url = f"http://{host}:{port}/v1"
         models = probe(base_url)
         if models is not None:
             return ProviderConfig(name=f"auto:{server}", kind="openai", model=models[0] if models else "default",
                                   base_url=base_url)
     return None
+
+
+# -- which local servers auto may use ------------------------------------------------------------
+
+AUTO_PORTS_ENV = "HERMES_SUP_AUTO_PORTS"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+# /proc/net/tcp{,6} addresses a connection to 127.0.0.1 reaches: 127.0.0.1 and 0.0.0.0; ::, ::1
+# and ::ffff:127.0.0.1 (in the kernel's byte order, as the files spell them).
+_REACHABLE = frozenset({"0100007F", "00000000", "00000000000000000000000000000000",
+                        "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"})
+_LISTEN = "0A"
+
+
+def auto_ports(env: Mapping[str, str]) -> tuple[tuple[int, str], ...]:
+    """The ports `auto` probes: LOCAL_PORTS, or those $HERMES_SUP_AUTO_PORTS lists (pure)."""
+    raw = env.get(AUTO_PORTS_ENV)
+    if raw is None:
+        return LOCAL_PORTS
+    names = dict(LOCAL_PORTS)
+    ports = [int(part) for part in raw.replace(" ", "").split(",") if part.isdigit() and 0 < int(part) < 65536]
+    return tuple((port, names.get(port, "local")) for port in ports)
+
+
+def listeners(table: str, port: int) -> set[int]:
+    """The uids owning the listening sockets of a /proc/net/tcp or tcp6 table that a connection to
+    127.0.0.1:`port` may reach (pure)."""
+    uids = set()
+    for line in table.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 8 or fields[3] != _LISTEN:
+            continue
+        address, _, hex_port = fields[1].rpartition(":")
+        try:
+            if int(hex_port, 16) == port and address.upper() in _REACHABLE:
+                uids.add(int(fields[7]))
+        except ValueError:
+            continue
+    return uids
+
+
+def listening_owners(port: int) -> set[int] | None:
+    """Who runs the server listening on 127.0.0.1:`port` (an empty set: nobody), or None where
+    the kernel's socket tables cannot be read (not Linux)."""
+    tables = []
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name, encoding="ascii", errors="replace") as handle:
+                tables.append(handle.read())
+        except OSError:
+            continue
+    if not tables:
+        return None
+    return set().union(*(listeners(table, port) for table in tables))
+
+
+def refusal(port: int, owners: set[int] | None, our_uid: int, configured: Iterable[int]) -> str | None:
+    """Why `auto` must not use the server listening on `port`, or None if it may: it runs as our
+    own user, or hermes.yaml names it (pure)."""
+    if port in set(configured) or owners == {our_uid}:
+        return None
+    if owners is None:
+        who = "its owner cannot be looked up here (no /proc/net/tcp)"
+    else:
+        who = f"it runs as uid {', '.join(str(uid) for uid in sorted(owners))}, not as this user (uid {our_uid})"
+    return (f"the server on port {port} was not used: {who}; name it in hermes.yaml (a provider with "
+            f"base_url http://127.0.0.1:{port}/v1) to use it anyway")
+
+
+def configured_ports(config: Mapping[str, Any]) -> frozenset[int]:
+    """The local ports the providers of hermes.yaml name in their base_url (pure)."""
+    ports = set()
+    for provider in provider_configs(config).values():
+        try:
+            url = urllib.parse.urlsplit(provider.base_url or "")
+            if url.hostname in LOOPBACK_HOSTS and url.port:
+                ports.add(url.port)
+        except ValueError:
+            continue
+    return frozenset(ports)
+
+
+def describe(found: ProviderConfig | None, ports: tuple[tuple[int, str], ...] = LOCAL_PORTS) -> str:
+    """What `auto` settled on, for the agent's log and doctor, without the key itself (pure)."""
+    if found is None:
+        probed = ", ".join(str(port) for port, _ in ports) or "none"
+        return f"auto is offline: no API key, and no local server of this user on ports {probed}"
+    where = f"key in ${found.api_key_env}" if found.api_key_env else f"server at {found.base_url}"
+    return f"auto uses {found.name}, model {found.model} ({where})"
 
 
 def provider_configs(config: Mapping[str, Any]) -> dict[str, ProviderConfig]:

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hermes_sup.kanban.redact import scrub
+
 CAPABILITIES = ("fs.read", "fs.write", "shell", "network", "memory", "delegate", "skills", "kanban")
 DEFAULT_CAPABILITIES = ("fs.read", "fs.write", "memory", "kanban")
 TOOL_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
@@ -231,7 +233,7 @@ class Toolbox:
         problem = args_problem(tool.parameters, args)
         if problem:
             raise Refused(f"refused: invalid arguments for {name}: {problem}")
-        return tool
+        return scrubbing(tool)  # what it returns or raises goes to the model and the logs: no key in it
 
     def call(self, ctx: ToolContext, name: str, args: Any) -> Any:
         """Check, then run. ToolError (Refused included) and NeedsPerson go to the caller; any other
@@ -251,3 +253,37 @@ def run_step(ctx: ToolContext, step: dict[str, Any], toolbox: Toolbox) -> Any:
     if not isinstance(step, dict):
         raise Refused("a step must be a mapping with 'tool' and 'args'")
     return toolbox.call(ctx, str(step.get("tool", "")), step.get("args") or {})
+
+
+# -- keys out of what tools hand back ---------------------------------------------------------------
+
+def scrubbed(value: Any) -> Any:
+    """A tool's result without any key this process knows: a `cat .env` in the terminal, or a file
+    read, must not hand the model (and through it a fetched URL) a key."""
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, dict):
+        return {key: scrubbed(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [scrubbed(item) for item in value]
+    return value
+
+
+def scrubbing(tool: Tool) -> Tool:
+    """`tool` whose results and errors are scrubbed (see scrubbed)."""
+    handler = tool.handler
+
+    def run(ctx: ToolContext, args: dict[str, Any]) -> Any:
+        try:
+            return scrubbed(handler(ctx, args))
+        except ToolError as exc:
+            text = scrub(str(exc))
+            if text != str(exc):
+                exc.args = (text,)
+            raise
+        except (NeedsPerson, InterruptedError):
+            raise
+        except Exception as exc:  # named as Toolbox.call names it, without the key its text may hold
+            raise ToolError(scrub(f"{tool.name} raised {type(exc).__name__}: {exc}")) from exc
+
+    return dataclasses.replace(tool, handler=run)

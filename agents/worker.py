@@ -103,6 +103,7 @@ class Agent:
         # (epoch seconds), and the reason they show meanwhile.
         self._paused: tuple[float, str] | None = None
         self._auto: tuple[float, ProviderConfig | None] | None = None
+        self._auto_said: list[str] = []
         self.keys = KeyFile(workspace / ENV_FILE, key_names(self.llm))
         self.step: int | None = None
         self.provider = "offline"
@@ -204,7 +205,13 @@ class Agent:
         # started later is found within a minute, without restarting the team).
         now = time.monotonic()
         if self._auto is None or now - self._auto[0] > 60:
-            self._auto = (now, resolve_auto(os.environ))
+            said: list[str] = []
+            found = resolve_auto(os.environ, config=self.llm, notes=said)
+            if said != self._auto_said:  # which server auto adopted, or passed over, once per change
+                self._auto_said = said
+                for line in said:
+                    print(f"{self.name}: {line}", flush=True)
+            self._auto = (now, found)
         return self._auto[1]
 
     def chain(self, tier: str) -> list[Provider]:

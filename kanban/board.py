@@ -128,7 +128,7 @@ class Board(IngestMixin):
         if not self.root.is_dir():
             if not create:
                 raise BoardError(f"no board at {self.root}")
-            self.root.mkdir(parents=True)
+            self.root.mkdir(parents=True, mode=0o755)  # see _ensure_layout
         mount = fsinfo.filesystem_of(self.root)
         self.fs_type = mount.fstype if mount else "unknown"
         self.network_fs = fsinfo.is_network(self.fs_type)
@@ -178,7 +178,9 @@ class Board(IngestMixin):
             folder = self.root / name
             if folder.is_dir():
                 continue
-            folder.mkdir(exist_ok=True)
+            # Readable by the team's humans, writable by the board's owner alone whatever the umask
+            # (000 would let anyone on the machine drop, move or delete tasks); a narrower umask narrows it.
+            folder.mkdir(exist_ok=True, mode=0o755)
             if existing and name in STATUSES:
                 # Never silently: a status folder that vanished took its tasks with it.
                 note = f"status folder {name}/ was missing and has been recreated empty"

@@ -16,6 +16,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from .redact import scrub, scrub_bytes
+
 TMP_SUFFIX = ".tmp"
 # Names the board makes from outside names stay this short: room under NAME_MAX (255 bytes) for a
 # task id before them and "-NN" and ".error.txt" after.
@@ -83,8 +85,10 @@ def write_temp(dest: Path, data: bytes, *, fsync: bool = True) -> Path:
     """Write `data` to a new hidden temp file beside `dest` and return its path; the caller renames
     it into place (under the board lock) or unlinks it."""
     tmp = tmp_path_for(dest)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    data = scrub_bytes(data)  # no key this process knows reaches a file: a task's error, a transcript
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
+        os.fchmod(fd, mode_for(dest.parent))  # not the umask's say: 000 would make it world-writable
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
@@ -155,9 +159,12 @@ class AppendLog:
         return self._fd
 
     def append(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
+        line = scrub(json.dumps(record, ensure_ascii=False, separators=(",", ":"))) + "\n"
         fd = self._descriptor()
-        size = os.fstat(fd).st_size
+        info = os.fstat(fd)
+        size = info.st_size
+        if not size and info.st_uid == os.getuid():  # just created: as its folder says (mode_for)
+            os.fchmod(fd, mode_for(self.path.parent))
         if size and os.pread(fd, 1, size - 1) != b"\n":
             line = "\n" + line
         os.write(fd, line.encode("utf-8", "backslashreplace"))
@@ -199,3 +206,14 @@ def unique_path(folder: Path, name: str, companions: tuple[str, ...] = ()) -> Pa
         candidate = folder / f"{stem}-{index}{dot}{ext}"
         index += 1
     return candidate
+
+
+def mode_for(folder: Path) -> int:
+    """The mode of a file the board (or an agent) writes in `folder`, whatever the writer's umask:
+    the folder's read bits, and write for the owner only (0755 gives 0644, 0700 gives 0600, a
+    world-writable 0777 still 0644). The board's folders are 0755, so a team's humans can read it;
+    an agent's state under runs/ (0700) stays private."""
+    try:
+        return stat.S_IMODE(os.stat(folder).st_mode) & 0o644 | 0o600
+    except OSError:
+        return 0o600

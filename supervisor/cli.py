@@ -37,7 +37,17 @@ from .runner import Supervisor, request, tree_rss_mb
 from .spec import build_specs
 from .sweep import LOCK_FILE, sweep
 from .usage import read_logs, summarize
-from .workspace import ConfigError, Workspace, find_workspace, load_config, scaffold
+from .workspace import (
+    PRIVATE_UMASK,
+    SHARED_UMASK,
+    ConfigError,
+    Workspace,
+    find_workspace,
+    keep_out_of_git,
+    load_config,
+    private_dir,
+    scaffold,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -128,6 +138,9 @@ def refreshed(board: Board) -> dict[str, Any]:
 @click.pass_context
 def main(ctx: click.Context, workspace: Path | None) -> None:
     """hermes-sup: keep a team of LLM agents alive around a shared Kanban board of files."""
+    # Nothing a command creates (hermes.yaml, the board's folders) is writable by others, even
+    # under umask 000; `up` narrows further (see there).
+    os.umask(os.umask(SHARED_UMASK) | SHARED_UMASK)
     ctx.ensure_object(dict)
     ctx.obj["workspace"] = workspace
 
@@ -149,6 +162,8 @@ def init(directory: Path | None, example: bool, as_json: bool) -> None:
         raise Failure(f"{root / 'hermes.yaml'} already exists; --example needs a folder without a team", 2)
     created = scaffold(root, example=example)
     Board(root / "kanban").close()
+    private_dir(root / "runs")
+    created += keep_out_of_git(root)
     if as_json:
         emit_json({"workspace": str(root), "created": created})
         return
@@ -412,7 +427,10 @@ def up(ctx: click.Context, detach: bool, agents_csv: str | None) -> None:
     ws = workspace_of(ctx)
     config = load_config(ws.config_path)
     only = _agents_option(ws, config, agents_csv)
-    ws.runs_path.mkdir(exist_ok=True)
+    # Whatever the supervisor and its agents create (logs, sockets, transcripts, a tool's files) is
+    # the user's alone; the board's files keep their folders' modes (see kanban/fsio.py).
+    os.umask(PRIVATE_UMASK)
+    private_dir(ws.runs_path)
     open_board(ctx).close()  # refuse a network filesystem before anything starts
     import filelock  # only `up` needs it; 30 ms of start-up for every other command
 

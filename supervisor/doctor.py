@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
+from pathlib import Path
 from typing import Any
 
 from hermes_sup.agents.keys import AUTO_KEYS, ENV_FILE, KeyFile, key_names
@@ -23,6 +25,21 @@ Check = dict[str, Any]
 
 def _check(name: str, level: str, detail: str) -> Check:
     return {"name": name, "level": level, "detail": detail}
+
+
+def env_file_exposure(path: Path) -> str | None:
+    """What is wrong with who may read the workspace's key file, or None (also when there is none)."""
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    mode = stat.S_IMODE(info.st_mode)
+    if info.st_uid != os.getuid():
+        return f"{path} belongs to uid {info.st_uid}, not to this user: whoever owns it chooses the team's keys"
+    if mode & 0o077:
+        return f"{path} holds API keys and other users may {'write' if mode & 0o022 else 'read'} it " \
+               f"(mode {mode:04o}); run: chmod 600 {path}"
+    return None
 
 
 def run_checks(ws: Workspace) -> list[Check]:
@@ -47,13 +64,19 @@ def run_checks(ws: Workspace) -> list[Check]:
          f"none of {', '.join(AUTO_KEYS)} is set; the auto provider will look for a local server, then run offline")
         + (f" ({', '.join(from_file)} from {ENV_FILE})" if from_file else ""),
     ))
-    found = resolve_auto(env)
+    exposed = env_file_exposure(ws.root / ENV_FILE)
+    if exposed:
+        checks.append(_check("key file", "warn", exposed))
+    said: list[str] = []  # the servers auto passed over, then what it settled on
+    found = resolve_auto(env, config=config, notes=said)
     if found is None:
-        checks.append(_check("provider auto", "warn", "offline: no API key and no local server on ports "
-                             "11434, 1234, 8000, 8080; only tasks with steps will run"))
+        checks.append(_check("provider auto", "warn", said[-1].replace("auto is offline", "offline", 1)
+                             + "; only tasks with steps will run"))
     else:
         where = f"key in ${found.api_key_env}" if found.api_key_env else f"server at {found.base_url}"
         checks.append(_check("provider auto", "ok", f"{found.name}: {found.kind}, model {found.model} ({where})"))
+    for note in said[:-1]:
+        checks.append(_check("auto passed over", "warn", note))
     for name, provider in provider_configs(config).items():
         if provider.api_key_env and not env.get(provider.api_key_env):
             checks.append(_check(f"provider {name}", "info",

@@ -35,7 +35,7 @@ from . import cgroups
 from .policy import RestartHistory, cleared, decide, describe_exit
 from .procs import MARKER_ENV, Marker, is_agent_process, marked, marker_value, new_marker, stop_all, strays
 from .spec import ChildSpec, build_specs, plan_reload
-from .workspace import ConfigError, Workspace, load_config
+from .workspace import ConfigError, Workspace, load_config, private_dir
 
 STATE_FILE = "supervisor.json"
 NOTIFY_SOCKET = "notify.sock"
@@ -100,7 +100,7 @@ class Supervisor:
     # -- set-up -----------------------------------------------------------------------------------
 
     def _bind(self) -> None:
-        self.runs.mkdir(exist_ok=True)
+        private_dir(self.runs)  # the sockets below: only the user may send to or command the team
         # Only the holder of the workspace's supervisor lock gets here, so old socket files are stale.
         self.notify_path = self.runs / NOTIFY_SOCKET
         self.notify_path.unlink(missing_ok=True)

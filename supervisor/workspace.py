@@ -500,3 +500,34 @@ def scaffold(root: Path, example: bool = False) -> list[str]:
                 target.write_bytes(task.read_bytes())
                 created.append(f"kanban/inbox/{task.name}")
     return created
+
+
+# -- who may read what ------------------------------------------------------------------------------
+# The supervisor's and the agents' state (runs/): transcripts, tool and LLM-call logs, memory, agent
+# logs and the control socket are the user's alone. Everything else (hermes.yaml, the board, skills)
+# is readable by others as far as the umask allows, and never writable by them: under umask 000,
+# anyone could otherwise rewrite hermes.yaml, whose agents' `command` runs as this user.
+PRIVATE_UMASK = 0o077
+SHARED_UMASK = 0o022  # the bits the command line always masks
+GITIGNORE = "# API keys, and what the agents saw and did: never committed\n.env\nruns/\n"
+
+
+def private_dir(path: Path) -> None:
+    """Create `path` as 0700, or narrow an existing one to its owner (a workspace made before
+    runs/ was private, or under a loose umask)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mode = path.stat().st_mode & 0o7777
+    if mode & 0o077:
+        path.chmod(mode & 0o7700)
+
+
+def keep_out_of_git(root: Path) -> list[str]:
+    """Write a .gitignore that keeps .env and runs/ out of git, unless the workspace has one: a
+    workspace kept in git must not publish its keys or transcripts. Returns what it created."""
+    try:
+        fd = os.open(root / ".gitignore", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    except FileExistsError:
+        return []
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(GITIGNORE)
+    return [".gitignore"]

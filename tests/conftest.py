@@ -51,6 +51,28 @@ def no_leftover_processes() -> Iterator[None]:
     _kill_tree(psutil.Process())
 
 
+# Variables that would hand a test a provider from outside the suite.
+KEY_SUFFIXES = ("_API_KEY",)
+
+
+@pytest.fixture(autouse=True)
+def hermetic(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test, and every process it starts, sees no API key from the machine and lets `auto`
+    probe no port: a model server someone runs on 8080, or a key in the shell, must not decide a
+    test. A test that wants either sets it (monkeypatch.setenv, HERMES_SUP_AUTO_PORTS=<port>). Nor
+    does a key an earlier test registered for redaction."""
+    from hermes_sup.agents.keys import AUTO_KEYS
+    from hermes_sup.agents.routing import AUTO_PORTS_ENV
+    from hermes_sup.kanban import redact
+
+    for name in list(os.environ):
+        if name.endswith(KEY_SUFFIXES) or name in AUTO_KEYS:
+            monkeypatch.delenv(name)
+    monkeypatch.setenv(AUTO_PORTS_ENV, "")
+    # The keys a test made this process redact are forgotten with the test (see kanban/redact.py).
+    monkeypatch.setattr(redact, "_known", ())
+
+
 @pytest.fixture
 def board(tmp_path: Path) -> Iterator[Board]:
     with Board(tmp_path / "kanban") as b:

@@ -154,10 +154,11 @@ def null_content(body: dict[str, Any]) -> int | None:
 
 class ScriptedLLM:
     """`responder(api, body) -> reply`, when given, answers every request instead of the scripts (a
-    team working many tasks at once needs answers by content, not by order)."""
+    team working many tasks at once needs answers by content, not by order). `port` 0 is any free
+    port; a given one raises OSError if it is taken."""
 
     def __init__(self, responder: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None,
-                 quirks: tuple[str, ...] = ()) -> None:
+                 quirks: tuple[str, ...] = (), *, port: int = 0) -> None:
         unknown = set(quirks) - set(QUIRKS)
         if unknown:
             raise ValueError(f"unknown quirks: {sorted(unknown)}")
@@ -214,6 +215,13 @@ class ScriptedLLM:
                     self.close_connection = True
                     self.connection.close()
                     return
+                # {"echo_key": True, ...}: every "{key}" in the body becomes the key the request
+                # carried, as a server that quotes a bad key back does.
+                if reply.get("echo_key"):
+                    sent = self.headers.get("x-api-key") or (self.headers.get("authorization") or "").removeprefix(
+                        "Bearer ")
+                    reply = {**reply, "json": json.loads(json.dumps(reply.get("json", {})).replace(
+                        "{key}", json.dumps(sent)[1:-1]))}
                 if body.get("stream") and reply.get("status", 200) == 200:
                     self._stream(api, reply, record)
                     return
@@ -289,7 +297,7 @@ class ScriptedLLM:
                 if not isinstance(sys.exc_info()[1], ConnectionError):
                     super().handle_error(request, client_address)
 
-        self.httpd = Server(("127.0.0.1", 0), Handler)
+        self.httpd = Server(("127.0.0.1", port), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
-from hermes_sup.agents.routing import chain_for, probe_models, resolve_auto, task_tier
+import dataclasses
+import os
+
+from hermes_sup.agents.routing import (
+    AUTO_PORTS_ENV,
+    LOCAL_PORTS,
+    auto_ports,
+    chain_for,
+    describe,
+    probe_models,
+    resolve_auto,
+    task_tier,
+)
 
 from .llm_server import ScriptedLLM
 
 NOTHING = lambda url: None  # noqa: E731 - a probe that finds no server
+OURS = lambda port: {os.getuid()}  # noqa: E731 - every port has a server of ours
 
 
 def test_keys_come_first_in_order():
@@ -15,7 +28,11 @@ def test_keys_come_first_in_order():
     assert (found.kind, found.api_key_env) == ("anthropic", "ANTHROPIC_API_KEY")
     found = resolve_auto({"OPENROUTER_API_KEY": "sk-or-SECRET-123"}, NOTHING)
     assert found.kind == "openai" and found.base_url == "https://openrouter.ai/api/v1"
-    assert "SECRET" not in repr(found), "the config names the variable; the key itself stays in the environment"
+    # repr() hides api_key (repr=False), so it cannot tell: every field is looked at.
+    fields = dataclasses.asdict(found)
+    assert found.api_key is None and not any("SECRET" in str(value) for value in fields.values()), \
+        "the config names the variable; the key itself stays in the environment"
+    assert "SECRET" not in describe(found) and "$OPENROUTER_API_KEY" in describe(found)
 
 
 def test_then_local_servers_on_their_usual_ports_then_offline():
@@ -25,18 +42,30 @@ def test_then_local_servers_on_their_usual_ports_then_offline():
         seen.append(url)
         return ["qwen2.5:7b"] if ":1234/" in url else None
 
-    found = resolve_auto({}, probe)
+    found = resolve_auto({}, probe, owners=OURS)
     assert seen == ["http://127.0.0.1:11434/v1", "http://127.0.0.1:1234/v1"]
     assert (found.name, found.model, found.base_url) == ("auto:lm-studio", "qwen2.5:7b", "http://127.0.0.1:1234/v1")
-    assert resolve_auto({}, NOTHING) is None
+    assert "http://127.0.0.1:1234/v1" in describe(found) and "qwen2.5:7b" in describe(found)
+    assert resolve_auto({}, NOTHING, owners=OURS) is None
+    seen.clear()
+    assert resolve_auto({}, probe, owners=lambda port: set()) is None and seen == [], "nothing listens: no probe"
 
 
 def test_the_probe_reads_a_real_server_and_finds_none_on_a_closed_port():
     with ScriptedLLM() as llm:
         assert probe_models(f"{llm.url}/v1") == ["scripted"]
-        found = resolve_auto({}, ports=((llm.port, "test"),))
+        found = resolve_auto({}, ports=((llm.port, "test"),))  # the real owner lookup: our own server
         assert found.base_url == f"{llm.url}/v1" and found.model == "scripted"
     assert probe_models(f"{llm.url}/v1", timeout=0.2) is None
+
+
+def test_the_ports_auto_probes_come_from_the_environment():
+    assert auto_ports({}) == LOCAL_PORTS
+    assert auto_ports({AUTO_PORTS_ENV: ""}) == ()
+    assert auto_ports({AUTO_PORTS_ENV: "8080, 9999,x,0,70000"}) == ((8080, "llama.cpp"), (9999, "local"))
+    seen = []
+    assert resolve_auto({AUTO_PORTS_ENV: "9999"}, lambda url: seen.append(url), owners=OURS) is None
+    assert seen == ["http://127.0.0.1:9999/v1"]
 
 
 CONFIG = {
