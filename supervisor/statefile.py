@@ -47,10 +47,11 @@ class StateWriter:
 
 
 def quiet(say: Callable[[str], None]) -> Callable[[str], None]:
-    """`say` that never raises: the supervisor's own log may be on the disk that just filled up."""
+    """`say` that never raises: the supervisor's own log may be on the disk that just filled up, and
+    a line is never worth the supervision (whatever the console does with it)."""
 
     def said(line: str) -> None:
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(Exception):
             say(line)
 
     return said
