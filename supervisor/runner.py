@@ -10,12 +10,14 @@ an idle supervisor sleeps. What to do on an exit is decided by `policy.decide`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import random
 import selectors
 import signal
 import socket
+import stat
 import subprocess
 import time
 from collections.abc import Callable
@@ -181,11 +183,14 @@ class Supervisor:
             NOTIFY_ENV: str(self.notify_path), "PYTHONUNBUFFERED": "1",
         }
         # The agent writes to its own log file, never to a pipe we must drain.
-        with open(spec.workdir / "agent.log", "ab") as log:
+        log = open_log(spec.workdir / "agent.log", self.say)
+        try:
             child.proc = subprocess.Popen(
                 spec.argv, cwd=spec.workdir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, close_fds=True,
             )
+        finally:
+            os.close(log)
         child.pidfd = os.pidfd_open(child.proc.pid)
         self.selector.register(child.pidfd, selectors.EVENT_READ, lambda c=child: self._on_exit(c))
         child.pid_started = start_time(child.proc.pid)
@@ -516,6 +521,26 @@ class Supervisor:
             self.board.close()
         self.say("supervisor: stopped")
         return 0
+
+
+def open_log(path: Path, say: Callable[[str], None]) -> int:
+    """A descriptor appending to an agent's log. The agent owns its folder, so what is found there is
+    checked: a FIFO would block the loop in open() (or the agent on a full pipe) and a symlink would
+    send the output elsewhere; anything but a regular file is set aside and a fresh log begun."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENXIO):  # a symlink; a FIFO nobody reads
+            raise
+    else:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+        os.close(fd)
+    aside = path.with_name(f"{path.name}.suspect-{time.time_ns()}")
+    os.rename(path, aside)
+    say(f"{path.parent.name}: {path.name} was not a regular file; set aside as {aside.name}")
+    return os.open(path, flags | os.O_EXCL, 0o644)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -460,3 +460,29 @@ def test_once_the_team_is_stopping_a_restart_or_reload_is_refused_and_the_superv
         reply = ask(ws, request)
         assert reply["ok"] is False and "stopping" in reply["message"], reply
     assert sup.proc.wait(timeout=20) == 0, "no agent was started again to keep it running"
+
+
+# -- what an agent can leave in its own folder ----------------------------------------------------
+
+def test_an_agent_log_replaced_by_a_fifo_or_a_symlink_does_not_block_or_redirect_the_restart(tmp_path, launch):
+    # `link` is a real agent: it prints a line as it starts, which a followed symlink would carry away.
+    ws = make_ws(tmp_path, f"- name: fifo\n  {BEAT}\n- name: link\n")
+    sup = launch(ws)
+    wait_until(lambda: running(ws, ["fifo", "link"]), timeout=30)
+    elsewhere = tmp_path / "not-a-log"
+    elsewhere.write_text("untouched\n")
+    for name in ("fifo", "link"):
+        log = ws / "runs" / name / "agent.log"
+        log.unlink()
+        os.mkfifo(log) if name == "fifo" else log.symlink_to(elsewhere)
+    pids = {name: agent(ws, name)["pid"] for name in ("fifo", "link")}
+    for pid in pids.values():
+        os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: all(agent(ws, n).get("restarts") == 1 and agent(ws, n).get("state") == "running"
+                           for n in pids), timeout=15)
+    wait_until(lambda: "link: ready" in (ws / "runs" / "link" / "agent.log").read_text(), timeout=15)
+    assert sup.alive() and elsewhere.read_text() == "untouched\n"
+    for name in pids:
+        log = ws / "runs" / name / "agent.log"
+        assert log.is_file() and not log.is_symlink()
+        assert [p for p in log.parent.iterdir() if p.name.startswith("agent.log.suspect-")], "set aside, not lost"
