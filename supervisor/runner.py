@@ -346,9 +346,6 @@ class Supervisor:
         cmd = request.get("cmd")
         if cmd == "status":
             return {"ok": True, "state": self.snapshot()}
-        if cmd in ("restart", "reload") and self.shutting_down:
-            # An agent started now would keep a stopping supervisor running for good.
-            return {"ok": False, "message": "the supervisor is stopping the team; `up` again to start it"}
         if cmd == "restart":
             name = request.get("agent")
             child = self.children.get(name) if isinstance(name, str) else None
@@ -376,8 +373,6 @@ class Supervisor:
         """Apply hermes.yaml anew. Whatever reading or checking it raises (not only ConfigError: a
         file nested deep enough to exhaust the parser's recursion, say) refuses the reload and
         leaves the team as it was; it never ends the supervisor."""
-        if self.shutting_down:  # a SIGHUP during `down`
-            return {"ok": False, "message": "reload refused: the supervisor is stopping the team"}
         try:
             config = load_config(self.ws.config_path)
             wanted = [s for s in build_specs(config, self.ws.root) if self.only is None or s.name in self.only]

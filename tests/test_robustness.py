@@ -448,20 +448,6 @@ def test_text_from_tasks_and_agents_is_printed_literally_and_cannot_break_the_ou
     assert sup.alive()
 
 
-def test_once_the_team_is_stopping_a_restart_or_reload_is_refused_and_the_supervisor_ends(tmp_path, launch):
-    ws = make_ws(tmp_path, f"- name: stubborn\n  command: [{sys.executable}, {FAKE}, ignore-term]\n"
-                           f"- name: beater\n  {BEAT}\n")
-    sup = launch(ws)
-    wait_until(lambda: running(ws, ["stubborn", "beater"]), timeout=30)
-    assert ask(ws, b'{"cmd": "down", "timeout": 3}\n')["ok"]
-    live = lambda: ask(ws, b'{"cmd": "status"}\n')["state"]["agents"]  # noqa: E731 - from memory
-    wait_until(lambda: live()["beater"]["state"] == "stopped", timeout=10)  # stubborn holds the supervisor
-    for request in (b'{"cmd": "restart", "agent": "beater"}\n', b'{"cmd": "reload"}\n'):
-        reply = ask(ws, request)
-        assert reply["ok"] is False and "stopping" in reply["message"], reply
-    assert sup.proc.wait(timeout=20) == 0, "no agent was started again to keep it running"
-
-
 # -- what an agent can leave in its own folder ----------------------------------------------------
 
 def test_an_agent_log_replaced_by_a_fifo_or_a_symlink_does_not_block_or_redirect_the_restart(tmp_path, launch):
