@@ -140,7 +140,7 @@ class Supervisor:
         """Spawn the agent; a spawn that fails (no descriptors left, no memory, no command) is a
         failed start of that agent, retried with backoff, never an error of the supervisor."""
         try:
-            self._spawn(child)
+            self._start_now(child)
         except (OSError, psutil.Error) as exc:
             self._abandon_spawn(child)
             err = exc.errno if isinstance(exc, OSError) else None
@@ -171,7 +171,7 @@ class Supervisor:
                 child.proc.wait(timeout=5)
         child.proc = None
 
-    def _spawn(self, child: Child) -> None:
+    def _start_now(self, child: Child) -> None:
         if child.alive():  # never a second process for one agent
             self.say(f"{child.spec.name}: still running as pid {child.pid}; not starting another")
             return
