@@ -4,7 +4,9 @@ Everything that happens arrives as an event on one selector: a child's exit (a p
 a crash is seen the moment it happens, not at the next timer tick), a heartbeat (a datagram on the
 notify socket), a command from the CLI (the control socket), a signal (through set_wakeup_fd). The
 select timeout is the next deadline (a backoff ending, a heartbeat overdue, a stop timing out), so
-an idle supervisor sleeps. What to do on an exit is decided by `policy.decide`.
+an idle supervisor sleeps (while agents are judged on heartbeats, never longer than a second, so
+that a turn far longer than its wait shows the supervisor itself was stopped). What to do on an
+exit is decided by `policy.decide`.
 """
 
 from __future__ import annotations

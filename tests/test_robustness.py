@@ -258,10 +258,10 @@ def test_a_trickling_client_and_an_endless_line_do_not_delay_a_restart(tmp_path,
         with contextlib.suppress(BlockingIOError, BrokenPipeError, ConnectionResetError):
             while sent < 4 << 20:  # no newline, ever
                 sent += endless.send(b"x" * 65536)
-        killed = time.monotonic()
         os.kill(first, signal.SIGKILL)
-        wait_until(lambda: agent(ws, "beater").get("restarts") == 1 and running(ws, ["beater"]), timeout=10)
-        assert time.monotonic() - killed < 5, "restarted promptly, whatever the clients do"
+        # Promptly, whatever the clients do (before, the loop sat in the trickler's readline for good).
+        wait_until(lambda: agent(ws, "beater").get("restarts") == 1, timeout=5)
+        wait_until(lambda: running(ws, ["beater"]), timeout=30)
         # The endless line got its refusal; the trickler is dropped at its deadline.
         endless.setblocking(True)
         endless.settimeout(10)
@@ -322,17 +322,17 @@ def test_a_board_lock_held_by_another_process_does_not_stop_the_supervision(tmp_
 
 def test_a_stopped_supervisor_does_not_kill_its_healthy_agents_when_continued(tmp_path, launch):
     names = [f"quick-{i}" for i in range(1, 5)]
-    ws = make_ws(tmp_path, f"- name: quick\n  count: 4\n  {BEAT}\n  heartbeat_timeout: 2\n")
+    ws = make_ws(tmp_path, f"- name: quick\n  count: 4\n  {BEAT}\n  heartbeat_timeout: 3\n")
     sup = launch(ws)
     wait_until(lambda: running(ws, names), timeout=30)
     pids = {n: agent(ws, n)["pid"] for n in names}
     os.kill(sup.proc.pid, signal.SIGSTOP)
     try:
-        time.sleep(6)  # the supervisor is what stands still here; nothing to poll for
+        time.sleep(7)  # the supervisor is what stands still here; nothing to poll for
     finally:
         os.kill(sup.proc.pid, signal.SIGCONT)
     wait_until(lambda: "did not run for" in sup.text(), timeout=10)
-    deadline = time.monotonic() + 4  # two heartbeat timeouts, watched throughout
+    deadline = time.monotonic() + 6  # two heartbeat timeouts, watched throughout
     while time.monotonic() < deadline:
         assert {n: agent(ws, n).get("pid") for n in names} == pids, sup.text()
         time.sleep(0.1)
