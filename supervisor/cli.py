@@ -27,7 +27,6 @@ from hermes_sup.kanban.fsio import read_complete_lines
 from hermes_sup.kanban.liveness import holder_alive
 from hermes_sup.kanban.task import TIERS
 from rich.console import Console
-from rich.markup import escape
 
 from . import render
 from .doctor import run_checks
@@ -405,7 +404,7 @@ def up(ctx: click.Context, detach: bool, agents_csv: str | None) -> None:
     console = out if live else err
     try:
         supervisor = Supervisor(ws, config, only=only, say=lambda line: console.print(
-            f"[dim]{time.strftime('%H:%M:%S')}[/dim] {escape(line)}", highlight=False))
+            f"[dim]{time.strftime('%H:%M:%S')}[/dim] {line}", highlight=False))
         tail = LogTail(supervisor.children, out)
         tail.start()
         if live:
@@ -479,9 +478,8 @@ class LogTail:
         for name, child in list(self.children.items()):
             lines, self.offsets[name] = read_complete_lines(child.spec.workdir / "agent.log", self.offsets.get(name, 0))
             for line in lines:
-                # What an agent prints (task titles, model output) is text, never markup.
-                self.console.print(f"[cyan]{escape(f'{name:<{width}}')}[/cyan] | "
-                                   f"{escape(line.decode('utf-8', 'replace'))}", highlight=False, markup=True)
+                self.console.print(f"[cyan]{name:<{width}}[/cyan] | {line.decode('utf-8', 'replace')}",
+                                   highlight=False, markup=True)
 
 
 def live_children(runs: Path, name: str) -> list[dict[str, Any]]:

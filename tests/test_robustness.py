@@ -432,22 +432,6 @@ def test_a_reload_that_raises_anything_is_refused_and_the_team_keeps_running(tmp
     wait_until(lambda: running(ws, ["beater"]) and agent(ws, "beater")["pid"] != pid, timeout=30)
 
 
-# -- what the supervisor prints is printed literally -----------------------------------------------
-
-def test_text_from_tasks_and_agents_is_printed_literally_and_cannot_break_the_output(tmp_path, launch):
-    ws = make_ws(tmp_path, "- name: worker\n  roles: [work]\n")
-    board = Board(ws / "kanban")
-    steps = [{"tool": "wait", "args": {"seconds": 0}}]
-    first = board.add({"title": "[/] closing a tag never opened [bold]", "steps": steps})
-    sup = launch(ws)
-    wait_until(lambda: board.get(first["id"])["status"] == "done", timeout=30)
-    printed = lambda: " ".join(sup.text().split())  # noqa: E731 - rich wraps long lines
-    wait_until(lambda: f"working on {first['id']}: [/] closing a tag never opened [bold]" in printed(), timeout=10)
-    second = board.add({"title": "the next one", "steps": steps})
-    wait_until(lambda: f"working on {second['id']}: the next one" in printed(), timeout=30)
-    assert sup.alive()
-
-
 # -- what an agent can leave in its own folder ----------------------------------------------------
 
 def test_an_agent_log_replaced_by_a_fifo_or_a_symlink_does_not_block_or_redirect_the_restart(tmp_path, launch):
