@@ -89,6 +89,13 @@ def private_dir(path: Path) -> Path:
     return path
 
 
+def not_writable_by_others(path: Path) -> None:
+    """Drop group and other write from a directory of ours (one made under a umask of 000)."""
+    info = os.lstat(path)
+    if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and info.st_mode & 0o022:
+        os.chmod(path, stat.S_IMODE(info.st_mode) & ~0o022)
+
+
 def bind_private(path: Path, kind: int) -> socket.socket:
     """A non-blocking Unix socket bound at `path` (inside a private_dir) with mode 0600."""
     sock = socket.socket(socket.AF_UNIX, kind | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)

@@ -43,6 +43,7 @@ from .control import (
     bind_private,
     down_timeout,
     enable_credentials,
+    not_writable_by_others,
     peer_allowed,
     private_dir,
     recv_datagram,
@@ -118,7 +119,12 @@ class Supervisor:
     # -- set-up -----------------------------------------------------------------------------------
 
     def _bind(self) -> None:
+        # Whatever the umask, nothing of ours (runs/, and what the agents, who inherit it, write) is
+        # writable by another user: through a world-writable runs/ one could move the socket folder
+        # aside and put theirs in its place, or rewrite an agent's memory.
+        os.umask(os.umask(0) | 0o022)
         self.runs.mkdir(exist_ok=True)
+        not_writable_by_others(self.runs)
         # Only the holder of the workspace's supervisor lock gets here, so old socket files are stale.
         # Both sockets live in a 0700 folder of ours: no other user can reach them, whatever the umask.
         sockets = private_dir(self.runs / SOCKET_DIR)

@@ -150,6 +150,19 @@ def test_under_umask_000_the_sockets_are_private_and_nobody_cannot_stop_the_team
     assert sup.alive() and running(ws, ["beater"])
 
 
+def test_under_umask_000_nothing_the_supervisor_or_its_agents_write_is_writable_by_others(shared_tmp, launch):
+    ws = make_ws(shared_tmp, f"- name: beater\n  {BEAT}\n")
+    shutil.rmtree(ws / "runs")  # made again by `up`, under its umask
+    launch(ws, umask=0)
+    wait_until(lambda: running(ws, ["beater"]), timeout=30)
+    runs = ws / "runs"
+    for path in (runs, runs / "beater", runs / "beater" / "agent.log", runs / "supervisor.json"):
+        assert path.stat().st_mode & 0o022 == 0, f"{path} is writable by group or others"
+    # nor can another user move the socket folder aside and put one of theirs in its place
+    moved = as_nobody(lambda: 0 if os.rename(runs / "sockets", runs / "mine") is None else 1)
+    assert moved != 0 and (runs / "sockets" / "control.sock").exists()
+
+
 def test_a_client_of_another_user_is_refused_by_its_uid(shared_tmp, launch):
     ws = make_ws(shared_tmp, f"- name: beater\n  {BEAT}\n")
     sup = launch(ws)
