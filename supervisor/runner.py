@@ -113,6 +113,9 @@ class Supervisor:
         self._next_rss = 0.0
         self.started_at = now_iso()
         self.state_writer = StateWriter(self.runs / STATE_FILE, self.say)
+        # Read once: a snapshot (every state write, every `status`) then needs no descriptor at all,
+        # which matters when they have run out.
+        self._own_start = start_time(os.getpid())
         self._last_woke = time.monotonic()
         self._notify_refused = 0
 
@@ -472,7 +475,7 @@ class Supervisor:
 
     def snapshot(self) -> dict[str, Any]:
         return {
-            "pid": os.getpid(), "pid_started": start_time(os.getpid()), "started_at": self.started_at,
+            "pid": os.getpid(), "pid_started": self._own_start, "started_at": self.started_at,
             "workspace": str(self.ws.root), "shutting_down": self.shutting_down,
             "agents": {name: {
                 "pid": child.pid, "pid_started": child.pid_started, "state": child.state,
