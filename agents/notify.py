@@ -35,7 +35,10 @@ class Notifier:
         except BlockingIOError:
             return True  # the supervisor is there, only busy: this heartbeat is dropped
         except OSError as exc:
-            if exc.errno in (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK, errno.ENOTDIR):
+            # EACCES/EPERM: the supervisor's socket is private to its user, and we are not it (a
+            # command run as someone else). That is no supervisor for us, not a crash.
+            if exc.errno in (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK, errno.ENOTDIR, errno.EACCES,
+                             errno.EPERM):
                 return False
             raise
 

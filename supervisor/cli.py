@@ -32,6 +32,7 @@ from rich.text import Text
 
 from . import render
 from .cliargs import MAX_PRIORITY, Seconds, UsageError, json_text, not_utf8, parse_steps, pid_or_none, sane_state
+from .control import CONTROL_SOCKET, SOCKET_DIR
 from .doctor import run_checks
 from .runner import Supervisor, request, tree_rss_mb
 from .spec import build_specs
@@ -594,8 +595,8 @@ def ask_supervisor(ws: Workspace, payload: dict[str, Any], timeout: float = 10.0
     except ValueError:
         reply = []
     if reply is not None and not isinstance(reply, dict):
-        raise Failure(f"the supervisor's control socket {ws.runs_path / 'control.sock'} answered something "
-                      "that is not a reply")
+        where = ws.runs_path / SOCKET_DIR / CONTROL_SOCKET
+        raise Failure(f"the supervisor's control socket {where} answered something that is not a reply")
     return reply
 
 

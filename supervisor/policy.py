@@ -9,6 +9,7 @@ seconds clears the backoff (PM2 resets after 30 s).
 
 from __future__ import annotations
 
+import errno
 import random
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -96,3 +97,36 @@ def decide(
 def cleared(history: RestartHistory) -> RestartHistory:
     """A manual restart: forgets the crash count and the backoff (it is not a crash)."""
     return replace(history, crashes=(), streak=0)
+
+
+# Errors of spawning that say the machine is short of something for now (descriptors, processes,
+# memory, disk): the start is retried with backoff for as long as it takes, never given up on.
+TRANSIENT_START_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM, errno.ENOSPC,
+                                    errno.EDQUOT, errno.ENOBUFS})
+
+
+def decide_failed_start(spec: RestartSpec, history: RestartHistory, *, now: float, error: str,
+                        err: int | None, rng: random.Random) -> Decision:
+    """What to do when an agent could not even be spawned. Never at once (the cause is likely still
+    there); a shortage backs off without limit, any other error (a missing command, say) counts as
+    a crash, so a start that can never work ends `fatal` like a crash loop does."""
+    streak = history.streak + 1
+    delay = max(spec.initial, backoff_delay(spec, streak, rng))
+    if err in TRANSIENT_START_ERRNOS:
+        return Decision("restart", delay=delay, reason=f"could not start: {error}; retry in {delay:.2f} s",
+                        history=replace(history, streak=streak))
+    crashes = (*(t for t in history.crashes if now - t <= spec.window), now)
+    updated = RestartHistory(crashes=crashes, streak=streak)
+    if len(crashes) > spec.max_restarts:
+        return Decision("fatal", reason=f"could not start: {error}; {len(crashes)} failures within {spec.window:g} s "
+                                        f"(limit {spec.max_restarts}): giving up until `hermes-sup restart`",
+                        history=updated)
+    return Decision("restart", delay=delay, reason=f"could not start: {error}; retry in {delay:.2f} s", history=updated)
+
+
+def loop_gap(*, elapsed: float, expected: float, tolerance: float) -> float:
+    """Seconds the supervisor itself did not run (SIGSTOPped, starved, suspended) between two turns of
+    its loop: how much longer than its wait a turn took, if clearly longer. That time is nobody's
+    silence: an agent whose heartbeats were not read meanwhile is judged on the rest."""
+    over = elapsed - expected
+    return over if over > tolerance else 0.0

@@ -4,18 +4,22 @@ Everything that happens arrives as an event on one selector: a child's exit (a p
 a crash is seen the moment it happens, not at the next timer tick), a heartbeat (a datagram on the
 notify socket), a command from the CLI (the control socket), a signal (through set_wakeup_fd). The
 select timeout is the next deadline (a backoff ending, a heartbeat overdue, a stop timing out), so
-an idle supervisor sleeps. What to do on an exit is decided by `policy.decide`.
+an idle supervisor sleeps (while agents are judged on heartbeats, never longer than a second, so
+that a turn far longer than its wait shows the supervisor itself was stopped). What to do on an
+exit is decided by `policy.decide`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import random
 import selectors
 import signal
 import socket
+import stat
 import subprocess
 import time
 from collections.abc import Callable
@@ -27,20 +31,37 @@ import psutil
 from hermes_sup.agents.notify import NOTIFY_ENV, parse
 from hermes_sup.agents.worker import AGENT_ENV, WORKSPACE_ENV
 from hermes_sup.kanban import Board
-from hermes_sup.kanban.fsio import write_json_atomic
 from hermes_sup.kanban.liveness import holder_alive, start_time
 from hermes_sup.kanban.task import now_iso
 
 from . import cgroups
-from .policy import RestartHistory, cleared, decide, describe_exit
+from .boardwork import BoardWork
+from .control import (
+    CONTROL_SOCKET,
+    NOTIFY_SOCKET,
+    SOCKET_DIR,
+    ControlServer,
+    bind_private,
+    down_timeout,
+    enable_credentials,
+    peer_allowed,
+    recv_datagram,
+)
+from .control import request as request  # the CLI's entry point, kept importable from here
+from .policy import RestartHistory, cleared, decide, decide_failed_start, describe_exit, loop_gap
 from .procs import MARKER_ENV, Marker, is_agent_process, marked, marker_value, new_marker, stop_all, strays
 from .spec import ChildSpec, build_specs, plan_reload
+from .statefile import StateWriter, quiet
 from .workspace import ConfigError, Workspace, load_config, private_dir
 
 STATE_FILE = "supervisor.json"
-NOTIFY_SOCKET = "notify.sock"
-CONTROL_SOCKET = "control.sock"
 RSS_CHECK_INTERVAL = 5.0
+# While agents are judged on their heartbeats the loop turns at least this often, so that a turn
+# much longer than its wait can only mean the supervisor itself was not running (see loop_gap).
+LOOP_TICK = 1.0
+GAP_TOLERANCE = 1.0
+NOTIFY_BATCH = 256  # datagrams read per wake-up: a flood of them cannot hold the loop
+BOARD_LOCK_WAIT = 2.0  # the board thread's wait for the lock before it retries later
 # Once `down` began, a restart or reload would start an agent nobody stops: the supervisor would never end.
 STOPPING = "the supervisor is stopping the team; nothing is started now"
 
@@ -81,13 +102,13 @@ class Supervisor:
                  say: Callable[[str], None] = print) -> None:
         self.ws = ws
         self.runs = ws.runs_path
-        self.say = say
+        self.say = quiet(say)
         self.only = only
         self.children: dict[str, Child] = {}
         for spec in build_specs(config, ws.root):
             if only is None or spec.name in only:
                 self.children[spec.name] = Child(spec)
-        self.board = Board(ws.board_path)
+        self.board = Board(ws.board_path, lock_timeout=BOARD_LOCK_WAIT)
         self.selector = selectors.DefaultSelector()
         self.rng = random.Random()
         self.shutting_down = False
@@ -96,25 +117,31 @@ class Supervisor:
         self._next_rss = 0.0
         self.started_at = now_iso()
         self.containment = cgroups.detect(ws.root)
+        self.state_writer = StateWriter(self.runs / STATE_FILE, self.say)
+        # Read once: a snapshot (every state write, every `status`) then needs no descriptor at all,
+        # which matters when they have run out.
+        self._own_start = start_time(os.getpid())
+        self._last_woke = time.monotonic()
+        self._notify_refused = 0
 
     # -- set-up -----------------------------------------------------------------------------------
 
     def _bind(self) -> None:
-        private_dir(self.runs)  # the sockets below: only the user may send to or command the team
+        # Whatever the umask, nothing of ours (runs/, and what the agents, who inherit it, write) is
+        # writable by another user: through a world-writable runs/ one could move the socket folder
+        # aside and put theirs in its place, or rewrite an agent's memory.
+        os.umask(os.umask(0) | 0o022)
+        private_dir(self.runs)
         # Only the holder of the workspace's supervisor lock gets here, so old socket files are stale.
-        self.notify_path = self.runs / NOTIFY_SOCKET
-        self.notify_path.unlink(missing_ok=True)
-        self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-        self.notify.bind(str(self.notify_path))
-        self.notify.setblocking(False)
+        # Both sockets live in a 0700 folder of ours: no other user can reach them, whatever the umask.
+        sockets = private_dir(self.runs / SOCKET_DIR)
+        self.notify_path = sockets / NOTIFY_SOCKET
+        self.notify = bind_private(self.notify_path, socket.SOCK_DGRAM)
+        enable_credentials(self.notify)
         self.selector.register(self.notify, selectors.EVENT_READ, self._on_notify)
-        control_path = self.runs / CONTROL_SOCKET
-        control_path.unlink(missing_ok=True)
-        self.control = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        self.control.bind(str(control_path))
-        self.control.listen(8)
-        self.control.setblocking(False)
-        self.selector.register(self.control, selectors.EVENT_READ, self._on_control)
+        self.control = ControlServer(sockets / CONTROL_SOCKET, self.selector, self.command, self.say)
+        self.boardwork = BoardWork(self.board)
+        self.selector.register(self.boardwork.wake_fd, selectors.EVENT_READ, self._on_board_messages)
         read_end, write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._wake_read = read_end
         signal.set_wakeup_fd(write_end)
@@ -125,6 +152,41 @@ class Supervisor:
     # -- processes --------------------------------------------------------------------------------
 
     def start(self, child: Child) -> None:
+        """Spawn the agent; a spawn that fails (no descriptors left, no memory, no command) is a
+        failed start of that agent, retried with backoff, never an error of the supervisor."""
+        try:
+            self._start_now(child)
+        except (OSError, psutil.Error) as exc:
+            self._abandon_spawn(child)
+            err = exc.errno if isinstance(exc, OSError) else None
+            error = f"{exc.strerror or exc}" if isinstance(exc, OSError) else str(exc)
+            decision = decide_failed_start(child.spec.restart, child.history, now=time.monotonic(),
+                                           error=error, err=err, rng=self.rng)
+            child.history, child.last_exit = decision.history, f"could not start: {error}"
+            if decision.action == "fatal":
+                child.state, child.restart_at = "fatal", None
+                self.say(f"{child.spec.name}: FATAL: {decision.reason}")
+            else:
+                child.state, child.restart_at = "backoff", time.monotonic() + decision.delay
+                self.say(f"{child.spec.name}: {decision.reason}")
+            self._dirty = True
+
+    def _abandon_spawn(self, child: Child) -> None:
+        """Undo a spawn that failed half-way: a process started without its pidfd would be
+        unsupervised, so it goes."""
+        if child.pidfd is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(child.pidfd)
+            os.close(child.pidfd)
+            child.pidfd = None
+        if child.proc is not None and child.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.proc.pid, signal.SIGKILL)  # its own session and group, just made
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.proc.wait(timeout=5)
+        child.proc = None
+
+    def _start_now(self, child: Child) -> None:
         if child.alive():  # never a second process for one agent
             self.say(f"{child.spec.name}: still running as pid {child.pid}; not starting another")
             return
@@ -162,11 +224,14 @@ class Supervisor:
                 where = None
         try:
             # The agent writes to its own log file, never to a pipe we must drain.
-            with open(spec.workdir / "agent.log", "ab") as log:
+            log = open_log(spec.workdir / "agent.log", self.say)
+            try:
                 return subprocess.Popen(
                     spec.argv, cwd=spec.workdir, env=env, stdin=subprocess.DEVNULL, stdout=log,
                     stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, preexec_fn=join,
                 ), where
+            finally:
+                os.close(log)
         except subprocess.SubprocessError as exc:  # the preexec function failed: nothing was started
             if join is None:
                 raise
@@ -174,9 +239,12 @@ class Supervisor:
         finally:
             if fd is not None:
                 os.close(fd)
-        with open(spec.workdir / "agent.log", "ab") as log:
+        log = open_log(spec.workdir / "agent.log", self.say)
+        try:
             return subprocess.Popen(spec.argv, cwd=spec.workdir, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True, close_fds=True), None
+        finally:
+            os.close(log)
 
     def _kill_leftovers(self, child: Child, pid: int | None) -> None:
         """No process an agent started outlives it: what is left in its cgroup, in its session's
@@ -279,8 +347,8 @@ class Supervisor:
         child.last_exit = describe_exit(returncode) + (f" ({why})" if why else "")
         child.proc, child.task, child.stop_deadline = None, None, None
         # A crashed agent's claim goes back to todo at once; one that stopped cleanly released it.
-        for recovered in self.board.recover():
-            self.say(f"board: {recovered['task']} back to {recovered['to']} ({recovered['reason']})")
+        # On the board thread: the loop never waits for the board lock.
+        self.boardwork.recover()
         self._dirty = True
         if why in ("down", "remove"):
             child.state = "stopped"
@@ -311,15 +379,25 @@ class Supervisor:
     # -- events -----------------------------------------------------------------------------------
 
     def _on_notify(self) -> None:
-        while True:
+        for _ in range(NOTIFY_BATCH):
             try:
-                data = self.notify.recv(4096)
+                data, sender, uid = recv_datagram(self.notify)
             except BlockingIOError:
                 return
+            except OSError:
+                return
+            if uid is None or not peer_allowed(uid, os.geteuid()):
+                self._notify_refused += 1
+                if self._notify_refused == 1:
+                    self.say(f"supervisor: ignored a notify message from uid {uid} (not ours); "
+                             f"further ones are not logged")
+                continue
             fields = parse(data)
             child = self.children.get(fields.get("NAME", ""))
-            if child is None or str(child.pid) != fields.get("PID"):
-                continue  # a stale message from a process we no longer run
+            # The kernel's word on the sender, not the PID it wrote: a process of the agent's (a
+            # shell command it ran) cannot beat for it.
+            if child is None or child.pid is None or child.pid != sender or str(sender) != fields.get("PID"):
+                continue  # a stale message from a process we no longer run, or not from the agent
             child.last_beat = time.monotonic()
             if ("READY" in fields or "WATCHDOG" in fields) and child.state == "starting":
                 child.state = "running"
@@ -339,20 +417,9 @@ class Supervisor:
             else:
                 self.shutdown(f"{signal.Signals(signum).name}")
 
-    def _on_control(self) -> None:
-        try:
-            conn, _ = self.control.accept()
-        except BlockingIOError:
-            return
-        with conn:
-            conn.settimeout(2.0)
-            try:
-                request = json.loads(conn.makefile("rb").readline() or b"{}")
-                reply = self.command(request)
-            except (OSError, ValueError) as exc:
-                reply = {"ok": False, "message": f"bad request: {exc}"}
-            with contextlib.suppress(OSError):
-                conn.sendall(json.dumps(reply).encode() + b"\n")
+    def _on_board_messages(self) -> None:
+        for line in self.boardwork.drain():
+            self.say(line)
 
     def command(self, request: dict[str, Any]) -> dict[str, Any]:
         cmd = request.get("cmd")
@@ -360,7 +427,7 @@ class Supervisor:
             return {"ok": True, "state": self.snapshot()}
         if cmd == "restart":
             name = request.get("agent")
-            child = self.children.get(name or "")
+            child = self.children.get(name) if isinstance(name, str) else None
             if child is None:
                 return {"ok": False, "message": f"no agent named {name!r}; agents: {', '.join(self.children)}"}
             if self.shutting_down:
@@ -375,24 +442,29 @@ class Supervisor:
         if cmd == "reload":
             return self.reload()
         if cmd == "down":
-            if isinstance(request.get("timeout"), (int, float)):
+            timeout = down_timeout(request.get("timeout"))  # ValueError: a bad request, refused
+            if timeout is not None:
                 for child in self.children.values():
-                    child.spec = _with_stop_timeout(child.spec, float(request["timeout"]))
+                    child.spec = _with_stop_timeout(child.spec, timeout)
             self.shutdown("hermes-sup down")
             return {"ok": True, "message": "stopping"}
         return {"ok": False, "message": f"unknown command {cmd!r}"}
 
     def reload(self) -> dict[str, Any]:
+        """Apply hermes.yaml anew. Whatever reading or checking it raises (not only ConfigError: a
+        file nested deep enough to exhaust the parser's recursion, say) refuses the reload and
+        leaves the team as it was; it never ends the supervisor."""
         if self.shutting_down:
             return {"ok": False, "message": STOPPING}
         try:
             config = load_config(self.ws.config_path)
             wanted = [s for s in build_specs(config, self.ws.root) if self.only is None or s.name in self.only]
+            plan = plan_reload({name: child.spec for name, child in self.children.items()}, wanted)
         except ConfigError as exc:
             return {"ok": False, "message": f"reload refused, the team is unchanged: {exc}"}
-        except Exception as exc:  # a config the checks missed must not end the team it was meant to change
-            return {"ok": False, "message": f"reload refused, the team is unchanged: {type(exc).__name__}: {exc}"}
-        plan = plan_reload({name: child.spec for name, child in self.children.items()}, wanted)
+        except Exception as exc:  # see the docstring
+            return {"ok": False, "message": f"reload refused, the team is unchanged: {self.ws.config_path}: "
+                                            f"could not be read: {type(exc).__name__}: {exc}"}
         by_name = {spec.name: spec for spec in wanted}
         for name in plan.stop:
             self.stop(self.children[name], "remove")
@@ -420,18 +492,35 @@ class Supervisor:
 
     def _deadlines(self, now: float) -> float:
         soonest = now + 60.0
+        for when in (self.control.next_deadline(), self.state_writer.retry_at if self._dirty else None):
+            if when is not None:
+                soonest = min(soonest, when)
         for child in self.children.values():
             if child.restart_at is not None:
                 soonest = min(soonest, child.restart_at)
             if child.stop_deadline is not None:
                 soonest = min(soonest, child.stop_deadline)
             if child.state in ("starting", "running"):
-                soonest = min(soonest, child.last_beat + child.spec.heartbeat_timeout)
+                soonest = min(soonest, child.last_beat + child.spec.heartbeat_timeout, now + LOOP_TICK)
                 if child.spec.max_rss_mb:
                     soonest = min(soonest, self._next_rss)
         return soonest
 
+    def _credit_gap(self, woke: float, expected: float) -> None:
+        """After a turn of the loop that took much longer than its wait, the supervisor was not
+        running (SIGSTOP, a suspended VM): the agents' heartbeats are judged on the time it ran."""
+        gap = loop_gap(elapsed=woke - self._last_woke, expected=expected, tolerance=GAP_TOLERANCE)
+        self._last_woke = woke
+        if not gap:
+            return
+        self.say(f"supervisor: did not run for {gap:.1f} s (stopped or starved); that time is not counted "
+                 f"against the agents' heartbeats")
+        for child in self.children.values():
+            if child.state in ("starting", "running"):
+                child.last_beat += gap
+
     def _due(self, now: float) -> None:
+        self.control.expire(now)
         for child in list(self.children.values()):
             if child.restart_at is not None and now >= child.restart_at and not self.shutting_down:
                 child.restarts += 1
@@ -458,7 +547,7 @@ class Supervisor:
 
     def snapshot(self) -> dict[str, Any]:
         return {
-            "pid": os.getpid(), "pid_started": start_time(os.getpid()), "started_at": self.started_at,
+            "pid": os.getpid(), "pid_started": self._own_start, "started_at": self.started_at,
             "workspace": str(self.ws.root), "shutting_down": self.shutting_down,
             "agents": {name: {
                 "pid": child.pid, "pid_started": child.pid_started, "state": child.state,
@@ -470,39 +559,69 @@ class Supervisor:
         }
 
     def save(self) -> None:
-        write_json_atomic(self.runs / STATE_FILE, self.snapshot(), fsync=False)
-        self._dirty = False
+        """Write the state file; while the disk refuses, the write stays pending and is retried."""
+        if self.state_writer.write(self.snapshot(), time.monotonic()):
+            self._dirty = False
 
     def serve(self) -> int:
         previous = _read_json(self.runs / STATE_FILE)
         self._bind()
         self.say(f"supervisor: {self.containment.detail}")
         adopted = self._take_over(previous)
-        for recovered in self.board.recover():
-            self.say(f"board: {recovered['task']} back to {recovered['to']} ({recovered['reason']})")
+        self.boardwork.recover()
         for name, child in self.children.items():
             if name not in adopted:
                 self.start(child)
         self.save()
+        self._last_woke = time.monotonic()
         while True:
             now = time.monotonic()
-            for key, _events in self.selector.select(max(0.0, self._deadlines(now) - now)):
+            wait = max(0.0, self._deadlines(now) - now)
+            ready = self.selector.select(wait)
+            # Before anything is judged: a turn far longer than its wait was time the supervisor
+            # did not run (and select may then report nothing at all, though heartbeats wait).
+            self._credit_gap(time.monotonic(), wait)
+            for key, _events in ready:
                 key.data()
             self._due(time.monotonic())
-            if self._dirty:
+            if self._dirty and self.state_writer.due(time.monotonic()):
                 self.save()
             # Done once every exit has been handled (its pidfd read and closed), not merely once no
             # agent is alive: an agent reaped by a liveness check still has its exit to record.
             if self.shutting_down and all(child.pidfd is None for child in self.children.values()):
                 break
         self.save()
-        self.board.close()
-        for path in (self.notify_path, self.runs / CONTROL_SOCKET):
-            path.unlink(missing_ok=True)
+        self.control.close()
+        self.notify_path.unlink(missing_ok=True)
+        self.selector.unregister(self.boardwork.wake_fd)
+        if self.boardwork.stop(timeout=BOARD_LOCK_WAIT + 1.0):
+            self._on_board_messages()
+            self.boardwork.close()
+            self.board.close()
         if self.containment.base is not None:
             cgroups.remove(self.containment.base)
         self.say("supervisor: stopped")
         return 0
+
+
+def open_log(path: Path, say: Callable[[str], None]) -> int:
+    """A descriptor appending to an agent's log. The agent owns its folder, so what is found there is
+    checked: a FIFO would block the loop in open() (or the agent on a full pipe) and a symlink would
+    send the output elsewhere; anything but a regular file is set aside and a fresh log begun."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENXIO):  # a symlink; a FIFO nobody reads
+            raise
+    else:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+        os.close(fd)
+    aside = path.with_name(f"{path.name}.suspect-{time.time_ns()}")
+    os.rename(path, aside)
+    say(f"{path.parent.name}: {path.name} was not a regular file; set aside as {aside.name}")
+    return os.open(path, flags | os.O_EXCL, 0o644)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -524,7 +643,11 @@ def session_groups(sid: int) -> set[int]:
     """The process groups of session `sid`: an agent leads its session, and what it starts in a
     group of its own (a terminal command, a delegated child) stays in that session."""
     groups = {sid}
-    for entry in os.listdir("/proc"):
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # out of descriptors, say: the agent's own group still gets the signal
+        return groups
+    for entry in entries:
         if not entry.isdigit():
             continue
         try:
@@ -562,16 +685,3 @@ def _with_stop_timeout(spec: ChildSpec, seconds: float) -> ChildSpec:
 
     return replace(spec, stop_timeout=seconds)
 
-
-def request(runs: Path, payload: dict[str, Any], timeout: float = 10.0) -> dict[str, Any] | None:
-    """Send one command to a running supervisor; None if none is listening."""
-    path = runs / CONTROL_SOCKET
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout)
-            sock.connect(str(path))
-            sock.sendall(json.dumps(payload).encode() + b"\n")
-            data = sock.makefile("rb").readline()
-    except (FileNotFoundError, ConnectionRefusedError):
-        return None
-    return json.loads(data) if data else None

@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import stat
+import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -512,13 +513,27 @@ SHARED_UMASK = 0o022  # the bits the command line always masks
 GITIGNORE = "# API keys, and what the agents saw and did: never committed\n.env\nruns/\n"
 
 
-def private_dir(path: Path) -> None:
-    """Create `path` as 0700, or narrow an existing one to its owner (a workspace made before
-    runs/ was private, or under a loose umask)."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    mode = path.stat().st_mode & 0o7777
-    if mode & 0o077:
-        path.chmod(mode & 0o7700)
+def private_dir(path: Path) -> Path:
+    """`path` as a directory of ours with mode 0700, whatever the umask or a previous occupant left
+    (runs/ of a workspace made before it was private, or under a loose umask).
+
+    Anything else at that name (a file, a symlink, another user's folder planted in a writable
+    runs/) is moved aside rather than trusted."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        info = None
+    if info is not None and not (stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid()):
+        os.rename(path, path.with_name(f"{path.name}.suspect-{time.time_ns()}"))
+        info = None
+    if info is None:
+        os.mkdir(path, 0o700)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+    return path
 
 
 def keep_out_of_git(root: Path) -> list[str]:

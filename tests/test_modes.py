@@ -93,7 +93,7 @@ def test_under_any_umask_no_state_file_is_readable_by_others(tmp_path, umask):
             for name in ("agent.log", "llm_calls.jsonl", "tool_calls.jsonl", f"transcripts/{task_id}.jsonl",
                          "scratch/out.txt", "state.json"):
                 assert (thinker / name).exists(), name
-            sockets = [p for p in (ws / "runs").iterdir() if p.is_socket()]
+            sockets = [p for p in (ws / "runs").rglob("*") if p.is_socket()]
             assert sockets, "the notify and control sockets are checked too"
             runs = [ws / "runs", *(ws / "runs").rglob("*")]
         finally:

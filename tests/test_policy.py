@@ -78,3 +78,42 @@ def test_a_manual_restart_clears_the_history():
     assert fatal.action == "fatal"
     fresh = cleared(fatal.history)
     assert decide(SPEC, fresh, now=6, returncode=1, uptime=0.1, rng=random.Random(0)).action == "restart"
+
+
+def test_a_shortage_at_spawn_backs_off_without_ever_giving_up():
+    import errno
+
+    from hermes_sup.supervisor.policy import decide_failed_start
+
+    history, rng = RestartHistory(), random.Random(0)
+    for i in range(20):
+        decision = decide_failed_start(SPEC, history, now=float(i), error="Too many open files",
+                                       err=errno.EMFILE, rng=rng)
+        assert decision.action == "restart" and SPEC.initial <= decision.delay <= SPEC.max
+        history = decision.history
+    assert history.streak == 20 and history.crashes == ()
+
+
+def test_a_start_that_can_never_work_ends_fatal_like_a_crash_loop():
+    import errno
+
+    from hermes_sup.supervisor.policy import decide_failed_start
+
+    history, rng, actions = RestartHistory(), random.Random(0), []
+    for i in range(6):
+        decision = decide_failed_start(SPEC, history, now=float(i), error="No such file or directory",
+                                       err=errno.ENOENT, rng=rng)
+        assert decision.delay >= SPEC.initial or decision.action == "fatal", "never retried at once"
+        actions.append(decision.action)
+        history = decision.history
+    assert actions == ["restart"] * 5 + ["fatal"]
+    assert "could not start: No such file or directory" in decision.reason
+
+
+def test_a_loop_turn_far_longer_than_its_wait_is_a_gap_in_the_supervisors_own_time():
+    from hermes_sup.supervisor.policy import loop_gap
+
+    assert loop_gap(elapsed=0.3, expected=1.0, tolerance=1.0) == 0.0  # woken early by an event
+    assert loop_gap(elapsed=1.8, expected=1.0, tolerance=1.0) == 0.0  # a busy turn, within tolerance
+    assert loop_gap(elapsed=13.0, expected=1.0, tolerance=1.0) == 12.0  # SIGSTOPped for 12 s
+    assert loop_gap(elapsed=12.0, expected=0.0, tolerance=1.0) == 12.0

@@ -1,0 +1,57 @@
+"""Writing the supervisor's state file without ever letting a failed write stop the supervision.
+
+A full disk (or a read-only remount, or a quota) must not kill the supervisor: the agents still
+need it. A failed write is said once, retried on a timer, and its recovery is said once too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hermes_sup.kanban.fsio import write_json_atomic
+
+RETRY_EVERY = 2.0  # seconds between attempts while writes fail
+
+
+class StateWriter:
+    def __init__(self, path: Path, say: Callable[[str], None], *, retry_every: float = RETRY_EVERY) -> None:
+        self.path = path
+        self.say = say
+        self.retry_every = retry_every
+        self.failing = False
+        self.retry_at: float | None = None  # when a failed write may be tried again
+
+    def due(self, now: float) -> bool:
+        """Whether a pending write may be tried now (at once normally, on the timer while failing)."""
+        return self.retry_at is None or now >= self.retry_at
+
+    def write(self, doc: dict[str, Any], now: float) -> bool:
+        """Write `doc` atomically; False (said once per failing stretch) if the disk refused."""
+        try:
+            write_json_atomic(self.path, doc, fsync=False)
+        except OSError as exc:
+            self.retry_at = now + self.retry_every
+            if not self.failing:
+                self.failing = True
+                self.say(f"supervisor: cannot write {self.path.name} ({exc.strerror or exc}); the agents are still "
+                         f"supervised, retrying every {self.retry_every:g} s")
+            return False
+        self.retry_at = None
+        if self.failing:
+            self.failing = False
+            self.say(f"supervisor: writing {self.path.name} works again")
+        return True
+
+
+def quiet(say: Callable[[str], None]) -> Callable[[str], None]:
+    """`say` that never raises: the supervisor's own log may be on the disk that just filled up, and
+    a line is never worth the supervision (whatever the console does with it)."""
+
+    def said(line: str) -> None:
+        with contextlib.suppress(Exception):
+            say(line)
+
+    return said

@@ -1,0 +1,54 @@
+"""The control protocol's decisions, without a supervisor: who may connect, what a request is."""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+
+import pytest
+from hermes_sup.supervisor.control import down_timeout, parse_request, peer_allowed
+from hermes_sup.supervisor.workspace import private_dir
+
+
+def test_only_our_own_user_or_root_may_talk_to_the_supervisor():
+    assert peer_allowed(1000, 1000) and peer_allowed(0, 1000) and peer_allowed(0, 0)
+    assert not peer_allowed(65534, 1000) and not peer_allowed(65534, 0) and not peer_allowed(1001, 1000)
+
+
+@pytest.mark.parametrize("line", [b"\xff\xfe", b"{not json", b"[" * 100_000, b"[1, 2]", b'"down"', b"null", b"3"])
+def test_a_request_that_is_not_a_json_object_is_a_clear_error(line):
+    with pytest.raises(ValueError):
+        parse_request(line)
+
+
+def test_a_request_is_a_json_object_and_an_empty_line_an_empty_one():
+    assert parse_request(b'{"cmd": "status"}') == {"cmd": "status"}
+    assert parse_request(b"  ") == {}
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -1, True, "5", [5], 1e12])
+def test_a_down_timeout_that_would_never_end_or_is_not_a_number_is_refused(value):
+    with pytest.raises(ValueError):
+        down_timeout(value)
+
+
+def test_a_down_timeout_in_range_is_taken():
+    assert down_timeout(None) is None and down_timeout(0) == 0.0 and down_timeout(2.5) == 2.5
+
+
+def test_the_socket_folder_is_made_private_and_what_squats_its_name_is_moved_aside(tmp_path):
+    old = os.umask(0)
+    try:
+        folder = private_dir(tmp_path / "sockets")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    folder.chmod(0o777)
+    assert stat.S_IMODE(private_dir(folder).stat().st_mode) == 0o700, "a loosened folder is tightened"
+    folder.rmdir()
+    (tmp_path / "elsewhere").mkdir(mode=0o777)
+    folder.symlink_to(tmp_path / "elsewhere")
+    private_dir(folder)
+    assert folder.is_dir() and not folder.is_symlink()
+    assert [p.name.startswith("sockets.suspect-") for p in tmp_path.iterdir() if p.is_symlink()] == [True]
