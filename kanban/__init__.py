@@ -5,7 +5,8 @@ Modules: `task` (schema, validation, pure transitions), `parse` (dropped files t
 board), `errors` (the board's exceptions), `index` (in-process claim index), `events`
 (events.jsonl), `fsio` (atomic, link-safe writes), `lock` (the board's flock), `liveness` (is a
 claim's holder alive), `fsinfo` (filesystem type, inotify limits), `watch` (watchdog wake-ups),
-`store` (the protocol a board backend implements), `board` (the filesystem backend).
+`redact` (API key values out of every text written), `store` (the protocol a board backend
+implements), `board` (the filesystem backend).
 
 Imports only the standard library, watchdog, psutil and pyyaml; never `supervisor`
 or `agents`.

@@ -1,5 +1,10 @@
 """Process supervision, the `hermes-sup` command line, and the workspace (hermes.yaml).
 
-`workspace` finds and scaffolds workspaces and reads their config; `cli` is the command line;
-`render` draws the board and tables. May import `kanban` and `agents`.
+`workspace` finds and scaffolds workspaces and reads their config; `spec` turns it into child specs;
+`policy` decides restarts (pure); `runner` is the event loop that keeps the agents alive, with
+`control` (its sockets and control protocol), `boardwork` (board work off the loop), `statefile`
+(supervisor.json, never fatal), `procs` and `cgroups` (which processes are an agent's, and stopping
+them all), `sweep` (what a dead supervisor left); `cli` is the command line, `cliargs` checks its
+arguments, `render` draws the board and tables (user text literally), `usage` and `doctor` are
+their commands. May import `kanban` and `agents`.
 """

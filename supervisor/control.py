@@ -260,8 +260,9 @@ class ControlServer:
 # -- the client side -----------------------------------------------------------------------------
 
 def request(runs: Path, payload: dict[str, Any], timeout: float = 10.0) -> dict[str, Any] | None:
-    """Send one command to a running supervisor; None if none is listening. A socket held by
-    another user (planted in place of the supervisor's) is not talked to."""
+    """Send one command to a running supervisor; None if none is listening or it closed without a
+    word. A socket held by another user (planted in place of the supervisor's) is not talked to.
+    ValueError: what came back is not a reply (not one JSON object)."""
     path = runs / SOCKET_DIR / CONTROL_SOCKET
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
@@ -273,5 +274,9 @@ def request(runs: Path, payload: dict[str, Any], timeout: float = 10.0) -> dict[
             data = sock.makefile("rb").readline(MAX_REQUEST * 64)
     except (FileNotFoundError, ConnectionRefusedError):
         return None
-    reply = json.loads(data) if data else None
-    return reply if isinstance(reply, dict) else None
+    if not data:
+        return None
+    reply = json.loads(data)
+    if not isinstance(reply, dict):
+        raise ValueError("the reply is not a JSON object")
+    return reply

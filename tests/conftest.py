@@ -4,6 +4,7 @@ own subprocesses at its end, so the suite never leaves anything running."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -124,3 +125,42 @@ def gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def supervisor_state(ws: Path) -> dict:
+    """runs/supervisor.json, or {} while there is none (or it is being replaced)."""
+    try:
+        return json.loads((ws / "runs" / "supervisor.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[Callable[[Path], subprocess.Popen[str]]]:
+    """Start `hermes-sup up` in the foreground for a workspace (its output in tmp_path/up.log); stop
+    it, its agents, and whatever a SIGKILLed supervisor left (and its cgroups) after the test."""
+    from hermes_sup.supervisor.sweep import sweep
+
+    procs, workspaces = [], []
+
+    def start(ws: Path) -> subprocess.Popen[str]:
+        log = open(tmp_path / "up.log", "w")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen([*CLI, "-w", str(ws), "up"], stdout=log,
+                                stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+        procs.append((proc, log))
+        workspaces.append(ws)
+        wait_until(lambda: supervisor_state(ws).get("pid") == proc.pid, timeout=30)
+        return proc
+
+    yield start
+    for proc, log in procs:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+    for ws in workspaces:
+        sweep(ws, ws / "runs", 0)

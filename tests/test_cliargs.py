@@ -163,8 +163,9 @@ def test_a_strange_answer_on_the_control_socket_is_an_error_message(ws, answer, 
 
     me = psutil.Process()
     (ws / "runs" / "supervisor.json").write_text(json.dumps({"pid": me.pid, "pid_started": me.create_time()}))
+    (ws / "runs" / "sockets").mkdir(mode=0o700)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
-        server.bind(str(ws / "runs" / "control.sock"))
+        server.bind(str(ws / "runs" / "sockets" / "control.sock"))
         server.listen(1)
 
         def serve() -> None:

@@ -13,9 +13,7 @@ import time
 from pathlib import Path
 
 import psutil
-import pytest
 from hermes_sup.kanban import Board
-from hermes_sup.supervisor.sweep import sweep
 
 from .conftest import CLI, gone, wait_until
 
@@ -60,34 +58,6 @@ def state(ws: Path) -> dict:
 
 def agent(ws: Path, name: str) -> dict:
     return state(ws).get("agents", {}).get(name, {})
-
-
-@pytest.fixture
-def up(tmp_path):
-    """Start `hermes-sup up` in the foreground for a workspace; stop it (and its agents) after."""
-    procs, workspaces = [], []
-
-    def start(ws: Path) -> subprocess.Popen[str]:
-        log = open(tmp_path / "up.log", "w")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen([*CLI, "-w", str(ws), "up"], stdout=log,
-                                stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-        procs.append((proc, log))
-        workspaces.append(ws)
-        wait_until(lambda: state(ws).get("pid") == proc.pid, timeout=30)
-        return proc
-
-    yield start
-    for proc, log in procs:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        log.close()
-    for ws in workspaces:  # what a SIGKILLed supervisor left, and its cgroups on this shared machine
-        sweep(ws, ws / "runs", 0)
 
 
 def test_a_sigkilled_agent_is_restarted_and_its_claim_goes_back(tmp_path, up):

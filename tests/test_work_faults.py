@@ -60,31 +60,6 @@ def tool_log(ws: Path, name: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-@pytest.fixture
-def up(tmp_path):
-    """`hermes-sup up` in the foreground for a workspace; stopped (with its agents) at the end."""
-    procs = []
-
-    def start(ws: Path) -> subprocess.Popen[str]:
-        log = open(tmp_path / "up.log", "w")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen([*CLI, "-w", str(ws), "up"], stdout=log, stderr=subprocess.STDOUT, text=True,
-                                cwd=ROOT)
-        procs.append((proc, log))
-        wait_until(lambda: supervisor(ws).get("pid") == proc.pid, timeout=30)
-        return proc
-
-    yield start
-    for proc, log in procs:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        log.close()
-
-
 # -- a stop during a step -----------------------------------------------------------------------
 
 def test_the_signal_a_command_died_of():
