@@ -14,12 +14,12 @@ from hermes_sup.supervisor.cli import main
 from hermes_sup.supervisor.runner import request
 
 from .conftest import wait_until
-from .test_supervisor import FAKE, agent, hermes, make_ws, up  # noqa: F401  (up: the fixture)
+from .test_supervisor import FAKE, agent, hermes, make_ws
 
 DEEP = "[" * 100_000 + "]" * 100_000
 
 
-def test_a_broken_reload_never_touches_the_running_team(tmp_path, up):  # noqa: F811
+def test_a_broken_reload_never_touches_the_running_team(tmp_path, up):
     ws = make_ws(tmp_path, f"- name: keep\n  command: [{sys.executable}, {FAKE}, beat]\n")
     config = ws / "hermes.yaml"
     good = config.read_text()

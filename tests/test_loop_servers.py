@@ -19,7 +19,6 @@ from hermes_sup.kanban.board import Board
 from .conftest import CLI, wait_until
 from .llm_server import ScriptedLLM, openai_reply
 from .test_supervisor import ROOT, agent
-from .test_supervisor import up as supervisor_up  # noqa: F401 - a fixture
 
 CAPS = ("fs.read", "fs.write", "memory", "kanban")
 TASK = {"id": "t-1", "title": "Write n.txt", "body": "Put 7 into n.txt."}
@@ -139,7 +138,7 @@ def test_a_provider_without_v1_is_skipped_and_the_note_says_why(tmp_path):
 
 
 def test_a_team_on_a_server_with_these_quirks_fails_and_notes_tasks_for_their_real_reasons(
-        tmp_path, supervisor_up):  # noqa: F811 - the fixture imported above
+        tmp_path, up):
     """End to end, through the supervisor: a context overflow inside a stream fails its task with that
     reason (the agent does not crash and restart into "holder is gone"), and a task whose model never
     sees its tools is done, with a comment on it and a line in the agent's log saying why."""
@@ -160,7 +159,7 @@ def test_a_team_on_a_server_with_these_quirks_fails_and_notes_tasks_for_their_re
         board = Board(ws / "kanban")
         overflow = board.add({"title": "read the whole overflow corpus", "max_attempts": 1})
         tools = board.add({"title": "write 7 into n.txt"})
-        supervisor_up(ws)
+        up(ws)
         failed = wait_until(lambda: (d := board.get(overflow["id"]))["status"] == "failed" and d, timeout=60)
         done = wait_until(lambda: (d := board.get(tools["id"]))["status"] == "done" and d, timeout=60)
     assert "Context size has been exceeded" in failed["error"]

@@ -21,11 +21,8 @@ from hermes_sup.supervisor.procs import MARKER_ENV, Marker, marked, marker_value
 from hermes_sup.supervisor.runner import Supervisor
 from hermes_sup.supervisor.workspace import Workspace, load_config
 
-from . import test_supervisor
 from .conftest import CLI, ROOT, gone, wait_until
 from .test_supervisor import FAKE, agent, hermes, make_ws, state
-
-up = test_supervisor.up  # the fixture that runs `hermes-sup up` and cleans up after it
 
 BEAT = f"command: [{sys.executable}, {FAKE}, beat]"
 

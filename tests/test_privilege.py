@@ -9,7 +9,7 @@ import json
 from hermes_sup.kanban import Board, TaskNotFound
 
 from .conftest import wait_until
-from .test_supervisor import make_ws, up  # noqa: F401 - `up` is a fixture
+from .test_supervisor import make_ws
 
 TEAM = """- name: planner
   roles: [plan]
@@ -38,7 +38,7 @@ def terminal(command: str) -> dict:
     return {"tool": "terminal", "args": {"command": command}}
 
 
-def test_steps_an_agent_without_shell_wrote_do_not_run_with_a_teammates_shell(tmp_path, up):  # noqa: F811
+def test_steps_an_agent_without_shell_wrote_do_not_run_with_a_teammates_shell(tmp_path, up):
     ws = make_ws(tmp_path, TEAM)
     board = Board(ws / "kanban")
     # A person's task: the coder's own rights, shell included.
@@ -70,7 +70,7 @@ def test_steps_an_agent_without_shell_wrote_do_not_run_with_a_teammates_shell(tm
     assert {c["task"] for c in calls if c.get("tool") == "terminal" and c.get("outcome") == "ok"} == {honest["id"]}
 
 
-def test_a_task_cannot_move_the_file_tools_out_of_the_scratch_folder(tmp_path, up):  # noqa: F811
+def test_a_task_cannot_move_the_file_tools_out_of_the_scratch_folder(tmp_path, up):
     ws = make_ws(tmp_path, "- name: runner\n  capabilities: [fs.read, fs.write]\n")
     (ws / ".env").write_text("OPENAI_API_KEY=sk-secret-never-read\n")
     board = Board(ws / "kanban")
