@@ -178,6 +178,13 @@ def task_detail(doc: dict[str, Any]) -> Panel:
         lines.append(visible(doc["result"]) + "\n")
     if doc.get("body"):
         lines.append("\n" + visible(doc["body"]) + "\n")
+    comments = [entry for entry in doc.get("comments") or [] if isinstance(entry, dict)]
+    if comments:  # where a teammate's remark and a person's answer to `ask_human` are read
+        lines.append("\ncomments\n", style="bold")
+        for entry in comments:
+            answers = f" (answer to: {visible(entry['answers'], one_line=True)})" if entry.get("answers") else ""
+            lines.append(visible(f"  {entry.get('at')}  {entry.get('by')}", one_line=True) + answers + ": ")
+            lines.append(visible(entry.get("text", "")) + "\n")
     lines.append("\nhistory\n", style="bold")
     for entry in doc.get("history", []):
         lines.append(visible(f"  {entry['at']}  {entry.get('from') or '-'} -> {entry['to']}  by {entry['by']}"

@@ -270,3 +270,33 @@ def test_up_refuses_a_bad_team_at_once_and_starts_nothing(ws, text, message):
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert not (ws / "runs" / "supervisor.json").exists() and not (ws / "runs" / "supervisor.log").exists()
+
+
+def test_task_answer_then_show_prints_the_question_answered_and_the_comments(ws):
+    from hermes_sup.kanban import Board
+
+    board = Board(ws / "kanban")
+    board.add({"id": "ask", "title": "Ask a person"})
+    token = board.claim("worker-1")["claim"]["token"]
+    board.block("ask", token, "needs a person", question="Colour?")
+    board.comment("ask", "see [b]x[/b]", by="reviewer")
+    code, output = run(ws, "task", "answer", "ask", "blue")
+    assert code == 0, output
+    code, output = run(ws, "task", "show", "ask")
+    assert code == 0
+    # (short texts: the panel is 80 columns wide here, and a wrapped line would not be found)
+    assert "comments" in output and "reviewer: see [b]x[/b]" in output
+    assert "cli (answer to: Colour?): blue" in output
+
+
+def test_answering_a_task_that_asked_nothing_names_only_commands_that_exist(ws):
+    from hermes_sup.kanban import Board
+
+    board = Board(ws / "kanban")
+    board.add({"id": "plain", "title": "Nothing asked"})
+    code, output = run(ws, "task", "answer", "plain", "hi")
+    assert code == 1 and output.strip() == "error: task plain is todo and waits on no question"
+    board.move("plain", "blocked", note="stuck")
+    code, output = run(ws, "task", "answer", "plain", "hi")
+    assert code == 1 and "waits on no question; `hermes-sup task retry plain` puts it back in todo" in output
+    assert "task comment" not in output  # not a command (yet): never suggested
