@@ -131,7 +131,27 @@ def refreshed(board: Board) -> dict[str, Any]:
     return report.as_dict()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _Command(click.Command):
+    """A command whose usage errors (a bad option value, a missing argument) are also one JSON
+    document on stdout when --json was asked for: a script parsing stdout gets the error, not nothing."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        options = args[:args.index("--")] if "--" in args else args
+        wants_json = "--json" in options and any(param.name == "as_json" for param in self.params)
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            if wants_json:
+                emit_json({"error": exc.format_message(), "exit_code": exc.exit_code})
+            raise
+
+
+class _Group(click.Group):
+    command_class = _Command
+    group_class = type  # `task` and `skills` hand their commands _Command too
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("-w", "--workspace", type=click.Path(file_okay=False, path_type=Path),
               help="Workspace folder (else $HERMES_SUP_WORKSPACE, else the current folder upward).")
 @click.version_option(package_name="hermes-sup")

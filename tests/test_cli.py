@@ -300,3 +300,15 @@ def test_answering_a_task_that_asked_nothing_names_only_commands_that_exist(ws):
     code, output = run(ws, "task", "answer", "plain", "hi")
     assert code == 1 and "waits on no question; `hermes-sup task retry plain` puts it back in todo" in output
     assert "task comment" not in output  # not a command (yet): never suggested
+
+
+@pytest.mark.parametrize("args", [("task", "list", "--status", "bogus"), ("task", "add", "x", "--priority", "1e99"),
+                                  ("skills", "history"), ("down", "--timeout", "nan")])
+def test_a_usage_error_under_json_is_one_json_document_on_stdout(ws, args):
+    result = invoke(ws, *args, "--json")
+    assert result.exit_code == 2
+    document = json.loads(result.stdout)
+    assert document["exit_code"] == 2 and document["error"]
+    assert "Usage:" in result.stderr  # people still get click's usage message
+    plain = invoke(ws, *args)
+    assert plain.exit_code == 2 and plain.stdout == ""  # without --json, stdout stays empty
