@@ -209,8 +209,10 @@ def task() -> None:
 @click.option("--assignee", help="Only this agent may claim it.")
 @click.option("--role", help="Only agents with this role may claim it.")
 @click.option("--depends-on", "depends_on", multiple=True, help="A task that must be done first (repeatable).")
-@click.option("--tier", type=click.Choice(TIERS), default="auto", show_default=True)
-@click.option("--max-attempts", type=click.IntRange(1, 1000), default=3, show_default=True)
+@click.option("--tier", type=click.Choice(TIERS), default="auto", show_default=True,
+              help="The providers' tier for its model calls (auto: by its size, one up per failed attempt).")
+@click.option("--max-attempts", type=click.IntRange(1, 1000), default=3, show_default=True,
+              help="Attempts before it fails for good.")
 @click.option("--steps", "steps_json", help='A deterministic plan as JSON: [{"tool": NAME, "args": {...}}].')
 @click.option("--id", "task_id", help="Choose the id (default: derived from the title).")
 @json_option
@@ -265,7 +267,7 @@ def task_list(ctx: click.Context, status: str | None, as_json: bool) -> None:
 @click.pass_context
 @handled
 def task_show(ctx: click.Context, task_id: str, as_json: bool) -> None:
-    """Show one task with its history."""
+    """Show one task: its fields, result or error, comments and history."""
     with open_board(ctx) as board:
         refreshed(board)
         doc = board.get(task_id)
@@ -302,7 +304,8 @@ def task_cancel(ctx: click.Context, task_id: str, as_json: bool) -> None:
 @click.pass_context
 @handled
 def task_answer(ctx: click.Context, task_id: str, text: str, as_json: bool) -> None:
-    """Answer the question a blocked task asked: it goes back to todo, the answer in its next message."""
+    """Answer the question a blocked task asked (ask_human): it goes back to todo, and TEXT is the
+    result of the model call or step that asked."""
     _change(ctx, as_json, lambda board: board.answer(task_id, text))
 
 
@@ -404,7 +407,8 @@ def watch_board(board: Board, as_json: bool) -> None:
 @click.pass_context
 @handled
 def doctor(ctx: click.Context, as_json: bool) -> None:
-    """Check the config, the board's filesystem, inotify limits, credentials and disk."""
+    """Check the config, credentials (present, never their values), providers, process containment,
+    the board's filesystem, watcher, inotify limits, damaged files and disk."""
     ws = workspace_of(ctx)
     checks = run_checks(ws)
     worst = "ok"
@@ -624,7 +628,7 @@ def ask_supervisor(ws: Workspace, payload: dict[str, Any], timeout: float = 10.0
 @click.pass_context
 @handled
 def status(ctx: click.Context, as_json: bool) -> None:
-    """Per agent: pid, state, restarts, uptime, current task, rss, cpu, last exit."""
+    """Per agent: pid, state, restarts, uptime, current task, rss, cpu, last exit, delegated children."""
     ws = workspace_of(ctx)
     state = read_supervisor_state(ws)
     running = supervisor_alive(state)
