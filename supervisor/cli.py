@@ -878,14 +878,23 @@ def logs(ctx: click.Context, agent: str | None, follow: bool, lines: int) -> Non
         tail, offsets[name] = found
         for line in tail:
             click.echo(visible(f"{name:<{width}} | {line.decode('utf-8', 'replace')}", one_line=True))
-    while follow:
-        time.sleep(0.2)
-        for name in chosen:
-            if not is_regular(ws.runs_path / name / "agent.log"):
-                continue
-            new_lines, offsets[name] = read_complete_lines(ws.runs_path / name / "agent.log", offsets.get(name, 0))
-            for line in new_lines:
-                click.echo(visible(f"{name:<{width}} | {line.decode('utf-8', 'replace')}", one_line=True))
+    if follow:
+        follow_logs(ws.runs_path, chosen, offsets, width)
+
+
+def follow_logs(runs: Path, chosen: list[str], offsets: dict[str, int], width: int) -> None:
+    """Print the lines the agents add until Ctrl-C or SIGTERM, which end it as its help says (exit
+    0), not as an abort (click's "Aborted!", exit 1), the same as `board --watch`."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    with contextlib.suppress(KeyboardInterrupt):
+        while True:
+            time.sleep(0.2)
+            for name in chosen:
+                if not is_regular(runs / name / "agent.log"):
+                    continue
+                new_lines, offsets[name] = read_complete_lines(runs / name / "agent.log", offsets.get(name, 0))
+                for line in new_lines:
+                    click.echo(visible(f"{name:<{width}} | {line.decode('utf-8', 'replace')}", one_line=True))
 
 
 def is_regular(path: Path) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -312,3 +313,28 @@ def test_a_usage_error_under_json_is_one_json_document_on_stdout(ws, args):
     assert "Usage:" in result.stderr  # people still get click's usage message
     plain = invoke(ws, *args)
     assert plain.exit_code == 2 and plain.stdout == ""  # without --json, stdout stays empty
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_logs_follow_prints_new_lines_and_ends_cleanly_on_ctrl_c_or_sigterm(ws, stop):
+    import queue
+    import threading
+
+    log = ws / "runs" / "worker-1" / "agent.log"
+    log.parent.mkdir()
+    log.write_text("worker-1: ready\n")
+    proc = subprocess.Popen([*CLI, "-w", str(ws), "logs", "worker-1", "-f"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    try:
+        assert lines.get(timeout=30) == "worker-1 | worker-1: ready\n"
+        with log.open("a") as handle:
+            handle.write("worker-1: working on x\n")
+        assert lines.get(timeout=30) == "worker-1 | worker-1: working on x\n"
+        proc.send_signal(stop)
+        assert proc.wait(timeout=30) == 0
+        assert "Aborted" not in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
