@@ -338,3 +338,21 @@ def test_logs_follow_prints_new_lines_and_ends_cleanly_on_ctrl_c_or_sigterm(ws, 
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def test_task_show_prints_a_models_answer_as_its_lines_and_steps_one_a_line(ws):
+    from hermes_sup.kanban import Board
+    from hermes_sup.supervisor.render import result_text
+
+    board = Board(ws / "kanban")
+    board.add({"id": "guide", "title": "Write the guide"})
+    token = board.claim("worker-1")["claim"]["token"]
+    board.complete("guide", token, {"answer": "# Guide\nStep [b]one[/b]\x1b[2J\n\tdone"})
+    code, output = run(ws, "task", "show", "guide")
+    assert code == 0
+    lines = [line.strip("│ ") for line in output.splitlines()]
+    assert lines[lines.index("result:") + 1:][:3] == ["# Guide", "Step [b]one[/b]\\x1b[2J", "done"]
+    assert "{'answer'" not in output and "\\n" not in output
+    assert result_text({"steps": ["wrote a.txt", {"rows": 5}]}) == 'step 1: wrote a.txt\nstep 2: {"rows": 5}'
+    assert result_text({"answer": "x", "extra": 1}) == '{"answer": "x", "extra": 1}'
+    assert result_text("plain") == "plain" and result_text(None) == "null"
