@@ -817,7 +817,10 @@ def skills_list(ctx: click.Context, as_json: bool) -> None:
 @handled
 def skills_history(ctx: click.Context, name: str, as_json: bool) -> None:
     """The versions of a skill kept by skill_manage and rollbacks, oldest first."""
-    entries = _skills(ctx, name).history(name)
+    found = _skills(ctx, name)
+    entries = found.history(name)
+    if not entries and name not in found.names():  # a typo is not a skill without history
+        raise Failure(f"no skill named {name!r}; skills: {', '.join(sorted(found.names())) or 'none'}")
     if as_json:
         emit_json({"skill": name, "versions": entries})
         return

@@ -356,3 +356,10 @@ def test_task_show_prints_a_models_answer_as_its_lines_and_steps_one_a_line(ws):
     assert result_text({"steps": ["wrote a.txt", {"rows": 5}]}) == 'step 1: wrote a.txt\nstep 2: {"rows": 5}'
     assert result_text({"answer": "x", "extra": 1}) == '{"answer": "x", "extra": 1}'
     assert result_text("plain") == "plain" and result_text(None) == "null"
+
+
+def test_skills_history_of_a_skill_that_does_not_exist_says_so(ws):
+    code, output = run(ws, "skills", "history", "data_tool")
+    assert code == 1 and "no skill named 'data_tool'; skills: " in output and "data_tools" in output
+    code, output = run(ws, "skills", "history", "data_tools")  # a bundled skill never replaced
+    assert code == 0 and "skill data_tools has no earlier versions" in output
