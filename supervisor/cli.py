@@ -663,7 +663,9 @@ def _ask(ctx: click.Context, payload: dict[str, Any], as_json: bool) -> dict[str
     elif reply.get("ok"):
         out.print(literal(message))
     if not reply.get("ok"):
-        raise Failure(message, 2 if "reload refused" in message else 1)
+        # A refused config and an agent name that is not one are usage errors, as in `logs AGENT`.
+        usage = "reload refused" in message or message.startswith("no agent named")
+        raise Failure(message, 2 if usage else 1)
     return reply
 
 

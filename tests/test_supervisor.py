@@ -123,6 +123,8 @@ def test_an_agent_that_exits_at_once_ends_fatal_without_spinning(tmp_path, up):
     listing = hermes(ws, "status", "--json")
     assert json.loads(listing.stdout)["agents"][0]["state"] == "fatal"
     assert hermes(ws, "restart", "crasher").returncode == 0
+    unknown = hermes(ws, "restart", "crash")  # a usage error, as `logs crash` is
+    assert unknown.returncode == 2 and "no agent named 'crash'; agents: crasher" in unknown.stderr
     wait_until(lambda: agent(ws, "crasher").get("state") == "fatal" and agent(ws, "crasher")["restarts"] > 3,
                timeout=30)
 
