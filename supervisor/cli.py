@@ -429,7 +429,7 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
 
 
 def _agents_option(ws: Workspace, config: dict[str, Any], csv: str | None) -> set[str] | None:
-    if not csv:
+    if csv is None:  # "--agents ''" (an empty variable in a script) names no agent: refused below
         return None
     known = [spec.name for spec in build_specs(config, ws.root)]
     chosen = {name.strip() for name in csv.split(",") if name.strip()}

@@ -363,3 +363,15 @@ def test_skills_history_of_a_skill_that_does_not_exist_says_so(ws):
     assert code == 1 and "no skill named 'data_tool'; skills: " in output and "data_tools" in output
     code, output = run(ws, "skills", "history", "data_tools")  # a bundled skill never replaced
     assert code == 0 and "skill data_tools has no earlier versions" in output
+
+
+@pytest.mark.parametrize("names", ["", " , "])
+def test_up_with_agents_naming_no_agent_is_refused_and_starts_nothing(ws, names):
+    try:
+        done = subprocess.run([*CLI, "-w", str(ws), "up", "--detach", "--agents", names], capture_output=True,
+                              text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
+        assert done.returncode == 2 and "--agents names no agent; agents: worker-1, worker-2" in done.stderr
+        assert not (ws / "runs" / "supervisor.json").exists()
+    finally:  # had it started the team, stop it
+        subprocess.run([*CLI, "-w", str(ws), "down", "--timeout", "5"], capture_output=True, timeout=120,
+                       cwd=Path(__file__).resolve().parent.parent)
