@@ -151,6 +151,8 @@ def test_doctor_reports_and_fails_on_a_broken_config(ws):
     report = run_json(ws, "doctor")
     names = {c["name"]: c for c in report["checks"]}
     assert names["config"]["level"] == "ok" and names["watcher"]["level"] == "ok"
+    # the agents as status and logs name them (the scaffold's one entry is `worker` with count: 2)
+    assert names["config"]["detail"] == f"{ws / 'hermes.yaml'} (2 agents: worker-1, worker-2)"
     assert names["filesystem"]["level"] == "ok" and "inotify limits" in names
     (ws / "hermes.yaml").write_text("agents: [\n")
     result = invoke(ws, "doctor", "--json")
