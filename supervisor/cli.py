@@ -31,7 +31,18 @@ from rich.console import Console
 from rich.text import Text
 
 from . import render
-from .cliargs import MAX_PRIORITY, Seconds, UsageError, json_text, not_utf8, parse_steps, pid_or_none, sane_state
+from .cliargs import (
+    MAX_PRIORITY,
+    JsonUsageGroup,
+    Seconds,
+    UsageError,
+    emit_json,
+    json_text,
+    not_utf8,
+    parse_steps,
+    pid_or_none,
+    sane_state,
+)
 from .doctor import run_checks
 from .runner import Supervisor, request, tree_rss_mb
 from .spec import build_specs
@@ -64,13 +75,6 @@ class Failure(Exception):
     def __init__(self, message: str, code: int = 1) -> None:
         super().__init__(message)
         self.code = code
-
-
-def emit_json(document: Any) -> None:
-    # Indented for a person at a terminal; one line for a script, which also keeps json on its C
-    # encoder (indent makes it several times slower, a third of `board --json` over 10,000 tasks).
-    indent = 2 if sys.stdout.isatty() else None
-    click.echo(json_text(document, indent))
 
 
 def _exit(message: str, code: int, as_json: bool) -> NoReturn:
@@ -131,27 +135,7 @@ def refreshed(board: Board) -> dict[str, Any]:
     return report.as_dict()
 
 
-class _Command(click.Command):
-    """A command whose usage errors (a bad option value, a missing argument) are also one JSON
-    document on stdout when --json was asked for: a script parsing stdout gets the error, not nothing."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        options = args[:args.index("--")] if "--" in args else args
-        wants_json = "--json" in options and any(param.name == "as_json" for param in self.params)
-        try:
-            return super().parse_args(ctx, args)
-        except click.UsageError as exc:
-            if wants_json:
-                emit_json({"error": exc.format_message(), "exit_code": exc.exit_code})
-            raise
-
-
-class _Group(click.Group):
-    command_class = _Command
-    group_class = type  # `task` and `skills` hand their commands _Command too
-
-
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=JsonUsageGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("-w", "--workspace", type=click.Path(file_okay=False, path_type=Path),
               help="Workspace folder (else $HERMES_SUP_WORKSPACE, else the current folder upward).")
 @click.version_option(package_name="hermes-sup")
