@@ -51,6 +51,7 @@ from .usage import read_logs, summarize
 from .workspace import (
     PRIVATE_UMASK,
     SHARED_UMASK,
+    WORKSPACE_ENV,
     ConfigError,
     Workspace,
     find_workspace,
@@ -156,10 +157,12 @@ def main(ctx: click.Context, workspace: Path | None) -> None:
 @click.option("--example", is_flag=True,
               help="The example team (planner, two workers, reviewer) with its example tasks in kanban/inbox/.")
 @json_option
+@click.pass_context
 @handled
-def init(directory: Path | None, example: bool, as_json: bool) -> None:
-    """Scaffold a workspace in DIRECTORY (default: here): hermes.yaml, kanban/, skills/, runs/."""
-    root = (directory or Path.cwd()).absolute()
+def init(ctx: click.Context, directory: Path | None, example: bool, as_json: bool) -> None:
+    """Scaffold a workspace in DIRECTORY (default: -w, else $HERMES_SUP_WORKSPACE, else here):
+    hermes.yaml, kanban/, skills/, runs/."""
+    root = init_root(directory, ctx.obj.get("workspace"), os.environ.get(WORKSPACE_ENV), Path.cwd())
     if root.exists() and not root.is_dir():
         raise Failure(f"{root} exists and is not a folder", 2)
     if example and (root / "hermes.yaml").exists():
@@ -175,7 +178,22 @@ def init(directory: Path | None, example: bool, as_json: bool) -> None:
         out.print(literal(f"workspace ready in {root}: created {', '.join(created)}"))
     else:
         out.print(literal(f"{root} is already a workspace; nothing to create"))
-    out.print(Text.assemble("next: ", ("hermes-sup up", "bold"), ", then drop a task file into kanban/inbox/"))
+    start = "hermes-sup up" if root == Path.cwd().absolute() else f"cd {root} && hermes-sup up"
+    out.print(Text.assemble("next: ", (visible(start, one_line=True), "bold"),
+                            ", then drop a task file into kanban/inbox/"))
+
+
+def init_root(directory: Path | None, workspace: Path | None, env: str | None, cwd: Path) -> Path:
+    """Where `init` scaffolds (pure): DIRECTORY, else -w, else $HERMES_SUP_WORKSPACE, else the
+    current folder, as every other command finds its workspace; DIRECTORY and -w naming two folders
+    is a usage error rather than a guess."""
+    def absolute(path: Path | str) -> Path:
+        return (cwd / Path(path).expanduser()).absolute()
+
+    if directory is not None and workspace is not None and absolute(directory) != absolute(workspace):
+        raise Failure(f"init {directory} and -w {workspace} name two folders; name one", 2)
+    chosen = directory if directory is not None else workspace if workspace is not None else env or None
+    return absolute(chosen) if chosen else cwd.absolute()
 
 
 # -- tasks ------------------------------------------------------------------------------------------

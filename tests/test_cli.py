@@ -377,3 +377,25 @@ def test_up_with_agents_naming_no_agent_is_refused_and_starts_nothing(ws, names)
     finally:  # had it started the team, stop it
         subprocess.run([*CLI, "-w", str(ws), "down", "--timeout", "5"], capture_output=True, timeout=120,
                        cwd=Path(__file__).resolve().parent.parent)
+
+
+def test_init_scaffolds_where_every_command_looks_for_the_workspace(tmp_path, monkeypatch):
+    from hermes_sup.supervisor.cli import init_root
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    runner = CliRunner()
+    done = runner.invoke(main, ["-w", str(tmp_path / "by-w"), "init"])
+    assert done.exit_code == 0 and (tmp_path / "by-w" / "hermes.yaml").is_file(), done.output
+    assert f"next: cd {tmp_path / 'by-w'} && hermes-sup up" in done.output.replace("\n", "")
+    done = runner.invoke(main, ["init"], env={"HERMES_SUP_WORKSPACE": str(tmp_path / "by-env")})
+    assert done.exit_code == 0 and (tmp_path / "by-env" / "hermes.yaml").is_file(), done.output
+    assert not (elsewhere / "hermes.yaml").exists()
+    done = runner.invoke(main, ["-w", str(tmp_path / "a"), "init", str(tmp_path / "b")])
+    assert done.exit_code == 2 and "name two folders" in done.output
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    # DIRECTORY wins over the environment; relative paths are taken from the current folder
+    assert init_root(Path("x"), None, "/env", Path("/cwd")) == Path("/cwd/x")
+    assert init_root(Path("x"), Path("/cwd/x"), None, Path("/cwd")) == Path("/cwd/x")
+    assert init_root(None, None, "", Path("/cwd")) == Path("/cwd")
