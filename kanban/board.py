@@ -981,8 +981,9 @@ class Board(IngestMixin):
             doc = self._read(path)
             question = doc.get("question")
             if doc["status"] != "blocked" or not question:
-                raise InvalidTransition(f"task {task_id} is {doc['status']} and waits on no question; "
-                                        "`task comment` adds a comment, `task retry` puts a blocked task back")
+                # Point only at commands that exist: a blocked task without a question goes back by retry.
+                hint = f"; `hermes-sup task retry {task_id}` puts it back in todo" if doc["status"] == "blocked" else ""
+                raise InvalidTransition(f"task {task_id} is {doc['status']} and waits on no question{hint}")
             now = now_iso()
             entry = {"at": now, "by": by, "text": text, "answers": question}
             return self._commit(folder, transition(doc, "todo", by=by, now=now, note=f"answered by {by}",

@@ -31,7 +31,18 @@ from rich.console import Console
 from rich.text import Text
 
 from . import render
-from .cliargs import MAX_PRIORITY, Seconds, UsageError, json_text, not_utf8, parse_steps, pid_or_none, sane_state
+from .cliargs import (
+    MAX_PRIORITY,
+    JsonUsageGroup,
+    Seconds,
+    UsageError,
+    emit_json,
+    json_text,
+    not_utf8,
+    parse_steps,
+    pid_or_none,
+    sane_state,
+)
 from .control import CONTROL_SOCKET, SOCKET_DIR
 from .doctor import run_checks
 from .runner import Supervisor, request, tree_rss_mb
@@ -41,6 +52,7 @@ from .usage import read_logs, summarize
 from .workspace import (
     PRIVATE_UMASK,
     SHARED_UMASK,
+    WORKSPACE_ENV,
     ConfigError,
     Workspace,
     find_workspace,
@@ -65,13 +77,6 @@ class Failure(Exception):
     def __init__(self, message: str, code: int = 1) -> None:
         super().__init__(message)
         self.code = code
-
-
-def emit_json(document: Any) -> None:
-    # Indented for a person at a terminal; one line for a script, which also keeps json on its C
-    # encoder (indent makes it several times slower, a third of `board --json` over 10,000 tasks).
-    indent = 2 if sys.stdout.isatty() else None
-    click.echo(json_text(document, indent))
 
 
 def _exit(message: str, code: int, as_json: bool) -> NoReturn:
@@ -132,7 +137,7 @@ def refreshed(board: Board) -> dict[str, Any]:
     return report.as_dict()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=JsonUsageGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("-w", "--workspace", type=click.Path(file_okay=False, path_type=Path),
               help="Workspace folder (else $HERMES_SUP_WORKSPACE, else the current folder upward).")
 @click.version_option(package_name="hermes-sup")
@@ -153,10 +158,12 @@ def main(ctx: click.Context, workspace: Path | None) -> None:
 @click.option("--example", is_flag=True,
               help="The example team (planner, two workers, reviewer) with its example tasks in kanban/inbox/.")
 @json_option
+@click.pass_context
 @handled
-def init(directory: Path | None, example: bool, as_json: bool) -> None:
-    """Scaffold a workspace in DIRECTORY (default: here): hermes.yaml, kanban/, skills/, runs/."""
-    root = (directory or Path.cwd()).absolute()
+def init(ctx: click.Context, directory: Path | None, example: bool, as_json: bool) -> None:
+    """Scaffold a workspace in DIRECTORY (default: -w, else $HERMES_SUP_WORKSPACE, else here):
+    hermes.yaml, kanban/, skills/, runs/."""
+    root = init_root(directory, ctx.obj.get("workspace"), os.environ.get(WORKSPACE_ENV), Path.cwd())
     if root.exists() and not root.is_dir():
         raise Failure(f"{root} exists and is not a folder", 2)
     if example and (root / "hermes.yaml").exists():
@@ -172,7 +179,22 @@ def init(directory: Path | None, example: bool, as_json: bool) -> None:
         out.print(literal(f"workspace ready in {root}: created {', '.join(created)}"))
     else:
         out.print(literal(f"{root} is already a workspace; nothing to create"))
-    out.print(Text.assemble("next: ", ("hermes-sup up", "bold"), ", then drop a task file into kanban/inbox/"))
+    start = "hermes-sup up" if root == Path.cwd().absolute() else f"cd {root} && hermes-sup up"
+    out.print(Text.assemble("next: ", (visible(start, one_line=True), "bold"),
+                            ", then drop a task file into kanban/inbox/"))
+
+
+def init_root(directory: Path | None, workspace: Path | None, env: str | None, cwd: Path) -> Path:
+    """Where `init` scaffolds (pure): DIRECTORY, else -w, else $HERMES_SUP_WORKSPACE, else the
+    current folder, as every other command finds its workspace; DIRECTORY and -w naming two folders
+    is a usage error rather than a guess."""
+    def absolute(path: Path | str) -> Path:
+        return (cwd / Path(path).expanduser()).absolute()
+
+    if directory is not None and workspace is not None and absolute(directory) != absolute(workspace):
+        raise Failure(f"init {directory} and -w {workspace} name two folders; name one", 2)
+    chosen = directory if directory is not None else workspace if workspace is not None else env or None
+    return absolute(chosen) if chosen else cwd.absolute()
 
 
 # -- tasks ------------------------------------------------------------------------------------------
@@ -190,8 +212,10 @@ def task() -> None:
 @click.option("--assignee", help="Only this agent may claim it.")
 @click.option("--role", help="Only agents with this role may claim it.")
 @click.option("--depends-on", "depends_on", multiple=True, help="A task that must be done first (repeatable).")
-@click.option("--tier", type=click.Choice(TIERS), default="auto", show_default=True)
-@click.option("--max-attempts", type=click.IntRange(1, 1000), default=3, show_default=True)
+@click.option("--tier", type=click.Choice(TIERS), default="auto", show_default=True,
+              help="The providers' tier for its model calls (auto: by its size, one up per failed attempt).")
+@click.option("--max-attempts", type=click.IntRange(1, 1000), default=3, show_default=True,
+              help="Attempts before it fails for good.")
 @click.option("--steps", "steps_json", help='A deterministic plan as JSON: [{"tool": NAME, "args": {...}}].')
 @click.option("--id", "task_id", help="Choose the id (default: derived from the title).")
 @json_option
@@ -246,7 +270,7 @@ def task_list(ctx: click.Context, status: str | None, as_json: bool) -> None:
 @click.pass_context
 @handled
 def task_show(ctx: click.Context, task_id: str, as_json: bool) -> None:
-    """Show one task with its history."""
+    """Show one task: its fields, result or error, comments and history."""
     with open_board(ctx) as board:
         refreshed(board)
         doc = board.get(task_id)
@@ -283,7 +307,8 @@ def task_cancel(ctx: click.Context, task_id: str, as_json: bool) -> None:
 @click.pass_context
 @handled
 def task_answer(ctx: click.Context, task_id: str, text: str, as_json: bool) -> None:
-    """Answer the question a blocked task asked: it goes back to todo, the answer in its next message."""
+    """Answer the question a blocked task asked (ask_human): it goes back to todo, and TEXT is the
+    result of the model call or step that asked."""
     _change(ctx, as_json, lambda board: board.answer(task_id, text))
 
 
@@ -385,7 +410,8 @@ def watch_board(board: Board, as_json: bool) -> None:
 @click.pass_context
 @handled
 def doctor(ctx: click.Context, as_json: bool) -> None:
-    """Check the config, the board's filesystem, inotify limits, credentials and disk."""
+    """Check the config, credentials (present, never their values), providers, process containment,
+    the board's filesystem, watcher, inotify limits, damaged files and disk."""
     ws = workspace_of(ctx)
     checks = run_checks(ws)
     worst = "ok"
@@ -406,7 +432,7 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
 
 
 def _agents_option(ws: Workspace, config: dict[str, Any], csv: str | None) -> set[str] | None:
-    if not csv:
+    if csv is None:  # "--agents ''" (an empty variable in a script) names no agent: refused below
         return None
     known = [spec.name for spec in build_specs(config, ws.root)]
     chosen = {name.strip() for name in csv.split(",") if name.strip()}
@@ -605,7 +631,7 @@ def ask_supervisor(ws: Workspace, payload: dict[str, Any], timeout: float = 10.0
 @click.pass_context
 @handled
 def status(ctx: click.Context, as_json: bool) -> None:
-    """Per agent: pid, state, restarts, uptime, current task, rss, cpu, last exit."""
+    """Per agent: pid, state, restarts, uptime, current task, rss, cpu, last exit, delegated children."""
     ws = workspace_of(ctx)
     state = read_supervisor_state(ws)
     running = supervisor_alive(state)
@@ -640,7 +666,9 @@ def _ask(ctx: click.Context, payload: dict[str, Any], as_json: bool) -> dict[str
     elif reply.get("ok"):
         out.print(literal(message))
     if not reply.get("ok"):
-        raise Failure(message, 2 if "reload refused" in message else 1)
+        # A refused config and an agent name that is not one are usage errors, as in `logs AGENT`.
+        usage = "reload refused" in message or message.startswith("no agent named")
+        raise Failure(message, 2 if usage else 1)
     return reply
 
 
@@ -794,7 +822,10 @@ def skills_list(ctx: click.Context, as_json: bool) -> None:
 @handled
 def skills_history(ctx: click.Context, name: str, as_json: bool) -> None:
     """The versions of a skill kept by skill_manage and rollbacks, oldest first."""
-    entries = _skills(ctx, name).history(name)
+    found = _skills(ctx, name)
+    entries = found.history(name)
+    if not entries and name not in found.names():  # a typo is not a skill without history
+        raise Failure(f"no skill named {name!r}; skills: {', '.join(sorted(found.names())) or 'none'}")
     if as_json:
         emit_json({"skill": name, "versions": entries})
         return
@@ -855,14 +886,23 @@ def logs(ctx: click.Context, agent: str | None, follow: bool, lines: int) -> Non
         tail, offsets[name] = found
         for line in tail:
             click.echo(visible(f"{name:<{width}} | {line.decode('utf-8', 'replace')}", one_line=True))
-    while follow:
-        time.sleep(0.2)
-        for name in chosen:
-            if not is_regular(ws.runs_path / name / "agent.log"):
-                continue
-            new_lines, offsets[name] = read_complete_lines(ws.runs_path / name / "agent.log", offsets.get(name, 0))
-            for line in new_lines:
-                click.echo(visible(f"{name:<{width}} | {line.decode('utf-8', 'replace')}", one_line=True))
+    if follow:
+        follow_logs(ws.runs_path, chosen, offsets, width)
+
+
+def follow_logs(runs: Path, chosen: list[str], offsets: dict[str, int], width: int) -> None:
+    """Print the lines the agents add until Ctrl-C or SIGTERM, which end it as its help says (exit
+    0), not as an abort (click's "Aborted!", exit 1), the same as `board --watch`."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    with contextlib.suppress(KeyboardInterrupt):
+        while True:
+            time.sleep(0.2)
+            for name in chosen:
+                if not is_regular(runs / name / "agent.log"):
+                    continue
+                new_lines, offsets[name] = read_complete_lines(runs / name / "agent.log", offsets.get(name, 0))
+                for line in new_lines:
+                    click.echo(visible(f"{name:<{width}} | {line.decode('utf-8', 'replace')}", one_line=True))
 
 
 def is_regular(path: Path) -> bool:

@@ -18,6 +18,7 @@ from hermes_sup.kanban.events import read_all
 from hermes_sup.kanban.fsinfo import disk_free, inotify_limits, is_network
 
 from .cgroups import detect
+from .spec import build_specs
 from .workspace import ConfigError, Workspace, load_config
 
 Check = dict[str, Any]
@@ -47,8 +48,9 @@ def run_checks(ws: Workspace) -> list[Check]:
     config: dict[str, Any] = {}
     try:
         config = load_config(ws.config_path)
-        agents = config.get("agents") or []
-        checks.append(_check("config", "ok", f"{ws.config_path} ({len(agents)} agent entries)"))
+        names = [spec.name for spec in build_specs(config, ws.root)]  # as status names them (count: N)
+        checks.append(_check("config", "ok", f"{ws.config_path} ({len(names)} agent{'s' if len(names) != 1 else ''}: "
+                                             f"{', '.join(names)})"))
     except ConfigError as exc:
         checks.append(_check("config", "error", str(exc)))
 

@@ -9,6 +9,7 @@ shown as escapes instead.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable
@@ -156,6 +157,24 @@ def task_table(tasks: list[dict[str, Any]]) -> Table:
     return table
 
 
+def result_text(result: Any) -> str:
+    """A task's result for a person (pure): a model's answer as the text it wrote, its lines kept
+    (not a Python repr with `\\n` in it), each step's result on a line of its own, anything else as
+    JSON. Control characters are left to `visible`."""
+    if isinstance(result, str):
+        return result
+    if isinstance(result, dict) and list(result) == ["answer"] and isinstance(result["answer"], str):
+        return result["answer"]
+    if isinstance(result, dict) and list(result) == ["steps"] and isinstance(result["steps"], list):
+        return "\n".join(f"step {number}: {item if isinstance(item, str) else _json(item)}"
+                         for number, item in enumerate(result["steps"], 1))
+    return _json(result)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
 def task_detail(doc: dict[str, Any]) -> Panel:
     lines = Text()
     for key in ("status", "waiting", "priority", "assignee", "role", "depends_on", "tier", "attempts",
@@ -174,10 +193,18 @@ def task_detail(doc: dict[str, Any]) -> Panel:
         lines.append(f"{'error':>13}: ", style="dim")
         lines.append(visible(doc["error"]) + "\n", style="red")
     if doc.get("result") is not None:
-        lines.append(f"{'result':>13}: ", style="dim")
-        lines.append(visible(doc["result"]) + "\n")
+        shown = result_text(doc["result"])
+        lines.append(f"{'result':>13}:" + ("\n" if "\n" in shown else " "), style="dim")
+        lines.append(visible(shown) + "\n")
     if doc.get("body"):
         lines.append("\n" + visible(doc["body"]) + "\n")
+    comments = [entry for entry in doc.get("comments") or [] if isinstance(entry, dict)]
+    if comments:  # where a teammate's remark and a person's answer to `ask_human` are read
+        lines.append("\ncomments\n", style="bold")
+        for entry in comments:
+            answers = f" (answer to: {visible(entry['answers'], one_line=True)})" if entry.get("answers") else ""
+            lines.append(visible(f"  {entry.get('at')}  {entry.get('by')}", one_line=True) + answers + ": ")
+            lines.append(visible(entry.get("text", "")) + "\n")
     lines.append("\nhistory\n", style="bold")
     for entry in doc.get("history", []):
         lines.append(visible(f"  {entry['at']}  {entry.get('from') or '-'} -> {entry['to']}  by {entry['by']}"

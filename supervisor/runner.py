@@ -50,7 +50,7 @@ from .control import (
 from .control import request as request  # the CLI's entry point, kept importable from here
 from .policy import RestartHistory, cleared, decide, decide_failed_start, describe_exit, loop_gap
 from .procs import MARKER_ENV, Marker, is_agent_process, marked, marker_value, new_marker, stop_all, strays
-from .spec import ChildSpec, build_specs, plan_reload
+from .spec import ChildSpec, build_specs, describe_reload, plan_reload
 from .statefile import StateWriter, quiet
 from .workspace import ConfigError, Workspace, load_config, private_dir
 
@@ -476,8 +476,7 @@ class Supervisor:
             self.children[name] = Child(by_name[name])
             self.start(self.children[name])
         self._dirty = True
-        return {"ok": True, "message": f"reload: started {list(plan.start)}, stopped {list(plan.stop)}, "
-                                       f"restarted {list(plan.restart)}, unchanged {list(plan.keep)}",
+        return {"ok": True, "message": describe_reload(plan),
                 "plan": {"start": plan.start, "stop": plan.stop, "restart": plan.restart, "keep": plan.keep}}
 
     def shutdown(self, why: str) -> None:

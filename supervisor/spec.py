@@ -144,6 +144,15 @@ class ReloadPlan:
     keep: tuple[str, ...]
 
 
+def describe_reload(plan: ReloadPlan) -> str:
+    """The reload's one line for a person: what it did, by name, without Python's list syntax (pure)."""
+    done = [f"{verb} {', '.join(names)}" for verb, names in
+            (("started", plan.start), ("stopped", plan.stop), ("restarted", plan.restart)) if names]
+    if not done:
+        return "reload: nothing changed" + (f" ({', '.join(plan.keep)} unchanged)" if plan.keep else "")
+    return f"reload: {'; '.join(done)}" + (f"; unchanged {', '.join(plan.keep)}" if plan.keep else "")
+
+
 def plan_reload(running: dict[str, ChildSpec], wanted: list[ChildSpec]) -> ReloadPlan:
     """Which agents a reload starts, stops, restarts (changed settings) and leaves alone."""
     wanted_by_name = {spec.name: spec for spec in wanted}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -150,6 +151,8 @@ def test_doctor_reports_and_fails_on_a_broken_config(ws):
     report = run_json(ws, "doctor")
     names = {c["name"]: c for c in report["checks"]}
     assert names["config"]["level"] == "ok" and names["watcher"]["level"] == "ok"
+    # the agents as status and logs name them (the scaffold's one entry is `worker` with count: 2)
+    assert names["config"]["detail"] == f"{ws / 'hermes.yaml'} (2 agents: worker-1, worker-2)"
     assert names["filesystem"]["level"] == "ok" and "inotify limits" in names
     (ws / "hermes.yaml").write_text("agents: [\n")
     result = invoke(ws, "doctor", "--json")
@@ -270,3 +273,129 @@ def test_up_refuses_a_bad_team_at_once_and_starts_nothing(ws, text, message):
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert not (ws / "runs" / "supervisor.json").exists() and not (ws / "runs" / "supervisor.log").exists()
+
+
+def test_task_answer_then_show_prints_the_question_answered_and_the_comments(ws):
+    from hermes_sup.kanban import Board
+
+    board = Board(ws / "kanban")
+    board.add({"id": "ask", "title": "Ask a person"})
+    token = board.claim("worker-1")["claim"]["token"]
+    board.block("ask", token, "needs a person", question="Colour?")
+    board.comment("ask", "see [b]x[/b]", by="reviewer")
+    code, output = run(ws, "task", "answer", "ask", "blue")
+    assert code == 0, output
+    code, output = run(ws, "task", "show", "ask")
+    assert code == 0
+    # (short texts: the panel is 80 columns wide here, and a wrapped line would not be found)
+    assert "comments" in output and "reviewer: see [b]x[/b]" in output
+    assert "cli (answer to: Colour?): blue" in output
+
+
+def test_answering_a_task_that_asked_nothing_names_only_commands_that_exist(ws):
+    from hermes_sup.kanban import Board
+
+    board = Board(ws / "kanban")
+    board.add({"id": "plain", "title": "Nothing asked"})
+    code, output = run(ws, "task", "answer", "plain", "hi")
+    assert code == 1 and output.strip() == "error: task plain is todo and waits on no question"
+    board.move("plain", "blocked", note="stuck")
+    code, output = run(ws, "task", "answer", "plain", "hi")
+    assert code == 1 and "waits on no question; `hermes-sup task retry plain` puts it back in todo" in output
+    assert "task comment" not in output  # not a command (yet): never suggested
+
+
+@pytest.mark.parametrize("args", [("task", "list", "--status", "bogus"), ("task", "add", "x", "--priority", "1e99"),
+                                  ("skills", "history"), ("down", "--timeout", "nan")])
+def test_a_usage_error_under_json_is_one_json_document_on_stdout(ws, args):
+    result = invoke(ws, *args, "--json")
+    assert result.exit_code == 2
+    document = json.loads(result.stdout)
+    assert document["exit_code"] == 2 and document["error"]
+    assert "Usage:" in result.stderr  # people still get click's usage message
+    plain = invoke(ws, *args)
+    assert plain.exit_code == 2 and plain.stdout == ""  # without --json, stdout stays empty
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_logs_follow_prints_new_lines_and_ends_cleanly_on_ctrl_c_or_sigterm(ws, stop):
+    import queue
+    import threading
+
+    log = ws / "runs" / "worker-1" / "agent.log"
+    log.parent.mkdir()
+    log.write_text("worker-1: ready\n")
+    proc = subprocess.Popen([*CLI, "-w", str(ws), "logs", "worker-1", "-f"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    try:
+        assert lines.get(timeout=30) == "worker-1 | worker-1: ready\n"
+        with log.open("a") as handle:
+            handle.write("worker-1: working on x\n")
+        assert lines.get(timeout=30) == "worker-1 | worker-1: working on x\n"
+        proc.send_signal(stop)
+        assert proc.wait(timeout=30) == 0
+        assert "Aborted" not in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_task_show_prints_a_models_answer_as_its_lines_and_steps_one_a_line(ws):
+    from hermes_sup.kanban import Board
+    from hermes_sup.supervisor.render import result_text
+
+    board = Board(ws / "kanban")
+    board.add({"id": "guide", "title": "Write the guide"})
+    token = board.claim("worker-1")["claim"]["token"]
+    board.complete("guide", token, {"answer": "# Guide\nStep [b]one[/b]\x1b[2J\n\tdone"})
+    code, output = run(ws, "task", "show", "guide")
+    assert code == 0
+    lines = [line.strip("│ ") for line in output.splitlines()]
+    assert lines[lines.index("result:") + 1:][:3] == ["# Guide", "Step [b]one[/b]\\x1b[2J", "done"]
+    assert "{'answer'" not in output and "\\n" not in output
+    assert result_text({"steps": ["wrote a.txt", {"rows": 5}]}) == 'step 1: wrote a.txt\nstep 2: {"rows": 5}'
+    assert result_text({"answer": "x", "extra": 1}) == '{"answer": "x", "extra": 1}'
+    assert result_text("plain") == "plain" and result_text(None) == "null"
+
+
+def test_skills_history_of_a_skill_that_does_not_exist_says_so(ws):
+    code, output = run(ws, "skills", "history", "data_tool")
+    assert code == 1 and "no skill named 'data_tool'; skills: " in output and "data_tools" in output
+    code, output = run(ws, "skills", "history", "data_tools")  # a bundled skill never replaced
+    assert code == 0 and "skill data_tools has no earlier versions" in output
+
+
+@pytest.mark.parametrize("names", ["", " , "])
+def test_up_with_agents_naming_no_agent_is_refused_and_starts_nothing(ws, names):
+    try:
+        done = subprocess.run([*CLI, "-w", str(ws), "up", "--detach", "--agents", names], capture_output=True,
+                              text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
+        assert done.returncode == 2 and "--agents names no agent; agents: worker-1, worker-2" in done.stderr
+        assert not (ws / "runs" / "supervisor.json").exists()
+    finally:  # had it started the team, stop it
+        subprocess.run([*CLI, "-w", str(ws), "down", "--timeout", "5"], capture_output=True, timeout=120,
+                       cwd=Path(__file__).resolve().parent.parent)
+
+
+def test_init_scaffolds_where_every_command_looks_for_the_workspace(tmp_path, monkeypatch):
+    from hermes_sup.supervisor.cli import init_root
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    runner = CliRunner()
+    done = runner.invoke(main, ["-w", str(tmp_path / "by-w"), "init"])
+    assert done.exit_code == 0 and (tmp_path / "by-w" / "hermes.yaml").is_file(), done.output
+    assert f"next: cd {tmp_path / 'by-w'} && hermes-sup up" in done.output.replace("\n", "")
+    done = runner.invoke(main, ["init"], env={"HERMES_SUP_WORKSPACE": str(tmp_path / "by-env")})
+    assert done.exit_code == 0 and (tmp_path / "by-env" / "hermes.yaml").is_file(), done.output
+    assert not (elsewhere / "hermes.yaml").exists()
+    done = runner.invoke(main, ["-w", str(tmp_path / "a"), "init", str(tmp_path / "b")])
+    assert done.exit_code == 2 and "name two folders" in done.output
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    # DIRECTORY wins over the environment; relative paths are taken from the current folder
+    assert init_root(Path("x"), None, "/env", Path("/cwd")) == Path("/cwd/x")
+    assert init_root(Path("x"), Path("/cwd/x"), None, Path("/cwd")) == Path("/cwd/x")
+    assert init_root(None, None, "", Path("/cwd")) == Path("/cwd")

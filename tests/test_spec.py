@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from hermes_sup.supervisor.spec import build_specs, plan_reload
+from hermes_sup.supervisor.spec import ReloadPlan, build_specs, describe_reload, plan_reload
 from hermes_sup.supervisor.workspace import ConfigError, load_config
 
 CONFIG = """\
@@ -235,3 +235,11 @@ def test_builtin_toolsets_are_the_ones_the_tools_belong_to():
     from hermes_sup.supervisor.workspace import BUILTIN_TOOLSETS
 
     assert {tool.toolset for tool in REGISTRY.values()} == set(BUILTIN_TOOLSETS)
+
+
+def test_a_reload_is_described_by_agent_names_not_python_lists():
+    plan = ReloadPlan(start=("reviewer",), stop=(), restart=("worker-1", "worker-2"), keep=("planner",))
+    assert describe_reload(plan) == "reload: started reviewer; restarted worker-1, worker-2; unchanged planner"
+    assert describe_reload(ReloadPlan((), ("old",), (), ())) == "reload: stopped old"
+    assert describe_reload(ReloadPlan((), (), (), ("a", "b"))) == "reload: nothing changed (a, b unchanged)"
+    assert describe_reload(ReloadPlan((), (), (), ())) == "reload: nothing changed"

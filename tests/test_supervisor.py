@@ -93,6 +93,8 @@ def test_an_agent_that_exits_at_once_ends_fatal_without_spinning(tmp_path, up):
     listing = hermes(ws, "status", "--json")
     assert json.loads(listing.stdout)["agents"][0]["state"] == "fatal"
     assert hermes(ws, "restart", "crasher").returncode == 0
+    unknown = hermes(ws, "restart", "crash")  # a usage error, as `logs crash` is
+    assert unknown.returncode == 2 and "no agent named 'crash'; agents: crasher" in unknown.stderr
     wait_until(lambda: agent(ws, "crasher").get("state") == "fatal" and agent(ws, "crasher")["restarts"] > 3,
                timeout=30)
 
@@ -222,7 +224,7 @@ def test_detach_status_logs_restart_and_down_from_another_shell(tmp_path):
         wait_until(lambda: agent(ws, "worker-1").get("pid") not in (None, first)
                    and agent(ws, "worker-1").get("state") == "running", timeout=30)
         assert agent(ws, "worker-1")["restarts"] == 1
-        assert subprocess.run([*exe, "restart", "nobody"], **run).returncode == 1
+        assert subprocess.run([*exe, "restart", "nobody"], **run).returncode == 2  # no such agent: a usage error
     finally:
         down = subprocess.run([*exe, "down"], **run)
     assert down.returncode == 0 and "stopped" in down.stdout
