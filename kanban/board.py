@@ -965,8 +965,13 @@ class Board(IngestMixin):
     def answer(self, task_id: str, text: str, *, by: str = "cli") -> TaskDoc:
         """Answer the question a blocked task asked: it goes back to todo with the answer among its
         comments, marked as the answer to that question, for the agent that takes it next."""
+        if not isinstance(text, str):
+            raise TaskError(f"an answer is text, not {type(text).__name__}")
         if not text.strip():
             raise InvalidTransition("an answer must not be empty")
+        size = len(text.encode("utf-8", "backslashreplace"))
+        if size > MAX_BYTES:
+            raise TaskError(f"the answer is {size} bytes; the limit for an answer is {MAX_BYTES} bytes (1 MiB)")
         with self._locked():
             found = self._locate(task_id)
             if found is None:
