@@ -11,7 +11,8 @@ between every two events, for a long answer; a stream the client cut is marked `
 Two more per-reply options reproduce real servers' streams: {"cut": True} ends the stream with [DONE]
 and no finish reason (llama-cpp-python, when another request arrives), and {"stream_error": {...}}
 sends that error object as an event after the first chunk, then ends (llama.cpp's "Context size has
-been exceeded"; anthropic's `event: error`).
+been exceeded"; anthropic's `event: error`). {"length": True} ends the answer, plain or streamed,
+with finish reason "length" (anthropic: stop_reason "max_tokens"), as when it reached max_tokens.
 
 `quirks` make the whole server behave like a real one nobody here wrote (see QUIRKS).
 """
@@ -131,6 +132,16 @@ QUIRKS = {
 }
 
 
+def cut_at_max_tokens(api: str, reply: dict[str, Any]) -> dict[str, Any]:
+    """The reply as a server sends it when the answer reached max_tokens: complete, but cut short."""
+    body = json.loads(json.dumps(reply["json"]))
+    if api == "openai":
+        body["choices"][0]["finish_reason"] = "length"
+    else:
+        body["stop_reason"] = "max_tokens"
+    return {**reply, "json": body}
+
+
 def ignored_tools(reply: dict[str, Any]) -> dict[str, Any]:
     """An OpenAI reply as a model that never saw the tools gives it: prose naming the tools."""
     body = json.loads(json.dumps(reply.get("json") or {}))
@@ -222,6 +233,8 @@ class ScriptedLLM:
                         "Bearer ")
                     reply = {**reply, "json": json.loads(json.dumps(reply.get("json", {})).replace(
                         "{key}", json.dumps(sent)[1:-1]))}
+                if reply.get("length"):
+                    reply = cut_at_max_tokens(api, reply)
                 if body.get("stream") and reply.get("status", 200) == 200:
                     self._stream(api, reply, record)
                     return
