@@ -128,7 +128,7 @@ QUIRKS = {
     # Many local servers ignore stream_options.include_usage.
     "no_stream_usage": "streams carry no usage",
     # A real server has nothing outside /v1: a base_url without it gets 404s.
-    "v1_only": "POST outside /v1/ is answered with HTTP 404",
+    "v1_only": "a request outside /v1/ (a POST, or a GET of the model list) is answered with HTTP 404",
 }
 
 
@@ -190,7 +190,8 @@ class ScriptedLLM:
                 pass
 
             def do_GET(self) -> None:
-                if self.path.rstrip("/").endswith("/models"):
+                if self.path.rstrip("/").endswith("/models") and not (
+                        "v1_only" in server.quirks and not self.path.startswith("/v1/")):
                     self._send(200, {"object": "list", "data": [{"id": "scripted", "object": "model"}]})
                 else:
                     self._send(404, {"error": "not found"})
