@@ -309,7 +309,12 @@ class Board(IngestMixin):
         board's generation, so a lock-free scan is kept when the lock was free as it began and the
         generation is the same after it; otherwise the scan is repeated under the lock."""
         for _attempt in range(3):
-            before = self._idle_generation()
+            try:
+                before = self._idle_generation()
+            except OSError:
+                # A reader who may not open the lock file (a board another user owns) cannot
+                # hold off movers; a generation unchanged across the scan is all it can check.
+                before = reads.generation(self.root)
             if before is None:
                 continue  # a move may be under way right now
             result = scan()
@@ -318,8 +323,9 @@ class Board(IngestMixin):
         try:
             with self._locked():
                 return scan()
-        except BoardLocked:
-            # Held for the whole wait by a stopped or stuck process: nothing moves meanwhile.
+        except (BoardLocked, PermissionError):
+            # Held for the whole wait by a stopped or stuck process (nothing moves meanwhile), or
+            # a lock file this reader may not open.
             return scan()
 
     def _idle_generation(self) -> reads.Generation | None:

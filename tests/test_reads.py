@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 
+import pytest
 from hermes_sup.kanban import Board, TaskNotFound
+from hermes_sup.kanban.task import STATUSES
 
 from .conftest import wait_until
 
@@ -86,3 +89,20 @@ def test_a_listing_still_answers_while_a_stuck_process_holds_the_board_lock(tmp_
         finally:
             holder.kill()
             holder.wait(timeout=10)
+
+
+def test_a_reader_who_may_not_open_the_lock_file_still_lists_the_board(board):
+    task = board.add({"title": "seen by a reader without write access"})
+    board.claim("w")
+    lock = board.root / ".lock"
+    # An immutable lock file refuses O_RDWR even to root, as another user's board refuses us.
+    if subprocess.run(["chattr", "+i", str(lock)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here")
+    try:
+        with pytest.raises(PermissionError):
+            os.open(lock, os.O_RDWR)
+        with Board(board.root, create=False) as reader:
+            assert [doc["id"] for doc in reader.list().tasks] == [task["id"]]
+            assert reader.counts() == {**dict.fromkeys(STATUSES, 0), "doing": 1}
+    finally:
+        subprocess.run(["chattr", "-i", str(lock)], check=True)
