@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,25 @@ def child_config(parent: dict[str, Any], name: str, task_id: str, limits: Limits
             "name": name, "roles": [], "tier": limits.tier, "capabilities": grants, "toolsets": narrowed,
             "depth": depth, "only_task": task_id, "parent_pid": os.getpid(),
             "identity": f"You are a helper working one subtask for {parent['name']}; answer with its result."}
+
+
+def open_subtasks(tasks: Iterable[dict[str, Any]], parent_task: str) -> list[str]:
+    """The ids of a task's subtasks not yet closed, and of theirs, parents first (pure)."""
+    by_parent: dict[str, list[dict[str, Any]]] = {}
+    for doc in tasks:
+        parent = ((doc.get("meta") or {}).get("parent") or {})
+        if isinstance(parent, dict) and isinstance(parent.get("task"), str):
+            by_parent.setdefault(parent["task"], []).append(doc)
+    found, seen, queue = [], {parent_task}, [parent_task]
+    while queue:
+        for doc in by_parent.get(queue.pop(0), ()):
+            if doc["id"] in seen:
+                continue  # a hand-made loop of parents
+            seen.add(doc["id"])
+            queue.append(doc["id"])  # a closed subtask may still have open ones of its own
+            if doc["status"] not in TERMINAL:
+                found.append(doc["id"])
+    return found
 
 
 def watch_parent(parent_pid: int, on_gone: Callable[[str], None]) -> None:
@@ -238,6 +257,20 @@ class Delegator:
             children = list(self.children.values())
         for child in children:
             self._reap(child, stopping=True)
+
+    def cancel_subtasks(self, parent_task: str, why: str) -> list[str]:
+        """Cancel the open subtasks of a cancelled task (after its children were stopped): each is
+        assigned to a child that will never run again, and would wait in todo forever."""
+        from hermes_sup.kanban import BoardError
+
+        cancelled = []
+        for task_id in open_subtasks(self.board.list().tasks, parent_task):
+            try:
+                self.board.move(task_id, "cancelled", by=self.config["name"], note=why)
+            except BoardError:
+                continue  # closed meanwhile
+            cancelled.append(task_id)
+        return cancelled
 
 
 def _delegator(ctx: ToolContext) -> Delegator:

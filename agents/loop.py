@@ -58,6 +58,11 @@ class Outcome:
     warnings: tuple[str, ...] = ()  # for the task's comments: what a person should know about how it went
 
 
+# An answer that reached max_tokens is cut mid-way: the model is asked for the rest this many times.
+MAX_CONTINUATIONS = 3
+CONTINUE = ("Your answer was cut off at the output token limit. Continue it exactly where it stopped, "
+            "without repeating anything.")
+
 ROLES = ("system", "user", "assistant", "tool")
 IGNORED_AFTER = 3  # tool-offered answers in prose, none with a tool call, before a provider is suspected
 
@@ -244,6 +249,26 @@ def unanswered(messages: list[Message]) -> tuple[str, list[dict[str, Any]]]:
             turn = str(messages[index].get("turn") or index)
             return turn, [c for c in messages[index].get("tool_calls") or [] if c["id"] not in answered]
     return "", []
+
+
+def answer_pieces(messages: list[Message]) -> list[str]:
+    """The texts of the last assistant message and of the cut answers it continues, in order: an
+    answer that reached max_tokens is marked `cut` in the transcript and followed by CONTINUE."""
+    index = len(messages) - 1
+    if index < 0 or messages[index]["role"] != "assistant":
+        return []
+    pieces = [str(messages[index].get("content") or "")]
+    while (index >= 2 and messages[index - 1]["role"] == "user" and messages[index - 1].get("content") == CONTINUE
+           and messages[index - 2]["role"] == "assistant" and messages[index - 2].get("cut")):
+        index -= 2
+        pieces.insert(0, str(messages[index].get("content") or ""))
+    return pieces
+
+
+def awaits_continuation(messages: list[Message]) -> bool:
+    """Whether the conversation ends with a cut answer whose rest was not asked for yet."""
+    last = messages[-1] if messages else {}
+    return last.get("role") == "assistant" and bool(last.get("cut")) and not last.get("tool_calls")
 
 
 class TaskLoop:
@@ -538,6 +563,12 @@ class TaskLoop:
                     if len(recent) == STUCK_REPEATS and len(set(recent)) == 1:
                         return Outcome("failed", f"stuck: the same tool call returned the same result "
                                                  f"{STUCK_REPEATS} times in a row")
+                if awaits_continuation(messages):
+                    if len(answer_pieces(messages)) > MAX_CONTINUATIONS:
+                        return Outcome("failed", f"the answer was cut at max_tokens {len(answer_pieces(messages))} "
+                                                 "times in a row; raise the provider's max_tokens",
+                                       warnings=tuple(self.warnings))
+                    self._append(messages, {"role": "user", "content": CONTINUE})
                 if self.ctx.stop.is_set():
                     raise InterruptedError
                 ceiling = self.over_ceiling()
@@ -545,12 +576,17 @@ class TaskLoop:
                     return Outcome("failed", ceiling)
                 completion = self._call_model(messages, tools)
                 message = {**text_tool_calls(completion.message, known), "turn": uuid.uuid4().hex[:12]}
+                if completion.stop == "length" and not message.get("tool_calls"):
+                    message["cut"] = True  # in the transcript, so a resumed loop asks for the rest too
                 self._append(messages, message)
                 if tools:
                     self._watch_tool_use(message, known)
-                if message.get("tool_calls"):
+                if message.get("tool_calls") or message.get("cut"):
                     continue
-                answer = (message.get("content") or "").strip()
+                pieces = answer_pieces(messages)
+                if len(pieces) > 1:
+                    self.warnings.append(f"the answer reached max_tokens {len(pieces) - 1} times and was continued")
+                answer = "".join(pieces).strip()
                 if not answer:
                     return Outcome("failed", f"the model ended its turn without an answer (stop: {completion.stop})",
                                    warnings=tuple(self.warnings))

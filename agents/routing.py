@@ -46,22 +46,37 @@ def probe_models(base_url: str, timeout: float = PROBE_TIMEOUT) -> list[str] | N
     return [str(m.get("id")) for m in models if isinstance(m, dict) and m.get("id")] if isinstance(models, list) else []
 
 
-def unreachable(config: ProviderConfig, timeout: float = REACH_TIMEOUT) -> str | None:
-    """Why a provider's server cannot be reached, or None when it answers: one short GET of its model
-    list, without a key and around any proxy. Any HTTP answer (401, 404 included) means a server is
-    there. A provider without a base_url (the SDK's cloud endpoint) is not probed: None."""
+def not_found_hint(kind: str) -> str:
+    """What a 404 from a provider's model list says about its base_url (pure)."""
+    if kind == "anthropic":
+        return "not found (does base_url stop at the server's root? the anthropic SDK adds /v1 itself)"
+    return "not found (does base_url end in /v1?)"
+
+
+def reach(config: ProviderConfig, timeout: float = REACH_TIMEOUT) -> tuple[str, str | None]:
+    """How a provider's server answers one short GET of its model list, without a key and around any
+    proxy: ("reachable", None), ("unreachable", why), or ("misconfigured", why) for a 404, which a
+    server gives when the base_url misses its API's path (usually /v1): every call would fail so.
+    Any other HTTP answer (401 included) means the API is there. A provider without a base_url (the
+    SDK's cloud endpoint) is not probed: reachable."""
     if not config.base_url:
-        return None
+        return "reachable", None
     path = "/v1/models" if config.kind == "anthropic" else "/models"
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
         with opener.open(f"{config.base_url.rstrip('/')}{path}", timeout=timeout):
-            return None
-    except urllib.error.HTTPError:
-        return None
+            return "reachable", None
+    except urllib.error.HTTPError as exc:
+        return ("misconfigured", not_found_hint(config.kind)) if exc.code == 404 else ("reachable", None)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", None) or exc
-        return str(reason) or type(reason).__name__
+        return "unreachable", str(reason) or type(reason).__name__
+
+
+def unreachable(config: ProviderConfig, timeout: float = REACH_TIMEOUT) -> str | None:
+    """Why a provider's server cannot be reached, or None when a server answers (see reach)."""
+    state, why = reach(config, timeout)
+    return why if state == "unreachable" else None
 
 
 def resolve_auto(env: Mapping[str, str], probe: Callable[[str], list[str] | None] = probe_models,

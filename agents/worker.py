@@ -363,6 +363,14 @@ class Agent:
                 return
         why = self._claim_lost(task_id, token) or "its claim was lost"
         print(f"{self.name}: stopped work on {task_id}: {why}", flush=True)
+        try:
+            doc = self.board.get(task_id)
+        except BoardError:
+            return
+        if doc["status"] == "cancelled":
+            by = (doc["history"][-1] if doc["history"] else {}).get("by") or "someone"
+            for sub in self.delegator.cancel_subtasks(task_id, f"its parent task {task_id} was cancelled (by {by})"):
+                print(f"{self.name}: cancelled {sub}, a subtask of {task_id}", flush=True)
 
     def _claim_lost(self, task_id: str, token: int) -> str | None:
         try:

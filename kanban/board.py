@@ -24,15 +24,14 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 
-from . import fsinfo
-from .errors import BoardError, ClaimLost, Damaged, InvalidTransition, TaskNotFound
+from . import fsinfo, reads
+from .errors import BoardError, BoardLocked, ClaimLost, Damaged, InvalidTransition, TaskNotFound
 from .events import EventTail, event
 from .faults import fault
 from .fsio import (
@@ -52,6 +51,7 @@ from .index import BoardIndex
 from .ingest import IngestMixin
 from .liveness import HOST, holder_alive, stale_reason, start_time
 from .lock import BoardLock, LockTimeout
+from .reads import Listing
 from .task import (
     MAX_BYTES,
     STATUSES,
@@ -63,12 +63,12 @@ from .task import (
     normalize,
     now_iso,
     slugify,
-    sort_key,
     transition,
 )
 from .watch import BoardWatcher, ChangeSignal
 
 TaskDoc = dict[str, Any]
+_T = TypeVar("_T")
 
 DEFAULT_LEASE = 60.0
 # How long a waiting claimer sleeps between rescans when no event wakes it.
@@ -104,12 +104,6 @@ MAX_DOCUMENT_BYTES = 64 * MAX_BYTES
 ERROR_SUFFIX = ".error.txt"
 # The board's own folders and files: never a symlink, or the board would write where it points.
 FOLDERS = (*STATUSES, "inbox", "rejected", ".pending", ".ingested")
-
-
-@dataclass
-class Listing:
-    tasks: list[TaskDoc]
-    damaged: list[dict[str, str]]
 
 
 class Board(IngestMixin):
@@ -197,7 +191,7 @@ class Board(IngestMixin):
                 try:
                     self._flock.acquire()
                 except LockTimeout as exc:
-                    raise BoardError(f"the board lock {exc}; is a board process stopped while holding it?") from None
+                    raise BoardLocked(f"the board lock {exc}; is a board process stopped while holding it?") from None
             self._depth += 1
             try:
                 if self._depth == 1 and not self._finished_once:
@@ -299,48 +293,54 @@ class Board(IngestMixin):
         return None
 
     def list(self, status: str | None = None) -> Listing:
-        """Every task (or those in one status), in claim order within each status."""
+        """Every task (or those in one status), in claim order within each status, each once."""
         if status is not None and status not in STATUSES:
             raise BoardError(f"unknown status '{status}'; statuses are {', '.join(STATUSES)}")
-        found: dict[str, TaskDoc] = {}
-        damaged: list[dict[str, str]] = []
-        for folder in [status] if status else STATUSES:
-            try:
-                entries = list(os.scandir(self.root / folder))
-            except FileNotFoundError:
-                damaged.append({"path": f"{folder}/", "reason": "status folder is missing"})
-                continue
-            for entry in entries:
-                if not entry.name.endswith(".json") or entry.name.startswith("."):
-                    continue
-                try:
-                    doc = self._read(Path(entry.path))
-                except FileNotFoundError:
-                    continue
-                except Damaged as exc:
-                    damaged.append({"path": f"{folder}/{safe_name(entry.name, 255)}", "reason": str(exc)})
-                    continue
-                seen = found.get(doc["id"])
-                # A transition caught between its write and its rename shows up twice; the longer
-                # history is the newer state.
-                if seen is None or len(doc["history"]) > len(seen["history"]):
-                    found[doc["id"]] = doc
-        tasks = [doc for doc in found.values() if status is None or doc["status"] == status]
-        order = {name: index for index, name in enumerate(STATUSES)}
-        tasks.sort(key=lambda doc: (order[doc["status"]], sort_key(doc)))
-        return Listing(tasks, damaged)
+        return self._consistent(lambda: reads.scan(self.root, status, self._read))
 
     def counts(self) -> dict[str, int]:
-        counts = {}
-        for status in STATUSES:
+        """How many tasks each status folder holds, each task counted once."""
+        return self._consistent(lambda: reads.count(self.root))
+
+    def _consistent(self, scan: Callable[[], _T]) -> _T:
+        """`scan`'s result from a moment when no task moved. Folders are scanned one after
+        another, and a task moved meanwhile is missed (it left a folder not scanned yet for one
+        already scanned) or seen twice. Every move is made under the lock and changes the
+        board's generation, so a lock-free scan is kept when the lock was free as it began and the
+        generation is the same after it; otherwise the scan is repeated under the lock."""
+        for _attempt in range(3):
             try:
-                counts[status] = sum(
-                    1 for entry in os.scandir(self.root / status)
-                    if entry.name.endswith(".json") and not entry.name.startswith(".")
-                )
-            except FileNotFoundError:
-                counts[status] = 0
-        return counts
+                before = self._idle_generation()
+            except OSError:
+                # A reader who may not open the lock file (a board another user owns) cannot
+                # hold off movers; a generation unchanged across the scan is all it can check.
+                before = reads.generation(self.root)
+            if before is None:
+                continue  # a move may be under way right now
+            result = scan()
+            if reads.generation(self.root) == before:
+                return result
+        try:
+            with self._locked():
+                return scan()
+        except (BoardLocked, PermissionError):
+            # Held for the whole wait by a stopped or stuck process (nothing moves meanwhile), or
+            # a lock file this reader may not open.
+            return scan()
+
+    def _idle_generation(self) -> reads.Generation | None:
+        """The generation, read while holding the lock if it is free (never waiting for it), or
+        None if another process holds it: a move begun before the read, but not finished, would
+        otherwise go unseen."""
+        with self._tlock:
+            if self._depth:
+                return reads.generation(self.root)  # this thread holds the lock: nothing moves
+            if not self._flock.try_acquire():
+                return None
+            try:
+                return reads.generation(self.root)
+            finally:
+                self._flock.release()
 
     # -- writing: the one transition path -------------------------------------------------------
     #
@@ -971,8 +971,13 @@ class Board(IngestMixin):
     def answer(self, task_id: str, text: str, *, by: str = "cli") -> TaskDoc:
         """Answer the question a blocked task asked: it goes back to todo with the answer among its
         comments, marked as the answer to that question, for the agent that takes it next."""
+        if not isinstance(text, str):
+            raise TaskError(f"an answer is text, not {type(text).__name__}")
         if not text.strip():
             raise InvalidTransition("an answer must not be empty")
+        size = len(text.encode("utf-8", "backslashreplace"))
+        if size > MAX_BYTES:
+            raise TaskError(f"the answer is {size} bytes; the limit for an answer is {MAX_BYTES} bytes (1 MiB)")
         with self._locked():
             found = self._locate(task_id)
             if found is None:

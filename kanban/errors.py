@@ -7,6 +7,10 @@ class BoardError(Exception):
     """A board operation that cannot be done; the message says why."""
 
 
+class BoardLocked(BoardError):
+    """The board lock stayed held by another process for the whole wait."""
+
+
 class TaskNotFound(BoardError):
     pass
 

@@ -55,6 +55,14 @@ class BoardLock:
                 time.sleep(delay)
                 delay = min(delay * 2, LONGEST_RETRY)
 
+    def try_acquire(self) -> bool:
+        """Take the lock only if it is free this instant; never waits."""
+        try:
+            fcntl.flock(self._descriptor(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
     def release(self) -> None:
         if self._fd is not None and self._pid == os.getpid():
             fcntl.flock(self._fd, fcntl.LOCK_UN)

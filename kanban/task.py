@@ -287,7 +287,7 @@ _DOC_KINDS: dict[str, tuple[type, ...]] = {
     "attempts": (int,), "max_attempts": (int,), "claims": (int,), "depends_on": (list,), "history": (list,),
     "assignee": (str, type(None)), "role": (str, type(None)), "steps": (list, type(None)),
     "claim": (dict, type(None)), "meta": (dict, type(None)), "tier": (str,), "comments": (list,),
-    "waiting": (str, type(None)),
+    "waiting": (str, type(None)), "question": (str, type(None)),
 }
 # What recovery reads of a claim to decide whether its holder lives.
 _CLAIM_KINDS: dict[str, tuple[type, ...]] = {

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hermes_sup.agents.keys import AUTO_KEYS, ENV_FILE, KeyFile, key_names
-from hermes_sup.agents.routing import REACH_TIMEOUT, provider_configs, resolve_auto, unreachable
+from hermes_sup.agents.routing import REACH_TIMEOUT, provider_configs, reach, resolve_auto
 from hermes_sup.kanban import Board, BoardError
 from hermes_sup.kanban.board import ALLOW_NETWORK_FS_ENV
 from hermes_sup.kanban.events import read_all
@@ -87,11 +87,15 @@ def run_checks(ws: Workspace) -> list[Check]:
             checks.append(_check(f"provider {name}", "ok", f"{provider.kind}, model {provider.model} "
                                  "(the SDK's default endpoint, not probed)"))
         else:
-            why = unreachable(provider)
+            state, why = reach(provider)
             where = f"{provider.kind}, model {provider.model} at {provider.base_url}"
-            checks.append(_check(f"provider {name}", "warn", f"{where}: unreachable ({why}) within "
-                                 f"{REACH_TIMEOUT:g} s; its tasks wait until it answers") if why else
-                          _check(f"provider {name}", "ok", f"{where}: reachable"))
+            if state == "unreachable":
+                checks.append(_check(f"provider {name}", "warn", f"{where}: unreachable ({why}) within "
+                                     f"{REACH_TIMEOUT:g} s; its tasks wait until it answers"))
+            elif state == "misconfigured":
+                checks.append(_check(f"provider {name}", "warn", f"{where}: misconfigured: {why}"))
+            else:
+                checks.append(_check(f"provider {name}", "ok", f"{where}: reachable"))
 
     containment = detect(ws.root, keep=False)  # as a supervisor started from here would find it
     checks.append(_check("process containment", "ok" if containment.mode == "cgroup" else "info", containment.detail))

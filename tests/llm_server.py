@@ -11,7 +11,8 @@ between every two events, for a long answer; a stream the client cut is marked `
 Two more per-reply options reproduce real servers' streams: {"cut": True} ends the stream with [DONE]
 and no finish reason (llama-cpp-python, when another request arrives), and {"stream_error": {...}}
 sends that error object as an event after the first chunk, then ends (llama.cpp's "Context size has
-been exceeded"; anthropic's `event: error`).
+been exceeded"; anthropic's `event: error`). {"length": True} ends the answer, plain or streamed,
+with finish reason "length" (anthropic: stop_reason "max_tokens"), as when it reached max_tokens.
 
 `quirks` make the whole server behave like a real one nobody here wrote (see QUIRKS).
 """
@@ -127,8 +128,18 @@ QUIRKS = {
     # Many local servers ignore stream_options.include_usage.
     "no_stream_usage": "streams carry no usage",
     # A real server has nothing outside /v1: a base_url without it gets 404s.
-    "v1_only": "POST outside /v1/ is answered with HTTP 404",
+    "v1_only": "a request outside /v1/ (a POST, or a GET of the model list) is answered with HTTP 404",
 }
+
+
+def cut_at_max_tokens(api: str, reply: dict[str, Any]) -> dict[str, Any]:
+    """The reply as a server sends it when the answer reached max_tokens: complete, but cut short."""
+    body = json.loads(json.dumps(reply["json"]))
+    if api == "openai":
+        body["choices"][0]["finish_reason"] = "length"
+    else:
+        body["stop_reason"] = "max_tokens"
+    return {**reply, "json": body}
 
 
 def ignored_tools(reply: dict[str, Any]) -> dict[str, Any]:
@@ -179,7 +190,8 @@ class ScriptedLLM:
                 pass
 
             def do_GET(self) -> None:
-                if self.path.rstrip("/").endswith("/models"):
+                if self.path.rstrip("/").endswith("/models") and not (
+                        "v1_only" in server.quirks and not self.path.startswith("/v1/")):
                     self._send(200, {"object": "list", "data": [{"id": "scripted", "object": "model"}]})
                 else:
                     self._send(404, {"error": "not found"})
@@ -222,6 +234,8 @@ class ScriptedLLM:
                         "Bearer ")
                     reply = {**reply, "json": json.loads(json.dumps(reply.get("json", {})).replace(
                         "{key}", json.dumps(sent)[1:-1]))}
+                if reply.get("length"):
+                    reply = cut_at_max_tokens(api, reply)
                 if body.get("stream") and reply.get("status", 200) == 200:
                     self._stream(api, reply, record)
                     return

@@ -416,3 +416,29 @@ def test_the_lock_is_held_to_the_end_of_a_section_that_nests_another(tmp_path):
     with Probe(tmp_path / "kanban") as board:
         board.add({"title": "waits for a task not yet on the board", "depends_on": ["later"]})
         assert board.outsider_got_in is False
+
+
+def _blocked_with_a_question(board: Board) -> dict:
+    task = board.add({"title": "asks"})
+    claimed = board.claim("w")
+    return board.block(task["id"], claimed["claim"]["token"], "asked a human", question="which colour?")
+
+
+def test_an_answer_over_the_task_size_cap_is_refused_and_the_question_still_waits(board):
+    task = _blocked_with_a_question(board)
+    with pytest.raises(TaskError, match="limit for an answer is 1048576 bytes"):
+        board.answer(task["id"], "x" * (1024 * 1024 + 1))
+    kept = board.get(task["id"])
+    assert (kept["status"], kept["question"]) == ("blocked", "which colour?")
+    answered = board.answer(task["id"], "blue " * 1000)
+    assert answered["status"] == "todo" and answered["comments"][-1]["answers"] == "which colour?"
+
+
+def test_a_task_document_whose_question_is_not_text_is_damaged_not_read(board):
+    task = _blocked_with_a_question(board)
+    path = board.root / "blocked" / f"{task['id']}.json"
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps({**doc, "question": {"nested": ["not", "text"]}}))
+    listing = board.list()
+    assert listing.tasks == []
+    assert listing.damaged == [{"path": f"blocked/{task['id']}.json", "reason": "task document's 'question' is object"}]

@@ -3,6 +3,7 @@ without running a completed call twice, interrupted calls, blocking, stuck detec
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 
@@ -302,3 +303,53 @@ def test_the_first_message_carries_the_dependencies_results_and_the_comments():
                     '## count-b: Count B\n{"steps": ["wrote 3 characters", 7]}\n\n'
                     "Comments on this task:\n- ana: region B looks low")
     assert task_prompt({"id": "t", "title": "Plain"}) == "Task t: Plain"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_cut_at_max_tokens_is_continued_not_taken_as_complete(llm, tmp_path, stream):
+    llm.script("openai", {"length": True, **openai_reply("The list: alpha, beta, ga")},
+               {"length": True, **openai_reply("mma, delta, ")}, openai_reply("epsilon."))
+    loop = make_loop(llm, tmp_path)
+    loop.chain[0].config = dataclasses.replace(loop.chain[0].config, stream=stream)
+    outcome = loop.run()
+    assert (outcome.kind, outcome.text) == ("done", "The list: alpha, beta, gamma, delta, epsilon.")
+    assert outcome.warnings == ("the answer reached max_tokens 2 times and was continued",)
+    asked = llm.requests[1]["body"]["messages"]
+    assert [m["role"] for m in asked[-2:]] == ["assistant", "user"]
+    assert asked[-2]["content"] == "The list: alpha, beta, ga" and "cut off" in asked[-1]["content"]
+
+
+def test_an_answer_cut_at_max_tokens_every_time_fails_the_task_with_the_reason(llm, tmp_path):
+    from hermes_sup.agents import loop
+
+    llm.script("openai", *[{"length": True, **openai_reply(f"part {n} ")} for n in range(10)])
+    outcome = make_loop(llm, tmp_path).run()
+    assert outcome.kind == "failed"
+    assert outcome.text.startswith("the answer was cut at max_tokens")
+    assert len(llm.requests) == loop.MAX_CONTINUATIONS + 1 < 10
+
+
+def test_an_agent_killed_between_a_cut_answer_and_its_continuation_asks_for_the_rest_on_resume(llm, tmp_path):
+    llm.script("openai", {"length": True, **openai_reply("Half of the ans")})
+    transcript = tmp_path / "agent/transcripts/t-1.jsonl"
+    loop = make_loop(llm, tmp_path, max_iterations=1)  # stops right after the cut answer, as a kill would
+    assert loop.run().kind == "failed"
+    assert json.loads(transcript.read_text().splitlines()[-1])["cut"] is True
+    llm.script("openai", openai_reply("wer."))
+    outcome = make_loop(llm, tmp_path).run()
+    assert (outcome.kind, outcome.text) == ("done", "Half of the answer.")
+    assert llm.requests[1]["body"]["messages"][-1]["role"] == "user"
+
+
+def test_an_anthropic_answer_that_stops_at_max_tokens_is_continued(llm, tmp_path):
+    from hermes_sup.agents.providers import AnthropicProvider
+
+    from .llm_server import anthropic_reply
+
+    llm.script("anthropic", {"length": True, **anthropic_reply("Two plus two is ")}, anthropic_reply("four."))
+    loop = make_loop(llm, tmp_path)
+    loop.chain = [AnthropicProvider(ProviderConfig(name="cloud", kind="anthropic", model="c", base_url=llm.url,
+                                                   api_key="sk-test", stream=True))]
+    outcome = loop.run()
+    assert (outcome.kind, outcome.text) == ("done", "Two plus two is four.")
+    assert "cut off" in json.dumps(llm.requests[1]["body"]["messages"][-1])

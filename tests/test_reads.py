@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
-from hermes_sup.kanban import TaskNotFound
+import pytest
+from hermes_sup.kanban import Board, TaskNotFound
+from hermes_sup.kanban.task import STATUSES
 
 from .conftest import wait_until
 
@@ -32,3 +37,72 @@ def test_get_never_misses_a_task_that_another_process_keeps_moving(board, spawn)
     mover.wait(timeout=30)
     assert claims - first >= MOVES, "the mover must really have been moving the task during the reads"
     assert misses == 0, f"{misses} of {reads} reads missed a task that exists"
+
+
+LISTINGS = 1_500
+
+
+def test_list_and_counts_never_miss_or_double_count_a_task_another_process_keeps_moving(board, spawn):
+    moved = board.add({"title": "moved back and forth", "max_attempts": 1_000_000})
+    still = board.add({"title": "stays put"})
+    board.move(still["id"], "blocked")
+    mover = spawn("churn", str(board.root), "mover")  # claim, then release or fail: todo <-> doing
+    first = wait_until(lambda: board.get(moved["id"])["claims"] >= 3, timeout=60) and board.get(moved["id"])["claims"]
+    listings = missed = doubled = 0
+    claims = first
+    deadline = time.monotonic() + 120
+    while (listings < LISTINGS or claims - first < MOVES // 3) and time.monotonic() < deadline:
+        listings += 1
+        ids = [doc["id"] for doc in board.list().tasks]
+        missed += moved["id"] not in ids
+        doubled += len(ids) != len(set(ids))
+        assert still["id"] in ids
+        counts = board.counts()
+        missed += sum(counts.values()) < 2
+        doubled += sum(counts.values()) > 2
+        assert counts["blocked"] == 1
+        claims = board.get(moved["id"])["claims"]
+    mover.kill()
+    mover.wait(timeout=30)
+    assert claims - first >= MOVES // 3, "the mover must really have been moving the task during the listings"
+    assert (missed, doubled) == (0, 0), f"{listings} listings and counts: {missed} missed, {doubled} double-counted"
+
+
+HOLD_LOCK = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_listing_still_answers_while_a_stuck_process_holds_the_board_lock(tmp_path):
+    with Board(tmp_path / "kanban", lock_timeout=0.5) as board:
+        task = board.add({"title": "listed anyway"})
+        holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(board.root / ".lock")],
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout.readline().strip() == "held"
+            assert [doc["id"] for doc in board.list().tasks] == [task["id"]]
+            assert board.counts()["todo"] == 1
+        finally:
+            holder.kill()
+            holder.wait(timeout=10)
+
+
+def test_a_reader_who_may_not_open_the_lock_file_still_lists_the_board(board):
+    task = board.add({"title": "seen by a reader without write access"})
+    board.claim("w")
+    lock = board.root / ".lock"
+    # An immutable lock file refuses O_RDWR even to root, as another user's board refuses us.
+    if subprocess.run(["chattr", "+i", str(lock)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here")
+    try:
+        with pytest.raises(PermissionError):
+            os.open(lock, os.O_RDWR)
+        with Board(board.root, create=False) as reader:
+            assert [doc["id"] for doc in reader.list().tasks] == [task["id"]]
+            assert reader.counts() == {**dict.fromkeys(STATUSES, 0), "doing": 1}
+    finally:
+        subprocess.run(["chattr", "-i", str(lock)], check=True)

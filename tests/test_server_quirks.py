@@ -208,3 +208,40 @@ def test_usage_the_server_reports_is_not_estimated():
         llm.script("openai", openai_reply("fine", prompt=500, completion=40))
         result = complete_with_fallback([openai_at(llm.url, stream=True)], MESSAGES, None)
     assert (result.usage.input, result.usage.output, result.usage.estimated) == (500, 40, False)
+
+
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
+def test_a_model_list_that_is_not_found_is_a_misconfigured_base_url_not_a_reachable_server(kind):
+    from hermes_sup.agents.routing import reach, unreachable
+
+    with ScriptedLLM(quirks=("v1_only",)) as llm:
+        wrong = wrong_path(kind, llm.url).config
+        root = llm.url + ("/v1" if kind == "openai" else "")
+        right = ProviderConfig(name="right", kind=kind, model="m", base_url=root)
+        assert reach(right) == ("reachable", None)
+        state, why = reach(wrong)
+        assert unreachable(wrong) is None, "a server answered: it is there"
+    assert state == "misconfigured"
+    assert why == ("not found (does base_url end in /v1?)" if kind == "openai" else
+                   "not found (does base_url stop at the server's root? the anthropic SDK adds /v1 itself)")
+
+
+def test_doctor_says_a_base_url_without_v1_is_misconfigured(tmp_path):
+    import json
+    import subprocess
+
+    from .conftest import CLI, ROOT
+
+    with ScriptedLLM(quirks=("v1_only",)) as llm:
+        ws = tmp_path / "ws"
+        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+        (ws / "hermes.yaml").write_text(f"providers:\n  good: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
+                                        f"  nov1: {{kind: openai, base_url: '{llm.url}', model: m}}\n"
+                                        "agents:\n  - name: a\n")
+        result = subprocess.run([*CLI, "-w", str(ws), "doctor", "--json"], capture_output=True, text=True,
+                                timeout=60, cwd=ROOT)
+    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    assert (checks["provider good"]["level"], checks["provider good"]["detail"][-9:]) == ("ok", "reachable")
+    assert checks["provider nov1"]["level"] == "warn"
+    assert checks["provider nov1"]["detail"] == (f"openai, model m at {llm.url}: misconfigured: not found "
+                                                 "(does base_url end in /v1?)")

@@ -167,6 +167,55 @@ def test_a_cancelled_llm_task_cuts_the_stream_and_calls_no_model_again(tmp_path,
         assert not (ws / f"runs/thinker/transcripts/{talky['id']}.jsonl").read_text().count('"assistant"')
 
 
+def test_the_open_subtasks_of_a_task_are_found_through_every_level_and_a_loop_ends():
+    from hermes_sup.agents.delegation import open_subtasks
+
+    def doc(task_id: str, status: str, parent: str | None = None) -> dict:
+        return {"id": task_id, "status": status, "meta": {"parent": {"task": parent}} if parent else None}
+
+    tasks = [doc("p", "cancelled"), doc("a", "doing", "p"), doc("b", "done", "p"), doc("a1", "todo", "a"),
+             doc("b1", "blocked", "b"), doc("x", "todo", "other"), doc("l1", "todo", "l2"), doc("l2", "todo", "l1"),
+             {"id": "odd", "status": "todo", "meta": {"parent": "p"}}]
+    assert open_subtasks(tasks, "p") == ["a", "a1", "b1"]
+    assert open_subtasks(tasks, "l1") == ["l2"]
+    assert open_subtasks(tasks, "nothing") == []
+
+
+def test_cancelling_a_delegating_task_cancels_its_open_subtasks_so_none_waits_for_a_gone_child(tmp_path, up):
+    from .llm_server import ScriptedLLM, openai_reply
+
+    with ScriptedLLM() as llm:
+        ws = make_ws(tmp_path, f"providers:\n  scripted: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
+                               "tiers: {cheap: [scripted], standard: [scripted], premium: [scripted]}\n"
+                               "agents:\n  - name: thinker\n"
+                               "    capabilities: [fs.read, fs.write, memory, kanban, delegate]\n"
+                               "    delegation: {max_concurrent: 1}\n")
+        # Two delegations in one turn, one slot: the first child works (its model call hangs), the
+        # second subtask waits in todo for a child that is not started yet.
+        llm.script("openai", openai_reply(tool_calls=[("delegate_task", {"goal": "Think for a long time"}),
+                                                      ("delegate_task", {"goal": "Then this"})]),
+                   {"delay": 60, **openai_reply("never delivered")})
+        board = Board(ws / "kanban")
+        task = board.add({"title": "delegate twice"})
+        up(ws)
+        children = wait_until(lambda: agent_state(ws, "thinker").get("children"), timeout=60)
+        wait_until(lambda: len(llm.requests) >= 2, timeout=30)  # the child is in its model call
+        subtasks = wait_until(lambda: len(found := [d for d in board.list().tasks
+                                                    if (d.get("meta") or {}).get("parent")]) == 2 and found,
+                              timeout=30)
+        assert sorted(d["status"] for d in subtasks) == ["doing", "todo"]
+        cancelled = hermes(ws, "task", "cancel", task["id"])
+        assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+        for sub in subtasks:
+            doc = wait_until(lambda s=sub: (d := board.get(s["id"]))["status"] == "cancelled" and d, timeout=30)
+            last = doc["history"][-1]
+            assert (last["by"], last["note"]) == ("thinker", f"its parent task {task['id']} was cancelled (by cli)")
+            assert doc.get("claim") is None
+        assert wait_until(lambda: gone(children[0]["pid"]), timeout=30), "the working child was stopped"
+        assert board.get(task["id"])["status"] == "cancelled"
+        assert len(llm.requests) == 2, "no model call after the cancel"
+
+
 # -- a question for a person --------------------------------------------------------------------
 
 def test_an_ask_human_step_blocks_with_its_question_and_the_answer_is_its_result(tmp_path, up):

@@ -1,0 +1,80 @@
+"""Lock-free scans of the status folders, and the generation that says whether a scan saw one moment."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import Damaged
+from .fsio import safe_name
+from .task import STATUSES, sort_key
+
+TaskDoc = dict[str, Any]
+Generation = tuple[tuple[int, int, int] | None, ...]
+
+
+@dataclass
+class Listing:
+    tasks: list[TaskDoc]
+    damaged: list[dict[str, str]]
+
+
+def generation(root: Path) -> Generation:
+    """What every move changes: the event log's size (each transition is logged before its file is
+    moved) and the status folders' modification times (for the moves a recovery finishes without
+    logging again)."""
+    parts: list[tuple[int, int, int] | None] = []
+    for name in ("events.jsonl", *STATUSES):
+        try:
+            info = os.lstat(root / name)
+        except FileNotFoundError:
+            parts.append(None)
+            continue
+        parts.append((info.st_ino, info.st_size if name == "events.jsonl" else 0, info.st_mtime_ns))
+    return tuple(parts)
+
+
+def scan(root: Path, status: str | None, read: Callable[[Path], TaskDoc]) -> Listing:
+    """Every task document in the status folders (or one), each id once, in claim order."""
+    found: dict[str, TaskDoc] = {}
+    damaged: list[dict[str, str]] = []
+    for folder in [status] if status else STATUSES:
+        try:
+            entries = list(os.scandir(root / folder))
+        except FileNotFoundError:
+            damaged.append({"path": f"{folder}/", "reason": "status folder is missing"})
+            continue
+        for entry in entries:
+            if not entry.name.endswith(".json") or entry.name.startswith("."):
+                continue
+            try:
+                doc = read(Path(entry.path))
+            except FileNotFoundError:
+                continue
+            except Damaged as exc:
+                damaged.append({"path": f"{folder}/{safe_name(entry.name, 255)}", "reason": str(exc)})
+                continue
+            seen = found.get(doc["id"])
+            # A transition caught between its write and its rename shows up twice; the longer
+            # history is the newer state.
+            if seen is None or len(doc["history"]) > len(seen["history"]):
+                found[doc["id"]] = doc
+    tasks = [doc for doc in found.values() if status is None or doc["status"] == status]
+    order = {name: index for index, name in enumerate(STATUSES)}
+    tasks.sort(key=lambda doc: (order[doc["status"]], sort_key(doc)))
+    return Listing(tasks, damaged)
+
+
+def count(root: Path) -> dict[str, int]:
+    """How many task files each status folder holds."""
+    counts = {}
+    for status in STATUSES:
+        try:
+            counts[status] = sum(1 for entry in os.scandir(root / status)
+                                 if entry.name.endswith(".json") and not entry.name.startswith("."))
+        except FileNotFoundError:
+            counts[status] = 0
+    return counts
