@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hermes_sup.agents.notify import unix_address
+
 SOCKET_DIR = "sockets"
 NOTIFY_SOCKET = "notify.sock"
 CONTROL_SOCKET = "control.sock"
@@ -71,7 +73,8 @@ def bind_private(path: Path, kind: int) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, kind | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
     try:
         path.unlink(missing_ok=True)
-        sock.bind(str(path))
+        with unix_address(path) as address:  # a workspace deeper than sun_path allows binds too
+            sock.bind(address)
         os.chmod(path, 0o600)  # bind gave it the umask's mode; the 0700 folder covered the gap
     except BaseException:
         sock.close()
@@ -266,7 +269,8 @@ def request(runs: Path, payload: dict[str, Any], timeout: float = 10.0) -> dict[
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
             sock.settimeout(timeout)
-            sock.connect(str(path))
+            with unix_address(path) as address:
+                sock.connect(address)
             if not peer_allowed(peer_uid(sock), os.geteuid()):
                 return None
             sock.sendall(json.dumps(payload).encode() + b"\n")

@@ -525,3 +525,29 @@ def test_an_agent_exiting_with_no_descriptors_left_neither_kills_the_supervisor_
     wait_until(lambda: "reading /proc works again" in sup.text(), timeout=30)
     wait_until(lambda: running(ws, ["escaper", "beater"]) and agent(ws, "escaper")["pid"] != first, timeout=30)
     assert sup.alive()
+
+
+# -- 8. a deep workspace -------------------------------------------------------------------------
+
+def test_a_workspace_deeper_than_a_unix_socket_path_runs_and_answers_its_commands(tmp_path, launch):
+    deep = tmp_path / ("deep-" * 16)
+    deep.mkdir()
+    ws = make_ws(deep, f"- name: beater\n  {BEAT}\n")
+    assert len(os.fsencode(control_path(ws))) > 108, "deeper than sun_path holds"
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CLI, "-w", str(ws), *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+    sup = launch(ws)
+    wait_until(lambda: running(ws, ["beater"]), timeout=30)  # its heartbeats reach the notify socket
+    first = agent(ws, "beater")["pid"]
+    status = cli("status", "--json")
+    assert status.returncode == 0, status.stderr
+    document = json.loads(status.stdout)
+    assert document["running"] and document["supervisor_pid"] == sup.proc.pid  # asked over the control socket
+    restarted = cli("restart", "beater")
+    assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+    wait_until(lambda: running(ws, ["beater"]) and agent(ws, "beater")["pid"] != first, timeout=30)
+    stopped = cli("down")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert sup.proc.wait(timeout=60) == 0, sup.text()
