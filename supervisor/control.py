@@ -262,9 +262,29 @@ class ControlServer:
 
 # -- the client side -----------------------------------------------------------------------------
 
-def request(runs: Path, payload: dict[str, Any], timeout: float = 10.0) -> dict[str, Any] | None:
-    """Send one command to a running supervisor; None if none is listening. A socket held by
-    another user (planted in place of the supervisor's) is not talked to."""
+def _read_line(sock: socket.socket, deadline: float, limit: int) -> bytes:
+    """One line (or what came before the other side closed), within `deadline` for the whole of it:
+    an answer trickled a byte at a time cannot hold the CLI longer. TimeoutError past the deadline."""
+    data = bytearray()
+    while b"\n" not in data and len(data) <= limit:
+        left = deadline - time.monotonic()
+        try:
+            if left <= 0:
+                raise TimeoutError
+            sock.settimeout(left)
+            chunk = sock.recv(1 << 16)
+        except TimeoutError:
+            raise TimeoutError(errno.ETIMEDOUT, "the supervisor's answer did not come in time") from None
+        if not chunk:
+            break
+        data += chunk
+    return bytes(data.partition(b"\n")[0])
+
+
+def request(runs: Path, payload: dict[str, Any], timeout: float = 10.0) -> Any:
+    """Send one command to a running supervisor: its JSON answer, whatever it is; None if none is
+    listening or it said nothing; ValueError if the answer is not JSON. A socket held by another
+    user (planted in place of the supervisor's) is not talked to."""
     path = runs / SOCKET_DIR / CONTROL_SOCKET
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
@@ -274,8 +294,12 @@ def request(runs: Path, payload: dict[str, Any], timeout: float = 10.0) -> dict[
             if not peer_allowed(peer_uid(sock), os.geteuid()):
                 return None
             sock.sendall(json.dumps(payload).encode() + b"\n")
-            data = sock.makefile("rb").readline(MAX_REQUEST * 64)
+            data = _read_line(sock, time.monotonic() + timeout, MAX_REQUEST * 64)
     except (FileNotFoundError, ConnectionRefusedError):
         return None
-    reply = json.loads(data) if data else None
-    return reply if isinstance(reply, dict) else None
+    if not data:
+        return None
+    try:
+        return json.loads(data)  # not necessarily a mapping: the caller tells garbage from silence
+    except RecursionError:  # whatever listens there may nest its answer 100,000 deep
+        raise ValueError("the reply is nested too deep") from None
