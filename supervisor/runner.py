@@ -36,6 +36,7 @@ from hermes_sup.kanban.task import now_iso
 
 from . import cgroups
 from .boardwork import BoardWork
+from .cliargs import sane_state
 from .control import (
     CONTROL_SOCKET,
     NOTIFY_SOCKET,
@@ -61,7 +62,7 @@ from .procs import (
     strays,
 )
 from .spec import ChildSpec, build_specs, plan_reload
-from .statefile import StateWriter, quiet
+from .statefile import StateWriter, quiet, read_state
 from .workspace import ConfigError, Workspace, load_config, private_dir
 
 STATE_FILE = "supervisor.json"
@@ -613,7 +614,8 @@ class Supervisor:
             self._dirty = False
 
     def serve(self) -> int:
-        previous = _read_json(self.runs / STATE_FILE)
+        # As sane as the CLI sees it: any process of the user (an agent) may have rewritten it.
+        previous = sane_state(read_state(self.runs / STATE_FILE))
         self._bind()
         self.say(f"supervisor: {self.containment.detail}")
         adopted = self._take_over(previous)
@@ -671,14 +673,6 @@ def open_log(path: Path, say: Callable[[str], None]) -> int:
     os.rename(path, aside)
     say(f"{path.parent.name}: {path.name} was not a regular file; set aside as {aside.name}")
     return os.open(path, flags | os.O_EXCL, 0o644)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _age(pid: int) -> float:
