@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hermes_sup.kanban.liveness import start_time
+
 from .tools import Tool, ToolContext, ToolError, register
 
 TERMINAL = ("done", "failed", "cancelled")
@@ -120,6 +122,7 @@ class Child:
     task: str
     proc: subprocess.Popen[bytes]
     started: float = field(default_factory=time.monotonic)
+    pid_started: float | None = None  # its start time: `status` tells it from a process reusing its pid
 
 
 class Delegator:
@@ -137,8 +140,8 @@ class Delegator:
 
     def visible(self) -> list[dict[str, Any]]:
         with self._lock:
-            return [{"name": c.name, "pid": c.proc.pid, "task": c.task} for c in self.children.values()
-                    if c.proc.poll() is None]
+            return [{"name": c.name, "pid": c.proc.pid, "pid_started": c.pid_started, "task": c.task}
+                    for c in self.children.values() if c.proc.poll() is None]
 
     def _grants(self, ctx: ToolContext, args: dict[str, Any]) -> list[str]:
         return child_config(self.config, "-", "-", self.limits, args.get("toolsets"), ctx.grants)["capabilities"]
@@ -191,6 +194,8 @@ class Delegator:
         finally:
             log.close()
         child = Child(name, doc["id"], proc)
+        with contextlib.suppress(OSError):  # out of descriptors: then `status` does not list it
+            child.pid_started = start_time(proc.pid)
         with self._lock:
             self.children[name] = child
         return child

@@ -7,11 +7,38 @@ it has been orphaned), and with a full queue the message is dropped (the next he
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
+from collections.abc import Iterator
 
 NOTIFY_ENV = "HERMES_SUP_NOTIFY"
+# sun_path holds 108 bytes with its terminating NUL: a socket deeper than that is reached through its folder.
+SUN_PATH_MAX = 107
+
+
+@contextlib.contextmanager
+def unix_address(path: str | os.PathLike[str]) -> Iterator[str]:
+    """An address bind, connect and sendto accept for the Unix socket at `path`, however deep: the path
+    itself when it fits in sun_path, else the same name inside its folder reached through an O_PATH
+    descriptor (/proc/self/fd/N/name), held open while the context lasts. OSError (ENAMETOOLONG,
+    naming the path) if even that does not fit; what opening the folder raises otherwise."""
+    text = os.fspath(path)
+    if len(os.fsencode(text)) <= SUN_PATH_MAX:
+        yield text
+        return
+    folder, name = os.path.split(text)
+    fd = os.open(folder or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        address = f"/proc/self/fd/{fd}/{name}"
+        if len(os.fsencode(address)) > SUN_PATH_MAX or not os.path.isdir(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENAMETOOLONG, f"a Unix socket path may have at most {SUN_PATH_MAX} bytes "
+                                              f"(and /proc is needed to reach a deeper one); use a shorter "
+                                              f"workspace path", text)
+        yield address
+    finally:
+        os.close(fd)
 
 
 class Notifier:
@@ -30,7 +57,9 @@ class Notifier:
         lines = [f"NAME={self.name}", f"PID={os.getpid()}"]
         lines += [f"{key.upper()}={value}" for key, value in fields.items()]
         try:
-            self._sock.sendto("\n".join(lines).encode(), self.path)
+            # The folder is looked up again each time: a new supervisor may have made a new one.
+            with unix_address(self.path) as address:
+                self._sock.sendto("\n".join(lines).encode(), address)
             return True
         except BlockingIOError:
             return True  # the supervisor is there, only busy: this heartbeat is dropped

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import signal
 import stat
@@ -40,13 +39,14 @@ from .cliargs import (
     json_text,
     not_utf8,
     parse_steps,
-    pid_or_none,
+    sane_children,
     sane_state,
 )
 from .control import CONTROL_SOCKET, SOCKET_DIR
 from .doctor import run_checks
 from .runner import Supervisor, request, tree_rss_mb
 from .spec import build_specs
+from .statefile import read_state
 from .sweep import LOCK_FILE, sweep
 from .usage import read_logs, summarize
 from .workspace import (
@@ -560,15 +560,10 @@ class LogTail:
 
 
 def live_children(runs: Path, name: str) -> list[dict[str, Any]]:
-    """The delegated child agents an agent reports in its state.json that are still running."""
-    try:
-        children = json.loads((runs / name / "state.json").read_text()).get("children") or []
-    except (OSError, ValueError, AttributeError):
-        return []
-    if not isinstance(children, list):  # the agent's own file: as damaged as the agent left it
-        return []
-    return [child for child in children if isinstance(child, dict)
-            and pid_or_none(child.get("pid")) is not None and psutil.pid_exists(child["pid"])]
+    """The delegated child agents an agent reports in its state.json that are still running: the same
+    process, pid and start time, as the agent saw start (a pid alone may have been reused since)."""
+    return [child for child in sane_children(read_state(runs / name / "state.json"))
+            if holder_alive(child["pid"], child["pid_started"], None) is True]
 
 
 def status_rows(state: dict[str, Any], runs: Path) -> list[dict[str, Any]]:
@@ -939,7 +934,4 @@ def last_lines(path: Path, count: int) -> tuple[list[bytes], int] | None:
 
 
 def read_supervisor_state(ws: Workspace) -> dict[str, Any]:
-    try:
-        return sane_state(json.loads((ws.runs_path / "supervisor.json").read_text()))
-    except (OSError, ValueError):
-        return {}
+    return sane_state(read_state(ws.runs_path / "supervisor.json"))

@@ -76,6 +76,9 @@ def parse_steps(text: str) -> Any:
         raise UsageError(f"--steps: {exc}") from None
 
 
+MAX_CHILDREN = 256  # far above any delegation limit: a forged list of a million costs no time
+
+
 def pid_or_none(value: Any) -> int | None:
     """`value` if it can be a process id, else None."""
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 22 else None
@@ -86,8 +89,17 @@ def _seconds(value: Any) -> float | None:
     return float(value) if ok else None
 
 
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 31 else 0
+
+
 def _text(value: Any) -> str | None:
-    return None if value is None else str(value)
+    """Text as text, a number as its digits; anything else (a list, a mapping: however deep) is dropped."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return None
 
 
 def sane_state(raw: Any) -> dict[str, Any]:
@@ -96,7 +108,9 @@ def sane_state(raw: Any) -> dict[str, Any]:
     or forged file cannot crash `status` or `down` or aim them at another process."""
     if not isinstance(raw, dict):
         return {}
-    state = {key: raw[key] for key in ("started_at", "workspace", "shutting_down") if key in raw}
+    state: dict[str, Any] = {key: _text(raw[key]) for key in ("started_at", "workspace") if key in raw}
+    if "shutting_down" in raw:
+        state["shutting_down"] = raw["shutting_down"] is True
     if pid_or_none(raw.get("pid")) is not None and _seconds(raw.get("pid_started")) is not None:
         state["pid"], state["pid_started"] = raw["pid"], float(raw["pid_started"])
     agents = raw.get("agents") if isinstance(raw.get("agents"), dict) else {}
@@ -106,7 +120,7 @@ def sane_state(raw: Any) -> dict[str, Any]:
         "last_exit": _text(agent.get("last_exit")), "started_at": _text(agent.get("started_at")),
         "uptime_s": _seconds(agent.get("uptime_s")), "log": _text(agent.get("log")),
         "digest": _text(agent.get("digest")),
-        "restarts": agent["restarts"] if isinstance(agent.get("restarts"), int) else 0,
+        "restarts": _count(agent.get("restarts")),
     } for name, agent in agents.items() if isinstance(agent, dict)}
     return state
 
@@ -136,3 +150,14 @@ class JsonUsageCommand(click.Command):
 class JsonUsageGroup(click.Group):
     command_class = JsonUsageCommand
     group_class = type  # `task` and `skills` hand their commands JsonUsageCommand too
+
+
+def sane_children(raw: Any) -> list[dict[str, Any]]:
+    """The delegated children an agent's state.json lists, as the CLI may use them: a pid with its
+    start time (without one a pid names nothing: it may have been reused), a name and a task as text."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("children"), list):
+        return []
+    return [{"name": _text(child.get("name")), "pid": child["pid"], "pid_started": float(child["pid_started"]),
+             "task": _text(child.get("task"))}
+            for child in raw["children"][:MAX_CHILDREN] if isinstance(child, dict)
+            and pid_or_none(child.get("pid")) is not None and _seconds(child.get("pid_started"))]

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hermes_sup.agents.notify import unix_address
+
 SOCKET_DIR = "sockets"
 NOTIFY_SOCKET = "notify.sock"
 CONTROL_SOCKET = "control.sock"
@@ -71,7 +73,8 @@ def bind_private(path: Path, kind: int) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, kind | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
     try:
         path.unlink(missing_ok=True)
-        sock.bind(str(path))
+        with unix_address(path) as address:  # a workspace deeper than sun_path allows binds too
+            sock.bind(address)
         os.chmod(path, 0o600)  # bind gave it the umask's mode; the 0700 folder covered the gap
     except BaseException:
         sock.close()
@@ -259,24 +262,44 @@ class ControlServer:
 
 # -- the client side -----------------------------------------------------------------------------
 
-def request(runs: Path, payload: dict[str, Any], timeout: float = 10.0) -> dict[str, Any] | None:
-    """Send one command to a running supervisor; None if none is listening or it closed without a
-    word. A socket held by another user (planted in place of the supervisor's) is not talked to.
-    ValueError: what came back is not a reply (not one JSON object)."""
+def _read_line(sock: socket.socket, deadline: float, limit: int) -> bytes:
+    """One line (or what came before the other side closed), within `deadline` for the whole of it:
+    an answer trickled a byte at a time cannot hold the CLI longer. TimeoutError past the deadline."""
+    data = bytearray()
+    while b"\n" not in data and len(data) <= limit:
+        left = deadline - time.monotonic()
+        try:
+            if left <= 0:
+                raise TimeoutError
+            sock.settimeout(left)
+            chunk = sock.recv(1 << 16)
+        except TimeoutError:
+            raise TimeoutError(errno.ETIMEDOUT, "the supervisor's answer did not come in time") from None
+        if not chunk:
+            break
+        data += chunk
+    return bytes(data.partition(b"\n")[0])
+
+
+def request(runs: Path, payload: dict[str, Any], timeout: float = 10.0) -> Any:
+    """Send one command to a running supervisor: its JSON answer, whatever it is; None if none is
+    listening or it said nothing; ValueError if the answer is not JSON. A socket held by another
+    user (planted in place of the supervisor's) is not talked to."""
     path = runs / SOCKET_DIR / CONTROL_SOCKET
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
             sock.settimeout(timeout)
-            sock.connect(str(path))
+            with unix_address(path) as address:
+                sock.connect(address)
             if not peer_allowed(peer_uid(sock), os.geteuid()):
                 return None
             sock.sendall(json.dumps(payload).encode() + b"\n")
-            data = sock.makefile("rb").readline(MAX_REQUEST * 64)
+            data = _read_line(sock, time.monotonic() + timeout, MAX_REQUEST * 64)
     except (FileNotFoundError, ConnectionRefusedError):
         return None
     if not data:
         return None
-    reply = json.loads(data)
-    if not isinstance(reply, dict):
-        raise ValueError("the reply is not a JSON object")
-    return reply
+    try:
+        return json.loads(data)  # not necessarily a mapping: the caller tells garbage from silence
+    except RecursionError:  # whatever listens there may nest its answer 100,000 deep
+        raise ValueError("the reply is nested too deep") from None

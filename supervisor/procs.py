@@ -10,6 +10,7 @@ after that check, so a reused pid is never signalled.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import select
@@ -22,6 +23,28 @@ from pathlib import Path
 from hermes_sup.kanban.liveness import START_TIME_TOLERANCE, start_time
 
 MARKER_ENV = "HERMES_SUP_INSTANCE"
+# What a scan of /proc can run out of: then it saw only part of the processes, which is not "none".
+SHORT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+
+
+class ScanIncomplete(OSError):
+    """/proc could not be read whole (no descriptors or memory left): what was found is not all there is,
+    so nothing may be concluded from what was not found. Worth retrying once resources come back."""
+
+
+def _short(exc: OSError) -> OSError:
+    """`exc` as a ScanIncomplete if it means running out of something, else unchanged."""
+    if isinstance(exc, ScanIncomplete) or exc.errno not in SHORT_OF:
+        return exc
+    return ScanIncomplete(exc.errno, exc.strerror, exc.filename)
+
+
+def _start_time(pid: int) -> float | None:
+    """start_time, with a lack of descriptors said as ScanIncomplete rather than any other OSError."""
+    try:
+        return start_time(pid)
+    except OSError as exc:
+        raise _short(exc) from None
 
 
 @dataclass(frozen=True)
@@ -68,26 +91,34 @@ def parse_environ(environ: bytes) -> Marker | None:
 
 def read_marker(pid: int) -> Marker | None:
     """The marker a process was started with (its environment at exec; what it does to os.environ later
-    does not matter). None for a process of another user we may not read, a zombie, or no marker."""
+    does not matter). None for a process of another user we may not read, a zombie, or no marker;
+    ScanIncomplete if it could not be read for want of descriptors (it may well carry one)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as handle:
             return parse_environ(handle.read())
-    except OSError:
+    except OSError as exc:
+        if exc.errno in SHORT_OF:
+            raise _short(exc) from None
         return None
 
 
 def marked(root: Path) -> list[Marked]:
-    """Every live process (but this one) carrying a marker of the workspace at `root`."""
+    """Every live process (but this one) carrying a marker of the workspace at `root`. ScanIncomplete
+    (an OSError) when /proc could not be read whole: an empty answer then would be a lie."""
     key = workspace_key(root)
     found = []
-    for entry in os.listdir("/proc"):
+    try:
+        entries = os.listdir("/proc")
+    except OSError as exc:
+        raise _short(exc) from None
+    for entry in entries:
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         pid = int(entry)
         marker = read_marker(pid)
         if marker is None or marker.workspace != key:
             continue
-        started = start_time(pid)
+        started = _start_time(pid)
         if started:  # None: gone already; 0.0: not ours to read
             found.append(Marked(pid, started, marker))
     return found
@@ -100,10 +131,11 @@ def strays(found: Iterable[Marked], keep: set[str], agent: str | None = None) ->
 
 def is_agent_process(pid: int, started: float | None, root: Path, agent: str) -> Marker | None:
     """The marker of `pid` if it is still the process started at `started` and belongs to `agent` of the
-    workspace at `root`; None otherwise (gone, a reused pid, or not one of ours)."""
+    workspace at `root`; None otherwise (gone, a reused pid, or not one of ours). ScanIncomplete if
+    that cannot be told for want of descriptors."""
     if started is None:
         return None
-    actual = start_time(pid)
+    actual = _start_time(pid)
     if not actual or abs(actual - started) > START_TIME_TOLERANCE:
         return None
     marker = read_marker(pid)
@@ -140,8 +172,18 @@ def _wait(fds: list[int], timeout: float) -> None:
 
 def stop_all(procs: Iterable[Marked], timeout: float) -> int:
     """SIGTERM each process, SIGKILL those still there after `timeout` (0: SIGKILL at once); returns
-    how many were signalled. Waits (bounded) until they have exited."""
-    fds = [fd for fd in (_open(p) for p in procs) if fd is not None]
+    how many were signalled. Waits (bounded) until they have exited. Those it could not open for want
+    of descriptors are left alone, and ScanIncomplete says so once the others were dealt with."""
+    fds: list[int] = []
+    short: ScanIncomplete | None = None
+    for proc in procs:
+        try:
+            fd = _open(proc)
+        except ScanIncomplete as exc:
+            short = exc
+            continue
+        if fd is not None:
+            fds.append(fd)
     try:
         first = signal.SIGKILL if timeout <= 0 else signal.SIGTERM
         for fd in fds:
@@ -153,7 +195,9 @@ def stop_all(procs: Iterable[Marked], timeout: float) -> int:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     signal.pidfd_send_signal(fd, signal.SIGKILL)
         _wait(fds, 5.0)
-        return len(fds)
     finally:
         for fd in fds:
             os.close(fd)
+    if short is not None:
+        raise short
+    return len(fds)

@@ -36,6 +36,7 @@ from hermes_sup.kanban.task import now_iso
 
 from . import cgroups
 from .boardwork import BoardWork
+from .cliargs import sane_state
 from .control import (
     CONTROL_SOCKET,
     NOTIFY_SOCKET,
@@ -49,13 +50,24 @@ from .control import (
 )
 from .control import request as request  # the CLI's entry point, kept importable from here
 from .policy import RestartHistory, cleared, decide, decide_failed_start, describe_exit, loop_gap
-from .procs import MARKER_ENV, Marker, is_agent_process, marked, marker_value, new_marker, stop_all, strays
+from .procs import (
+    MARKER_ENV,
+    Marker,
+    ScanIncomplete,
+    is_agent_process,
+    marked,
+    marker_value,
+    new_marker,
+    stop_all,
+    strays,
+)
 from .spec import ChildSpec, build_specs, describe_reload, plan_reload
-from .statefile import StateWriter, quiet
+from .statefile import StateWriter, quiet, read_state
 from .workspace import ConfigError, Workspace, load_config, private_dir
 
 STATE_FILE = "supervisor.json"
 RSS_CHECK_INTERVAL = 5.0
+SCAN_RETRY = 2.0  # seconds between sweeps for what exited agents left, while /proc cannot be read whole
 # While agents are judged on their heartbeats the loop turns at least this often, so that a turn
 # much longer than its wait can only mean the supervisor itself was not running (see loop_gap).
 LOOP_TICK = 1.0
@@ -94,7 +106,12 @@ class Child:
     def alive(self) -> bool:
         if self.proc is not None:
             return self.proc.poll() is None
-        return self.adopted is not None and holder_alive(self.adopted, self.pid_started, None) is True
+        if self.adopted is None:
+            return False
+        try:
+            return holder_alive(self.adopted, self.pid_started, None) is True
+        except OSError:  # /proc unreadable (no descriptors): its pidfd has not reported an exit yet
+            return self.pidfd is not None
 
 
 class Supervisor:
@@ -123,6 +140,8 @@ class Supervisor:
         self._own_start = start_time(os.getpid())
         self._last_woke = time.monotonic()
         self._notify_refused = 0
+        self._sweep_at: float | None = None  # when to look again for what exited agents left running
+        self._scan_failing = False
 
     # -- set-up -----------------------------------------------------------------------------------
 
@@ -253,9 +272,33 @@ class Supervisor:
             cgroups.kill(child.cgroup)
         if pid is not None:
             signal_session(pid, signal.SIGKILL)
-        if child.marker is not None:
-            nonce = child.marker.nonce
-            stop_all([p for p in marked(self.ws.root) if p.marker.nonce == nonce], 0)
+        self._sweep_strays()
+
+    def _sweep_strays(self) -> None:
+        """SIGKILL every process of this workspace's agents that no supervised agent owns any more (its
+        marker's instance has exited). When /proc cannot be read whole (no descriptors left) this is
+        retried on a timer: the supervision goes on meanwhile, and the leftovers go once it can."""
+        keep = {c.marker.nonce for c in self.children.values() if c.pidfd is not None and c.marker is not None}
+        try:
+            stop_all(strays(marked(self.ws.root), keep), 0)
+        except ScanIncomplete as exc:
+            self._sweep_at = time.monotonic() + SCAN_RETRY
+            self._proc_trouble(exc)
+            return
+        self._sweep_at = None
+        self._proc_trouble(None)
+
+    def _proc_trouble(self, exc: OSError | None) -> None:
+        """Say once when reading /proc starts failing (a failed scan each turn must not flood the
+        log), and once when it works again."""
+        if exc is not None and not self._scan_failing:
+            self._scan_failing = True
+            self.say(f"supervisor: cannot read /proc ({exc.strerror or exc}); the agents are still supervised, "
+                     f"and what exited agents left running is stopped once it can be read (retrying every "
+                     f"{SCAN_RETRY:g} s)")
+        elif exc is None and self._scan_failing:
+            self._scan_failing = False
+            self.say("supervisor: reading /proc works again")
 
     def stop(self, child: Child, why: str, *, kill: bool = False) -> None:
         """SIGTERM the agent's process group (SIGKILL after stop_timeout), or SIGKILL at once."""
@@ -491,7 +534,8 @@ class Supervisor:
 
     def _deadlines(self, now: float) -> float:
         soonest = now + 60.0
-        for when in (self.control.next_deadline(), self.state_writer.retry_at if self._dirty else None):
+        for when in (self.control.next_deadline(), self.state_writer.retry_at if self._dirty else None,
+                     self._sweep_at):
             if when is not None:
                 soonest = min(soonest, when)
         for child in self.children.values():
@@ -520,6 +564,8 @@ class Supervisor:
 
     def _due(self, now: float) -> None:
         self.control.expire(now)
+        if self._sweep_at is not None and now >= self._sweep_at:
+            self._sweep_strays()
         for child in list(self.children.values()):
             if child.restart_at is not None and now >= child.restart_at and not self.shutting_down:
                 child.restarts += 1
@@ -537,7 +583,11 @@ class Supervisor:
             for child in self.children.values():
                 limit = child.spec.max_rss_mb
                 if limit and child.state in ("starting", "running") and child.pid:
-                    rss = tree_rss_mb(child.pid)
+                    try:
+                        rss = tree_rss_mb(child.pid)
+                    except OSError as exc:  # no descriptors to read it: looked at again next interval
+                        self._proc_trouble(exc)
+                        continue
                     if rss > limit:
                         self.say(f"{child.spec.name}: uses {rss:.0f} MB, over max_rss_mb {limit:g}; restarting it")
                         self.stop(child, "memory")
@@ -563,7 +613,8 @@ class Supervisor:
             self._dirty = False
 
     def serve(self) -> int:
-        previous = _read_json(self.runs / STATE_FILE)
+        # As sane as the CLI sees it: any process of the user (an agent) may have rewritten it.
+        previous = sane_state(read_state(self.runs / STATE_FILE))
         self._bind()
         self.say(f"supervisor: {self.containment.detail}")
         adopted = self._take_over(previous)
@@ -623,18 +674,10 @@ def open_log(path: Path, say: Callable[[str], None]) -> int:
     return os.open(path, flags | os.O_EXCL, 0o644)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def _age(pid: int) -> float:
     try:
         return max(0.0, time.time() - psutil.Process(pid).create_time())
-    except psutil.Error:
+    except (psutil.Error, OSError):  # OSError: no descriptors left to read /proc
         return 0.0
 
 

@@ -1,12 +1,18 @@
-"""Writing the supervisor's state file without ever letting a failed write stop the supervision.
+"""State files (supervisor.json, each agent's state.json): written without a failed write ever stopping
+the supervision, and read without a hostile one ever crashing or blocking the reader.
 
 A full disk (or a read-only remount, or a quota) must not kill the supervisor: the agents still
 need it. A failed write is said once, retried on a timer, and its recovery is said once too.
+Anything in runs/ may have been rewritten by an agent (it runs as the same user): a file is read
+only if it is a regular file of a bounded size, and JSON too deep or too long is no state at all.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +20,30 @@ from typing import Any
 from hermes_sup.kanban.fsio import write_json_atomic
 
 RETRY_EVERY = 2.0  # seconds between attempts while writes fail
+STATE_MAX = 1 << 20  # a state file is a few KiB; a delegating agent's, with its children, well under this
+
+
+def read_state(path: Path, limit: int = STATE_MAX) -> Any:
+    """The JSON document in a state file; None if it is missing or unusable: a symlink (not followed:
+    one to /dev/zero never ends), not a regular file (a FIFO would block the reader), over `limit`
+    bytes, or not JSON (nested too deep, a number too long, not UTF-8)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            data = handle.read(limit + 1)
+        except OSError:
+            return None
+    if len(data) > limit:
+        return None
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
 
 
 class StateWriter:

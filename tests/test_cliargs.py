@@ -154,6 +154,7 @@ def test_a_skill_name_cannot_lead_out_of_skills(ws, tmp_path):
     (b'{"ok": false, "message": 5}\n', "error: 5"),
     (b"[1]\n", "answered something that is not a reply"),
     (b"\x00garbage\n", "answered something that is not a reply"),
+    (b"[" * 100_000 + b"\n", "answered something that is not a reply"),
 ])
 def test_a_strange_answer_on_the_control_socket_is_an_error_message(ws, answer, message):
     import socket
@@ -193,3 +194,41 @@ def test_status_survives_a_damaged_state_json_of_a_running_agent(ws, children):
     result = CliRunner().invoke(main, ["-w", str(ws), "status", "--json"])
     assert result.exit_code == 0, result.exception
     assert json.loads(result.stdout)["agents"][0]["children"] == []
+
+
+def test_an_answer_trickled_on_the_control_socket_does_not_hold_status(ws):
+    import socket
+    import threading
+    import time
+
+    import psutil
+
+    me = psutil.Process()
+    (ws / "runs" / "supervisor.json").write_text(json.dumps({"pid": me.pid, "pid_started": me.create_time()}))
+    done = threading.Event()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        (ws / "runs" / "sockets").mkdir(mode=0o700)
+        server.bind(str(ws / "runs" / "sockets" / "control.sock"))
+        server.listen(1)
+
+        def serve() -> None:  # one byte of an endless answer every 0.1 s, for up to 60 s
+            conn, _ = server.accept()
+            with conn:
+                conn.settimeout(1)
+                for _ in range(600):
+                    if done.wait(0.1):
+                        return
+                    try:
+                        conn.sendall(b" ")
+                    except OSError:
+                        return
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        began = time.monotonic()
+        result = CliRunner().invoke(main, ["-w", str(ws), "status", "--json"])
+        took = time.monotonic() - began
+        done.set()
+        thread.join(timeout=10)
+    assert took < 20, f"status waited {took:.0f} s for a trickled answer"  # its own limit is 5 s
+    assert result.exit_code == 1 and "did not come in time" in result.output, (result.output, result.exception)

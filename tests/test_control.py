@@ -52,3 +52,31 @@ def test_the_socket_folder_is_made_private_and_what_squats_its_name_is_moved_asi
     private_dir(folder)
     assert folder.is_dir() and not folder.is_symlink()
     assert [p.name.startswith("sockets.suspect-") for p in tmp_path.iterdir() if p.is_symlink()] == [True]
+
+
+def test_a_socket_too_deep_for_sun_path_is_bound_and_reached_through_its_folder(tmp_path):
+    import errno
+    import socket
+
+    from hermes_sup.agents.notify import unix_address
+    from hermes_sup.supervisor.control import bind_private
+
+    folder = tmp_path / ("x" * 120)
+    folder.mkdir()
+    path = folder / "control.sock"
+    with unix_address(tmp_path / "short.sock") as address:
+        assert address == str(tmp_path / "short.sock")  # what fits is used as it is
+    server = bind_private(path, socket.SOCK_STREAM)
+    try:
+        server.listen(1)
+        assert stat.S_ISSOCK(os.lstat(path).st_mode) and stat.S_IMODE(os.lstat(path).st_mode) == 0o600
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client, unix_address(path) as address:
+            client.connect(address)
+            server.setblocking(True)
+            server.accept()[0].close()
+    finally:
+        server.close()
+    with pytest.raises(OSError) as raised, unix_address(folder / ("n" * 120)):
+        pass
+    assert raised.value.errno == errno.ENAMETOOLONG and raised.value.filename == str(folder / ("n" * 120))
+    assert "shorter workspace path" in raised.value.strerror

@@ -24,7 +24,7 @@ import psutil
 import pytest
 from hermes_sup.kanban import Board
 
-from .conftest import CLI, wait_until
+from .conftest import CLI, gone, wait_until
 from .test_supervisor import FAKE, ROOT, agent, hermes, make_ws, state
 
 NOBODY = 65534
@@ -470,3 +470,84 @@ def test_an_agent_log_replaced_by_a_fifo_or_a_symlink_does_not_block_or_redirect
         log = ws / "runs" / name / "agent.log"
         assert log.is_file() and not log.is_symlink()
         assert [p for p in log.parent.iterdir() if p.name.startswith("agent.log.suspect-")], "set aside, not lost"
+
+
+def _pidfd_of(sup_pid: int, pid: int) -> int:
+    """The descriptor number of the supervisor's pidfd for `pid`."""
+    for entry in os.listdir(f"/proc/{sup_pid}/fdinfo"):
+        with contextlib.suppress(OSError):
+            if f"Pid:\t{pid}\n" in Path(f"/proc/{sup_pid}/fdinfo/{entry}").read_text():
+                return int(entry)
+    raise AssertionError(f"the supervisor holds no pidfd for {pid}")
+
+
+def _lowest_free_fd(pid: int) -> int:
+    used = {int(entry) for entry in os.listdir(f"/proc/{pid}/fd")}
+    return min(set(range(len(used) + 1)) - used)
+
+
+def _starve(pid: int, keep_out: int) -> None:
+    """Lower `pid`'s descriptor limit so that it can open nothing, even once descriptor `keep_out`
+    is closed: the limit at or below both the lowest free descriptor and `keep_out`. Checked after
+    setting, as a file the process had open for a moment may have hidden a free descriptor."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    for _ in range(50):
+        limit = min(_lowest_free_fd(pid), keep_out)
+        psutil.Process(pid).rlimit(psutil.RLIMIT_NOFILE, (limit, hard))
+        if _lowest_free_fd(pid) >= limit:
+            return
+    raise AssertionError("could not starve the supervisor of descriptors")
+
+
+def test_an_agent_exiting_with_no_descriptors_left_neither_kills_the_supervisor_nor_spares_its_leftovers(
+        tmp_path, launch):
+    escaper = f"- name: escaper\n  command: [{sys.executable}, {FAKE}, setsid]\n"
+    ws = make_ws(tmp_path, f"{escaper}- name: beater\n  {BEAT}\n",
+                 defaults="restart: {backoff: {initial: 0.2, max: 1}}\n")
+    sup = launch(ws)
+    wait_until(lambda: running(ws, ["escaper", "beater"]), timeout=30)
+    log = ws / "runs" / "escaper" / "agent.log"
+    line = wait_until(lambda: next((x for x in log.read_text().splitlines() if x.startswith("escaped ")), None),
+                      timeout=30)
+    escaped = int(line.split()[1])  # left the agent's session, still carries its marker
+    first = agent(ws, "escaper")["pid"]
+    # Not one descriptor to spare, not even once the exited agent's own pidfd is closed: every scan of
+    # /proc the exit brings fails with EMFILE.
+    _starve(sup.proc.pid, _pidfd_of(sup.proc.pid, first))
+    os.kill(first, signal.SIGKILL)
+    wait_until(lambda: sup.text().count("could not start: Too many open files") >= 3 or not sup.alive(), timeout=30)
+    assert sup.alive(), sup.text()
+    assert sup.text().count("cannot read /proc") == 1, sup.text()  # said once, however often retried
+    assert not gone(escaped), "nothing could be read: the leftover is still there, awaiting a retry"
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    psutil.Process(sup.proc.pid).rlimit(psutil.RLIMIT_NOFILE, (min(1024, hard), hard))  # descriptors come back
+    wait_until(lambda: gone(escaped), timeout=30)
+    wait_until(lambda: "reading /proc works again" in sup.text(), timeout=30)
+    wait_until(lambda: running(ws, ["escaper", "beater"]) and agent(ws, "escaper")["pid"] != first, timeout=30)
+    assert sup.alive()
+
+
+# -- 8. a deep workspace -------------------------------------------------------------------------
+
+def test_a_workspace_deeper_than_a_unix_socket_path_runs_and_answers_its_commands(tmp_path, launch):
+    deep = tmp_path / ("deep-" * 16)
+    deep.mkdir()
+    ws = make_ws(deep, f"- name: beater\n  {BEAT}\n")
+    assert len(os.fsencode(control_path(ws))) > 108, "deeper than sun_path holds"
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CLI, "-w", str(ws), *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+    sup = launch(ws)
+    wait_until(lambda: running(ws, ["beater"]), timeout=30)  # its heartbeats reach the notify socket
+    first = agent(ws, "beater")["pid"]
+    status = cli("status", "--json")
+    assert status.returncode == 0, status.stderr
+    document = json.loads(status.stdout)
+    assert document["running"] and document["supervisor_pid"] == sup.proc.pid  # asked over the control socket
+    restarted = cli("restart", "beater")
+    assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+    wait_until(lambda: running(ws, ["beater"]) and agent(ws, "beater")["pid"] != first, timeout=30)
+    stopped = cli("down")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert sup.proc.wait(timeout=60) == 0, sup.text()
