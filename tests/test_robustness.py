@@ -189,9 +189,10 @@ def test_a_client_of_another_user_is_refused_by_its_uid(shared_tmp, launch):
 
 def test_heartbeats_forged_by_another_process_do_not_keep_a_hung_agent_alive(shared_tmp, launch):
     ws = make_ws(shared_tmp, f"- name: mute\n  command: [{sys.executable}, {FAKE}, silent]\n  heartbeat_timeout: 2\n")
-    launch(ws)
+    sup = launch(ws)
     pid = wait_until(lambda: agent(ws, "mute").get("state") == "running" and agent(ws, "mute")["pid"], timeout=30)
     notify = ws / "runs" / "sockets" / "notify.sock"
+    os.chmod(ws / "runs", 0o755)  # as if the folders were open: the sender's uid must still keep nobody out
     os.chmod(notify.parent, 0o755)
     os.chmod(notify, 0o666)
     forged = f"NAME=mute\nPID={pid}\nWATCHDOG=1".encode()
@@ -215,6 +216,9 @@ def test_heartbeats_forged_by_another_process_do_not_keep_a_hung_agent_alive(sha
     try:
         wait_until(lambda: agent(ws, "mute").get("restarts", 0) >= 1, timeout=15)
         assert "(hang)" in agent(ws, "mute")["last_exit"]
+        # The other user's datagrams were turned away by their uid (said once), not only by their pid.
+        wait_until(lambda: "ignored a notify message from uid 65534" in sup.text(), timeout=10)
+        assert sup.text().count("ignored a notify message from uid") == 1
     finally:
         for child in forgers:
             os.kill(child, signal.SIGKILL)
