@@ -445,6 +445,12 @@ def test_a_reload_that_raises_anything_is_refused_and_the_team_keeps_running(tmp
     os.kill(sup.proc.pid, signal.SIGHUP)  # the same by signal
     wait_until(lambda: sup.text().count("reload refused") >= 1, timeout=10)
     assert sup.alive() and agent(ws, "beater")["pid"] == pid
+    # A command path longer than PATH_MAX: the check that it is runnable raises OSError (ENAMETOOLONG),
+    # not a ConfigError; whatever the checks raise must be refused the same way.
+    (ws / "hermes.yaml").write_text(good + f"  - name: other\n    command: [/{'a' * 5000}]\n")
+    refused = hermes(ws, "reload")
+    assert refused.returncode == 2 and "reload refused, the team is unchanged" in refused.stderr, refused.stderr
+    assert sup.alive() and agent(ws, "beater")["pid"] == pid and "other" not in state(ws)["agents"]
     (ws / "hermes.yaml").write_text(good.replace("heartbeat_timeout: 30", "heartbeat_timeout: 20"))
     assert hermes(ws, "reload").returncode == 0
     wait_until(lambda: running(ws, ["beater"]) and agent(ws, "beater")["pid"] != pid, timeout=30)
