@@ -55,7 +55,11 @@ def test_down_after_a_supervisor_crash_stops_the_agents_it_left(tmp_path, up):
     assert hermes(ws, "down").stdout.strip() == "hermes-sup is not running in this workspace"
 
 
-def test_an_up_after_a_crash_before_the_state_was_saved_runs_one_process_per_agent(tmp_path, up):
+@pytest.mark.parametrize("contained", [True, False], ids=["cgroup-if-any", "process-group"])
+def test_an_up_after_a_crash_before_the_state_was_saved_runs_one_process_per_agent(tmp_path, up, monkeypatch,
+                                                                                   contained):
+    if not contained:  # no cgroup to sweep: only the marker finds the old process
+        monkeypatch.setenv(cgroups.OFF_ENV, "1")
     ws = make_ws(tmp_path, "- name: worker\n", defaults="orphan_grace: 600\n")
     sup = up(ws)
     wait_until(lambda: agent(ws, "worker").get("state") == "running", timeout=30)
