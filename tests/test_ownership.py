@@ -4,6 +4,7 @@ signals and cgroups."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -209,6 +210,34 @@ def test_processes_an_agent_started_with_setsid_do_not_outlive_down(tmp_path, up
     mode = "supervisor: cgroup v2: each agent in a cgroup of its own" if contained else \
         f"supervisor: process groups only: ${cgroups.OFF_ENV} is set"
     assert mode in (tmp_path / "up.log").read_text(), "the log says which mode is in use"
+
+
+@pytest.mark.parametrize("contained", [True, False], ids=["cgroup", "process-group"])
+def test_processes_an_agent_started_with_setsid_die_with_it_when_it_crashes(tmp_path, up, monkeypatch, contained):
+    if not contained:
+        monkeypatch.setenv(cgroups.OFF_ENV, "1")
+    containment = cgroups.detect(tmp_path, keep=False)
+    if contained and containment.mode != "cgroup":
+        pytest.skip(f"cgroups are not available here: {containment.detail}")
+    ws = make_ws(tmp_path, f"- name: escaper\n  command: [{sys.executable}, {FAKE}, setsid]\n")
+    up(ws)
+    wait_until(lambda: agent(ws, "escaper").get("state") == "running", timeout=30)
+    log = ws / "runs" / "escaper" / "agent.log"
+    found = wait_until(lambda: re.findall(r"escaped (\d+) (\d+)", log.read_text()), timeout=10)
+    escaped, scrubbed = int(found[0][0]), int(found[0][1])
+    wait_until(lambda: psutil.Process(scrubbed).cmdline()[:1] == ["sleep"], timeout=10)
+    os.kill(agent(ws, "escaper")["pid"], signal.SIGKILL)  # no `down`: the agent itself ends
+    wait_until(lambda: agent(ws, "escaper").get("restarts", 0) >= 1, timeout=30)
+    try:
+        assert wait_until(lambda: gone(escaped), timeout=10), "it carried the dead agent's marker"
+        if contained:
+            assert wait_until(lambda: gone(scrubbed), timeout=10), "it was in the dead agent's cgroup"
+    finally:
+        if not contained:  # the limit of process-group mode (see the `down` test): ours to clean up
+            later = wait_until(lambda: re.findall(r"escaped (\d+) (\d+)", log.read_text())[1:], timeout=30)
+            for pid in (scrubbed, int(later[0][1])):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 PARENT = """
