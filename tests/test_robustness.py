@@ -409,6 +409,38 @@ def test_a_full_disk_degrades_the_supervisor_and_it_resumes_by_itself(tmp_path, 
     assert not [p.name for p in (ws / "runs").iterdir() if p.name.endswith(".tmp")], "no temp file left behind"
 
 
+def read_chars(pid: int) -> int:
+    """How many bytes `pid` has read so far (0 once it is gone)."""
+    try:
+        return psutil.Process(pid).io_counters().read_chars
+    except psutil.Error:
+        return 0
+
+
+def test_a_full_disk_under_the_supervisors_own_log_does_not_stop_the_supervision(small_disk, launch):
+    ws = make_ws(small_disk, f"- name: beater\n  {BEAT}\n")
+    sup = launch(ws, log=small_disk / "up.log")
+    wait_until(lambda: running(ws, ["beater"]), timeout=30)
+    good = (ws / "hermes.yaml").read_text()
+    # Written while there is room: a reload of it is refused with a message of over 10 kB, more than
+    # the room left in the log's last page, so that logging it needs space the disk no longer has.
+    (ws / "hermes.yaml").write_text(good + f"  - name: other\n    command: [/{'a' * 5000}]\n")
+    fill(small_disk / "filler")
+    before = read_chars(sup.proc.pid)
+    os.kill(sup.proc.pid, signal.SIGHUP)
+    # Read (the config is 5 kB), so refused and logged, before the disk gets its space back.
+    wait_until(lambda: not sup.alive() or read_chars(sup.proc.pid) - before > 5000, timeout=15)
+    first = agent(ws, "beater")["pid"]
+    os.kill(first, signal.SIGKILL)
+    live = lambda: ask(ws, b'{"cmd": "status"}\n')["state"]["agents"]["beater"]  # noqa: E731 - from memory
+    wait_until(lambda: live()["restarts"] == 1 and live()["state"] == "running", timeout=15)
+    assert sup.alive()
+    (small_disk / "filler").unlink()
+    (ws / "hermes.yaml").write_text(good)
+    wait_until(lambda: agent(ws, "beater").get("restarts") == 1, timeout=15)
+    assert sup.alive()
+
+
 # -- 6. no descriptors left ----------------------------------------------------------------------
 
 def test_running_out_of_descriptors_while_starting_agents_is_a_failed_start_not_a_crash(tmp_path, launch):
