@@ -17,8 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 from hermes_sup.kanban import Board
+from hermes_sup.kanban.liveness import start_time
 from hermes_sup.supervisor import cgroups
-from hermes_sup.supervisor.procs import MARKER_ENV, Marker, marked, marker_value
+from hermes_sup.supervisor.procs import MARKER_ENV, Marked, Marker, marked, marker_value, stop_all
 from hermes_sup.supervisor.runner import Supervisor
 from hermes_sup.supervisor.workspace import Workspace, load_config
 
@@ -358,3 +359,16 @@ def test_down_never_signals_a_pid_named_without_its_start_time(tmp_path, recorde
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_stop_all_never_signals_a_pid_that_names_another_process_than_the_one_found():
+    # Found carrying a marker, then gone, and its pid taken by a process of somebody else's before
+    # the stop: the start time found no longer matches, so it is not signalled.
+    innocent = subprocess.Popen(["sleep", "300"])
+    try:
+        found = Marked(innocent.pid, start_time(innocent.pid) - 100.0, Marker("/ws", "worker", "0123456789abcdef"))
+        assert stop_all([found], 0) == 0
+        assert innocent.poll() is None, "another process by now: never signalled"
+    finally:
+        innocent.kill()
+        innocent.wait()
