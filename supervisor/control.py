@@ -259,10 +259,9 @@ class ControlServer:
 
 # -- the client side -----------------------------------------------------------------------------
 
-def request(runs: Path, payload: dict[str, Any], timeout: float = 10.0) -> Any:
-    """Send one command to a running supervisor and return its JSON answer as it came (the caller
-    says what is wrong with one that is not an object); None if none is listening. A socket held
-    by another user (planted in place of the supervisor's) is not talked to."""
+def request(runs: Path, payload: dict[str, Any], timeout: float = 10.0) -> dict[str, Any] | None:
+    """Send one command to a running supervisor; None if none is listening. A socket held by
+    another user (planted in place of the supervisor's) is not talked to."""
     path = runs / SOCKET_DIR / CONTROL_SOCKET
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
@@ -274,4 +273,5 @@ def request(runs: Path, payload: dict[str, Any], timeout: float = 10.0) -> Any:
             data = sock.makefile("rb").readline(MAX_REQUEST * 64)
     except (FileNotFoundError, ConnectionRefusedError):
         return None
-    return json.loads(data) if data else None
+    reply = json.loads(data) if data else None
+    return reply if isinstance(reply, dict) else None

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from hermes_sup.supervisor.cli import main
-from hermes_sup.supervisor.control import CONTROL_SOCKET, SOCKET_DIR
 
 from .conftest import CLI
 
@@ -164,10 +163,8 @@ def test_a_strange_answer_on_the_control_socket_is_an_error_message(ws, answer, 
 
     me = psutil.Process()
     (ws / "runs" / "supervisor.json").write_text(json.dumps({"pid": me.pid, "pid_started": me.create_time()}))
-    sockets = ws / "runs" / SOCKET_DIR  # where the supervisor keeps its control socket (control.py)
-    sockets.mkdir(mode=0o700, exist_ok=True)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
-        server.bind(str(sockets / CONTROL_SOCKET))
+        server.bind(str(ws / "runs" / "control.sock"))
         server.listen(1)
 
         def serve() -> None:
