@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -212,3 +213,14 @@ def test_the_suite_sees_no_server_or_key_from_outside_it(tmp_path):
     finally:
         if server is not None:
             server.__exit__(None, None, None)
+
+
+def test_the_hermetic_fixture_hides_a_key_and_ports_the_developers_shell_has():
+    """The check above in a pytest of its own, started the way a developer with a key in the shell
+    and a server for auto would start it: it still sees neither (the fixture must hide them, not
+    the machine lack them)."""
+    env = {**os.environ, "OPENAI_API_KEY": "sk-from-the-developers-shell", AUTO_PORTS_ENV: "8080"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           f"{Path(__file__)}::test_the_suite_sees_no_server_or_key_from_outside_it"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=170)
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-3000:]

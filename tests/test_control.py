@@ -1,13 +1,21 @@
-"""The control protocol's decisions, without a supervisor: who may connect, what a request is."""
+"""The control protocol's decisions, without a supervisor: who may connect, what a request is; and
+the control server on a real socket, with a handler standing in for the supervisor."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import selectors
+import socket
 import stat
+import tempfile
+import threading
+import time
+from pathlib import Path
 
 import pytest
-from hermes_sup.supervisor.control import down_timeout, parse_request, peer_allowed
+from hermes_sup.supervisor.control import ControlServer, down_timeout, parse_request, peer_allowed
 from hermes_sup.supervisor.workspace import private_dir
 
 
@@ -80,3 +88,40 @@ def test_a_socket_too_deep_for_sun_path_is_bound_and_reached_through_its_folder(
         pass
     assert raised.value.errno == errno.ENAMETOOLONG and raised.value.filename == str(folder / ("n" * 120))
     assert "shorter workspace path" in raised.value.strerror
+
+
+def test_a_request_whose_handling_raises_is_answered_to_that_client_and_the_next_one_is_served():
+    def handle(request: dict) -> dict:
+        if request.get("cmd") == "boom":
+            raise RuntimeError("the handler broke")
+        return {"ok": True, "message": "fine"}
+
+    said: list[str] = []
+    replies: dict[str, dict] = {}
+    selector = selectors.DefaultSelector()
+    with tempfile.TemporaryDirectory(prefix="hs-") as folder:  # a short path: sun_path holds 108 bytes
+        path = Path(folder) / "control.sock"
+        server = ControlServer(path, selector, handle, said.append)
+
+        def clients() -> None:
+            for name in ("boom", "status"):
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                    sock.settimeout(10)
+                    sock.connect(str(path))
+                    sock.sendall(json.dumps({"cmd": name}).encode() + b"\n")
+                    replies[name] = json.loads(sock.makefile("rb").readline() or b"{}")
+
+        thread = threading.Thread(target=clients, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 30
+        try:
+            while thread.is_alive() and time.monotonic() < deadline:  # the supervisor's loop, in short
+                for key, _ in selector.select(timeout=0.1):
+                    key.data()
+        finally:
+            thread.join(timeout=10)
+            server.close()
+            selector.close()
+    assert replies["boom"]["ok"] is False and "RuntimeError: the handler broke" in replies["boom"]["message"]
+    assert replies["status"] == {"ok": True, "message": "fine"}
+    assert any("the handler broke" in line for line in said), said

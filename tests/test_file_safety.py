@@ -10,6 +10,7 @@ import sys
 
 import pytest
 from hermes_sup.kanban import Board, BoardError
+from hermes_sup.kanban.fsio import create_exclusive
 
 from .conftest import ROOT
 
@@ -28,6 +29,22 @@ def test_a_planted_error_note_link_is_not_written_through_when_a_drop_is_rejecte
     assert moved != "rejected/bad.json"
     assert "invalid JSON" in (board.root / f"{moved}.error.txt").read_text()
     assert (board.root / moved).read_text() == "{not json"
+
+
+@pytest.mark.parametrize("target", ["victim.txt", "absent.txt"], ids=["existing", "dangling"])
+def test_a_note_name_taken_by_a_link_after_it_was_chosen_is_not_written_through(tmp_path, target):
+    # The name is chosen free (unique_path) and the link planted in between: only the exclusive,
+    # no-follow create stands between the note and the link's target.
+    victim = tmp_path / target
+    if target == "victim.txt":
+        victim.write_text("precious")
+    note = tmp_path / "rejected" / "bad.json.error.txt"
+    note.parent.mkdir()
+    note.symlink_to(victim)
+    with pytest.raises(FileExistsError):
+        create_exclusive(note, b"invalid JSON")
+    assert note.is_symlink()
+    assert (victim.read_text() == "precious") if target == "victim.txt" else not victim.exists()
 
 
 def test_a_planted_error_note_link_is_not_written_through_when_a_damaged_task_is_moved_aside(board, tmp_path):

@@ -4,6 +4,7 @@ signals and cgroups."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -16,8 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 from hermes_sup.kanban import Board
+from hermes_sup.kanban.liveness import start_time
 from hermes_sup.supervisor import cgroups
-from hermes_sup.supervisor.procs import MARKER_ENV, Marker, marked, marker_value
+from hermes_sup.supervisor.procs import MARKER_ENV, Marked, Marker, marked, marker_value, stop_all
 from hermes_sup.supervisor.runner import Supervisor
 from hermes_sup.supervisor.workspace import Workspace, load_config
 
@@ -52,7 +54,11 @@ def test_down_after_a_supervisor_crash_stops_the_agents_it_left(tmp_path, up):
     assert hermes(ws, "down").stdout.strip() == "hermes-sup is not running in this workspace"
 
 
-def test_an_up_after_a_crash_before_the_state_was_saved_runs_one_process_per_agent(tmp_path, up):
+@pytest.mark.parametrize("contained", [True, False], ids=["cgroup-if-any", "process-group"])
+def test_an_up_after_a_crash_before_the_state_was_saved_runs_one_process_per_agent(tmp_path, up, monkeypatch,
+                                                                                   contained):
+    if not contained:  # no cgroup to sweep: only the marker finds the old process
+        monkeypatch.setenv(cgroups.OFF_ENV, "1")
     ws = make_ws(tmp_path, "- name: worker\n", defaults="orphan_grace: 600\n")
     sup = up(ws)
     wait_until(lambda: agent(ws, "worker").get("state") == "running", timeout=30)
@@ -204,6 +210,34 @@ def test_processes_an_agent_started_with_setsid_do_not_outlive_down(tmp_path, up
     assert mode in (tmp_path / "up.log").read_text(), "the log says which mode is in use"
 
 
+@pytest.mark.parametrize("contained", [True, False], ids=["cgroup", "process-group"])
+def test_processes_an_agent_started_with_setsid_die_with_it_when_it_crashes(tmp_path, up, monkeypatch, contained):
+    if not contained:
+        monkeypatch.setenv(cgroups.OFF_ENV, "1")
+    containment = cgroups.detect(tmp_path, keep=False)
+    if contained and containment.mode != "cgroup":
+        pytest.skip(f"cgroups are not available here: {containment.detail}")
+    ws = make_ws(tmp_path, f"- name: escaper\n  command: [{sys.executable}, {FAKE}, setsid]\n")
+    up(ws)
+    wait_until(lambda: agent(ws, "escaper").get("state") == "running", timeout=30)
+    log = ws / "runs" / "escaper" / "agent.log"
+    found = wait_until(lambda: re.findall(r"escaped (\d+) (\d+)", log.read_text()), timeout=10)
+    escaped, scrubbed = int(found[0][0]), int(found[0][1])
+    wait_until(lambda: psutil.Process(scrubbed).cmdline()[:1] == ["sleep"], timeout=10)
+    os.kill(agent(ws, "escaper")["pid"], signal.SIGKILL)  # no `down`: the agent itself ends
+    wait_until(lambda: agent(ws, "escaper").get("restarts", 0) >= 1, timeout=30)
+    try:
+        assert wait_until(lambda: gone(escaped), timeout=10), "it carried the dead agent's marker"
+        if contained:
+            assert wait_until(lambda: gone(scrubbed), timeout=10), "it was in the dead agent's cgroup"
+    finally:
+        if not contained:  # the limit of process-group mode (see the `down` test): ours to clean up
+            later = wait_until(lambda: re.findall(r"escaped (\d+) (\d+)", log.read_text())[1:], timeout=30)
+            for pid in (scrubbed, int(later[0][1])):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
 PARENT = """
 import json, os, subprocess, sys
 config, workspace, folder = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -322,3 +356,16 @@ def test_down_never_signals_a_pid_named_without_its_start_time(tmp_path, recorde
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_stop_all_never_signals_a_pid_that_names_another_process_than_the_one_found():
+    # Found carrying a marker, then gone, and its pid taken by a process of somebody else's before
+    # the stop: the start time found no longer matches, so it is not signalled.
+    innocent = subprocess.Popen(["sleep", "300"])
+    try:
+        found = Marked(innocent.pid, start_time(innocent.pid) - 100.0, Marker("/ws", "worker", "0123456789abcdef"))
+        assert stop_all([found], 0) == 0
+        assert innocent.poll() is None, "another process by now: never signalled"
+    finally:
+        innocent.kill()
+        innocent.wait()

@@ -189,9 +189,10 @@ def test_a_client_of_another_user_is_refused_by_its_uid(shared_tmp, launch):
 
 def test_heartbeats_forged_by_another_process_do_not_keep_a_hung_agent_alive(shared_tmp, launch):
     ws = make_ws(shared_tmp, f"- name: mute\n  command: [{sys.executable}, {FAKE}, silent]\n  heartbeat_timeout: 2\n")
-    launch(ws)
+    sup = launch(ws)
     pid = wait_until(lambda: agent(ws, "mute").get("state") == "running" and agent(ws, "mute")["pid"], timeout=30)
     notify = ws / "runs" / "sockets" / "notify.sock"
+    os.chmod(ws / "runs", 0o755)  # as if the folders were open: the sender's uid must still keep nobody out
     os.chmod(notify.parent, 0o755)
     os.chmod(notify, 0o666)
     forged = f"NAME=mute\nPID={pid}\nWATCHDOG=1".encode()
@@ -215,6 +216,9 @@ def test_heartbeats_forged_by_another_process_do_not_keep_a_hung_agent_alive(sha
     try:
         wait_until(lambda: agent(ws, "mute").get("restarts", 0) >= 1, timeout=15)
         assert "(hang)" in agent(ws, "mute")["last_exit"]
+        # The other user's datagrams were turned away by their uid (said once), not only by their pid.
+        wait_until(lambda: "ignored a notify message from uid 65534" in sup.text(), timeout=10)
+        assert sup.text().count("ignored a notify message from uid") == 1
     finally:
         for child in forgers:
             os.kill(child, signal.SIGKILL)
@@ -405,6 +409,38 @@ def test_a_full_disk_degrades_the_supervisor_and_it_resumes_by_itself(tmp_path, 
     assert not [p.name for p in (ws / "runs").iterdir() if p.name.endswith(".tmp")], "no temp file left behind"
 
 
+def read_chars(pid: int) -> int:
+    """How many bytes `pid` has read so far (0 once it is gone)."""
+    try:
+        return psutil.Process(pid).io_counters().read_chars
+    except psutil.Error:
+        return 0
+
+
+def test_a_full_disk_under_the_supervisors_own_log_does_not_stop_the_supervision(small_disk, launch):
+    ws = make_ws(small_disk, f"- name: beater\n  {BEAT}\n")
+    sup = launch(ws, log=small_disk / "up.log")
+    wait_until(lambda: running(ws, ["beater"]), timeout=30)
+    good = (ws / "hermes.yaml").read_text()
+    # Written while there is room: a reload of it is refused with a message of over 10 kB, more than
+    # the room left in the log's last page, so that logging it needs space the disk no longer has.
+    (ws / "hermes.yaml").write_text(good + f"  - name: other\n    command: [/{'a' * 5000}]\n")
+    fill(small_disk / "filler")
+    before = read_chars(sup.proc.pid)
+    os.kill(sup.proc.pid, signal.SIGHUP)
+    # Read (the config is 5 kB), so refused and logged, before the disk gets its space back.
+    wait_until(lambda: not sup.alive() or read_chars(sup.proc.pid) - before > 5000, timeout=15)
+    first = agent(ws, "beater")["pid"]
+    os.kill(first, signal.SIGKILL)
+    live = lambda: ask(ws, b'{"cmd": "status"}\n')["state"]["agents"]["beater"]  # noqa: E731 - from memory
+    wait_until(lambda: live()["restarts"] == 1 and live()["state"] == "running", timeout=15)
+    assert sup.alive()
+    (small_disk / "filler").unlink()
+    (ws / "hermes.yaml").write_text(good)
+    wait_until(lambda: agent(ws, "beater").get("restarts") == 1, timeout=15)
+    assert sup.alive()
+
+
 # -- 6. no descriptors left ----------------------------------------------------------------------
 
 def test_running_out_of_descriptors_while_starting_agents_is_a_failed_start_not_a_crash(tmp_path, launch):
@@ -441,6 +477,12 @@ def test_a_reload_that_raises_anything_is_refused_and_the_team_keeps_running(tmp
     os.kill(sup.proc.pid, signal.SIGHUP)  # the same by signal
     wait_until(lambda: sup.text().count("reload refused") >= 1, timeout=10)
     assert sup.alive() and agent(ws, "beater")["pid"] == pid
+    # A command path longer than PATH_MAX: the check that it is runnable raises OSError (ENAMETOOLONG),
+    # not a ConfigError; whatever the checks raise must be refused the same way.
+    (ws / "hermes.yaml").write_text(good + f"  - name: other\n    command: [/{'a' * 5000}]\n")
+    refused = hermes(ws, "reload")
+    assert refused.returncode == 2 and "reload refused, the team is unchanged" in refused.stderr, refused.stderr
+    assert sup.alive() and agent(ws, "beater")["pid"] == pid and "other" not in state(ws)["agents"]
     (ws / "hermes.yaml").write_text(good.replace("heartbeat_timeout: 30", "heartbeat_timeout: 20"))
     assert hermes(ws, "reload").returncode == 0
     wait_until(lambda: running(ws, ["beater"]) and agent(ws, "beater")["pid"] != pid, timeout=30)
