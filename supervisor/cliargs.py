@@ -107,6 +107,7 @@ def sane_state(raw: Any) -> dict[str, Any]:
         "uptime_s": _seconds(agent.get("uptime_s")), "log": _text(agent.get("log")),
         "digest": _text(agent.get("digest")),
         "restarts": agent["restarts"] if isinstance(agent.get("restarts"), int) else 0,
+        "held": agent.get("held") is True,
     } for name, agent in agents.items() if isinstance(agent, dict)}
     return state
 
