@@ -471,7 +471,7 @@ def up(ctx: click.Context, detach: bool, agents_csv: str | None) -> None:
         running = read_supervisor_state(ws)
         if detach:  # what --detach asks for is already so (a supervisor starting up saves its state soon)
             running = running if supervisor_alive(running) else wait_until_saved(ws, 30.0)
-            out.print(literal(f"hermes-sup is already running in {ws.root} (pid {running['pid']})"))
+            out.print(literal(f"hermes-sup is already running in {ws.root} (pid {running['pid']})"), soft_wrap=True)
             return
         raise Failure(f"hermes-sup is already running in {ws.root} (pid {running.get('pid', '?')})") from None
     if detach:

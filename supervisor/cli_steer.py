@@ -130,7 +130,7 @@ def task_wait(ctx: click.Context, task_id: str, timeout: float | None, as_json: 
     elif code == TIMED_OUT:
         err.print(literal(f"{doc['id']}: still {doc['status']} after {timeout:g} s"), highlight=False)
     else:
-        out.print(literal(outcome_line(doc), one_line=True), highlight=False)
+        out.print(literal(outcome_line(doc), one_line=True), highlight=False, soft_wrap=True)
     sys.exit(code)
 
 
@@ -155,4 +155,4 @@ def task_comment(ctx: click.Context, task_id: str, text: str, as_json: bool) -> 
     if as_json:
         emit_json(doc)
     else:
-        out.print(literal(f"{doc['id']}: comment added ({len(doc.get('comments') or [])} in all)"))
+        out.print(literal(f"{doc['id']}: comment added ({len(doc.get('comments') or [])} in all)"), soft_wrap=True)
