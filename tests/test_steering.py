@@ -239,6 +239,23 @@ def test_stop_and_start_one_agent_held_across_reload_and_a_new_up(tmp_path, up):
     assert supervisor_state(ws)["held"] == [] and second.poll() is None
 
 
+def test_an_agent_still_stopping_when_its_supervisor_died_is_not_adopted_by_the_next(tmp_path, up):
+    ws = make_ws(tmp_path, f"- name: stubborn\n  stop_timeout: 5\n  command: [{sys.executable}, {FAKE}, ignore-term]\n")
+    first = up(ws)
+    wait_until(lambda: agent(ws, "stubborn").get("state") == "running", timeout=30)
+    pid = agent(ws, "stubborn")["pid"]
+    assert hermes(ws, "stop", "stubborn").returncode == 0
+    # It ignores SIGTERM: until its SIGKILL is due it is stopping, and held on disk.
+    wait_until(lambda: supervisor_state(ws).get("held") == ["stubborn"], timeout=5)
+    first.kill()
+    first.wait(timeout=10)
+    assert not gone(pid)
+    up(ws)
+    wait_until(lambda: gone(pid), timeout=30)
+    wait_until(lambda: agent(ws, "stubborn").get("held") is True, timeout=30)
+    assert agent(ws, "stubborn")["state"] == "stopped" and agent(ws, "stubborn")["pid"] is None
+
+
 def test_ps_is_status_and_up_detach_on_a_running_team_says_so(tmp_path, up):
     ws = make_ws(tmp_path, f"- name: solo\n  command: [{sys.executable}, {FAKE}, beat]\n")
     proc = up(ws)
