@@ -41,7 +41,7 @@ def _listed(ids: list[str]) -> str:
     return ", ".join(ids[:MAX_LISTED]) + (f" and {more} more" if more > 0 else "")
 
 
-def resolve_id(ids: Iterable[str], text: str) -> str:
+def resolve_id(ids: Iterable[str], text: str, where: str = "the board") -> str:
     """The id `text` names: itself, else the one id it is a prefix of. UnknownTaskId lists the ids
     an ambiguous prefix starts, or the ids close to a typo (difflib), or says there is none."""
     known = sorted(set(ids))
@@ -58,7 +58,7 @@ def resolve_id(ids: Iterable[str], text: str) -> str:
     close = difflib.get_close_matches(text, known, n=MAX_SUGGESTIONS, cutoff=SUGGEST_CUTOFF) \
         if len(text) <= MAX_COMPARED else []
     hint = f"; did you mean {' or '.join(close)}?" if close else ""
-    raise UnknownTaskId(f"no task '{_shown(text)}' on the board{hint}", close)
+    raise UnknownTaskId(f"no task '{_shown(text)}' on {where}{hint}", close)
 
 
 def task_ids(root: Path) -> set[str]:
@@ -78,12 +78,13 @@ def resolve_task_id(board: Board, text: str) -> str:
     if is_valid_id(text):
         with contextlib.suppress(TaskNotFound):
             return str(board.get(text)["id"])  # the exact id; get's locked retry sees a task mid-move
+    where = f"the board {board.root}"
     try:
-        return resolve_id(task_ids(board.root), text)
+        return resolve_id(task_ids(board.root), text, where)
     except UnknownTaskId as exc:
         if exc.ambiguous:
             raise  # no move makes it less so
     # A task moving between two folders is, for an instant, in neither as a lock-free scan visits
     # them in turn; every move is made under the board's lock, so a scan holding it sees them all.
     with board._locked():
-        return resolve_id(task_ids(board.root), text)
+        return resolve_id(task_ids(board.root), text, where)

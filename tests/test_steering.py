@@ -310,7 +310,8 @@ def test_task_wait_exits_by_how_the_task_ended_and_ids_take_prefixes(tmp_path, u
         shown = hermes(ws, "task", "show", "bravo", "--json")
         assert shown.returncode == 0 and json.loads(shown.stdout)["id"] == "bravo-fails"
         typo = hermes(ws, "task", "show", "bravo-fials")
-        assert typo.returncode == 2 and "no task 'bravo-fials' on the board; did you mean bravo-fails?" in typo.stderr
+        assert typo.returncode == 2, typo.stderr
+        assert f"no task 'bravo-fials' on the board {ws / 'kanban'}; did you mean bravo-fails?" in typo.stderr
         both = hermes(ws, "task", "retry", "", "--json")
         assert both.returncode == 2 and "must not be empty" in json.loads(both.stdout)["error"]
         board.add({"title": "fifth", "id": "alpha-two"})
