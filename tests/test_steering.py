@@ -271,6 +271,19 @@ def test_ps_is_status_and_up_detach_on_a_running_team_says_so(tmp_path, up):
     assert agent(ws, "solo")["restarts"] == 0 and proc.poll() is None
 
 
+def test_up_detach_succeeds_with_an_agent_held_by_a_previous_run(tmp_path):
+    beat = f"command: [{sys.executable}, {FAKE}, beat]"
+    ws = make_ws(tmp_path, f"- name: busy\n  {beat}\n- name: idle\n  {beat}\n")
+    (ws / "runs" / "supervisor.json").write_text(json.dumps({"held": ["idle"], "agents": {}}))
+    try:
+        detached = hermes(ws, "up", "--detach")
+        assert detached.returncode == 0, detached.stdout + detached.stderr
+        assert "stopped (by hand)" in detached.stdout
+        assert agent(ws, "busy")["state"] == "running" and agent(ws, "idle")["pid"] is None
+    finally:
+        assert hermes(ws, "down").returncode == 0
+
+
 def test_task_wait_exits_by_how_the_task_ended_and_ids_take_prefixes(tmp_path, up):
     ws = make_ws(tmp_path, "- name: runner\n")
     up(ws)
