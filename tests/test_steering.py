@@ -256,6 +256,20 @@ def test_an_agent_still_stopping_when_its_supervisor_died_is_not_adopted_by_the_
     assert agent(ws, "stubborn")["state"] == "stopped" and agent(ws, "stubborn")["pid"] is None
 
 
+def test_a_start_while_the_agent_is_still_stopping_starts_it_once_it_is_gone(tmp_path, up):
+    ws = make_ws(tmp_path, f"- name: stubborn\n  stop_timeout: 2\n  command: [{sys.executable}, {FAKE}, ignore-term]\n")
+    up(ws)
+    wait_until(lambda: agent(ws, "stubborn").get("state") == "running", timeout=30)
+    pid = agent(ws, "stubborn")["pid"]
+    assert hermes(ws, "stop", "stubborn").returncode == 0
+    started = hermes(ws, "start", "stubborn")
+    assert started.returncode == 0 and "starting once its old process has stopped" in started.stdout, started.stderr
+    wait_until(lambda: gone(pid), timeout=30)  # SIGKILLed at its stop_timeout
+    wait_until(lambda: agent(ws, "stubborn").get("state") == "running" and agent(ws, "stubborn")["pid"] != pid,
+               timeout=30)
+    assert agent(ws, "stubborn")["restarts"] == 0 and agent(ws, "stubborn")["held"] is False
+
+
 def test_ps_is_status_and_up_detach_on_a_running_team_says_so(tmp_path, up):
     ws = make_ws(tmp_path, f"- name: solo\n  command: [{sys.executable}, {FAKE}, beat]\n")
     proc = up(ws)
