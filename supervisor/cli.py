@@ -25,6 +25,7 @@ import psutil
 from hermes_sup.kanban import STATUSES, Board, BoardError, TaskError
 from hermes_sup.kanban.fsio import read_complete_lines
 from hermes_sup.kanban.liveness import holder_alive
+from hermes_sup.kanban.prefix import UnknownTaskId, resolve_task_id
 from hermes_sup.kanban.task import TIERS
 from rich.console import Console
 from rich.text import Text
@@ -103,7 +104,7 @@ def handled(func: F) -> F:
             _exit(str(exc), 2, as_json)
         except Failure as exc:
             _exit(str(exc), exc.code, as_json)
-        except UsageError as exc:
+        except (UsageError, UnknownTaskId) as exc:  # an id that names no task, or several: a usage error
             _exit(str(exc), 2, as_json)
         except (BoardError, TaskError) as exc:
             _exit(str(exc), 1, as_json)
@@ -273,7 +274,7 @@ def task_show(ctx: click.Context, task_id: str, as_json: bool) -> None:
     """Show one task: its fields, result or error, comments and history."""
     with open_board(ctx) as board:
         refreshed(board)
-        doc = board.get(task_id)
+        doc = board.get(resolve_task_id(board, task_id))
     if as_json:
         emit_json(doc)
     else:
@@ -297,7 +298,7 @@ def _change(ctx: click.Context, as_json: bool, action: Callable[[Board], dict[st
 @handled
 def task_cancel(ctx: click.Context, task_id: str, as_json: bool) -> None:
     """Cancel a task (a claim on it is revoked)."""
-    _change(ctx, as_json, lambda board: board.cancel(task_id))
+    _change(ctx, as_json, lambda board: board.cancel(resolve_task_id(board, task_id)))
 
 
 @task.command("answer")
@@ -309,7 +310,7 @@ def task_cancel(ctx: click.Context, task_id: str, as_json: bool) -> None:
 def task_answer(ctx: click.Context, task_id: str, text: str, as_json: bool) -> None:
     """Answer the question a blocked task asked (ask_human): it goes back to todo, and TEXT is the
     result of the model call or step that asked."""
-    _change(ctx, as_json, lambda board: board.answer(task_id, text))
+    _change(ctx, as_json, lambda board: board.answer(resolve_task_id(board, task_id), text))
 
 
 @task.command("retry")
@@ -319,7 +320,7 @@ def task_answer(ctx: click.Context, task_id: str, text: str, as_json: bool) -> N
 @handled
 def task_retry(ctx: click.Context, task_id: str, as_json: bool) -> None:
     """Put a blocked, failed or cancelled task back in todo, with its attempts reset."""
-    _change(ctx, as_json, lambda board: board.retry(task_id))
+    _change(ctx, as_json, lambda board: board.retry(resolve_task_id(board, task_id)))
 
 
 @task.command("move")
@@ -331,7 +332,7 @@ def task_retry(ctx: click.Context, task_id: str, as_json: bool) -> None:
 @handled
 def task_move(ctx: click.Context, task_id: str, status: str, note: str, as_json: bool) -> None:
     """Move a task to STATUS by hand (doing is reserved for claims)."""
-    _change(ctx, as_json, lambda board: board.move(task_id, status, note=note))
+    _change(ctx, as_json, lambda board: board.move(resolve_task_id(board, task_id), status, note=note))
 
 
 # -- the board --------------------------------------------------------------------------------------
@@ -468,6 +469,10 @@ def up(ctx: click.Context, detach: bool, agents_csv: str | None) -> None:
         singleton.acquire()
     except filelock.Timeout:
         running = read_supervisor_state(ws)
+        if detach:  # what --detach asks for is already so (a supervisor starting up saves its state soon)
+            running = running if supervisor_alive(running) else wait_until_saved(ws, 30.0)
+            out.print(literal(f"hermes-sup is already running in {ws.root} (pid {running['pid']})"), soft_wrap=True)
+            return
         raise Failure(f"hermes-sup is already running in {ws.root} (pid {running.get('pid', '?')})") from None
     if detach:
         singleton.release()
@@ -515,7 +520,7 @@ def _detach(ws: Workspace, agents_csv: str | None) -> int:
         agents = state.get("agents") or {}
         if state.get("pid") == proc.pid and agents and all(a["state"] != "starting" for a in agents.values()):
             out.print(render.status_table(status_rows(state, ws.runs_path)))
-            return 0 if all(a["state"] == "running" for a in agents.values()) else 1
+            return 0 if all(a["state"] == "running" or a["held"] for a in agents.values()) else 1
         time.sleep(0.05)
     err.print("hermes-sup: agents did not all report ready within 60 s; see `hermes-sup status`")
     return 1
@@ -571,7 +576,7 @@ def status_rows(state: dict[str, Any], runs: Path) -> list[dict[str, Any]]:
     and its delegated children. CPU is sampled over one short interval for all agents together."""
     rows, live = [], []
     for name, agent in (state.get("agents") or {}).items():
-        row = {"name": name, **{k: agent.get(k) for k in ("pid", "state", "restarts", "task", "last_exit")},
+        row = {"name": name, **{k: agent.get(k) for k in ("pid", "state", "restarts", "task", "last_exit", "held")},
                "uptime_s": None, "rss_mb": None, "cpu_percent": None, "children": []}
         pid = agent.get("pid")
         if pid and holder_alive(pid, agent.get("pid_started"), None):
@@ -935,3 +940,7 @@ def last_lines(path: Path, count: int) -> tuple[list[bytes], int] | None:
 
 def read_supervisor_state(ws: Workspace) -> dict[str, Any]:
     return sane_state(read_state(ws.runs_path / "supervisor.json"))
+
+
+# Registers `stop`, `start`, `ps`, `task wait` and `task comment` on the groups above.
+from . import cli_steer  # noqa: E402, F401

@@ -77,6 +77,7 @@ def parse_steps(text: str) -> Any:
 
 
 MAX_CHILDREN = 256  # far above any delegation limit: a forged list of a million costs no time
+MAX_AGENTS = 10_000  # far above any team: a forged list of names costs no time either
 
 
 def pid_or_none(value: Any) -> int | None:
@@ -113,6 +114,8 @@ def sane_state(raw: Any) -> dict[str, Any]:
         state["shutting_down"] = raw["shutting_down"] is True
     if pid_or_none(raw.get("pid")) is not None and _seconds(raw.get("pid_started")) is not None:
         state["pid"], state["pid_started"] = raw["pid"], float(raw["pid_started"])
+    if isinstance(raw.get("held"), list):  # the agents a person stopped (`hermes-sup stop`)
+        state["held"] = [name for name in raw["held"][:MAX_AGENTS] if isinstance(name, str)]
     agents = raw.get("agents") if isinstance(raw.get("agents"), dict) else {}
     state["agents"] = {str(name): {
         "pid": pid_or_none(agent.get("pid")), "pid_started": _seconds(agent.get("pid_started")),
@@ -121,6 +124,7 @@ def sane_state(raw: Any) -> dict[str, Any]:
         "uptime_s": _seconds(agent.get("uptime_s")), "log": _text(agent.get("log")),
         "digest": _text(agent.get("digest")),
         "restarts": _count(agent.get("restarts")),
+        "held": agent.get("held") is True,
     } for name, agent in agents.items() if isinstance(agent, dict)}
     return state
 

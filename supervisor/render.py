@@ -227,9 +227,10 @@ def status_table(rows: list[dict[str, Any]]) -> Table:
     for row in rows:
         uptime = row.get("uptime_s")
         state = row.get("state") or "-"
+        shown = f"{state} (by hand)" if row.get("held") and state == "stopped" else state
         table.add_row(
             literal(row["name"], one_line=True), literal(row.get("pid") or "-"),
-            literal(state, AGENT_STYLE.get(str(state), ""), one_line=True),
+            literal(shown, AGENT_STYLE.get(str(state), ""), one_line=True),
             literal(row.get("restarts") or 0), "-" if uptime is None else f"{uptime:.0f}s",
             literal(row.get("task") or "-", one_line=True),
             "-" if row.get("rss_mb") is None else f"{row['rss_mb']:.0f} MB",
@@ -251,6 +252,7 @@ def live_view(snapshot: dict[str, Any], counts: dict[str, int], rss: Callable[[i
         now_rows.append({"name": name, "pid": pid, "state": agent.get("state"),
                          "restarts": agent.get("restarts"), "task": agent.get("task"),
                          "last_exit": agent.get("last_exit"), "uptime_s": agent.get("uptime_s"),
+                         "held": agent.get("held"),
                          "rss_mb": rss(pid) if pid else None, "cpu_percent": None})
     board = Text("board: ", style="bold")
     for status in STATUSES:

@@ -63,6 +63,7 @@ from .procs import (
 )
 from .spec import ChildSpec, build_specs, describe_reload, plan_reload
 from .statefile import StateWriter, quiet, read_state
+from .steer import agent_groups, held_from, targets
 from .workspace import ConfigError, Workspace, load_config, private_dir
 
 STATE_FILE = "supervisor.json"
@@ -122,9 +123,15 @@ class Supervisor:
         self.say = quiet(say)
         self.only = only
         self.children: dict[str, Child] = {}
-        for spec in build_specs(config, ws.root):
+        specs = build_specs(config, ws.root)
+        for spec in specs:
             if only is None or spec.name in only:
                 self.children[spec.name] = Child(spec)
+        # Agents a person stopped: kept stopped (across reload and a new supervisor, through
+        # supervisor.json) until started again. Known names cover agents left out by --agents too.
+        self.known = {spec.name for spec in specs}
+        self.groups = agent_groups(config)
+        self.held: set[str] = set()
         self.board = Board(ws.board_path, lock_timeout=BOARD_LOCK_WAIT)
         self.selector = selectors.DefaultSelector()
         self.rng = random.Random()
@@ -346,7 +353,8 @@ class Supervisor:
         agents = previous.get("agents")
         for name, info in (agents if isinstance(agents, dict) else {}).items():
             child = self.children.get(name)
-            if child is None or not isinstance(info, dict) or child.spec.digest != info.get("digest"):
+            if child is None or not isinstance(info, dict) or child.spec.digest != info.get("digest") \
+                    or name in self.held:  # a held agent still running is a stray, stopped below
                 continue
             pid, started = info.get("pid"), info.get("pid_started")
             if not isinstance(pid, int) or pid <= 0 or not isinstance(started, (int, float)):
@@ -393,7 +401,11 @@ class Supervisor:
         # On the board thread: the loop never waits for the board lock.
         self.boardwork.recover()
         self._dirty = True
-        if why in ("down", "remove"):
+        if why == "stop" and child.spec.name not in self.held:  # started again while it was stopping
+            self.say(f"{child.spec.name}: {child.last_exit}; starting again")
+            self.start(child)
+            return
+        if why in ("down", "remove", "stop"):
             child.state = "stopped"
             self.say(f"{child.spec.name}: stopped, {child.last_exit}")
             return
@@ -475,6 +487,9 @@ class Supervisor:
                 return {"ok": False, "message": f"no agent named {name!r}; agents: {', '.join(self.children)}"}
             if self.shutting_down:
                 return {"ok": False, "message": STOPPING}
+            if name in self.held:
+                return {"ok": False, "message": f"{name} was stopped by hand and stays stopped until "
+                                                f"`hermes-sup start {name}`"}
             child.history = cleared(child.history)  # a manual restart is not a crash
             if child.alive():
                 self.stop(child, "restart")
@@ -482,6 +497,8 @@ class Supervisor:
                 child.restarts += 1
                 self.start(child)
             return {"ok": True, "message": f"{name}: restarting"}
+        if cmd in ("stop", "start"):
+            return self.steer(cmd, request.get("agent"))
         if cmd == "reload":
             return self.reload()
         if cmd == "down":
@@ -492,6 +509,52 @@ class Supervisor:
             self.shutdown("hermes-sup down")
             return {"ok": True, "message": "stopping"}
         return {"ok": False, "message": f"unknown command {cmd!r}"}
+
+    def steer(self, cmd: str, name: object) -> dict[str, Any]:
+        """`stop`: stop the agents `name` means and keep them stopped until `start`, which starts
+        them again; neither is counted as a restart."""
+        chosen = targets(name, [n for n in self.children if n in self.known], self.groups)
+        if chosen is None:
+            return {"ok": False, "message": f"no agent named {name!r}; agents: {', '.join(self.children)}"}
+        if self.shutting_down:
+            return {"ok": False, "message": STOPPING}
+        said = []
+        for agent in chosen:
+            child = self.children[agent]
+            if cmd == "stop":
+                said.append(self._hold(child))
+            else:
+                said.append(self._release(child))
+        self._dirty = True
+        return {"ok": True, "message": "; ".join(said), "agents": chosen}
+
+    def _hold(self, child: Child) -> str:
+        name = child.spec.name
+        self.held.add(name)
+        if child.state == "stopping":
+            # Already on its way out (a restart, a hang): it stays out once gone, on the same deadline.
+            child.stopping_for = "stop"
+        elif child.alive():
+            self.stop(child, "stop")
+        else:
+            child.state, child.restart_at, child.stopping_for = "stopped", None, ""
+            return f"{name}: stopped (not running); stays stopped until `hermes-sup start {name}`"
+        self.say(f"{name}: stopping by hand; stays stopped until `hermes-sup start {name}`")
+        return f"{name}: stopping; stays stopped until `hermes-sup start {name}`"
+
+    def _release(self, child: Child) -> str:
+        name = child.spec.name
+        was_held = name in self.held
+        self.held.discard(name)
+        if child.state == "stopping":
+            # Its exit starts it again: a stop by hand now sees it is no longer held (see _on_exit).
+            return f"{name}: starting once its old process has stopped"
+        if child.alive():
+            return f"{name}: already {child.state}"
+        child.history = cleared(child.history)  # a start by hand begins a fresh run, as from fatal
+        self.say(f"{name}: started by hand" + ("" if was_held else f" (it was {child.state})"))
+        self.start(child)
+        return f"{name}: starting"
 
     def reload(self) -> dict[str, Any]:
         """Apply hermes.yaml anew. Whatever reading or checking it raises (not only ConfigError: a
@@ -511,13 +574,19 @@ class Supervisor:
         by_name = {spec.name: spec for spec in wanted}
         for name in plan.stop:
             self.stop(self.children[name], "remove")
+            self.held.discard(name)
         for name in plan.restart:
             child = self.children[name]
             child.spec = by_name[name]
+            if name in self.held:
+                continue  # stopped by hand: the new settings apply when it is started
             self.stop(child, "reload") if child.alive() else self.start(child)
         for name in plan.start:
             self.children[name] = Child(by_name[name])
             self.start(self.children[name])
+        self.known = {spec.name for spec in build_specs(config, self.ws.root)}
+        self.groups = agent_groups(config)
+        self.held &= self.known
         self._dirty = True
         return {"ok": True, "message": describe_reload(plan),
                 "plan": {"start": plan.start, "stop": plan.stop, "restart": plan.restart, "keep": plan.keep}}
@@ -597,13 +666,14 @@ class Supervisor:
     def snapshot(self) -> dict[str, Any]:
         return {
             "pid": os.getpid(), "pid_started": self._own_start, "started_at": self.started_at,
-            "workspace": str(self.ws.root), "shutting_down": self.shutting_down,
+            "workspace": str(self.ws.root), "shutting_down": self.shutting_down, "held": sorted(self.held),
             "agents": {name: {
                 "pid": child.pid, "pid_started": child.pid_started, "state": child.state,
                 "restarts": child.restarts, "started_at": child.started_at if child.pid else None,
                 "uptime_s": round(time.monotonic() - child.started, 1) if child.pid else None,
                 "task": child.task, "last_exit": child.last_exit or None,
                 "log": str(child.spec.workdir / "agent.log"), "digest": child.spec.digest,
+                "held": name in self.held,
             } for name, child in self.children.items()},
         }
 
@@ -615,12 +685,15 @@ class Supervisor:
     def serve(self) -> int:
         # As sane as the CLI sees it: any process of the user (an agent) may have rewritten it.
         previous = sane_state(read_state(self.runs / STATE_FILE))
+        self.held = held_from(previous, self.known)
         self._bind()
         self.say(f"supervisor: {self.containment.detail}")
         adopted = self._take_over(previous)
         self.boardwork.recover()
         for name, child in self.children.items():
-            if name not in adopted:
+            if name in self.held:
+                self.say(f"{name}: stopped by hand; not started (`hermes-sup start {name}` starts it)")
+            elif name not in adopted:
                 self.start(child)
         self.save()
         self._last_woke = time.monotonic()

@@ -80,11 +80,11 @@ def test_steps_are_accepted_as_json(ws):
 
 def test_errors_are_messages_with_exit_codes_not_tracebacks(ws):
     code, output = run(ws, "task", "show", "no-such-task")
-    assert code == 1 and "no task 'no-such-task'" in output and "Traceback" not in output
+    assert code == 2 and "no task 'no-such-task'" in output and "Traceback" not in output
     result = invoke(ws, "task", "show", "no-such-task", "--json")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert json.loads(result.stdout) == {"error": f"no task 'no-such-task' on the board {ws / 'kanban'}",
-                                         "exit_code": 1}
+                                         "exit_code": 2}
     code, output = run(ws, "task", "add", "x", "--id", "Bad Id")
     assert code == 1 and "is not a safe file name" in output
     code, output = run(ws, "task", "retry", run_json(ws, "task", "add", "y")["id"])
@@ -170,7 +170,7 @@ def test_the_installed_console_script_runs(ws):
     assert json.loads(done.stdout)["title"] == "from a shell"
     bad = subprocess.run([*command, "-w", str(ws), "task", "show", "nope"], capture_output=True, text=True,
                          timeout=60)
-    assert bad.returncode == 1 and "no task 'nope'" in bad.stderr and bad.stdout == ""
+    assert bad.returncode == 2 and "no task 'nope'" in bad.stderr and bad.stdout == ""
 
 
 def test_up_runs_the_team_which_does_a_dropped_task_and_stops_on_sigterm(ws):

@@ -113,7 +113,7 @@ def test_every_command_prints_hostile_tasks_agents_and_logs_literally(ws):
     for args in (["task", "list"], ["task", "show", hostile["id"]], ["board"], ["status"], ["logs"], ["usage"],
                  ["skills", "list"], ["task", "list", "--json"], ["board", "--json"], ["task", "show", "[/nope]"]):
         code, output = cli(ws, *args)
-        assert code == (1 if "[/nope]" in args else 0), (args, output)
+        assert code == (2 if "[/nope]" in args else 0), (args, output)
         assert clean(output), (args, output)
         outputs[" ".join(args)] = output
     assert f"{MARKUP} {SHOWN}" in outputs["task list"] and "[/]" in outputs["task list"]
@@ -126,7 +126,7 @@ def test_every_command_prints_hostile_tasks_agents_and_logs_literally(ws):
     assert "[/t]" in outputs["usage"] and "\\x1b]0;pwned" in outputs["usage"]
     assert MARKUP in outputs["skills list"] and "\\x1b]0;pwned" in outputs["skills list"]
     assert json.loads(outputs["board --json"])["columns"]["done"][0]["title"] == f"{MARKUP} {ESCAPES}"
-    assert "error: '[/nope]' is not a task id" in outputs["task show [/nope]"]
+    assert "error: no task '[/nope]' on the board" in outputs["task show [/nope]"]
 
 
 def test_doctor_and_config_errors_print_the_users_text_literally(ws):
