@@ -148,3 +148,18 @@ def test_claim_warnings_name_what_no_agent_could_ever_claim(fields, expected):
 def test_no_warning_for_a_claimable_task_or_one_waiting_on_a_real_dependency():
     assert claim_warnings(task(role="code", depends_on=["a"]), {"a": "todo"}, team(WORKER)) == []
     assert claim_warnings(task(), {}, team(Member("worker", state="stopped"), running=False)) == []
+
+
+def test_an_agent_notes_its_provider_reason_only_on_tasks_it_could_claim(board):
+    dep = board.add({"title": "a dependency"})
+    plain = board.add({"title": "plain"})
+    mine = board.add({"title": "my role", "role": "code"})
+    other_role = board.add({"title": "their role", "role": "docs"})
+    missing_dep = board.add({"title": "needs nope", "depends_on": ["nope"]})
+    pending_dep = board.add({"title": "needs the dependency", "depends_on": [dep["id"]]})
+    theirs = board.add({"title": "someone else's", "assignee": "writer"})
+    board.mark_waiting(UNREACHABLE, agent="worker", roles=("code",))
+    noted = {doc["id"] for doc in board.list("todo").tasks if doc.get("waiting")}
+    assert noted == {dep["id"], plain["id"], mine["id"]}
+    for untouched in (other_role, missing_dep, pending_dep, theirs):
+        assert "waiting" not in board.get(untouched["id"])
