@@ -462,7 +462,9 @@ class Agent:
             # Without an LLM provider (none configured, or every one refusing connections) only
             # tasks with steps can be done; the others wait in todo, saying why, until one is there.
             waiting = self._waiting_reason()
-            self.waiting = waiting[0] if waiting else ""  # reported in state.json: see kanban/why.py
+            if self.waiting != (waiting[0] if waiting else ""):  # said in state.json at once: see kanban/why.py
+                self.waiting = waiting[0] if waiting else ""
+                self.write_state("idle")
             # Only on the tasks this agent could take: a task no agent has the role for, or one whose
             # dependencies are not done, does not wait for this agent's provider.
             self.board.mark_waiting(waiting[0] if waiting else None, agent=self.name, roles=self.roles)
