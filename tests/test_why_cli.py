@@ -107,3 +107,30 @@ def test_with_an_unreachable_provider_only_the_tasks_the_agent_could_take_say_so
     shown = json.loads(hermes(ws, "task", "show", "z", "--json").stdout)
     assert shown["waiting_kind"] == "provider_cooldown"
     hermes(ws, "down")
+
+
+def test_the_supervisor_logs_a_warning_at_once_for_a_dropped_task_no_agent_could_claim(tmp_path, up):
+    ws = make_ws(tmp_path, TEAM)
+    up(ws)
+    wait_until(lambda: supervisor_state(ws)["agents"]["coder"]["state"] == "running", timeout=30)
+    inbox = ws / "kanban" / "inbox"
+    (inbox / "fine.yaml").write_text("id: fine\ntitle: fine\nrole: code\n")
+    (inbox / "lost.yaml").write_text("id: lost\ntitle: lost\nrole: nobody\ndepends_on: [fine]\n")
+    log = tmp_path / "up.log"
+    expected = ("ingest: warning: lost: no agent can ever claim it: no agent has the role nobody "
+                "(roles of the team: code)")
+    wait_until(lambda: expected in " ".join(log.read_text().split()), timeout=30)
+    assert Board(ws / "kanban").get("lost")["status"] == "todo", "ingested all the same"
+    assert "warning: fine" not in log.read_text()
+    hermes(ws, "down")
+
+
+def test_only_ingest_events_name_tasks_to_judge():
+    from hermes_sup.supervisor.ingestwarn import ingested
+
+    records = [{"task": "a", "from": "inbox", "to": "todo", "by": "ingest"},
+               {"task": "b.json", "from": "inbox", "to": "rejected", "by": "ingest"},
+               {"task": "c", "from": None, "to": "todo", "by": "cli"},
+               {"task": "../../etc", "from": "inbox", "to": "todo", "by": "ingest"},
+               {"task": ["x"], "from": "inbox", "to": "todo", "by": "ingest"}]
+    assert ingested(records) == ["a"]
