@@ -95,7 +95,7 @@ def _card(item: dict[str, Any]) -> Group:
     who = item.get("agent") or item.get("assignee")
     if who:
         lines.append(literal(f"@{who}", "dim", one_line=True, no_wrap=True, overflow="ellipsis"))
-    if item.get("needs"):
+    if item.get("needs") and not str(item.get("waiting_kind") or "").startswith("dependency"):  # said below
         lines.append(literal(f"needs {', '.join(item['needs'])}", "dim", one_line=True))
     if item["status"] in ("failed", "blocked") and item.get("error"):
         lines.append(literal(str(item["error"])[:80], "red", one_line=True))

@@ -134,3 +134,12 @@ def test_only_ingest_events_name_tasks_to_judge():
                {"task": "../../etc", "from": "inbox", "to": "todo", "by": "ingest"},
                {"task": ["x"], "from": "inbox", "to": "todo", "by": "ingest"}]
     assert ingested(records) == ["a"]
+
+
+def test_a_warning_prints_the_role_it_names_literally(tmp_path):
+    ws = make_ws(tmp_path, TEAM)
+    added = hermes(ws, "task", "add", "hostile", "--role", "\x1b]8;;http://x\x07[bold]r", "--id", "h")
+    assert added.returncode == 0 and "\x1b" not in added.stderr and "\x07" not in added.stderr
+    assert "no agent has the role \\x1b]8;;http://x\\x07[bold]r" in added.stderr
+    picture = hermes(ws, "board").stdout
+    assert "\x1b" not in picture and "\\x1b" in picture
