@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hermes_sup.kanban import Board, BoardError
+from hermes_sup.kanban.fsio import read_bytes_nofollow
 from hermes_sup.kanban.why import Member, Team, Waiting, claim_warnings, why_waiting
 
 from .spec import build_specs
@@ -20,13 +21,15 @@ from .workspace import ConfigError, Workspace, load_config
 
 # An agent's waiting reason is a line of its own making; longer is not a reason but a damaged file.
 MAX_REASON = 500
+MAX_STATE = 1 << 20  # an agent's state.json: a few hundred bytes, its children listed
 
 
 def agent_waiting(runs: Path, name: str, pid: object) -> str | None:
     """What the agent `name` (running as `pid`) reports in its state.json about leaving LLM tasks in
     todo: a reason, "" for nothing, None when it cannot be told (no file, another process's, damaged)."""
-    try:
-        state = json.loads((runs / name / "state.json").read_text())
+    try:  # never a FIFO left there to hang `board`, nor a huge file
+        raw = read_bytes_nofollow(runs / name / "state.json", MAX_STATE)
+        state = json.loads(raw) if len(raw) <= MAX_STATE else None
     except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(state, dict) or state.get("pid") != pid or not isinstance(pid, int):

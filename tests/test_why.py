@@ -163,3 +163,22 @@ def test_an_agent_notes_its_provider_reason_only_on_tasks_it_could_claim(board):
     assert noted == {dep["id"], plain["id"], mine["id"]}
     for untouched in (other_role, missing_dep, pending_dep, theirs):
         assert "waiting" not in board.get(untouched["id"])
+
+
+def test_an_agents_report_is_read_only_from_its_own_regular_state_file(tmp_path):
+    import json
+    import os
+
+    from hermes_sup.supervisor.team import agent_waiting
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "state.json").write_text(json.dumps({"pid": 42, "waiting": NO_PROVIDER}))
+    assert agent_waiting(tmp_path, "a", 42) == NO_PROVIDER
+    assert agent_waiting(tmp_path, "a", 43) is None, "another process's report says nothing of this one"
+    (tmp_path / "b").mkdir()
+    os.mkfifo(tmp_path / "b" / "state.json")  # would hang a plain read
+    assert agent_waiting(tmp_path, "b", 42) is None
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "state.json").write_text(json.dumps({"pid": 42, "waiting": ["not", "text"]}))
+    assert agent_waiting(tmp_path, "c", 42) is None
+    assert agent_waiting(tmp_path, "missing", 42) is None
