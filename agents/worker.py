@@ -107,6 +107,7 @@ class Agent:
         self.keys = KeyFile(workspace / ENV_FILE, key_names(self.llm))
         self.step: int | None = None
         self.provider = "offline"
+        self.waiting: str | None = None  # why it leaves LLM tasks in todo ("" when it does not; None: not yet known)
         self.why_stopping = ""
         self.current: dict[str, Any] | None = None
         self._halt: threading.Event | None = None  # the current task's stop: ours, or the task taken away
@@ -190,7 +191,8 @@ class Agent:
             task = self.current
         write_json_atomic(self.workdir / "state.json", {
             "name": self.name, "pid": os.getpid(), "status": status, "task": task["id"] if task else None,
-            "step": self.step if task else None, "provider": self.provider, "heartbeat": now_iso(),
+            "step": self.step if task else None, "provider": self.provider, "waiting": self.waiting,
+            "heartbeat": now_iso(),
             "children": self.delegator.visible(),
         }, fsync=False)
 
@@ -468,7 +470,12 @@ class Agent:
             # Without an LLM provider (none configured, or every one refusing connections) only
             # tasks with steps can be done; the others wait in todo, saying why, until one is there.
             waiting = self._waiting_reason()
-            self.board.mark_waiting(waiting[0] if waiting else None)
+            if self.waiting != (waiting[0] if waiting else ""):  # said in state.json at once: see kanban/why.py
+                self.waiting = waiting[0] if waiting else ""
+                self.write_state("idle")
+            # Only on the tasks this agent could take: a task no agent has the role for, or one whose
+            # dependencies are not done, does not wait for this agent's provider.
+            self.board.mark_waiting(waiting[0] if waiting else None, agent=self.name, roles=self.roles)
             doc = self.board.wait_for_work(self.name, roles=self.roles, stop=self.stop, steps_only=waiting is not None,
                                            timeout=waiting[1] if waiting else 60,
                                            assigned_only=self.only_task is not None)

@@ -6,7 +6,7 @@ board), `errors` (the board's exceptions), `index` (in-process claim index), `ev
 (events.jsonl), `fsio` (atomic, link-safe writes), `lock` (the board's flock), `liveness` (is a
 claim's holder alive), `fsinfo` (filesystem type, inotify limits), `watch` (watchdog wake-ups),
 `redact` (API key values out of every text written), `store` (the protocol a board backend
-implements), `board` (the filesystem backend).
+implements), `board` (the filesystem backend), `why` (why a task is not moving, pure).
 
 Imports only the standard library, watchdog, psutil and pyyaml; never `supervisor`
 or `agents`.

@@ -864,16 +864,25 @@ class Board(IngestMixin):
         """Give the task back to todo; an interrupted attempt (shutdown, restart) is not counted."""
         return self._finish(task_id, token, "todo", note, _return_attempt=not count_attempt)
 
-    def mark_waiting(self, reason: str | None, *, needs_llm: bool = True) -> int:
+    def mark_waiting(self, reason: str | None, *, needs_llm: bool = True, agent: str | None = None,
+                     roles: Iterable[str] = ()) -> int:
         """Say on each todo task (without `steps`, when `needs_llm`) why it is not being worked, or
         clear that note with None. Not a transition: no event, no history entry. Candidates come
         from the in-memory index and this board remembers what it noted, so a call reads only the
-        tasks new to it: agents call this after every task."""
+        tasks new to it: agents call this after every task. With `agent` (and its `roles`), only the
+        tasks it could claim now are noted: its provider is no reason for a task it could not take."""
         with self._locked():
             self._refresh_index()
+        roles = tuple(roles)
+        index = self._index
+
+        def indexed_done(dep: str) -> bool:
+            return index.status.get(dep) == "done"
+
         # A note stands for the task as it was: any transition changes updated_at, a note does not.
         candidates = [meta["id"] for meta in self._index.todo_in_order()
                       if not (needs_llm and meta["has_steps"])
+                      and (agent is None or can_claim(meta, agent, roles, indexed_done))
                       and self._noted.get(meta["id"]) != (reason, meta["updated_at"])]
         changed = 0
         for task_id in candidates:

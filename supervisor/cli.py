@@ -27,10 +27,11 @@ from hermes_sup.kanban.fsio import read_complete_lines
 from hermes_sup.kanban.liveness import holder_alive
 from hermes_sup.kanban.prefix import UnknownTaskId, resolve_task_id
 from hermes_sup.kanban.task import TIERS
+from hermes_sup.kanban.why import Team
 from rich.console import Console
 from rich.text import Text
 
-from . import render
+from . import render, team
 from .cliargs import (
     MAX_PRIORITY,
     JsonUsageGroup,
@@ -236,10 +237,13 @@ def task_add(ctx: click.Context, title: str, body: str, priority: int, assignee:
     with open_board(ctx) as board:
         refreshed(board)
         doc = board.add(fields, by="cli")
+        warnings = team.warnings_for(board, [doc], team_now(ctx))  # added all the same: a person may fix the team
     if as_json:
-        emit_json(doc)
-    else:
-        click.echo(doc["id"])
+        emit_json({**doc, "warnings": warnings})
+        return
+    for warning in warnings:
+        err.print(Text.assemble(("warning:", "yellow"), " ", literal(warning)), highlight=False)
+    click.echo(doc["id"])
 
 
 @task.command("list")
@@ -275,6 +279,7 @@ def task_show(ctx: click.Context, task_id: str, as_json: bool) -> None:
     with open_board(ctx) as board:
         refreshed(board)
         doc = board.get(resolve_task_id(board, task_id))
+        doc = team.with_reason(doc, team.explain(board, doc, team_now(ctx)))
     if as_json:
         emit_json(doc)
     else:
@@ -347,9 +352,9 @@ def board_cmd(ctx: click.Context, as_json: bool, watch: bool) -> None:
     """The board as columns, with counts and the top tasks of each."""
     with open_board(ctx) as board:
         if watch:
-            watch_board(board, as_json)
+            watch_board(board, as_json, lambda: team_now(ctx))
             return
-        document = board_now(board)
+        document = board_now(board, team_now(ctx))
     if as_json:
         emit_json(document)
     else:
@@ -361,16 +366,25 @@ SETTLE_MAX = 0.25  # ...or after this long, whichever comes first
 SAFETY_RESCAN = 5.0  # events are a wake-up, not the truth (see kanban/watch.py): look again now and then
 
 
-def board_now(board: Board) -> dict[str, Any]:
+def board_now(board: Board, members: Team | None) -> dict[str, Any]:
     """The board as `board` shows it, after doing a board command's work (see refreshed) and
-    setting damaged task files aside."""
+    setting damaged task files aside, with why each waiting task waits for the team `members`."""
     ingest = refreshed(board)
     listing = board.list()
     board.quarantine_damaged(listing.damaged)
-    return render.board_document(listing.tasks, listing.damaged, ingest)
+    new = [doc for doc in listing.tasks if doc["id"] in set(ingest.get("ingested") or ())]
+    return render.board_document(listing.tasks, listing.damaged, ingest, team.reasons(listing.tasks, members),
+                                 team.warnings_for(board, new, members))
 
 
-def watch_board(board: Board, as_json: bool) -> None:
+def team_now(ctx: click.Context) -> Team | None:
+    """The team of hermes.yaml, with its agents' states when a supervisor runs."""
+    ws = workspace_of(ctx)
+    state = read_supervisor_state(ws)
+    return team.load_team(ws, state, supervisor_alive(state))
+
+
+def watch_board(board: Board, as_json: bool, members: Callable[[], Team | None]) -> None:
     """Draw the board, then again each time the watcher reports a change that alters the picture."""
     from rich.live import Live
 
@@ -383,7 +397,7 @@ def watch_board(board: Board, as_json: bool) -> None:
             live.start()
         while True:
             seen = board.signal.generation
-            document = board_now(board)
+            document = board_now(board, members())
             picture = {k: v for k, v in document.items() if k != "ingest"}
             if picture != drawn:
                 drawn = picture

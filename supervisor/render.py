@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from hermes_sup.kanban import STATUSES
+from hermes_sup.kanban.why import Waiting
 from rich import box
 from rich.console import Console, Group
 from rich.panel import Panel
@@ -63,11 +64,17 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def board_document(tasks: list[dict[str, Any]], damaged: list[dict[str, str]],
-                   ingest: dict[str, Any] | None = None) -> dict[str, Any]:
+                   ingest: dict[str, Any] | None = None, reasons: Mapping[str, Waiting] | None = None,
+                   warnings: list[str] | None = None) -> dict[str, Any]:
+    """The board as `board --json` prints it. `reasons` (by id) say why a todo or blocked task waits:
+    they replace the note an agent left on it; `warnings` are about tasks just ingested."""
     columns: dict[str, list[dict[str, Any]]] = {status: [] for status in STATUSES}
     done = {doc["id"] for doc in tasks if doc["status"] == "done"}
     for doc in tasks:
         item = summary(doc)
+        if reasons is not None:
+            why = reasons.get(doc["id"])
+            item["waiting"], item["waiting_kind"] = (why.text, why.kind) if why else (None, None)
         if doc["status"] in ("todo", "blocked"):
             item["needs"] = [dep for dep in item["depends_on"] if dep not in done]
         columns[doc["status"]].append(item)
@@ -76,6 +83,7 @@ def board_document(tasks: list[dict[str, Any]], damaged: list[dict[str, str]],
         "columns": columns,
         "damaged": damaged,
         "ingest": ingest or {},
+        "warnings": warnings or [],
     }
 
 
@@ -87,12 +95,12 @@ def _card(item: dict[str, Any]) -> Group:
     who = item.get("agent") or item.get("assignee")
     if who:
         lines.append(literal(f"@{who}", "dim", one_line=True, no_wrap=True, overflow="ellipsis"))
-    if item.get("needs"):
+    if item.get("needs") and not str(item.get("waiting_kind") or "").startswith("dependency"):  # said below
         lines.append(literal(f"needs {', '.join(item['needs'])}", "dim", one_line=True))
     if item["status"] in ("failed", "blocked") and item.get("error"):
         lines.append(literal(str(item["error"])[:80], "red", one_line=True))
     if item["status"] == "todo" and item.get("waiting"):
-        lines.append(literal(f"waiting: {str(item['waiting'])[:60]}", "yellow", one_line=True))
+        lines.append(literal(f"waiting: {str(item['waiting'])[:80]}", "yellow", one_line=True))
     return Group(*lines)
 
 
@@ -126,12 +134,15 @@ def print_board(console: Console, document: dict[str, Any]) -> None:
     for line in _damaged(document):
         console.print(line)
     print_ingest(console, document.get("ingest") or {})
+    for warning in document.get("warnings") or []:
+        console.print(Text.assemble(("warning", "yellow"), " ", literal(warning)))
 
 
 def watched_board(document: dict[str, Any], mode: str) -> Group:
     """The picture `board --watch` redraws, with a line saying when and how it is watching."""
     note = Text(f"{time.strftime('%H:%M:%S')}  watching the board ({mode} events); Ctrl-C to stop", style="dim")
-    return Group(board_picture(document), *_damaged(document), note)
+    warnings = [Text.assemble(("warning", "yellow"), " ", literal(line)) for line in document.get("warnings") or []]
+    return Group(board_picture(document), *_damaged(document), *warnings, note)
 
 
 def print_ingest(console: Console, ingest: dict[str, Any]) -> None:

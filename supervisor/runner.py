@@ -49,6 +49,7 @@ from .control import (
     recv_datagram,
 )
 from .control import request as request  # the CLI's entry point, kept importable from here
+from .ingestwarn import IngestWarnings, team_of
 from .policy import RestartHistory, cleared, decide, decide_failed_start, describe_exit, loop_gap
 from .procs import (
     MARKER_ENV,
@@ -132,6 +133,9 @@ class Supervisor:
         self.known = {spec.name for spec in specs}
         self.groups = agent_groups(config)
         self.held: set[str] = set()
+        # The whole team of hermes.yaml, also when `up --agents` runs a part of it: a task for the rest is
+        # no mistake. What ingest warnings judge new tasks by.
+        self._team = team_of(specs)
         self.board = Board(ws.board_path, lock_timeout=BOARD_LOCK_WAIT)
         self.selector = selectors.DefaultSelector()
         self.rng = random.Random()
@@ -168,6 +172,8 @@ class Supervisor:
         self.control = ControlServer(sockets / CONTROL_SOCKET, self.selector, self.command, self.say)
         self.boardwork = BoardWork(self.board)
         self.selector.register(self.boardwork.wake_fd, selectors.EVENT_READ, self._on_board_messages)
+        self.ingest_warnings = IngestWarnings(self.board, self._team)
+        self.selector.register(self.ingest_warnings.wake_fd, selectors.EVENT_READ, self._on_ingest_warnings)
         read_end, write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._wake_read = read_end
         signal.set_wakeup_fd(write_end)
@@ -476,6 +482,10 @@ class Supervisor:
         for line in self.boardwork.drain():
             self.say(line)
 
+    def _on_ingest_warnings(self) -> None:
+        for line in self.ingest_warnings.drain():
+            self.say(line)
+
     def command(self, request: dict[str, Any]) -> dict[str, Any]:
         cmd = request.get("cmd")
         if cmd == "status":
@@ -564,7 +574,8 @@ class Supervisor:
             return {"ok": False, "message": STOPPING}
         try:
             config = load_config(self.ws.config_path)
-            wanted = [s for s in build_specs(config, self.ws.root) if self.only is None or s.name in self.only]
+            everyone = build_specs(config, self.ws.root)
+            wanted = [s for s in everyone if self.only is None or s.name in self.only]
             plan = plan_reload({name: child.spec for name, child in self.children.items()}, wanted)
         except ConfigError as exc:
             return {"ok": False, "message": f"reload refused, the team is unchanged: {exc}"}
@@ -588,6 +599,7 @@ class Supervisor:
         self.groups = agent_groups(config)
         self.held &= self.known
         self._dirty = True
+        self.ingest_warnings.team = team_of(everyone)
         return {"ok": True, "message": describe_reload(plan),
                 "plan": {"start": plan.start, "stop": plan.stop, "restart": plan.restart, "keep": plan.keep}}
 
@@ -717,6 +729,10 @@ class Supervisor:
         self.control.close()
         self.notify_path.unlink(missing_ok=True)
         self.selector.unregister(self.boardwork.wake_fd)
+        self.selector.unregister(self.ingest_warnings.wake_fd)
+        if self.ingest_warnings.stop(timeout=BOARD_LOCK_WAIT + 1.0):
+            self._on_ingest_warnings()
+            self.ingest_warnings.close()
         if self.boardwork.stop(timeout=BOARD_LOCK_WAIT + 1.0):
             self._on_board_messages()
             self.boardwork.close()
