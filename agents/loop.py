@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 from hermes_sup.kanban.faults import fault
 from hermes_sup.kanban.fsio import write_atomic
+from hermes_sup.kanban.parse import load_json
 from hermes_sup.kanban.task import now_iso
 
 from .journal import Journal
@@ -420,7 +421,9 @@ class TaskLoop:
         parsed: dict[str, Any] = {}
         for call in calls:
             try:
-                parsed[call["id"]] = json.loads(call["function"].get("arguments") or "{}")
+                # Bounded: a model's arguments nested 100,000 deep are its mistake to hear about,
+                # not a RecursionError that fails the task again on every attempt.
+                parsed[call["id"]] = load_json(call["function"].get("arguments") or "{}")
             except ValueError as exc:
                 parsed[call["id"]] = exc
         for call in calls:  # start what can work in parallel (delegations) before running one by one

@@ -302,3 +302,13 @@ def test_the_first_message_carries_the_dependencies_results_and_the_comments():
                     '## count-b: Count B\n{"steps": ["wrote 3 characters", 7]}\n\n'
                     "Comments on this task:\n- ana: region B looks low")
     assert task_prompt({"id": "t", "title": "Plain"}) == "Task t: Plain"
+
+
+def test_tool_arguments_nested_too_deep_go_back_to_the_model_as_an_error(llm, tmp_path):
+    bad = openai_reply(tool_calls=[("read_file", {})])
+    bad["json"]["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = "[" * 100_000 + "]" * 100_000
+    llm.script("openai", bad, openai_reply("I will fix my call."))
+    assert make_loop(llm, tmp_path).run().kind == "done"
+    sent = llm.requests[1]["body"]["messages"][-1]
+    assert sent["role"] == "tool" and sent["content"].startswith("refused: invalid arguments for read_file: not JSON")
+    assert "nested more than" in sent["content"]
