@@ -3,6 +3,7 @@ terminal (timeout, deny list, environment, process group), and the board tools, 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
@@ -367,3 +368,51 @@ def test_a_teammate_cannot_plant_the_task_a_delegation_will_work(ctx, tmp_path):
         assert delegator.ensure_task(coder, own)[0]["id"] == made["id"]
     finally:
         delegator.stop_all()
+
+
+def _searches() -> list[int]:
+    """Our own search processes still running."""
+    import psutil
+
+    return [p.pid for p in psutil.Process().children(recursive=True)
+            if "hermes_sup.agents.search" in " ".join(p.cmdline())]
+
+
+def test_a_backtracking_pattern_neither_freezes_the_agent_nor_outlives_its_deadline(ctx, monkeypatch):
+    """`re` holds the GIL while it matches: `(a+)+$` on a line of 40 a's, matched in the agent's
+    process, would stop its heartbeat (the supervisor kills it as hung, at every attempt) and its
+    claim watch (a cancel goes unnoticed) for hours. A teammate with fs.write and kanban could make
+    such a task for anyone."""
+    from hermes_sup.agents import files
+
+    monkeypatch.setattr(files, "SEARCH_TIMEOUT", 2.0, raising=False)
+    call(ctx, "write_file", path="evil.txt", content="a" * 40 + "b\n")
+    ticks: list[float] = []
+    done = threading.Event()
+
+    def beat() -> None:  # what the agent's heartbeat thread does
+        while not done.is_set():
+            ticks.append(time.monotonic())
+            done.wait(0.05)
+
+    threading.Thread(target=beat, daemon=True).start()
+    try:
+        started = time.monotonic()
+        with pytest.raises(ToolError, match=r"the search took longer than 2 s and was stopped"):
+            call(ctx, "search_files", pattern="(a+)+$")
+        assert time.monotonic() - started < 15
+    finally:
+        done.set()
+    assert max(b - a for a, b in itertools.pairwise(ticks)) < 1.5, "the other threads ran all along"
+    assert _searches() == []
+    # A stop request (a cancel, `down`) ends it at once, well before the deadline.
+    monkeypatch.setattr(files, "SEARCH_TIMEOUT", 600.0, raising=False)
+    threading.Timer(0.5, ctx.stop.set).start()
+    started = time.monotonic()
+    with pytest.raises(InterruptedError):
+        call(ctx, "search_files", pattern="(a+)+$")
+    assert time.monotonic() - started < 10 and _searches() == []
+    ctx.stop.clear()
+    assert call(ctx, "search_files", pattern="a+b") == "evil.txt:1: " + "a" * 40 + "b"
+    with pytest.raises(ToolError, match="pattern is not a valid regular expression"):
+        call(ctx, "search_files", pattern="(")
