@@ -374,8 +374,14 @@ def _searches() -> list[int]:
     """Our own search processes still running."""
     import psutil
 
-    return [p.pid for p in psutil.Process().children(recursive=True)
-            if "hermes_sup.agents.search" in " ".join(p.cmdline())]
+    found = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if "hermes_sup.agents.search" in " ".join(process.cmdline()):
+                found.append(process.pid)
+        except psutil.Error:  # gone, or a zombie another test left: not a search still running
+            continue
+    return found
 
 
 def test_a_backtracking_pattern_neither_freezes_the_agent_nor_outlives_its_deadline(ctx, monkeypatch):
