@@ -308,7 +308,28 @@ class TaskLoop:
             set_aside(self.transcript.path)
         write_records(self.transcript.path, theirs.records)
         self.tool_log.take_task_records(previous / "tool_calls.jsonl", self.task["id"], ("turn", "call_id", "status"))
+        self._refuse_handed_over_calls(previous.name, [r for r in theirs.records if r.get("role") in ROLES])
         self.notes.append(f"continued the conversation of {previous.name} ({len(theirs.records)} messages)")
+
+    def _refuse_handed_over_calls(self, previous: str, messages: list[Message]) -> None:
+        """Answer, without running them, the calls the other agent's model asked for and that did not
+        run to the end there: run here they would have our rights, not that agent's (one without
+        `shell` would have its `terminal` call run by a teammate with it, once it stops mid-turn).
+        The answer goes into the transcript and the tool-call log at once, so a later resume, ours
+        or another agent's, finds the call answered. A call completed there keeps its logged result;
+        an `ask_human` a person answered keeps the answer (neither runs anything)."""
+        turn, pending = unanswered(messages)
+        if not pending:
+            return
+        done, started = self._logged_calls(turn)
+        for call in pending:
+            name = str(call["function"].get("name"))
+            if call["id"] in done or (name == ASK_HUMAN and call["id"] in started):
+                continue
+            self._record(messages, turn, call["id"], name, (
+                f"not run: {previous} asked for this call and stopped before it finished; a call runs with the "
+                "rights of the agent that asked for it, so make it again if it is still needed"),
+                "refused", time.monotonic())
 
     def resume(self) -> list[Message]:
         """The conversation so far, from the transcript; a new one if there is none."""

@@ -312,3 +312,26 @@ def test_tool_arguments_nested_too_deep_go_back_to_the_model_as_an_error(llm, tm
     sent = llm.requests[1]["body"]["messages"][-1]
     assert sent["role"] == "tool" and sent["content"].startswith("refused: invalid arguments for read_file: not JSON")
     assert "nested more than" in sent["content"]
+
+
+def test_calls_another_agents_model_asked_for_are_not_run_with_the_rights_of_the_agent_taking_over(
+        llm, tmp_path, counter):
+    """alice (without the `test` capability, say without `shell`) stops mid-turn, right after her
+    model asked for calls: bob, who has it, continues her conversation. Her calls must not run with
+    his rights; his model hears they were not run, and decides for itself."""
+    alice = make_loop(llm, tmp_path, "alice", claimed_by("alice"))
+    messages = alice.resume()
+    alice._append(messages, {"role": "assistant", "content": None, "turn": "t2", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "bump", "arguments": '{"n": 1}'}},
+        {"id": "c2", "type": "function", "function": {"name": "bump_safe", "arguments": "{}"}}]})
+    alice.tool_log.append({"task": "t-1", "turn": "t2", "call_id": "c2", "tool": "bump_safe", "status": "started"})
+    alice.transcript.close()
+    alice.tool_log.close()
+    llm.script("openai", openai_reply("I will see for myself."))
+    bob = make_loop(llm, tmp_path, "bob", claimed_by("alice", "bob"))
+    assert bob.run().kind == "done"
+    assert counter() == [], "neither of alice's calls ran with bob's rights"
+    sent = llm.requests[-1]["body"]["messages"]
+    assert [m["tool_call_id"] for m in sent[-2:]] == ["c1", "c2"]
+    assert all(m["content"].startswith("not run: alice asked for this call") for m in sent[-2:])
+    assert tool_log(tmp_path, "bob")[-2:] == [("bump", "c1", "done", "refused"), ("bump_safe", "c2", "done", "refused")]
