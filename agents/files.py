@@ -107,7 +107,7 @@ def search_files(ctx: ToolContext, args: dict[str, Any]) -> str:
     proc = subprocess.Popen([sys.executable, "-P", "-m", "hermes_sup.agents.search"], cwd=ctx.scratch,
                             env=clean_env(os.environ, key_names(ctx.settings.get("llm") or {})),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True, close_fds=True)
+                            process_group=0, close_fds=True)  # in the agent's session: killed with it
     deadline = time.monotonic() + SEARCH_TIMEOUT
     pending: bytes | None = request.encode("utf-8")
     try:

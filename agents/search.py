@@ -15,6 +15,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
+import resource
 import sys
 from pathlib import Path
 
@@ -46,7 +47,11 @@ def search(root: Path, base: Path, pattern: str, glob: str) -> str:
     return "\n".join(matches) or "no matches"
 
 
+CPU_SECONDS = 60  # past the caller's deadline: a search whose caller died ends by itself
+
+
 def main() -> int:
+    resource.setrlimit(resource.RLIMIT_CPU, (CPU_SECONDS, CPU_SECONDS))
     request = json.loads(sys.stdin.read())
     try:
         answer = {"text": search(Path(request["root"]), Path(request["base"]), request["pattern"], request["glob"])}
