@@ -6,6 +6,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -422,3 +424,26 @@ def test_a_backtracking_pattern_neither_freezes_the_agent_nor_outlives_its_deadl
     assert call(ctx, "search_files", pattern="a+b") == "evil.txt:1: " + "a" * 40 + "b"
     with pytest.raises(ToolError, match="pattern is not a valid regular expression"):
         call(ctx, "search_files", pattern="(")
+
+
+def test_a_command_with_endless_output_does_not_grow_the_agent(tmp_path):
+    """The whole output was kept in memory until the command ended, for the 20,000 characters the
+    model is shown: `cat` of a large log, or `yes`, grew the agent past its memory limit (killed,
+    and again at the next attempt). Measured in a process of its own: its peak memory is its own."""
+    script = (
+        "import json, resource, threading\n"
+        "from pathlib import Path\n"
+        "from hermes_sup.agents import builtins\n"
+        "from hermes_sup.agents.tools import Toolbox, ToolContext\n"
+        f"ctx = ToolContext(scratch=Path({str(tmp_path)!r}), stop=threading.Event())\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "out = Toolbox(grants=('shell',)).call(ctx, 'terminal', {'command': "
+        "'echo first; yes 0123456789 | head -c 400000000; echo; echo last', 'timeout': 120})\n"
+        "grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before\n"
+        "print(json.dumps({'grown_kb': grown, 'out': out}))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True)
+    report = json.loads(done.stdout)
+    assert report["grown_kb"] < 100_000, f"the agent grew by {report['grown_kb']} KiB for a capped output"
+    out = report["out"]
+    assert out.startswith("first\n0123456789") and out.endswith("last\n") and len(out) < 21_000
+    assert "bytes and" in out and "cut ..." in out
