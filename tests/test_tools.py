@@ -3,9 +3,11 @@ terminal (timeout, deny list, environment, process group), and the board tools, 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -447,3 +449,16 @@ def test_a_command_with_endless_output_does_not_grow_the_agent(tmp_path):
     out = report["out"]
     assert out.startswith("first\n0123456789") and out.endswith("last\n") and len(out) < 21_000
     assert "bytes and" in out and "cut ..." in out
+
+
+def test_a_process_leaving_the_commands_group_with_its_output_open_does_not_hang_the_agent(ctx):
+    """`setsid` takes a process out of the command's group, so killing the group leaves it holding
+    the output pipe open: waiting for the end of the output hung the agent for as long as it lived."""
+    started = time.monotonic()
+    try:
+        with pytest.raises(ToolError, match=r"timed out after 2 s") as info:
+            call(ctx, "terminal", command="setsid sleep 300 & echo $! > bg.pid; echo started", timeout=2)
+        assert "started" in str(info.value) and time.monotonic() - started < 15
+    finally:
+        with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
+            os.kill(int((ctx.scratch / "bg.pid").read_text()), signal.SIGKILL)
