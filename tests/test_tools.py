@@ -462,3 +462,15 @@ def test_a_process_leaving_the_commands_group_with_its_output_open_does_not_hang
     finally:
         with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
             os.kill(int((ctx.scratch / "bg.pid").read_text()), signal.SIGKILL)
+
+
+def test_an_agent_whose_toolsets_leave_out_the_terminal_hands_on_no_shell(ctx):
+    """`toolsets: [board]` with `shell` granted: the agent cannot run a command itself, and the
+    steps it writes must not have a teammate run one for it either."""
+    steps = [{"tool": "terminal", "args": {"command": "touch pwned"}}]
+    box = Toolbox(grants=("fs.read", "kanban", "shell"), toolsets=("board",))
+    box.call(ctx, "kanban_create", {"id": "laundered", "title": "run this", "steps": steps})
+    assert ctx.board.get("laundered")["meta"]["capabilities"] == ["fs.read", "kanban"]
+    full = Toolbox(grants=("fs.read", "kanban", "shell"))
+    full.call(ctx, "kanban_create", {"id": "allowed", "title": "run this", "steps": steps})
+    assert ctx.board.get("allowed")["meta"]["capabilities"] == ["fs.read", "kanban", "shell"]
