@@ -17,6 +17,7 @@ call in flight.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -112,6 +113,17 @@ def price(prices: dict[str, Any], model: str, usage: Usage) -> float | None:
     cached_rate = entry.get("cached", entry.get("input", 0))
     return round((fresh * entry.get("input", 0) + usage.cached * cached_rate + usage.output * entry.get("output", 0))
                  / 1e6, 8)
+
+
+def llm_record(task_id: str, attempt: Attempt, prices: dict[str, Any]) -> dict[str, Any]:
+    """One model call as the LLM-call log keeps it (pure)."""
+    usage = attempt.completion.usage if attempt.completion else None
+    model = (attempt.completion.model if attempt.completion and attempt.completion.model else attempt.model)
+    return {"at": now_iso(), "task": task_id, "provider": attempt.provider, "model": model,
+            "outcome": attempt.outcome, "latency_s": round(attempt.latency, 3), "error": attempt.error or None,
+            "tokens_in": usage.input if usage else 0, "tokens_out": usage.output if usage else 0,
+            "tokens_cached": usage.cached if usage else 0, "cost_usd": price(prices, model, usage) if usage else 0.0,
+            **({"estimated": True} if usage and usage.estimated else {})}
 
 
 def system_prompt(identity: str, memory_block: str, skills_block: str = "") -> str:
@@ -276,7 +288,11 @@ class TaskLoop:
         self.spent_tokens = 0
         self.spent_cost = 0.0
         self.chain = chain
-        self.ctx = ctx
+        # A tool that asks a model (the summarize skill) spends for this task too: its calls are
+        # logged and counted against the task's ceilings like the loop's own (see Agent.ask_model).
+        asked = ctx.llm
+        self.ctx = ctx if asked is None else dataclasses.replace(
+            ctx, llm=lambda tier, prompt: asked(tier, prompt, log=self._log_llm))  # type: ignore[call-arg]
         self.toolbox = toolbox
         self.prompt_extra = prompt_extra
         self.identity = identity
@@ -359,19 +375,10 @@ class TaskLoop:
                     self.notes.append(f"provider {attempt.provider} skipped: {attempt.error}")
 
     def _write_llm_record(self, attempt: Attempt) -> None:
-        usage = attempt.completion.usage if attempt.completion else None
-        model = (attempt.completion.model if attempt.completion and attempt.completion.model else attempt.model)
-        cost = price(self.prices, model, usage) if usage else 0.0
-        self.llm_log.append({
-            "at": now_iso(), "task": self.task["id"], "provider": attempt.provider, "model": model,
-            "outcome": attempt.outcome, "latency_s": round(attempt.latency, 3), "error": attempt.error or None,
-            "tokens_in": usage.input if usage else 0, "tokens_out": usage.output if usage else 0,
-            "tokens_cached": usage.cached if usage else 0, "cost_usd": cost,
-            **({"estimated": True} if usage and usage.estimated else {}),
-        })
-        if usage:
-            self.spent_tokens += usage.input + usage.output
-            self.spent_cost += cost or 0.0
+        record = llm_record(self.task["id"], attempt, self.prices)
+        self.llm_log.append(record)
+        self.spent_tokens += record["tokens_in"] + record["tokens_out"]
+        self.spent_cost += record["cost_usd"] or 0.0
 
     def _spent_before(self) -> None:
         """What earlier attempts at this task cost, ours and other agents': a ceiling holds across
