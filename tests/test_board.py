@@ -416,3 +416,28 @@ def test_the_lock_is_held_to_the_end_of_a_section_that_nests_another(tmp_path):
     with Probe(tmp_path / "kanban") as board:
         board.add({"title": "waits for a task not yet on the board", "depends_on": ["later"]})
         assert board.outsider_got_in is False
+
+
+def test_comments_cannot_fill_a_task_so_that_its_result_no_longer_fits(tmp_path, monkeypatch):
+    """Any agent with `kanban` may comment on any task: comments up to the document's cap made the
+    holder's complete() fail (its result lost, an attempt spent, again at every attempt)."""
+    from hermes_sup.kanban import board as board_module
+
+    # The real cap is 64 MiB; a smaller one keeps the test quick, the proportions are the same.
+    monkeypatch.setattr(board_module, "MAX_DOCUMENT_BYTES", 12 * board_module.MAX_BYTES)
+    board = Board(tmp_path / "kanban")
+    victim = board.add({"title": "victim"})
+    comment = "x" * (board_module.MAX_BYTES - 200)
+    refused = None
+    for _ in range(16):
+        try:
+            board.comment(victim["id"], comment, by="mallory")
+        except (TaskError, BoardError) as exc:
+            refused = str(exc)
+            break
+    assert refused is not None, "comments stop somewhere"
+    doc = board.claim("worker")
+    assert doc["id"] == victim["id"]
+    done = board.complete(victim["id"], doc["claim"]["token"], {"answer": "y" * (board_module.MAX_BYTES - 200)})
+    assert done["status"] == "done" and len(done["result"]["answer"]) == board_module.MAX_BYTES - 200
+    assert "no room for this comment" in refused and "kept for its result" in refused
