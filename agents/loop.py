@@ -43,7 +43,8 @@ MAX_ITERATIONS = 60
 ASK_HUMAN = "ask_human"
 STUCK_REPEATS = 3
 MAX_RESULT_CHARS = 20_000
-INPUT_CHARS = 8_000       # of each dependency's result in the task's first message
+INPUT_CHARS = 8_000       # of each dependency's result in the task's first message, and of each comment
+COMMENT_CHARS = 32_000    # of all the comments in it (the latest are kept)
 COMPRESS_AT = 0.8  # of the model's context window
 KEEP_RECENT = 6    # messages kept verbatim at the end when the middle is summarized
 SUMMARIZE = ("Summarize the work below for the agent that will continue it: what was found, what was done "
@@ -147,10 +148,29 @@ def task_prompt(task: dict[str, Any], inputs: list[dict[str, Any]] | None = None
                 result = result["answer"]
             text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
             parts.append(f"## {dep['id']}: {dep.get('title', '')}\n{text[:INPUT_CHARS]}")
-    comments = [c for c in task.get("comments") or [] if isinstance(c, dict) and c.get("text")]
+    comments = [c for c in task.get("comments") or [] if isinstance(c, dict) and isinstance(c.get("text"), str)
+                and c["text"]]
     if comments:
-        parts.append("Comments on this task:\n" + "\n".join(f"- {c.get('by', '?')}: {c['text']}" for c in comments))
+        parts.append("Comments on this task:\n" + comment_block(comments))
     return "\n\n".join(parts)
+
+
+def comment_block(comments: list[dict[str, Any]]) -> str:
+    """The latest comments, each cut to INPUT_CHARS and together to COMMENT_CHARS (pure). Anyone
+    with `kanban` may comment on any task, up to tens of MiB: all of it in the first message would
+    make every call of the task fail, or cost what a prompt that size costs, at every attempt."""
+    shown: list[str] = []
+    used = 0
+    for comment in reversed(comments):
+        text = comment["text"]
+        line = f"- {comment.get('by', '?')}: {text[:INPUT_CHARS]}" + (
+            f" [... {len(text) - INPUT_CHARS:,} characters cut]" if len(text) > INPUT_CHARS else "")
+        if shown and used + len(line) > COMMENT_CHARS:
+            break
+        shown.append(line)
+        used += len(line)
+    left_out = len(comments) - len(shown)
+    return "\n".join(([f"[{left_out} earlier comment(s) left out]"] if left_out else []) + shown[::-1])
 
 
 def _dollars(amount: float) -> str:

@@ -386,3 +386,14 @@ def test_an_agents_model_call_for_a_tool_outside_a_loop_is_logged_for_its_task(l
     records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     assert [(r["task"], r["tokens_in"], r["tokens_out"], r["cost_usd"]) for r in records] == [
         ("t-9", 1000, 10, 0.00102)]
+
+
+def test_a_flood_of_comments_does_not_make_the_first_message_huge():
+    """Anyone with `kanban` may comment on any task (56 MiB of comments fit): all of them went into
+    the task's first message, so every call failed on its size, or cost what such a prompt costs."""
+    flood = [{"by": "mallory", "text": "x" * 1_000_000} for _ in range(30)]
+    task = {"id": "t", "title": "Work", "comments": [*flood, {"by": "ana", "answers": "Which?", "text": "file B"}]}
+    text = task_prompt(task)
+    assert len(text) < 50_000, f"{len(text):,} characters"
+    assert text.endswith("- ana: file B"), "the latest comment (a person's answer, say) is kept whole"
+    assert "[27 earlier comment(s) left out]" in text and "[... 992,000 characters cut]" in text
