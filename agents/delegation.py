@@ -56,6 +56,22 @@ def child_ids(parent_task: str, agent: str, args: dict[str, Any]) -> tuple[str, 
     return f"{parent_task[:50]}-sub-{short}", f"{agent}.sub-{short}"
 
 
+def not_ours(doc: dict[str, Any], parent_task: str, agent: str) -> str | None:
+    """Why a task found under a delegation's id is not that delegation's own, or None (pure).
+
+    The id is derived from what anyone reading the board can see (a task's steps name the goal), so
+    a teammate could put a task of its own there first (kanban_create takes any id): the child,
+    which runs with the delegating agent's rights, would then work that teammate's instructions,
+    and the delegating agent take that teammate's result for its subtask's. Only a task this agent
+    made for this parent task is taken up again; the board tool cannot forge `meta`."""
+    meta = doc.get("meta") if isinstance(doc.get("meta"), dict) else {}
+    history = doc.get("history") if isinstance(doc.get("history"), list) else []
+    maker = history[0].get("by") if history and isinstance(history[0], dict) else None
+    if meta.get("parent") != {"task": parent_task, "agent": agent} or maker != agent:
+        return f"{maker or 'someone else'} made, not this delegation"
+    return None
+
+
 def child_config(parent: dict[str, Any], name: str, task_id: str, limits: Limits,
                  toolsets: list[str] | None, grants: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The child agent's config: the parent's, narrowed (pure). `grants` are the capabilities the
@@ -154,9 +170,15 @@ class Delegator:
         parent_task = (ctx.task or {}).get("id", "adhoc")
         task_id, name = child_ids(parent_task, self.config["name"], args)
         try:
-            return self.board.get(task_id), name
+            existing = self.board.get(task_id)
         except TaskNotFound:
             pass
+        else:
+            problem = not_ours(existing, parent_task, self.config["name"])
+            if problem:
+                raise ToolError(f"refused: the subtask's id {task_id} is taken by a task {problem}; "
+                                "rephrase the goal to delegate under another id")
+            return existing, name
         body = args["goal"] + (f"\n\nContext:\n{args['context']}" if args.get("context") else "")
         doc = self.board.add({"id": task_id, "title": args["goal"].strip().splitlines()[0][:200], "body": body,
                               "assignee": name, "tier": self.limits.tier,

@@ -5,18 +5,24 @@ then opened by its resolved path."""
 
 from __future__ import annotations
 
-import fnmatch
+import contextlib
+import json
 import os
-import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from hermes_sup.kanban.fsio import write_atomic
 
+from .keys import key_names
+from .terminal import clean_env
 from .tools import Tool, ToolContext, ToolError, register
 
 MAX_READ_CHARS = 100_000
-MAX_MATCHES = 100
+SEARCH_TIMEOUT = 20.0
 
 
 def root_of(ctx: ToolContext) -> Path:
@@ -93,32 +99,42 @@ def patch(ctx: ToolContext, args: dict[str, Any]) -> str:
 
 
 def search_files(ctx: ToolContext, args: dict[str, Any]) -> str:
-    try:
-        pattern = re.compile(args["pattern"])
-    except re.error as exc:
-        raise ToolError(f"pattern is not a valid regular expression: {exc}") from None
+    """Confined here; matched in a process of its own (agents/search.py says why), which is killed
+    after SEARCH_TIMEOUT or at once when the agent is asked to stop."""
     base = confined(ctx, args.get("path") or ".", allow_root=True)
-    root = root_of(ctx)
-    glob = args.get("file_glob") or "*"
-    matches: list[str] = []
-    files = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file())
-    for path in files:
-        real = path.resolve()
-        if root not in real.parents or not fnmatch.fnmatch(path.name, glob):
-            continue  # a symlink out of the folder is not followed
-        shown = path.relative_to(root).as_posix()
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except (UnicodeDecodeError, OSError):
-            continue
-        if not args.get("pattern"):
-            matches.append(shown)
-        else:
-            matches += [f"{shown}:{number}: {line[:300]}" for number, line in enumerate(lines, 1)
-                        if pattern.search(line)]
-        if len(matches) >= MAX_MATCHES:
-            return "\n".join(matches[:MAX_MATCHES]) + f"\n[... more than {MAX_MATCHES} matches; narrow the search]"
-    return "\n".join(matches) or "no matches"
+    request = json.dumps({"root": str(root_of(ctx)), "base": str(base), "pattern": args["pattern"],
+                          "glob": args.get("file_glob") or "*"})
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "hermes_sup.agents.search"], cwd=ctx.scratch,
+                            env=clean_env(os.environ, key_names(ctx.settings.get("llm") or {})),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            process_group=0, close_fds=True)  # in the agent's session: killed with it
+    deadline = time.monotonic() + SEARCH_TIMEOUT
+    pending: bytes | None = request.encode("utf-8")
+    try:
+        while True:
+            try:
+                out, err = proc.communicate(pending, timeout=0.1)
+                break
+            except subprocess.TimeoutExpired:
+                pending = None  # handed over already
+                if ctx.stop.is_set():
+                    raise InterruptedError from None
+                if time.monotonic() >= deadline:
+                    raise ToolError(f"the search took longer than {SEARCH_TIMEOUT:g} s and was stopped (a pattern "
+                                    "that backtracks, like (a+)+$, or too many files); narrow it") from None
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    try:
+        answer = json.loads(out)
+    except ValueError:
+        tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
+        raise ToolError(f"the search failed: {tail[0][:300]}") from None
+    if "error" in answer:
+        raise ToolError(str(answer["error"]))
+    return str(answer.get("text", ""))
 
 
 def _string(description: str) -> dict[str, Any]:

@@ -57,7 +57,7 @@ class Journal:
                 continue
             try:
                 record = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # a line nested past the recursion limit is as unreadable
                 result.notes.append(f"{self.path.name}: line {number} is not JSON and is ignored")
                 continue
             if isinstance(record, dict):

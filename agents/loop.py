@@ -17,6 +17,7 @@ call in flight.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -30,6 +31,7 @@ from typing import Any, TypeVar
 
 from hermes_sup.kanban.faults import fault
 from hermes_sup.kanban.fsio import write_atomic
+from hermes_sup.kanban.parse import load_json
 from hermes_sup.kanban.task import now_iso
 
 from .journal import Journal
@@ -41,7 +43,8 @@ MAX_ITERATIONS = 60
 ASK_HUMAN = "ask_human"
 STUCK_REPEATS = 3
 MAX_RESULT_CHARS = 20_000
-INPUT_CHARS = 8_000       # of each dependency's result in the task's first message
+INPUT_CHARS = 8_000       # of each dependency's result in the task's first message, and of each comment
+COMMENT_CHARS = 32_000    # of all the comments in it (the latest are kept)
 COMPRESS_AT = 0.8  # of the model's context window
 KEEP_RECENT = 6    # messages kept verbatim at the end when the middle is summarized
 SUMMARIZE = ("Summarize the work below for the agent that will continue it: what was found, what was done "
@@ -118,6 +121,17 @@ def price(prices: dict[str, Any], model: str, usage: Usage) -> float | None:
                  / 1e6, 8)
 
 
+def llm_record(task_id: str, attempt: Attempt, prices: dict[str, Any]) -> dict[str, Any]:
+    """One model call as the LLM-call log keeps it (pure)."""
+    usage = attempt.completion.usage if attempt.completion else None
+    model = (attempt.completion.model if attempt.completion and attempt.completion.model else attempt.model)
+    return {"at": now_iso(), "task": task_id, "provider": attempt.provider, "model": model,
+            "outcome": attempt.outcome, "latency_s": round(attempt.latency, 3), "error": attempt.error or None,
+            "tokens_in": usage.input if usage else 0, "tokens_out": usage.output if usage else 0,
+            "tokens_cached": usage.cached if usage else 0, "cost_usd": price(prices, model, usage) if usage else 0.0,
+            **({"estimated": True} if usage and usage.estimated else {})}
+
+
 def system_prompt(identity: str, memory_block: str, skills_block: str = "") -> str:
     parts = [identity.strip() or "You are an agent on a team. Work the task you are given.",
              "Use the tools when they help. When the task is done, answer with the result as your final "
@@ -139,10 +153,29 @@ def task_prompt(task: dict[str, Any], inputs: list[dict[str, Any]] | None = None
                 result = result["answer"]
             text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
             parts.append(f"## {dep['id']}: {dep.get('title', '')}\n{text[:INPUT_CHARS]}")
-    comments = [c for c in task.get("comments") or [] if isinstance(c, dict) and c.get("text")]
+    comments = [c for c in task.get("comments") or [] if isinstance(c, dict) and isinstance(c.get("text"), str)
+                and c["text"]]
     if comments:
-        parts.append("Comments on this task:\n" + "\n".join(f"- {c.get('by', '?')}: {c['text']}" for c in comments))
+        parts.append("Comments on this task:\n" + comment_block(comments))
     return "\n\n".join(parts)
+
+
+def comment_block(comments: list[dict[str, Any]]) -> str:
+    """The latest comments, each cut to INPUT_CHARS and together to COMMENT_CHARS (pure). Anyone
+    with `kanban` may comment on any task, up to tens of MiB: all of it in the first message would
+    make every call of the task fail, or cost what a prompt that size costs, at every attempt."""
+    shown: list[str] = []
+    used = 0
+    for comment in reversed(comments):
+        text = comment["text"]
+        line = f"- {comment.get('by', '?')}: {text[:INPUT_CHARS]}" + (
+            f" [... {len(text) - INPUT_CHARS:,} characters cut]" if len(text) > INPUT_CHARS else "")
+        if shown and used + len(line) > COMMENT_CHARS:
+            break
+        shown.append(line)
+        used += len(line)
+    left_out = len(comments) - len(shown)
+    return "\n".join(([f"[{left_out} earlier comment(s) left out]"] if left_out else []) + shown[::-1])
 
 
 def _dollars(amount: float) -> str:
@@ -300,7 +333,11 @@ class TaskLoop:
         self.spent_tokens = 0
         self.spent_cost = 0.0
         self.chain = chain
-        self.ctx = ctx
+        # A tool that asks a model (the summarize skill) spends for this task too: its calls are
+        # logged and counted against the task's ceilings like the loop's own (see Agent.ask_model).
+        asked = ctx.llm
+        self.ctx = ctx if asked is None else dataclasses.replace(
+            ctx, llm=lambda tier, prompt: asked(tier, prompt, log=self._log_llm))  # type: ignore[call-arg]
         self.toolbox = toolbox
         self.prompt_extra = prompt_extra
         self.identity = identity
@@ -332,7 +369,28 @@ class TaskLoop:
             set_aside(self.transcript.path)
         write_records(self.transcript.path, theirs.records)
         self.tool_log.take_task_records(previous / "tool_calls.jsonl", self.task["id"], ("turn", "call_id", "status"))
+        self._refuse_handed_over_calls(previous.name, [r for r in theirs.records if r.get("role") in ROLES])
         self.notes.append(f"continued the conversation of {previous.name} ({len(theirs.records)} messages)")
+
+    def _refuse_handed_over_calls(self, previous: str, messages: list[Message]) -> None:
+        """Answer, without running them, the calls the other agent's model asked for and that did not
+        run to the end there: run here they would have our rights, not that agent's (one without
+        `shell` would have its `terminal` call run by a teammate with it, once it stops mid-turn).
+        The answer goes into the transcript and the tool-call log at once, so a later resume, ours
+        or another agent's, finds the call answered. A call completed there keeps its logged result;
+        an `ask_human` a person answered keeps the answer (neither runs anything)."""
+        turn, pending = unanswered(messages)
+        if not pending:
+            return
+        done, started = self._logged_calls(turn)
+        for call in pending:
+            name = str(call["function"].get("name"))
+            if call["id"] in done or (name == ASK_HUMAN and call["id"] in started):
+                continue
+            self._record(messages, turn, call["id"], name, (
+                f"not run: {previous} asked for this call and stopped before it finished; a call runs with the "
+                "rights of the agent that asked for it, so make it again if it is still needed"),
+                "refused", time.monotonic())
 
     def resume(self) -> list[Message]:
         """The conversation so far, from the transcript; a new one if there is none."""
@@ -362,19 +420,10 @@ class TaskLoop:
                     self.notes.append(f"provider {attempt.provider} skipped: {attempt.error}")
 
     def _write_llm_record(self, attempt: Attempt) -> None:
-        usage = attempt.completion.usage if attempt.completion else None
-        model = (attempt.completion.model if attempt.completion and attempt.completion.model else attempt.model)
-        cost = price(self.prices, model, usage) if usage else 0.0
-        self.llm_log.append({
-            "at": now_iso(), "task": self.task["id"], "provider": attempt.provider, "model": model,
-            "outcome": attempt.outcome, "latency_s": round(attempt.latency, 3), "error": attempt.error or None,
-            "tokens_in": usage.input if usage else 0, "tokens_out": usage.output if usage else 0,
-            "tokens_cached": usage.cached if usage else 0, "cost_usd": cost,
-            **({"estimated": True} if usage and usage.estimated else {}),
-        })
-        if usage:
-            self.spent_tokens += usage.input + usage.output
-            self.spent_cost += cost or 0.0
+        record = llm_record(self.task["id"], attempt, self.prices)
+        self.llm_log.append(record)
+        self.spent_tokens += record["tokens_in"] + record["tokens_out"]
+        self.spent_cost += record["cost_usd"] or 0.0
 
     def _spent_before(self) -> None:
         """What earlier attempts at this task cost, ours and other agents': a ceiling holds across
@@ -445,7 +494,9 @@ class TaskLoop:
         parsed: dict[str, Any] = {}
         for call in calls:
             try:
-                parsed[call["id"]] = json.loads(call["function"].get("arguments") or "{}")
+                # Bounded: a model's arguments nested 100,000 deep are its mistake to hear about,
+                # not a RecursionError that fails the task again on every attempt.
+                parsed[call["id"]] = load_json(call["function"].get("arguments") or "{}")
             except ValueError as exc:
                 parsed[call["id"]] = exc
         for call in calls:  # start what can work in parallel (delegations) before running one by one

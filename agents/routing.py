@@ -15,13 +15,16 @@ the list of ports.
 
 from __future__ import annotations
 
-import json
 import os
+import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+
+from hermes_sup.kanban.parse import load_json
 
 from .providers import ProviderConfig
 
@@ -33,13 +36,36 @@ KEYED = (
 LOCAL_PORTS = ((11434, "ollama"), (1234, "lm-studio"), (8000, "vllm"), (8080, "llama.cpp"))
 PROBE_TIMEOUT = 0.3
 REACH_TIMEOUT = 2.0
+PROBE_DEADLINE = 2.0               # a whole probe, however the server answers
+MAX_PROBE_BYTES = 4 << 20          # a list of models; real ones are a few KiB
 
 
 def probe_models(base_url: str, timeout: float = PROBE_TIMEOUT) -> list[str] | None:
-    """The model ids an OpenAI-compatible server lists, or None if nothing answers there."""
+    """The model ids an OpenAI-compatible server lists, or None if nothing (usable) answers there.
+
+    Bounded whatever the server does: its answer is read up to MAX_PROBE_BYTES and parsed with the
+    board's bounded JSON loader, the whole probe ends within PROBE_DEADLINE (a server that trickles
+    its headers or body a byte at a time is given up on; its thread ends with the connection), and
+    no proxy is asked: a deeply nested, endless or trickling list of models must not crash or hang
+    the agent that looks for a provider at its start."""
+    found: list[list[str] | None] = []
+    worker = threading.Thread(target=lambda: found.append(_probe(base_url, timeout, time.monotonic() + PROBE_DEADLINE)),
+                              name="probe", daemon=True)
+    worker.start()
+    worker.join(PROBE_DEADLINE + timeout)
+    return found[0] if found else None
+
+
+def _probe(base_url: str, timeout: float, deadline: float) -> list[str] | None:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with urllib.request.urlopen(f"{base_url.rstrip('/')}/models", timeout=timeout) as response:
-            data = json.loads(response.read() or b"{}")
+        with opener.open(f"{base_url.rstrip('/')}/models", timeout=timeout) as response:
+            body = bytearray()
+            while chunk := response.read1(64 * 1024):  # one receive at a time: the deadline is checked
+                body += chunk
+                if len(body) > MAX_PROBE_BYTES or time.monotonic() > deadline:
+                    return None
+        data = load_json(body.decode("utf-8")) if body.strip() else {}
     except (urllib.error.URLError, OSError, ValueError):
         return None
     models = data.get("data") if isinstance(data, dict) else None

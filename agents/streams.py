@@ -7,9 +7,10 @@ exactly as a plain one would.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any
+
+from hermes_sup.kanban.parse import load_json
 
 
 def assemble_openai(chunks: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -79,7 +80,7 @@ def assemble_anthropic(events: Iterable[dict[str, Any]]) -> dict[str, Any]:
             if index in partial:
                 text = "".join(partial.pop(index))
                 try:
-                    message["content"][index]["input"] = json.loads(text) if text.strip() else {}
+                    message["content"][index]["input"] = load_json(text) if text.strip() else {}
                 except ValueError:
                     # Kept as the text it is: the loop answers the model that its arguments are
                     # not a JSON object, as it does for a plain answer with broken arguments.

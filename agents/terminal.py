@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import selectors
 import signal
 import subprocess
 import time
@@ -54,11 +55,44 @@ def clean_env(env: Mapping[str, str], keys: Collection[str] = ()) -> dict[str, s
     return {key: value for key, value in env.items() if not SECRET_NAMES.search(key) and key not in keys}
 
 
-def _cap(text: str) -> str:
-    if len(text) <= MAX_OUTPUT:
+def _cap(text: str, dropped: int = 0) -> str:
+    """At most MAX_OUTPUT characters: the start and the end, saying how much of the middle is cut
+    (`dropped`: bytes already left out while the command ran)."""
+    if len(text) <= MAX_OUTPUT and not dropped:
         return text
     half = MAX_OUTPUT // 2
-    return f"{text[:half]}\n[... {len(text) - MAX_OUTPUT:,} characters cut ...]\n{text[-half:]}"
+    cut = max(0, len(text) - MAX_OUTPUT)
+    what = f"{cut:,} characters" if not dropped else f"{dropped:,} bytes and {cut:,} characters"
+    return f"{text[:half]}\n[... {what} cut ...]\n{text[-half:] if len(text) > half else ''}"
+
+
+class Output:
+    """A command's output as it arrives, kept to its first and last KEEP bytes: `yes`, or a `cat`
+    of a large log, must not grow the agent past its memory limit (it would be killed, and so would
+    the next attempt) for the 20,000 characters the model is shown."""
+
+    KEEP = MAX_OUTPUT * 4  # bytes: enough for MAX_OUTPUT // 2 characters of UTF-8 at each end
+
+    def __init__(self) -> None:
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.dropped = 0
+
+    def add(self, data: bytes) -> None:
+        room = self.KEEP - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        self.tail += data
+        if len(self.tail) > self.KEEP:
+            excess = len(self.tail) - self.KEEP
+            self.dropped += excess
+            del self.tail[:excess]
+
+    def text(self) -> str:
+        if not self.dropped:
+            return _cap((self.head + self.tail).decode("utf-8", "replace"))
+        return _cap(self.head.decode("utf-8", "replace") + self.tail.decode("utf-8", "replace"), self.dropped)
 
 
 def terminal(ctx: ToolContext, args: dict[str, Any]) -> str:
@@ -75,13 +109,17 @@ def terminal(ctx: ToolContext, args: dict[str, Any]) -> str:
     proc = subprocess.Popen(["/bin/sh", "-c", command], cwd=ctx.scratch, env=clean_env(os.environ, keys),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             process_group=0, close_fds=True)
+    output = Output()
     try:
-        output, timed_out = _communicate(proc, ctx, timeout)
+        timed_out = _communicate(proc, ctx, timeout, output)
     finally:
         _kill_group(proc)  # what the command left running in the background goes with it
+        assert proc.stdout is not None
+        proc.stdout.close()
+        proc.wait()
     if not timed_out and _stopped_by_us(ctx, proc.returncode):
         raise InterruptedError
-    text = _cap(output.decode("utf-8", "replace"))
+    text = output.text()
     if timed_out:
         raise ToolError(f"timed out after {timeout:g} s (the command's processes were killed)\n{text}")
     if proc.returncode != 0:
@@ -89,21 +127,47 @@ def terminal(ctx: ToolContext, args: dict[str, Any]) -> str:
     return text
 
 
-def _communicate(proc: subprocess.Popen[bytes], ctx: ToolContext, timeout: float) -> tuple[bytes, bool]:
-    """The command's output, and whether it ran out of time. Waits in short slices so that a stop
-    request (SIGTERM to the agent) ends the command too."""
+def _communicate(proc: subprocess.Popen[bytes], ctx: ToolContext, timeout: float, output: Output) -> bool:
+    """Collect the command's output into `output` until it has ended; whether it ran out of time.
+    Waits in short slices so that a stop request (SIGTERM to the agent) ends the command too."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
     deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return proc.communicate(timeout=min(0.2, max(0.0, deadline - time.monotonic())))[0], False
-        except subprocess.TimeoutExpired:
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        open_ = True
+        while open_ or proc.poll() is None:
+            left = max(0.0, deadline - time.monotonic())
+            if open_ and selector.select(timeout=min(0.2, left)):
+                data = os.read(fd, 1 << 16)
+                if data:
+                    output.add(data)
+                else:
+                    open_ = False
+                continue
+            if not open_:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=min(0.2, left))
             if ctx.stop.is_set():
                 _kill_group(proc)
-                proc.communicate()
-                raise InterruptedError from None
-            if time.monotonic() >= deadline:
+                raise InterruptedError
+            if time.monotonic() >= deadline:  # the command, or something holding its output, still runs
                 _kill_group(proc)
-                return proc.communicate()[0], True
+                if open_:
+                    _drain(selector, fd, output)
+                return True
+    return False
+
+
+def _drain(selector: selectors.BaseSelector, fd: int, output: Output, within: float = 1.0) -> None:
+    """What a killed command had written and not yet read, for a second at most (a process it
+    moved out of its group may still hold the pipe open)."""
+    end = time.monotonic() + within
+    while time.monotonic() < end and selector.select(timeout=max(0.0, end - time.monotonic())):
+        data = os.read(fd, 1 << 16)
+        if not data:
+            return
+        output.add(data)
 
 
 def died_of(returncode: int | None) -> int | None:

@@ -209,6 +209,16 @@ class Toolbox:
     def allowed(self, tool: Tool) -> bool:
         return all(capability in self.grants for capability in tool.capabilities)
 
+    def usable(self) -> tuple[str, ...]:
+        """The granted capabilities some tool of this toolbox can use: what a handler may hand on
+        (kanban_create records it on a new task, delegate_task gives it to a child). An agent whose
+        `toolsets` leave out `terminal` has no use of `shell`, and must not get it used for it by a
+        teammate running the steps it wrote."""
+        if self.toolsets is None:
+            return self.grants
+        used = {c for tool in self.tools().values() if self.allowed(tool) for c in tool.capabilities}
+        return tuple(c for c in self.grants if c in used)
+
     def schemas(self) -> list[dict[str, Any]]:
         """The definitions of every tool this agent may call, in a stable order (provider caches
         need byte-identical prompts)."""
@@ -239,7 +249,7 @@ class Toolbox:
         """Check, then run. ToolError (Refused included) and NeedsPerson go to the caller; any other
         exception of the handler is turned into a ToolError naming it."""
         tool = self.check(name, args)
-        grants = tuple(c for c in self.grants if ctx.grants is None or c in ctx.grants)
+        grants = tuple(c for c in self.usable() if ctx.grants is None or c in ctx.grants)
         try:
             return tool.handler(dataclasses.replace(ctx, grants=grants), args)
         except (ToolError, NeedsPerson, InterruptedError):

@@ -19,6 +19,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from hermes_sup.kanban.parse import load_json
+
 Message = dict[str, Any]
 CACHE = {"type": "ephemeral"}
 
@@ -130,7 +132,7 @@ def _arguments(raw: str) -> dict[str, Any]:
     """Tool-call arguments as Anthropic wants them (an object). A model's malformed JSON is kept as
     a string under `_raw` rather than lost, so the transcript still says what was asked."""
     try:
-        value = json.loads(raw or "{}")
+        value = load_json(raw or "{}")  # bounded: what a model wrote
     except ValueError:
         return {"_raw": raw}
     return value if isinstance(value, dict) else {"_value": value}
@@ -243,7 +245,7 @@ def text_tool_calls(message: Message, known: set[str]) -> Message:
     calls = []
     for match in TOOL_CALL_TAG.finditer(content):
         with contextlib.suppress(ValueError):
-            call = _as_call(json.loads(match.group(1)), known)
+            call = _as_call(load_json(match.group(1)), known)
             if call:
                 calls.append(call)
     rest = TOOL_CALL_TAG.sub("", content).strip() if calls else content
@@ -253,7 +255,7 @@ def text_tool_calls(message: Message, known: set[str]) -> Message:
         candidate = fenced.group(1) if fenced else stripped
         if candidate.startswith("{") and candidate.endswith("}"):
             with contextlib.suppress(ValueError):
-                call = _as_call(json.loads(candidate), known)
+                call = _as_call(load_json(candidate), known)
                 if call:
                     calls, rest = [call], ""
     if not calls:

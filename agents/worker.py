@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +27,13 @@ from hermes_sup.kanban.task import now_iso
 
 from . import builtins  # noqa: F401 - registers the built-in tools
 from .delegation import Delegator, watch_parent
+from .journal import Journal
 from .keys import ENV_FILE, KeyFile, key_names
-from .loop import TaskLoop, ToolUse, interruptible
+from .loop import TaskLoop, ToolUse, interruptible, llm_record
 from .memory import MemoryFile
 from .notify import NOTIFY_ENV, Notifier
 from .providers import (
+    Attempt,
     Provider,
     ProviderConfig,
     ProviderError,
@@ -252,20 +255,32 @@ class Agent:
             print(f"{self.name}: {note}", flush=True)
         return Toolbox(grants=grants, toolsets=self.toolsets, extra=extra, whose=whose)
 
-    def ask_model(self, tier: str, prompt: str, stop: threading.Event | None = None) -> str:
+    def ask_model(self, tier: str, prompt: str, stop: threading.Event | None = None, *, task: str = "-",
+                  log: Callable[[Attempt], None] | None = None) -> str:
         """One model call for a tool (a summarize skill, say), on a tier's chain; abandoned (and
-        its request aborted) when `stop` is set."""
+        its request aborted) when `stop` is set. Every attempt is logged for `task` in the LLM-call
+        log (by `log`, the task loop's, which also counts it against the task's ceilings): a tool's
+        spending is spending, never invisible to `usage`."""
         chain = self.chain(tier) or self.chain(task_tier({}, self.tier))
         if not chain:
             raise ToolError(NO_PROVIDER)
         halt = stop or self.stop
+        if log is None:  # a task's steps: no loop to count it, the log has it all the same
+            log = functools.partial(self._log_tool_call, task)
         try:
             completion = interruptible(lambda: complete_with_fallback(
-                chain, [{"role": "user", "content": prompt}], None, stop=halt, health=self.health), halt,
+                chain, [{"role": "user", "content": prompt}], None, stop=halt, health=self.health, log=log), halt,
                 on_stop=lambda: abort(chain))
         except ProviderError as exc:
             raise ToolError(str(exc)) from None
         return completion.message.get("content") or ""
+
+    def _log_tool_call(self, task: str, attempt: Attempt) -> None:
+        journal = Journal(self.workdir / "llm_calls.jsonl")
+        try:
+            journal.append(llm_record(task, attempt, self.llm.get("prices") or {}))
+        finally:
+            journal.close()
 
     def context(self, doc: dict[str, Any], halt: threading.Event | None = None,
                 grants: tuple[str, ...] | None = None) -> ToolContext:
@@ -273,7 +288,8 @@ class Agent:
         # whatever the task says (a task is input, and may come from anyone).
         stop = halt or self.stop
         return ToolContext(scratch=self.scratch, stop=stop, memory=self.memory, board=self.board,
-                           agent=self.name, task=doc, llm=lambda tier, prompt: self.ask_model(tier, prompt, stop),
+                           agent=self.name, task=doc, llm=lambda tier, prompt, log=None: self.ask_model(
+                               tier, prompt, stop, task=str(doc.get("id")), log=log),
                            settings=dict(self.config),
                            services={"skills": self.skills, "delegation": self.delegator},
                            grants=self.capabilities if grants is None else grants)

@@ -101,6 +101,9 @@ ALLOW_NETWORK_FS_ENV = "HERMES_SUP_ALLOW_NETWORK_FS"
 # A task document read back from a status folder is refused past this size: it starts under
 # MAX_BYTES and grows only by its history, comments and result.
 MAX_DOCUMENT_BYTES = 64 * MAX_BYTES
+# Room comments never take: the holder's result, error and the rest of the task's history must
+# still fit, or a teammate commenting could make a task that can never be completed.
+COMMENT_RESERVE = 8 * MAX_BYTES
 ERROR_SUFFIX = ".error.txt"
 # The board's own folders and files: never a symlink, or the board would write where it points.
 FOLDERS = (*STATUSES, "inbox", "rejected", ".pending", ".ingested")
@@ -920,7 +923,12 @@ class Board(IngestMixin):
                     doc = self._read(found[1])
                     entry = {"at": now_iso(), "by": by, "text": text}
                     new = {**doc, "comments": [*(doc.get("comments") or []), entry]}
-                    write_atomic(found[1], _bounded(dumps(new), task_id))
+                    data = dumps(new)
+                    if len(data) > MAX_DOCUMENT_BYTES - COMMENT_RESERVE:
+                        raise TaskError(f"task {task_id} has no room for this comment: its comments may fill "
+                                        f"{MAX_DOCUMENT_BYTES - COMMENT_RESERVE} bytes of its document, the rest is "
+                                        "kept for its result")
+                    write_atomic(found[1], data)
                     return new
             if time.monotonic() > deadline:
                 raise InvalidTransition(f"task {task_id} is being moved; try the comment again")

@@ -442,3 +442,28 @@ def test_a_task_document_whose_question_is_not_text_is_damaged_not_read(board):
     listing = board.list()
     assert listing.tasks == []
     assert listing.damaged == [{"path": f"blocked/{task['id']}.json", "reason": "task document's 'question' is object"}]
+
+
+def test_comments_cannot_fill_a_task_so_that_its_result_no_longer_fits(tmp_path, monkeypatch):
+    """Any agent with `kanban` may comment on any task: comments up to the document's cap made the
+    holder's complete() fail (its result lost, an attempt spent, again at every attempt)."""
+    from hermes_sup.kanban import board as board_module
+
+    # The real cap is 64 MiB; a smaller one keeps the test quick, the proportions are the same.
+    monkeypatch.setattr(board_module, "MAX_DOCUMENT_BYTES", 12 * board_module.MAX_BYTES)
+    board = Board(tmp_path / "kanban")
+    victim = board.add({"title": "victim"})
+    comment = "x" * (board_module.MAX_BYTES - 200)
+    refused = None
+    for _ in range(16):
+        try:
+            board.comment(victim["id"], comment, by="mallory")
+        except (TaskError, BoardError) as exc:
+            refused = str(exc)
+            break
+    assert refused is not None, "comments stop somewhere"
+    doc = board.claim("worker")
+    assert doc["id"] == victim["id"]
+    done = board.complete(victim["id"], doc["claim"]["token"], {"answer": "y" * (board_module.MAX_BYTES - 200)})
+    assert done["status"] == "done" and len(done["result"]["answer"]) == board_module.MAX_BYTES - 200
+    assert "no room for this comment" in refused and "kept for its result" in refused

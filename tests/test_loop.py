@@ -353,3 +353,98 @@ def test_an_anthropic_answer_that_stops_at_max_tokens_is_continued(llm, tmp_path
     outcome = loop.run()
     assert (outcome.kind, outcome.text) == ("done", "Two plus two is four.")
     assert "cut off" in json.dumps(llm.requests[1]["body"]["messages"][-1])
+
+
+def test_tool_arguments_nested_too_deep_go_back_to_the_model_as_an_error(llm, tmp_path):
+    bad = openai_reply(tool_calls=[("read_file", {})])
+    bad["json"]["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = "[" * 100_000 + "]" * 100_000
+    llm.script("openai", bad, openai_reply("I will fix my call."))
+    assert make_loop(llm, tmp_path).run().kind == "done"
+    sent = llm.requests[1]["body"]["messages"][-1]
+    assert sent["role"] == "tool" and sent["content"].startswith("refused: invalid arguments for read_file: not JSON")
+    assert "nested more than" in sent["content"]
+
+
+def test_calls_another_agents_model_asked_for_are_not_run_with_the_rights_of_the_agent_taking_over(
+        llm, tmp_path, counter):
+    """alice (without the `test` capability, say without `shell`) stops mid-turn, right after her
+    model asked for calls: bob, who has it, continues her conversation. Her calls must not run with
+    his rights; his model hears they were not run, and decides for itself."""
+    alice = make_loop(llm, tmp_path, "alice", claimed_by("alice"))
+    messages = alice.resume()
+    alice._append(messages, {"role": "assistant", "content": None, "turn": "t2", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "bump", "arguments": '{"n": 1}'}},
+        {"id": "c2", "type": "function", "function": {"name": "bump_safe", "arguments": "{}"}}]})
+    alice.tool_log.append({"task": "t-1", "turn": "t2", "call_id": "c2", "tool": "bump_safe", "status": "started"})
+    alice.transcript.close()
+    alice.tool_log.close()
+    llm.script("openai", openai_reply("I will see for myself."))
+    bob = make_loop(llm, tmp_path, "bob", claimed_by("alice", "bob"))
+    assert bob.run().kind == "done"
+    assert counter() == [], "neither of alice's calls ran with bob's rights"
+    sent = llm.requests[-1]["body"]["messages"]
+    assert [m["tool_call_id"] for m in sent[-2:]] == ["c1", "c2"]
+    assert all(m["content"].startswith("not run: alice asked for this call") for m in sent[-2:])
+    assert tool_log(tmp_path, "bob")[-2:] == [("bump", "c1", "done", "refused"), ("bump_safe", "c2", "done", "refused")]
+
+
+def test_a_tools_own_model_calls_are_logged_and_count_against_the_tasks_ceiling(llm, tmp_path):
+    """A tool that asks a model (the summarize skill) spent for the task with no record of it: not
+    in the LLM-call log (`usage` never saw it), not against max_tokens or max_cost, so a model (or
+    a task's steps) could spend without bound through it."""
+    from hermes_sup.agents.providers import complete_with_fallback
+
+    provider = OpenAIProvider(ProviderConfig(name="scripted", kind="openai", model="m", base_url=f"{llm.url}/v1"))
+
+    def ask(tier, prompt, log=None):  # what Agent.ask_model does: one call on the tier's chain, logged by `log`
+        return complete_with_fallback([provider], [{"role": "user", "content": prompt}], None,
+                                      **({"log": log} if log else {})).message["content"]
+
+    register(Tool("ask_cheap", "Ask the cheap tier.", lambda ctx, args: ctx.llm("cheap", "say hi"),
+                  {"type": "object", "properties": {}}, capabilities=("test",)))
+    try:
+        llm.script("openai", openai_reply(tool_calls=[("ask_cheap", {})]),
+                   openai_reply("hi", prompt=1000, completion=10), openai_reply("never asked"))
+        scratch = tmp_path / "agent" / "scratch"
+        scratch.mkdir(parents=True)
+        ctx = ToolContext(scratch=scratch, stop=threading.Event(), llm=ask)
+        outcome = TaskLoop(task=TASK, chain=[provider], workdir=tmp_path / "agent", ctx=ctx,
+                           toolbox=Toolbox(grants=CAPS), agent="agent", max_tokens=1000).run()
+    finally:
+        REGISTRY.pop("ask_cheap")
+    assert (outcome.kind, outcome.text) == (
+        "failed", "token ceiling: 1,120 tokens used, the limit is 1,000 (max_tokens)")
+    records = [json.loads(line) for line in (tmp_path / "agent/llm_calls.jsonl").read_text().splitlines()]
+    assert [(r["task"], r["tokens_in"], r["tokens_out"]) for r in records] == [("t-1", 100, 10), ("t-1", 1000, 10)]
+    assert len(llm.requests) == 2, "the task stopped at its ceiling"
+
+
+def test_an_agents_model_call_for_a_tool_outside_a_loop_is_logged_for_its_task(llm, tmp_path):
+    """A task's steps have no loop to count a tool's model calls (summarize in a step): the agent
+    logs them for the task itself, so `usage` and the task's later ceilings see them."""
+    from hermes_sup.agents.worker import Agent
+
+    providers = {"s": {"kind": "openai", "model": "m", "base_url": f"{llm.url}/v1"}}
+    config = {"name": "stepper", "llm": {"providers": providers, "tiers": {"cheap": ["s"]},
+                                         "prices": {"scripted-gpt": {"input": 1.0, "output": 2.0}}}}
+    agent = Agent(config, tmp_path, tmp_path / "runs" / "stepper")
+    try:
+        llm.script("openai", openai_reply("hi", prompt=1000, completion=10))
+        assert agent.context({"id": "t-9"}).llm("cheap", "say hi") == "hi"  # what a step's tool calls
+    finally:
+        agent.board.close()
+    path = tmp_path / "runs/stepper/llm_calls.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    assert [(r["task"], r["tokens_in"], r["tokens_out"], r["cost_usd"]) for r in records] == [
+        ("t-9", 1000, 10, 0.00102)]
+
+
+def test_a_flood_of_comments_does_not_make_the_first_message_huge():
+    """Anyone with `kanban` may comment on any task (56 MiB of comments fit): all of them went into
+    the task's first message, so every call failed on its size, or cost what such a prompt costs."""
+    flood = [{"by": "mallory", "text": "x" * 1_000_000} for _ in range(30)]
+    task = {"id": "t", "title": "Work", "comments": [*flood, {"by": "ana", "answers": "Which?", "text": "file B"}]}
+    text = task_prompt(task)
+    assert len(text) < 50_000, f"{len(text):,} characters"
+    assert text.endswith("- ana: file B"), "the latest comment (a person's answer, say) is kept whole"
+    assert "[27 earlier comment(s) left out]" in text and "[... 992,000 characters cut]" in text

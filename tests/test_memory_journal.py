@@ -108,3 +108,13 @@ def test_a_journal_skips_a_damaged_middle_line_with_a_note(tmp_path):
     assert read.records == [{"a": 1}, {"a": 2}]
     assert read.notes == ["tool_calls.jsonl: line 2 is not JSON and is ignored"]
     assert Journal(tmp_path / "missing.jsonl").read().records == []
+
+
+def test_a_journal_skips_a_line_nested_past_the_recursion_limit(tmp_path):
+    """Such a line (a damaged or hand-made log) raised RecursionError out of every reader: the
+    agent resuming its task, another agent counting the task's spending, `hermes-sup usage`."""
+    path = tmp_path / "llm_calls.jsonl"
+    path.write_bytes(b'{"a": 1}\n' + b"[" * 100_000 + b"]" * 100_000 + b'\n{"a": 2}\n')
+    read = Journal(path).read()
+    assert read.records == [{"a": 1}, {"a": 2}]
+    assert read.notes == ["llm_calls.jsonl: line 2 is not JSON and is ignored"]

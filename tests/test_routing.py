@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import http.server
 import os
+import threading
+import time
 
+import pytest
 from hermes_sup.agents.routing import (
     AUTO_PORTS_ENV,
     LOCAL_PORTS,
@@ -57,6 +62,55 @@ def test_the_probe_reads_a_real_server_and_finds_none_on_a_closed_port():
         found = resolve_auto({}, ports=((llm.port, "test"),))  # the real owner lookup: our own server
         assert found.base_url == f"{llm.url}/v1" and found.model == "scripted"
     assert probe_models(f"{llm.url}/v1", timeout=0.2) is None
+
+
+class _Hostile(http.server.BaseHTTPRequestHandler):
+    """A local "model server" whose list of models is an attack: nested past any recursion limit,
+    endless, or trickled a byte at a time."""
+
+    def do_GET(self) -> None:
+        kind = self.server.kind  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        if kind == "deep":
+            body = b'{"data": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        if kind == "endless":  # a length no one can allocate; the trickle has none: read to the end
+            self.send_header("Content-Length", str(1 << 40))
+        self.end_headers()
+        with contextlib.suppress(OSError):
+            while not self.server.done.is_set():  # type: ignore[attr-defined]
+                self.wfile.write(b" " * (1 << 20) if kind == "endless" else b" ")
+                self.wfile.flush()
+                if kind == "trickle":
+                    self.server.done.wait(0.05)  # type: ignore[attr-defined]
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("kind", ["deep", "endless", "trickle"])
+def test_a_hostile_list_of_models_neither_crashes_nor_hangs_the_probe(kind):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
+    server.kind, server.done, server.daemon_threads = kind, threading.Event(), True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        started = time.monotonic()
+        result: list[object] = []
+        prober = threading.Thread(target=lambda: result.append(probe_models(
+            f"http://127.0.0.1:{server.server_address[1]}/v1")), daemon=True)
+        prober.start()
+        prober.join(30)
+        assert not prober.is_alive(), "the probe hung"
+        assert result == [None], "nothing usable answers there"
+        assert time.monotonic() - started < 15
+    finally:
+        server.done.set()
+        server.shutdown()
+        server.server_close()
 
 
 def test_the_ports_auto_probes_come_from_the_environment():

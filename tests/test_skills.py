@@ -4,6 +4,7 @@ instruction skills (SKILL.md) listed and read."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import subprocess
@@ -246,3 +247,51 @@ def test_a_hostile_skill_md_front_matter_is_no_front_matter():
     for text in (laughs, deep):
         assert front_matter(text) == ({}, text)
     assert front_matter("---\ndescription: fine\n---\nbody\n") == ({"description": "fine"}, "body\n")
+
+
+class _Trickle(http.server.BaseHTTPRequestHandler):
+    """A page that never ends, one byte at a time, each well within any socket timeout."""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.end_headers()
+        try:
+            while not self.server.done.is_set():  # type: ignore[attr-defined]
+                self.wfile.write(b"x")
+                self.wfile.flush()
+                self.server.done.wait(0.05)  # type: ignore[attr-defined]
+        except OSError:
+            pass
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_web_fetch_of_a_page_that_never_ends_keeps_its_timeout_and_stops_on_request(tmp_path):
+    """The bundled web_fetch read until 2 MB arrived: a server trickling a byte every 50 ms held
+    the agent (and its task, a cancel included) for more than a day."""
+    import time
+
+    from hermes_sup.agents.skills import BUNDLED, load
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Trickle)
+    server.done, server.daemon_threads = threading.Event(), True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/slow"
+    box = Toolbox(grants=("network",), extra={tool.name: tool for tool in load(BUNDLED / "web_fetch.py")})
+    ctx = ToolContext(scratch=tmp_path, stop=threading.Event())
+    try:
+        started = time.monotonic()
+        with pytest.raises(ToolError, match=r"did not send its answer within 2 s"):
+            box.call(ctx, "web_fetch", {"url": url, "timeout": 2})
+        assert time.monotonic() - started < 10
+        threading.Timer(0.5, ctx.stop.set).start()
+        started = time.monotonic()
+        with pytest.raises(InterruptedError):
+            box.call(ctx, "web_fetch", {"url": url, "timeout": 120})
+        assert time.monotonic() - started < 10
+    finally:
+        server.done.set()
+        server.shutdown()
+        server.server_close()

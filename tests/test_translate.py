@@ -178,3 +178,27 @@ def test_to_openai_never_sends_null_content_and_skips_what_is_no_message():
     ]
     request = to_anthropic(saved)  # the same transcript serves Anthropic too
     assert [m["role"] for m in request["messages"]] == ["user", "assistant", "user", "assistant"]
+
+
+DEEP = "[" * 100_000 + "]" * 100_000  # json.loads recurses once per level: a RecursionError
+
+
+def test_arguments_nested_too_deep_are_a_models_mistake_not_a_crash():
+    """What a model writes is bounded like any other input: kept as text, never a RecursionError
+    (which would fail the task again on every attempt, as the message stays in its transcript)."""
+    from hermes_sup.agents.streams import assemble_anthropic
+
+    messages = [{"role": "user", "content": "go"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c", "type": "function", "function": {"name": "read_file", "arguments": DEEP}}]},
+                {"role": "tool", "tool_call_id": "c", "content": "refused"}]
+    assert to_anthropic(messages, None, cache=False)["messages"][1]["content"][0]["input"] == {"_raw": DEEP}
+    for text in (f"<tool_call>{DEEP}</tool_call>", DEEP.replace("[", "{\"a\":").replace("]", "}")):
+        message = {"role": "assistant", "content": text}
+        assert text_tool_calls(message, {"read_file"}) == message, "left as the text it is"
+    events = [{"type": "message_start", "message": {"id": "m", "model": "x", "usage": {}}},
+              {"type": "content_block_start", "index": 0,
+               "content_block": {"type": "tool_use", "id": "t", "name": "read_file", "input": {}}},
+              {"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": DEEP}},
+              {"type": "content_block_stop", "index": 0}]
+    assert assemble_anthropic(events)["content"][0]["input"] == DEEP
