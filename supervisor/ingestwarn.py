@@ -11,15 +11,14 @@ is judged.
 from __future__ import annotations
 
 import contextlib
-import os
-import queue
-import threading
 from typing import Any
 
 from hermes_sup.kanban import Board, BoardError
 from hermes_sup.kanban.events import EventTail
 from hermes_sup.kanban.task import STATUSES, is_valid_id
 from hermes_sup.kanban.why import Member, Team, claim_warnings
+
+from .loopthread import LoopThread
 
 POLL = 0.5  # seconds between looks at events.jsonl's size
 
@@ -36,43 +35,18 @@ def team_of(specs: Any) -> Team:
     return Team(members=tuple(Member(name=spec.name, roles=spec.roles, tier=spec.tier) for spec in specs))
 
 
-class IngestWarnings:
+class IngestWarnings(LoopThread):
+    name = "ingest-warnings"
+
     def __init__(self, board: Board, team: Team, *, poll: float = POLL) -> None:
+        super().__init__()
         self.board = board
         self.team = team  # replaced whole (one assignment) by the loop after a reload
         self.poll = poll
-        self.messages: queue.SimpleQueue[str] = queue.SimpleQueue()
-        self.wake_fd, self._wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._tail = EventTail(board.events_path)
         self._tail.seek_end()  # what was ingested before this supervisor started was judged then
         self._size = self._tail.offset
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="ingest-warnings", daemon=True)
-        self._thread.start()
-
-    def drain(self) -> list[str]:
-        with contextlib.suppress(BlockingIOError):
-            os.read(self.wake_fd, 4096)
-        lines = []
-        while True:
-            try:
-                lines.append(self.messages.get_nowait())
-            except queue.Empty:
-                return lines
-
-    def stop(self, timeout: float) -> bool:
-        self._stopping.set()
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
-    def close(self) -> None:
-        os.close(self.wake_fd)
-        os.close(self._wake_write)
-
-    def _post(self, line: str) -> None:
-        self.messages.put(line)
-        with contextlib.suppress(BlockingIOError, OSError):
-            os.write(self._wake_write, b"!")
+        self.start()
 
     def _grew(self) -> bool:
         try:
