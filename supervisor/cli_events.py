@@ -6,7 +6,9 @@ Registered on the command line when cli.py imports this module (at its end).
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 from typing import Any
 
 import click
@@ -76,14 +78,19 @@ def events(ctx: click.Context, follow: bool, since: str, as_json: bool) -> None:
             check_cursor(board.events_path, cursor)
         except CursorError as exc:
             raise Failure(str(exc), 2) from None
-        if follow:
-            # Ctrl-C and SIGTERM end it as its help says (exit 0), as `logs -f` does.
-            board.start_watching()
-            signal.signal(signal.SIGTERM, signal.default_int_handler)
-            with contextlib.suppress(KeyboardInterrupt):
-                follow_events(board, cursor, as_json)
-        else:
-            print_since(board, cursor, as_json)
+        try:
+            if follow:
+                # Ctrl-C and SIGTERM end it as its help says (exit 0), as `logs -f` does.
+                board.start_watching()
+                signal.signal(signal.SIGTERM, signal.default_int_handler)
+                with contextlib.suppress(KeyboardInterrupt):
+                    follow_events(board, cursor, as_json)
+            else:
+                print_since(board, cursor, as_json)
+        except BrokenPipeError:
+            # The reader went away (`events -f | head`): the stream's normal end, not an error. Any
+            # output still buffered goes nowhere, so that Python's exit does not complain of it.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def follow_events(board: Board, cursor: int, as_json: bool) -> None:

@@ -214,6 +214,23 @@ def test_a_killed_reader_resumes_with_since_and_misses_none_and_repeats_none(tmp
     assert len(streamed) == 10 + 30 + 100 + 1
 
 
+def test_a_reader_that_goes_away_ends_the_stream_quietly(tmp_path):
+    ws = make_ws(tmp_path)
+    board = Board(ws / "kanban")
+    try:
+        board.add({"title": "one", "id": "one"})
+        proc = subprocess.Popen([*CLI, "-w", str(ws), "events", "-f"], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and "one" in proc.stdout.readline()
+        proc.stdout.close()  # as `events -f | head -1` does
+        for n in range(3):  # writes that find the pipe closed (the first may still fit in it)
+            board.add({"title": f"more {n}", "id": f"more-{n}"})
+        _, errors = proc.communicate(timeout=60)
+    finally:
+        board.close()
+    assert proc.returncode == 0 and errors == "", errors
+
+
 def test_follow_shows_a_running_team_at_work_and_a_late_half_line_only_once_complete(tmp_path, up):
     ws = make_ws(tmp_path, "- name: runner\n")
     up(ws)
