@@ -112,23 +112,26 @@ class CursorRead:
     events: list[tuple[int, dict[str, Any]]]  # each with the cursor after it
     cursor: int  # where the next read starts
     bad: int  # lines skipped: not JSON, not an event, or too long
-    restarted: bool = False  # the log was shorter than the cursor (replaced by hand): read from 0
+    restarted: bool = False  # the log was replaced (by hand) since the cursor: read from 0
+    inode: int | None = None  # of the file read, to tell a replaced log on the next call
 
 
-def read_since(path: Path, cursor: int, max_events: int = 10_000) -> CursorRead:
+def read_since(path: Path, cursor: int, max_events: int = 10_000, inode: int | None = None) -> CursorRead:
     """The complete events after `cursor` (at most `max_events`, so a long log streams in parts);
     a last line still being written is left for the next call. A line too long is skipped without
-    holding it in memory."""
+    holding it in memory. A log shorter than the cursor, or not the file `inode` names (one that was
+    read before), was replaced: it is read from its start."""
     found: list[tuple[int, dict[str, Any]]] = []
     bad = 0
     restarted = False
     try:
         handle = open(path, "rb")  # noqa: SIM115 (closed by the with below; a missing log is no error)
     except FileNotFoundError:
-        return CursorRead([], cursor, 0)
+        return CursorRead([], cursor, 0, inode=inode)
     with handle:
-        size = os.fstat(handle.fileno()).st_size
-        if size < cursor:
+        info = os.fstat(handle.fileno())
+        size = info.st_size
+        if size < cursor or (inode is not None and info.st_ino != inode):
             cursor, restarted = 0, True
         handle.seek(cursor)
         position = cursor
@@ -149,7 +152,7 @@ def read_since(path: Path, cursor: int, max_events: int = 10_000) -> CursorRead:
                 found.append((position, record))
             elif raw.strip():
                 bad += 1
-    return CursorRead(found, position, bad, restarted)
+    return CursorRead(found, position, bad, restarted, info.st_ino)
 
 
 def _skip_line(handle: Any, size: int) -> int | None:

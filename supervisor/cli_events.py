@@ -42,20 +42,22 @@ def event_json(cursor: int, record: dict[str, Any]) -> str:
     return json_text({"cursor": cursor, **record})
 
 
-def print_since(board: Board, cursor: int, as_json: bool) -> int:
-    """Print every complete event after `cursor`; the cursor after the last one."""
+def print_since(board: Board, cursor: int, as_json: bool, inode: int | None = None) -> tuple[int, int | None]:
+    """Print every complete event after `cursor` in the log `inode` names (None: the one there now);
+    the cursor after the last one, and the log's inode."""
     while True:
-        batch = read_since(board.events_path, cursor)
+        batch = read_since(board.events_path, cursor, inode=inode)
+        inode = batch.inode
         if batch.restarted:
             err.print(Text.assemble(("note:", "yellow"), " ", literal(
-                f"{board.events_path} is shorter than cursor {cursor} (replaced by hand?); reading it from its start")))
+                f"{board.events_path} was replaced (by hand?) since cursor {cursor}; reading it from its start")))
         if batch.bad:
             err.print(Text.assemble(("note:", "yellow"), " ", literal(
                 f"{batch.bad} unreadable line(s) in {board.events_path.name} skipped")))
         for end, record in batch.events:
             click.echo(event_json(end, record) if as_json else event_line(record))
         if batch.cursor == cursor:
-            return cursor
+            return cursor, inode
         cursor = batch.cursor
 
 
@@ -94,7 +96,8 @@ def events(ctx: click.Context, follow: bool, since: str, as_json: bool) -> None:
 
 
 def follow_events(board: Board, cursor: int, as_json: bool) -> None:
+    inode = None
     while True:
         seen = board.signal.generation
-        cursor = print_since(board, cursor, as_json)
+        cursor, inode = print_since(board, cursor, as_json, inode)
         board.signal.wait(seen, RECHECK_WATCHED if board.watcher.mode == "inotify" else RECHECK_POLLING)

@@ -214,6 +214,27 @@ def test_a_killed_reader_resumes_with_since_and_misses_none_and_repeats_none(tmp
     assert len(streamed) == 10 + 30 + 100 + 1
 
 
+def test_a_log_replaced_by_hand_under_a_follower_is_read_from_its_start(tmp_path):
+    ws = make_ws(tmp_path)
+    board = Board(ws / "kanban")
+    try:
+        board.add({"title": "one", "id": "one"})
+        stream = Stream(ws, "-f", "--json")
+        wait_until(lambda: len(stream.lines) == 1, timeout=60)
+        # A longer log in its place: the old cursor would land in the middle of one of its lines.
+        fresh = "".join(json.dumps({"at": "t", "task": f"new-{n}", "from": None, "to": "todo", "by": "me",
+                                    "note": "x" * n}) + "\n" for n in range(3))
+        (ws / "kanban" / "events.new").write_text(fresh)
+        (ws / "kanban" / "events.new").rename(board.events_path)
+        board.add({"title": "two", "id": "two"})  # appended to the new log, and a wake-up
+        wait_until(lambda: stream.lines and json.loads(stream.lines[-1])["task"] == "two", timeout=60)
+        assert stream.end() == 0
+    finally:
+        board.close()
+    assert [r["task"] for r in stream.records()] == ["one", "new-0", "new-1", "new-2", "two"]
+    assert stream.proc.stderr is not None and "was replaced (by hand?)" in stream.proc.stderr.read()
+
+
 def test_a_reader_that_goes_away_ends_the_stream_quietly(tmp_path):
     ws = make_ws(tmp_path)
     board = Board(ws / "kanban")
