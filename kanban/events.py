@@ -1,7 +1,8 @@
 """`events.jsonl`: the append-only audit log of every board transition, and a tailing reader.
 
 Each line is {at, task, from, to, by, note}. Writers append under the board lock; readers tail the
-file from an offset, take only complete lines, and skip (and report) a line that is not JSON.
+file from an offset, take only complete lines, and skip (and report) a line that is not JSON. The
+`events` command reads it by cursor: the byte offset after a line (see read_since).
 """
 
 from __future__ import annotations
