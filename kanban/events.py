@@ -105,7 +105,12 @@ def decode_event(raw: bytes) -> dict[str, Any] | None:
         return None
     if not isinstance(record, dict) or not isinstance(record.get("task"), str):
         return None
-    return {name: record.get(name) for name in EVENT_FIELDS}
+    fields = {name: record.get(name) for name in EVENT_FIELDS}
+    # The board writes text or null in each; anything else (a number, a deep structure) is no
+    # event of its, and passing it on would hand a script shapes the stream never promised.
+    if not all(value is None or isinstance(value, str) for value in fields.values()):
+        return None
+    return fields
 
 
 @dataclass

@@ -124,11 +124,12 @@ def test_hostile_lines_are_skipped_and_counted_without_a_crash(tmp_path):
         b"[" * 200_000 + b"\n",                        # deep nesting: a RecursionError in json
         b'{"task": "' + b"x" * (MAX_EVENT_LINE + 10) + b'"}\n',  # huge
         b"[1, 2, 3]\n", b'{"task": 5}\n', b"\xff\xfe\n", b"\n",
+        b'{"task": "x", "note": ' + b"[" * 900 + b"]" * 900 + b"}\n",  # parses, but is no event
     ]
     log.write_bytes(good.encode() + b"".join(hostile) + good.encode())
     result = read_since(log, 0)
     assert [r["task"] for _, r in result.events] == ["ok", "ok"]
-    assert result.bad == 6 and result.cursor == log.stat().st_size
+    assert result.bad == 7 and result.cursor == log.stat().st_size
     assert result.events[0][1] == {"at": "t", "task": "ok", "from": "todo", "to": "doing", "by": "w", "note": "n"}
     assert decode_event(b"{}") is None
 
@@ -176,6 +177,24 @@ def test_events_prints_resumes_and_refuses_a_bad_cursor(tmp_path):
         refused = hermes(ws, "events", "--json", "--since", bad)
         assert refused.returncode == 2 and json.loads(refused.stdout)["exit_code"] == 2, refused
         assert hermes(ws, "events", "--since", bad).returncode == 2
+
+
+def test_the_command_skips_hostile_lines_with_a_note_and_prints_the_rest(tmp_path):
+    ws = make_ws(tmp_path)
+    board = Board(ws / "kanban")
+    try:
+        board.add({"title": "one", "id": "one"})
+        with board.events_path.open("ab") as handle:
+            handle.write(b"garbage\n" + b"[" * 100_000 + b"\n" + b'{"task": "' + b"y" * (3 << 20) + b'"}\n'
+                         + b'{"task": "x", "note": ' + b"[" * 900 + b"]" * 900 + b"}\n" + b"1" * 10_000 + b"\n")
+        board.add({"title": "two", "id": "two"})
+    finally:
+        board.close()
+    for args in (("--json",), ()):
+        shown = hermes(ws, "events", *args)
+        assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
+        assert "5 unreadable line(s) in events.jsonl skipped" in shown.stderr
+        assert len(shown.stdout.splitlines()) == 2 and "two" in shown.stdout.splitlines()[1]
 
 
 def test_a_killed_reader_resumes_with_since_and_misses_none_and_repeats_none(tmp_path):
