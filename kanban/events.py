@@ -1,12 +1,14 @@
 """`events.jsonl`: the append-only audit log of every board transition, and a tailing reader.
 
 Each line is {at, task, from, to, by, note}. Writers append under the board lock; readers tail the
-file from an offset, take only complete lines, and skip (and report) a line that is not JSON.
+file from an offset, take only complete lines, and skip (and report) a line that is not JSON. The
+`events` command reads it by cursor: the byte offset after a line (see read_since).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,3 +55,119 @@ def read_all(path: Path) -> tuple[list[dict[str, Any]], int]:
     tail = EventTail(path)
     records = tail.read_new()
     return records, len(tail.bad_lines)
+
+
+# -- reading by cursor --------------------------------------------------------------------------
+#
+# A cursor is the byte offset in events.jsonl just after an event's line (0: before the first).
+# It is derived from the log itself, so nobody keeps a counter in step with it: the log is only
+# ever appended to (a torn last line is closed by the next append, see fsio.AppendLog), so an
+# offset never changes meaning, grows with every event, and is found again with one seek.
+
+MAX_EVENT_LINE = 1 << 20  # longer lines are no event the board wrote; skipped unparsed
+READ_BLOCK = 1 << 16
+EVENT_FIELDS = ("at", "task", "from", "to", "by", "note")
+
+
+class CursorError(ValueError):
+    """A cursor that names no place between two lines of the log."""
+
+
+def parse_cursor(text: str) -> int:
+    """The cursor a user typed, as an offset (pure)."""
+    if not text.isascii() or not text.isdigit() or len(text) > 20:
+        raise CursorError(f"cursor {text[:40]!r} is not a cursor: give a number printed as `cursor` by `events --json`")
+    return int(text)
+
+
+def check_cursor(path: Path, cursor: int) -> None:
+    """Raise CursorError unless `cursor` is 0 or the end of a complete line of the log."""
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if cursor > size:
+                raise CursorError(f"cursor {cursor} is past the end of {path.name} ({size} bytes): "
+                                  f"it comes from another board or a log that was replaced")
+            if cursor and os.pread(handle.fileno(), 1, cursor - 1) != b"\n":
+                raise CursorError(f"cursor {cursor} is not at the end of a line of {path.name}")
+    except FileNotFoundError:
+        if cursor:
+            raise CursorError(f"cursor {cursor} is past the end of {path.name} (there is no log yet)") from None
+
+
+def decode_event(raw: bytes) -> dict[str, Any] | None:
+    """The event on one line, its known fields only; None for a line that is not one (pure)."""
+    if len(raw) > MAX_EVENT_LINE:
+        return None
+    try:
+        record = json.loads(raw)
+    except (ValueError, RecursionError):  # anyone who can write the log can write this
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("task"), str):
+        return None
+    fields = {name: record.get(name) for name in EVENT_FIELDS}
+    # The board writes text or null in each; anything else (a number, a deep structure) is no
+    # event of its, and passing it on would hand a script shapes the stream never promised.
+    if not all(value is None or isinstance(value, str) for value in fields.values()):
+        return None
+    return fields
+
+
+@dataclass
+class CursorRead:
+    events: list[tuple[int, dict[str, Any]]]  # each with the cursor after it
+    cursor: int  # where the next read starts
+    bad: int  # lines skipped: not JSON, not an event, or too long
+    restarted: bool = False  # the log was replaced (by hand) since the cursor: read from 0
+    inode: int | None = None  # of the file read, to tell a replaced log on the next call
+
+
+def read_since(path: Path, cursor: int, max_events: int = 10_000, inode: int | None = None) -> CursorRead:
+    """The complete events after `cursor` (at most `max_events`, so a long log streams in parts);
+    a last line still being written is left for the next call. A line too long is skipped without
+    holding it in memory. A log shorter than the cursor, or not the file `inode` names (one that was
+    read before), was replaced: it is read from its start."""
+    found: list[tuple[int, dict[str, Any]]] = []
+    bad = 0
+    restarted = False
+    try:
+        handle = open(path, "rb")  # noqa: SIM115 (closed by the with below; a missing log is no error)
+    except FileNotFoundError:
+        return CursorRead([], cursor, 0, inode=inode)
+    with handle:
+        info = os.fstat(handle.fileno())
+        size = info.st_size
+        if size < cursor or (inode is not None and info.st_ino != inode):
+            cursor, restarted = 0, True
+        handle.seek(cursor)
+        position = cursor
+        while position < size and len(found) < max_events:
+            raw = handle.readline(min(MAX_EVENT_LINE + 1, size - position))
+            if not raw.endswith(b"\n"):
+                if position + len(raw) >= size:
+                    break  # being written: not an event until its newline arrives
+                # Too long: skip to its end without keeping it (if it has one yet).
+                end = _skip_line(handle, size)
+                if end is None:
+                    break
+                position, bad = end, bad + 1
+                continue
+            position += len(raw)
+            record = decode_event(raw) if raw.strip() else None
+            if record is not None:
+                found.append((position, record))
+            elif raw.strip():
+                bad += 1
+    return CursorRead(found, position, bad, restarted, info.st_ino)
+
+
+def _skip_line(handle: Any, size: int) -> int | None:
+    """Read on to the end of the current line; its end's offset, or None if it has none yet."""
+    while handle.tell() < size:
+        block = handle.read(min(READ_BLOCK, size - handle.tell()))
+        newline = block.find(b"\n")
+        if newline >= 0:
+            end = handle.tell() - len(block) + newline + 1
+            handle.seek(end)
+            return end
+    return None

@@ -1,0 +1,103 @@
+"""`events [-f] [--since CURSOR] [--json]`: the board's transitions as one stream with a resumable cursor.
+
+Registered on the command line when cli.py imports this module (at its end).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from typing import Any
+
+import click
+from hermes_sup.kanban import Board
+from hermes_sup.kanban.events import CursorError, check_cursor, parse_cursor, read_since
+from rich.text import Text
+
+from .cli import Failure, err, handled, json_option, main, open_board
+from .cliargs import json_text
+from .render import literal, visible
+
+# The watcher's wake-ups come from task files moving; the event is appended just after the move
+# (and the watcher's burst rescan wakes again 0.25 s later), so a wake-up is followed by a read,
+# and the log is read on its own this often in case a wake-up was missed or there are none.
+RECHECK_WATCHED = 1.0
+RECHECK_POLLING = 0.25
+
+
+def event_line(record: dict[str, Any]) -> str:
+    """One event as a line of text, its user text with controls made visible (pure)."""
+    src, dst = record.get("from"), record.get("to")
+    line = (f"{visible(record.get('at') or '-', one_line=True)}  {visible(record.get('task'), one_line=True)}  "
+            f"{visible(src or '-', one_line=True)} -> {visible(dst or '-', one_line=True)}  "
+            f"by {visible(record.get('by') or '-', one_line=True)}")
+    note = record.get("note")
+    return line + (f"  {visible(note, one_line=True)}" if note else "")
+
+
+def event_json(cursor: int, record: dict[str, Any]) -> str:
+    """One event as one JSON line with the cursor to resume after it (pure)."""
+    return json_text({"cursor": cursor, **record})
+
+
+def print_since(board: Board, cursor: int, as_json: bool, inode: int | None = None) -> tuple[int, int | None]:
+    """Print every complete event after `cursor` in the log `inode` names (None: the one there now);
+    the cursor after the last one, and the log's inode."""
+    while True:
+        batch = read_since(board.events_path, cursor, inode=inode)
+        inode = batch.inode
+        if batch.restarted:
+            err.print(Text.assemble(("note:", "yellow"), " ", literal(
+                f"{board.events_path} was replaced (by hand?) since cursor {cursor}; reading it from its start")))
+        if batch.bad:
+            err.print(Text.assemble(("note:", "yellow"), " ", literal(
+                f"{batch.bad} unreadable line(s) in {board.events_path.name} skipped")))
+        for end, record in batch.events:
+            click.echo(event_json(end, record) if as_json else event_line(record))
+        if batch.cursor == cursor:
+            return cursor, inode
+        cursor = batch.cursor
+
+
+@main.command()
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new events (Ctrl-C stops).")
+@click.option("--since", "since", metavar="CURSOR", default="0",
+              help="Only the events after this cursor (from `--json`'s `cursor`); 0: all.")
+@json_option
+@click.pass_context
+@handled
+def events(ctx: click.Context, follow: bool, since: str, as_json: bool) -> None:
+    """The board's events (every task transition), oldest first; --json: one JSON object per line,
+    each with the `cursor` to give --since to resume after it."""
+    try:
+        cursor = parse_cursor(since)
+    except CursorError as exc:
+        raise Failure(str(exc), 2) from None
+    with open_board(ctx) as board:
+        try:
+            check_cursor(board.events_path, cursor)
+        except CursorError as exc:
+            raise Failure(str(exc), 2) from None
+        try:
+            if follow:
+                # Ctrl-C and SIGTERM end it as its help says (exit 0), as `logs -f` does.
+                board.start_watching()
+                signal.signal(signal.SIGTERM, signal.default_int_handler)
+                with contextlib.suppress(KeyboardInterrupt):
+                    follow_events(board, cursor, as_json)
+            else:
+                print_since(board, cursor, as_json)
+        except BrokenPipeError:
+            # The reader went away (`events -f | head`): the stream's normal end, not an error. Any
+            # output still buffered goes nowhere, so that Python's exit does not complain of it.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def follow_events(board: Board, cursor: int, as_json: bool) -> None:
+    inode = None
+    while True:
+        seen = board.signal.generation
+        cursor, inode = print_since(board, cursor, as_json, inode)
+        board.signal.wait(seen, RECHECK_WATCHED if board.watcher.mode == "inotify" else RECHECK_POLLING)
