@@ -151,7 +151,9 @@ def test_up_prints_a_claim_by_an_agent_named_markup_and_hostile_log_lines_and_ke
     try:
         wait_until(lambda: "w: started" in err.read_text() or proc.poll() is not None, timeout=30)
         assert proc.poll() is None, err.read_text()
-        assert "holder [/] (pid" in err.read_text()
+        # The claim is recovered on the supervisor's board thread, not in line with the agent's start.
+        wait_until(lambda: "holder [/] (pid" in err.read_text() or proc.poll() is not None, timeout=30)
+        assert proc.poll() is None, err.read_text()
         log = ws / "runs" / "w" / "agent.log"
         wait_until(log.exists, timeout=30)
         with open(log, "a") as handle:
