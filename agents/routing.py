@@ -142,7 +142,7 @@ def _resolve(env: Mapping[str, str], probe: Callable[[str], list[str] | None], h
         models = probe(base_url)
         if models is not None:
             return ProviderConfig(name=f"auto:{server}", kind="openai", model=models[0] if models else "default",
-                                  base_url=base_url)
+                                  base_url=base_url, sized=True)
     return None
 
 
@@ -244,10 +244,22 @@ def provider_configs(config: Mapping[str, Any]) -> dict[str, ProviderConfig]:
             name=name, kind=str(spec.get("kind", "openai")), model=str(spec.get("model", "")),
             base_url=spec.get("base_url"), api_key_env=spec.get("api_key_env"),
             timeout=float(spec.get("timeout", 120.0)), max_tokens=int(spec.get("max_tokens", 4096)),
+            sized=_sized(spec),
             context_window=int(spec.get("context_window", 200_000 if spec.get("kind") == "anthropic" else 128_000)),
             stream=bool(spec.get("stream", False)),
         )
     return out
+
+
+def _sized(spec: Mapping[str, Any]) -> bool:
+    """Whether a provider's max_tokens is sized from its server's context: a local OpenAI-compatible
+    server (a base_url on this machine) whose max_tokens hermes.yaml leaves unset (pure)."""
+    if spec.get("max_tokens") is not None or spec.get("kind", "openai") != "openai":
+        return False
+    try:
+        return urllib.parse.urlsplit(str(spec.get("base_url") or "")).hostname in LOOPBACK_HOSTS
+    except ValueError:
+        return False
 
 
 def chain_for(tier: str, config: Mapping[str, Any], auto: Callable[[], ProviderConfig | None],
