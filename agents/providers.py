@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from hermes_sup.kanban.redact import known, redact, remember
 
-from .sizing import probe_context, prompt_tokens, size_max_tokens
+from .sizing import CONTEXT_RECHECK, probe_context, prompt_tokens, size_max_tokens
 from .streams import assemble_anthropic, assemble_openai
 from .translate import Completion, Message, Usage, from_anthropic, from_openai, to_anthropic, to_openai
 
@@ -236,7 +236,10 @@ class _SDKProvider:
         self._sdk: Any = None
         self.tool_choice = True  # sent with the tools until the server refuses it
         self._secret = ""
-        self._context: tuple[int] | None = None  # the server's context window (0: it did not say), once asked
+        # The server's context window once it said it; when it did not (busy, or it cannot), when
+        # it was last asked: asked again after CONTEXT_RECHECK, not before every call.
+        self._context: int | None = None
+        self._context_asked = -CONTEXT_RECHECK
 
     def _connect(self) -> Any:
         if self._client is None:
@@ -311,9 +314,11 @@ class _SDKProvider:
     def _max_tokens(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> int:
         if not (self.config.sized and self.config.base_url):
             return self.config.max_tokens
-        if self._context is None:  # asked once per provider: the server's model does not change under us
-            self._context = (probe_context(self.config.base_url, self.config.model) or 0,)
-        return size_max_tokens(self._context[0] or None, prompt_tokens(to_openai(messages), tools), None,
+        # Known once per provider: the server's model does not change under it.
+        if self._context is None and time.monotonic() - self._context_asked >= CONTEXT_RECHECK:
+            self._context_asked = time.monotonic()
+            self._context = probe_context(self.config.base_url, self.config.model)
+        return size_max_tokens(self._context, prompt_tokens(to_openai(messages), tools), None,
                                self.config.max_tokens)
 
     def _read(self, response: dict[str, Any]) -> Completion:

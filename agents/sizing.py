@@ -20,6 +20,7 @@ CHARS_PER_TOKEN = 4            # as the usage estimate counts
 CONTEXT_TIMEOUT = 2.0          # per request of the context probe
 CONTEXT_DEADLINE = 3.0         # the whole probe of one endpoint, however the server answers
 MAX_CONTEXT_BYTES = 1 << 20    # /props and /api/show are a few KiB (Ollama's includes the template)
+CONTEXT_RECHECK = 60.0         # seconds before a server that did not tell its context is asked again
 
 
 def size_max_tokens(context: int | None, prompt_tokens: int, configured: int | None,

@@ -10,6 +10,7 @@ import pytest
 from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig
 from hermes_sup.agents.routing import provider_configs
 from hermes_sup.agents.sizing import (
+    CONTEXT_RECHECK,
     MIN_MAX_TOKENS,
     SAFETY,
     context_from_models,
@@ -117,3 +118,19 @@ def test_the_probe_is_bounded_against_an_endless_or_silent_server():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_server_silent_about_its_context_is_asked_again_later_not_every_call():
+    with ScriptedLLM() as llm:  # busy, say: it tells nothing at first
+        llm.script("openai", openai_reply("one"), openai_reply("two"), openai_reply("three"))
+        provider = OpenAIProvider(ProviderConfig(name="local", kind="openai", model="m", base_url=f"{llm.url}/v1",
+                                                 timeout=5.0, sized=True))
+        provider.complete(MESSAGES, None)
+        asked = len(llm.probes)
+        llm.context = 1024
+        provider.complete(MESSAGES, None)
+        assert len(llm.probes) == asked, "not asked before every call"
+        provider._context_asked -= CONTEXT_RECHECK  # the wait is over
+        provider.complete(MESSAGES, None)
+    assert [r["body"]["max_tokens"] for r in llm.requests] == [
+        4096, 4096, 1024 - prompt_tokens(to_openai(MESSAGES), None) - SAFETY]
