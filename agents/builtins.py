@@ -90,29 +90,28 @@ def kanban_comment(ctx: ToolContext, args: dict[str, Any]) -> str:
 register(Tool("wait", "Wait a number of seconds.", wait,
               {"type": "object", "properties": {"seconds": {"type": "number", "minimum": 0}}, "required": ["seconds"]},
               capabilities=("fs.read",), idempotent=True, toolset="board"))
-register(Tool("memory", "Keep a fact across tasks: add one, or replace or remove the entry containing old_text.",
+register(Tool("memory", "Keep a fact across tasks (add), or replace or remove the entry holding old_text.",
               memory, {"type": "object", "properties": {
                   "action": {"type": "string", "enum": ["add", "replace", "remove"]},
                   "content": _string("the fact, for add and replace"),
                   "old_text": _string("a piece of the entry to change, unique to it")},
                   "required": ["action"], "additionalProperties": False},
               capabilities=("memory",), toolset="memory"))
-register(Tool("ask_human", "Stop and ask a person: use only when you cannot go on without their answer.", ask_human,
+register(Tool("ask_human", "Ask a person, only when you cannot go on without their answer.", ask_human,
               {"type": "object", "properties": {"question": _string("what you need to know", minLength=1)},
                "required": ["question"], "additionalProperties": False},
               capabilities=("kanban",), toolset="board"))
-register(Tool("kanban_create", "Put a new task on the team's board (a follow-up, or a sub-task for others); "
-              "returns its id, which depends_on of later tasks can name.", kanban_create,
+register(Tool("kanban_create", "Add a task to the team's board (a follow-up or a sub-task); returns its id.",
+              kanban_create,
               {"type": "object", "properties": {
                   "title": _string("one line", minLength=1), "body": _string("the instruction"),
                   "priority": {"type": "integer"}, "depends_on": {"type": "array", "items": {"type": "string"}},
                   "role": _string("only agents with this role take it"),
                   "assignee": _string("only this agent takes it"),
                   "tier": {"type": "string", "enum": ["auto", "cheap", "standard", "premium"]},
-                  "id": _string("an id of your choosing (lowercase letters, digits, '-'), so later tasks can name "
-                                "it in depends_on before it exists"),
+                  "id": _string("your own id (a-z, 0-9, -), for depends_on of later tasks"),
                   "steps": {"type": "array", "items": {"type": "object"},
-                            "description": "a plan run without a model: [{tool, args}, ...]"}},
+                            "description": "tool calls run without a model: [{tool, args}]"}},
                   "required": ["title"], "additionalProperties": False},
               capabilities=("kanban",), toolset="board"))
 register(Tool("kanban_comment", "Add a comment to a task on the board.", kanban_comment,

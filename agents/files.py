@@ -159,9 +159,9 @@ register(Tool("patch", "Replace old_string by new_string in a file of your folde
                   "replace_all": {"type": "boolean"}},
                   "required": ["path", "old_string", "new_string"], "additionalProperties": False},
               capabilities=("fs.write",), toolset="files"))
-register(Tool("search_files", "Find lines matching a regular expression in the files of your folder (an empty "
-              "pattern lists the files).", search_files, {"type": "object", "properties": {
-                  "pattern": _string("a regular expression"), "path": _string("a folder or file to search in"),
+register(Tool("search_files", "Find lines matching a regex in your folder's files (an empty one lists them).",
+              search_files, {"type": "object", "properties": {
+                  "pattern": _string("a regex"), "path": _string("a folder or file to search in"),
                   "file_glob": _string("only files whose name matches, e.g. *.py")},
                   "required": ["pattern"], "additionalProperties": False},
               capabilities=("fs.read",), idempotent=True, toolset="files"))

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 from hermes_sup.kanban.redact import known, redact, remember
 
+from .sizing import CONTEXT_RECHECK, probe_context, prompt_tokens, size_max_tokens
 from .streams import assemble_anthropic, assemble_openai
 from .translate import Completion, Message, Usage, from_anthropic, from_openai, to_anthropic, to_openai
 
@@ -138,6 +139,9 @@ class ProviderConfig:
     max_tokens: int = 4096
     context_window: int = 128_000
     stream: bool = False  # ask for server-sent events; `timeout` then bounds each read, not the whole answer
+    # max_tokens was not set: a local server is asked its context window and each call may fill what
+    # the prompt leaves of it, up to max_tokens (a 4k server must not be asked for 4,096 tokens).
+    sized: bool = False
 
 
 class Provider(Protocol):
@@ -232,6 +236,10 @@ class _SDKProvider:
         self._sdk: Any = None
         self.tool_choice = True  # sent with the tools until the server refuses it
         self._secret = ""
+        # The server's context window once it said it; when it did not (busy, or it cannot), when
+        # it was last asked: asked again after CONTEXT_RECHECK, not before every call.
+        self._context: int | None = None
+        self._context_asked = -CONTEXT_RECHECK
 
     def _connect(self) -> Any:
         if self._client is None:
@@ -264,7 +272,7 @@ class _SDKProvider:
     def _complete(self, messages: list[Message], tools: list[dict[str, Any]] | None, max_tokens: int | None,
                   stop: threading.Event | None) -> Completion:
         client = self._connect()
-        path, body, response_type = self._request(messages, tools, max_tokens or self.config.max_tokens)
+        path, body, response_type = self._request(messages, tools, max_tokens or self._max_tokens(messages, tools))
         try:
             if not self.config.stream:
                 return self._read(client.post(path, body=body, cast_to=response_type).model_dump(warnings=False))
@@ -302,6 +310,16 @@ class _SDKProvider:
     def _request(self, messages: list[Message], tools: list[dict[str, Any]] | None,
                  max_tokens: int) -> tuple[str, dict[str, Any], Any]:
         raise NotImplementedError
+
+    def _max_tokens(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> int:
+        if not (self.config.sized and self.config.base_url):
+            return self.config.max_tokens
+        # Known once per provider: the server's model does not change under it.
+        if self._context is None and time.monotonic() - self._context_asked >= CONTEXT_RECHECK:
+            self._context_asked = time.monotonic()
+            self._context = probe_context(self.config.base_url, self.config.model)
+        return size_max_tokens(self._context, prompt_tokens(to_openai(messages), tools), None,
+                               self.config.max_tokens)
 
     def _read(self, response: dict[str, Any]) -> Completion:
         raise NotImplementedError

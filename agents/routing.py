@@ -2,9 +2,10 @@
 
 `auto` looks for an API key in the environment first (Anthropic, OpenAI, OpenRouter), then for a
 local OpenAI-compatible server on its usual port (Ollama 11434, LM Studio 1234, vLLM 8000,
-llama.cpp 8080, probed at /v1/models with a short timeout), and otherwise answers None: offline,
-where only tasks with `steps` can run. The decision is a pure function of the environment and the
-probe's answers.
+llama.cpp 8080 and 9931, probed at /v1/models), and otherwise answers None: offline, where only
+tasks with `steps` can run. A server that accepts the connection but is slow to list its models
+is there, busy (llama-server answers nothing while it evaluates a prompt): it is taken, its model
+unknown. The decision is a pure function of the environment and the probe's answers.
 
 A port is probed only if the server listening there runs as our own user (its owner read from
 /proc/net/tcp): on a shared machine anyone can start a "model server" on 11434 and read every
@@ -16,6 +17,7 @@ the list of ports.
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 import urllib.error
@@ -33,10 +35,15 @@ KEYED = (
     ("OPENAI_API_KEY", "openai", None, "gpt-4o-mini"),
     ("OPENROUTER_API_KEY", "openai", "https://openrouter.ai/api/v1", "openrouter/auto"),
 )
-LOCAL_PORTS = ((11434, "ollama"), (1234, "lm-studio"), (8000, "vllm"), (8080, "llama.cpp"))
-PROBE_TIMEOUT = 0.3
+LOCAL_PORTS = ((11434, "ollama"), (1234, "lm-studio"), (8000, "vllm"), (8080, "llama.cpp"), (9931, "llama.cpp"))
+PROBE_TIMEOUT = 0.3                # to connect: a local port refuses at once when nothing listens
 REACH_TIMEOUT = 2.0
 PROBE_DEADLINE = 2.0               # a whole probe, however the server answers
+# How long auto keeps its answer: a server found is asked again a minute later; a miss, or a busy
+# server whose model is not known yet, sooner (a server started or freed meanwhile is found soon).
+AUTO_KEEP_FOUND = 60.0
+AUTO_KEEP_MISS = 10.0
+BUSY_MODEL = "default"             # llama-server and llama-cpp-python serve one model, whatever is asked
 MAX_PROBE_BYTES = 4 << 20          # a list of models; real ones are a few KiB
 
 
@@ -45,31 +52,50 @@ def probe_models(base_url: str, timeout: float = PROBE_TIMEOUT) -> list[str] | N
 
     Bounded whatever the server does: its answer is read up to MAX_PROBE_BYTES and parsed with the
     board's bounded JSON loader, the whole probe ends within PROBE_DEADLINE (a server that trickles
-    its headers or body a byte at a time is given up on; its thread ends with the connection), and
-    no proxy is asked: a deeply nested, endless or trickling list of models must not crash or hang
-    the agent that looks for a provider at its start."""
+    its body a byte at a time is given up on; its thread ends with the connection), and no proxy is
+    asked: a deeply nested, endless or trickling list of models must not crash or hang the agent
+    that looks for a provider at its start. `timeout` bounds the connection; a server that accepts
+    it but sends no answer within PROBE_DEADLINE is busy, not absent: [BUSY_MODEL]."""
     found: list[list[str] | None] = []
     worker = threading.Thread(target=lambda: found.append(_probe(base_url, timeout, time.monotonic() + PROBE_DEADLINE)),
                               name="probe", daemon=True)
     worker.start()
-    worker.join(PROBE_DEADLINE + timeout)
+    worker.join(PROBE_DEADLINE + timeout + 1.0)
     return found[0] if found else None
 
 
 def _probe(base_url: str, timeout: float, deadline: float) -> list[str] | None:
+    try:
+        url = urllib.parse.urlsplit(base_url)
+        with socket.create_connection((url.hostname or "127.0.0.1", url.port or 80), timeout=timeout):
+            pass  # someone listens: from here on, silence means busy
+    except (OSError, ValueError):
+        return None
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with opener.open(f"{base_url.rstrip('/')}/models", timeout=timeout) as response:
+        with opener.open(f"{base_url.rstrip('/')}/models", timeout=max(0.05, deadline - time.monotonic())) as response:
             body = bytearray()
             while chunk := response.read1(64 * 1024):  # one receive at a time: the deadline is checked
                 body += chunk
                 if len(body) > MAX_PROBE_BYTES or time.monotonic() > deadline:
                     return None
         data = load_json(body.decode("utf-8")) if body.strip() else {}
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return [BUSY_MODEL] if _timed_out(exc) else None
     models = data.get("data") if isinstance(data, dict) else None
     return [str(m.get("id")) for m in models if isinstance(m, dict) and m.get("id")] if isinstance(models, list) else []
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """Whether a failed request waited for an answer that did not come (rather than was refused)."""
+    reason = getattr(exc, "reason", exc) if isinstance(exc, urllib.error.URLError) else exc
+    return isinstance(reason, TimeoutError)
+
+
+def keep_auto(found: ProviderConfig | None) -> float:
+    """Seconds auto's answer is kept before the ports are probed again (pure): a miss, or a busy
+    server whose model is not known, is looked at again sooner than a server found."""
+    return AUTO_KEEP_FOUND if found is not None and found.model != BUSY_MODEL else AUTO_KEEP_MISS
 
 
 def not_found_hint(kind: str) -> str:
@@ -142,7 +168,7 @@ def _resolve(env: Mapping[str, str], probe: Callable[[str], list[str] | None], h
         models = probe(base_url)
         if models is not None:
             return ProviderConfig(name=f"auto:{server}", kind="openai", model=models[0] if models else "default",
-                                  base_url=base_url)
+                                  base_url=base_url, sized=True)
     return None
 
 
@@ -244,10 +270,22 @@ def provider_configs(config: Mapping[str, Any]) -> dict[str, ProviderConfig]:
             name=name, kind=str(spec.get("kind", "openai")), model=str(spec.get("model", "")),
             base_url=spec.get("base_url"), api_key_env=spec.get("api_key_env"),
             timeout=float(spec.get("timeout", 120.0)), max_tokens=int(spec.get("max_tokens", 4096)),
+            sized=_sized(spec),
             context_window=int(spec.get("context_window", 200_000 if spec.get("kind") == "anthropic" else 128_000)),
             stream=bool(spec.get("stream", False)),
         )
     return out
+
+
+def _sized(spec: Mapping[str, Any]) -> bool:
+    """Whether a provider's max_tokens is sized from its server's context: a local OpenAI-compatible
+    server (a base_url on this machine) whose max_tokens hermes.yaml leaves unset (pure)."""
+    if spec.get("max_tokens") is not None or spec.get("kind", "openai") != "openai":
+        return False
+    try:
+        return urllib.parse.urlsplit(str(spec.get("base_url") or "")).hostname in LOOPBACK_HOSTS
+    except ValueError:
+        return False
 
 
 def chain_for(tier: str, config: Mapping[str, Any], auto: Callable[[], ProviderConfig | None],

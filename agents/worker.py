@@ -42,7 +42,7 @@ from .providers import (
     complete_with_fallback,
     make_provider,
 )
-from .routing import chain_for, resolve_auto, task_tier
+from .routing import chain_for, keep_auto, resolve_auto, task_tier
 from .skills import Skills, prompt_block
 from .steps import StepRun, step_grants
 from .tools import DEFAULT_CAPABILITIES, Toolbox, ToolContext, ToolError
@@ -206,10 +206,10 @@ class Agent:
     # -- providers --------------------------------------------------------------------------------
 
     def _resolve_auto(self) -> ProviderConfig | None:
-        # Probing local ports costs up to a second; remember the answer for a while (a server
-        # started later is found within a minute, without restarting the team).
+        # Probing local ports costs up to a few seconds; remember the answer for a while (a server
+        # started later is found within seconds, a busy one's model learnt, without a restart).
         now = time.monotonic()
-        if self._auto is None or now - self._auto[0] > 60:
+        if self._auto is None or now - self._auto[0] > keep_auto(self._auto[1]):
             said: list[str] = []
             found = resolve_auto(os.environ, config=self.llm, notes=said)
             if said != self._auto_said:  # which server auto adopted, or passed over, once per change
@@ -223,7 +223,7 @@ class Agent:
         configs = chain_for(tier, self.llm, self._resolve_auto, os.environ)
         chain = []
         for config in configs:
-            if config.name not in self._providers:
+            if config.name not in self._providers or self._providers[config.name].config != config:
                 self._providers[config.name] = make_provider(config)
             chain.append(self._providers[config.name])
         return chain

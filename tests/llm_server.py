@@ -14,7 +14,11 @@ sends that error object as an event after the first chunk, then ends (llama.cpp'
 been exceeded"; anthropic's `event: error`). {"length": True} ends the answer, plain or streamed,
 with finish reason "length" (anthropic: stop_reason "max_tokens"), as when it reached max_tokens.
 
-`quirks` make the whole server behave like a real one nobody here wrote (see QUIRKS).
+`quirks` make the whole server behave like a real one nobody here wrote (see QUIRKS). `context`
+(tokens) with `context_via` tells the model's context window as one real server does: "props"
+(llama-server, GET /props), "show" (Ollama, POST /api/show) or "models" (vLLM, max_model_len in
+/v1/models). `slow_models` (seconds) delays every answer to GET /v1/models, as llama-server's during
+a prompt's evaluation.
 """
 
 from __future__ import annotations
@@ -169,10 +173,15 @@ class ScriptedLLM:
     port; a given one raises OSError if it is taken."""
 
     def __init__(self, responder: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None,
-                 quirks: tuple[str, ...] = (), *, port: int = 0) -> None:
+                 quirks: tuple[str, ...] = (), *, port: int = 0, context: int | None = None,
+                 context_via: str = "props", slow_models: float = 0.0) -> None:
         unknown = set(quirks) - set(QUIRKS)
         if unknown:
             raise ValueError(f"unknown quirks: {sorted(unknown)}")
+        if context_via not in ("props", "show", "models"):
+            raise ValueError(f"unknown context_via: {context_via!r}")
+        self.context, self.context_via, self.slow_models = context, context_via, slow_models
+        self.probes: list[str] = []  # the paths of GETs and of /api/show POSTs, in order
         self.quirks = frozenset(quirks)
         self.responder = responder
         self.scripts: dict[str, deque[dict[str, Any]]] = {"openai": deque(), "anthropic": deque()}
@@ -190,15 +199,36 @@ class ScriptedLLM:
                 pass
 
             def do_GET(self) -> None:
+                with server._lock:
+                    server.probes.append(self.path)
                 if self.path.rstrip("/").endswith("/models") and not (
                         "v1_only" in server.quirks and not self.path.startswith("/v1/")):
-                    self._send(200, {"object": "list", "data": [{"id": "scripted", "object": "model"}]})
+                    if server.slow_models:
+                        time.sleep(server.slow_models)
+                    model: dict[str, Any] = {"id": "scripted", "object": "model"}
+                    if server.context and server.context_via == "models":
+                        model["max_model_len"] = server.context
+                    with contextlib.suppress(OSError):  # a client that gave up waiting
+                        self._send(200, {"object": "list", "data": [model]})
+                elif self.path == "/props" and server.context and server.context_via == "props":
+                    self._send(200, {"default_generation_settings": {"n_ctx": server.context, "temperature": 0.8},
+                                     "total_slots": 1, "chat_template": "{{ messages }}"})
                 else:
                     self._send(404, {"error": "not found"})
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
+                if self.path == "/api/show":
+                    with server._lock:
+                        server.probes.append(self.path)
+                    if server.context and server.context_via == "show":
+                        self._send(200, {"details": {"family": "llama"}, "parameters": "stop \"<|im_end|>\"",
+                                         "model_info": {"general.architecture": "llama",
+                                                        "llama.context_length": server.context}})
+                    else:
+                        self._send(404, {"error": "not found"})
+                    return
                 api = "anthropic" if self.path.rstrip("/").endswith("/messages") else "openai"
                 record = {"api": api, "path": self.path, "body": body,
                           "headers": {k.lower(): v for k, v in self.headers.items()}}

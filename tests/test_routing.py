@@ -11,11 +11,15 @@ import time
 
 import pytest
 from hermes_sup.agents.routing import (
+    AUTO_KEEP_FOUND,
+    AUTO_KEEP_MISS,
     AUTO_PORTS_ENV,
+    BUSY_MODEL,
     LOCAL_PORTS,
     auto_ports,
     chain_for,
     describe,
+    keep_auto,
     probe_models,
     resolve_auto,
     task_tier,
@@ -145,3 +149,43 @@ def test_task_tier_falls_back_to_the_agent_then_escalates_by_attempt():
         "cheap", "standard", "premium", "premium"]
     long = {"title": "write a report", "body": "x" * 600, "attempts": 1}
     assert task_tier(long, "auto") == "standard" and task_tier({**long, "attempts": 2}, "auto") == "premium"
+
+
+def test_a_busy_server_that_accepts_but_does_not_answer_is_found():
+    # llama-server answers nothing to /v1/models for seconds while it evaluates a prompt: the
+    # connection is accepted, so the server is there; its model is learnt on a later probe.
+    with ScriptedLLM(slow_models=8.0) as llm:
+        started = time.monotonic()
+        found = resolve_auto({}, ports=((llm.port, "llama.cpp"),))  # the real owner lookup and probe
+        waited = time.monotonic() - started
+    assert found is not None and found.base_url == f"{llm.url}/v1"
+    assert found.model == BUSY_MODEL and found.sized
+    assert waited < 8.0, "the probe is bounded, the server's delay is not waited out"
+    assert keep_auto(found) == AUTO_KEEP_MISS < AUTO_KEEP_FOUND, "its model is asked for again soon"
+
+
+def test_a_miss_is_looked_at_again_sooner_than_a_find():
+    found = dataclasses.replace(resolve_auto({}, lambda url: ["m"], owners=OURS), model="m")
+    assert keep_auto(found) == AUTO_KEEP_FOUND
+    assert keep_auto(None) == AUTO_KEEP_MISS < AUTO_KEEP_FOUND
+
+
+def test_llama_servers_new_default_port_is_probed():
+    assert (9931, "llama.cpp") in LOCAL_PORTS and (8080, "llama.cpp") in LOCAL_PORTS
+
+
+def test_an_agent_learns_a_busy_servers_model_on_its_sooner_look(tmp_path, monkeypatch):
+    from hermes_sup.agents.worker import Agent
+
+    with ScriptedLLM(slow_models=8.0) as llm:
+        monkeypatch.setenv(AUTO_PORTS_ENV, str(llm.port))
+        agent = Agent({"name": "a"}, tmp_path, tmp_path / "runs" / "a")
+        try:
+            assert [p.config.model for p in agent.chain("standard")] == [BUSY_MODEL]
+            llm.slow_models = 0.0  # the prompt is evaluated: the server answers again
+            assert [p.config.model for p in agent.chain("standard")] == [BUSY_MODEL], "kept a while"
+            when, found = agent._auto
+            agent._auto = (when - AUTO_KEEP_MISS - 1, found)  # the short wait after a busy probe is over
+            assert [p.config.model for p in agent.chain("standard")] == ["scripted"]
+        finally:
+            agent.board.close()
