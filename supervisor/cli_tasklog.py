@@ -84,5 +84,7 @@ def task_log(ctx: click.Context, task_id: str, following: bool, as_json: bool) -
     printer.note(gatherer.poll())
     gatherer.rewritten.clear()
     printer.show(taskrecords.merge_keyed(gatherer.all()))
+    if not printer.printed and not as_json:  # an empty output would read as a failure to look
+        printer.note([f"no records of {found} yet: no agent has worked on it"])
     if following:
         follow(gatherer, printer, FOLLOW_INTERVAL)

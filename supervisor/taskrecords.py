@@ -78,29 +78,31 @@ def sources(runs: Path, task_id: str) -> list[Source]:
 @dataclass
 class Lines:
     """What `read_lines` found: the complete lines, the offset after them, whether the file was
-    read from its start again (it shrank: rewritten), and notes."""
+    read from its start again (rewritten), the file's inode, and notes."""
     lines: list[bytes]
     offset: int
     restarted: bool = False
     notes: list[str] = field(default_factory=list)
+    inode: int | None = None
 
 
-def read_lines(path: Path, offset: int, limit: int = MAX_BYTES) -> Lines:
+def read_lines(path: Path, offset: int, limit: int = MAX_BYTES, inode: int | None = None) -> Lines:
     """The complete lines of `path` after `offset`. A line still being written is left for the
-    next call; a file that shrank (rewritten) is read from its start; a FIFO or device in its place
+    next call; a file that shrank or is another file than `inode` (a transcript is replaced whole,
+    atomically, when compressed or taken over) is read from its start; a FIFO or device in its place
     is not read (it could block or never end); more than `limit` new bytes: only the last `limit`
     are read, from their first whole line."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        return Lines([], offset)
+        return Lines([], offset, inode=inode)
     notes: list[str] = []
     restarted = False
     with os.fdopen(fd, "rb") as handle:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            return Lines([], offset, notes=[f"{path.name}: not a regular file; not read"])
-        if info.st_size < offset:
+            return Lines([], offset, notes=[f"{path.name}: not a regular file; not read"], inode=inode)
+        if info.st_size < offset or (inode is not None and info.st_ino != inode):
             offset, restarted = 0, True
         start = offset
         if info.st_size - start > limit:
@@ -113,8 +115,8 @@ def read_lines(path: Path, offset: int, limit: int = MAX_BYTES) -> Lines:
         data, start = data[cut:], start + cut
     end = data.rfind(b"\n")
     if end < 0:
-        return Lines([], start, restarted, notes)
-    return Lines(data[:end].split(b"\n"), start + end + 1, restarted, notes)
+        return Lines([], start, restarted, notes, info.st_ino)
+    return Lines(data[:end].split(b"\n"), start + end + 1, restarted, notes, info.st_ino)
 
 
 def parse(lines: Iterable[bytes], name: str) -> tuple[list[dict[str, Any]], list[str]]:
@@ -150,6 +152,7 @@ class Gatherer:
         self.runs = runs
         self.task_id = task_id
         self.offsets: dict[Source, int] = {}
+        self.inodes: dict[Source, int | None] = {}
         self.raws: dict[Source, Raw] = {}
         self.rewritten: set[Source] = set()  # transcripts rewritten (compressed) since the last poll
 
@@ -157,13 +160,13 @@ class Gatherer:
         """Read what is new; the notes about damaged or skipped lines."""
         notes = []
         for source in sources(self.runs, self.task_id):
-            found = read_lines(source.path, self.offsets.get(source, 0))
+            found = read_lines(source.path, self.offsets.get(source, 0), inode=self.inodes.get(source))
             notes += [f"{source.agent}: {note}" for note in found.notes]
             raw = self.raws.setdefault(source, Raw(source))
             if found.restarted:  # rewritten (a compressed transcript): what it holds now replaces it
                 raw.records = []
                 self.rewritten.add(source)
-            self.offsets[source] = found.offset
+            self.offsets[source], self.inodes[source] = found.offset, found.inode
             records, parse_notes = parse(found.lines, source.path.name)
             notes += [f"{source.agent}: {note}" for note in parse_notes]
             raw.records += for_task(source, records, self.task_id)

@@ -241,3 +241,29 @@ def test_a_steps_task_shows_its_files_and_its_open_question(tmp_path, up):
         steps = [(e["tool"], e["status"]) for e in doc["transcript"]]
         assert steps == [("write_file", "started"), ("write_file", "done"), ("ask_human", "started")]
         assert not llm.requests
+
+
+def test_a_transcript_replaced_whole_is_read_again_from_its_start(tmp_path):
+    transcripts = tmp_path / "runs" / "a" / "transcripts"
+    transcripts.mkdir(parents=True)
+    path = transcripts / "t.jsonl"
+    path.write_text("".join(json.dumps(m) + "\n" for m in (SYSTEM, USER)))
+    gatherer = taskrecords.Gatherer(tmp_path / "runs", "t")
+    gatherer.poll()
+    # A take-over or a compression writes a new file and renames it over the old one (longer here).
+    replaced = transcripts / "t.jsonl.new"
+    replaced.write_text("".join(json.dumps(m) + "\n" for m in (SYSTEM, USER, ASKS, RESULT, ANSWER)))
+    os.replace(replaced, path)
+    assert gatherer.poll() == []
+    [raw_] = gatherer.all()
+    assert raw_.records == [SYSTEM, USER, ASKS, RESULT, ANSWER] and raw_.source in gatherer.rewritten
+
+
+def test_task_log_of_a_task_nobody_worked_on_says_so(tmp_path):
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    task = Board(ws / "kanban").add({"title": "idle"})
+    shown = hermes(ws, "task", "log", task["id"][:6])  # a unique prefix is enough
+    assert shown.returncode == 0 and shown.stdout == ""
+    assert f"no records of {task['id']} yet" in shown.stderr
+    assert hermes(ws, "task", "log", task["id"], "--json").stdout == ""
