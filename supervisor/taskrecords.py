@@ -119,11 +119,13 @@ def read_lines(path: Path, offset: int, limit: int = MAX_BYTES, inode: int | Non
     return Lines(data[:end].split(b"\n"), start + end + 1, restarted, notes, info.st_ino)
 
 
-def parse(lines: Iterable[bytes], name: str) -> tuple[list[dict[str, Any]], list[str]]:
-    """JSON objects, one a line; a damaged line is skipped with a note, never raised (pure)."""
+def parse(lines: Iterable[bytes], name: str, needle: bytes = b"") -> tuple[list[dict[str, Any]], list[str]]:
+    """JSON objects, one a line, of the lines that hold `needle` (an agent's logs hold every task
+    it worked: the others' lines are not decoded at all); a damaged line is skipped with a note,
+    never raised (pure)."""
     records, notes = [], []
     for number, line in enumerate(lines, start=1):
-        if not line.strip():
+        if not line.strip() or needle not in line:
             continue
         try:
             record = json.loads(line)
@@ -167,7 +169,9 @@ class Gatherer:
                 raw.records = []
                 self.rewritten.add(source)
             self.offsets[source], self.inodes[source] = found.offset, found.inode
-            records, parse_notes = parse(found.lines, source.path.name)
+            # A task id is written as is (a slug: nothing JSON escapes), so its bytes are in its lines.
+            needle = b"" if source.kind == "message" else self.task_id.encode()
+            records, parse_notes = parse(found.lines, source.path.name, needle)
             notes += [f"{source.agent}: {note}" for note in parse_notes]
             raw.records += for_task(source, records, self.task_id)
         return notes
