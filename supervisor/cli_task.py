@@ -108,7 +108,7 @@ def task_show(ctx: click.Context, task_id: str, transcript: bool, as_json: bool)
         doc = board.get(resolve_task_id(board, task_id))
         doc = team.with_reason(doc, team.explain(board, doc, team_now(ctx)))
     raws, notes = taskrecords.gather(workspace_of(ctx).runs_path, doc["id"])
-    entries = taskrecords.merge(raws)
+    entries = taskrecords.merge(raws, taskrecords.claims(doc))
     doc = {**doc, **taskrecords.overview(entries)}
     if as_json:
         emit_json({**doc, **({"transcript": entries} if transcript else {}), "notes": notes})

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import click
+from hermes_sup.kanban import Board, BoardError, TaskError
 from hermes_sup.kanban.prefix import resolve_task_id
 from rich.text import Text
 
@@ -54,7 +55,7 @@ class Printer:
             err.print(Text.assemble(("note:", "yellow"), " ", literal(note, one_line=True)), soft_wrap=True)
 
 
-def follow(gatherer: taskrecords.Gatherer, printer: Printer, interval: float) -> None:
+def follow(board: Board, gatherer: taskrecords.Gatherer, printer: Printer, interval: float) -> None:
     """Print what the agents append until Ctrl-C or SIGTERM, which end it as its help says (exit 0),
     as `logs -f` does."""
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -63,7 +64,16 @@ def follow(gatherer: taskrecords.Gatherer, printer: Printer, interval: float) ->
             time.sleep(interval)
             printer.note(gatherer.poll())
             printer.skip(gatherer)
-            printer.show(taskrecords.merge_keyed(gatherer.all()))
+            printer.show(taskrecords.merge_keyed(gatherer.all(), held(board, gatherer.task_id)))
+
+
+def held(board: Board, task_id: str) -> list[tuple[str, str]]:
+    """Who held the task when (a record copied to the next holder is shown under the one that wrote
+    it); nothing if the task cannot be read now (removed or being rewritten): the log goes on."""
+    try:
+        return taskrecords.claims(board.get(task_id))
+    except (BoardError, TaskError):
+        return []
 
 
 @task.command("log")
@@ -79,12 +89,12 @@ def task_log(ctx: click.Context, task_id: str, following: bool, as_json: bool) -
     with open_board(ctx) as board:
         refreshed(board)
         found = resolve_task_id(board, task_id)
-    gatherer = taskrecords.Gatherer(workspace_of(ctx).runs_path, found)
-    printer = Printer(as_json)
-    printer.note(gatherer.poll())
-    gatherer.rewritten.clear()
-    printer.show(taskrecords.merge_keyed(gatherer.all()))
-    if not printer.printed and not as_json:  # an empty output would read as a failure to look
-        printer.note([f"no records of {found} yet: no agent has worked on it"])
-    if following:
-        follow(gatherer, printer, FOLLOW_INTERVAL)
+        gatherer = taskrecords.Gatherer(workspace_of(ctx).runs_path, found)
+        printer = Printer(as_json)
+        printer.note(gatherer.poll())
+        gatherer.rewritten.clear()
+        printer.show(taskrecords.merge_keyed(gatherer.all(), held(board, found)))
+        if not printer.printed and not as_json:  # an empty output would read as a failure to look
+            printer.note([f"no records of {found} yet: no agent has worked on it"])
+        if following:
+            follow(board, gatherer, printer, FOLLOW_INTERVAL)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -261,21 +261,43 @@ def _new_part(messages: list[dict[str, Any]], earlier: list[list[dict[str, Any]]
 Key = tuple[str, str, int | str]  # an entry's source (kind, agent) and its index there: what follow mode printed
 
 
-def merge(raws: list[Raw]) -> list[dict[str, Any]]:
+def claims(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """When which agent claimed the task, from its history, in order (pure)."""
+    return [(str(entry.get("at")), str(entry.get("by"))) for entry in doc.get("history") or []
+            if isinstance(entry, dict) and entry.get("to") == "doing"]
+
+
+def _holder(held: Sequence[tuple[str, str]], at: str, candidates: list[str]) -> str:
+    """Of the agents whose logs hold a record, the one that held the task when it was written: a
+    copy sits in the next holder's log too (pure)."""
+    holder = None
+    for since, agent in held:
+        if since <= at:
+            holder = agent
+    return holder if holder in candidates else candidates[0]
+
+
+def merge(raws: list[Raw], held: Sequence[tuple[str, str]] = ()) -> list[dict[str, Any]]:
     """The task's records as entries in time order (see `merge_keyed`) (pure)."""
-    return [entry for _, entry in merge_keyed(raws)]
+    return [entry for _, entry in merge_keyed(raws, held)]
 
 
-def merge_keyed(raws: list[Raw]) -> list[tuple[Key, dict[str, Any]]]:
+def merge_keyed(raws: list[Raw], held: Sequence[tuple[str, str]] = ()) -> list[tuple[Key, dict[str, Any]]]:
     """The task's model calls, tool calls and messages as entries in time order (pure).
 
     Model and tool records carry their time. Messages do not: each is placed by what it follows: an
     assistant message after the model call that produced it (the agent's next answered call), a tool
     result after its call's logged end, any other after the message before it. A record copied from
     the agent that held the task before (tool records, the transcript's head) is shown once, under
-    the agent that wrote it first."""
+    the agent that wrote it: the holder at its time by `held` (see `claims`) for a tool record."""
     keyed: list[tuple[str, int, int, Key, dict[str, Any]]] = []
     seq = 0
+    tool_agents: dict[str, list[str]] = {}
+    for raw in raws:
+        if raw.source.kind == "tool":
+            for record in raw.records:
+                key = json.dumps([record.get(k) for k in ("turn", "call_id", "status", "at")], default=str)
+                tool_agents.setdefault(key, []).append(raw.source.agent)
     seen_tools: set[str] = set()
     done_at: dict[str, str] = {}
     answered: dict[str, list[str]] = {}
@@ -287,13 +309,15 @@ def merge_keyed(raws: list[Raw]) -> list[tuple[Key, dict[str, Any]]]:
                 if entry["outcome"] == "ok" and entry["at"]:
                     answered.setdefault(raw.source.agent, []).append(entry["at"])
             elif raw.source.kind == "tool":
-                entry = tool_entry(raw.source.agent, record)
                 # Told apart by content, not by whose log: the same record copied to the next holder
-                # is one call (and follow mode, which printed it under its first agent, knows it).
+                # is one call (and follow mode, which printed it once, knows it by its content).
                 key = json.dumps([record.get(k) for k in ("turn", "call_id", "status", "at")], default=str)
                 if key in seen_tools:
                     continue
                 seen_tools.add(key)
+                agents = sorted(set(tool_agents[key]))
+                entry = tool_entry(_holder(held, str(record.get("at")), agents) if len(agents) > 1 else agents[0],
+                                   record)
                 ident = ("tool", "", key)
                 if entry["status"] == "done" and entry["at"]:
                     done_at.setdefault(entry["call_id"], entry["at"])

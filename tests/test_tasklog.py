@@ -267,3 +267,51 @@ def test_task_log_of_a_task_nobody_worked_on_says_so(tmp_path):
     assert shown.returncode == 0 and shown.stdout == ""
     assert f"no records of {task['id']} yet" in shown.stderr
     assert hermes(ws, "task", "log", task["id"], "--json").stdout == ""
+
+
+def test_a_task_reclaimed_by_another_agent_shows_both_agents_records_once_in_order(tmp_path, up):
+    from .llm_server import ScriptedLLM, openai_reply
+
+    with ScriptedLLM() as llm:
+        ws = tmp_path / "ws"
+        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+        (ws / "hermes.yaml").write_text(
+            f"providers:\n  scripted: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
+            "tiers: {cheap: [scripted], standard: [scripted], premium: [scripted]}\n"
+            "agents:\n  - name: ann\n  - name: bob\n")
+        llm.script("openai",
+                   openai_reply(tool_calls=[("write_file", {"path": "draft.txt", "content": "first draft"})]),
+                   {"delay": 60, **openai_reply("never delivered")},  # its agent is stopped while waiting
+                   openai_reply("Finished the draft."))
+        board = Board(ws / "kanban")
+        task = board.add({"title": "write a draft"})
+        up(ws)
+        wait_until(lambda: len(llm.requests) >= 2, timeout=60)
+        first = board.get(task["id"])["claim"]["agent"]
+        other = "bob" if first == "ann" else "ann"
+        assert hermes(ws, "stop", first).returncode == 0
+        done = wait_until(lambda: (d := board.get(task["id"]))["status"] == "done" and d, timeout=60)
+        assert done["result"] == {"answer": "Finished the draft."}
+        entries = [json.loads(line) for line in hermes(ws, "task", "log", task["id"], "--json").stdout.splitlines()]
+        seen = [(e["agent"], e["kind"], e.get("role") or e.get("status") or e.get("outcome")) for e in entries]
+        assert seen == [
+            (first, "message", "system"), (first, "message", "user"), (first, "model", "ok"),
+            (first, "message", "assistant"), (first, "tool", "started"), (first, "tool", "done"),
+            (first, "message", "tool"), (first, "model", "interrupted"),
+            (other, "model", "ok"), (other, "message", "assistant")], seen
+        doc = json.loads(hermes(ws, "task", "show", task["id"], "--json").stdout)
+        assert doc["files"] == [{"agent": first, "path": "draft.txt", "tool": "write_file"}]
+        assert doc["cost"]["calls"] == 3 and doc["cost"]["failed_calls"] == 1
+
+
+def test_a_tool_record_copied_to_the_next_holder_is_shown_under_the_holder_that_ran_it():
+    # The copy sits in both logs; "ann" (who took over) sorts before "zed" (who ran the call).
+    tools = [started(2, "c1"), done(3, "c1")]
+    raws = [raw("ann", "tool", tools), raw("zed", "tool", tools), raw("zed", "model", [model(1)]),
+            raw("ann", "model", [model(8)])]
+    doc = {"history": [{"at": at(0), "by": "cli", "to": "todo"}, {"at": at(0), "by": "zed", "to": "doing"},
+                       {"at": at(5), "by": "zed", "to": "todo"}, {"at": at(6), "by": "ann", "to": "doing"}]}
+    entries = taskrecords.merge(raws, taskrecords.claims(doc))
+    assert [(e["agent"], e["kind"]) for e in entries] == [("zed", "model"), ("zed", "tool"), ("zed", "tool"),
+                                                          ("ann", "model")]
+    assert taskrecords.overview(entries)["files"] == [{"agent": "zed", "path": "a.txt", "tool": "write_file"}]
