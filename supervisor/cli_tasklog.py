@@ -7,7 +7,6 @@ Registered on the command line's `task` group when cli.py imports this module (a
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import time
 from typing import Any
@@ -19,6 +18,7 @@ from rich.text import Text
 
 from . import render, taskrecords
 from .cli import err, handled, literal, open_board, refreshed, task, workspace_of
+from .cliargs import json_text
 
 # The journals are plain files the agents append to: read again this often while following (the
 # board's watcher sees the board, not them).
@@ -45,7 +45,7 @@ class Printer:
                 continue
             self.printed.add(key)
             if self.as_json:
-                click.echo(json.dumps(entry, ensure_ascii=False, default=str))
+                click.echo(json_text(entry))  # no raw control or bidi character, as every --json
             else:
                 for line in render.log_lines(entry):
                     click.echo(line)

@@ -156,7 +156,7 @@ def run_team_task(tmp_path, up, llm, title: str) -> tuple[Path, dict]:
     ws = llm_workspace(tmp_path, llm)
     llm.script("openai",
                openai_reply(tool_calls=[("write_file", {"path": "notes/draft.txt", "content": "first draft"})]),
-               openai_reply("The draft is \x1b[2Jwritten."))
+               openai_reply("The draft is \x1b[2J\u202ewritten."))
     board = Board(ws / "kanban")
     task = board.add({"title": title})
     return ws, task
@@ -189,13 +189,15 @@ def test_task_show_and_task_log_of_a_task_that_called_a_tool_then_answered(tmp_p
         assert entries[4]["args"] == {"path": "notes/draft.txt", "content": "first draft"}
         assert entries[5]["outcome"] == "ok" and isinstance(entries[5]["duration_s"], float)
         assert entries[7]["provider"] == "scripted" and entries[7]["tokens_in"] > 0
-        assert entries[-1]["content"] == "The draft is \x1b[2Jwritten."  # JSON keeps it exact
+        assert entries[-1]["content"] == "The draft is \x1b[2J\u202ewritten."  # JSON keeps it exact
+        assert "\u202e" not in logged.stdout and "\\u202e" in logged.stdout  # escaped, never raw
 
         plain = hermes(ws, "task", "log", task["id"])
-        assert "\x1b" not in plain.stdout and "The draft is \\x1b[2Jwritten." in plain.stdout
+        assert "\x1b" not in plain.stdout and "The draft is \\x1b[2J\\u202ewritten." in plain.stdout
         assert "tool   write_file -> ok in" in plain.stdout and "calls write_file" in plain.stdout
         together = hermes(ws, "task", "show", task["id"], "--transcript")
-        assert together.stdout.index("history") < together.stdout.index("assistant: The draft is \\x1b[2Jwritten.")
+        answer = together.stdout.index("assistant: The draft is \\x1b[2J\\u202ewritten.")
+        assert together.stdout.index("history") < answer
 
 
 def test_task_log_follow_prints_records_as_they_are_appended_and_ends_cleanly_on_sigterm(tmp_path, up):
