@@ -821,4 +821,4 @@ def read_supervisor_state(ws: Workspace) -> dict[str, Any]:
 
 # Register the task commands (add, list, show, cancel, answer, retry, move), and `stop`, `start`,
 # `ps`, `task wait` and `task comment`, on the groups above.
-from . import cli_events, cli_steer, cli_task  # noqa: E402, F401
+from . import cli_events, cli_steer, cli_task, cli_tasklog  # noqa: E402, F401

@@ -14,8 +14,19 @@ from hermes_sup.kanban.prefix import resolve_task_id
 from hermes_sup.kanban.task import TIERS
 from rich.text import Text
 
-from . import render, team
-from .cli import err, handled, json_option, literal, open_board, out, refreshed, task, team_now
+from . import render, taskrecords, team
+from .cli import (
+    err,
+    handled,
+    json_option,
+    literal,
+    open_board,
+    out,
+    refreshed,
+    task,
+    team_now,
+    workspace_of,
+)
 from .cliargs import MAX_PRIORITY, emit_json, parse_steps
 
 
@@ -84,19 +95,31 @@ def task_list(ctx: click.Context, status: str | None, as_json: bool) -> None:
 
 @task.command("show")
 @click.argument("task_id", metavar="ID")
+@click.option("--transcript", is_flag=True, help="Also its transcript, tool calls and model calls, in order.")
 @json_option
 @click.pass_context
 @handled
-def task_show(ctx: click.Context, task_id: str, as_json: bool) -> None:
-    """Show one task: its fields, result or error, comments and history."""
+def task_show(ctx: click.Context, task_id: str, transcript: bool, as_json: bool) -> None:
+    """Show one task: its fields, result or error, the question it waits on, comments, history, why
+    it is not moving, and from the agents' records the models that served it, the files it wrote and
+    its cost so far."""
     with open_board(ctx) as board:
         refreshed(board)
         doc = board.get(resolve_task_id(board, task_id))
         doc = team.with_reason(doc, team.explain(board, doc, team_now(ctx)))
+    raws, notes = taskrecords.gather(workspace_of(ctx).runs_path, doc["id"])
+    entries = taskrecords.merge(raws, taskrecords.claims(doc))
+    doc = {**doc, **taskrecords.overview(entries)}
     if as_json:
-        emit_json(doc)
-    else:
-        out.print(render.task_detail(doc))
+        emit_json({**doc, **({"transcript": entries} if transcript else {}), "notes": notes})
+        return
+    out.print(render.task_detail(doc))
+    if transcript:
+        for entry in entries:
+            for line in render.log_lines(entry):
+                click.echo(line)
+    for note in notes:
+        err.print(Text.assemble(("note:", "yellow"), " ", literal(note, one_line=True)), soft_wrap=True)
 
 
 def _change(ctx: click.Context, as_json: bool, action: Callable[[Board], dict[str, Any]]) -> None:

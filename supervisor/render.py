@@ -207,6 +207,12 @@ def task_detail(doc: dict[str, Any]) -> Panel:
         shown = result_text(doc["result"])
         lines.append(f"{'result':>13}:" + ("\n" if "\n" in shown else " "), style="dim")
         lines.append(visible(shown) + "\n")
+    if doc.get("status") == "blocked" and doc.get("question"):
+        lines.append(f"{'question':>13}: ", style="dim")
+        lines.append(visible(doc["question"]) + "\n", style="magenta")
+    for key, shown in activity_fields(doc):
+        lines.append(f"{key:>13}: ", style="dim")
+        lines.append(visible(shown, one_line=True) + "\n")
     if doc.get("body"):
         lines.append("\n" + visible(doc["body"]) + "\n")
     comments = [entry for entry in doc.get("comments") or [] if isinstance(entry, dict)]
@@ -221,6 +227,79 @@ def task_detail(doc: dict[str, Any]) -> Panel:
         lines.append(visible(f"  {entry['at']}  {entry.get('from') or '-'} -> {entry['to']}  by {entry['by']}"
                              f"{'  ' + str(entry['note']) if entry.get('note') else ''}", one_line=True) + "\n")
     return Panel(lines, title=literal(f"{doc['id']}: {doc['title']}", one_line=True), title_align="left")
+
+
+def _dollars(value: float) -> str:
+    return f"${value:.4f}" if value < 1 else f"${value:,.2f}"
+
+
+def activity_fields(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """The lines `task show` adds from the agents' records (models, files, cost), as (label, text) (pure)."""
+    shown = []
+    models = doc.get("models") or []
+    if models:
+        shown.append(("models", ", ".join(f"{m['provider']} ({m['model']}) x{m['calls']}" for m in models)))
+    files = doc.get("files") or []
+    if files:
+        shown.append(("files written", ", ".join(f"{f['path']} ({f['agent']})" for f in files)))
+    cost = doc.get("cost") or {}
+    if cost.get("calls"):
+        text = f"{_dollars(cost['cost_usd'])} over {cost['calls']} model call(s)"
+        extra = [f"{cost[k]} {label}" for k, label in (("unpriced_calls", "unpriced, not counted"),
+                                                       ("failed_calls", "failed"),
+                                                       ("estimated_calls", "with estimated tokens")) if cost.get(k)]
+        shown.append(("cost", text + (f" ({'; '.join(extra)})" if extra else "")))
+    return shown
+
+
+CONTENT_CHARS = 2000  # a message's text in a task's log: enough to follow it, not a whole file
+SHORT_CHARS = 300  # a tool's arguments and result
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit:,} more characters)"
+
+
+def _clock(at: Any) -> str:
+    return at[11:19] if isinstance(at, str) and len(at) >= 19 else "--:--:--"
+
+
+def _seconds(value: Any) -> str:
+    return f"{value:.2f} s" if isinstance(value, (int, float)) else "? s"
+
+
+def log_lines(entry: dict[str, Any]) -> list[str]:
+    """One entry of a task's log (see supervisor/taskrecords.py) as lines for a terminal, user and
+    model text made visible, never markup (pure)."""
+    head = f"{_clock(entry.get('at'))} {entry.get('agent')}"
+    kind = entry.get("kind")
+    if kind == "model":
+        cost = entry.get("cost_usd")
+        line = (f"{head}  model  {entry.get('provider')} ({entry.get('model')}) {entry.get('outcome')}  "
+                f"{entry.get('tokens_in') or 0} in / {entry.get('tokens_out') or 0} out tokens"
+                f"{' (estimated)' if entry.get('estimated') else ''}  {_seconds(entry.get('latency_s'))}  "
+                + (_dollars(cost) if isinstance(cost, (int, float)) else "unpriced")
+                + (f"  error: {entry['error']}" if entry.get("error") else ""))
+        return [visible(line, one_line=True)]
+    if kind == "tool":
+        if entry.get("status") == "done":
+            line = (f"{head}  tool   {entry.get('tool')} -> {entry.get('outcome')} in "
+                    f"{_seconds(entry.get('duration_s'))}: {_cut(entry.get('result') or '', SHORT_CHARS)}")
+        else:
+            args = _json(entry.get("args"))
+            line = f"{head}  tool   {entry.get('tool')} {_cut(args, SHORT_CHARS)}"
+        return [visible(line, one_line=True)]
+    content = entry.get("content") or ""
+    limit = SHORT_CHARS if entry.get("role") == "system" else CONTENT_CHARS
+    label = str(entry.get("role")) + (" (error)" if entry.get("is_error") else "")
+    body = visible(_cut(content, limit)).split("\n")
+    lines = [visible(f"{head}  {label}:", one_line=True) + (" " + body[0] if body[0] else "")]
+    lines += ["    " + line for line in body[1:]]
+    for call in entry.get("tool_calls") or []:
+        arguments = call.get("arguments")
+        text = arguments if isinstance(arguments, str) else _json(arguments)
+        lines.append(visible(f"    calls {call.get('name')} {_cut(text, SHORT_CHARS)}", one_line=True))
+    return lines
 
 
 AGENT_STYLE = {"running": "green", "starting": "cyan", "backoff": "yellow", "fatal": "bold red", "stopping": "yellow",

@@ -1,0 +1,387 @@
+"""One task's records gathered from every agent's journals (model calls, tool calls, transcript) and
+merged in time order: the reading at the edge (bounded, regular files only, torn and damaged lines
+skipped), the merge and the summary as pure functions over plain records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .usage import summarize
+
+LLM_LOG = "llm_calls.jsonl"
+TOOL_LOG = "tool_calls.jsonl"
+# Journals are the agents' to write and may be large or hostile: a read takes at most this much of a
+# file (its end, where the newest records are), and delegation nests only so deep.
+MAX_BYTES = 32 << 20
+MAX_DEPTH = 4
+ROLES = ("system", "user", "assistant", "tool")
+WRITING_TOOLS = ("write_file", "patch")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One journal: whose (the agent's folder name) and what it holds (model, tool or message)."""
+    agent: str
+    kind: str
+    path: Path
+
+
+@dataclass
+class Raw:
+    """What was read of one journal: its records (in file order) for the task."""
+    source: Source
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+
+# -- reading (I/O) ----------------------------------------------------------------------------------
+
+def _subdirs(folder: Path) -> list[Path]:
+    try:
+        with os.scandir(folder) as found:
+            # A symlink in an agent's folder could point anywhere: only real folders are agents.
+            return sorted(Path(e.path) for e in found if e.is_dir(follow_symlinks=False))
+    except OSError:
+        return []
+
+
+def agent_dirs(runs: Path) -> list[tuple[str, Path]]:
+    """Every agent's working folder: runs/<agent>/ and its delegated children's, nested, under
+    runs/<agent>/children/<child>/ (named by their folder)."""
+    found: list[tuple[str, Path]] = []
+    level = [(path.name, path) for path in _subdirs(runs)]
+    for _ in range(MAX_DEPTH):
+        found += level
+        level = [(child.name, child) for _, folder in level for child in _subdirs(folder / "children")]
+        if not level:
+            break
+    return found
+
+
+def sources(runs: Path, task_id: str) -> list[Source]:
+    """The journals that may hold records of the task, existing or not yet."""
+    result = []
+    for agent, folder in agent_dirs(runs):
+        result.append(Source(agent, "model", folder / LLM_LOG))
+        result.append(Source(agent, "tool", folder / TOOL_LOG))
+        if "/" not in task_id and not task_id.startswith("."):  # ids are names; never a path out
+            result.append(Source(agent, "message", folder / "transcripts" / f"{task_id}.jsonl"))
+    return result
+
+
+@dataclass
+class Lines:
+    """What `read_lines` found: the complete lines, the offset after them, whether the file was
+    read from its start again (rewritten), the file's inode, and notes."""
+    lines: list[bytes]
+    offset: int
+    restarted: bool = False
+    notes: list[str] = field(default_factory=list)
+    inode: int | None = None
+
+
+def read_lines(path: Path, offset: int, limit: int = MAX_BYTES, inode: int | None = None) -> Lines:
+    """The complete lines of `path` after `offset`. A line still being written is left for the
+    next call; a file that shrank or is another file than `inode` (a transcript is replaced whole,
+    atomically, when compressed or taken over) is read from its start; a FIFO or device in its place
+    is not read (it could block or never end); more than `limit` new bytes: only the last `limit`
+    are read, from their first whole line."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return Lines([], offset, inode=inode)
+    notes: list[str] = []
+    restarted = False
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return Lines([], offset, notes=[f"{path.name}: not a regular file; not read"], inode=inode)
+        if info.st_size < offset or (inode is not None and info.st_ino != inode):
+            offset, restarted = 0, True
+        start = offset
+        if info.st_size - start > limit:
+            start = info.st_size - limit
+            notes.append(f"{path.name}: {start - offset:,} bytes skipped (read at most {limit:,} at a time)")
+        handle.seek(start)
+        data = handle.read(info.st_size - start)
+    if start != offset:
+        cut = data.find(b"\n") + 1  # the first line was cut by the skip
+        data, start = data[cut:], start + cut
+    end = data.rfind(b"\n")
+    if end < 0:
+        return Lines([], start, restarted, notes, info.st_ino)
+    return Lines(data[:end].split(b"\n"), start + end + 1, restarted, notes, info.st_ino)
+
+
+def parse(lines: Iterable[bytes], name: str, needle: bytes = b"") -> tuple[list[dict[str, Any]], list[str]]:
+    """JSON objects, one a line, of the lines that hold `needle` (an agent's logs hold every task
+    it worked: the others' lines are not decoded at all); a damaged line is skipped with a note,
+    never raised (pure)."""
+    records, notes = [], []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip() or needle not in line:
+            continue
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            notes.append(f"{name}: a line that is not JSON is skipped")
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+        else:
+            notes.append(f"{name}: line {number} is not a record and is skipped")
+    return records, notes
+
+
+def for_task(source: Source, records: list[dict[str, Any]], task_id: str) -> list[dict[str, Any]]:
+    """The records of a journal that belong to the task (a transcript is the task's alone) (pure)."""
+    if source.kind == "message":
+        return [r for r in records if r.get("role") in ROLES]
+    return [r for r in records if r.get("task") == task_id]
+
+
+class Gatherer:
+    """Reads a task's records from every journal, again and again: each call to `poll` reads what
+    was appended since the last (new agents and children included), complete lines only."""
+
+    def __init__(self, runs: Path, task_id: str) -> None:
+        self.runs = runs
+        self.task_id = task_id
+        self.offsets: dict[Source, int] = {}
+        self.inodes: dict[Source, int | None] = {}
+        self.raws: dict[Source, Raw] = {}
+        self.rewritten: set[Source] = set()  # transcripts rewritten (compressed) since the last poll
+
+    def poll(self) -> list[str]:
+        """Read what is new; the notes about damaged or skipped lines."""
+        notes = []
+        for source in sources(self.runs, self.task_id):
+            found = read_lines(source.path, self.offsets.get(source, 0), inode=self.inodes.get(source))
+            notes += [f"{source.agent}: {note}" for note in found.notes]
+            raw = self.raws.setdefault(source, Raw(source))
+            if found.restarted:  # rewritten (a compressed transcript): what it holds now replaces it
+                raw.records = []
+                self.rewritten.add(source)
+            self.offsets[source], self.inodes[source] = found.offset, found.inode
+            # A task id is written as is (a slug: nothing JSON escapes), so its bytes are in its lines.
+            needle = b"" if source.kind == "message" else self.task_id.encode()
+            records, parse_notes = parse(found.lines, source.path.name, needle)
+            notes += [f"{source.agent}: {note}" for note in parse_notes]
+            raw.records += for_task(source, records, self.task_id)
+        return notes
+
+    def all(self) -> list[Raw]:
+        return [raw for raw in self.raws.values() if raw.records]
+
+
+def gather(runs: Path, task_id: str) -> tuple[list[Raw], list[str]]:
+    """Everything recorded of the task so far, and notes about what could not be read."""
+    gatherer = Gatherer(runs, task_id)
+    notes = gatherer.poll()
+    return gatherer.all(), notes
+
+
+# -- merging (pure) ---------------------------------------------------------------------------------
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _number(value: Any) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return value if ok else None
+
+
+def model_entry(agent: str, record: dict[str, Any]) -> dict[str, Any]:
+    return {"kind": "model", "at": _text(record.get("at")), "agent": agent,
+            "provider": _text(record.get("provider")), "model": _text(record.get("model")),
+            "outcome": _text(record.get("outcome")), "tokens_in": _number(record.get("tokens_in")),
+            "tokens_out": _number(record.get("tokens_out")), "tokens_cached": _number(record.get("tokens_cached")),
+            "latency_s": _number(record.get("latency_s")), "cost_usd": _number(record.get("cost_usd")),
+            "estimated": record.get("estimated") is True, "error": _text(record.get("error"))}
+
+
+def tool_entry(agent: str, record: dict[str, Any]) -> dict[str, Any]:
+    entry = {"kind": "tool", "at": _text(record.get("at")), "agent": agent, "tool": _text(record.get("tool")),
+             "call_id": str(record.get("call_id")), "turn": str(record.get("turn")),
+             "status": _text(record.get("status"))}
+    if record.get("status") == "done":
+        entry.update(outcome=_text(record.get("outcome")), result=_text(record.get("result")),
+                     duration_s=_number(record.get("duration_s")))
+    else:
+        entry["args"] = record.get("args")
+    return entry
+
+
+def _calls(message: dict[str, Any]) -> list[dict[str, Any]]:
+    calls = []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            calls.append({"id": str(call.get("id")), "name": _text(function.get("name")),
+                          "arguments": function.get("arguments")})
+    return calls if isinstance(message.get("tool_calls"), list) else []
+
+
+def message_entry(agent: str, message: dict[str, Any]) -> dict[str, Any]:
+    content = message.get("content")
+    entry = {"kind": "message", "at": None, "agent": agent, "role": message.get("role"),
+             "content": content if isinstance(content, str) else (None if content is None else json.dumps(content))}
+    if _calls(message):
+        entry["tool_calls"] = _calls(message)
+    if message.get("tool_call_id") is not None:
+        entry["tool_call_id"] = str(message.get("tool_call_id"))
+    if message.get("is_error") is True:
+        entry["is_error"] = True
+    return entry
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+def _new_part(messages: list[dict[str, Any]], earlier: list[list[dict[str, Any]]]) -> int:
+    """Where the messages of a transcript stop repeating one an agent wrote before it (a reclaimed
+    task's transcript starts with a copy of the previous holder's)."""
+    best = 0
+    for other in earlier:
+        shared = 0
+        while shared < min(len(messages), len(other)) and _same(messages[shared], other[shared]):
+            shared += 1
+        best = max(best, shared)
+    return best
+
+
+Key = tuple[str, str, int | str]  # an entry's source (kind, agent) and its index there: what follow mode printed
+
+
+def claims(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """When which agent claimed the task, from its history, in order (pure)."""
+    return [(str(entry.get("at")), str(entry.get("by"))) for entry in doc.get("history") or []
+            if isinstance(entry, dict) and entry.get("to") == "doing"]
+
+
+def _holder(held: Sequence[tuple[str, str]], at: str, candidates: list[str]) -> str:
+    """Of the agents whose logs hold a record, the one that held the task when it was written: a
+    copy sits in the next holder's log too (pure)."""
+    holder = None
+    for since, agent in held:
+        if since <= at:
+            holder = agent
+    return holder if holder in candidates else candidates[0]
+
+
+def merge(raws: list[Raw], held: Sequence[tuple[str, str]] = ()) -> list[dict[str, Any]]:
+    """The task's records as entries in time order (see `merge_keyed`) (pure)."""
+    return [entry for _, entry in merge_keyed(raws, held)]
+
+
+def merge_keyed(raws: list[Raw], held: Sequence[tuple[str, str]] = ()) -> list[tuple[Key, dict[str, Any]]]:
+    """The task's model calls, tool calls and messages as entries in time order (pure).
+
+    Model and tool records carry their time. Messages do not: each is placed by what it follows: an
+    assistant message after the model call that produced it (the agent's next answered call), a tool
+    result after its call's logged end, any other after the message before it. A record copied from
+    the agent that held the task before (tool records, the transcript's head) is shown once, under
+    the agent that wrote it: the holder at its time by `held` (see `claims`) for a tool record."""
+    keyed: list[tuple[str, int, int, Key, dict[str, Any]]] = []
+    seq = 0
+    tool_agents: dict[str, list[str]] = {}
+    for raw in raws:
+        if raw.source.kind == "tool":
+            for record in raw.records:
+                key = json.dumps([record.get(k) for k in ("turn", "call_id", "status", "at")], default=str)
+                tool_agents.setdefault(key, []).append(raw.source.agent)
+    seen_tools: set[str] = set()
+    done_at: dict[str, str] = {}
+    answered: dict[str, list[str]] = {}
+    for raw in sorted(raws, key=lambda r: (r.source.kind, r.source.agent)):
+        for index, record in enumerate(raw.records):
+            if raw.source.kind == "model":
+                entry = model_entry(raw.source.agent, record)
+                ident: Key = ("model", raw.source.agent, index)
+                if entry["outcome"] == "ok" and entry["at"]:
+                    answered.setdefault(raw.source.agent, []).append(entry["at"])
+            elif raw.source.kind == "tool":
+                # Told apart by content, not by whose log: the same record copied to the next holder
+                # is one call (and follow mode, which printed it once, knows it by its content).
+                key = json.dumps([record.get(k) for k in ("turn", "call_id", "status", "at")], default=str)
+                if key in seen_tools:
+                    continue
+                seen_tools.add(key)
+                agents = sorted(set(tool_agents[key]))
+                entry = tool_entry(_holder(held, str(record.get("at")), agents) if len(agents) > 1 else agents[0],
+                                   record)
+                ident = ("tool", "", key)
+                if entry["status"] == "done" and entry["at"]:
+                    done_at.setdefault(entry["call_id"], entry["at"])
+            else:
+                continue
+            keyed.append((entry["at"] or "", 0, seq, ident, entry))
+            seq += 1
+    # The shorter transcript first: a copy is as long as its original at most. Of two as long, the
+    # one of the agent that called a model first is the original.
+    transcripts = sorted((raw for raw in raws if raw.source.kind == "message"),
+                         key=lambda r: (len(r.records), min(answered.get(r.source.agent) or ["~"]), r.source.agent))
+    placed: list[tuple[list[dict[str, Any]], list[str]]] = []
+    for raw in transcripts:
+        shared, previous = 0, ""
+        for messages, anchors in placed:
+            count = _new_part(raw.records, [messages])
+            if count > shared:
+                shared, previous = count, anchors[count - 1]
+        times = sorted(answered.get(raw.source.agent, []))
+        anchors = [previous] * shared
+        for index, message in enumerate(raw.records[shared:], start=shared):
+            entry = message_entry(raw.source.agent, message)
+            anchor = previous
+            if entry["role"] == "assistant":
+                later = [t for t in times if t >= previous]
+                if later:
+                    anchor = later[0]
+                    times.remove(anchor)
+            elif entry["role"] == "tool" and entry.get("tool_call_id") in done_at:
+                anchor = max(previous, done_at[entry["tool_call_id"]])
+            entry["at"] = anchor or None
+            anchors.append(anchor)
+            previous = anchor
+            keyed.append((anchor, 1, seq, ("message", raw.source.agent, index), entry))
+            seq += 1
+        placed.append((raw.records, anchors))
+    return [(key, entry) for *_, key, entry in sorted(keyed, key=lambda k: k[:3])]
+
+
+def overview(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """What `task show` adds from the records: the models that answered, the files written (as each
+    agent's scratch-relative path) and the cost so far, unpriced calls counted apart (pure)."""
+    models: dict[tuple[Any, Any], int] = {}
+    calls = []
+    for entry in entries:
+        if entry["kind"] == "model":
+            calls.append((entry["agent"], entry))
+            if entry["outcome"] == "ok":
+                key = (entry["provider"], entry["model"])
+                models[key] = models.get(key, 0) + 1
+    started = {(e["agent"], e["call_id"]): e.get("args") for e in entries
+               if e["kind"] == "tool" and e["status"] == "started"}
+    files: list[dict[str, Any]] = []
+    for entry in entries:
+        if entry["kind"] != "tool" or entry["status"] != "done" or entry.get("outcome") != "ok" \
+                or entry["tool"] not in WRITING_TOOLS:
+            continue
+        args = started.get((entry["agent"], entry["call_id"]))
+        path = args.get("path") if isinstance(args, dict) else None
+        item = {"agent": entry["agent"], "path": path, "tool": entry["tool"]}
+        if isinstance(path, str) and item not in files:
+            files.append(item)
+    total = summarize(calls)["total"]
+    cost = {key: total[key] for key in ("calls", "failed_calls", "tokens_in", "tokens_out", "cost_usd",
+                                        "unpriced_calls", "estimated_calls")}
+    return {"models": [{"provider": p, "model": m, "calls": n} for (p, m), n in models.items()],
+            "files": files, "cost": cost}
