@@ -819,6 +819,7 @@ def read_supervisor_state(ws: Workspace) -> dict[str, Any]:
     return sane_state(read_state(ws.runs_path / "supervisor.json"))
 
 
-# Register the task commands (add, list, show, cancel, answer, retry, move), and `stop`, `start`,
-# `ps`, `task wait` and `task comment`, on the groups above.
+# Register, on the groups above, the task commands (cli_task: add, list, show, cancel, answer, retry,
+# move; cli_tasklog: task log), `events` (cli_events), and `stop`, `start`, `ps`, `task wait` and
+# `task comment` (cli_steer).
 from . import cli_events, cli_steer, cli_task, cli_tasklog  # noqa: E402, F401
