@@ -43,6 +43,7 @@ from .cliargs import (
 )
 from .control import CONTROL_SOCKET, SOCKET_DIR
 from .doctor import run_checks
+from .ingestwarn import recent_rejections
 from .runner import Supervisor, request, tree_rss_mb
 from .spec import build_specs
 from .statefile import read_state
@@ -237,7 +238,7 @@ def board_now(board: Board, members: Team | None) -> dict[str, Any]:
     board.quarantine_damaged(listing.damaged)
     new = [doc for doc in listing.tasks if doc["id"] in set(ingest.get("ingested") or ())]
     return render.board_document(listing.tasks, listing.damaged, ingest, team.reasons(listing.tasks, members),
-                                 team.warnings_for(board, new, members))
+                                 team.warnings_for(board, new, members), recent_rejections(board.root / "rejected"))
 
 
 def team_now(ctx: click.Context) -> Team | None:

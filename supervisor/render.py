@@ -67,9 +67,11 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
 
 def board_document(tasks: list[dict[str, Any]], damaged: list[dict[str, str]],
                    ingest: dict[str, Any] | None = None, reasons: Mapping[str, Waiting] | None = None,
-                   warnings: list[str] | None = None) -> dict[str, Any]:
+                   warnings: list[str] | None = None,
+                   rejected: tuple[list[dict[str, str]], int] | None = None) -> dict[str, Any]:
     """The board as `board --json` prints it. `reasons` (by id) say why a todo or blocked task waits:
-    they replace the note an agent left on it; `warnings` are about tasks just ingested."""
+    they replace the note an agent left on it; `warnings` are about tasks just ingested; `rejected` is
+    the newest notes of rejected/ and how many it holds."""
     columns: dict[str, list[dict[str, Any]]] = {status: [] for status in STATUSES}
     done = {doc["id"] for doc in tasks if doc["status"] == "done"}
     for doc in tasks:
@@ -86,6 +88,7 @@ def board_document(tasks: list[dict[str, Any]], damaged: list[dict[str, str]],
         "damaged": damaged,
         "ingest": ingest or {},
         "warnings": warnings or [],
+        "rejected": {"latest": (rejected or ([], 0))[0], "total": (rejected or ([], 0))[1]},
     }
 
 
@@ -131,10 +134,21 @@ def _damaged(document: dict[str, Any]) -> list[Text]:
     return [literal(f"damaged: {item['path']}: {item['reason']}", "red") for item in document["damaged"]]
 
 
+def _rejected(document: dict[str, Any]) -> list[Text]:
+    """The footer of rejected drops: the newest with their reason, and how many rejected/ holds."""
+    rejected = document.get("rejected") or {}
+    latest, total = rejected.get("latest") or [], int(rejected.get("total") or 0)
+    # The board's note names the file and says why: "inbox/x.md was rejected on TIME: REASON".
+    lines = [Text.assemble(("rejected:", "red"), " ", literal(item["note"], one_line=True)) for item in latest]
+    if total > len(latest):
+        lines.append(Text(f"... {total - len(latest)} more in rejected/", style="dim"))
+    return lines
+
+
 def print_board(console: Console, document: dict[str, Any]) -> None:
     console.print(board_picture(document))
-    for line in _damaged(document):
-        console.print(line)
+    for line in [*_damaged(document), *_rejected(document)]:
+        console.print(line, soft_wrap=True)
     print_ingest(console, document.get("ingest") or {})
     for warning in document.get("warnings") or []:
         console.print(Text.assemble(("warning", "yellow"), " ", literal(warning)))
@@ -144,7 +158,7 @@ def watched_board(document: dict[str, Any], mode: str) -> Group:
     """The picture `board --watch` redraws, with a line saying when and how it is watching."""
     note = Text(f"{time.strftime('%H:%M:%S')}  watching the board ({mode} events); Ctrl-C to stop", style="dim")
     warnings = [Text.assemble(("warning", "yellow"), " ", literal(line)) for line in document.get("warnings") or []]
-    return Group(board_picture(document), *_damaged(document), *warnings, note)
+    return Group(board_picture(document), *_damaged(document), *_rejected(document), *warnings, note)
 
 
 def print_ingest(console: Console, ingest: dict[str, Any]) -> None:

@@ -3,10 +3,12 @@ real teams (a real `up`, the scripted LLM server) and the pure parts alone."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from hermes_sup.kanban import Board
 from hermes_sup.supervisor import render
 from hermes_sup.supervisor.cli_logs import SinceFilter, parse_since
 
-from .conftest import wait_until
+from .conftest import CLI, wait_until
 from .test_supervisor import hermes, llm_workspace, make_ws
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -171,3 +173,60 @@ def test_logs_since_and_piped_output_one_line_each_without_colour(tmp_path):
     assert wrong.returncode == 2 and "--since wants" in wrong.stderr and wrong.stdout == ""
     everything = hermes(ws, "logs")
     assert "beta  | no time at all" in everything.stdout.splitlines()
+
+
+# -- rejected drops ---------------------------------------------------------------------------------
+
+def test_rejection_lines_come_from_the_records_that_say_rejected():
+    from hermes_sup.supervisor.ingestwarn import rejections
+
+    records = [{"task": "a.json", "from": "inbox", "to": "rejected", "by": "ingest", "note": "missing title"},
+               {"task": "t1", "from": "todo", "to": "doing", "by": "w", "note": ""},
+               {"task": ["forged"], "to": "rejected"},
+               {"task": "x" * 1000, "to": "rejected", "note": None}]
+    assert rejections(records) == ["rejected a.json: missing title", f"rejected {'x' * 120}: no reason given"]
+
+
+def test_recent_rejections_are_newest_first_and_a_planted_fifo_is_not_read(tmp_path):
+    from hermes_sup.supervisor.ingestwarn import recent_rejections
+
+    folder = tmp_path / "rejected"
+    folder.mkdir()
+    for index in range(7):
+        note = folder / f"drop-{index}.json.error.txt"
+        note.write_text(f"inbox/drop-{index}.json was rejected on then: reason {index}\nFix the file.\n")
+        os.utime(note, (1_000_000 + index, 1_000_000 + index))
+    os.mkfifo(folder / "trap.error.txt")
+    latest, total = recent_rejections(folder, 3)
+    assert total == 7 and [item["file"] for item in latest] == ["drop-6.json", "drop-5.json", "drop-4.json"]
+    assert latest[0]["note"] == "inbox/drop-6.json was rejected on then: reason 6"
+    assert recent_rejections(tmp_path / "missing") == ([], 0)
+
+
+def test_a_rejected_drop_shows_at_once_in_ups_stream_and_in_board_and_board_watch(tmp_path, up):
+    ws = make_ws(tmp_path, "- name: runner\n")
+    up(ws)
+    watch = subprocess.Popen([*CLI, "-w", str(ws), "board", "--watch"], cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        seen: list[str] = []
+        reader = threading.Thread(target=lambda: seen.extend(iter(watch.stdout.readline, "")), daemon=True)
+        reader.start()
+        wait_until(lambda: any("todo" in line for line in seen), timeout=60)  # drawn once
+        drop = ws / "kanban" / "inbox" / "no-title.json"
+        drop.write_bytes(b'{"body": "no title here"}')
+        then = time.time() - 5
+        os.utime(drop, (then, then))
+        wait_until(lambda: "rejected no-title.json: " in (tmp_path / "up.log").read_text(), timeout=60)
+        assert re.search(r"^\d\d:\d\d:\d\d rejected no-title\.json: .*missing title.*$",
+                         (tmp_path / "up.log").read_text(), re.M)
+        wait_until(lambda: any(line.startswith("rejected: inbox/no-title.json was rejected on") for line in seen),
+                   timeout=60)
+    finally:
+        watch.terminate()
+        watch.wait(timeout=30)
+    shown = hermes(ws, "board")
+    assert any(line.startswith("rejected: inbox/no-title.json was rejected on") and "missing title" in line
+               for line in shown.stdout.splitlines()), shown.stdout
+    document = json.loads(hermes(ws, "board", "--json").stdout)
+    assert document["rejected"]["total"] == 1 and document["rejected"]["latest"][0]["file"] == "no-title.json"
