@@ -16,16 +16,32 @@ import time
 from pathlib import Path
 
 import click
+from hermes_sup.kanban.events import EventTail
 from hermes_sup.kanban.fsio import read_complete_lines
 from rich.text import Text
 
 from . import render
 from .cli import Failure, err, handled, is_regular, literal, main, workspace_of
+from .ingestwarn import recent_rejections, rejections
 from .spec import build_specs
 from .workspace import load_config
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+BOARD = "board"  # the name the board's rejections go under in `logs` without AGENT
+_EVENT_AT = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
+
+
+def event_stamp(at: object, now: float) -> str:
+    """An event's time (`at`, as the board writes it) as a log line's stamp; `now` for one that is
+    not a time (anyone who can write the log can write it) (pure given `now`)."""
+    found = _EVENT_AT.match(at) if isinstance(at, str) else None
+    return f"{found.group()}Z" if found else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+
+
+def rejection_lines(records: list[dict[str, object]], now: float) -> list[str]:
+    """The stamped lines `logs` shows for the board's rejection events among `records` (pure given `now`)."""
+    return [f"{event_stamp(record.get('at'), now)} {line}" for record in records for line in rejections([record])]
 
 
 def parse_since(text: str, now: float) -> float:
@@ -95,8 +111,8 @@ class Printer:
         self.colour = sys.stdout.isatty()
         self.filters = {name: SinceFilter(since) for name in names}
 
-    def print(self, name: str, raw: bytes) -> None:
-        line = raw.decode("utf-8", "replace")
+    def print(self, name: str, raw: bytes | str) -> None:
+        line = raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
         if not self.filters[name].keep(line):
             return
         prefix = render.visible(f"{name:<{self.width}}")
@@ -114,7 +130,8 @@ class Printer:
 @click.pass_context
 @handled
 def logs(ctx: click.Context, agent: str | None, follow: bool, lines: int, since: str | None) -> None:
-    """The agents' logs (or one agent's), prefixed by name, each line with the time it was written."""
+    """The agents' logs (or one agent's), prefixed by name, each line with the time it was written;
+    without AGENT also the drops the board rejected, under `board`."""
     ws = workspace_of(ctx)
     try:
         after = parse_since(since, time.time()) if since is not None else None
@@ -127,7 +144,8 @@ def logs(ctx: click.Context, agent: str | None, follow: bool, lines: int, since:
     if agent is not None and agent not in names:
         raise Failure(f"no agent named {agent!r}; agents: {', '.join(names)}", 2)
     chosen = [agent] if agent else names
-    printer = Printer(chosen, after)
+    board = agent is None and BOARD not in names
+    printer = Printer([*chosen, *([BOARD] if board else [])], after)
     offsets = {}
     for name in list(chosen):
         path = ws.runs_path / name / "agent.log"
@@ -142,11 +160,20 @@ def logs(ctx: click.Context, agent: str | None, follow: bool, lines: int, since:
         tail, offsets[name] = found
         for line in tail:
             printer.print(name, line)
+    events = None
+    if board:
+        # Marked before the notes are read: a rejection in between is shown twice rather than never.
+        events = EventTail(ws.board_path / "events.jsonl")
+        events.seek_end()
+        notes, _total = recent_rejections(ws.board_path / "rejected", 1000 if count is None else count)
+        for item in reversed(notes):  # oldest first, as a log reads
+            printer.print(BOARD, f"{item['at']} rejected {item['file']}: {item['note']}")
     if follow:
-        follow_logs(ws.runs_path, chosen, offsets, printer)
+        follow_logs(ws.runs_path, chosen, offsets, printer, events)
 
 
-def follow_logs(runs: Path, chosen: list[str], offsets: dict[str, int], printer: Printer) -> None:
+def follow_logs(runs: Path, chosen: list[str], offsets: dict[str, int], printer: Printer,
+                events: EventTail | None) -> None:
     """Print the lines the agents add until Ctrl-C or SIGTERM, which end it as its help says (exit
     0), not as an abort (click's "Aborted!", exit 1), the same as `board --watch`."""
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -159,3 +186,6 @@ def follow_logs(runs: Path, chosen: list[str], offsets: dict[str, int], printer:
                 new_lines, offsets[name] = read_complete_lines(runs / name / "agent.log", offsets.get(name, 0))
                 for line in new_lines:
                     printer.print(name, line)
+            if events is not None and is_regular(events.path):
+                for line in rejection_lines(events.read_new(), time.time()):
+                    printer.print(BOARD, line)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import time
 from pathlib import Path
 from typing import Any
 
@@ -100,8 +101,8 @@ NOTE_BYTES = 1024
 
 
 def recent_rejections(folder: Path, count: int = 5) -> tuple[list[dict[str, str]], int]:
-    """The newest `count` notes in rejected/ (name and first line, newest first) and how many there
-    are. A planted FIFO or device named *.error.txt is passed over without being read."""
+    """The newest `count` notes in rejected/ (name, first line, and when it was written, newest first)
+    and how many there are. A planted FIFO or device named *.error.txt is passed over without being read."""
     found = []
     with contextlib.suppress(OSError), os.scandir(folder) as entries:
         for entry in entries:
@@ -112,12 +113,13 @@ def recent_rejections(folder: Path, count: int = 5) -> tuple[list[dict[str, str]
                         found.append((info.st_mtime, entry.name))
     found.sort(reverse=True)
     notes = []
-    for _mtime, name in found[:count]:
+    for mtime, name in found[:count]:
         try:
             fd = os.open(folder / name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
             with os.fdopen(fd, "rb") as handle:
                 text = handle.read(NOTE_BYTES).decode("utf-8", "replace")
         except OSError:
             continue
-        notes.append({"file": name[: -len(ERROR_SUFFIX)], "note": (text.splitlines() or [""])[0][:REASON_CHARS]})
+        notes.append({"file": name[: -len(ERROR_SUFFIX)], "note": (text.splitlines() or [""])[0][:REASON_CHARS],
+                      "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(mtime))})
     return notes, len(found)

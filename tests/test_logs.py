@@ -230,3 +230,43 @@ def test_a_rejected_drop_shows_at_once_in_ups_stream_and_in_board_and_board_watc
                for line in shown.stdout.splitlines()), shown.stdout
     document = json.loads(hermes(ws, "board", "--json").stdout)
     assert document["rejected"]["total"] == 1 and document["rejected"]["latest"][0]["file"] == "no-title.json"
+
+
+def test_event_stamps_and_rejection_lines_for_logs():
+    from hermes_sup.supervisor.cli_logs import event_stamp, rejection_lines
+
+    assert event_stamp("2026-11-22T17:58:30.123456Z", 0) == "2026-11-22T17:58:30Z"
+    assert event_stamp("forged\nline", 0) == event_stamp(None, 0) == "1970-01-01T00:00:00Z"
+    records = [{"at": "2026-11-22T17:58:30.1Z", "task": "a.json", "to": "rejected", "note": "missing title"},
+               {"at": "2026-11-22T17:58:31.1Z", "task": "t", "to": "done"}]
+    assert rejection_lines(records, 0) == ["2026-11-22T17:58:30Z rejected a.json: missing title"]
+
+
+def test_logs_shows_the_boards_rejections_in_its_tail_and_while_following(tmp_path):
+    ws = make_ws(tmp_path, "- name: alpha\n")
+
+    def drop(name: str) -> None:
+        path = ws / "kanban" / "inbox" / name
+        path.write_bytes(b'{"body": "no title here"}')
+        os.utime(path, (time.time() - 5, time.time() - 5))
+        assert hermes(ws, "board").returncode == 0  # a board command ingests what waits in inbox/
+
+    drop("first.json")
+    shown = hermes(ws, "logs").stdout.splitlines()
+    assert len(shown) == 1 and re.fullmatch(rf"board \| {STAMP} rejected first\.json: inbox/first\.json was "
+                                            r"rejected on .*missing title.*", shown[0]), shown
+    assert hermes(ws, "logs", "alpha").stdout == "", "one agent's logs are that agent's only"
+    assert hermes(ws, "logs", "--since", "2099-01-01T00:00:00Z").stdout == ""
+    follow = subprocess.Popen([*CLI, "-w", str(ws), "logs", "-f", "-n", "1"], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        seen: list[str] = []
+        threading.Thread(target=lambda: seen.extend(iter(follow.stdout.readline, "")), daemon=True).start()
+        # Its tail is printed once it has marked where the events it follows begin.
+        wait_until(lambda: any("rejected first.json" in line for line in seen), timeout=60)
+        drop("second.json")
+        wait_until(lambda: any("rejected second.json: missing title" in line for line in seen), timeout=60)
+        assert sum("first.json" in line for line in seen) == 1 and len(seen) == 2, seen
+    finally:
+        follow.terminate()
+        follow.wait(timeout=30)
