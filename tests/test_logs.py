@@ -204,6 +204,7 @@ def test_recent_rejections_are_newest_first_and_a_planted_fifo_is_not_read(tmp_p
 
 
 def test_a_rejected_drop_shows_at_once_in_ups_stream_and_in_board_and_board_watch(tmp_path, up):
+    name = "no-title-" + "x" * 90 + ".json"  # a line longer than a terminal: never wrapped when piped
     ws = make_ws(tmp_path, "- name: runner\n")
     up(ws)
     watch = subprocess.Popen([*CLI, "-w", str(ws), "board", "--watch"], cwd=ROOT, stdout=subprocess.PIPE,
@@ -213,23 +214,23 @@ def test_a_rejected_drop_shows_at_once_in_ups_stream_and_in_board_and_board_watc
         reader = threading.Thread(target=lambda: seen.extend(iter(watch.stdout.readline, "")), daemon=True)
         reader.start()
         wait_until(lambda: any("todo" in line for line in seen), timeout=60)  # drawn once
-        drop = ws / "kanban" / "inbox" / "no-title.json"
+        drop = ws / "kanban" / "inbox" / name
         drop.write_bytes(b'{"body": "no title here"}')
         then = time.time() - 5
         os.utime(drop, (then, then))
-        wait_until(lambda: "rejected no-title.json: " in (tmp_path / "up.log").read_text(), timeout=60)
-        assert re.search(r"^\d\d:\d\d:\d\d rejected no-title\.json: .*missing title.*$",
+        wait_until(lambda: f"rejected {name}: " in (tmp_path / "up.log").read_text(), timeout=60)
+        assert re.search(rf"^\d\d:\d\d:\d\d rejected {re.escape(name)}: .*missing title.*$",
                          (tmp_path / "up.log").read_text(), re.M)
-        wait_until(lambda: any(line.startswith("rejected: inbox/no-title.json was rejected on") for line in seen),
+        wait_until(lambda: any(line.startswith(f"rejected: inbox/{name} was rejected on") for line in seen),
                    timeout=60)
     finally:
         watch.terminate()
         watch.wait(timeout=30)
     shown = hermes(ws, "board")
-    assert any(line.startswith("rejected: inbox/no-title.json was rejected on") and "missing title" in line
+    assert any(line.startswith(f"rejected: inbox/{name} was rejected on") and "missing title" in line
                for line in shown.stdout.splitlines()), shown.stdout
     document = json.loads(hermes(ws, "board", "--json").stdout)
-    assert document["rejected"]["total"] == 1 and document["rejected"]["latest"][0]["file"] == "no-title.json"
+    assert document["rejected"]["total"] == 1 and document["rejected"]["latest"][0]["file"] == name
 
 
 def test_event_stamps_and_rejection_lines_for_logs():
@@ -270,3 +271,19 @@ def test_logs_shows_the_boards_rejections_in_its_tail_and_while_following(tmp_pa
     finally:
         follow.terminate()
         follow.wait(timeout=30)
+
+
+def test_steps_log_blocked_with_the_question_and_released_when_the_agent_stops(tmp_path, up):
+    ws = make_ws(tmp_path, "- name: runner\n")
+    board = Board(ws / "kanban")
+    asks = board.add({"title": "asks", "steps": [{"tool": "ask_human", "args": {"question": "which\nbranch?"}}]})
+    up(ws)
+    wait_until(lambda: f"blocked {asks['id']}" in log_of(ws, "runner"), timeout=60)
+    slow = board.add({"title": "slow", "steps": [{"tool": "wait", "args": {"seconds": 120}}]})
+    wait_until(lambda: f"claimed {slow['id']}" in log_of(ws, "runner"), timeout=60)
+    assert hermes(ws, "stop", "runner").returncode == 0
+    wait_until(lambda: f"released {slow['id']}" in log_of(ws, "runner"), timeout=60)
+    board.close()
+    said = [line.split(": ", 1)[1] for line in log_of(ws, "runner").splitlines() if re.match(f"{STAMP} runner: ", line)]
+    assert f"blocked {asks['id']}: question: which branch?" in said, said
+    assert any(re.fullmatch(rf"released {slow['id']}: stopping \(.+\)", line) for line in said), said
