@@ -750,6 +750,6 @@ def read_supervisor_state(ws: Workspace) -> dict[str, Any]:
     return sane_state(read_state(ws.runs_path / "supervisor.json"))
 
 
-# Register the task commands (add, list, show, cancel, answer, retry, move), and `stop`, `start`,
-# `ps`, `task wait` and `task comment`, on the groups above.
+# Register the task commands (add, list, show, cancel, answer, retry, move), `logs` (cli_logs), and
+# `stop`, `start`, `ps`, `task wait` and `task comment`, on the groups above.
 from . import cli_events, cli_logs, cli_steer, cli_task  # noqa: E402, F401
