@@ -35,6 +35,7 @@ from hermes_sup.kanban.parse import load_json
 from hermes_sup.kanban.task import now_iso
 
 from .journal import Journal
+from .logline import call_line, model_line, say
 from .providers import Attempt, Provider, ProviderError, abort, complete_with_fallback
 from .tools import NeedsPerson, Refused, Toolbox, ToolContext, ToolError
 from .translate import Message, Usage, text_tool_calls
@@ -330,6 +331,7 @@ class TaskLoop:
         self.summarizer = summarizer or chain
         self.keep_recent = keep_recent
         self.on_step = on_step
+        self.agent = agent
         self.spent_tokens = 0
         self.spent_cost = 0.0
         self.chain = chain
@@ -422,6 +424,7 @@ class TaskLoop:
     def _write_llm_record(self, attempt: Attempt) -> None:
         record = llm_record(self.task["id"], attempt, self.prices)
         self.llm_log.append(record)
+        say(self.agent or "agent", model_line(record))
         self.spent_tokens += record["tokens_in"] + record["tokens_out"]
         self.spent_cost += record["cost_usd"] or 0.0
 
@@ -479,12 +482,14 @@ class TaskLoop:
         return done, started
 
     def _record(self, messages: list[Message], turn: str, call_id: str, name: str, text: str, outcome: str,
-                started_at: float) -> None:
+                started_at: float, args: Any = None) -> None:
         text = text[:MAX_RESULT_CHARS]
         is_error = outcome != "ok"
+        duration = time.monotonic() - started_at
         self.tool_log.append({"at": now_iso(), "task": self.task["id"], "turn": turn, "call_id": call_id,
                               "tool": name, "status": "done", "outcome": outcome, "result": text,
-                              "is_error": is_error, "duration_s": round(time.monotonic() - started_at, 3)})
+                              "is_error": is_error, "duration_s": round(duration, 3)})
+        say(self.agent or "agent", call_line(self.task["id"], "tool", name, args, outcome, duration, text))
         fault("tool-done")  # the result is logged, not yet in the transcript
         self._append(messages, {"role": "tool", "tool_call_id": call_id, "content": text,
                                 **({"is_error": True} if is_error else {})})
@@ -538,7 +543,7 @@ class TaskLoop:
             try:
                 self.toolbox.check(name, args)
             except Refused as exc:  # never run, so nothing to resume: logged as done, refused
-                self._record(messages, turn, call_id, name, str(exc), "refused", started_at)
+                self._record(messages, turn, call_id, name, str(exc), "refused", started_at, args)
                 continue
             self.tool_log.append({"at": now_iso(), "task": self.task["id"], "turn": turn, "call_id": call_id,
                                   "tool": name, "args": args, "status": "started"})
@@ -550,7 +555,7 @@ class TaskLoop:
                 raise
             except ToolError as exc:
                 text, outcome = f"error: {exc}", "error"
-            self._record(messages, turn, call_id, name, text, outcome, started_at)
+            self._record(messages, turn, call_id, name, text, outcome, started_at, args)
 
     # -- the loop ---------------------------------------------------------------------------------
 

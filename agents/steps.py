@@ -29,6 +29,7 @@ from hermes_sup.kanban.faults import fault
 from hermes_sup.kanban.task import now_iso
 
 from .journal import Journal
+from .logline import call_line, say
 from .loop import ASK_HUMAN, MAX_RESULT_CHARS, answer_since, holders
 from .tools import NeedsPerson, Refused, Toolbox, ToolContext, ToolError, run_step
 
@@ -114,6 +115,7 @@ class StepRun:
         self.ctx = ctx
         self.toolbox = toolbox
         self.on_step = on_step
+        self.agent = agent
         self.log = Journal(workdir / "tool_calls.jsonl")
         previous, _others = holders(task, agent)
         self.previous = workdir.parent / previous if previous else None
@@ -164,18 +166,20 @@ class StepRun:
             except ToolError as exc:
                 if self.ctx.stop.is_set():
                     raise InterruptedError from None
-                self._done(call_id, name, f"error: {exc}", "error", started)
+                self._done(call_id, name, f"error: {exc}", "error", started, step.get("args"))
                 # A refused step (unknown tool, a capability the agent lacks, bad arguments) is
                 # refused again on every attempt: the task fails now, not after max_attempts.
                 return Outcome("failed", results, f"step {index + 1} ({name}): {exc}",
                                permanent=isinstance(exc, Refused))
-            self._done(call_id, name, value, "ok", started)
+            self._done(call_id, name, value, "ok", started, step.get("args"))
             fault("step-done")
             results.append(value)
         return Outcome("done", results)
 
-    def _done(self, call_id: str, name: str, value: Any, outcome: str, started: float) -> None:
+    def _done(self, call_id: str, name: str, value: Any, outcome: str, started: float, args: Any = None) -> None:
         text = value if isinstance(value, str) else repr(value)
+        say(self.agent, call_line(self.task["id"], call_id.replace("-", " "), name, args, outcome,
+                                  time.monotonic() - started, text))
         self.log.append({"at": now_iso(), "task": self.task["id"], "turn": TURN, "call_id": call_id, "tool": name,
                          "status": "done", "outcome": outcome, "result": text[:MAX_RESULT_CHARS],
                          **({"value": value} if not isinstance(value, str) and _plain(value) else {}),

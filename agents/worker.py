@@ -29,6 +29,7 @@ from . import builtins  # noqa: F401 - registers the built-in tools
 from .delegation import Delegator, watch_parent
 from .journal import Journal
 from .keys import ENV_FILE, KeyFile, key_names
+from .logline import say, short
 from .loop import TaskLoop, ToolUse, interruptible, llm_record
 from .memory import MemoryFile
 from .notify import NOTIFY_ENV, Notifier
@@ -215,7 +216,7 @@ class Agent:
             if said != self._auto_said:  # which server auto adopted, or passed over, once per change
                 self._auto_said = said
                 for line in said:
-                    print(f"{self.name}: {line}", flush=True)
+                    say(self.name, f"{line}")
             self._auto = (now, found)
         return self._auto[1]
 
@@ -252,7 +253,7 @@ class Agent:
         enabled = None if "skills" in grants else set(self.config.get("skills") or ())
         extra, notes = self.skills.tools_for(enabled)
         for note in notes:
-            print(f"{self.name}: {note}", flush=True)
+            say(self.name, f"{note}")
         return Toolbox(grants=grants, toolsets=self.toolsets, extra=extra, whose=whose)
 
     def ask_model(self, tier: str, prompt: str, stop: threading.Event | None = None, *, task: str = "-",
@@ -323,7 +324,7 @@ class Agent:
             self._interrupted(task_id, token)
             return
         for note in loop.notes:
-            print(f"{self.name}: {note}", flush=True)
+            say(self.name, f"{note}")
         for warning in outcome.warnings:  # before the close: a person reading the result sees it
             with contextlib.suppress(BoardError):
                 self.board.comment(task_id, warning, by=self.name)
@@ -339,24 +340,28 @@ class Agent:
         try:
             if kind == "done":
                 self.board.complete(task_id, token, result)
+                say(self.name, f"done {task_id}")
             elif kind == "blocked" and question is not None:
                 self.board.block(task_id, token, f"question: {question} (answer it with `hermes-sup task answer "
                                                  f"{task_id} TEXT`)", question=question)
+                say(self.name, f"blocked {task_id}: question: {short(question)}")
             elif kind == "blocked":
                 self.board.block(task_id, token, reason)
+                say(self.name, f"blocked {task_id}: {short(reason)}")
             else:
                 self.board.fail(task_id, token, reason, permanent=permanent)
+                say(self.name, f"failed {task_id}: {short(reason)}")
         except ClaimLost as exc:
-            print(f"{self.name}: lost task {task_id}: {exc}", file=sys.stderr, flush=True)
+            say(self.name, f"lost task {task_id}: {exc}", error=True)
 
     def _wait_for_provider(self, task_id: str, token: int, reason: str, retry_at: float | None) -> None:
         """Every provider refused its connection: the task goes back to todo with its attempt (a
         server that is not there is not the task's fault), and LLM tasks wait, saying why, until the
         first provider may be tried again."""
         self._paused = (retry_at if retry_at is not None else time.time() + OFFLINE_RECHECK, reason)
-        print(f"{self.name}: {reason}; {task_id} goes back to todo", flush=True)
         with contextlib.suppress(ClaimLost):
             self.board.release(task_id, token, f"released: {reason}")
+            say(self.name, f"released {task_id}: {short(reason)}; it goes back to todo")
 
     def _waiting_reason(self) -> tuple[str, float] | None:
         """Why LLM tasks are left in todo now, and for how long at most, or None when they are not."""
@@ -378,17 +383,19 @@ class Agent:
         if self.stop.is_set():
             with contextlib.suppress(ClaimLost):
                 self.board.release(task_id, token, f"released: {self.name} is stopping ({self.why_stopping})")
+                say(self.name, f"released {task_id}: stopping ({short(self.why_stopping)})")
                 return
         why = self._claim_lost(task_id, token) or "its claim was lost"
-        print(f"{self.name}: stopped work on {task_id}: {why}", flush=True)
+        say(self.name, f"stopped work on {task_id}: {short(why)}")
         try:
             doc = self.board.get(task_id)
         except BoardError:
             return
         if doc["status"] == "cancelled":
             by = (doc["history"][-1] if doc["history"] else {}).get("by") or "someone"
+            say(self.name, f"cancelled {task_id} (by {short(by)})")
             for sub in self.delegator.cancel_subtasks(task_id, f"its parent task {task_id} was cancelled (by {by})"):
-                print(f"{self.name}: cancelled {sub}, a subtask of {task_id}", flush=True)
+                say(self.name, f"cancelled {sub}, a subtask of {task_id}")
 
     def _claim_lost(self, task_id: str, token: int) -> str | None:
         try:
@@ -478,7 +485,7 @@ class Agent:
         self.has_llm()  # names the provider in state.json from the first write on
         self.write_state("idle")
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
-        print(f"{self.name}: ready (pid {os.getpid()}, roles {', '.join(self.roles) or '-'})", flush=True)
+        say(self.name, f"ready (pid {os.getpid()}, roles {', '.join(self.roles) or '-'})")
         while not self.stop.is_set():
             if self.only_task is not None and self._only_task_closed():
                 self.request_stop(f"its task {self.only_task} is closed")
@@ -500,7 +507,7 @@ class Agent:
             with self._lock:
                 self.current = doc
             self.notifier.send(TASK=doc["id"])  # at once, not at the next heartbeat
-            print(f"{self.name}: working on {doc['id']}: {doc['title']}", flush=True)
+            say(self.name, f"claimed {doc['id']} ({short(doc['title'])})")
             try:
                 self.work(doc)
             finally:
@@ -511,7 +518,7 @@ class Agent:
             self.rotate_log()
         self.write_state("stopped")
         self.notifier.send(STOPPING=1)
-        print(f"{self.name}: stopped ({self.why_stopping})", flush=True)
+        say(self.name, f"stopped ({self.why_stopping})")
         self.board.close()
         return 0
 

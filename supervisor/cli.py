@@ -43,6 +43,7 @@ from .cliargs import (
 )
 from .control import CONTROL_SOCKET, SOCKET_DIR
 from .doctor import run_checks
+from .ingestwarn import recent_rejections
 from .runner import Supervisor, request, tree_rss_mb
 from .spec import build_specs
 from .statefile import read_state
@@ -237,7 +238,7 @@ def board_now(board: Board, members: Team | None) -> dict[str, Any]:
     board.quarantine_damaged(listing.damaged)
     new = [doc for doc in listing.tasks if doc["id"] in set(ingest.get("ingested") or ())]
     return render.board_document(listing.tasks, listing.damaged, ingest, team.reasons(listing.tasks, members),
-                                 team.warnings_for(board, new, members))
+                                 team.warnings_for(board, new, members), recent_rejections(board.root / "rejected"))
 
 
 def team_now(ctx: click.Context) -> Team | None:
@@ -360,7 +361,8 @@ def up(ctx: click.Context, detach: bool, agents_csv: str | None) -> None:
     console = out if live else err
     try:
         supervisor = Supervisor(ws, config, only=only, say=lambda line: console.print(
-            Text.assemble((time.strftime("%H:%M:%S"), "dim"), " ", literal(line)), highlight=False))
+            Text.assemble((time.strftime("%H:%M:%S"), "dim"), " ", literal(line)), highlight=False,
+            soft_wrap=True))  # one line each, piped or not
         tail = LogTail(supervisor.children, out)
         tail.start()
         if live:
@@ -436,8 +438,8 @@ class LogTail:
                 continue
             lines, self.offsets[name] = read_complete_lines(child.spec.workdir / "agent.log", self.offsets.get(name, 0))
             for line in lines:
-                self.console.print(Text.assemble((visible(f"{name:<{width}}"), "cyan"), " | ",
-                                                 literal(line.decode("utf-8", "replace"), one_line=True)),
+                self.console.print(Text.assemble((visible(f"{name:<{width}}"), render.agent_colour(name)), " | ",
+                                                 render.log_text(name, line.decode("utf-8", "replace"))),
                                    highlight=False, soft_wrap=True)  # a log line stays one line
 
 
@@ -735,53 +737,6 @@ def skills_rollback(ctx: click.Context, name: str, version: int | None, as_json:
                       f"{': ' + skill.error if skill.error else ''})"), highlight=False)
 
 
-@main.command()
-@click.argument("agent", required=False)
-@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines (Ctrl-C stops).")
-@click.option("-n", "lines", type=click.IntRange(0, 10**9), default=20, show_default=True, help="Lines of each log.")
-@click.pass_context
-@handled
-def logs(ctx: click.Context, agent: str | None, follow: bool, lines: int) -> None:
-    """The agents' logs (or one agent's), prefixed by name."""
-    ws = workspace_of(ctx)
-    names = [spec.name for spec in build_specs(load_config(ws.config_path), ws.root)]
-    if agent is not None and agent not in names:
-        raise Failure(f"no agent named {agent!r}; agents: {', '.join(names)}", 2)
-    chosen = [agent] if agent else names
-    width = max((len(name) for name in chosen), default=0)
-    offsets = {}
-    for name in list(chosen):
-        path = ws.runs_path / name / "agent.log"
-        try:
-            found = last_lines(path, lines)
-        except Failure as exc:
-            err.print(Text.assemble(("note:", "yellow"), " ", literal(str(exc))))
-            chosen.remove(name)
-            continue
-        if found is None:
-            continue
-        tail, offsets[name] = found
-        for line in tail:
-            click.echo(visible(f"{name:<{width}} | {line.decode('utf-8', 'replace')}", one_line=True))
-    if follow:
-        follow_logs(ws.runs_path, chosen, offsets, width)
-
-
-def follow_logs(runs: Path, chosen: list[str], offsets: dict[str, int], width: int) -> None:
-    """Print the lines the agents add until Ctrl-C or SIGTERM, which end it as its help says (exit
-    0), not as an abort (click's "Aborted!", exit 1), the same as `board --watch`."""
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    with contextlib.suppress(KeyboardInterrupt):
-        while True:
-            time.sleep(0.2)
-            for name in chosen:
-                if not is_regular(runs / name / "agent.log"):
-                    continue
-                new_lines, offsets[name] = read_complete_lines(runs / name / "agent.log", offsets.get(name, 0))
-                for line in new_lines:
-                    click.echo(visible(f"{name:<{width}} | {line.decode('utf-8', 'replace')}", one_line=True))
-
-
 def is_regular(path: Path) -> bool:
     """Whether `path` is a regular file: a log an agent replaced by a FIFO would block its reader
     (up's log thread, then up's shutdown) forever."""
@@ -791,35 +746,11 @@ def is_regular(path: Path) -> bool:
         return False
 
 
-TAIL_BLOCK = 1 << 16
-
-
-def last_lines(path: Path, count: int) -> tuple[list[bytes], int] | None:
-    """The last `count` lines of a log and its size, read backwards from its end (a log can be
-    large); None if it is not there. A FIFO or a device in its place (/dev/zero never ends) is
-    refused without reading it."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise Failure(f"{path} is not a regular file; not reading it")
-        data, start = b"", info.st_size
-        while start > 0 and data.count(b"\n") <= count:
-            step = min(TAIL_BLOCK, start)
-            start -= step
-            handle.seek(start)
-            data = handle.read(step) + data
-    return (data.splitlines()[-count:] if count else []), info.st_size
-
-
 def read_supervisor_state(ws: Workspace) -> dict[str, Any]:
     return sane_state(read_state(ws.runs_path / "supervisor.json"))
 
 
 # Register, on the groups above, the task commands (cli_task: add, list, show, cancel, answer, retry,
-# move; cli_tasklog: task log), `events` (cli_events), and `stop`, `start`, `ps`, `task wait` and
-# `task comment` (cli_steer).
-from . import cli_events, cli_steer, cli_task, cli_tasklog  # noqa: E402, F401
+# move; cli_tasklog: task log), `events` (cli_events), `logs` (cli_logs), and `stop`, `start`, `ps`,
+# `task wait` and `task comment` (cli_steer).
+from . import cli_events, cli_logs, cli_steer, cli_task, cli_tasklog  # noqa: E402, F401

@@ -1,4 +1,4 @@
-"""The supervisor's warning, at once, about a dropped task no agent of its team could ever claim.
+"""The supervisor's word, at once, on a drop rejected and on a dropped task no agent could ever claim.
 
 Agents ingest the drops while the team runs, so the supervisor learns of a new task from the board's
 events: a thread tails events.jsonl (a stat every POLL seconds, the new lines only), reads each task
@@ -11,6 +11,10 @@ is judged.
 from __future__ import annotations
 
 import contextlib
+import os
+import stat
+import time
+from pathlib import Path
 from typing import Any
 
 from hermes_sup.kanban import Board, BoardError
@@ -21,6 +25,7 @@ from hermes_sup.kanban.why import Member, Team, claim_warnings
 from .loopthread import LoopThread
 
 POLL = 0.5  # seconds between looks at events.jsonl's size
+NAME_CHARS, REASON_CHARS = 120, 300
 
 
 def ingested(records: list[dict[str, Any]]) -> list[str]:
@@ -28,6 +33,14 @@ def ingested(records: list[dict[str, Any]]) -> list[str]:
     return [str(record["task"]) for record in records
             if record.get("by") == "ingest" and record.get("from") == "inbox" and record.get("to") in STATUSES
             and is_valid_id(record.get("task"))]
+
+
+def rejections(records: list[dict[str, Any]]) -> list[str]:
+    """A line for each drop or task file the records say was set aside in rejected/, with its reason,
+    cut short: anyone who can write the log can write a record (pure)."""
+    return [f"rejected {str(record['task'])[:NAME_CHARS]}: "
+            f"{str(record.get('note') or 'no reason given')[:REASON_CHARS]}"
+            for record in records if record.get("to") == "rejected" and isinstance(record.get("task"), str)]
 
 
 def team_of(specs: Any) -> Team:
@@ -61,7 +74,10 @@ class IngestWarnings(LoopThread):
             if not self._grew():
                 continue
             try:
-                self.check(ingested(self._tail.read_new()))
+                records = self._tail.read_new()
+                for line in rejections(records):  # said at once: the drop is gone from inbox/
+                    self._post(line)
+                self.check(ingested(records))
             except Exception as exc:  # a board read failing is no reason to stop warning later
                 self._post(f"board: could not check the tasks just ingested ({type(exc).__name__}: {exc})")
 
@@ -78,3 +94,32 @@ class IngestWarnings(LoopThread):
                     statuses[dep] = self.board.get(dep)["status"]
             for line in claim_warnings(doc, statuses, team):
                 self._post(f"ingest: warning: {line}")
+
+
+ERROR_SUFFIX = ".error.txt"  # the board's note beside each file it set aside (kanban/board.py)
+NOTE_BYTES = 1024
+
+
+def recent_rejections(folder: Path, count: int = 5) -> tuple[list[dict[str, str]], int]:
+    """The newest `count` notes in rejected/ (name, first line, and when it was written, newest first)
+    and how many there are. A planted FIFO or device named *.error.txt is passed over without being read."""
+    found = []
+    with contextlib.suppress(OSError), os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.name.endswith(ERROR_SUFFIX):
+                with contextlib.suppress(OSError):
+                    info = entry.stat(follow_symlinks=False)
+                    if stat.S_ISREG(info.st_mode):
+                        found.append((info.st_mtime, entry.name))
+    found.sort(reverse=True)
+    notes = []
+    for mtime, name in found[:count]:
+        try:
+            fd = os.open(folder / name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as handle:
+                text = handle.read(NOTE_BYTES).decode("utf-8", "replace")
+        except OSError:
+            continue
+        notes.append({"file": name[: -len(ERROR_SUFFIX)], "note": (text.splitlines() or [""])[0][:REASON_CHARS],
+                      "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(mtime))})
+    return notes, len(found)

@@ -9,9 +9,11 @@ shown as escapes instead.
 
 from __future__ import annotations
 
+import calendar
 import json
 import re
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -65,9 +67,11 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
 
 def board_document(tasks: list[dict[str, Any]], damaged: list[dict[str, str]],
                    ingest: dict[str, Any] | None = None, reasons: Mapping[str, Waiting] | None = None,
-                   warnings: list[str] | None = None) -> dict[str, Any]:
+                   warnings: list[str] | None = None,
+                   rejected: tuple[list[dict[str, str]], int] | None = None) -> dict[str, Any]:
     """The board as `board --json` prints it. `reasons` (by id) say why a todo or blocked task waits:
-    they replace the note an agent left on it; `warnings` are about tasks just ingested."""
+    they replace the note an agent left on it; `warnings` are about tasks just ingested; `rejected` is
+    the newest notes of rejected/ and how many it holds."""
     columns: dict[str, list[dict[str, Any]]] = {status: [] for status in STATUSES}
     done = {doc["id"] for doc in tasks if doc["status"] == "done"}
     for doc in tasks:
@@ -84,6 +88,7 @@ def board_document(tasks: list[dict[str, Any]], damaged: list[dict[str, str]],
         "damaged": damaged,
         "ingest": ingest or {},
         "warnings": warnings or [],
+        "rejected": {"latest": (rejected or ([], 0))[0], "total": (rejected or ([], 0))[1]},
     }
 
 
@@ -129,10 +134,21 @@ def _damaged(document: dict[str, Any]) -> list[Text]:
     return [literal(f"damaged: {item['path']}: {item['reason']}", "red") for item in document["damaged"]]
 
 
+def _rejected(document: dict[str, Any]) -> list[Text]:
+    """The footer of rejected drops: the newest with their reason, and how many rejected/ holds."""
+    rejected = document.get("rejected") or {}
+    latest, total = rejected.get("latest") or [], int(rejected.get("total") or 0)
+    # The board's note names the file and says why: "inbox/x.md was rejected on TIME: REASON".
+    lines = [Text.assemble(("rejected:", "red"), " ", literal(item["note"], one_line=True)) for item in latest]
+    if total > len(latest):
+        lines.append(Text(f"... {total - len(latest)} more in rejected/", style="dim"))
+    return lines
+
+
 def print_board(console: Console, document: dict[str, Any]) -> None:
     console.print(board_picture(document))
-    for line in _damaged(document):
-        console.print(line)
+    for line in [*_damaged(document), *_rejected(document)]:
+        console.print(line, soft_wrap=True)
     print_ingest(console, document.get("ingest") or {})
     for warning in document.get("warnings") or []:
         console.print(Text.assemble(("warning", "yellow"), " ", literal(warning)))
@@ -142,7 +158,7 @@ def watched_board(document: dict[str, Any], mode: str) -> Group:
     """The picture `board --watch` redraws, with a line saying when and how it is watching."""
     note = Text(f"{time.strftime('%H:%M:%S')}  watching the board ({mode} events); Ctrl-C to stop", style="dim")
     warnings = [Text.assemble(("warning", "yellow"), " ", literal(line)) for line in document.get("warnings") or []]
-    return Group(board_picture(document), *_damaged(document), *warnings, note)
+    return Group(board_picture(document), *_damaged(document), *_rejected(document), *warnings, note)
 
 
 def print_ingest(console: Console, ingest: dict[str, Any]) -> None:
@@ -375,3 +391,34 @@ def skills_table(rows: list[dict[str, Any]]) -> Table:
         table.add_row(literal(row["name"], one_line=True), literal(row["kind"]), literal(row["source"]), state,
                       literal(detail))
     return table
+
+
+# -- agent log lines (compose style) ----------------------------------------------------------------
+
+# No red: it reads as an error. Each agent keeps its colour across runs and commands.
+AGENT_COLOURS = ("cyan", "yellow", "green", "magenta", "blue",
+                 "bright_cyan", "bright_yellow", "bright_green", "bright_magenta", "bright_blue")
+_STAMPED = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ) (.*)", re.DOTALL)
+
+
+def agent_colour(name: str) -> str:
+    """The colour of an agent's prefix: the same for the same name, in every command (pure)."""
+    return AGENT_COLOURS[zlib.crc32(name.encode("utf-8", "replace")) % len(AGENT_COLOURS)]
+
+
+def log_text(name: str, line: str) -> str:
+    """An agent's log line as `logs` and `up` show it after its name: the agent's own "NAME: " after
+    the time is dropped (the prefix says it), controls made visible, on one line (pure)."""
+    found = _STAMPED.fullmatch(line)
+    if found and found.group(2).startswith(f"{name}: "):
+        line = f"{found.group(1)} {found.group(2)[len(name) + 2:]}"
+    return visible(line, one_line=True)
+
+
+def line_time(line: str) -> float | None:
+    """The time (epoch seconds) an agent wrote a stamped log line; None for a line without one (a
+    traceback, a line from before stamps) (pure)."""
+    found = _STAMPED.match(line)
+    if not found:
+        return None
+    return float(calendar.timegm(time.strptime(found.group(1), "%Y-%m-%dT%H:%M:%SZ")))

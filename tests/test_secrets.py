@@ -133,7 +133,7 @@ def test_a_team_whose_provider_echoes_its_key_writes_it_nowhere_and_prints_it_no
         finally:
             proc.terminate()
             up_output = proc.communicate(timeout=30)[0].decode()
-    assert "working on" in outputs[("logs", "-n", "200")], "the agent's log was shown"
+    assert "claimed " in outputs[("logs", "-n", "200")], "the agent's log was shown"
     for args, text in outputs.items():
         assert FILE_KEY not in text and SHELL_KEY not in text, f"`{' '.join(args)}` printed a key"
     assert FILE_KEY not in up_output and SHELL_KEY not in up_output, "`up` printed a key"

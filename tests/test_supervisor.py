@@ -247,7 +247,7 @@ def test_an_agent_rotates_its_own_log_by_size(tmp_path, up):
     assert not (logs / "agent.log.3").exists(), "log_keep: 2"
     for name in ("agent.log.1", "agent.log.2"):
         assert 1000 <= (logs / name).stat().st_size < 8000
-    assert "working on" in (logs / "agent.log.1").read_text()
+    assert "claimed " in (logs / "agent.log.1").read_text()
 
 
 def test_an_agent_over_its_memory_limit_is_restarted(tmp_path, up):
