@@ -218,7 +218,9 @@ def test_detach_status_logs_restart_and_down_from_another_shell(tmp_path):
         assert status["running"] and [a["state"] for a in status["agents"]] == ["running", "running"]
         assert all(a["rss_mb"] and a["uptime_s"] is not None for a in status["agents"])
         logs = subprocess.run([*exe, "logs", "worker-2", "-n", "5"], **run)
-        assert "worker-2 | worker-2: ready" in logs.stdout
+        # the agent's own line, stamped when it was written, under its name (its name not repeated)
+        ready = r"^worker-2 \| \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ ready \(pid \d+"
+        assert re.search(ready, logs.stdout, re.M), logs.stdout
         first = status["agents"][0]["pid"]
         assert subprocess.run([*exe, "restart", "worker-1"], **run).returncode == 0
         wait_until(lambda: agent(ws, "worker-1").get("pid") not in (None, first)
