@@ -266,6 +266,16 @@ class Board(IngestMixin):
                 return status, path
         return None
 
+    def _missing(self, task_id: str) -> TaskNotFound:
+        return TaskNotFound(f"no task '{task_id}' on the board {self.root}")
+
+    def _locate_or_raise(self, task_id: str) -> tuple[str, Path]:
+        """Where the task is (called under the lock, where nothing moves); TaskNotFound if nowhere."""
+        found = self._locate(task_id)
+        if found is None:
+            raise self._missing(task_id)
+        return found
+
     def get(self, task_id: str) -> TaskDoc:
         """The task's current document: a lock-free read (files are only ever replaced whole), and
         if that misses, a read under the lock. A task being moved is, for an instant, in neither
@@ -279,7 +289,7 @@ class Board(IngestMixin):
             with self._locked():
                 doc = self._get_once(task_id)
         if doc is None:
-            raise TaskNotFound(f"no task '{task_id}' on the board {self.root}")
+            raise self._missing(task_id)
         return doc
 
     def _get_once(self, task_id: str) -> TaskDoc | None:
@@ -916,9 +926,7 @@ class Board(IngestMixin):
         deadline = time.monotonic() + wait
         while True:
             with self._locked():
-                found = self._locate(task_id)
-                if found is None:
-                    raise TaskNotFound(f"no task '{task_id}' on the board {self.root}")
+                found = self._locate_or_raise(task_id)
                 if not self._has_marker(task_id):
                     doc = self._read(found[1])
                     entry = {"at": now_iso(), "by": by, "text": text}
@@ -967,10 +975,7 @@ class Board(IngestMixin):
         if to == "doing":
             raise InvalidTransition("a task enters doing/ only when an agent claims it")
         with self._locked():
-            found = self._locate(task_id)
-            if found is None:
-                raise TaskNotFound(f"no task '{task_id}' on the board {self.root}")
-            folder, path = found
+            folder, path = self._locate_or_raise(task_id)
             doc = self._read(path)
             if doc["status"] == to:
                 raise InvalidTransition(f"task {task_id} is already {to}")
@@ -996,10 +1001,7 @@ class Board(IngestMixin):
         if size > MAX_BYTES:
             raise TaskError(f"the answer is {size} bytes; the limit for an answer is {MAX_BYTES} bytes (1 MiB)")
         with self._locked():
-            found = self._locate(task_id)
-            if found is None:
-                raise TaskNotFound(f"no task '{task_id}' on the board {self.root}")
-            folder, path = found
+            folder, path = self._locate_or_raise(task_id)
             doc = self._read(path)
             question = doc.get("question")
             if doc["status"] != "blocked" or not question:
