@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import time
 from collections import Counter
 
 import pytest
@@ -46,6 +47,31 @@ def test_claimer_processes_complete_every_task_exactly_once(backend, store, tmp_
     completions = Counter(event["task"] for _cursor, event in all_events(backend, store)
                           if (event["from"], event["to"]) == ("doing", "done"))
     assert set(completions.values()) == {1} and set(completions) == ids
+
+
+@pytest.mark.slow
+def test_comments_from_many_processes_on_one_held_task_are_all_kept(backend, store, tmp_path, workers):
+    """Each comment reads, changes and writes the whole task while its holder renews and then
+    completes it: only mutual exclusion across processes keeps every write."""
+    task = store.add({"title": "talked about"})
+    held = store.claim("holder")
+    go = tmp_path / "go"
+    procs = [workers.start("commenter", backend.kind, str(tmp_path), task["id"], f"p{n}", "40", str(go))
+             for n in range(CLAIMERS)]
+    go.touch()
+    deadline = time.monotonic() + 120
+    while any(proc.poll() is None for proc in procs) and time.monotonic() < deadline:
+        store.renew(task["id"], held["claim"]["token"])
+    for proc in procs:
+        assert proc.wait(timeout=120) == 0
+    done = store.complete(task["id"], held["claim"]["token"], "ok")
+    texts = [comment["text"] for comment in done["comments"]]
+    expected = [f"p{n}-{i}" for n in range(CLAIMERS) for i in range(40)]
+    assert sorted(texts) == sorted(expected), f"{len(set(expected) - set(texts))} of {len(expected)} comments were lost"
+    for n in range(CLAIMERS):
+        mine = [text for text in texts if text.startswith(f"p{n}-")]
+        assert mine == [f"p{n}-{i}" for i in range(40)], "each process's comments stay in its order"
+    check_invariants(backend, store)
 
 
 def recover_and_finish(backend: Backend, store: Store) -> None:

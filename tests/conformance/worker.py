@@ -1,7 +1,8 @@
 """Board work in a process of its own, for the conformance suite's multi-process tests:
 `python worker.py MODE KIND BOARD_DIR ...`, the board opened with backends.make_store(KIND, BOARD_DIR).
 
-Modes: `claimer` claims and completes until nothing is left; `lifecycle` runs one task through
+Modes: `claimer` claims and completes until nothing is left; `commenter` comments on one task;
+`lifecycle` runs one task through
 every kind of transition (a fault point may SIGKILL it at any step); `reader` follows the event
 log by cursor, resuming after the last event it wrote down.
 """
@@ -45,6 +46,15 @@ def claimer(kind: str, board_dir: str, out: str, agent: str, go: str) -> None:
             log.write(json.dumps({"id": doc["id"], "token": token}) + "\n")
             log.flush()
             store.complete(doc["id"], token, {"by": agent})
+    store.close()
+
+
+def commenter(kind: str, board_dir: str, task_id: str, name: str, count: str, go: str) -> None:
+    """Comment `count` times on one task, as fast as it can, once `go` exists."""
+    store = make_store(kind, Path(board_dir))
+    wait_for(Path(go))
+    for index in range(int(count)):
+        store.comment(task_id, f"{name}-{index}", by=name)
     store.close()
 
 
@@ -94,4 +104,4 @@ def reader(kind: str, board_dir: str, out: str) -> None:
 
 if __name__ == "__main__":
     mode, *rest = sys.argv[1:]
-    {"claimer": claimer, "lifecycle": lifecycle, "reader": reader}[mode](*rest)
+    {"claimer": claimer, "commenter": commenter, "lifecycle": lifecycle, "reader": reader}[mode](*rest)
