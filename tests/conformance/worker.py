@@ -59,14 +59,19 @@ def commenter(kind: str, board_dir: str, task_id: str, name: str, count: str, go
 
 
 def lifecycle(kind: str, board_dir: str) -> None:
-    """ingest -> claim -> fail -> claim -> release -> claim -> renew -> complete, then claim the
-    spare and have it cancelled: every transition a task makes, each a place to be killed."""
+    """ingest -> claim -> fail -> claim -> release -> claim -> block on a question -> answer ->
+    claim -> renew -> complete, then claim the spare and have it cancelled: every kind of
+    transition a task makes (by its holder, by a person, from doing and from elsewhere), each a
+    place to be killed."""
     store = make_store(kind, Path(board_dir))
     assert store.ingest().ingested == [LIFE]
     doc = store.claim("w")
     store.fail(LIFE, doc["claim"]["token"], "first attempt failed")
     doc = store.claim("w")
     store.release(LIFE, doc["claim"]["token"], "restarting")
+    doc = store.claim("w")
+    store.block(LIFE, doc["claim"]["token"], "needs a person", question="which one?")
+    store.answer(LIFE, "the first", by="lead")
     doc = store.claim("w")
     store.renew(LIFE, doc["claim"]["token"])
     store.complete(LIFE, doc["claim"]["token"], "ok")
