@@ -322,3 +322,16 @@ def test_invariant_check_itself_sees_a_task_in_two_places(backend, store):
     (store.root / "done" / source.name).write_bytes(source.read_bytes())
     with pytest.raises(AssertionError):
         check_invariants(backend, store)
+
+
+@pytest.mark.requires(HAND_MOVES)
+def test_a_tie_in_priority_and_age_is_broken_by_id(backend, store):
+    """Documents written by hand may share created_at to the microsecond; the order stays total."""
+    stamp = "2026-01-01T00:00:00.000000Z"
+    for task_id in ("tie-c", "tie-a", "tie-b"):
+        doc = {"id": task_id, "title": task_id, "status": "todo", "priority": 1, "created_at": stamp,
+               "updated_at": stamp, "history": [{"at": stamp, "by": "hand", "from": None, "to": "todo", "note": ""}]}
+        (store.root / "todo" / f"{task_id}.json").write_text(json.dumps(doc))
+    store.add({"title": "younger, same priority", "priority": 1})
+    order = [store.claim("w")["id"] for _ in range(3)]
+    assert order == ["tie-a", "tie-b", "tie-c"]
