@@ -27,6 +27,14 @@ def test_claimer_processes_complete_every_task_exactly_once(backend, store, tmp_
     procs = [workers.start("claimer", backend.kind, str(tmp_path), str(log), f"c{n}", str(go))
              for n, log in enumerate(logs)]
     go.touch()
+    # Meanwhile every look from outside sees each task once, in one status, at every moment.
+    looks = 0
+    deadline = time.monotonic() + 150
+    while any(proc.poll() is None for proc in procs) and time.monotonic() < deadline:
+        seen = tasks(store)
+        assert sorted(doc["id"] for doc in seen) == sorted(ids), "a listing lost a task or showed one twice"
+        assert sum(store.counts().values()) == TASKS
+        looks += 1
     for proc in procs:
         assert proc.wait(timeout=150) == 0
 
@@ -38,6 +46,7 @@ def test_claimer_processes_complete_every_task_exactly_once(backend, store, tmp_
     assert all(claim["token"] == 1 for claim in claims)
     busy = [log for log in logs if log.read_text()]
     assert len(busy) >= 2, "the claimers did not overlap; the race was not run"
+    assert looks >= 2, "the board was never looked at while it changed"
     docs = check_invariants(backend, store)
     assert {doc["status"] for doc in docs.values()} == {"done"} and set(docs) == ids
     claimed_by = {claim["id"]: n for n, log in enumerate(logs)
