@@ -102,6 +102,13 @@ BACKENDS: dict[str, Backend] = {
 }
 
 
+# A second backend is one more entry, for example (names illustrative):
+#     "postgres": Backend(kind="postgres", build=_pg_build (a fresh schema named after tmp_path; pytest.skip
+#                         without a DSN), capabilities=frozenset({FAULT_POINTS}), read_events=<its cursor read>,
+#                         inbox=..., rejected=..., places=<status per id from its table>, leftovers=<stray rows>,
+#                         fault_sources=(<its module>,)),
+
+
 def make_store(kind: str, tmp_path: Path, **opts: Any) -> Store:
     """An open store of backend `kind` on the board that `tmp_path` names."""
     return BACKENDS[kind].build(Path(tmp_path), **opts)
