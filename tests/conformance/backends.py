@@ -1,0 +1,153 @@
+"""How the conformance suite builds and inspects each board backend: one `Backend` entry per backend.
+
+A test talks to the board only through the protocol verbs (kanban/store.py). What the protocol
+cannot say (where a dropped file goes, how the event log is read by cursor, what a backend keeps
+outside its documents) is answered here, per backend, so that adding a backend is one entry in
+BACKENDS. Tests that need a property only some backends have (files moved by hand between
+folders, a log file that can be torn) ask for it by capability (`@pytest.mark.requires(...)`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hermes_sup.kanban import Board
+from hermes_sup.kanban.events import read_since
+from hermes_sup.kanban.task import STATUSES
+
+ROOT = Path(__file__).resolve().parents[2]
+# Backends to run, comma-separated (default: every entry of BACKENDS).
+BACKENDS_ENV = "HERMES_SUP_CONFORMANCE_BACKENDS"
+
+# Capabilities a backend may have; a test that needs one is skipped for a backend without it.
+HAND_MOVES = "hand-moves"  # task documents are files a person can `mv` between status folders
+EVENT_LOG_FILE = "event-log-file"  # the event log is a file a killed writer can leave torn
+FAULT_POINTS = "fault-points"  # its code calls kanban.faults.fault() between the steps of a transition
+
+Store = Any  # a BoardStore (kanban/store.py); Any so that a backend's extra verbs type-check
+Cursor = int
+EventBatch = tuple[list[tuple[Cursor, dict[str, Any]]], Cursor]
+
+
+@dataclass(frozen=True)
+class Backend:
+    kind: str
+    # (tmp_path, **opts) -> an open store; the same tmp_path from another process opens the same board.
+    build: Callable[..., Store]
+    capabilities: frozenset[str]
+    # The events after a cursor, each with the cursor just after it, and the cursor to read on from.
+    read_events: Callable[[Store, Cursor], EventBatch]
+    # The folder a dropped file goes into, and the one a rejected drop lands in.
+    inbox: Callable[[Store], Path]
+    rejected: Callable[[Store], Path]
+    # task id -> every place the backend keeps a document for it (status names); one place each.
+    places: Callable[[Store], dict[str, list[str]]]
+    # What a finished or rolled-back transition must not leave behind (temp files, reservations).
+    leftovers: Callable[[Store], list[str]]
+    # The source files whose fault("POINT") calls name the steps of this backend's transitions.
+    fault_sources: tuple[Path, ...] = ()
+    # Move a task's document by hand from one status to another (HAND_MOVES only).
+    hand_move: Callable[[Store, str, str, str], None] | None = None
+
+
+# -- the file backend ---------------------------------------------------------------------------
+
+def _files_build(tmp_path: Path, **opts: Any) -> Store:
+    return Board(tmp_path / "kanban", **opts)
+
+
+def _files_events(store: Store, cursor: Cursor) -> EventBatch:
+    batch = read_since(store.events_path, cursor)
+    return batch.events, batch.cursor
+
+
+def _files_places(store: Store) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for status in STATUSES:
+        for name in os.listdir(store.root / status):
+            if name.endswith(".json") and not name.startswith("."):
+                found.setdefault(name[:-5], []).append(status)
+    return found
+
+
+def _files_leftovers(store: Store) -> list[str]:
+    stray = [f".pending/{name}" for name in os.listdir(store.root / ".pending")]
+    stray += [f"{status}/{name}" for status in STATUSES for name in os.listdir(store.root / status)
+              if name.startswith(".")]
+    return stray
+
+
+def _files_hand_move(store: Store, task_id: str, src: str, dst: str) -> None:
+    os.rename(store.root / src / f"{task_id}.json", store.root / dst / f"{task_id}.json")
+
+
+BACKENDS: dict[str, Backend] = {
+    "files": Backend(
+        kind="files",
+        build=_files_build,
+        capabilities=frozenset({HAND_MOVES, EVENT_LOG_FILE, FAULT_POINTS}),
+        read_events=_files_events,
+        inbox=lambda store: store.root / "inbox",
+        rejected=lambda store: store.root / "rejected",
+        places=_files_places,
+        leftovers=_files_leftovers,
+        fault_sources=tuple(sorted((ROOT / "kanban").glob("*.py"))),
+        hand_move=_files_hand_move,
+    ),
+}
+
+
+# A second backend is one more entry, for example (names illustrative):
+#     "postgres": Backend(kind="postgres", build=_pg_build (a fresh schema named after tmp_path; pytest.skip
+#                         without a DSN), capabilities=frozenset({FAULT_POINTS}), read_events=<its cursor read>,
+#                         inbox=..., rejected=..., places=<status per id from its table>, leftovers=<stray rows>,
+#                         fault_sources=(<its module>,)),
+
+
+def make_store(kind: str, tmp_path: Path, **opts: Any) -> Store:
+    """An open store of backend `kind` on the board that `tmp_path` names."""
+    return BACKENDS[kind].build(Path(tmp_path), **opts)
+
+
+def selected_kinds() -> list[str]:
+    wanted = [kind.strip() for kind in os.environ.get(BACKENDS_ENV, "").split(",") if kind.strip()]
+    unknown = [kind for kind in wanted if kind not in BACKENDS]
+    if unknown:
+        raise ValueError(f"{BACKENDS_ENV} names unknown backends {unknown}; known: {sorted(BACKENDS)}")
+    return wanted or list(BACKENDS)
+
+
+FAULT_CALL = re.compile(r"""\bfault\(\s*["']([^"':]+)["']\s*\)""")
+
+
+def fault_points(backend: Backend) -> list[str]:
+    """Every fault point the backend's code declares, in order of first appearance."""
+    points: list[str] = []
+    for source in backend.fault_sources:
+        for point in FAULT_CALL.findall(source.read_text()):
+            if point not in points:
+                points.append(point)
+    return points
+
+
+def tasks(store: Store, status: str | None = None) -> list[dict[str, Any]]:
+    """The documents `list` returns, whatever container the backend wraps them in."""
+    listing = store.list(status)
+    return list(getattr(listing, "tasks", listing))
+
+
+def all_events(backend: Backend, store: Store) -> list[tuple[Cursor, dict[str, Any]]]:
+    """Every event on the board, from the start, read in as many batches as it takes."""
+    found: list[tuple[Cursor, dict[str, Any]]] = []
+    cursor = 0
+    while True:
+        batch, after = backend.read_events(store, cursor)
+        if not batch:
+            return found
+        found += batch
+        cursor = after
