@@ -34,6 +34,7 @@ from .loop import TaskLoop, ToolUse, interruptible, llm_record
 from .memory import MemoryFile
 from .notify import NOTIFY_ENV, Notifier
 from .providers import (
+    BREAKERS_FILE,
     Attempt,
     Provider,
     ProviderConfig,
@@ -102,7 +103,7 @@ class Agent:
         self.memory = MemoryFile(workdir / "memory" / "MEMORY.md")
         self._providers: dict[str, Provider] = {}
         self._tool_use: dict[str, ToolUse] = {}  # per provider: does it ever call the tools it is offered?
-        self.health = ProviderHealth()
+        self.health = ProviderHealth(path=workdir / BREAKERS_FILE)  # doctor shows the breakers
         # Until when LLM tasks are left in todo because every provider refused its connections
         # (epoch seconds), and the reason they show meanwhile.
         self._paused: tuple[float, str] | None = None
@@ -233,7 +234,8 @@ class Agent:
         if self.keys.refresh():  # a key was added to (or taken out of) .env: look again
             self._providers.clear()
             self._auto = None
-            self.health = ProviderHealth()  # a new key may be what a cooling provider lacked
+            # A new key may be what an open breaker lacked.
+            self.health = ProviderHealth(path=self.workdir / BREAKERS_FILE)
             self._paused = None
         chain = self.chain(task_tier({}, self.tier))
         self.provider = chain[0].config.name if chain else "offline"
