@@ -8,7 +8,6 @@ import json
 import random
 import socket
 import subprocess
-from pathlib import Path
 
 import pytest
 from hermes_sup.agents.breaker import (
@@ -142,7 +141,8 @@ def test_a_provider_that_refuses_connections_is_skipped_then_probed_when_it_come
         return json.loads(saved.read_text())["breakers"]["flaky"]
 
     with ScriptedLLM() as backup_llm:
-        backup = OpenAIProvider(ProviderConfig(name="backup", kind="openai", model="b", base_url=f"{backup_llm.url}/v1"))
+        backup = OpenAIProvider(ProviderConfig(name="backup", kind="openai", model="b",
+                                               base_url=f"{backup_llm.url}/v1"))
         backup_llm.script("openai", openai_reply("from backup 1"), openai_reply("from backup 2"))
         attempts: list = []
         first = complete_with_fallback([flaky, backup], MESSAGES, None, log=attempts.append, health=health)
@@ -227,7 +227,7 @@ def test_tasks_wait_while_the_provider_is_down_then_get_done_when_it_comes_back(
     with ScriptedLLM(responder=lambda api, body: openai_reply("thought it through"), port=port) as llm:
         assert llm.port == port
         # The first cooldown is 5 s (+/- 20%): the probe goes then, and both tasks follow.
-        done = wait_until(lambda: all((d := board.get(t["id"]))["status"] == "done" for t in tasks) and
+        done = wait_until(lambda: all(board.get(t["id"])["status"] == "done" for t in tasks) and
                           [board.get(t["id"]) for t in tasks], timeout=90, interval=0.2)
         assert [d["attempts"] for d in done] == [1, 1]
         saved = json.loads((ws / "runs" / "thinker" / BREAKERS_FILE).read_text())
