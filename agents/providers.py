@@ -535,6 +535,7 @@ class Attempt:
     latency: float
     completion: Completion | None = None
     error: str = ""
+    route: dict[str, Any] | None = None  # a routing strategy's decision on this call (see cascade.py)
 
 
 def complete_with_fallback(
