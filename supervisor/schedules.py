@@ -220,11 +220,18 @@ class Scheduler(LoopThread):
             self.close()
 
     def _run(self) -> None:
+        said: tuple[str, Any] | None = None
         while True:
             try:
                 self.run_once()
+                said = None
             except Exception as exc:  # a board or disk failing now is no reason to stop scheduling
-                self._post(f"schedules: could not add the due tasks ({type(exc).__name__}: {exc})")
+                # Said once per kind of trouble, not once a second while it lasts (a temp file's
+                # name in the text changes at every try).
+                kind = (type(exc).__name__, getattr(exc, "errno", None))
+                if kind != said:
+                    self._post(f"schedules: could not add the due tasks ({type(exc).__name__}: {exc})")
+                said = kind
             if self._stopping.wait(self.tick):
                 return
 

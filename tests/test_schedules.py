@@ -212,3 +212,21 @@ def test_a_supervisor_adds_a_per_minute_schedules_tasks_as_its_clock_moves(tmp_p
     assert text.stdout.startswith('minutely  "* * * * *"  next ') and "sched-minutely-202601011300" in text.stdout
     wait_until(lambda: "schedule minutely: added sched-minutely-202601011300" in (tmp_path / "up.log").read_text(),
                timeout=30)
+
+
+def test_a_lasting_failure_is_said_once_not_at_every_tick(tmp_path, board):
+    calls = []
+
+    def clock() -> datetime:
+        calls.append(1)
+        return at("2026-01-01 10:00:30")
+
+    missing = tmp_path / "no-such-runs"  # its state file cannot be written: every tick fails the same way
+    ticking = Scheduler(board, missing, [Schedule("tick", "* * * * *", {"title": "Tick"})], clock=clock, tick=0.005)
+    try:
+        wait_until(lambda: len(calls) >= 20, timeout=30)
+    finally:
+        assert ticking.stop(5)
+    lines = ticking.drain()
+    ticking.close()
+    assert len(lines) == 1 and lines[0].startswith("schedules: could not add the due tasks (FileNotFoundError"), lines
