@@ -26,10 +26,13 @@ from .providers import Attempt, Provider, ProviderError, complete_with_fallback
 from .translate import Completion, Message, text_tool_calls
 
 STRATEGIES = ("tiers", "cascade")
-ROUTING_KEYS = ("strategy", "cheap", "premium", "min_confidence")
+ROUTING_KEYS = ("strategy", "cheap", "premium", "min_confidence", "verify")
 TIER_NAMES = ("cheap", "standard", "premium")
 ASK_CONFIDENCE = ("When you give your final answer (not a tool call), end it with one last line "
                   "`confidence: N`, N from 0 to 1: how sure you are that the answer is correct and complete.")
+VERIFY = ("You check another model's answer. Reply with one word: YES if the answer below does what the request "
+          "asks, correctly and completely; NO otherwise.")
+VERIFY_CHARS = 8_000  # of the request and of the answer, in the verifier's prompt
 CONFIDENCE = re.compile(r"^[ \t*_`]*confidence[ \t*_`]*[:=][ \t*_`]*(\d+(?:\.\d+)?|\.\d+)[ \t*_`%]*$",
                         re.IGNORECASE | re.MULTILINE)
 
@@ -39,6 +42,7 @@ class CascadePolicy:
     cheap: str = "cheap"
     premium: str = "premium"
     min_confidence: float = 0.7
+    verify: bool = False  # a final answer that passed the check is also put to a cheap verifier call
 
 
 def cascades(task: Mapping[str, Any], agent_tier: str) -> bool:
@@ -65,6 +69,8 @@ def routing_error(spec: Any) -> str | None:
     if isinstance(level, bool) or not isinstance(level, (int, float)) or not math.isfinite(level) \
             or not 0 <= level <= 1:
         return f"'routing.min_confidence' must be a number from 0 to 1, got {level!r}"
+    if not isinstance(spec.get("verify", False), bool):
+        return f"'routing.verify' must be true or false, got {spec.get('verify')!r}"
     return None
 
 
@@ -74,7 +80,7 @@ def cascade_policy(llm: Mapping[str, Any]) -> CascadePolicy | None:
     if not isinstance(spec, Mapping) or spec.get("strategy") != "cascade":
         return None
     return CascadePolicy(cheap=str(spec.get("cheap", "cheap")), premium=str(spec.get("premium", "premium")),
-                         min_confidence=float(spec.get("min_confidence", 0.7)))
+                         min_confidence=float(spec.get("min_confidence", 0.7)), verify=spec.get("verify") is True)
 
 
 def confidence(text: str) -> float | None:
@@ -131,6 +137,24 @@ def judge(message: Message, tools: list[dict[str, Any]] | None, min_confidence: 
     return True, f"confidence {level:g}"
 
 
+def verifier_prompt(messages: list[Message], answer: Message) -> list[Message]:
+    """What the verifier is asked (pure): the task (the first user message), the latest request when
+    it is another, and the answer, each cut to VERIFY_CHARS."""
+    asked = [m.get("content") for m in messages if m.get("role") == "user" and isinstance(m.get("content"), str)]
+    request = asked[0][:VERIFY_CHARS] if asked else ""
+    if len(asked) > 1 and asked[-1] != asked[0]:
+        request += f"\n\n(latest message: {asked[-1][:VERIFY_CHARS]})"
+    text = str(answer.get("content") or "")[:VERIFY_CHARS]
+    return [{"role": "system", "content": VERIFY},
+            {"role": "user", "content": f"The request:\n{request}\n\nThe answer:\n{text}"}]
+
+
+def verified(reply: Message) -> bool:
+    """Whether the verifier said yes (pure): its first word, whatever the case and punctuation."""
+    words = re.findall(r"[A-Za-z]+", str(reply.get("content") or ""))
+    return bool(words) and words[0].upper() == "YES"
+
+
 def with_confidence_ask(messages: list[Message]) -> list[Message]:
     """The conversation as the cheap tier is sent it: its system prompt asks for a confidence line."""
     if messages and messages[0].get("role") == "system" and isinstance(messages[0].get("content"), str):
@@ -171,6 +195,8 @@ class Cascade:
                 why = f"the cheap tier failed: {str(exc)[:200]}"
             else:
                 accepted, why = judge(answer.message, tools, self.policy.min_confidence)
+                if accepted and self.policy.verify and not answer.message.get("tool_calls"):
+                    accepted, why = self._verify(messages, without_confidence(answer.message), why, log, stop)
                 for attempt in held:
                     log(dataclasses.replace(attempt, route={**route, "decision": "accepted" if accepted else
                                                             "escalated", "why": why}))
@@ -182,3 +208,21 @@ class Cascade:
                  "why": f"escalated: {why}"}
         return self.complete(self.premium, messages, tools, stop=stop, **options,
                              log=lambda attempt: log(dataclasses.replace(attempt, route=final)))
+
+    def _verify(self, messages: list[Message], answer: Message, why: str, log: Callable[[Attempt], None],
+                stop: threading.Event | None) -> tuple[bool, str]:
+        """Put an answer that passed the check to a cheap verifier call: (accepted, why)."""
+        route = {"strategy": "cascade", "tier": self.policy.cheap, "check": "verifier"}
+        held: list[Attempt] = []
+
+        def hold(attempt: Attempt) -> None:  # its record says the verdict
+            (held.append if attempt.outcome == "ok" else log)(dataclasses.replace(attempt, route=route))
+
+        try:
+            reply = self.complete(self.cheap, verifier_prompt(messages, answer), None, stop=stop, log=hold)
+        except ProviderError as exc:
+            return False, f"{why}; the verifier failed: {str(exc)[:200]}"
+        said = "yes" if verified(reply.message) else "no"
+        for attempt in held:
+            log(dataclasses.replace(attempt, route={**route, "decision": said}))
+        return said == "yes", f"{why}; the verifier said {said}"

@@ -73,6 +73,7 @@ def test_the_confidence_line_is_asked_of_the_cheap_tier_and_taken_out_of_an_acce
     ({"strategy": "cascade", "min_confidence": 1.5}, "'routing.min_confidence' must be a number from 0 to 1"),
     ({"strategy": "cascade", "min_confidence": float("nan")}, "must be a number from 0 to 1"),
     ({"strategy": "cascade", "verifier": True}, "unknown key 'routing.verifier'"),
+    ({"strategy": "cascade", "verify": "yes"}, "'routing.verify' must be true or false"),
     ([], "'routing' must be a mapping"),
 ])
 def test_a_wrong_routing_is_named(spec, words):
@@ -88,6 +89,7 @@ def test_routing_is_checked_at_load_with_its_line(tmp_path):
     path.write_text("agents:\n  - name: w\nrouting: {strategy: cascade, premium: standard}\n")
     assert cascade_policy(load_config(path)) == CascadePolicy(cheap="cheap", premium="standard")
     assert cascade_policy({}) is None and cascade_policy({"routing": {"strategy": "tiers"}}) is None
+    assert cascade_policy({"routing": {"strategy": "cascade", "verify": True}}).verify
 
 
 def test_only_tasks_whose_tier_is_left_to_routing_cascade():
@@ -199,3 +201,41 @@ def test_a_team_routed_by_cascade_logs_each_decision(tmp_path, up):
     assert routes[(hard["id"], "cheap-model")] == {"strategy": "cascade", "tier": "cheap", "decision": "escalated",
                                                    "why": "confidence 0.2 below 0.7"}
     assert routes[(hard["id"], "premium-model")]["decision"] == "final"
+
+
+# -- the verifier -----------------------------------------------------------------------------------
+
+def test_the_verifier_is_asked_the_task_and_the_answer_and_its_first_word_decides():
+    from hermes_sup.agents.cascade import VERIFY, verified, verifier_prompt
+
+    asked = verifier_prompt([*MESSAGES, {"role": "assistant", "content": "?"}, {"role": "user", "content": "more"}],
+                            {"role": "assistant", "content": "42"})
+    assert asked[0] == {"role": "system", "content": VERIFY}
+    assert asked[1]["content"] == "The request:\nWhat is 6 x 7?\n\n(latest message: more)\n\nThe answer:\n42"
+    assert verified({"content": "Yes."}) and verified({"content": " **YES**"})
+    assert not verified({"content": "No, it is wrong"}) and not verified({"content": None})
+    assert not verified({"content": "Yesterday"}), "a word, not a prefix"
+
+
+@pytest.mark.parametrize(("verdict", "served_by", "decisions"), [
+    ("YES", "42", [("cheap-model", "verifier", "yes"), ("cheap-model", None, "accepted")]),
+    ("NO", "premium 42", [("cheap-model", "verifier", "no"), ("cheap-model", None, "escalated"),
+                          ("premium-model", None, "final")]),
+])
+def test_with_verify_a_confident_answer_stands_only_if_the_verifier_says_yes(verdict, served_by, decisions):
+    def respond(api: str, body: dict) -> dict:
+        if body["model"] == "premium-model":
+            return openai_reply("premium 42", model="premium-model")
+        if body["messages"][0]["content"].startswith("You check another model's answer"):
+            return openai_reply(verdict, model="cheap-model")
+        return openai_reply("42\nconfidence: 0.95", model="cheap-model")
+
+    with ScriptedLLM(responder=respond) as llm:
+        cascade = Cascade([provider(llm.url, "cheap")], [provider(llm.url, "premium")], CascadePolicy(verify=True))
+        records = []
+        answer = cascade(cascade.chain, MESSAGES, None, log=lambda a: records.append(llm_record("t", a, PRICES)))
+        verifier_request = llm.requests[1]["body"]
+    assert answer.message["content"] == served_by
+    assert "The answer:\n42" in verifier_request["messages"][1]["content"] and "tools" not in verifier_request
+    assert [(r["model"], r["route"].get("check"), r["route"]["decision"]) for r in records] == decisions
+    assert records[1]["route"]["why"] == f"confidence 0.95; the verifier said {verdict.lower()}"
