@@ -8,7 +8,9 @@ million tokens. Three strategies work the same tasks in one run:
 - length heuristic (`auto`, agents/routing.py task_tier): a short task starts on the cheap tier, a
   long one on standard, and each failed attempt moves one tier up (3 attempts at most);
 - cascade (agents/cascade.py): every call on the cheap tier first, its answer checked, escalated to
-  premium when the check says so.
+  premium when the check says so; and the cascade with `verify` (a cheap verifier call on each
+  answer that passed the check; the scripted verifier knows the right answer, so this row measures
+  what verifying costs, not how well a real verifier judges).
 
 The scripted models: premium and standard answer every task correctly. The cheap model answers
 every easy task correctly and a known share of the hard ones (HARD_FAIL, default half) wrongly: half
@@ -38,7 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hermes_sup.agents.cascade import Cascade, CascadePolicy  # noqa: E402
+from hermes_sup.agents.cascade import VERIFY, Cascade, CascadePolicy  # noqa: E402
 from hermes_sup.agents.loop import price, system_prompt  # noqa: E402
 from hermes_sup.agents.providers import (  # noqa: E402
     Attempt,
@@ -105,6 +107,9 @@ def responder(tasks: dict[int, Task]):
         model = body["model"]
         prompt = len(json.dumps(body["messages"])) // 4 + len(json.dumps(body.get("tools") or [])) // 4
         asked = "confidence:" in json.dumps(body["messages"][0])
+        if body["messages"][0]["content"] == VERIFY:  # the verifier sees whether the answer is the right one
+            verdict = "YES" if task.answer in body["messages"][1]["content"] else "NO"
+            return openai_reply(verdict, prompt=prompt, completion=1, model=model)
         if model != "cheap-model" or not task.cheap_fails:
             text = f"The result is {task.answer}." + ("\nconfidence: 0.9" if asked else "")
             return openai_reply(text, prompt=prompt, completion=ANSWER_TOKENS, model=model)
@@ -178,9 +183,9 @@ def length_heuristic(tasks: list[Task], chains: dict[str, list[OpenAIProvider]])
     return tally
 
 
-def cascade(tasks: list[Task], chains: dict[str, list[OpenAIProvider]]) -> Tally:
+def cascade(tasks: list[Task], chains: dict[str, list[OpenAIProvider]], verify: bool = False) -> Tally:
     tally = Tally()
-    routed = Cascade(chains["cheap"], chains["premium"], CascadePolicy(min_confidence=0.7))
+    routed = Cascade(chains["cheap"], chains["premium"], CascadePolicy(min_confidence=0.7, verify=verify))
     for task in tasks:
         try:
             done = routed(routed.chain, messages_for(task), TOOLS, log=tally.log)
@@ -206,7 +211,8 @@ def main() -> int:
         chains = {tier: [OpenAIProvider(ProviderConfig(name=tier, kind="openai", model=MODELS[tier],
                                                        base_url=f"{llm.url}/v1"))] for tier in ESCALATION}
         for name, strategy in (("premium-only", premium_only), ("length heuristic (auto)", length_heuristic),
-                               ("cascade", cascade)):
+                               ("cascade", cascade),
+                               ("cascade + verifier", lambda t, c: cascade(t, c, verify=True))):
             tally = strategy(tasks, chains)
             results[name] = {"cost_usd": round(tally.cost, 6), "correct": tally.correct,
                              "incorrect": tally.incorrect, "failed": tally.failed,
