@@ -213,6 +213,16 @@ def test_a_supervisor_adds_a_per_minute_schedules_tasks_as_its_clock_moves(tmp_p
     wait_until(lambda: "schedule minutely: added sched-minutely-202601011300" in (tmp_path / "up.log").read_text(),
                timeout=30)
 
+    # reload picks up a schedule added meanwhile: it starts then, and is due at its next hour
+    (ws / "hermes.yaml").write_text((ws / "hermes.yaml").read_text()
+                                    + '  - {name: hourly, cron: "0 * * * *", task: {title: "Every hour"}}\n')
+    reloaded = subprocess.run([*CLI, "-w", str(ws), "reload"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert reloaded.returncode == 0, reloaded.stderr
+    wait_until(lambda: "hourly" in json.loads(state.read_text()), timeout=30)
+    clock_file.write_text(str(start + 4 * 3600))  # 14:00:30
+    wait_until(lambda: len(board.list().tasks) == 4, timeout=30)
+    assert {"sched-hourly-202601011400", "sched-minutely-202601011400"} <= {t["id"] for t in board.list().tasks}
+
 
 def test_a_lasting_failure_is_said_once_not_at_every_tick(tmp_path, board):
     calls = []
