@@ -239,3 +239,20 @@ def test_with_verify_a_confident_answer_stands_only_if_the_verifier_says_yes(ver
     assert "The answer:\n42" in verifier_request["messages"][1]["content"] and "tools" not in verifier_request
     assert [(r["model"], r["route"].get("check"), r["route"]["decision"]) for r in records] == decisions
     assert records[1]["route"]["why"] == f"confidence 0.95; the verifier said {verdict.lower()}"
+
+
+def test_task_log_shows_each_routing_decision_and_keeps_a_hostile_one_to_text():
+    from hermes_sup.supervisor.render import log_lines
+    from hermes_sup.supervisor.taskrecords import model_entry
+
+    record = {"at": "2026-11-22T18:00:00Z", "provider": "small", "model": "cheap-model", "outcome": "ok",
+              "tokens_in": 10, "tokens_out": 2, "latency_s": 0.1, "cost_usd": 0.0,
+              "route": {"strategy": "cascade", "tier": "cheap", "decision": "escalated",
+                        "why": "confidence 0.3 below 0.7\x1b[31m", "extra": {"deep": 1}}}
+    entry = model_entry("thinker", record)
+    assert entry["route"] == {"strategy": "cascade", "tier": "cheap", "decision": "escalated",
+                              "why": "confidence 0.3 below 0.7\x1b[31m"}
+    line = log_lines(entry)[0]
+    assert line.endswith("route: cheap escalated (confidence 0.3 below 0.7\\x1b[31m)"), line
+    assert "route" not in model_entry("thinker", {**record, "route": ["not", "a", "route"]})
+    assert "route" not in model_entry("thinker", {**record, "route": {"tier": 3}})
