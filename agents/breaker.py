@@ -148,11 +148,13 @@ def saved_states(saved: Mapping[str, Any], now: float) -> list[tuple[str, str, s
         if not isinstance(breakers, Mapping):
             rows.append((agent, "-", "warn", "its breakers' file cannot be read"))
             continue
+        saved_at = document.get("saved_at")
+        as_of = f" (as of {saved_at[:40]})" if isinstance(saved_at, str) else ""
         for provider, data in sorted(breakers.items(), key=lambda item: str(item[0])):
             breaker = from_dict(data)
             if breaker is None:
                 rows.append((agent, str(provider)[:80], "warn", "a breaker that cannot be read"))
                 continue
             level, words = describe(breaker, now)
-            rows.append((agent, str(provider)[:80], level, words))
+            rows.append((agent, str(provider)[:80], level, words + (as_of if breaker.state != CLOSED else "")))
     return rows

@@ -110,12 +110,14 @@ def test_a_saved_breaker_that_is_not_one_is_refused(data):
 
 
 def test_saved_states_say_each_breaker_and_what_cannot_be_read():
-    saved = {"w1": {"breakers": {"local": {"state": "open", "until": 200.0, "why": "unreachable"},
+    saved = {"w1": {"saved_at": "1970-01-01T00:01:30Z",
+                    "breakers": {"local": {"state": "open", "until": 200.0, "why": "unreachable"},
                                  "cloud": {"state": "closed"}, "odd": {"state": 3}}},
              "w2": ["not", "a", "document"]}
     rows = saved_states(saved, 100.0)
     assert rows == [("w1", "cloud", "ok", "closed"),
-                    ("w1", "local", "warn", "open: down until 1970-01-01T00:03:20Z (unreachable)"),
+                    ("w1", "local", "warn", "open: down until 1970-01-01T00:03:20Z (unreachable) "
+                                            "(as of 1970-01-01T00:01:30Z)"),
                     ("w1", "odd", "warn", "a breaker that cannot be read"),
                     ("w2", "-", "warn", "its breakers' file cannot be read")]
     assert describe(Breaker(state=OPEN, until=50.0, why="x"), 100.0)[1].startswith("open, cooldown over")
