@@ -130,7 +130,8 @@ def llm_record(task_id: str, attempt: Attempt, prices: dict[str, Any]) -> dict[s
             "outcome": attempt.outcome, "latency_s": round(attempt.latency, 3), "error": attempt.error or None,
             "tokens_in": usage.input if usage else 0, "tokens_out": usage.output if usage else 0,
             "tokens_cached": usage.cached if usage else 0, "cost_usd": price(prices, model, usage) if usage else 0.0,
-            **({"estimated": True} if usage and usage.estimated else {})}
+            **({"estimated": True} if usage and usage.estimated else {}),
+            **({"route": attempt.route} if attempt.route else {})}
 
 
 def system_prompt(identity: str, memory_block: str, skills_block: str = "") -> str:

@@ -31,10 +31,25 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
+from hermes_sup.kanban.fsio import write_json_atomic
 from hermes_sup.kanban.redact import known, redact, remember
 
+from .breaker import (
+    OPEN,
+    Breaker,
+    BreakerPolicy,
+    admit,
+    answered,
+    as_dict,
+    blocked,
+    failed,
+    label,
+    released,
+)
+from .breaker import cooldown_delay as cooldown_delay  # re-exported: callers knew it from here
 from .sizing import CONTEXT_RECHECK, probe_context, prompt_tokens, size_max_tokens
 from .streams import assemble_anthropic, assemble_openai
 from .translate import Completion, Message, Usage, from_anthropic, from_openai, to_anthropic, to_openai
@@ -420,60 +435,82 @@ def next_step(error: ProviderError, attempt: int, policy: RetryPolicy, rng: rand
     return "raise", 0.0
 
 
-@dataclass(frozen=True)
-class CooldownPolicy:
-    base: float = 5.0     # seconds after the first refused connection, doubling with each one in a row
-    cap: float = 300.0
-    jitter: float = 0.2   # +/- this fraction, so a team's agents do not all knock again at once
-
-
-def cooldown_delay(failures: int, policy: CooldownPolicy, rand: float) -> float:
-    """Seconds a provider that refused `failures` connections in a row is left alone (pure):
-    `base` doubling up to `cap`, spread by +/- `jitter` with `rand` in [0, 1)."""
-    if failures <= 0:
-        return 0.0
-    delay = min(policy.cap, policy.base * 2 ** min(failures - 1, 32))
-    return delay * (1 - policy.jitter + 2 * policy.jitter * rand)
+# The cooldown's policy was the breaker's before the breaker had a state machine of its own.
+CooldownPolicy = BreakerPolicy
+DEFAULT_BREAKER = BreakerPolicy()
+# Failures that open a breaker only at `threshold` in a row: the provider answered badly or late,
+# which one call cannot tell from a bad moment.
+COUNTED = {"timeout": "timing out", "server": "failing (server errors)", "truncated": "cutting its answers",
+           "bad_response": "answering what cannot be read"}
+BREAKERS_FILE = "providers.json"  # in the agent's working directory, for doctor
 
 
 def retry_label(moment: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(moment))
+    return label(moment)
 
 
 class ProviderHealth:
-    """Which providers of an agent are cooling down, and until when: after refusing connections
-    (the server is not there), or rate limiting past the chain's retries. A task never spends an
-    attempt on that: the chain skips a cooling provider, and a chain with nothing else to try ends
-    in an "unreachable" error that gives the task back."""
+    """The circuit breakers of an agent's providers (see breaker.py), shared by its threads, and
+    saved to `path` (atomically, on every change of state) for `doctor` to show. A task never spends
+    an attempt on an open breaker: the chain skips that provider, and a chain with nothing else to
+    try ends in an "unreachable" error that gives the task back."""
 
-    def __init__(self, policy: CooldownPolicy = CooldownPolicy(), clock: Callable[[], float] = time.time,
-                 rng: random.Random | None = None) -> None:
+    def __init__(self, policy: BreakerPolicy = DEFAULT_BREAKER, clock: Callable[[], float] = time.time,
+                 rng: random.Random | None = None, path: Path | None = None) -> None:
         self.policy = policy
         self.clock = clock
         self.rng = rng or random.Random()
-        self.failures: dict[str, int] = {}
-        self.until: dict[str, tuple[float, str]] = {}
+        self.path = path
+        self.breakers: dict[str, Breaker] = {}
         self._lock = threading.Lock()
+        if path is not None:
+            self._save()  # a fresh start (or a new key): no stale open breaker left for doctor
+
+    def _set(self, name: str, breaker: Breaker) -> Breaker:
+        if self.breakers.get(name, Breaker()) != breaker:
+            self.breakers[name] = breaker
+            self._save()
+        return breaker
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        with contextlib.suppress(OSError):  # doctor's view must never stop a call
+            write_json_atomic(self.path, {"saved_at": label(self.clock()), "breakers": {
+                name: as_dict(breaker) for name, breaker in sorted(self.breakers.items())}}, fsync=False)
+
+    def admit(self, name: str) -> tuple[float, str] | None:
+        """None when a call to `name` may go out now (a half-open breaker's one probe included),
+        else until when it may not and why."""
+        with self._lock:
+            now = self.clock()
+            breaker, allowed = admit(self.breakers.get(name, Breaker()), now, self.policy)
+            self._set(name, breaker)
+            return None if allowed else blocked(breaker, now, self.policy) or (now, breaker.why)
+
+    def failed(self, name: str, why: str, *, at_once: bool, at_least: float = 0.0) -> Breaker:
+        with self._lock:
+            return self._set(name, failed(self.breakers.get(name, Breaker()), self.clock(), self.policy,
+                                          self.rng.random(), why=why, at_once=at_once, at_least=at_least))
 
     def refused(self, name: str, why: str = "unreachable", at_least: float = 0.0) -> float:
-        """Note a refusal (`why`: unreachable, rate limited); returns when the provider may be tried
+        """Note a refusal that opens the breaker at once; returns when the provider may be tried
         again: after its cooldown, and never before `at_least` seconds (a retry-after)."""
-        with self._lock:
-            self.failures[name] = self.failures.get(name, 0) + 1
-            delay = max(at_least, cooldown_delay(self.failures[name], self.policy, self.rng.random()))
-            self.until[name] = (self.clock() + delay, why)
-            return self.until[name][0]
+        return self.failed(name, why, at_once=True, at_least=at_least).until
 
     def answered(self, name: str) -> None:
         with self._lock:
-            self.failures.pop(name, None)
-            self.until.pop(name, None)
+            self._set(name, answered(self.breakers.get(name, Breaker())))
+
+    def release(self, name: str) -> None:
+        """A call (maybe the probe) ended without a verdict: stopped by us."""
+        with self._lock:
+            self._set(name, released(self.breakers.get(name, Breaker()), self.clock()))
 
     def cooling(self, name: str) -> tuple[float, str] | None:
-        """When a cooling provider may be tried again and why it cools, or None when it may be tried now."""
+        """When a provider may be tried again and why not now, or None when it may be tried now."""
         with self._lock:
-            entry = self.until.get(name)
-            return entry if entry is not None and entry[0] > self.clock() else None
+            return blocked(self.breakers.get(name, Breaker()), self.clock(), self.policy)
 
 
 CHARS_PER_TOKEN = 4  # the usual rule of thumb for English text and code with BPE tokenizers
@@ -498,6 +535,7 @@ class Attempt:
     latency: float
     completion: Completion | None = None
     error: str = ""
+    route: dict[str, Any] | None = None  # a routing strategy's decision on this call (see cascade.py)
 
 
 def complete_with_fallback(
@@ -508,10 +546,9 @@ def complete_with_fallback(
 ) -> Completion:
     """Call the chain in order until one provider answers; every attempt goes to `log`. Once `stop`
     is set no further attempt is made (InterruptedError): a stopped or cancelled task spends nothing.
-    With `health`, a provider cooling down is skipped, and one that refuses the connection or rate
-    limits past the retries starts cooling; when every provider failed that way the error's kind is
-    "unreachable" (not the task's fault: it waits for the provider) with the moment the first may be
-    tried again."""
+    With `health`, a provider whose breaker is open is skipped, and each provider's outcome is told
+    to its breaker; when every provider's breaker is open the error's kind is "unreachable" (not the
+    task's fault: it waits, "provider X down until T") with the moment the first may be tried again."""
     rng = rng or random.Random()
     errors: list[str] = []
     refused: dict[str, tuple[float, str]] = {}  # provider -> when it may be tried again, and why not now
@@ -519,50 +556,73 @@ def complete_with_fallback(
         sleep = stop.wait
     for provider in chain:
         name = provider.config.name
-        cooling = health.cooling(name) if health is not None else None
+        cooling = health.admit(name) if health is not None else None
         if cooling is not None:
             refused[name] = cooling
-            errors.append(f"{name}: {cooling[1]}, cooling down until {retry_label(cooling[0])}")
+            errors.append(f"{name}: {cooling[1]}, down until {retry_label(cooling[0])}")
             continue
-        attempt = 0
-        while True:
-            attempt += 1
-            if stop is not None and stop.is_set():
-                raise InterruptedError
-            started = time.monotonic()
-            try:
-                try:
-                    completion = provider.complete(messages, tools, **({"stop": stop} if stop is not None else {}))
-                except (ProviderError, InterruptedError):
-                    raise
-                except Exception as exc:  # a provider's own bug: logged and classified, never the agent's crash
-                    raise ProviderError("bad_response", redact(f"{name}: {type(exc).__name__}: {exc}", known())[:500],
-                                        provider=name) from None
-            except ProviderError as error:
-                if stop is not None and stop.is_set():
-                    raise InterruptedError from None  # the error is our own abort
-                log(Attempt(provider.config.name, provider.config.model, error.kind, time.monotonic() - started,
-                            error=str(error)))
-                action, delay = next_step(error, attempt, policy, rng)
-                if health is not None and action == "next" and error.kind in COOL_DOWN:
-                    why = COOL_DOWN[error.kind]
-                    refused[name] = (health.refused(name, why, error.retry_after or 0.0), why)
-                if action == "raise":
-                    raise
-                if action == "retry":
-                    sleep(delay)
-                    continue
-                errors.append(str(error))
-                break
-            if not completion.usage.input and not completion.usage.output:
-                completion = dataclasses.replace(completion, usage=estimate_usage(messages, tools, completion.message))
-            log(Attempt(provider.config.name, provider.config.model, "ok", time.monotonic() - started,
-                        completion=completion))
+        try:
+            return _attempts(provider, messages, tools, policy, log, sleep, rng, stop, health, refused, errors)
+        except _NextProvider:
+            continue
+        except InterruptedError:
             if health is not None:
-                health.answered(name)
-            return completion
+                health.release(name)  # a probe stopped by us says nothing about the provider
+            raise
     if chain and {provider.config.name for provider in chain} <= set(refused):
         retry_at = min(until for until, _why in refused.values())
-        said = "; ".join(f"provider {name} {why}" for name, (_until, why) in refused.items())
-        raise ProviderError("unreachable", f"{said}, retry at {retry_label(retry_at)}", retry_at=retry_at)
+        said = "; ".join(f"provider {name} down until {retry_label(until)} ({why})"
+                         for name, (until, why) in refused.items())
+        raise ProviderError("unreachable", said, retry_at=retry_at)
     raise ProviderError("exhausted", "every provider failed: " + "; ".join(errors) if errors else "no provider")
+
+
+class _NextProvider(Exception):
+    """This provider is done with for this call: the chain moves on."""
+
+
+def _attempts(provider: Provider, messages: list[Message], tools: list[dict[str, Any]] | None, policy: RetryPolicy,
+              log: Callable[[Attempt], None], sleep: Callable[[float], Any], rng: random.Random,
+              stop: threading.Event | None, health: ProviderHealth | None, refused: dict[str, tuple[float, str]],
+              errors: list[str]) -> Completion:
+    """One provider's attempts at a call, with the retries `policy` allows, its breaker told of the outcome."""
+    name = provider.config.name
+    attempt = 0
+    while True:
+        attempt += 1
+        if stop is not None and stop.is_set():
+            raise InterruptedError
+        started = time.monotonic()
+        try:
+            try:
+                completion = provider.complete(messages, tools, **({"stop": stop} if stop is not None else {}))
+            except (ProviderError, InterruptedError):
+                raise
+            except Exception as exc:  # a provider's own bug: logged and classified, never the agent's crash
+                raise ProviderError("bad_response", redact(f"{name}: {type(exc).__name__}: {exc}", known())[:500],
+                                    provider=name) from None
+        except ProviderError as error:
+            if stop is not None and stop.is_set():
+                raise InterruptedError from None  # the error is our own abort
+            log(Attempt(name, provider.config.model, error.kind, time.monotonic() - started, error=str(error)))
+            action, delay = next_step(error, attempt, policy, rng)
+            if health is not None and action == "next" and (error.kind in COOL_DOWN or error.kind in COUNTED):
+                why = COOL_DOWN.get(error.kind) or COUNTED[error.kind]
+                breaker = health.failed(name, why, at_once=error.kind in COOL_DOWN, at_least=error.retry_after or 0.0)
+                if breaker.state == OPEN:
+                    refused[name] = (breaker.until, why)
+            if action == "raise":
+                if health is not None:
+                    health.answered(name)  # a request refused on its merits: the provider is there
+                raise
+            if action == "retry":
+                sleep(delay)
+                continue
+            errors.append(str(error))
+            raise _NextProvider from None
+        if not completion.usage.input and not completion.usage.output:
+            completion = dataclasses.replace(completion, usage=estimate_usage(messages, tools, completion.message))
+        log(Attempt(name, provider.config.model, "ok", time.monotonic() - started, completion=completion))
+        if health is not None:
+            health.answered(name)
+        return completion

@@ -26,6 +26,7 @@ from hermes_sup.kanban.fsio import write_json_atomic
 from hermes_sup.kanban.task import now_iso
 
 from . import builtins  # noqa: F401 - registers the built-in tools
+from .cascade import Cascade, cascade_policy, cascades
 from .delegation import Delegator, watch_parent
 from .journal import Journal
 from .keys import ENV_FILE, KeyFile, key_names
@@ -34,6 +35,7 @@ from .loop import TaskLoop, ToolUse, interruptible, llm_record
 from .memory import MemoryFile
 from .notify import NOTIFY_ENV, Notifier
 from .providers import (
+    BREAKERS_FILE,
     Attempt,
     Provider,
     ProviderConfig,
@@ -102,7 +104,7 @@ class Agent:
         self.memory = MemoryFile(workdir / "memory" / "MEMORY.md")
         self._providers: dict[str, Provider] = {}
         self._tool_use: dict[str, ToolUse] = {}  # per provider: does it ever call the tools it is offered?
-        self.health = ProviderHealth()
+        self.health = ProviderHealth(path=workdir / BREAKERS_FILE)  # doctor shows the breakers
         # Until when LLM tasks are left in todo because every provider refused its connections
         # (epoch seconds), and the reason they show meanwhile.
         self._paused: tuple[float, str] | None = None
@@ -233,7 +235,8 @@ class Agent:
         if self.keys.refresh():  # a key was added to (or taken out of) .env: look again
             self._providers.clear()
             self._auto = None
-            self.health = ProviderHealth()  # a new key may be what a cooling provider lacked
+            # A new key may be what an open breaker lacked.
+            self.health = ProviderHealth(path=self.workdir / BREAKERS_FILE)
             self._paused = None
         chain = self.chain(task_tier({}, self.tier))
         self.provider = chain[0].config.name if chain else "offline"
@@ -307,6 +310,11 @@ class Agent:
         """Work a task with the LLM loop and close it by its outcome."""
         task_id, token = doc["id"], doc["claim"]["token"]
         chain = self.chain(task_tier(doc, self.tier))
+        complete: Callable[..., Any] = functools.partial(complete_with_fallback, health=self.health)
+        policy = cascade_policy(self.llm)
+        if policy is not None and cascades(doc, self.tier):  # routing: {strategy: cascade} in hermes.yaml
+            cascade = Cascade(self.chain(policy.cheap), self.chain(policy.premium), policy, complete)
+            chain, complete = cascade.chain, cascade
         extra = prompt_block(self.skills.catalog()) if toolbox.get("skill_view") and toolbox.allowed(
             toolbox.get("skill_view")) else ""
         loop = TaskLoop(task=doc, chain=chain, workdir=self.workdir, ctx=self.context(doc, halt), toolbox=toolbox,
@@ -316,7 +324,7 @@ class Agent:
                         max_tokens=self.config.get("max_tokens"), max_cost=self.config.get("max_cost"),
                         context_window=min((p.config.context_window for p in chain), default=128_000),
                         summarizer=self.chain("cheap") or chain, on_step=self._on_step, agent=self.name,
-                        inputs=self.inputs(doc), complete=functools.partial(complete_with_fallback, health=self.health),
+                        inputs=self.inputs(doc), complete=complete,
                         tool_use=self._tool_use)
         try:
             outcome = loop.run()

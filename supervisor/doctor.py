@@ -7,15 +7,20 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import time
 from pathlib import Path
 from typing import Any
 
+from hermes_sup.agents.breaker import saved_states
 from hermes_sup.agents.keys import AUTO_KEYS, ENV_FILE, KeyFile, key_names
+from hermes_sup.agents.providers import BREAKERS_FILE
 from hermes_sup.agents.routing import REACH_TIMEOUT, provider_configs, reach, resolve_auto
 from hermes_sup.kanban import Board, BoardError
 from hermes_sup.kanban.board import ALLOW_NETWORK_FS_ENV
 from hermes_sup.kanban.events import read_all
 from hermes_sup.kanban.fsinfo import disk_free, inotify_limits, is_network
+from hermes_sup.kanban.fsio import read_bytes_nofollow
+from hermes_sup.kanban.parse import load_json
 
 from .cgroups import detect
 from .spec import build_specs
@@ -41,6 +46,29 @@ def env_file_exposure(path: Path) -> str | None:
         return f"{path} holds API keys and other users may {'write' if mode & 0o022 else 'read'} it " \
                f"(mode {mode:04o}); run: chmod 600 {path}"
     return None
+
+
+MAX_BREAKERS_BYTES = 1 << 20
+
+
+def breaker_checks(runs: Path) -> list[Check]:
+    """Each agent's provider breakers as it last saved them (runs/<agent>/providers.json)."""
+    saved: dict[str, Any] = {}
+    try:
+        folders = sorted(path for path in runs.iterdir() if path.is_dir() and not path.is_symlink())
+    except OSError:
+        return []
+    for folder in folders:
+        path = folder / BREAKERS_FILE
+        try:
+            data = read_bytes_nofollow(path, MAX_BREAKERS_BYTES)
+            saved[folder.name] = load_json(data.decode("utf-8")) if len(data) <= MAX_BREAKERS_BYTES else None
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError):
+            saved[folder.name] = None
+    return [_check(f"breaker {provider}", level, f"{agent}: {words}")
+            for agent, provider, level, words in saved_states(saved, time.time())]
 
 
 def run_checks(ws: Workspace) -> list[Check]:
@@ -96,6 +124,8 @@ def run_checks(ws: Workspace) -> list[Check]:
                 checks.append(_check(f"provider {name}", "warn", f"{where}: misconfigured: {why}"))
             else:
                 checks.append(_check(f"provider {name}", "ok", f"{where}: reachable"))
+
+    checks += breaker_checks(ws.runs_path)
 
     containment = detect(ws.root, keep=False)  # as a supervisor started from here would find it
     checks.append(_check("process containment", "ok" if containment.mode == "cgroup" else "info", containment.detail))

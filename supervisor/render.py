@@ -284,6 +284,12 @@ def _seconds(value: Any) -> str:
     return f"{value:.2f} s" if isinstance(value, (int, float)) else "? s"
 
 
+def route_text(route: dict[str, Any]) -> str:
+    """A routing decision in words: `cheap escalated (confidence 0.3 below 0.7)` (pure)."""
+    words = " ".join(str(route[key]) for key in ("tier", "check", "decision") if route.get(key))
+    return f"{words} ({route['why']})" if route.get("why") else words
+
+
 def log_lines(entry: dict[str, Any]) -> list[str]:
     """One entry of a task's log (see supervisor/taskrecords.py) as lines for a terminal, user and
     model text made visible, never markup (pure)."""
@@ -295,7 +301,8 @@ def log_lines(entry: dict[str, Any]) -> list[str]:
                 f"{entry.get('tokens_in') or 0} in / {entry.get('tokens_out') or 0} out tokens"
                 f"{' (estimated)' if entry.get('estimated') else ''}  {_seconds(entry.get('latency_s'))}  "
                 + (_dollars(cost) if isinstance(cost, (int, float)) else "unpriced")
-                + (f"  error: {entry['error']}" if entry.get("error") else ""))
+                + (f"  error: {entry['error']}" if entry.get("error") else "")
+                + (f"  route: {route_text(entry['route'])}" if entry.get("route") else ""))
         return [visible(line, one_line=True)]
     if kind == "tool":
         if entry.get("status") == "done":

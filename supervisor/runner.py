@@ -62,6 +62,7 @@ from .procs import (
     stop_all,
     strays,
 )
+from .schedules import Scheduler, schedules_of
 from .spec import ChildSpec, build_specs, describe_reload, plan_reload
 from .statefile import StateWriter, quiet, read_state
 from .steer import agent_groups, held_from, targets
@@ -136,6 +137,7 @@ class Supervisor:
         # The whole team of hermes.yaml, also when `up --agents` runs a part of it: a task for the rest is
         # no mistake. What ingest warnings judge new tasks by.
         self._team = team_of(specs)
+        self._schedules = schedules_of(config)
         self.board = Board(ws.board_path, lock_timeout=BOARD_LOCK_WAIT)
         self.selector = selectors.DefaultSelector()
         self.rng = random.Random()
@@ -174,6 +176,8 @@ class Supervisor:
         self.selector.register(self.boardwork.wake_fd, selectors.EVENT_READ, self._on_board_messages)
         self.ingest_warnings = IngestWarnings(self.board, self._team)
         self.selector.register(self.ingest_warnings.wake_fd, selectors.EVENT_READ, self._on_ingest_warnings)
+        self.scheduler = Scheduler(self.board, self.runs, self._schedules)  # adds due tasks (schedules.py)
+        self.selector.register(self.scheduler.wake_fd, selectors.EVENT_READ, lambda: self.scheduler.say(self.say))
         read_end, write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._wake_read = read_end
         signal.set_wakeup_fd(write_end)
@@ -600,6 +604,7 @@ class Supervisor:
         self.held &= self.known
         self._dirty = True
         self.ingest_warnings.team = team_of(everyone)
+        self.scheduler.schedules = schedules_of(config)
         return {"ok": True, "message": describe_reload(plan),
                 "plan": {"start": plan.start, "stop": plan.stop, "restart": plan.restart, "keep": plan.keep}}
 
@@ -730,6 +735,7 @@ class Supervisor:
         self.notify_path.unlink(missing_ok=True)
         self.selector.unregister(self.boardwork.wake_fd)
         self.selector.unregister(self.ingest_warnings.wake_fd)
+        self.scheduler.finish(self.selector, self.say, timeout=BOARD_LOCK_WAIT + 1.0)
         if self.ingest_warnings.stop(timeout=BOARD_LOCK_WAIT + 1.0):
             self._on_ingest_warnings()
             self.ingest_warnings.close()

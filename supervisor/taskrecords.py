@@ -204,7 +204,20 @@ def model_entry(agent: str, record: dict[str, Any]) -> dict[str, Any]:
             "outcome": _text(record.get("outcome")), "tokens_in": _number(record.get("tokens_in")),
             "tokens_out": _number(record.get("tokens_out")), "tokens_cached": _number(record.get("tokens_cached")),
             "latency_s": _number(record.get("latency_s")), "cost_usd": _number(record.get("cost_usd")),
-            "estimated": record.get("estimated") is True, "error": _text(record.get("error"))}
+            "estimated": record.get("estimated") is True, "error": _text(record.get("error")),
+            **({"route": route} if (route := route_entry(record.get("route"))) else {})}
+
+
+ROUTE_KEYS = ("strategy", "tier", "check", "decision", "why")
+
+
+def route_entry(route: Any) -> dict[str, str] | None:
+    """A routing decision of an LLM-call record (agents/cascade.py) as text fields, or None: the
+    record is a file anyone with access to runs/ may have written (pure)."""
+    if not isinstance(route, dict):
+        return None
+    kept = {key: route[key][:300] for key in ROUTE_KEYS if isinstance(route.get(key), str)}
+    return kept or None
 
 
 def tool_entry(agent: str, record: dict[str, Any]) -> dict[str, Any]:

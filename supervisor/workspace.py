@@ -17,7 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from hermes_sup.agents.cascade import routing_error
 from hermes_sup.kanban.parse import PlainLoader
+
+from .schedules import check_schedules
 
 CONFIG_NAME = "hermes.yaml"
 WORKSPACE_ENV = "HERMES_SUP_WORKSPACE"
@@ -127,7 +130,7 @@ def _strip_lines(value: Any) -> Any:
     return value
 
 
-TOP_KEYS = ("providers", "tiers", "defaults", "agents", "prices", "board")
+TOP_KEYS = ("providers", "tiers", "defaults", "agents", "prices", "board", "schedules", "routing")
 DEFAULT_KEYS = ("restart", "stop_timeout", "heartbeat_timeout", "orphan_grace", "max_rss_mb", "log_max_mb",
                 "log_keep", "max_iterations", "max_tokens", "max_cost", "terminal", "delegation")
 RESTART_KEYS = ("policy", "backoff", "max_restarts", "window", "reset_after")
@@ -186,6 +189,10 @@ def load_config(path: Path, *, skills: Callable[[], Collection[str]] | None = No
     _check_settings(defaults, "defaults", fail)
     _check_providers(raw, fail)
     _check_prices(raw, fail)
+    check_schedules(raw, fail)
+    wrong = routing_error(raw.get("routing"))
+    if wrong is not None:
+        raise fail(raw.get("routing") if isinstance(raw.get("routing"), dict) else raw, wrong)
     agents = raw.get("agents") or []
     if not isinstance(agents, list):
         raise fail(raw, "'agents' must be a list")

@@ -8,7 +8,7 @@ import pytest
 from hermes_sup.agents.worker import NO_PROVIDER as AGENT_NO_PROVIDER
 from hermes_sup.kanban.why import NO_PROVIDER, Member, Team, claim_warnings, why_waiting
 
-UNREACHABLE = "provider local unreachable, retry at 2026-11-22T18:00:00Z"
+UNREACHABLE = "provider local down until 2026-11-22T18:00:00Z (unreachable)"
 
 
 def task(**fields: Any) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from hermes_sup.kanban import Board
 
 from .conftest import CLI, ROOT, supervisor_state, wait_until
 
-UNREACHABLE = "provider local unreachable, retry at 2026-11-22T18:00:00Z"
+UNREACHABLE = "provider local down until 2026-11-22T18:00:00Z (unreachable)"
 
 
 def hermes(ws: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -92,10 +92,10 @@ def test_with_an_unreachable_provider_only_the_tasks_the_agent_could_take_say_so
     board.add({"id": "y", "title": "design", "role": "design"})
     board.add({"id": "z", "title": "plain"})
     up(ws)
-    wait_until(lambda: (board.get("z").get("waiting") or "").startswith("provider local unreachable"), timeout=60)
+    wait_until(lambda: (board.get("z").get("waiting") or "").startswith("provider local down until "), timeout=60)
     wait_until(lambda: supervisor_state(ws)["agents"]["coder"]["state"] == "running", timeout=30)
     agent_state = ws / "runs" / "coder" / "state.json"
-    wait_until(lambda: json.loads(agent_state.read_text())["waiting"].startswith("provider local unreachable"),
+    wait_until(lambda: json.loads(agent_state.read_text())["waiting"].startswith("provider local down until "),
                timeout=30)
     # The agent marks again after each look; the tasks it could not take are never marked.
     assert "waiting" not in board.get("x") and "waiting" not in board.get("y")
@@ -103,7 +103,7 @@ def test_with_an_unreachable_provider_only_the_tasks_the_agent_could_take_say_so
     why = {item["id"]: (item["waiting_kind"], item["waiting"]) for item in columns["todo"]}
     assert why["x"] == ("dependency_missing", "it depends on nope, not on the board")
     assert why["y"][0] == "no_role"
-    assert why["z"][0] == "provider_cooldown" and why["z"][1].startswith("provider local unreachable, retry at ")
+    assert why["z"][0] == "provider_cooldown" and why["z"][1].startswith("provider local down until ")
     shown = json.loads(hermes(ws, "task", "show", "z", "--json").stdout)
     assert shown["waiting_kind"] == "provider_cooldown"
     hermes(ws, "down")

@@ -291,7 +291,7 @@ def test_a_provider_that_refuses_connections_cools_down_and_is_skipped_meanwhile
     with pytest.raises(ProviderError) as first:
         complete_with_fallback([down], [{"role": "user", "content": "hi"}], None, log=attempts.append, health=health)
     assert (first.value.kind, first.value.retry_at) == ("unreachable", 1005.0)
-    assert str(first.value) == "provider down unreachable, retry at 1970-01-01T00:16:45Z"
+    assert str(first.value) == "provider down down until 1970-01-01T00:16:45Z (unreachable)"
     with pytest.raises(ProviderError) as second:
         complete_with_fallback([down], [{"role": "user", "content": "hi"}], None, log=attempts.append, health=health)
     assert second.value.kind == "unreachable" and len(attempts) == 1, "a cooling provider is not called"
@@ -315,7 +315,7 @@ def test_a_provider_rate_limiting_past_the_retries_cools_down_for_its_retry_afte
             complete_with_fallback([busy], [{"role": "user", "content": "hi"}], None, health=health)
         assert len(llm.requests) == 1
     assert (info.value.kind, info.value.retry_at) == ("unreachable", 1090.0), "its retry-after, not the cooldown"
-    assert str(info.value).startswith("provider busy rate limited, retry at ")
+    assert str(info.value).startswith("provider busy down until ") and str(info.value).endswith("(rate limited)")
     assert health.cooling("busy") == (1090.0, "rate limited")
 
 
@@ -333,8 +333,8 @@ def test_a_rejected_key_or_exhausted_quota_cools_down_rather_than_failing_task_a
             complete_with_fallback([keyed, paid], [{"role": "user", "content": "hi"}], None, health=health)
         assert len(llm.requests) == 2, "neither is retried"
     assert info.value.kind == "unreachable"
-    assert str(info.value) == ("provider keyed rejected its key; provider paid out of quota, "
-                               "retry at 1970-01-01T00:16:45Z")
+    assert str(info.value) == ("provider keyed down until 1970-01-01T00:16:45Z (rejected its key); "
+                               "provider paid down until 1970-01-01T00:16:45Z (out of quota)")
 
 
 def test_an_unreachable_provider_leaves_the_tasks_waiting_without_spending_attempts(tmp_path, up):
@@ -350,7 +350,7 @@ def test_an_unreachable_provider_leaves_the_tasks_waiting_without_spending_attem
     def all_waiting() -> list[dict]:
         docs = [board.get(t["id"]) for t in tasks]
         return docs if all(d["status"] == "todo" and (d.get("waiting") or "").startswith(
-            "provider gone unreachable, retry at ") for d in docs) else []
+            "provider gone down until ") for d in docs) else []
 
     docs = wait_until(all_waiting, timeout=30)
     assert [d["attempts"] for d in docs] == [0, 0, 0], "a server that is not there costs no attempt"
