@@ -66,7 +66,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # Markup and emoji codes off: a string that reaches print() by mistake is still printed as written.
 # What people, agents and models wrote goes through render.literal/visible (see render.py).
-out = Console(soft_wrap=False, markup=False, emoji=False)
+out = Console(soft_wrap=True, markup=False, emoji=False)  # piped or in a file, a line is never hard-wrapped
 err = Console(stderr=True, soft_wrap=True, markup=False, emoji=False)  # one line per message for grep
 literal, visible = render.literal, render.visible
 

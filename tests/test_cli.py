@@ -399,3 +399,16 @@ def test_init_scaffolds_where_every_command_looks_for_the_workspace(tmp_path, mo
     assert init_root(Path("x"), None, "/env", Path("/cwd")) == Path("/cwd/x")
     assert init_root(Path("x"), Path("/cwd/x"), None, Path("/cwd")) == Path("/cwd/x")
     assert init_root(None, None, "", Path("/cwd")) == Path("/cwd")
+
+
+def test_piped_output_is_never_hard_wrapped(tmp_path):
+    # A script reading `init`'s output (or a log file of it) must see each message on one line, however
+    # long the path: rich folds at 80 columns when stdout is not a terminal unless told otherwise.
+    root = tmp_path / ("deep" * 30) / "ws"
+    done = subprocess.run([*CLI, "-w", str(root), "init"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "COLUMNS": "80"})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"workspace ready in {root}: created hermes.yaml")
+    assert lines[1].startswith(f"next: cd {root} && hermes-sup up")
