@@ -1,4 +1,5 @@
-"""`events [-f] [--since CURSOR] [--json]`: the board's transitions as one stream with a resumable cursor.
+"""`events [-f] [--since CURSOR] [--json]`: the board's transitions and the supervisor's events (and
+the alerts sent) as one stream with a resumable cursor.
 
 Registered on the command line when cli.py imports this module (at its end).
 """
@@ -28,7 +29,14 @@ RECHECK_POLLING = 0.25
 
 
 def event_line(record: dict[str, Any]) -> str:
-    """One event as a line of text, its user text with controls made visible (pure)."""
+    """One event as a line of text, its user text with controls made visible (pure). A board transition
+    reads `AT  TASK  FROM -> TO  by WHO  NOTE`; the supervisor's and the alerts' `AT  KIND  EVENT  NOTE`."""
+    kind = record.get("kind", "board")
+    if kind != "board":
+        text = f"{visible(record.get('at') or '-', one_line=True)}  {visible(kind, one_line=True)}  " \
+               f"{visible(record.get('event') or '-', one_line=True)}"
+        note = record.get("note")
+        return text + (f"  {visible(note, one_line=True)}" if note else "")
     src, dst = record.get("from"), record.get("to")
     line = (f"{visible(record.get('at') or '-', one_line=True)}  {visible(record.get('task'), one_line=True)}  "
             f"{visible(src or '-', one_line=True)} -> {visible(dst or '-', one_line=True)}  "
@@ -69,8 +77,10 @@ def print_since(board: Board, cursor: int, as_json: bool, inode: int | None = No
 @click.pass_context
 @handled
 def events(ctx: click.Context, follow: bool, since: str, as_json: bool) -> None:
-    """The board's events (every task transition), oldest first; --json: one JSON object per line,
-    each with the `cursor` to give --since to resume after it."""
+    """The board's events (every task transition) and the supervisor's (agents started, exited,
+    restarting, fatal, stopped or started by hand, reloads; alerts sent), oldest first; --json: one
+    JSON object per line with its `kind` (board, supervisor, alert) and the `cursor` to give --since
+    to resume after it."""
     try:
         cursor = parse_cursor(since)
     except CursorError as exc:

@@ -65,6 +65,7 @@ from .procs import (
 from .spec import ChildSpec, build_specs, describe_reload, plan_reload
 from .statefile import StateWriter, quiet, read_state
 from .steer import agent_groups, held_from, targets
+from .supevents import SupervisorEvents
 from .workspace import ConfigError, Workspace, load_config, private_dir
 
 STATE_FILE = "supervisor.json"
@@ -137,6 +138,9 @@ class Supervisor:
         # no mistake. What ingest warnings judge new tasks by.
         self._team = team_of(specs)
         self.board = Board(ws.board_path, lock_timeout=BOARD_LOCK_WAIT)
+        # What it says, and the operator's commands, are also events of the board's stream (supevents.py).
+        self.events = SupervisorEvents(self.board.events_path, lambda: self.known)
+        self.say = self.events.recording(self.say)
         self.selector = selectors.DefaultSelector()
         self.rng = random.Random()
         self.shutting_down = False
@@ -169,7 +173,8 @@ class Supervisor:
         self.notify = bind_private(self.notify_path, socket.SOCK_DGRAM)
         enable_credentials(self.notify)
         self.selector.register(self.notify, selectors.EVENT_READ, self._on_notify)
-        self.control = ControlServer(sockets / CONTROL_SOCKET, self.selector, self.command, self.say)
+        self.control = ControlServer(sockets / CONTROL_SOCKET, self.selector, self.events.commands(self.command),
+                                     self.say)
         self.boardwork = BoardWork(self.board)
         self.selector.register(self.boardwork.wake_fd, selectors.EVENT_READ, self._on_board_messages)
         self.ingest_warnings = IngestWarnings(self.board, self._team)
