@@ -35,6 +35,7 @@ from hermes_sup.kanban.liveness import holder_alive, start_time
 from hermes_sup.kanban.task import now_iso
 
 from . import cgroups
+from .alerts import AlertSender, rules_of
 from .boardwork import BoardWork
 from .cliargs import sane_state
 from .control import (
@@ -141,6 +142,7 @@ class Supervisor:
         # What it says, and the operator's commands, are also events of the board's stream (supevents.py).
         self.events = SupervisorEvents(self.board.events_path, lambda: self.known)
         self.say = self.events.recording(self.say)
+        self.alerts = AlertSender(self.board.events_path, rules_of(config), str(ws.root), self.say)
         self.selector = selectors.DefaultSelector()
         self.rng = random.Random()
         self.shutting_down = False
@@ -175,6 +177,7 @@ class Supervisor:
         self.selector.register(self.notify, selectors.EVENT_READ, self._on_notify)
         self.control = ControlServer(sockets / CONTROL_SOCKET, self.selector, self.events.commands(self.command),
                                      self.say)
+        self.alerts.start()
         self.boardwork = BoardWork(self.board)
         self.selector.register(self.boardwork.wake_fd, selectors.EVENT_READ, self._on_board_messages)
         self.ingest_warnings = IngestWarnings(self.board, self._team)
@@ -235,6 +238,8 @@ class Supervisor:
             AGENT_ENV: json.dumps(spec.agent_config()), WORKSPACE_ENV: str(self.ws.root),
             NOTIFY_ENV: str(self.notify_path), "PYTHONUNBUFFERED": "1", MARKER_ENV: marker_value(marker),
         }
+        for name in self.alerts.env_names():
+            env.pop(name, None)
         child.proc, child.cgroup = self._spawn(spec, env)
         child.marker = marker
         child.pidfd = os.pidfd_open(child.proc.pid)
@@ -605,6 +610,7 @@ class Supervisor:
         self.held &= self.known
         self._dirty = True
         self.ingest_warnings.team = team_of(everyone)
+        self.alerts.reconfigure(rules_of(config))
         return {"ok": True, "message": describe_reload(plan),
                 "plan": {"start": plan.start, "stop": plan.stop, "restart": plan.restart, "keep": plan.keep}}
 
@@ -731,6 +737,7 @@ class Supervisor:
             if self.shutting_down and all(child.pidfd is None for child in self.children.values()):
                 break
         self.save()
+        self.alerts.stop(timeout=BOARD_LOCK_WAIT)
         self.control.close()
         self.notify_path.unlink(missing_ok=True)
         self.selector.unregister(self.boardwork.wake_fd)

@@ -19,6 +19,8 @@ from typing import Any
 import yaml
 from hermes_sup.kanban.parse import PlainLoader
 
+from .alerts import check_alerts
+
 CONFIG_NAME = "hermes.yaml"
 WORKSPACE_ENV = "HERMES_SUP_WORKSPACE"
 # The example team and its tasks, shipped beside the code (the repository's examples/ folder).
@@ -127,7 +129,7 @@ def _strip_lines(value: Any) -> Any:
     return value
 
 
-TOP_KEYS = ("providers", "tiers", "defaults", "agents", "prices", "board")
+TOP_KEYS = ("providers", "tiers", "defaults", "agents", "prices", "board", "alerts")
 DEFAULT_KEYS = ("restart", "stop_timeout", "heartbeat_timeout", "orphan_grace", "max_rss_mb", "log_max_mb",
                 "log_keep", "max_iterations", "max_tokens", "max_cost", "terminal", "delegation")
 RESTART_KEYS = ("policy", "backoff", "max_restarts", "window", "reset_after")
@@ -186,6 +188,7 @@ def load_config(path: Path, *, skills: Callable[[], Collection[str]] | None = No
     _check_settings(defaults, "defaults", fail)
     _check_providers(raw, fail)
     _check_prices(raw, fail)
+    check_alerts(raw, fail)
     agents = raw.get("agents") or []
     if not isinstance(agents, list):
         raise fail(raw, "'agents' must be a list")
