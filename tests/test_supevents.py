@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from hermes_sup.kanban import Board
@@ -191,3 +193,24 @@ def test_a_killed_reader_resumes_over_both_kinds_missing_none_and_repeating_none
     kinds = [r["kind"] for r in streamed]
     assert kinds.count("board") == 101 and kinds.count("supervisor") >= 1 + 4 * 4  # started; per restart: 4
     assert [r["event"] for r in resumed.records() if r["kind"] == "supervisor"].count("operator_restart") == 4
+
+
+def test_an_append_that_moves_no_task_file_reaches_a_follower_at_once(tmp_path):
+    """The supervisor's events move no task file: the follower is woken by the append itself, not by
+    its once-a-second read of the log (each append lands just after it read, so that read is a
+    second away)."""
+    ws = make_ws(tmp_path)
+    log = ws / "kanban" / "events.jsonl"
+    append_record(log, {"at": AT, "kind": "supervisor", "event": "note", "note": "first"})
+    stream = Stream(ws, "-f", "--json")
+    delays = []
+    try:
+        wait_until(lambda: len(stream.lines) == 1, timeout=60)
+        for n in range(5):
+            started = time.monotonic()
+            append_record(log, {"at": AT, "kind": "supervisor", "event": "note", "note": f"n{n}"})
+            wait_until(lambda n=n: len(stream.lines) == n + 2, timeout=60, interval=0.002)
+            delays.append(time.monotonic() - started)
+    finally:
+        assert stream.end() == 0
+    assert statistics.median(delays) < 0.5, delays
