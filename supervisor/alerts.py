@@ -16,16 +16,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
-import http.client
 import json
 import os
 import random
 import re
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,14 +144,18 @@ class Pending:
     due: float = 0.0
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None  # a redirect is an answer of its own (a failure), never a second POST elsewhere
-
-
 def post(url: str, body: bytes, headers: dict[str, str], timeout: float) -> tuple[int | None, str]:
     """POST `body`; the HTTP status (None: no answer) and a short outcome free of the URL."""
-    opener = urllib.request.build_opener(_NoRedirect)
+    # Imported here: every command checks hermes.yaml (and so imports this module), only `up` posts.
+    import http.client
+    import urllib.error
+    import urllib.request
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None  # a redirect is an answer of its own (a failure), never a second POST elsewhere
+
+    opener = urllib.request.build_opener(NoRedirect)
     request = urllib.request.Request(url, data=body, method="POST",
                                      headers={"Content-Type": "application/json", **headers})
     try:

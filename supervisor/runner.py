@@ -62,6 +62,7 @@ from .procs import (
     new_marker,
     stop_all,
     strays,
+    tree_rss_mb,
 )
 from .spec import ChildSpec, build_specs, describe_reload, plan_reload
 from .statefile import StateWriter, quiet, read_state
@@ -808,19 +809,6 @@ def signal_session(sid: int, signum: int) -> None:
     for group in sorted(session_groups(sid), key=lambda g: g != sid):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(group, signum)
-
-
-def tree_rss_mb(pid: int) -> float:
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return 0.0
-    total = 0
-    for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            total += proc.memory_info().rss
-    return total / (1 << 20)
 
 
 def _with_stop_timeout(spec: ChildSpec, seconds: float) -> ChildSpec:
