@@ -61,7 +61,9 @@ def classify(line: str, agents: Collection[str], at: str) -> list[dict[str, Any]
             if found is None:
                 continue
             details = _details(found.groupdict())
-            return [{"at": at, "kind": "supervisor", "event": name, "agent": agent, **details, "note": note}
+            # The delay belongs to the restart, the exit status or signal to the exit.
+            return [{"at": at, "kind": "supervisor", "event": name, "agent": agent,
+                     **{k: v for k, v in details.items() if not (name == "exited" and k == "delay")}, "note": note}
                     for name in names]
         return [{"at": at, "kind": "supervisor", "event": "note", "agent": agent, "note": note}]
     if line.startswith("reload refused"):

@@ -39,7 +39,7 @@ def test_each_line_the_supervisor_says_about_an_agent_is_its_event_with_pid_code
                     rng=random.Random(1))
     assert [name for name, _ in events_of(f"w-1: {killed.reason}")] == ["exited", "restarting"]
     (_, exited), (_, restarting) = events_of(f"w-1: {killed.reason}")
-    assert exited["signal"] == "SIGKILL" and exited["agent"] == "w-1" and "code" not in exited
+    assert exited["signal"] == "SIGKILL" and exited["agent"] == "w-1" and "code" not in exited and "delay" not in exited
     assert restarting["delay"] == float(killed.reason.rsplit(" ", 2)[1]) > 0
     assert exited["note"] == f"w-1: {killed.reason}" and exited["kind"] == "supervisor" and exited["at"] == AT
     fatal = decide(RestartSpec(max_restarts=0), RestartHistory(), now=1.0, returncode=3, uptime=0.1,
