@@ -189,11 +189,14 @@ class AlertSender:
         self._thread = threading.Thread(target=self._run, name="alerts", daemon=True)
         self._missing: set[str] = set()
         self._secrets()
-        try:
-            self.cursor = self.path.stat().st_size  # what happened before this supervisor was alerted on then
-        except OSError:
-            self.cursor = 0
+        self.cursor = self._end()  # what happened before this supervisor was alerted on then
         self._inode: int | None = None
+
+    def _end(self) -> int:
+        try:
+            return self.path.stat().st_size
+        except OSError:
+            return 0
 
     def start(self) -> None:
         if self.rules:
@@ -209,6 +212,8 @@ class AlertSender:
         self.rules = rules  # one assignment: the thread reads it whole
         self._secrets()
         if rules and not self._thread.is_alive() and not self._stopping.is_set():
+            # The first webhook, added by a reload: alerts from now on, not for what happened before.
+            self.cursor, self._inode = self._end(), None
             self._thread.start()
 
     def env_names(self) -> set[str]:

@@ -232,6 +232,27 @@ def test_no_agent_is_given_the_webhooks_url_or_secret(tmp_path, monkeypatch, up,
     assert URL_ENV not in seen and SECRET_ENV not in seen and receiver.token not in seen and secret not in seen
 
 
+def test_a_webhook_added_by_reload_hears_of_what_happens_after_it_only(tmp_path, monkeypatch, up, hook):
+    receiver = hook()
+    ws, _ = alert_team(tmp_path, monkeypatch, receiver.url, "task_failed")
+    with_alerts = (ws / "hermes.yaml").read_text()
+    (ws / "hermes.yaml").write_text(with_alerts.split("alerts:")[0])
+    up(ws)
+    board = Board(ws / "kanban")
+    try:
+        board.add({"title": "x", "id": "before", "role": "nobody"})
+        board.move("before", "failed")
+        (ws / "hermes.yaml").write_text(with_alerts)
+        assert hermes(ws, "reload").returncode == 0
+        board.add({"title": "x", "id": "after", "role": "nobody"})
+        board.move("after", "failed")
+    finally:
+        board.close()
+    wait_until(lambda: receiver.accepted(), timeout=60)
+    wait_until(lambda: any(r["event"] == "alert_sent" for r in alert_events(ws)), timeout=30)
+    assert [json.loads(body)["event"]["task"] for _, body, _ in receiver.received] == ["after"]
+
+
 class Hole:
     """A webhook that accepts connections and never answers: each attempt waits out its timeout."""
 
