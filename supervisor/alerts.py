@@ -237,18 +237,26 @@ class AlertSender:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
-            self._read()
+            try:
+                self._turn()
+            except Exception as exc:  # a bug or a hostile log must not end the alerts for good
+                self._record({"event": "alert_error", "note": f"{type(exc).__name__}: {str(exc)[:200]}"})
+                self._stopping.wait(POLL)
             now = time.monotonic()
-            for item in [item for item in self.queue if item.due <= now]:
-                if self._stopping.is_set():
-                    break
-                self._attempt(item)
             soonest = min((item.due for item in self.queue), default=now + POLL)
-            self._stopping.wait(max(0.0, min(POLL, soonest - time.monotonic())))
+            self._stopping.wait(max(0.0, min(POLL, soonest - now)))
         for item in self.queue:
             self._record({"event": "alert_not_sent", "alert": item.alert, "for": str(item.cursor),
                           "attempt": item.attempt, "note": "the supervisor stopped before it was delivered"})
         self.queue.clear()
+
+    def _turn(self) -> None:
+        self._read()
+        now = time.monotonic()
+        for item in [item for item in self.queue if item.due <= now]:
+            if self._stopping.is_set():
+                return
+            self._attempt(item)
 
     def _read(self) -> None:
         batch = read_since(self.path, self.cursor, max_events=1000, inode=self._inode)

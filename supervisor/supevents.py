@@ -11,6 +11,7 @@ are never said). Lines about board transitions the board logs itself are not rec
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -121,7 +122,9 @@ class SupervisorEvents:
 
         def said(line: str) -> None:
             say(line)
-            self.record(classify(line, self.agents(), now_iso()))
+            # As with the line itself (statefile.quiet): an event is never worth the supervision.
+            with contextlib.suppress(Exception):
+                self.record(classify(line, self.agents(), now_iso()))
 
         return said
 
