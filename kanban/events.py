@@ -1,9 +1,10 @@
 """`events.jsonl`: the append-only log of the board's transitions and the supervisor's events, and its readers.
 
 A board line is {at, task, from, to, by, note}, appended under the board lock. The supervisor's
-lines (an agent started, exited, restarted, ...; an alert sent) carry a `kind` ("supervisor",
-"alert") and are appended without the lock, each as one O_APPEND write(2) of a whole line (see
-append_record), so a slow board never holds the supervisor up and a line is never interleaved.
+lines (an agent started, exited, restarted, ...; an alert sent) and the agents' own (a provider
+down or up, a budget reached) carry a `kind` ("supervisor", "alert", "agent") and are appended
+without the lock, each as one O_APPEND write(2) of a whole line (see append_record), so a slow
+board never holds the supervisor up and a line is never interleaved.
 Readers tail the file from an offset, take only complete lines, and skip (and report) a line that
 is not an event. The `events` command reads it by cursor: the byte offset after a line (see read_since).
 """
@@ -71,8 +72,11 @@ MAX_EVENT_LINE = 1 << 20  # longer lines are no event the board wrote; skipped u
 READ_BLOCK = 1 << 16
 EVENT_FIELDS = ("at", "task", "from", "to", "by", "note")
 # The fields of the supervisor's and the alerts' events, text or null, and those that are numbers.
-KINDS = ("board", "supervisor", "alert")
-OTHER_TEXT = ("at", "kind", "agent", "event", "note", "code", "signal", "alert", "for")
+KINDS = ("board", "supervisor", "alert", "agent")
+OTHER_TEXT = ("at", "kind", "agent", "event", "note", "code", "signal", "alert", "for", "provider", "until")
+# What an agent reports beside its task transitions (its provider's circuit breaker, a budget cap),
+# for the stream and the alerts: the names alerts know them by.
+AGENT_EVENTS = ("provider_down", "provider_up", "budget_reached")
 OTHER_NUMBERS = ("pid", "delay", "attempt", "status")
 
 
@@ -133,6 +137,16 @@ def decode_event(raw: bytes) -> dict[str, Any] | None:
                for value in numbers.values()):
         return None
     return {"kind": kind, **fields, **numbers}
+
+
+def agent_event(at: str, agent: str, name: str, note: str, *, provider: str | None = None,
+                until: str | None = None) -> dict[str, Any]:
+    """An agent's event (AGENT_EVENTS) for append_record: its provider down (until when) or up again,
+    a budget reached (pure)."""
+    if name not in AGENT_EVENTS:
+        raise ValueError(f"unknown agent event {name!r}; they are {', '.join(AGENT_EVENTS)}")
+    return {"at": at, "kind": "agent", "event": name, "agent": agent, "provider": provider, "until": until,
+            "note": note}
 
 
 def append_record(path: Path, record: dict[str, Any]) -> None:

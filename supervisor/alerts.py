@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban.events import append_record, read_since
+from hermes_sup.kanban.events import AGENT_EVENTS, append_record, read_since
 from hermes_sup.kanban.redact import remember
 from hermes_sup.kanban.task import now_iso
 
@@ -104,7 +104,7 @@ def alert_for(record: Mapping[str, Any]) -> str | None:
     event = record.get("event")
     if kind == "supervisor" and event == "fatal":
         return "agent_fatal"
-    if event in ("budget_reached", "provider_down", "provider_up"):
+    if kind == "agent" and event in AGENT_EVENTS:
         return str(event)
     return None
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from hermes_sup.kanban import Board
-from hermes_sup.kanban.events import read_since
+from hermes_sup.kanban.events import agent_event, append_record, decode_event, read_since
 from hermes_sup.supervisor.alerts import (
     SIGNATURE_HEADER,
     alert_body,
@@ -37,6 +37,7 @@ from .test_events import hermes, make_ws
 
 FAKE = Path(__file__).resolve().parent / "fake_agent.py"
 URL_ENV, SECRET_ENV = "HERMES_SUP_ALERT_URL", "HERMES_SUP_ALERT_SECRET"
+AT = "2026-01-01T00:00:00Z"
 
 
 # -- configuration and decisions (pure) ---------------------------------------------------------------
@@ -77,8 +78,11 @@ def test_which_event_raises_which_alert():
     assert alert_for({"kind": "board", "task": "t", "from": "doing", "to": "done"}) is None
     assert alert_for({"kind": "supervisor", "event": "fatal", "agent": "w"}) == "agent_fatal"
     assert alert_for({"kind": "supervisor", "event": "exited", "agent": "w"}) is None
-    assert alert_for({"kind": "supervisor", "event": "provider_down"}) == "provider_down"
-    assert alert_for({"kind": "supervisor", "event": "budget_reached"}) == "budget_reached"
+    assert alert_for(agent_event(AT, "w", "provider_down", "3 failures", provider="cloud")) == "provider_down"
+    assert alert_for(agent_event(AT, "w", "budget_reached", "team per_day 20")) == "budget_reached"
+    assert alert_for({"kind": "supervisor", "event": "provider_down"}) is None  # agents report their providers
+    with pytest.raises(ValueError):
+        agent_event(AT, "w", "provider_sideways", "")
     # The alerts' own events never raise one: a failing webhook cannot feed itself.
     assert alert_for({"kind": "alert", "event": "fatal", "to": "failed"}) is None
 
@@ -251,6 +255,22 @@ def test_a_webhook_added_by_reload_hears_of_what_happens_after_it_only(tmp_path,
     wait_until(lambda: receiver.accepted(), timeout=60)
     wait_until(lambda: any(r["event"] == "alert_sent" for r in alert_events(ws)), timeout=30)
     assert [json.loads(body)["event"]["task"] for _, body, _ in receiver.received] == ["after"]
+
+
+def test_an_agents_provider_down_event_in_the_log_is_alerted_with_its_fields(tmp_path, monkeypatch, up, hook):
+    """The circuit breakers live in the agents: one line appended with agent_event is all they need."""
+    receiver = hook()
+    ws, _ = alert_team(tmp_path, monkeypatch, receiver.url, "provider_down, provider_up")
+    up(ws)
+    log = ws / "kanban" / "events.jsonl"
+    down = agent_event(AT, "a", "provider_down", "3 refused connections", provider="cloud", until=AT)
+    append_record(log, down)
+    append_record(log, agent_event(AT, "a", "provider_up", "probe answered", provider="cloud"))
+    wait_until(lambda: len(receiver.accepted()) == 2, timeout=60)
+    docs = [json.loads(body) for _, body, _ in receiver.received]
+    assert [d["alert"] for d in docs] == ["provider_down", "provider_up"]
+    assert docs[0]["event"] == decode_event(json.dumps(down).encode()) == down
+    assert "  agent  provider_down  3 refused connections" in hermes(ws, "events").stdout
 
 
 class Hole:
