@@ -1,8 +1,12 @@
-"""`events.jsonl`: the append-only audit log of every board transition, and a tailing reader.
+"""`events.jsonl`: the append-only log of the board's transitions and the supervisor's events, and its readers.
 
-Each line is {at, task, from, to, by, note}. Writers append under the board lock; readers tail the
-file from an offset, take only complete lines, and skip (and report) a line that is not JSON. The
-`events` command reads it by cursor: the byte offset after a line (see read_since).
+A board line is {at, task, from, to, by, note}, appended under the board lock. The supervisor's
+lines (an agent started, exited, restarted, ...; an alert sent) and the agents' own (a provider
+down or up, a budget reached) carry a `kind` ("supervisor", "alert", "agent") and are appended
+without the lock, each as one O_APPEND write(2) of a whole line (see append_record), so a slow
+board never holds the supervisor up and a line is never interleaved.
+Readers tail the file from an offset, take only complete lines, and skip (and report) a line that
+is not an event. The `events` command reads it by cursor: the byte offset after a line (see read_since).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .fsio import read_complete_lines
+from .fsio import mode_for, read_complete_lines, scrub
 
 
 def event(at: str, task: str, src: str | None, dst: str | None, by: str, note: str = "") -> dict[str, Any]:
@@ -67,6 +71,13 @@ def read_all(path: Path) -> tuple[list[dict[str, Any]], int]:
 MAX_EVENT_LINE = 1 << 20  # longer lines are no event the board wrote; skipped unparsed
 READ_BLOCK = 1 << 16
 EVENT_FIELDS = ("at", "task", "from", "to", "by", "note")
+# The fields of the supervisor's and the alerts' events, text or null, and those that are numbers.
+KINDS = ("board", "supervisor", "alert", "agent")
+OTHER_TEXT = ("at", "kind", "agent", "event", "note", "code", "signal", "alert", "for", "provider", "until")
+# What an agent reports beside its task transitions (its provider's circuit breaker, a budget cap),
+# for the stream and the alerts: the names alerts know them by.
+AGENT_EVENTS = ("provider_down", "provider_up", "budget_reached")
+OTHER_NUMBERS = ("pid", "delay", "attempt", "status")
 
 
 class CursorError(ValueError):
@@ -103,14 +114,59 @@ def decode_event(raw: bytes) -> dict[str, Any] | None:
         record = json.loads(raw)
     except (ValueError, RecursionError):  # anyone who can write the log can write this
         return None
-    if not isinstance(record, dict) or not isinstance(record.get("task"), str):
+    if not isinstance(record, dict):
         return None
-    fields = {name: record.get(name) for name in EVENT_FIELDS}
-    # The board writes text or null in each; anything else (a number, a deep structure) is no
-    # event of its, and passing it on would hand a script shapes the stream never promised.
+    kind = record.get("kind", "board")
+    if kind == "board":
+        if not isinstance(record.get("task"), str):
+            return None
+        fields = {name: record.get(name) for name in EVENT_FIELDS}
+        numbers: dict[str, Any] = {}
+    elif kind in KINDS:
+        fields = {name: record.get(name) for name in OTHER_TEXT if name in record}
+        numbers = {name: record[name] for name in OTHER_NUMBERS if name in record}
+        if not isinstance(fields.get("event"), str):
+            return None
+    else:
+        return None
+    # Each is written as text or null (a count as a number); anything else (a deep structure, say) is
+    # no event of ours, and passing it on would hand a script shapes the stream never promised.
     if not all(value is None or isinstance(value, str) for value in fields.values()):
         return None
-    return fields
+    if not all(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+               for value in numbers.values()):
+        return None
+    return {"kind": kind, **fields, **numbers}
+
+
+def agent_event(at: str, agent: str, name: str, note: str, *, provider: str | None = None,
+                until: str | None = None) -> dict[str, Any]:
+    """An agent's event (AGENT_EVENTS) for append_record: its provider down (until when) or up again,
+    a budget reached (pure)."""
+    if name not in AGENT_EVENTS:
+        raise ValueError(f"unknown agent event {name!r}; they are {', '.join(AGENT_EVENTS)}")
+    return {"at": at, "kind": "agent", "event": name, "agent": agent, "provider": provider, "until": until,
+            "note": note}
+
+
+def append_record(path: Path, record: dict[str, Any]) -> None:
+    """Append one event as one write(2) of a whole line to the log's end (O_APPEND), without the board
+    lock: the kernel serialises appends to a local file, so it lands whole between the board's lines,
+    and the cursor (an offset) stays monotonic. A torn last line (its writer killed mid-write) is
+    closed first, as the board's own appends do; racing one of those at worst adds a blank line,
+    which readers skip. Raises OSError (a full disk): the caller decides what that costs."""
+    line = (scrub(json.dumps(record, ensure_ascii=False, separators=(",", ":"))) + "\n").encode(
+        "utf-8", "backslashreplace")
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    try:
+        info = os.fstat(fd)
+        if not info.st_size and info.st_uid == os.getuid():
+            os.fchmod(fd, mode_for(path.parent))
+        if info.st_size and os.pread(fd, 1, info.st_size - 1) != b"\n":
+            line = b"\n" + line
+        os.write(fd, line)
+    finally:
+        os.close(fd)
 
 
 @dataclass

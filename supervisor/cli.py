@@ -41,10 +41,9 @@ from .cliargs import (
     sane_children,
     sane_state,
 )
-from .control import CONTROL_SOCKET, SOCKET_DIR
-from .doctor import run_checks
+from .control import CONTROL_SOCKET, SOCKET_DIR, request
 from .ingestwarn import recent_rejections
-from .runner import Supervisor, request, tree_rss_mb
+from .procs import tree_rss_mb
 from .spec import build_specs
 from .statefile import read_state
 from .sweep import LOCK_FILE, sweep
@@ -292,6 +291,8 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
     """Check the config, credentials (present, never their values), providers, process containment,
     the board's filesystem, watcher, inotify limits, damaged files and disk."""
     ws = workspace_of(ctx)
+    from .doctor import run_checks  # it brings the providers' code along, which no other command needs
+
     checks = run_checks(ws)
     worst = "ok"
     for check in checks:
@@ -324,7 +325,8 @@ def _agents_option(ws: Workspace, config: dict[str, Any], csv: str | None) -> se
 
 
 @main.command()
-@click.option("--detach", is_flag=True, help="Run the supervisor in the background; return once every agent runs.")
+@click.option("-d", "--detach", is_flag=True,
+              help="Run the supervisor in the background; return once every agent runs.")
 @click.option("--agents", "agents_csv", metavar="A,B", help="Start only these agents.")
 @click.pass_context
 @handled
@@ -359,6 +361,9 @@ def up(ctx: click.Context, detach: bool, agents_csv: str | None) -> None:
     # logs scroll. Piped (or detached): plain lines only, so nobody pays for a display unseen.
     live = out.is_terminal
     console = out if live else err
+    # Imported here: the runner brings the agent runtime along, which no other command needs.
+    from .runner import Supervisor
+
     try:
         supervisor = Supervisor(ws, config, only=only, say=lambda line: console.print(
             Text.assemble((time.strftime("%H:%M:%S"), "dim"), " ", literal(line)), highlight=False,

@@ -1,4 +1,5 @@
-"""`events [-f] [--since CURSOR] [--json]`: the board's transitions as one stream with a resumable cursor.
+"""`events [-f] [--since CURSOR] [--json]`: the board's transitions and the supervisor's events (and
+the alerts sent) as one stream with a resumable cursor.
 
 Registered on the command line when cli.py imports this module (at its end).
 """
@@ -15,20 +16,61 @@ import click
 from hermes_sup.kanban import Board
 from hermes_sup.kanban.events import CursorError, check_cursor, parse_cursor, read_since
 from rich.text import Text
+from watchdog.events import (
+    FileCreatedEvent,
+    FileModifiedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
 
 from .cli import Failure, err, handled, json_option, main, open_board
 from .cliargs import json_text
 from .render import literal, visible
 
-# The watcher's wake-ups come from task files moving; the event is appended just after the move
-# (and the watcher's burst rescan wakes again 0.25 s later), so a wake-up is followed by a read,
-# and the log is read on its own this often in case a wake-up was missed or there are none.
+# Wake-ups come from writes to the log itself (the board's watcher leaves it out: its wake-ups are
+# task files moving, before the event is appended, and the supervisor's events move no file), and
+# from the board's watcher; the log is also read on its own this often, in case one was missed.
 RECHECK_WATCHED = 1.0
 RECHECK_POLLING = 0.25
+LOG_EVENTS = (FileModifiedEvent, FileCreatedEvent, FileMovedEvent)
+
+
+class _LogWritten(FileSystemEventHandler):
+    def __init__(self, board: Board) -> None:
+        self.board = board
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        path = event.dest_path if isinstance(event, FileMovedEvent) and event.dest_path else event.src_path
+        if os.path.basename(os.fsdecode(path)) == self.board.events_path.name:
+            self.board.signal.bump()
+
+
+def watch_log(board: Board) -> Any:
+    """An inotify watch on the log's folder (not recursive) that wakes the follower on each append;
+    None where inotify cannot be had (the follower then reads on its timer)."""
+    try:
+        from watchdog.observers.inotify import InotifyObserver
+
+        observer = InotifyObserver()
+        observer.schedule(_LogWritten(board), str(board.events_path.parent), recursive=False,
+                          event_filter=list(LOG_EVENTS))
+        observer.daemon = True
+        observer.start()
+    except (OSError, ImportError):
+        return None
+    return observer
 
 
 def event_line(record: dict[str, Any]) -> str:
-    """One event as a line of text, its user text with controls made visible (pure)."""
+    """One event as a line of text, its user text with controls made visible (pure). A board transition
+    reads `AT  TASK  FROM -> TO  by WHO  NOTE`; the supervisor's and the alerts' `AT  KIND  EVENT  NOTE`."""
+    kind = record.get("kind", "board")
+    if kind != "board":
+        text = f"{visible(record.get('at') or '-', one_line=True)}  {visible(kind, one_line=True)}  " \
+               f"{visible(record.get('event') or '-', one_line=True)}"
+        note = record.get("note")
+        return text + (f"  {visible(note, one_line=True)}" if note else "")
     src, dst = record.get("from"), record.get("to")
     line = (f"{visible(record.get('at') or '-', one_line=True)}  {visible(record.get('task'), one_line=True)}  "
             f"{visible(src or '-', one_line=True)} -> {visible(dst or '-', one_line=True)}  "
@@ -69,8 +111,10 @@ def print_since(board: Board, cursor: int, as_json: bool, inode: int | None = No
 @click.pass_context
 @handled
 def events(ctx: click.Context, follow: bool, since: str, as_json: bool) -> None:
-    """The board's events (every task transition), oldest first; --json: one JSON object per line,
-    each with the `cursor` to give --since to resume after it."""
+    """The board's events (every task transition) and the supervisor's (agents started, exited,
+    restarting, fatal, stopped or started by hand, reloads; alerts sent), oldest first; --json: one
+    JSON object per line with its `kind` (board, supervisor, alert) and the `cursor` to give --since
+    to resume after it."""
     try:
         cursor = parse_cursor(since)
     except CursorError as exc:
@@ -97,7 +141,13 @@ def events(ctx: click.Context, follow: bool, since: str, as_json: bool) -> None:
 
 def follow_events(board: Board, cursor: int, as_json: bool) -> None:
     inode = None
-    while True:
-        seen = board.signal.generation
-        cursor, inode = print_since(board, cursor, as_json, inode)
-        board.signal.wait(seen, RECHECK_WATCHED if board.watcher.mode == "inotify" else RECHECK_POLLING)
+    observer = watch_log(board)
+    watched = observer is not None and board.watcher.mode == "inotify"
+    try:
+        while True:
+            seen = board.signal.generation
+            cursor, inode = print_since(board, cursor, as_json, inode)
+            board.signal.wait(seen, RECHECK_WATCHED if watched else RECHECK_POLLING)
+    finally:
+        if observer is not None:
+            observer.stop()

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 from hermes_sup.kanban.liveness import START_TIME_TOLERANCE, start_time
 
 MARKER_ENV = "HERMES_SUP_INSTANCE"
@@ -201,3 +202,17 @@ def stop_all(procs: Iterable[Marked], timeout: float) -> int:
     if short is not None:
         raise short
     return len(fds)
+
+
+def tree_rss_mb(pid: int) -> float:
+    """The resident memory of a process and everything it started, in MB (0 if it is gone)."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    total = 0
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            total += proc.memory_info().rss
+    return total / (1 << 20)

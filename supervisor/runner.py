@@ -35,6 +35,7 @@ from hermes_sup.kanban.liveness import holder_alive, start_time
 from hermes_sup.kanban.task import now_iso
 
 from . import cgroups
+from .alerts import AlertSender, rules_of
 from .boardwork import BoardWork
 from .cliargs import sane_state
 from .control import (
@@ -61,11 +62,13 @@ from .procs import (
     new_marker,
     stop_all,
     strays,
+    tree_rss_mb,
 )
 from .schedules import Scheduler, schedules_of
 from .spec import ChildSpec, build_specs, describe_reload, plan_reload
 from .statefile import StateWriter, quiet, read_state
 from .steer import agent_groups, held_from, targets
+from .supevents import SupervisorEvents
 from .workspace import ConfigError, Workspace, load_config, private_dir
 
 STATE_FILE = "supervisor.json"
@@ -139,6 +142,10 @@ class Supervisor:
         self._team = team_of(specs)
         self._schedules = schedules_of(config)
         self.board = Board(ws.board_path, lock_timeout=BOARD_LOCK_WAIT)
+        # What it says, and the operator's commands, are also events of the board's stream (supevents.py).
+        self.events = SupervisorEvents(self.board.events_path, lambda: self.known)
+        self.say = self.events.recording(self.say)
+        self.alerts = AlertSender(self.board.events_path, rules_of(config), str(ws.root), self.say)
         self.selector = selectors.DefaultSelector()
         self.rng = random.Random()
         self.shutting_down = False
@@ -171,7 +178,9 @@ class Supervisor:
         self.notify = bind_private(self.notify_path, socket.SOCK_DGRAM)
         enable_credentials(self.notify)
         self.selector.register(self.notify, selectors.EVENT_READ, self._on_notify)
-        self.control = ControlServer(sockets / CONTROL_SOCKET, self.selector, self.command, self.say)
+        self.control = ControlServer(sockets / CONTROL_SOCKET, self.selector, self.events.commands(self.command),
+                                     self.say)
+        self.alerts.start()
         self.boardwork = BoardWork(self.board)
         self.selector.register(self.boardwork.wake_fd, selectors.EVENT_READ, self._on_board_messages)
         self.ingest_warnings = IngestWarnings(self.board, self._team)
@@ -234,6 +243,8 @@ class Supervisor:
             AGENT_ENV: json.dumps(spec.agent_config()), WORKSPACE_ENV: str(self.ws.root),
             NOTIFY_ENV: str(self.notify_path), "PYTHONUNBUFFERED": "1", MARKER_ENV: marker_value(marker),
         }
+        for name in self.alerts.env_names():
+            env.pop(name, None)
         child.proc, child.cgroup = self._spawn(spec, env)
         child.marker = marker
         child.pidfd = os.pidfd_open(child.proc.pid)
@@ -605,6 +616,7 @@ class Supervisor:
         self._dirty = True
         self.ingest_warnings.team = team_of(everyone)
         self.scheduler.schedules = schedules_of(config)
+        self.alerts.reconfigure(rules_of(config))
         return {"ok": True, "message": describe_reload(plan),
                 "plan": {"start": plan.start, "stop": plan.stop, "restart": plan.restart, "keep": plan.keep}}
 
@@ -731,6 +743,7 @@ class Supervisor:
             if self.shutting_down and all(child.pidfd is None for child in self.children.values()):
                 break
         self.save()
+        self.alerts.stop(timeout=BOARD_LOCK_WAIT)
         self.control.close()
         self.notify_path.unlink(missing_ok=True)
         self.selector.unregister(self.boardwork.wake_fd)
@@ -802,19 +815,6 @@ def signal_session(sid: int, signum: int) -> None:
     for group in sorted(session_groups(sid), key=lambda g: g != sid):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(group, signum)
-
-
-def tree_rss_mb(pid: int) -> float:
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return 0.0
-    total = 0
-    for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            total += proc.memory_info().rss
-    return total / (1 << 20)
 
 
 def _with_stop_timeout(spec: ChildSpec, seconds: float) -> ChildSpec:

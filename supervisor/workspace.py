@@ -20,6 +20,7 @@ import yaml
 from hermes_sup.agents.cascade import routing_error
 from hermes_sup.kanban.parse import PlainLoader
 
+from .alerts import check_alerts
 from .schedules import check_schedules
 
 CONFIG_NAME = "hermes.yaml"
@@ -130,7 +131,7 @@ def _strip_lines(value: Any) -> Any:
     return value
 
 
-TOP_KEYS = ("providers", "tiers", "defaults", "agents", "prices", "board", "schedules", "routing")
+TOP_KEYS = ("providers", "tiers", "defaults", "agents", "prices", "board", "schedules", "routing", "alerts")
 DEFAULT_KEYS = ("restart", "stop_timeout", "heartbeat_timeout", "orphan_grace", "max_rss_mb", "log_max_mb",
                 "log_keep", "max_iterations", "max_tokens", "max_cost", "terminal", "delegation")
 RESTART_KEYS = ("policy", "backoff", "max_restarts", "window", "reset_after")
@@ -193,6 +194,7 @@ def load_config(path: Path, *, skills: Callable[[], Collection[str]] | None = No
     wrong = routing_error(raw.get("routing"))
     if wrong is not None:
         raise fail(raw.get("routing") if isinstance(raw.get("routing"), dict) else raw, wrong)
+    check_alerts(raw, fail)
     agents = raw.get("agents") or []
     if not isinstance(agents, list):
         raise fail(raw, "'agents' must be a list")

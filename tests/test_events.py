@@ -130,7 +130,8 @@ def test_hostile_lines_are_skipped_and_counted_without_a_crash(tmp_path):
     result = read_since(log, 0)
     assert [r["task"] for _, r in result.events] == ["ok", "ok"]
     assert result.bad == 7 and result.cursor == log.stat().st_size
-    assert result.events[0][1] == {"at": "t", "task": "ok", "from": "todo", "to": "doing", "by": "w", "note": "n"}
+    assert result.events[0][1] == {"kind": "board", "at": "t", "task": "ok", "from": "todo", "to": "doing", "by": "w",
+                                   "note": "n"}
     assert decode_event(b"{}") is None
 
 
@@ -283,7 +284,10 @@ def test_follow_shows_a_running_team_at_work_and_a_late_half_line_only_once_comp
         wait_until(lambda: any("some-work  doing -> done" in line for line in stream.lines), timeout=90)
         moves = [line.split("  ")[2] for line in stream.lines if "  some-work  " in line]
         assert moves[0] == "- -> todo" and "todo -> doing" in moves and moves[-1] == "doing -> done", moves
-        assert all(" by " in line for line in stream.lines)
+        board_lines = [line for line in stream.lines if line.split("  ")[1] != "supervisor"]
+        assert board_lines and all(" by " in line for line in board_lines)
+        assert any(line.split("  ")[1:3] == ["supervisor", "started"] and "runner: started (pid " in line
+                   for line in stream.lines), stream.lines
         # A torn line (its writer killed) is closed by the next append: skipped, never printed.
         torn = json.dumps({"at": "t", "task": "torn-one", "from": None, "to": "todo", "by": "me", "note": ""})
         with board.events_path.open("a") as handle:

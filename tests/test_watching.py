@@ -1,0 +1,40 @@
+"""What the README's "Watching and steering a team" leans on beyond events and alerts: `up -d` as in
+compose (and again when the team runs: said, exit 0), and the read commands staying light (they do
+not import the agent runtime, the providers or an HTTP client, which were most of their time)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from .conftest import CLI, supervisor_state, wait_until
+from .test_events import hermes, make_ws
+
+FAKE = Path(__file__).resolve().parent / "fake_agent.py"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_up_d_detaches_and_says_so_when_the_team_already_runs(tmp_path):
+    ws = make_ws(tmp_path, f"- name: a\n  command: [{sys.executable}, {FAKE}, beat]\n")
+    try:
+        first = hermes(ws, "up", "-d")
+        assert first.returncode == 0, first.stderr
+        pid = supervisor_state(ws).get("pid")
+        assert pid and supervisor_state(ws)["agents"]["a"]["state"] == "running"
+        again = hermes(ws, "up", "-d")
+        assert again.returncode == 0 and f"already running in {ws} (pid {pid})" in again.stdout + again.stderr
+    finally:
+        hermes(ws, "down")
+        wait_until(lambda: not supervisor_state(ws).get("agents", {}).get("a", {}).get("pid"), timeout=60)
+
+
+def test_the_read_commands_do_not_import_the_agent_runtime_or_an_http_client():
+    code = ("import sys, hermes_sup.supervisor.cli; "
+            "print(' '.join(m for m in ('hermes_sup.supervisor.runner', 'hermes_sup.agents.worker', "
+            "'hermes_sup.agents.routing', 'urllib.request', 'http.client') if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.strip() == ""
+    # And the command that needs them still has them.
+    assert subprocess.run([*CLI, "up", "--help"], capture_output=True, cwd=ROOT, timeout=60).returncode == 0
