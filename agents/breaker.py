@@ -45,6 +45,17 @@ class Breaker:
     probe_at: float = 0.0  # half-open: when the probe went out
 
 
+def outage_event(before: Breaker, after: Breaker) -> str | None:
+    """The event a change of breaker says for alerts and the events stream: `provider_down` when a
+    closed breaker opens, `provider_up` when an open or half-open one closes, else None (a failed
+    probe re-opening it is the same outage, not a new one)."""
+    if before.state == CLOSED and after.state == OPEN:
+        return "provider_down"
+    if before.state != CLOSED and after.state == CLOSED:
+        return "provider_up"
+    return None
+
+
 def cooldown_delay(openings: int, policy: BreakerPolicy, rand: float) -> float:
     """Seconds a breaker opened `openings` times in a row stays open: `base` doubling up to `cap`,
     spread by +/- `jitter` with `rand` in [0, 1)."""

@@ -47,6 +47,7 @@ from .breaker import (
     blocked,
     failed,
     label,
+    outage_event,
     released,
 )
 from .breaker import cooldown_delay as cooldown_delay  # re-exported: callers knew it from here
@@ -456,8 +457,11 @@ class ProviderHealth:
     try ends in an "unreachable" error that gives the task back."""
 
     def __init__(self, policy: BreakerPolicy = DEFAULT_BREAKER, clock: Callable[[], float] = time.time,
-                 rng: random.Random | None = None, path: Path | None = None) -> None:
+                 rng: random.Random | None = None, path: Path | None = None,
+                 on_outage: Callable[[str, str, Breaker], None] | None = None) -> None:
         self.policy = policy
+        # Told (provider, "provider_down" | "provider_up", breaker) when an outage starts or ends.
+        self.on_outage = on_outage
         self.clock = clock
         self.rng = rng or random.Random()
         self.path = path
@@ -467,9 +471,14 @@ class ProviderHealth:
             self._save()  # a fresh start (or a new key): no stale open breaker left for doctor
 
     def _set(self, name: str, breaker: Breaker) -> Breaker:
-        if self.breakers.get(name, Breaker()) != breaker:
+        before = self.breakers.get(name, Breaker())
+        if before != breaker:
             self.breakers[name] = breaker
             self._save()
+            event = outage_event(before, breaker)
+            if event and self.on_outage is not None:
+                with contextlib.suppress(Exception):  # telling of an outage must never stop a call
+                    self.on_outage(name, event, breaker)
         return breaker
 
     def _save(self) -> None:

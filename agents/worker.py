@@ -22,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from hermes_sup.kanban import Board, BoardError, ClaimLost, TaskNotFound
+from hermes_sup.kanban.events import agent_event, append_record
 from hermes_sup.kanban.fsio import write_json_atomic
 from hermes_sup.kanban.task import now_iso
 
 from . import builtins  # noqa: F401 - registers the built-in tools
+from .breaker import Breaker, label
 from .cascade import Cascade, cascade_policy, cascades
 from .delegation import Delegator, watch_parent
 from .journal import Journal
@@ -104,7 +106,8 @@ class Agent:
         self.memory = MemoryFile(workdir / "memory" / "MEMORY.md")
         self._providers: dict[str, Provider] = {}
         self._tool_use: dict[str, ToolUse] = {}  # per provider: does it ever call the tools it is offered?
-        self.health = ProviderHealth(path=workdir / BREAKERS_FILE)  # doctor shows the breakers
+        self.health = ProviderHealth(path=workdir / BREAKERS_FILE,  # doctor shows the breakers
+                                     on_outage=self._outage)
         # Until when LLM tasks are left in todo because every provider refused its connections
         # (epoch seconds), and the reason they show meanwhile.
         self._paused: tuple[float, str] | None = None
@@ -222,6 +225,13 @@ class Agent:
             self._auto = (now, found)
         return self._auto[1]
 
+    def _outage(self, provider: str, event: str, breaker: Breaker) -> None:
+        """A provider went down or came back: say it in the events stream (alerts, the dashboard)."""
+        until = label(breaker.until) if event == "provider_down" else None
+        append_record(self.board.events_path, agent_event(now_iso(), self.name, event, breaker.why,
+                                                          provider=provider, until=until))
+        say(self.name, f"provider {provider} " + (f"down until {until} ({breaker.why})" if until else "up again"))
+
     def chain(self, tier: str) -> list[Provider]:
         configs = chain_for(tier, self.llm, self._resolve_auto, os.environ)
         chain = []
@@ -236,7 +246,7 @@ class Agent:
             self._providers.clear()
             self._auto = None
             # A new key may be what an open breaker lacked.
-            self.health = ProviderHealth(path=self.workdir / BREAKERS_FILE)
+            self.health = ProviderHealth(path=self.workdir / BREAKERS_FILE, on_outage=self._outage)
             self._paused = None
         chain = self.chain(task_tier({}, self.tier))
         self.provider = chain[0].config.name if chain else "offline"

@@ -22,6 +22,7 @@ from hermes_sup.agents.breaker import (
     describe,
     failed,
     from_dict,
+    outage_event,
     released,
     saved_states,
 )
@@ -100,6 +101,20 @@ def test_a_probe_never_heard_from_is_given_up_on_and_a_stopped_one_is_released()
     assert (freed.state, freed.until) == (OPEN, 6.0)
     assert admit(freed, 6.0, POLICY)[1], "the next call probes at once"
     assert released(Breaker(), 6.0) == Breaker()
+
+
+def test_an_outage_is_told_once_when_it_starts_and_once_when_it_ends():
+    policy = BreakerPolicy()
+    closed = Breaker()
+    opened = failed(closed, 0.0, policy, 0.5, why="unreachable", at_once=True)
+    assert outage_event(closed, opened) == "provider_down"
+    probing, allowed = admit(opened, opened.until + 1, policy)
+    assert allowed and outage_event(opened, probing) is None
+    reopened = failed(probing, opened.until + 2, policy, 0.5, why="unreachable", at_once=True)
+    assert outage_event(probing, reopened) is None, "a failed probe is the same outage"
+    assert outage_event(reopened, answered(reopened)) == "provider_up"
+    assert outage_event(closed, failed(closed, 0.0, policy, 0.5, why="timeout", at_once=False)) is None
+    assert outage_event(closed, answered(closed)) is None
 
 
 @pytest.mark.parametrize("data", [None, [], {"state": "melted"}, {"state": "open", "until": float("nan")},
@@ -234,3 +249,10 @@ def test_tasks_wait_while_the_provider_is_down_then_get_done_when_it_comes_back(
         assert [d["attempts"] for d in done] == [1, 1]
         saved = json.loads((ws / "runs" / "thinker" / BREAKERS_FILE).read_text())
         assert saved["breakers"]["flaky"]["state"] == "closed"
+    # The outage is in the events stream once, start and end, where alerts and the dashboard see it.
+    events = subprocess.run([*CLI, "-w", str(ws), "events", "--json"], capture_output=True, text=True, timeout=60,
+                            cwd=ROOT)
+    outages = [e for e in map(json.loads, events.stdout.splitlines()) if e.get("kind") == "agent"]
+    assert [(e["event"], e["agent"], e["provider"]) for e in outages] == [
+        ("provider_down", "thinker", "flaky"), ("provider_up", "thinker", "flaky")], outages
+    assert outages[0]["until"] and outages[1]["until"] is None
