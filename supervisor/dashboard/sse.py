@@ -75,6 +75,7 @@ class Hub:
         self.generation = 0
         self.clients = 0
         self.builds = 0  # how many pictures were built: the "reads only when changed" test reads it
+        self.turns = 0  # how many times a stream looked for news (woken, or on its own)
         self._events: set[asyncio.Event] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._observer: Any = None
@@ -132,19 +133,20 @@ class Hub:
     def _stop_watching(self) -> None:
         observer, self._observer = self._observer, None
         if observer is not None:
-            observer.stop()
-            observer.join(timeout=5)
+            observer.stop()  # its thread ends on its own (a daemon): nothing here waits for it
 
-    async def join(self) -> None:
+    # Both run on the event loop without awaiting anything: a client's stream is cancelled when it
+    # disconnects, and an await in its `finally` would be cancelled too, leaving the watcher running.
+    def join(self) -> None:
         self._loop = asyncio.get_running_loop()
         self.clients += 1
         if self.clients == 1:
-            await asyncio.to_thread(self._start_watching)
+            self._start_watching()
 
-    async def leave(self) -> None:
+    def leave(self) -> None:
         self.clients -= 1
         if self.clients == 0:
-            await asyncio.to_thread(self._stop_watching)
+            self._stop_watching()
 
     # -- the picture ------------------------------------------------------------------------------
 
@@ -168,7 +170,7 @@ class Hub:
     # -- one client's stream ----------------------------------------------------------------------
 
     async def stream(self, last_event_id: str | None, closed: Callable[[], bool] | None = None) -> AsyncIterator[bytes]:
-        await self.join()
+        self.join()
         try:
             yield f"retry: {RETRY_MS}\n\n".encode()
             cursor = await asyncio.to_thread(resume_cursor, last_event_id, self.events_path)
@@ -183,6 +185,7 @@ class Hub:
                     yield chunk
             shown: Any = None
             while True:
+                self.turns += 1
                 seen = self.generation
                 out = []
                 cursor, inode, _ = await self._events_since(cursor, inode, out)
@@ -195,7 +198,7 @@ class Hub:
                 if not await self.wait(seen, min(SAFETY_RECHECK, KEEPALIVE)):
                     yield b": keepalive\n\n"
         finally:
-            await self.leave()
+            self.leave()
 
     async def _events_since(self, cursor: int, inode: int | None, out: list[bytes]) -> tuple[int, int | None, int]:
         """Every event after `cursor` as frames into `out`; the new cursor, the log's inode, the count."""
