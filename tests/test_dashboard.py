@@ -195,6 +195,29 @@ def test_reads_the_board_only_when_something_changed(served: tuple[Path, Server]
     assert hub._observer is None and hub.generation == generation and hub.builds == builds
 
 
+def test_the_supervisors_state_wakes_the_stream(served: tuple[Path, Server], monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent's restart changes supervisor.json only (no board event): it is watched too, so the
+    page sees it at once, not at the next safety recheck (made longer than the test here)."""
+    import psutil
+    from hermes_sup.kanban.fsio import write_json_atomic
+
+    ws, server = served
+    monkeypatch.setattr(sse, "SAFETY_RECHECK", 3600.0)
+    monkeypatch.setattr(sse, "KEEPALIVE", 3600.0)
+    client = Stream(server.port)
+    first = json.loads(client.until(lambda f: f["event"] == "snapshot")[-1]["data"])
+    assert first["agents"] == [] and not first["supervisor"]["running"]
+    me = psutil.Process()
+    write_json_atomic(ws / "runs" / "supervisor.json", {
+        "pid": me.pid, "pid_started": me.create_time(), "agents": {
+            "worker": {"pid": None, "pid_started": None, "state": "backoff", "restarts": 3, "task": None}}})
+    frames = client.until(lambda f: f["event"] == "snapshot", timeout=60)
+    picture = json.loads(frames[-1]["data"])
+    assert picture["supervisor"]["running"] is True
+    assert [(a["name"], a["state"], a["restarts"]) for a in picture["agents"]] == [("worker", "backoff", 3)]
+    client.close()
+
+
 def test_guard_refuses_what_it_must(tmp_path: Path) -> None:
     """A non-loopback bind without a token does not start; with one, every request needs it, and
     an action needs the dashboard's own origin too."""
