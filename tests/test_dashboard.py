@@ -9,6 +9,7 @@ import re
 import signal
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,12 +63,13 @@ def drop(ws: Path, name: str, doc: dict) -> None:
 class Stream:
     """One client of /api/events, reading frames as they come."""
 
-    def __init__(self, port: int, last_event_id: str | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, port: int, last_event_id: str | None = None, headers: dict[str, str] | None = None,
+                 path: str = "/api/events") -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         if last_event_id is not None:
             extra += f"Last-Event-ID: {last_event_id}\r\n"
-        self.sock.sendall(f"GET /api/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{extra}\r\n".encode())
+        self.sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{extra}\r\n".encode())
         self.buffer = b""
         head = self._until(b"\r\n\r\n")
         self.status = int(head.split(b" ", 2)[1])
@@ -116,10 +118,15 @@ class Stream:
                 return fields
 
     def until(self, predicate, timeout: float = 30) -> list[dict[str, str]]:
-        """Frames until one satisfies `predicate` (that one last)."""
-        self.sock.settimeout(timeout)
+        """Frames until one satisfies `predicate` (that one last), within `timeout` seconds in all
+        (keepalive comments arriving meanwhile do not extend it)."""
+        deadline = time.monotonic() + timeout
         seen = []
         while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no such frame within {timeout} s; saw {seen[-3:]}")
+            self.sock.settimeout(remaining)
             frame = self.frame()
             seen.append(frame)
             if predicate(frame):
@@ -216,6 +223,30 @@ def test_the_supervisors_state_wakes_the_stream(served: tuple[Path, Server], mon
     assert picture["supervisor"]["running"] is True
     assert [(a["name"], a["state"], a["restarts"]) for a in picture["agents"]] == [("worker", "backoff", 3)]
     client.close()
+
+
+def test_the_drawers_log_follows_the_agents_journals(served: tuple[Path, Server]) -> None:
+    """A task's tool calls reach the open drawer as the agent writes them, as `task log -f` prints them."""
+    ws, server = served
+    cli(ws, "task", "add", "Followed", "--id", "followed", "--role", "nobody")
+    journal = ws / "runs" / "worker-9" / "tool_calls.jsonl"
+    journal.parent.mkdir(parents=True)
+    call = {"at": "2026-01-01T00:00:00Z", "task": "followed", "turn": "steps", "call_id": "step-1",
+            "tool": "write_file", "args": {"path": "a.txt", "content": "<b>hi</b>"}, "status": "started"}
+    journal.write_text(json.dumps(call) + "\n")
+    log = Stream(server.port, path="/api/task/followed/log")
+    assert log.status == 200
+    first = json.loads(log.until(lambda f: f["event"] == "entry")[-1]["data"])
+    assert first["kind"] == "tool" and "write_file" in first["lines"][0] and "<b>hi</b>" in first["lines"][0]
+    with open(journal, "a") as handle:  # the agent goes on while the drawer is open
+        handle.write(json.dumps({**call, "at": "2026-01-01T00:00:01Z", "status": "done", "outcome": "ok",
+                                 "result": "wrote 9 characters to a.txt", "duration_s": 0.001}) + "\n")
+    second = json.loads(log.until(lambda f: f["event"] == "entry")[-1]["data"])
+    assert "wrote 9 characters to a.txt" in second["lines"][0]
+    log.close()
+    missing = Stream(server.port, path="/api/task/no-such-task/log")
+    assert missing.status == 404
+    missing.close()
 
 
 def test_guard_refuses_what_it_must(tmp_path: Path) -> None:
@@ -390,6 +421,10 @@ def test_a_dropped_task_appears_and_moves_to_done_without_a_reload(page, team) -
     expect(card_in(page, "todo", "dropped")).to_have_count(0)
     assert page.evaluate("window.__same_page") == "yes"  # no reload
     assert not [url for url in api_calls if "/api/events" not in url]  # nor any poll of the board
+    # Its drawer: the history, and the tool calls of its steps as `task log` prints them.
+    card_in(page, "done", "dropped").click()
+    expect(page.locator("#d-history")).to_contain_text("doing → done", timeout=30_000)
+    expect(page.locator("#d-log")).to_contain_text("write_file -> ok", timeout=30_000)
 
 
 def test_kill_9_an_agent_and_its_restart_count_changes(page, team) -> None:

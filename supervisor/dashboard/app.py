@@ -26,8 +26,9 @@ from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from .. import taskrecords
 from ..workspace import Workspace
-from . import actions, security, views
+from . import actions, follow, security, views
 from .sse import Hub
 
 STATIC = Path(__file__).with_name("static")
@@ -165,6 +166,18 @@ class Dashboard:
 
         return JSONResponse(await self.call(read), headers=HEADERS)
 
+    async def task_log(self, request: Request) -> Response:
+        from hermes_sup.kanban.prefix import resolve_task_id
+
+        found = await self.call(resolve_task_id, self.board, request.path_params["task_id"])
+
+        def claims() -> list[tuple[str, str]]:
+            with self.lock:
+                return taskrecords.claims(self.board.get(found))
+
+        stream = follow.task_log(self.ws.runs_path, self.board.root, found, claims)
+        return StreamingResponse(stream, media_type="text/event-stream", headers={**HEADERS, "X-Accel-Buffering": "no"})
+
     async def add(self, request: Request) -> Response:
         body = await json_body(request)
         doc = await self.call(actions.add_task, self.board, body)
@@ -214,6 +227,7 @@ def create_app(ws: Workspace, settings: Settings) -> tuple[Guard, Dashboard]:
         Route("/api/events", dash.events),
         Route("/api/task", dash.add, methods=["POST"]),
         Route("/api/task/{task_id:str}", dash.task),
+        Route("/api/task/{task_id:str}/log", dash.task_log),
         Route("/api/task/{task_id:str}/{command:str}", dash.change, methods=["POST"]),
         Route("/api/agent/{agent:str}/{command:str}", dash.agent, methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),

@@ -4,7 +4,7 @@
 "use strict";
 
 const STATUSES = ["todo", "doing", "blocked", "done", "failed", "cancelled"];
-const state = { picture: null, open: null, events: [] };
+const state = { picture: null, open: null, events: [], log: null };
 const $ = (id) => document.getElementById(id);
 
 function el(tag, attrs, ...children) {
@@ -163,7 +163,30 @@ async function openTask(id, quiet) {
     el("li", {}, `${c.by || "?"} ${(c.at || "").slice(0, 19)}: ${c.text}`)));
   $("d-history").replaceChildren(...(doc.history || []).map((h) =>
     el("li", {}, `${(h.at || "").slice(0, 19)} ${h.from || "-"} → ${h.to || "-"} by ${h.by || "-"}${h.note ? " " + h.note : ""}`)));
-  $("d-log").textContent = (doc.log_cut ? `(${doc.log_cut} earlier lines not shown)\n` : "") + (doc.log || []).join("\n");
+  if (!state.log || state.log.id !== doc.id) followLog(doc.id);
+}
+
+// The drawer's log streams as the agents write it (the server follows their journals as `task log
+// -f` does); one stream, for the open task only.
+function followLog(id) {
+  if (state.log) state.log.source.close();
+  $("d-log").replaceChildren();
+  const source = new EventSource(`/api/task/${encodeURIComponent(id)}/log`);
+  state.log = { id, source };
+  source.addEventListener("entry", (m) => {
+    const box = $("d-log");
+    const atEnd = box.scrollTop + box.clientHeight >= box.scrollHeight - 4;
+    for (const line of JSON.parse(m.data).lines) box.append(el("div", { class: "line" }, line));
+    while (box.childElementCount > 5000) box.firstChild.remove();
+    if (atEnd) box.scrollTop = box.scrollHeight;
+  });
+  source.addEventListener("note", (m) => $("d-log").append(el("div", { class: "note" }, `note: ${JSON.parse(m.data).text}`)));
+}
+
+function closeDrawer() {
+  state.open = null;
+  if (state.log) { state.log.source.close(); state.log = null; }
+  $("drawer").hidden = true;
 }
 
 // -- actions -----------------------------------------------------------------------------------
@@ -191,7 +214,8 @@ function wire() {
     const doc = await act("/api/task", body, "add task");
     if (doc) { $("add-title").value = ""; $("add-body").value = ""; say(`added ${doc.id}`, "info"); }
   });
-  $("drawer-close").addEventListener("click", () => { state.open = null; $("drawer").hidden = true; });
+  $("drawer-close").addEventListener("click", closeDrawer);
+  document.addEventListener("keydown", (e) => { if (e.key === "Escape") closeDrawer(); });
   for (const button of $("d-actions").querySelectorAll("button")) {
     button.addEventListener("click", async () => {
       const id = state.open;
