@@ -102,10 +102,14 @@ class Stream:
         self.raw += self.buffer[:size]
         self.buffer = self.buffer[size + 2:]
 
-    def frame(self) -> dict[str, str]:
-        """The next frame (comments and retry lines skipped) as {id, event, data}."""
+    def frame(self, deadline: float) -> dict[str, str]:
+        """The next frame (comments and retry lines skipped) as {id, event, data}, by `deadline`."""
         while True:
             while b"\n\n" not in self.raw:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError("no frame in time")
+                self.sock.settimeout(remaining)
                 self._fill()
             block, _, self.raw = self.raw.partition(b"\n\n")
             fields: dict[str, str] = {}
@@ -121,13 +125,12 @@ class Stream:
         """Frames until one satisfies `predicate` (that one last), within `timeout` seconds in all
         (keepalive comments arriving meanwhile do not extend it)."""
         deadline = time.monotonic() + timeout
-        seen = []
+        seen: list[dict[str, str]] = []
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"no such frame within {timeout} s; saw {seen[-3:]}")
-            self.sock.settimeout(remaining)
-            frame = self.frame()
+            try:
+                frame = self.frame(deadline)
+            except TimeoutError:
+                raise TimeoutError(f"no such frame within {timeout} s; the last seen: {seen[-3:]}") from None
             seen.append(frame)
             if predicate(frame):
                 return seen
