@@ -77,10 +77,12 @@ def board_document(board: Board, ws: Workspace, state: dict[str, Any], alive: bo
     listing = board.list()
     members = team.load_team(ws, state, alive)
     document = render.board_document(listing.tasks, listing.damaged, None, team.reasons(listing.tasks, members))
-    created = {doc["id"]: doc.get("created_at") for doc in listing.tasks}
+    docs = {doc["id"]: doc for doc in listing.tasks}
     for items in document["columns"].values():
         for item in items:
-            item["created_at"] = created.get(item["id"])
+            doc = docs[item["id"]]
+            item["created_at"] = doc.get("created_at")
+            item["host"] = (doc.get("claim") or {}).get("host")  # where its holder runs
     return document
 
 

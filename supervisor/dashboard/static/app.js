@@ -51,7 +51,7 @@ function card(item, costs) {
     el("div", { class: "title" }, String(item.title)),
     el("div", { class: "meta" }, [item.id, who].filter(Boolean).join(" · ")),
     el("div", { class: "meta" },
-      ...[item.agent && `@${item.agent}`, attempt, el("span", { class: "age", "data-at": item.created_at || "" },
+      ...[item.agent && `@${item.agent}${item.host ? " on " + item.host : ""}`, attempt, el("span", { class: "age", "data-at": item.created_at || "" },
         age(item.created_at)), cost].filter(Boolean).flatMap((part, i) => (i ? [" · ", part] : [part]))),
     item.waiting ? el("div", { class: "why" }, `waiting: ${item.waiting}`) : null,
     (item.status === "failed" || item.status === "blocked") && item.error ? el("div", { class: "err" }, String(item.error)) : null);
