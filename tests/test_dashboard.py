@@ -471,3 +471,18 @@ def test_a_script_title_renders_as_text(page, team) -> None:
     expect(page.locator("#d-title")).to_have_text(title, timeout=30_000)
     assert page.locator("#drawer script, #drawer img, #drawer b").count() == 0
     assert page.evaluate("window.__pwned") is None
+
+
+def test_recent_events_are_the_newest_complete_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hermes_sup.supervisor.dashboard import views
+
+    with Board(tmp_path / "kanban") as board:
+        for number in range(40):
+            board.add({"id": f"t{number}", "title": "x" * 500}, by="cli")
+        path = board.events_path
+    monkeypatch.setattr(views, "RECENT_BLOCK", 4096)  # the block starts inside a line
+    with open(path, "ab") as handle:
+        handle.write(b'{"at": "torn')  # a line being written is no event yet
+    recent = views.recent_events(path, 5)
+    assert [event["task"] for event in recent] == ["t35", "t36", "t37", "t38", "t39"]
+    assert views.recent_events(tmp_path / "none.jsonl") == []

@@ -8,6 +8,7 @@ taskrecords), so the page and the terminal never disagree.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import psutil
 from hermes_sup.kanban import Board
+from hermes_sup.kanban.events import decode_event
 from hermes_sup.kanban.liveness import holder_alive
 
 from .. import render, taskrecords, team
@@ -25,6 +27,8 @@ from ..usage import read_logs, summarize
 from ..workspace import Workspace
 
 HOST = socket.gethostname()
+RECENT_EVENTS = 30
+RECENT_BLOCK = 256 << 10
 MAX_LOG_LINES = 2000
 
 
@@ -86,10 +90,26 @@ def board_document(board: Board, ws: Workspace, state: dict[str, Any], alive: bo
     return document
 
 
+def recent_events(path: Path, count: int = RECENT_EVENTS) -> list[dict[str, Any]]:
+    """The newest `count` events of the log (read from its end: a long log costs one block)."""
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            start = max(0, size - RECENT_BLOCK)
+            handle.seek(start)
+            data = handle.read(size - start)
+    except FileNotFoundError:
+        return []
+    lines = data.split(b"\n")
+    lines = lines[1 if start else 0:-1]  # a line cut by the block's start; the last, maybe unfinished
+    found = [event for event in map(decode_event, lines) if event is not None]
+    return found[-count:]
+
+
 def snapshot(board: Board, ws: Workspace) -> dict[str, Any]:
     """Everything the page draws at once."""
     state, alive = supervisor_state(ws)
-    return {"board": board_document(board, ws, state, alive),
+    return {"board": board_document(board, ws, state, alive), "recent": recent_events(board.events_path),
             "agents": agent_rows(state, alive, ws.runs_path),
             "supervisor": {"running": alive, "pid": state.get("pid") if alive else None, "host": HOST},
             "usage": usage_document(ws.runs_path), "at": time.time()}

@@ -4,7 +4,7 @@
 "use strict";
 
 const STATUSES = ["todo", "doing", "blocked", "done", "failed", "cancelled"];
-const state = { picture: null, open: null, events: [], log: null };
+const state = { picture: null, open: null, log: null };
 const $ = (id) => document.getElementById(id);
 
 function el(tag, attrs, ...children) {
@@ -100,6 +100,7 @@ function draw(picture) {
   drawHeader(picture);
   drawBoard(picture.board, picture.usage);
   drawAgents(picture.agents);
+  drawEvents(picture.recent || []);
 }
 
 function tickAges() {
@@ -108,12 +109,14 @@ function tickAges() {
 
 // -- the event stream --------------------------------------------------------------------------
 
-function addEvent(e) {
-  const line = `${(e.at || "").slice(11, 19)} ${e.task} ${e.from || "-"} → ${e.to || "-"} by ${e.by || "-"}` +
+function eventLine(e) {
+  return `${(e.at || "").slice(11, 19)} ${e.task} ${e.from || "-"} → ${e.to || "-"} by ${e.by || "-"}` +
     (e.note ? ` ${e.note}` : "");
-  state.events.unshift(line);
-  state.events.length = Math.min(state.events.length, 100);
-  $("events").replaceChildren(...state.events.map((text) => el("li", {}, text)));
+}
+
+// The newest events, newest first: the picture's own list (so a fresh page has them too).
+function drawEvents(recent) {
+  $("events").replaceChildren(...recent.slice().reverse().map((e) => el("li", {}, eventLine(e))));
 }
 
 function connect() {
@@ -125,10 +128,12 @@ function connect() {
   });
   source.addEventListener("snapshot", (m) => {
     draw(JSON.parse(m.data));
-    if (state.open) openTask(state.open, true);
   });
-  source.addEventListener("event", (m) => addEvent(JSON.parse(m.data)));
-  source.addEventListener("reset", (m) => addEvent({ task: "(stream)", note: JSON.parse(m.data).reason }));
+  // Each event is followed by the picture it led to; an event itself only matters to an open drawer.
+  source.addEventListener("event", (m) => {
+    if (state.open && JSON.parse(m.data).task === state.open) openTask(state.open, true);
+  });
+  source.addEventListener("reset", (m) => say(JSON.parse(m.data).reason, "info"));
 }
 
 // -- the drawer --------------------------------------------------------------------------------
