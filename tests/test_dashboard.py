@@ -228,6 +228,27 @@ def test_the_supervisors_state_wakes_the_stream(served: tuple[Path, Server], mon
     client.close()
 
 
+def test_open_streams_are_capped(served: tuple[Path, Server], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client opening stream after stream (each a coroutine reading files) gets 503 past the cap,
+    and a closed stream frees its place."""
+    from hermes_sup.supervisor.dashboard import app
+
+    _ws, server = served
+    monkeypatch.setattr(app, "MAX_STREAMS", 2)
+    first, second = Stream(server.port), Stream(server.port)
+    for stream in (first, second):
+        stream.until(lambda f: f["event"] == "snapshot")
+    third = Stream(server.port)
+    assert third.status == 503
+    third.close()
+    first.close()
+    wait_until(lambda: server.dashboard.streams == 1, timeout=30)
+    again = Stream(server.port)
+    assert again.status == 200
+    again.close()
+    second.close()
+
+
 def test_the_drawers_log_follows_the_agents_journals(served: tuple[Path, Server]) -> None:
     """A task's tool calls reach the open drawer as the agent writes them, as `task log -f` prints them."""
     ws, server = served
@@ -272,6 +293,8 @@ def test_guard_refuses_what_it_must(tmp_path: Path) -> None:
     try:
         wait_until(lambda: server.server.started, timeout=30)
         base = f"127.0.0.1:{server.port}"
+        taken = cli(ws, "dashboard", "--port", str(server.port), check=False, timeout=30)
+        assert taken.returncode == 1 and f"cannot listen on 127.0.0.1:{server.port}" in taken.stderr
 
         def ask(method: str, path: str, headers: dict[str, str], body: bytes = b"",
                 length: int | None = None) -> tuple[int, dict]:
@@ -486,3 +509,17 @@ def test_recent_events_are_the_newest_complete_ones(tmp_path: Path, monkeypatch:
     recent = views.recent_events(path, 5)
     assert [event["task"] for event in recent] == ["t35", "t36", "t37", "t38", "t39"]
     assert views.recent_events(tmp_path / "none.jsonl") == []
+
+
+def test_stop_and_start_an_agent_from_the_page(page, team) -> None:
+    from playwright.sync_api import expect
+
+    ws, _url = team
+    row = page.locator("#agents tr[data-agent='worker-1']")
+    expect(row.locator(".state")).to_have_text("running", timeout=30_000)
+    row.locator("button[data-command='stop']").click()
+    expect(row.locator(".state")).to_have_text("stopped (held)", timeout=60_000)
+    assert supervisor_state(ws)["agents"]["worker-1"]["held"] is True
+    row.locator("button[data-command='start']").click()
+    expect(row.locator(".state")).to_have_text("running", timeout=60_000)
+    expect(page.locator("#message")).to_contain_text("start worker-1", timeout=30_000)

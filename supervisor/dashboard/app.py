@@ -10,7 +10,7 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
 from pathlib import Path
@@ -32,6 +32,7 @@ from . import actions, follow, security, views
 from .sse import Hub
 
 STATIC = Path(__file__).with_name("static")
+MAX_STREAMS = 64  # open event streams (pages, drawers) at once: each holds a coroutine and reads files
 MAX_BODY = (1 << 20) + (64 << 10)  # a 1 MiB comment or task body, in JSON, with room for its quoting
 HEADERS = {
     # The page's own scripts and styles only: a title that slipped into markup still runs nothing.
@@ -125,6 +126,23 @@ class Dashboard:
         self.board = Board(ws.board_path)
         self.lock = threading.Lock()  # one board call at a time from this process's threads
         self.hub = Hub(self.board.root, ws.runs_path, self._picture)
+        self.streams = 0
+
+    def counted(self, stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """`stream`, counted among the open streams while it runs."""
+        if self.streams >= MAX_STREAMS:
+            raise actions.ActionError(f"too many open streams ({MAX_STREAMS}); close some pages", 503)
+
+        async def run() -> AsyncIterator[bytes]:
+            # Counted once running: a stream whose client left before it started never runs its finally.
+            self.streams += 1
+            try:
+                async for chunk in stream:
+                    yield chunk
+            finally:
+                self.streams -= 1
+
+        return run()
 
     def _picture(self) -> dict[str, Any]:
         with self.lock:
@@ -154,7 +172,7 @@ class Dashboard:
 
     async def events(self, request: Request) -> Response:
         last = request.headers.get("last-event-id") or request.query_params.get("since")
-        return StreamingResponse(self.hub.stream(last), media_type="text/event-stream",
+        return StreamingResponse(self.counted(self.hub.stream(last)), media_type="text/event-stream",
                                  headers={**HEADERS, "X-Accel-Buffering": "no"})
 
     async def task(self, request: Request) -> Response:
@@ -176,7 +194,8 @@ class Dashboard:
                 return taskrecords.claims(self.board.get(found))
 
         stream = follow.task_log(self.ws.runs_path, self.board.root, found, claims)
-        return StreamingResponse(stream, media_type="text/event-stream", headers={**HEADERS, "X-Accel-Buffering": "no"})
+        return StreamingResponse(self.counted(stream), media_type="text/event-stream",
+                                 headers={**HEADERS, "X-Accel-Buffering": "no"})
 
     async def add(self, request: Request) -> Response:
         body = await json_body(request)

@@ -110,7 +110,7 @@ function tickAges() {
 // -- the event stream --------------------------------------------------------------------------
 
 function eventLine(e) {
-  return `${(e.at || "").slice(11, 19)} ${e.task} ${e.from || "-"} → ${e.to || "-"} by ${e.by || "-"}` +
+  return `${(e.at || "").slice(11, 19)} ${e.task || e.agent || "-"} ${e.from || "-"} → ${e.to || "-"} by ${e.by || "-"}` +
     (e.note ? ` ${e.note}` : "");
 }
 
