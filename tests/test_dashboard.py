@@ -523,3 +523,23 @@ def test_stop_and_start_an_agent_from_the_page(page, team) -> None:
     row.locator("button[data-command='start']").click()
     expect(row.locator(".state")).to_have_text("running", timeout=60_000)
     expect(page.locator("#message")).to_contain_text("start worker-1", timeout=30_000)
+
+
+def test_up_detach_serves_the_dashboard_until_down(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path)
+    try:
+        cli(ws, "up", "--detach", "--dashboard", "--dashboard-port", "0", timeout=120)
+        said = re.compile(r"dashboard: http://127\.0\.0\.1:(\d+)/")
+        port = int(wait_until(lambda: (said.findall((ws / "runs" / "supervisor.log").read_text()) or [None])[0],
+                              timeout=60))
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(f"GET /api/snapshot HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode())
+            reply = b""
+            while chunk := sock.recv(65536):
+                reply += chunk
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200") and json.loads(body)["supervisor"]["running"] is True
+    finally:
+        cli(ws, "down", "--timeout", "10", check=False, timeout=120)
+    with pytest.raises(ConnectionRefusedError):  # gone with the supervisor
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
