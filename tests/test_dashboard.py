@@ -273,6 +273,48 @@ def test_the_drawers_log_follows_the_agents_journals(served: tuple[Path, Server]
     missing.close()
 
 
+def post(port: int, path: str, body: object) -> tuple[int, dict]:
+    """One action as the page sends it: JSON, from the dashboard's own origin."""
+    data = json.dumps(body).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nOrigin: http://127.0.0.1:{port}\r\n"
+                     f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+                     .encode() + data)
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    head, _, rest = reply.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), json.loads(rest)
+
+
+def test_task_actions_answer_comment_retry(served: tuple[Path, Server]) -> None:
+    ws, server = served
+    status, doc = post(server.port, "/api/task", {"title": "Ask me", "id": "ask-me", "role": "work", "priority": 3})
+    assert status == 201 and doc["priority"] == 3
+    with Board(ws / "kanban") as board:
+        claimed = board.claim("worker-1", roles=["work"])
+        assert claimed is not None and claimed["id"] == "ask-me"
+        board.block("ask-me", claimed["claim"]["token"], "needs a person", question="Which quarter?")
+    status, doc = post(server.port, "/api/task/ask/answer", {"text": "Q3"})  # a unique prefix, as the CLI takes
+    assert status == 200 and doc["status"] == "todo" and doc["comments"][-1]["text"] == "Q3"
+    status, doc = post(server.port, "/api/task/ask-me/comment", {"text": "thanks <b>all</b>"})
+    assert status == 200 and doc["comments"][-1] == {**doc["comments"][-1], "text": "thanks <b>all</b>",
+                                                     "by": "dashboard"}
+    assert post(server.port, "/api/task/ask-me/comment", {"text": "   "})[0] == 400
+    assert post(server.port, "/api/task/ask-me/comment", {"text": 7})[0] == 400
+    assert post(server.port, "/api/task/ask-me/retry", {})[0] == 409  # in todo: nothing to retry
+    assert post(server.port, "/api/task/ask-me/cancel", {})[1]["status"] == "cancelled"
+    assert post(server.port, "/api/task/ask-me/retry", {})[1]["status"] == "todo"
+    assert post(server.port, "/api/task/ask-me/explode", {})[0] == 404
+    for bad in ([], {"title": ""}, {"title": "x", "priority": "high"}, {"title": "x", "depends_on": "a"},
+                {"title": "x", "priority": True}):
+        status, reply = post(server.port, "/api/task", bad)
+        assert status == 400 and reply["error"], bad
+    events = [json.loads(line) for line in (ws / "kanban" / "events.jsonl").read_text().splitlines()]
+    mine = [(e["to"], e["by"]) for e in events if e["by"] == "dashboard"]
+    assert mine == [("todo", "dashboard"), ("todo", "dashboard"), ("cancelled", "dashboard"), ("todo", "dashboard")]
+
+
 def test_guard_refuses_what_it_must(tmp_path: Path) -> None:
     """A non-loopback bind without a token does not start; with one, every request needs it, and
     an action needs the dashboard's own origin too."""
@@ -543,3 +585,30 @@ def test_up_detach_serves_the_dashboard_until_down(tmp_path: Path) -> None:
         cli(ws, "down", "--timeout", "10", check=False, timeout=120)
     with pytest.raises(ConnectionRefusedError):  # gone with the supervisor
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
+
+
+def test_with_a_token_the_page_works_once_opened_with_it(browser, tmp_path: Path) -> None:
+    """The token given once in the address becomes a cookie: the page, its stream and its actions
+    work, the address bar no longer shows it, and a page opened without it gets 401."""
+    from playwright.sync_api import expect
+
+    ws = init(tmp_path / "ws")
+    server = Server(find_workspace(ws), Settings(host="127.0.0.1", port=0, token=TOKEN))
+    server.start_thread()
+    context = browser.new_context()
+    try:
+        wait_until(lambda: server.server.started, timeout=30)
+        page = context.new_page()
+        assert page.goto(f"http://127.0.0.1:{server.port}/").status == 401
+        page.goto(f"http://127.0.0.1:{server.port}/?token={TOKEN}")
+        assert page.url == f"http://127.0.0.1:{server.port}/"
+        expect(page.locator("#live")).to_have_attribute("data-state", "live", timeout=30_000)
+        page.fill("#add-title", "Added with a token")
+        page.click("#add-form button[type=submit]")
+        expect(page.locator("#board .column[data-status='todo'] .card .title")).to_have_text(
+            "Added with a token", timeout=30_000)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "test_with_a_token.png"), full_page=True)
+    finally:
+        context.close()
+        server.stop()

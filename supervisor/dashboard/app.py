@@ -12,7 +12,7 @@ import socket
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
-from http.cookies import SimpleCookie
+from http.cookies import CookieError, SimpleCookie
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -75,16 +75,16 @@ class Guard:
             await self.app(scope, receive, send)
             return
         headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
-        cookie = SimpleCookie()
+        cookie: SimpleCookie = SimpleCookie()
         try:
             cookie.load(headers.get("cookie", ""))
-        except Exception:  # a malformed cookie header is no token
+        except CookieError:  # a malformed cookie header is no token
             cookie = SimpleCookie()
         morsel = cookie.get(security.TOKEN_COOKIE)
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         path = scope["path"]
         verdict = security.judge(
-            method=scope["method"], is_action=path.startswith("/api/") and scope["method"] != "GET",
+            method=scope["method"], is_action=path.startswith("/api/") and scope["method"] not in ("GET", "HEAD"),
             host_header=headers.get("host"), origin=headers.get("origin"), scheme=scope.get("scheme", "http"),
             bound_loopback=self.settings.loopback, expected_token=self.settings.token,
             header_token=security.bearer(headers.get("authorization")),
