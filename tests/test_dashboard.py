@@ -409,6 +409,31 @@ def test_loopback_answers_only_a_loopback_host() -> None:
                               query_token=None).status == 0
 
 
+@pytest.mark.parametrize(("host", "loopback"), [
+    ("127.0.0.1", True), ("127.3.2.1", True), ("::1", True), ("[::1]", True), ("localhost", True),
+    ("LOCALHOST", True), ("0.0.0.0", False), ("::", False), ("192.168.1.5", False),
+    ("127.0.0.1.evil.example", False), ("localhost.evil.example", False), ("", False)])
+def test_is_loopback(host: str, loopback: bool) -> None:
+    assert security.is_loopback(host) is loopback
+
+
+def test_origin_and_token_decisions() -> None:
+    assert security.split_host("[::1]:8765") == ("::1", "8765")
+    assert security.split_host("localhost") == ("localhost", "")
+    assert security.same_origin("http://127.0.0.1:8765", "127.0.0.1:8765", "http")
+    assert not security.same_origin("http://127.0.0.1:8766", "127.0.0.1:8765", "http")
+    assert not security.same_origin("https://127.0.0.1:8765", "127.0.0.1:8765", "http")
+    assert not security.same_origin("null", "127.0.0.1:8765", "http")  # a sandboxed frame, a file: page
+    assert security.bearer("Bearer abc") == "abc" and security.bearer("Basic abc") is None
+    assert security.bearer("Bearer ") is None and security.bearer(None) is None
+    assert security.token_matches(None, None) and not security.token_matches("secret", None)
+    assert not security.token_matches("secret", "secreT") and security.token_matches("secret", "secret")
+    with pytest.raises(security.BindError, match="not a loopback"):
+        security.check_bind("0.0.0.0", None, None)
+    security.check_bind("0.0.0.0", "VAR", "x" * security.MIN_TOKEN)
+    security.check_bind("localhost", None, None)
+
+
 # -- in a real browser -------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
