@@ -169,7 +169,9 @@ class Hub:
 
     # -- one client's stream ----------------------------------------------------------------------
 
-    async def stream(self, last_event_id: str | None, closed: Callable[[], bool] | None = None) -> AsyncIterator[bytes]:
+    async def stream(self, last_event_id: str | None) -> AsyncIterator[bytes]:
+        """One client's frames: the events after its Last-Event-ID (if this log gave it), then the
+        picture, then each new event and picture as they come, until the client goes."""
         self.join()
         try:
             yield f"retry: {RETRY_MS}\n\n".encode()
@@ -180,7 +182,7 @@ class Hub:
                     yield frame("reset", {"reason": "unknown Last-Event-ID: starting afresh"})
                 cursor = await asyncio.to_thread(end_cursor, self.events_path)
             else:
-                cursor, inode, _ = await self._events_since(cursor, inode, out := [])
+                cursor, inode = await self._events_since(cursor, inode, out := [])
                 for chunk in out:
                     yield chunk
             shown: Any = None
@@ -188,7 +190,7 @@ class Hub:
                 self.turns += 1
                 seen = self.generation
                 out = []
-                cursor, inode, _ = await self._events_since(cursor, inode, out)
+                cursor, inode = await self._events_since(cursor, inode, out)
                 for chunk in out:
                     yield chunk
                 picture = await asyncio.to_thread(self.picture)
@@ -200,9 +202,8 @@ class Hub:
         finally:
             self.leave()
 
-    async def _events_since(self, cursor: int, inode: int | None, out: list[bytes]) -> tuple[int, int | None, int]:
-        """Every event after `cursor` as frames into `out`; the new cursor, the log's inode, the count."""
-        count = 0
+    async def _events_since(self, cursor: int, inode: int | None, out: list[bytes]) -> tuple[int, int | None]:
+        """Every event after `cursor` as frames into `out`; the new cursor and the log's inode."""
         while True:
             batch = await asyncio.to_thread(read_since, self.events_path, cursor, 1000, inode)
             if batch.restarted:
@@ -210,7 +211,6 @@ class Hub:
             inode = batch.inode
             for end, record in batch.events:
                 out.append(frame("event", {"cursor": end, **record}, end))
-                count += 1
             if batch.cursor == cursor:
-                return cursor, inode, count
+                return cursor, inode
             cursor = batch.cursor
