@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: up test lint bench clean
+.PHONY: up test lint bench clean chromium
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,22 @@ up: $(VENV)/.installed
 	@test -e kanban/events.jsonl || cp examples/*.json kanban/inbox/
 	$(BIN)/hermes-sup up
 
-test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q
+# The dashboard's browser tests drive the system's Chromium (never a browser download at run time):
+# Debian's package, installed here when it is missing.
+CHROMIUM ?= /usr/bin/chromium
+chromium:
+	@test -x "$(CHROMIUM)" || { \
+	  if [ "$$(id -u)" = 0 ]; then sudo=""; \
+	  elif command -v sudo >/dev/null 2>&1; then sudo="sudo"; \
+	  else echo "make: $(CHROMIUM) is missing and neither root nor sudo can install it: run 'apt-get install chromium' as root (or set CHROMIUM=/path/to/chromium)" >&2; exit 1; fi; \
+	  command -v apt-get >/dev/null 2>&1 || { echo "make: $(CHROMIUM) is missing and there is no apt-get here: install Chromium with your package manager and run make test CHROMIUM=/path/to/chromium" >&2; exit 1; }; \
+	  echo "installing Debian's chromium for the dashboard's browser tests"; \
+	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends chromium \
+	    || { echo "make: installing chromium failed; the dashboard's browser tests need it" >&2; exit 1; }; \
+	  test -x "$(CHROMIUM)" || { echo "make: chromium is installed but $(CHROMIUM) is not there: run make test CHROMIUM=/path/to/chromium" >&2; exit 1; }; }
+
+test: $(VENV)/.installed-test chromium
+	HERMES_SUP_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -q
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .

@@ -328,9 +328,14 @@ def _agents_option(ws: Workspace, config: dict[str, Any], csv: str | None) -> se
 @click.option("-d", "--detach", is_flag=True,
               help="Run the supervisor in the background; return once every agent runs.")
 @click.option("--agents", "agents_csv", metavar="A,B", help="Start only these agents.")
+@click.option("--dashboard", "with_dashboard", is_flag=True,
+              help="Also serve the web dashboard on 127.0.0.1 (see `dashboard`).")
+@click.option("--dashboard-port", type=click.IntRange(0, 65535), default=8765, show_default=True,
+              help="The dashboard's port with --dashboard.")
 @click.pass_context
 @handled
-def up(ctx: click.Context, detach: bool, agents_csv: str | None) -> None:
+def up(ctx: click.Context, detach: bool, agents_csv: str | None, with_dashboard: bool = False,
+       dashboard_port: int = 8765) -> None:
     """Start the supervisor and the team (foreground: events and agent logs; Ctrl-C stops)."""
     ws = workspace_of(ctx)
     config = load_config(ws.config_path)
@@ -356,7 +361,7 @@ def up(ctx: click.Context, detach: bool, agents_csv: str | None) -> None:
         raise Failure(f"hermes-sup is already running in {ws.root} (pid {running.get('pid', '?')})") from None
     if detach:
         singleton.release()
-        sys.exit(_detach(ws, agents_csv))
+        sys.exit(_detach(ws, agents_csv, dashboard_port if with_dashboard else None))
     # At a terminal: a live table of the agents and the board above which events and the agents'
     # logs scroll. Piped (or detached): plain lines only, so nobody pays for a display unseen.
     live = out.is_terminal
@@ -370,6 +375,13 @@ def up(ctx: click.Context, detach: bool, agents_csv: str | None) -> None:
             soft_wrap=True))  # one line each, piped or not
         tail = LogTail(supervisor.children, out)
         tail.start()
+        web = None
+        if with_dashboard:  # in a thread of this process: it ends with the supervisor, however that ends
+            from .cli_dashboard import dashboard_server, url_of
+
+            web = dashboard_server(ws, "127.0.0.1", dashboard_port, None)
+            web.start_thread()
+            supervisor.say(f"dashboard: {url_of('127.0.0.1', web.port)}")
         if live:
             from rich.live import Live
 
@@ -380,17 +392,21 @@ def up(ctx: click.Context, detach: bool, agents_csv: str | None) -> None:
         else:
             code = supervisor.serve()
         tail.stop()
+        if web is not None:
+            web.stop()
     finally:
         singleton.release()
     sys.exit(code)
 
 
-def _detach(ws: Workspace, agents_csv: str | None) -> int:
+def _detach(ws: Workspace, agents_csv: str | None, dashboard_port: int | None = None) -> int:
     # -P: the workspace is the working directory, and its kanban/ board folder must not shadow
     # the kanban package.
     command = [sys.executable, "-P", "-m", "hermes_sup.supervisor", "-w", str(ws.root), "up"]
     if agents_csv:
         command += ["--agents", agents_csv]
+    if dashboard_port is not None:
+        command += ["--dashboard", "--dashboard-port", str(dashboard_port)]
     with open(ws.runs_path / "supervisor.log", "ab") as log:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, close_fds=True)
@@ -757,5 +773,5 @@ def read_supervisor_state(ws: Workspace) -> dict[str, Any]:
 
 # Register, on the groups above, the task commands (cli_task: add, list, show, cancel, answer, retry,
 # move; cli_tasklog: task log), `events` (cli_events), `logs` (cli_logs), and `stop`, `start`, `ps`,
-# `task wait` and `task comment` (cli_steer).
-from . import cli_events, cli_logs, cli_schedules, cli_steer, cli_task, cli_tasklog  # noqa: E402, F401
+# `task wait` and `task comment` (cli_steer), `schedules` (cli_schedules), `dashboard` (cli_dashboard).
+from . import cli_dashboard, cli_events, cli_logs, cli_schedules, cli_steer, cli_task, cli_tasklog  # noqa: E402, F401

@@ -59,7 +59,9 @@ def test_the_wheel_owns_one_import_name_and_carries_the_skills_and_the_example(w
     assert tops == {"hermes_sup"}
     for shipped in ("hermes_sup/skills/data_tools.py", "hermes_sup/skills/code_review/SKILL.md",
                     "hermes_sup/examples/hermes.yaml", "hermes_sup/examples/weekly-report.json",
-                    "hermes_sup/agents/__main__.py", "hermes_sup/supervisor/__main__.py"):
+                    "hermes_sup/agents/__main__.py", "hermes_sup/supervisor/__main__.py",
+                    "hermes_sup/supervisor/dashboard/app.py", "hermes_sup/supervisor/dashboard/static/index.html",
+                    "hermes_sup/supervisor/dashboard/static/app.js", "hermes_sup/supervisor/dashboard/static/app.css"):
         assert shipped in names, shipped
 
 

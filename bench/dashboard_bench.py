@@ -1,0 +1,134 @@
+"""The web dashboard: how soon a board transition is visible in the page, and what the server costs idle.
+
+Run by hand: `python bench/dashboard_bench.py [--transitions 200] [--idle 30] [--clients 5]`. It needs
+the system's Chromium (/usr/bin/chromium, or HERMES_SUP_CHROMIUM) and playwright (the test extras).
+
+1. Event -> visible: `hermes-sup dashboard` serves a fresh workspace; a headless Chromium shows the
+   page. The bench makes one transition at a time through the board's verbs (add a task: a card
+   appears in todo; cancel it: the card moves to cancelled), and a MutationObserver in the page
+   stamps the moment the card is in its new column. Latency = that stamp minus the moment just before
+   the verb was called (both clocks are this machine's wall clock, in ms with fractions).
+2. Idle: --clients event-stream clients stay connected and nothing changes for --idle seconds: the
+   server's CPU (percent of one core) and RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+from hermes_sup.kanban import Board
+
+CHROMIUM = os.environ.get("HERMES_SUP_CHROMIUM", "/usr/bin/chromium")
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run"]
+CLI = [sys.executable, "-m", "hermes_sup.supervisor"]
+
+# Stamps, in the page, when each card reaches each column (performance.timeOrigin + now(): wall clock
+# with sub-millisecond fractions).
+OBSERVER = """
+window.__seen = {};
+new MutationObserver(() => {
+  const now = performance.timeOrigin + performance.now();
+  for (const card of document.querySelectorAll('#board .card[data-id]')) {
+    const key = card.closest('.column').dataset.status + ' ' + card.dataset.id;
+    if (!(key in window.__seen)) window.__seen[key] = now;
+  }
+}).observe(document.getElementById('board'), {childList: true, subtree: true});
+"""
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
+
+
+def serve(ws: Path) -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen([*CLI, "-w", str(ws), "dashboard", "--port", "0"], stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    found = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+    if not found:
+        proc.kill()
+        raise SystemExit(f"the dashboard did not start: {line}{proc.stderr.read()}")
+    return proc, int(found.group(1))
+
+
+def latency(ws: Path, port: int, transitions: int) -> list[float]:
+    from playwright.sync_api import sync_playwright
+
+    results: list[float] = []
+    with sync_playwright() as playwright, Board(ws / "kanban") as board:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        page = browser.new_page()
+        page.goto(f"http://127.0.0.1:{port}/")
+        page.wait_for_selector("#live[data-state='live']")
+        page.wait_for_selector("#board .column[data-status='todo']")
+        page.evaluate(OBSERVER)
+        for number in range(transitions):
+            task_id, adding = f"bench-{number // 2}", number % 2 == 0
+            started = time.time() * 1000
+            if adding:
+                board.add({"id": task_id, "title": f"bench {number // 2}", "role": "nobody"}, by="bench")
+            else:
+                board.cancel(task_id, by="bench")
+            key = f"{'todo' if adding else 'cancelled'} {task_id}"
+            page.wait_for_function(f"() => {json.dumps(key)} in window.__seen", timeout=30_000)
+            results.append(page.evaluate(f"window.__seen[{json.dumps(key)}]") - started)
+        browser.close()
+    return results
+
+
+def idle(proc: subprocess.Popen[str], port: int, clients: int, seconds: float) -> tuple[float, float]:
+    socks = []
+    for _ in range(clients):
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(f"GET /api/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+        sock.recv(1 << 20)  # the headers and the first picture (enough to know it is connected)
+        socks.append(sock)
+    time.sleep(1.0)  # let the connections settle before measuring
+    server = psutil.Process(proc.pid)
+    before = server.cpu_times()
+    time.sleep(seconds)
+    after = server.cpu_times()
+    rss = server.memory_info().rss / (1 << 20)
+    for sock in socks:
+        sock.close()
+    used = (after.user - before.user) + (after.system - before.system)
+    return 100 * used / seconds, rss
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--transitions", type=int, default=200)
+    parser.add_argument("--idle", type=float, default=30.0)
+    parser.add_argument("--clients", type=int, default=5)
+    options = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="dashboard-bench-") as folder:
+        ws = Path(folder) / "ws"
+        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True)
+        proc, port = serve(ws)
+        try:
+            values = latency(ws, port, options.transitions)
+            cpu, rss = idle(proc, port, options.clients, options.idle)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    print(f"event -> visible in the page, {len(values)} transitions: p50 {percentile(values, 0.5):.1f} ms, "
+          f"p99 {percentile(values, 0.99):.1f} ms, mean {statistics.mean(values):.1f} ms, max {max(values):.1f} ms")
+    print(f"idle with {options.clients} clients connected for {options.idle:g} s: server CPU {cpu:.2f}% of one core, "
+          f"RSS {rss:.1f} MB")
+
+
+if __name__ == "__main__":
+    main()
