@@ -28,7 +28,8 @@ def memory(ctx: ToolContext, args: dict[str, Any]) -> str:
     if ctx.memory is None:
         raise ToolError("this agent has no memory file")
     try:
-        return ctx.memory.change(args["action"], content=args.get("content"), old_text=args.get("old_text"))
+        return ctx.memory.change(args.get("action"), content=args.get("content"), old_text=args.get("old_text"),
+                                 target=args.get("target") or "memory", operations=args.get("operations"))
     except MemoryEntryError as exc:
         raise ToolError(str(exc)) from None
 
@@ -90,12 +91,23 @@ def kanban_comment(ctx: ToolContext, args: dict[str, Any]) -> str:
 register(Tool("wait", "Wait a number of seconds.", wait,
               {"type": "object", "properties": {"seconds": {"type": "number", "minimum": 0}}, "required": ["seconds"]},
               capabilities=("fs.read",), idempotent=True, toolset="board"))
-register(Tool("memory", "Keep a fact across tasks (add), or replace or remove the entry holding old_text.",
+MEMORY_OPERATION = {"type": "object", "properties": {
+    "action": {"type": "string", "enum": ["add", "replace", "remove"]},
+    "content": _string("the fact, for add and replace"),
+    "old_text": _string("a piece of the entry to change, unique to it, for replace and remove")},
+    "required": ["action"], "additionalProperties": False}
+register(Tool("memory", "Keep a fact across tasks (add), or replace or remove the entry holding old_text; "
+              "target 'memory' (your notes, the default) or 'user' (what you know of the user); several "
+              "changes at once as operations.",
               memory, {"type": "object", "properties": {
-                  "action": {"type": "string", "enum": ["add", "replace", "remove"]},
-                  "content": _string("the fact, for add and replace"),
-                  "old_text": _string("a piece of the entry to change, unique to it")},
-                  "required": ["action"], "additionalProperties": False},
+                  "action": MEMORY_OPERATION["properties"]["action"],
+                  "target": {"type": "string", "enum": ["memory", "user"],
+                             "description": "memory (your notes, default) or user (the user's profile)"},
+                  "content": MEMORY_OPERATION["properties"]["content"],
+                  "old_text": MEMORY_OPERATION["properties"]["old_text"],
+                  "operations": {"type": "array", "items": MEMORY_OPERATION,
+                                 "description": "a batch, applied all or none: [{action, content?, old_text?}]"}},
+                  "additionalProperties": False},
               capabilities=("memory",), toolset="memory"))
 register(Tool("ask_human", "Ask a person, only when you cannot go on without their answer.", ask_human,
               {"type": "object", "properties": {"question": _string("what you need to know", minLength=1)},
