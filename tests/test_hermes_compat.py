@@ -138,7 +138,7 @@ def test_a_hermes_skill_is_viewed_with_its_linked_files(tmp_path):
 
 
 def test_skill_view_serves_nothing_outside_the_skills_folder(tmp_path):
-    skills, ctx = hermes_skills(tmp_path)
+    _, ctx = hermes_skills(tmp_path)
     box = Toolbox(grants=("skills",))
     secret = tmp_path / "secret.txt"
     secret.write_text("not for the model")
