@@ -155,7 +155,14 @@ class MemoryFile:
         except FileNotFoundError:
             return []
 
-    def change(self, action: str, *, content: str | None = None, old_text: str | None = None) -> str:
+    def change(self, action: str | None = None, *, content: str | None = None, old_text: str | None = None,
+               target: str | None = None, operations: list[dict[str, Any]] | None = None) -> str:
+        if target not in (None, self.target):
+            raise MemoryEntryError(f"this agent keeps only its {self.target} memory ({self.path.name})")
+        if operations is not None:
+            return self.change_all(operations)
+        if action is None:
+            raise MemoryEntryError("action is required (add, replace, remove), or operations for a batch")
         return self.change_all([{"action": action, "content": content, "old_text": old_text}], action)
 
     def change_all(self, operations: list[dict[str, Any]], what: str = "") -> str:
@@ -189,11 +196,7 @@ class Memories:
                target: str = "memory", operations: list[dict[str, Any]] | None = None) -> str:
         if target not in self.files:
             raise MemoryEntryError(f"unknown memory target {target!r}; targets are memory, user")
-        if operations is not None:
-            return self.files[target].change_all(operations)
-        if action is None:
-            raise MemoryEntryError("action is required (add, replace, remove), or operations for a batch")
-        return self.files[target].change(action, content=content, old_text=old_text)
+        return self.files[target].change(action, content=content, old_text=old_text, operations=operations)
 
     def entries(self, target: str = "memory") -> list[str]:
         return self.files[target].entries()
