@@ -154,3 +154,28 @@ def test_skill_view_serves_nothing_outside_the_skills_folder(tmp_path):
             box.call(ctx, "skill_view", {"name": "polymarket", "file_path": path})
     body = box.call(ctx, "skill_view", {"name": "polymarket"})
     assert "link.md" not in body and "secret" not in body
+
+
+def test_memory_limits_are_set_in_hermes_yaml_and_reach_the_agent(tmp_path):
+    from hermes_sup.agents.worker import Agent
+    from hermes_sup.supervisor.spec import build_specs
+    from hermes_sup.supervisor.workspace import ConfigError, load_config
+
+    path = tmp_path / "hermes.yaml"
+    path.write_text("defaults:\n  memory: {memory_char_limit: 4000}\n"
+                    "agents:\n  - name: a\n    memory: {user_char_limit: 2000}\n  - name: b\n")
+    config = load_config(path)
+    specs = {spec.name: spec.agent_config() for spec in build_specs(config, tmp_path)}
+    assert specs["a"]["memory"] == {"user_char_limit": 2000}, "an agent's own setting wins, as for terminal"
+    assert specs["b"]["memory"] == {"memory_char_limit": 4000}
+    agent = Agent(specs["a"], tmp_path, tmp_path / "runs" / "a")
+    try:
+        assert {t: f.limit for t, f in agent.memory.files.items()} == {"memory": 2200, "user": 2000}
+    finally:
+        agent.board.close()
+    path.write_text("agents:\n  - name: a\n    memory: {user_char_limit: 0}\n")
+    with pytest.raises(ConfigError, match=r"hermes.yaml:2: agent a: memory.user_char_limit must be a whole number"):
+        load_config(path)
+    path.write_text("agents:\n  - name: a\n    memory: {limit: 5}\n")
+    with pytest.raises(ConfigError, match="unknown key 'memory.limit'"):
+        load_config(path)
