@@ -171,7 +171,7 @@ class MemoryFile:
             after = apply_all(before, operations, limit=self.limit)
             if after != before:
                 write_atomic(self.path, render(after).encode("utf-8"))
-        said = f"{FILES.get(self.target, self.path.name)} {what or f'{len(operations)} changes'}: " \
+        said = f"{'user memory' if self.target == 'user' else 'memory'} {what or f'{len(operations)} changes'}: " \
                f"{len(after)} entries, {size(after)} of {self.limit} characters"
         beyond = beyond_hermes(self.target, after) if self.target in HERMES_LIMITS else None
         return f"{said} (note: {beyond})" if beyond else said

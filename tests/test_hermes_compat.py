@@ -177,5 +177,5 @@ def test_memory_limits_are_set_in_hermes_yaml_and_reach_the_agent(tmp_path):
     with pytest.raises(ConfigError, match=r"hermes.yaml:2: agent a: memory.user_char_limit must be a whole number"):
         load_config(path)
     path.write_text("agents:\n  - name: a\n    memory: {limit: 5}\n")
-    with pytest.raises(ConfigError, match="unknown key 'memory.limit'"):
+    with pytest.raises(ConfigError, match=r"unknown key 'memory\.limit'"):
         load_config(path)
