@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from hermes_sup.agents.steps import StepRun
 from hermes_sup.agents.tools import REGISTRY, Finished, NeedsPerson, Refused, Toolbox, ToolContext, ToolError
 from hermes_sup.kanban import Board
 
-from .conftest import gone, wait_until
+from .conftest import CLI, ROOT, gone, wait_until
 from .llm_server import ScriptedLLM, openai_reply
 
 SCHEMAS: dict[str, Any] = json.loads((Path(__file__).parent / "fixtures/hermes/tool_schemas.json").read_text())
@@ -295,3 +296,33 @@ def test_a_hermes_batch_is_one_delegation_per_task():
                                               {"goal": "B", "context": "own", "toolsets": ["files"]}]
     with pytest.raises(ToolError, match="needs goal, or tasks"):
         batch({"context": "no goal"})
+
+
+def test_a_hermes_batch_is_worked_by_child_agents_and_answered_in_order(tmp_path, up):
+    with ScriptedLLM() as llm:
+        ws = tmp_path / "ws"
+        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+        (ws / "hermes.yaml").write_text(
+            f"providers:\n  scripted: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
+            "tiers: {cheap: [scripted], standard: [scripted], premium: [scripted]}\n"
+            "agents:\n  - name: lead\n    capabilities: [fs.read, fs.write, memory, kanban, delegate]\n")
+        batch_call = ("delegate_task", {"tasks": [{"goal": "Summarize part one", "role": "leaf"},
+                                                  {"goal": "Summarize part two", "context": "pages 5-9"}]})
+        llm.script("openai", openai_reply(tool_calls=[batch_call]),
+                   openai_reply("a summary"), openai_reply("a summary"),  # the two children, in either order
+                   openai_reply("Both parts summarized."))
+        board = Board(ws / "kanban")
+        try:
+            task = board.add({"title": "summarize with helpers"})
+            up(ws)
+            done = wait_until(lambda: (d := board.get(task["id"]))["status"] == "done" and d, timeout=120)
+            assert done["result"] == {"answer": "Both parts summarized."}
+            children = sorted((d for d in board.list().tasks if (d.get("meta") or {}).get("parent")),
+                              key=lambda d: d["title"])
+            assert [(c["title"], c["status"]) for c in children] == [("Summarize part one", "done"),
+                                                                   ("Summarize part two", "done")]
+            assert children[1]["body"] == "Summarize part two\n\nContext:\npages 5-9"
+            result = llm.requests[-1]["body"]["messages"][-1]["content"]
+            assert result == "## 1. Summarize part one\na summary\n\n## 2. Summarize part two\na summary"
+        finally:
+            board.close()
