@@ -63,7 +63,7 @@ def parse(text: str) -> list[Operation]:
         elif line.startswith("@@") and current is not None:
             hint = re.match(r"@@\s*(.*?)\s*@@", line)
             current.hunks.append(Hunk(hint.group(1) or None if hint else None))
-        elif current is not None and line and not line.startswith("\\"):
+        elif current is not None and line and not line.startswith(("\\", "*** End of File")):
             prefix = line[0] if line[0] in " -+" else " "
             current.hunks[-1].lines.append((prefix, line[1:] if line[0] in " -+" else line))
     if not operations:

@@ -77,6 +77,7 @@ V4A = """*** Begin Patch
  def main():
 -    print("hello")
 +    print("hello, world")
+*** End of File
 *** Add File: docs/notes.md
 +# Notes
 +second line
