@@ -19,11 +19,13 @@ from typing import Any
 
 import click
 import yaml
+from hermes_sup.kanban import Board
 from hermes_sup.kanban.fsio import write_atomic
 from hermes_sup.kanban.parse import PlainLoader
 
 from .cli import Failure, handled, json_option, literal, main, out, workspace_of
 from .cliargs import emit_json
+from .hermes_board import add_tasks, board_tasks, conflicts, read_board
 from .hermes_import import HermesImportError, Plan, agent_name, make_plan, read_profile
 from .workspace import CONFIG_NAME, MAX_CONFIG_BYTES, ConfigError, load_config
 
@@ -205,14 +207,34 @@ def apply(root: Path, plan: Plan, config_text: str) -> list[str]:
     return written
 
 
+def board_plan(board: Board, path: Path, plan: Plan, current: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tasks --board adds, checked against the board before anything is written; the plan's
+    notes say what they are."""
+    rows, links, comments = read_board(path / "kanban.db")
+    # A Hermes assignee is a profile name: this profile's is its folder's (the home's is "default").
+    own = path.resolve().name if path.resolve().parent.name == "profiles" else "default"
+    agents = {str(a.get("name")): str(a.get("name")) for a in current.get("agents") or [] if isinstance(a, dict)}
+    tasks, notes = board_tasks(rows, links, comments, {**agents, own: plan.name})
+    taken = conflicts(board, tasks)
+    if taken:
+        raise HermesImportError(f"--board: the board already has tasks {', '.join(taken[:5])} that are not "
+                                "Hermes' (nothing was changed)")
+    plan.not_carried = [item for item in plan.not_carried if item["what"] != "kanban"]
+    plan.notes.append(f"board: {len(tasks)} open tasks of kanban.db, in todo (claims do not carry over)")
+    plan.warnings += notes
+    return tasks
+
+
 @main.command("import-hermes")
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--name", help="the new agent's name (default: the profile folder's name)")
 @click.option("--dry-run", is_flag=True, help="say what would be done, write nothing")
+@click.option("--board", "with_board", is_flag=True, help="also put the open tasks of its kanban.db on the board")
 @json_option
 @click.pass_context
 @handled
-def import_hermes(ctx: click.Context, path: Path, name: str | None, dry_run: bool, as_json: bool) -> None:
+def import_hermes(ctx: click.Context, path: Path, name: str | None, dry_run: bool, with_board: bool,
+                  as_json: bool) -> None:
     """Make a Hermes Agent home or profile (config.yaml, .env key names, SOUL.md, memories/, skills/)
     an agent of hermes.yaml, and say what could not be carried over."""
     ws = workspace_of(ctx)
@@ -223,13 +245,24 @@ def import_hermes(ctx: click.Context, path: Path, name: str | None, dry_run: boo
         raise Failure(f"no {CONFIG_NAME} in {ws.root}: run hermes-sup init first", 2) from None
     except UnicodeDecodeError:
         raise Failure(f"{config_path} is not UTF-8 text", 2) from None
+    board = None
     try:
         profile = read_profile(path)
-        plan = make_plan(profile, agent_name(name, path), parse_plain(text))
+        current = parse_plain(text)
+        plan = make_plan(profile, agent_name(name, path), current)
         new_text = checked_config(config_path, text, plan)
+        if with_board:
+            board = Board(ws.board_path)
+            tasks = board_plan(board, path, plan, current)
         written = [] if dry_run else apply(ws.root, plan, new_text)
+        if with_board and not dry_run:
+            added, there = add_tasks(board, tasks)
+            written.append(f"board: {len(added)} tasks added" + (f", {len(there)} already there" if there else ""))
     except (HermesImportError, yaml.YAMLError) as exc:
         raise Failure(str(exc).splitlines()[0] if isinstance(exc, yaml.YAMLError) else str(exc), 1) from None
+    finally:
+        if board is not None:
+            board.close()
     document = {"agent": plan.name, "dry_run": dry_run, "providers": plan.providers, "tiers": plan.tiers,
                 "carried_over": plan.notes, "not_carried_over": plan.not_carried, "warnings": plan.warnings,
                 "written": written}

@@ -160,3 +160,54 @@ def test_a_one_line_agents_list_is_refused_and_a_failed_write_takes_back_what_it
     assert result.exit_code == 1 and "No space left on device" in result.output
     assert snapshot(ws) == before, "the memory and skills moved in were taken out again"
     assert not [p for p in ws.rglob(".import-*")], "no staging folder left behind"
+
+
+def test_board_moves_the_open_tasks_of_a_hermes_kanban_db(ws, profile):
+    from hermes_sup.kanban import Board
+
+    shutil.copy(FIXTURES / "kanban.db", profile / "kanban.db")
+    result = invoke(ws, str(profile), "--name", "ada", "--board", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert "kanban" not in {item["what"] for item in report["not_carried_over"]}
+    assert report["written"][-1] == "board: 3 tasks added"
+    assert "assignees with no agent here, left unassigned: researcher-b, writer" in report["warnings"]
+    board = Board(ws / "kanban")
+    try:
+        tasks = {doc["meta"]["hermes"]["id"]: doc for doc in board.list().tasks}
+    finally:
+        board.close()
+    assert set(tasks) == {"t_32348092", "t_22f9cf34", "t_348d2e49"}, "the done task is not moved"
+    research_a, synth = tasks["t_32348092"], tasks["t_348d2e49"]
+    assert research_a["assignee"] == "ada", "Hermes' default profile is the imported agent"
+    assert research_a["priority"] == 2 and research_a["meta"]["hermes"]["tenant"] == "acme"
+    assert research_a["body"] == "Read source A.\n\nComments on Hermes' board:\n- lead: Focus on 2025 data."
+    assert sorted(synth["depends_on"]) == ["hermes-t-22f9cf34", "hermes-t-32348092"], "done parents are met"
+    assert all(doc["status"] == "todo" for doc in tasks.values())
+    again = invoke(ws, str(profile), "--name", "bob", "--board", "--json")
+    assert json.loads(again.output)["written"][-1] == "board: 0 tasks added, 3 already there"
+
+
+def test_a_broken_kanban_db_is_refused_before_anything_is_written(ws, profile, tmp_path):
+    before = snapshot(ws)
+    (profile / "kanban.db").write_bytes(b"not a database" * 100)
+    result = invoke(ws, str(profile), "--name", "ada", "--board")
+    assert result.exit_code == 1 and "is not a Hermes kanban database, or is damaged" in result.output
+    (profile / "kanban.db").unlink()
+    (profile / "kanban.db").symlink_to(FIXTURES / "kanban.db")
+    result = invoke(ws, str(profile), "--name", "ada", "--board")
+    assert result.exit_code == 1 and "is a symlink; it is not followed" in result.output
+    assert snapshot(ws) == before
+
+
+def test_board_refuses_an_id_taken_by_another_task_before_writing(ws, profile):
+    from hermes_sup.kanban import Board
+
+    shutil.copy(FIXTURES / "kanban.db", profile / "kanban.db")
+    board = Board(ws / "kanban")
+    board.add({"id": "hermes-t-22f9cf34", "title": "someone else's"})
+    board.close()
+    before = snapshot(ws)
+    result = invoke(ws, str(profile), "--name", "ada", "--board")
+    assert result.exit_code == 1 and "already has tasks hermes-t-22f9cf34 that are not Hermes'" in result.output
+    assert snapshot(ws) == before
