@@ -157,6 +157,12 @@ def _staged(base: Path, files: list[tuple[str, bytes]], folder_name: str) -> Pat
     return stage
 
 
+def top_folders(folders: set[str]) -> list[str]:
+    """The folders not inside another of them (pure): a skill may hold another (Hermes' hermes-agent
+    skill holds model-selection/SKILL.md), and moves with it."""
+    return sorted(f for f in folders if not any(f.startswith(other + "/") for other in folders))
+
+
 def apply(root: Path, plan: Plan, config_text: str) -> list[str]:
     """Write the plan: memory and skills moved in from staging folders, hermes.yaml last. Returns
     what was written; on a failure, what was moved in is taken out again."""
@@ -166,7 +172,7 @@ def apply(root: Path, plan: Plan, config_text: str) -> list[str]:
         raise HermesImportError(f"{memory_dir} already holds memory files (an earlier agent of this name?); move "
                                 "them away or import under another name (nothing was changed)")
     skills_root = root / "skills"
-    skill_dirs = sorted({path.split("/SKILL.md")[0] for path, _ in plan.skills if path.endswith("SKILL.md")})
+    skill_dirs = top_folders({path.rsplit("/", 1)[0] for path, _ in plan.skills if path.endswith("/SKILL.md")})
     skipped = [d for d in skill_dirs if (skills_root / d).exists()]
     files = [(p, d) for p, d in plan.skills if not any(p.startswith(s + "/") for s in skipped)]
     written: list[str] = []

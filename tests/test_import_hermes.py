@@ -62,6 +62,9 @@ def snapshot(root: Path) -> dict[str, bytes]:
 
 
 def test_a_hermes_profile_becomes_an_agent(ws, profile):
+    nested = profile / "skills/research/polymarket/live-odds"  # a skill inside a skill, as Hermes has some
+    nested.mkdir()
+    (nested / "SKILL.md").write_text("---\nname: live-odds\ndescription: Odds now.\n---\nBody.\n")
     before = (ws / "hermes.yaml").read_text()
     result = invoke(ws, str(profile), "--name", "ada", "--json")
     assert result.exit_code == 0, result.output
@@ -86,6 +89,7 @@ def test_a_hermes_profile_becomes_an_agent(ws, profile):
     listed = {skill.name for skill in Skills(ws, bundled=ws / "none").catalog()}
     assert {"polymarket", "nano-pdf"} <= listed
     assert (ws / "skills/research/polymarket/references/api-endpoints.md").is_file()
+    assert (ws / "skills/research/polymarket/live-odds/SKILL.md").read_text().endswith("Body.\n")
     not_carried = {item["what"] for item in report["not_carried_over"]}
     assert {"gateway", "cron", "sessions", "model"} <= not_carried
     assert any("mystery" in item["why"] for item in report["not_carried_over"])
