@@ -138,7 +138,7 @@ MEMORY_OPERATION = {"type": "object", "properties": {
 register(Tool("memory", "Keep a fact across tasks (add), or replace or remove the entry holding old_text.",
               memory, {"type": "object", "properties": {
                   **MEMORY_OPERATION["properties"],
-                  "target": {"type": "string", "enum": ["memory", "user"], "description": "user: about the user"}},
+                  "target": {"type": "string", "enum": ["memory", "user"]}},
                   "additionalProperties": False},
               capabilities=("memory",), toolset="memory",
               hidden={"operations": {"type": "array", "items": MEMORY_OPERATION}}))
