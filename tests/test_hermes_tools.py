@@ -263,9 +263,9 @@ def test_kanban_complete_ends_a_models_task_done_and_kanban_block_blocks_it(llm,
     task = {"id": "t-1", "title": "Report", "body": "Work it as a Hermes worker would."}
     provider = OpenAIProvider(ProviderConfig(name="scripted", kind="openai", model="m", base_url=f"{llm.url}/v1"))
 
-    def run(name: str) -> Any:
-        ctx = ctx_for(tmp_path / name, task, board=board)
-        return TaskLoop(task=task, chain=[provider], workdir=tmp_path / name, ctx=ctx, agent=name,
+    def run(name: str, doc: dict = task) -> Any:
+        ctx = ctx_for(tmp_path / name, doc, board=board)
+        return TaskLoop(task=doc, chain=[provider], workdir=tmp_path / name, ctx=ctx, agent=name,
                         toolbox=Toolbox(grants=ALL, toolsets=("board", "kanban"))).run()
 
     llm.script("openai", openai_reply(tool_calls=[("kanban_complete", {"summary": "Reported.", "task_id": "t-1"})]))
@@ -274,6 +274,13 @@ def test_kanban_complete_ends_a_models_task_done_and_kanban_block_blocks_it(llm,
     llm.script("openai", openai_reply(tool_calls=[("kanban_block", {"reason": "Which quarter?"})]))
     outcome = run("b")
     assert (outcome.kind, outcome.question) == ("blocked", "Which quarter?")
+    answered = {**task, "comments": [{"at": "2099-01-01T00:00:00.000000Z", "by": "ops", "text": "Q3",
+                                      "answers": "Which quarter?"}]}
+    llm.script("openai", openai_reply("Reported for Q3."))
+    outcome = run("b", answered)
+    assert (outcome.kind, outcome.text) == ("done", "Reported for Q3.")
+    assert llm.requests[-1]["body"]["messages"][-1] == {"role": "tool", "tool_call_id": "call_0",
+                                                         "content": "ops answered: Q3"}, "the answer is its result"
 
 
 def test_kanban_complete_as_a_step_ends_the_plan_done(tmp_path, board):
