@@ -215,3 +215,14 @@ def test_board_refuses_an_id_taken_by_another_task_before_writing(ws, profile):
     result = invoke(ws, str(profile), "--name", "ada", "--board")
     assert result.exit_code == 1 and "already has tasks hermes-t-22f9cf34 that are not Hermes'" in result.output
     assert snapshot(ws) == before
+
+
+def test_the_command_line_has_import_hermes(ws, profile):
+    import subprocess
+
+    from .conftest import CLI, ROOT
+
+    done = subprocess.run([*CLI, "-w", str(ws), "import-hermes", str(profile), "--name", "ada", "--dry-run"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"would import {profile} as agent ada\n")
