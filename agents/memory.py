@@ -19,7 +19,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import filelock
 from hermes_sup.kanban.fsio import write_atomic
 
 SEPARATOR = "§"
@@ -147,6 +146,8 @@ class MemoryFile:
         self.limit = limit
         self.target = target
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        import filelock  # here: hermes.yaml's checks import this module, and every command would pay for it
+
         self._lock = filelock.FileLock(str(path) + ".lock", timeout=30)
 
     def entries(self) -> list[str]:

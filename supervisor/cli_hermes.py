@@ -15,7 +15,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import yaml
@@ -25,9 +25,10 @@ from hermes_sup.kanban.parse import PlainLoader
 
 from .cli import Failure, handled, json_option, literal, main, out, workspace_of
 from .cliargs import emit_json
-from .hermes_board import add_tasks, board_tasks, conflicts, read_board
-from .hermes_import import HermesImportError, Plan, agent_name, make_plan, read_profile
 from .workspace import CONFIG_NAME, MAX_CONFIG_BYTES, ConfigError, load_config
+
+if TYPE_CHECKING:
+    from .hermes_import import Plan
 
 TOP_KEY = re.compile(r"([A-Za-z_][A-Za-z0-9_-]*)\s*:(.*)$")
 
@@ -81,6 +82,8 @@ def _add(lines: list[str], key: str, rendered: list[str], *, replace: bool = Fal
     """`lines` with `rendered` (the block's items) added at the end of top-level `key`'s block, in its
     indentation; the key is added at the end of the file when absent, and its block replaced with
     `replace` (pure)."""
+    from .hermes_import import HermesImportError
+
     blocks = _blocks(lines)
     if key not in blocks:
         return [*lines, f"{key}:", *(f"  {line}" for line in rendered)]
@@ -122,6 +125,8 @@ def expected(before: dict[str, Any], plan: Plan) -> dict[str, Any]:
 
 def checked_config(config_path: Path, text: str, plan: Plan) -> str:
     """The new hermes.yaml text, once parsed back and checked as `hermes-sup up` would."""
+    from .hermes_import import HermesImportError
+
     try:
         before = parse_plain(text)
     except yaml.YAMLError as exc:
@@ -166,6 +171,8 @@ def top_folders(folders: set[str]) -> list[str]:
 def apply(root: Path, plan: Plan, config_text: str) -> list[str]:
     """Write the plan: memory and skills moved in from staging folders, hermes.yaml last. Returns
     what was written; on a failure, what was moved in is taken out again."""
+    from .hermes_import import HermesImportError
+
     runs = root / "runs"
     memory_dir = runs / plan.name / "memory"
     if any((memory_dir / name).exists() for name in plan.memories):
@@ -216,6 +223,9 @@ def apply(root: Path, plan: Plan, config_text: str) -> list[str]:
 def board_plan(board: Board, path: Path, plan: Plan, current: dict[str, Any]) -> list[dict[str, Any]]:
     """The tasks --board adds, checked against the board before anything is written; the plan's
     notes say what they are."""
+    from .hermes_board import board_tasks, conflicts, read_board
+    from .hermes_import import HermesImportError
+
     rows, links, comments = read_board(path / "kanban.db")
     # A Hermes assignee is a profile name: this profile's is its folder's (the home's is "default").
     own = path.resolve().name if path.resolve().parent.name == "profiles" else "default"
@@ -243,6 +253,10 @@ def import_hermes(ctx: click.Context, path: Path, name: str | None, dry_run: boo
                   as_json: bool) -> None:
     """Make a Hermes Agent home or profile (config.yaml, .env key names, SOUL.md, memories/, skills/)
     an agent of hermes.yaml, and say what could not be carried over."""
+    # Imported here: the other commands do not pay for them.
+    from .hermes_board import add_tasks
+    from .hermes_import import HermesImportError, agent_name, make_plan, read_profile
+
     ws = workspace_of(ctx)
     config_path = ws.config_path
     try:

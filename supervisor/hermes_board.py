@@ -13,15 +13,17 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import sqlite3
 import stat
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from hermes_sup.kanban.task import TaskError, normalize, now_iso
 
 from .hermes_import import HermesImportError
+
+if TYPE_CHECKING:
+    import sqlite3
 
 MAX_DB = 512 << 20
 MAX_TASKS = 10_000
@@ -45,6 +47,8 @@ def read_board(path: Path) -> tuple[list[dict[str, Any]], list[tuple[str, str]],
         raise HermesImportError(f"--board: {path} is not a regular file")
     if info.st_size > MAX_DB:
         raise HermesImportError(f"--board: {path} is larger than {MAX_DB >> 20} MiB")
+    import sqlite3  # only --board needs it, not every command
+
     try:
         conn = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=5)
     except sqlite3.Error as exc:
