@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from . import delegation, files, skills, terminal  # noqa: F401 - they register their tools
+from . import delegation, files, kanban_tools, skills, terminal  # noqa: F401 - they register their tools
 from .tools import NeedsPerson, Tool, ToolContext, ToolError, register
 
 
@@ -28,7 +28,8 @@ def memory(ctx: ToolContext, args: dict[str, Any]) -> str:
     if ctx.memory is None:
         raise ToolError("this agent has no memory file")
     try:
-        return ctx.memory.change(args["action"], content=args.get("content"), old_text=args.get("old_text"))
+        return ctx.memory.change(args.get("action"), content=args.get("content"), old_text=args.get("old_text"),
+                                 target=args.get("target") or "memory", operations=args.get("operations"))
     except MemoryEntryError as exc:
         raise ToolError(str(exc)) from None
 
@@ -54,14 +55,50 @@ def created_by(ctx: ToolContext) -> dict[str, Any]:
 
 
 KANBAN_CREATE_FIELDS = ("id", "title", "body", "priority", "depends_on", "role", "assignee", "tier", "steps")
+# Hermes Agent's kanban_create arguments that have no counterpart here, and why.
+HERMES_CREATE_IGNORED = {
+    "tenant": "no tenants in hermes-sup", "workspace_kind": "each agent works in its own folder",
+    "workspace_path": "each agent works in its own folder", "project": "no projects in hermes-sup",
+    "triage": "tasks go straight to todo", "max_runtime_seconds": "bounded by the agent's limits instead",
+    "initial_status": "a new task starts in todo", "goal_mode": "no goal loop in hermes-sup",
+    "goal_max_turns": "no goal loop in hermes-sup", "board": "one board per workspace"}
+
+
+def hermes_fields(args: dict[str, Any]) -> dict[str, Any]:
+    """The task fields of a kanban_create call, Hermes' arguments mapped to this board's (pure):
+    `parents` are depends_on, `skills` are named in the body for the worker to read first, and an
+    `idempotency_key` is kept in meta so the same key finds the same task."""
+    fields = {key: args[key] for key in KANBAN_CREATE_FIELDS if key in args}
+    parents = [*args.get("depends_on", []), *args.get("parents", [])]
+    if parents:
+        fields["depends_on"] = list(dict.fromkeys(parents))
+    if args.get("skills"):
+        fields["body"] = (str(fields.get("body") or "") + "\n\nSkills to read first (skill_view): "
+                          + ", ".join(args["skills"])).strip()
+    return fields
+
+
+def _same_key(board: Any, key: str) -> dict[str, Any] | None:
+    for doc in board.list().tasks:
+        if (doc.get("meta") or {}).get("idempotency_key") == key and doc.get("status") != "cancelled":
+            return doc
+    return None
 
 
 def kanban_create(ctx: ToolContext, args: dict[str, Any]) -> str:
     from hermes_sup.kanban import BoardError, TaskError, TaskNotFound
 
-    fields = {key: args[key] for key in KANBAN_CREATE_FIELDS if key in args}
+    from .kanban_tools import ignored
+
+    fields = hermes_fields(args)
     fields["meta"] = created_by(ctx)
     board = _board(ctx)
+    note = ignored(args, HERMES_CREATE_IGNORED)
+    if args.get("idempotency_key"):
+        fields["meta"]["idempotency_key"] = args["idempotency_key"]
+        existing = _same_key(board, args["idempotency_key"])
+        if existing is not None:
+            return f"created task {existing['id']}: {existing['title']} (it was already on the board){note}"
     try:
         doc = board.add(fields, by=ctx.agent or "agent")
     except (BoardError, TaskError) as exc:
@@ -74,14 +111,17 @@ def kanban_create(ctx: ToolContext, args: dict[str, Any]) -> str:
                         "created_by_task") and existing["title"] == args["title"]:
                     return f"created task {existing['id']}: {existing['title']} (it was already on the board)"
         raise ToolError(f"the board refused the task: {exc}") from None
-    return f"created task {doc['id']}: {doc['title']}"
+    return f"created task {doc['id']}: {doc['title']}{note}"
 
 
 def kanban_comment(ctx: ToolContext, args: dict[str, Any]) -> str:
     from hermes_sup.kanban import BoardError, TaskError
 
     try:
-        _board(ctx).comment(args["task_id"], args["text"], by=ctx.agent or "agent")
+        text = args.get("body", args.get("text"))  # body: Hermes' name; text: this board's
+        if not isinstance(text, str) or not text.strip():
+            raise ToolError("the comment is empty: give body (or text)")
+        _board(ctx).comment(args["task_id"], text, by=ctx.agent or "agent")
     except (BoardError, TaskError) as exc:
         raise ToolError(str(exc)) from None
     return f"commented on {args['task_id']}"
@@ -90,13 +130,18 @@ def kanban_comment(ctx: ToolContext, args: dict[str, Any]) -> str:
 register(Tool("wait", "Wait a number of seconds.", wait,
               {"type": "object", "properties": {"seconds": {"type": "number", "minimum": 0}}, "required": ["seconds"]},
               capabilities=("fs.read",), idempotent=True, toolset="board"))
+MEMORY_OPERATION = {"type": "object", "properties": {
+    "action": {"type": "string", "enum": ["add", "replace", "remove"]},
+    "content": _string("the fact, for add and replace"),
+    "old_text": _string("a piece of the entry to change, unique to it")},
+    "required": ["action"], "additionalProperties": False}
 register(Tool("memory", "Keep a fact across tasks (add), or replace or remove the entry holding old_text.",
               memory, {"type": "object", "properties": {
-                  "action": {"type": "string", "enum": ["add", "replace", "remove"]},
-                  "content": _string("the fact, for add and replace"),
-                  "old_text": _string("a piece of the entry to change, unique to it")},
-                  "required": ["action"], "additionalProperties": False},
-              capabilities=("memory",), toolset="memory"))
+                  **MEMORY_OPERATION["properties"],
+                  "target": {"type": "string", "enum": ["memory", "user"]}},
+                  "additionalProperties": False},
+              capabilities=("memory",), toolset="memory",
+              hidden={"operations": {"type": "array", "items": MEMORY_OPERATION}}))
 register(Tool("ask_human", "Ask a person, only when you cannot go on without their answer.", ask_human,
               {"type": "object", "properties": {"question": _string("what you need to know", minLength=1)},
                "required": ["question"], "additionalProperties": False},
@@ -113,9 +158,13 @@ register(Tool("kanban_create", "Add a task to the team's board (a follow-up or a
                   "steps": {"type": "array", "items": {"type": "object"},
                             "description": "tool calls run without a model: [{tool, args}]"}},
                   "required": ["title"], "additionalProperties": False},
-              capabilities=("kanban",), toolset="board"))
+              capabilities=("kanban",), toolset="board", hidden={
+                  "parents": {"type": "array", "items": {"type": "string"}},
+                  "skills": {"type": "array", "items": {"type": "string"}}, "idempotency_key": {"type": "string"},
+                  **{name: {"type": ["string", "integer", "boolean"]} for name in HERMES_CREATE_IGNORED}}))
 register(Tool("kanban_comment", "Add a comment to a task on the board.", kanban_comment,
               {"type": "object", "properties": {"task_id": _string("the task's id", minLength=1),
                                                 "text": _string("the comment", minLength=1)},
-               "required": ["task_id", "text"], "additionalProperties": False},
-              capabilities=("kanban",), idempotent=False, toolset="board"))
+               "required": ["task_id"], "additionalProperties": False},
+              capabilities=("kanban",), idempotent=False, toolset="board",
+              hidden={"body": {"type": "string", "minLength": 1}, "board": {"type": "string"}}))

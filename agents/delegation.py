@@ -307,15 +307,45 @@ def _delegator(ctx: ToolContext) -> Delegator:
     return delegator
 
 
+def batch(args: dict[str, Any]) -> list[dict[str, Any]]:
+    """The delegations of one call (pure): its goal, or Hermes Agent's `tasks`, each with its own
+    context (else the call's) and the call's toolsets. Hermes' `role` and `background` have no
+    counterpart: depth is bounded by `delegation.max_depth`, and a batch's children work in parallel."""
+    if args.get("tasks"):
+        return [{key: value for key, value in {
+                    "goal": item.get("goal"), "context": item.get("context") or args.get("context"),
+                    "toolsets": item.get("toolsets", args.get("toolsets"))}.items() if value is not None}
+                for item in args["tasks"]]
+    if not args.get("goal"):
+        raise ToolError("delegate_task needs goal, or tasks: [{goal, context?}, ...] for a batch")
+    return [{key: args[key] for key in ("goal", "context", "toolsets") if key in args}]
+
+
 def delegate_task(ctx: ToolContext, args: dict[str, Any]) -> str:
-    return _delegator(ctx).run(ctx, args)
+    items = batch(args)
+    if len(items) == 1 and not args.get("tasks"):
+        return _delegator(ctx).run(ctx, items[0])
+    for item in items:  # all started first, as far as slots allow, so they work in parallel
+        start_early(ctx, item)
+    results, failed = [], 0
+    for number, item in enumerate(items, 1):
+        try:
+            answer = _delegator(ctx).run(ctx, item)
+        except ToolError as exc:
+            failed += 1
+            answer = f"error: {exc}"
+        results.append(f"## {number}. {item['goal'].strip().splitlines()[0][:200]}\n{answer}")
+    if failed == len(items):
+        raise ToolError("every subtask failed:\n\n" + "\n\n".join(results))
+    return "\n\n".join(results)
 
 
 def start_early(ctx: ToolContext, args: dict[str, Any]) -> None:
-    """Before the calls of a turn run one by one: start this delegation's child if a slot is free,
-    so several delegations of one turn work in parallel."""
+    """Before the calls of a turn run one by one: start this delegation's children if slots are
+    free, so several delegations of one turn work in parallel."""
     with contextlib.suppress(ToolError):
-        _delegator(ctx).start(ctx, args, block=False)
+        for item in batch(args):
+            _delegator(ctx).start(ctx, item, block=False)
 
 
 register(Tool("delegate_task", "Hand a self-contained subtask to a helper agent and get its final answer. Several "
@@ -324,6 +354,12 @@ register(Tool("delegate_task", "Hand a self-contained subtask to a helper agent 
                   "goal": {"type": "string", "minLength": 1, "description": "what the helper must do"},
                   "context": {"type": "string", "description": "what it needs to know"},
                   "toolsets": {"type": "array", "items": {"type": "string"},
-                               "description": "narrow its tools, e.g. [files]"}},
-                  "required": ["goal"], "additionalProperties": False},
-              capabilities=("delegate",), idempotent=True, toolset="delegation", prepare=start_early))
+                               "description": "narrow its tools, e.g. [files]"},
+                  "tasks": {"type": "array", "items": {"type": "object", "properties": {
+                      "goal": {"type": "string", "minLength": 1}, "context": {"type": "string"},
+                      "toolsets": {"type": "array", "items": {"type": "string"}}},
+                      "required": ["goal"]},
+                      "description": "instead of goal, a batch worked in parallel: [{goal, context?}]"}},
+                  "additionalProperties": False},
+              capabilities=("delegate",), idempotent=True, toolset="delegation", prepare=start_early,
+              hidden={"role": {"type": "string", "enum": ["leaf", "orchestrator"]}, "background": {"type": "boolean"}}))

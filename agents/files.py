@@ -17,6 +17,7 @@ from typing import Any
 
 from hermes_sup.kanban.fsio import write_atomic
 
+from . import v4a
 from .keys import key_names
 from .terminal import clean_env
 from .tools import Tool, ToolContext, ToolError, register
@@ -86,6 +87,17 @@ def write_file(ctx: ToolContext, args: dict[str, Any]) -> str:
 
 
 def patch(ctx: ToolContext, args: dict[str, Any]) -> str:
+    """Hermes Agent's two modes: replace (path, old_string, new_string) and patch (a V4A patch)."""
+    if args.get("mode") == "patch":
+        if not args.get("patch"):
+            raise ToolError("mode patch needs patch: the V4A text (*** Begin Patch ... *** End Patch)")
+        return v4a_patch(ctx, args["patch"])
+    missing = [name for name in ("path", "old_string", "new_string") if name not in args]
+    if missing:
+        raise ToolError(f"mode replace needs path, old_string and new_string (missing: {', '.join(missing)}); "
+                        "or give mode patch and a V4A patch")
+    if not args["old_string"]:
+        raise ToolError("old_string must not be empty")
     target = confined(ctx, args["path"])
     text = _text(target, args["path"])
     old, new = args["old_string"], args["new_string"]
@@ -98,12 +110,45 @@ def patch(ctx: ToolContext, args: dict[str, Any]) -> str:
     return f"replaced {count if args.get('replace_all') else 1} occurrence(s) in {args['path']}"
 
 
+def v4a_patch(ctx: ToolContext, text: str) -> str:
+    """Every file of the patch is computed before any is written: a hunk that does not apply
+    changes nothing."""
+    try:
+        operations = v4a.parse(text)
+        writes: list[tuple[Path, str | None, str]] = []  # (file, new text or None to delete, what)
+        for op in operations:
+            target = confined(ctx, op.path)
+            if op.kind == "add":
+                if target.exists():
+                    raise ToolError(f"Add File {op.path}: it exists already (Update File changes it)")
+                writes.append((target, v4a.added_text(op), f"added {op.path}"))
+            elif op.kind == "update":
+                writes.append((target, v4a.updated(_text(target, op.path), op), f"updated {op.path}"))
+            elif op.kind == "delete":
+                if not target.is_file():
+                    raise ToolError(f"Delete File {op.path}: no such file")
+                writes.append((target, None, f"deleted {op.path}"))
+            else:
+                destination = confined(ctx, op.new_path)
+                writes += [(destination, _text(target, op.path), f"moved {op.path} to {op.new_path}"),
+                           (target, None, "")]
+    except v4a.PatchError as exc:
+        raise ToolError(f"the patch was not applied: {exc}") from None
+    for target, content, _ in writes:
+        if content is None:
+            target.unlink(missing_ok=True)
+        else:
+            _write(target, content)
+    return "; ".join(what for _, _, what in writes if what)
+
+
 def search_files(ctx: ToolContext, args: dict[str, Any]) -> str:
     """Confined here; matched in a process of its own (agents/search.py says why), which is killed
     after SEARCH_TIMEOUT or at once when the agent is asked to stop."""
     base = confined(ctx, args.get("path") or ".", allow_root=True)
+    options = {key: args[key] for key in ("target", "limit", "offset", "output_mode", "context") if key in args}
     request = json.dumps({"root": str(root_of(ctx)), "base": str(base), "pattern": args["pattern"],
-                          "glob": args.get("file_glob") or "*"})
+                          "glob": args.get("file_glob") or "*", **options})
     proc = subprocess.Popen([sys.executable, "-P", "-m", "hermes_sup.agents.search"], cwd=ctx.scratch,
                             env=clean_env(os.environ, key_names(ctx.settings.get("llm") or {})),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -142,6 +187,7 @@ def _string(description: str) -> dict[str, Any]:
 
 
 PATH = _string("a path relative to your folder")
+CROSS_PROFILE = {"type": "boolean"}  # Hermes' guard between profiles: no profiles here, every path is yours
 
 register(Tool("read_file", "Read a text file from your folder (offset: first line, 1-based; limit: lines).",
               read_file, {"type": "object", "properties": {
@@ -152,16 +198,24 @@ register(Tool("read_file", "Read a text file from your folder (offset: first lin
 register(Tool("write_file", "Write a text file in your folder, replacing it if it exists.", write_file,
               {"type": "object", "properties": {"path": PATH, "content": _string("the whole text")},
                "required": ["path", "content"], "additionalProperties": False},
-              capabilities=("fs.write",), idempotent=True, toolset="files"))
+              capabilities=("fs.write",), idempotent=True, toolset="files", hidden={"cross_profile": CROSS_PROFILE}))
+# Hermes' mode patch (a V4A patch) is accepted without being offered: its description alone would
+# cost every call more than the rest of the tool.
 register(Tool("patch", "Replace old_string by new_string in a file of your folder (once, unless replace_all).",
               patch, {"type": "object", "properties": {
                   "path": PATH, "old_string": {"type": "string", "minLength": 1}, "new_string": {"type": "string"},
                   "replace_all": {"type": "boolean"}},
-                  "required": ["path", "old_string", "new_string"], "additionalProperties": False},
-              capabilities=("fs.write",), toolset="files"))
+                  "additionalProperties": False},
+              capabilities=("fs.write",), toolset="files", hidden={
+                  "mode": {"type": "string", "enum": ["replace", "patch"]}, "patch": {"type": "string"},
+                  "cross_profile": CROSS_PROFILE}))
 register(Tool("search_files", "Find lines matching a regex in your folder's files (an empty one lists them).",
               search_files, {"type": "object", "properties": {
                   "pattern": _string("a regex"), "path": _string("a folder or file to search in"),
                   "file_glob": _string("only files whose name matches, e.g. *.py")},
                   "required": ["pattern"], "additionalProperties": False},
-              capabilities=("fs.read",), idempotent=True, toolset="files"))
+              capabilities=("fs.read",), idempotent=True, toolset="files", hidden={
+                  "target": {"type": "string", "enum": ["content", "files"]},
+                  "limit": {"type": "integer", "minimum": 1}, "offset": {"type": "integer", "minimum": 0},
+                  "output_mode": {"type": "string", "enum": ["content", "files_only", "count"]},
+                  "context": {"type": "integer", "minimum": 0, "maximum": 20}}))

@@ -37,11 +37,12 @@ from hermes_sup.kanban.task import now_iso
 from .journal import Journal
 from .logline import call_line, model_line, say
 from .providers import Attempt, Provider, ProviderError, abort, complete_with_fallback
-from .tools import NeedsPerson, Refused, Toolbox, ToolContext, ToolError
+from .tools import Finished, NeedsPerson, Refused, Toolbox, ToolContext, ToolError
 from .translate import Message, Usage, text_tool_calls
 
 MAX_ITERATIONS = 60
 ASK_HUMAN = "ask_human"
+ASKS = (ASK_HUMAN, "kanban_block")  # the calls that block the task; a person's answer is their result
 STUCK_REPEATS = 3
 MAX_RESULT_CHARS = 20_000
 INPUT_CHARS = 8_000       # of each dependency's result in the task's first message, and of each comment
@@ -388,7 +389,7 @@ class TaskLoop:
         done, started = self._logged_calls(turn)
         for call in pending:
             name = str(call["function"].get("name"))
-            if call["id"] in done or (name == ASK_HUMAN and call["id"] in started):
+            if call["id"] in done or (name in ASKS and call["id"] in started):
                 continue
             self._record(messages, turn, call["id"], name, (
                 f"not run: {previous} asked for this call and stopped before it finished; a call runs with the "
@@ -523,7 +524,7 @@ class TaskLoop:
                 self._append(messages, {"role": "tool", "tool_call_id": call_id, "content": record["result"],
                                         **({"is_error": True} if record.get("is_error") else {})})
                 continue
-            if call_id in started and name == ASK_HUMAN:
+            if call_id in started and name in ASKS:
                 # The question blocked the task; a person's answer is the call's result.
                 answer = answer_since(self.task, started[call_id])
                 self._record(messages, turn, call_id, name, answer or (
@@ -552,7 +553,7 @@ class TaskLoop:
                 result = self.toolbox.call(self.ctx, name, args)
                 text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
                 outcome = "ok"
-            except (NeedsPerson, InterruptedError):
+            except (NeedsPerson, Finished, InterruptedError):
                 raise
             except ToolError as exc:
                 text, outcome = f"error: {exc}", "error"
@@ -650,6 +651,8 @@ class TaskLoop:
                 return Outcome("done", answer, warnings=tuple(self.warnings))
         except NeedsPerson as question:
             return Outcome("blocked", str(question), question=str(question))
+        except Finished as end:  # kanban_complete: Hermes' way to end a task
+            return Outcome("done", end.summary, warnings=tuple(self.warnings))
         except ProviderError as exc:
             if exc.kind == "unreachable":
                 return Outcome("waiting", str(exc), retry_at=exc.retry_at)

@@ -5,8 +5,8 @@ one like `(a+)+$` backtracks for hours on a line of forty characters. Python's `
 while it matches, so in the agent's process it would stop every thread: the heartbeat (the
 supervisor then kills the agent as hung, again at each attempt, until it gives up on it), the claim
 watch (a cancel is not noticed). Here the caller waits for it with a deadline, and a stop request,
-and kills it. The request is one JSON object on stdin ({root, base, pattern, glob}, paths already
-confined by the caller); the answer one JSON object on stdout: {"text": ...} or {"error": ...}.
+and kills it. The request is one JSON object on stdin ({root, base, pattern, glob, and Hermes'
+options}, paths already confined by the caller); the answer one JSON object on stdout: {"text": ...} or {"error": ...}.
 Only the standard library is imported, so the process starts in a few tens of milliseconds.
 """
 
@@ -20,31 +20,70 @@ import sys
 from pathlib import Path
 
 MAX_MATCHES = 100
+MAX_LIMIT = 1000
 
 
-def search(root: Path, base: Path, pattern: str, glob: str) -> str:
+def _files(root: Path, base: Path) -> list[tuple[Path, str]]:
+    """The files under `base` that stay within `root` (a symlink leading out is not followed), with
+    the path shown for each."""
+    found = []
+    for path in [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file()):
+        if root in path.resolve().parents:
+            found.append((path, path.relative_to(root).as_posix()))
+    return found
+
+
+def search(root: Path, base: Path, pattern: str, glob: str, *, target: str = "content", limit: int = MAX_MATCHES,
+           offset: int = 0, output_mode: str = "content", context: int = 0) -> str:
     """The lines of the files under `base` (within `root`) that match `pattern`, or the files when
-    it is empty, as search_files answers. A symlink that leads out of `root` is not followed."""
+    it is empty, as search_files answers. Hermes Agent's options: `target` files (pattern is a glob
+    of file names), `output_mode` files_only or count, `context` lines around each match, and
+    `limit`/`offset` to page through the results."""
+    limit = max(1, min(limit, MAX_LIMIT))
+    wanted = offset + limit + 1  # one more than shown: whether there are more
+    results: list[str] = []
+    if target == "files":
+        for path, shown in _files(root, base):
+            if fnmatch.fnmatch(path.name, pattern or "*") or fnmatch.fnmatch(shown, pattern or "*"):
+                results.append(shown)
+                if len(results) >= wanted:
+                    break
+        return _page(results, offset, limit)
     compiled = re.compile(pattern)
-    matches: list[str] = []
-    files = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file())
-    for path in files:
-        real = path.resolve()
-        if root not in real.parents or not fnmatch.fnmatch(path.name, glob):
+    for path, shown in _files(root, base):
+        if not fnmatch.fnmatch(path.name, glob):
             continue
-        shown = path.relative_to(root).as_posix()
         try:
             lines = path.read_text(encoding="utf-8").splitlines()
         except (UnicodeDecodeError, OSError):
             continue
         if not pattern:
-            matches.append(shown)
+            results.append(shown)
         else:
-            matches += [f"{shown}:{number}: {line[:300]}" for number, line in enumerate(lines, 1)
-                        if compiled.search(line)]
-        if len(matches) >= MAX_MATCHES:
-            return "\n".join(matches[:MAX_MATCHES]) + f"\n[... more than {MAX_MATCHES} matches; narrow the search]"
-    return "\n".join(matches) or "no matches"
+            hits = [number for number, line in enumerate(lines, 1) if compiled.search(line)]
+            if hits and output_mode == "files_only":
+                results.append(shown)
+            elif hits and output_mode == "count":
+                results.append(f"{shown}: {len(hits)}")
+            elif hits and context > 0:
+                for number in hits:
+                    around = range(max(1, number - context), min(len(lines), number + context) + 1)
+                    results.append("\n".join(f"{shown}{':' if n == number else '-'}{n}{':' if n == number else '-'} "
+                                             f"{lines[n - 1][:300]}" for n in around))
+            else:
+                results += [f"{shown}:{number}: {lines[number - 1][:300]}" for number in hits]
+        if len(results) >= wanted:
+            break
+    return _page(results, offset, limit)
+
+
+def _page(results: list[str], offset: int, limit: int) -> str:
+    shown = results[offset:offset + limit]
+    if not shown:
+        return "no matches" if not offset else f"no matches past the first {offset}"
+    more = f"\n[... more results; narrow the search, or page on with offset {offset + limit}]" if (
+        len(results) > offset + limit) else ""
+    return "\n".join(shown) + more
 
 
 CPU_SECONDS = 60  # past the caller's deadline: a search whose caller died ends by itself
@@ -54,7 +93,10 @@ def main() -> int:
     resource.setrlimit(resource.RLIMIT_CPU, (CPU_SECONDS, CPU_SECONDS))
     request = json.loads(sys.stdin.read())
     try:
-        answer = {"text": search(Path(request["root"]), Path(request["base"]), request["pattern"], request["glob"])}
+        options = {key: request[key] for key in ("target", "limit", "offset", "output_mode", "context")
+                   if key in request}
+        answer = {"text": search(Path(request["root"]), Path(request["base"]), request["pattern"], request["glob"],
+                                 **options)}
     except re.error as exc:
         answer = {"error": f"pattern is not a valid regular expression: {exc}"}
     except (RecursionError, MemoryError, OverflowError) as exc:

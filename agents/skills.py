@@ -7,7 +7,10 @@ version is checked once for the whole team. Versions replaced by `skill_manage` 
 kept in `skills/.history/<name>/<n>.py` with `skills/.history/<name>/log.jsonl` saying who, when
 and why. An instruction skill (the format Hermes Agent and Claude use: YAML front matter with
 `name` and `description`, then a Markdown body) is listed by name and description in the system
-prompt and read on demand with `skill_view`.
+prompt and read on demand with `skill_view`, with the files beside it (`references/`, `templates/`,
+`scripts/`) read by `skill_view` with `file_path`, never outside the skill's folder. Instruction
+skills are found as Hermes lays them out too, `skills/<category>/<name>/SKILL.md`, and one whose
+`platforms` leaves out this system is not offered.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ SKILL_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 CHECK_TIMEOUT = 10.0
 # What a skill check inherits of its caller's environment; HOME and TMPDIR are its own folder.
 CHECK_ENV = ("PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH")
+PLATFORMS = {"macos": "darwin", "linux": "linux", "windows": "win32"}  # Hermes' names, sys.platform's
+MAX_LINKED_BYTES = 1_000_000
 
 
 @dataclass
@@ -55,11 +60,13 @@ class Skill:
     error: str = ""
     tools: list[dict[str, Any]] = field(default_factory=list)
     digest: str = ""
+    category: str = ""   # Hermes' skills/<category>/<name>/ layout
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "kind": self.kind, "source": self.source, "path": str(self.path),
                 "description": self.description, "state": self.state, "error": self.error or None,
-                "tools": [tool["name"] for tool in self.tools], "version": self.digest[:12] or None}
+                "tools": [tool["name"] for tool in self.tools], "version": self.digest[:12] or None,
+                "category": self.category or None}
 
 
 def front_matter(text: str) -> tuple[dict[str, Any], str]:
@@ -137,7 +144,10 @@ class Skills:
     # -- discovery --------------------------------------------------------------------------------
 
     def _found(self) -> dict[str, tuple[str, Path, str]]:
-        found: dict[str, tuple[str, Path, str]] = {}
+        return {name: (kind, path, source) for name, (kind, path, source, _) in self._found_in_categories().items()}
+
+    def _found_in_categories(self) -> dict[str, tuple[str, Path, str, str]]:
+        found: dict[str, tuple[str, Path, str, str]] = {}
         for source, folder in (("bundled", self.bundled), ("workspace", self.folder)):  # workspace wins
             if not folder.is_dir() or (source == "workspace" and folder.resolve() == self.bundled.resolve()):
                 continue  # the repository's own workspace: its skills/ is the bundled one
@@ -145,9 +155,13 @@ class Skills:
                 if entry.name.startswith((".", "_")):
                     continue
                 if entry.suffix == ".py" and entry.is_file() and SKILL_NAME.fullmatch(entry.stem):
-                    found[entry.stem] = ("python", entry, source)
+                    found[entry.stem] = ("python", entry, source, "")
                 elif entry.is_dir() and (entry / "SKILL.md").is_file():
-                    found[entry.name] = ("instructions", entry / "SKILL.md", source)
+                    found[entry.name] = ("instructions", entry / "SKILL.md", source, "")
+                elif entry.is_dir() and not entry.is_symlink():  # a category folder, as Hermes has them
+                    for inner in sorted(entry.iterdir()):
+                        if not inner.name.startswith((".", "_")) and inner.is_dir() and (inner / "SKILL.md").is_file():
+                            found.setdefault(inner.name, ("instructions", inner / "SKILL.md", source, entry.name))
         return found
 
     def names(self) -> set[str]:
@@ -173,7 +187,7 @@ class Skills:
 
     def catalog(self) -> list[Skill]:
         skills = []
-        for name, (kind, path, source) in sorted(self._found().items()):
+        for name, (kind, path, source, category) in sorted(self._found_in_categories().items()):
             try:
                 data = path.read_bytes()
             except OSError as exc:
@@ -181,8 +195,11 @@ class Skills:
                 continue
             if kind == "instructions":
                 meta, _ = front_matter(data.decode("utf-8", "replace"))
+                if not on_this_platform(meta.get("platforms")):
+                    continue  # as Hermes does: a macOS-only skill is not offered on Linux
                 skill = Skill(str(meta.get("name") or name), kind, path, source,
-                              description=str(meta.get("description") or "").strip(), digest=digest(data))
+                              description=str(meta.get("description") or "").strip(), digest=digest(data),
+                              category=category)
                 if not meta.get("description"):
                     skill.state, skill.error = "rejected", "SKILL.md needs front matter with a description"
                 skills.append(skill)
@@ -290,6 +307,52 @@ class Skills:
         return chosen, self.get(name)
 
 
+def on_this_platform(platforms: Any, current: str = sys.platform) -> bool:
+    """Whether a skill's `platforms` (Hermes' names: linux, macos, windows) include this system; none
+    given: every system (pure)."""
+    if not platforms:
+        return True
+    listed = platforms if isinstance(platforms, list) else [platforms]
+    return any(current.startswith(PLATFORMS.get(str(p).lower().strip(), str(p).lower().strip()) or "\0")
+               for p in listed)
+
+
+def linked_file(folder: Path, relative: object) -> Path:
+    """The file `relative` names inside a skill's folder, or ToolError: absolute paths, `..` and
+    symlinks leading out of the folder are refused (the path is resolved at the moment of use)."""
+    if not isinstance(relative, str) or not relative.strip():
+        raise ToolError("file_path must be a non-empty path inside the skill's folder")
+    if os.path.isabs(relative) or relative.startswith("~"):
+        raise ToolError(f"absolute paths are refused: {relative} (file_path is relative to the skill's folder)")
+    if ".." in Path(relative).parts:
+        raise ToolError(f"'..' is refused in file_path: {relative}")
+    root = folder.resolve()
+    target = (root / relative).resolve()
+    if root not in target.parents:
+        raise ToolError(f"refused: {relative} leads outside the skill's folder")
+    if not target.is_file():
+        raise ToolError(f"no file {relative} in this skill")
+    return target
+
+
+def linked_files(folder: Path) -> list[str]:
+    """The files beside a SKILL.md (references, templates, scripts), relative to its folder, that
+    stay inside it; at most 200."""
+    root = folder.resolve()
+    found = []
+    for path in sorted(folder.rglob("*")):
+        if len(found) >= 200:
+            break
+        relative = path.relative_to(folder)
+        if relative.as_posix() == "SKILL.md" or any(
+                part.startswith(".") for part in relative.parts):
+            continue
+        with contextlib.suppress(OSError):
+            if path.is_file() and root in path.resolve().parents:
+                found.append(relative.as_posix())
+    return found
+
+
 def shape(tools: list[Tool]) -> list[tuple[str, tuple[str, ...]]]:
     """What a check vouches for about a skill's tools: their names and capabilities (pure)."""
     return sorted((str(tool.name), tuple(sorted(map(str, tool.capabilities)))) for tool in tools)
@@ -328,16 +391,33 @@ def _skills(ctx: ToolContext) -> Skills:
 
 
 def skills_list(ctx: ToolContext, args: dict[str, Any]) -> str:
-    rows = [skill.as_dict() for skill in _skills(ctx).catalog()]
-    return json.dumps([{k: row[k] for k in ("name", "kind", "description", "state", "error", "tools")}
+    rows = [skill.as_dict() for skill in _skills(ctx).catalog()
+            if not args.get("category") or skill.category == args["category"]]
+    return json.dumps([{k: row[k] for k in ("name", "kind", "category", "description", "state", "error", "tools")}
                        for row in rows], ensure_ascii=False)
 
 
 def skill_view(ctx: ToolContext, args: dict[str, Any]) -> str:
     skill = _skills(ctx).get(args["name"])
+    if args.get("file_path") is not None:
+        if skill.kind != "instructions":
+            raise ToolError(f"skill {skill.name} is a Python file: it has no linked files")
+        target = linked_file(skill.path.parent, args["file_path"])
+        with open(target, "rb") as handle:
+            data = handle.read(MAX_LINKED_BYTES + 1)
+        if len(data) > MAX_LINKED_BYTES:
+            raise ToolError(f"{args['file_path']} is larger than {MAX_LINKED_BYTES:,} bytes")
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ToolError(f"{args['file_path']} is not UTF-8 text") from None
     text = skill.path.read_text(encoding="utf-8", errors="replace")
     if skill.kind == "instructions":
-        return front_matter(text)[1]
+        body = front_matter(text)[1]
+        linked = linked_files(skill.path.parent)
+        if linked:
+            body += ("\n\n[linked files: read one with skill_view(name, file_path): " + ", ".join(linked) + "]")
+        return body
     return text
 
 
@@ -371,11 +451,17 @@ def skill_manage(ctx: ToolContext, args: dict[str, Any]) -> str:
     return f"rolled skill {name} back to version {version} ({skill.state})"
 
 
-register(Tool("skills_list", "List the skills: name, kind, description, whether valid, and their tools.", skills_list,
+register(Tool("skills_list", "List the skills: name, kind, category, description, whether valid, and their tools.",
+              skills_list, {"type": "object", "properties": {
+                  "category": {"type": "string", "description": "only the skills of this category"}},
+                  "additionalProperties": False},
               capabilities=("skills",), idempotent=True, toolset="skills"))
-register(Tool("skill_view", "Read a skill: the instructions of an instruction skill, or a Python skill's source.",
-              skill_view, {"type": "object", "properties": {"name": {"type": "string", "minLength": 1}},
-                           "required": ["name"], "additionalProperties": False},
+register(Tool("skill_view", "Read a skill: the instructions of an instruction skill (with the files it links), "
+              "one of those files (file_path, e.g. references/api.md), or a Python skill's source.",
+              skill_view, {"type": "object", "properties": {
+                  "name": {"type": "string", "minLength": 1},
+                  "file_path": {"type": "string", "description": "a file inside the skill's folder"}},
+                  "required": ["name"], "additionalProperties": False},
               capabilities=("skills",), idempotent=True, toolset="skills"))
 # A skill is code the agents run in their own processes, so writing one takes the trust of `shell`.
 register(Tool("skill_manage", "Create a Python skill (a file that registers tools), patch it, or roll it back to "

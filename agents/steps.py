@@ -30,8 +30,8 @@ from hermes_sup.kanban.task import now_iso
 
 from .journal import Journal
 from .logline import call_line, say
-from .loop import ASK_HUMAN, MAX_RESULT_CHARS, answer_since, holders
-from .tools import NeedsPerson, Refused, Toolbox, ToolContext, ToolError, run_step
+from .loop import ASKS, MAX_RESULT_CHARS, answer_since, holders
+from .tools import Finished, NeedsPerson, Refused, Toolbox, ToolContext, ToolError, run_step
 
 TURN = "steps"
 # Who `history[0].by` names when a person made the task: `task add` and the drop zone's ingest.
@@ -143,7 +143,7 @@ class StepRun:
             self.on_step(index + 1)
             tool = self.toolbox.get(name)
             answer = answer_since(self.task, seen.started[call_id]) if (
-                name == ASK_HUMAN and call_id in seen.started) else None
+                name in ASKS and call_id in seen.started) else None
             if answer is not None:  # the step asked, the task blocked, a person answered: its result
                 self._done(call_id, name, answer, "ok", time.monotonic())
                 results.append(answer)
@@ -163,6 +163,9 @@ class StepRun:
                 value = run_step(self.ctx, step, self.toolbox)
             except NeedsPerson as question:  # stays started: the answer, once given, is its result
                 return Outcome("blocked", results, f"step {index + 1} asks: {question}", question=str(question))
+            except Finished as end:  # kanban_complete as a step: the plan ends here, done
+                self._done(call_id, name, end.summary, "ok", started, step.get("args"))
+                return Outcome("done", [*results, end.summary])
             except ToolError as exc:
                 if self.ctx.stop.is_set():
                     raise InterruptedError from None

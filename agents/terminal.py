@@ -2,7 +2,11 @@
 a process group of its own (the timeout kills the whole group; the supervisor kills every group of
 the agent's session when the agent exits, so nothing it started outlives it), with no API key in
 its environment, and refused when it matches a destructive pattern the agent's config has not
-approved (`terminal: {approve: [rule, ...]}`)."""
+approved (`terminal: {approve: [rule, ...]}`).
+
+Hermes Agent's `background: true` starts the command and returns at once: its output goes to a log
+file in the agent's folder (read with read_file), and its process group is killed at its deadline
+(`timeout`, default an hour), when its task is stopped, or with the agent."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import re
 import selectors
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -21,6 +26,9 @@ from .tools import Tool, ToolContext, ToolError, register
 
 DEFAULT_TIMEOUT = 60.0
 MAX_TIMEOUT = 600.0
+BACKGROUND_TIMEOUT = 3600.0
+MAX_BACKGROUND_TIMEOUT = 86400.0
+BACKGROUND_LOGS = ".background"
 MAX_OUTPUT = 20_000
 # The signals our own stops send (down, restart, the memory limit, a cancel), and how long a command
 # ended by one waits for the agent's stop request to arrive before its exit counts as a result.
@@ -95,6 +103,21 @@ class Output:
         return _cap(self.head.decode("utf-8", "replace") + self.tail.decode("utf-8", "replace"), self.dropped)
 
 
+def _workdir(ctx: ToolContext, workdir: object) -> Any:
+    """Where the command runs: the agent's folder, or a folder inside it (Hermes gives absolute paths:
+    one inside the folder is taken as relative to it)."""
+    from .files import confined, root_of
+
+    if workdir in (None, ""):
+        return ctx.scratch
+    if isinstance(workdir, str) and os.path.isabs(workdir):
+        workdir = os.path.relpath(workdir, root_of(ctx))
+    folder = confined(ctx, workdir, allow_root=True)
+    if not folder.is_dir():
+        raise ToolError(f"workdir {workdir} is not a folder in your folder")
+    return folder
+
+
 def terminal(ctx: ToolContext, args: dict[str, Any]) -> str:
     settings = ctx.settings.get("terminal") or {}
     command = args["command"]
@@ -102,11 +125,17 @@ def terminal(ctx: ToolContext, args: dict[str, Any]) -> str:
     if rule:
         raise ToolError(f"refused: the command matches the deny rule '{rule}' (destructive); an operator can "
                         f"allow it with terminal: {{approve: [{rule}]}} in hermes.yaml")
-    limit = float(settings.get("timeout", DEFAULT_TIMEOUT))
-    timeout = min(float(args.get("timeout") or limit), MAX_TIMEOUT)
     ctx.scratch.mkdir(parents=True, exist_ok=True)
+    cwd = _workdir(ctx, args.get("workdir"))
     keys = key_names(ctx.settings.get("llm") or {})
-    proc = subprocess.Popen(["/bin/sh", "-c", command], cwd=ctx.scratch, env=clean_env(os.environ, keys),
+    if args.get("background"):
+        return background(ctx, command, cwd, clean_env(os.environ, keys), args)
+    limit = float(settings.get("timeout", DEFAULT_TIMEOUT))
+    if float(args.get("timeout") or 0) > MAX_TIMEOUT:
+        raise ToolError(f"timeout {args['timeout']} s is above {MAX_TIMEOUT:g} s, the most a command may hold the "
+                        "agent; run a longer one with background: true")
+    timeout = min(float(args.get("timeout") or limit), MAX_TIMEOUT)
+    proc = subprocess.Popen(["/bin/sh", "-c", command], cwd=cwd, env=clean_env(os.environ, keys),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             process_group=0, close_fds=True)
     output = Output()
@@ -125,6 +154,42 @@ def terminal(ctx: ToolContext, args: dict[str, Any]) -> str:
     if proc.returncode != 0:
         return f"exit status {proc.returncode}\n{text}"
     return text
+
+
+def background(ctx: ToolContext, command: str, cwd: Any, env: dict[str, str], args: dict[str, Any]) -> str:
+    """Start `command` without waiting for it; a thread kills its group at the deadline or when the
+    task is stopped."""
+    from .files import root_of
+
+    timeout = min(float(args.get("timeout") or BACKGROUND_TIMEOUT), MAX_BACKGROUND_TIMEOUT)
+    logs = root_of(ctx) / BACKGROUND_LOGS
+    logs.mkdir(exist_ok=True)
+    if logs.is_symlink() or not logs.is_dir():
+        raise ToolError(f"refused: {BACKGROUND_LOGS} in your folder is not a real folder")
+    log_name = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}.log"
+    fd = os.open(logs / log_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        proc = subprocess.Popen(["/bin/sh", "-c", command], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                stdout=fd, stderr=subprocess.STDOUT, process_group=0, close_fds=True)
+    finally:
+        os.close(fd)
+    threading.Thread(target=_watch_background, args=(proc, ctx.stop, timeout), daemon=True,
+                     name=f"background-{proc.pid}").start()
+    unsupported = [name for name in ("notify_on_complete", "watch_patterns", "pty") if args.get(name)]
+    note = (f"\n({', '.join(unsupported)}: not available here; read the log to follow it)" if unsupported else "")
+    return (f"started in the background: pid {proc.pid}; its output goes to {BACKGROUND_LOGS}/{log_name} (read it "
+            f"with read_file); it is stopped after {timeout:g} s, when this task is stopped, or with the agent"
+            f"{note}")
+
+
+def _watch_background(proc: subprocess.Popen[bytes], stop: threading.Event, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not stop.is_set():
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+            break
+    _kill_group(proc)  # what it left running goes with it, as in the foreground
+    proc.wait()
 
 
 def _communicate(proc: subprocess.Popen[bytes], ctx: ToolContext, timeout: float, output: Output) -> bool:
@@ -196,7 +261,9 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 register(Tool("terminal", "Run a shell command in your folder and get its output (exit status shown when not 0).",
               terminal, {"type": "object", "properties": {
                   "command": {"type": "string", "minLength": 1},
-                  "timeout": {"type": "number", "minimum": 1, "maximum": MAX_TIMEOUT,
-                              "description": "seconds (default 60)"}},
+                  "timeout": {"type": "number", "minimum": 1, "description": "seconds (default 60)"},
+                  "background": {"type": "boolean", "description": "return at once; output to a log file"}},
                   "required": ["command"], "additionalProperties": False},
-              capabilities=("shell",), toolset="terminal"))
+              capabilities=("shell",), toolset="terminal", hidden={
+                  "workdir": {"type": "string"}, "notify_on_complete": {"type": "boolean"},
+                  "watch_patterns": {"type": "array", "items": {"type": "string"}}, "pty": {"type": "boolean"}}))

@@ -40,7 +40,15 @@ class Refused(ToolError):
 
 
 class NeedsPerson(Exception):
-    """Raised by ask_human: the task is blocked until a person answers."""
+    """Raised by ask_human (and kanban_block): the task is blocked until a person answers."""
+
+
+class Finished(Exception):
+    """Raised by kanban_complete: the task in hand is done, with this summary as its result."""
+
+    def __init__(self, summary: str) -> None:
+        super().__init__(summary)
+        self.summary = summary
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,17 @@ class Tool:
     # Called for every call of a turn before the calls run one by one (delegate_task starts its
     # child there, so the children of one turn work in parallel).
     prepare: Callable[[ToolContext, dict[str, Any]], None] | None = None
+    # Arguments accepted (and checked) but not offered to the model: Hermes Agent's names and
+    # options, so its prompts and skills work, without their cost in every call's tool definitions.
+    hidden: dict[str, Any] = field(default_factory=dict)
+    # Offered only to an agent whose `toolsets` name this tool's toolset (Hermes' worker tools).
+    opt_in: bool = False
+
+    def accepted(self) -> dict[str, Any]:
+        """The schema a call's arguments are checked against: the offered one and the hidden arguments."""
+        if not self.hidden:
+            return self.parameters
+        return {**self.parameters, "properties": {**(self.parameters.get("properties") or {}), **self.hidden}}
 
     def schema(self) -> dict[str, Any]:
         """The tool as an OpenAI function definition."""
@@ -203,7 +222,7 @@ class Toolbox:
         # tool when it is loaded than when it was checked cannot stand in for read_file, say.
         merged = {**self.extra, **REGISTRY}
         if self.toolsets is None:
-            return merged
+            return {name: tool for name, tool in merged.items() if not tool.opt_in}
         return {name: tool for name, tool in merged.items() if tool.toolset in self.toolsets}
 
     def allowed(self, tool: Tool) -> bool:
@@ -240,7 +259,7 @@ class Toolbox:
                           f"{'ies' if len(missing) > 1 else 'y'}, which {self.whose} is not granted")
         if not isinstance(args, dict):
             raise Refused(f"refused: the arguments of {name} must be a JSON object")
-        problem = args_problem(tool.parameters, args)
+        problem = args_problem(tool.accepted(), args)
         if problem:
             raise Refused(f"refused: invalid arguments for {name}: {problem}")
         return scrubbing(tool)  # what it returns or raises goes to the model and the logs: no key in it
@@ -252,7 +271,7 @@ class Toolbox:
         grants = tuple(c for c in self.usable() if ctx.grants is None or c in ctx.grants)
         try:
             return tool.handler(dataclasses.replace(ctx, grants=grants), args)
-        except (ToolError, NeedsPerson, InterruptedError):
+        except (ToolError, NeedsPerson, Finished, InterruptedError):
             raise
         except Exception as exc:
             raise ToolError(f"{name} raised {type(exc).__name__}: {exc}") from exc
@@ -291,7 +310,7 @@ def scrubbing(tool: Tool) -> Tool:
             if text != str(exc):
                 exc.args = (text,)
             raise
-        except (NeedsPerson, InterruptedError):
+        except (NeedsPerson, Finished, InterruptedError):
             raise
         except Exception as exc:  # named as Toolbox.call names it, without the key its text may hold
             raise ToolError(scrub(f"{tool.name} raised {type(exc).__name__}: {exc}")) from exc

@@ -34,7 +34,7 @@ from .journal import Journal
 from .keys import ENV_FILE, KeyFile, key_names
 from .logline import say, short
 from .loop import TaskLoop, ToolUse, interruptible, llm_record
-from .memory import MemoryFile
+from .memory import Memories
 from .notify import NOTIFY_ENV, Notifier
 from .providers import (
     BREAKERS_FILE,
@@ -103,7 +103,7 @@ class Agent:
         self.stop = threading.Event()
         self.tier = str(config.get("tier") or "auto")
         self.llm = config.get("llm") or {}
-        self.memory = MemoryFile(workdir / "memory" / "MEMORY.md")
+        self.memory = Memories(workdir / "memory", config.get("memory"))
         self._providers: dict[str, Provider] = {}
         self._tool_use: dict[str, ToolUse] = {}  # per provider: does it ever call the tools it is offered?
         self.health = ProviderHealth(path=workdir / BREAKERS_FILE,  # doctor shows the breakers

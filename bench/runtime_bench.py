@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from hermes_sup.agents import builtins  # noqa: E402, F401 - registers the built-in tools
 from hermes_sup.agents.loop import TaskLoop  # noqa: E402
-from hermes_sup.agents.memory import MemoryFile  # noqa: E402
+from hermes_sup.agents.memory import Memories  # noqa: E402
 from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig  # noqa: E402
 from hermes_sup.agents.tools import Toolbox, ToolContext  # noqa: E402
 
@@ -82,7 +82,7 @@ def loop_overhead(turns: int, base: Path) -> tuple[list[float], float]:
         llm.script("openai", *replies, openai_reply("done"))
         scratch = base / "loop" / "scratch"
         scratch.mkdir(parents=True)
-        ctx = ToolContext(scratch=scratch, stop=threading.Event(), memory=MemoryFile(base / "loop" / "MEMORY.md"))
+        ctx = ToolContext(scratch=scratch, stop=threading.Event(), memory=Memories(base / "loop"))
         provider = OpenAIProvider(ProviderConfig(name="s", kind="openai", model="m", base_url=f"{llm.url}/v1"))
         provider._connect()  # the SDK import is start-up, not a turn
         loop = TaskLoop(task={"id": "bench", "title": "ten turns"}, chain=[provider], workdir=base / "loop", ctx=ctx,

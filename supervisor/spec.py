@@ -123,7 +123,8 @@ def build_specs(config: dict[str, Any], root: Path, *, python: str = sys.executa
                                sort_keys=True),
                 tools=json.dumps({"toolsets": entry.get("toolsets"),
                                   "terminal": _merged(defaults, entry, "terminal") or {},
-                                  "delegation": _merged(defaults, entry, "delegation") or {}}, sort_keys=True),
+                                  "delegation": _merged(defaults, entry, "delegation") or {},
+                                  "memory": _merged(defaults, entry, "memory") or {}}, sort_keys=True),
             )
             specs.append(_with_digest(spec))
     return specs

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 from hermes_sup.agents.cascade import routing_error
+from hermes_sup.agents.memory import limits_problem
 from hermes_sup.kanban.parse import PlainLoader
 
 from .alerts import check_alerts
@@ -133,7 +134,7 @@ def _strip_lines(value: Any) -> Any:
 
 TOP_KEYS = ("providers", "tiers", "defaults", "agents", "prices", "board", "schedules", "routing", "alerts")
 DEFAULT_KEYS = ("restart", "stop_timeout", "heartbeat_timeout", "orphan_grace", "max_rss_mb", "log_max_mb",
-                "log_keep", "max_iterations", "max_tokens", "max_cost", "terminal", "delegation")
+                "log_keep", "max_iterations", "max_tokens", "max_cost", "terminal", "delegation", "memory")
 RESTART_KEYS = ("policy", "backoff", "max_restarts", "window", "reset_after")
 CAPABILITIES = ("fs.read", "fs.write", "shell", "network", "memory", "delegate", "skills", "kanban")
 TIERS = ("auto", "cheap", "standard", "premium")
@@ -142,7 +143,7 @@ PROVIDER_KEYS = ("kind", "model", "base_url", "api_key_env", "timeout", "max_tok
 AGENT_KEYS = ("name", "roles", "tier", "skills", "capabilities", "count", "provider", "env", "restart",
               "stop_timeout", "heartbeat_timeout", "orphan_grace", "max_rss_mb", "log_max_mb", "log_keep",
               "max_iterations", "max_tokens", "max_cost", "identity", "toolsets", "command", "terminal",
-              "delegation")
+              "delegation", "memory")
 
 
 def load_config(path: Path, *, skills: Callable[[], Collection[str]] | None = None) -> dict[str, Any]:
@@ -259,7 +260,7 @@ def skill_names(root: Path) -> set[str]:
 
 
 # The toolsets the built-in tools belong to (agents/: each Tool's `toolset`); a skill's name is one too.
-BUILTIN_TOOLSETS = ("files", "terminal", "memory", "board", "skills", "delegation")
+BUILTIN_TOOLSETS = ("files", "terminal", "memory", "board", "skills", "delegation", "kanban")
 
 
 def _check_skills(agents: list[Any], fail: Any, present: Callable[[], Collection[str]]) -> None:
@@ -460,6 +461,9 @@ def _check_settings(node: dict[str, Any], where: str, fail: Any) -> None:
             limit = f" up to {MAX_WHOLE:,}" if kind == "whole number" else ""
             raise fail(node, f"{where}: '{key}' must be a {kind} > 0{limit} (or absent), got {value!r}")
     _check_tools(node, where, fail)
+    memory = limits_problem(node.get("memory"))
+    if memory:
+        raise fail(node, f"{where}: {memory}")
     restart = node.get("restart")
     if restart is None:
         return

@@ -15,8 +15,7 @@ HERMES_FILE = """User prefers concise answers.
 §
 The staging server is staging.example.internal; deploys need a ticket.
 §
-Project uses Python 3.11 and ruff.
-"""
+Project uses Python 3.11 and ruff."""  # as Hermes writes it: no newline at the end
 
 
 def test_a_hermes_memory_file_reads_as_it_is_and_round_trips():

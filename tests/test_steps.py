@@ -72,7 +72,7 @@ def test_a_resumed_run_skips_what_was_done_and_blocks_on_an_unsafe_half_done_ste
     assert outcome.kind == "done"
     assert outcome.results[0] == "done before the crash"
     assert "written before the crash" in outcome.results[2], "the completed write was not run again"
-    assert (workdir / "memory/MEMORY.md").read_text() == "a fact\n", "a person's retry runs the step, once"
+    assert (workdir / "memory/MEMORY.md").read_text() == "a fact", "a person's retry runs the step, once"
 
 
 def test_an_idempotent_half_done_step_is_simply_run_again(tmp_path):

@@ -302,7 +302,7 @@ def test_an_agent_killed_between_a_tool_call_and_the_next_llm_call_resumes(tmp_p
         assert done["result"] == {"answer": "Stored."} and agent(ws, "thinker")["restarts"] == 1
         calls = [json.loads(line) for line in (ws / "runs/thinker/tool_calls.jsonl").read_text().splitlines()]
         assert [c["status"] for c in calls] == ["started", "done"], "memory (not idempotent) ran once"
-        assert (ws / "runs/thinker/memory/MEMORY.md").read_text() == "fact one\n"
+        assert (ws / "runs/thinker/memory/MEMORY.md").read_text() == "fact one"
         assert len(llm.requests) == 2 and llm.requests[1]["body"]["messages"][-1]["content"].startswith("memory add")
 
 
@@ -435,7 +435,7 @@ def test_a_steps_task_resumes_after_its_last_completed_step_and_an_unsafe_one_wa
     assert retried.returncode == 0, retried.stdout + retried.stderr
     done = wait_until(lambda: (d := board.get(task["id"]))["status"] == "done" and d, timeout=60)
     assert done["result"]["steps"][0] == "wrote 3 characters to a.txt"
-    assert (ws / "runs/runner/memory/MEMORY.md").read_text() == "a fact\n"
+    assert (ws / "runs/runner/memory/MEMORY.md").read_text() == "a fact"
     calls = [json.loads(line) for line in (ws / "runs/runner/tool_calls.jsonl").read_text().splitlines()]
     assert [(c["call_id"], c["status"]) for c in calls] == [
         ("step-1", "started"), ("step-1", "done"), ("step-2", "started"), ("step-2", "started"), ("step-2", "done")]

@@ -1,0 +1,163 @@
+"""`import-hermes --board`: the open tasks of a Hermes Agent `kanban.db` put on this board.
+
+The database is opened read-only, never through a symlink, and bounded; what is read becomes plain
+task fields (pure), all validated before the first is added. Each task gets an id derived from its
+Hermes id (`hermes-<id>`), so running the import again adds only what is missing; its Hermes
+parents that are open too become its `depends_on`, its comments a section of its body, and its
+Hermes id, status and tenant are kept in `meta.hermes`. Claims do not carry over: every task starts
+in todo here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import stat
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from hermes_sup.kanban.task import TaskError, normalize, now_iso
+
+from .hermes_import import HermesImportError
+
+if TYPE_CHECKING:
+    import sqlite3
+
+MAX_DB = 512 << 20
+MAX_TASKS = 10_000
+MAX_COMMENTS = 50_000
+OPEN = ("triage", "todo", "scheduled", "ready", "running", "blocked", "review")
+
+
+def _rows(conn: sqlite3.Connection, sql: str, limit: int) -> list[tuple[Any, ...]]:
+    return conn.execute(f"{sql} LIMIT {limit + 1}").fetchall()
+
+
+def read_board(path: Path) -> tuple[list[dict[str, Any]], list[tuple[str, str]], list[tuple[str, str, str]]]:
+    """(open tasks, links parent -> child, comments task/author/body) of a Hermes kanban.db."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        raise HermesImportError(f"--board: no kanban.db in the profile ({path})") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise HermesImportError(f"--board: {path} is a symlink; it is not followed")
+    if not stat.S_ISREG(info.st_mode):
+        raise HermesImportError(f"--board: {path} is not a regular file")
+    if info.st_size > MAX_DB:
+        raise HermesImportError(f"--board: {path} is larger than {MAX_DB >> 20} MiB")
+    import sqlite3  # only --board needs it, not every command
+
+    try:
+        conn = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=5)
+    except sqlite3.Error as exc:
+        raise HermesImportError(f"--board: {path} cannot be opened: {exc}") from None
+    try:
+        marks = ",".join("?" * len(OPEN))
+        tasks = conn.execute(f"SELECT id, title, body, assignee, status, priority, tenant FROM tasks "
+                             f"WHERE status IN ({marks}) ORDER BY created_at, id LIMIT {MAX_TASKS + 1}",
+                             OPEN).fetchall()
+        links = _rows(conn, "SELECT parent_id, child_id FROM task_links", MAX_TASKS * 10)
+        comments = _rows(conn, "SELECT task_id, author, body FROM task_comments ORDER BY id", MAX_COMMENTS)
+    except sqlite3.Error as exc:
+        raise HermesImportError(f"--board: {path} is not a Hermes kanban database, or is damaged: {exc}") from None
+    finally:
+        conn.close()
+    if len(tasks) > MAX_TASKS:
+        raise HermesImportError(f"--board: more than {MAX_TASKS:,} open tasks; move them in parts by hand")
+    if len(comments) > MAX_COMMENTS:
+        raise HermesImportError(f"--board: more than {MAX_COMMENTS:,} comments")
+    keys = ("id", "title", "body", "assignee", "status", "priority", "tenant")
+    return ([dict(zip(keys, row, strict=True)) for row in tasks], [(str(p), str(c)) for p, c in links],
+            [(str(t), str(a), str(b)) for t, a, b in comments])
+
+
+def board_id(hermes_id: str) -> str:
+    """This board's id of a Hermes task (pure)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", hermes_id.lower()).strip("-")[:56] or "task"
+    return f"hermes-{slug}"
+
+
+def board_tasks(tasks: list[dict[str, Any]], links: list[tuple[str, str]], comments: list[tuple[str, str, str]],
+                agents: dict[str, str]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The task fields of the open Hermes tasks, parents first, and notes (pure). `agents` maps a
+    Hermes assignee (a profile name) to an agent here; another assignee is dropped, with a note."""
+    ids = {str(task["id"]): board_id(str(task["id"])) for task in tasks}
+    if len(set(ids.values())) < len(ids):
+        raise HermesImportError("--board: two Hermes task ids map to the same id here; move them by hand")
+    parents: dict[str, list[str]] = {}
+    for parent, child in links:
+        if parent in ids and child in ids:
+            parents.setdefault(child, []).append(ids[parent])
+    said: dict[str, list[str]] = {}
+    for task_id, author, body in comments:
+        said.setdefault(task_id, []).append(f"- {author}: {body}")
+    notes, fields = [], []
+    dropped = sorted({str(t["assignee"]) for t in tasks if t.get("assignee") and str(t["assignee"]) not in agents})
+    if dropped:
+        notes.append(f"assignees with no agent here, left unassigned: {', '.join(dropped)}")
+    for task in tasks:
+        hermes_id = str(task["id"])
+        body = str(task.get("body") or "")
+        if said.get(hermes_id):
+            body = (body + "\n\nComments on Hermes' board:\n" + "\n".join(said[hermes_id])).strip()
+        entry: dict[str, Any] = {
+            "id": ids[hermes_id], "title": str(task.get("title") or hermes_id)[:500], "body": body,
+            "priority": int(task["priority"]) if isinstance(task.get("priority"), int) else 0,
+            "depends_on": parents.get(hermes_id, []),
+            "meta": {"hermes": {key: task[key] for key in ("id", "status", "tenant") if task.get(key) is not None}}}
+        if task.get("assignee") and str(task["assignee"]) in agents:
+            entry["assignee"] = agents[str(task["assignee"])]
+        fields.append(entry)
+    order = {entry["id"]: index for index, entry in enumerate(fields)}
+    placed: list[dict[str, Any]] = []
+    seen: set[str] = set()
+
+    def place(entry: dict[str, Any], trail: frozenset[str]) -> None:
+        if entry["id"] in seen or entry["id"] in trail:
+            return
+        for dep in entry["depends_on"]:
+            place(fields[order[dep]], trail | {entry["id"]})
+        seen.add(entry["id"])
+        placed.append(entry)
+
+    for entry in fields:
+        place(entry, frozenset())
+    for entry in placed:
+        try:
+            normalize(entry, default_id=entry["id"], now=now_iso(), by="import-hermes", note="added")
+        except TaskError as exc:
+            raise HermesImportError(f"--board: Hermes task {entry['meta']['hermes']['id']} cannot be a task here: "
+                                    f"{exc}") from None
+    return placed, notes
+
+
+def conflicts(board: Any, fields: list[dict[str, Any]]) -> list[str]:
+    """The ids taken on the board by a task that is not the same Hermes task (checked before anything
+    is written); a task an earlier import added is not one."""
+    from hermes_sup.kanban import TaskNotFound
+
+    taken = []
+    for entry in fields:
+        with contextlib.suppress(TaskNotFound):
+            existing = board.get(entry["id"])
+            if (existing.get("meta") or {}).get("hermes", {}).get("id") != entry["meta"]["hermes"]["id"]:
+                taken.append(entry["id"])
+    return taken
+
+
+def add_tasks(board: Any, fields: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """Put the tasks on the board: (added, already there from an earlier import)."""
+    from hermes_sup.kanban import TaskNotFound
+
+    added, there = [], []
+    for entry in fields:
+        try:
+            board.get(entry["id"])
+        except TaskNotFound:
+            board.add(entry, by="import-hermes")
+            added.append(entry["id"])
+        else:
+            there.append(entry["id"])
+    return added, there

@@ -1,0 +1,339 @@
+"""What `hermes-sup import-hermes` reads of a Hermes Agent home or profile, and the plan it makes of it.
+
+A Hermes home (`~/.hermes`) or profile (`~/.hermes/profiles/NAME`) holds config.yaml (the model and
+its fallback providers), .env (API keys), SOUL.md (the agent's identity), memories/ (MEMORY.md,
+USER.md) and skills/<category>/<name>/. Everything in it is treated as hostile: every file is read
+bounded, never through a symlink, never a FIFO; YAML without aliases; and of .env only the names
+are read: a key's value is never read, so it can reach neither hermes.yaml nor a log. The plan is
+pure data; cli_hermes applies it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hermes_sup.agents.memory import FILES, HERMES_LIMITS, beyond_hermes, limits_problem, parse
+from hermes_sup.kanban.parse import PlainLoader
+
+MAX_CONFIG = 1 << 20
+MAX_SOUL = 64 * 1024
+MAX_MEMORY = 1 << 20
+MAX_SKILL_FILE = 1 << 20
+MAX_SKILL_FILES = 2000
+MAX_SKILLS_BYTES = 50 << 20
+AGENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+ENV_LINE = re.compile(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=")
+
+# Hermes provider id -> (kind, base_url, the variables its key is read from). Others need a base_url.
+PROVIDERS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
+    "openrouter": ("openai", "https://openrouter.ai/api/v1", ("OPENROUTER_API_KEY",)),
+    "anthropic": ("anthropic", None, ("ANTHROPIC_API_KEY", "ANTHROPIC_TOKEN")),
+    "openai": ("openai", "https://api.openai.com/v1", ("OPENAI_API_KEY",)),
+    "openai-api": ("openai", "https://api.openai.com/v1", ("OPENAI_API_KEY",)),
+    "nous": ("openai", "https://inference-api.nousresearch.com/v1", ("NOUS_API_KEY",)),
+    "gemini": ("openai", "https://generativelanguage.googleapis.com/v1beta/openai", ("GEMINI_API_KEY",
+                                                                                      "GOOGLE_API_KEY")),
+    "deepseek": ("openai", "https://api.deepseek.com/v1", ("DEEPSEEK_API_KEY",)),
+    "lmstudio": ("openai", "http://127.0.0.1:1234/v1", ("LM_API_KEY",)),
+    "ollama": ("openai", "http://127.0.0.1:11434/v1", ()),
+}
+# What a Hermes home may hold that has no counterpart here, and why.
+NOT_CARRIED = {
+    "gateway": "messaging gateways (Telegram, Discord, Slack, ...): hermes-sup has none; its agents take work "
+               "from the board (hermes-sup task add, or a file dropped in kanban/inbox/)",
+    "cron": "scheduled jobs: hermes-sup has no scheduler; add tasks from your own cron with hermes-sup task add",
+    "sessions": "conversation history: Hermes' chat sessions have no counterpart; each task starts a fresh "
+                "conversation, and the memory files carry the facts",
+    "kanban": "Hermes' kanban.db: its tasks are not moved onto this board (add them with hermes-sup task add)",
+    "mcp_servers": "MCP servers: hermes-sup does not connect to MCP servers",
+    "plugins": "plugins: hermes-sup loads Python skills instead (skills/NAME.py)",
+}
+GATEWAY_KEYS = ("gateway", "platforms", "platform_toolsets", "telegram", "discord", "slack", "whatsapp", "signal",
+                "matrix", "email", "sms")
+
+
+class HermesImportError(Exception):
+    """The profile cannot be imported as it is; the message says which file and why."""
+
+
+def read_bounded(path: Path, limit: int, what: str) -> bytes | None:
+    """A regular file's bytes, at most `limit`; None when absent. Never through a symlink (O_NOFOLLOW)
+    nor from a FIFO or a device (O_NONBLOCK, then checked)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if path.is_symlink():
+            raise HermesImportError(f"{what} ({path}) is a symlink; it is not followed: copy the file itself "
+                                    "into the profile") from None
+        raise HermesImportError(f"{what} ({path}) cannot be read: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise HermesImportError(f"{what} ({path}) is not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            data = handle.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise HermesImportError(f"{what} ({path}) is larger than {limit:,} bytes, more than it can hold here")
+    return data
+
+
+def _text(data: bytes, what: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise HermesImportError(f"{what} is not UTF-8 text (byte {exc.start})") from None
+
+
+class _ConfigLoader(PlainLoader):
+    source = "config.yaml"
+
+
+def load_config(text: str) -> dict[str, Any]:
+    loader = _ConfigLoader(text)
+    try:
+        data = loader.get_single_data()
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise HermesImportError(f"config.yaml is not valid YAML{where}: "
+                                f"{getattr(exc, 'problem', None) or str(exc).splitlines()[0]}") from None
+    except (ValueError, RecursionError, OverflowError) as exc:
+        raise HermesImportError(f"config.yaml is not valid YAML: {exc}") from None
+    finally:
+        loader.dispose()
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise HermesImportError("config.yaml must be a mapping (model:, fallback_providers:, ...)")
+    return data
+
+
+def env_names(text: str) -> list[str]:
+    """The variable names a .env file sets (pure); the values are not looked at."""
+    return sorted({match.group(1) for line in text.splitlines() if (match := ENV_LINE.match(line))})
+
+
+@dataclass
+class Profile:
+    path: Path
+    config: dict[str, Any]
+    env: list[str]
+    soul: str | None
+    memories: dict[str, bytes]                 # MEMORY.md / USER.md -> bytes
+    skills: list[tuple[str, bytes]]            # path under skills/ -> bytes
+    skipped: list[str] = field(default_factory=list)  # what was found and left out, and why
+    present: list[str] = field(default_factory=list)  # NOT_CARRIED keys found
+
+
+def _skill_files(root: Path) -> tuple[list[tuple[str, bytes]], list[str]]:
+    """The files of skills/ that belong to a skill (a folder holding SKILL.md, directly or in a
+    category folder), bounded; symlinks are not followed but named."""
+    files: list[tuple[str, bytes]] = []
+    skipped: list[str] = []
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        here = Path(dirpath)
+        relative = here.relative_to(root)
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))  # .hub, .archive, .history
+        for name in sorted(filenames) + [d for d in dirnames if (here / d).is_symlink()]:
+            path = here / name
+            shown = (relative / name).as_posix()
+            if path.is_symlink():
+                skipped.append(f"skills/{shown}: a symlink, not followed")
+                continue
+            if not any((p / "SKILL.md").is_file() for p in (here, *here.parents) if root in (p, *p.parents)):
+                continue  # not inside a skill (DESCRIPTION.md of a category, say)
+            if len(files) >= MAX_SKILL_FILES:
+                raise HermesImportError(f"skills/ holds more than {MAX_SKILL_FILES} files")
+            data = read_bounded(path, MAX_SKILL_FILE, f"skills/{shown}")
+            if data is None:
+                continue
+            total += len(data)
+            if total > MAX_SKILLS_BYTES:
+                raise HermesImportError(f"skills/ holds more than {MAX_SKILLS_BYTES >> 20} MiB")
+            files.append((shown, data))
+    return files, skipped
+
+
+def read_profile(path: Path) -> Profile:
+    """Everything the import needs of a Hermes home or profile, read and checked before anything is
+    written."""
+    if not path.is_dir():
+        raise HermesImportError(f"{path} is not a folder (a Hermes home such as ~/.hermes, or a profile such as "
+                                "~/.hermes/profiles/NAME)")
+    raw = read_bounded(path / "config.yaml", MAX_CONFIG, "config.yaml")
+    config = load_config(_text(raw, "config.yaml")) if raw is not None else {}
+    env = read_bounded(path / ".env", MAX_CONFIG, ".env")
+    soul = read_bounded(path / "SOUL.md", MAX_SOUL, "SOUL.md")
+    memories = {}
+    for name in FILES.values():
+        data = read_bounded(path / "memories" / name, MAX_MEMORY, f"memories/{name}")
+        if data is not None:
+            _text(data, f"memories/{name}")
+            memories[name] = data
+    skills, skipped = ([], [])
+    if (path / "skills").is_symlink():
+        skipped.append("skills/: a symlink, not followed")
+    elif (path / "skills").is_dir():
+        skills, skipped = _skill_files(path / "skills")
+    present = []
+    if any(key in config for key in GATEWAY_KEYS) or (path / "gateway").exists() or (path / "gateway.json").exists():
+        present.append("gateway")
+    for key, names in (("cron", ("cron",)), ("sessions", ("sessions", "state.db")), ("kanban", ("kanban.db",
+                                                                                               "kanban"))):
+        if any((path / name).exists() for name in names):
+            present.append(key)
+    present += [key for key in ("mcp_servers", "plugins") if config.get(key)]
+    return Profile(path, config, env_names(_text(env, ".env")) if env is not None else [],
+                   _text(soul, "SOUL.md").strip() if soul is not None else None, memories, skills, skipped, present)
+
+
+# -- the plan (pure) --------------------------------------------------------------------------------
+
+def models_of(config: dict[str, Any]) -> list[dict[str, str]]:
+    """The model and its fallbacks, in order, as {provider, model, base_url?} (pure)."""
+    chain: list[dict[str, str]] = []
+    model = config.get("model")
+    if isinstance(model, str) and model.strip():
+        chain.append({"provider": str(config.get("provider") or ""), "model": model.strip()})
+    elif isinstance(model, dict):
+        name = model.get("default") or model.get("model")
+        if isinstance(name, str) and name.strip():
+            chain.append({key: str(value) for key, value in (("provider", model.get("provider") or ""),
+                                                           ("model", name.strip()),
+                                                           ("base_url", model.get("base_url"))) if value is not None})
+    fallbacks = config.get("fallback_providers") or []
+    legacy = config.get("fallback_model")
+    fallbacks = [*(fallbacks if isinstance(fallbacks, list) else []),
+                 *(legacy if isinstance(legacy, list) else [legacy] if isinstance(legacy, dict) else [])]
+    for entry in fallbacks:
+        if isinstance(entry, dict) and isinstance(entry.get("model"), str) and entry["model"].strip():
+            chain.append({key: str(entry[key]) for key in ("provider", "model", "base_url") if entry.get(key)})
+    return chain
+
+
+def provider_spec(entry: dict[str, str], env: list[str]) -> tuple[dict[str, Any] | None, str]:
+    """hermes.yaml's provider for one Hermes model entry, and a note; None when it cannot be carried
+    over (pure)."""
+    provider = (entry.get("provider") or "").strip().lower()
+    if not provider and "/" in entry["model"] and "OPENROUTER_API_KEY" in env:
+        provider = "openrouter"  # Hermes' default when only an OpenRouter key is set
+    known = PROVIDERS.get(provider)
+    if known is None and not entry.get("base_url"):
+        return None, (f"model {entry['model']} of provider {provider or '(none named)'}: hermes-sup knows no "
+                      "address for it; add a provider with kind openai and its base_url to hermes.yaml")
+    kind, base_url, keys = known or ("openai", None, ())
+    spec: dict[str, Any] = {"kind": kind, "model": entry["model"]}
+    if entry.get("base_url") or base_url:
+        spec["base_url"] = entry.get("base_url") or base_url
+    key = next((name for name in keys if name in env), keys[0] if keys else None)
+    if key:
+        spec["api_key_env"] = key
+    note = f"{entry['model']} ({provider or 'custom'})"
+    if key and key not in env:
+        note += f": its key is read from {key}, which the profile's .env does not set"
+    return spec, note
+
+
+@dataclass
+class Plan:
+    name: str
+    entry: dict[str, Any]
+    providers: dict[str, dict[str, Any]]
+    tiers: dict[str, list[str]] | None       # set when the file's tiers are replaced
+    memories: dict[str, bytes]
+    skills: list[tuple[str, bytes]]
+    notes: list[str]                          # what was carried over, said to the user
+    not_carried: list[dict[str, str]]         # {what, why}
+    warnings: list[str]
+
+
+def agent_name(requested: str | None, profile: Path) -> str:
+    """The new agent's name: --name, else the profile's folder name (`.hermes`: hermes) (pure)."""
+    name = requested or profile.resolve().name.lstrip(".") or "hermes"
+    if not AGENT_NAME.fullmatch(name):
+        raise HermesImportError(f"agent name {name!r} must be 1 to 64 letters, digits, '-' or '_', starting with a "
+                                "letter or digit; give one with --name")
+    return name
+
+
+def make_plan(profile: Profile, name: str, current: dict[str, Any]) -> Plan:
+    """The agent, providers and files the profile becomes, given the workspace's hermes.yaml as
+    parsed (pure). Refuses a name already taken, by an agent or a provider."""
+    agents = [a for a in current.get("agents") or [] if isinstance(a, dict)]
+    taken = {str(a.get("name")) for a in agents}
+    taken |= {f"{a.get('name')}-{i}" for a in agents for i in range(1, int(a.get("count", 1) or 1) + 1)}
+    if name in taken:
+        raise HermesImportError(f"hermes.yaml already has an agent named {name}; import under another name with "
+                                "--name (nothing was changed)")
+    existing_providers = set(current.get("providers") or {})
+    notes: list[str] = []
+    warnings: list[str] = []
+    not_carried = [{"what": key, "why": NOT_CARRIED[key]} for key in profile.present]
+    providers: dict[str, dict[str, Any]] = {}
+    for index, model in enumerate(models_of(profile.config)):
+        spec, note = provider_spec(model, profile.env)
+        if spec is None:
+            not_carried.append({"what": "model", "why": note})
+            continue
+        provider_name = name if index == 0 else f"{name}-fallback-{index}"
+        if provider_name in existing_providers:
+            raise HermesImportError(f"hermes.yaml already has a provider named {provider_name}; import under another "
+                                    "name with --name (nothing was changed)")
+        providers[provider_name] = spec
+        notes.append(f"provider {provider_name}: {note}")
+    for where in (profile.config.get("model"), *(profile.config.get("fallback_providers") or [])):
+        if isinstance(where, dict) and where.get("api_key"):
+            warnings.append("config.yaml holds an api_key value: it was not copied; put the key in the workspace's "
+                            ".env and name it with api_key_env")
+            break
+    entry: dict[str, Any] = {"name": name, "capabilities": ["fs.read", "fs.write", "memory", "kanban", "skills"],
+                             "toolsets": ["files", "memory", "board", "skills", "kanban"]}
+    if profile.soul:
+        entry["identity"] = profile.soul
+        notes.append(f"identity: SOUL.md ({len(profile.soul):,} characters)")
+    memory = profile.config.get("memory")
+    if isinstance(memory, dict):
+        limits = {key: memory[key] for key in ("memory_char_limit", "user_char_limit")
+                  if key in memory and memory[key] != HERMES_LIMITS[key.split("_")[0]]}
+        if limits and not limits_problem(limits):
+            entry["memory"] = limits
+    for file_name, data in profile.memories.items():
+        target = "user" if file_name == "USER.md" else "memory"
+        entries = parse(data.decode("utf-8"))
+        notes.append(f"memory: {file_name} ({len(entries)} entries)")
+        flag = beyond_hermes(target, entries)
+        limit = (entry.get("memory") or {}).get(f"{target}_char_limit", HERMES_LIMITS[target])
+        if flag and len(data.decode("utf-8")) > limit:
+            warnings.append(f"{flag}; it is copied as it is, and the agent will have to remove entries before it "
+                            "can add one")
+    if profile.skills:
+        count = len({path.rsplit("/SKILL.md", 1)[0] for path, _ in profile.skills if path.endswith("SKILL.md")})
+        notes.append(f"skills: {count} copied into the workspace's skills/ (shared by the team)")
+    warnings += [f"not copied: {what}" for what in profile.skipped]
+    if profile.env:
+        notes.append(f"keys named in .env: {', '.join(profile.env)} (values are never copied: put the ones you need "
+                     "in the workspace's .env)")
+    not_carried.append({"what": "shell and delegation", "why": "not granted by default: add shell and delegate to "
+                        "the agent's capabilities (and terminal, delegation to its toolsets) to give them"})
+    tiers = None
+    chain = list(providers)
+    current_tiers = current.get("tiers") or {}
+    only_auto = all(value in (["auto"], []) for key, value in current_tiers.items() if key != "__line__")
+    if chain and only_auto:  # the team has not chosen models: the profile's become the team's
+        tiers = {tier: [*chain, "auto"] for tier in ("cheap", "standard", "premium")}
+        notes.append(f"tiers: every tier (the whole team's) now tries {', '.join(chain)}, then auto; they were all "
+                     "auto")
+    elif chain:
+        not_carried.append({"what": "tiers", "why": f"hermes.yaml's tiers serve the whole team and were left as they "
+                            f"are: to have this agent use {', '.join(chain)}, name them in the tier of its tasks"})
+    return Plan(name, entry, providers, tiers, profile.memories, profile.skills, notes, not_carried, warnings)

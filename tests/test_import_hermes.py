@@ -1,0 +1,228 @@
+"""`hermes-sup import-hermes`: a Hermes Agent profile (fixtures from hermes-agent 0.19.0) becomes an
+agent of hermes.yaml; keys only by name; hostile profiles refused with nothing half-written."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hermes_sup.agents.skills import Skills
+from hermes_sup.supervisor import cli_hermes
+from hermes_sup.supervisor.cli import main
+from hermes_sup.supervisor.workspace import load_config
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hermes"
+SECRETS = ("sk-or-v1-0123456789abcdef", "sk-ant-api03-fedcba9876543210")
+SOUL = ("You are Ada: a careful research assistant.\n\n  # not a comment, 'quoted' \"too\"\n"
+        "key: value, - item, {flow}, [list] & *alias !tag %directive @at `tick`\n"
+        "Ends with spaces   \nÜnïcödé ✓")
+CONFIG = """\
+model:
+  default: anthropic/claude-sonnet-4
+  provider: openrouter
+fallback_providers:
+  - {provider: anthropic, model: claude-sonnet-4-5}
+  - {provider: mystery, model: m-1}
+memory:
+  user_char_limit: 2000
+telegram:
+  enabled: true
+"""
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    assert CliRunner().invoke(main, ["init", str(tmp_path / "ws")]).exit_code == 0
+    return tmp_path / "ws"
+
+
+@pytest.fixture
+def profile(tmp_path: Path) -> Path:
+    home = tmp_path / "hermes-home"
+    shutil.copytree(FIXTURES / "memories", home / "memories")
+    shutil.copytree(FIXTURES / "skills", home / "skills")
+    (home / "config.yaml").write_text(CONFIG)
+    (home / ".env").write_text(f"OPENROUTER_API_KEY={SECRETS[0]}\nexport ANTHROPIC_API_KEY=\"{SECRETS[1]}\"\n")
+    (home / "SOUL.md").write_text(SOUL)
+    (home / "cron").mkdir()
+    (home / "sessions").mkdir()
+    return home
+
+
+def invoke(ws: Path, *args: str):
+    return CliRunner().invoke(main, ["-w", str(ws), "import-hermes", *args])
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_hermes_profile_becomes_an_agent(ws, profile):
+    nested = profile / "skills/research/polymarket/live-odds"  # a skill inside a skill, as Hermes has some
+    nested.mkdir()
+    (nested / "SKILL.md").write_text("---\nname: live-odds\ndescription: Odds now.\n---\nBody.\n")
+    before = (ws / "hermes.yaml").read_text()
+    result = invoke(ws, str(profile), "--name", "ada", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    config = load_config(ws / "hermes.yaml")
+    agent = config["agents"][-1]
+    assert agent["name"] == "ada" and agent["identity"] == SOUL.strip()
+    assert agent["memory"] == {"user_char_limit": 2000}
+    assert "kanban" in agent["toolsets"] and "shell" not in agent["capabilities"]
+    assert config["providers"]["ada"] == {"kind": "openai", "model": "anthropic/claude-sonnet-4",
+                                          "base_url": "https://openrouter.ai/api/v1",
+                                          "api_key_env": "OPENROUTER_API_KEY"}
+    assert config["providers"]["ada-fallback-1"] == {"kind": "anthropic", "model": "claude-sonnet-4-5",
+                                                     "api_key_env": "ANTHROPIC_API_KEY"}
+    assert config["tiers"]["standard"] == ["ada", "ada-fallback-1", "auto"]
+    after = (ws / "hermes.yaml").read_text()
+    assert [line for line in before.splitlines() if line.startswith("#")] == \
+        [line for line in after.splitlines() if line.startswith("#")], "the user's comments are kept"
+    assert "  - name: worker" in after
+    for name in ("MEMORY.md", "USER.md"):
+        assert (ws / "runs/ada/memory" / name).read_bytes() == (FIXTURES / "memories" / name).read_bytes()
+    listed = {skill.name for skill in Skills(ws, bundled=ws / "none").catalog()}
+    assert {"polymarket", "nano-pdf"} <= listed
+    assert (ws / "skills/research/polymarket/references/api-endpoints.md").is_file()
+    assert (ws / "skills/research/polymarket/live-odds/SKILL.md").read_text().endswith("Body.\n")
+    not_carried = {item["what"] for item in report["not_carried_over"]}
+    assert {"gateway", "cron", "sessions", "model"} <= not_carried
+    assert any("mystery" in item["why"] for item in report["not_carried_over"])
+    assert any("ANTHROPIC_API_KEY, OPENROUTER_API_KEY" in note for note in report["carried_over"])
+    everything = result.output + "".join(data.decode("utf-8", "replace") for data in snapshot(ws).values())
+    assert not any(secret in everything for secret in SECRETS), "a key's value reached the workspace or the output"
+
+
+def test_a_dry_run_writes_nothing_and_a_taken_name_is_refused(ws, profile):
+    before = snapshot(ws)
+    result = invoke(ws, str(profile), "--name", "ada", "--dry-run")
+    assert result.exit_code == 0 and result.output.startswith(f"would import {profile} as agent ada")
+    assert "not carried over:\n  gateway: messaging gateways" in result.output
+    assert snapshot(ws) == before
+    result = invoke(ws, str(profile), "--name", "worker")
+    assert result.exit_code == 1 and "already has an agent named worker" in result.output
+    assert snapshot(ws) == before
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda home: (home / "config.yaml").write_text("model: [unclosed\n"), "config.yaml is not valid YAML at line"),
+    (lambda home: (home / "config.yaml").write_text("a: &x 1\nb: *x\n"), "aliases (*x) are not allowed"),
+    (lambda home: (home / "config.yaml").write_text("- a list\n"), "config.yaml must be a mapping"),
+    (lambda home: (home / "SOUL.md").write_text("x" * 70_000), "SOUL.md (" ),
+    (lambda home: (home / "SOUL.md").write_bytes(b"\xff\xfe"), "SOUL.md is not UTF-8 text"),
+    (lambda home: ((home / "SOUL.md").unlink(), (home / "SOUL.md").symlink_to("/etc/passwd")), "is a symlink"),
+    (lambda home: ((home / "config.yaml").unlink(), os.mkfifo(home / "config.yaml")), "is not a regular file"),
+    (lambda home: (home / "memories/MEMORY.md").write_text("m" * 1_100_000), "larger than 1,048,576 bytes"),
+])
+def test_a_hostile_profile_is_refused_with_nothing_written(ws, profile, damage, message):
+    damage(profile)
+    before = snapshot(ws)
+    result = invoke(ws, str(profile), "--name", "ada")
+    assert result.exit_code == 1, result.output
+    assert message in result.output and "Traceback" not in result.output
+    assert snapshot(ws) == before
+
+
+def test_links_in_skills_are_not_followed_and_an_oversized_memory_is_flagged(ws, profile, tmp_path):
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret.txt").write_text("private")
+    (profile / "skills/research/polymarket/references/leak.md").symlink_to(tmp_path / "outside" / "secret.txt")
+    (profile / "skills/research/elsewhere").symlink_to(tmp_path / "outside")
+    (profile / "memories/MEMORY.md").write_text("\n§\n".join(f"fact {i} " + "x" * 100 for i in range(30)))
+    result = invoke(ws, str(profile), "--name", "ada", "--json")
+    assert result.exit_code == 0, result.output
+    warnings = json.loads(result.output)["warnings"]
+    assert "not copied: skills/research/polymarket/references/leak.md: a symlink, not followed" in warnings
+    assert "not copied: skills/research/elsewhere: a symlink, not followed" in warnings
+    assert any("more than Hermes Agent's 2,200" in warning for warning in warnings)
+    assert not (ws / "skills/research/polymarket/references/leak.md").exists()
+    assert "private" not in "".join(d.decode("utf-8", "replace") for d in snapshot(ws).values())
+
+
+def test_a_one_line_agents_list_is_refused_and_a_failed_write_takes_back_what_it_moved(ws, profile, monkeypatch):
+    text = (ws / "hermes.yaml").read_text()
+    (ws / "hermes.yaml").write_text(text.replace("agents:\n  - name: worker\n    roles: [work]\n    tier: cheap\n"
+                                                 "    count: 2\n", "agents: [{name: worker}]\n"))
+    before = snapshot(ws)
+    result = invoke(ws, str(profile), "--name", "ada")
+    assert result.exit_code == 1 and "writes agents on one line" in result.output
+    assert snapshot(ws) == before
+
+    (ws / "hermes.yaml").write_text(text)
+    before = snapshot(ws)
+
+    def failing(*args, **kwargs):
+        raise OSError(28, "No space left on device", str(ws / "hermes.yaml"))
+
+    monkeypatch.setattr(cli_hermes, "write_atomic", failing)
+    result = invoke(ws, str(profile), "--name", "ada")
+    assert result.exit_code == 1 and "No space left on device" in result.output
+    assert snapshot(ws) == before, "the memory and skills moved in were taken out again"
+    assert not [p for p in ws.rglob(".import-*")], "no staging folder left behind"
+
+
+def test_board_moves_the_open_tasks_of_a_hermes_kanban_db(ws, profile):
+    from hermes_sup.kanban import Board
+
+    shutil.copy(FIXTURES / "kanban.db", profile / "kanban.db")
+    result = invoke(ws, str(profile), "--name", "ada", "--board", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert "kanban" not in {item["what"] for item in report["not_carried_over"]}
+    assert report["written"][-1] == "board: 3 tasks added"
+    assert "assignees with no agent here, left unassigned: researcher-b, writer" in report["warnings"]
+    board = Board(ws / "kanban")
+    try:
+        tasks = {doc["meta"]["hermes"]["id"]: doc for doc in board.list().tasks}
+    finally:
+        board.close()
+    assert set(tasks) == {"t_32348092", "t_22f9cf34", "t_348d2e49"}, "the done task is not moved"
+    research_a, synth = tasks["t_32348092"], tasks["t_348d2e49"]
+    assert research_a["assignee"] == "ada", "Hermes' default profile is the imported agent"
+    assert research_a["priority"] == 2 and research_a["meta"]["hermes"]["tenant"] == "acme"
+    assert research_a["body"] == "Read source A.\n\nComments on Hermes' board:\n- lead: Focus on 2025 data."
+    assert sorted(synth["depends_on"]) == ["hermes-t-22f9cf34", "hermes-t-32348092"], "done parents are met"
+    assert all(doc["status"] == "todo" for doc in tasks.values())
+    again = invoke(ws, str(profile), "--name", "bob", "--board", "--json")
+    assert json.loads(again.output)["written"][-1] == "board: 0 tasks added, 3 already there"
+
+
+def test_a_broken_kanban_db_is_refused_before_anything_is_written(ws, profile, tmp_path):
+    before = snapshot(ws)
+    (profile / "kanban.db").write_bytes(b"not a database" * 100)
+    result = invoke(ws, str(profile), "--name", "ada", "--board")
+    assert result.exit_code == 1 and "is not a Hermes kanban database, or is damaged" in result.output
+    (profile / "kanban.db").unlink()
+    (profile / "kanban.db").symlink_to(FIXTURES / "kanban.db")
+    result = invoke(ws, str(profile), "--name", "ada", "--board")
+    assert result.exit_code == 1 and "is a symlink; it is not followed" in result.output
+    assert snapshot(ws) == before
+
+
+def test_board_refuses_an_id_taken_by_another_task_before_writing(ws, profile):
+    from hermes_sup.kanban import Board
+
+    shutil.copy(FIXTURES / "kanban.db", profile / "kanban.db")
+    board = Board(ws / "kanban")
+    board.add({"id": "hermes-t-22f9cf34", "title": "someone else's"})
+    board.close()
+    before = snapshot(ws)
+    result = invoke(ws, str(profile), "--name", "ada", "--board")
+    assert result.exit_code == 1 and "already has tasks hermes-t-22f9cf34 that are not Hermes'" in result.output
+    assert snapshot(ws) == before
+
+
+def test_the_command_line_has_import_hermes(ws, profile):
+    import subprocess
+
+    from .conftest import CLI, ROOT
+
+    done = subprocess.run([*CLI, "-w", str(ws), "import-hermes", str(profile), "--name", "ada", "--dry-run"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"would import {profile} as agent ada\n")
