@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import re
 import threading
 from collections.abc import Callable, Mapping
@@ -25,9 +24,6 @@ from typing import Any
 from .providers import Attempt, Provider, ProviderError, complete_with_fallback
 from .translate import Completion, Message, text_tool_calls
 
-STRATEGIES = ("tiers", "cascade")
-ROUTING_KEYS = ("strategy", "cheap", "premium", "min_confidence", "verify")
-TIER_NAMES = ("cheap", "standard", "premium")
 ASK_CONFIDENCE = ("When you give your final answer (not a tool call), end it with one last line "
                   "`confidence: N`, N from 0 to 1: how sure you are that the answer is correct and complete.")
 VERIFY = ("You check another model's answer. Reply with one word: YES if the answer below does what the request "
@@ -49,29 +45,6 @@ def cascades(task: Mapping[str, Any], agent_tier: str) -> bool:
     """Whether a task's calls go through the cascade (when one is configured): its tier is left to
     routing, on the task and on its agent (pure)."""
     return task.get("tier") in (None, "", "auto") and agent_tier in ("", "auto")
-
-
-def routing_error(spec: Any) -> str | None:
-    """What is wrong with hermes.yaml's `routing` mapping, or None (pure)."""
-    if spec is None:
-        return None
-    if not isinstance(spec, Mapping):
-        return "'routing' must be a mapping (strategy, cheap, premium, min_confidence)"
-    for key in spec:
-        if key != "__line__" and key not in ROUTING_KEYS:
-            return f"unknown key 'routing.{key}'; expected one of {', '.join(ROUTING_KEYS)}"
-    if spec.get("strategy", "tiers") not in STRATEGIES:
-        return f"routing strategy {spec.get('strategy')!r} is unknown; strategies are {', '.join(STRATEGIES)}"
-    for key in ("cheap", "premium"):
-        if key in spec and spec[key] not in TIER_NAMES:
-            return f"'routing.{key}' must be a tier ({', '.join(TIER_NAMES)}), got {spec[key]!r}"
-    level = spec.get("min_confidence", 0.7)
-    if isinstance(level, bool) or not isinstance(level, (int, float)) or not math.isfinite(level) \
-            or not 0 <= level <= 1:
-        return f"'routing.min_confidence' must be a number from 0 to 1, got {level!r}"
-    if not isinstance(spec.get("verify", False), bool):
-        return f"'routing.verify' must be true or false, got {spec.get('verify')!r}"
-    return None
 
 
 def cascade_policy(llm: Mapping[str, Any]) -> CascadePolicy | None:

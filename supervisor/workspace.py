@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from hermes_sup.agents.cascade import routing_error
 from hermes_sup.agents.memory import limits_problem
+from hermes_sup.agents.routespec import routing_error
 from hermes_sup.kanban.parse import PlainLoader
 
 from .alerts import check_alerts

@@ -16,12 +16,12 @@ from hermes_sup.agents.cascade import (
     cascades,
     confidence,
     judge,
-    routing_error,
     with_confidence_ask,
     without_confidence,
 )
 from hermes_sup.agents.loop import llm_record
 from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig
+from hermes_sup.agents.routespec import routing_error
 from hermes_sup.kanban import Board
 from hermes_sup.supervisor.workspace import ConfigError, load_config
 
