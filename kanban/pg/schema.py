@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from psycopg.rows import tuple_row
+
 # Every migration is applied in one transaction, under an advisory lock, and recorded in
 # `migrations`: hosts starting together apply each exactly once, and a failed one leaves nothing.
 # Never edit an applied migration; add the next one.
@@ -130,7 +132,8 @@ def migrate(conn: Any, schema: str) -> list[int]:
         conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
         conn.execute(f'CREATE TABLE IF NOT EXISTS "{schema}".migrations (version integer PRIMARY KEY, '
                      "name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())")
-        applied = {row[0] for row in conn.execute(f'SELECT version FROM "{schema}".migrations')}
+        with conn.cursor(row_factory=tuple_row) as cur:
+            applied = {row[0] for row in cur.execute(f'SELECT version FROM "{schema}".migrations')}
         for version, name, sql in pending(applied):
             conn.execute(f'SET LOCAL search_path TO "{schema}"')
             conn.execute(sql)

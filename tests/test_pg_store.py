@@ -1,0 +1,367 @@
+"""The board on PostgreSQL (kanban/pg), against the real server the suite starts (tests/pgserver.py):
+the file board's semantics, exactly once across hosts and processes, fencing of zombie holders,
+the database clock only, and wake-ups that survive a dropped LISTEN connection."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from hermes_sup.kanban.errors import BoardError, ClaimLost, InvalidTransition
+from hermes_sup.kanban.pg import open_store
+from hermes_sup.kanban.pg import store as pgstore
+from hermes_sup.kanban.pg.store import PgStore, redact_dsn
+from hermes_sup.kanban.task import TaskError
+
+from .conftest import wait_until
+from .pgserver import PgServer
+
+WORKER = Path(__file__).resolve().parent / "pg_worker.py"
+Factory = Callable[..., PgStore]
+
+
+@pytest.fixture
+def schema() -> str:
+    return f"t_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def make_store(pg_server: PgServer, schema: str) -> Iterator[Factory]:
+    """Stores on one fresh schema, as if on hosts of their own (`host`, `boot_id`)."""
+    opened: list[PgStore] = []
+
+    def make(host: str = "host-a", **kwargs: object) -> PgStore:
+        kwargs.setdefault("boot_id", f"boot-{host}")
+        store = PgStore(pg_server.dsn, schema=schema, host=host, **kwargs)  # type: ignore[arg-type]
+        opened.append(store)
+        return store
+
+    yield make
+    for store in opened:
+        store.close()
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.fixture
+def store(make_store: Factory) -> PgStore:
+    return make_store()
+
+
+def admin(pg_server: PgServer) -> psycopg.Connection:
+    return psycopg.connect(pg_server.dsn, autocommit=True)
+
+
+# -- the file board's semantics ------------------------------------------------------------------
+
+def test_add_get_list_counts_and_validation(store: PgStore) -> None:
+    doc = store.add({"title": "  Write docs ", "priority": 2, "meta": {"k": [1, 2]}}, by="alice")
+    assert doc["status"] == "todo" and doc["title"] == "Write docs" and doc["claim"] is None
+    got = store.get(doc["id"])
+    assert got["meta"] == {"k": [1, 2]} and got["priority"] == 2 and got["history"][0]["by"] == "alice"
+    assert store.counts()["todo"] == 1 and [t["id"] for t in store.list("todo").tasks] == [doc["id"]]
+    with pytest.raises(TaskError, match="already exists"):
+        store.add({"id": doc["id"], "title": "again"})
+    with pytest.raises(TaskError, match="missing title"):
+        store.add({"body": "no title"})
+    with pytest.raises(BoardError, match="not a task id"):
+        store.get("../../etc/passwd")
+    # What jsonb cannot hold is stored with a replacement character, never refused or lost.
+    odd = store.add({"title": "nul", "body": "a\x00b"})
+    assert store.get(odd["id"])["body"] == "a\ufffdb"
+
+
+def test_claim_order_priority_then_age_then_id(store: PgStore) -> None:
+    low = store.add({"id": "low", "title": "low", "priority": 0})
+    first = store.add({"id": "b-first", "title": "high, older", "priority": 5})
+    second = store.add({"id": "a-second", "title": "high, newer", "priority": 5})
+    order = [store.claim("ag")["id"] for _ in range(3)]
+    assert order == [first["id"], second["id"], low["id"]]
+    assert store.claim("ag") is None
+
+
+def test_roles_assignee_steps_only_and_assigned_only(store: PgStore) -> None:
+    store.add({"id": "rev", "title": "review", "role": "reviewer"})
+    store.add({"id": "bob", "title": "for bob", "assignee": "bob"})
+    store.add({"id": "plan", "title": "steps", "steps": [{"tool": "noop", "args": {}}]})
+    assert store.claim("alice", steps_only=True)["id"] == "plan"
+    assert store.claim("alice") is None  # neither the reviewer's nor bob's
+    assert store.claim("bob", assigned_only=True)["id"] == "bob"
+    assert store.claim("carol", roles=["reviewer"])["id"] == "rev"
+
+
+def test_dependencies_and_cycles(store: PgStore) -> None:
+    store.add({"id": "dep", "title": "dependency"})
+    store.add({"id": "child", "title": "child", "depends_on": ["dep"], "priority": 9})
+    store.add({"id": "orphan", "title": "waits on an unknown task", "depends_on": ["nobody"], "priority": 9})
+    with pytest.raises(TaskError, match="cycle"):
+        store.add({"id": "nobody", "title": "closes a cycle", "depends_on": ["orphan"]})
+    held = store.claim("ag")
+    assert held["id"] == "dep" and store.claim("ag") is None
+    store.complete("dep", held["claim"]["token"], result="ok")
+    assert store.claim("ag")["id"] == "child"
+
+
+def test_fail_counts_attempts_until_failed(store: PgStore) -> None:
+    store.add({"id": "flaky", "title": "flaky", "max_attempts": 2})
+    held = store.claim("ag")
+    after = store.fail("flaky", held["claim"]["token"], "boom")
+    assert after["status"] == "todo" and after["attempts"] == 1 and after["error"] == "boom"
+    held = store.claim("ag")
+    assert held["attempts"] == 2 and held["claims"] == 2
+    final = store.fail("flaky", held["claim"]["token"], "boom again")
+    assert final["status"] == "failed" and "attempt 2 of 2 failed" in final["history"][-1]["note"]
+    retried = store.retry("flaky")
+    assert retried["status"] == "todo" and retried["attempts"] == 0
+
+
+def test_release_block_cancel_move(store: PgStore) -> None:
+    store.add({"id": "t", "title": "t"})
+    held = store.claim("ag")
+    released = store.release("t", held["claim"]["token"])
+    assert released["status"] == "todo" and released["attempts"] == 0 and released["claim"] is None
+    held = store.claim("ag")
+    blocked = store.block("t", held["claim"]["token"], "need a person", question="which one?")
+    assert blocked["status"] == "blocked" and blocked["question"] == "which one?" and blocked["attempts"] == 0
+    with pytest.raises(InvalidTransition):
+        store.move("t", "doing")
+    store.retry("t")
+    held = store.claim("ag")
+    cancelled = store.cancel("t", by="alice")
+    assert cancelled["status"] == "cancelled" and "revoked" in cancelled["history"][-1]["note"]
+    with pytest.raises(ClaimLost):  # the holder's claim went with the cancel
+        store.complete("t", held["claim"]["token"])
+    with pytest.raises(InvalidTransition, match="already cancelled"):
+        store.cancel("t")
+
+
+def test_every_holder_write_is_fenced(store: PgStore) -> None:
+    store.add({"id": "t", "title": "t"})
+    old = store.claim("ag", lease=0.01)
+    token = old["claim"]["token"]
+    wait_until(lambda: store.recover(), timeout=10)  # the lease ran out (by the database's clock)
+    new = store.claim("other")
+    assert new["claim"]["token"] > token and new["claims"] == 2
+    for write in (lambda: store.complete("t", token, "late"), lambda: store.fail("t", token, "late"),
+                  lambda: store.block("t", token, "late"), lambda: store.release("t", token),
+                  lambda: store.renew("t", token), lambda: store.journal_append("t", token, {"late": True})):
+        with pytest.raises(ClaimLost, match=f"held by other with token {new['claim']['token']}"):
+            write()
+    assert store.get("t")["claim"]["agent"] == "other" and store.journal("t") == []
+    done = store.complete("t", new["claim"]["token"], "ok")
+    assert done["status"] == "done" and done["result"] == "ok"
+
+
+def test_lease_expiry_keeps_attempts_and_fails_at_max(store: PgStore) -> None:
+    store.add({"id": "t", "title": "t", "max_attempts": 1})
+    store.claim("ag", lease=0.01)
+    recovered = wait_until(lambda: store.recover(), timeout=10)
+    assert recovered == [{"task": "t", "to": "failed", "reason": "lease of ag expired"}]
+    doc = store.get("t")
+    assert doc["status"] == "failed" and doc["attempts"] == 1 and "gave up after 1 attempts" in doc["error"]
+
+
+def test_renew_extends_the_lease_by_the_database_clock(store: PgStore) -> None:
+    store.add({"id": "t", "title": "t"})
+    held = store.claim("ag", lease=1)
+    renewed = store.renew("t", held["claim"]["token"], lease=300)
+    assert renewed["claim"]["lease_until_ts"] - held["claim"]["lease_until_ts"] > 250
+    assert store.recover() == []
+
+
+def test_dead_local_holder_is_recovered_at_once(store: PgStore) -> None:
+    store.add({"id": "t", "title": "t"})
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        store.claim("ag", pid=child.pid, lease=300)
+        assert store.recover() == []
+    finally:
+        child.kill()
+        child.wait()
+    assert store.recover() == [{"task": "t", "to": "todo", "reason": f"holder ag (pid {child.pid}) is gone"}]
+
+
+def test_events_by_cursor_and_journal(store: PgStore) -> None:
+    store.add({"id": "t", "title": "t"})
+    held = store.claim("ag")
+    assert store.journal_append("t", held["claim"]["token"], {"step": 0, "out": "x"}) > 0
+    store.complete("t", held["claim"]["token"])
+    events = store.events_since(0)
+    assert [(e["from"], e["to"]) for e in events] == [(None, "todo"), ("todo", "doing"), ("doing", "done")]
+    assert store.events_since(events[0]["cursor"]) == events[1:]
+    assert store.events_since(events[-1]["cursor"]) == []
+    assert [e["entry"] for e in store.journal("t")] == [{"step": 0, "out": "x"}]
+
+
+def test_migrations_are_versioned_and_applied_once(make_store: Factory, pg_server: PgServer, schema: str) -> None:
+    make_store()
+    make_store("host-b")
+    with admin(pg_server) as conn:
+        rows = conn.execute(f'SELECT version FROM "{schema}".migrations').fetchall()
+    assert rows == [(1,)]
+
+
+# -- a claim skips rows other claimers hold ------------------------------------------------------
+
+def test_claim_skips_a_row_locked_by_another_claimer(store: PgStore, pg_server: PgServer, schema: str) -> None:
+    store.add({"id": "top", "title": "top", "priority": 9})
+    store.add({"id": "next", "title": "next"})
+    with admin(pg_server) as other, other.transaction():
+        other.execute(f"SELECT id FROM \"{schema}\".tasks WHERE id = 'top' FOR UPDATE")
+        result: list[object] = []
+        thread = threading.Thread(target=lambda: result.append(store.claim("ag")), daemon=True)
+        thread.start()
+        thread.join(timeout=10)
+        claimed_while_locked = not thread.is_alive()
+    thread.join(timeout=30)
+    assert claimed_while_locked, "the claim waited for a row another transaction holds"
+    assert result[0]["id"] == "next"
+
+
+# -- hosts: exactly once, zombies, clocks ---------------------------------------------------------
+
+@pytest.mark.slow
+def test_exactly_once_across_hosts_and_processes(make_store: Factory, pg_server: PgServer, schema: str) -> None:
+    store = make_store()
+    total = 2000
+    for index in range(total):
+        store.add({"id": f"t{index:05d}", "title": f"task {index}", "priority": index % 7})
+    assert store.counts()["todo"] == total
+    env = {**os.environ, "HERMES_SUP_TEST_PG_DSN": pg_server.dsn}
+    procs = [subprocess.Popen([sys.executable, str(WORKER), schema, f"host-{h}", f"agent-{h}-{c}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for h in range(3) for c in range(4)]
+    outputs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=150)
+        assert proc.returncode == 0, err[-2000:]
+        outputs.append(json.loads(out))
+    done = Counter(task for output in outputs for task in output["done"])
+    assert sum(len(output["lost"]) for output in outputs) == 0
+    assert len(done) == total and set(done.values()) == {1}
+    assert sum(1 for output in outputs if output["done"]) >= 2  # the work was shared
+    with admin(pg_server) as conn:
+        per_task = conn.execute(f'SELECT count(*), count(DISTINCT task_id) FROM "{schema}".runs').fetchone()
+        dones = conn.execute(f"SELECT count(*), count(DISTINCT task) FROM \"{schema}\".events "
+                             "WHERE dst = 'done'").fetchone()
+    assert per_task == (total, total) and dones == (total, total)
+    assert store.counts()["done"] == total
+
+
+def test_silent_host_is_reclaimed_after_host_timeout_and_its_late_writes_rejected(make_store: Factory) -> None:
+    zombie = make_store("zombie", host_timeout=2)
+    alive = make_store("alive", host_timeout=2)
+    zombie.heartbeat()
+    alive.heartbeat()
+    zombie.add({"id": "t", "title": "t"})
+    held = zombie.claim("z-agent", lease=600)  # the lease alone would hold it for ten minutes
+    token = held["claim"]["token"]
+    zombie.journal_append("t", token, {"step": 0})
+    started = time.monotonic()
+    assert alive.recover() == []  # the zombie's heartbeat is fresh
+    # The zombie is partitioned: it heartbeats no more; the other host goes on.
+    recovered = wait_until(lambda: (alive.heartbeat(), alive.recover())[1], timeout=30, interval=0.2)
+    assert time.monotonic() - started >= 1.5
+    assert recovered == [{"task": "t", "to": "todo", "reason": "host zombie of z-agent sent no heartbeat for 2 s"}]
+    taken = alive.claim("a-agent")
+    assert taken["claim"]["host"] == "alive" and taken["attempts"] == 2
+    # The zombie wakes: every write it tries with its old claim is refused, and changes nothing.
+    zombie.heartbeat()
+    for write in (lambda: zombie.renew("t", token), lambda: zombie.journal_append("t", token, {"step": 1}),
+                  lambda: zombie.complete("t", token, "zombie's result"), lambda: zombie.fail("t", token, "x"),
+                  lambda: zombie.release("t", token), lambda: zombie.block("t", token, "x")):
+        with pytest.raises(ClaimLost):
+            write()
+    assert [e["entry"] for e in alive.journal("t")] == [{"step": 0}]  # the resumer sees the zombie's step 0
+    final = alive.complete("t", taken["claim"]["token"], "alive's result")
+    assert final["result"] == "alive's result" and final["history"][-1]["by"] == "a-agent"
+
+
+def test_host_restart_under_the_same_name_frees_its_claims(make_store: Factory) -> None:
+    before = make_store("box", boot_id="boot-1")
+    before.heartbeat()
+    before.add({"id": "t", "title": "t"})
+    before.claim("ag", lease=600)
+    after = make_store("box", boot_id="boot-2")  # the machine rebooted: same name, new boot
+    after.heartbeat()
+    assert after.recover() == [{"task": "t", "to": "todo", "reason": "host box of ag restarted"}]
+
+
+def test_a_host_clock_ten_minutes_off_changes_nothing(make_store: Factory, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = time.time
+    late = make_store("late", host_timeout=30)
+    early = make_store("early", host_timeout=30)
+    late.heartbeat()
+    early.heartbeat()
+    late.add({"id": "t", "title": "t"})
+    monkeypatch.setattr(time, "time", lambda: real() - 600)  # this host's clock is ten minutes behind
+    held = late.claim("ag", lease=60)
+    monkeypatch.setattr(time, "time", lambda: real() + 600)  # the other's, ten minutes ahead
+    assert early.recover() == [] and early.claim("other") is None
+    assert abs(held["claim"]["lease_until_ts"] - real() - 60) < 30  # the database's clock set the lease
+
+
+# -- wake-ups --------------------------------------------------------------------------------------
+
+def test_wait_for_work_wakes_on_notify_and_survives_a_killed_listen_connection(
+        make_store: Factory, pg_server: PgServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    # No poll in this test's time: a claim must come from a notification.
+    monkeypatch.setattr(pgstore, "POLL_INTERVAL", 60.0)
+    waiter = make_store("waiter")
+    adder = make_store("adder")
+    listener = waiter.listener()
+    assert listener.wait_ready(10)
+    got: list[dict] = []
+
+    def wait_one() -> None:
+        got.append(waiter.wait_for_work("ag", timeout=40))
+
+    thread = threading.Thread(target=wait_one, daemon=True)
+    thread.start()
+    wait_until(lambda: listener.generation >= 1, timeout=10)
+    adder.add({"id": "first", "title": "first"})
+    thread.join(timeout=15)
+    assert got and got[0]["id"] == "first"
+
+    with admin(pg_server) as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", (listener.backend_pid,))
+    wait_until(lambda: listener.connects >= 2, timeout=15)
+    thread = threading.Thread(target=wait_one, daemon=True)
+    thread.start()
+    adder.add({"id": "second", "title": "second"})
+    thread.join(timeout=15)
+    assert len(got) == 2 and got[1] is not None and got[1]["id"] == "second"
+
+
+# -- the DSN -----------------------------------------------------------------------------------
+
+def test_dsn_comes_from_the_env_and_is_never_in_an_error(pg_server: PgServer) -> None:
+    with pytest.raises(BoardError, match=r"\$TEAM_DSN is not set"):
+        open_store({"dsn_env": "TEAM_DSN"}, environ={})
+    secret = "s3cret-pass-word"
+    dsn = f"postgresql://bob:{secret}@127.0.0.1:1/nodb?connect_timeout=2"
+    with pytest.raises(BoardError) as caught:
+        open_store({"dsn_env": "TEAM_DSN"}, environ={"TEAM_DSN": dsn})
+    assert secret not in str(caught.value) and "$TEAM_DSN" in str(caught.value)
+    # Raised `from None`: a traceback does not print the driver's own error either.
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    assert redact_dsn(f"bad dsn {dsn}", dsn) == "bad dsn [redacted]"
+    assert secret not in redact_dsn(f"password={secret}", f"host=x password={secret}")
+    good = open_store({"dsn_env": "TEAM_DSN", "schema": f"t_{uuid.uuid4().hex[:12]}"}, host="h",
+                      environ={"TEAM_DSN": pg_server.dsn})
+    try:
+        assert pg_server.dsn not in repr(good)
+    finally:
+        with admin(pg_server) as conn:
+            conn.execute(f'DROP SCHEMA "{good.schema}" CASCADE')
+        good.close()
