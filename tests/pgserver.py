@@ -89,8 +89,9 @@ class PgServer:
                               "-t", str(START_TIMEOUT), "-o", options, "start"), "pg_ctl start")
 
     def restart(self) -> None:
-        self._check(self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "-t", str(START_TIMEOUT),
-                              "restart"), "pg_ctl restart")
+        # -l: the server's output goes to its log, not to a pipe this process would wait on.
+        self._check(self._run("pg_ctl", "-D", str(self.data), "-l", str(self.base / "server.log"), "-m", "fast",
+                              "-w", "-t", str(START_TIMEOUT), "restart"), "pg_ctl restart")
 
     def stop(self) -> None:
         if (self.data / "postmaster.pid").exists():

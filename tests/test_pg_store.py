@@ -365,3 +365,27 @@ def test_dsn_comes_from_the_env_and_is_never_in_an_error(pg_server: PgServer) ->
         with admin(pg_server) as conn:
             conn.execute(f'DROP SCHEMA "{good.schema}" CASCADE')
         good.close()
+
+
+def test_wait_for_work_goes_on_across_a_server_restart(make_store: Factory, pg_server: PgServer) -> None:
+    waiter = make_store("waiter")
+    assert waiter.listener().wait_ready(10)
+    got: list[dict | None] = []
+    errors: list[BaseException] = []
+
+    def wait_one() -> None:
+        try:
+            got.append(waiter.wait_for_work("ag", timeout=60))
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=wait_one, daemon=True)
+    thread.start()
+    wait_until(lambda: waiter.listener().generation >= 1, timeout=10)
+    pg_server.restart()
+    adder = make_store("adder")  # connects after the restart
+    adder.add({"id": "after-restart", "title": "added while the waiter reconnects"})
+    thread.join(timeout=30)
+    assert not errors, errors
+    assert got and got[0] is not None and got[0]["id"] == "after-restart"
+    wait_until(lambda: waiter.listener().connects >= 2, timeout=15)

@@ -105,6 +105,10 @@ class PgStore:
         with self._locked() as conn, conn.transaction(), conn.cursor() as cur:
             yield cur
 
+    def _connection_lost(self) -> bool:
+        conn = self._conn
+        return conn is None or conn.closed or conn.broken
+
     def close(self) -> None:
         self._closing.set()
         if self._listener is not None:
@@ -412,11 +416,19 @@ class PgStore:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             seen = listener.generation
-            if time.monotonic() - self._last_recover >= RECOVER_INTERVAL:
-                self.recover()
             if stop is not None and stop.is_set():
                 return None
-            doc = self.claim(agent, roles=roles, lease=lease, steps_only=steps_only, assigned_only=assigned_only)
+            try:
+                if time.monotonic() - self._last_recover >= RECOVER_INTERVAL:
+                    self.recover()
+                doc = self.claim(agent, roles=roles, lease=lease, steps_only=steps_only,
+                                 assigned_only=assigned_only)
+            except BoardError:
+                # The server restarted or the connection dropped: a waiter waits on (the next
+                # round reconnects); any other error is the caller's.
+                if not self._connection_lost():
+                    raise
+                doc = None
             if doc is not None:
                 return doc
             if stop is not None and stop.is_set():
