@@ -20,6 +20,8 @@ import pytest
 from hermes_sup.kanban.errors import BoardError, ClaimLost, InvalidTransition
 from hermes_sup.kanban.pg import open_store
 from hermes_sup.kanban.pg import store as pgstore
+from hermes_sup.kanban.pg.rules import finished, stale_note, storable
+from hermes_sup.kanban.pg.schema import MIGRATIONS, check_schema_name, pending
 from hermes_sup.kanban.pg.store import PgStore, redact_dsn
 from hermes_sup.kanban.task import TaskError
 
@@ -389,3 +391,63 @@ def test_wait_for_work_goes_on_across_a_server_restart(make_store: Factory, pg_s
     assert not errors, errors
     assert got and got[0] is not None and got[0]["id"] == "after-restart"
     wait_until(lambda: waiter.listener().connects >= 2, timeout=15)
+
+
+def test_heartbeat_keeps_a_host_s_claims_and_its_silence_frees_them(make_store: Factory) -> None:
+    holder = make_store("holder", host_timeout=1.5)
+    sweeper = make_store("sweeper", host_timeout=1.5)
+    holder.start_heartbeat(interval=0.2)
+    holder.add({"id": "t", "title": "t"})
+    holder.claim("ag", lease=600)
+    started = time.monotonic()
+    while time.monotonic() - started < 3.0:  # twice host_timeout: the heartbeat thread keeps it
+        assert sweeper.recover() == []
+        time.sleep(0.1)
+    holder.close()  # stops the heartbeat thread
+    recovered = wait_until(lambda: sweeper.recover(), timeout=20, interval=0.1)
+    assert recovered[0]["reason"] == "host holder of ag sent no heartbeat for 1.5 s"
+
+
+def test_one_sweeper_at_a_time_and_the_turn_passes_when_it_stops(make_store: Factory) -> None:
+    first = make_store("first", host_timeout=1)
+    second = make_store("second", host_timeout=1)
+    assert first._elected() and first._elected()  # the holder renews its own lease
+    assert not second._elected()
+    wait_until(second._elected, timeout=10, interval=0.1)  # first stopped renewing: its lease ran out
+    assert not first._elected()
+
+
+# -- pure rules (no server) -----------------------------------------------------------------------
+
+def test_storable_replaces_what_jsonb_refuses_and_keeps_the_rest() -> None:
+    value = {"a\x00": ["x\x00y", {"deep": "\ud800z"}], "ok": "plain é", "n": 1.5, "t": None}
+    assert storable(value) == {"a\ufffd": ["x\ufffdy", {"deep": "\ufffdz"}], "ok": "plain é", "n": 1.5, "t": None}
+    assert storable("\x00") == "\ufffd"
+    deep: object = "leaf\x00"
+    for _ in range(64):
+        deep = [deep]
+    flat = storable(deep)
+    for _ in range(64):
+        flat = flat[0]
+    assert flat == "leaf\ufffd"
+
+
+def test_finished_follows_the_file_board_rules() -> None:
+    doc = {"id": "t", "status": "doing", "attempts": 2, "max_attempts": 2, "history": [],
+           "claim": {"agent": "ag", "token": 7}}
+    failed = finished(doc, "todo?", "boom", {"error": "boom"}, now="T")
+    assert failed["status"] == "failed" and failed["claim"] is None and failed["history"][-1]["by"] == "ag"
+    assert failed["history"][-1]["note"] == "attempt 2 of 2 failed: boom"
+    released = finished(doc, "todo", "released", {"_return_attempt": True}, now="T")
+    assert released["status"] == "todo" and released["attempts"] == 1 and "_return_attempt" not in released
+    assert stale_note("lease of ag expired", 2, 2) == ("failed", "recovered: lease of ag expired; gave up after 2 "
+                                                                 "attempts")
+
+
+def test_migrations_are_numbered_in_order_and_schema_names_are_plain() -> None:
+    versions = [version for version, _name, _sql in MIGRATIONS]
+    assert versions == sorted(set(versions)) and versions[0] == 1
+    assert pending({1}) == [m for m in MIGRATIONS if m[0] != 1]
+    for bad in ('x"; DROP TABLE tasks; --', "Upper", "", "1abc", None):
+        with pytest.raises(ValueError):
+            check_schema_name(bad)
