@@ -157,7 +157,12 @@ class PgStore:
         return {status: found.get(status, 0) for status in STATUSES}
 
     def events_since(self, cursor: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
-        """Events after `cursor`, oldest first; each carries its own cursor to resume from."""
+        """Events after `cursor`, oldest first; each carries its own cursor to resume from.
+
+        The cursor comes from a sequence, taken before its transaction commits: two transitions
+        committing at once can become visible out of cursor order, so a reader that resumes from
+        the highest cursor it saw may miss the other. A tailing reader (the dashboard) needs a
+        settle window or a visibility horizon on top of this; the file board's log has no such gap."""
         with self._locked() as conn:
             rows = conn.execute(
                 f"""SELECT cursor, {sql.NOW_ISO.replace("now()", "at")} AS at, task, src, dst, by, note
