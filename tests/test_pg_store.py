@@ -451,3 +451,47 @@ def test_migrations_are_numbered_in_order_and_schema_names_are_plain() -> None:
     for bad in ('x"; DROP TABLE tasks; --', "Upper", "", "1abc", None):
         with pytest.raises(ValueError):
             check_schema_name(bad)
+
+
+@pytest.mark.slow
+def test_a_host_killed_whole_has_its_tasks_done_by_the_others(make_store: Factory, pg_server: PgServer,
+                                                               schema: str) -> None:
+    store = make_store()
+    total, host_timeout = 600, 2.0
+    for index in range(total):
+        store.add({"id": f"t{index:05d}", "title": f"task {index}"})
+    env = {**os.environ, "HERMES_SUP_TEST_PG_DSN": pg_server.dsn}
+    # host-2's tasks take 0.2 s each, so it is killed holding claims.
+    hosts = {h: [subprocess.Popen([sys.executable, str(WORKER), schema, f"host-{h}", f"agent-{h}-{c}",
+                                   str(host_timeout), "0.2" if h == 2 else "0"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                 for c in range(2)] for h in range(3)}
+    wait_until(lambda: store.counts()["done"] >= 100, timeout=60, interval=0.05)
+    for proc in hosts[2]:  # host-2 dies whole, mid-run, holding claims
+        proc.kill()
+    for proc in hosts[2]:
+        proc.wait()
+    killed_at = time.monotonic()
+    with admin(pg_server) as conn:
+        held = [row[0] for row in conn.execute(
+            f"SELECT id FROM \"{schema}\".tasks WHERE status = 'doing' AND lease_host = 'host-2'")]
+    assert held, "host-2 held no claim when it was killed"
+    outputs = []
+    for proc in hosts[0] + hosts[1]:
+        out, err = proc.communicate(timeout=150)
+        assert proc.returncode == 0, err[-2000:]
+        outputs.append(json.loads(out))
+    assert store.counts()["done"] == total
+    with admin(pg_server) as conn:
+        dones = conn.execute(f"SELECT count(*), count(DISTINCT task) FROM \"{schema}\".events "
+                             "WHERE dst = 'done'").fetchone()
+        last = conn.execute(f"SELECT extract(epoch FROM now() - max(at)) FROM \"{schema}\".events "
+                            "WHERE note LIKE 'recovered: host host-2%%'").fetchone()[0]
+    assert dones == (total, total)
+    for task_id in held:
+        doc = store.get(task_id)
+        assert doc["status"] == "done" and doc["result"]["host"] != "host-2" and doc["attempts"] == 2
+        assert "sent no heartbeat" in " ".join(entry["note"] for entry in doc["history"])
+    # Taken back within host_timeout and a few seconds of the death, by the database's clock.
+    assert float(last) <= time.monotonic() - killed_at
+    assert time.monotonic() - killed_at - float(last) <= host_timeout + 8
