@@ -25,6 +25,7 @@ from hermes_sup.kanban.pg.schema import MIGRATIONS, check_schema_name, pending
 from hermes_sup.kanban.pg.store import PgStore, redact_dsn
 from hermes_sup.kanban.task import TaskError
 
+from . import pgserver
 from .conftest import wait_until
 from .pgserver import PgServer
 
@@ -495,3 +496,19 @@ def test_a_host_killed_whole_has_its_tasks_done_by_the_others(make_store: Factor
     # Taken back within host_timeout and a few seconds of the death, by the database's clock.
     assert float(last) <= time.monotonic() - killed_at
     assert time.monotonic() - killed_at - float(last) <= host_timeout + 8
+
+
+# -- the harness ---------------------------------------------------------------------------------
+
+def test_without_a_server_the_harness_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pgserver, "find_bin_dir", lambda: None)
+    with pytest.raises(pgserver.PgServerError, match=r"make test` installs the Debian `postgresql` package"):
+        pgserver.start_server()
+
+
+def test_the_postgres_tests_skip_only_when_the_flag_says_so(tmp_path: Path) -> None:
+    env = {**os.environ, pgserver.SKIP_ENV: "skip"}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                             f"{__file__}::test_claim_order_priority_then_age_then_id"],
+                            capture_output=True, text=True, env=env, cwd=Path(__file__).parent.parent, timeout=120)
+    assert "1 skipped" in result.stdout, result.stdout[-2000:]
