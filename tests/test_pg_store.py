@@ -512,3 +512,14 @@ def test_the_postgres_tests_skip_only_when_the_flag_says_so(tmp_path: Path) -> N
                              f"{__file__}::test_claim_order_priority_then_age_then_id"],
                             capture_output=True, text=True, env=env, cwd=Path(__file__).parent.parent, timeout=120)
     assert "1 skipped" in result.stdout, result.stdout[-2000:]
+
+
+def test_a_holder_goes_on_after_a_server_restart(make_store: Factory, pg_server: PgServer) -> None:
+    store = make_store()
+    store.add({"id": "t", "title": "t"})
+    held = store.claim("ag")
+    pg_server.restart()  # the store's connection is ended by the server; the claim stands
+    assert store.get("t")["status"] == "doing"
+    pg_server.restart()
+    done = store.complete("t", held["claim"]["token"], "after two restarts")
+    assert done["status"] == "done" and store.get("t")["result"] == "after two restarts"

@@ -9,12 +9,13 @@ elsewhere changes nothing.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -31,14 +32,31 @@ from .rules import document_part, finished, row_to_doc, stale_note, storable
 from .schema import check_schema_name, migrate
 
 TaskDoc = dict[str, Any]
+_T = TypeVar("_T")
 
 DEFAULT_LEASE = 60.0
 DEFAULT_HOST_TIMEOUT = 30.0
 POLL_INTERVAL = 1.0
 RECOVER_INTERVAL = 2.0
 SWEEPER = "sweeper"
+# The server ended the connection before running the statement (a restart, a terminated backend):
+# nothing was done, so the verb is run again once, on a new connection.
+ENDED_BY_SERVER = frozenset({"57P01", "57P02", "57P03"})
 # Any fixed number: serializes adds that name dependencies, so two cannot close a cycle together.
 DEPENDENCY_LOCK = 0x68737570
+
+
+def _again(method: Callable[..., _T]) -> Callable[..., _T]:
+    """The verb, run a second time if the server had ended the connection before it ran."""
+    @functools.wraps(method)
+    def verb(self: PgStore, *args: Any, **kwargs: Any) -> _T:
+        try:
+            return method(self, *args, **kwargs)
+        except BoardError as exc:
+            if not getattr(exc, "ended_by_server", False):
+                raise
+        return method(self, *args, **kwargs)
+    return verb
 
 
 class PgStore:
@@ -98,7 +116,9 @@ class PgStore:
             try:
                 yield self._conn
             except psycopg.Error as exc:
-                raise self._error(exc, "answer") from None
+                error = self._error(exc, "answer")
+                error.ended_by_server = exc.sqlstate in ENDED_BY_SERVER  # type: ignore[attr-defined]
+                raise error from None
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[psycopg.Cursor[Any]]:
@@ -131,6 +151,7 @@ class PgStore:
 
     # -- reading ------------------------------------------------------------------------------
 
+    @_again
     def get(self, task_id: str) -> TaskDoc:
         if not is_valid_id(task_id):
             raise TaskNotFound(f"{task_id!r:.80} is not a task id")
@@ -140,6 +161,7 @@ class PgStore:
             raise TaskNotFound(f"no task '{task_id}' on the board")
         return row_to_doc(row)
 
+    @_again
     def list(self, status: str | None = None) -> Listing:
         """Every task (or those in one status), in claim order within each status."""
         if status is not None and status not in STATUSES:
@@ -150,12 +172,14 @@ class PgStore:
                                 "created, id", {"status": status, "order": list(STATUSES)}).fetchall()
         return Listing([row_to_doc(row) for row in rows], [])
 
+    @_again
     def counts(self) -> dict[str, int]:
         with self._locked() as conn:
             rows = conn.execute("SELECT status, count(*) AS n FROM tasks GROUP BY status").fetchall()
         found = {row["status"]: row["n"] for row in rows}
         return {status: found.get(status, 0) for status in STATUSES}
 
+    @_again
     def events_since(self, cursor: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
         """Events after `cursor`, oldest first; each carries its own cursor to resume from.
 
@@ -170,6 +194,7 @@ class PgStore:
         return [{"cursor": r["cursor"], "at": r["at"], "task": r["task"], "from": r["src"], "to": r["dst"],
                  "by": r["by"], "note": r["note"]} for r in rows]
 
+    @_again
     def journal(self, task_id: str) -> list[dict[str, Any]]:
         """Every journal entry of a task, of all its attempts, in the order written."""
         with self._locked() as conn:
@@ -217,6 +242,7 @@ class PgStore:
 
     # -- claiming and holding -----------------------------------------------------------------
 
+    @_again
     def claim(self, agent: str, *, roles: Iterable[str] = (), lease: float | None = None,
               pid: int | None = None, steps_only: bool = False, assigned_only: bool = False) -> TaskDoc | None:
         """Claim the best eligible task for `agent`, or None; its claim.token fences every later write."""
@@ -255,6 +281,7 @@ class PgStore:
             cur.execute("SELECT pg_notify(%s, '')", (self.channel,))
         return new
 
+    @_again
     def _end(self, task_id: str, token: int, to: str, note: str, **changes: Any) -> TaskDoc:
         with self._tx() as cur:
             row = cur.execute(sql.HELD, {"id": task_id, "token": token}).fetchone()
@@ -263,6 +290,7 @@ class PgStore:
             new = finished(row_to_doc(row), to, note, changes, now=row["now_iso"])
             return self._write(cur, new, guard=token, outcome_token=token)
 
+    @_again
     def renew(self, task_id: str, token: int, lease: float | None = None) -> TaskDoc:
         with self._tx() as cur:
             row = cur.execute(sql.RENEW, {"id": task_id, "token": token,
@@ -287,6 +315,7 @@ class PgStore:
     def release(self, task_id: str, token: int, note: str = "released", *, count_attempt: bool = False) -> TaskDoc:
         return self._end(task_id, token, "todo", note, _return_attempt=not count_attempt)
 
+    @_again
     def journal_append(self, task_id: str, token: int, entry: Any) -> int:
         """Append to the task's journal while `token` holds it; ClaimLost once it does not."""
         with self._tx() as cur:
@@ -298,6 +327,7 @@ class PgStore:
 
     # -- hosts and recovery -------------------------------------------------------------------
 
+    @_again
     def heartbeat(self) -> None:
         """Say this host is alive (by the database's clock); written by the supervisor, never an agent."""
         with self._locked() as conn:
@@ -363,6 +393,7 @@ class PgStore:
 
     # -- changes by hand ----------------------------------------------------------------------
 
+    @_again
     def move(self, task_id: str, to: str, *, by: str = "cli", note: str = "") -> TaskDoc:
         if to not in STATUSES:
             raise InvalidTransition(f"unknown status '{to}'; statuses are {', '.join(STATUSES)}")
