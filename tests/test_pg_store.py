@@ -210,8 +210,44 @@ def test_migrations_are_versioned_and_applied_once(make_store: Factory, pg_serve
     make_store()
     make_store("host-b")
     with admin(pg_server) as conn:
-        rows = conn.execute(f'SELECT version FROM "{schema}".migrations').fetchall()
-    assert rows == [(1,)]
+        rows = conn.execute(f'SELECT version FROM "{schema}".migrations ORDER BY version').fetchall()
+    assert rows == [(version,) for version, _name, _sql in MIGRATIONS]
+
+
+def test_an_event_committed_late_with_a_smaller_cursor_is_not_skipped(make_store: Factory, pg_server: PgServer,
+                                                                      schema: str) -> None:
+    slow = make_store("slow")
+    fast = make_store("fast")
+    reader = make_store("reader")
+    slow.add({"id": "slow-task", "title": "slow"})
+    held = slow.claim("ag")
+    seen = reader.events_since(0)
+    finished_slow: list[dict] = []
+    read: list[list[dict]] = []
+
+    def waiting() -> int:
+        with admin(pg_server) as probe:
+            return probe.execute("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+                                 "WHERE NOT l.granted AND a.application_name = 'hermes-sup'").fetchone()[0]
+
+    with admin(pg_server) as blocker, blocker.transaction():
+        # The slow transition takes its cursor, then waits (on its run row) before it commits.
+        blocker.execute(f'SELECT 1 FROM "{schema}".runs WHERE fence = %s FOR UPDATE', (held["claim"]["token"],))
+        slow_thread = threading.Thread(target=lambda: finished_slow.append(
+            slow.complete("slow-task", held["claim"]["token"])), daemon=True)
+        slow_thread.start()
+        wait_until(lambda: waiting() >= 1, timeout=10)
+        fast.add({"id": "fast-task", "title": "fast"})  # a larger cursor, committed first
+        reader_thread = threading.Thread(target=lambda: read.append(reader.events_since(seen[-1]["cursor"])),
+                                         daemon=True)
+        reader_thread.start()
+        wait_until(lambda: waiting() >= 2, timeout=10)  # the reader waits for the slow transition
+        assert not read
+    slow_thread.join(timeout=10)
+    reader_thread.join(timeout=10)
+    assert finished_slow and read
+    assert [(e["task"], e["to"]) for e in read[0]] == [("slow-task", "done"), ("fast-task", "todo")]
+    assert [e["cursor"] for e in read[0]] == sorted(e["cursor"] for e in read[0])
 
 
 # -- a claim skips rows other claimers hold ------------------------------------------------------

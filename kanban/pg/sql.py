@@ -59,6 +59,7 @@ WITH picked AS (
 ), ev AS (
     INSERT INTO events (task, src, dst, by, note)
     SELECT id, 'todo', 'doing', lease_owner, document->'history'->-1->>'note' FROM claimed
+
 )
 SELECT {ROW_SELECT} FROM claimed
 """
@@ -89,6 +90,18 @@ INSERT_TASK = """INSERT INTO tasks (id, status, role, assignee, priority, has_st
     ON CONFLICT (id) DO NOTHING"""
 
 EVENT = "INSERT INTO events (task, src, dst, by, note) VALUES (%(id)s, %(src)s, %(dst)s, %(by)s, %(note)s)"
+# Cursors come from a sequence before their transaction commits, so a smaller one can become
+# visible after a larger. Every transaction that writes an event holds this lock, shared, from
+# before it takes its cursor until it ends (writers never wait for each other); a reader takes it
+# exclusively for an instant, and every cursor up to the sequence's value then belongs to an
+# ended transaction: it reads up to there and misses none.
+EVENTS_LOCK_SHARED = "SELECT pg_advisory_xact_lock_shared(%(lock)s, hashtext(current_schema()))"
+EVENTS_BOUND = """SELECT pg_advisory_xact_lock(%(lock)s, hashtext(current_schema())),
+    (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM events_cursor_seq) AS bound"""
+EVENTS_SINCE = """SELECT cursor, to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS at, task, src, dst,
+        by, note
+    FROM events WHERE cursor > %(cursor)s AND cursor <= %(bound)s ORDER BY cursor LIMIT %(limit)s"""
+EVENTS_LOCK = 0x6873
 END_RUN = "UPDATE runs SET ended_at = now(), outcome = %(outcome)s WHERE fence = %(token)s AND ended_at IS NULL"
 
 # Claims a sweeper may take back: the lease ran out, or the holder's host stopped heartbeating for

@@ -42,6 +42,9 @@ SWEEPER = "sweeper"
 # The server ended the connection before running the statement (a restart, a terminated backend):
 # nothing was done, so the verb is run again once, on a new connection.
 ENDED_BY_SERVER = frozenset({"57P01", "57P02", "57P03"})
+# How long an events reader waits for the transitions in flight to end.
+EVENTS_WAIT = 5.0
+LOCK_NOT_AVAILABLE = "55P03"
 # Any fixed number: serializes adds that name dependencies, so two cannot close a cycle together.
 DEPENDENCY_LOCK = 0x68737570
 
@@ -117,6 +120,7 @@ class PgStore:
                 yield self._conn
             except psycopg.Error as exc:
                 error = self._error(exc, "answer")
+                error.sqlstate = exc.sqlstate  # type: ignore[attr-defined]
                 error.ended_by_server = exc.sqlstate in ENDED_BY_SERVER  # type: ignore[attr-defined]
                 raise error from None
 
@@ -183,14 +187,21 @@ class PgStore:
     def events_since(self, cursor: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
         """Events after `cursor`, oldest first; each carries its own cursor to resume from.
 
-        The cursor comes from a sequence, taken before its transaction commits: two transitions
-        committing at once can become visible out of cursor order, so a reader that resumes from
-        the highest cursor it saw may miss the other. A tailing reader (the dashboard) needs a
-        settle window or a visibility horizon on top of this; the file board's log has no such gap."""
-        with self._locked() as conn:
-            rows = conn.execute(
-                f"""SELECT cursor, {sql.NOW_ISO.replace("now()", "at")} AS at, task, src, dst, by, note
-                    FROM events WHERE cursor > %s ORDER BY cursor LIMIT %s""", (int(cursor), int(limit))).fetchall()
+        Cursors are taken before their transactions commit, so a smaller one can become visible
+        after a larger: only cursors whose transactions have all ended are returned (sql.EVENTS_BOUND),
+        so a reader resuming from the last cursor it got misses none."""
+        try:
+            with self._tx() as cur:
+                # A writer stuck before its commit must not stall every writer queued behind this reader.
+                cur.execute(f"SET LOCAL lock_timeout = '{int(EVENTS_WAIT * 1000)}ms'")
+                bound = cur.execute(sql.EVENTS_BOUND, {"lock": sql.EVENTS_LOCK}).fetchone()["bound"]
+        except BoardError as exc:
+            if getattr(exc, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+                return []  # nothing that can be delivered yet; the reader asks again
+            raise
+        with self._locked() as conn:  # a new snapshot, taken after every writer below `bound` ended
+            rows = conn.execute(sql.EVENTS_SINCE, {"cursor": int(cursor), "bound": bound,
+                                                   "limit": int(limit)}).fetchall()
         return [{"cursor": r["cursor"], "at": r["at"], "task": r["task"], "from": r["src"], "to": r["dst"],
                  "by": r["by"], "note": r["note"]} for r in rows]
 
@@ -235,7 +246,7 @@ class PgStore:
             if doc["depends_on"]:
                 cur.executemany("INSERT INTO dependencies (task_id, depends_on) VALUES (%s, %s)",
                                 [(doc["id"], dep) for dep in doc["depends_on"]])
-            cur.execute(sql.EVENT, {"id": doc["id"], "src": None, "dst": doc["status"], "by": by, "note": "added"})
+            self._event(cur, {"id": doc["id"], "src": None, "dst": doc["status"], "by": by, "note": "added"})
             if doc["status"] == "todo":
                 cur.execute("SELECT pg_notify(%s, '')", (self.channel,))
         return doc
@@ -250,9 +261,14 @@ class PgStore:
         params = {"agent": agent, "roles": list(roles), "steps_only": steps_only, "assigned_only": assigned_only,
                   "host": self.host, "boot": self.boot_id, "pid": pid, "pid_started": start_time(pid),
                   "lease": self.lease if lease is None else float(lease)}
-        with self._locked() as conn:
-            row = conn.execute(sql.CLAIM, params).fetchone()
+        with self._tx() as cur:
+            cur.execute(sql.EVENTS_LOCK_SHARED, {"lock": sql.EVENTS_LOCK})
+            row = cur.execute(sql.CLAIM, params).fetchone()
         return None if row is None else row_to_doc(row)
+
+    def _event(self, cur: psycopg.Cursor[Any], values: dict[str, Any]) -> None:
+        cur.execute(sql.EVENTS_LOCK_SHARED, {"lock": sql.EVENTS_LOCK})
+        cur.execute(sql.EVENT, values)
 
     def _lost(self, cur: psycopg.Cursor[Any], task_id: str, token: int) -> ClaimLost:
         row = cur.execute("SELECT status, lease_owner, fence FROM tasks WHERE id = %s", (task_id,)).fetchone()
@@ -272,8 +288,8 @@ class PgStore:
         if cur.rowcount != 1:
             raise ClaimLost(f"task {new['id']} is not held by token {guard}: its lease is gone")
         entry = new["history"][-1]
-        cur.execute(sql.EVENT, {"id": new["id"], "src": entry["from"], "dst": entry["to"], "by": entry["by"],
-                                "note": entry["note"]})
+        self._event(cur, {"id": new["id"], "src": entry["from"], "dst": entry["to"], "by": entry["by"],
+                          "note": entry["note"]})
         if outcome_token is not None:
             cur.execute(sql.END_RUN, {"outcome": new["status"], "token": outcome_token})
         if new["status"] in ("todo", "done"):
