@@ -381,6 +381,27 @@ def test_wait_for_work_wakes_on_notify_and_survives_a_killed_listen_connection(
     thread.join(timeout=15)
     assert len(got) == 2 and got[1] is not None and got[1]["id"] == "second"
 
+    # A dependency done wakes the waiter for the task that waited on it.
+    before = listener.generation
+    adder.add({"id": "child", "title": "child", "depends_on": ["second"]})
+    wait_until(lambda: listener.generation > before, timeout=10)  # the add's own wake-up is spent
+    found_nothing = threading.Event()
+    claim = waiter.claim
+
+    def claim_and_tell(*args: object, **kwargs: object) -> dict | None:
+        doc = claim(*args, **kwargs)
+        if doc is None:
+            found_nothing.set()
+        return doc
+
+    monkeypatch.setattr(waiter, "claim", claim_and_tell)
+    thread = threading.Thread(target=wait_one, daemon=True)
+    thread.start()
+    assert found_nothing.wait(10)  # the waiter looked, found the child blocked, and sleeps
+    waiter.complete("second", got[1]["claim"]["token"])
+    thread.join(timeout=15)
+    assert len(got) == 3 and got[2] is not None and got[2]["id"] == "child"
+
 
 # -- the DSN -----------------------------------------------------------------------------------
 
