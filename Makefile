@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: up test lint bench clean chromium
+.PHONY: up test lint bench clean chromium postgres-server
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,8 +40,28 @@ chromium:
 	    || { echo "make: installing chromium failed; the dashboard's browser tests need it" >&2; exit 1; }; \
 	  test -x "$(CHROMIUM)" || { echo "make: chromium is installed but $(CHROMIUM) is not there: run make test CHROMIUM=/path/to/chromium" >&2; exit 1; }; }
 
-test: $(VENV)/.installed-test chromium
+test: $(VENV)/.installed-test chromium postgres-server
 	HERMES_SUP_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -q
+
+# The PostgreSQL tests start a throw-away server of their own (tests/pgserver.py) and need its
+# programs; on a machine without them the Debian server package is installed (CI runs as root,
+# elsewhere through sudo). HERMES_SUP_PG_TESTS=skip skips those tests and this step.
+postgres-server:
+	@if command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then :; \
+	elif [ "$$HERMES_SUP_PG_TESTS" = skip ]; then echo "HERMES_SUP_PG_TESTS=skip: no PostgreSQL server installed"; \
+	elif ! command -v apt-get >/dev/null 2>&1; then \
+		echo "make: no PostgreSQL server (initdb) here and no apt-get to install one: install the PostgreSQL" \
+		     "server package, or set HERMES_SUP_PG_TESTS=skip to skip the PostgreSQL tests" >&2; exit 1; \
+	else \
+		if [ "$$(id -u)" = 0 ]; then sudo=; elif command -v sudo >/dev/null 2>&1; then sudo=sudo; else \
+			echo "make: no PostgreSQL server (initdb) here, and installing one needs root (no sudo found):" \
+			     "run 'apt-get install postgresql' as root, or set HERMES_SUP_PG_TESTS=skip" >&2; exit 1; fi; \
+		echo "Installing the PostgreSQL server package for the test suite (apt-get install postgresql)"; \
+		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql \
+			>/dev/null || { echo "make: installing the postgresql package failed; install it by hand, or set" \
+			                     "HERMES_SUP_PG_TESTS=skip" >&2; exit 1; }; \
+	fi
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .

@@ -16,6 +16,9 @@ import psutil
 import pytest
 from hermes_sup.kanban import Board
 
+# The session's throw-away PostgreSQL server, for the tests of the shared board (kanban/pg).
+from .pgserver import pg_server  # noqa: F401
+
 # The command line as a module, so a test runs the checkout's code whichever `hermes-sup` is on PATH.
 CLI = (sys.executable, "-m", "hermes_sup.supervisor")
 ROOT = Path(__file__).resolve().parent.parent

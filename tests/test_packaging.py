@@ -44,7 +44,9 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     def ignore(folder: str, names: list[str]) -> set[str]:
         skipped = {name for name in names if name in SKIP_IN_COPY or name.endswith(".egg-info")}
         if Path(folder).name == "kanban":
-            skipped |= {name for name in names if (Path(folder) / name).is_dir()}  # the board's contents
+            # The board's contents; kanban/pg (a package of the code) is kept.
+            skipped |= {name for name in names
+                        if (Path(folder) / name).is_dir() and not (Path(folder) / name / "__init__.py").exists()}
         return skipped
 
     shutil.copytree(ROOT, source, ignore=ignore, symlinks=True)
@@ -61,7 +63,8 @@ def test_the_wheel_owns_one_import_name_and_carries_the_skills_and_the_example(w
                     "hermes_sup/examples/hermes.yaml", "hermes_sup/examples/weekly-report.json",
                     "hermes_sup/agents/__main__.py", "hermes_sup/supervisor/__main__.py",
                     "hermes_sup/supervisor/dashboard/app.py", "hermes_sup/supervisor/dashboard/static/index.html",
-                    "hermes_sup/supervisor/dashboard/static/app.js", "hermes_sup/supervisor/dashboard/static/app.css"):
+                    "hermes_sup/supervisor/dashboard/static/app.js", "hermes_sup/supervisor/dashboard/static/app.css",
+                    "hermes_sup/kanban/pg/store.py"):
         assert shipped in names, shipped
 
 

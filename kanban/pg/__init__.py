@@ -1,0 +1,58 @@
+"""The board in PostgreSQL, shared by the hosts of a team (CONTRACT section 9).
+
+`open_store(config)` is the backend factory's entry: it reads the DSN from the environment
+variable the config names (never from the config itself, never printed), applies the schema's
+migrations and returns a `PgStore`. Modules: `schema` (tables, migrations), `sql` (the statements),
+`rules` (pure row/document rules), `listen` (LISTEN wake-ups), `store` (the verbs).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import BoardError
+
+if TYPE_CHECKING:
+    from .store import PgStore
+
+DEFAULT_DSN_ENV = "HERMES_SUP_PG_DSN"
+BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
+
+
+def boot_id() -> str:
+    """This machine's boot: processes of an earlier boot of a host are all gone."""
+    try:
+        return BOOT_ID_FILE.read_text().strip()
+    except OSError:
+        return "unknown-boot"
+
+
+def open_store(config: Mapping[str, Any], *, host: str | None = None, environ: Mapping[str, str] | None = None
+               ) -> PgStore:
+    """A PgStore from the `board:` section of hermes.yaml: dsn_env (default HERMES_SUP_PG_DSN),
+    and optionally schema, lease, host_timeout; `host` is the team's `host:` (default: the hostname)."""
+    environ = os.environ if environ is None else environ
+    dsn_env = config.get("dsn_env") or DEFAULT_DSN_ENV
+    if not isinstance(dsn_env, str):
+        raise BoardError("board.dsn_env must be the name of an environment variable")
+    dsn = environ.get(dsn_env)
+    if not dsn:
+        raise BoardError(f"the board is on PostgreSQL, but ${dsn_env} is not set: put the connection string "
+                         "(DSN) in that environment variable, never in hermes.yaml")
+    try:
+        from .store import PgStore
+    except ImportError:
+        raise BoardError("the PostgreSQL board needs psycopg 3: pip install 'hermes-sup[postgres]'") from None
+    try:
+        return PgStore(dsn, dsn_env=f"${dsn_env}", schema=config.get("schema") or "hermes_sup",
+                       host=host or socket.gethostname(), boot_id=str(config.get("boot_id") or boot_id()),
+                       lease=float(config.get("lease", 60.0)), host_timeout=float(config.get("host_timeout", 30.0)))
+    except ValueError as exc:
+        raise BoardError(f"board: {exc}") from None
+
+
+__all__ = ["DEFAULT_DSN_ENV", "boot_id", "open_store"]

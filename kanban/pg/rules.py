@@ -1,0 +1,99 @@
+"""Pure rules of the PostgreSQL board: a task row to its document and back, the end of a claim, and
+the text PostgreSQL's jsonb can hold. The transitions themselves are kanban/task.py's."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from ..redact import scrub
+from ..task import transition
+
+TaskDoc = dict[str, Any]
+# Held in columns (the claim, the lease, the counters the claim statement changes); the row's
+# `document` holds every other field of the task document.
+COLUMN_FIELDS = ("status", "attempts", "claims", "claim", "max_attempts", "priority", "role", "assignee")
+ROW_COLUMNS = ("id", "status", "attempts", "claims", "max_attempts", "priority", "role", "assignee", "document",
+               "lease_owner", "lease_host", "lease_boot", "lease_pid", "lease_pid_started", "claimed_iso",
+               "until_iso", "until_ts", "fence")
+_BAD_CHARS = re.compile("[\x00\ud800-\udfff]")
+
+
+def row_to_doc(row: Mapping[str, Any]) -> TaskDoc:
+    """The task document of a row (as selected with ROW_SELECT)."""
+    doc = dict(row["document"])
+    doc.update(id=row["id"], status=row["status"], attempts=row["attempts"], claims=row["claims"],
+               max_attempts=row["max_attempts"], priority=row["priority"], role=row["role"],
+               assignee=row["assignee"])
+    if row["status"] == "doing" and row["fence"] is not None:
+        doc["claim"] = {
+            "agent": row["lease_owner"], "pid": row["lease_pid"], "pid_started": row["lease_pid_started"],
+            "host": row["lease_host"], "boot": row["lease_boot"], "token": row["fence"],
+            "claimed_at": row["claimed_iso"], "lease_until": row["until_iso"], "lease_until_ts": row["until_ts"],
+        }
+    else:
+        doc["claim"] = None
+    return doc
+
+
+def document_part(doc: Mapping[str, Any]) -> TaskDoc:
+    """What goes in the `document` column: every field the columns do not hold."""
+    return {key: value for key, value in doc.items() if key not in COLUMN_FIELDS and key != "id"}
+
+
+def finished(doc: TaskDoc, to: str, note: str, changes: Mapping[str, Any], *, now: str,
+             by: str | None = None) -> TaskDoc:
+    """The document of a held task after its claim ends (the file board's rule, kanban/board.py
+    `_finished`): `todo?` is todo, or failed once max_attempts is used up; `_return_attempt` gives
+    the attempt back (an interrupted attempt, a question asked)."""
+    changes = dict(changes)
+    if to == "todo?":
+        to = "failed" if doc["attempts"] >= doc["max_attempts"] else "todo"
+        note = f"attempt {doc['attempts']} of {doc['max_attempts']} failed: {note}"
+    if changes.pop("_return_attempt", False):
+        changes["attempts"] = max(0, doc["attempts"] - 1)
+    who = by or (doc.get("claim") or {}).get("agent") or "board"
+    return transition(doc, to, by=who, now=now, note=note, claim=None, **changes)
+
+
+def _clean_text(text: str) -> str:
+    return _BAD_CHARS.sub("\ufffd", text)
+
+
+def storable(value: Any) -> Any:
+    """`value` with what jsonb refuses (NUL characters, unpaired surrogates) replaced by U+FFFD,
+    and every known secret scrubbed: a task the file board accepts is stored, never refused."""
+    text = json.dumps(value, ensure_ascii=False)
+    text = scrub(text)
+    if "\\u0000" not in text and not _BAD_CHARS.search(text):
+        return json.loads(text)
+
+    # Rare: rebuild with the offending characters replaced, without recursion.
+    def clean(item: Any) -> Any:
+        return _clean_text(item) if isinstance(item, str) else item
+
+    root = json.loads(text)
+    stack: list[Any] = [root]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key in list(item):
+                child = item.pop(key)
+                item[_clean_text(key)] = clean(child)
+                if isinstance(child, (dict, list)):
+                    stack.append(child)
+        elif isinstance(item, list):
+            for index, child in enumerate(item):
+                item[index] = clean(child)
+                if isinstance(child, (dict, list)):
+                    stack.append(child)
+    return clean(root)
+
+
+def stale_note(reason: str, attempts: int, max_attempts: int) -> tuple[str, str]:
+    """Where a task whose claim went stale goes, and the note saying why (the file board's words)."""
+    exhausted = attempts >= max_attempts
+    note = f"recovered: {reason}" + (f"; gave up after {attempts} attempts" if exhausted else "")
+    return ("failed" if exhausted else "todo"), note

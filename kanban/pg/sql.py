@@ -1,0 +1,142 @@
+"""The SQL statements of the PostgreSQL board, in one place so that their guards can be read together.
+
+Every time a decision depends on is the database's `now()`: hosts' clocks never enter a lease,
+a heartbeat or a recovery.
+"""
+
+from __future__ import annotations
+
+NOW_ISO = """to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
+
+ROW_SELECT = """id, status, attempts, claims, max_attempts, priority, role, assignee, document,
+    lease_owner, lease_host, lease_boot, lease_pid, lease_pid_started,
+    to_char(lease_claimed AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS claimed_iso,
+    to_char(lease_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS until_iso,
+    extract(epoch FROM lease_until)::float8 AS until_ts, fence"""
+
+# The claim, in one statement: the best claimable row not locked by another claimer (SKIP LOCKED,
+# walking the partial index in priority order), taken with a new fence from the sequence and every
+# liveness field of any earlier claim overwritten, its run and its event recorded.
+CLAIM = f"""
+WITH picked AS (
+    SELECT t.id FROM tasks t
+    WHERE t.status = 'todo'
+      AND (t.assignee IS NULL OR t.assignee = %(agent)s::text)
+      AND (NOT %(assigned_only)s::boolean OR t.assignee = %(agent)s::text)
+      AND (t.role IS NULL OR t.role = ANY(%(roles)s::text[]))
+      AND (NOT %(steps_only)s::boolean OR t.has_steps)
+      AND (NOT t.has_deps OR NOT EXISTS (
+            SELECT 1 FROM dependencies d LEFT JOIN tasks dt ON dt.id = d.depends_on
+            WHERE d.task_id = t.id AND dt.status IS DISTINCT FROM 'done'))
+    ORDER BY t.priority DESC, t.created, t.id
+    LIMIT 1
+    FOR UPDATE OF t SKIP LOCKED
+), claimed AS (
+    UPDATE tasks t SET
+        status = 'doing',
+        fence = nextval('fence_seq'),
+        attempts = t.attempts + 1,
+        claims = t.claims + 1,
+        lease_owner = %(agent)s::text,
+        lease_host = %(host)s::text,
+        lease_boot = %(boot)s::text,
+        lease_pid = %(pid)s::integer,
+        lease_pid_started = %(pid_started)s::float8,
+        lease_claimed = now(),
+        lease_until = now() + make_interval(secs => %(lease)s::float8),
+        document = (t.document - 'waiting') || jsonb_build_object(
+            'updated_at', {NOW_ISO},
+            'history', COALESCE(t.document->'history', '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
+                'at', {NOW_ISO}, 'by', %(agent)s::text, 'from', 'todo', 'to', 'doing',
+                'note', format('claimed by %%s (attempt %%s of %%s)', %(agent)s::text, t.attempts + 1,
+                               t.max_attempts))))
+    FROM picked
+    WHERE t.id = picked.id
+    RETURNING t.*
+), run AS (
+    INSERT INTO runs (fence, task_id, agent, host_id, boot_id, pid, pid_started)
+    SELECT fence, id, lease_owner, lease_host, lease_boot, lease_pid, lease_pid_started FROM claimed
+), ev AS (
+    INSERT INTO events (task, src, dst, by, note)
+    SELECT id, 'todo', 'doing', lease_owner, document->'history'->-1->>'note' FROM claimed
+
+)
+SELECT {ROW_SELECT} FROM claimed
+"""
+
+# A holder's row, locked, only while `token` still holds it: no row means the lease is gone.
+HELD = f"""SELECT {ROW_SELECT}, {NOW_ISO} AS now_iso FROM tasks
+    WHERE id = %(id)s AND status = 'doing' AND fence = %(token)s FOR UPDATE"""
+
+RENEW = f"""UPDATE tasks SET lease_until = now() + make_interval(secs => %(lease)s::float8)
+    WHERE id = %(id)s AND status = 'doing' AND fence = %(token)s
+    RETURNING {ROW_SELECT}"""
+
+ANY_ROW = f"SELECT {ROW_SELECT}, {NOW_ISO} AS now_iso FROM tasks WHERE id = %(id)s"
+ANY_ROW_LOCKED = ANY_ROW + " FOR UPDATE"
+
+# Writes a whole task state. `guard` is the fence the caller held the row with (NULL for a change
+# by hand, which needs none); leaving doing clears every lease field.
+WRITE = """UPDATE tasks SET
+        status = %(status)s, attempts = %(attempts)s, claims = %(claims)s, document = %(document)s::jsonb,
+        lease_owner = NULL, lease_host = NULL, lease_boot = NULL, lease_pid = NULL, lease_pid_started = NULL,
+        lease_claimed = NULL, lease_until = NULL, fence = NULL
+    WHERE id = %(id)s AND (%(guard)s::bigint IS NULL OR (status = 'doing' AND fence = %(guard)s::bigint))"""
+
+INSERT_TASK = """INSERT INTO tasks (id, status, role, assignee, priority, has_steps, has_deps, attempts, max_attempts,
+        claims, document)
+    VALUES (%(id)s, %(status)s, %(role)s, %(assignee)s, %(priority)s, %(has_steps)s, %(has_deps)s, %(attempts)s,
+        %(max_attempts)s, %(claims)s, %(document)s::jsonb)
+    ON CONFLICT (id) DO NOTHING"""
+
+EVENT = "INSERT INTO events (task, src, dst, by, note) VALUES (%(id)s, %(src)s, %(dst)s, %(by)s, %(note)s)"
+# Cursors come from a sequence before their transaction commits, so a smaller one can become
+# visible after a larger. Every transaction that writes an event holds this lock, shared, from
+# before it takes its cursor until it ends (writers never wait for each other); a reader takes it
+# exclusively for an instant, and every cursor up to the sequence's value then belongs to an
+# ended transaction: it reads up to there and misses none.
+EVENTS_LOCK_SHARED = "SELECT pg_advisory_xact_lock_shared(%(lock)s, hashtext(current_schema()))"
+EVENTS_BOUND = """SELECT pg_advisory_xact_lock(%(lock)s, hashtext(current_schema())),
+    (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM events_cursor_seq) AS bound"""
+EVENTS_SINCE = """SELECT cursor, to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS at, task, src, dst,
+        by, note
+    FROM events WHERE cursor > %(cursor)s AND cursor <= %(bound)s ORDER BY cursor LIMIT %(limit)s"""
+EVENTS_LOCK = 0x6873
+END_RUN = "UPDATE runs SET ended_at = now(), outcome = %(outcome)s WHERE fence = %(token)s AND ended_at IS NULL"
+
+# Claims a sweeper may take back: the lease ran out, or the holder's host stopped heartbeating for
+# host_timeout, or it came back under a new boot id (its processes of before are gone). Judged by
+# the database's clock alone.
+STALE = """SELECT t.id, t.fence, t.lease_owner, t.lease_host,
+        CASE WHEN t.lease_until < now() THEN 'lease expired'
+             WHEN h.boot_id <> t.lease_boot THEN 'host restarted'
+             ELSE 'host silent' END AS why
+    FROM tasks t LEFT JOIN hosts h ON h.host_id = t.lease_host
+    WHERE t.status = 'doing' AND (t.lease_until < now()
+        OR h.heartbeat < now() - make_interval(secs => %(host_timeout)s::float8)
+        OR h.boot_id <> t.lease_boot)"""
+
+# The same test, on one row held by `token`, inside the transaction that takes it back.
+STALE_HELD = HELD.replace(" FOR UPDATE", """ AND (lease_until < now() OR EXISTS (
+        SELECT 1 FROM hosts h WHERE h.host_id = tasks.lease_host
+        AND (h.heartbeat < now() - make_interval(secs => %(host_timeout)s::float8) OR h.boot_id <> tasks.lease_boot)))
+    FOR UPDATE""")
+
+LOCAL_HELD = """SELECT id, fence, lease_owner, lease_pid, lease_pid_started FROM tasks
+    WHERE status = 'doing' AND lease_host = %(host)s AND lease_boot = %(boot)s"""
+
+HEARTBEAT = """INSERT INTO hosts (host_id, boot_id) VALUES (%(host)s, %(boot)s)
+    ON CONFLICT (host_id) DO UPDATE SET heartbeat = now(), boot_id = EXCLUDED.boot_id,
+        started_at = CASE WHEN hosts.boot_id = EXCLUDED.boot_id THEN hosts.started_at ELSE now() END"""
+
+# One holder at a time: taken when free or expired, kept by renewing it before it runs out.
+TAKE_LEASE = """INSERT INTO leases (name, holder, until) VALUES (%(name)s, %(holder)s,
+        now() + make_interval(secs => %(secs)s::float8))
+    ON CONFLICT (name) DO UPDATE SET holder = EXCLUDED.holder, until = EXCLUDED.until
+        WHERE leases.holder = EXCLUDED.holder OR leases.until < now()
+    RETURNING holder"""
+
+JOURNAL_APPEND = """INSERT INTO journal (task_id, fence, entry)
+    SELECT id, fence, %(entry)s::jsonb FROM tasks
+    WHERE id = %(id)s AND status = 'doing' AND fence = %(token)s FOR SHARE
+    RETURNING seq"""

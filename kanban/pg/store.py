@@ -1,0 +1,529 @@
+"""The board in PostgreSQL: the BoardStore verbs with the file board's semantics, shared by hosts.
+
+Each store holds one connection for its verbs (serialized by a lock, so threads may share it) and,
+once something waits for work, one LISTEN connection. Decisions about time use the database's
+clock only; every write by a claim's holder is fenced by its token, so a holder whose lease went
+elsewhere changes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from ..errors import BoardError, ClaimLost, InvalidTransition, TaskNotFound
+from ..liveness import holder_alive, start_time
+from ..reads import Listing
+from ..task import STATUSES, TaskError, find_cycle, is_valid_id, normalize, slugify, transition
+from . import sql
+from .listen import CHANNEL, Listener
+from .rules import document_part, finished, row_to_doc, stale_note, storable
+from .schema import check_schema_name, migrate
+
+TaskDoc = dict[str, Any]
+_T = TypeVar("_T")
+
+DEFAULT_LEASE = 60.0
+DEFAULT_HOST_TIMEOUT = 30.0
+POLL_INTERVAL = 1.0
+RECOVER_INTERVAL = 2.0
+SWEEPER = "sweeper"
+# The server ended the connection before running the statement (a restart, a terminated backend):
+# nothing was done, so the verb is run again once, on a new connection.
+ENDED_BY_SERVER = frozenset({"57P01", "57P02", "57P03"})
+# How long an events reader waits for the transitions in flight to end.
+EVENTS_WAIT = 5.0
+LOCK_NOT_AVAILABLE = "55P03"
+# Any fixed number: serializes adds that name dependencies, so two cannot close a cycle together.
+DEPENDENCY_LOCK = 0x68737570
+
+
+def _again(method: Callable[..., _T]) -> Callable[..., _T]:
+    """The verb, run a second time if the server had ended the connection before it ran."""
+    @functools.wraps(method)
+    def verb(self: PgStore, *args: Any, **kwargs: Any) -> _T:
+        try:
+            return method(self, *args, **kwargs)
+        except BoardError as exc:
+            if not getattr(exc, "ended_by_server", False):
+                raise
+        return method(self, *args, **kwargs)
+    return verb
+
+
+class PgStore:
+    """A board in a PostgreSQL schema. `dsn` is never printed; errors name `dsn_env` instead."""
+
+    def __init__(self, dsn: str, *, dsn_env: str = "the DSN", schema: str = "hermes_sup", host: str,
+                 boot_id: str, lease: float = DEFAULT_LEASE, host_timeout: float = DEFAULT_HOST_TIMEOUT,
+                 migrate_schema: bool = True) -> None:
+        self._dsn = dsn
+        self.dsn_env = dsn_env
+        self.schema = check_schema_name(schema)
+        self.host = host
+        self.boot_id = boot_id
+        self.lease = float(lease)
+        self.host_timeout = float(host_timeout)
+        self.channel = f"{CHANNEL}_{self.schema}"
+        self._lock = threading.RLock()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._listener: Listener | None = None
+        self._heartbeat: threading.Thread | None = None
+        self._closing = threading.Event()
+        self._last_recover = 0.0
+        if migrate_schema:
+            with self._locked() as conn:
+                migrate(conn, self.schema)
+
+    def __repr__(self) -> str:  # never the DSN
+        return f"<PgStore schema={self.schema} host={self.host}>"
+
+    # -- connections --------------------------------------------------------------------------
+
+    def _redact(self, text: str) -> str:
+        return redact_dsn(text, self._dsn)
+
+    def _error(self, exc: Exception, what: str) -> BoardError:
+        return BoardError(f"the board database ({self.dsn_env}) failed to {what}: "
+                          f"{self._redact(str(exc)).strip()[:500] or type(exc).__name__}")
+
+    def _connect(self, *, listen: bool = False) -> psycopg.Connection[Any]:
+        try:
+            conn = psycopg.connect(self._dsn, autocommit=True, row_factory=dict_row, connect_timeout=10,
+                                   application_name="hermes-sup-listen" if listen else "hermes-sup")
+        except Exception as exc:
+            raise self._error(exc, "connect") from None
+        conn.execute("SELECT set_config('search_path', %s, false)", (f'"{self.schema}"',))
+        return conn
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[psycopg.Connection[Any]]:
+        """The store's connection (reconnected if it broke), for one verb at a time."""
+        with self._lock:
+            if self._conn is None or self._conn.closed or self._conn.broken:
+                if self._conn is not None:
+                    with contextlib.suppress(Exception):
+                        self._conn.close()
+                self._conn = self._connect()
+            try:
+                yield self._conn
+            except psycopg.Error as exc:
+                error = self._error(exc, "answer")
+                error.sqlstate = exc.sqlstate  # type: ignore[attr-defined]
+                error.ended_by_server = exc.sqlstate in ENDED_BY_SERVER  # type: ignore[attr-defined]
+                raise error from None
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[psycopg.Cursor[Any]]:
+        with self._locked() as conn, conn.transaction(), conn.cursor() as cur:
+            yield cur
+
+    def _connection_lost(self) -> bool:
+        conn = self._conn
+        return conn is None or conn.closed or conn.broken
+
+    def close(self) -> None:
+        self._closing.set()
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        if self._heartbeat is not None:
+            self._heartbeat.join(timeout=5)
+            self._heartbeat = None
+        with self._lock:
+            if self._conn is not None:
+                with contextlib.suppress(Exception):
+                    self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> PgStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reading ------------------------------------------------------------------------------
+
+    @_again
+    def get(self, task_id: str) -> TaskDoc:
+        if not is_valid_id(task_id):
+            raise TaskNotFound(f"{task_id!r:.80} is not a task id")
+        with self._locked() as conn:
+            row = conn.execute(sql.ANY_ROW, {"id": task_id}).fetchone()
+        if row is None:
+            raise TaskNotFound(f"no task '{task_id}' on the board")
+        return row_to_doc(row)
+
+    @_again
+    def list(self, status: str | None = None) -> Listing:
+        """Every task (or those in one status), in claim order within each status."""
+        if status is not None and status not in STATUSES:
+            raise BoardError(f"unknown status '{status}'; statuses are {', '.join(STATUSES)}")
+        with self._locked() as conn:
+            rows = conn.execute(f"SELECT {sql.ROW_SELECT} FROM tasks WHERE %(status)s::text IS NULL OR status = "
+                                "%(status)s::text ORDER BY array_position(%(order)s::text[], status), priority DESC, "
+                                "created, id", {"status": status, "order": list(STATUSES)}).fetchall()
+        return Listing([row_to_doc(row) for row in rows], [])
+
+    @_again
+    def counts(self) -> dict[str, int]:
+        with self._locked() as conn:
+            rows = conn.execute("SELECT status, count(*) AS n FROM tasks GROUP BY status").fetchall()
+        found = {row["status"]: row["n"] for row in rows}
+        return {status: found.get(status, 0) for status in STATUSES}
+
+    @_again
+    def events_since(self, cursor: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
+        """Events after `cursor`, oldest first; each carries its own cursor to resume from.
+
+        Cursors are taken before their transactions commit, so a smaller one can become visible
+        after a larger: only cursors whose transactions have all ended are returned (sql.EVENTS_BOUND),
+        so a reader resuming from the last cursor it got misses none."""
+        try:
+            with self._tx() as cur:
+                # A writer stuck before its commit must not stall every writer queued behind this reader.
+                cur.execute(f"SET LOCAL lock_timeout = '{int(EVENTS_WAIT * 1000)}ms'")
+                bound = cur.execute(sql.EVENTS_BOUND, {"lock": sql.EVENTS_LOCK}).fetchone()["bound"]
+        except BoardError as exc:
+            if getattr(exc, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+                return []  # nothing that can be delivered yet; the reader asks again
+            raise
+        with self._locked() as conn:  # a new snapshot, taken after every writer below `bound` ended
+            rows = conn.execute(sql.EVENTS_SINCE, {"cursor": int(cursor), "bound": bound,
+                                                   "limit": int(limit)}).fetchall()
+        return [{"cursor": r["cursor"], "at": r["at"], "task": r["task"], "from": r["src"], "to": r["dst"],
+                 "by": r["by"], "note": r["note"]} for r in rows]
+
+    @_again
+    def journal(self, task_id: str) -> list[dict[str, Any]]:
+        """Every journal entry of a task, of all its attempts, in the order written."""
+        with self._locked() as conn:
+            rows = conn.execute("SELECT seq, fence, entry FROM journal WHERE task_id = %s ORDER BY seq",
+                                (task_id,)).fetchall()
+        return [dict(row) for row in rows]
+
+    # -- adding -------------------------------------------------------------------------------
+
+    def _deps_of(self, cur: psycopg.Cursor[Any]) -> Callable[[str], list[str]]:
+        def deps_of(task_id: str) -> list[str]:
+            cur.execute("SELECT depends_on FROM dependencies WHERE task_id = %s", (task_id,))
+            return [row["depends_on"] for row in cur.fetchall()]
+        return deps_of
+
+    def add(self, fields: dict[str, Any], *, by: str = "cli") -> TaskDoc:
+        """Validate `fields` (as in a dropped file) and put the task on the board."""
+        title = fields.get("title") if isinstance(fields.get("title"), str) else "task"
+        with self._tx() as cur:
+            now = cur.execute(f"SELECT {sql.NOW_ISO} AS now").fetchone()["now"]
+            doc = normalize(fields, default_id=f"{slugify(title)}-{os.urandom(3).hex()}", now=now, by=by,
+                            note="added")
+            doc = storable(doc)
+            if doc["depends_on"]:
+                cur.execute("SELECT pg_advisory_xact_lock(%s)", (DEPENDENCY_LOCK,))
+                cycle = find_cycle(doc["id"], doc["depends_on"], self._deps_of(cur))
+                if cycle:
+                    raise TaskError(f"depends_on creates a cycle: {' -> '.join(cycle)}")
+            for _attempt in range(20):
+                cur.execute(sql.INSERT_TASK, _row_params(doc))
+                if cur.rowcount == 1:
+                    break
+                if "id" in fields:
+                    raise TaskError(f"a task with id '{doc['id']}' already exists")
+                doc = {**doc, "id": f"{slugify(title)}-{os.urandom(3).hex()}"}
+            else:
+                raise BoardError("could not find a free task id")
+            if doc["depends_on"]:
+                cur.executemany("INSERT INTO dependencies (task_id, depends_on) VALUES (%s, %s)",
+                                [(doc["id"], dep) for dep in doc["depends_on"]])
+            self._event(cur, {"id": doc["id"], "src": None, "dst": doc["status"], "by": by, "note": "added"})
+            if doc["status"] == "todo":
+                cur.execute("SELECT pg_notify(%s, '')", (self.channel,))
+        return doc
+
+    # -- claiming and holding -----------------------------------------------------------------
+
+    @_again
+    def claim(self, agent: str, *, roles: Iterable[str] = (), lease: float | None = None,
+              pid: int | None = None, steps_only: bool = False, assigned_only: bool = False) -> TaskDoc | None:
+        """Claim the best eligible task for `agent`, or None; its claim.token fences every later write."""
+        pid = os.getpid() if pid is None else pid
+        params = {"agent": agent, "roles": list(roles), "steps_only": steps_only, "assigned_only": assigned_only,
+                  "host": self.host, "boot": self.boot_id, "pid": pid, "pid_started": start_time(pid),
+                  "lease": self.lease if lease is None else float(lease)}
+        with self._tx() as cur:
+            cur.execute(sql.EVENTS_LOCK_SHARED, {"lock": sql.EVENTS_LOCK})
+            row = cur.execute(sql.CLAIM, params).fetchone()
+        return None if row is None else row_to_doc(row)
+
+    def _event(self, cur: psycopg.Cursor[Any], values: dict[str, Any]) -> None:
+        cur.execute(sql.EVENTS_LOCK_SHARED, {"lock": sql.EVENTS_LOCK})
+        cur.execute(sql.EVENT, values)
+
+    def _lost(self, cur: psycopg.Cursor[Any], task_id: str, token: int) -> ClaimLost:
+        row = cur.execute("SELECT status, lease_owner, fence FROM tasks WHERE id = %s", (task_id,)).fetchone()
+        if row is None:
+            return ClaimLost(f"task {task_id} is not held by token {token}: it is no longer on the board")
+        if row["status"] == "doing":
+            return ClaimLost(f"task {task_id} is not held by token {token}: it is held by {row['lease_owner']} "
+                             f"with token {row['fence']}")
+        return ClaimLost(f"task {task_id} is not held by token {token}: it is {row['status']}")
+
+    def _write(self, cur: psycopg.Cursor[Any], new: TaskDoc, *, guard: int | None,
+               outcome_token: int | None) -> TaskDoc:
+        """Store `new` (a document leaving or outside doing) with its event, fenced by `guard`; the
+        document as stored."""
+        new = storable(new)
+        cur.execute(sql.WRITE, {**_row_params(new), "guard": guard})
+        if cur.rowcount != 1:
+            raise ClaimLost(f"task {new['id']} is not held by token {guard}: its lease is gone")
+        entry = new["history"][-1]
+        self._event(cur, {"id": new["id"], "src": entry["from"], "dst": entry["to"], "by": entry["by"],
+                          "note": entry["note"]})
+        if outcome_token is not None:
+            cur.execute(sql.END_RUN, {"outcome": new["status"], "token": outcome_token})
+        # Wake the claimers for a new todo, or a done task others depend on. Not for every done
+        # task: a NOTIFY serializes commits (about half the commit rate), so it is sent only when
+        # it can free work.
+        if new["status"] == "todo":
+            cur.execute("SELECT pg_notify(%s, '')", (self.channel,))
+        elif new["status"] == "done":
+            cur.execute("SELECT pg_notify(%s, '') WHERE EXISTS (SELECT 1 FROM dependencies WHERE depends_on = %s)",
+                        (self.channel, new["id"]))
+        return new
+
+    @_again
+    def _end(self, task_id: str, token: int, to: str, note: str, **changes: Any) -> TaskDoc:
+        with self._tx() as cur:
+            row = cur.execute(sql.HELD, {"id": task_id, "token": token}).fetchone()
+            if row is None:
+                raise self._lost(cur, task_id, token)
+            new = finished(row_to_doc(row), to, note, changes, now=row["now_iso"])
+            return self._write(cur, new, guard=token, outcome_token=token)
+
+    @_again
+    def renew(self, task_id: str, token: int, lease: float | None = None) -> TaskDoc:
+        with self._tx() as cur:
+            row = cur.execute(sql.RENEW, {"id": task_id, "token": token,
+                                          "lease": self.lease if lease is None else float(lease)}).fetchone()
+            if row is None:
+                raise self._lost(cur, task_id, token)
+        return row_to_doc(row)
+
+    def complete(self, task_id: str, token: int, result: Any = None) -> TaskDoc:
+        return self._end(task_id, token, "done", "completed", result=result, error=None)
+
+    def fail(self, task_id: str, token: int, error: str, *, permanent: bool = False) -> TaskDoc:
+        if permanent:
+            return self._end(task_id, token, "failed", f"cannot succeed, not retried: {error}", error=error)
+        return self._end(task_id, token, "todo?", error, error=error)
+
+    def block(self, task_id: str, token: int, reason: str, *, question: str | None = None) -> TaskDoc:
+        if question is None:
+            return self._end(task_id, token, "blocked", reason, error=reason)
+        return self._end(task_id, token, "blocked", reason, error=reason, question=question, _return_attempt=True)
+
+    def release(self, task_id: str, token: int, note: str = "released", *, count_attempt: bool = False) -> TaskDoc:
+        return self._end(task_id, token, "todo", note, _return_attempt=not count_attempt)
+
+    @_again
+    def journal_append(self, task_id: str, token: int, entry: Any) -> int:
+        """Append to the task's journal while `token` holds it; ClaimLost once it does not."""
+        with self._tx() as cur:
+            row = cur.execute(sql.JOURNAL_APPEND, {"id": task_id, "token": token,
+                                                   "entry": Jsonb(storable(entry))}).fetchone()
+            if row is None:
+                raise self._lost(cur, task_id, token)
+        return int(row["seq"])
+
+    # -- hosts and recovery -------------------------------------------------------------------
+
+    @_again
+    def heartbeat(self) -> None:
+        """Say this host is alive (by the database's clock); written by the supervisor, never an agent."""
+        with self._locked() as conn:
+            conn.execute(sql.HEARTBEAT, {"host": self.host, "boot": self.boot_id})
+
+    def start_heartbeat(self, interval: float | None = None) -> None:
+        """Heartbeat from a thread until close(), every `interval` (a sixth of host_timeout)."""
+        interval = self.host_timeout / 6 if interval is None else interval
+        self.heartbeat()
+
+        def beat() -> None:
+            while not self._closing.wait(interval):
+                with contextlib.suppress(BoardError):
+                    self.heartbeat()
+
+        self._heartbeat = threading.Thread(target=beat, name="board-heartbeat", daemon=True)
+        self._heartbeat.start()
+
+    def _elected(self) -> bool:
+        """Whether this store is the sweeper: a lease row, so a dead sweeper's turn passes on by itself."""
+        holder = f"{self.host}/{self.boot_id}/{os.getpid()}/{id(self)}"
+        with self._locked() as conn:
+            row = conn.execute(sql.TAKE_LEASE, {"name": SWEEPER, "holder": holder,
+                                                "secs": min(self.host_timeout, 10.0)}).fetchone()
+        return row is not None
+
+    def _take_back(self, task_id: str, token: int, reason: str, *, check_stale: bool) -> str | None:
+        """Return a stale claim to todo (or failed), fenced and, for a sweep, re-checked under the row lock."""
+        with self._tx() as cur:
+            query = sql.STALE_HELD if check_stale else sql.HELD
+            row = cur.execute(query, {"id": task_id, "token": token, "host_timeout": self.host_timeout}).fetchone()
+            if row is None:
+                return None
+            doc = row_to_doc(row)
+            to, note = stale_note(reason, doc["attempts"], doc["max_attempts"])
+            new = transition(doc, to, by="board", now=row["now_iso"], note=note, claim=None, error=note)
+            self._write(cur, new, guard=token, outcome_token=token)
+        return to
+
+    def recover(self, *, sweep: bool = True) -> list[dict[str, str]]:
+        """Take back claims whose holder on this host died (at once), and, when this store is the
+        elected sweeper, claims whose lease expired or whose host went silent for host_timeout."""
+        self._last_recover = time.monotonic()
+        recovered = []
+        with self._locked() as conn:
+            local = conn.execute(sql.LOCAL_HELD, {"host": self.host, "boot": self.boot_id}).fetchall()
+        for row in local:
+            pid = row["lease_pid"]
+            if isinstance(pid, int) and holder_alive(pid, row["lease_pid_started"], None) is False:
+                reason = f"holder {row['lease_owner']} (pid {pid}) is gone"
+                to = self._take_back(row["id"], row["fence"], reason, check_stale=False)
+                if to:
+                    recovered.append({"task": row["id"], "to": to, "reason": reason})
+        if sweep and self._elected():
+            with self._locked() as conn:
+                stale = conn.execute(sql.STALE, {"host_timeout": self.host_timeout}).fetchall()
+            for row in stale:
+                reason = _stale_reason(row, self.host_timeout)
+                to = self._take_back(row["id"], row["fence"], reason, check_stale=True)
+                if to:
+                    recovered.append({"task": row["id"], "to": to, "reason": reason})
+        return recovered
+
+    # -- changes by hand ----------------------------------------------------------------------
+
+    @_again
+    def move(self, task_id: str, to: str, *, by: str = "cli", note: str = "") -> TaskDoc:
+        if to not in STATUSES:
+            raise InvalidTransition(f"unknown status '{to}'; statuses are {', '.join(STATUSES)}")
+        if to == "doing":
+            raise InvalidTransition("a task enters doing only when an agent claims it")
+        with self._tx() as cur:
+            row = cur.execute(sql.ANY_ROW_LOCKED, {"id": task_id}).fetchone()
+            if row is None:
+                raise TaskNotFound(f"no task '{task_id}' on the board")
+            doc = row_to_doc(row)
+            if doc["status"] == to:
+                raise InvalidTransition(f"task {task_id} is already {to}")
+            changes: dict[str, Any] = {"claim": None}
+            if doc.get("question"):
+                changes["question"] = None
+            if doc.get("claim"):
+                note = f"{note}; " if note else ""
+                note += f"claim of {doc['claim'].get('agent')} revoked"
+            if to == "todo":
+                changes["attempts"] = 0
+            new = transition(doc, to, by=by, now=row["now_iso"], note=note or f"moved to {to}", **changes)
+            return self._write(cur, new, guard=None, outcome_token=row["fence"] if doc.get("claim") else None)
+
+    def cancel(self, task_id: str, *, by: str = "cli") -> TaskDoc:
+        doc = self.get(task_id)
+        if doc["status"] in ("done", "cancelled"):
+            raise InvalidTransition(f"task {task_id} is already {doc['status']}")
+        return self.move(task_id, "cancelled", by=by, note="cancelled")
+
+    def retry(self, task_id: str, *, by: str = "cli") -> TaskDoc:
+        doc = self.get(task_id)
+        if doc["status"] not in ("blocked", "failed", "cancelled"):
+            raise InvalidTransition(f"task {task_id} is {doc['status']}; retry takes a blocked, failed or "
+                                    "cancelled task")
+        return self.move(task_id, "todo", by=by, note="retry (attempts reset)")
+
+    # -- waiting ------------------------------------------------------------------------------
+
+    def listener(self) -> Listener:
+        """The store's LISTEN connection, started on first use."""
+        with self._lock:
+            if self._listener is None:
+                self._listener = Listener(lambda: self._connect(listen=True), self.channel)
+            return self._listener
+
+    def wake(self) -> None:
+        """Wake every thread of this process waiting in wait_for_work."""
+        self.listener().bump()
+
+    def wait_for_work(self, agent: str, *, roles: Iterable[str] = (), timeout: float | None = None,
+                      lease: float | None = None, stop: threading.Event | None = None,
+                      steps_only: bool = False, assigned_only: bool = False) -> TaskDoc | None:
+        """Claim a task, waiting for one; None on timeout or when `stop` is set. Woken by NOTIFY,
+        and polling about once a second (jittered, so hosts do not poll in step) in case one is lost."""
+        listener = self.listener()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            seen = listener.generation
+            if stop is not None and stop.is_set():
+                return None
+            try:
+                if time.monotonic() - self._last_recover >= RECOVER_INTERVAL:
+                    self.recover()
+                doc = self.claim(agent, roles=roles, lease=lease, steps_only=steps_only,
+                                 assigned_only=assigned_only)
+            except BoardError:
+                # The server restarted or the connection dropped: a waiter waits on (the next
+                # round reconnects); any other error is the caller's.
+                if not self._connection_lost():
+                    raise
+                doc = None
+            if doc is not None:
+                return doc
+            if stop is not None and stop.is_set():
+                return None
+            nap = POLL_INTERVAL * random.uniform(0.8, 1.2)
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                nap = min(nap, remaining)
+            listener.wait(seen, nap)
+
+
+def _stale_reason(row: dict[str, Any], host_timeout: float) -> str:
+    if row["why"] == "lease expired":
+        return f"lease of {row['lease_owner']} expired"
+    if row["why"] == "host restarted":
+        return f"host {row['lease_host']} of {row['lease_owner']} restarted"
+    return f"host {row['lease_host']} of {row['lease_owner']} sent no heartbeat for {host_timeout:g} s"
+
+
+def _row_params(doc: TaskDoc) -> dict[str, Any]:
+    return {"id": doc["id"], "status": doc["status"], "role": doc.get("role"), "assignee": doc.get("assignee"),
+            "priority": doc.get("priority", 0), "has_steps": bool(doc.get("steps")),
+            "has_deps": bool(doc.get("depends_on")), "attempts": doc.get("attempts", 0),
+            "max_attempts": doc["max_attempts"], "claims": doc.get("claims", 0),
+            "document": Jsonb(document_part(doc))}
+
+
+def redact_dsn(text: str, dsn: str) -> str:
+    """`text` without the DSN or any password in it (pure): a driver error may quote either."""
+    secrets = [dsn]
+    with contextlib.suppress(Exception):
+        password = conninfo_to_dict(dsn).get("password")
+        if password:
+            secrets.append(str(password))
+    if "://" in dsn and "@" in dsn:
+        secrets.append(dsn.split("://", 1)[1].rsplit("@", 1)[0])  # user:password of a URL
+    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
+        text = text.replace(secret, "[redacted]")
+    return text

@@ -1,0 +1,582 @@
+"""The board on PostgreSQL (kanban/pg), against the real server the suite starts (tests/pgserver.py):
+the file board's semantics, exactly once across hosts and processes, fencing of zombie holders,
+the database clock only, and wake-ups that survive a dropped LISTEN connection."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from hermes_sup.kanban.errors import BoardError, ClaimLost, InvalidTransition
+from hermes_sup.kanban.pg import open_store
+from hermes_sup.kanban.pg import store as pgstore
+from hermes_sup.kanban.pg.rules import finished, stale_note, storable
+from hermes_sup.kanban.pg.schema import MIGRATIONS, check_schema_name, pending
+from hermes_sup.kanban.pg.store import PgStore, redact_dsn
+from hermes_sup.kanban.task import TaskError
+
+from . import pgserver
+from .conftest import wait_until
+from .pgserver import PgServer
+
+WORKER = Path(__file__).resolve().parent / "pg_worker.py"
+Factory = Callable[..., PgStore]
+
+
+@pytest.fixture
+def schema() -> str:
+    return f"t_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def make_store(pg_server: PgServer, schema: str) -> Iterator[Factory]:
+    """Stores on one fresh schema, as if on hosts of their own (`host`, `boot_id`)."""
+    opened: list[PgStore] = []
+
+    def make(host: str = "host-a", **kwargs: object) -> PgStore:
+        kwargs.setdefault("boot_id", f"boot-{host}")
+        store = PgStore(pg_server.dsn, schema=schema, host=host, **kwargs)  # type: ignore[arg-type]
+        opened.append(store)
+        return store
+
+    yield make
+    for store in opened:
+        store.close()
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.fixture
+def store(make_store: Factory) -> PgStore:
+    return make_store()
+
+
+def admin(pg_server: PgServer) -> psycopg.Connection:
+    return psycopg.connect(pg_server.dsn, autocommit=True)
+
+
+# -- the file board's semantics ------------------------------------------------------------------
+
+def test_add_get_list_counts_and_validation(store: PgStore) -> None:
+    doc = store.add({"title": "  Write docs ", "priority": 2, "meta": {"k": [1, 2]}}, by="alice")
+    assert doc["status"] == "todo" and doc["title"] == "Write docs" and doc["claim"] is None
+    got = store.get(doc["id"])
+    assert got["meta"] == {"k": [1, 2]} and got["priority"] == 2 and got["history"][0]["by"] == "alice"
+    assert store.counts()["todo"] == 1 and [t["id"] for t in store.list("todo").tasks] == [doc["id"]]
+    with pytest.raises(TaskError, match="already exists"):
+        store.add({"id": doc["id"], "title": "again"})
+    with pytest.raises(TaskError, match="missing title"):
+        store.add({"body": "no title"})
+    with pytest.raises(BoardError, match="not a task id"):
+        store.get("../../etc/passwd")
+    # What jsonb cannot hold is stored with a replacement character, never refused or lost.
+    odd = store.add({"title": "nul", "body": "a\x00b"})
+    assert store.get(odd["id"])["body"] == "a\ufffdb"
+
+
+def test_claim_order_priority_then_age_then_id(store: PgStore) -> None:
+    low = store.add({"id": "low", "title": "low", "priority": 0})
+    first = store.add({"id": "b-first", "title": "high, older", "priority": 5})
+    second = store.add({"id": "a-second", "title": "high, newer", "priority": 5})
+    order = [store.claim("ag")["id"] for _ in range(3)]
+    assert order == [first["id"], second["id"], low["id"]]
+    assert store.claim("ag") is None
+
+
+def test_roles_assignee_steps_only_and_assigned_only(store: PgStore) -> None:
+    store.add({"id": "rev", "title": "review", "role": "reviewer"})
+    store.add({"id": "bob", "title": "for bob", "assignee": "bob"})
+    store.add({"id": "plan", "title": "steps", "steps": [{"tool": "noop", "args": {}}]})
+    assert store.claim("alice", steps_only=True)["id"] == "plan"
+    assert store.claim("alice") is None  # neither the reviewer's nor bob's
+    assert store.claim("bob", assigned_only=True)["id"] == "bob"
+    assert store.claim("carol", roles=["reviewer"])["id"] == "rev"
+
+
+def test_dependencies_and_cycles(store: PgStore) -> None:
+    store.add({"id": "dep", "title": "dependency"})
+    store.add({"id": "child", "title": "child", "depends_on": ["dep"], "priority": 9})
+    store.add({"id": "orphan", "title": "waits on an unknown task", "depends_on": ["nobody"], "priority": 9})
+    with pytest.raises(TaskError, match="cycle"):
+        store.add({"id": "nobody", "title": "closes a cycle", "depends_on": ["orphan"]})
+    held = store.claim("ag")
+    assert held["id"] == "dep" and store.claim("ag") is None
+    store.complete("dep", held["claim"]["token"], result="ok")
+    assert store.claim("ag")["id"] == "child"
+
+
+def test_fail_counts_attempts_until_failed(store: PgStore) -> None:
+    store.add({"id": "flaky", "title": "flaky", "max_attempts": 2})
+    held = store.claim("ag")
+    after = store.fail("flaky", held["claim"]["token"], "boom")
+    assert after["status"] == "todo" and after["attempts"] == 1 and after["error"] == "boom"
+    held = store.claim("ag")
+    assert held["attempts"] == 2 and held["claims"] == 2
+    final = store.fail("flaky", held["claim"]["token"], "boom again")
+    assert final["status"] == "failed" and "attempt 2 of 2 failed" in final["history"][-1]["note"]
+    retried = store.retry("flaky")
+    assert retried["status"] == "todo" and retried["attempts"] == 0
+
+
+def test_release_block_cancel_move(store: PgStore) -> None:
+    store.add({"id": "t", "title": "t"})
+    held = store.claim("ag")
+    released = store.release("t", held["claim"]["token"])
+    assert released["status"] == "todo" and released["attempts"] == 0 and released["claim"] is None
+    held = store.claim("ag")
+    blocked = store.block("t", held["claim"]["token"], "need a person", question="which one?")
+    assert blocked["status"] == "blocked" and blocked["question"] == "which one?" and blocked["attempts"] == 0
+    with pytest.raises(InvalidTransition):
+        store.move("t", "doing")
+    store.retry("t")
+    held = store.claim("ag")
+    cancelled = store.cancel("t", by="alice")
+    assert cancelled["status"] == "cancelled" and "revoked" in cancelled["history"][-1]["note"]
+    with pytest.raises(ClaimLost):  # the holder's claim went with the cancel
+        store.complete("t", held["claim"]["token"])
+    with pytest.raises(InvalidTransition, match="already cancelled"):
+        store.cancel("t")
+
+
+def test_every_holder_write_is_fenced(store: PgStore) -> None:
+    store.add({"id": "t", "title": "t"})
+    old = store.claim("ag", lease=0.01)
+    token = old["claim"]["token"]
+    wait_until(lambda: store.recover(), timeout=10)  # the lease ran out (by the database's clock)
+    new = store.claim("other")
+    assert new["claim"]["token"] > token and new["claims"] == 2
+    for write in (lambda: store.complete("t", token, "late"), lambda: store.fail("t", token, "late"),
+                  lambda: store.block("t", token, "late"), lambda: store.release("t", token),
+                  lambda: store.renew("t", token), lambda: store.journal_append("t", token, {"late": True})):
+        with pytest.raises(ClaimLost, match=f"held by other with token {new['claim']['token']}"):
+            write()
+    assert store.get("t")["claim"]["agent"] == "other" and store.journal("t") == []
+    done = store.complete("t", new["claim"]["token"], "ok")
+    assert done["status"] == "done" and done["result"] == "ok"
+
+
+def test_lease_expiry_keeps_attempts_and_fails_at_max(store: PgStore) -> None:
+    store.add({"id": "t", "title": "t", "max_attempts": 1})
+    store.claim("ag", lease=0.01)
+    recovered = wait_until(lambda: store.recover(), timeout=10)
+    assert recovered == [{"task": "t", "to": "failed", "reason": "lease of ag expired"}]
+    doc = store.get("t")
+    assert doc["status"] == "failed" and doc["attempts"] == 1 and "gave up after 1 attempts" in doc["error"]
+
+
+def test_renew_extends_the_lease_by_the_database_clock(store: PgStore) -> None:
+    store.add({"id": "t", "title": "t"})
+    held = store.claim("ag", lease=1)
+    renewed = store.renew("t", held["claim"]["token"], lease=300)
+    assert renewed["claim"]["lease_until_ts"] - held["claim"]["lease_until_ts"] > 250
+    assert store.recover() == []
+
+
+def test_dead_local_holder_is_recovered_at_once(store: PgStore) -> None:
+    store.add({"id": "t", "title": "t"})
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        store.claim("ag", pid=child.pid, lease=300)
+        assert store.recover() == []
+    finally:
+        child.kill()
+        child.wait()
+    assert store.recover() == [{"task": "t", "to": "todo", "reason": f"holder ag (pid {child.pid}) is gone"}]
+
+
+def test_events_by_cursor_and_journal(store: PgStore) -> None:
+    store.add({"id": "t", "title": "t"})
+    held = store.claim("ag")
+    assert store.journal_append("t", held["claim"]["token"], {"step": 0, "out": "x"}) > 0
+    store.complete("t", held["claim"]["token"])
+    events = store.events_since(0)
+    assert [(e["from"], e["to"]) for e in events] == [(None, "todo"), ("todo", "doing"), ("doing", "done")]
+    assert store.events_since(events[0]["cursor"]) == events[1:]
+    assert store.events_since(events[-1]["cursor"]) == []
+    assert [e["entry"] for e in store.journal("t")] == [{"step": 0, "out": "x"}]
+
+
+def test_migrations_are_versioned_and_applied_once(make_store: Factory, pg_server: PgServer, schema: str) -> None:
+    make_store()
+    make_store("host-b")
+    with admin(pg_server) as conn:
+        rows = conn.execute(f'SELECT version FROM "{schema}".migrations ORDER BY version').fetchall()
+    assert rows == [(version,) for version, _name, _sql in MIGRATIONS]
+
+
+def test_an_event_committed_late_with_a_smaller_cursor_is_not_skipped(make_store: Factory, pg_server: PgServer,
+                                                                      schema: str) -> None:
+    slow = make_store("slow")
+    fast = make_store("fast")
+    reader = make_store("reader")
+    slow.add({"id": "slow-task", "title": "slow"})
+    held = slow.claim("ag")
+    seen = reader.events_since(0)
+    finished_slow: list[dict] = []
+    read: list[list[dict]] = []
+
+    def waiting() -> int:
+        with admin(pg_server) as probe:
+            return probe.execute("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+                                 "WHERE NOT l.granted AND a.application_name = 'hermes-sup'").fetchone()[0]
+
+    with admin(pg_server) as blocker, blocker.transaction():
+        # The slow transition takes its cursor, then waits (on its run row) before it commits.
+        blocker.execute(f'SELECT 1 FROM "{schema}".runs WHERE fence = %s FOR UPDATE', (held["claim"]["token"],))
+        slow_thread = threading.Thread(target=lambda: finished_slow.append(
+            slow.complete("slow-task", held["claim"]["token"])), daemon=True)
+        slow_thread.start()
+        wait_until(lambda: waiting() >= 1, timeout=10)
+        fast.add({"id": "fast-task", "title": "fast"})  # a larger cursor, committed first
+        reader_thread = threading.Thread(target=lambda: read.append(reader.events_since(seen[-1]["cursor"])),
+                                         daemon=True)
+        reader_thread.start()
+        wait_until(lambda: waiting() >= 2, timeout=10)  # the reader waits for the slow transition
+        assert not read
+    slow_thread.join(timeout=10)
+    reader_thread.join(timeout=10)
+    assert finished_slow and read
+    assert [(e["task"], e["to"]) for e in read[0]] == [("slow-task", "done"), ("fast-task", "todo")]
+    assert [e["cursor"] for e in read[0]] == sorted(e["cursor"] for e in read[0])
+
+
+# -- a claim skips rows other claimers hold ------------------------------------------------------
+
+def test_claim_skips_a_row_locked_by_another_claimer(store: PgStore, pg_server: PgServer, schema: str) -> None:
+    store.add({"id": "top", "title": "top", "priority": 9})
+    store.add({"id": "next", "title": "next"})
+    with admin(pg_server) as other, other.transaction():
+        other.execute(f"SELECT id FROM \"{schema}\".tasks WHERE id = 'top' FOR UPDATE")
+        result: list[object] = []
+        thread = threading.Thread(target=lambda: result.append(store.claim("ag")), daemon=True)
+        thread.start()
+        thread.join(timeout=10)
+        claimed_while_locked = not thread.is_alive()
+    thread.join(timeout=30)
+    assert claimed_while_locked, "the claim waited for a row another transaction holds"
+    assert result[0]["id"] == "next"
+
+
+# -- hosts: exactly once, zombies, clocks ---------------------------------------------------------
+
+@pytest.mark.slow
+def test_exactly_once_across_hosts_and_processes(make_store: Factory, pg_server: PgServer, schema: str) -> None:
+    store = make_store()
+    total = 2000
+    for index in range(total):
+        store.add({"id": f"t{index:05d}", "title": f"task {index}", "priority": index % 7})
+    assert store.counts()["todo"] == total
+    env = {**os.environ, "HERMES_SUP_TEST_PG_DSN": pg_server.dsn}
+    procs = [subprocess.Popen([sys.executable, str(WORKER), schema, f"host-{h}", f"agent-{h}-{c}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for h in range(3) for c in range(4)]
+    outputs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=150)
+        assert proc.returncode == 0, err[-2000:]
+        outputs.append(json.loads(out))
+    done = Counter(task for output in outputs for task in output["done"])
+    assert sum(len(output["lost"]) for output in outputs) == 0
+    assert len(done) == total and set(done.values()) == {1}
+    assert sum(1 for output in outputs if output["done"]) >= 2  # the work was shared
+    with admin(pg_server) as conn:
+        per_task = conn.execute(f'SELECT count(*), count(DISTINCT task_id) FROM "{schema}".runs').fetchone()
+        dones = conn.execute(f"SELECT count(*), count(DISTINCT task) FROM \"{schema}\".events "
+                             "WHERE dst = 'done'").fetchone()
+    assert per_task == (total, total) and dones == (total, total)
+    assert store.counts()["done"] == total
+
+
+def test_silent_host_is_reclaimed_after_host_timeout_and_its_late_writes_rejected(make_store: Factory) -> None:
+    zombie = make_store("zombie", host_timeout=2)
+    alive = make_store("alive", host_timeout=2)
+    zombie.heartbeat()
+    alive.heartbeat()
+    zombie.add({"id": "t", "title": "t"})
+    held = zombie.claim("z-agent", lease=600)  # the lease alone would hold it for ten minutes
+    token = held["claim"]["token"]
+    zombie.journal_append("t", token, {"step": 0})
+    started = time.monotonic()
+    assert alive.recover() == []  # the zombie's heartbeat is fresh
+    # The zombie is partitioned: it heartbeats no more; the other host goes on.
+    recovered = wait_until(lambda: (alive.heartbeat(), alive.recover())[1], timeout=30, interval=0.2)
+    assert time.monotonic() - started >= 1.5
+    assert recovered == [{"task": "t", "to": "todo", "reason": "host zombie of z-agent sent no heartbeat for 2 s"}]
+    taken = alive.claim("a-agent")
+    assert taken["claim"]["host"] == "alive" and taken["attempts"] == 2
+    # The zombie wakes: every write it tries with its old claim is refused, and changes nothing.
+    zombie.heartbeat()
+    for write in (lambda: zombie.renew("t", token), lambda: zombie.journal_append("t", token, {"step": 1}),
+                  lambda: zombie.complete("t", token, "zombie's result"), lambda: zombie.fail("t", token, "x"),
+                  lambda: zombie.release("t", token), lambda: zombie.block("t", token, "x")):
+        with pytest.raises(ClaimLost):
+            write()
+    assert [e["entry"] for e in alive.journal("t")] == [{"step": 0}]  # the resumer sees the zombie's step 0
+    final = alive.complete("t", taken["claim"]["token"], "alive's result")
+    assert final["result"] == "alive's result" and final["history"][-1]["by"] == "a-agent"
+
+
+def test_host_restart_under_the_same_name_frees_its_claims(make_store: Factory) -> None:
+    before = make_store("box", boot_id="boot-1")
+    before.heartbeat()
+    before.add({"id": "t", "title": "t"})
+    before.claim("ag", lease=600)
+    after = make_store("box", boot_id="boot-2")  # the machine rebooted: same name, new boot
+    after.heartbeat()
+    assert after.recover() == [{"task": "t", "to": "todo", "reason": "host box of ag restarted"}]
+
+
+def test_a_host_clock_ten_minutes_off_changes_nothing(make_store: Factory, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = time.time
+    late = make_store("late", host_timeout=30)
+    early = make_store("early", host_timeout=30)
+    late.heartbeat()
+    early.heartbeat()
+    late.add({"id": "t", "title": "t"})
+    monkeypatch.setattr(time, "time", lambda: real() - 600)  # this host's clock is ten minutes behind
+    held = late.claim("ag", lease=60)
+    monkeypatch.setattr(time, "time", lambda: real() + 600)  # the other's, ten minutes ahead
+    assert early.recover() == [] and early.claim("other") is None
+    assert abs(held["claim"]["lease_until_ts"] - real() - 60) < 30  # the database's clock set the lease
+
+
+# -- wake-ups --------------------------------------------------------------------------------------
+
+def test_wait_for_work_wakes_on_notify_and_survives_a_killed_listen_connection(
+        make_store: Factory, pg_server: PgServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    # No poll in this test's time: a claim must come from a notification.
+    monkeypatch.setattr(pgstore, "POLL_INTERVAL", 60.0)
+    waiter = make_store("waiter")
+    adder = make_store("adder")
+    listener = waiter.listener()
+    assert listener.wait_ready(10)
+    got: list[dict] = []
+
+    def wait_one() -> None:
+        got.append(waiter.wait_for_work("ag", timeout=40))
+
+    thread = threading.Thread(target=wait_one, daemon=True)
+    thread.start()
+    wait_until(lambda: listener.generation >= 1, timeout=10)
+    adder.add({"id": "first", "title": "first"})
+    thread.join(timeout=15)
+    assert got and got[0]["id"] == "first"
+
+    with admin(pg_server) as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", (listener.backend_pid,))
+    wait_until(lambda: listener.connects >= 2, timeout=15)
+    thread = threading.Thread(target=wait_one, daemon=True)
+    thread.start()
+    adder.add({"id": "second", "title": "second"})
+    thread.join(timeout=15)
+    assert len(got) == 2 and got[1] is not None and got[1]["id"] == "second"
+
+    # A dependency done wakes the waiter for the task that waited on it.
+    before = listener.generation
+    adder.add({"id": "child", "title": "child", "depends_on": ["second"]})
+    wait_until(lambda: listener.generation > before, timeout=10)  # the add's own wake-up is spent
+    found_nothing = threading.Event()
+    claim = waiter.claim
+
+    def claim_and_tell(*args: object, **kwargs: object) -> dict | None:
+        doc = claim(*args, **kwargs)
+        if doc is None:
+            found_nothing.set()
+        return doc
+
+    monkeypatch.setattr(waiter, "claim", claim_and_tell)
+    thread = threading.Thread(target=wait_one, daemon=True)
+    thread.start()
+    assert found_nothing.wait(10)  # the waiter looked, found the child blocked, and sleeps
+    waiter.complete("second", got[1]["claim"]["token"])
+    thread.join(timeout=15)
+    assert len(got) == 3 and got[2] is not None and got[2]["id"] == "child"
+
+
+# -- the DSN -----------------------------------------------------------------------------------
+
+def test_dsn_comes_from_the_env_and_is_never_in_an_error(pg_server: PgServer) -> None:
+    with pytest.raises(BoardError, match=r"\$TEAM_DSN is not set"):
+        open_store({"dsn_env": "TEAM_DSN"}, environ={})
+    secret = "s3cret-pass-word"
+    dsn = f"postgresql://bob:{secret}@127.0.0.1:1/nodb?connect_timeout=2"
+    with pytest.raises(BoardError) as caught:
+        open_store({"dsn_env": "TEAM_DSN"}, environ={"TEAM_DSN": dsn})
+    assert secret not in str(caught.value) and "$TEAM_DSN" in str(caught.value)
+    # Raised `from None`: a traceback does not print the driver's own error either.
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    assert redact_dsn(f"bad dsn {dsn}", dsn) == "bad dsn [redacted]"
+    assert secret not in redact_dsn(f"password={secret}", f"host=x password={secret}")
+    good = open_store({"dsn_env": "TEAM_DSN", "schema": f"t_{uuid.uuid4().hex[:12]}"}, host="h",
+                      environ={"TEAM_DSN": pg_server.dsn})
+    try:
+        assert pg_server.dsn not in repr(good)
+    finally:
+        with admin(pg_server) as conn:
+            conn.execute(f'DROP SCHEMA "{good.schema}" CASCADE')
+        good.close()
+
+
+def test_wait_for_work_goes_on_across_a_server_restart(make_store: Factory, pg_server: PgServer) -> None:
+    waiter = make_store("waiter")
+    assert waiter.listener().wait_ready(10)
+    got: list[dict | None] = []
+    errors: list[BaseException] = []
+
+    def wait_one() -> None:
+        try:
+            got.append(waiter.wait_for_work("ag", timeout=60))
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=wait_one, daemon=True)
+    thread.start()
+    wait_until(lambda: waiter.listener().generation >= 1, timeout=10)
+    pg_server.restart()
+    adder = make_store("adder")  # connects after the restart
+    adder.add({"id": "after-restart", "title": "added while the waiter reconnects"})
+    thread.join(timeout=30)
+    assert not errors, errors
+    assert got and got[0] is not None and got[0]["id"] == "after-restart"
+    wait_until(lambda: waiter.listener().connects >= 2, timeout=15)
+
+
+def test_heartbeat_keeps_a_host_s_claims_and_its_silence_frees_them(make_store: Factory) -> None:
+    holder = make_store("holder", host_timeout=1.5)
+    sweeper = make_store("sweeper", host_timeout=1.5)
+    holder.start_heartbeat(interval=0.2)
+    holder.add({"id": "t", "title": "t"})
+    holder.claim("ag", lease=600)
+    started = time.monotonic()
+    while time.monotonic() - started < 3.0:  # twice host_timeout: the heartbeat thread keeps it
+        assert sweeper.recover() == []
+        time.sleep(0.1)
+    holder.close()  # stops the heartbeat thread
+    recovered = wait_until(lambda: sweeper.recover(), timeout=20, interval=0.1)
+    assert recovered[0]["reason"] == "host holder of ag sent no heartbeat for 1.5 s"
+
+
+def test_one_sweeper_at_a_time_and_the_turn_passes_when_it_stops(make_store: Factory) -> None:
+    first = make_store("first", host_timeout=1)
+    second = make_store("second", host_timeout=1)
+    assert first._elected() and first._elected()  # the holder renews its own lease
+    assert not second._elected()
+    wait_until(second._elected, timeout=10, interval=0.1)  # first stopped renewing: its lease ran out
+    assert not first._elected()
+
+
+# -- pure rules (no server) -----------------------------------------------------------------------
+
+def test_storable_replaces_what_jsonb_refuses_and_keeps_the_rest() -> None:
+    value = {"a\x00": ["x\x00y", {"deep": "\ud800z"}], "ok": "plain é", "n": 1.5, "t": None}
+    assert storable(value) == {"a\ufffd": ["x\ufffdy", {"deep": "\ufffdz"}], "ok": "plain é", "n": 1.5, "t": None}
+    assert storable("\x00") == "\ufffd"
+    deep: object = "leaf\x00"
+    for _ in range(64):
+        deep = [deep]
+    flat = storable(deep)
+    for _ in range(64):
+        flat = flat[0]
+    assert flat == "leaf\ufffd"
+
+
+def test_finished_follows_the_file_board_rules() -> None:
+    doc = {"id": "t", "status": "doing", "attempts": 2, "max_attempts": 2, "history": [],
+           "claim": {"agent": "ag", "token": 7}}
+    failed = finished(doc, "todo?", "boom", {"error": "boom"}, now="T")
+    assert failed["status"] == "failed" and failed["claim"] is None and failed["history"][-1]["by"] == "ag"
+    assert failed["history"][-1]["note"] == "attempt 2 of 2 failed: boom"
+    released = finished(doc, "todo", "released", {"_return_attempt": True}, now="T")
+    assert released["status"] == "todo" and released["attempts"] == 1 and "_return_attempt" not in released
+    assert stale_note("lease of ag expired", 2, 2) == ("failed", "recovered: lease of ag expired; gave up after 2 "
+                                                                 "attempts")
+
+
+def test_migrations_are_numbered_in_order_and_schema_names_are_plain() -> None:
+    versions = [version for version, _name, _sql in MIGRATIONS]
+    assert versions == sorted(set(versions)) and versions[0] == 1
+    assert pending({1}) == [m for m in MIGRATIONS if m[0] != 1]
+    for bad in ('x"; DROP TABLE tasks; --', "Upper", "", "1abc", None):
+        with pytest.raises(ValueError):
+            check_schema_name(bad)
+
+
+@pytest.mark.slow
+def test_a_host_killed_whole_has_its_tasks_done_by_the_others(make_store: Factory, pg_server: PgServer,
+                                                               schema: str) -> None:
+    store = make_store()
+    total, host_timeout = 600, 2.0
+    for index in range(total):
+        store.add({"id": f"t{index:05d}", "title": f"task {index}"})
+    env = {**os.environ, "HERMES_SUP_TEST_PG_DSN": pg_server.dsn}
+    # host-2's tasks take 0.2 s each, so it is killed holding claims.
+    hosts = {h: [subprocess.Popen([sys.executable, str(WORKER), schema, f"host-{h}", f"agent-{h}-{c}",
+                                   str(host_timeout), "0.2" if h == 2 else "0"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                 for c in range(2)] for h in range(3)}
+    wait_until(lambda: store.counts()["done"] >= 100, timeout=60, interval=0.05)
+    for proc in hosts[2]:  # host-2 dies whole, mid-run, holding claims
+        proc.kill()
+    for proc in hosts[2]:
+        proc.wait()
+    killed_at = time.monotonic()
+    with admin(pg_server) as conn:
+        held = [row[0] for row in conn.execute(
+            f"SELECT id FROM \"{schema}\".tasks WHERE status = 'doing' AND lease_host = 'host-2'")]
+    assert held, "host-2 held no claim when it was killed"
+    outputs = []
+    for proc in hosts[0] + hosts[1]:
+        out, err = proc.communicate(timeout=150)
+        assert proc.returncode == 0, err[-2000:]
+        outputs.append(json.loads(out))
+    assert store.counts()["done"] == total
+    with admin(pg_server) as conn:
+        dones = conn.execute(f"SELECT count(*), count(DISTINCT task) FROM \"{schema}\".events "
+                             "WHERE dst = 'done'").fetchone()
+        last = conn.execute(f"SELECT extract(epoch FROM now() - max(at)) FROM \"{schema}\".events "
+                            "WHERE note LIKE 'recovered: host host-2%%'").fetchone()[0]
+    assert dones == (total, total)
+    for task_id in held:
+        doc = store.get(task_id)
+        assert doc["status"] == "done" and doc["result"]["host"] != "host-2" and doc["attempts"] == 2
+        assert "sent no heartbeat" in " ".join(entry["note"] for entry in doc["history"])
+    # Taken back within host_timeout and a few seconds of the death, by the database's clock.
+    assert float(last) <= time.monotonic() - killed_at
+    assert time.monotonic() - killed_at - float(last) <= host_timeout + 8
+
+
+# -- the harness ---------------------------------------------------------------------------------
+
+def test_without_a_server_the_harness_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pgserver, "find_bin_dir", lambda: None)
+    with pytest.raises(pgserver.PgServerError, match=r"make test` installs the Debian `postgresql` package"):
+        pgserver.start_server()
+
+
+def test_the_postgres_tests_skip_only_when_the_flag_says_so(tmp_path: Path) -> None:
+    env = {**os.environ, pgserver.SKIP_ENV: "skip"}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                             f"{__file__}::test_claim_order_priority_then_age_then_id"],
+                            capture_output=True, text=True, env=env, cwd=Path(__file__).parent.parent, timeout=120)
+    assert "1 skipped" in result.stdout, result.stdout[-2000:]
+
+
+def test_a_holder_goes_on_after_a_server_restart(make_store: Factory, pg_server: PgServer) -> None:
+    store = make_store()
+    store.add({"id": "t", "title": "t"})
+    held = store.claim("ag")
+    pg_server.restart()  # the store's connection is ended by the server; the claim stands
+    assert store.get("t")["status"] == "doing"
+    pg_server.restart()
+    done = store.complete("t", held["claim"]["token"], "after two restarts")
+    assert done["status"] == "done" and store.get("t")["result"] == "after two restarts"
