@@ -21,7 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban import Board, BoardError, ClaimLost, TaskNotFound
+from hermes_sup.kanban import BoardError, ClaimLost, TaskNotFound
+from hermes_sup.kanban.backends import open_board
 from hermes_sup.kanban.fsio import write_json_atomic
 from hermes_sup.kanban.task import now_iso
 
@@ -92,7 +93,7 @@ class Agent:
         self.workdir = workdir
         self.scratch = workdir / "scratch"
         self.scratch.mkdir(parents=True, exist_ok=True)
-        self.board = Board(workspace / "kanban")
+        self.board = open_board(workspace, config.get("board"), host=config.get("host"))
         self.skills = Skills(workspace)
         self.delegator = Delegator(board=self.board, workspace=workspace, workdir=workdir, config=config)
         self.notifier = Notifier(os.environ.get(NOTIFY_ENV), self.name)

@@ -32,7 +32,7 @@ import psutil
 
 from . import fsinfo, reads
 from .errors import BoardError, BoardLocked, ClaimLost, Damaged, InvalidTransition, TaskNotFound
-from .events import EventTail, event
+from .events import CursorRead, EventTail, check_cursor, event, read_since
 from .faults import fault
 from .fsio import (
     AppendLog,
@@ -1029,6 +1029,36 @@ class Board(IngestMixin):
 
     # -- waiting --------------------------------------------------------------------------------
 
+    @property
+    def watch_mode(self) -> str:
+        return self.watcher.mode
+
+    def health(self) -> list[tuple[str, str, str]]:
+        """The filesystem and change-notification checks doctor prints."""
+        if self.network_fs:
+            fs = (self.fs_type, "warn", f": a network filesystem, allowed by {ALLOW_NETWORK_FS_ENV}; locks hold only "
+                                        "within this machine")
+        else:
+            fs = (self.fs_type, "ok", "")
+        checks = [("filesystem", fs[1], fs[0] + fs[2])]
+        self.start_watching()
+        if self.watcher.mode == "inotify":
+            checks.append(("watcher", "ok", "inotify events (drops are picked up at once)"))
+        else:
+            checks.append(("watcher", "warn", f"polling every few seconds: {self.watcher.reason}"))
+        return checks
+
+    # -- the event log by cursor ----------------------------------------------------------------
+
+    def events_since(self, cursor: int, *, max_events: int = 10_000, inode: int | None = None) -> CursorRead:
+        return read_since(self.events_path, cursor, max_events, inode=inode)
+
+    def events_end(self) -> int:
+        return _log_end(self.events_path)
+
+    def check_cursor(self, cursor: int) -> None:
+        check_cursor(self.events_path, cursor)
+
     def start_watching(self) -> None:
         if self.watcher.mode == "off":
             self.watcher.start(force_polling=self.network_fs,
@@ -1139,3 +1169,20 @@ def _writer_gone(pid: int, path: Path) -> bool:
 def _iso_at(timestamp: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(timestamp)) + f".{int(timestamp % 1 * 1e6):06d}Z"
 
+
+
+def _log_end(path: Path) -> int:
+    """The offset just after the log's last complete line (a torn last line is not an event yet)."""
+    try:
+        with open(path, "rb") as handle:
+            end = os.fstat(handle.fileno()).st_size
+            while end > 0:
+                start = max(0, end - 65536)
+                block = os.pread(handle.fileno(), end - start, start)
+                newline = block.rfind(b"\n")
+                if newline >= 0:
+                    return start + newline + 1
+                end = start
+    except FileNotFoundError:
+        pass
+    return 0

@@ -12,8 +12,8 @@ import sys
 from typing import Any
 
 import click
-from hermes_sup.kanban import Board
-from hermes_sup.kanban.events import CursorError, check_cursor, parse_cursor, read_since
+from hermes_sup.kanban import BoardStore
+from hermes_sup.kanban.events import CursorError, parse_cursor
 from rich.text import Text
 
 from .cli import Failure, err, handled, json_option, main, open_board
@@ -24,6 +24,7 @@ from .render import literal, visible
 # (and the watcher's burst rescan wakes again 0.25 s later), so a wake-up is followed by a read,
 # and the log is read on its own this often in case a wake-up was missed or there are none.
 RECHECK_WATCHED = 1.0
+EVENTS_NAME = "events.jsonl"  # how the event log is named to a person
 RECHECK_POLLING = 0.25
 
 
@@ -42,18 +43,19 @@ def event_json(cursor: int, record: dict[str, Any]) -> str:
     return json_text({"cursor": cursor, **record})
 
 
-def print_since(board: Board, cursor: int, as_json: bool, inode: int | None = None) -> tuple[int, int | None]:
+def print_since(board: BoardStore, cursor: int, as_json: bool, inode: int | None = None) -> tuple[int, int | None]:
     """Print every complete event after `cursor` in the log `inode` names (None: the one there now);
     the cursor after the last one, and the log's inode."""
     while True:
-        batch = read_since(board.events_path, cursor, inode=inode)
+        batch = board.events_since(cursor, inode=inode)
         inode = batch.inode
         if batch.restarted:
             err.print(Text.assemble(("note:", "yellow"), " ", literal(
-                f"{board.events_path} was replaced (by hand?) since cursor {cursor}; reading it from its start")))
+                f"{board.root / EVENTS_NAME} was replaced (by hand?) since cursor {cursor}; "
+                "reading it from its start")))
         if batch.bad:
             err.print(Text.assemble(("note:", "yellow"), " ", literal(
-                f"{batch.bad} unreadable line(s) in {board.events_path.name} skipped")))
+                f"{batch.bad} unreadable line(s) in {EVENTS_NAME} skipped")))
         for end, record in batch.events:
             click.echo(event_json(end, record) if as_json else event_line(record))
         if batch.cursor == cursor:
@@ -77,7 +79,7 @@ def events(ctx: click.Context, follow: bool, since: str, as_json: bool) -> None:
         raise Failure(str(exc), 2) from None
     with open_board(ctx) as board:
         try:
-            check_cursor(board.events_path, cursor)
+            board.check_cursor(cursor)
         except CursorError as exc:
             raise Failure(str(exc), 2) from None
         try:
@@ -95,9 +97,9 @@ def events(ctx: click.Context, follow: bool, since: str, as_json: bool) -> None:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def follow_events(board: Board, cursor: int, as_json: bool) -> None:
+def follow_events(board: BoardStore, cursor: int, as_json: bool) -> None:
     inode = None
     while True:
         seen = board.signal.generation
         cursor, inode = print_since(board, cursor, as_json, inode)
-        board.signal.wait(seen, RECHECK_WATCHED if board.watcher.mode == "inotify" else RECHECK_POLLING)
+        board.signal.wait(seen, RECHECK_WATCHED if board.watch_mode == "inotify" else RECHECK_POLLING)

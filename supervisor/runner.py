@@ -30,7 +30,7 @@ from typing import Any
 import psutil
 from hermes_sup.agents.notify import NOTIFY_ENV, parse
 from hermes_sup.agents.worker import AGENT_ENV, WORKSPACE_ENV
-from hermes_sup.kanban import Board
+from hermes_sup.kanban.backends import open_board
 from hermes_sup.kanban.liveness import holder_alive, start_time
 from hermes_sup.kanban.task import now_iso
 
@@ -136,7 +136,7 @@ class Supervisor:
         # The whole team of hermes.yaml, also when `up --agents` runs a part of it: a task for the rest is
         # no mistake. What ingest warnings judge new tasks by.
         self._team = team_of(specs)
-        self.board = Board(ws.board_path, lock_timeout=BOARD_LOCK_WAIT)
+        self.board = open_board(ws.root, config.get("board"), lock_timeout=BOARD_LOCK_WAIT, host=config.get("host"))
         self.selector = selectors.DefaultSelector()
         self.rng = random.Random()
         self.shutting_down = False
