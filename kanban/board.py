@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import psutil
 
-from . import fsinfo, reads
+from . import fsinfo, reads, rules
 from .errors import BoardError, BoardLocked, ClaimLost, Damaged, InvalidTransition, TaskNotFound
 from .events import CursorRead, EventTail, check_cursor, event, read_since
 from .faults import fault
@@ -56,14 +56,12 @@ from .task import (
     MAX_BYTES,
     STATUSES,
     TaskError,
-    can_claim,
     check_document,
     find_cycle,
     is_valid_id,
     normalize,
     now_iso,
     slugify,
-    transition,
 )
 from .watch import BoardWatcher, ChangeSignal
 
@@ -516,10 +514,7 @@ class Board(IngestMixin):
         a person (`mv todo/x.json done/`): the folder is their intent, so the document follows it."""
         if self._has_marker(doc["id"]):
             return doc
-        changes: dict[str, Any] = {}
-        if folder != "doing":
-            changes["claim"] = None
-        new = transition(doc, folder, by="board", now=now_iso(), note=f"moved into {folder}/ by hand", **changes)
+        new = rules.adopted(doc, folder, now=now_iso())
         write_json_atomic(self._path(folder, doc["id"]), new)
         entry = new["history"][-1]
         self._log.append(event(entry["at"], doc["id"], entry["from"], folder, "board", entry["note"]))
@@ -718,8 +713,8 @@ class Board(IngestMixin):
 
         for meta in index.todo_in_order():
             task_id = meta["id"]
-            if ((steps_only and not meta["has_steps"]) or (assigned_only and meta.get("assignee") != agent)
-                    or not can_claim(meta, agent, roles, indexed_done)):
+            if not rules.eligible(meta, agent, roles, indexed_done, steps_only=steps_only,
+                                  assigned_only=assigned_only, has_steps=meta["has_steps"]):
                 continue
             path = self._path("todo", task_id)
             try:
@@ -740,8 +735,8 @@ class Board(IngestMixin):
                     index.set_status(task_id, doc["status"])
                     continue
                 raw = self._raw(path)
-            if ((steps_only and not doc.get("steps")) or (assigned_only and doc.get("assignee") != agent)
-                    or not can_claim(doc, agent, roles, self._done_on_disk)):
+            if not rules.eligible(doc, agent, roles, self._done_on_disk, steps_only=steps_only,
+                                  assigned_only=assigned_only):
                 index.put_todo(doc)
                 continue
             if not self._try_reserve(task_id, locked=locked):
@@ -787,16 +782,10 @@ class Board(IngestMixin):
     def _claimed(self, doc: TaskDoc, agent: str, lease: float | None, pid: int | None) -> TaskDoc:
         pid = os.getpid() if pid is None else pid
         lease = self.lease if lease is None else lease
-        token = int(doc.get("claims") or 0) + 1
-        attempt = int(doc.get("attempts") or 0) + 1
-        now = time.time()
-        claim = {
-            "agent": agent, "pid": pid, "pid_started": start_time(pid), "host": HOST, "token": token,
-            "claimed_at": now_iso(), "lease_until": _iso_at(now + lease), "lease_until_ts": now + lease,
-        }
-        return transition(doc, "doing", by=agent, now=claim["claimed_at"],
-                          note=f"claimed by {agent} (attempt {attempt} of {doc['max_attempts']})",
-                          claim=claim, attempts=attempt, claims=token)
+        now, at = time.time(), now_iso()
+        claim = {"agent": agent, "pid": pid, "pid_started": start_time(pid), "host": HOST, "claimed_at": at,
+                 "lease_until": _iso_at(now + lease), "lease_until_ts": now + lease}
+        return rules.claimed(doc, claim, now=at)
 
     def _held(self, task_id: str, token: int) -> TaskDoc:
         """The document of a task held in doing/ by `token`, else ClaimLost."""
@@ -808,7 +797,7 @@ class Board(IngestMixin):
             where = f"it is in {found[0]}/" if found else "it is no longer on the board"
             raise ClaimLost(f"task {task_id} is not held by token {token}: {where}") from None
         claim = doc.get("claim") or {}
-        if doc["status"] != "doing" or claim.get("token") != token:
+        if not rules.held_by(doc, token):
             holder = f"held by {claim.get('agent')} with token {claim.get('token')}" if claim else "not held"
             raise ClaimLost(f"task {task_id} is not held by token {token}: it is {holder}")
         return doc
@@ -824,10 +813,11 @@ class Board(IngestMixin):
             write_json_atomic(self._path("doing", task_id), new, fsync=False)
             return new
 
-    def _finish(self, task_id: str, token: int, to: str, note: str, **changes: Any) -> TaskDoc:
-        """End the holder's claim. The new document is written and fsync'd before the lock is
-        taken; under the lock it is committed if the task is still exactly as it was read, and
-        built again from the current file if not (a renewal in between, say)."""
+    def _finish(self, task_id: str, token: int, end: Callable[[TaskDoc], TaskDoc]) -> TaskDoc:
+        """End the holder's claim with `end(held document)` (a pure rule). The new document is
+        written and fsync'd before the lock is taken; under the lock it is committed if the task is
+        still exactly as it was read, and built again from the current file if not (a renewal in
+        between, say)."""
         path = self._path("doing", task_id)
         raw = _read_or_none(path)
         prepared: Path | None = None
@@ -836,8 +826,8 @@ class Board(IngestMixin):
         if raw is not None:
             with contextlib.suppress(Damaged):
                 doc = self._parse(raw, task_id)
-                if doc["status"] == "doing" and (doc.get("claim") or {}).get("token") == token:
-                    new = _finished(doc, to, note, changes)
+                if rules.held_by(doc, token):
+                    new = end(doc)
                     prepared = self._prepare("doing", new)
                     keeper = self._keep_old("doing", task_id)
                     fault("prepared")
@@ -847,7 +837,7 @@ class Board(IngestMixin):
                     if prepared is not None:
                         prepared.unlink(missing_ok=True)
                         prepared = None
-                    new = _finished(self._held(task_id, token), to, note, changes)
+                    new = end(self._held(task_id, token))
                 committed, prepared = self._commit("doing", new, prepared), None
                 return committed
         finally:
@@ -856,26 +846,30 @@ class Board(IngestMixin):
                     leftover.unlink(missing_ok=True)
 
     def complete(self, task_id: str, token: int, result: Any = None) -> TaskDoc:
-        return self._finish(task_id, token, "done", "completed", result=result, error=None)
+        return self._finish(task_id, token, lambda doc: rules.ended(doc, "done", "completed", now=now_iso(),
+                                                                    result=result, error=None))
 
     def fail(self, task_id: str, token: int, error: str, *, permanent: bool = False) -> TaskDoc:
         """A failed attempt: back to todo, or to failed once max_attempts is reached. A `permanent`
         failure (one no further attempt can change) goes to failed at once."""
         if permanent:
-            return self._finish(task_id, token, "failed", f"cannot succeed, not retried: {error}", error=error)
-        return self._finish(task_id, token, "todo?", error, error=error)
+            return self._finish(task_id, token, lambda doc: rules.ended(
+                doc, "failed", f"cannot succeed, not retried: {error}", now=now_iso(), error=error))
+        return self._finish(task_id, token, lambda doc: rules.failed_attempt(doc, error, now=now_iso()))
 
     def block(self, task_id: str, token: int, reason: str, *, question: str | None = None) -> TaskDoc:
         """The agent cannot finish without a person; `task retry` puts it back. A task blocked on
         a `question` waits for `answer`; asking is not a failed attempt, so the attempt is given back."""
         if question is None:
-            return self._finish(task_id, token, "blocked", reason, error=reason)
-        return self._finish(task_id, token, "blocked", reason, error=reason, question=question,
-                            _return_attempt=True)
+            return self._finish(task_id, token, lambda doc: rules.ended(doc, "blocked", reason, now=now_iso(),
+                                                                        error=reason))
+        return self._finish(task_id, token, lambda doc: rules.ended(
+            doc, "blocked", reason, now=now_iso(), give_back_attempt=True, error=reason, question=question))
 
     def release(self, task_id: str, token: int, note: str = "released", *, count_attempt: bool = False) -> TaskDoc:
         """Give the task back to todo; an interrupted attempt (shutdown, restart) is not counted."""
-        return self._finish(task_id, token, "todo", note, _return_attempt=not count_attempt)
+        return self._finish(task_id, token, lambda doc: rules.ended(doc, "todo", note, now=now_iso(),
+                                                                    give_back_attempt=not count_attempt))
 
     def mark_waiting(self, reason: str | None, *, needs_llm: bool = True, agent: str | None = None,
                      roles: Iterable[str] = ()) -> int:
@@ -895,7 +889,7 @@ class Board(IngestMixin):
         # A note stands for the task as it was: any transition changes updated_at, a note does not.
         candidates = [meta["id"] for meta in self._index.todo_in_order()
                       if not (needs_llm and meta["has_steps"])
-                      and (agent is None or can_claim(meta, agent, roles, indexed_done))
+                      and (agent is None or rules.can_claim(meta, agent, roles, indexed_done))
                       and self._noted.get(meta["id"]) != (reason, meta["updated_at"])]
         changed = 0
         for task_id in candidates:
@@ -959,36 +953,17 @@ class Board(IngestMixin):
                 reason = stale_reason(doc.get("claim"), now)
                 if reason is None:
                     continue
-                exhausted = doc["attempts"] >= doc["max_attempts"]
-                to = "failed" if exhausted else "todo"
-                note = f"recovered: {reason}" + (f"; gave up after {doc['attempts']} attempts" if exhausted else "")
-                self._commit("doing", transition(doc, to, by="board", now=now_iso(), note=note,
-                                                 claim=None, error=note))
-                recovered.append({"task": doc["id"], "to": to, "reason": reason})
+                new = self._commit("doing", rules.recovered(doc, reason, now=now_iso()))
+                recovered.append({"task": doc["id"], "to": new["status"], "reason": reason})
         return recovered
 
     # -- changes by hand ------------------------------------------------------------------------
 
     def move(self, task_id: str, to: str, *, by: str = "cli", note: str = "") -> TaskDoc:
-        if to not in STATUSES:
-            raise InvalidTransition(f"unknown status '{to}'; statuses are {', '.join(STATUSES)}")
-        if to == "doing":
-            raise InvalidTransition("a task enters doing/ only when an agent claims it")
+        rules.check_move_target(to)
         with self._locked():
             folder, path = self._locate_or_raise(task_id)
-            doc = self._read(path)
-            if doc["status"] == to:
-                raise InvalidTransition(f"task {task_id} is already {to}")
-            changes: dict[str, Any] = {"claim": None}
-            if doc.get("question"):
-                changes["question"] = None  # moved on without an answer: it waits on it no more
-            if doc.get("claim"):
-                note = f"{note}; " if note else ""
-                note += f"claim of {doc['claim'].get('agent')} revoked"
-            if to == "todo":
-                changes["attempts"] = 0
-            return self._commit(folder, transition(doc, to, by=by, now=now_iso(), note=note or f"moved to {to}",
-                                                   **changes))
+            return self._commit(folder, rules.moved(self._read(path), to, by=by, now=now_iso(), note=note))
 
     def answer(self, task_id: str, text: str, *, by: str = "cli") -> TaskDoc:
         """Answer the question a blocked task asked: it goes back to todo with the answer among its
@@ -1002,29 +977,14 @@ class Board(IngestMixin):
             raise TaskError(f"the answer is {size} bytes; the limit for an answer is {MAX_BYTES} bytes (1 MiB)")
         with self._locked():
             folder, path = self._locate_or_raise(task_id)
-            doc = self._read(path)
-            question = doc.get("question")
-            if doc["status"] != "blocked" or not question:
-                # Point only at commands that exist: a blocked task without a question goes back by retry.
-                hint = f"; `hermes-sup task retry {task_id}` puts it back in todo" if doc["status"] == "blocked" else ""
-                raise InvalidTransition(f"task {task_id} is {doc['status']} and waits on no question{hint}")
-            now = now_iso()
-            entry = {"at": now, "by": by, "text": text, "answers": question}
-            return self._commit(folder, transition(doc, "todo", by=by, now=now, note=f"answered by {by}",
-                                                   question=None, error=None,
-                                                   comments=[*(doc.get("comments") or []), entry]))
+            return self._commit(folder, rules.answered(self._read(path), text, by=by, now=now_iso()))
 
     def cancel(self, task_id: str, *, by: str = "cli") -> TaskDoc:
-        doc = self.get(task_id)
-        if doc["status"] in ("done", "cancelled"):
-            raise InvalidTransition(f"task {task_id} is already {doc['status']}")
+        rules.check_cancel(self.get(task_id))
         return self.move(task_id, "cancelled", by=by, note="cancelled")
 
     def retry(self, task_id: str, *, by: str = "cli") -> TaskDoc:
-        doc = self.get(task_id)
-        if doc["status"] not in ("blocked", "failed", "cancelled"):
-            raise InvalidTransition(f"task {task_id} is {doc['status']}; retry takes a blocked, failed or "
-                                    "cancelled task")
+        rules.check_retry(self.get(task_id))
         return self.move(task_id, "todo", by=by, note="retry (attempts reset)")
 
     # -- waiting --------------------------------------------------------------------------------
@@ -1097,17 +1057,6 @@ class Board(IngestMixin):
                     return None
                 nap = min(nap, remaining)
             self.signal.wait(seen, nap)
-
-
-def _finished(doc: TaskDoc, to: str, note: str, changes: dict[str, Any]) -> TaskDoc:
-    """The document of a held task after its holder ends the claim (pure)."""
-    changes = dict(changes)
-    if to == "todo?":
-        to = "failed" if doc["attempts"] >= doc["max_attempts"] else "todo"
-        note = f"attempt {doc['attempts']} of {doc['max_attempts']} failed: {note}"
-    if changes.pop("_return_attempt", False):
-        changes["attempts"] = max(0, doc["attempts"] - 1)
-    return transition(doc, to, by=doc["claim"]["agent"], now=now_iso(), note=note, claim=None, **changes)
 
 
 def _unlink_marker(marker: Path) -> None:
