@@ -158,7 +158,8 @@ class Claims(Transactions):
                 continue
             if not self._try_reserve(task_id, locked=locked):
                 continue
-            # Reserved; another claimer may have committed this task just before.
+            # Reserved; another claimer may have committed this task just before. Not a guard (the
+            # check under the lock in claim() is): this only spares preparing a document in vain.
             if _read_or_none(path) != raw:
                 _unlink_marker(self._marker(task_id))
                 _reservation_done(task_id)

@@ -15,6 +15,16 @@ later locked operation finishes (roll forward) or discards:
 
 A task is thus always in exactly one folder; a document whose status differs from its folder is a
 transition caught between steps 3 and 5, which its marker (or its being in doing/) says.
+
+One guard per property, each with a test that fails when it alone is removed (tests/test_guards.py):
+- the board lock (lock.py): one transition of a task at a time, across processes;
+- the marker: a transition in flight is known as one, so a killed one is rolled forward, never
+  taken for a hand move, and a pick is reserved by one claimer (tests/test_concurrency.py);
+- the claim's check under the lock that the todo file is the one it reserved: a change made while
+  the claim was prepared wins (claims.py);
+- the claim token (`rules.held_by`): a stale holder's write is rejected.
+The re-read right after a reservation (claims.py) is no guard: it only spares an fsync for a pick
+another claimer just took, and the check under the lock decides.
 """
 
 from __future__ import annotations
