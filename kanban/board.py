@@ -2,8 +2,8 @@
 
 Those verbs: reads, add, recovery and hand moves.
 
-Its parts, each a module: `base` (folder, lock, reading one file), `txn` (the transaction core that
-alone moves task files), `claims` (index, reservation, holder's verbs), `notes` (comments, answers,
+Its parts, each a module: `base` (folder, lock, reading one file), `txn` (the transaction core, alone
+moving a task between folders), `claims` (index, reservation, holder's verbs), `notes` (comments, answers,
 waiting notes), `waiting` (watcher, wait_for_work, event cursor) and `ingest` (drops to tasks).
 """
 
