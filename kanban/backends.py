@@ -23,7 +23,11 @@ Opener = Callable[..., BoardStore]
 DEFAULT_BACKEND = "files"
 # Backends that live in a module of their own; importing it registers the backend.
 PLUGINS = {"postgres": "hermes_sup.kanban.pg"}
-SECTION_KEYS: dict[str, tuple[str, ...]] = {"files": ("backend",), "postgres": ("backend", "dsn_env")}
+SECTION_KEYS: dict[str, tuple[str, ...]] = {"files": ("backend",),
+                                           "postgres": ("backend", "dsn_env", "host_timeout")}
+# A dead host's tasks become claimable elsewhere after this many seconds (CONTRACT.md section 9).
+DEFAULT_HOST_TIMEOUT = 30.0
+MAX_HOST_TIMEOUT = 86_400.0
 DEFAULT_DSN_ENV = "HERMES_SUP_PG_DSN"
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -69,6 +73,12 @@ def check_board_config(section: object) -> dict[str, Any]:
             raise BoardConfigError("board.dsn_env must name an environment variable (the DSN itself is never "
                                    "written in hermes.yaml)")
         checked["dsn_env"] = dsn_env
+    if "host_timeout" in allowed:
+        timeout = fields.get("host_timeout", DEFAULT_HOST_TIMEOUT)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_HOST_TIMEOUT:
+            raise BoardConfigError(f"board.host_timeout must be a number of seconds above 0 and at most "
+                                   f"{MAX_HOST_TIMEOUT:,.0f}")
+        checked["host_timeout"] = float(timeout)
     return checked
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
 from pathlib import Path
 
 import pytest
@@ -151,6 +152,9 @@ def test_a_backend_not_installed_is_a_config_error_naming_it(tmp_path, monkeypat
     ({"backend": "files", "dsn_env": "X"}, "unknown key 'board.dsn_env'"),
     ({"backend": "postgres", "dsn": "postgres://u:secret@h/db"}, "unknown key 'board.dsn'"),
     ({"backend": "postgres", "dsn_env": "postgres://u:secret@h/db"}, "must name an environment variable"),
+    ({"backend": "postgres", "host_timeout": 0}, "host_timeout must be"),
+    ({"backend": "postgres", "host_timeout": True}, "host_timeout must be"),
+    ({"backend": "postgres", "host_timeout": float("nan")}, "host_timeout must be"),
 ])
 def test_board_section_checks(section, message):
     with pytest.raises(BoardConfigError, match=message) as caught:
@@ -160,7 +164,8 @@ def test_board_section_checks(section, message):
 
 def test_board_section_defaults():
     assert check_board_config(None) == {"backend": "files"}
-    assert check_board_config({"backend": "postgres"}) == {"backend": "postgres", "dsn_env": "HERMES_SUP_PG_DSN"}
+    assert check_board_config({"backend": "postgres"}) == {"backend": "postgres", "dsn_env": "HERMES_SUP_PG_DSN",
+                                                           "host_timeout": 30.0}
     assert check_host(None) is None and check_host("build-box-1") == "build-box-1"
     with pytest.raises(BoardConfigError):
         check_host("../x")
@@ -185,6 +190,7 @@ def test_hermes_yaml_accepts_and_checks_board_and_host(ws):
     _configure(ws, "board:\n  backend: postgres\n  dsn_env: MY_PG\nhost: build-box-1\n")
     config = load_config(ws / "hermes.yaml")
     assert config["board"] == {"backend": "postgres", "dsn_env": "MY_PG"} and config["host"] == "build-box-1"
+    assert load_config(ws / "hermes.yaml")["board"] == config["board"]  # as written: defaults are the backend's
 
 
 def test_hermes_yaml_board_error_names_file_and_line(ws):
@@ -199,7 +205,12 @@ def test_a_backend_not_installed_exits_2_with_a_clear_error(ws, monkeypatch, com
     monkeypatch.setattr(backends, "_REGISTRY", {k: v for k, v in backends._REGISTRY.items() if k != "postgres"})
     monkeypatch.setitem(backends.PLUGINS, "postgres", "hermes_sup.kanban.no_such_backend_module")
     _configure(ws, "board:\n  backend: postgres\n")
-    result = CliRunner().invoke(main, ["-w", str(ws), *command])
+    umask = os.umask(0o022)
+    os.umask(umask)
+    try:
+        result = CliRunner().invoke(main, ["-w", str(ws), *command])
+    finally:
+        os.umask(umask)  # `up` narrows this process's umask before it opens the board
     assert result.exit_code == 2, result.output
     assert "board backend 'postgres' is not installed" in result.output
     assert "Traceback" not in result.output
