@@ -1,17 +1,22 @@
-"""Append-only JSONL journals in the agent's working directory: a transcript per task (OpenAI
-messages), the tool-call log, the LLM-call log. Each record is one write(2) of one line, so a kill
-can tear at most the last line; reading drops such a line, and a damaged line anywhere, sets the
-damage aside in `<file>.damaged` with a note, and never raises.
+"""A task's journal, what resuming it needs (`TaskJournal`), and its files: append-only JSONL in the agent's folder.
+
+A transcript per task (OpenAI messages), the tool-call log and the LLM-call log. Each record is
+one write(2) of one line, so a kill can tear at most the last line; reading drops such a line, and
+a damaged line anywhere, sets the damage aside in `<file>.damaged` with a note, and never raises.
+The agent loop and the steps runner use a task's journal only through `TaskJournal`, so that a
+shared backend can keep it where another host resumes the task.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from hermes_sup.kanban.fsio import write_atomic
 from hermes_sup.kanban.redact import scrub
 from hermes_sup.kanban.task import now_iso
 
@@ -95,3 +100,128 @@ class Journal:
                         f"{self.path.name}.damaged"]
         except FileNotFoundError:
             return []
+
+
+def write_records(path: Path, records: list[dict[str, Any]]) -> None:
+    """Replace a transcript whole (compression, a take-over), atomically."""
+    write_atomic(path, "".join(json.dumps(m, ensure_ascii=False) + "\n" for m in records).encode())
+
+
+def set_aside(path: Path) -> Path:
+    """Move a file to the first free `<name>.N` beside it; returns where it went."""
+    index = 1
+    while path.with_name(f"{path.name}.{index}").exists():
+        index += 1
+    target = path.with_name(f"{path.name}.{index}")
+    os.replace(path, target)
+    return target
+
+
+class TaskJournal(Protocol):
+    """What resuming one task needs, wherever it is kept: its transcript, its tool calls (the
+    steps' progress is their log) and its model calls, this agent's and those of the agents that
+    held the task before (named by agent). Reads never raise for damaged records: they are left out,
+    with a note."""
+
+    @property
+    def label(self) -> str:
+        """How notes name the transcript."""
+        ...
+
+    def transcript(self) -> Read:
+        """The task's messages so far, in order."""
+        ...
+
+    def append_message(self, message: dict[str, Any]) -> None:
+        """Add one message; durable once it returns as far as one write makes it (a kill tears at most it)."""
+        ...
+
+    def replace_transcript(self, records: list[dict[str, Any]]) -> str | None:
+        """Replace the transcript whole and atomically (compression, a take-over); the old one is kept,
+        under the name returned (None if there was none)."""
+        ...
+
+    def holder_transcript(self, holder: str) -> Read:
+        """The transcript of this task kept by agent `holder` (only read)."""
+        ...
+
+    def tool_calls(self) -> list[dict[str, Any]]:
+        """This agent's tool-call records of the task (started and done), in order."""
+        ...
+
+    def append_tool_call(self, record: dict[str, Any]) -> None:
+        ...
+
+    def take_tool_calls(self, holder: str, key: tuple[str, ...]) -> list[dict[str, Any]]:
+        """The task's tool-call records here, after adding those of `holder` not here yet (told apart
+        by the fields of `key`); `holder`'s are only read."""
+        ...
+
+    def llm_calls(self, holders: Iterable[str] = ()) -> list[dict[str, Any]]:
+        """The task's model-call records, this agent's and those of `holders`."""
+        ...
+
+    def append_llm_call(self, record: dict[str, Any]) -> None:
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+class FileTaskJournal:
+    """A task's journal in files: `transcripts/<task>.jsonl`, `tool_calls.jsonl` and `llm_calls.jsonl`
+    in the agent's folder; another agent's are the same files in its folder beside this one."""
+
+    def __init__(self, workdir: Path, task_id: str) -> None:
+        self.workdir = workdir
+        self.task_id = task_id
+        self._name = f"{task_id}.jsonl"
+        self._transcript = Journal(workdir / "transcripts" / self._name)
+        self._tools = Journal(workdir / "tool_calls.jsonl")
+        self._llm = Journal(workdir / "llm_calls.jsonl")
+
+    @property
+    def label(self) -> str:
+        return self._name
+
+    def _holder(self, holder: str) -> Path:
+        # Agent names come from the task's history, which a person may edit: one folder name only.
+        if not holder or "/" in holder or holder in (".", ".."):
+            raise ValueError(f"{holder!r} is not an agent name")
+        return self.workdir.parent / holder
+
+    def transcript(self) -> Read:
+        return self._transcript.read()
+
+    def append_message(self, message: dict[str, Any]) -> None:
+        self._transcript.append(message)
+
+    def replace_transcript(self, records: list[dict[str, Any]]) -> str | None:
+        path = self._transcript.path
+        self._transcript.close()
+        kept = set_aside(path).name if path.exists() else None
+        write_records(path, records)
+        return kept
+
+    def holder_transcript(self, holder: str) -> Read:
+        return Journal(self._holder(holder) / "transcripts" / self._name).read()
+
+    def tool_calls(self) -> list[dict[str, Any]]:
+        return [r for r in self._tools.read().records if r.get("task") == self.task_id]
+
+    def append_tool_call(self, record: dict[str, Any]) -> None:
+        self._tools.append(record)
+
+    def take_tool_calls(self, holder: str, key: tuple[str, ...]) -> list[dict[str, Any]]:
+        return self._tools.take_task_records(self._holder(holder) / "tool_calls.jsonl", self.task_id, key)
+
+    def llm_calls(self, holders: Iterable[str] = ()) -> list[dict[str, Any]]:
+        logs = [self._llm, *(Journal(self._holder(name) / "llm_calls.jsonl") for name in holders)]
+        return [r for log in logs for r in log.read().records if r.get("task") == self.task_id]
+
+    def append_llm_call(self, record: dict[str, Any]) -> None:
+        self._llm.append(record)
+
+    def close(self) -> None:
+        for journal in (self._transcript, self._tools, self._llm):
+            journal.close()

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import threading
 import time
@@ -30,11 +29,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from hermes_sup.kanban.faults import fault
-from hermes_sup.kanban.fsio import write_atomic
 from hermes_sup.kanban.parse import load_json
 from hermes_sup.kanban.task import now_iso
 
-from .journal import Journal
+from .journal import FileTaskJournal, TaskJournal
 from .logline import call_line, model_line, say
 from .providers import Attempt, Provider, ProviderError, abort, complete_with_fallback
 from .tools import Finished, NeedsPerson, Refused, Toolbox, ToolContext, ToolError
@@ -226,21 +224,6 @@ def holders(task: dict[str, Any], me: str) -> tuple[str | None, list[str]]:
     return previous, sorted(set(names) - {me})
 
 
-def write_records(path: Path, records: list[Message]) -> None:
-    """Replace a transcript whole (compression, a take-over), atomically."""
-    write_atomic(path, "".join(json.dumps(m, ensure_ascii=False) + "\n" for m in records).encode())
-
-
-def set_aside(path: Path) -> Path:
-    """Move a file to the first free `<name>.N` beside it; returns where it went."""
-    index = 1
-    while path.with_name(f"{path.name}.{index}").exists():
-        index += 1
-    target = path.with_name(f"{path.name}.{index}")
-    os.replace(path, target)
-    return target
-
-
 T = TypeVar("T")
 
 
@@ -315,7 +298,8 @@ class TaskLoop:
                  max_cost: float | None = None, context_window: int = 128_000,
                  summarizer: list[Provider] | None = None, keep_recent: int = KEEP_RECENT,
                  on_step: Callable[[int], None] = lambda step: None, agent: str = "",
-                 inputs: list[dict[str, Any]] | None = None, tool_use: dict[str, ToolUse] | None = None) -> None:
+                 inputs: list[dict[str, Any]] | None = None, tool_use: dict[str, ToolUse] | None = None,
+                 journal: TaskJournal | None = None) -> None:
         self.task = task
         self.tool_use = tool_use if tool_use is not None else {}
         self.warnings: list[str] = []
@@ -324,8 +308,8 @@ class TaskLoop:
         # Other agents' working directories sit beside ours: a task reclaimed from one of them
         # continues its conversation, and what they spent on it counts against the ceilings.
         previous, others = holders(task, agent)
-        self.previous = workdir.parent / previous if previous else None
-        self.others = [workdir.parent / name for name in others]
+        self.previous = previous
+        self.others = others
         self.prices = prices or {}
         self.max_tokens = max_tokens
         self.max_cost = max_cost
@@ -347,9 +331,7 @@ class TaskLoop:
         self.identity = identity
         self.max_iterations = max_iterations
         self.complete = complete
-        self.transcript = Journal(workdir / "transcripts" / f"{task['id']}.jsonl")
-        self.tool_log = Journal(workdir / "tool_calls.jsonl")
-        self.llm_log = Journal(workdir / "llm_calls.jsonl")
+        self.journal: TaskJournal = journal if journal is not None else FileTaskJournal(workdir, task["id"])
         self.notes: list[str] = []
         self._log_lock = threading.Lock()
         self._interrupted = False
@@ -357,24 +339,21 @@ class TaskLoop:
     # -- state ------------------------------------------------------------------------------------
 
     def _append(self, messages: list[Message], message: Message) -> None:
-        self.transcript.append(message)
+        self.journal.append_message(message)
         messages.append(message)
 
-    def take_over(self, previous: Path) -> None:
+    def take_over(self, previous: str) -> None:
         """Continue the conversation of the agent that held the task before us: copy its transcript
         (ours, from an older attempt, is set aside) and the task's records from its tool-call log,
-        so its completed calls are not run again here either. Its files are only read."""
-        theirs = Journal(previous / "transcripts" / self.transcript.path.name).read()
+        so its completed calls are not run again here either. Its journal is only read."""
+        theirs = self.journal.holder_transcript(previous)
         if not theirs.records:
             return
-        self.notes += [f"{previous.name}: {note}" for note in theirs.notes]
-        self.transcript.close()
-        if self.transcript.path.exists():
-            set_aside(self.transcript.path)
-        write_records(self.transcript.path, theirs.records)
-        self.tool_log.take_task_records(previous / "tool_calls.jsonl", self.task["id"], ("turn", "call_id", "status"))
-        self._refuse_handed_over_calls(previous.name, [r for r in theirs.records if r.get("role") in ROLES])
-        self.notes.append(f"continued the conversation of {previous.name} ({len(theirs.records)} messages)")
+        self.notes += [f"{previous}: {note}" for note in theirs.notes]
+        self.journal.replace_transcript(theirs.records)
+        self.journal.take_tool_calls(previous, ("turn", "call_id", "status"))
+        self._refuse_handed_over_calls(previous, [r for r in theirs.records if r.get("role") in ROLES])
+        self.notes.append(f"continued the conversation of {previous} ({len(theirs.records)} messages)")
 
     def _refuse_handed_over_calls(self, previous: str, messages: list[Message]) -> None:
         """Answer, without running them, the calls the other agent's model asked for and that did not
@@ -400,12 +379,12 @@ class TaskLoop:
         """The conversation so far, from the transcript; a new one if there is none."""
         if self.previous is not None:
             self.take_over(self.previous)
-        read = self.transcript.read()
+        read = self.journal.transcript()
         self.notes += read.notes
         # A record that is no message (hand-edited, damaged) is left out, not sent on every call.
         messages = [record for record in read.records if record.get("role") in ROLES]
         if len(messages) != len(read.records):
-            self.notes.append(f"transcript {self.transcript.path.name}: skipped "
+            self.notes.append(f"transcript {self.journal.label}: skipped "
                               f"{len(read.records) - len(messages)} record(s) that are not messages")
         if not messages:
             memory = self.ctx.memory.prompt_block() if self.ctx.memory is not None else ""
@@ -425,7 +404,7 @@ class TaskLoop:
 
     def _write_llm_record(self, attempt: Attempt) -> None:
         record = llm_record(self.task["id"], attempt, self.prices)
-        self.llm_log.append(record)
+        self.journal.append_llm_call(record)
         say(self.agent or "agent", model_line(record))
         self.spent_tokens += record["tokens_in"] + record["tokens_out"]
         self.spent_cost += record["cost_usd"] or 0.0
@@ -433,8 +412,7 @@ class TaskLoop:
     def _spent_before(self) -> None:
         """What earlier attempts at this task cost, ours and other agents': a ceiling holds across
         restarts and reclaims."""
-        logs = [self.llm_log, *(Journal(other / "llm_calls.jsonl") for other in self.others)]
-        for record in (record for log in logs for record in log.read().records):
+        for record in self.journal.llm_calls(self.others):
             if record.get("task") == self.task["id"]:
                 self.spent_tokens += int(record.get("tokens_in") or 0) + int(record.get("tokens_out") or 0)
                 self.spent_cost += float(record.get("cost_usd") or 0.0)
@@ -461,12 +439,9 @@ class TaskLoop:
         note = {"role": "user", "content": "Summary of the earlier work on this task (older turns were compressed "
                                            f"to fit the context window):\n{summary.strip()}"}
         compressed = [*messages[:start], note, *messages[end:]]
-        path = self.transcript.path
-        self.transcript.close()
-        kept = set_aside(path)
-        write_records(path, compressed)
+        kept = self.journal.replace_transcript(compressed)
         messages[:] = compressed
-        self.notes.append(f"compressed {end - start} messages into a summary ({kept.name} keeps them)")
+        self.notes.append(f"compressed {end - start} messages into a summary ({kept} keeps them)")
         return True
 
     # -- tools ------------------------------------------------------------------------------------
@@ -474,8 +449,8 @@ class TaskLoop:
     def _logged_calls(self, turn: str) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
         """The calls of a turn logged as done (their records) and as started (when)."""
         done, started = {}, {}
-        for record in self.tool_log.read().records:
-            if record.get("task") != self.task["id"] or str(record.get("turn")) != turn:
+        for record in self.journal.tool_calls():
+            if str(record.get("turn")) != turn:
                 continue
             if record.get("status") == "done":
                 done[record["call_id"]] = record
@@ -488,9 +463,9 @@ class TaskLoop:
         text = text[:MAX_RESULT_CHARS]
         is_error = outcome != "ok"
         duration = time.monotonic() - started_at
-        self.tool_log.append({"at": now_iso(), "task": self.task["id"], "turn": turn, "call_id": call_id,
-                              "tool": name, "status": "done", "outcome": outcome, "result": text,
-                              "is_error": is_error, "duration_s": round(duration, 3)})
+        self.journal.append_tool_call({"at": now_iso(), "task": self.task["id"], "turn": turn, "call_id": call_id,
+                                       "tool": name, "status": "done", "outcome": outcome, "result": text,
+                                       "is_error": is_error, "duration_s": round(duration, 3)})
         say(self.agent or "agent", call_line(self.task["id"], "tool", name, args, outcome, duration, text))
         fault("tool-done")  # the result is logged, not yet in the transcript
         self._append(messages, {"role": "tool", "tool_call_id": call_id, "content": text,
@@ -547,8 +522,8 @@ class TaskLoop:
             except Refused as exc:  # never run, so nothing to resume: logged as done, refused
                 self._record(messages, turn, call_id, name, str(exc), "refused", started_at, args)
                 continue
-            self.tool_log.append({"at": now_iso(), "task": self.task["id"], "turn": turn, "call_id": call_id,
-                                  "tool": name, "args": args, "status": "started"})
+            self.journal.append_tool_call({"at": now_iso(), "task": self.task["id"], "turn": turn,
+                                           "call_id": call_id, "tool": name, "args": args, "status": "started"})
             try:
                 result = self.toolbox.call(self.ctx, name, args)
                 text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
@@ -658,6 +633,5 @@ class TaskLoop:
                 return Outcome("waiting", str(exc), retry_at=exc.retry_at)
             return Outcome("failed", str(exc))
         finally:
-            for journal in (self.transcript, self.tool_log, self.llm_log):
-                journal.close()
+            self.journal.close()
         return Outcome("failed", f"no final answer after {self.max_iterations} model turns")

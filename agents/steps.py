@@ -28,7 +28,7 @@ from typing import Any
 from hermes_sup.kanban.faults import fault
 from hermes_sup.kanban.task import now_iso
 
-from .journal import Journal
+from .journal import FileTaskJournal, TaskJournal
 from .logline import call_line, say
 from .loop import ASKS, MAX_RESULT_CHARS, answer_since, holders
 from .tools import Finished, NeedsPerson, Refused, Toolbox, ToolContext, ToolError, run_step
@@ -110,23 +110,23 @@ class Outcome:
 
 class StepRun:
     def __init__(self, *, task: dict[str, Any], workdir: Path, ctx: ToolContext, toolbox: Toolbox,
-                 agent: str, on_step: Callable[[int], None] = lambda step: None) -> None:
+                 agent: str, on_step: Callable[[int], None] = lambda step: None,
+                 journal: TaskJournal | None = None) -> None:
         self.task = task
         self.ctx = ctx
         self.toolbox = toolbox
         self.on_step = on_step
         self.agent = agent
-        self.log = Journal(workdir / "tool_calls.jsonl")
+        self.log: TaskJournal = journal if journal is not None else FileTaskJournal(workdir, task["id"])
         previous, _others = holders(task, agent)
-        self.previous = workdir.parent / previous if previous else None
+        self.previous = previous
 
     def _records(self) -> list[dict[str, Any]]:
         """This agent's records of the task, after copying in those of the agent that held it before.
         Records are told apart by their time too: a step started again after a retry is a new record."""
         if self.previous is None:
-            return [r for r in self.log.read().records if r.get("task") == self.task["id"]]
-        return self.log.take_task_records(self.previous / "tool_calls.jsonl", self.task["id"],
-                                          ("turn", "call_id", "status", "at"))
+            return self.log.tool_calls()
+        return self.log.take_tool_calls(self.previous, ("turn", "call_id", "status", "at"))
 
     def run(self) -> Outcome:
         """Run the steps not yet done; InterruptedError when the agent is asked to stop."""
@@ -155,7 +155,7 @@ class StepRun:
                     f"check whether it took effect, then `hermes-sup task retry {self.task['id']}` runs it again "
                     f"(or cancel the task)"))
             started = time.monotonic()
-            self.log.append({"at": now_iso(), "task": self.task["id"], "turn": TURN, "call_id": call_id,
+            self.log.append_tool_call({"at": now_iso(), "task": self.task["id"], "turn": TURN, "call_id": call_id,
                              "tool": name, "args": step.get("args") if isinstance(step, dict) else None,
                              "status": "started"})
             fault("step-started")
@@ -183,7 +183,8 @@ class StepRun:
         text = value if isinstance(value, str) else repr(value)
         say(self.agent, call_line(self.task["id"], call_id.replace("-", " "), name, args, outcome,
                                   time.monotonic() - started, text))
-        self.log.append({"at": now_iso(), "task": self.task["id"], "turn": TURN, "call_id": call_id, "tool": name,
+        self.log.append_tool_call({"at": now_iso(), "task": self.task["id"], "turn": TURN, "call_id": call_id,
+                                   "tool": name,
                          "status": "done", "outcome": outcome, "result": text[:MAX_RESULT_CHARS],
                          **({"value": value} if not isinstance(value, str) and _plain(value) else {}),
                          "is_error": outcome != "ok", "duration_s": round(time.monotonic() - started, 3)})

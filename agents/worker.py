@@ -21,8 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban import Board, BoardError, ClaimLost, TaskNotFound
-from hermes_sup.kanban.events import agent_event, append_record
+from hermes_sup.kanban import BoardError, ClaimLost, TaskNotFound
+from hermes_sup.kanban.backends import open_board
+from hermes_sup.kanban.events import agent_event
 from hermes_sup.kanban.fsio import write_json_atomic
 from hermes_sup.kanban.task import now_iso
 
@@ -96,7 +97,7 @@ class Agent:
         self.workdir = workdir
         self.scratch = workdir / "scratch"
         self.scratch.mkdir(parents=True, exist_ok=True)
-        self.board = Board(workspace / "kanban")
+        self.board = open_board(workspace, config.get("board"), host=config.get("host"))
         self.skills = Skills(workspace)
         self.delegator = Delegator(board=self.board, workspace=workspace, workdir=workdir, config=config)
         self.notifier = Notifier(os.environ.get(NOTIFY_ENV), self.name)
@@ -228,8 +229,8 @@ class Agent:
     def _outage(self, provider: str, event: str, breaker: Breaker) -> None:
         """A provider went down or came back: say it in the events stream (alerts, the dashboard)."""
         until = label(breaker.until) if event == "provider_down" else None
-        append_record(self.board.events_path, agent_event(now_iso(), self.name, event, breaker.why,
-                                                          provider=provider, until=until))
+        self.board.append_event(agent_event(now_iso(), self.name, event, breaker.why, provider=provider,
+                                            until=until))
         say(self.name, f"provider {provider} " + (f"down until {until} ({breaker.why})" if until else "up again"))
 
     def chain(self, tier: str) -> list[Provider]:

@@ -1,15 +1,8 @@
-"""The shared task board: task documents as JSON files in status folders, one lock, a watcher.
+"""The shared task board: a protocol (`store`), a factory (`backends`), pure rules (`rules`) and the file backend.
 
-Modules: `task` (schema, validation, pure transitions), `parse` (dropped files to fields),
-`drops` (the drop zone and when a file is finished), `ingest` (drops to tasks, mixed into the
-board), `errors` (the board's exceptions), `index` (in-process claim index), `events`
-(events.jsonl), `fsio` (atomic, link-safe writes), `lock` (the board's flock), `liveness` (is a
-claim's holder alive), `fsinfo` (filesystem type, inotify limits), `watch` (watchdog wake-ups),
-`redact` (API key values out of every text written), `store` (the protocol a board backend
-implements), `board` (the filesystem backend), `why` (why a task is not moving, pure).
-
-Imports only the standard library, watchdog, psutil and pyyaml; never `supervisor`
-or `agents`.
+Callers outside the package open a board with `backends.open_board` and use the `BoardStore` verbs;
+the README's "Architecture" section names every module in one line. Imports only the standard
+library, watchdog, psutil and pyyaml; never `supervisor` or `agents`.
 """
 
 from .board import Board

@@ -12,7 +12,8 @@ import bisect
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .task import STATUSES, is_valid_id, sort_key
+from .rules import claim_order as sort_key
+from .task import STATUSES, is_valid_id
 
 Meta = dict[str, Any]
 META_FIELDS = ("id", "status", "priority", "created_at", "updated_at", "assignee", "role", "depends_on")

@@ -10,6 +10,8 @@ from typing import Any
 
 import psutil
 
+from .rules import lease_expired
+
 HOST = socket.gethostname()
 # psutil derives the start time from clock ticks since boot, so the same process reads the same
 # value each time; a small tolerance absorbs float rounding only.
@@ -53,7 +55,6 @@ def stale_reason(
     pid = claim.get("pid")
     if isinstance(pid, int) and alive(pid, claim.get("pid_started"), claim.get("host")) is False:
         return f"holder {claim.get('agent')} (pid {pid}) is gone"
-    lease_until = claim.get("lease_until_ts")
-    if isinstance(lease_until, (int, float)) and now > lease_until:
+    if lease_expired(claim, now):
         return f"lease of {claim.get('agent')} expired"
     return None

@@ -10,7 +10,8 @@ from typing import Any
 
 from .errors import Damaged
 from .fsio import safe_name
-from .task import STATUSES, sort_key
+from .rules import claim_order as sort_key
+from .task import STATUSES
 
 TaskDoc = dict[str, Any]
 Generation = tuple[tuple[int, int, int] | None, ...]

@@ -1,35 +1,219 @@
-"""The protocol every board backend implements (the filesystem `Board` today; a PostgreSQL store
-for boards shared across machines later). The agent runtime and the supervisor use only these verbs.
+"""The protocol every board backend implements, verb by verb: what it does, what is atomic, what it returns and raises.
+
+The CLI, the supervisor, doctor, the agents and delegation use a board only through these verbs,
+obtained from `kanban.backends.open_board`. The filesystem board (`kanban.board.Board`) is the
+first backend; a shared one (PostgreSQL) implements the same verbs with the same semantics
+(CONTRACT.md section 3) and reuses the pure rules of `kanban.rules`.
+
+Errors are the exceptions of `kanban.errors` (all `BoardError`) and `kanban.task.TaskError` (a
+field or text a person or agent gave that is not valid). A backend never raises anything else for
+bad input: an unreadable task is moved aside (`rejected/`) and named in `problems`, never guessed at.
+
+Task documents are plain JSON-able dicts (schema: `kanban.task`); every verb that changes a task
+returns its new document. A *transition* (a status change) is atomic and durable when the verb
+returns: it is in exactly one status, its event is in the log, and a process killed at any moment
+leaves a state that the next verb of any process finishes or discards. Comments, lease renewals and
+waiting notes are not transitions: they write no event.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from .events import CursorRead
+from .ingest import IngestReport
+from .reads import Listing
+from .watch import ChangeSignal
 
 TaskDoc = dict[str, Any]
+Check = tuple[str, str, str]  # (what, level: ok|info|warn|error, detail), as doctor prints it
 
 
+@runtime_checkable
 class BoardStore(Protocol):
-    def add(self, fields: dict[str, Any], *, by: str = "cli") -> TaskDoc: ...
-    def get(self, task_id: str) -> TaskDoc: ...
-    def list(self, status: str | None = None) -> Any: ...
-    def counts(self) -> dict[str, int]: ...
+    # -- what every backend exposes ------------------------------------------------------------
+
+    root: Path
+    """The board's local folder on this host: `inbox/` (drops) and `rejected/` (what was set aside,
+    each beside its `.error.txt`) are always local files, whatever holds the tasks."""
+
+    problems: list[str]
+    """Things found wrong and repaired while this board was open (a status folder recreated, a
+    damaged task moved aside), for doctor; append-only."""
+
+    signal: ChangeSignal
+    """Bumped whenever the board may have changed (once `start_watching` ran): wait on it with
+    `signal.wait(seen_generation, timeout)` instead of polling."""
+
+    @property
+    def watch_mode(self) -> str:
+        """How changes are noticed: "inotify" (at once), "polling" (every few seconds) or "off"."""
+        ...
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release the board's resources (watcher thread, log handle, lock file). Idempotent."""
+        ...
+
+    def __enter__(self) -> BoardStore: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+    def health(self) -> list[Check]:
+        """The backend's own checks for doctor (storage type, change notification); starts watching."""
+        ...
+
+    # -- reads (never block on a writer for long; never change a task) --------------------------
+
+    def get(self, task_id: str) -> TaskDoc:
+        """The task's current document. Raises TaskNotFound (also for a string that is no valid id:
+        ids from tools or the command line may be hostile), BoardError if its document is damaged."""
+        ...
+
+    def list(self, status: str | None = None) -> Listing:
+        """Every task (or those of one status) in claim order within each status, each exactly once,
+        as of one moment; `Listing.damaged` names unreadable ones (see `quarantine_damaged`).
+        Raises BoardError for an unknown status."""
+        ...
+
+    def counts(self) -> dict[str, int]:
+        """How many tasks each status holds (every status present, 0 included), each counted once."""
+        ...
+
+    def quarantine_damaged(self, damaged: Iterable[dict[str, str]]) -> list[str]:
+        """Re-check the damaged entries a `list` found, atomically per task; move the still damaged
+        aside to rejected/. Returns the names they were moved to."""
+        ...
+
+    # -- adding and changing by hand -------------------------------------------------------------
+
+    def add(self, fields: dict[str, Any], *, by: str = "cli") -> TaskDoc:
+        """Validate `fields` as a dropped file's and add the task (atomically, with its event).
+        Raises TaskError for invalid fields, an id already taken, or a dependency cycle."""
+        ...
+
+    def move(self, task_id: str, to: str, *, by: str = "cli", note: str = "") -> TaskDoc:
+        """Move a task to status `to` by hand (not doing: only a claim enters doing), revoking any
+        claim (its holder's token stops working) and any open question; to todo resets attempts.
+        One atomic transition. Raises TaskNotFound, InvalidTransition (unknown or same status)."""
+        ...
+
+    def cancel(self, task_id: str, *, by: str = "cli") -> TaskDoc:
+        """`move` to cancelled, also of a held task (its holder learns it at its next verb: ClaimLost).
+        Raises InvalidTransition if it is done or cancelled already."""
+        ...
+
+    def retry(self, task_id: str, *, by: str = "cli") -> TaskDoc:
+        """A blocked, failed or cancelled task back to todo with attempts reset. InvalidTransition otherwise."""
+        ...
+
+    def comment(self, task_id: str, text: str, *, by: str = "cli", wait: float = 5.0) -> TaskDoc:
+        """Append a comment (any status; not a transition: no event, status and updated_at kept).
+        Atomic with respect to transitions: one in flight is waited out for `wait` seconds, then
+        InvalidTransition. TaskError for text that is not a string, too large, or no room left."""
+        ...
+
+    def answer(self, task_id: str, text: str, *, by: str = "cli") -> TaskDoc:
+        """Answer the question a blocked task asked: it goes to todo with the answer among its
+        comments (one transition). InvalidTransition if it waits on no question or text is empty."""
+        ...
+
+    # -- claims: the holder's verbs are fenced by the claim token ---------------------------------
+
     def claim(self, agent: str, *, roles: Iterable[str] = (), lease: float | None = None,
-              pid: int | None = None, steps_only: bool = False) -> TaskDoc | None: ...
-    def renew(self, task_id: str, token: int, lease: float | None = None) -> TaskDoc: ...
-    def complete(self, task_id: str, token: int, result: Any = None) -> TaskDoc: ...
-    def fail(self, task_id: str, token: int, error: str) -> TaskDoc: ...
-    def block(self, task_id: str, token: int, reason: str) -> TaskDoc: ...
-    def release(self, task_id: str, token: int, note: str = "released", *,
-                count_attempt: bool = False) -> TaskDoc: ...
-    def recover(self, *, sweep: bool = True) -> list[dict[str, str]]: ...
-    def move(self, task_id: str, to: str, *, by: str = "cli", note: str = "") -> TaskDoc: ...
-    def cancel(self, task_id: str, *, by: str = "cli") -> TaskDoc: ...
-    def retry(self, task_id: str, *, by: str = "cli") -> TaskDoc: ...
-    def ingest(self) -> Any: ...
+              pid: int | None = None, steps_only: bool = False, assigned_only: bool = False) -> TaskDoc | None:
+        """Atomically take the best eligible todo task (`kanban.rules`: role, assignee, dependencies
+        done, priority then age then id) for `agent`, or None. Exactly one claimer gets a task; the
+        returned document's `claim.token` is new and larger than any earlier token of that task."""
+        ...
+
+    def renew(self, task_id: str, token: int, lease: float | None = None) -> TaskDoc:
+        """Extend the holder's lease (not a transition). Raises ClaimLost unless `token` holds it."""
+        ...
+
+    def complete(self, task_id: str, token: int, result: Any = None) -> TaskDoc:
+        """The held task to done with `result`. Raises ClaimLost unless `token` holds it (a stale
+        holder's write is rejected, never applied)."""
+        ...
+
+    def fail(self, task_id: str, token: int, error: str, *, permanent: bool = False) -> TaskDoc:
+        """A failed attempt: to todo, or to failed once attempts reached max_attempts (or at once
+        when `permanent`). ClaimLost unless `token` holds it."""
+        ...
+
+    def block(self, task_id: str, token: int, reason: str, *, question: str | None = None) -> TaskDoc:
+        """The held task to blocked; with a `question` it waits for `answer` and the attempt is given
+        back. ClaimLost unless `token` holds it."""
+        ...
+
+    def release(self, task_id: str, token: int, note: str = "released", *, count_attempt: bool = False) -> TaskDoc:
+        """The held task back to todo; the attempt is given back unless `count_attempt`. ClaimLost
+        unless `token` holds it."""
+        ...
+
+    def mark_waiting(self, reason: str | None, *, needs_llm: bool = True, agent: str | None = None,
+                     roles: Iterable[str] = ()) -> int:
+        """Note on todo tasks (those `agent` could claim) why nobody works them, or clear the note with
+        None. Not a transition. Returns how many documents changed."""
+        ...
+
     def wait_for_work(self, agent: str, *, roles: Iterable[str] = (), timeout: float | None = None,
                       lease: float | None = None, stop: threading.Event | None = None,
-                      steps_only: bool = False) -> TaskDoc | None: ...
-    def close(self) -> None: ...
+                      steps_only: bool = False, assigned_only: bool = False) -> TaskDoc | None:
+        """`claim`, waiting for a task to become eligible (ingesting drops and recovering dead claims
+        meanwhile, so no other process is needed); None on timeout or once `stop` is set."""
+        ...
+
+    def wake(self) -> None:
+        """Wake every thread of this process waiting in `wait_for_work` or on `signal`."""
+        ...
+
+    def start_watching(self) -> None:
+        """Start noticing changes (bumping `signal`); idempotent."""
+        ...
+
+    # -- maintenance -----------------------------------------------------------------------------
+
+    def ingest(self) -> IngestReport:
+        """Turn finished drops in inbox/ into tasks, each atomically and at most once; a drop that is
+        no valid task goes to rejected/ beside its reason. Never raises for a drop's content."""
+        ...
+
+    def recover(self, *, sweep: bool = True) -> list[dict[str, str]]:
+        """Return held tasks whose holder died or whose lease ran out to todo (or failed once
+        max_attempts is used up), finish interrupted transitions, and with `sweep` remove dead
+        writers' leftovers. Returns {task, to, reason} per recovered task."""
+        ...
+
+    # -- the event log, read by cursor -----------------------------------------------------------
+
+    def events_since(self, cursor: int, *, max_events: int = 10_000, inode: int | None = None) -> CursorRead:
+        """The complete events after `cursor` (0: from the start), each with the cursor just after
+        it; no event is missed or doubled by a reader that passes each read's `cursor` to the next.
+        A log replaced since (`inode` differs) is read from its start (`restarted`)."""
+        ...
+
+    def events_end(self) -> int:
+        """The cursor after the last complete event: a reader starting now sees only later events."""
+        ...
+
+    def check_cursor(self, cursor: int) -> None:
+        """Raise events.CursorError unless `cursor` is one this board's log can continue from."""
+        ...
+
+    def append_event(self, record: dict[str, Any]) -> None:
+        """Append one event that moves no task (the supervisor's, an agent's, an alert's; its `kind`
+        says which) to the stream, whole and after every event already there, so its cursor is
+        greater than theirs. Atomic: a reader sees all of it or none. Raises OSError when it cannot
+        be stored (a full disk): the caller decides what that costs."""
+        ...
+
+    def watch_events(self) -> Callable[[], None] | None:
+        """From now on bump `signal` at each append to the stream, also those that move no task, until
+        the returned function is called. None where the backend cannot watch: callers then read
+        the stream on a timer."""
+        ...

@@ -355,24 +355,6 @@ def transition(doc: dict[str, Any], to: str, *, by: str, now: str, note: str = "
     return new
 
 
-def sort_key(doc: Mapping[str, Any]) -> tuple[int, str, str]:
-    """Claim order: higher priority first, then older, then id for a total order."""
-    return (-int(doc.get("priority", 0)), str(doc.get("created_at", "")), str(doc["id"]))
-
-
-def can_claim(doc: Mapping[str, Any], agent: str, roles: Iterable[str], done: Callable[[str], bool]) -> bool:
-    """Whether `agent` (with `roles`) may claim `doc` now. `done(id)` tells if a dependency is done."""
-    if doc.get("status") != "todo":
-        return False
-    assignee = doc.get("assignee")
-    if assignee and assignee != agent:
-        return False
-    role = doc.get("role")
-    if role and role not in set(roles):
-        return False
-    return all(done(dep) for dep in doc.get("depends_on") or ())
-
-
 def find_cycle(start: str, deps: Iterable[str], deps_of: Callable[[str], Iterable[str]]) -> list[str] | None:
     """The dependency path back to `start` if adding `start -> deps` closes a cycle, else None.
 

@@ -25,10 +25,10 @@ import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban.events import AGENT_EVENTS, append_record, read_since
+from hermes_sup.kanban import BoardStore
+from hermes_sup.kanban.events import AGENT_EVENTS
 from hermes_sup.kanban.redact import remember
 from hermes_sup.kanban.task import now_iso
 
@@ -175,7 +175,7 @@ def post(url: str, body: bytes, headers: dict[str, str], timeout: float) -> tupl
 class AlertSender:
     """The alerts thread: tails the log, queues the alerts its rules want, sends them with retries."""
 
-    path: Path
+    board: BoardStore  # its event stream is what alerts are made of, and where their outcomes go
     rules: list[AlertRule]
     workspace: str
     say: Callable[[str], None]  # called on the loop's thread only (at start and on reload)
@@ -194,7 +194,7 @@ class AlertSender:
 
     def _end(self) -> int:
         try:
-            return self.path.stat().st_size
+            return self.board.events_end()
         except OSError:
             return 0
 
@@ -233,7 +233,7 @@ class AlertSender:
 
     def _record(self, record: dict[str, Any]) -> None:
         with contextlib.suppress(OSError, ValueError):
-            append_record(self.path, {"at": now_iso(), "kind": "alert", **record})
+            self.board.append_event({"at": now_iso(), "kind": "alert", **record})
 
     def _run(self) -> None:
         while not self._stopping.is_set():
@@ -259,7 +259,7 @@ class AlertSender:
             self._attempt(item)
 
     def _read(self) -> None:
-        batch = read_since(self.path, self.cursor, max_events=1000, inode=self._inode)
+        batch = self.board.events_since(self.cursor, max_events=1000, inode=self._inode)
         self.cursor, self._inode = batch.cursor, batch.inode
         for cursor, record in batch.events:
             alert = alert_for(record)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 
-from hermes_sup.kanban import Board
+from hermes_sup.kanban import BoardStore
 
 from .loopthread import LoopThread
 
@@ -20,7 +20,7 @@ RETRY_EVERY = 2.0  # seconds between attempts while the board cannot be changed
 class BoardWork(LoopThread):
     name = "board-work"
 
-    def __init__(self, board: Board, *, retry_every: float = RETRY_EVERY) -> None:
+    def __init__(self, board: BoardStore, *, retry_every: float = RETRY_EVERY) -> None:
         super().__init__()
         self.board = board
         self.retry_every = retry_every

@@ -22,7 +22,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 import psutil
-from hermes_sup.kanban import Board, BoardError, TaskError
+from hermes_sup.kanban import BoardError, BoardStore, TaskError
 from hermes_sup.kanban.fsio import read_complete_lines
 from hermes_sup.kanban.liveness import holder_alive
 from hermes_sup.kanban.prefix import UnknownTaskId
@@ -57,6 +57,7 @@ from .workspace import (
     find_workspace,
     keep_out_of_git,
     load_config,
+    open_workspace_board,
     private_dir,
     scaffold,
 )
@@ -119,17 +120,11 @@ def workspace_of(ctx: click.Context) -> Workspace:
     return find_workspace(ctx.obj.get("workspace"))
 
 
-def open_board(ctx: click.Context) -> Board:
-    ws = workspace_of(ctx)
-    try:
-        return Board(ws.board_path)
-    except BoardError as exc:
-        if "network filesystem" in str(exc):
-            raise ConfigError(str(exc)) from None
-        raise
+def open_board(ctx: click.Context) -> BoardStore:
+    return open_workspace_board(workspace_of(ctx))
 
 
-def refreshed(board: Board) -> dict[str, Any]:
+def refreshed(board: BoardStore) -> dict[str, Any]:
     """Without a running supervisor, a board command does its work: ingest drops, recover dead claims."""
     report = board.ingest()
     board.recover()
@@ -168,7 +163,7 @@ def init(ctx: click.Context, directory: Path | None, example: bool, as_json: boo
     if example and (root / "hermes.yaml").exists():
         raise Failure(f"{root / 'hermes.yaml'} already exists; --example needs a folder without a team", 2)
     created = scaffold(root, example=example)
-    Board(root / "kanban").close()
+    open_workspace_board(Workspace(root)).close()
     private_dir(root / "runs")
     created += keep_out_of_git(root)
     if as_json:
@@ -229,7 +224,7 @@ SETTLE_MAX = 0.25  # ...or after this long, whichever comes first
 SAFETY_RESCAN = 5.0  # events are a wake-up, not the truth (see kanban/watch.py): look again now and then
 
 
-def board_now(board: Board, members: Team | None) -> dict[str, Any]:
+def board_now(board: BoardStore, members: Team | None) -> dict[str, Any]:
     """The board as `board` shows it, after doing a board command's work (see refreshed) and
     setting damaged task files aside, with why each waiting task waits for the team `members`."""
     ingest = refreshed(board)
@@ -247,7 +242,7 @@ def team_now(ctx: click.Context) -> Team | None:
     return team.load_team(ws, state, supervisor_alive(state))
 
 
-def watch_board(board: Board, as_json: bool, members: Callable[[], Team | None]) -> None:
+def watch_board(board: BoardStore, as_json: bool, members: Callable[[], Team | None]) -> None:
     """Draw the board, then again each time the watcher reports a change that alters the picture."""
     from rich.live import Live
 
@@ -267,7 +262,7 @@ def watch_board(board: Board, as_json: bool, members: Callable[[], Team | None])
                 if as_json:
                     click.echo(json_text(document))
                 elif live is not None:
-                    live.update(render.watched_board(document, board.watcher.mode), refresh=True)
+                    live.update(render.watched_board(document, board.watch_mode), refresh=True)
                 else:
                     render.print_board(out, document)
             if board.signal.wait(seen, SAFETY_RESCAN):
@@ -291,7 +286,7 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
     """Check the config, credentials (present, never their values), providers, process containment,
     the board's filesystem, watcher, inotify limits, damaged files and disk."""
     ws = workspace_of(ctx)
-    from .doctor import run_checks  # it brings the providers' code along, which no other command needs
+    from .doctor import BOARD_CONFIG, run_checks  # it brings the providers' code along, which no other command needs
 
     checks = run_checks(ws)
     worst = "ok"
@@ -307,6 +302,8 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
         for check in checks:
             out.print(Text.assemble((f"{check['level']:>5}", colour[check["level"]]), " ",
                                     literal(f"{check['name']}: {check['detail']}")), highlight=False)
+    if any(check["name"] == BOARD_CONFIG and check["level"] == "error" for check in checks):
+        sys.exit(2)
     if worst == "error":
         sys.exit(1)
 

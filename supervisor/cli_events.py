@@ -13,16 +13,9 @@ import sys
 from typing import Any
 
 import click
-from hermes_sup.kanban import Board
-from hermes_sup.kanban.events import CursorError, check_cursor, parse_cursor, read_since
+from hermes_sup.kanban import BoardStore
+from hermes_sup.kanban.events import CursorError, parse_cursor
 from rich.text import Text
-from watchdog.events import (
-    FileCreatedEvent,
-    FileModifiedEvent,
-    FileMovedEvent,
-    FileSystemEvent,
-    FileSystemEventHandler,
-)
 
 from .cli import Failure, err, handled, json_option, main, open_board
 from .cliargs import json_text
@@ -32,36 +25,8 @@ from .render import literal, visible
 # task files moving, before the event is appended, and the supervisor's events move no file), and
 # from the board's watcher; the log is also read on its own this often, in case one was missed.
 RECHECK_WATCHED = 1.0
+EVENTS_NAME = "events.jsonl"  # how the event log is named to a person
 RECHECK_POLLING = 0.25
-LOG_EVENTS = (FileModifiedEvent, FileCreatedEvent, FileMovedEvent)
-
-
-class _LogWritten(FileSystemEventHandler):
-    def __init__(self, board: Board) -> None:
-        self.board = board
-
-    def on_any_event(self, event: FileSystemEvent) -> None:
-        path = event.dest_path if isinstance(event, FileMovedEvent) and event.dest_path else event.src_path
-        if os.path.basename(os.fsdecode(path)) == self.board.events_path.name:
-            self.board.signal.bump()
-
-
-def watch_log(board: Board) -> Any:
-    """An inotify watch on the log's folder (not recursive) that wakes the follower on each append;
-    None where inotify cannot be had (the follower then reads on its timer)."""
-    try:
-        from watchdog.observers.inotify import InotifyObserver
-
-        observer = InotifyObserver()
-        observer.schedule(_LogWritten(board), str(board.events_path.parent), recursive=False,
-                          event_filter=list(LOG_EVENTS))
-        observer.daemon = True
-        observer.start()
-    except (OSError, ImportError):
-        return None
-    return observer
-
-
 def event_line(record: dict[str, Any]) -> str:
     """One event as a line of text, its user text with controls made visible (pure). A board transition
     reads `AT  TASK  FROM -> TO  by WHO  NOTE`; the supervisor's and the alerts' `AT  KIND  EVENT  NOTE`."""
@@ -84,18 +49,19 @@ def event_json(cursor: int, record: dict[str, Any]) -> str:
     return json_text({"cursor": cursor, **record})
 
 
-def print_since(board: Board, cursor: int, as_json: bool, inode: int | None = None) -> tuple[int, int | None]:
+def print_since(board: BoardStore, cursor: int, as_json: bool, inode: int | None = None) -> tuple[int, int | None]:
     """Print every complete event after `cursor` in the log `inode` names (None: the one there now);
     the cursor after the last one, and the log's inode."""
     while True:
-        batch = read_since(board.events_path, cursor, inode=inode)
+        batch = board.events_since(cursor, inode=inode)
         inode = batch.inode
         if batch.restarted:
             err.print(Text.assemble(("note:", "yellow"), " ", literal(
-                f"{board.events_path} was replaced (by hand?) since cursor {cursor}; reading it from its start")))
+                f"{board.root / EVENTS_NAME} was replaced (by hand?) since cursor {cursor}; "
+                "reading it from its start")))
         if batch.bad:
             err.print(Text.assemble(("note:", "yellow"), " ", literal(
-                f"{batch.bad} unreadable line(s) in {board.events_path.name} skipped")))
+                f"{batch.bad} unreadable line(s) in {EVENTS_NAME} skipped")))
         for end, record in batch.events:
             click.echo(event_json(end, record) if as_json else event_line(record))
         if batch.cursor == cursor:
@@ -121,7 +87,7 @@ def events(ctx: click.Context, follow: bool, since: str, as_json: bool) -> None:
         raise Failure(str(exc), 2) from None
     with open_board(ctx) as board:
         try:
-            check_cursor(board.events_path, cursor)
+            board.check_cursor(cursor)
         except CursorError as exc:
             raise Failure(str(exc), 2) from None
         try:
@@ -139,15 +105,15 @@ def events(ctx: click.Context, follow: bool, since: str, as_json: bool) -> None:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def follow_events(board: Board, cursor: int, as_json: bool) -> None:
+def follow_events(board: BoardStore, cursor: int, as_json: bool) -> None:
     inode = None
-    observer = watch_log(board)
-    watched = observer is not None and board.watcher.mode == "inotify"
+    stop = board.watch_events()
+    watched = stop is not None and board.watch_mode == "inotify"
     try:
         while True:
             seen = board.signal.generation
             cursor, inode = print_since(board, cursor, as_json, inode)
             board.signal.wait(seen, RECHECK_WATCHED if watched else RECHECK_POLLING)
     finally:
-        if observer is not None:
-            observer.stop()
+        if stop is not None:
+            stop()

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 import yaml
-from hermes_sup.kanban import Board
+from hermes_sup.kanban import BoardStore
 from hermes_sup.kanban.fsio import write_atomic
 from hermes_sup.kanban.parse import PlainLoader
 
 from .cli import Failure, handled, json_option, literal, main, out, workspace_of
 from .cliargs import emit_json
-from .workspace import CONFIG_NAME, MAX_CONFIG_BYTES, ConfigError, load_config
+from .workspace import CONFIG_NAME, MAX_CONFIG_BYTES, ConfigError, load_config, open_workspace_board
 
 if TYPE_CHECKING:
     from .hermes_import import Plan
@@ -220,7 +220,7 @@ def apply(root: Path, plan: Plan, config_text: str) -> list[str]:
     return written
 
 
-def board_plan(board: Board, path: Path, plan: Plan, current: dict[str, Any]) -> list[dict[str, Any]]:
+def board_plan(board: BoardStore, path: Path, plan: Plan, current: dict[str, Any]) -> list[dict[str, Any]]:
     """The tasks --board adds, checked against the board before anything is written; the plan's
     notes say what they are."""
     from .hermes_board import board_tasks, conflicts, read_board
@@ -272,7 +272,7 @@ def import_hermes(ctx: click.Context, path: Path, name: str | None, dry_run: boo
         plan = make_plan(profile, agent_name(name, path), current)
         new_text = checked_config(config_path, text, plan)
         if with_board:
-            board = Board(ws.board_path)
+            board = open_workspace_board(ws)
             tasks = board_plan(board, path, plan, current)
         written = [] if dry_run else apply(ws.root, plan, new_text)
         if with_board and not dry_run:

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 import click
-from hermes_sup.kanban import Board, TaskError
+from hermes_sup.kanban import BoardStore, TaskError
 from hermes_sup.kanban.prefix import resolve_task_id
 from rich.text import Text
 
@@ -85,7 +85,7 @@ def outcome_line(doc: dict[str, Any]) -> str:
     return f"{doc.get('id')}: {status}"
 
 
-def wait_for_end(board: Board, task_id: str, timeout: float | None) -> tuple[dict[str, Any], int]:
+def wait_for_end(board: BoardStore, task_id: str, timeout: float | None) -> tuple[dict[str, Any], int]:
     """Block on the board's change events until the task is done, failed, cancelled or blocked, or
     the timeout passes; the task's document and the exit code."""
     board.start_watching()
@@ -96,7 +96,7 @@ def wait_for_end(board: Board, task_id: str, timeout: float | None) -> tuple[dic
         code = wait_exit(doc["status"])
         if code is not None:
             return doc, code
-        nap = RECHECK_WATCHED if board.watcher.mode == "inotify" else RECHECK_POLLING
+        nap = RECHECK_WATCHED if board.watch_mode == "inotify" else RECHECK_POLLING
         if deadline is not None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:

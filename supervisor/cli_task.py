@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import click
-from hermes_sup.kanban import STATUSES, Board
+from hermes_sup.kanban import STATUSES, BoardStore
 from hermes_sup.kanban.prefix import resolve_task_id
 from hermes_sup.kanban.task import TIERS
 from rich.text import Text
@@ -122,7 +122,7 @@ def task_show(ctx: click.Context, task_id: str, transcript: bool, as_json: bool)
         err.print(Text.assemble(("note:", "yellow"), " ", literal(note, one_line=True)), soft_wrap=True)
 
 
-def _change(ctx: click.Context, as_json: bool, action: Callable[[Board], dict[str, Any]]) -> None:
+def _change(ctx: click.Context, as_json: bool, action: Callable[[BoardStore], dict[str, Any]]) -> None:
     with open_board(ctx) as board:
         refreshed(board)
         doc = action(board)

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import click
-from hermes_sup.kanban import Board, BoardError, TaskError
+from hermes_sup.kanban import BoardError, BoardStore, TaskError
 from hermes_sup.kanban.prefix import resolve_task_id
 from rich.text import Text
 
@@ -55,7 +55,7 @@ class Printer:
             err.print(Text.assemble(("note:", "yellow"), " ", literal(note, one_line=True)), soft_wrap=True)
 
 
-def follow(board: Board, gatherer: taskrecords.Gatherer, printer: Printer, interval: float) -> None:
+def follow(board: BoardStore, gatherer: taskrecords.Gatherer, printer: Printer, interval: float) -> None:
     """Print what the agents append until Ctrl-C or SIGTERM, which end it as its help says (exit 0),
     as `logs -f` does."""
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -67,7 +67,7 @@ def follow(board: Board, gatherer: taskrecords.Gatherer, printer: Printer, inter
             printer.show(taskrecords.merge_keyed(gatherer.all(), held(board, gatherer.task_id)))
 
 
-def held(board: Board, task_id: str) -> list[tuple[str, str]]:
+def held(board: BoardStore, task_id: str) -> list[tuple[str, str]]:
     """Who held the task when (a record copied to the next holder is shown under the one that wrote
     it); nothing if the task cannot be read now (removed or being rewritten): the log goes on."""
     try:

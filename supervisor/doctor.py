@@ -15,18 +15,17 @@ from hermes_sup.agents.breaker import saved_states
 from hermes_sup.agents.keys import AUTO_KEYS, ENV_FILE, KeyFile, key_names
 from hermes_sup.agents.providers import BREAKERS_FILE
 from hermes_sup.agents.routing import REACH_TIMEOUT, provider_configs, reach, resolve_auto
-from hermes_sup.kanban import Board, BoardError
-from hermes_sup.kanban.board import ALLOW_NETWORK_FS_ENV
-from hermes_sup.kanban.events import read_all
-from hermes_sup.kanban.fsinfo import disk_free, inotify_limits, is_network
+from hermes_sup.kanban import BoardError
+from hermes_sup.kanban.fsinfo import disk_free, inotify_limits
 from hermes_sup.kanban.fsio import read_bytes_nofollow
 from hermes_sup.kanban.parse import load_json
 
 from .cgroups import detect
 from .spec import build_specs
-from .workspace import ConfigError, Workspace, load_config
+from .workspace import ConfigError, Workspace, load_config, open_workspace_board
 
 Check = dict[str, Any]
+BOARD_CONFIG = "board config"  # the check whose error makes doctor exit 2, as `up` does
 
 
 def _check(name: str, level: str, detail: str) -> Check:
@@ -131,22 +130,16 @@ def run_checks(ws: Workspace) -> list[Check]:
     checks.append(_check("process containment", "ok" if containment.mode == "cgroup" else "info", containment.detail))
 
     try:
-        board = Board(ws.board_path)
+        board = open_workspace_board(ws)
+    except ConfigError as exc:  # a board section no installed backend opens: a config error (exit 2)
+        checks.append(_check(BOARD_CONFIG, "error", str(exc)))
+        return checks
     except BoardError as exc:
         checks.append(_check("board", "error", str(exc)))
         return checks
     with board:
-        fs_level = "warn" if board.network_fs else "ok"
-        fs_detail = f"{board.fs_type}" + (
-            f": a network filesystem, allowed by {ALLOW_NETWORK_FS_ENV}; locks hold only within this machine"
-            if is_network(board.fs_type) else "")
-        checks.append(_check("filesystem", fs_level, fs_detail))
-
-        board.start_watching()
-        if board.watcher.mode == "inotify":
-            checks.append(_check("watcher", "ok", "inotify events (drops are picked up at once)"))
-        else:
-            checks.append(_check("watcher", "warn", f"polling every few seconds: {board.watcher.reason}"))
+        for what, level, detail in board.health():
+            checks.append(_check(what, level, detail))
 
         limits = inotify_limits()
         watches = limits.get("max_user_watches")
@@ -173,7 +166,13 @@ def run_checks(ws: Workspace) -> list[Check]:
                                  f"{', '.join(sorted(rejected)[:5])}{' ...' if len(rejected) > 5 else ''}"))
         for item in ingest["rejected"]:
             checks.append(_check("rejected now", "warn", f"{item['file']}: {item['reason']}"))
-        _records, bad = read_all(board.events_path)
+        bad, cursor = 0, 0
+        while True:
+            batch = board.events_since(cursor)
+            bad += batch.bad
+            if batch.cursor == cursor:
+                break
+            cursor = batch.cursor
         if bad:
             checks.append(_check("events.jsonl", "warn", f"{bad} unreadable line(s) skipped"))
 

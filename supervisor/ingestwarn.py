@@ -17,8 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban import Board, BoardError
-from hermes_sup.kanban.events import EventTail
+from hermes_sup.kanban import BoardError, BoardStore
 from hermes_sup.kanban.task import STATUSES, is_valid_id
 from hermes_sup.kanban.why import Member, Team, claim_warnings
 
@@ -51,30 +50,23 @@ def team_of(specs: Any) -> Team:
 class IngestWarnings(LoopThread):
     name = "ingest-warnings"
 
-    def __init__(self, board: Board, team: Team, *, poll: float = POLL) -> None:
+    def __init__(self, board: BoardStore, team: Team, *, poll: float = POLL) -> None:
         super().__init__()
         self.board = board
         self.team = team  # replaced whole (one assignment) by the loop after a reload
         self.poll = poll
-        self._tail = EventTail(board.events_path)
-        self._tail.seek_end()  # what was ingested before this supervisor started was judged then
-        self._size = self._tail.offset
+        self._cursor = board.events_end()  # what was ingested before this supervisor started was judged then
+        self._inode: int | None = None
         self.start()
-
-    def _grew(self) -> bool:
-        try:
-            size = self.board.events_path.stat().st_size
-        except OSError:
-            return False
-        grew, self._size = size != self._size, size
-        return grew
 
     def _run(self) -> None:
         while not self._stopping.wait(self.poll):
-            if not self._grew():
-                continue
             try:
-                records = self._tail.read_new()
+                batch = self.board.events_since(self._cursor, inode=self._inode)
+                self._cursor, self._inode = batch.cursor, batch.inode
+                records = [record for _end, record in batch.events]
+                if not records:
+                    continue
                 for line in rejections(records):  # said at once: the drop is gone from inbox/
                     self._post(line)
                 self.check(ingested(records))

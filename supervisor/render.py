@@ -367,12 +367,12 @@ def live_view(snapshot: dict[str, Any], counts: dict[str, int], rss: Callable[[i
                          "last_exit": agent.get("last_exit"), "uptime_s": agent.get("uptime_s"),
                          "held": agent.get("held"),
                          "rss_mb": rss(pid) if pid else None, "cpu_percent": None})
-    board = Text("board: ", style="bold")
+    counts_line = Text("board: ", style="bold")
     for status in STATUSES:
-        board.append(f"{status} {counts.get(status, 0)}  ", style=STYLE[status])
+        counts_line.append(f"{status} {counts.get(status, 0)}  ", style=STYLE[status])
     title = literal(f"hermes-sup (pid {snapshot.get('pid')}) in {snapshot.get('workspace')}  Ctrl-C stops",
                     "bold", one_line=True)
-    return Group(title, status_table(now_rows), board)
+    return Group(title, status_table(now_rows), counts_line)
 
 
 def usage_table(label: str, rows: dict[str, dict[str, Any]]) -> Table:

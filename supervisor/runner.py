@@ -30,7 +30,7 @@ from typing import Any
 import psutil
 from hermes_sup.agents.notify import NOTIFY_ENV, parse
 from hermes_sup.agents.worker import AGENT_ENV, WORKSPACE_ENV
-from hermes_sup.kanban import Board
+from hermes_sup.kanban.backends import open_board
 from hermes_sup.kanban.liveness import holder_alive, start_time
 from hermes_sup.kanban.task import now_iso
 
@@ -141,11 +141,11 @@ class Supervisor:
         # no mistake. What ingest warnings judge new tasks by.
         self._team = team_of(specs)
         self._schedules = schedules_of(config)
-        self.board = Board(ws.board_path, lock_timeout=BOARD_LOCK_WAIT)
+        self.board = open_board(ws.root, config.get("board"), lock_timeout=BOARD_LOCK_WAIT, host=config.get("host"))
         # What it says, and the operator's commands, are also events of the board's stream (supevents.py).
-        self.events = SupervisorEvents(self.board.events_path, lambda: self.known)
+        self.events = SupervisorEvents(self.board.append_event, lambda: self.known)
         self.say = self.events.recording(self.say)
-        self.alerts = AlertSender(self.board.events_path, rules_of(config), str(ws.root), self.say)
+        self.alerts = AlertSender(self.board, rules_of(config), str(ws.root), self.say)
         self.selector = selectors.DefaultSelector()
         self.rng = random.Random()
         self.shutting_down = False

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from cronsim import CronSim, CronSimError
-from hermes_sup.kanban import Board, BoardError
+from hermes_sup.kanban import BoardError, BoardStore
 from hermes_sup.kanban.fsio import read_bytes_nofollow, write_json_atomic
 from hermes_sup.kanban.parse import load_json
 from hermes_sup.kanban.task import TaskError, normalize
@@ -197,7 +197,7 @@ class Scheduler(LoopThread):
 
     name = "schedules"
 
-    def __init__(self, board: Board, runs: Path, schedules: list[Schedule], *,
+    def __init__(self, board: BoardStore, runs: Path, schedules: list[Schedule], *,
                  clock: Callable[[], datetime] = system_clock, tick: float = TICK) -> None:
         super().__init__()
         self.board = board

@@ -51,6 +51,7 @@ class ChildSpec:
     max_cost: float | None = None
     llm: str = "{}"  # the providers and tiers of hermes.yaml, as JSON (what the agent calls)
     tools: str = "{}"  # toolsets, terminal and delegation settings, as JSON
+    board: str = "{}"  # hermes.yaml's board section and host, as JSON (the agent opens the same board)
     digest: str = ""
 
     def agent_config(self) -> dict[str, Any]:
@@ -61,7 +62,7 @@ class ChildSpec:
             "heartbeat_timeout": self.heartbeat_timeout, "orphan_grace": self.orphan_grace,
             "log_max_mb": self.log_max_mb, "log_keep": self.log_keep, "identity": self.identity,
             "max_iterations": self.max_iterations, "max_tokens": self.max_tokens, "max_cost": self.max_cost,
-            "llm": json.loads(self.llm), **json.loads(self.tools),
+            "llm": json.loads(self.llm), **json.loads(self.tools), **json.loads(self.board),
         }
 
 
@@ -125,6 +126,7 @@ def build_specs(config: dict[str, Any], root: Path, *, python: str = sys.executa
                                   "terminal": _merged(defaults, entry, "terminal") or {},
                                   "delegation": _merged(defaults, entry, "delegation") or {},
                                   "memory": _merged(defaults, entry, "memory") or {}}, sort_keys=True),
+                board=json.dumps({"board": config.get("board") or {}, "host": config.get("host")}, sort_keys=True),
             )
             specs.append(_with_digest(spec))
     return specs

@@ -14,10 +14,8 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Callable, Collection
-from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban.events import append_record
 from hermes_sup.kanban.task import now_iso
 
 NOTE_CHARS = 2000  # a line is the supervisor's own, but it may quote a task or a path at length
@@ -105,15 +103,15 @@ class SupervisorEvents:
     """Appends the supervisor's events to the log; a write that fails (a full disk) costs the event,
     never the supervision, and is counted."""
 
-    def __init__(self, path: Path, agents: Callable[[], Collection[str]]) -> None:
-        self.path = path
+    def __init__(self, append: Callable[[dict[str, Any]], None], agents: Callable[[], Collection[str]]) -> None:
+        self.append = append  # the board's append_event
         self.agents = agents  # the team's names now (they change on reload)
         self.lost = 0
 
     def record(self, records: list[dict[str, Any]]) -> None:
         for record in records:
             try:
-                append_record(self.path, record)
+                self.append(record)
             except (OSError, ValueError):
                 self.lost += 1
 

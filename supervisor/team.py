@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban import Board, BoardError
+from hermes_sup.kanban import BoardError, BoardStore
 from hermes_sup.kanban.fsio import read_bytes_nofollow
 from hermes_sup.kanban.why import Member, Team, Waiting, claim_warnings, why_waiting
 
@@ -59,7 +59,7 @@ def load_team(ws: Workspace, state: Mapping[str, Any], alive: bool) -> Team | No
     return Team(members=tuple(members), running=alive)
 
 
-def dependency_statuses(board: Board, docs: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+def dependency_statuses(board: BoardStore, docs: Iterable[Mapping[str, Any]]) -> dict[str, str]:
     """The status of every task the `docs` depend on that is on the board (one read each)."""
     found: dict[str, str] = {}
     for doc in docs:
@@ -91,11 +91,11 @@ def with_reason(doc: dict[str, Any], why: Waiting | None) -> dict[str, Any]:
     return {**doc, "waiting": why.text if why else None, "waiting_kind": why.kind if why else None}
 
 
-def explain(board: Board, doc: dict[str, Any], team: Team | None) -> Waiting | None:
+def explain(board: BoardStore, doc: dict[str, Any], team: Team | None) -> Waiting | None:
     return why_waiting(doc, dependency_statuses(board, [doc]), team)
 
 
-def warnings_for(board: Board, docs: Iterable[dict[str, Any]], team: Team | None) -> list[str]:
+def warnings_for(board: BoardStore, docs: Iterable[dict[str, Any]], team: Team | None) -> list[str]:
     """The warnings for new tasks no agent of the team could ever claim."""
     docs = list(docs)
     statuses = dependency_statuses(board, docs)

@@ -19,6 +19,8 @@ from typing import Any
 import yaml
 from hermes_sup.agents.memory import limits_problem
 from hermes_sup.agents.routespec import routing_error
+from hermes_sup.kanban import BoardError, BoardStore
+from hermes_sup.kanban.backends import BoardConfigError, check_board_config, check_host, open_board
 from hermes_sup.kanban.parse import PlainLoader
 
 from .alerts import check_alerts
@@ -132,7 +134,7 @@ def _strip_lines(value: Any) -> Any:
     return value
 
 
-TOP_KEYS = ("providers", "tiers", "defaults", "agents", "prices", "board", "schedules", "routing", "alerts")
+TOP_KEYS = ("providers", "tiers", "defaults", "agents", "prices", "board", "host", "schedules", "routing", "alerts")
 DEFAULT_KEYS = ("restart", "stop_timeout", "heartbeat_timeout", "orphan_grace", "max_rss_mb", "log_max_mb",
                 "log_keep", "max_iterations", "max_tokens", "max_cost", "terminal", "delegation", "memory")
 RESTART_KEYS = ("policy", "backoff", "max_restarts", "window", "reset_after")
@@ -146,9 +148,8 @@ AGENT_KEYS = ("name", "roles", "tier", "skills", "capabilities", "count", "provi
               "delegation", "memory")
 
 
-def load_config(path: Path, *, skills: Callable[[], Collection[str]] | None = None) -> dict[str, Any]:
-    """Read and check hermes.yaml; ConfigError names file:line of the first problem. `skills` gives
-    the names of the skills present (default: discovered beside the file, never run)."""
+def _parse_config(path: Path) -> dict[str, Any]:
+    """hermes.yaml as plain data, each mapping with its `__line__`; ConfigError if it is no YAML mapping."""
     data = _read_regular(path, MAX_CONFIG_BYTES + 1)
     if len(data) > MAX_CONFIG_BYTES:
         raise ConfigError(f"{path}:1: larger than {MAX_CONFIG_BYTES:,} bytes, the most hermes.yaml may hold")
@@ -174,6 +175,48 @@ def load_config(path: Path, *, skills: Callable[[], Collection[str]] | None = No
         raw = {"__line__": 1}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}:1: the top level must be a mapping (providers, tiers, defaults, agents)")
+    return raw
+
+
+def _board_settings(raw: dict[str, Any], path: Path) -> tuple[dict[str, Any], str | None]:
+    """The checked `board:` section and `host:` of a parsed hermes.yaml; ConfigError at their line."""
+    section = raw.get("board")
+    line = section.get("__line__", raw.get("__line__", 1)) if isinstance(section, dict) else raw.get("__line__", 1)
+    try:
+        return check_board_config(section), check_host(raw.get("host"))
+    except BoardConfigError as exc:
+        raise ConfigError(f"{path}:{line}: {exc}") from None
+
+
+def board_settings(ws: Workspace) -> tuple[dict[str, Any], str | None]:
+    """The board section and host of the workspace's hermes.yaml, for commands that need the board
+    but not the team: a hermes.yaml whose team does not check out still names its board. One that
+    is no YAML at all names none: the default file board, as before there was a `board:` section."""
+    try:
+        raw = _parse_config(ws.config_path)
+    except ConfigError:
+        return check_board_config(None), None
+    return _board_settings(raw, ws.config_path)
+
+
+def open_workspace_board(ws: Workspace, *, lock_timeout: float = 60.0) -> BoardStore:
+    """The workspace's board through the one factory; a board section this installation cannot
+    open, or a board on a network filesystem, is a ConfigError (exit 2), never a traceback."""
+    section, host = board_settings(ws)
+    try:
+        return open_board(ws.root, section, lock_timeout=lock_timeout, host=host)
+    except BoardConfigError as exc:
+        raise ConfigError(f"{ws.config_path}: {exc}") from None
+    except BoardError as exc:
+        if "network filesystem" in str(exc):
+            raise ConfigError(str(exc)) from None
+        raise
+
+
+def load_config(path: Path, *, skills: Callable[[], Collection[str]] | None = None) -> dict[str, Any]:
+    """Read and check hermes.yaml; ConfigError names file:line of the first problem. `skills` gives
+    the names of the skills present (default: discovered beside the file, never run)."""
+    raw = _parse_config(path)
 
     def fail(node: Any, message: str) -> ConfigError:
         line = node.get("__line__", 1) if isinstance(node, dict) else 1
@@ -189,6 +232,7 @@ def load_config(path: Path, *, skills: Callable[[], Collection[str]] | None = No
         if key != "__line__" and key not in DEFAULT_KEYS:
             raise fail(defaults, f"unknown key 'defaults.{key}'; expected one of {', '.join(DEFAULT_KEYS)}")
     _check_settings(defaults, "defaults", fail)
+    _board_settings(raw, path)
     _check_providers(raw, fail)
     _check_prices(raw, fail)
     check_schedules(raw, fail)

@@ -447,7 +447,7 @@ def test_a_task_document_whose_question_is_not_text_is_damaged_not_read(board):
 def test_comments_cannot_fill_a_task_so_that_its_result_no_longer_fits(tmp_path, monkeypatch):
     """Any agent with `kanban` may comment on any task: comments up to the document's cap made the
     holder's complete() fail (its result lost, an attempt spent, again at every attempt)."""
-    from hermes_sup.kanban import board as board_module
+    from hermes_sup.kanban import base as board_module
 
     # The real cap is 64 MiB; a smaller one keeps the test quick, the proportions are the same.
     monkeypatch.setattr(board_module, "MAX_DOCUMENT_BYTES", 12 * board_module.MAX_BYTES)

@@ -144,7 +144,8 @@ def test_an_interrupted_call_is_rerun_only_if_idempotent(llm, tmp_path, counter)
         {"id": "c1", "type": "function", "function": {"name": "bump", "arguments": '{"n": 1}'}},
         {"id": "c2", "type": "function", "function": {"name": "bump_safe", "arguments": '{"n": 2}'}}]})
     for call_id, tool in (("c1", "bump"), ("c2", "bump_safe")):  # both were in flight at the kill
-        loop.tool_log.append({"task": "t-1", "turn": "t2", "call_id": call_id, "tool": tool, "status": "started"})
+        loop.journal.append_tool_call({"task": "t-1", "turn": "t2", "call_id": call_id, "tool": tool,
+                                       "status": "started"})
     llm.script("openai", openai_reply("checked"))
     assert make_loop(llm, tmp_path).run().kind == "done"
     assert counter() == ["2"], "only the idempotent call ran again"
@@ -375,9 +376,9 @@ def test_calls_another_agents_model_asked_for_are_not_run_with_the_rights_of_the
     alice._append(messages, {"role": "assistant", "content": None, "turn": "t2", "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "bump", "arguments": '{"n": 1}'}},
         {"id": "c2", "type": "function", "function": {"name": "bump_safe", "arguments": "{}"}}]})
-    alice.tool_log.append({"task": "t-1", "turn": "t2", "call_id": "c2", "tool": "bump_safe", "status": "started"})
-    alice.transcript.close()
-    alice.tool_log.close()
+    alice.journal.append_tool_call({"task": "t-1", "turn": "t2", "call_id": "c2", "tool": "bump_safe",
+                                    "status": "started"})
+    alice.journal.close()
     llm.script("openai", openai_reply("I will see for myself."))
     bob = make_loop(llm, tmp_path, "bob", claimed_by("alice", "bob"))
     assert bob.run().kind == "done"

@@ -58,10 +58,10 @@ STEPS = [{"tool": "write_file", "args": {"path": "a.txt", "content": "one"}},
 def test_a_resumed_run_skips_what_was_done_and_blocks_on_an_unsafe_half_done_step(tmp_path):
     task = {"id": TASK, "steps": STEPS, "history": [{"to": "doing", "by": "w1", "at": "2026-01-01T00:00:00Z"}]}
     run, workdir = make_run(tmp_path, task)
-    run.log.append(record("step-1", "started", tool="write_file"))
+    run.log.append_tool_call(record("step-1", "started", tool="write_file"))
     (workdir / "scratch/a.txt").write_text("written before the crash")
-    run.log.append(record("step-1", "done", "ok", result="done before the crash"))
-    run.log.append(record("step-2", "started", tool="memory"))
+    run.log.append_tool_call(record("step-1", "done", "ok", result="done before the crash"))
+    run.log.append_tool_call(record("step-2", "started", tool="memory"))
     outcome = run.run()
     assert outcome.kind == "blocked" and "step 2 (memory) was running when the agent stopped" in outcome.reason
     assert f"hermes-sup task retry {TASK}" in outcome.reason
@@ -78,17 +78,17 @@ def test_a_resumed_run_skips_what_was_done_and_blocks_on_an_unsafe_half_done_ste
 def test_an_idempotent_half_done_step_is_simply_run_again(tmp_path):
     task = {"id": TASK, "steps": STEPS[:1], "history": []}
     run, workdir = make_run(tmp_path, task)
-    run.log.append(record("step-1", "started", tool="write_file"))
+    run.log.append_tool_call(record("step-1", "started", tool="write_file"))
     assert run.run().kind == "done" and (workdir / "scratch/a.txt").read_text() == "one"
 
 
 def test_a_reclaiming_agent_continues_from_the_steps_another_agent_completed(tmp_path):
     task = {"id": TASK, "steps": STEPS, "history": [{"to": "doing", "by": "w1"}, {"to": "doing", "by": "w2"}]}
     first, _ = make_run(tmp_path, task, "w1")
-    first.log.append(record("step-1", "started", tool="write_file"))
-    first.log.append(record("step-1", "done", "ok", result="wrote 3 characters to a.txt"))
-    first.log.append(record("step-2", "started", tool="memory"))
-    first.log.append(record("step-2", "done", "ok", result="memory add: ok"))
+    first.log.append_tool_call(record("step-1", "started", tool="write_file"))
+    first.log.append_tool_call(record("step-1", "done", "ok", result="wrote 3 characters to a.txt"))
+    first.log.append_tool_call(record("step-2", "started", tool="memory"))
+    first.log.append_tool_call(record("step-2", "done", "ok", result="memory add: ok"))
     second, second_dir = make_run(tmp_path, task, "w2")
     outcome = second.run()
     assert outcome.kind == "failed" and outcome.reason.startswith("step 3 (read_file)"), \

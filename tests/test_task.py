@@ -5,14 +5,14 @@ from __future__ import annotations
 import datetime
 
 import pytest
+from hermes_sup.kanban.rules import can_claim
+from hermes_sup.kanban.rules import claim_order as sort_key
 from hermes_sup.kanban.task import (
     TaskError,
-    can_claim,
     find_cycle,
     is_valid_id,
     normalize,
     slugify,
-    sort_key,
     transition,
 )
 

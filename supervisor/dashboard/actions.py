@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hermes_sup.kanban import Board
+from hermes_sup.kanban import BoardStore
 from hermes_sup.kanban.prefix import resolve_task_id
 
 from ..cliargs import MAX_PRIORITY
@@ -65,13 +65,13 @@ def task_fields(body: Any) -> dict[str, Any]:
     return fields
 
 
-def add_task(board: Board, body: Any) -> dict[str, Any]:
+def add_task(board: BoardStore, body: Any) -> dict[str, Any]:
     fields = task_fields(body)
     board.ingest()
     return board.add(fields, by=BY)
 
 
-def change_task(board: Board, task_id: str, command: str, body: Any) -> dict[str, Any]:
+def change_task(board: BoardStore, task_id: str, command: str, body: Any) -> dict[str, Any]:
     """cancel, retry, comment or answer one task, as `task cancel|retry|comment|answer`."""
     if command not in TASK_COMMANDS:
         raise ActionError(f"no task action {command!r}", 404)

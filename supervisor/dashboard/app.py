@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
-from hermes_sup.kanban import Board, BoardError, TaskError
+from hermes_sup.kanban import BoardError, TaskError
 from hermes_sup.kanban.errors import InvalidTransition, TaskNotFound
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -27,7 +27,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from .. import taskrecords
-from ..workspace import Workspace
+from ..workspace import Workspace, open_workspace_board
 from . import actions, follow, security, views
 from .sse import Hub
 
@@ -123,7 +123,7 @@ class Dashboard:
     def __init__(self, ws: Workspace, settings: Settings) -> None:
         self.ws = ws
         self.settings = settings
-        self.board = Board(ws.board_path)
+        self.board = open_workspace_board(ws)
         self.lock = threading.Lock()  # one board call at a time from this process's threads
         self.hub = Hub(self.board.root, ws.runs_path, self._picture)
         self.streams = 0

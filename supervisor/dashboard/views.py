@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from hermes_sup.kanban import Board
+from hermes_sup.kanban import BoardStore
 from hermes_sup.kanban.events import decode_event
 from hermes_sup.kanban.liveness import holder_alive
 
@@ -75,7 +75,7 @@ def usage_document(runs: Path) -> dict[str, Any]:
                       for key, value in summary["tasks"].items()}}
 
 
-def board_document(board: Board, ws: Workspace, state: dict[str, Any], alive: bool) -> dict[str, Any]:
+def board_document(board: BoardStore, ws: Workspace, state: dict[str, Any], alive: bool) -> dict[str, Any]:
     """The board as `board --json` has it (columns, counts, the computed reason each card waits),
     each card with its creation time for its age. Read only: the supervisor ingests and recovers."""
     listing = board.list()
@@ -106,16 +106,16 @@ def recent_events(path: Path, count: int = RECENT_EVENTS) -> list[dict[str, Any]
     return found[-count:]
 
 
-def snapshot(board: Board, ws: Workspace) -> dict[str, Any]:
+def snapshot(board: BoardStore, ws: Workspace) -> dict[str, Any]:
     """Everything the page draws at once."""
     state, alive = supervisor_state(ws)
-    return {"board": board_document(board, ws, state, alive), "recent": recent_events(board.events_path),
+    return {"board": board_document(board, ws, state, alive), "recent": recent_events(ws.board_path / "events.jsonl"),
             "agents": agent_rows(state, alive, ws.runs_path),
             "supervisor": {"running": alive, "pid": state.get("pid") if alive else None, "host": HOST},
             "usage": usage_document(ws.runs_path), "at": time.time()}
 
 
-def task_document(board: Board, ws: Workspace, task_id: str) -> dict[str, Any]:
+def task_document(board: BoardStore, ws: Workspace, task_id: str) -> dict[str, Any]:
     """One task as `task show --transcript --json` prints it."""
     state, alive = supervisor_state(ws)
     doc = board.get(task_id)

@@ -1,0 +1,295 @@
+"""Claims: the in-memory claim index, picking and reserving the best eligible task, and the holder's fenced verbs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from . import rules
+from .base import TaskDoc, _read_or_none
+from .errors import BoardError, ClaimLost, Damaged
+from .faults import fault
+from .fsio import (
+    write_json_atomic,
+)
+from .liveness import HOST, start_time
+from .task import (
+    STATUSES,
+    now_iso,
+)
+from .txn import Transactions, _owner_text, _reservation_done, _reservation_started, _unlink_marker
+
+# A claim that finds nothing rescans the folders if the index is older than this.
+RESYNC_AFTER = 2.0
+
+
+class Claims(Transactions):
+    """The claim index, the pick and its reservation, the claim's commit, and the holder's fenced verbs."""
+
+    # -- the index ------------------------------------------------------------------------------
+
+    def _load_todo(self, task_id: str) -> TaskDoc | None:
+        try:
+            return self._read(self._path("todo", task_id))
+        except (FileNotFoundError, Damaged):
+            return None
+
+    def _rescan(self) -> None:
+        self._tail.seek_end()
+        self._index.clear()
+        for status in STATUSES:
+            if status == "todo":
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                for entry in os.scandir(self.root / status):
+                    if entry.name.endswith(".json") and not entry.name.startswith("."):
+                        self._index.set_status(entry.name[:-5], status)
+        for _path, doc in self._documents("todo"):
+            if doc["status"] != "todo":
+                doc = self._adopt_hand_move("todo", doc)
+            if doc["status"] == "todo":
+                self._index.put_todo(doc)
+        self._indexed_at = time.monotonic()
+        self.signal.full_rescan_due = False
+
+    def _refresh_index(self) -> None:
+        if self._indexed_at is None or self.signal.full_rescan_due:
+            self._rescan()
+        else:
+            self._index.apply_events(self._tail.read_new(), self._load_todo)
+
+    # -- claiming -------------------------------------------------------------------------------
+
+    def _done_on_disk(self, task_id: str) -> bool:
+        return self._path("done", task_id).exists()
+
+    def claim(self, agent: str, *, roles: Iterable[str] = (), lease: float | None = None,
+              pid: int | None = None, steps_only: bool = False, assigned_only: bool = False) -> TaskDoc | None:
+        """Claim the best eligible task for `agent`, or None. The returned document's
+        claim.token must be presented to renew, complete, fail, block or release it.
+
+        The pick is reserved without the board lock (an exclusive create of its marker), then its
+        new document is fsync'd, and only the commit takes the lock. When the fast path finds
+        nothing, the locked path refreshes the index, adopts hand moves, moves damaged files
+        aside, and rescans the folders if the index is stale. `steps_only` takes only tasks that
+        carry `steps` (an agent with no LLM provider can do nothing else); `assigned_only` only
+        tasks assigned to `agent` (a delegated child takes its own task and nothing else).
+        """
+        roles = tuple(roles)
+        for _attempt in range(20):
+            picked = None
+            with self._tlock:
+                if self._indexed_at is not None and not self.signal.full_rescan_due:
+                    self._index.apply_events(self._tail.read_new(), self._load_todo)
+                    picked = self._reserve(agent, roles, steps_only, assigned_only, locked=False)
+            if picked is None:
+                with self._locked():
+                    self._refresh_index()
+                    picked = self._reserve(agent, roles, steps_only, assigned_only, locked=True)
+                    if picked is None and self._indexed_at is not None and \
+                            time.monotonic() - self._indexed_at > RESYNC_AFTER:
+                        self._rescan()
+                        picked = self._reserve(agent, roles, steps_only, assigned_only, locked=True)
+            if picked is None:
+                return None
+            raw, doc = picked
+            prepared: Path | None = None
+            keeper: Path | None = None
+            committed: TaskDoc | None = None
+            try:
+                new = self._claimed(doc, agent, lease, pid)
+                prepared = self._prepare("todo", new)
+                keeper = self._keep_old("todo", doc["id"])
+                fault("prepared")
+                with self._locked():
+                    # A person may have changed the task while it was reserved; then choose again.
+                    if _read_or_none(self._path("todo", doc["id"])) == raw:
+                        committed, prepared = self._commit("todo", new, prepared, reserved=True), None
+            finally:
+                _unlink_marker(self._marker(doc["id"]))
+                for leftover in (prepared, keeper):
+                    if leftover is not None:
+                        leftover.unlink(missing_ok=True)
+                _reservation_done(doc["id"])
+            if committed is not None:
+                return committed
+        raise BoardError("could not claim a task: every pick was changed by hand before the claim finished")
+
+    def _reserve(self, agent: str, roles: tuple[str, ...], steps_only: bool, assigned_only: bool, *,
+                 locked: bool) -> tuple[bytes, TaskDoc] | None:
+        """Pick the best eligible task and reserve it for this process. Without the lock
+        (`locked=False`) a task that needs repair (moved by hand, damaged) is only skipped."""
+        index = self._index
+
+        def indexed_done(dep: str) -> bool:
+            return index.status.get(dep) == "done"
+
+        for meta in index.todo_in_order():
+            task_id = meta["id"]
+            if not rules.eligible(meta, agent, roles, indexed_done, steps_only=steps_only,
+                                  assigned_only=assigned_only, has_steps=meta["has_steps"]):
+                continue
+            path = self._path("todo", task_id)
+            try:
+                raw = self._raw(path)
+                doc = self._parse(raw, task_id)
+            except FileNotFoundError:
+                index.forget(task_id)
+                continue
+            except Damaged as exc:
+                if locked:
+                    self._quarantine(path, str(exc))
+                continue
+            if doc["status"] != "todo":
+                if not locked:
+                    continue
+                doc = self._adopt_hand_move("todo", doc)
+                if doc["status"] != "todo":
+                    index.set_status(task_id, doc["status"])
+                    continue
+                raw = self._raw(path)
+            if not rules.eligible(doc, agent, roles, self._done_on_disk, steps_only=steps_only,
+                                  assigned_only=assigned_only):
+                index.put_todo(doc)
+                continue
+            if not self._try_reserve(task_id, locked=locked):
+                continue
+            # Reserved; another claimer may have committed this task just before. Not a guard (the
+            # check under the lock in claim() is): this only spares preparing a document in vain.
+            if _read_or_none(path) != raw:
+                _unlink_marker(self._marker(task_id))
+                _reservation_done(task_id)
+                continue
+            # Out of this process's candidates now; the commit's event (or a rescan) settles it.
+            index.set_status(task_id, "doing")
+            return raw, doc
+        return None
+
+    def _try_reserve(self, task_id: str, *, locked: bool) -> bool:
+        """Create the task's marker exclusively; False if someone else holds it. Under the lock, a
+        marker over a second old whose writer is dead (a claimer killed after reserving) is cleared
+        so it cannot hide the task until the next recover()."""
+        marker = self._marker(task_id)
+        for _try in range(2):
+            _reservation_started(task_id)
+            try:
+                # A symlink is created with its target in one step, and exclusively: a marker
+                # is never seen without the owner it names, even if its claimer is killed.
+                os.symlink(_owner_text(), marker)
+            except FileExistsError:
+                _reservation_done(task_id)
+                if not locked or not self._stale_marker(marker):
+                    return False
+                self._finish_interrupted(sweep=False)
+                continue
+            fault("marked")
+            return True
+        return False
+
+    def _stale_marker(self, marker: Path) -> bool:
+        try:
+            age = time.time() - marker.lstat().st_mtime
+        except FileNotFoundError:
+            return True
+        return age >= 1.0 and not self._marker_is_live(marker)
+
+    def _claimed(self, doc: TaskDoc, agent: str, lease: float | None, pid: int | None) -> TaskDoc:
+        pid = os.getpid() if pid is None else pid
+        lease = self.lease if lease is None else lease
+        now, at = time.time(), now_iso()
+        claim = {"agent": agent, "pid": pid, "pid_started": start_time(pid), "host": HOST, "claimed_at": at,
+                 "lease_until": _iso_at(now + lease), "lease_until_ts": now + lease}
+        return rules.claimed(doc, claim, now=at)
+
+    def _held(self, task_id: str, token: int) -> TaskDoc:
+        """The document of a task held in doing/ by `token`, else ClaimLost."""
+        path = self._path("doing", task_id)
+        try:
+            doc = self._read(path)
+        except FileNotFoundError:
+            found = self._locate(task_id)
+            where = f"it is in {found[0]}/" if found else "it is no longer on the board"
+            raise ClaimLost(f"task {task_id} is not held by token {token}: {where}") from None
+        claim = doc.get("claim") or {}
+        if not rules.held_by(doc, token):
+            holder = f"held by {claim.get('agent')} with token {claim.get('token')}" if claim else "not held"
+            raise ClaimLost(f"task {task_id} is not held by token {token}: it is {holder}")
+        return doc
+
+    def renew(self, task_id: str, token: int, lease: float | None = None) -> TaskDoc:
+        lease = self.lease if lease is None else lease
+        with self._locked():
+            doc = self._held(task_id, token)
+            now = time.time()
+            claim = dict(doc["claim"], lease_until=_iso_at(now + lease), lease_until_ts=now + lease)
+            new = dict(doc, claim=claim)
+            # Not a transition: no event, and a lost renewal only shortens the lease, so no fsync.
+            write_json_atomic(self._path("doing", task_id), new, fsync=False)
+            return new
+
+    def _finish(self, task_id: str, token: int, end: Callable[[TaskDoc], TaskDoc]) -> TaskDoc:
+        """End the holder's claim with `end(held document)` (a pure rule). The new document is
+        written and fsync'd before the lock is taken; under the lock it is committed if the task is
+        still exactly as it was read, and built again from the current file if not (a renewal in
+        between, say)."""
+        path = self._path("doing", task_id)
+        raw = _read_or_none(path)
+        prepared: Path | None = None
+        keeper: Path | None = None
+        new: TaskDoc | None = None
+        if raw is not None:
+            with contextlib.suppress(Damaged):
+                doc = self._parse(raw, task_id)
+                if rules.held_by(doc, token):
+                    new = end(doc)
+                    prepared = self._prepare("doing", new)
+                    keeper = self._keep_old("doing", task_id)
+                    fault("prepared")
+        try:
+            with self._locked():
+                if prepared is None or new is None or _read_or_none(path) != raw:
+                    if prepared is not None:
+                        prepared.unlink(missing_ok=True)
+                        prepared = None
+                    new = end(self._held(task_id, token))
+                committed, prepared = self._commit("doing", new, prepared), None
+                return committed
+        finally:
+            for leftover in (prepared, keeper):
+                if leftover is not None:
+                    leftover.unlink(missing_ok=True)
+
+    def complete(self, task_id: str, token: int, result: Any = None) -> TaskDoc:
+        return self._finish(task_id, token, lambda doc: rules.ended(doc, "done", "completed", now=now_iso(),
+                                                                    result=result, error=None))
+
+    def fail(self, task_id: str, token: int, error: str, *, permanent: bool = False) -> TaskDoc:
+        """A failed attempt: back to todo, or to failed once max_attempts is reached. A `permanent`
+        failure (one no further attempt can change) goes to failed at once."""
+        if permanent:
+            return self._finish(task_id, token, lambda doc: rules.ended(
+                doc, "failed", f"cannot succeed, not retried: {error}", now=now_iso(), error=error))
+        return self._finish(task_id, token, lambda doc: rules.failed_attempt(doc, error, now=now_iso()))
+
+    def block(self, task_id: str, token: int, reason: str, *, question: str | None = None) -> TaskDoc:
+        """The agent cannot finish without a person; `task retry` puts it back. A task blocked on
+        a `question` waits for `answer`; asking is not a failed attempt, so the attempt is given back."""
+        if question is None:
+            return self._finish(task_id, token, lambda doc: rules.ended(doc, "blocked", reason, now=now_iso(),
+                                                                        error=reason))
+        return self._finish(task_id, token, lambda doc: rules.ended(
+            doc, "blocked", reason, now=now_iso(), give_back_attempt=True, error=reason, question=question))
+
+    def release(self, task_id: str, token: int, note: str = "released", *, count_attempt: bool = False) -> TaskDoc:
+        """Give the task back to todo; an interrupted attempt (shutdown, restart) is not counted."""
+        return self._finish(task_id, token, lambda doc: rules.ended(doc, "todo", note, now=now_iso(),
+                                                                    give_back_attempt=not count_attempt))
+
+
+
+def _iso_at(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(timestamp)) + f".{int(timestamp % 1 * 1e6):06d}Z"

@@ -1,0 +1,103 @@
+"""Comments and waiting notes (no transition) and answers to a blocked task's question, mixed into Board."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from . import base, rules
+from .base import COMMENT_RESERVE, TaskDoc
+from .errors import Damaged, InvalidTransition
+from .fsio import (
+    dumps,
+    write_atomic,
+    write_json_atomic,
+)
+from .task import (
+    MAX_BYTES,
+    TaskError,
+    now_iso,
+)
+
+
+class NotesMixin:
+    """Board's comment, answer and waiting-note verbs; they use the board's lock, index and commit."""
+
+    def mark_waiting(self, reason: str | None, *, needs_llm: bool = True, agent: str | None = None,
+                     roles: Iterable[str] = ()) -> int:
+        """Say on each todo task (without `steps`, when `needs_llm`) why it is not being worked, or
+        clear that note with None. Not a transition: no event, no history entry. Candidates come
+        from the in-memory index and this board remembers what it noted, so a call reads only the
+        tasks new to it: agents call this after every task. With `agent` (and its `roles`), only the
+        tasks it could claim now are noted: its provider is no reason for a task it could not take."""
+        with self._locked():
+            self._refresh_index()
+        roles = tuple(roles)
+        index = self._index
+
+        def indexed_done(dep: str) -> bool:
+            return index.status.get(dep) == "done"
+
+        # A note stands for the task as it was: any transition changes updated_at, a note does not.
+        candidates = [meta["id"] for meta in self._index.todo_in_order()
+                      if not (needs_llm and meta["has_steps"])
+                      and (agent is None or rules.can_claim(meta, agent, roles, indexed_done))
+                      and self._noted.get(meta["id"]) != (reason, meta["updated_at"])]
+        changed = 0
+        for task_id in candidates:
+            with self._locked():
+                path = self._path("todo", task_id)
+                try:
+                    current = self._read(path)
+                except (FileNotFoundError, Damaged):
+                    continue
+                if current["status"] != "todo" or self._has_marker(task_id):
+                    continue
+                if current.get("waiting") != reason:
+                    noted = {k: v for k, v in current.items() if k != "waiting"}
+                    write_json_atomic(path, {**noted, "waiting": reason} if reason else noted, fsync=False)
+                    changed += 1
+                self._noted[task_id] = (reason, current.get("updated_at"))
+        return changed
+
+    def comment(self, task_id: str, text: str, *, by: str = "cli", wait: float = 5.0) -> TaskDoc:
+        """Add a comment to a task in any status. Not a transition: no event, the status and
+        updated_at stay; the comment carries its own time and author. A claim or move in flight
+        (its marker) is waited out, as a transition would overwrite the comment."""
+        if not isinstance(text, str):
+            raise TaskError(f"a comment is text, not {type(text).__name__}")
+        size = len(text.encode("utf-8", "backslashreplace"))
+        if size > MAX_BYTES:
+            raise TaskError(f"the comment is {size} bytes; the limit for a comment is {MAX_BYTES} bytes (1 MiB)")
+        deadline = time.monotonic() + wait
+        while True:
+            with self._locked():
+                found = self._locate_or_raise(task_id)
+                if not self._has_marker(task_id):
+                    doc = self._read(found[1])
+                    entry = {"at": now_iso(), "by": by, "text": text}
+                    new = {**doc, "comments": [*(doc.get("comments") or []), entry]}
+                    data = dumps(new)
+                    if len(data) > base.MAX_DOCUMENT_BYTES - COMMENT_RESERVE:
+                        raise TaskError(f"task {task_id} has no room for this comment: its comments may fill "
+                                        f"{base.MAX_DOCUMENT_BYTES - COMMENT_RESERVE} bytes of its document, the "
+                                        "rest is kept for its result")
+                    write_atomic(found[1], data)
+                    return new
+            if time.monotonic() > deadline:
+                raise InvalidTransition(f"task {task_id} is being moved; try the comment again")
+            time.sleep(0.01)
+
+    def answer(self, task_id: str, text: str, *, by: str = "cli") -> TaskDoc:
+        """Answer the question a blocked task asked: it goes back to todo with the answer among its
+        comments, marked as the answer to that question, for the agent that takes it next."""
+        if not isinstance(text, str):
+            raise TaskError(f"an answer is text, not {type(text).__name__}")
+        if not text.strip():
+            raise InvalidTransition("an answer must not be empty")
+        size = len(text.encode("utf-8", "backslashreplace"))
+        if size > MAX_BYTES:
+            raise TaskError(f"the answer is {size} bytes; the limit for an answer is {MAX_BYTES} bytes (1 MiB)")
+        with self._locked():
+            folder, path = self._locate_or_raise(task_id)
+            return self._commit(folder, rules.answered(self._read(path), text, by=by, now=now_iso()))
