@@ -60,21 +60,24 @@ class Board(IngestMixin, NotesMixin, WaitingMixin, Claims):
         holding it finds a task that exists."""
         if not is_valid_id(task_id):
             raise TaskNotFound(f"{_short_text(task_id)} is not a task id")
-        doc = self._get_once(task_id)
-        if doc is None:
+        found = self._get_once(task_id)
+        if found is None or _misplaced(*found):
             with self._locked():
-                doc = self._get_once(task_id)
-        if doc is None:
+                found = self._get_once(task_id)
+                if found is not None and _misplaced(*found):
+                    found = found[0], self._adopt_hand_move(*found)
+        if found is None:
             raise self._missing(task_id)
-        return doc
+        return found[1]
 
-    def _get_once(self, task_id: str) -> TaskDoc | None:
+    def _get_once(self, task_id: str) -> tuple[str, TaskDoc] | None:
+        """The task's folder and document, or None."""
         for _attempt in range(5):
             found = self._locate(task_id)
             if found is None:
                 return None
             try:
-                return self._read(found[1])
+                return found[0], self._read(found[1])
             except FileNotFoundError:
                 continue  # moved between the look-up and the read
             except Damaged as exc:
@@ -85,7 +88,19 @@ class Board(IngestMixin, NotesMixin, WaitingMixin, Claims):
         """Every task (or those in one status), in claim order within each status, each once."""
         if status is not None and status not in STATUSES:
             raise BoardError(f"unknown status '{status}'; statuses are {', '.join(STATUSES)}")
-        return self._consistent(lambda: reads.scan(self.root, status, self._read))
+        listing = self._consistent(lambda: reads.scan(self.root, status, self._read))
+        if listing.misplaced:
+            # Files a person moved with `mv`: their folder is the intent (see _adopt_hand_move).
+            with self._locked():
+                for folder, task_id in listing.misplaced:
+                    try:
+                        doc = self._read(self._path(folder, task_id))
+                    except (FileNotFoundError, Damaged):
+                        continue
+                    if _misplaced(folder, doc):
+                        self._adopt_hand_move(folder, doc)
+            listing = self._consistent(lambda: reads.scan(self.root, status, self._read))
+        return listing
 
     def counts(self) -> dict[str, int]:
         """How many tasks each status folder holds, each task counted once."""
@@ -197,3 +212,9 @@ class Board(IngestMixin, NotesMixin, WaitingMixin, Claims):
     def retry(self, task_id: str, *, by: str = "cli") -> TaskDoc:
         rules.check_retry(self.get(task_id))
         return self.move(task_id, "todo", by=by, note="retry (attempts reset)")
+
+
+def _misplaced(folder: str, doc: TaskDoc) -> bool:
+    """A document whose status is not its folder's, outside doing/ (where that is a transition to
+    roll forward, never a person's move: doing/ is reserved for claims)."""
+    return folder != "doing" and doc["status"] != folder

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,9 @@ Generation = tuple[tuple[int, int, int] | None, ...]
 class Listing:
     tasks: list[TaskDoc]
     damaged: list[dict[str, str]]
+    # (folder, id) of documents whose status is not their folder's, outside doing/: moved by hand,
+    # or caught mid-transition by a lock-free scan (the board tells them apart under its lock).
+    misplaced: list[tuple[str, str]] = field(default_factory=list)
 
 
 def generation(root: Path) -> Generation:
@@ -42,6 +45,7 @@ def scan(root: Path, status: str | None, read: Callable[[Path], TaskDoc]) -> Lis
     """Every task document in the status folders (or one), each id once, in claim order."""
     found: dict[str, TaskDoc] = {}
     damaged: list[dict[str, str]] = []
+    misplaced: list[tuple[str, str]] = []
     for folder in [status] if status else STATUSES:
         try:
             entries = list(os.scandir(root / folder))
@@ -58,6 +62,8 @@ def scan(root: Path, status: str | None, read: Callable[[Path], TaskDoc]) -> Lis
             except Damaged as exc:
                 damaged.append({"path": f"{folder}/{safe_name(entry.name, 255)}", "reason": str(exc)})
                 continue
+            if doc["status"] != folder and folder != "doing":
+                misplaced.append((folder, doc["id"]))
             seen = found.get(doc["id"])
             # A transition caught between its write and its rename shows up twice; the longer
             # history is the newer state.
@@ -66,7 +72,7 @@ def scan(root: Path, status: str | None, read: Callable[[Path], TaskDoc]) -> Lis
     tasks = [doc for doc in found.values() if status is None or doc["status"] == status]
     order = {name: index for index, name in enumerate(STATUSES)}
     tasks.sort(key=lambda doc: (order[doc["status"]], sort_key(doc)))
-    return Listing(tasks, damaged)
+    return Listing(tasks, damaged, misplaced)
 
 
 def count(root: Path) -> dict[str, int]:

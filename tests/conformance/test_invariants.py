@@ -300,9 +300,6 @@ def test_a_task_moved_by_hand_into_todo_is_adopted_and_claimed(backend, store):
 
 
 @pytest.mark.requires(HAND_MOVES)
-@pytest.mark.xfail(strict=True, reason="kanban adopts a hand move only into todo/: a document moved by hand into "
-                   "done/ (or any other folder) keeps its old status, so get() and list() disagree with its folder "
-                   "and list('done') omits it, against the README's 'takes the status of its new folder'")
 def test_a_task_moved_by_hand_into_done_takes_that_status(backend, store):
     doc = store.add({"title": "done elsewhere"})
     later = store.add({"title": "after it", "depends_on": [doc["id"]]})
@@ -311,6 +308,17 @@ def test_a_task_moved_by_hand_into_done_takes_that_status(backend, store):
     assert store.get(doc["id"])["status"] == "done"
     assert [d["id"] for d in tasks(store, "done")] == [doc["id"]]
     assert store.claim("w")["id"] == later["id"]
+    check_invariants(backend, store)
+
+
+@pytest.mark.requires(HAND_MOVES)
+@pytest.mark.parametrize("folder", ["blocked", "failed", "cancelled"])
+def test_a_task_moved_by_hand_is_adopted_by_a_listing_too(backend, store, folder):
+    doc = store.add({"title": "moved"})
+    backend.hand_move(store, doc["id"], "todo", folder)
+    assert [d["id"] for d in tasks(store, folder)] == [doc["id"]], "list() adopts what it finds moved"
+    assert store.get(doc["id"])["status"] == folder
+    assert store.get(doc["id"])["history"][-1]["note"].endswith("by hand")
     check_invariants(backend, store)
 
 
