@@ -66,7 +66,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # Markup and emoji codes off: a string that reaches print() by mistake is still printed as written.
 # What people, agents and models wrote goes through render.literal/visible (see render.py).
-out = Console(soft_wrap=True, markup=False, emoji=False)  # piped or in a file, a line is never hard-wrapped
+out = Console(soft_wrap=False, markup=False, emoji=False)  # panels fit the width; a message passes soft_wrap=True
 err = Console(stderr=True, soft_wrap=True, markup=False, emoji=False)  # one line per message for grep
 literal, visible = render.literal, render.visible
 
@@ -170,12 +170,12 @@ def init(ctx: click.Context, directory: Path | None, example: bool, as_json: boo
         emit_json({"workspace": str(root), "created": created})
         return
     if created:
-        out.print(literal(f"workspace ready in {root}: created {', '.join(created)}"))
+        out.print(literal(f"workspace ready in {root}: created {', '.join(created)}"), soft_wrap=True)
     else:
-        out.print(literal(f"{root} is already a workspace; nothing to create"))
+        out.print(literal(f"{root} is already a workspace; nothing to create"), soft_wrap=True)
     start = "hermes-sup up" if root == Path.cwd().absolute() else f"cd {root} && hermes-sup up"
     out.print(Text.assemble("next: ", (visible(start, one_line=True), "bold"),
-                            ", then drop a task file into kanban/inbox/"))
+                            ", then drop a task file into kanban/inbox/"), soft_wrap=True)  # one line for scripts
 
 
 def init_root(directory: Path | None, workspace: Path | None, env: str | None, cwd: Path) -> Path:

@@ -196,7 +196,9 @@ def test_reads_the_board_only_when_something_changed(served: tuple[Path, Server]
     cli(ws, "task", "add", "moved", "--id", "moved", "--role", "nobody")
     frames = client.until(lambda f: f["event"] == "snapshot")
     assert json.loads(frames[-1]["data"])["board"]["counts"]["todo"] == 1
-    assert hub.builds == 2 and hub.generation > woken  # woken by the change (inotify), read once
+    # Woken by the change (inotify) and read again; `task add` changes the board twice (its log line,
+    # then its file), so on a loaded machine a picture may be built between the two: at most two reads.
+    assert hub.builds in (2, 3) and hub.generation > woken
     client.close()
     wait_until(lambda: hub.clients == 0 and hub._observer is None, timeout=15)
     # Nobody connected: the watcher is gone, so a change wakes nothing and nothing reads the board.
