@@ -140,3 +140,23 @@ JOURNAL_APPEND = """INSERT INTO journal (task_id, fence, entry)
     SELECT id, fence, %(entry)s::jsonb FROM tasks
     WHERE id = %(id)s AND status = 'doing' AND fence = %(token)s FOR SHARE
     RETURNING seq"""
+
+# The waiting note on every todo task it applies to (all, or those `agent` could claim now), written
+# only where it differs; rows a claimer holds locked are skipped, not waited for.
+MARK_WAITING = """
+WITH noted AS (
+    SELECT t.id FROM tasks t
+    WHERE t.status = 'todo'
+      AND (NOT %(needs_llm)s::boolean OR NOT t.has_steps)
+      AND t.document->'waiting' IS DISTINCT FROM to_jsonb(%(reason)s::text)
+      AND (%(agent)s::text IS NULL OR (
+            (t.assignee IS NULL OR t.assignee = %(agent)s::text)
+            AND (t.role IS NULL OR t.role = ANY(%(roles)s::text[]))
+            AND (NOT t.has_deps OR NOT EXISTS (
+                SELECT 1 FROM dependencies d LEFT JOIN tasks dt ON dt.id = d.depends_on
+                WHERE d.task_id = t.id AND dt.status IS DISTINCT FROM 'done'))))
+    FOR UPDATE OF t SKIP LOCKED
+)
+UPDATE tasks t SET document = CASE WHEN %(reason)s::text IS NULL THEN t.document - 'waiting'
+        ELSE t.document || jsonb_build_object('waiting', %(reason)s::text) END
+    FROM noted WHERE t.id = noted.id AND t.status = 'todo'"""
