@@ -75,13 +75,13 @@ RENEW = f"""UPDATE tasks SET lease_until = now() + make_interval(secs => %(lease
 ANY_ROW = f"SELECT {ROW_SELECT}, {NOW_ISO} AS now_iso FROM tasks WHERE id = %(id)s"
 ANY_ROW_LOCKED = ANY_ROW + " FOR UPDATE"
 
-# Writes a whole task state. `guard` is the fence the caller held the row with (NULL for a change
-# by hand, which needs none); leaving doing clears every lease field.
+# Writes a whole task state, on a row its caller locked in the same transaction (HELD, STALE_HELD
+# or ANY_ROW_LOCKED): the fence was checked there, once; leaving doing clears every lease field.
 WRITE = """UPDATE tasks SET
         status = %(status)s, attempts = %(attempts)s, claims = %(claims)s, document = %(document)s::jsonb,
         lease_owner = NULL, lease_host = NULL, lease_boot = NULL, lease_pid = NULL, lease_pid_started = NULL,
         lease_claimed = NULL, lease_until = NULL, fence = NULL
-    WHERE id = %(id)s AND (%(guard)s::bigint IS NULL OR (status = 'doing' AND fence = %(guard)s::bigint))"""
+    WHERE id = %(id)s"""
 
 INSERT_TASK = """INSERT INTO tasks (id, status, role, assignee, priority, has_steps, has_deps, attempts, max_attempts,
         claims, document)

@@ -301,14 +301,13 @@ class PgStore:
                              f"with token {row['fence']}")
         return ClaimLost(f"task {task_id} is not held by token {token}: it is {row['status']}")
 
-    def _write(self, cur: psycopg.Cursor[Any], new: TaskDoc, *, guard: int | None,
-               outcome_token: int | None) -> TaskDoc:
-        """Store `new` (a document leaving or outside doing) with its event, fenced by `guard`; the
-        document as stored."""
+    def _write(self, cur: psycopg.Cursor[Any], new: TaskDoc, *, outcome_token: int | None) -> TaskDoc:
+        """Store `new` (a document leaving or outside doing) with its event, on a row the caller
+        locked in this transaction after checking its fence; the document as stored."""
         new = storable(new)
-        cur.execute(sql.WRITE, {**_row_params(new), "guard": guard})
+        cur.execute(sql.WRITE, _row_params(new))
         if cur.rowcount != 1:
-            raise ClaimLost(f"task {new['id']} is not held by token {guard}: its lease is gone")
+            raise TaskNotFound(f"task {new['id']} is no longer on the board")
         entry = new["history"][-1]
         self._event(cur, {"id": new["id"], "src": entry["from"], "dst": entry["to"], "by": entry["by"],
                           "note": entry["note"]})
@@ -331,7 +330,7 @@ class PgStore:
             if row is None:
                 raise self._lost(cur, task_id, token)
             new = finished(row_to_doc(row), to, note, changes, now=row["now_iso"])
-            return self._write(cur, new, guard=token, outcome_token=token)
+            return self._write(cur, new, outcome_token=token)
 
     @_again
     def renew(self, task_id: str, token: int, lease: float | None = None) -> TaskDoc:
@@ -407,7 +406,7 @@ class PgStore:
             doc = row_to_doc(row)
             to, note = stale_note(reason, doc["attempts"], doc["max_attempts"])
             new = transition(doc, to, by="board", now=row["now_iso"], note=note, claim=None, error=note)
-            self._write(cur, new, guard=token, outcome_token=token)
+            self._write(cur, new, outcome_token=token)
         return to
 
     def recover(self, *, sweep: bool = True) -> list[dict[str, str]]:
@@ -458,7 +457,7 @@ class PgStore:
             if to == "todo":
                 changes["attempts"] = 0
             new = transition(doc, to, by=by, now=row["now_iso"], note=note or f"moved to {to}", **changes)
-            return self._write(cur, new, guard=None, outcome_token=row["fence"] if doc.get("claim") else None)
+            return self._write(cur, new, outcome_token=row["fence"] if doc.get("claim") else None)
 
     def cancel(self, task_id: str, *, by: str = "cli") -> TaskDoc:
         doc = self.get(task_id)
@@ -489,7 +488,7 @@ class PgStore:
             entry = {"at": now, "by": by, "text": text, "answers": question}
             new = transition(doc, "todo", by=by, now=now, note=f"answered by {by}", question=None, error=None,
                              comments=[*(doc.get("comments") or []), entry])
-            return self._write(cur, new, guard=None, outcome_token=None)
+            return self._write(cur, new, outcome_token=None)
 
     @_again
     def comment(self, task_id: str, text: str, *, by: str = "cli", wait: float = 5.0) -> TaskDoc:
