@@ -94,6 +94,7 @@ def recover_and_finish(backend: Backend, store: Store) -> None:
     docs = check_invariants(backend, store)
     assert LIFE in docs, "the dropped task was lost"
     assert list(backend.inbox(store).iterdir()) == [], "a drop was left behind, or ingested twice"
+    assert list(backend.rejected(store).iterdir()) == [], "a drop ingested before the kill was rejected after it"
     assert SPARE in docs
     assert [d["id"] for d in tasks(store, "doing")] == [], "a dead holder's claim was not recovered"
     if docs.get(LIFE, {}).get("question"):
