@@ -405,7 +405,7 @@ def test_wait_for_work_wakes_on_notify_and_survives_a_killed_listen_connection(
 
 # -- the DSN -----------------------------------------------------------------------------------
 
-def test_dsn_comes_from_the_env_and_is_never_in_an_error(pg_server: PgServer) -> None:
+def test_dsn_comes_from_the_env_and_is_never_in_an_error(pg_server: PgServer, tmp_path: Path) -> None:
     with pytest.raises(BoardError, match=r"\$TEAM_DSN is not set"):
         open_store({"dsn_env": "TEAM_DSN"}, environ={})
     secret = "s3cret-pass-word"
@@ -418,9 +418,12 @@ def test_dsn_comes_from_the_env_and_is_never_in_an_error(pg_server: PgServer) ->
     assert redact_dsn(f"bad dsn {dsn}", dsn) == "bad dsn [redacted]"
     assert secret not in redact_dsn(f"password={secret}", f"host=x password={secret}")
     good = open_store({"dsn_env": "TEAM_DSN", "schema": f"t_{uuid.uuid4().hex[:12]}"}, host="h",
-                      environ={"TEAM_DSN": pg_server.dsn})
+                      environ={"TEAM_DSN": pg_server.dsn}, drop_root=tmp_path / "kanban")
     try:
         assert pg_server.dsn not in repr(good)
+        # The host's drop folder is the factory's to give: a drop there lands on the shared board.
+        (tmp_path / "kanban" / "inbox" / "hello.json").write_text(json.dumps({"id": "hello", "title": "hi"}))
+        assert good.ingest().ingested == ["hello"] and good.get("hello")["source"]["file"] == "inbox/hello.json"
     finally:
         with admin(pg_server) as conn:
             conn.execute(f'DROP SCHEMA "{good.schema}" CASCADE')
