@@ -583,3 +583,22 @@ def test_a_holder_goes_on_after_a_server_restart(make_store: Factory, pg_server:
     pg_server.restart()
     done = store.complete("t", held["claim"]["token"], "after two restarts")
     assert done["status"] == "done" and store.get("t")["result"] == "after two restarts"
+
+
+def test_a_drop_rewritten_after_it_was_read_is_ingested_as_it_is_now(make_store: Factory, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    store = make_store(drop_root=tmp_path / "kanban")
+    drop = tmp_path / "kanban" / "inbox" / "note.json"
+    drop.write_text(json.dumps({"id": "note", "title": "first draft"}))
+    real_read = pgstore._read_drop
+
+    def read_then_rewrite(path: Path):  # the user saves again just after the board read the file
+        read = real_read(path)
+        if read is not None and read.doc and read.doc["title"] == "first draft":
+            drop.write_text(json.dumps({"id": "note", "title": "final"}))
+            os.utime(drop, ns=(time.time_ns(), time.time_ns() + 1_000_000))
+        return read
+
+    monkeypatch.setattr(pgstore, "_read_drop", read_then_rewrite)
+    assert store.ingest().ingested == ["note"]
+    assert store.get("note")["title"] == "final"
