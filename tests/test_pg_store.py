@@ -602,3 +602,33 @@ def test_a_drop_rewritten_after_it_was_read_is_ingested_as_it_is_now(make_store:
     monkeypatch.setattr(pgstore, "_read_drop", read_then_rewrite)
     assert store.ingest().ingested == ["note"]
     assert store.get("note")["title"] == "final"
+
+
+def test_two_processes_of_a_host_ingesting_the_same_drops_make_each_task_once(make_store: Factory, tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "kanban"
+    stores = [make_store(drop_root=root), make_store(drop_root=root)]
+    names = [f"d{n}" for n in range(20)]
+    for name in names:
+        (root / "inbox" / f"{name}.json").write_text(json.dumps({"id": name, "title": name}))
+    real_read = pgstore._read_drop
+    together = threading.Barrier(2)
+
+    def read_in_step(path: Path):  # both have read each drop before either writes its task
+        read = real_read(path)
+        together.wait(timeout=30)
+        return read
+
+    monkeypatch.setattr(pgstore, "_read_drop", read_in_step)
+    reports: list = []
+    threads = [threading.Thread(target=lambda s=s: reports.append(s.ingest())) for s in stores]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert len(reports) == 2
+    assert [r.rejected for r in reports] == [[], []] and list((root / "rejected").iterdir()) == []
+    assert sorted(doc["id"] for doc in stores[0].list().tasks) == sorted(names)
+    made = Counter(e["task"] for e in stores[0].events_since(0) if e["from"] == "inbox")
+    assert made == Counter(names), "a drop was made into a task twice"
+    assert len(list((root / ".ingested").iterdir())) == len(names) and list((root / "inbox").iterdir()) == []
