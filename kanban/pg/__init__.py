@@ -3,7 +3,8 @@
 `open_store(config)` is the backend factory's entry: it reads the DSN from the environment
 variable the config names (never from the config itself, never printed), applies the schema's
 migrations and returns a `PgStore`. Modules: `schema` (tables, migrations), `sql` (the statements),
-`rules` (pure row/document rules), `listen` (LISTEN wake-ups), `store` (the verbs).
+`rules` (pure row/document rules), `listen` (LISTEN wake-ups), `drops` (the host's inbox/ folders),
+`store` (the verbs).
 """
 
 from __future__ import annotations
