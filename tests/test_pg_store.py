@@ -405,7 +405,7 @@ def test_wait_for_work_wakes_on_notify_and_survives_a_killed_listen_connection(
 
 # -- the DSN -----------------------------------------------------------------------------------
 
-def test_dsn_comes_from_the_env_and_is_never_in_an_error(pg_server: PgServer) -> None:
+def test_dsn_comes_from_the_env_and_is_never_in_an_error(pg_server: PgServer, tmp_path: Path) -> None:
     with pytest.raises(BoardError, match=r"\$TEAM_DSN is not set"):
         open_store({"dsn_env": "TEAM_DSN"}, environ={})
     secret = "s3cret-pass-word"
@@ -418,9 +418,12 @@ def test_dsn_comes_from_the_env_and_is_never_in_an_error(pg_server: PgServer) ->
     assert redact_dsn(f"bad dsn {dsn}", dsn) == "bad dsn [redacted]"
     assert secret not in redact_dsn(f"password={secret}", f"host=x password={secret}")
     good = open_store({"dsn_env": "TEAM_DSN", "schema": f"t_{uuid.uuid4().hex[:12]}"}, host="h",
-                      environ={"TEAM_DSN": pg_server.dsn})
+                      environ={"TEAM_DSN": pg_server.dsn}, drop_root=tmp_path / "kanban")
     try:
         assert pg_server.dsn not in repr(good)
+        # The host's drop folder is the factory's to give: a drop there lands on the shared board.
+        (tmp_path / "kanban" / "inbox" / "hello.json").write_text(json.dumps({"id": "hello", "title": "hi"}))
+        assert good.ingest().ingested == ["hello"] and good.get("hello")["source"]["file"] == "inbox/hello.json"
     finally:
         with admin(pg_server) as conn:
             conn.execute(f'DROP SCHEMA "{good.schema}" CASCADE')
@@ -580,3 +583,52 @@ def test_a_holder_goes_on_after_a_server_restart(make_store: Factory, pg_server:
     pg_server.restart()
     done = store.complete("t", held["claim"]["token"], "after two restarts")
     assert done["status"] == "done" and store.get("t")["result"] == "after two restarts"
+
+
+def test_a_drop_rewritten_after_it_was_read_is_ingested_as_it_is_now(make_store: Factory, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    store = make_store(drop_root=tmp_path / "kanban")
+    drop = tmp_path / "kanban" / "inbox" / "note.json"
+    drop.write_text(json.dumps({"id": "note", "title": "first draft"}))
+    real_read = pgstore._read_drop
+
+    def read_then_rewrite(path: Path):  # the user saves again just after the board read the file
+        read = real_read(path)
+        if read is not None and read.doc and read.doc["title"] == "first draft":
+            drop.write_text(json.dumps({"id": "note", "title": "final"}))
+            os.utime(drop, ns=(time.time_ns(), time.time_ns() + 1_000_000))
+        return read
+
+    monkeypatch.setattr(pgstore, "_read_drop", read_then_rewrite)
+    assert store.ingest().ingested == ["note"]
+    assert store.get("note")["title"] == "final"
+
+
+def test_two_processes_of_a_host_ingesting_the_same_drops_make_each_task_once(make_store: Factory, tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "kanban"
+    stores = [make_store(drop_root=root), make_store(drop_root=root)]
+    names = [f"d{n}" for n in range(20)]
+    for name in names:
+        (root / "inbox" / f"{name}.json").write_text(json.dumps({"id": name, "title": name}))
+    real_read = pgstore._read_drop
+    together = threading.Barrier(2)
+
+    def read_in_step(path: Path):  # both have read each drop before either writes its task
+        read = real_read(path)
+        together.wait(timeout=30)
+        return read
+
+    monkeypatch.setattr(pgstore, "_read_drop", read_in_step)
+    reports: list = []
+    threads = [threading.Thread(target=lambda s=s: reports.append(s.ingest())) for s in stores]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert len(reports) == 2
+    assert [r.rejected for r in reports] == [[], []] and list((root / "rejected").iterdir()) == []
+    assert sorted(doc["id"] for doc in stores[0].list().tasks) == sorted(names)
+    made = Counter(e["task"] for e in stores[0].events_since(0) if e["from"] == "inbox")
+    assert made == Counter(names), "a drop was made into a task twice"
+    assert len(list((root / ".ingested").iterdir())) == len(names) and list((root / "inbox").iterdir()) == []

@@ -3,7 +3,8 @@
 `open_store(config)` is the backend factory's entry: it reads the DSN from the environment
 variable the config names (never from the config itself, never printed), applies the schema's
 migrations and returns a `PgStore`. Modules: `schema` (tables, migrations), `sql` (the statements),
-`rules` (pure row/document rules), `listen` (LISTEN wake-ups), `store` (the verbs).
+`rules` (pure row/document rules), `listen` (LISTEN wake-ups), `drops` (the host's inbox/ folders),
+`store` (the verbs).
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ def boot_id() -> str:
         return "unknown-boot"
 
 
-def open_store(config: Mapping[str, Any], *, host: str | None = None, environ: Mapping[str, str] | None = None
-               ) -> PgStore:
+def open_store(config: Mapping[str, Any], *, host: str | None = None, environ: Mapping[str, str] | None = None,
+               drop_root: str | os.PathLike[str] | None = None) -> PgStore:
     """A PgStore from the `board:` section of hermes.yaml: dsn_env (default HERMES_SUP_PG_DSN),
-    and optionally schema, lease, host_timeout; `host` is the team's `host:` (default: the hostname)."""
+    and optionally schema, lease, host_timeout; `host` is the team's `host:` (default: the hostname);
+    `drop_root` is this host's kanban folder, whose inbox/ `ingest` takes drops from."""
     environ = os.environ if environ is None else environ
     dsn_env = config.get("dsn_env") or DEFAULT_DSN_ENV
     if not isinstance(dsn_env, str):
@@ -50,7 +52,8 @@ def open_store(config: Mapping[str, Any], *, host: str | None = None, environ: M
     try:
         return PgStore(dsn, dsn_env=f"${dsn_env}", schema=config.get("schema") or "hermes_sup",
                        host=host or socket.gethostname(), boot_id=str(config.get("boot_id") or boot_id()),
-                       lease=float(config.get("lease", 60.0)), host_timeout=float(config.get("host_timeout", 30.0)))
+                       lease=float(config.get("lease", 60.0)), host_timeout=float(config.get("host_timeout", 30.0)),
+                       drop_root=drop_root)
     except ValueError as exc:
         raise BoardError(f"board: {exc}") from None
 

@@ -75,13 +75,13 @@ RENEW = f"""UPDATE tasks SET lease_until = now() + make_interval(secs => %(lease
 ANY_ROW = f"SELECT {ROW_SELECT}, {NOW_ISO} AS now_iso FROM tasks WHERE id = %(id)s"
 ANY_ROW_LOCKED = ANY_ROW + " FOR UPDATE"
 
-# Writes a whole task state. `guard` is the fence the caller held the row with (NULL for a change
-# by hand, which needs none); leaving doing clears every lease field.
+# Writes a whole task state, on a row its caller locked in the same transaction (HELD, STALE_HELD
+# or ANY_ROW_LOCKED): the fence was checked there, once; leaving doing clears every lease field.
 WRITE = """UPDATE tasks SET
         status = %(status)s, attempts = %(attempts)s, claims = %(claims)s, document = %(document)s::jsonb,
         lease_owner = NULL, lease_host = NULL, lease_boot = NULL, lease_pid = NULL, lease_pid_started = NULL,
         lease_claimed = NULL, lease_until = NULL, fence = NULL
-    WHERE id = %(id)s AND (%(guard)s::bigint IS NULL OR (status = 'doing' AND fence = %(guard)s::bigint))"""
+    WHERE id = %(id)s"""
 
 INSERT_TASK = """INSERT INTO tasks (id, status, role, assignee, priority, has_steps, has_deps, attempts, max_attempts,
         claims, document)
@@ -140,3 +140,23 @@ JOURNAL_APPEND = """INSERT INTO journal (task_id, fence, entry)
     SELECT id, fence, %(entry)s::jsonb FROM tasks
     WHERE id = %(id)s AND status = 'doing' AND fence = %(token)s FOR SHARE
     RETURNING seq"""
+
+# The waiting note on every todo task it applies to (all, or those `agent` could claim now), written
+# only where it differs; rows a claimer holds locked are skipped, not waited for.
+MARK_WAITING = """
+WITH noted AS (
+    SELECT t.id FROM tasks t
+    WHERE t.status = 'todo'
+      AND (NOT %(needs_llm)s::boolean OR NOT t.has_steps)
+      AND t.document->'waiting' IS DISTINCT FROM to_jsonb(%(reason)s::text)
+      AND (%(agent)s::text IS NULL OR (
+            (t.assignee IS NULL OR t.assignee = %(agent)s::text)
+            AND (t.role IS NULL OR t.role = ANY(%(roles)s::text[]))
+            AND (NOT t.has_deps OR NOT EXISTS (
+                SELECT 1 FROM dependencies d LEFT JOIN tasks dt ON dt.id = d.depends_on
+                WHERE d.task_id = t.id AND dt.status IS DISTINCT FROM 'done'))))
+    FOR UPDATE OF t SKIP LOCKED
+)
+UPDATE tasks t SET document = CASE WHEN %(reason)s::text IS NULL THEN t.document - 'waiting'
+        ELSE t.document || jsonb_build_object('waiting', %(reason)s::text) END
+    FROM noted WHERE t.id = noted.id AND t.status = 'todo'"""

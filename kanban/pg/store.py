@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
@@ -22,11 +24,15 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from ..board import COMMENT_RESERVE, MAX_DOCUMENT_BYTES
 from ..errors import BoardError, ClaimLost, InvalidTransition, TaskNotFound
+from ..faults import fault
+from ..fsio import safe_name
+from ..ingest import IngestReport, _identity, _read_drop
 from ..liveness import holder_alive, start_time
 from ..reads import Listing
-from ..task import STATUSES, TaskError, find_cycle, is_valid_id, normalize, slugify, transition
-from . import sql
+from ..task import MAX_BYTES, STATUSES, TaskError, find_cycle, is_valid_id, normalize, slugify, transition
+from . import drops, sql
 from .listen import CHANNEL, Listener
 from .rules import document_part, finished, row_to_doc, stale_note, storable
 from .schema import check_schema_name, migrate
@@ -67,8 +73,10 @@ class PgStore:
 
     def __init__(self, dsn: str, *, dsn_env: str = "the DSN", schema: str = "hermes_sup", host: str,
                  boot_id: str, lease: float = DEFAULT_LEASE, host_timeout: float = DEFAULT_HOST_TIMEOUT,
-                 migrate_schema: bool = True) -> None:
+                 migrate_schema: bool = True, drop_root: str | os.PathLike[str] | None = None) -> None:
         self._dsn = dsn
+        # This host's kanban folder: drops into its inbox/ land on the shared board (ingest).
+        self.drop_root = None if drop_root is None else Path(drop_root).absolute()
         self.dsn_env = dsn_env
         self.schema = check_schema_name(schema)
         self.host = host
@@ -85,6 +93,8 @@ class PgStore:
         if migrate_schema:
             with self._locked() as conn:
                 migrate(conn, self.schema)
+        if self.drop_root is not None:
+            drops.ensure_layout(self.drop_root)
 
     def __repr__(self) -> str:  # never the DSN
         return f"<PgStore schema={self.schema} host={self.host}>"
@@ -126,8 +136,13 @@ class PgStore:
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[psycopg.Cursor[Any]]:
-        with self._locked() as conn, conn.transaction(), conn.cursor() as cur:
-            yield cur
+        # The fault points name the two sides of every commit, for the crash tests (kanban/faults.py):
+        # killed before it, nothing of the transaction is left; after it, all of it is.
+        with self._locked() as conn:
+            with conn.transaction(), conn.cursor() as cur:
+                yield cur
+                fault("pg-before-commit")
+            fault("pg-after-commit")
 
     def _connection_lost(self) -> bool:
         conn = self._conn
@@ -228,27 +243,34 @@ class PgStore:
             now = cur.execute(f"SELECT {sql.NOW_ISO} AS now").fetchone()["now"]
             doc = normalize(fields, default_id=f"{slugify(title)}-{os.urandom(3).hex()}", now=now, by=by,
                             note="added")
-            doc = storable(doc)
-            if doc["depends_on"]:
-                cur.execute("SELECT pg_advisory_xact_lock(%s)", (DEPENDENCY_LOCK,))
-                cycle = find_cycle(doc["id"], doc["depends_on"], self._deps_of(cur))
-                if cycle:
-                    raise TaskError(f"depends_on creates a cycle: {' -> '.join(cycle)}")
-            for _attempt in range(20):
-                cur.execute(sql.INSERT_TASK, _row_params(doc))
-                if cur.rowcount == 1:
-                    break
-                if "id" in fields:
-                    raise TaskError(f"a task with id '{doc['id']}' already exists")
-                doc = {**doc, "id": f"{slugify(title)}-{os.urandom(3).hex()}"}
-            else:
-                raise BoardError("could not find a free task id")
-            if doc["depends_on"]:
-                cur.executemany("INSERT INTO dependencies (task_id, depends_on) VALUES (%s, %s)",
-                                [(doc["id"], dep) for dep in doc["depends_on"]])
-            self._event(cur, {"id": doc["id"], "src": None, "dst": doc["status"], "by": by, "note": "added"})
-            if doc["status"] == "todo":
-                cur.execute("SELECT pg_notify(%s, '')", (self.channel,))
+            return self._insert(cur, doc, fixed_id="id" in fields, src=None, by=by, note="added")
+
+    def _insert(self, cur: psycopg.Cursor[Any], doc: TaskDoc, *, fixed_id: bool, src: str | None, by: str,
+                note: str) -> TaskDoc:
+        """Insert a new task (checked for a dependency cycle) with its event; a generated id that is
+        taken is drawn again, a given one is refused."""
+        title = doc["title"]
+        doc = storable(doc)
+        if doc["depends_on"]:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (DEPENDENCY_LOCK,))
+            cycle = find_cycle(doc["id"], doc["depends_on"], self._deps_of(cur))
+            if cycle:
+                raise TaskError(f"depends_on creates a cycle: {' -> '.join(cycle)}")
+        for _attempt in range(20):
+            cur.execute(sql.INSERT_TASK, _row_params(doc))
+            if cur.rowcount == 1:
+                break
+            if fixed_id:
+                raise TaskError(f"a task with id '{doc['id']}' already exists")
+            doc = {**doc, "id": f"{slugify(title)}-{os.urandom(3).hex()}"}
+        else:
+            raise BoardError("could not find a free task id")
+        if doc["depends_on"]:
+            cur.executemany("INSERT INTO dependencies (task_id, depends_on) VALUES (%s, %s)",
+                            [(doc["id"], dep) for dep in doc["depends_on"]])
+        self._event(cur, {"id": doc["id"], "src": src, "dst": doc["status"], "by": by, "note": note})
+        if doc["status"] == "todo":
+            cur.execute("SELECT pg_notify(%s, '')", (self.channel,))
         return doc
 
     # -- claiming and holding -----------------------------------------------------------------
@@ -279,14 +301,13 @@ class PgStore:
                              f"with token {row['fence']}")
         return ClaimLost(f"task {task_id} is not held by token {token}: it is {row['status']}")
 
-    def _write(self, cur: psycopg.Cursor[Any], new: TaskDoc, *, guard: int | None,
-               outcome_token: int | None) -> TaskDoc:
-        """Store `new` (a document leaving or outside doing) with its event, fenced by `guard`; the
-        document as stored."""
+    def _write(self, cur: psycopg.Cursor[Any], new: TaskDoc, *, outcome_token: int | None) -> TaskDoc:
+        """Store `new` (a document leaving or outside doing) with its event, on a row the caller
+        locked in this transaction after checking its fence; the document as stored."""
         new = storable(new)
-        cur.execute(sql.WRITE, {**_row_params(new), "guard": guard})
+        cur.execute(sql.WRITE, _row_params(new))
         if cur.rowcount != 1:
-            raise ClaimLost(f"task {new['id']} is not held by token {guard}: its lease is gone")
+            raise TaskNotFound(f"task {new['id']} is no longer on the board")
         entry = new["history"][-1]
         self._event(cur, {"id": new["id"], "src": entry["from"], "dst": entry["to"], "by": entry["by"],
                           "note": entry["note"]})
@@ -309,7 +330,7 @@ class PgStore:
             if row is None:
                 raise self._lost(cur, task_id, token)
             new = finished(row_to_doc(row), to, note, changes, now=row["now_iso"])
-            return self._write(cur, new, guard=token, outcome_token=token)
+            return self._write(cur, new, outcome_token=token)
 
     @_again
     def renew(self, task_id: str, token: int, lease: float | None = None) -> TaskDoc:
@@ -385,7 +406,7 @@ class PgStore:
             doc = row_to_doc(row)
             to, note = stale_note(reason, doc["attempts"], doc["max_attempts"])
             new = transition(doc, to, by="board", now=row["now_iso"], note=note, claim=None, error=note)
-            self._write(cur, new, guard=token, outcome_token=token)
+            self._write(cur, new, outcome_token=token)
         return to
 
     def recover(self, *, sweep: bool = True) -> list[dict[str, str]]:
@@ -436,7 +457,7 @@ class PgStore:
             if to == "todo":
                 changes["attempts"] = 0
             new = transition(doc, to, by=by, now=row["now_iso"], note=note or f"moved to {to}", **changes)
-            return self._write(cur, new, guard=None, outcome_token=row["fence"] if doc.get("claim") else None)
+            return self._write(cur, new, outcome_token=row["fence"] if doc.get("claim") else None)
 
     def cancel(self, task_id: str, *, by: str = "cli") -> TaskDoc:
         doc = self.get(task_id)
@@ -450,6 +471,131 @@ class PgStore:
             raise InvalidTransition(f"task {task_id} is {doc['status']}; retry takes a blocked, failed or "
                                     "cancelled task")
         return self.move(task_id, "todo", by=by, note="retry (attempts reset)")
+
+    @_again
+    def answer(self, task_id: str, text: str, *, by: str = "cli") -> TaskDoc:
+        """Answer the question a blocked task asked: it goes back to todo with the answer among its
+        comments, marked as the answer to that question (the file board's verb)."""
+        _check_text(text, "an answer")
+        if not text.strip():
+            raise InvalidTransition("an answer must not be empty")
+        with self._tx() as cur:
+            doc, now = self._locked_doc(cur, task_id)
+            question = doc.get("question")
+            if doc["status"] != "blocked" or not question:
+                hint = f"; `hermes-sup task retry {task_id}` puts it back in todo" if doc["status"] == "blocked" else ""
+                raise InvalidTransition(f"task {task_id} is {doc['status']} and waits on no question{hint}")
+            entry = {"at": now, "by": by, "text": text, "answers": question}
+            new = transition(doc, "todo", by=by, now=now, note=f"answered by {by}", question=None, error=None,
+                             comments=[*(doc.get("comments") or []), entry])
+            return self._write(cur, new, outcome_token=None)
+
+    @_again
+    def comment(self, task_id: str, text: str, *, by: str = "cli", wait: float = 5.0) -> TaskDoc:
+        """Add a comment to a task in any status. Not a transition: no event; status and updated_at
+        stay. The row lock orders it with the holder's writes, so neither loses the other's
+        (`wait` is the file board's, which waits out a move in flight; here the lock does)."""
+        _check_text(text, "a comment")
+        with self._tx() as cur:
+            doc, now = self._locked_doc(cur, task_id)
+            comments = [*(doc.get("comments") or []), storable({"at": now, "by": by, "text": text})]
+            new = {**doc, "comments": comments}
+            if len(json.dumps(document_part(new), ensure_ascii=False).encode()) > MAX_DOCUMENT_BYTES - COMMENT_RESERVE:
+                raise TaskError(f"task {task_id} has no room for this comment: its comments may fill "
+                                f"{MAX_DOCUMENT_BYTES - COMMENT_RESERVE} bytes of its document, the rest is "
+                                "kept for its result")
+            cur.execute("UPDATE tasks SET document = jsonb_set(document, '{comments}', %s) WHERE id = %s",
+                        (Jsonb(comments), task_id))
+        return new
+
+    def _locked_doc(self, cur: psycopg.Cursor[Any], task_id: str) -> tuple[TaskDoc, str]:
+        """A task's document, its row locked until the transaction ends, and the database's now."""
+        if not is_valid_id(task_id):
+            raise TaskNotFound(f"{task_id!r:.80} is not a task id")
+        row = cur.execute(sql.ANY_ROW_LOCKED, {"id": task_id}).fetchone()
+        if row is None:
+            raise TaskNotFound(f"no task '{task_id}' on the board")
+        return row_to_doc(row), row["now_iso"]
+
+    @_again
+    def mark_waiting(self, reason: str | None, *, needs_llm: bool = True, agent: str | None = None,
+                     roles: Iterable[str] = ()) -> int:
+        """Say on each todo task (without `steps`, when `needs_llm`) why it is not being worked, or
+        clear that note with None; with `agent`, only on the tasks it could claim now. Not a
+        transition: no event, no history entry; a note already there is not written again. The
+        number of tasks changed."""
+        params = {"reason": None if reason is None else storable(str(reason)), "needs_llm": needs_llm,
+                  "agent": agent, "roles": list(roles)}
+        with self._tx() as cur:
+            cur.execute(sql.MARK_WAITING, params)
+            return cur.rowcount
+
+    # -- drops --------------------------------------------------------------------------------
+
+    def ingest(self) -> IngestReport:
+        """Turn finished files in this host's inbox/ into tasks on the shared board; reject what
+        cannot be one into rejected/ with the reason (the file board's rules, kanban/ingest.py)."""
+        report = IngestReport()
+        if self.drop_root is None:
+            return report  # a store without a host folder (a tool, a test) has no inbox
+        drops.ensure_layout(self.drop_root)
+        found, report.waiting = drops.ready(self.drop_root)
+        for path in found:
+            try:
+                read = _read_drop(path)
+                if read is not None:
+                    self._ingest_one(path, read, report)
+            except OSError as exc:
+                # A file that cannot be moved must not stop the drops after it; it is tried again next
+                # time, and its task, if already written, is found by its fingerprint.
+                report.failed.append({"file": f"inbox/{safe_name(path.name)}",
+                                      "reason": f"could not be taken: {exc.strerror or exc}; it is tried again "
+                                                "on the next ingest"})
+        return report
+
+    def _ingest_one(self, path: Path, read: Any, report: IngestReport) -> None:
+        assert self.drop_root is not None
+        try:
+            if _identity(os.lstat(path)) != read.identity:
+                # Rewritten since it was read: what lands on the board is what the file holds now.
+                read = _read_drop(path)
+        except FileNotFoundError:
+            return None  # another process of this host took it
+        if read is None:
+            return None
+        if read.reason is not None or read.doc is None:
+            return self._reject(path, read.reason or "cannot be read as a task", report)
+        rel = f"inbox/{path.name}"
+        doc = {**read.doc, "source": {"file": rel, "fingerprint": read.fp}}
+        try:
+            with self._tx() as cur:
+                # Two processes of this host taking the same drop: the second waits here, then sees the
+                # first one's task with this file's fingerprint and only archives the file.
+                cur.execute("SELECT pg_advisory_xact_lock(hashtext(current_schema()), hashtext(%s))", (doc["id"],))
+                row = cur.execute("SELECT document->'source'->>'fingerprint' AS fp FROM tasks WHERE id = %s",
+                                  (doc["id"],)).fetchone()
+                if row is None:
+                    self._insert(cur, doc, fixed_id=True, src="inbox", by="ingest", note=f"ingested from {rel}")
+                elif row["fp"] != read.fp:
+                    raise TaskError(f"a task with id '{doc['id']}' already exists")
+                # else: this very file was ingested by a process that died before moving it away
+        except TaskError as exc:
+            return self._reject(path, str(exc), report)
+        drops.archive(self.drop_root, path, doc["id"])
+        report.ingested.append(doc["id"])
+        return None
+
+    def _reject(self, path: Path, reason: str, report: IngestReport) -> None:
+        assert self.drop_root is not None
+        name = safe_name(path.name)
+        try:
+            dest = drops.set_aside(self.drop_root, path, reason)
+        except FileNotFoundError:
+            return  # another process of this host took it first
+        with self._tx() as cur:
+            self._event(cur, {"id": name, "src": "inbox", "dst": "rejected", "by": "ingest",
+                              "note": storable(reason)})
+        report.rejected.append({"file": f"inbox/{name}", "moved_to": f"rejected/{dest.name}", "reason": reason})
 
     # -- waiting ------------------------------------------------------------------------------
 
@@ -497,6 +643,14 @@ class PgStore:
                     return None
                 nap = min(nap, remaining)
             listener.wait(seen, nap)
+
+
+def _check_text(text: object, what: str) -> None:
+    if not isinstance(text, str):
+        raise TaskError(f"{what} is text, not {type(text).__name__}")
+    size = len(text.encode("utf-8", "backslashreplace"))
+    if size > MAX_BYTES:
+        raise TaskError(f"{what} is {size} bytes; the limit is {MAX_BYTES} bytes (1 MiB)")
 
 
 def _stale_reason(row: dict[str, Any], host_timeout: float) -> str:

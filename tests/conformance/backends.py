@@ -9,6 +9,7 @@ folders, a log file that can be torn) ask for it by capability (`@pytest.mark.re
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Callable
@@ -16,8 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hermes_sup.kanban import Board
 from hermes_sup.kanban.events import read_since
+from hermes_sup.kanban.pg import boot_id
 from hermes_sup.kanban.task import STATUSES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,6 +56,10 @@ class Backend:
     fault_sources: tuple[Path, ...] = ()
     # Move a task's document by hand from one status to another (HAND_MOVES only).
     hand_move: Callable[[Store, str, str, str], None] | None = None
+    # Run once per test before `build`, with the test's request and monkeypatch: starts or finds
+    # what the backend needs (a server) and says where it is in the environment, which the
+    # test's worker processes inherit.
+    prepare: Callable[[pytest.FixtureRequest, pytest.MonkeyPatch], None] | None = None
 
 
 # -- the file backend ---------------------------------------------------------------------------
@@ -86,6 +93,64 @@ def _files_hand_move(store: Store, task_id: str, src: str, dst: str) -> None:
     os.rename(store.root / src / f"{task_id}.json", store.root / dst / f"{task_id}.json")
 
 
+# -- the PostgreSQL backend ---------------------------------------------------------------------
+
+# Where the test's server is: set by _pg_prepare for the test and its worker processes.
+PG_DSN_ENV = "HERMES_SUP_CONFORMANCE_PG_DSN"
+PG_HOST = "conformance-host"
+
+
+def _pg_prepare(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    server = request.getfixturevalue("pg_server")  # one server per session (tests/pgserver.py)
+    monkeypatch.setenv(PG_DSN_ENV, server.dsn)
+
+
+def _pg_schema(tmp_path: Path) -> str:
+    # A schema per board directory: each test (and each board within one) starts empty, for the
+    # price of a few CREATE TABLEs instead of a server or a database.
+    return "conf_" + hashlib.sha256(str(tmp_path.absolute()).encode()).hexdigest()[:24]
+
+
+def _pg_build(tmp_path: Path, **opts: Any) -> Store:
+    from hermes_sup.kanban.pg.store import PgStore
+
+    dsn = os.environ.get(PG_DSN_ENV)
+    if not dsn:
+        raise RuntimeError(f"{PG_DSN_ENV} is not set: the postgres backend is built inside a test (see _pg_prepare)")
+    # One host for every process of a test, on this machine's real boot: a holder that dies is
+    # seen gone by its pid, as on a host of a team.
+    return PgStore(dsn, schema=_pg_schema(tmp_path), host=PG_HOST, boot_id=boot_id(),
+                   drop_root=tmp_path / "kanban", **opts)
+
+
+def _pg_events(store: Store, cursor: Cursor) -> EventBatch:
+    events = store.events_since(cursor)
+    found = [(event.pop("cursor"), event) for event in events]
+    return found, (found[-1][0] if found else cursor)
+
+
+def _pg_places(store: Store) -> dict[str, list[str]]:
+    with store._locked() as conn:
+        rows = conn.execute("SELECT id, status FROM tasks").fetchall()
+    found: dict[str, list[str]] = {}
+    for row in rows:
+        found.setdefault(row["id"], []).append(row["status"])
+    return found
+
+
+def _pg_leftovers(store: Store) -> list[str]:
+    """What a transition must not leave behind in the database: a lease outside doing, a task in
+    doing without one, a run still open for a claim that ended."""
+    with store._locked() as conn:
+        stray = [f"tasks/{row['id']}: {row['status']} with fence {row['fence']}" for row in conn.execute(
+            "SELECT id, status, fence FROM tasks WHERE (status = 'doing') <> (fence IS NOT NULL AND "
+            "lease_owner IS NOT NULL AND lease_until IS NOT NULL)").fetchall()]
+        stray += [f"runs/{row['fence']}: open for {row['task_id']}" for row in conn.execute(
+            "SELECT r.fence, r.task_id FROM runs r LEFT JOIN tasks t ON t.id = r.task_id AND t.fence = r.fence "
+            "AND t.status = 'doing' WHERE r.ended_at IS NULL AND t.id IS NULL").fetchall()]
+    return stray
+
+
 BACKENDS: dict[str, Backend] = {
     "files": Backend(
         kind="files",
@@ -99,14 +164,21 @@ BACKENDS: dict[str, Backend] = {
         fault_sources=tuple(sorted((ROOT / "kanban").glob("*.py"))),
         hand_move=_files_hand_move,
     ),
+    # No HAND_MOVES: a task is a row, there is no folder to move it into. No EVENT_LOG_FILE: events
+    # are rows written in the transition's own transaction, never torn.
+    "postgres": Backend(
+        kind="postgres",
+        build=_pg_build,
+        capabilities=frozenset({FAULT_POINTS}),
+        read_events=_pg_events,
+        inbox=lambda store: store.drop_root / "inbox",
+        rejected=lambda store: store.drop_root / "rejected",
+        places=_pg_places,
+        leftovers=_pg_leftovers,
+        fault_sources=(ROOT / "kanban" / "pg" / "store.py",),
+        prepare=_pg_prepare,
+    ),
 }
-
-
-# A second backend is one more entry, for example (names illustrative):
-#     "postgres": Backend(kind="postgres", build=_pg_build (a fresh schema named after tmp_path; pytest.skip
-#                         without a DSN), capabilities=frozenset({FAULT_POINTS}), read_events=<its cursor read>,
-#                         inbox=..., rejected=..., places=<status per id from its table>, leftovers=<stray rows>,
-#                         fault_sources=(<its module>,)),
 
 
 def make_store(kind: str, tmp_path: Path, **opts: Any) -> Store:

@@ -22,13 +22,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(params=selected_kinds())
-def backend(request: pytest.FixtureRequest) -> Backend:
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Backend:
     chosen = BACKENDS[request.param]
     marker = request.node.get_closest_marker("requires")
     if marker is not None:
         missing = [cap for cap in marker.args if cap not in chosen.capabilities]
         if missing:
             pytest.skip(f"the {chosen.kind} backend has no {', '.join(missing)}")
+    if chosen.prepare is not None:
+        chosen.prepare(request, monkeypatch)
     return chosen
 
 

@@ -14,6 +14,7 @@ from ..conftest import wait_until
 from .backends import EVENT_LOG_FILE, all_events
 
 TRANSITIONS = 100
+RACED_TASKS, RACERS = 200, 4
 
 
 def written_down(out: Path) -> list[dict]:
@@ -89,6 +90,38 @@ def test_two_readers_one_killed_and_resumed_see_every_event_once_in_order(backen
         assert seen == expected, f"{out.name}: {len(seen)} events written down, {len(expected)} on the board"
     cursors = [entry["cursor"] for entry in expected]
     assert cursors == sorted(set(cursors)), "cursors grow with every event"
+
+
+@pytest.mark.slow
+def test_readers_miss_no_event_while_processes_race_to_commit(backend, store, tmp_path, workers):
+    """Claimer processes write at once, so where a backend lets transactions overlap, a later cursor
+    can commit before an earlier one: readers following by cursor meanwhile still get every event
+    once, in order."""
+    for n in range(RACED_TASKS):
+        store.add({"title": f"raced {n}"})
+    outs = [tmp_path / f"reader-{n}.jsonl" for n in range(2)]
+    readers = [workers.start("reader", backend.kind, str(tmp_path), str(out), stdout=subprocess.PIPE) for out in outs]
+    for proc in readers:
+        assert proc.stdout.readline() == b"reading\n"
+    go = tmp_path / "go"
+    claimers = [workers.start("claimer", backend.kind, str(tmp_path), str(tmp_path / f"claims-{n}.jsonl"), f"c{n}",
+                              str(go)) for n in range(RACERS)]
+    go.touch()
+    for proc in claimers:
+        assert proc.wait(timeout=150) == 0
+    expected = [{"cursor": cursor, **event} for cursor, event in all_events(backend, store)]
+    assert len(expected) == 3 * RACED_TASKS
+    last = expected[-1]["cursor"]
+    for out in outs:
+        wait_until(lambda out=out: (seen := written_down(out)) and seen[-1]["cursor"] >= last, timeout=60)
+    for proc in readers:
+        proc.kill()
+        proc.wait(timeout=10)
+    for out in outs:
+        seen = written_down(out)
+        missed = [entry["cursor"] for entry in expected if entry not in seen]
+        assert missed == [], f"{out.name} missed {len(missed)} events, e.g. cursors {missed[:5]}"
+        assert seen == expected
 
 
 def test_reading_from_a_cursor_returns_exactly_the_later_events(backend, store):

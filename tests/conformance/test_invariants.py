@@ -287,6 +287,33 @@ def test_an_answer_sends_a_blocked_question_back_to_todo_with_the_answer(backend
     check_invariants(backend, store)
 
 
+def test_a_waiting_note_is_no_transition_and_names_only_what_the_agent_could_take(backend, store):
+    needs_model = store.add({"title": "needs a model", "priority": 2})
+    planned = store.add({"title": "plan", "steps": [{"tool": "wait", "args": {}}]})
+    reviews = store.add({"title": "review", "role": "reviewer"})
+    bobs = store.add({"title": "bob's", "assignee": "bob"})
+    later = store.add({"title": "later", "depends_on": [needs_model["id"]]})
+    events_before = len(all_events(backend, store))
+    stamp = store.get(needs_model["id"])["updated_at"]
+    assert store.mark_waiting("no model", agent="alice") == 1, "only what alice could claim now"
+    assert store.get(needs_model["id"])["waiting"] == "no model"
+    for other in (planned, reviews, bobs, later):
+        assert "waiting" not in store.get(other["id"]), other["title"]
+    assert store.mark_waiting("no model", agent="alice") == 0, "an unchanged note is not written again"
+    assert store.mark_waiting("no model", agent="carol", roles=["reviewer"]) == 1
+    assert store.get(reviews["id"])["waiting"] == "no model"
+    assert store.get(needs_model["id"])["updated_at"] == stamp and len(all_events(backend, store)) == events_before
+    claimed = store.claim("alice")
+    assert claimed["id"] == needs_model["id"] and "waiting" not in claimed, "a claim drops the note"
+    store.release(claimed["id"], claimed["claim"]["token"])
+    store.mark_waiting("no provider")
+    assert "waiting" not in store.get(planned["id"]), "a task with steps needs no model"
+    assert store.get(bobs["id"])["waiting"] == "no provider"
+    store.mark_waiting(None)
+    assert [doc["id"] for doc in tasks(store) if "waiting" in doc] == []
+    check_invariants(backend, store)
+
+
 @pytest.mark.requires(HAND_MOVES)
 def test_a_task_moved_by_hand_into_todo_is_adopted_and_claimed(backend, store):
     doc = store.add({"title": "parked", "status": "blocked"})
