@@ -107,7 +107,9 @@ def not_found_hint(kind: str) -> str:
 
 def reach(config: ProviderConfig, timeout: float = REACH_TIMEOUT) -> tuple[str, str | None]:
     """How a provider's server answers one short GET of its model list, without a key and around any
-    proxy: ("reachable", None), ("unreachable", why), or ("misconfigured", why) for a 404, which a
+    proxy: ("reachable", None), ("unreachable", why), ("busy", why) for a server that accepts the
+    connection but sends no answer within `timeout` (llama-server says nothing while it evaluates a
+    prompt: it is there, and its calls will be answered), or ("misconfigured", why) for a 404, which a
     server gives when the base_url misses its API's path (usually /v1): every call would fail so.
     Any other HTTP answer (401 included) means the API is there. A provider without a base_url (the
     SDK's cloud endpoint) is not probed: reachable."""
@@ -121,8 +123,28 @@ def reach(config: ProviderConfig, timeout: float = REACH_TIMEOUT) -> tuple[str, 
     except urllib.error.HTTPError as exc:
         return ("misconfigured", not_found_hint(config.kind)) if exc.code == 404 else ("reachable", None)
     except (urllib.error.URLError, OSError, ValueError) as exc:
+        if _timed_out(exc) and _listens(config.base_url, timeout):
+            return "busy", busy_hint(timeout)
         reason = getattr(exc, "reason", None) or exc
         return "unreachable", str(reason) or type(reason).__name__
+
+
+def busy_hint(waited: float) -> str:
+    """What a server that accepts connections but does not list its models in time is (pure)."""
+    return (f"it accepts connections but did not list its models within {waited:g} s (llama-server answers "
+            "nothing while it evaluates a prompt); its calls wait for it")
+
+
+def _listens(base_url: str, timeout: float) -> bool:
+    """Whether something accepts a connection at base_url's host and port: a timed-out request to a
+    server that does is a busy server, not a dead one (whose address drops or refuses the connection)."""
+    try:
+        url = urllib.parse.urlsplit(base_url)
+        port = url.port or (443 if url.scheme == "https" else 80)
+        with socket.create_connection((url.hostname or "127.0.0.1", port), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def unreachable(config: ProviderConfig, timeout: float = REACH_TIMEOUT) -> str | None:
@@ -257,6 +279,9 @@ def describe(found: ProviderConfig | None, ports: tuple[tuple[int, str], ...] = 
         probed = ", ".join(str(port) for port, _ in ports) or "none"
         return f"auto is offline: no API key, and no local server of this user on ports {probed}"
     where = f"key in ${found.api_key_env}" if found.api_key_env else f"server at {found.base_url}"
+    if found.model == BUSY_MODEL and not found.api_key_env:
+        # The probe's sign of a busy server (see probe_models): its model is learnt on a later look.
+        return f"auto uses {found.name}, server at {found.base_url}: busy, {busy_hint(PROBE_DEADLINE)}"
     return f"auto uses {found.name}, model {found.model} ({where})"
 
 
