@@ -142,6 +142,9 @@ class ProviderConfig:
     # max_tokens was not set: a local server is asked its context window and each call may fill what
     # the prompt leaves of it, up to max_tokens (a 4k server must not be asked for 4,096 tokens).
     sized: bool = False
+    # context_window was not set: a local server's own report of its context (n_ctx, max_model_len)
+    # is the window compression keeps the conversation in, context_window only when it tells none.
+    window_probed: bool = False
 
 
 class Provider(Protocol):
@@ -314,12 +317,24 @@ class _SDKProvider:
     def _max_tokens(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> int:
         if not (self.config.sized and self.config.base_url):
             return self.config.max_tokens
+        return size_max_tokens(self._server_context(), prompt_tokens(to_openai(messages), tools), None,
+                               self.config.max_tokens)
+
+    def _server_context(self) -> int | None:
         # Known once per provider: the server's model does not change under it.
-        if self._context is None and time.monotonic() - self._context_asked >= CONTEXT_RECHECK:
+        if self._context is None and self.config.base_url and \
+                time.monotonic() - self._context_asked >= CONTEXT_RECHECK:
             self._context_asked = time.monotonic()
             self._context = probe_context(self.config.base_url, self.config.model)
-        return size_max_tokens(self._context, prompt_tokens(to_openai(messages), tools), None,
-                               self.config.max_tokens)
+        return self._context
+
+    def context_window(self) -> int:
+        """The context window to keep a conversation within: what the server reports when hermes.yaml
+        set none for a local server (a 4k llama.cpp must not be filled to a cloud model's 128k),
+        else context_window as configured."""
+        if self.config.window_probed:
+            return self._server_context() or self.config.context_window
+        return self.config.context_window
 
     def _read(self, response: dict[str, Any]) -> Completion:
         raise NotImplementedError

@@ -190,7 +190,7 @@ def _resolve(env: Mapping[str, str], probe: Callable[[str], list[str] | None], h
         models = probe(base_url)
         if models is not None:
             return ProviderConfig(name=f"auto:{server}", kind="openai", model=models[0] if models else "default",
-                                  base_url=base_url, sized=True)
+                                  base_url=base_url, sized=True, window_probed=True)
     return None
 
 
@@ -297,6 +297,7 @@ def provider_configs(config: Mapping[str, Any]) -> dict[str, ProviderConfig]:
             timeout=float(spec.get("timeout", 120.0)), max_tokens=int(spec.get("max_tokens", 4096)),
             sized=_sized(spec),
             context_window=int(spec.get("context_window", 200_000 if spec.get("kind") == "anthropic" else 128_000)),
+            window_probed=spec.get("context_window") is None and _local_openai(spec),
             stream=bool(spec.get("stream", False)),
         )
     return out
@@ -305,7 +306,13 @@ def provider_configs(config: Mapping[str, Any]) -> dict[str, ProviderConfig]:
 def _sized(spec: Mapping[str, Any]) -> bool:
     """Whether a provider's max_tokens is sized from its server's context: a local OpenAI-compatible
     server (a base_url on this machine) whose max_tokens hermes.yaml leaves unset (pure)."""
-    if spec.get("max_tokens") is not None or spec.get("kind", "openai") != "openai":
+    return spec.get("max_tokens") is None and _local_openai(spec)
+
+
+def _local_openai(spec: Mapping[str, Any]) -> bool:
+    """Whether a provider is an OpenAI-compatible server on this machine (pure): one that can be
+    asked its context window (llama.cpp, llama-cpp-python, Ollama, vLLM)."""
+    if spec.get("kind", "openai") != "openai":
         return False
     try:
         return urllib.parse.urlsplit(str(spec.get("base_url") or "")).hostname in LOOPBACK_HOSTS

@@ -314,7 +314,6 @@ class Agent:
                         prices=self.llm.get("prices") or {},
                         max_iterations=int(self.config.get("max_iterations") or 60),
                         max_tokens=self.config.get("max_tokens"), max_cost=self.config.get("max_cost"),
-                        context_window=min((p.config.context_window for p in chain), default=128_000),
                         summarizer=self.chain("cheap") or chain, on_step=self._on_step, agent=self.name,
                         inputs=self.inputs(doc), complete=functools.partial(complete_with_fallback, health=self.health),
                         tool_use=self._tool_use)
