@@ -752,5 +752,5 @@ def read_supervisor_state(ws: Workspace) -> dict[str, Any]:
 
 # Register, on the groups above, the task commands (cli_task: add, list, show, cancel, answer, retry,
 # move; cli_tasklog: task log), `events` (cli_events), `logs` (cli_logs), and `stop`, `start`, `ps`,
-# `task wait` and `task comment` (cli_steer).
-from . import cli_events, cli_logs, cli_steer, cli_task, cli_tasklog  # noqa: E402, F401
+# `task wait` and `task comment` (cli_steer), `prune` (cli_prune).
+from . import cli_events, cli_logs, cli_prune, cli_steer, cli_task, cli_tasklog  # noqa: E402, F401

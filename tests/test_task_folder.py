@@ -93,3 +93,14 @@ def test_the_listing_is_bounded_and_never_follows_a_link(tmp_path):
         (tmp_path / f"n{index}").write_text("")
     cut = list_files(tmp_path, limit=2)
     assert len(cut["files"]) == 2 and cut["more"] == 6
+
+
+def test_no_agent_may_be_named_like_the_folder_of_the_tasks(tmp_path):
+    from hermes_sup.supervisor.workspace import ConfigError, load_config
+
+    path = tmp_path / "hermes.yaml"
+    path.write_text("agents:\n  - name: tasks\n")
+    with pytest.raises(ConfigError, match="runs/tasks/ holds the tasks' working folders"):
+        load_config(path)
+    path.write_text("agents:\n  - name: tasks2\n")
+    assert load_config(path)["agents"][0]["name"] == "tasks2"
