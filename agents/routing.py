@@ -45,6 +45,11 @@ AUTO_KEEP_FOUND = 60.0
 AUTO_KEEP_MISS = 10.0
 BUSY_MODEL = "default"             # llama-server and llama-cpp-python serve one model, whatever is asked
 MAX_PROBE_BYTES = 4 << 20          # a list of models; real ones are a few KiB
+# A call's timeout unless hermes.yaml sets one. A local CPU server answers one request at a time: a
+# call waits behind every other agent's in its queue (a minute each on 2 cores), which 120 s does
+# not cover; a cloud API answers at once or not at all.
+CLOUD_TIMEOUT = 120.0
+LOCAL_TIMEOUT = 600.0
 
 
 def probe_models(base_url: str, timeout: float = PROBE_TIMEOUT) -> list[str] | None:
@@ -190,7 +195,7 @@ def _resolve(env: Mapping[str, str], probe: Callable[[str], list[str] | None], h
         models = probe(base_url)
         if models is not None:
             return ProviderConfig(name=f"auto:{server}", kind="openai", model=models[0] if models else "default",
-                                  base_url=base_url, sized=True, window_probed=True)
+                                  base_url=base_url, sized=True, window_probed=True, timeout=LOCAL_TIMEOUT)
     return None
 
 
@@ -294,7 +299,8 @@ def provider_configs(config: Mapping[str, Any]) -> dict[str, ProviderConfig]:
         out[name] = ProviderConfig(
             name=name, kind=str(spec.get("kind", "openai")), model=str(spec.get("model", "")),
             base_url=spec.get("base_url"), api_key_env=spec.get("api_key_env"),
-            timeout=float(spec.get("timeout", 120.0)), max_tokens=int(spec.get("max_tokens", 4096)),
+            timeout=float(spec.get("timeout", LOCAL_TIMEOUT if _local_openai(spec) else CLOUD_TIMEOUT)),
+            max_tokens=int(spec.get("max_tokens", 4096)),
             sized=_sized(spec),
             context_window=int(spec.get("context_window", 200_000 if spec.get("kind") == "anthropic" else 128_000)),
             window_probed=spec.get("context_window") is None and _local_openai(spec),
