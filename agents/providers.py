@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from hermes_sup.kanban.redact import known, redact, remember
 
-from .sizing import CONTEXT_RECHECK, probe_context, prompt_tokens, size_max_tokens
+from .sizing import CONTEXT_RECHECK, context_from_error, probe_context, prompt_tokens, size_max_tokens
 from .streams import assemble_anthropic, assemble_openai
 from .translate import Completion, Message, Usage, from_anthropic, from_openai, to_anthropic, to_openai
 
@@ -292,7 +292,12 @@ class _SDKProvider:
                                     "(the answer was cut off)", provider=self.config.name)
             return self._read(assembled)
         except (self._sdk_error(), *self._transport_errors()) as exc:
-            raise _provider_error(self._sdk, exc, self.config.name, self._secret) from None
+            error = _provider_error(self._sdk, exc, self.config.name, self._secret)
+            if error.kind == "context_overflow" and self._context is None and self.config.base_url:
+                # The server said its window at last (llama-cpp-python does nowhere else): the next
+                # call's max_tokens and the compression of the conversation fit it.
+                self._context = context_from_error(str(error))
+            raise error from None
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             # An answer in a shape no API gives (a hostile or broken server): its reason, not a crash.
             text = redact(f"{self.config.name}: an answer that cannot be read ({type(exc).__name__}: {exc})",

@@ -13,6 +13,7 @@ from hermes_sup.agents.sizing import (
     CONTEXT_RECHECK,
     MIN_MAX_TOKENS,
     SAFETY,
+    context_from_error,
     context_from_models,
     context_from_props,
     context_from_show,
@@ -175,3 +176,28 @@ def test_a_context_window_set_in_hermes_yaml_wins_over_the_servers_report():
         assert llm.probes == [], "a window given is not asked for"
         assert OpenAIProvider(configs["told"]).context_window() == 4096
         assert OpenAIProvider(configs["cloud"]).context_window() == 128_000, "a remote API is never probed"
+
+
+def test_a_server_that_names_its_context_only_in_an_overflow_error_is_fitted_from_then_on():
+    # llama-cpp-python answers none of /props, /api/show or max_model_len: its 2k window shows only
+    # in the 400 it gives a request that does not fit (the whole 4,096 default asked as max_tokens).
+    from hermes_sup.agents.providers import ProviderError
+
+    from .llm_server import error_reply
+
+    assert context_from_error("This model's maximum context length is 4096 tokens. However, you") == 4096
+    assert context_from_error("Requested tokens (5000) exceed context window of 2048") == 2048
+    assert context_from_error("context length exceeded") is None
+    overflow = error_reply(400, "This model's maximum context length is 2048 tokens. However, you requested 4190 "
+                                "tokens (94 in the messages, 4096 in the completion).", kind="context_length_exceeded")
+    with ScriptedLLM() as llm:
+        llm.script("openai", overflow, openai_reply("fits now"))
+        config = {"providers": {"local": {"kind": "openai", "model": "m", "base_url": f"{llm.url}/v1"}}}
+        provider = OpenAIProvider(provider_configs(config)["local"])
+        with pytest.raises(ProviderError) as failed:
+            provider.complete(MESSAGES, None)
+        assert failed.value.kind == "context_overflow"
+        assert provider.complete(MESSAGES, None).message["content"] == "fits now"
+        assert provider.context_window() == 2048, "the conversation is compressed to fit it too"
+    assert [r["body"]["max_tokens"] for r in llm.requests] == [
+        4096, 2048 - prompt_tokens(to_openai(MESSAGES), None) - SAFETY]
