@@ -235,7 +235,7 @@ def main() -> int:
 def report(ws: Path, docs: list[dict[str, Any]], records: list[dict[str, Any]], elapsed: float, server: str) -> int:
     checks: dict[str, Check] = {task_id: check for task_id, _, _, check in TASKS}
     # The example planner's answer is the board it leaves: done in prose without a sub-task is not done.
-    made = {d["id"] for d in docs if (d.get("meta") or {}).get("created_by") == "planner"}
+    made = {d["id"] for d in docs if (d.get("meta") or {}).get("created_by_task") == "onboarding-guide"}
     checks["onboarding-guide"] = lambda answer, work: bool(made)
     rows, tally = [], Counter()
     for doc in sorted(docs, key=lambda d: d["id"]):
