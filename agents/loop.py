@@ -46,6 +46,7 @@ MAX_RESULT_CHARS = 20_000
 INPUT_CHARS = 8_000       # of each dependency's result in the task's first message, and of each comment
 COMMENT_CHARS = 32_000    # of all the comments in it (the latest are kept)
 COMPRESS_AT = 0.8  # of the model's context window
+DEFAULT_WINDOW = 128_000  # a chain without providers: nothing is called anyway
 KEEP_RECENT = 6    # messages kept verbatim at the end when the middle is summarized
 SUMMARIZE = ("Summarize the work below for the agent that will continue it: what was found, what was done "
              "(files written, commands run), what failed, and what is left. Be concise and keep names, paths "
@@ -295,7 +296,7 @@ class TaskLoop:
                  toolbox: Toolbox, identity: str = "", prompt_extra: str = "", max_iterations: int = MAX_ITERATIONS,
                  complete: Callable[..., Any] = complete_with_fallback,
                  prices: dict[str, Any] | None = None, max_tokens: int | None = None,
-                 max_cost: float | None = None, context_window: int = 128_000,
+                 max_cost: float | None = None, context_window: int | None = None,
                  summarizer: list[Provider] | None = None, keep_recent: int = KEEP_RECENT,
                  on_step: Callable[[int], None] = lambda step: None, agent: str = "",
                  inputs: list[dict[str, Any]] | None = None, tool_use: dict[str, ToolUse] | None = None,
@@ -549,8 +550,19 @@ class TaskLoop:
                                                error="the agent was asked to stop during the call"))
             raise
 
+    def window(self) -> int:
+        """The context window to keep the conversation within: the one given, else the smallest of
+        the chain's (each provider's as its server reports it, see OpenAIProvider.context_window):
+        any of them may be the one that answers."""
+        if self.context_window is not None:
+            return self.context_window
+        sizes = [provider.context_window() if callable(getattr(provider, "context_window", None))
+                 else provider.config.context_window for provider in self.chain]
+        return min(sizes, default=DEFAULT_WINDOW)
+
     def _call_model(self, messages: list[Message], tools: list[dict[str, Any]]) -> Any:
-        if estimate_tokens(messages) > COMPRESS_AT * self.context_window:
+        # The tool definitions go with every call: they fill the window as much as the messages.
+        if estimate_tokens(messages) + estimate_tokens(tools) > COMPRESS_AT * self.window():
             self.compress(messages)
         try:
             return self._complete(self.chain, messages, tools or None)

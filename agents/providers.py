@@ -51,7 +51,7 @@ from .breaker import (
     released,
 )
 from .breaker import cooldown_delay as cooldown_delay  # re-exported: callers knew it from here
-from .sizing import CONTEXT_RECHECK, probe_context, prompt_tokens, size_max_tokens
+from .sizing import CONTEXT_RECHECK, context_from_error, probe_context, prompt_tokens, size_max_tokens
 from .streams import assemble_anthropic, assemble_openai
 from .translate import Completion, Message, Usage, from_anthropic, from_openai, to_anthropic, to_openai
 
@@ -158,6 +158,9 @@ class ProviderConfig:
     # max_tokens was not set: a local server is asked its context window and each call may fill what
     # the prompt leaves of it, up to max_tokens (a 4k server must not be asked for 4,096 tokens).
     sized: bool = False
+    # context_window was not set: a local server's own report of its context (n_ctx, max_model_len)
+    # is the window compression keeps the conversation in, context_window only when it tells none.
+    window_probed: bool = False
 
 
 class Provider(Protocol):
@@ -305,7 +308,12 @@ class _SDKProvider:
                                     "(the answer was cut off)", provider=self.config.name)
             return self._read(assembled)
         except (self._sdk_error(), *self._transport_errors()) as exc:
-            raise _provider_error(self._sdk, exc, self.config.name, self._secret) from None
+            error = _provider_error(self._sdk, exc, self.config.name, self._secret)
+            if error.kind == "context_overflow" and self._context is None and self.config.base_url:
+                # The server said its window at last (llama-cpp-python does nowhere else): the next
+                # call's max_tokens and the compression of the conversation fit it.
+                self._context = context_from_error(str(error))
+            raise error from None
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             # An answer in a shape no API gives (a hostile or broken server): its reason, not a crash.
             text = redact(f"{self.config.name}: an answer that cannot be read ({type(exc).__name__}: {exc})",
@@ -330,12 +338,24 @@ class _SDKProvider:
     def _max_tokens(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> int:
         if not (self.config.sized and self.config.base_url):
             return self.config.max_tokens
+        return size_max_tokens(self._server_context(), prompt_tokens(to_openai(messages), tools), None,
+                               self.config.max_tokens)
+
+    def _server_context(self) -> int | None:
         # Known once per provider: the server's model does not change under it.
-        if self._context is None and time.monotonic() - self._context_asked >= CONTEXT_RECHECK:
+        if self._context is None and self.config.base_url and \
+                time.monotonic() - self._context_asked >= CONTEXT_RECHECK:
             self._context_asked = time.monotonic()
             self._context = probe_context(self.config.base_url, self.config.model)
-        return size_max_tokens(self._context, prompt_tokens(to_openai(messages), tools), None,
-                               self.config.max_tokens)
+        return self._context
+
+    def context_window(self) -> int:
+        """The context window to keep a conversation within: what the server reports when hermes.yaml
+        set none for a local server (a 4k llama.cpp must not be filled to a cloud model's 128k),
+        else context_window as configured."""
+        if self.config.window_probed:
+            return self._server_context() or self.config.context_window
+        return self.config.context_window
 
     def _read(self, response: dict[str, Any]) -> Completion:
         raise NotImplementedError

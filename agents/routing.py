@@ -45,6 +45,11 @@ AUTO_KEEP_FOUND = 60.0
 AUTO_KEEP_MISS = 10.0
 BUSY_MODEL = "default"             # llama-server and llama-cpp-python serve one model, whatever is asked
 MAX_PROBE_BYTES = 4 << 20          # a list of models; real ones are a few KiB
+# A call's timeout unless hermes.yaml sets one. A local CPU server answers one request at a time: a
+# call waits behind every other agent's in its queue (a minute each on 2 cores), which 120 s does
+# not cover; a cloud API answers at once or not at all.
+CLOUD_TIMEOUT = 120.0
+LOCAL_TIMEOUT = 600.0
 
 
 def probe_models(base_url: str, timeout: float = PROBE_TIMEOUT) -> list[str] | None:
@@ -107,7 +112,9 @@ def not_found_hint(kind: str) -> str:
 
 def reach(config: ProviderConfig, timeout: float = REACH_TIMEOUT) -> tuple[str, str | None]:
     """How a provider's server answers one short GET of its model list, without a key and around any
-    proxy: ("reachable", None), ("unreachable", why), or ("misconfigured", why) for a 404, which a
+    proxy: ("reachable", None), ("unreachable", why), ("busy", why) for a server that accepts the
+    connection but sends no answer within `timeout` (llama-server says nothing while it evaluates a
+    prompt: it is there, and its calls will be answered), or ("misconfigured", why) for a 404, which a
     server gives when the base_url misses its API's path (usually /v1): every call would fail so.
     Any other HTTP answer (401 included) means the API is there. A provider without a base_url (the
     SDK's cloud endpoint) is not probed: reachable."""
@@ -121,8 +128,28 @@ def reach(config: ProviderConfig, timeout: float = REACH_TIMEOUT) -> tuple[str, 
     except urllib.error.HTTPError as exc:
         return ("misconfigured", not_found_hint(config.kind)) if exc.code == 404 else ("reachable", None)
     except (urllib.error.URLError, OSError, ValueError) as exc:
+        if _timed_out(exc) and _listens(config.base_url, timeout):
+            return "busy", busy_hint(timeout)
         reason = getattr(exc, "reason", None) or exc
         return "unreachable", str(reason) or type(reason).__name__
+
+
+def busy_hint(waited: float) -> str:
+    """What a server that accepts connections but does not list its models in time is (pure)."""
+    return (f"it accepts connections but did not list its models within {waited:g} s (llama-server answers "
+            "nothing while it evaluates a prompt); its calls wait for it")
+
+
+def _listens(base_url: str, timeout: float) -> bool:
+    """Whether something accepts a connection at base_url's host and port: a timed-out request to a
+    server that does is a busy server, not a dead one (whose address drops or refuses the connection)."""
+    try:
+        url = urllib.parse.urlsplit(base_url)
+        port = url.port or (443 if url.scheme == "https" else 80)
+        with socket.create_connection((url.hostname or "127.0.0.1", port), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def unreachable(config: ProviderConfig, timeout: float = REACH_TIMEOUT) -> str | None:
@@ -168,7 +195,7 @@ def _resolve(env: Mapping[str, str], probe: Callable[[str], list[str] | None], h
         models = probe(base_url)
         if models is not None:
             return ProviderConfig(name=f"auto:{server}", kind="openai", model=models[0] if models else "default",
-                                  base_url=base_url, sized=True)
+                                  base_url=base_url, sized=True, window_probed=True, timeout=LOCAL_TIMEOUT)
     return None
 
 
@@ -257,6 +284,9 @@ def describe(found: ProviderConfig | None, ports: tuple[tuple[int, str], ...] = 
         probed = ", ".join(str(port) for port, _ in ports) or "none"
         return f"auto is offline: no API key, and no local server of this user on ports {probed}"
     where = f"key in ${found.api_key_env}" if found.api_key_env else f"server at {found.base_url}"
+    if found.model == BUSY_MODEL and not found.api_key_env:
+        # The probe's sign of a busy server (see probe_models): its model is learnt on a later look.
+        return f"auto uses {found.name}, server at {found.base_url}: busy, {busy_hint(PROBE_DEADLINE)}"
     return f"auto uses {found.name}, model {found.model} ({where})"
 
 
@@ -269,9 +299,11 @@ def provider_configs(config: Mapping[str, Any]) -> dict[str, ProviderConfig]:
         out[name] = ProviderConfig(
             name=name, kind=str(spec.get("kind", "openai")), model=str(spec.get("model", "")),
             base_url=spec.get("base_url"), api_key_env=spec.get("api_key_env"),
-            timeout=float(spec.get("timeout", 120.0)), max_tokens=int(spec.get("max_tokens", 4096)),
+            timeout=float(spec.get("timeout", LOCAL_TIMEOUT if _local_openai(spec) else CLOUD_TIMEOUT)),
+            max_tokens=int(spec.get("max_tokens", 4096)),
             sized=_sized(spec),
             context_window=int(spec.get("context_window", 200_000 if spec.get("kind") == "anthropic" else 128_000)),
+            window_probed=spec.get("context_window") is None and _local_openai(spec),
             stream=bool(spec.get("stream", False)),
         )
     return out
@@ -280,7 +312,13 @@ def provider_configs(config: Mapping[str, Any]) -> dict[str, ProviderConfig]:
 def _sized(spec: Mapping[str, Any]) -> bool:
     """Whether a provider's max_tokens is sized from its server's context: a local OpenAI-compatible
     server (a base_url on this machine) whose max_tokens hermes.yaml leaves unset (pure)."""
-    if spec.get("max_tokens") is not None or spec.get("kind", "openai") != "openai":
+    return spec.get("max_tokens") is None and _local_openai(spec)
+
+
+def _local_openai(spec: Mapping[str, Any]) -> bool:
+    """Whether a provider is an OpenAI-compatible server on this machine (pure): one that can be
+    asked its context window (llama.cpp, llama-cpp-python, Ollama, vLLM)."""
+    if spec.get("kind", "openai") != "openai":
         return False
     try:
         return urllib.parse.urlsplit(str(spec.get("base_url") or "")).hostname in LOOPBACK_HOSTS

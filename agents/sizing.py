@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import urllib.error
@@ -82,6 +83,17 @@ def context_from_models(data: Any, model: str) -> int | None:
     entries = [m for m in models if isinstance(m, Mapping)]
     chosen = [m for m in entries if m.get("id") == model] or entries[:1]
     return int(chosen[0]["max_model_len"]) if chosen and _positive(chosen[0].get("max_model_len")) else None
+
+
+_STATED = re.compile(r"(?:maximum context length is|context window of|n_ctx[ =:]+|context size of)\s*(\d{2,9})")
+
+
+def context_from_error(text: str) -> int | None:
+    """The context window a server names in its context-overflow error (pure): llama-cpp-python and
+    vLLM say "This model's maximum context length is 4096 tokens", llama-cpp-python's Llama "exceed
+    context window of 4096". llama-cpp-python tells it nowhere else."""
+    found = _STATED.search(text)
+    return int(found.group(1)) if found and _positive(int(found.group(1))) else None
 
 
 def _positive(value: Any) -> bool:

@@ -51,6 +51,7 @@ from .providers import (
 from .routing import chain_for, keep_auto, resolve_auto, task_tier
 from .skills import Skills, prompt_block
 from .steps import StepRun, step_grants
+from .taskdir import ensure_work_folder
 from .tools import DEFAULT_CAPABILITIES, Toolbox, ToolContext, ToolError
 
 AGENT_ENV = "HERMES_SUP_AGENT"
@@ -299,15 +300,24 @@ class Agent:
 
     def context(self, doc: dict[str, Any], halt: threading.Event | None = None,
                 grants: tuple[str, ...] | None = None) -> ToolContext:
-        # Nothing of the task decides where the tools work: the scratch folder is the agent's own
-        # whatever the task says (a task is input, and may come from anyone).
         stop = halt or self.stop
-        return ToolContext(scratch=self.scratch, stop=stop, memory=self.memory, board=self.board,
+        return ToolContext(scratch=self.task_folder(doc), stop=stop, memory=self.memory, board=self.board,
                            agent=self.name, task=doc, llm=lambda tier, prompt, log=None: self.ask_model(
                                tier, prompt, stop, task=str(doc.get("id")), log=log),
                            settings=dict(self.config),
                            services={"skills": self.skills, "delegation": self.delegator},
                            grants=self.capabilities if grants is None else grants)
+
+    def task_folder(self, doc: dict[str, Any]) -> Path:
+        """Where the tools work on this task: its own folder under runs/tasks/, the same for whoever
+        holds it, so a take-over or a retry finds the files the conversation names. Only the task's id
+        (a checked name) places it: no other field of a task points the tools anywhere. A folder that
+        cannot be made (a symlink on the way) leaves the agent's own scratch folder, and says why."""
+        try:
+            return ensure_work_folder(self.workspace / "runs", str(doc.get("id")))
+        except (OSError, ValueError) as exc:
+            say(self.name, f"working in {self.scratch}, not in the task's own folder: {exc}")
+            return self.scratch
 
     def inputs(self, doc: dict[str, Any]) -> list[dict[str, Any]]:
         """The tasks this one depends on, for their results."""
@@ -333,7 +343,6 @@ class Agent:
                         prices=self.llm.get("prices") or {},
                         max_iterations=int(self.config.get("max_iterations") or 60),
                         max_tokens=self.config.get("max_tokens"), max_cost=self.config.get("max_cost"),
-                        context_window=min((p.config.context_window for p in chain), default=128_000),
                         summarizer=self.chain("cheap") or chain, on_step=self._on_step, agent=self.name,
                         inputs=self.inputs(doc), complete=complete,
                         tool_use=self._tool_use)

@@ -771,12 +771,13 @@ def read_supervisor_state(ws: Workspace) -> dict[str, Any]:
 # Register, on the groups above, the task commands (cli_task: add, list, show, cancel, answer, retry,
 # move; cli_tasklog: task log), `events` (cli_events), `logs` (cli_logs), and `stop`, `start`, `ps`,
 # `task wait` and `task comment` (cli_steer), `schedules` (cli_schedules), `dashboard` (cli_dashboard),
-# `import-hermes` (cli_hermes).
+# `import-hermes` (cli_hermes), `prune` (cli_prune).
 from . import (  # noqa: E402, F401
     cli_dashboard,
     cli_events,
     cli_hermes,
     cli_logs,
+    cli_prune,
     cli_schedules,
     cli_steer,
     cli_task,

@@ -6,9 +6,11 @@ Registered on the command line's `task` group when cli.py imports this module (a
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
+from hermes_sup.agents.taskdir import list_files, work_folder
 from hermes_sup.kanban import STATUSES, BoardStore
 from hermes_sup.kanban.prefix import resolve_task_id
 from hermes_sup.kanban.task import TIERS
@@ -109,7 +111,7 @@ def task_show(ctx: click.Context, task_id: str, transcript: bool, as_json: bool)
         doc = team.with_reason(doc, team.explain(board, doc, team_now(ctx)))
     raws, notes = taskrecords.gather(workspace_of(ctx).runs_path, doc["id"])
     entries = taskrecords.merge(raws, taskrecords.claims(doc))
-    doc = {**doc, **taskrecords.overview(entries)}
+    doc = {**doc, **taskrecords.overview(entries), "folder": task_files(workspace_of(ctx).runs_path, doc["id"])}
     if as_json:
         emit_json({**doc, **({"transcript": entries} if transcript else {}), "notes": notes})
         return
@@ -120,6 +122,15 @@ def task_show(ctx: click.Context, task_id: str, transcript: bool, as_json: bool)
                 click.echo(line)
     for note in notes:
         err.print(Text.assemble(("note:", "yellow"), " ", literal(note, one_line=True)), soft_wrap=True)
+
+
+def task_files(runs: Path, task_id: str) -> dict[str, Any] | None:
+    """The task's working folder and the files in it now (what its holders wrote and left), or None
+    when it has none (never worked by an agent, or pruned)."""
+    folder = work_folder(runs, task_id)
+    if not folder.is_dir() or folder.is_symlink():
+        return None
+    return list_files(folder)
 
 
 def _change(ctx: click.Context, as_json: bool, action: Callable[[BoardStore], dict[str, Any]]) -> None:

@@ -14,7 +14,15 @@ from typing import Any
 from hermes_sup.agents.breaker import saved_states
 from hermes_sup.agents.keys import AUTO_KEYS, ENV_FILE, KeyFile, key_names
 from hermes_sup.agents.providers import BREAKERS_FILE
-from hermes_sup.agents.routing import REACH_TIMEOUT, provider_configs, reach, resolve_auto
+from hermes_sup.agents.routing import (
+    BUSY_MODEL,
+    PROBE_DEADLINE,
+    REACH_TIMEOUT,
+    busy_hint,
+    provider_configs,
+    reach,
+    resolve_auto,
+)
 from hermes_sup.kanban import BoardError
 from hermes_sup.kanban.fsinfo import disk_free, inotify_limits
 from hermes_sup.kanban.fsio import read_bytes_nofollow
@@ -103,7 +111,11 @@ def run_checks(ws: Workspace) -> list[Check]:
                              + "; only tasks with steps will run"))
     else:
         where = f"key in ${found.api_key_env}" if found.api_key_env else f"server at {found.base_url}"
-        checks.append(_check("provider auto", "ok", f"{found.name}: {found.kind}, model {found.model} ({where})"))
+        if found.model == BUSY_MODEL and not found.api_key_env:
+            checks.append(_check("provider auto", "info", f"{found.name}: {found.kind}, {where}: busy: "
+                                 f"{busy_hint(PROBE_DEADLINE)}"))
+        else:
+            checks.append(_check("provider auto", "ok", f"{found.name}: {found.kind}, model {found.model} ({where})"))
     for note in said[:-1]:
         checks.append(_check("auto passed over", "warn", note))
     for name, provider in provider_configs(config).items():
@@ -119,6 +131,8 @@ def run_checks(ws: Workspace) -> list[Check]:
             if state == "unreachable":
                 checks.append(_check(f"provider {name}", "warn", f"{where}: unreachable ({why}) within "
                                      f"{REACH_TIMEOUT:g} s; its tasks wait until it answers"))
+            elif state == "busy":
+                checks.append(_check(f"provider {name}", "info", f"{where}: busy: {why}"))
             elif state == "misconfigured":
                 checks.append(_check(f"provider {name}", "warn", f"{where}: misconfigured: {why}"))
             else:

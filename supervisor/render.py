@@ -245,6 +245,11 @@ def task_detail(doc: dict[str, Any]) -> Panel:
     return Panel(lines, title=literal(f"{doc['id']}: {doc['title']}", one_line=True), title_align="left")
 
 
+def _size(count: int) -> str:
+    return f"{count:,} B" if count < 1024 else f"{count / 1024:,.1f} KiB" if count < 1 << 20 else \
+        f"{count / (1 << 20):,.1f} MiB"
+
+
 def _dollars(value: float) -> str:
     return f"${value:.4f}" if value < 1 else f"${value:,.2f}"
 
@@ -258,6 +263,11 @@ def activity_fields(doc: dict[str, Any]) -> list[tuple[str, str]]:
     files = doc.get("files") or []
     if files:
         shown.append(("files written", ", ".join(f"{f['path']} ({f['agent']})" for f in files)))
+    folder = doc.get("folder")
+    if folder:
+        names = [f"{f['path']} ({'link' if f.get('link') else _size(f['bytes'])})" for f in folder["files"]]
+        more = f", and {folder['more']} more" if folder.get("more") else ""
+        shown.append(("work folder", f"{folder['path']}: " + (", ".join(names) + more if names else "empty")))
     cost = doc.get("cost") or {}
     if cost.get("calls"):
         text = f"{_dollars(cost['cost_usd'])} over {cost['calls']} model call(s)"

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 from hermes_sup.agents.memory import limits_problem
 from hermes_sup.agents.routespec import routing_error
+from hermes_sup.agents.taskdir import TASKS_DIR
 from hermes_sup.kanban import BoardError, BoardStore
 from hermes_sup.kanban.backends import BoardConfigError, check_board_config, check_host, open_board
 from hermes_sup.kanban.parse import PlainLoader
@@ -338,6 +339,8 @@ def _check_agent(agent: dict[str, Any], fail: Any) -> None:
     if not AGENT_NAME.fullmatch(name):
         raise fail(agent, f"agent name {name!r} must be 1 to 64 letters, digits, '-' or '_', starting with a "
                           "letter or digit (it names the agent's folder under runs/)")
+    if name == TASKS_DIR:
+        raise fail(agent, f"agent name {name!r} is taken: runs/{TASKS_DIR}/ holds the tasks' working folders")
     count = agent.get("count", 1)
     if not _whole(count, 1, MAX_COUNT):
         raise fail(agent, f"agent {name}: 'count' must be a whole number from 1 to {MAX_COUNT}, got {count!r}")

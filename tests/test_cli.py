@@ -192,8 +192,7 @@ def test_up_runs_the_team_which_does_a_dropped_task_and_stops_on_sigterm(ws):
         (ws / "kanban" / "inbox" / "note.json").write_text(json.dumps(drop))
         done = wait_until(lambda: [n for n in os.listdir(ws / "kanban" / "done") if n.endswith(".json")], timeout=30)
         doc = json.loads((ws / "kanban" / "done" / done[0]).read_text())
-        who = doc["history"][-1]["by"]
-        assert (ws / "runs" / who / "scratch" / "note.txt").read_text() == "hi"
+        assert (ws / "runs" / "tasks" / doc["id"] / "work" / "note.txt").read_text() == "hi"
         # No API key and no local server here: the task that needs an LLM waits in todo, saying why.
         def waiting():
             return [json.loads(p.read_text()) for p in (ws / "kanban" / "todo").glob("*.json")]

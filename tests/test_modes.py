@@ -91,8 +91,9 @@ def test_under_any_umask_no_state_file_is_readable_by_others(tmp_path, umask):
             wait_until(lambda: board.get(task_id)["status"] == "done", timeout=60)
             thinker = ws / "runs" / "thinker"
             for name in ("agent.log", "llm_calls.jsonl", "tool_calls.jsonl", f"transcripts/{task_id}.jsonl",
-                         "scratch/out.txt", "state.json"):
+                         "state.json"):
                 assert (thinker / name).exists(), name
+            assert (ws / "runs" / "tasks" / task_id / "work" / "out.txt").exists(), "the task's own folder"
             sockets = [p for p in (ws / "runs").rglob("*") if p.is_socket()]
             assert sockets, "the notify and control sockets are checked too"
             runs = [ws / "runs", *(ws / "runs").rglob("*")]

@@ -1,6 +1,6 @@
 """No agent gets more than it was granted, with real agents and real tasks: steps an agent wrote run
 with its rights, not with those of the teammate that claims them; no field of a task moves the file
-tools out of the agent's scratch folder."""
+tools out of the task's working folder."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def test_steps_an_agent_without_shell_wrote_do_not_run_with_a_teammates_shell(tm
     up(ws)
     settled(board, "plan", "done")
     assert settled(board, honest["id"], "done")["result"]["steps"] == [""]
-    assert (ws / "runs/coder/scratch/ok.txt").read_text() == "ok\n"
+    assert (ws / f"runs/tasks/{honest['id']}/work/ok.txt").read_text() == "ok\n"
     refused = ("step 1 (terminal): refused: terminal needs the shell capability, which this task's steps "
                "(written by {}) is not granted")
     sneaky = settled(board, "sneaky", "failed")
@@ -82,8 +82,8 @@ def test_a_task_cannot_move_the_file_tools_out_of_the_scratch_folder(tmp_path, u
     up(ws)
     failed = settled(board, "widen", "failed")
     assert failed["error"] == "step 3 (read_file): no such file: .env"
-    assert not (ws / "skills/evil.py").exists(), "the write stayed in the scratch folder"
-    assert (ws / "runs/runner/scratch/skills/evil.py").read_text() == "import os\n"
+    assert not (ws / "skills/evil.py").exists(), "the write stayed in the task's folder"
+    assert (ws / "runs/tasks/widen/work/skills/evil.py").read_text() == "import os\n"
     log = (ws / "runs/runner/tool_calls.jsonl").read_text()
     results = [json.loads(line).get("result") for line in log.splitlines()]
     assert "sk-secret-never-read" not in log and results[3] == "no matches", "the search saw no .env"

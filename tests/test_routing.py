@@ -189,3 +189,21 @@ def test_an_agent_learns_a_busy_servers_model_on_its_sooner_look(tmp_path, monke
             assert [p.config.model for p in agent.chain("standard")] == ["scripted"]
         finally:
             agent.board.close()
+
+
+def test_a_local_server_waits_longer_for_an_answer_than_a_cloud_api():
+    # llama-cpp-python on 2 cores answers one request at a time: with four agents a call waited in its
+    # queue past 120 s and the task failed on "timed out" (make real-smoke), the server alive and busy.
+    from hermes_sup.agents.routing import CLOUD_TIMEOUT, LOCAL_TIMEOUT, provider_configs
+
+    configs = provider_configs({"providers": {
+        "local": {"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:8080/v1"},
+        "named": {"kind": "openai", "model": "m", "base_url": "http://localhost:11434/v1", "timeout": 30},
+        "cloud": {"kind": "openai", "model": "m", "api_key_env": "OPENAI_API_KEY"},
+        "remote": {"kind": "openai", "model": "m", "base_url": "https://api.example.invalid/v1"}}})
+    assert LOCAL_TIMEOUT >= 600 > CLOUD_TIMEOUT == 120
+    assert configs["local"].timeout == LOCAL_TIMEOUT
+    assert configs["named"].timeout == 30, "a timeout hermes.yaml sets is kept"
+    assert configs["cloud"].timeout == configs["remote"].timeout == CLOUD_TIMEOUT
+    found = resolve_auto({}, lambda url: ["m"], ports=((8080, "llama.cpp"),), owners=OURS)
+    assert found is not None and found.timeout == LOCAL_TIMEOUT, "auto's local server too"

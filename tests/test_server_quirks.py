@@ -5,6 +5,8 @@ without tool_choice, no usage in streams, and a base_url without /v1."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hermes_sup.agents.providers import (
     AnthropicProvider,
@@ -245,3 +247,34 @@ def test_doctor_says_a_base_url_without_v1_is_misconfigured(tmp_path):
     assert checks["provider nov1"]["level"] == "warn"
     assert checks["provider nov1"]["detail"] == (f"openai, model m at {llm.url}: misconfigured: not found "
                                                  "(does base_url end in /v1?)")
+
+
+def test_doctor_says_busy_for_a_server_slow_to_list_its_models_and_unreachable_for_a_dead_one(tmp_path):
+    # llama-server answers nothing to /v1/models for ~5 s while it evaluates a prompt: it is alive,
+    # and doctor must not call it down (neither as a named provider nor as what auto found).
+    import json
+    import socket
+    import subprocess
+
+    from hermes_sup.agents.routing import AUTO_PORTS_ENV
+
+    from .conftest import CLI, ROOT
+
+    with socket.socket() as free:  # a port nothing listens on once this socket is closed
+        free.bind(("127.0.0.1", 0))
+        dead = free.getsockname()[1]
+    with ScriptedLLM(slow_models=6.0) as llm:
+        ws = tmp_path / "ws"
+        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+        (ws / "hermes.yaml").write_text(f"providers:\n  slow: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
+                                        f"  dead: {{kind: openai, base_url: 'http://127.0.0.1:{dead}/v1', model: m}}\n"
+                                        "agents:\n  - name: a\n")
+        result = subprocess.run([*CLI, "-w", str(ws), "doctor", "--json"], capture_output=True, text=True,
+                                timeout=60, cwd=ROOT, env={**os.environ, AUTO_PORTS_ENV: str(llm.port)})
+    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    slow, auto = checks["provider slow"], checks["provider auto"]
+    assert slow["level"] == "info" and slow["detail"].startswith(f"openai, model m at {llm.url}/v1: busy: "), slow
+    assert "unreachable" not in slow["detail"]
+    assert auto["level"] == "info" and f"server at {llm.url}/v1: busy: " in auto["detail"], auto
+    assert "model default" not in auto["detail"], "a busy server's model is not known yet: no made-up name"
+    assert checks["provider dead"]["level"] == "warn" and ": unreachable (" in checks["provider dead"]["detail"]

@@ -13,6 +13,7 @@ from hermes_sup.agents.sizing import (
     CONTEXT_RECHECK,
     MIN_MAX_TOKENS,
     SAFETY,
+    context_from_error,
     context_from_models,
     context_from_props,
     context_from_show,
@@ -134,3 +135,69 @@ def test_a_server_silent_about_its_context_is_asked_again_later_not_every_call()
         provider.complete(MESSAGES, None)
     assert [r["body"]["max_tokens"] for r in llm.requests] == [
         4096, 4096, 1024 - prompt_tokens(to_openai(MESSAGES), None) - SAFETY]
+
+
+def test_compression_keeps_the_conversation_within_the_context_the_server_reports(tmp_path):
+    # hermes.yaml names a local llama.cpp without context_window: a 128k default would let the
+    # conversation grow until the 4k server refuses it; its own n_ctx is the window instead.
+    from hermes_sup.agents.loop import TaskLoop
+    from hermes_sup.agents.memory import MemoryFile
+    from hermes_sup.agents.tools import Toolbox, ToolContext
+
+    from .test_loop import CAPS, TASK
+
+    with ScriptedLLM(context=4096) as llm:
+        config = {"providers": {"local": {"kind": "openai", "model": "m", "base_url": f"{llm.url}/v1"}}}
+        provider = OpenAIProvider(provider_configs(config)["local"])
+        scratch = tmp_path / "agent" / "scratch"
+        scratch.mkdir(parents=True)
+        (scratch / "big.txt").write_text("x" * 12_000)  # ~4,000 tokens: more than 80% of 4,096
+        ctx = ToolContext(scratch=scratch, stop=threading.Event(), memory=MemoryFile(tmp_path / "MEMORY.md"))
+        loop = TaskLoop(task=TASK, chain=[provider], workdir=tmp_path / "agent", ctx=ctx,
+                        toolbox=Toolbox(grants=CAPS), agent="agent", keep_recent=2)
+        llm.script("openai", openai_reply(tool_calls=[("read_file", {"path": "big.txt"})]),
+                   openai_reply(tool_calls=[("wait", {"seconds": 0})]),
+                   openai_reply("Read a big file full of x."),  # the summarizer's answer
+                   openai_reply("All done."))
+        outcome = loop.run()
+        assert (outcome.kind, outcome.text) == ("done", "All done.")
+        assert loop.window() == 4096
+    assert llm.requests[2]["body"]["messages"][0]["content"].startswith("Summarize the work")
+    assert all("x" * 12_000 not in str(m) for m in llm.requests[3]["body"]["messages"])
+
+
+def test_a_context_window_set_in_hermes_yaml_wins_over_the_servers_report():
+    with ScriptedLLM(context=4096) as llm:
+        base = {"kind": "openai", "model": "m", "base_url": f"{llm.url}/v1"}
+        configs = provider_configs({"providers": {"set": {**base, "context_window": 100_000}, "told": base,
+                                                  "cloud": {"kind": "openai", "model": "m",
+                                                            "base_url": "https://api.example.invalid/v1"}}})
+        assert OpenAIProvider(configs["set"]).context_window() == 100_000
+        assert llm.probes == [], "a window given is not asked for"
+        assert OpenAIProvider(configs["told"]).context_window() == 4096
+        assert OpenAIProvider(configs["cloud"]).context_window() == 128_000, "a remote API is never probed"
+
+
+def test_a_server_that_names_its_context_only_in_an_overflow_error_is_fitted_from_then_on():
+    # llama-cpp-python answers none of /props, /api/show or max_model_len: its 2k window shows only
+    # in the 400 it gives a request that does not fit (the whole 4,096 default asked as max_tokens).
+    from hermes_sup.agents.providers import ProviderError
+
+    from .llm_server import error_reply
+
+    assert context_from_error("This model's maximum context length is 4096 tokens. However, you") == 4096
+    assert context_from_error("Requested tokens (5000) exceed context window of 2048") == 2048
+    assert context_from_error("context length exceeded") is None
+    overflow = error_reply(400, "This model's maximum context length is 2048 tokens. However, you requested 4190 "
+                                "tokens (94 in the messages, 4096 in the completion).", kind="context_length_exceeded")
+    with ScriptedLLM() as llm:
+        llm.script("openai", overflow, openai_reply("fits now"))
+        config = {"providers": {"local": {"kind": "openai", "model": "m", "base_url": f"{llm.url}/v1"}}}
+        provider = OpenAIProvider(provider_configs(config)["local"])
+        with pytest.raises(ProviderError) as failed:
+            provider.complete(MESSAGES, None)
+        assert failed.value.kind == "context_overflow"
+        assert provider.complete(MESSAGES, None).message["content"] == "fits now"
+        assert provider.context_window() == 2048, "the conversation is compressed to fit it too"
+    assert [r["body"]["max_tokens"] for r in llm.requests] == [
+        4096, 2048 - prompt_tokens(to_openai(MESSAGES), None) - SAFETY]

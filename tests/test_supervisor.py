@@ -282,7 +282,7 @@ def test_an_agent_killed_in_the_middle_of_an_llm_call_resumes_without_repeating_
             "the completed call was not executed again after the restart"
         resumed = llm.requests[2]["body"]["messages"]
         assert resumed[-1]["role"] == "tool" and resumed[-1]["content"].startswith("wrote 11 characters")
-        assert (ws / "runs/thinker/scratch/draft.txt").read_text() == "first draft"
+        assert (ws / "runs/tasks" / task["id"] / "work/draft.txt").read_text() == "first draft"
         state_file = json.loads((ws / "runs/thinker/state.json").read_text())
         assert state_file["provider"] == "scripted" and state_file["name"] == "thinker"
 

@@ -125,7 +125,7 @@ def test_a_cancelled_steps_task_stops_at_once_and_the_agent_takes_the_next(tmp_p
     following = board.add({"title": "next", "steps": [
         {"tool": "write_file", "args": {"path": "next.txt", "content": "next"}}]})
     up(ws)
-    pid_file = ws / "runs/runner/scratch/slow.pid"
+    pid_file = ws / "runs/tasks" / slow["id"] / "work/slow.pid"
     command = int(wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=60))
     cancelled = hermes(ws, "task", "cancel", slow["id"])
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
@@ -133,7 +133,7 @@ def test_a_cancelled_steps_task_stops_at_once_and_the_agent_takes_the_next(tmp_p
     took = seconds_between(board.get(slow["id"])["history"][-1]["at"], claimed_at(done))
     assert took < 1.0, f"the agent took the next task {took:.2f} s after the cancel"
     assert board.get(slow["id"])["status"] == "cancelled"
-    assert not (ws / "runs/runner/scratch/late.txt").exists(), "no step ran after the cancel"
+    assert not (ws / "runs/tasks" / slow["id"] / "work/late.txt").exists(), "no step ran after the cancel"
     assert wait_until(lambda: gone(command), timeout=5), "the running command was killed"
     assert [(r["call_id"], r["status"]) for r in tool_log(ws, "runner") if r["task"] == slow["id"]] == [
         ("step-1", "started")]
@@ -229,11 +229,13 @@ def test_an_ask_human_step_blocks_with_its_question_and_the_answer_is_its_result
     assert blocked["question"] == "Which colour?" and blocked["attempts"] == 0, "asking is not a failed attempt"
     shown = hermes(ws, "task", "show", task["id"])
     assert "Which colour?" in shown.stdout and f"task answer {task['id']}" in shown.stdout.replace("\n", " ")
-    assert not (ws / "runs/runner/scratch/after.txt").exists(), "the step after the question waits for the answer"
+    assert not (ws / "runs/tasks" / task["id"] / "work/after.txt").exists(), \
+        "the step after the question waits for the answer"
     answered = hermes(ws, "task", "answer", task["id"], "blue, [b]really[/b]")
     assert answered.returncode == 0, answered.stdout + answered.stderr
     done = wait_until(lambda: (d := board.get(task["id"]))["status"] == "done" and d, timeout=60)
     assert done["result"]["steps"] == ["cli answered: blue, [b]really[/b]", "wrote 5 characters to after.txt"]
+    assert (ws / "runs/tasks" / task["id"] / "work/after.txt").read_text() == "asked", "where it was looked for"
     assert done["attempts"] == 1 and done.get("question") is None
     assert supervisor(ws)["agents"]["runner"]["restarts"] == 0, "the question did not crash the agent"
     assert [(r["call_id"], r["status"]) for r in tool_log(ws, "runner")] == [
