@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -203,6 +204,12 @@ class BoardStore(Protocol):
 
     def check_cursor(self, cursor: int) -> None:
         """Raise events.CursorError unless `cursor` is one this board's log can continue from."""
+        ...
+
+    def exclusive(self) -> AbstractContextManager[None]:
+        """Hold every change of the board off while the block runs (the file board's lock), for a
+        maintenance pass that must see finished tasks stay finished (`prune`). The team waits
+        meanwhile: keep the block short (renames, not deletions)."""
         ...
 
     def append_event(self, record: dict[str, Any]) -> None:

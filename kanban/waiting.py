@@ -7,6 +7,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,9 @@ class WaitingMixin:
 
     def check_cursor(self, cursor: int) -> None:
         check_cursor(self.events_path, cursor)
+
+    def exclusive(self) -> AbstractContextManager[None]:
+        return self._locked()
 
     def append_event(self, record: dict[str, Any]) -> None:
         append_record(self.events_path, record)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hermes_sup.agents.taskdir import folder_bytes, task_root
-from hermes_sup.kanban import Board
+from hermes_sup.kanban import BoardStore
 from hermes_sup.kanban.task import is_valid_id
 
 from .sweep import LOCK_FILE
@@ -92,7 +92,7 @@ def _size(path: Path) -> int:
     return folder_bytes(path)
 
 
-def prune(runs: Path, board: Board, older_than: float, *, dry_run: bool = False,
+def prune(runs: Path, board: BoardStore, older_than: float, *, dry_run: bool = False,
           now: dt.datetime | None = None) -> Pruned:
     """Remove (or, dry, only list) what finished tasks last changed more than `older_than` seconds
     ago left under `runs`. The tool-call logs are rewritten only while no supervisor runs (its agents
@@ -103,7 +103,7 @@ def prune(runs: Path, board: Board, older_than: float, *, dry_run: bool = False,
     cutoff = (now or dt.datetime.now(dt.UTC)) - dt.timedelta(seconds=older_than)
     trash = runs / f"{TRASH}-{os.getpid()}"
     picked: list[str] = []
-    with board._locked():  # no retry or move may bring a task back to life meanwhile
+    with board.exclusive():  # no retry or move may bring a task back to life meanwhile
         for doc in board.list().tasks:
             if not finished_before(doc, cutoff):
                 continue
