@@ -170,7 +170,14 @@ def _noted(doc: Mapping[str, Any]) -> Waiting | None:
     return _provider_reason(note) if isinstance(note, str) and note and not doc.get("steps") else None
 
 
+# How an agent's waiting reason starts when a team or agent budget cap holds its LLM tasks
+# (agents/budget.py Refusal.text; kanban never imports agents, a test holds the two equal).
+BUDGET_REACHED = "budget reached: "
+
+
 def _provider_reason(text: str) -> Waiting:
+    if text.startswith(BUDGET_REACHED):
+        return Waiting("budget", text)
     return Waiting("no_provider" if text == NO_PROVIDER else "provider_cooldown", text)
 
 
