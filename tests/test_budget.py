@@ -249,13 +249,13 @@ def test_each_call_reserves_its_worst_case_settles_its_real_cost_and_a_refused_o
 
 # -- a real team --------------------------------------------------------------------------------------
 
-def team_yaml(url: str, total: float) -> str:
+def team_yaml(url: str, total: float, *, count: int = 4, tasks: str = "") -> str:
     return ("defaults:\n  stop_timeout: 20\n  heartbeat_timeout: 30\n"
             f"providers:\n  local: {{kind: openai, base_url: '{url}', model: m, max_tokens: 100, timeout: 30}}\n"
             "tiers: {cheap: [local], standard: [local], premium: [local]}\n"
             "prices:\n  m: {input: 0, output: 1000}\n"
-            f"budgets:\n  team: {{total: {total}}}\n"
-            "agents:\n  - name: worker\n    count: 4\n")
+            f"budgets:\n  team: {{total: {total}}}\n{tasks}"
+            f"agents:\n  - name: worker\n    count: {count}\n")
 
 
 def settled_replay(runs: Path) -> tuple[float, float]:
@@ -326,3 +326,20 @@ def test_a_team_stops_at_its_cap_says_why_and_finishes_when_reload_raises_it(tmp
     reached = [e for e in map(json.loads, events.stdout.splitlines()) if e.get("event") == "budget_reached"]
     assert len(reached) == 1, reached
     assert reached[0]["note"] == "budget reached: team total $0.35 until the cap is raised"
+
+
+def test_a_task_over_its_own_ceiling_is_blocked_for_a_person_and_nothing_is_sent(tmp_path, up):
+    with ScriptedLLM(responder=lambda api, body: openai_reply("done it", completion=100, model="m")) as llm:
+        ws = tmp_path / "ws"
+        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+        (ws / "hermes.yaml").write_text(team_yaml(llm.url, 5.0, count=1, tasks="  tasks: {max_cost: 1.0}\n"))
+        board = Board(ws / "kanban")
+        cheap = board.add({"title": "small", "meta": {"max_cost": 0.05}})  # below one call's worst case ($0.10)
+        fine = board.add({"title": "fine"})
+        up(ws)
+        wait_until(lambda: board.get(cheap["id"])["status"] == "blocked" and board.get(fine["id"])["status"] == "done",
+                   timeout=90, interval=0.1)
+        assert board.get(cheap["id"])["error"].startswith(
+            f"budget reached: task {cheap['id']} max_cost $0.05 until the cap is raised")
+        assert not [r for r in llm.requests if "small" in json.dumps(r["body"])], "its call was never sent"
+        assert board.get(cheap["id"])["attempts"] == 1
