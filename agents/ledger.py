@@ -88,15 +88,21 @@ def fold(lines: list[str]) -> Folded:
     return Folded(settled, open_, said)
 
 
-def read_entries(runs: Path) -> list[Entry]:
-    """Settled and still reserved spend in a workspace's ledger, for readers (`usage`): no lock, no
-    writes; a torn last line is skipped."""
+def read_entries(runs: Path, alive: Callable[[int, float | None, str | None], bool | None] = holder_alive
+                 ) -> list[Entry]:
+    """Settled and still reserved spend in a workspace's ledger, for readers (`usage`, a paused
+    agent): no lock, no writes; a torn last line is skipped, and so is a reservation whose process
+    is gone (the next reservation writes its release)."""
     try:
         data = (runs / LEDGER_FILE).read_bytes()
     except (FileNotFoundError, NotADirectoryError):
         return []
     state = fold(data.decode("utf-8", "replace").splitlines())
-    return [*state.settled, *(entry for entry, _record in state.open.values())]
+    return [*state.settled, *(entry for entry, record in state.open.values() if not _dead(record, alive))]
+
+
+def _dead(record: dict[str, Any], alive: Callable[[int, float | None, str | None], bool | None]) -> bool:
+    return isinstance(record.get("pid"), int) and alive(record["pid"], record.get("started"), None) is False
 
 
 class FileLedger:
@@ -129,8 +135,7 @@ class FileLedger:
     def _state(self) -> Folded:
         """The state, with the holds of processes that died released (called under the lock)."""
         state = fold(self._lines())
-        dead = [hold for hold, (_entry, record) in state.open.items() if isinstance(record.get("pid"), int)
-                and self.alive(record["pid"], record.get("started"), None) is False]
+        dead = [hold for hold, (_entry, record) in state.open.items() if _dead(record, self.alive)]
         if dead:
             self._append(*({"op": "drop", "id": hold, "why": "its process is gone"} for hold in dead))
             for hold in dead:
@@ -158,7 +163,7 @@ class FileLedger:
             self._append({"op": "drop", "id": hold.id})
 
     def entries(self) -> list[Entry]:
-        return read_entries(self.path.parent)
+        return read_entries(self.path.parent, self.alive)
 
     def first_time(self, key: str) -> bool:
         """True once per key (a cap in its period): whether budget_reached is to be said now."""
