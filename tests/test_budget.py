@@ -15,6 +15,7 @@ import pytest
 from hermes_sup.agents.budget import (
     Caps,
     Entry,
+    Refusal,
     caps_from,
     decide,
     next_midnight,
@@ -150,9 +151,13 @@ RACER = """
 import sys, time
 from pathlib import Path
 from hermes_sup.agents.budget import Caps, decide
-from hermes_sup.agents.ledger import FileLedger, read_entries
+from hermes_sup.agents.ledger import FileLedger
 runs, start, name, seconds = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], float(sys.argv[4])
-ledger = FileLedger(runs)
+if len(sys.argv) > 5:
+    from hermes_sup.agents.ledger_pg import PgLedger
+    ledger = PgLedger(sys.argv[5], schema=sys.argv[6])
+else:
+    ledger = FileLedger(runs)
 caps = Caps(team_total=1.0)
 (start.parent / ("ready-" + name)).touch()
 while not start.exists():
@@ -164,25 +169,53 @@ while time.monotonic() < deadline:
         entries, caps, agent=name, task="t", task_limit=None, worst=1.0, now=time.time()))
     if hasattr(found, "id"):
         granted += 1
-        over += sum(entry.amount for entry in read_entries(runs)) > 1.0  # another holds the dollar too
+        over += sum(entry.amount for entry in ledger.entries()) > 1.0  # another holds the dollar too
         ledger.release(found)
 print(granted, over)
 """
 
 
-def test_agents_racing_for_the_last_dollar_never_hold_it_together(tmp_path):
-    """Real processes contend for one dollar, each reserving it whole and giving it back, for a
-    second and a half together: under the lock the check and the reservation are one step, so no
-    two ever hold it at once (without the lock they do within a few rounds)."""
+def race(tmp_path: Path, *extra: str) -> list[tuple[int, int]]:
+    """Four real processes contend for one dollar, each reserving it whole and giving it back, for a
+    second and a half together: (granted, times another held it too) per process."""
     runs, start = tmp_path / "runs", tmp_path / "go"
-    racers = [subprocess.Popen([sys.executable, "-c", RACER, str(runs), str(start), f"agent-{n}", "1.5"],
+    racers = [subprocess.Popen([sys.executable, "-c", RACER, str(runs), str(start), f"agent-{n}", "1.5", *extra],
                                stdout=subprocess.PIPE, text=True, cwd=ROOT) for n in range(4)]
     wait_until(lambda: len(list(tmp_path.glob("ready-*"))) == 4, timeout=60)  # all at the line together
     start.touch()
-    results = [tuple(map(int, proc.communicate(timeout=300)[0].split())) for proc in racers]
+    return [tuple(map(int, proc.communicate(timeout=300)[0].split())) for proc in racers]
+
+
+def test_agents_racing_for_the_last_dollar_never_hold_it_together(tmp_path):
+    """Under the lock the check and the reservation are one step, so no two ever hold the dollar at
+    once (without the lock they do within a few rounds)."""
+    results = race(tmp_path)
     assert sum(granted for granted, _over in results) > 0
     assert [over for _granted, over in results] == [0, 0, 0, 0], results
-    assert read_entries(runs) == [], "every reservation was given back"
+    assert read_entries(tmp_path / "runs") == [], "every reservation was given back"
+
+
+def test_the_postgresql_ledger_holds_the_same_line_across_connections(tmp_path, pg_server):
+    from hermes_sup.agents.ledger_pg import PgLedger
+
+    results = race(tmp_path, pg_server.dsn, "budget_race")
+    assert sum(granted for granted, _over in results) > 0
+    assert [over for _granted, over in results] == [0, 0, 0, 0], results
+    ledger = PgLedger(pg_server.dsn, schema="budget_race")
+    try:
+        assert ledger.entries() == [], "every reservation was given back"
+        caps = Caps(team_total=1.0)
+        hold = ledger.reserve(agent="w", task="t", amount=0.6, check=lambda entries: decide(
+            entries, caps, agent="w", task="t", task_limit=None, worst=0.6, now=NOON))
+        assert hasattr(hold, "id")
+        ledger.settle(hold, 0.5)
+        refusal = ledger.reserve(agent="w", task="t", amount=0.6, check=lambda entries: decide(
+            entries, caps, agent="w", task="t", task_limit=None, worst=0.6, now=NOON))
+        assert isinstance(refusal, Refusal) and refusal.spent == 0.5
+        assert [e.amount for e in ledger.entries()] == [0.5]
+        assert ledger.first_time("k") is True and ledger.first_time("k") is False
+    finally:
+        ledger.close()
 
 
 def test_a_reservation_of_a_process_that_died_is_released_by_the_next_reader(tmp_path):
