@@ -10,6 +10,7 @@ one transaction under a table lock (or SERIALIZABLE).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -23,6 +24,7 @@ from filelock import FileLock
 from hermes_sup.kanban.liveness import holder_alive, start_time
 
 from .budget import Caps, Entry, Refusal, decide, price, utc_day, worst_cost
+from .providers import ProviderError
 
 LEDGER_FILE = "budget.jsonl"
 LOCK_FILE = "budget.lock"
@@ -199,8 +201,13 @@ class BudgetGate:
         if worst is None:
             return None
         now = self.clock()
-        found = self.ledger.reserve(agent=self.agent, task=self.task, amount=worst, check=lambda entries: decide(
-            entries, self.caps, agent=self.agent, task=self.task, task_limit=self.task_limit, worst=worst, now=now))
+        try:
+            found = self.ledger.reserve(agent=self.agent, task=self.task, amount=worst, check=lambda entries: decide(
+                entries, self.caps, agent=self.agent, task=self.task, task_limit=self.task_limit, worst=worst,
+                now=now))
+        except Exception as exc:  # a full disk, a lock held too long, a database gone: no call without a hold
+            raise ProviderError("budget_ledger", f"the budget ledger could not take the reservation "
+                                f"({type(exc).__name__}: {str(exc)[:200]}); no call was made") from None
         if isinstance(found, Refusal):
             raise BudgetReached(found, worst)
         return found
@@ -210,11 +217,15 @@ class BudgetGate:
         know (a server naming another model than asked) keeps its reserved worst case."""
         if hold is not None:
             cost = price(self.prices, model, usage)
-            self.ledger.settle(hold, hold.amount if cost is None else cost)
+            # A settlement that cannot be written leaves the hold at its worst case: counted high,
+            # never lost, and the answer already paid for is not thrown away.
+            with contextlib.suppress(Exception):
+                self.ledger.settle(hold, hold.amount if cost is None else cost)
 
     def release(self, hold: Hold | None) -> None:
         if hold is not None:
-            self.ledger.release(hold)
+            with contextlib.suppress(Exception):
+                self.ledger.release(hold)
 
     def announce(self, refusal: Refusal) -> bool:
         """True the first time this cap at this limit is reached in its period (one budget_reached)."""

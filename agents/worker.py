@@ -408,8 +408,8 @@ class Agent:
         agent could do better); a team or agent cap gives it back to todo, its attempt not spent, and
         LLM tasks wait, saying why, until the next UTC day, room freed, or `reload` raising the cap."""
         refusal: Refusal = reached.refusal
-        if gate.announce(refusal):
-            with contextlib.suppress(OSError):
+        with contextlib.suppress(Exception):  # the event is news; the task's way back to todo comes first
+            if gate.announce(refusal):
                 append_record(self.board.events_path, agent_event(now_iso(), self.name, "budget_reached",
                                                                   refusal.text(), until=label(refusal.until)
                                                                   if refusal.until is not None else None))

@@ -281,6 +281,20 @@ def test_each_call_reserves_its_worst_case_settles_its_real_cost_and_a_refused_o
     assert sum(e.amount for e in read_entries(tmp_path / "runs")) == pytest.approx(0.14)
 
 
+def test_a_ledger_that_cannot_be_read_stops_the_call_with_a_clear_error(tmp_path):
+    from hermes_sup.agents.providers import ProviderError
+
+    runs = tmp_path / "runs"
+    gate = BudgetGate(FileLedger(runs), Caps(team_total=1.0), agent="w", task="t", task_limit=None, prices=PRICES)
+    (runs / "budget.jsonl").mkdir()  # a damaged workspace: the ledger is no file
+    with ScriptedLLM() as llm:
+        llm.script("openai", openai_reply("never", model="m"))
+        with pytest.raises(ProviderError) as info:
+            complete_with_fallback([provider(llm)], MESSAGES, None, budget=gate)
+        assert info.value.kind == "budget_ledger" and "no call was made" in str(info.value)
+        assert llm.requests == [], "without a reservation nothing is spent"
+
+
 # -- a real team --------------------------------------------------------------------------------------
 
 def team_yaml(url: str, total: float, *, count: int = 4, tasks: str = "") -> str:
