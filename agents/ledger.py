@@ -24,7 +24,6 @@ from filelock import FileLock
 from hermes_sup.kanban.liveness import holder_alive, start_time
 
 from .budget import Caps, Entry, Refusal, decide, price, utc_day, worst_cost
-from .providers import ProviderError
 
 LEDGER_FILE = "budget.jsonl"
 LOCK_FILE = "budget.lock"
@@ -206,6 +205,8 @@ class BudgetGate:
                 entries, self.caps, agent=self.agent, task=self.task, task_limit=self.task_limit, worst=worst,
                 now=now))
         except Exception as exc:  # a full disk, a lock held too long, a database gone: no call without a hold
+            from .providers import ProviderError  # here: `usage` reads the ledger without the provider layer
+
             raise ProviderError("budget_ledger", f"the budget ledger could not take the reservation "
                                 f"({type(exc).__name__}: {str(exc)[:200]}); no call was made") from None
         if isinstance(found, Refusal):
