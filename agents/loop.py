@@ -32,11 +32,13 @@ from hermes_sup.kanban.faults import fault
 from hermes_sup.kanban.parse import load_json
 from hermes_sup.kanban.task import now_iso
 
+from .budget import price as price  # re-exported: callers knew it from here
 from .journal import FileTaskJournal, TaskJournal
+from .ledger import BudgetReached
 from .logline import call_line, model_line, say
 from .providers import Attempt, Provider, ProviderError, abort, complete_with_fallback
 from .tools import Finished, NeedsPerson, Refused, Toolbox, ToolContext, ToolError
-from .translate import Message, Usage, text_tool_calls
+from .translate import Message, text_tool_calls
 
 MAX_ITERATIONS = 60
 ASK_HUMAN = "ask_human"
@@ -60,6 +62,7 @@ class Outcome:
     question: str | None = None  # blocked by ask_human: what it asks a person
     retry_at: float | None = None  # waiting: when (epoch seconds) a provider may be tried again
     warnings: tuple[str, ...] = ()  # for the task's comments: what a person should know about how it went
+    budget: BudgetReached | None = None  # kind "budget": the cap a call would have crossed (nothing was sent)
 
 
 # An answer that reached max_tokens is cut mid-way: the model is asked for the rest this many times.
@@ -108,18 +111,6 @@ def answer_since(task: dict[str, Any], moment: str) -> str | None:
         return None
     last = answers[-1]
     return f"{last.get('by', 'a person')} answered: {last['text']}"
-
-
-def price(prices: dict[str, Any], model: str, usage: Usage) -> float | None:
-    """Dollars for one call from the price table (per million tokens: input, output, cached), or
-    None for a model the table does not know: unpriced, never counted as free."""
-    entry = prices.get(model)
-    if not isinstance(entry, dict):
-        return None
-    fresh = max(0, usage.input - usage.cached)
-    cached_rate = entry.get("cached", entry.get("input", 0))
-    return round((fresh * entry.get("input", 0) + usage.cached * cached_rate + usage.output * entry.get("output", 0))
-                 / 1e6, 8)
 
 
 def llm_record(task_id: str, attempt: Attempt, prices: dict[str, Any]) -> dict[str, Any]:
@@ -640,6 +631,8 @@ class TaskLoop:
             return Outcome("blocked", str(question), question=str(question))
         except Finished as end:  # kanban_complete: Hermes' way to end a task
             return Outcome("done", end.summary, warnings=tuple(self.warnings))
+        except BudgetReached as exc:
+            return Outcome("budget", str(exc), retry_at=exc.refusal.until, budget=exc)
         except ProviderError as exc:
             if exc.kind == "unreachable":
                 return Outcome("waiting", str(exc), retry_at=exc.retry_at)

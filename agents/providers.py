@@ -556,6 +556,22 @@ def estimate_usage(messages: list[Message], tools: list[dict[str, Any]] | None, 
                  // CHARS_PER_TOKEN, estimated=True)
 
 
+# Bytes of the request per token, taken low on purpose: a budget reserves the prompt's worst case,
+# and English BPE runs near 4 characters a token, other scripts near one character (2 to 3 bytes).
+WORST_BYTES_PER_TOKEN = 2
+
+
+def worst_prompt_tokens(messages: list[Message], tools: list[dict[str, Any]] | None) -> int:
+    """An upper estimate of a request's prompt tokens, for a budget's reservation (pure)."""
+    sent = json.dumps(to_openai(messages), ensure_ascii=False, default=str) + (json.dumps(tools) if tools else "")
+    return len(sent.encode("utf-8", "replace")) // WORST_BYTES_PER_TOKEN + 1
+
+
+def _max_tokens(provider: Provider, messages: list[Message], tools: list[dict[str, Any]] | None) -> int:
+    sized = getattr(provider, "_max_tokens", None)
+    return int(sized(messages, tools)) if callable(sized) else int(provider.config.max_tokens)
+
+
 @dataclass
 class Attempt:
     provider: str
@@ -571,13 +587,15 @@ def complete_with_fallback(
     chain: list[Provider], messages: list[Message], tools: list[dict[str, Any]] | None, *,
     policy: RetryPolicy = RetryPolicy(), log: Callable[[Attempt], None] = lambda attempt: None,
     sleep: Callable[[float], None] = time.sleep, rng: random.Random | None = None,
-    stop: threading.Event | None = None, health: ProviderHealth | None = None,
+    stop: threading.Event | None = None, health: ProviderHealth | None = None, budget: Any = None,
 ) -> Completion:
     """Call the chain in order until one provider answers; every attempt goes to `log`. Once `stop`
     is set no further attempt is made (InterruptedError): a stopped or cancelled task spends nothing.
     With `health`, a provider whose breaker is open is skipped, and each provider's outcome is told
     to its breaker; when every provider's breaker is open the error's kind is "unreachable" (not the
-    task's fault: it waits, "provider X down until T") with the moment the first may be tried again."""
+    task's fault: it waits, "provider X down until T") with the moment the first may be tried again.
+    With `budget` (a BudgetGate, agents/ledger.py) each attempt first reserves its worst case and
+    settles its real cost after; a cap it would cross raises BudgetReached before anything is sent."""
     rng = rng or random.Random()
     errors: list[str] = []
     refused: dict[str, tuple[float, str]] = {}  # provider -> when it may be tried again, and why not now
@@ -591,7 +609,8 @@ def complete_with_fallback(
             errors.append(f"{name}: {cooling[1]}, down until {retry_label(cooling[0])}")
             continue
         try:
-            return _attempts(provider, messages, tools, policy, log, sleep, rng, stop, health, refused, errors)
+            return _attempts(provider, messages, tools, policy, log, sleep, rng, stop, health, refused, errors,
+                             budget)
         except _NextProvider:
             continue
         except InterruptedError:
@@ -613,7 +632,7 @@ class _NextProvider(Exception):
 def _attempts(provider: Provider, messages: list[Message], tools: list[dict[str, Any]] | None, policy: RetryPolicy,
               log: Callable[[Attempt], None], sleep: Callable[[float], Any], rng: random.Random,
               stop: threading.Event | None, health: ProviderHealth | None, refused: dict[str, tuple[float, str]],
-              errors: list[str]) -> Completion:
+              errors: list[str], budget: Any = None) -> Completion:
     """One provider's attempts at a call, with the retries `policy` allows, its breaker told of the outcome."""
     name = provider.config.name
     attempt = 0
@@ -621,13 +640,22 @@ def _attempts(provider: Provider, messages: list[Message], tools: list[dict[str,
         attempt += 1
         if stop is not None and stop.is_set():
             raise InterruptedError
+        options: dict[str, Any] = {"stop": stop} if stop is not None else {}
+        hold = None
+        if budget is not None:  # the call asks for at most the max_tokens its reservation priced
+            options["max_tokens"] = _max_tokens(provider, messages, tools)
+            hold = budget.reserve(provider.config.model, worst_prompt_tokens(messages, tools), options["max_tokens"])
         started = time.monotonic()
         try:
             try:
-                completion = provider.complete(messages, tools, **({"stop": stop} if stop is not None else {}))
+                completion = provider.complete(messages, tools, **options)
             except (ProviderError, InterruptedError):
+                if budget is not None:
+                    budget.release(hold)
                 raise
             except Exception as exc:  # a provider's own bug: logged and classified, never the agent's crash
+                if budget is not None:
+                    budget.release(hold)
                 raise ProviderError("bad_response", redact(f"{name}: {type(exc).__name__}: {exc}", known())[:500],
                                     provider=name) from None
         except ProviderError as error:
@@ -651,6 +679,8 @@ def _attempts(provider: Provider, messages: list[Message], tools: list[dict[str,
             raise _NextProvider from None
         if not completion.usage.input and not completion.usage.output:
             completion = dataclasses.replace(completion, usage=estimate_usage(messages, tools, completion.message))
+        if budget is not None:
+            budget.settle(hold, completion.model or provider.config.model, completion.usage)
         log(Attempt(name, provider.config.model, "ok", time.monotonic() - started, completion=completion))
         if health is not None:
             health.answered(name)

@@ -29,10 +29,12 @@ from hermes_sup.kanban.task import now_iso
 
 from . import builtins  # noqa: F401 - registers the built-in tools
 from .breaker import Breaker, label
+from .budget import Refusal, caps_from, task_cap
 from .cascade import Cascade, cascade_policy, cascades
 from .delegation import Delegator, watch_parent
 from .journal import Journal
 from .keys import ENV_FILE, KeyFile, key_names
+from .ledger import BudgetGate, BudgetReached, FileLedger
 from .logline import say, short
 from .loop import TaskLoop, ToolUse, interruptible, llm_record
 from .memory import Memories
@@ -113,6 +115,12 @@ class Agent:
         # Until when LLM tasks are left in todo because every provider refused its connections
         # (epoch seconds), and the reason they show meanwhile.
         self._paused: tuple[float, str] | None = None
+        # Hard budgets: every agent of the workspace reserves against one ledger in runs/. While a team
+        # or agent cap is reached, LLM tasks stay in todo; `_budget_wait` holds the gate and the refused
+        # call's worst case to look again with (another agent's reservation settling lower frees room).
+        self.caps = caps_from(self.llm.get("budgets"))
+        self.ledger = FileLedger(workspace / "runs") if self.caps.any() else None
+        self._budget_wait: tuple[BudgetGate, float] | None = None
         self._auto: tuple[float, ProviderConfig | None] | None = None
         self._auto_said: list[str] = []
         self.keys = KeyFile(workspace / ENV_FILE, key_names(self.llm))
@@ -271,6 +279,15 @@ class Agent:
             say(self.name, f"{note}")
         return Toolbox(grants=grants, toolsets=self.toolsets, extra=extra, whose=whose)
 
+    def gate(self, doc: dict[str, Any] | None) -> BudgetGate | None:
+        """The budget gate for a task's calls (None when hermes.yaml sets no budgets)."""
+        if self.ledger is None:
+            return None
+        doc = doc or {}
+        return BudgetGate(self.ledger, self.caps, agent=self.name, task=str(doc.get("id") or "-"),
+                          task_limit=task_cap(self.caps, doc.get("meta")) if doc else None,
+                          prices=self.llm.get("prices") or {})
+
     def ask_model(self, tier: str, prompt: str, stop: threading.Event | None = None, *, task: str = "-",
                   log: Callable[[Attempt], None] | None = None) -> str:
         """One model call for a tool (a summarize skill, say), on a tier's chain; abandoned (and
@@ -285,7 +302,8 @@ class Agent:
             log = functools.partial(self._log_tool_call, task)
         try:
             completion = interruptible(lambda: complete_with_fallback(
-                chain, [{"role": "user", "content": prompt}], None, stop=halt, health=self.health, log=log), halt,
+                chain, [{"role": "user", "content": prompt}], None, stop=halt, health=self.health, log=log,
+                budget=self.gate(self.current if task != "-" else None)), halt,
                 on_stop=lambda: abort(chain))
         except ProviderError as exc:
             raise ToolError(str(exc)) from None
@@ -331,7 +349,8 @@ class Agent:
         """Work a task with the LLM loop and close it by its outcome."""
         task_id, token = doc["id"], doc["claim"]["token"]
         chain = self.chain(task_tier(doc, self.tier))
-        complete: Callable[..., Any] = functools.partial(complete_with_fallback, health=self.health)
+        gate = self.gate(doc)
+        complete: Callable[..., Any] = functools.partial(complete_with_fallback, health=self.health, budget=gate)
         policy = cascade_policy(self.llm)
         if policy is not None and cascades(doc, self.tier):  # routing: {strategy: cascade} in hermes.yaml
             cascade = Cascade(self.chain(policy.cheap), self.chain(policy.premium), policy, complete)
@@ -358,6 +377,9 @@ class Agent:
                 self.board.comment(task_id, warning, by=self.name)
         if outcome.kind == "waiting":
             self._wait_for_provider(task_id, token, outcome.text, outcome.retry_at)
+            return
+        if outcome.kind == "budget" and outcome.budget is not None and gate is not None:
+            self._budget_reached(task_id, token, gate, outcome.budget)
             return
         self._close(task_id, token, outcome.kind, {"answer": outcome.text}, outcome.text, outcome.question)
 
@@ -391,6 +413,24 @@ class Agent:
             self.board.release(task_id, token, f"released: {reason}")
             say(self.name, f"released {task_id}: {short(reason)}; it goes back to todo")
 
+    def _budget_reached(self, task_id: str, token: int, gate: BudgetGate, reached: BudgetReached) -> None:
+        """A call would have crossed a cap. Its task's own ceiling blocks it for a person (no other
+        agent could do better); a team or agent cap gives it back to todo, its attempt not spent, and
+        LLM tasks wait, saying why, until the next UTC day, room freed, or `reload` raising the cap."""
+        refusal: Refusal = reached.refusal
+        with contextlib.suppress(Exception):  # the event is news; the task's way back to todo comes first
+            if gate.announce(refusal):
+                self.board.append_event(agent_event(now_iso(), self.name, "budget_reached", refusal.text(),
+                                                    until=label(refusal.until) if refusal.until is not None else None))
+        if refusal.scope.startswith("task "):
+            self._close(task_id, token, "blocked", {}, f"{refusal.text()} (raise it in hermes.yaml budgets.tasks or "
+                                                      "the task's meta.max_cost, then `hermes-sup task retry`)")
+            return
+        self._budget_wait = (self.gate(None) or gate, reached.worst)
+        with contextlib.suppress(ClaimLost):
+            self.board.release(task_id, token, f"released: {refusal.text()}")
+            say(self.name, f"released {task_id}: {short(refusal.text())}; it goes back to todo")
+
     def _waiting_reason(self) -> tuple[str, float] | None:
         """Why LLM tasks are left in todo now, and for how long at most, or None when they are not."""
         if not self.has_llm():
@@ -401,6 +441,12 @@ class Agent:
             if left > 0:
                 return reason, min(left, OFFLINE_RECHECK)  # .env is looked at again meanwhile
             self._paused = None
+        if self._budget_wait is not None:
+            gate, worst = self._budget_wait
+            refusal = gate.blocked(worst)
+            if refusal is not None:
+                return refusal.text(), OFFLINE_RECHECK
+            self._budget_wait = None
         return None
 
     def _interrupted(self, task_id: str, token: int) -> None:

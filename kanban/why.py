@@ -3,8 +3,8 @@
 The reasons are tried from the most structural to the most passing, so that a task no agent could
 ever claim says so, rather than repeating a provider's trouble that would not help it anyway:
 a question for a person; an assignee that is no agent of the team, or lacks the task's role; a role
-no agent has; a dependency that is missing, then one not done; a budget reached (a place kept for
-turn 2's budgets); no agent that could take it running; and last, what the agents that could take
+no agent has; a dependency that is missing, then one not done; a budget reached (`budget`, given by
+the caller); no agent that could take it running; and last, what the agents that could take
 it report (no LLM provider, a provider cooling down), or that they are all busy.
 """
 
@@ -120,7 +120,8 @@ def why_waiting(doc: Mapping[str, Any], statuses: Mapping[str, str], team: Team 
                 budget: str | None = None) -> Waiting | None:
     """Why `doc` (a todo or blocked task) is not being worked, or None when it is not waiting (any
     other status, or an agent free to take it now). `statuses` maps every task id on the board to its
-    status; `budget`, when a budget the task falls under is reached, says which (none exist yet)."""
+    status; `budget`, when a budget the task falls under is reached, says which. The agents' own
+    budget waits (a team or agent cap) come through their `waiting` reason, kind `budget` too."""
     status = doc.get("status")
     if status == "blocked":
         return _person(doc)
@@ -170,7 +171,14 @@ def _noted(doc: Mapping[str, Any]) -> Waiting | None:
     return _provider_reason(note) if isinstance(note, str) and note and not doc.get("steps") else None
 
 
+# How an agent's waiting reason starts when a team or agent budget cap holds its LLM tasks
+# (agents/budget.py Refusal.text; kanban never imports agents, a test holds the two equal).
+BUDGET_REACHED = "budget reached: "
+
+
 def _provider_reason(text: str) -> Waiting:
+    if text.startswith(BUDGET_REACHED):
+        return Waiting("budget", text)
     return Waiting("no_provider" if text == NO_PROVIDER else "provider_cooldown", text)
 
 

@@ -47,7 +47,7 @@ from .procs import tree_rss_mb
 from .spec import build_specs
 from .statefile import read_state
 from .sweep import LOCK_FILE, sweep
-from .usage import read_logs, summarize
+from .usage import budget_standing, read_logs, summarize
 from .workspace import (
     PRIVATE_UMASK,
     SHARED_UMASK,
@@ -661,11 +661,18 @@ def usage(ctx: click.Context, as_json: bool) -> None:
     ws = workspace_of(ctx)
     records, notes = read_logs(ws.runs_path)
     summary = summarize(records)
+    try:
+        budgets = budget_standing(ws.runs_path, load_config(ws.config_path).get("budgets"), time.time())
+    except ConfigError as exc:
+        budgets = []
+        notes.append(f"budgets not shown: {exc}")
     if as_json:
-        emit_json({**summary, "notes": notes})
+        emit_json({**summary, "budgets": budgets, "notes": notes})
         return
     for note in notes:
         err.print(Text.assemble(("note:", "yellow"), " ", literal(note)))
+    if budgets:
+        out.print(render.budget_table(budgets))
     total = summary["total"]
     if not total["calls"]:
         out.print("no LLM calls yet")

@@ -398,6 +398,18 @@ def usage_table(label: str, rows: dict[str, dict[str, Any]]) -> Table:
     return table
 
 
+def budget_table(rows: list[dict[str, Any]]) -> Table:
+    """Spend (settled and reserved) against each cap of hermes.yaml's budgets."""
+    table = Table(show_edge=False, header_style="bold")
+    for column in ("budget", "cap", "spent", "limit", "left"):
+        table.add_column(column, justify="left" if column in ("budget", "cap") else "right")
+    for row in rows:
+        style = "red" if row["left"] <= 0 else ""
+        table.add_row(literal(row["scope"], one_line=True), row["cap"], Text(f"${row['spent']:.4f}", style=style),
+                      f"${row['limit']:.2f}", f"${row['left']:.4f}")
+    return table
+
+
 def skills_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(box=None, pad_edge=False, header_style="bold")
     for column in ("skill", "kind", "source", "state", "tools / description"):

@@ -2,7 +2,8 @@
 agent's LLM-call log (runs/<agent>/llm_calls.jsonl). Calls of a model missing from the price table
 are counted as unpriced, never as free. Every call is logged, failed ones too (counted, with no
 tokens); a call whose server reported no usage carries tokens estimated at 4 characters a token,
-marked `estimated`, and the figures they are part of are shown as estimates."""
+marked `estimated`, and the figures they are part of are shown as estimates. Spend against the caps
+of `budgets:` comes from the budget ledger (runs/budget.jsonl)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from hermes_sup.agents.budget import caps_from, standing
 from hermes_sup.agents.journal import Journal
+from hermes_sup.agents.ledger import read_entries
 
 
 def _blank() -> dict[str, Any]:
@@ -66,3 +69,10 @@ def read_logs(runs: Path) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
         notes += [f"{path.parent.name}: {note}" for note in read.notes]
         records += [(path.parent.name, record) for record in read.records]
     return records, notes
+
+
+def budget_standing(runs: Path, budgets: Any, now: float) -> list[dict[str, Any]]:
+    """Spend (settled and still reserved) against each cap of hermes.yaml's `budgets`, from the
+    budget ledger in runs/: scope, cap, limit, spent, left."""
+    rows = standing(read_entries(runs), caps_from(budgets if isinstance(budgets, dict) else None), now)
+    return [{**row, "left": round(max(0.0, row["limit"] - row["spent"]), 8)} for row in rows]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from hermes_sup.agents.budget import check_budgets
 from hermes_sup.agents.memory import limits_problem
 from hermes_sup.agents.routespec import routing_error
 from hermes_sup.agents.taskdir import TASKS_DIR
@@ -135,7 +136,8 @@ def _strip_lines(value: Any) -> Any:
     return value
 
 
-TOP_KEYS = ("providers", "tiers", "defaults", "agents", "prices", "board", "host", "schedules", "routing", "alerts")
+TOP_KEYS = ("providers", "tiers", "defaults", "agents", "prices", "board", "host", "schedules", "routing", "alerts",
+            "budgets")
 DEFAULT_KEYS = ("restart", "stop_timeout", "heartbeat_timeout", "orphan_grace", "max_rss_mb", "log_max_mb",
                 "log_keep", "max_iterations", "max_tokens", "max_cost", "terminal", "delegation", "memory")
 RESTART_KEYS = ("policy", "backoff", "max_restarts", "window", "reset_after")
@@ -241,6 +243,7 @@ def load_config(path: Path, *, skills: Callable[[], Collection[str]] | None = No
     if wrong is not None:
         raise fail(raw.get("routing") if isinstance(raw.get("routing"), dict) else raw, wrong)
     check_alerts(raw, fail)
+    check_budgets(raw, fail)
     agents = raw.get("agents") or []
     if not isinstance(agents, list):
         raise fail(raw, "'agents' must be a list")

@@ -1,0 +1,238 @@
+"""The budget ledger: every model call's reservation and settlement, shared by all agents of a
+workspace, and the gate each call passes through (reserve the worst case, call, settle the real cost).
+
+`Ledger` is the storage-agnostic interface. FileLedger keeps it as an append-only JSONL file in
+runs/ under one cross-process lock (filelock on runs/budget.lock): the check against the caps and
+the reservation are made under that lock, so two agents can never both take the last dollar. A
+PostgreSQL ledger is one class with the same methods: a table of holds, the sum and the insert in
+one transaction under a table lock (or SERIALIZABLE).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from filelock import FileLock
+from hermes_sup.kanban.liveness import holder_alive, start_time
+
+from .budget import Caps, Entry, Refusal, decide, price, utc_day, worst_cost
+
+LEDGER_FILE = "budget.jsonl"
+LOCK_FILE = "budget.lock"
+LOCK_TIMEOUT = 30.0
+MAX_LINE = 4096  # a ledger line is ours and short: a longer one is damage, skipped
+
+
+@dataclass(frozen=True)
+class Hold:
+    id: str
+    agent: str
+    task: str
+    amount: float  # the worst case reserved
+
+
+class Ledger(Protocol):
+    def reserve(self, *, agent: str, task: str, amount: float,
+                check: Callable[[list[Entry]], Refusal | None]) -> Hold | Refusal: ...
+
+    def settle(self, hold: Hold, amount: float) -> None: ...
+
+    def release(self, hold: Hold) -> None: ...
+
+    def entries(self) -> list[Entry]: ...
+
+    def first_time(self, key: str) -> bool: ...
+
+
+@dataclass
+class Folded:
+    settled: list[Entry]
+    open: dict[str, tuple[Entry, dict[str, Any]]]  # hold id -> its entry and record (pid, started)
+    said: set[str]
+
+
+def fold(lines: list[str]) -> Folded:
+    """The ledger's state from its lines (pure): a damaged or foreign line is skipped, never fatal."""
+    settled: list[Entry] = []
+    open_: dict[str, tuple[Entry, dict[str, Any]]] = {}
+    said: set[str] = set()
+    for line in lines:
+        if len(line) > MAX_LINE:
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(record, dict):
+            continue
+        op, hold = record.get("op"), str(record.get("id") or "")
+        amount = record.get("amount")
+        number = isinstance(amount, (int, float)) and not isinstance(amount, bool) and amount >= 0
+        if op == "hold" and number and hold:
+            open_[hold] = (Entry(str(record.get("agent")), str(record.get("task")), str(record.get("day")),
+                                 float(amount)), record)
+        elif op == "settle" and hold in open_ and number:
+            entry = open_.pop(hold)[0]
+            settled.append(Entry(entry.agent, entry.task, entry.day, float(amount)))
+        elif op == "drop":
+            open_.pop(hold, None)
+        elif op == "said" and isinstance(record.get("key"), str):
+            said.add(record["key"])
+    return Folded(settled, open_, said)
+
+
+def read_entries(runs: Path, alive: Callable[[int, float | None, str | None], bool | None] = holder_alive
+                 ) -> list[Entry]:
+    """Settled and still reserved spend in a workspace's ledger, for readers (`usage`, a paused
+    agent): no lock, no writes; a torn last line is skipped, and so is a reservation whose process
+    is gone (the next reservation writes its release)."""
+    try:
+        data = (runs / LEDGER_FILE).read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    state = fold(data.decode("utf-8", "replace").splitlines())
+    return [*state.settled, *(entry for entry, record in state.open.values() if not _dead(record, alive))]
+
+
+def _dead(record: dict[str, Any], alive: Callable[[int, float | None, str | None], bool | None]) -> bool:
+    return isinstance(record.get("pid"), int) and alive(record["pid"], record.get("started"), None) is False
+
+
+class FileLedger:
+    def __init__(self, runs: Path, *, clock: Callable[[], float] = time.time,
+                 alive: Callable[[int, float | None, str | None], bool | None] = holder_alive) -> None:
+        runs.mkdir(parents=True, exist_ok=True)
+        self.path = runs / LEDGER_FILE
+        self.lock = FileLock(str(runs / LOCK_FILE), timeout=LOCK_TIMEOUT)
+        self.clock = clock
+        self.alive = alive
+        self.pid = os.getpid()
+        self.started = start_time(self.pid)
+
+    def _lines(self) -> list[str]:
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return []
+        return data.decode("utf-8", "replace").splitlines()
+
+    def _append(self, *records: dict[str, Any]) -> None:
+        text = "".join(json.dumps(record, separators=(",", ":")) + "\n" for record in records)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        try:
+            os.write(fd, text.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _state(self) -> Folded:
+        """The state, with the holds of processes that died released (called under the lock)."""
+        state = fold(self._lines())
+        dead = [hold for hold, (_entry, record) in state.open.items() if _dead(record, self.alive)]
+        if dead:
+            self._append(*({"op": "drop", "id": hold, "why": "its process is gone"} for hold in dead))
+            for hold in dead:
+                del state.open[hold]
+        return state
+
+    def reserve(self, *, agent: str, task: str, amount: float,
+                check: Callable[[list[Entry]], Refusal | None]) -> Hold | Refusal:
+        with self.lock:
+            state = self._state()
+            refusal = check([*state.settled, *(entry for entry, _record in state.open.values())])
+            if refusal is not None:
+                return refusal
+            hold = Hold(uuid.uuid4().hex, agent, task, amount)
+            self._append({"op": "hold", "id": hold.id, "agent": agent, "task": task, "day": utc_day(self.clock()),
+                          "amount": round(amount, 10), "pid": self.pid, "started": self.started})
+            return hold
+
+    def settle(self, hold: Hold, amount: float) -> None:
+        with self.lock:
+            self._append({"op": "settle", "id": hold.id, "amount": round(max(0.0, amount), 10)})
+
+    def release(self, hold: Hold) -> None:
+        with self.lock:
+            self._append({"op": "drop", "id": hold.id})
+
+    def entries(self) -> list[Entry]:
+        return read_entries(self.path.parent, self.alive)
+
+    def first_time(self, key: str) -> bool:
+        """True once per key (a cap in its period): whether budget_reached is to be said now."""
+        with self.lock:
+            if key in fold(self._lines()).said:
+                return False
+            self._append({"op": "said", "key": key})
+            return True
+
+
+class BudgetReached(Exception):
+    """A call that would cross a cap: nothing was sent. Not a ProviderError, so no fallback, retry or
+    cascade escalation takes it for a provider's failure and spends on the next provider."""
+
+    def __init__(self, refusal: Refusal, worst: float) -> None:
+        super().__init__(refusal.text())
+        self.refusal = refusal
+        self.worst = worst
+
+
+class BudgetGate:
+    """One task's gate in front of every model call (complete_with_fallback's `budget`)."""
+
+    def __init__(self, ledger: Ledger, caps: Caps, *, agent: str, task: str, task_limit: float | None,
+                 prices: dict[str, Any], clock: Callable[[], float] = time.time) -> None:
+        self.ledger, self.caps, self.agent, self.task = ledger, caps, agent, task
+        self.task_limit, self.prices, self.clock = task_limit, prices, clock
+
+    def reserve(self, model: str, prompt_tokens: int, max_tokens: int) -> Hold | None:
+        """Reserve a call's worst case, or raise BudgetReached. An unpriced model reserves nothing
+        (its cost is unknown, as `usage` shows it)."""
+        worst = worst_cost(self.prices, model, prompt_tokens, max_tokens)
+        if worst is None:
+            return None
+        now = self.clock()
+        try:
+            found = self.ledger.reserve(agent=self.agent, task=self.task, amount=worst, check=lambda entries: decide(
+                entries, self.caps, agent=self.agent, task=self.task, task_limit=self.task_limit, worst=worst,
+                now=now))
+        except Exception as exc:  # a full disk, a lock held too long, a database gone: no call without a hold
+            from .providers import ProviderError  # here: `usage` reads the ledger without the provider layer
+
+            raise ProviderError("budget_ledger", f"the budget ledger could not take the reservation "
+                                f"({type(exc).__name__}: {str(exc)[:200]}); no call was made") from None
+        if isinstance(found, Refusal):
+            raise BudgetReached(found, worst)
+        return found
+
+    def settle(self, hold: Hold | None, model: str, usage: Any) -> None:
+        """Settle with the call's real cost as `usage` prices it; a model the price table does not
+        know (a server naming another model than asked) keeps its reserved worst case."""
+        if hold is not None:
+            cost = price(self.prices, model, usage)
+            # A settlement that cannot be written leaves the hold at its worst case: counted high,
+            # never lost, and the answer already paid for is not thrown away.
+            with contextlib.suppress(Exception):
+                self.ledger.settle(hold, hold.amount if cost is None else cost)
+
+    def release(self, hold: Hold | None) -> None:
+        if hold is not None:
+            with contextlib.suppress(Exception):
+                self.ledger.release(hold)
+
+    def announce(self, refusal: Refusal) -> bool:
+        """True the first time this cap at this limit is reached in its period (one budget_reached)."""
+        return self.ledger.first_time(f"{refusal.key} {refusal.limit:g}")
+
+    def blocked(self, worst: float) -> Refusal | None:
+        """Would a call of `worst` be refused now? (An agent paused on a cap looks again with this.)"""
+        return decide(self.ledger.entries(), self.caps, agent=self.agent, task=self.task,
+                      task_limit=self.task_limit, worst=worst, now=self.clock())
