@@ -134,6 +134,15 @@ def v4a_patch(ctx: ToolContext, text: str) -> str:
                            (target, None, "")]
     except v4a.PatchError as exc:
         raise ToolError(f"the patch was not applied: {exc}") from None
+    # Each section is computed from the file as it is on disk: a second section on one file would
+    # undo the first, and a Move onto itself would write the file and then delete it.
+    seen: set[Path] = set()
+    for target, _, _ in writes:
+        if target in seen:
+            raise ToolError(f"the patch was not applied: it names {target.relative_to(root_of(ctx))} more than "
+                            "once (directly, as a Move's source or target, or by another spelling); give one "
+                            "section per file")
+        seen.add(target)
     for target, content, _ in writes:
         if content is None:
             target.unlink(missing_ok=True)

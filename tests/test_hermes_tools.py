@@ -334,3 +334,18 @@ def test_a_hermes_batch_is_worked_by_child_agents_and_answered_in_order(tmp_path
             assert result == "## 1. Summarize part one\na summary\n\n## 2. Summarize part two\na summary"
         finally:
             board.close()
+
+
+def test_a_patch_naming_one_file_twice_loses_nothing(tmp_path):
+    # A Move onto itself wrote the file, then deleted it; two sections on one file each started
+    # from the file on disk, so the later one silently undid the earlier.
+    ctx = ctx_for(tmp_path)
+    (ctx.scratch / "a.txt").write_text("keep me\n")
+    for patch in ("*** Begin Patch\n*** Move File: a.txt -> ./a.txt\n*** End Patch",
+                  "*** Begin Patch\n*** Update File: a.txt\n-keep me\n+first\n*** Update File: a.txt\n"
+                  "-keep me\n+second\n*** End Patch",
+                  "*** Begin Patch\n*** Add File: b.txt\n+new\n*** Move File: a.txt -> b.txt\n*** End Patch"):
+        with pytest.raises(ToolError, match=r"names .* more than once"):
+            call(ctx, "patch", mode="patch", patch=patch)
+        assert (ctx.scratch / "a.txt").read_text() == "keep me\n"
+        assert not (ctx.scratch / "b.txt").exists()
