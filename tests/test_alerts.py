@@ -25,6 +25,7 @@ from hermes_sup.supervisor.alerts import (
     SIGNATURE_HEADER,
     alert_body,
     alert_for,
+    post,
     retry_delay,
     rules_of,
     signature,
@@ -332,3 +333,36 @@ def test_an_unreachable_webhook_does_not_slow_the_supervisor(tmp_path, monkeypat
         assert not [r for r in alert_events(ws) if r["event"] == "alert_sent"]
     finally:
         hole.close()
+
+
+def test_a_webhook_dripping_its_answer_is_cut_at_the_attempts_timeout():
+    # A socket timeout bounds each read, not the answer: a webhook sending a byte of its headers
+    # every half second held the alerts thread (and every other webhook's alerts) for as long as it liked.
+    listener = socket.create_server(("127.0.0.1", 0))
+    done = threading.Event()
+
+    def drip() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\n")
+            for _ in range(40):  # 20 s at most: without the cut, the test fails instead of hanging
+                if done.wait(0.5):
+                    return
+                try:
+                    conn.sendall(b"X")
+                except OSError:
+                    return
+
+    thread = threading.Thread(target=drip, daemon=True)
+    thread.start()
+    try:
+        started = time.monotonic()
+        status, outcome = post(f"http://127.0.0.1:{listener.getsockname()[1]}/", b"{}", {}, 2.0)
+        took = time.monotonic() - started
+    finally:
+        done.set()
+        thread.join(10)
+        listener.close()
+    assert status is None and outcome.startswith("no answer"), outcome
+    assert took < 10, f"the attempt took {took:.1f} s for a 2 s timeout"
