@@ -349,3 +349,22 @@ def test_a_patch_naming_one_file_twice_loses_nothing(tmp_path):
             call(ctx, "patch", mode="patch", patch=patch)
         assert (ctx.scratch / "a.txt").read_text() == "keep me\n"
         assert not (ctx.scratch / "b.txt").exists()
+
+
+def test_a_background_command_ends_with_the_task_that_started_it(tmp_path, up):
+    # Killed only at its deadline (an hour), on a stop, or with the agent, a background command of a
+    # finished task ran on through the agent's next tasks, which its own rights did not cover.
+    from .test_supervisor import make_ws
+
+    ws = make_ws(tmp_path, "- name: worker\n  roles: [work]\n  capabilities: [fs.read, fs.write, shell]\n")
+    board = Board(ws / "kanban")
+    task = board.add({"title": "serve", "role": "work", "steps": [
+        {"tool": "terminal", "args": {"command": "echo $$ > bg.pid; exec sleep 300", "background": True}},
+        {"tool": "wait", "args": {"seconds": 0.01}}]})
+    up(ws)
+    wait_until(lambda: board.get(task["id"])["status"] in ("done", "failed"), timeout=60)
+    assert board.get(task["id"])["status"] == "done", board.get(task["id"]).get("error")
+    pid_file = ws / "runs" / "worker" / "scratch" / "bg.pid"
+    wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=30)
+    pid = int(pid_file.read_text())
+    wait_until(lambda: gone(pid), timeout=30)
