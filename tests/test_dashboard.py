@@ -409,6 +409,13 @@ def test_loopback_answers_only_a_loopback_host() -> None:
                               query_token=None).status == 0
 
 
+@pytest.mark.parametrize("host", ["[::1]evil.example", "[::1]evil.example:80", "localhost:evil.example",
+                                  "127.0.0.1:80:80", "[::1]:", "localhost:"])
+def test_a_host_header_with_anything_but_a_port_after_a_loopback_name_is_refused(host: str) -> None:
+    # What follows the name must be a port: a Host that merely starts with a loopback name is not one.
+    assert not security.host_allowed(host, bound_loopback=True)
+
+
 @pytest.mark.parametrize(("host", "loopback"), [
     ("127.0.0.1", True), ("127.3.2.1", True), ("::1", True), ("[::1]", True), ("localhost", True),
     ("LOCALHOST", True), ("0.0.0.0", False), ("::", False), ("192.168.1.5", False),

@@ -48,13 +48,23 @@ def check_bind(host: str, token_env: str | None, token: str | None) -> None:
 
 
 def split_host(value: str) -> tuple[str, str]:
-    """A Host header as (host, port); port "" when none is given."""
+    """A Host header as (host, port); port "" when none is given. What follows a bracketed IPv6
+    address other than `:port` is kept as the port, for host_allowed to refuse."""
     value = value.strip()
     if value.startswith("["):
         host, _, rest = value[1:].partition("]")
-        return host, rest.removeprefix(":")
+        return host, rest[1:] if rest.startswith(":") else rest
     host, _, port = value.rpartition(":") if value.count(":") == 1 else (value, "", "")
     return host, port
+
+
+def _port_ok(host_header: str) -> bool:
+    """No port, or digits: `localhost:evil.example` or `[::1]evil.example` only start with a loopback name."""
+    value = host_header.strip()
+    port = split_host(value)[1]
+    if port:
+        return port.isascii() and port.isdigit()
+    return not value.endswith(":")
 
 
 def host_allowed(host_header: str | None, bound_loopback: bool) -> bool:
@@ -63,7 +73,7 @@ def host_allowed(host_header: str | None, bound_loopback: bool) -> bool:
         return True
     if not host_header:
         return False
-    return is_loopback(split_host(host_header)[0])
+    return _port_ok(host_header) and is_loopback(split_host(host_header)[0])
 
 
 def token_matches(expected: str | None, given: str | None) -> bool:
