@@ -368,3 +368,18 @@ def test_a_background_command_ends_with_the_task_that_started_it(tmp_path, up):
     wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=30)
     pid = int(pid_file.read_text())
     wait_until(lambda: gone(pid), timeout=30)
+
+
+def test_a_patch_that_cannot_write_one_of_its_files_writes_none(tmp_path):
+    # A file where a folder must go failed on the second write, after the first file was changed.
+    ctx = ctx_for(tmp_path)
+    (ctx.scratch / "a.txt").write_text("one\n")
+    (ctx.scratch / "c.txt").write_text("a file\n")
+    (ctx.scratch / "d").mkdir()
+    for second, blocker in (("*** Add File: c.txt/new\n+x\n", "c.txt is a file"),
+                            ("*** Move File: c.txt -> d\n", "d is a folder")):
+        with pytest.raises(ToolError, match=f"the patch was not applied: {blocker}"):
+            call(ctx, "patch", mode="patch",
+                 patch=f"*** Begin Patch\n*** Update File: a.txt\n-one\n+ONE\n{second}*** End Patch")
+        assert (ctx.scratch / "a.txt").read_text() == "one\n"
+        assert (ctx.scratch / "c.txt").read_text() == "a file\n"
