@@ -229,6 +229,7 @@ class AlertSender:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="alerts", daemon=True)
         self._missing: set[str] = set()
+        self._named: set[str] = set()  # every variable a rule has named since the start
         self._secrets()
         self.cursor = self._end()  # what happened before this supervisor was alerted on then
         self._inode: int | None = None
@@ -259,13 +260,15 @@ class AlertSender:
 
     def env_names(self) -> set[str]:
         """The variables holding the webhooks' URLs and secrets: no agent is given them (an agent's
-        shell could print its environment into a transcript on disk)."""
-        return {name for rule in self.rules for name in (rule.webhook_env, rule.secret_env)}
+        shell could print its environment into a transcript on disk). A rule a reload removed still
+        counts: its variables are still in this process's environment."""
+        return self._named | {name for rule in self.rules for name in (rule.webhook_env, rule.secret_env)}
 
     def _secrets(self) -> None:
         """Register the values with redact, so no file or log line carries them; say once which
         variable is unset (by name only)."""
         for rule in self.rules:
+            self._named |= {rule.webhook_env, rule.secret_env}
             remember([self.env.get(rule.webhook_env, ""), self.env.get(rule.secret_env, "")])
             for name in (rule.webhook_env, rule.secret_env):
                 if not self.env.get(name) and name not in self._missing:

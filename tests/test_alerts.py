@@ -237,6 +237,27 @@ def test_no_agent_is_given_the_webhooks_url_or_secret(tmp_path, monkeypatch, up,
     assert URL_ENV not in seen and SECRET_ENV not in seen and receiver.token not in seen and secret not in seen
 
 
+def test_an_agent_started_after_a_reload_removed_the_webhook_is_not_given_its_url_or_secret(
+        tmp_path, monkeypatch, up, hook):
+    # The variables stay in the supervisor's environment: only the rules of the moment were kept
+    # from the agents, so the first restart after the reload handed both to the agent (its shell).
+    receiver = hook()
+    shell = f"env > seen-env.txt; exec {sys.executable} {FAKE} beat"
+    ws, secret = alert_team(tmp_path, monkeypatch, receiver.url, "task_failed",
+                            f"- name: a\n  command: [/bin/sh, -c, '{shell}']\n")
+    up(ws)
+    first = wait_until(lambda: running(ws, "a"), timeout=60)["pid"]
+    (ws / "hermes.yaml").write_text((ws / "hermes.yaml").read_text().split("alerts:")[0])
+    assert hermes(ws, "reload").returncode == 0
+    (ws / "runs" / "a" / "seen-env.txt").unlink()
+    assert hermes(ws, "restart", "a").returncode == 0
+    wait_until(lambda: running(ws, "a").get("pid") not in (None, first), timeout=60)
+    seen = wait_until(lambda: (ws / "runs" / "a" / "seen-env.txt").exists()
+                      and (ws / "runs" / "a" / "seen-env.txt").read_text(), timeout=30)
+    assert "HERMES_SUP_AGENT=" in seen
+    assert URL_ENV not in seen and SECRET_ENV not in seen and receiver.token not in seen and secret not in seen
+
+
 def test_a_webhook_added_by_reload_hears_of_what_happens_after_it_only(tmp_path, monkeypatch, up, hook):
     receiver = hook()
     ws, _ = alert_team(tmp_path, monkeypatch, receiver.url, "task_failed")
