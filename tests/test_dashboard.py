@@ -228,6 +228,36 @@ def test_the_supervisors_state_wakes_the_stream(served: tuple[Path, Server], mon
     client.close()
 
 
+def test_streams_opened_at_once_are_capped_too(served: tuple[Path, Server], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cap counted a stream once it ran, which is after every request already waiting was let
+    through: a burst of requests opened as many streams as it held."""
+    from hermes_sup.supervisor.dashboard import app
+
+    _ws, server = served
+    monkeypatch.setattr(app, "MAX_STREAMS", 2)
+    request = f"GET /api/events HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n\r\n".encode()
+    burst = [socket.create_connection(("127.0.0.1", server.port), timeout=30) for _ in range(12)]
+    try:
+        for sock in burst:
+            sock.sendall(request)
+        statuses = []
+        for sock in burst:
+            head = b""
+            while b"\r\n" not in head:
+                data = sock.recv(4096)
+                assert data, "the server closed a connection without an answer"
+                head += data
+            statuses.append(int(head.split(b" ", 2)[1]))
+    finally:
+        for sock in burst:
+            sock.close()
+    assert statuses.count(200) == 2 and statuses.count(503) == 10, statuses
+    wait_until(lambda: server.dashboard.streams == 0, timeout=30)
+    again = Stream(server.port)
+    assert again.status == 200
+    again.close()
+
+
 def test_open_streams_are_capped(served: tuple[Path, Server], monkeypatch: pytest.MonkeyPatch) -> None:
     """A client opening stream after stream (each a coroutine reading files) gets 503 past the cap,
     and a closed stream frees its place."""

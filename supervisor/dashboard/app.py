@@ -10,6 +10,7 @@ import logging
 import os
 import socket
 import threading
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from http.cookies import CookieError, SimpleCookie
@@ -117,6 +118,10 @@ async def json_body(request: Request) -> Any:
         raise actions.ActionError("the body is not JSON") from None
 
 
+class _Place:
+    """One open stream's place among MAX_STREAMS."""
+
+
 class Dashboard:
     """The application's state: the workspace, one board, the lock its calls take, the hub."""
 
@@ -126,22 +131,30 @@ class Dashboard:
         self.board = Board(ws.board_path)
         self.lock = threading.Lock()  # one board call at a time from this process's threads
         self.hub = Hub(self.board.root, ws.runs_path, self._picture)
-        self.streams = 0
+        # The streams given out and not yet over. Counted from the moment one is made, not when it
+        # starts: requests waiting in a burst are all let through before any stream runs. Weakly held:
+        # one whose client left before it started never runs its finally, and leaves when dropped.
+        self._streams: weakref.WeakSet[_Place] = weakref.WeakSet()
+
+    @property
+    def streams(self) -> int:
+        return len(self._streams)
 
     def counted(self, stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        """`stream`, counted among the open streams while it runs."""
-        if self.streams >= MAX_STREAMS:
+        """`stream`, counted among the open streams until it ends or is dropped."""
+        if len(self._streams) >= MAX_STREAMS:
             raise actions.ActionError(f"too many open streams ({MAX_STREAMS}); close some pages", 503)
 
+        place = _Place()  # held by the stream alone (no cycle): freed, and uncounted, when it is
+
         async def run() -> AsyncIterator[bytes]:
-            # Counted once running: a stream whose client left before it started never runs its finally.
-            self.streams += 1
             try:
                 async for chunk in stream:
                     yield chunk
             finally:
-                self.streams -= 1
+                self._streams.discard(place)
 
+        self._streams.add(place)
         return run()
 
     def _picture(self) -> dict[str, Any]:
