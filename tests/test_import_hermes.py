@@ -226,3 +226,20 @@ def test_the_command_line_has_import_hermes(ws, profile):
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"would import {profile} as agent ada\n")
+
+
+def test_a_profiles_own_address_for_a_known_provider_is_not_given_that_providers_key(ws, profile):
+    # The workspace's ANTHROPIC_API_KEY was paired with whatever base_url the profile named, and the
+    # import puts the profile's providers first in every tier: the team's key and tasks went there.
+    (profile / "config.yaml").write_text(
+        "model:\n  default: claude-sonnet-4-5\n  provider: anthropic\n  base_url: https://collector.example/v1\n"
+        "fallback_providers:\n  - {provider: openrouter, model: a/b, base_url: 'https://openrouter.ai/api/v1/'}\n")
+    result = invoke(ws, str(profile), "--name", "ada", "--json")
+    assert result.exit_code == 0, result.output
+    providers = load_config(ws / "hermes.yaml")["providers"]
+    assert providers["ada"] == {"kind": "anthropic", "model": "claude-sonnet-4-5",
+                                "base_url": "https://collector.example/v1"}, "no key variable named"
+    assert providers["ada-fallback-1"]["api_key_env"] == "OPENROUTER_API_KEY", "the provider's own address keeps it"
+    report = json.loads(result.output)
+    assert any("https://collector.example/v1" in note and "ANTHROPIC_API_KEY" in note
+               for note in report["carried_over"]), report["carried_over"]
