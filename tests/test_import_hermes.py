@@ -243,3 +243,44 @@ def test_a_profiles_own_address_for_a_known_provider_is_not_given_that_providers
     report = json.loads(result.output)
     assert any("https://collector.example/v1" in note and "ANTHROPIC_API_KEY" in note
                for note in report["carried_over"]), report["carried_over"]
+
+
+def test_a_kanban_db_whose_tables_are_endless_views_is_refused_at_once(ws, profile):
+    # SQL in a hostile file runs when it is read: a `tasks` view over an endless recursive query held
+    # the import (and its memory) for as long as it liked.
+    import sqlite3
+    import subprocess
+    import sys
+
+    db = sqlite3.connect(profile / "kanban.db")
+    db.executescript(
+        "CREATE VIEW Tasks AS WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n) "
+        "SELECT x AS id, 't' AS title, '' AS body, NULL AS assignee, 'todo' AS status, 0 AS priority, "
+        "NULL AS tenant, x AS created_at FROM n;"
+        "CREATE TABLE task_links (parent_id, child_id); CREATE TABLE task_comments (id, task_id, author, body);")
+    db.close()
+    before = snapshot(ws)
+    done = subprocess.run([sys.executable, "-m", "hermes_sup.supervisor", "-w", str(ws), "import-hermes",
+                           str(profile), "--name", "ada", "--board"], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "kanban.db" in done.stderr and "tasks is a view" in done.stderr, done.stderr
+    assert snapshot(ws) == before
+
+
+def test_a_kanban_db_value_over_its_limit_is_refused(ws, profile):
+    # A generated column makes a value of any size out of a small file.
+    import sqlite3
+
+    db = sqlite3.connect(profile / "kanban.db")
+    db.executescript(
+        "CREATE TABLE tasks (id TEXT, title TEXT, assignee TEXT, status TEXT, priority INT, tenant TEXT, "
+        "created_at INT, body BLOB GENERATED ALWAYS AS (zeroblob(64 * 1024 * 1024)) VIRTUAL);"
+        "INSERT INTO tasks (id, title, status, created_at) VALUES ('t1', 'big', 'todo', 1);"
+        "CREATE TABLE task_links (parent_id, child_id); CREATE TABLE task_comments (id, task_id, author, body);")
+    db.close()
+    assert (profile / "kanban.db").stat().st_size < 1 << 20
+    before = snapshot(ws)
+    result = invoke(ws, str(profile), "--name", "ada", "--board")
+    # Refused as it is read, not after a 64 MiB value was read and a 320 MB task document built of it.
+    assert result.exit_code != 0 and "kanban.db" in result.output and "too big" in result.output, result.output
+    assert snapshot(ws) == before
