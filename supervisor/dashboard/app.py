@@ -5,6 +5,7 @@ reads and the actions, every one behind the checks of security.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -91,10 +92,32 @@ class Guard:
             header_token=security.bearer(headers.get("authorization")),
             cookie_token=morsel.value if morsel else None,
             query_token=(query.get("token") or [None])[0] if path == "/" else None)
+        if not verdict.status and self.settings.loopback and self.settings.token is None \
+                and not _own_user(scope.get("client"), scope.get("server")):
+            verdict = security.Verdict(403, "this dashboard answers only to the user running it; another user "
+                                            "needs it started with --token-env")
         if verdict.status:
             await error(verdict.status, verdict.error)(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+
+NET_TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
+
+
+def _own_user(client: Any, server: Any) -> bool:
+    """Whether the client's socket is this user's (or root's). Where the kernel publishes no socket
+    table (not Linux), there is no telling: the loopback bind alone decides, as before."""
+    if not NET_TABLES[0].exists():
+        return True
+    if not client or not server:
+        return False
+    tables = []
+    for path in NET_TABLES:
+        with contextlib.suppress(OSError):
+            tables.append(path.read_text())
+    uid = security.peer_uid(tables, (str(client[0]), int(client[1])), (str(server[0]), int(server[1])))
+    return security.same_user(uid, os.getuid())
 
 
 async def json_body(request: Request) -> Any:
