@@ -387,3 +387,26 @@ def test_a_webhook_dripping_its_answer_is_cut_at_the_attempts_timeout():
         listener.close()
     assert status is None and outcome.startswith("no answer"), outcome
     assert took < 10, f"the attempt took {took:.1f} s for a 2 s timeout"
+
+
+def test_a_webhook_redirecting_elsewhere_is_not_followed(hook):
+    # A redirect is an answer, never a request to a host the operator never named (a guard: it held).
+    elsewhere = hook()
+    redirector = hook([302])
+    original = redirector.server.RequestHandlerClass.do_POST
+
+    def do_post(handler: BaseHTTPRequestHandler) -> None:
+        handler.rfile.read(int(handler.headers["Content-Length"]))
+        redirector.received.append((dict(handler.headers), b"", 302))
+        handler.send_response(302)
+        handler.send_header("Location", elsewhere.url)
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
+
+    redirector.server.RequestHandlerClass.do_POST = do_post
+    try:
+        status, outcome = post(redirector.url, b"{}", {SIGNATURE_HEADER: "sha256=x"}, 5.0)
+    finally:
+        redirector.server.RequestHandlerClass.do_POST = original
+    assert (status, outcome) == (302, "HTTP 302") and not worth_retrying(status)
+    assert len(redirector.received) == 1 and elsewhere.received == []
