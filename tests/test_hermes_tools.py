@@ -304,6 +304,10 @@ def test_a_hermes_batch_is_one_delegation_per_task():
                                               {"goal": "B", "context": "own", "toolsets": ["files"]}]
     with pytest.raises(ToolError, match="needs goal, or tasks"):
         batch({"context": "no goal"})
+    # A goal of blank lines passes the schema's minLength; its title (its first line) was then an IndexError.
+    for blank in ({"goal": " \n "}, {"tasks": [{"goal": "A"}, {"goal": "\n"}]}):
+        with pytest.raises(ToolError, match="goal must say what to do"):
+            batch(blank)
 
 
 def test_a_hermes_batch_is_worked_by_child_agents_and_answered_in_order(tmp_path, up):
