@@ -175,6 +175,9 @@ def read_profile(path: Path) -> Profile:
     env = read_bounded(path / ".env", MAX_CONFIG, ".env")
     soul = read_bounded(path / "SOUL.md", MAX_SOUL, "SOUL.md")
     memories = {}
+    if (path / "memories").is_symlink():  # O_NOFOLLOW guards a file's last part only
+        raise HermesImportError(f"memories/ ({path / 'memories'}) is a symlink; it is not followed: copy the folder "
+                                "itself into the profile")
     for name in FILES.values():
         data = read_bounded(path / "memories" / name, MAX_MEMORY, f"memories/{name}")
         if data is not None:

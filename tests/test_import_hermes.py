@@ -284,3 +284,14 @@ def test_a_kanban_db_value_over_its_limit_is_refused(ws, profile):
     # Refused as it is read, not after a 64 MiB value was read and a 320 MB task document built of it.
     assert result.exit_code != 0 and "kanban.db" in result.output and "too big" in result.output, result.output
     assert snapshot(ws) == before
+
+
+def test_a_memories_folder_that_is_a_symlink_is_not_followed(ws, profile, tmp_path):
+    # O_NOFOLLOW refuses a link as a file's last part only: memories/ as a link read MEMORY.md from anywhere.
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(profile / "memories", elsewhere)
+    (profile / "memories").symlink_to(elsewhere)
+    before = snapshot(ws)
+    result = invoke(ws, str(profile), "--name", "ada")
+    assert result.exit_code != 0 and "memories/" in result.output and "symlink" in result.output, result.output
+    assert snapshot(ws) == before
