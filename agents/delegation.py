@@ -312,13 +312,17 @@ def batch(args: dict[str, Any]) -> list[dict[str, Any]]:
     context (else the call's) and the call's toolsets. Hermes' `role` and `background` have no
     counterpart: depth is bounded by `delegation.max_depth`, and a batch's children work in parallel."""
     if args.get("tasks"):
-        return [{key: value for key, value in {
-                    "goal": item.get("goal"), "context": item.get("context") or args.get("context"),
-                    "toolsets": item.get("toolsets", args.get("toolsets"))}.items() if value is not None}
-                for item in args["tasks"]]
-    if not args.get("goal"):
+        items = [{key: value for key, value in {
+                     "goal": item.get("goal"), "context": item.get("context") or args.get("context"),
+                     "toolsets": item.get("toolsets", args.get("toolsets"))}.items() if value is not None}
+                 for item in args["tasks"]]
+    elif not args.get("goal"):
         raise ToolError("delegate_task needs goal, or tasks: [{goal, context?}, ...] for a batch")
-    return [{key: args[key] for key in ("goal", "context", "toolsets") if key in args}]
+    else:
+        items = [{key: args[key] for key in ("goal", "context", "toolsets") if key in args}]
+    if any(not str(item.get("goal") or "").strip() for item in items):
+        raise ToolError("each goal must say what to do (a goal of blank lines was given)")
+    return items
 
 
 def delegate_task(ctx: ToolContext, args: dict[str, Any]) -> str:

@@ -134,6 +134,23 @@ def v4a_patch(ctx: ToolContext, text: str) -> str:
                            (target, None, "")]
     except v4a.PatchError as exc:
         raise ToolError(f"the patch was not applied: {exc}") from None
+    # Each section is computed from the file as it is on disk: a second section on one file would
+    # undo the first, and a Move onto itself would write the file and then delete it.
+    root = root_of(ctx)
+    seen: set[Path] = set()
+    for target, content, _ in writes:
+        shown = target.relative_to(root)
+        if target in seen:
+            raise ToolError(f"the patch was not applied: it names {shown} more than once (directly, as a Move's "
+                            "source or target, or by another spelling); give one section per file")
+        seen.add(target)
+        # Found now, not halfway through the writes: a file where a folder must go, or a folder
+        # where the file must go, would fail after the files before it were written.
+        blocker = next((p for p in [target, *target.parents] if p != root and root in p.parents and p.exists()
+                        and not (p.is_file() if p == target else p.is_dir())), None)
+        if content is not None and blocker is not None:
+            raise ToolError(f"the patch was not applied: {blocker.relative_to(root)} is "
+                            f"{'a folder' if blocker.is_dir() else 'a file'}, so {shown} cannot be written")
     for target, content, _ in writes:
         if content is None:
             target.unlink(missing_ok=True)

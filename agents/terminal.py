@@ -6,7 +6,7 @@ approved (`terminal: {approve: [rule, ...]}`).
 
 Hermes Agent's `background: true` starts the command and returns at once: its output goes to a log
 file in the agent's folder (read with read_file), and its process group is killed at its deadline
-(`timeout`, default an hour), when its task is stopped, or with the agent."""
+(`timeout`, default an hour), when its task ends or is stopped, or with the agent."""
 
 from __future__ import annotations
 
@@ -178,7 +178,7 @@ def background(ctx: ToolContext, command: str, cwd: Any, env: dict[str, str], ar
     unsupported = [name for name in ("notify_on_complete", "watch_patterns", "pty") if args.get(name)]
     note = (f"\n({', '.join(unsupported)}: not available here; read the log to follow it)" if unsupported else "")
     return (f"started in the background: pid {proc.pid}; its output goes to {BACKGROUND_LOGS}/{log_name} (read it "
-            f"with read_file); it is stopped after {timeout:g} s, when this task is stopped, or with the agent"
+            f"with read_file); it is stopped after {timeout:g} s, when this task ends, or with the agent"
             f"{note}")
 
 

@@ -509,6 +509,9 @@ class Agent:
                                                       f"{type(exc).__name__}: {exc}")
         finally:
             finished.set()
+            # The task is over: what its tools left running (a background terminal command) ends
+            # with it, not with the agent, which goes on to tasks of other rights.
+            halt.set()
             with self._lock:
                 self._halt = None
 

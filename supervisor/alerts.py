@@ -20,6 +20,7 @@ import json
 import os
 import random
 import re
+import socket
 import threading
 import time
 import urllib.parse
@@ -145,30 +146,70 @@ class Pending:
 
 
 def post(url: str, body: bytes, headers: dict[str, str], timeout: float) -> tuple[int | None, str]:
-    """POST `body`; the HTTP status (None: no answer) and a short outcome free of the URL."""
+    """POST `body`; the HTTP status (None: no answer) and a short outcome free of the URL. The whole
+    attempt takes at most about `timeout`: a socket's timeout bounds each read only, and a webhook
+    that answers a byte at a time would hold the alerts thread (every webhook's alerts) for ever."""
     # Imported here: every command checks hermes.yaml (and so imports this module), only `up` posts.
     import http.client
+    import ssl
     import urllib.error
     import urllib.request
+
+    opened: list[socket.socket] = []
+    cut = threading.Event()
 
     class NoRedirect(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, *args: Any, **kwargs: Any) -> None:
             return None  # a redirect is an answer of its own (a failure), never a second POST elsewhere
 
-    opener = urllib.request.build_opener(NoRedirect)
+    class Plain(http.client.HTTPConnection):
+        def connect(self) -> None:
+            super().connect()
+            opened.append(self.sock)
+
+    class PlainHandler(urllib.request.HTTPHandler):
+        def http_open(self, req: Any) -> Any:
+            return self.do_open(Plain, req)
+
+    class Recorded(ssl.SSLSocket):
+        def do_handshake(self, block: bool = False) -> None:
+            opened.append(self)  # before the handshake, which a webhook can drip too
+            super().do_handshake(block)
+
+    def stop() -> None:
+        cut.set()
+        for sock in list(opened):
+            with contextlib.suppress(OSError):
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the reading thread sees the end
+
+    context = ssl.create_default_context()
+    context.sslsocket_class = Recorded
+    opener = urllib.request.build_opener(NoRedirect, PlainHandler, urllib.request.HTTPSHandler(context=context))
     request = urllib.request.Request(url, data=body, method="POST",
                                      headers={"Content-Type": "application/json", **headers})
+    timer = threading.Timer(timeout, stop)
+    timer.daemon = True
+    timer.start()
     try:
         with opener.open(request, timeout=timeout) as response:
-            return response.status, f"HTTP {response.status}"
+            status = response.status
     except urllib.error.HTTPError as exc:
-        return exc.code, f"HTTP {exc.code}"
+        status = exc.code
     except urllib.error.URLError as exc:
+        if cut.is_set():
+            return None, f"no answer within {timeout:g} s"
         reason = exc.reason
         text = getattr(reason, "strerror", None) or type(reason).__name__
         return None, f"no answer ({text})"
     except (OSError, ValueError, http.client.HTTPException) as exc:
+        if cut.is_set():
+            return None, f"no answer within {timeout:g} s"
         return None, f"no answer ({type(exc).__name__})"
+    finally:
+        timer.cancel()
+    if cut.is_set():  # headers ended by our cut read as complete: not an answer
+        return None, f"no answer within {timeout:g} s"
+    return status, f"HTTP {status}"
 
 
 @dataclass
@@ -188,6 +229,7 @@ class AlertSender:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="alerts", daemon=True)
         self._missing: set[str] = set()
+        self._named: set[str] = set()  # every variable a rule has named since the start
         self._secrets()
         self.cursor = self._end()  # what happened before this supervisor was alerted on then
         self._inode: int | None = None
@@ -218,13 +260,15 @@ class AlertSender:
 
     def env_names(self) -> set[str]:
         """The variables holding the webhooks' URLs and secrets: no agent is given them (an agent's
-        shell could print its environment into a transcript on disk)."""
-        return {name for rule in self.rules for name in (rule.webhook_env, rule.secret_env)}
+        shell could print its environment into a transcript on disk). A rule a reload removed still
+        counts: its variables are still in this process's environment."""
+        return self._named | {name for rule in self.rules for name in (rule.webhook_env, rule.secret_env)}
 
     def _secrets(self) -> None:
         """Register the values with redact, so no file or log line carries them; say once which
         variable is unset (by name only)."""
         for rule in self.rules:
+            self._named |= {rule.webhook_env, rule.secret_env}
             remember([self.env.get(rule.webhook_env, ""), self.env.get(rule.secret_env, "")])
             for name in (rule.webhook_env, rule.secret_env):
                 if not self.env.get(name) and name not in self._missing:

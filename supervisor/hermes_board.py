@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 MAX_DB = 512 << 20
 MAX_TASKS = 10_000
 MAX_COMMENTS = 50_000
+MAX_VALUE = 16 << 20  # bytes of one value read from kanban.db
+READ_SECONDS = 60.0  # for all of kanban.db's reads
 OPEN = ("triage", "todo", "scheduled", "ready", "running", "blocked", "review")
 
 
@@ -54,6 +56,7 @@ def read_board(path: Path) -> tuple[list[dict[str, Any]], list[tuple[str, str]],
     except sqlite3.Error as exc:
         raise HermesImportError(f"--board: {path} cannot be opened: {exc}") from None
     try:
+        _defuse(conn, path)
         marks = ",".join("?" * len(OPEN))
         tasks = conn.execute(f"SELECT id, title, body, assignee, status, priority, tenant FROM tasks "
                              f"WHERE status IN ({marks}) ORDER BY created_at, id LIMIT {MAX_TASKS + 1}",
@@ -71,6 +74,24 @@ def read_board(path: Path) -> tuple[list[dict[str, Any]], list[tuple[str, str]],
     keys = ("id", "title", "body", "assignee", "status", "priority", "tenant")
     return ([dict(zip(keys, row, strict=True)) for row in tasks], [(str(p), str(c)) for p, c in links],
             [(str(t), str(a), str(b)) for t, a, b in comments])
+
+
+def _defuse(conn: sqlite3.Connection, path: Path) -> None:
+    """A database file is code as well as data: its tables must be tables (a view runs a query of the
+    file's choosing, endless if it likes), reads stop after READ_SECONDS, and no value may be larger
+    than MAX_VALUE (a generated column can make one of a gigabyte)."""
+    import sqlite3
+    import time
+
+    kinds = dict(conn.execute("SELECT lower(name), type FROM sqlite_master WHERE lower(name) IN "
+                              "('tasks', 'task_links', 'task_comments')").fetchall())  # names ignore case
+    for name in ("tasks", "task_links", "task_comments"):
+        if kinds.get(name, "table") != "table":
+            raise HermesImportError(f"--board: {path}: {name} is a {kinds[name]}, not a table; a Hermes kanban.db "
+                                    "holds tables only (nothing was changed)")
+    deadline = time.monotonic() + READ_SECONDS
+    conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE)
 
 
 def board_id(hermes_id: str) -> str:

@@ -175,6 +175,9 @@ def read_profile(path: Path) -> Profile:
     env = read_bounded(path / ".env", MAX_CONFIG, ".env")
     soul = read_bounded(path / "SOUL.md", MAX_SOUL, "SOUL.md")
     memories = {}
+    if (path / "memories").is_symlink():  # O_NOFOLLOW guards a file's last part only
+        raise HermesImportError(f"memories/ ({path / 'memories'}) is a symlink; it is not followed: copy the folder "
+                                "itself into the profile")
     for name in FILES.values():
         data = read_bounded(path / "memories" / name, MAX_MEMORY, f"memories/{name}")
         if data is not None:
@@ -236,9 +239,16 @@ def provider_spec(entry: dict[str, str], env: list[str]) -> tuple[dict[str, Any]
     if entry.get("base_url") or base_url:
         spec["base_url"] = entry.get("base_url") or base_url
     key = next((name for name in keys if name in env), keys[0] if keys else None)
+    elsewhere = bool(entry.get("base_url")) and entry["base_url"].rstrip("/") != (base_url or "").rstrip("/")
+    note = f"{entry['model']} ({provider or 'custom'})"
+    if key and elsewhere:
+        # The profile's address with this workspace's key for the provider: a hostile profile would
+        # have the team's key (and, first in every tier, its tasks) sent wherever it says.
+        note += (f" at {spec['base_url']}, not {provider}'s own address: its key variable is left out (add "
+                 f"api_key_env: {key}, or another, to the provider by hand if that address is yours)")
+        key = None
     if key:
         spec["api_key_env"] = key
-    note = f"{entry['model']} ({provider or 'custom'})"
     if key and key not in env:
         note += f": its key is read from {key}, which the profile's .env does not set"
     return spec, note

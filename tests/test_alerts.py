@@ -25,6 +25,7 @@ from hermes_sup.supervisor.alerts import (
     SIGNATURE_HEADER,
     alert_body,
     alert_for,
+    post,
     retry_delay,
     rules_of,
     signature,
@@ -236,6 +237,27 @@ def test_no_agent_is_given_the_webhooks_url_or_secret(tmp_path, monkeypatch, up,
     assert URL_ENV not in seen and SECRET_ENV not in seen and receiver.token not in seen and secret not in seen
 
 
+def test_an_agent_started_after_a_reload_removed_the_webhook_is_not_given_its_url_or_secret(
+        tmp_path, monkeypatch, up, hook):
+    # The variables stay in the supervisor's environment: only the rules of the moment were kept
+    # from the agents, so the first restart after the reload handed both to the agent (its shell).
+    receiver = hook()
+    shell = f"env > seen-env.txt; exec {sys.executable} {FAKE} beat"
+    ws, secret = alert_team(tmp_path, monkeypatch, receiver.url, "task_failed",
+                            f"- name: a\n  command: [/bin/sh, -c, '{shell}']\n")
+    up(ws)
+    first = wait_until(lambda: running(ws, "a"), timeout=60)["pid"]
+    (ws / "hermes.yaml").write_text((ws / "hermes.yaml").read_text().split("alerts:")[0])
+    assert hermes(ws, "reload").returncode == 0
+    (ws / "runs" / "a" / "seen-env.txt").unlink()
+    assert hermes(ws, "restart", "a").returncode == 0
+    wait_until(lambda: running(ws, "a").get("pid") not in (None, first), timeout=60)
+    seen = wait_until(lambda: (ws / "runs" / "a" / "seen-env.txt").exists()
+                      and (ws / "runs" / "a" / "seen-env.txt").read_text(), timeout=30)
+    assert "HERMES_SUP_AGENT=" in seen
+    assert URL_ENV not in seen and SECRET_ENV not in seen and receiver.token not in seen and secret not in seen
+
+
 def test_a_webhook_added_by_reload_hears_of_what_happens_after_it_only(tmp_path, monkeypatch, up, hook):
     receiver = hook()
     ws, _ = alert_team(tmp_path, monkeypatch, receiver.url, "task_failed")
@@ -332,3 +354,59 @@ def test_an_unreachable_webhook_does_not_slow_the_supervisor(tmp_path, monkeypat
         assert not [r for r in alert_events(ws) if r["event"] == "alert_sent"]
     finally:
         hole.close()
+
+
+def test_a_webhook_dripping_its_answer_is_cut_at_the_attempts_timeout():
+    # A socket timeout bounds each read, not the answer: a webhook sending a byte of its headers
+    # every half second held the alerts thread (and every other webhook's alerts) for as long as it liked.
+    listener = socket.create_server(("127.0.0.1", 0))
+    done = threading.Event()
+
+    def drip() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\n")
+            for _ in range(40):  # 20 s at most: without the cut, the test fails instead of hanging
+                if done.wait(0.5):
+                    return
+                try:
+                    conn.sendall(b"X")
+                except OSError:
+                    return
+
+    thread = threading.Thread(target=drip, daemon=True)
+    thread.start()
+    try:
+        started = time.monotonic()
+        status, outcome = post(f"http://127.0.0.1:{listener.getsockname()[1]}/", b"{}", {}, 2.0)
+        took = time.monotonic() - started
+    finally:
+        done.set()
+        thread.join(10)
+        listener.close()
+    assert status is None and outcome.startswith("no answer"), outcome
+    assert took < 10, f"the attempt took {took:.1f} s for a 2 s timeout"
+
+
+def test_a_webhook_redirecting_elsewhere_is_not_followed(hook):
+    # A redirect is an answer, never a request to a host the operator never named (a guard: it held).
+    elsewhere = hook()
+    redirector = hook([302])
+    original = redirector.server.RequestHandlerClass.do_POST
+
+    def do_post(handler: BaseHTTPRequestHandler) -> None:
+        handler.rfile.read(int(handler.headers["Content-Length"]))
+        redirector.received.append((dict(handler.headers), b"", 302))
+        handler.send_response(302)
+        handler.send_header("Location", elsewhere.url)
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
+
+    redirector.server.RequestHandlerClass.do_POST = do_post
+    try:
+        status, outcome = post(redirector.url, b"{}", {SIGNATURE_HEADER: "sha256=x"}, 5.0)
+    finally:
+        redirector.server.RequestHandlerClass.do_POST = original
+    assert (status, outcome) == (302, "HTTP 302") and not worth_retrying(status)
+    assert len(redirector.received) == 1 and elsewhere.received == []

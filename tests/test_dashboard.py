@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -230,6 +232,36 @@ def test_the_supervisors_state_wakes_the_stream(served: tuple[Path, Server], mon
     client.close()
 
 
+def test_streams_opened_at_once_are_capped_too(served: tuple[Path, Server], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cap counted a stream once it ran, which is after every request already waiting was let
+    through: a burst of requests opened as many streams as it held."""
+    from hermes_sup.supervisor.dashboard import app
+
+    _ws, server = served
+    monkeypatch.setattr(app, "MAX_STREAMS", 2)
+    request = f"GET /api/events HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n\r\n".encode()
+    burst = [socket.create_connection(("127.0.0.1", server.port), timeout=30) for _ in range(12)]
+    try:
+        for sock in burst:
+            sock.sendall(request)
+        statuses = []
+        for sock in burst:
+            head = b""
+            while b"\r\n" not in head:
+                data = sock.recv(4096)
+                assert data, "the server closed a connection without an answer"
+                head += data
+            statuses.append(int(head.split(b" ", 2)[1]))
+    finally:
+        for sock in burst:
+            sock.close()
+    assert statuses.count(200) == 2 and statuses.count(503) == 10, statuses
+    wait_until(lambda: server.dashboard.streams == 0, timeout=30)
+    again = Stream(server.port)
+    assert again.status == 200
+    again.close()
+
+
 def test_open_streams_are_capped(served: tuple[Path, Server], monkeypatch: pytest.MonkeyPatch) -> None:
     """A client opening stream after stream (each a coroutine reading files) gets 503 past the cap,
     and a closed stream frees its place."""
@@ -409,6 +441,13 @@ def test_loopback_answers_only_a_loopback_host() -> None:
         assert security.judge(method="GET", is_action=False, host_header=host, origin=None, scheme="http",
                               bound_loopback=True, expected_token=None, header_token=None, cookie_token=None,
                               query_token=None).status == 0
+
+
+@pytest.mark.parametrize("host", ["[::1]evil.example", "[::1]evil.example:80", "localhost:evil.example",
+                                  "127.0.0.1:80:80", "[::1]:", "localhost:"])
+def test_a_host_header_with_anything_but_a_port_after_a_loopback_name_is_refused(host: str) -> None:
+    # What follows the name must be a port: a Host that merely starts with a loopback name is not one.
+    assert not security.host_allowed(host, bound_loopback=True)
 
 
 @pytest.mark.parametrize(("host", "loopback"), [
@@ -639,3 +678,50 @@ def test_with_a_token_the_page_works_once_opened_with_it(browser, tmp_path: Path
     finally:
         context.close()
         server.stop()
+
+
+OTHER_USER_CLIENT = """
+import http.client, json, sys
+port = int(sys.argv[1])
+out = []
+for method, path, body in (("GET", "/api/snapshot", None), ("POST", "/api/task", '{"title": "from another user"}')):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request(method, path, body=body, headers={"Host": f"127.0.0.1:{port}", "Origin": f"http://127.0.0.1:{port}",
+                                                   "Content-Type": "application/json"})
+    response = conn.getresponse()
+    out.append([response.status, response.read().decode()])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="connecting as another user needs root to become one")
+def test_a_tokenless_dashboard_refuses_another_user_of_the_machine(served: tuple[Path, Server]) -> None:
+    """Another user reaches 127.0.0.1 too, and sends whatever Origin it likes: it read every task and
+    transcript and steered the team (a task with steps runs as this user)."""
+    ws, server = served
+    python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable  # one the other user may run
+    done = subprocess.run([python, "-I", "-c", OTHER_USER_CLIENT, str(server.port)], user=65534, group=65534,
+                          capture_output=True, text=True, timeout=60, cwd="/")
+    assert done.returncode == 0, done.stderr
+    answers = json.loads(done.stdout)
+    assert [status for status, _ in answers] == [403, 403], answers
+    assert "answers only to the user running it" in answers[0][1]
+    assert "from another user" not in json.dumps(Board(ws / "kanban").list().tasks, ensure_ascii=False)
+    conn_ok = Stream(server.port)  # this user still is served
+    assert conn_ok.status == 200
+    conn_ok.close()
+
+
+def test_peer_uid_reads_the_kernels_socket_tables() -> None:
+    tcp = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+           "   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 1 1\n"
+           "   1: 0100007F:D431 0100007F:1F90 01 00000000:00000000 00:00000000 00000000  1001        0 2 1\n")
+    tcp6 = ("  sl  local_address                         remote_address                        st tx_queue rx_queue "
+            "tr tm->when retrnsmt   uid  timeout inode\n"
+            "   0: 00000000000000000000000001000000:D432 00000000000000000000000001000000:1F90 01 00000000:00000000 "
+            "00:00000000 00000000  1002        0 3 1\n")
+    assert security.peer_uid([tcp, tcp6], ("127.0.0.1", 0xD431), ("127.0.0.1", 8080)) == 1001
+    assert security.peer_uid([tcp, tcp6], ("::1", 0xD432), ("::1", 8080)) == 1002
+    assert security.peer_uid([tcp, tcp6], ("127.0.0.1", 0xD439), ("127.0.0.1", 8080)) is None
+    assert security.same_user(1000, 1000) and security.same_user(0, 1000)
+    assert not security.same_user(1001, 1000) and not security.same_user(None, 1000)

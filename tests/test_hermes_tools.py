@@ -304,6 +304,10 @@ def test_a_hermes_batch_is_one_delegation_per_task():
                                               {"goal": "B", "context": "own", "toolsets": ["files"]}]
     with pytest.raises(ToolError, match="needs goal, or tasks"):
         batch({"context": "no goal"})
+    # A goal of blank lines passes the schema's minLength; its title (its first line) was then an IndexError.
+    for blank in ({"goal": " \n "}, {"tasks": [{"goal": "A"}, {"goal": "\n"}]}):
+        with pytest.raises(ToolError, match="goal must say what to do"):
+            batch(blank)
 
 
 def test_a_hermes_batch_is_worked_by_child_agents_and_answered_in_order(tmp_path, up):
@@ -334,3 +338,52 @@ def test_a_hermes_batch_is_worked_by_child_agents_and_answered_in_order(tmp_path
             assert result == "## 1. Summarize part one\na summary\n\n## 2. Summarize part two\na summary"
         finally:
             board.close()
+
+
+def test_a_patch_naming_one_file_twice_loses_nothing(tmp_path):
+    # A Move onto itself wrote the file, then deleted it; two sections on one file each started
+    # from the file on disk, so the later one silently undid the earlier.
+    ctx = ctx_for(tmp_path)
+    (ctx.scratch / "a.txt").write_text("keep me\n")
+    for patch in ("*** Begin Patch\n*** Move File: a.txt -> ./a.txt\n*** End Patch",
+                  "*** Begin Patch\n*** Update File: a.txt\n-keep me\n+first\n*** Update File: a.txt\n"
+                  "-keep me\n+second\n*** End Patch",
+                  "*** Begin Patch\n*** Add File: b.txt\n+new\n*** Move File: a.txt -> b.txt\n*** End Patch"):
+        with pytest.raises(ToolError, match=r"names .* more than once"):
+            call(ctx, "patch", mode="patch", patch=patch)
+        assert (ctx.scratch / "a.txt").read_text() == "keep me\n"
+        assert not (ctx.scratch / "b.txt").exists()
+
+
+def test_a_background_command_ends_with_the_task_that_started_it(tmp_path, up):
+    # Killed only at its deadline (an hour), on a stop, or with the agent, a background command of a
+    # finished task ran on through the agent's next tasks, which its own rights did not cover.
+    from .test_supervisor import make_ws
+
+    ws = make_ws(tmp_path, "- name: worker\n  roles: [work]\n  capabilities: [fs.read, fs.write, shell]\n")
+    board = Board(ws / "kanban")
+    task = board.add({"title": "serve", "role": "work", "steps": [
+        {"tool": "terminal", "args": {"command": "echo $$ > bg.pid; exec sleep 300", "background": True}},
+        {"tool": "wait", "args": {"seconds": 0.01}}]})
+    up(ws)
+    wait_until(lambda: board.get(task["id"])["status"] in ("done", "failed"), timeout=60)
+    assert board.get(task["id"])["status"] == "done", board.get(task["id"]).get("error")
+    pid_file = ws / "runs" / "worker" / "scratch" / "bg.pid"
+    wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=30)
+    pid = int(pid_file.read_text())
+    wait_until(lambda: gone(pid), timeout=30)
+
+
+def test_a_patch_that_cannot_write_one_of_its_files_writes_none(tmp_path):
+    # A file where a folder must go failed on the second write, after the first file was changed.
+    ctx = ctx_for(tmp_path)
+    (ctx.scratch / "a.txt").write_text("one\n")
+    (ctx.scratch / "c.txt").write_text("a file\n")
+    (ctx.scratch / "d").mkdir()
+    for second, blocker in (("*** Add File: c.txt/new\n+x\n", "c.txt is a file"),
+                            ("*** Move File: c.txt -> d\n", "d is a folder")):
+        with pytest.raises(ToolError, match=f"the patch was not applied: {blocker}"):
+            call(ctx, "patch", mode="patch",
+                 patch=f"*** Begin Patch\n*** Update File: a.txt\n-one\n+ONE\n{second}*** End Patch")
+        assert (ctx.scratch / "a.txt").read_text() == "one\n"
+        assert (ctx.scratch / "c.txt").read_text() == "a file\n"

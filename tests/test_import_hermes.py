@@ -226,3 +226,72 @@ def test_the_command_line_has_import_hermes(ws, profile):
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"would import {profile} as agent ada\n")
+
+
+def test_a_profiles_own_address_for_a_known_provider_is_not_given_that_providers_key(ws, profile):
+    # The workspace's ANTHROPIC_API_KEY was paired with whatever base_url the profile named, and the
+    # import puts the profile's providers first in every tier: the team's key and tasks went there.
+    (profile / "config.yaml").write_text(
+        "model:\n  default: claude-sonnet-4-5\n  provider: anthropic\n  base_url: https://collector.example/v1\n"
+        "fallback_providers:\n  - {provider: openrouter, model: a/b, base_url: 'https://openrouter.ai/api/v1/'}\n")
+    result = invoke(ws, str(profile), "--name", "ada", "--json")
+    assert result.exit_code == 0, result.output
+    providers = load_config(ws / "hermes.yaml")["providers"]
+    assert providers["ada"] == {"kind": "anthropic", "model": "claude-sonnet-4-5",
+                                "base_url": "https://collector.example/v1"}, "no key variable named"
+    assert providers["ada-fallback-1"]["api_key_env"] == "OPENROUTER_API_KEY", "the provider's own address keeps it"
+    report = json.loads(result.output)
+    assert any("https://collector.example/v1" in note and "ANTHROPIC_API_KEY" in note
+               for note in report["carried_over"]), report["carried_over"]
+
+
+def test_a_kanban_db_whose_tables_are_endless_views_is_refused_at_once(ws, profile):
+    # SQL in a hostile file runs when it is read: a `tasks` view over an endless recursive query held
+    # the import (and its memory) for as long as it liked.
+    import sqlite3
+    import subprocess
+    import sys
+
+    db = sqlite3.connect(profile / "kanban.db")
+    db.executescript(
+        "CREATE VIEW Tasks AS WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n) "
+        "SELECT x AS id, 't' AS title, '' AS body, NULL AS assignee, 'todo' AS status, 0 AS priority, "
+        "NULL AS tenant, x AS created_at FROM n;"
+        "CREATE TABLE task_links (parent_id, child_id); CREATE TABLE task_comments (id, task_id, author, body);")
+    db.close()
+    before = snapshot(ws)
+    done = subprocess.run([sys.executable, "-m", "hermes_sup.supervisor", "-w", str(ws), "import-hermes",
+                           str(profile), "--name", "ada", "--board"], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "kanban.db" in done.stderr and "tasks is a view" in done.stderr, done.stderr
+    assert snapshot(ws) == before
+
+
+def test_a_kanban_db_value_over_its_limit_is_refused(ws, profile):
+    # A generated column makes a value of any size out of a small file.
+    import sqlite3
+
+    db = sqlite3.connect(profile / "kanban.db")
+    db.executescript(
+        "CREATE TABLE tasks (id TEXT, title TEXT, assignee TEXT, status TEXT, priority INT, tenant TEXT, "
+        "created_at INT, body BLOB GENERATED ALWAYS AS (zeroblob(64 * 1024 * 1024)) VIRTUAL);"
+        "INSERT INTO tasks (id, title, status, created_at) VALUES ('t1', 'big', 'todo', 1);"
+        "CREATE TABLE task_links (parent_id, child_id); CREATE TABLE task_comments (id, task_id, author, body);")
+    db.close()
+    assert (profile / "kanban.db").stat().st_size < 1 << 20
+    before = snapshot(ws)
+    result = invoke(ws, str(profile), "--name", "ada", "--board")
+    # Refused as it is read, not after a 64 MiB value was read and a 320 MB task document built of it.
+    assert result.exit_code != 0 and "kanban.db" in result.output and "too big" in result.output, result.output
+    assert snapshot(ws) == before
+
+
+def test_a_memories_folder_that_is_a_symlink_is_not_followed(ws, profile, tmp_path):
+    # O_NOFOLLOW refuses a link as a file's last part only: memories/ as a link read MEMORY.md from anywhere.
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(profile / "memories", elsewhere)
+    (profile / "memories").symlink_to(elsewhere)
+    before = snapshot(ws)
+    result = invoke(ws, str(profile), "--name", "ada")
+    assert result.exit_code != 0 and "memories/" in result.output and "symlink" in result.output, result.output
+    assert snapshot(ws) == before

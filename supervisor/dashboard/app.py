@@ -5,11 +5,13 @@ reads and the actions, every one behind the checks of security.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import socket
 import threading
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from http.cookies import CookieError, SimpleCookie
@@ -90,10 +92,32 @@ class Guard:
             header_token=security.bearer(headers.get("authorization")),
             cookie_token=morsel.value if morsel else None,
             query_token=(query.get("token") or [None])[0] if path == "/" else None)
+        if not verdict.status and self.settings.loopback and self.settings.token is None \
+                and not _own_user(scope.get("client"), scope.get("server")):
+            verdict = security.Verdict(403, "this dashboard answers only to the user running it; another user "
+                                            "needs it started with --token-env")
         if verdict.status:
             await error(verdict.status, verdict.error)(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+
+NET_TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
+
+
+def _own_user(client: Any, server: Any) -> bool:
+    """Whether the client's socket is this user's (or root's). Where the kernel publishes no socket
+    table (not Linux), there is no telling: the loopback bind alone decides, as before."""
+    if not NET_TABLES[0].exists():
+        return True
+    if not client or not server:
+        return False
+    tables = []
+    for path in NET_TABLES:
+        with contextlib.suppress(OSError):
+            tables.append(path.read_text())
+    uid = security.peer_uid(tables, (str(client[0]), int(client[1])), (str(server[0]), int(server[1])))
+    return security.same_user(uid, os.getuid())
 
 
 async def json_body(request: Request) -> Any:
@@ -117,6 +141,10 @@ async def json_body(request: Request) -> Any:
         raise actions.ActionError("the body is not JSON") from None
 
 
+class _Place:
+    """One open stream's place among MAX_STREAMS."""
+
+
 class Dashboard:
     """The application's state: the workspace, one board, the lock its calls take, the hub."""
 
@@ -126,22 +154,30 @@ class Dashboard:
         self.board = open_workspace_board(ws)
         self.lock = threading.Lock()  # one board call at a time from this process's threads
         self.hub = Hub(self.board.root, ws.runs_path, self._picture)
-        self.streams = 0
+        # The streams given out and not yet over. Counted from the moment one is made, not when it
+        # starts: requests waiting in a burst are all let through before any stream runs. Weakly held:
+        # one whose client left before it started never runs its finally, and leaves when dropped.
+        self._streams: weakref.WeakSet[_Place] = weakref.WeakSet()
+
+    @property
+    def streams(self) -> int:
+        return len(self._streams)
 
     def counted(self, stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        """`stream`, counted among the open streams while it runs."""
-        if self.streams >= MAX_STREAMS:
+        """`stream`, counted among the open streams until it ends or is dropped."""
+        if len(self._streams) >= MAX_STREAMS:
             raise actions.ActionError(f"too many open streams ({MAX_STREAMS}); close some pages", 503)
 
+        place = _Place()  # held by the stream alone (no cycle): freed, and uncounted, when it is
+
         async def run() -> AsyncIterator[bytes]:
-            # Counted once running: a stream whose client left before it started never runs its finally.
-            self.streams += 1
             try:
                 async for chunk in stream:
                     yield chunk
             finally:
-                self.streams -= 1
+                self._streams.discard(place)
 
+        self._streams.add(place)
         return run()
 
     def _picture(self) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Who may reach the dashboard and who may act through it: decisions over plain strings (pure).
 
 Loopback binds answer only requests whose Host names a loopback address (a hostile web page that
-rebinds its DNS name to 127.0.0.1 sends its own name as Host, and is refused). A non-loopback bind
+rebinds its DNS name to 127.0.0.1 sends its own name as Host, and is refused), and, without a token,
+only clients of the user running the dashboard (on Linux, by the owner of the client's socket). A non-loopback bind
 needs a token; every request must then carry it. An action (a POST) must also come from the
 dashboard's own page: its Origin must be the origin the request was sent to, or, for a script
 without a browser, it sends no Origin but the token in an Authorization header.
@@ -48,13 +49,23 @@ def check_bind(host: str, token_env: str | None, token: str | None) -> None:
 
 
 def split_host(value: str) -> tuple[str, str]:
-    """A Host header as (host, port); port "" when none is given."""
+    """A Host header as (host, port); port "" when none is given. What follows a bracketed IPv6
+    address other than `:port` is kept as the port, for host_allowed to refuse."""
     value = value.strip()
     if value.startswith("["):
         host, _, rest = value[1:].partition("]")
-        return host, rest.removeprefix(":")
+        return host, rest[1:] if rest.startswith(":") else rest
     host, _, port = value.rpartition(":") if value.count(":") == 1 else (value, "", "")
     return host, port
+
+
+def _port_ok(host_header: str) -> bool:
+    """No port, or digits: `localhost:evil.example` or `[::1]evil.example` only start with a loopback name."""
+    value = host_header.strip()
+    port = split_host(value)[1]
+    if port:
+        return port.isascii() and port.isdigit()
+    return not value.endswith(":")
 
 
 def host_allowed(host_header: str | None, bound_loopback: bool) -> bool:
@@ -63,7 +74,7 @@ def host_allowed(host_header: str | None, bound_loopback: bool) -> bool:
         return True
     if not host_header:
         return False
-    return is_loopback(split_host(host_header)[0])
+    return _port_ok(host_header) and is_loopback(split_host(host_header)[0])
 
 
 def token_matches(expected: str | None, given: str | None) -> bool:
@@ -81,6 +92,41 @@ def bearer(authorization: str | None) -> str | None:
         return None
     scheme, _, value = authorization.partition(" ")
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+
+
+def _hex_address(host: str, port: int) -> str | None:
+    """An address as /proc/net/tcp{,6} spells it (the kernel's words in this machine's order)."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    packed = address.packed
+    words = b"".join(packed[i:i + 4][::-1] for i in range(0, len(packed), 4))  # little-endian hosts
+    return f"{words.hex().upper()}:{port:04X}"
+
+
+def peer_uid(tables: list[str], client: tuple[str, int], server: tuple[str, int]) -> int | None:
+    """The uid owning the client's end of a loopback TCP connection, from the text of
+    /proc/net/tcp and /proc/net/tcp6 (pure); None when no line is that connection."""
+    mine, theirs = _hex_address(*client), _hex_address(*server)
+    if mine is None or theirs is None:
+        return None
+    for table in tables:
+        for line in table.splitlines()[1:]:
+            fields = line.split()
+            if len(fields) > 7 and fields[1] == mine and fields[2] == theirs:
+                try:
+                    return int(fields[7])
+                except ValueError:
+                    return None
+    return None
+
+
+def same_user(uid: int | None, own_uid: int) -> bool:
+    """Whether a tokenless loopback dashboard answers a client of `uid`: only its own user (and root,
+    who can read its files anyway). Another user of the machine reaches 127.0.0.1 as well, and an
+    Origin header is no proof of a browser: it would steer the team, and read every transcript."""
+    return uid is not None and uid in (own_uid, 0)
 
 
 @dataclass(frozen=True)
