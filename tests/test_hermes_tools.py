@@ -368,7 +368,9 @@ def test_a_background_command_ends_with_the_task_that_started_it(tmp_path, up):
     up(ws)
     wait_until(lambda: board.get(task["id"])["status"] in ("done", "failed"), timeout=60)
     assert board.get(task["id"])["status"] == "done", board.get(task["id"]).get("error")
-    pid_file = ws / "runs" / "worker" / "scratch" / "bg.pid"
+    from hermes_sup.agents.taskdir import work_folder
+
+    pid_file = work_folder(ws / "runs", task["id"]) / "bg.pid"  # the task's own folder, where its shell ran
     wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=30)
     pid = int(pid_file.read_text())
     wait_until(lambda: gone(pid), timeout=30)
