@@ -347,7 +347,7 @@ def test_a_team_under_fire_finishes_every_task_exactly_once(tmp_path, capsys):
         assert all(wait_until(lambda pid=pid: gone(pid), timeout=15) for pid in team.pids)
 
         # What the run saw.
-        recoveries = [e for e in events if e["by"] == "board" and str(e.get("note", "")).startswith("recovered")]
+        recoveries = [e for e in events if e.get("by") == "board" and str(e.get("note", "")).startswith("recovered")]
         reclaimed = [t for t, d in docs.items()
                      if len({h["by"] for h in d["history"] if h["to"] == "doing"}) > 1]
         done_at = {t: moment(next(h["at"] for h in reversed(d["history"]) if h["to"] == "done"))
