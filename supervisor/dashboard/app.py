@@ -153,7 +153,7 @@ class Dashboard:
         self.settings = settings
         self.board = open_workspace_board(ws)
         self.lock = threading.Lock()  # one board call at a time from this process's threads
-        self.hub = Hub(self.board.root, ws.runs_path, self._picture)
+        self.hub = Hub(self.board, ws.runs_path, self._picture)
         # The streams given out and not yet over. Counted from the moment one is made, not when it
         # starts: requests waiting in a burst are all let through before any stream runs. Weakly held:
         # one whose client left before it started never runs its finally, and leaves when dropped.

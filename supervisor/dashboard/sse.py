@@ -1,5 +1,6 @@
 """Server-sent events from the board's event cursor: each event with `id:` = its cursor, a fresh
 picture of the page after each burst, and resumption from `Last-Event-ID` that loses nothing.
+Events are read through the board protocol (events_since, events_end, check_cursor).
 
 The wake-up is inotify on the two files that change when anything the page shows changes
 (events.jsonl: every transition; supervisor.json: every agent start, exit, restart), watched only
@@ -11,6 +12,7 @@ the board's generation and shared by every client.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import threading
@@ -18,7 +20,8 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban.events import CursorError, check_cursor, parse_cursor, read_since
+from hermes_sup.kanban import BoardStore
+from hermes_sup.kanban.events import CursorError, parse_cursor
 from hermes_sup.kanban.reads import generation
 
 SAFETY_RECHECK = 10.0  # seconds: events are a wake-up; the log is read this often without one
@@ -34,42 +37,25 @@ def frame(event: str, data: Any, cursor: int | None = None) -> bytes:
     return ("\n".join(lines) + "\n\n").encode()
 
 
-def resume_cursor(last_event_id: str | None, events_path: Path) -> int | None:
+def resume_cursor(last_event_id: str | None, board: BoardStore) -> int | None:
     """The cursor a reconnecting client resumes after, or None for a fresh start (no id, or one
     this log never gave: from another board, or the log was replaced)."""
     if not last_event_id:
         return None
     try:
         cursor = parse_cursor(last_event_id.strip())
-        check_cursor(events_path, cursor)
+        board.check_cursor(cursor)
     except CursorError:
         return None
     return cursor
 
 
-def end_cursor(events_path: Path) -> int:
-    """The cursor after the last complete event of the log."""
-    try:
-        size = os.stat(events_path).st_size
-        check_cursor(events_path, size)
-        return size
-    except FileNotFoundError:
-        return 0
-    except CursorError:  # a last line still being written: find the end of the one before
-        cursor = 0
-        while True:
-            batch = read_since(events_path, cursor)
-            if batch.cursor == cursor:
-                return cursor
-            cursor = batch.cursor
-
-
 class Hub:
     """The clients' shared wake-up and picture. `build` makes the picture (reads the board)."""
 
-    def __init__(self, board_root: Path, runs: Path, build: Callable[[], dict[str, Any]]) -> None:
-        self.board_root = board_root
-        self.events_path = board_root / "events.jsonl"
+    def __init__(self, board: BoardStore, runs: Path, build: Callable[[], dict[str, Any]]) -> None:
+        self.board = board  # read by cursor through the protocol (events_since), from worker threads
+        self.board_root = Path(board.root)
         self.runs = runs
         self.build = build
         self.generation = 0
@@ -175,12 +161,12 @@ class Hub:
         self.join()
         try:
             yield f"retry: {RETRY_MS}\n\n".encode()
-            cursor = await asyncio.to_thread(resume_cursor, last_event_id, self.events_path)
+            cursor = await asyncio.to_thread(resume_cursor, last_event_id, self.board)
             inode = None
             if cursor is None:
                 if last_event_id:
                     yield frame("reset", {"reason": "unknown Last-Event-ID: starting afresh"})
-                cursor = await asyncio.to_thread(end_cursor, self.events_path)
+                cursor = await asyncio.to_thread(self.board.events_end)
             else:
                 cursor, inode = await self._events_since(cursor, inode, out := [])
                 for chunk in out:
@@ -205,7 +191,8 @@ class Hub:
     async def _events_since(self, cursor: int, inode: int | None, out: list[bytes]) -> tuple[int, int | None]:
         """Every event after `cursor` as frames into `out`; the new cursor and the log's inode."""
         while True:
-            batch = await asyncio.to_thread(read_since, self.events_path, cursor, 1000, inode)
+            batch = await asyncio.to_thread(functools.partial(self.board.events_since, cursor, max_events=1000,
+                                                              inode=inode))
             if batch.restarted:
                 out.append(frame("reset", {"reason": "the event log was replaced; reading it from its start"}))
             inode = batch.inode
