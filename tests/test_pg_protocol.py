@@ -195,3 +195,11 @@ def test_the_cli_works_on_a_postgres_board_and_never_prints_the_dsn(database: st
     for secret in (database, PASSWORD):
         for text in [*outputs, *files]:
             assert secret not in text
+
+
+def test_wait_for_work_takes_this_hosts_drops(board: PgStore) -> None:
+    inbox = board.root / "inbox"
+    (inbox / ".late.tmp").write_text(json.dumps({"id": "late-drop", "title": "dropped while waiting"}))
+    os.rename(inbox / ".late.tmp", inbox / "late-drop.json")
+    got = board.wait_for_work("ag", timeout=30)
+    assert got is not None and got["id"] == "late-drop" and list(inbox.iterdir()) == []

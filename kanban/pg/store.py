@@ -596,7 +596,8 @@ class PgStore(StreamMixin):
     def wait_for_work(self, agent: str, *, roles: Iterable[str] = (), timeout: float | None = None,
                       lease: float | None = None, stop: threading.Event | None = None,
                       steps_only: bool = False, assigned_only: bool = False) -> TaskDoc | None:
-        """Claim a task, waiting for one; None on timeout or when `stop` is set. Woken by NOTIFY,
+        """Claim a task, waiting for one (ingesting this host's drops and recovering dead claims
+        meanwhile); None on timeout or when `stop` is set. Woken by NOTIFY,
         and polling about once a second (jittered, so hosts do not poll in step) in case one is lost."""
         listener = self.listener()
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -605,6 +606,9 @@ class PgStore(StreamMixin):
             if stop is not None and stop.is_set():
                 return None
             try:
+                # Drops into this host's inbox/ land on the shared board with no other process
+                # needed (a listing of one folder per round; the file board does it per wake-up).
+                self.ingest()
                 if time.monotonic() - self._last_recover >= RECOVER_INTERVAL:
                     self.recover()
                 doc = self.claim(agent, roles=roles, lease=lease, steps_only=steps_only,
