@@ -199,10 +199,10 @@ def test_events_by_cursor_and_journal(store: PgStore) -> None:
     held = store.claim("ag")
     assert store.journal_append("t", held["claim"]["token"], {"step": 0, "out": "x"}) > 0
     store.complete("t", held["claim"]["token"])
-    events = store.events_since(0)
-    assert [(e["from"], e["to"]) for e in events] == [(None, "todo"), ("todo", "doing"), ("doing", "done")]
-    assert store.events_since(events[0]["cursor"]) == events[1:]
-    assert store.events_since(events[-1]["cursor"]) == []
+    events = store.events_since(0).events
+    assert [(e["from"], e["to"]) for _c, e in events] == [(None, "todo"), ("todo", "doing"), ("doing", "done")]
+    assert store.events_since(events[0][0]).events == events[1:]
+    assert store.events_since(events[-1][0]).events == []
     assert [e["entry"] for e in store.journal("t")] == [{"step": 0, "out": "x"}]
 
 
@@ -221,7 +221,7 @@ def test_an_event_committed_late_with_a_smaller_cursor_is_not_skipped(make_store
     reader = make_store("reader")
     slow.add({"id": "slow-task", "title": "slow"})
     held = slow.claim("ag")
-    seen = reader.events_since(0)
+    seen = [{"cursor": c, **e} for c, e in reader.events_since(0).events]
     finished_slow: list[dict] = []
     read: list[list[dict]] = []
 
@@ -238,8 +238,8 @@ def test_an_event_committed_late_with_a_smaller_cursor_is_not_skipped(make_store
         slow_thread.start()
         wait_until(lambda: waiting() >= 1, timeout=10)
         fast.add({"id": "fast-task", "title": "fast"})  # a larger cursor, committed first
-        reader_thread = threading.Thread(target=lambda: read.append(reader.events_since(seen[-1]["cursor"])),
-                                         daemon=True)
+        reader_thread = threading.Thread(target=lambda: read.append(
+            [{"cursor": c, **e} for c, e in reader.events_since(seen[-1]["cursor"]).events]), daemon=True)
         reader_thread.start()
         wait_until(lambda: waiting() >= 2, timeout=10)  # the reader waits for the slow transition
         assert not read
@@ -629,6 +629,6 @@ def test_two_processes_of_a_host_ingesting_the_same_drops_make_each_task_once(ma
     assert len(reports) == 2
     assert [r.rejected for r in reports] == [[], []] and list((root / "rejected").iterdir()) == []
     assert sorted(doc["id"] for doc in stores[0].list().tasks) == sorted(names)
-    made = Counter(e["task"] for e in stores[0].events_since(0) if e["from"] == "inbox")
+    made = Counter(e["task"] for _c, e in stores[0].events_since(0).events if e.get("from") == "inbox")
     assert made == Counter(names), "a drop was made into a task twice"
     assert len(list((root / ".ingested").iterdir())) == len(names) and list((root / "inbox").iterdir()) == []

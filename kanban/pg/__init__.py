@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..backends import BoardConfigError, register
 from ..errors import BoardError
 
 if TYPE_CHECKING:
@@ -40,15 +41,15 @@ def open_store(config: Mapping[str, Any], *, host: str | None = None, environ: M
     environ = os.environ if environ is None else environ
     dsn_env = config.get("dsn_env") or DEFAULT_DSN_ENV
     if not isinstance(dsn_env, str):
-        raise BoardError("board.dsn_env must be the name of an environment variable")
+        raise BoardConfigError("board.dsn_env must be the name of an environment variable")
     dsn = environ.get(dsn_env)
     if not dsn:
-        raise BoardError(f"the board is on PostgreSQL, but ${dsn_env} is not set: put the connection string "
+        raise BoardConfigError(f"the board is on PostgreSQL, but ${dsn_env} is not set: put the connection string "
                          "(DSN) in that environment variable, never in hermes.yaml")
     try:
         from .store import PgStore
     except ImportError:
-        raise BoardError("the PostgreSQL board needs psycopg 3: pip install 'hermes-sup[postgres]'") from None
+        raise BoardConfigError("the PostgreSQL board needs psycopg 3: pip install 'hermes-sup[postgres]'") from None
     try:
         return PgStore(dsn, dsn_env=f"${dsn_env}", schema=config.get("schema") or "hermes_sup",
                        host=host or socket.gethostname(), boot_id=str(config.get("boot_id") or boot_id()),
@@ -57,5 +58,13 @@ def open_store(config: Mapping[str, Any], *, host: str | None = None, environ: M
     except ValueError as exc:
         raise BoardError(f"board: {exc}") from None
 
+
+def _open(folder: Path, section: Mapping[str, Any], *, lock_timeout: float, host: str | None) -> PgStore:
+    """The factory's opener (kanban.backends): `folder` is this host's kanban/ (its inbox/ drops
+    land on the shared board). `lock_timeout` is the file board's; row locks need none."""
+    return open_store(section, host=host, drop_root=folder)
+
+
+register("postgres", _open)
 
 __all__ = ["DEFAULT_DSN_ENV", "boot_id", "open_store"]

@@ -12,6 +12,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ..watch import ChangeSignal
+
 CHANNEL = "hermes_sup_work"
 RECONNECT_DELAY = (0.2, 2.0)
 
@@ -19,8 +21,9 @@ RECONNECT_DELAY = (0.2, 2.0)
 class Listener:
     """A thread holding one LISTEN connection; `generation` grows with every notification."""
 
-    def __init__(self, connect: Callable[[], Any], channel: str) -> None:
+    def __init__(self, connect: Callable[[], Any], channel: str, *, signal: ChangeSignal | None = None) -> None:
         self._connect = connect
+        self._signal = signal  # the store's, bumped too: its waiters wake with the claimers
         self.channel = channel
         self._cond = threading.Condition()
         self.generation = 0
@@ -41,6 +44,8 @@ class Listener:
         with self._cond:
             self.generation += 1
             self._cond.notify_all()
+        if self._signal is not None:
+            self._signal.bump()
 
     def wait(self, seen: int, timeout: float) -> None:
         """Sleep until a notification newer than `seen` or `timeout` seconds."""

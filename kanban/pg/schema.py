@@ -103,6 +103,11 @@ CREATE TABLE leases (
     until  timestamptz NOT NULL
 );
 """),
+    (2, "events that move no task", """
+-- The supervisor's, an agent's, an alert's events (append_event): the whole record, whose `kind`
+-- says whose; `task` is empty for them.
+ALTER TABLE events ADD COLUMN record jsonb;
+"""),
 )
 
 SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")

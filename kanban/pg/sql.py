@@ -99,9 +99,10 @@ EVENTS_LOCK_SHARED = "SELECT pg_advisory_xact_lock_shared(%(lock)s, hashtext(cur
 EVENTS_BOUND = """SELECT pg_advisory_xact_lock(%(lock)s, hashtext(current_schema())),
     (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM events_cursor_seq) AS bound"""
 EVENTS_SINCE = """SELECT cursor, to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS at, task, src, dst,
-        by, note
+        by, note, record
     FROM events WHERE cursor > %(cursor)s AND cursor <= %(bound)s ORDER BY cursor LIMIT %(limit)s"""
 EVENTS_LOCK = 0x6873
+RECORD = "INSERT INTO events (task, by, record) VALUES ('', %(kind)s, %(record)s) RETURNING cursor"
 END_RUN = "UPDATE runs SET ended_at = now(), outcome = %(outcome)s WHERE fence = %(token)s AND ended_at IS NULL"
 
 # Claims a sweeper may take back: the lease ran out, or the holder's host stopped heartbeating for

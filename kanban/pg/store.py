@@ -32,10 +32,12 @@ from ..ingest import IngestReport, _identity, _read_drop
 from ..liveness import holder_alive, start_time
 from ..reads import Listing
 from ..task import MAX_BYTES, STATUSES, TaskError, find_cycle, is_valid_id, normalize, slugify, transition
+from ..watch import ChangeSignal
 from . import drops, sql
 from .listen import CHANNEL, Listener
 from .rules import document_part, finished, row_to_doc, stale_note, storable
 from .schema import check_schema_name, migrate
+from .stream import StreamMixin
 
 TaskDoc = dict[str, Any]
 _T = TypeVar("_T")
@@ -48,9 +50,6 @@ SWEEPER = "sweeper"
 # The server ended the connection before running the statement (a restart, a terminated backend):
 # nothing was done, so the verb is run again once, on a new connection.
 ENDED_BY_SERVER = frozenset({"57P01", "57P02", "57P03"})
-# How long an events reader waits for the transitions in flight to end.
-EVENTS_WAIT = 5.0
-LOCK_NOT_AVAILABLE = "55P03"
 # Any fixed number: serializes adds that name dependencies, so two cannot close a cycle together.
 DEPENDENCY_LOCK = 0x68737570
 
@@ -68,7 +67,7 @@ def _again(method: Callable[..., _T]) -> Callable[..., _T]:
     return verb
 
 
-class PgStore:
+class PgStore(StreamMixin):
     """A board in a PostgreSQL schema. `dsn` is never printed; errors name `dsn_env` instead."""
 
     def __init__(self, dsn: str, *, dsn_env: str = "the DSN", schema: str = "hermes_sup", host: str,
@@ -77,6 +76,12 @@ class PgStore:
         self._dsn = dsn
         # This host's kanban folder: drops into its inbox/ land on the shared board (ingest).
         self.drop_root = None if drop_root is None else Path(drop_root).absolute()
+        # The protocol's local folder (inbox/, rejected/); a store opened without one (a tool, a
+        # test) has none, and its `root` is None.
+        self.root: Path = self.drop_root  # type: ignore[assignment]
+        self.problems: list[str] = []
+        self.signal = ChangeSignal()
+        self._watching = False
         self.dsn_env = dsn_env
         self.schema = check_schema_name(schema)
         self.host = host
@@ -197,28 +202,6 @@ class PgStore:
             rows = conn.execute("SELECT status, count(*) AS n FROM tasks GROUP BY status").fetchall()
         found = {row["status"]: row["n"] for row in rows}
         return {status: found.get(status, 0) for status in STATUSES}
-
-    @_again
-    def events_since(self, cursor: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
-        """Events after `cursor`, oldest first; each carries its own cursor to resume from.
-
-        Cursors are taken before their transactions commit, so a smaller one can become visible
-        after a larger: only cursors whose transactions have all ended are returned (sql.EVENTS_BOUND),
-        so a reader resuming from the last cursor it got misses none."""
-        try:
-            with self._tx() as cur:
-                # A writer stuck before its commit must not stall every writer queued behind this reader.
-                cur.execute(f"SET LOCAL lock_timeout = '{int(EVENTS_WAIT * 1000)}ms'")
-                bound = cur.execute(sql.EVENTS_BOUND, {"lock": sql.EVENTS_LOCK}).fetchone()["bound"]
-        except BoardError as exc:
-            if getattr(exc, "sqlstate", None) == LOCK_NOT_AVAILABLE:
-                return []  # nothing that can be delivered yet; the reader asks again
-            raise
-        with self._locked() as conn:  # a new snapshot, taken after every writer below `bound` ended
-            rows = conn.execute(sql.EVENTS_SINCE, {"cursor": int(cursor), "bound": bound,
-                                                   "limit": int(limit)}).fetchall()
-        return [{"cursor": r["cursor"], "at": r["at"], "task": r["task"], "from": r["src"], "to": r["dst"],
-                 "by": r["by"], "note": r["note"]} for r in rows]
 
     @_again
     def journal(self, task_id: str) -> list[dict[str, Any]]:
@@ -603,7 +586,7 @@ class PgStore:
         """The store's LISTEN connection, started on first use."""
         with self._lock:
             if self._listener is None:
-                self._listener = Listener(lambda: self._connect(listen=True), self.channel)
+                self._listener = Listener(lambda: self._connect(listen=True), self.channel, signal=self.signal)
             return self._listener
 
     def wake(self) -> None:
@@ -613,7 +596,8 @@ class PgStore:
     def wait_for_work(self, agent: str, *, roles: Iterable[str] = (), timeout: float | None = None,
                       lease: float | None = None, stop: threading.Event | None = None,
                       steps_only: bool = False, assigned_only: bool = False) -> TaskDoc | None:
-        """Claim a task, waiting for one; None on timeout or when `stop` is set. Woken by NOTIFY,
+        """Claim a task, waiting for one (ingesting this host's drops and recovering dead claims
+        meanwhile); None on timeout or when `stop` is set. Woken by NOTIFY,
         and polling about once a second (jittered, so hosts do not poll in step) in case one is lost."""
         listener = self.listener()
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -622,6 +606,9 @@ class PgStore:
             if stop is not None and stop.is_set():
                 return None
             try:
+                # Drops into this host's inbox/ land on the shared board with no other process
+                # needed (a listing of one folder per round; the file board does it per wake-up).
+                self.ingest()
                 if time.monotonic() - self._last_recover >= RECOVER_INTERVAL:
                     self.recover()
                 doc = self.claim(agent, roles=roles, lease=lease, steps_only=steps_only,

@@ -124,9 +124,8 @@ def _pg_build(tmp_path: Path, **opts: Any) -> Store:
 
 
 def _pg_events(store: Store, cursor: Cursor) -> EventBatch:
-    events = store.events_since(cursor)
-    found = [(event.pop("cursor"), event) for event in events]
-    return found, (found[-1][0] if found else cursor)
+    read = store.events_since(cursor)
+    return read.events, read.cursor
 
 
 def _pg_places(store: Store) -> dict[str, list[str]]:

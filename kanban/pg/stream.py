@@ -1,0 +1,168 @@
+"""PgStore's event stream by cursor, its appends, its watching and its doctor checks (mixed into PgStore).
+
+The cursor is the events table's bigserial: a reader passes each read's `cursor` to the next and
+misses or doubles no event, also one committed late with a smaller cursor (sql.EVENTS_BOUND).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from psycopg.types.json import Jsonb
+
+from ..errors import BoardError
+from ..events import CursorError, CursorRead
+from ..watch import ChangeSignal
+from . import sql
+from .rules import storable
+
+if TYPE_CHECKING:
+    from .store import PgStore
+
+# How long an events reader waits for the transitions in flight to end.
+EVENTS_WAIT = 5.0
+LOCK_NOT_AVAILABLE = "55P03"
+# An appended record larger than this is refused (OSError), as a disk that cannot take it would.
+MAX_RECORD_BYTES = 256 * 1024
+LISTEN_READY_WAIT = 5.0
+
+
+class StreamMixin:
+    """The BoardStore verbs of the event stream, watching and health, for PgStore."""
+
+    signal: ChangeSignal
+    problems: list[str]
+    _watching: bool
+
+    # -- the event stream ------------------------------------------------------------------------
+
+    def _events_bound(self: PgStore) -> int | None:
+        """The largest cursor whose transaction and every smaller one's ended; None while a writer
+        stuck before its commit holds the reader off for longer than EVENTS_WAIT."""
+        try:
+            with self._tx() as cur:
+                # A writer stuck before its commit must not stall every writer queued behind this reader.
+                cur.execute(f"SET LOCAL lock_timeout = '{int(EVENTS_WAIT * 1000)}ms'")
+                return int(cur.execute(sql.EVENTS_BOUND, {"lock": sql.EVENTS_LOCK}).fetchone()["bound"])
+        except BoardError as exc:
+            if getattr(exc, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+                return None
+            raise
+
+    def events_since(self: PgStore, cursor: int, *, max_events: int = 10_000, inode: int | None = None) -> CursorRead:
+        """The events after `cursor`, oldest first, each with its own cursor (the one to resume from).
+        A cursor past the newest event (another board's, or one from before the schema was recreated)
+        is read from the start (`restarted`). `inode` is the file board's; it has no meaning here."""
+        bound = self._events_bound()
+        if bound is None:
+            return CursorRead([], cursor, 0)  # nothing that can be delivered yet; the reader asks again
+        restarted = cursor > bound or cursor < 0
+        start = 0 if restarted else int(cursor)
+        with self._locked() as conn:  # a new snapshot, taken after every writer below `bound` ended
+            rows = conn.execute(sql.EVENTS_SINCE, {"cursor": start, "bound": bound,
+                                                   "limit": max(1, int(max_events))}).fetchall()
+        found = [(int(r["cursor"]), _event_of(r)) for r in rows]
+        return CursorRead(found, found[-1][0] if found else start, 0, restarted=restarted)
+
+    def events_end(self: PgStore) -> int:
+        bound = self._events_bound()
+        if bound is None:
+            raise BoardError(f"the board database ({self.dsn_env}) has a transition that has not ended for "
+                             f"{EVENTS_WAIT:g} s; try again")
+        return bound
+
+    def check_cursor(self: PgStore, cursor: int) -> None:
+        with self._locked() as conn:
+            row = conn.execute("SELECT CASE WHEN is_called THEN last_value ELSE 0 END AS last "
+                               "FROM events_cursor_seq").fetchone()
+        if cursor < 0 or cursor > int(row["last"]):
+            raise CursorError(f"cursor {cursor} is past the newest event of this board ({row['last']}): it "
+                              "comes from another board or one that was recreated")
+
+    def append_event(self: PgStore, record: dict[str, Any]) -> None:
+        """Store the record whole (jsonb) with the next cursor. A record that cannot be stored is
+        an OSError, as a full disk is for the file board: the caller decides what that costs."""
+        if not isinstance(record, dict):
+            raise OSError(f"an event is a mapping, not {type(record).__name__}")
+        clean = storable(record)
+        size = len(json.dumps(clean, ensure_ascii=False).encode())
+        if size > MAX_RECORD_BYTES:
+            raise OSError(f"an event of {size} bytes is larger than the board takes ({MAX_RECORD_BYTES})")
+        kind = str(clean.get("kind") or "event")[:64]
+        try:
+            with self._tx() as cur:
+                cur.execute(sql.EVENTS_LOCK_SHARED, {"lock": sql.EVENTS_LOCK})
+                cur.execute(sql.RECORD, {"kind": kind, "record": Jsonb(clean)})
+        except BoardError as exc:
+            raise OSError(str(exc)) from None
+
+    def watch_events(self: PgStore) -> Callable[[], None] | None:
+        # Transitions notify only when they can free work (a NOTIFY per event would halve the
+        # commit rate): a follower of the stream reads it on a timer instead.
+        return None
+
+    # -- watching and health ---------------------------------------------------------------------
+
+    @property
+    def watch_mode(self: PgStore) -> str:
+        # LISTEN wakes claimers at once, but only for work: other changes are seen by polling.
+        return "polling" if self._watching else "off"
+
+    def start_watching(self: PgStore) -> None:
+        self.listener()
+        self._watching = True
+
+    @contextlib.contextmanager
+    def _exclusive(self: PgStore) -> Iterator[None]:
+        # EXCLUSIVE mode lets readers through and holds off every write of every host; this
+        # process's own verbs run inside the transaction (a savepoint each) on the same connection.
+        with self._tx() as cur:
+            cur.execute("LOCK TABLE tasks IN EXCLUSIVE MODE")
+            yield
+
+    def exclusive(self: PgStore) -> contextlib.AbstractContextManager[None]:
+        return self._exclusive()
+
+    def quarantine_damaged(self: PgStore, damaged: Any) -> list[str]:
+        # Rows are jsonb written by the verbs alone: `list` never finds one damaged.
+        return []
+
+    def health(self: PgStore) -> list[tuple[str, str, str]]:
+        """The database and wake-up checks doctor prints; never the DSN."""
+        try:
+            with self._locked() as conn:
+                version = conn.execute("SHOW server_version").fetchone()["server_version"]
+                hosts = conn.execute("SELECT host_id, extract(epoch FROM now() - heartbeat)::float AS age "
+                                     "FROM hosts ORDER BY host_id").fetchall()
+        except BoardError as exc:
+            return [("database", "error", str(exc))]
+        checks = [("database", "ok", f"PostgreSQL {version}, schema {self.schema} (DSN from {self.dsn_env})")]
+        silent = [row["host_id"] for row in hosts if row["age"] > self.host_timeout]
+        live = len(hosts) - len(silent)
+        if silent:
+            checks.append(("hosts", "warn", f"this host is {self.host}; {live} heartbeating, silent for over "
+                                            f"{self.host_timeout:g} s: {', '.join(silent)}"))
+        else:
+            checks.append(("hosts", "ok", f"this host is {self.host}; {live} heartbeating"))
+        self.start_watching()
+        listener = self.listener()
+        if listener.wait_ready(LISTEN_READY_WAIT):
+            checks.append(("watcher", "ok", "LISTEN/NOTIFY wakes claimers at once; polling about every second "
+                                            "as a fallback"))
+        else:
+            checks.append(("watcher", "warn", f"no LISTEN connection ({listener.last_error or 'not ready'}): "
+                                              "claimers poll about every second"))
+        return checks
+
+
+def _event_of(row: dict[str, Any]) -> dict[str, Any]:
+    """An events row as the file board's log line: a transition, or the record appended whole."""
+    if row["record"] is not None:
+        record = dict(row["record"])
+        record.setdefault("at", row["at"])
+        return record
+    return {"at": row["at"], "task": row["task"], "from": row["src"], "to": row["dst"], "by": row["by"],
+            "note": row["note"]}
