@@ -206,6 +206,13 @@ class BoardStore(Protocol):
         """Raise events.CursorError unless `cursor` is one this board's log can continue from."""
         ...
 
+    def announce_host(self) -> None:
+        """Say, from now until close(), that this host's supervisor is alive, so that other hosts
+        take its tasks back only once it falls silent (PostgreSQL: the hosts row heartbeats from a
+        thread, every sixth of host_timeout, by the database's clock). Called by the supervisor,
+        never by an agent. A single-host backend does nothing."""
+        ...
+
     def exclusive(self) -> AbstractContextManager[None]:
         """Hold every change of the board off while the block runs (the file board's lock), for a
         maintenance pass that must see finished tasks stay finished (`prune`). The team waits

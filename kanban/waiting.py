@@ -77,6 +77,9 @@ class WaitingMixin:
     def exclusive(self) -> AbstractContextManager[None]:
         return self._locked()
 
+    def announce_host(self) -> None:
+        pass  # one host's board: a dead supervisor's agents are seen by pid, not by heartbeat
+
     def append_event(self, record: dict[str, Any]) -> None:
         append_record(self.events_path, record)
 

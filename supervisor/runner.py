@@ -142,6 +142,7 @@ class Supervisor:
         self._team = team_of(specs)
         self._schedules = schedules_of(config)
         self.board = open_board(ws.root, config.get("board"), lock_timeout=BOARD_LOCK_WAIT, host=config.get("host"))
+        self.board.announce_host()  # a shared board's other hosts see this one alive (its agents never do it)
         # What it says, and the operator's commands, are also events of the board's stream (supevents.py).
         self.events = SupervisorEvents(self.board.append_event, lambda: self.known)
         self.say = self.events.recording(self.say)

@@ -79,6 +79,10 @@ def test_two_hosts_run_the_example_team_on_one_postgres_board(database: str, tmp
 
         # Nothing but the teams ingests: no board command runs on box-b meanwhile.
         wait_until(lambda: wanted <= done(), timeout=120, interval=0.5)
+        # Each supervisor heartbeats its host's row: a host is judged dead by its silence.
+        checks = {c["name"]: c for c in json.loads(_run(env, "-w", str(hosts[0]), "doctor", "--json",
+                                                        check=False).stdout)["checks"]}
+        assert checks["hosts"]["level"] == "ok" and "2 heartbeating" in checks["hosts"]["detail"], checks["hosts"]
     finally:
         for ws in hosts:
             _run(env, "-w", str(ws), "down", "--timeout", "10", check=False)

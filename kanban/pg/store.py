@@ -358,6 +358,9 @@ class PgStore(StreamMixin):
         with self._locked() as conn:
             conn.execute(sql.HEARTBEAT, {"host": self.host, "boot": self.boot_id})
 
+    def announce_host(self) -> None:
+        self.start_heartbeat()
+
     def start_heartbeat(self, interval: float | None = None) -> None:
         """Heartbeat from a thread until close(), every `interval` (a sixth of host_timeout)."""
         interval = self.host_timeout / 6 if interval is None else interval
