@@ -10,10 +10,11 @@ and runs it again only once a person has moved the task back to todo (`task retr
 answer is that step's result. A step refused outright (unknown tool, a capability not granted, bad
 arguments) fails the task at once: no attempt would go differently.
 
-Steps run with the rights of whoever wrote them, never more: a person's task (a drop, `task add`)
-with the claiming agent's capabilities, a task an agent put on the board with the capabilities the
-board tool recorded from that agent when it made the task (`meta.capabilities`), intersected with
-the claimer's. An agent without `shell` cannot have a teammate with `shell` run `terminal` for it.
+Steps run with the rights of whoever wrote them, never more: a person's task (a drop, `task add`,
+the dashboard, a schedule of hermes.yaml) with the claiming agent's capabilities, a task an agent
+put on the board with the capabilities the board tool recorded from that agent when it made the
+task (`meta.capabilities`), intersected with the claimer's. An agent without `shell` cannot have a
+teammate with `shell` run `terminal` for it.
 """
 
 from __future__ import annotations
@@ -34,8 +35,16 @@ from .loop import ASKS, MAX_RESULT_CHARS, answer_since, holders
 from .tools import Finished, NeedsPerson, Refused, Toolbox, ToolContext, ToolError, run_step
 
 TURN = "steps"
-# Who `history[0].by` names when a person made the task: `task add` and the drop zone's ingest.
-PEOPLE = ("cli", "ingest")
+# Who `history[0].by` names when a person made the task: `task add`, the drop zone's ingest, the
+# dashboard's "add a task" (a user of this machine, or one holding its token), and a schedule of
+# hermes.yaml, which the operator wrote (`schedule NAME`).
+PEOPLE = ("cli", "ingest", "dashboard")
+SCHEDULED = "schedule "
+
+
+def made_by_a_person(by: str) -> bool:
+    """Whether a task's first author is a person (pure)."""
+    return by in PEOPLE or (by.startswith(SCHEDULED) and len(by) > len(SCHEDULED) and " " not in by[len(SCHEDULED):])
 
 
 def step_grants(claimer: Iterable[str], task: dict[str, Any]) -> tuple[tuple[str, ...], str]:
@@ -57,7 +66,7 @@ def step_grants(claimer: Iterable[str], task: dict[str, Any]) -> tuple[tuple[str
             return (), "this task's steps (their recorded capabilities are malformed)"
         by = str(meta.get("created_by") or creator)
         return tuple(c for c in mine if c in recorded), f"this task's steps (written by {by})"
-    if creator in PEOPLE:
+    if made_by_a_person(creator):
         return mine, "this agent"
     return (), f"this task's steps (written by {creator}, who recorded no capabilities)"
 

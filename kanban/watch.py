@@ -9,6 +9,7 @@ inotify cannot be had (its watch or instance limit reached) the watcher says so 
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import threading
 from pathlib import Path
@@ -31,6 +32,18 @@ BURST_RESCAN_DELAY = 0.25
 EVENT_KINDS: list[type[FileSystemEvent]] = [
     FileCreatedEvent, FileMovedEvent, FileClosedEvent, FileDeletedEvent, DirCreatedEvent, DirMovedEvent,
 ]
+# watchdog logs this at ERROR when an observer is stopped while its emitter reads one last event: a
+# race in its shutdown, harmless (the watch is going away). With no logging set up, Python printed
+# it on a command's stderr; its other records (a queue overflow, say) still get through.
+SHUTDOWN_RACE = "InotifyEmitter.queue_events() called when the thread is inactive"
+
+
+def _not_the_shutdown_race(record: logging.LogRecord) -> bool:
+    return record.msg != SHUTDOWN_RACE
+
+
+logging.getLogger("watchdog.observers.inotify").addFilter(_not_the_shutdown_race)
+
 # Bookkeeping the board writes for itself; never a reason to wake anyone.
 QUIET_NAMES = frozenset({".lock", ".pending", ".ingested", "events.jsonl"})
 

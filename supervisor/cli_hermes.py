@@ -25,7 +25,7 @@ from hermes_sup.kanban.parse import PlainLoader
 
 from .cli import Failure, handled, json_option, literal, main, out, workspace_of
 from .cliargs import emit_json
-from .workspace import CONFIG_NAME, MAX_CONFIG_BYTES, ConfigError, load_config, open_workspace_board
+from .workspace import CONFIG_NAME, MAX_CONFIG_BYTES, ConfigError, load_config, open_workspace_board, skill_names
 
 if TYPE_CHECKING:
     from .hermes_import import Plan
@@ -146,7 +146,9 @@ def checked_config(config_path: Path, text: str, plan: Plan) -> str:
         candidate = Path(folder) / CONFIG_NAME
         candidate.write_text(new, encoding="utf-8")
         try:
-            load_config(candidate, skills=lambda: {"__any__"})
+            # The copy sits in a temp folder with no skills/ beside it: the skills it may name are the
+            # workspace's (and the bundled ones), as `up` finds them; the imported agent names none.
+            load_config(candidate, skills=lambda: skill_names(config_path.parent))
         except ConfigError as exc:
             raise HermesImportError(f"hermes.yaml would not be valid after the import: "
                                     f"{str(exc).replace(str(candidate), CONFIG_NAME)}; nothing was changed") from None

@@ -115,14 +115,16 @@ def task_wait(ctx: click.Context, task_id: str, timeout: float | None, as_json: 
     """Block until the task is done (exit 0), failed or cancelled (1) or blocked (3); 124 when the
     timeout passes first. --json: the task's document at the end."""
     ws = workspace_of(ctx)
-    if not supervisor_alive(read_supervisor_state(ws)):
-        err.print(Text.assemble(("note:", "yellow"), " ", literal(
-            f"hermes-sup is not running in {ws.root}; waiting for a change by hand or another supervisor")))
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         with open_board(ctx) as board:
             refreshed(board)
-            doc, code = wait_for_end(board, resolve_task_id(board, task_id), timeout)
+            task_id = resolve_task_id(board, task_id)
+            # Said only when there is something to wait for: a task already at its end needs no team.
+            if wait_exit(board.get(task_id)["status"]) is None and not supervisor_alive(read_supervisor_state(ws)):
+                err.print(Text.assemble(("note:", "yellow"), " ", literal(
+                    f"hermes-sup is not running in {ws.root}; waiting for a change by hand or another supervisor")))
+            doc, code = wait_for_end(board, task_id, timeout)
     except KeyboardInterrupt:
         sys.exit(INTERRUPTED)  # not 1, which says the task failed
     if as_json:

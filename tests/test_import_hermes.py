@@ -295,3 +295,28 @@ def test_a_memories_folder_that_is_a_symlink_is_not_followed(ws, profile, tmp_pa
     result = invoke(ws, str(profile), "--name", "ada")
     assert result.exit_code != 0 and "memories/" in result.output and "symlink" in result.output, result.output
     assert snapshot(ws) == before
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_team_whose_agents_name_bundled_and_workspace_skills_takes_an_import(tmp_path, profile, dry_run):
+    # The README's path: `init --example` (workers with the bundled data_tools and summarize), a skill
+    # of the workspace's own named too, then import-hermes. The check of the new hermes.yaml must know
+    # the skills `up` knows; it once knew none, and refused every team that named a skill.
+    team = tmp_path / "team"
+    assert CliRunner().invoke(main, ["init", "--example", str(team)]).exit_code == 0
+    (team / "skills/mine").mkdir(parents=True)
+    (team / "skills/mine/SKILL.md").write_text("---\nname: mine\ndescription: Ours.\n---\nBody.\n")
+    config = team / "hermes.yaml"
+    config.write_text(config.read_text().replace("skills: [data_tools, summarize]",
+                                                 "skills: [data_tools, summarize, mine]"))
+    assert "mine]" in config.read_text()
+    result = invoke(team, str(profile), "--name", "ada", *(["--dry-run"] if dry_run else []))
+    assert result.exit_code == 0, result.output
+    names = [agent["name"] for agent in load_config(config)["agents"]]
+    assert names[-1] == ("reviewer" if dry_run else "ada")
+    # A skill that exists nowhere is still refused by the same check, with nothing written.
+    config.write_text(config.read_text().replace("mine]", "nowhere]"))
+    before = snapshot(team)
+    result = invoke(team, str(profile), "--name", "bob")
+    assert result.exit_code == 1 and "no skill named 'nowhere'" in result.output
+    assert snapshot(team) == before

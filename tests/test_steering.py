@@ -349,3 +349,20 @@ def test_task_wait_exits_by_how_the_task_ended_and_ids_take_prefixes(tmp_path, u
         assert unknown.returncode == 2 and "no task 'zulu'" in unknown.stderr
     finally:
         board.close()
+
+
+def test_wait_notes_a_stopped_team_only_when_the_task_has_yet_to_end(tmp_path):
+    # In a README run, `task wait` on a task already done said "waiting for a change by hand" and
+    # returned at once: the note is for a wait that depends on someone else, not for this.
+    ws = tmp_path / "ws"
+    assert CliRunner().invoke(main, ["init", str(ws)]).exit_code == 0
+    with Board(ws / "kanban") as board:
+        finished = board.add({"title": "finished", "id": "finished"})
+        board.move(finished["id"], "done")
+        board.add({"title": "pending", "id": "pending"})
+    done = subprocess.run([*CLI, "-w", str(ws), "task", "wait", "finished"], capture_output=True, text=True,
+                          timeout=60)
+    assert (done.returncode, done.stdout.strip(), done.stderr) == (0, "finished: done", "")
+    waited = subprocess.run([*CLI, "-w", str(ws), "task", "wait", "pending", "--timeout", "0.2"],
+                            capture_output=True, text=True, timeout=60)
+    assert waited.returncode == 124 and "hermes-sup is not running in" in waited.stderr

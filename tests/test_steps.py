@@ -140,3 +140,15 @@ def test_a_step_beyond_the_makers_rights_is_refused_and_says_whose_rights_they_a
     assert outcome.reason == ("step 2 (terminal): refused: terminal needs the shell capability, which this "
                               "task's steps (written by planner) is not granted")
     assert not (workdir / "scratch" / "pwned").exists()
+
+
+def test_the_operators_other_ways_of_adding_a_task_are_a_persons_too():
+    # The dashboard's "add a task" (an authenticated user of this machine) and a schedule of
+    # hermes.yaml (written by the operator) made tasks whose steps ran with no rights at all: the
+    # README's own schedule with a write_file step failed at once with "needs the fs.write capability".
+    assert step_grants(CODER, made_by("dashboard")) == (CODER, "this agent")
+    assert step_grants(CODER, made_by("schedule every-minute")) == (CODER, "this agent")
+    assert step_grants(CODER, made_by("dashboard", capabilities=["fs.read"]))[0] == ("fs.read",)
+    # Only those exact authors: a look-alike name vouches for nothing.
+    for other in ("schedule", "schedules x", "dashboard-2", "scheduler", "import-hermes"):
+        assert step_grants(CODER, made_by(other))[0] == (), other
