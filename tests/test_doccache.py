@@ -1,0 +1,148 @@
+"""The listing's document cache never gives a stale answer, and a damaged or hostile cache file is ignored."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hermes_sup.kanban import Board, doccache
+
+from .conftest import wait_until
+
+
+@pytest.fixture
+def eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cache files changed just now too (by default a file is cached once its change is a second
+    old), so that every test below really reads through the cache."""
+    monkeypatch.setattr(doccache, "RACY_NS", -10**15)
+
+
+def listed(board: Board) -> dict[str, dict]:
+    return {doc["id"]: doc for doc in board.list().tasks}
+
+
+def cached_ids(board: Board) -> set[str]:
+    entries = json.loads((board.root / doccache.NAME).read_bytes())["entries"]
+    return {key.partition("/")[2][:-len(".json")] for key in entries}
+
+
+def next_tick(path: Path) -> None:
+    """Wait until the kernel's coarse clock moved past `path`'s change time, so that a rewrite
+    now gets a new ctime (the case the cache's racy rule guards in real use)."""
+    seen = os.stat(path).st_ctime_ns
+    probe = path.parent.parent / ".tick-probe"
+
+    def ticked() -> bool:
+        probe.write_bytes(b"x")
+        return os.stat(probe).st_ctime_ns > seen
+    wait_until(ticked, timeout=10)
+    probe.unlink()
+
+
+def test_the_cache_is_written_and_used(board, eager):
+    tasks = [board.add({"title": f"task {n}"}) for n in range(5)]
+    first = listed(board)
+    assert cached_ids(board) == {task["id"] for task in tasks}
+    assert listed(board) == first
+    # Served from the cache: a document put in it for an unchanged file is what the listing shows.
+    path = board.root / doccache.NAME
+    top = json.loads(path.read_bytes())
+    key = f"todo/{tasks[0]['id']}.json"
+    top["entries"][key][4]["title"] = "from the cache"
+    path.write_text(json.dumps(top))
+    assert listed(board)[tasks[0]["id"]]["title"] == "from the cache"
+
+
+def test_a_task_rewritten_in_place_with_the_same_size_is_seen_at_once(board, eager):
+    task = board.add({"title": "aaaa"})
+    listed(board)
+    path = board.root / "todo" / f"{task['id']}.json"
+    next_tick(path)
+    data, before = path.read_bytes(), os.stat(path)
+    with open(path, "r+b") as handle:  # same inode, same size, and its mtime set back by hand
+        handle.write(data.replace(b'"aaaa"', b'"bbbb"'))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (os.stat(path).st_ino, os.stat(path).st_size, os.stat(path).st_mtime_ns) == \
+        (before.st_ino, before.st_size, before.st_mtime_ns)
+    assert listed(board)[task["id"]]["title"] == "bbbb"
+
+
+def test_a_task_moved_replaced_by_hand_or_deleted_is_seen_at_once(board, eager):
+    moved, replaced, deleted = (board.add({"title": title}) for title in ("moved", "replaced", "deleted"))
+    listed(board)
+    board.move(moved["id"], "blocked")
+    path = board.root / "todo" / f"{replaced['id']}.json"
+    doc = json.loads(path.read_bytes())
+    doc["title"] = "REPLACED"  # the same size: only the inode says it changed
+    tmp = path.with_name(".hand")
+    tmp.write_text(json.dumps(doc))
+    os.rename(tmp, path)
+    (board.root / "todo" / f"{deleted['id']}.json").unlink()
+    now = listed(board)
+    assert now[moved["id"]]["status"] == "blocked"
+    assert now[replaced["id"]]["title"] == "REPLACED"
+    assert deleted["id"] not in now
+    assert cached_ids(board) == {moved["id"], replaced["id"]}
+
+
+def test_a_file_changed_within_the_last_second_is_not_cached(board):
+    task = board.add({"title": "just now"})
+    assert listed(board)[task["id"]]["title"] == "just now"
+    assert not (board.root / doccache.NAME).exists() or task["id"] not in cached_ids(board)
+
+
+def test_a_forged_entry_is_not_believed(board, eager):
+    task = board.add({"title": "real"})
+    listed(board)
+    path = board.root / doccache.NAME
+    top = json.loads(path.read_bytes())
+    key = f"todo/{task['id']}.json"
+    forged = dict(top)
+    forged["entries"] = {key: [*top["entries"][key][:4], {**top["entries"][key][4], "priority": "high"}]}
+    path.write_text(json.dumps(forged))  # a document the board would refuse: checked again, dropped
+    assert listed(board)[task["id"]]["priority"] == 0
+    stale = {key: [top["entries"][key][0] + 1, *top["entries"][key][1:4], {**top["entries"][key][4], "title": "x"}]}
+    path.write_text(json.dumps({"version": doccache.VERSION, "entries": stale}))  # another inode's
+    assert listed(board)[task["id"]]["title"] == "real"
+
+
+@pytest.mark.parametrize("kind", ["garbage", "huge", "symlink", "fifo", "directory"])
+def test_a_damaged_or_hostile_cache_file_is_ignored_and_replaced(board, eager, tmp_path, kind):
+    task = board.add({"title": "real"})
+    listed(board)
+    path = board.root / doccache.NAME
+    top = json.loads(path.read_bytes())
+    top["entries"][f"todo/{task['id']}.json"][4]["title"] = "lie"
+    path.unlink()
+    if kind == "garbage":
+        path.write_bytes(b"\x00{[not json" * 100)
+    elif kind == "huge":  # a lie behind more bytes than a cache may have: never read
+        path.write_bytes(json.dumps(top).encode() + b" " * (doccache.MAX_BYTES + 1))
+    elif kind == "symlink":  # a lie the link points at: never followed
+        target = tmp_path / "elsewhere"
+        target.write_text(json.dumps(top))
+        path.symlink_to(target)
+    elif kind == "fifo":  # would hang a reader that opened it blocking
+        os.mkfifo(path)
+    else:  # cannot be read nor replaced: the listing is still right
+        path.mkdir()
+    assert listed(board)[task["id"]]["title"] == "real"
+    if kind == "directory":
+        assert path.is_dir()
+    else:
+        assert path.is_file() and not path.is_symlink()
+        assert json.loads(path.read_bytes())["entries"][f"todo/{task['id']}.json"][4]["title"] == "real"
+    if kind == "symlink":
+        assert json.loads(target.read_bytes())["entries"][f"todo/{task['id']}.json"][4]["title"] == "lie"
+
+
+def test_a_damaged_task_file_is_still_reported_with_a_cache(board, eager):
+    task = board.add({"title": "soon damaged"})
+    listed(board)
+    path = board.root / "todo" / f"{task['id']}.json"
+    path.write_bytes(b"{not json")
+    listing = board.list()
+    assert task["id"] not in {doc["id"] for doc in listing.tasks}
+    assert [entry["path"] for entry in listing.damaged] == [f"todo/{task['id']}.json"]
