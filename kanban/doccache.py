@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import gc
+import hashlib
 import json
 import os
 import stat
@@ -11,14 +13,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .fsio import read_bytes_nofollow, write_atomic
+from .fsio import write_atomic
 from .redact import scrub_bytes
-from .task import STATUSES, TaskError, check_document
+from .task import STATUSES
 
 TaskDoc = dict[str, Any]
 Stamp = tuple[int, int, int, int]  # (inode, size, ctime_ns, mtime_ns)
 
 NAME = ".doccache"
+MAGIC = b"hermes-sup-doccache"
 VERSION = 1
 MAX_BYTES = 64 << 20  # a bigger board reads its files as before; a bigger file here is not read
 # A file changed less than this before it was read is not cached: the kernel stamps times from a
@@ -31,28 +34,42 @@ def stamp_of(info: os.stat_result) -> Stamp:
     return info.st_ino, info.st_size, info.st_ctime_ns, info.st_mtime_ns
 
 
-def parse(data: bytes) -> dict[str, tuple[Stamp, TaskDoc]]:
-    """The trustworthy entries of a cache file's bytes (pure): anything malformed is left out, and
-    every document is checked again as a task file is, so a hand-made cache cannot hand a reader a
-    document the board would have refused."""
+def encode(entries: dict[str, list[Any]]) -> bytes:
+    """A cache file's bytes: a header line with a digest of the body, then the body (pure)."""
+    body = json.dumps({"version": VERSION, "entries": entries}, separators=(",", ":")).encode()
+    return b"%s %s\n%s" % (MAGIC, hashlib.blake2b(body, digest_size=16).hexdigest().encode(), body)
+
+
+def parse(data: bytes) -> dict[str, Any]:
+    """The entries of a cache file's bytes (pure); none if its digest does not match its body (a
+    torn, damaged or hand-edited cache). Its documents
+    are not checked again (that would cost as much as the cache saves): they were checked when read
+    from their files, the digest says they are what was written, and `DocCache` reads only a
+    cache its own user or the board's owner wrote."""
+    header, _, body = data.partition(b"\n")
+    if header != b"%s %s" % (MAGIC, hashlib.blake2b(body, digest_size=16).hexdigest().encode()):
+        return {}
+    collecting = gc.isenabled()
+    # Hundreds of thousands of new objects, none in a cycle: the collector would walk them
+    # several times over while they are made (as much time as the parse itself).
+    gc.disable()
     try:
-        top = json.loads(data)
+        top = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return {}
+    finally:
+        if collecting:
+            gc.enable()
     if not isinstance(top, dict) or top.get("version") != VERSION or not isinstance(top.get("entries"), dict):
         return {}
-    entries: dict[str, tuple[Stamp, TaskDoc]] = {}
-    for key, value in top["entries"].items():
-        folder, _, name = key.partition("/")
-        if not (folder in STATUSES and isinstance(value, list) and len(value) == 5 and name.endswith(".json")
-                and all(type(part) is int for part in value[:4])):
-            continue
-        try:
-            doc = check_document(value[4], file_id=name[:-len(".json")])
-        except (TaskError, AttributeError, TypeError):
-            continue
-        entries[key] = (tuple(value[:4]), doc)  # type: ignore[assignment]
-    return entries
+    return top["entries"]  # each entry's shape is checked when it is looked up (most are, once)
+
+
+def trusted(info: os.stat_result, board_owner: int | None) -> bool:
+    """Whether a cache file may be believed: a regular file that only this process's user or the
+    board's owner wrote (another user's forgery would otherwise be believed), at most MAX_BYTES."""
+    return (stat.S_ISREG(info.st_mode) and info.st_uid in (os.geteuid(), board_owner)
+            and not info.st_mode & 0o022 and info.st_size <= MAX_BYTES)
 
 
 class DocCache:
@@ -62,19 +79,27 @@ class DocCache:
     def __init__(self, root: Path) -> None:
         self.path = root / NAME
         self.started_ns = time.time_ns()
-        self._old = self._load()
-        self._new: dict[str, list[Any]] = {}
+        self._old = self._load()  # raw: an entry is used only if its shape and stamp are right
+        self._new: dict[str, Any] = {}
         self._visited: set[str] = set()
         self._changed = False
 
-    def _load(self) -> dict[str, tuple[Stamp, TaskDoc]]:
+    def _load(self) -> dict[str, Any]:
         try:
-            data = read_bytes_nofollow(self.path, MAX_BYTES)  # never a link, a FIFO or a device
+            owner: int | None = os.stat(self.path.parent).st_uid
+            # Never a link; a FIFO or a device is not read (O_NONBLOCK: opening a FIFO never waits).
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
             return {}
-        if len(data) > MAX_BYTES:
+        try:
+            if not trusted(os.fstat(fd), owner):
+                return {}
+            data = _read_all(fd, MAX_BYTES)
+        except OSError:
             return {}
-        return parse(data)
+        finally:
+            os.close(fd)
+        return parse(data) if len(data) <= MAX_BYTES else {}
 
     def read(self, folder: str, entry: os.DirEntry[str], read: Callable[[Path], TaskDoc]) -> TaskDoc:
         """The document of the task file `entry` in `folder`, from the cache if its stamp still
@@ -89,31 +114,44 @@ class DocCache:
             return read(Path(entry.path))
         if not stat.S_ISREG(info.st_mode):
             return read(Path(entry.path))  # which says what is wrong with it
-        now = stamp_of(info)
         cached = self._old.get(key)
-        if cached is not None and cached[0] == now:
-            doc = cached[1]
-            self._new[key] = [*now, doc]
-            return doc
+        if (type(cached) is list and len(cached) == 5 and cached[0] == info.st_ino and cached[1] == info.st_size
+                and cached[2] == info.st_ctime_ns and cached[3] == info.st_mtime_ns and type(cached[4]) is dict
+                and cached[4].get("id") == entry.name[:-len(".json")]):
+            self._new[key] = cached
+            return cached[4]
         # Stamped before the read: a change during it gives the file a new stamp, read next time.
         doc = read(Path(entry.path))
         self._changed = True
         if info.st_ctime_ns < self.started_ns - RACY_NS:
-            self._new[key] = [*now, doc]  # saved before the scan hands `doc` to anyone who may change it
+            self._new[key] = [*stamp_of(info), doc]  # saved before the scan hands `doc` to anyone who may change it
         return doc
 
     def save(self) -> None:
         """Write the cache back if anything in it changed; a reader who may not write it, or a full
         disk, leaves it as it was (it is only ever a shortcut)."""
-        for key in self._old:
-            if key.partition("/")[0] not in self._visited:
-                self._new.setdefault(key, [*self._old[key][0], self._old[key][1]])  # a folder not scanned
-            elif key not in self._new:
-                self._changed = True  # its file is gone
-        if not self._changed:
+        if not self._visited.issuperset(STATUSES):
+            for key, value in self._old.items():
+                if key.partition("/")[0] not in self._visited:
+                    self._new.setdefault(key, value)  # of a folder this scan did not look at
+        # With nothing read afresh, every entry kept is an old one: fewer means files are gone.
+        if not self._changed and len(self._new) == len(self._old):
             return
-        data = json.dumps({"version": VERSION, "entries": self._new}, separators=(",", ":")).encode()
+        data = encode(self._new)
         if len(data) > MAX_BYTES or scrub_bytes(data) != data:
             return  # a key someone put in a task file by hand is not copied (writes are scrubbed)
         with contextlib.suppress(OSError):
             write_atomic(self.path, data, fsync=False)
+
+
+def _read_all(fd: int, limit: int) -> bytes:
+    """Up to `limit` + 1 bytes from `fd`."""
+    chunks = []
+    remaining = limit + 1
+    while remaining > 0:
+        chunk = os.read(fd, min(remaining, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)

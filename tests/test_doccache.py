@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -23,9 +24,19 @@ def listed(board: Board) -> dict[str, dict]:
     return {doc["id"]: doc for doc in board.list().tasks}
 
 
+def cache_of(board: Board) -> dict:
+    return json.loads((board.root / doccache.NAME).read_bytes().partition(b"\n")[2])
+
+
 def cached_ids(board: Board) -> set[str]:
-    entries = json.loads((board.root / doccache.NAME).read_bytes())["entries"]
-    return {key.partition("/")[2][:-len(".json")] for key in entries}
+    return {key.partition("/")[2][:-len(".json")] for key in cache_of(board)["entries"]}
+
+
+def write_cache(path: Path, top: dict, padding: int = 0) -> None:
+    """A cache file as the board writes it (a digest of its body in its header), saying what `top` says."""
+    body = json.dumps(top).encode() + b" " * padding
+    path.write_bytes(b"%s %s\n%s" % (doccache.MAGIC, hashlib.blake2b(body, digest_size=16).hexdigest().encode(), body))
+    path.chmod(0o644)
 
 
 def next_tick(path: Path) -> None:
@@ -48,10 +59,10 @@ def test_the_cache_is_written_and_used(board, eager):
     assert listed(board) == first
     # Served from the cache: a document put in it for an unchanged file is what the listing shows.
     path = board.root / doccache.NAME
-    top = json.loads(path.read_bytes())
+    top = cache_of(board)
     key = f"todo/{tasks[0]['id']}.json"
     top["entries"][key][4]["title"] = "from the cache"
-    path.write_text(json.dumps(top))
+    write_cache(path, top)
     assert listed(board)[tasks[0]["id"]]["title"] == "from the cache"
 
 
@@ -93,18 +104,42 @@ def test_a_file_changed_within_the_last_second_is_not_cached(board):
     assert not (board.root / doccache.NAME).exists() or task["id"] not in cached_ids(board)
 
 
-def test_a_forged_entry_is_not_believed(board, eager):
+def test_a_cache_edited_by_hand_or_with_another_inode_is_not_believed(board, eager):
     task = board.add({"title": "real"})
     listed(board)
     path = board.root / doccache.NAME
-    top = json.loads(path.read_bytes())
+    top = cache_of(board)
     key = f"todo/{task['id']}.json"
-    forged = dict(top)
-    forged["entries"] = {key: [*top["entries"][key][:4], {**top["entries"][key][4], "priority": "high"}]}
-    path.write_text(json.dumps(forged))  # a document the board would refuse: checked again, dropped
+    # A document the board would refuse, its digest not made again: the whole cache is ignored.
+    path.write_bytes(path.read_bytes().replace(b'"priority":0', b'"priority":"high"'))
+    assert b'"priority":"high"' in path.read_bytes()
     assert listed(board)[task["id"]]["priority"] == 0
-    stale = {key: [top["entries"][key][0] + 1, *top["entries"][key][1:4], {**top["entries"][key][4], "title": "x"}]}
-    path.write_text(json.dumps({"version": doccache.VERSION, "entries": stale}))  # another inode's
+    top["entries"] = {key: [top["entries"][key][0] + 1, *top["entries"][key][1:4],
+                            {**top["entries"][key][4], "title": "x"}]}
+    write_cache(path, top)  # the stamp of another inode
+    assert listed(board)[task["id"]]["title"] == "real"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a file another user's needs root")
+def test_a_cache_another_user_wrote_is_not_believed(board, eager):
+    task = board.add({"title": "real"})
+    listed(board)
+    path = board.root / doccache.NAME
+    top = cache_of(board)
+    top["entries"][f"todo/{task['id']}.json"][4]["title"] = "forged"
+    write_cache(path, top)
+    os.chown(path, 65534, 65534)
+    assert listed(board)[task["id"]]["title"] == "real"
+
+
+def test_a_cache_others_may_write_is_not_believed(board, eager):
+    task = board.add({"title": "real"})
+    listed(board)
+    path = board.root / doccache.NAME
+    top = cache_of(board)
+    top["entries"][f"todo/{task['id']}.json"][4]["title"] = "forged"
+    write_cache(path, top)
+    path.chmod(0o666)
     assert listed(board)[task["id"]]["title"] == "real"
 
 
@@ -113,16 +148,16 @@ def test_a_damaged_or_hostile_cache_file_is_ignored_and_replaced(board, eager, t
     task = board.add({"title": "real"})
     listed(board)
     path = board.root / doccache.NAME
-    top = json.loads(path.read_bytes())
+    top = cache_of(board)
     top["entries"][f"todo/{task['id']}.json"][4]["title"] = "lie"
     path.unlink()
     if kind == "garbage":
         path.write_bytes(b"\x00{[not json" * 100)
     elif kind == "huge":  # a lie behind more bytes than a cache may have: never read
-        path.write_bytes(json.dumps(top).encode() + b" " * (doccache.MAX_BYTES + 1))
+        write_cache(path, top, padding=doccache.MAX_BYTES)
     elif kind == "symlink":  # a lie the link points at: never followed
         target = tmp_path / "elsewhere"
-        target.write_text(json.dumps(top))
+        write_cache(target, top)
         path.symlink_to(target)
     elif kind == "fifo":  # would hang a reader that opened it blocking
         os.mkfifo(path)
@@ -133,9 +168,9 @@ def test_a_damaged_or_hostile_cache_file_is_ignored_and_replaced(board, eager, t
         assert path.is_dir()
     else:
         assert path.is_file() and not path.is_symlink()
-        assert json.loads(path.read_bytes())["entries"][f"todo/{task['id']}.json"][4]["title"] == "real"
+        assert cache_of(board)["entries"][f"todo/{task['id']}.json"][4]["title"] == "real"
     if kind == "symlink":
-        assert json.loads(target.read_bytes())["entries"][f"todo/{task['id']}.json"][4]["title"] == "lie"
+        assert b'"lie"' in target.read_bytes()
 
 
 def test_a_damaged_task_file_is_still_reported_with_a_cache(board, eager):
