@@ -9,7 +9,7 @@ import json
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,20 +49,27 @@ def parse(data: bytes) -> dict[str, Any]:
     header, _, body = data.partition(b"\n")
     if header != b"%s %s" % (MAGIC, hashlib.blake2b(body, digest_size=16).hexdigest().encode()):
         return {}
-    collecting = gc.isenabled()
-    # Hundreds of thousands of new objects, none in a cycle: the collector would walk them
-    # several times over while they are made (as much time as the parse itself).
-    gc.disable()
     try:
         top = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return {}
-    finally:
-        if collecting:
-            gc.enable()
     if not isinstance(top, dict) or top.get("version") != VERSION or not isinstance(top.get("entries"), dict):
         return {}
     return top["entries"]  # each entry's shape is checked when it is looked up (most are, once)
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection meanwhile: a scan makes hundreds of thousands of objects, none
+    in a cycle, and the collector would walk them several times over while they are made (as long
+    as the parse itself)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def trusted(info: os.stat_result, board_owner: int | None) -> bool:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .doccache import DocCache
+from .doccache import DocCache, collector_paused
 from .errors import Damaged
 from .fsio import safe_name
 from .rules import claim_order as sort_key
@@ -44,6 +44,11 @@ def generation(root: Path) -> Generation:
 
 def scan(root: Path, status: str | None, read: Callable[[Path], TaskDoc]) -> Listing:
     """Every task document in the status folders (or one), each id once, in claim order."""
+    with collector_paused():
+        return _scan(root, status, read)
+
+
+def _scan(root: Path, status: str | None, read: Callable[[Path], TaskDoc]) -> Listing:
     found: dict[str, TaskDoc] = {}
     damaged: list[dict[str, str]] = []
     misplaced: list[tuple[str, str]] = []
