@@ -129,9 +129,11 @@ class DocCache:
             return cached[4]
         # Stamped before the read: a change during it gives the file a new stamp, read next time.
         doc = read(Path(entry.path))
-        self._changed = True
         if info.st_ctime_ns < self.started_ns - RACY_NS:
             self._new[key] = [*stamp_of(info), doc]  # saved before the scan hands `doc` to anyone who may change it
+            self._changed = True
+        # A file changed just now is read afresh every time: writing the cache again for it would
+        # only make work (and each write is a change in the board's folder).
         return doc
 
     def save(self) -> None:

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hermes_sup.kanban import Board, doccache
+from hermes_sup.kanban import Board, doccache, watch
 
 from .conftest import wait_until
 
@@ -181,3 +181,34 @@ def test_a_damaged_task_file_is_still_reported_with_a_cache(board, eager):
     listing = board.list()
     assert task["id"] not in {doc["id"] for doc in listing.tasks}
     assert [entry["path"] for entry in listing.damaged] == [f"todo/{task['id']}.json"]
+
+
+def test_files_changed_just_now_do_not_make_every_listing_write_the_cache(board):
+    task = board.add({"title": "just now"})
+    for _ in range(2):
+        assert task["id"] in listed(board)
+    assert not (board.root / doccache.NAME).exists()  # nothing it could keep
+
+
+def test_writing_the_cache_wakes_no_one(board, eager, monkeypatch):
+    board.start_watching()
+    if board.watch_mode != "inotify":
+        pytest.skip("needs inotify")
+    seen: list[str] = []
+    complete = watch.BoardWatcher.mark_complete
+    monkeypatch.setattr(watch.BoardWatcher, "mark_complete",
+                        lambda self, path: seen.append(path.name) or complete(self, path))
+    board.add({"title": "cached"})
+    (board.root / doccache.NAME).unlink(missing_ok=True)
+    listed(board)
+    assert (board.root / doccache.NAME).exists()
+    (board.root / "rejected" / "sentinel").write_text("x")  # inotify reports in order: the cache's writes came first
+    wait_until(lambda: "sentinel" in seen, timeout=30)
+    assert not [name for name in seen if "doccache" in name], seen
+
+
+@pytest.mark.parametrize(("relative", "expected"), [
+    (".doccache", True), ("..doccache.123.abcdef.tmp", True), ("events.jsonl", True),
+    ("todo/x.json", False), ("todo/.doccache", False), ("inbox/..doccache.1.a.tmp", False)])
+def test_which_changes_are_the_boards_own_bookkeeping(relative, expected):
+    assert watch.quiet(relative) is expected
