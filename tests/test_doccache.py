@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -212,3 +214,17 @@ def test_writing_the_cache_wakes_no_one(board, eager, monkeypatch):
     ("todo/x.json", False), ("todo/.doccache", False), ("inbox/..doccache.1.a.tmp", False)])
 def test_which_changes_are_the_boards_own_bookkeeping(relative, expected):
     assert watch.quiet(relative) is expected
+
+
+def test_a_cache_temp_file_left_by_a_killed_writer_is_swept(board):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])  # a pid that no longer runs
+    dead.wait(timeout=30)
+    left = board.root / f"..doccache.{dead.pid}.abcdef.tmp"
+    left.write_bytes(b"half a cache")
+    mine = board.root / f"..doccache.{os.getpid()}.abcdef.tmp"  # a writer that lives: kept
+    mine.write_bytes(b"being written")
+    other = board.root / f".notes.{dead.pid}.abcdef.tmp"  # not the board's to sweep in its own folder
+    other.write_bytes(b"x")
+    board.recover()
+    assert not left.exists()
+    assert mine.exists() and other.exists()
