@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .doccache import DocCache, collector_paused
 from .errors import Damaged
 from .fsio import safe_name
 from .rules import claim_order as sort_key
@@ -43,9 +44,15 @@ def generation(root: Path) -> Generation:
 
 def scan(root: Path, status: str | None, read: Callable[[Path], TaskDoc]) -> Listing:
     """Every task document in the status folders (or one), each id once, in claim order."""
+    with collector_paused():
+        return _scan(root, status, read)
+
+
+def _scan(root: Path, status: str | None, read: Callable[[Path], TaskDoc]) -> Listing:
     found: dict[str, TaskDoc] = {}
     damaged: list[dict[str, str]] = []
     misplaced: list[tuple[str, str]] = []
+    cache = DocCache(root)
     for folder in [status] if status else STATUSES:
         try:
             entries = list(os.scandir(root / folder))
@@ -56,7 +63,7 @@ def scan(root: Path, status: str | None, read: Callable[[Path], TaskDoc]) -> Lis
             if not entry.name.endswith(".json") or entry.name.startswith("."):
                 continue
             try:
-                doc = read(Path(entry.path))
+                doc = cache.read(folder, entry, read)
             except FileNotFoundError:
                 continue
             except Damaged as exc:
@@ -69,6 +76,7 @@ def scan(root: Path, status: str | None, read: Callable[[Path], TaskDoc]) -> Lis
             # history is the newer state.
             if seen is None or len(doc["history"]) > len(seen["history"]):
                 found[doc["id"]] = doc
+    cache.save()
     tasks = [doc for doc in found.values() if status is None or doc["status"] == status]
     order = {name: index for index, name in enumerate(STATUSES)}
     tasks.sort(key=lambda doc: (order[doc["status"]], sort_key(doc)))

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import psutil
 
-from . import rules
+from . import doccache, rules
 from .base import (
     ERROR_SUFFIX,
     BoardBase,
@@ -237,9 +237,11 @@ class Transactions(BoardBase):
         if not sweep:
             return
         self._last_sweep = time.monotonic()
-        for status in STATUSES:
+        for status in (*STATUSES, ""):
             with contextlib.suppress(FileNotFoundError):
                 for item in os.scandir(self.root / status):
+                    if not status and not item.name.startswith(f".{doccache.NAME}."):
+                        continue  # in the board's own folder, only the listing cache's temp files
                     pid = tmp_writer_pid(item.name)
                     # Only files: a folder with a temp file's name was not written by the board.
                     if pid is not None and not item.is_dir(follow_symlinks=False) and \

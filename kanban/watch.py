@@ -45,7 +45,15 @@ def _not_the_shutdown_race(record: logging.LogRecord) -> bool:
 logging.getLogger("watchdog.observers.inotify").addFilter(_not_the_shutdown_race)
 
 # Bookkeeping the board writes for itself; never a reason to wake anyone.
-QUIET_NAMES = frozenset({".lock", ".pending", ".ingested", "events.jsonl"})
+QUIET_NAMES = frozenset({".lock", ".pending", ".ingested", "events.jsonl", ".doccache"})
+
+
+def quiet(relative: str) -> bool:
+    """Whether a change at `relative` (to the board's folder) is the board's own bookkeeping (pure).
+    The listing cache's temp files too: a listing that wrote it would otherwise wake every waiter,
+    whose listings would write it again."""
+    top = relative.split(os.sep, 1)[0]
+    return top in QUIET_NAMES or top.startswith("..doccache.")
 
 
 class ChangeSignal:
@@ -77,8 +85,7 @@ class _Handler(FileSystemEventHandler):
             return
         path = os.fsdecode(event.dest_path if isinstance(event, FileMovedEvent) and event.dest_path
                            else event.src_path)
-        relative = os.path.relpath(path, self.watcher.root)
-        if relative.split(os.sep, 1)[0] in QUIET_NAMES:
+        if quiet(os.path.relpath(path, self.watcher.root)):
             return
         # A file renamed into place, or closed after writing, is complete: the ingester need not
         # wait for it to settle.
