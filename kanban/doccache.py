@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .fsio import write_atomic
+from .fsio import read_fd, write_atomic
 from .redact import scrub_bytes
 from .task import STATUSES
 
@@ -101,7 +101,7 @@ class DocCache:
         try:
             if not trusted(os.fstat(fd), owner):
                 return {}
-            data = _read_all(fd, MAX_BYTES)
+            data = read_fd(fd, MAX_BYTES)
         except OSError:
             return {}
         finally:
@@ -151,16 +151,3 @@ class DocCache:
             return  # a key someone put in a task file by hand is not copied (writes are scrubbed)
         with contextlib.suppress(OSError):
             write_atomic(self.path, data, fsync=False)
-
-
-def _read_all(fd: int, limit: int) -> bytes:
-    """Up to `limit` + 1 bytes from `fd`."""
-    chunks = []
-    remaining = limit + 1
-    while remaining > 0:
-        chunk = os.read(fd, min(remaining, 1 << 20))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)

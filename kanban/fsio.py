@@ -122,17 +122,22 @@ def read_bytes_nofollow(path: Path, limit: int) -> bytes:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
-        chunks = []
-        remaining = limit + 1
-        while remaining > 0:
-            chunk = os.read(fd, min(remaining, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            remaining -= len(chunk)
-        return b"".join(chunks)
+        return read_fd(fd, limit)
     finally:
         os.close(fd)
+
+
+def read_fd(fd: int, limit: int) -> bytes:
+    """Up to `limit` + 1 bytes from an open file (one more than allowed tells the caller it is too big)."""
+    chunks = []
+    remaining = limit + 1
+    while remaining > 0:
+        chunk = os.read(fd, min(remaining, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
 
 
 class AppendLog:

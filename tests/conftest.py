@@ -84,14 +84,15 @@ def board(tmp_path: Path) -> Iterator[Board]:
 
 
 class Spawner:
-    """Starts worker subprocesses (tests/workers.py) and kills whatever is left at teardown."""
+    """Starts worker subprocesses (tests/workers.py, or `script`) and kills whatever is left at teardown."""
 
-    def __init__(self) -> None:
+    def __init__(self, script: Path = WORKERS) -> None:
+        self.script = script
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def __call__(self, *args: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen[bytes]:
         full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-        proc = subprocess.Popen([sys.executable, str(WORKERS), *args], env=full_env, **kwargs)
+        proc = subprocess.Popen([sys.executable, str(self.script), *args], env=full_env, **kwargs)
         self.procs.append(proc)
         return proc
 

@@ -3,18 +3,16 @@ test marked `requires(CAPABILITY)` is skipped for a backend without that capabil
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from ..conftest import Spawner
 from .backends import BACKENDS, Backend, Store, selected_kinds
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -41,23 +39,14 @@ def store(backend: Backend, tmp_path: Path) -> Iterator[Store]:
     opened.close()
 
 
-class Workers:
+class Workers(Spawner):
     """Starts tests/conformance/worker.py processes; kills and reaps whatever is left at teardown."""
 
     def __init__(self) -> None:
-        self.procs: list[subprocess.Popen[bytes]] = []
+        super().__init__(WORKER)
 
     def start(self, *args: str, env: dict[str, str] | None = None, **kwargs: object) -> subprocess.Popen[bytes]:
-        full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-        proc = subprocess.Popen([sys.executable, str(WORKER), *args], env=full_env, **kwargs)  # type: ignore[call-overload]
-        self.procs.append(proc)
-        return proc
-
-    def cleanup(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=10)
+        return self(*args, env=env, **kwargs)
 
 
 @pytest.fixture
