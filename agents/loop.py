@@ -406,7 +406,8 @@ class TaskLoop:
         it would end the same way, at a growing price)."""
         why = fresh_start(self.task)
         if why is not None:
-            kept = self.journal.replace_transcript([]) if self.journal.transcript().records else None
+            # Named by the claim that made it (claims never reset, unlike attempts after a retry).
+            kept = self.journal.set_aside_attempt(max(1, int(self.task.get("claims") or 1) - 1))
             if kept:
                 self.notes.append(f"started afresh; the previous conversation is kept as {kept}")
         elif self.previous is not None:

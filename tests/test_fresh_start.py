@@ -12,10 +12,12 @@ from hermes_sup.agents.loop import NOTE_CHARS, TaskLoop, fresh_start
 from hermes_sup.agents.memory import MemoryFile
 from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig
 from hermes_sup.agents.tools import Toolbox, ToolContext
-from hermes_sup.kanban import rules
+from hermes_sup.kanban import Board, rules
 from hermes_sup.kanban.task import normalize
 
+from .conftest import wait_until
 from .llm_server import ScriptedLLM, openai_reply
+from .test_work_faults import hermes, make_ws
 
 NOW = "2026-01-01T00:00:00Z"
 
@@ -79,7 +81,7 @@ def test_the_attempt_after_one_that_ran_out_of_turns_starts_a_new_conversation_w
     sent = llm.requests[2]["body"]["messages"]
     assert [m["role"] for m in sent] == ["system", "user"], "no message of attempt 1 is sent again"
     assert "attempt 1 of 3 failed: no final answer after 2 model turns" in sent[1]["content"]
-    kept = [json.loads(line) for line in (tmp_path / "alice/transcripts/t-1.jsonl.1").read_text().splitlines()]
+    kept = [json.loads(line) for line in (tmp_path / "alice/transcripts/t-1.attempt-1.jsonl").read_text().splitlines()]
     assert [m["role"] for m in kept] == ["system", "user", "assistant", "tool", "assistant"], \
         "attempt 1's conversation is kept beside the new one"
     assert any("kept as" in note for note in loop.notes)
@@ -95,3 +97,41 @@ def test_the_attempt_after_a_holder_died_resumes_its_conversation_even_on_anothe
     sent = llm.requests[1]["body"]["messages"]
     assert [m["role"] for m in sent] == ["system", "user", "assistant", "tool"], "bob continued alice's turns"
     assert "did not succeed" not in sent[1]["content"]
+
+
+def test_a_person_retrying_a_failed_task_gets_a_new_conversation_and_the_log_keeps_the_old(tmp_path, up):
+    with ScriptedLLM() as llm:
+        ws = make_ws(tmp_path, f"providers:\n  scripted: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
+                               "tiers: {cheap: [scripted], standard: [scripted], premium: [scripted]}\n"
+                               "agents:\n  - name: doer\n    max_iterations: 1\n")
+        llm.script("openai", openai_reply(tool_calls=[("wait", {"seconds": 0.001})]))
+        board = Board(ws / "kanban")
+        task = board.add({"title": "count the files", "max_attempts": 1})
+        up(ws)
+        failed = wait_until(lambda: (d := board.get(task["id"]))["status"] == "failed" and d, timeout=60)
+        assert "no final answer after 1 model turns" in failed["error"]
+        llm.script("openai", openai_reply("three files"))
+        assert hermes(ws, "task", "retry", task["id"]).returncode == 0
+        done = wait_until(lambda: (d := board.get(task["id"]))["status"] == "done" and d, timeout=60)
+        assert done["result"] == {"answer": "three files"}
+        sent = llm.requests[-1]["body"]["messages"]
+        assert [m["role"] for m in sent] == ["system", "user"], "the retry did not replay attempt 1"
+        assert "no final answer after 1 model turns" in sent[1]["content"]
+        log = hermes(ws, "task", "log", task["id"])
+        assert log.returncode == 0, log.stderr
+        out = log.stdout
+        assert "calls wait" in out, "attempt 1's conversation is still in the log"
+        assert out.index("calls wait") < out.index("did not succeed") < out.index("three files"), out
+
+
+def test_prune_removes_the_conversations_of_a_finished_tasks_earlier_attempts(tmp_path):
+    from hermes_sup.supervisor.prune import task_paths
+
+    folder = tmp_path / "runs" / "doer" / "transcripts"
+    folder.mkdir(parents=True)
+    names = ["t-1.jsonl", "t-1.attempt-1.jsonl", "t-1.attempt-12.jsonl", "t-1.attempt-x.jsonl", "t-10.attempt-1.jsonl",
+             "t-1.attempt-1.jsonl.bak"]
+    for name in names:
+        (folder / name).write_text("{}\n")
+    assert [path.name for path in task_paths(tmp_path / "runs", "t-1")] == [
+        "t-1.attempt-1.jsonl", "t-1.attempt-12.jsonl", "t-1.jsonl"]
