@@ -4,6 +4,8 @@ ended); one after its holder died or gave the task back resumes the conversation
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 
 import pytest
@@ -15,9 +17,9 @@ from hermes_sup.agents.tools import Toolbox, ToolContext
 from hermes_sup.kanban import Board, rules
 from hermes_sup.kanban.task import normalize
 
-from .conftest import wait_until
+from .conftest import gone, wait_until
 from .llm_server import ScriptedLLM, openai_reply
-from .test_work_faults import hermes, make_ws
+from .test_work_faults import hermes, make_ws, supervisor
 
 NOW = "2026-01-01T00:00:00Z"
 
@@ -135,3 +137,25 @@ def test_prune_removes_the_conversations_of_a_finished_tasks_earlier_attempts(tm
         (folder / name).write_text("{}\n")
     assert [path.name for path in task_paths(tmp_path / "runs", "t-1")] == [
         "t-1.attempt-1.jsonl", "t-1.attempt-12.jsonl", "t-1.jsonl"]
+
+
+def test_an_agent_killed_mid_conversation_resumes_it_after_its_restart(tmp_path, up):
+    with ScriptedLLM() as llm:
+        ws = make_ws(tmp_path, f"providers:\n  scripted: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
+                               "tiers: {cheap: [scripted], standard: [scripted], premium: [scripted]}\n"
+                               "agents:\n  - name: doer\n")
+        # Turn 2 is answered late: the agent is killed while it waits for it.
+        llm.script("openai", openai_reply(tool_calls=[("write_file", {"path": "a.txt", "content": "1"})]),
+                   {**openai_reply("too late"), "delay": 5}, openai_reply("done after the kill"))
+        board = Board(ws / "kanban")
+        task = board.add({"title": "write the file", "max_attempts": 3})
+        up(ws)
+        assert wait_until(lambda: len(llm.requests) >= 2, timeout=60)
+        pid = supervisor(ws)["agents"]["doer"]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        assert wait_until(lambda: gone(pid), timeout=30)
+        done = wait_until(lambda: (d := board.get(task["id"]))["status"] == "done" and d, timeout=90)
+        assert done["result"] == {"answer": "done after the kill"}
+        sent = llm.requests[2]["body"]["messages"]
+        assert [m["role"] for m in sent] == ["system", "user", "assistant", "tool"], "the conversation resumed"
+        assert "did not succeed" not in sent[1]["content"]
