@@ -117,6 +117,11 @@ def set_aside(path: Path) -> Path:
     return target
 
 
+def attempt_transcript(task_id: str, attempt: int) -> str:
+    """The name an attempt's transcript is kept under once a new conversation starts (see `task log`)."""
+    return f"{task_id}.attempt-{attempt}.jsonl"
+
+
 class TaskJournal(Protocol):
     """What resuming one task needs, wherever it is kept: its transcript, its tool calls (the
     steps' progress is their log) and its model calls, this agent's and those of the agents that
@@ -139,6 +144,11 @@ class TaskJournal(Protocol):
     def replace_transcript(self, records: list[dict[str, Any]]) -> str | None:
         """Replace the transcript whole and atomically (compression, a take-over); the old one is kept,
         under the name returned (None if there was none)."""
+        ...
+
+    def set_aside_attempt(self, attempt: int) -> str | None:
+        """End the transcript: keep it (for `task log`) under a name that says which attempt it was,
+        so the next message starts a new conversation. Returns that name (None if there was none)."""
         ...
 
     def holder_transcript(self, holder: str) -> Read:
@@ -202,6 +212,17 @@ class FileTaskJournal:
         kept = set_aside(path).name if path.exists() else None
         write_records(path, records)
         return kept
+
+    def set_aside_attempt(self, attempt: int) -> str | None:
+        path = self._transcript.path
+        self._transcript.close()
+        if not path.exists():
+            return None
+        target = path.with_name(attempt_transcript(self.task_id, attempt))
+        if target.exists():  # the same attempt set aside twice (hand-edited history): never overwrite it
+            target = set_aside(target)
+        os.replace(path, target)
+        return target.name
 
     def holder_transcript(self, holder: str) -> Read:
         return Journal(self._holder(holder) / "transcripts" / self._name).read()

@@ -216,6 +216,39 @@ def holders(task: dict[str, Any], me: str) -> tuple[str | None, list[str]]:
     return previous, sorted(set(names) - {me})
 
 
+NOTE_CHARS = 300  # of the previous attempt's error in a fresh start's first message: a hint, not a replay
+
+
+def fresh_start(task: dict[str, Any]) -> str | None:
+    """Whether this attempt starts a new conversation, from the task's history: the error of the
+    previous attempt when it failed (the model ran out of turns, a provider error failed it) or a
+    person retried the task since, else None (resume). An attempt whose holder died, lost its lease,
+    or gave the task back (a stop, a budget) ended through no fault of the conversation: resumed."""
+    history = [entry for entry in task.get("history") or [] if isinstance(entry, dict)]
+    claims = [index for index, entry in enumerate(history) if entry.get("to") == "doing"]
+    if len(claims) < 2:
+        return None
+    since = history[claims[-2] + 1:claims[-1]]
+    failed = [entry for entry in since if entry.get("from") == "doing" and entry.get("by") != "board"
+              and re.match(r"attempt \d+ of \d+ failed: ", str(entry.get("note") or ""))]
+    # An answered question (blocked -> todo) is no retry: the conversation goes on with the answer.
+    retries = [entry for entry in since if entry.get("to") == "todo" and entry.get("by") != "board"
+               and (entry.get("from") in ("failed", "cancelled")
+                    or str(entry.get("note") or "").startswith("retry"))]
+    if not failed and not retries:
+        return None
+    why = str(failed[-1].get("note")) if failed else f"a person ({retries[-1].get('by')}) retried it"
+    if not failed and task.get("error"):
+        why = f"{why} after: {task['error']}"
+    return why if len(why) <= NOTE_CHARS else why[:NOTE_CHARS] + "…"
+
+
+def fresh_note(why: str) -> str:
+    """The note a fresh start's first message ends with, so the model does not repeat the attempt."""
+    return (f"\n\nNote: an earlier attempt at this task did not succeed ({why}). Its conversation is set "
+            "aside; start afresh and take another approach.")
+
+
 T = TypeVar("T")
 
 
@@ -368,8 +401,16 @@ class TaskLoop:
                 "refused", time.monotonic())
 
     def resume(self) -> list[Message]:
-        """The conversation so far, from the transcript; a new one if there is none."""
-        if self.previous is not None:
+        """The conversation so far, from the transcript; a new one if there is none, or if the
+        previous attempt failed or a person retried the task (its conversation is set aside: replayed
+        it would end the same way, at a growing price)."""
+        why = fresh_start(self.task)
+        if why is not None:
+            # Named by the claim that made it (claims never reset, unlike attempts after a retry).
+            kept = self.journal.set_aside_attempt(max(1, int(self.task.get("claims") or 1) - 1))
+            if kept:
+                self.notes.append(f"started afresh; the previous conversation is kept as {kept}")
+        elif self.previous is not None:
             self.take_over(self.previous)
         read = self.journal.transcript()
         self.notes += read.notes
@@ -381,7 +422,8 @@ class TaskLoop:
         if not messages:
             memory = self.ctx.memory.prompt_block() if self.ctx.memory is not None else ""
             for message in ({"role": "system", "content": system_prompt(self.identity, memory, self.prompt_extra)},
-                            {"role": "user", "content": task_prompt(self.task, self.inputs)}):
+                            {"role": "user", "content": task_prompt(self.task, self.inputs)
+                             + (fresh_note(why) if why is not None else "")}):
                 self._append(messages, message)
         return messages
 

@@ -65,7 +65,8 @@ class Pruned:
 
 def task_paths(runs: Path, task_id: str) -> list[Path]:
     """What a task left under runs/: its transcript in each agent's (and delegated child's) folder,
-    with the copies compression and repair kept beside it, and runs/tasks/<id>/."""
+    with the copies compression and repair kept beside it and its earlier attempts' conversations,
+    and runs/tasks/<id>/."""
     found = []
     for _, folder in agent_dirs(runs):
         try:
@@ -75,7 +76,9 @@ def task_paths(runs: Path, task_id: str) -> list[Path]:
             continue
         for name, plain in names:
             rest = name.removeprefix(f"{task_id}.jsonl")
-            if plain and rest != name and (rest in ("", ".damaged") or (rest[:1] == "." and rest[1:].isdigit())):
+            attempt = name.removeprefix(f"{task_id}.attempt-").removesuffix(".jsonl")  # an earlier attempt's
+            if plain and ((rest != name and (rest in ("", ".damaged") or (rest[:1] == "." and rest[1:].isdigit())))
+                          or (attempt != name and attempt.isdigit() and name.endswith(".jsonl"))):
                 found.append(folder / "transcripts" / name)
     root = task_root(runs, task_id)
     if root.exists() or root.is_symlink():

@@ -5,6 +5,7 @@ skipped), the merge and the summary as pure functions over plain records.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import stat
@@ -72,6 +73,9 @@ def sources(runs: Path, task_id: str) -> list[Source]:
         result.append(Source(agent, "tool", folder / TOOL_LOG))
         if "/" not in task_id and not task_id.startswith("."):  # ids are names; never a path out
             result.append(Source(agent, "message", folder / "transcripts" / f"{task_id}.jsonl"))
+            # Conversations of earlier attempts, set aside when a new one started (agents/journal.py).
+            result += [Source(agent, "message", path)
+                       for path in sorted((folder / "transcripts").glob(f"{glob.escape(task_id)}.attempt-*.jsonl"))]
     return result
 
 
@@ -255,6 +259,16 @@ def message_entry(agent: str, message: dict[str, Any]) -> dict[str, Any]:
     return entry
 
 
+ATTEMPT_LAST = 1 << 62  # the order of a task's current transcript, after every attempt set aside
+
+
+def _attempt_of(name: str) -> int:
+    """The attempt a set-aside transcript (`<task>.attempt-N.jsonl`) holds; ATTEMPT_LAST for the current one."""
+    _, found, rest = name.partition(".attempt-")
+    number = rest.removesuffix(".jsonl")
+    return int(number) if found and number.isdigit() and len(number) < 18 else ATTEMPT_LAST
+
+
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
 
@@ -340,16 +354,22 @@ def merge_keyed(raws: list[Raw], held: Sequence[tuple[str, str]] = ()) -> list[t
             seq += 1
     # The shorter transcript first: a copy is as long as its original at most. Of two as long, the
     # one of the agent that called a model first is the original.
+    # Earlier attempts' transcripts (set aside when a new conversation started) first, in order: their
+    # answers take an agent's first model calls, and the transcripts after them the calls left.
     transcripts = sorted((raw for raw in raws if raw.source.kind == "message"),
-                         key=lambda r: (len(r.records), min(answered.get(r.source.agent) or ["~"]), r.source.agent))
+                         key=lambda r: (_attempt_of(r.source.path.name), len(r.records),
+                                        min(answered.get(r.source.agent) or ["~"]), r.source.agent))
     placed: list[tuple[list[dict[str, Any]], list[str]]] = []
+    used: dict[str, str] = {}  # per agent: the last model call an earlier attempt's answer took
     for raw in transcripts:
         shared, previous = 0, ""
         for messages, anchors in placed:
             count = _new_part(raw.records, [messages])
             if count > shared:
                 shared, previous = count, anchors[count - 1]
-        times = sorted(answered.get(raw.source.agent, []))
+        times = sorted(t for t in answered.get(raw.source.agent, []) if t > used.get(raw.source.agent, ""))
+        if shared < len(raw.records):  # its new messages come after the agent's earlier attempts
+            previous = max(previous, used.get(raw.source.agent, ""))
         anchors = [previous] * shared
         for index, message in enumerate(raw.records[shared:], start=shared):
             entry = message_entry(raw.source.agent, message)
@@ -364,8 +384,12 @@ def merge_keyed(raws: list[Raw], held: Sequence[tuple[str, str]] = ()) -> list[t
             entry["at"] = anchor or None
             anchors.append(anchor)
             previous = anchor
-            keyed.append((anchor, 1, seq, ("message", raw.source.agent, index), entry))
+            # An earlier attempt's transcript numbers its messages from 0 too: its name keeps them apart.
+            where: int | str = index if ".attempt-" not in raw.source.path.name else f"{raw.source.path.name}#{index}"
+            keyed.append((anchor, 1, seq, ("message", raw.source.agent, where), entry))
             seq += 1
+        if _attempt_of(raw.source.path.name) < ATTEMPT_LAST and anchors:
+            used[raw.source.agent] = max(used.get(raw.source.agent, ""), max(anchors))
         placed.append((raw.records, anchors))
     return [(key, entry) for *_, key, entry in sorted(keyed, key=lambda k: k[:3])]
 

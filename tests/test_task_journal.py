@@ -45,6 +45,10 @@ class MemoryJournal:
         self.messages = list(records)
         return f"copy {self.replaced}"
 
+    def set_aside_attempt(self, attempt: int) -> str | None:
+        self.messages = []
+        return f"attempt {attempt}"
+
     def holder_transcript(self, holder: str) -> Read:
         return self.holders[holder].transcript()
 
