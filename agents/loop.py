@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from hermes_sup.kanban.faults import fault
+from hermes_sup.kanban.fsio import write_json_atomic
 from hermes_sup.kanban.parse import load_json
 from hermes_sup.kanban.task import now_iso
 
@@ -72,6 +73,7 @@ CONTINUE = ("Your answer was cut off at the output token limit. Continue it exac
 
 ROLES = ("system", "user", "assistant", "tool")
 IGNORED_AFTER = 3  # tool-offered answers in prose, none with a tool call, before a provider is suspected
+TOOL_USE_FILE = "tool_use.json"  # runs/<agent>/: each provider's ToolUse, for `doctor`
 
 
 @dataclass
@@ -100,6 +102,12 @@ def ignores_tools(use: ToolUse, answer: str, known: set[str], after: int = IGNOR
         return (f"no tool call in {use.offered} answers that offered tools: if its tasks need tools, its server may "
                 "be dropping them (a chat template without tool support?)", False)
     return None
+
+
+def tool_use_document(tool_use: dict[str, ToolUse]) -> dict[str, Any]:
+    """What the agent saves of its providers' tool use for `doctor` (pure)."""
+    return {"saved_at": now_iso(), "providers": {name: {"offered": use.offered, "called": use.called,
+                                                        "warned": use.warned} for name, use in tool_use.items()}}
 
 
 def answer_since(task: dict[str, Any], moment: str) -> str | None:
@@ -323,6 +331,7 @@ class TaskLoop:
         self.identity = identity
         self.max_iterations = max_iterations
         self.complete = complete
+        self.workdir = workdir
         self.journal: TaskJournal = journal if journal is not None else FileTaskJournal(workdir, task["id"])
         self.notes: list[str] = []
         self._log_lock = threading.Lock()
@@ -570,16 +579,17 @@ class TaskLoop:
         use.offered += 1
         if message.get("tool_calls"):
             use.called += 1
-            return
-        found = ignores_tools(use, str(message.get("content") or ""), known)
-        if found is None:
-            return
-        why, sure = found
-        if not use.warned:
-            use.warned = True
-            self.notes.append(f"provider {name}: {why}")
-        if sure:
-            self.warnings.append(f"provider {name}: {why}")
+        elif (found := ignores_tools(use, str(message.get("content") or ""), known)) is not None:
+            why, sure = found
+            if not use.warned:
+                use.warned = True
+                self.notes.append(f"provider {name}: {why}")
+            if sure:
+                self.warnings.append(f"provider {name}: {why}")
+        try:  # beside the breakers, where `doctor` reads it; the task goes on without it
+            write_json_atomic(self.workdir / TOOL_USE_FILE, tool_use_document(self.tool_use))
+        except OSError as exc:
+            self.notes.append(f"cannot save {TOOL_USE_FILE}: {exc}")
 
     def run(self) -> Outcome:
         self._spent_before()

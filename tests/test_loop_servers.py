@@ -104,6 +104,24 @@ def test_a_server_that_drops_the_tools_is_named_in_the_log_and_on_the_task(tmp_p
     assert tool_use["local"] == ToolUse(offered=1, called=0, warned=True)
 
 
+def test_doctor_warns_of_a_provider_that_dropped_every_tool_it_was_offered(tmp_path):
+    """The agent's verdict outlives the task: saved beside its breakers, `doctor` shows it (text, --json)."""
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    with ScriptedLLM(quirks=("tools_ignored",)) as llm:
+        (ws / "hermes.yaml").write_text(f"providers:\n  local: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
+                                        "agents:\n  - name: agent\n")
+        llm.script("openai", openai_reply(tool_calls=[("write_file", {"path": "n.txt", "content": "7"})]))
+        assert make_loop(llm, ws / "runs").run().kind == "done"
+        doctor = [subprocess.run([*CLI, "-w", str(ws), "doctor", *flag], capture_output=True, text=True,
+                                 timeout=60, cwd=ROOT) for flag in ((), ("--json",))]
+    expected = ("agent: provider local: never returned a tool call in 1 calls with tools offered: "
+                "its chat template may not support tools; see README")
+    checks = {c["name"]: c for c in json.loads(doctor[1].stdout)["checks"]}
+    assert (checks["tools local"]["level"], checks["tools local"]["detail"]) == ("warn", expected)
+    assert f"warn tools local: {expected}" in " ".join(doctor[0].stdout.split())  # text wraps long lines
+
+
 def test_ignores_tools_decisions():
     known = {"write_file", "read_file"}
     assert ignores_tools(ToolUse(offered=1), "I would use write_file here.", known)[1] is True
@@ -171,3 +189,17 @@ def test_a_team_on_a_server_with_these_quirks_fails_and_notes_tasks_for_their_re
     calls = [json.loads(line) for line in (ws / "runs" / "thinker" / "llm_calls.jsonl").read_text().splitlines()]
     assert [c["outcome"] for c in calls if c["task"] == overflow["id"]] == ["context_overflow"]
     assert all(c.get("estimated") for c in calls if c["outcome"] == "ok")
+
+
+def test_doctor_tool_use_lines_from_saved_documents():
+    from hermes_sup.supervisor.doctor import tool_use_checks_from
+
+    saved = {"a": {"providers": {"dropper": {"offered": 4, "called": 0, "warned": True},
+                                 "caller": {"offered": 4, "called": 1, "warned": True},
+                                 "early": {"offered": 1, "called": 0, "warned": False}, "junk": [1]}},
+             "b": None, "c": {"providers": "x"}}
+    checks = tool_use_checks_from(saved)
+    assert [(c["name"], c["level"]) for c in checks] == [("tools dropper", "warn"), ("tools", "warn"),
+                                                         ("tools", "warn")]
+    assert "in 4 calls with tools offered" in checks[0]["detail"]
+    assert checks[1]["detail"] == "b: its tool_use.json cannot be read"
