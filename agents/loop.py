@@ -133,6 +133,15 @@ def llm_record(task_id: str, attempt: Attempt, prices: dict[str, Any]) -> dict[s
             **({"route": attempt.route} if attempt.route else {})}
 
 
+def started_record(task_id: str, call_id: str, chain: list[Provider], prompt_estimate: int) -> dict[str, Any]:
+    """The LLM-call log's record of a call about to be made (pure); its outcome records carry the
+    same `call`. No token fields: a reader that does not pair them counts it as nothing spent."""
+    first = chain[0].config if chain else None
+    return {"at": now_iso(), "task": task_id, "call": call_id, "outcome": "started",
+            "provider": first.name if first else "-", "model": first.model if first else "-",
+            "prompt_estimate": prompt_estimate}
+
+
 def system_prompt(identity: str, memory_block: str, skills_block: str = "") -> str:
     parts = [identity.strip() or "You are an agent on a team. Work the task you are given.",
              "Use the tools when they help. When the task is done, answer with the result as your final "
@@ -336,6 +345,7 @@ class TaskLoop:
         self.notes: list[str] = []
         self._log_lock = threading.Lock()
         self._interrupted = False
+        self._call_id = ""  # the model call under way: its start record and its outcomes share it
 
     # -- state ------------------------------------------------------------------------------------
 
@@ -404,7 +414,7 @@ class TaskLoop:
                     self.notes.append(f"provider {attempt.provider} skipped: {attempt.error}")
 
     def _write_llm_record(self, attempt: Attempt) -> None:
-        record = llm_record(self.task["id"], attempt, self.prices)
+        record = {**llm_record(self.task["id"], attempt, self.prices), "call": self._call_id}
         self.journal.append_llm_call(record)
         say(self.agent or "agent", model_line(record))
         self.spent_tokens += record["tokens_in"] + record["tokens_out"]
@@ -539,6 +549,11 @@ class TaskLoop:
 
     def _complete(self, chain: list[Provider], messages: list[Message], tools: list[dict[str, Any]] | None) -> Any:
         started = time.monotonic()
+        # Logged before the call, so one the agent does not survive (kill -9, OOM) is still counted:
+        # `usage` and `task log` show a start without an outcome as interrupted, tokens estimated.
+        self._call_id = uuid.uuid4().hex[:16]
+        self.journal.append_llm_call(started_record(self.task["id"], self._call_id, chain,
+                                                    estimate_tokens(messages) + estimate_tokens(tools or [])))
         try:
             return interruptible(lambda: self.complete(chain, messages, tools, log=self._log_llm, stop=self.ctx.stop),
                                  self.ctx.stop, on_stop=lambda: abort(chain))
