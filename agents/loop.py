@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from hermes_sup.kanban.faults import fault
+from hermes_sup.kanban.fsio import write_json_atomic
 from hermes_sup.kanban.parse import load_json
 from hermes_sup.kanban.task import now_iso
 
@@ -72,6 +73,7 @@ CONTINUE = ("Your answer was cut off at the output token limit. Continue it exac
 
 ROLES = ("system", "user", "assistant", "tool")
 IGNORED_AFTER = 3  # tool-offered answers in prose, none with a tool call, before a provider is suspected
+TOOL_USE_FILE = "tool_use.json"  # runs/<agent>/: each provider's ToolUse, for `doctor`
 
 
 @dataclass
@@ -102,6 +104,12 @@ def ignores_tools(use: ToolUse, answer: str, known: set[str], after: int = IGNOR
     return None
 
 
+def tool_use_document(tool_use: dict[str, ToolUse]) -> dict[str, Any]:
+    """What the agent saves of its providers' tool use for `doctor` (pure)."""
+    return {"saved_at": now_iso(), "providers": {name: {"offered": use.offered, "called": use.called,
+                                                        "warned": use.warned} for name, use in tool_use.items()}}
+
+
 def answer_since(task: dict[str, Any], moment: str) -> str | None:
     """The answer a person gave (`task answer`) to the task's question after `moment`, as the one
     who asked sees it, or None (pure). The latest answer wins."""
@@ -123,6 +131,15 @@ def llm_record(task_id: str, attempt: Attempt, prices: dict[str, Any]) -> dict[s
             "tokens_cached": usage.cached if usage else 0, "cost_usd": price(prices, model, usage) if usage else 0.0,
             **({"estimated": True} if usage and usage.estimated else {}),
             **({"route": attempt.route} if attempt.route else {})}
+
+
+def started_record(task_id: str, call_id: str, chain: list[Provider], prompt_estimate: int) -> dict[str, Any]:
+    """The LLM-call log's record of a call about to be made (pure); its outcome records carry the
+    same `call`. No token fields: a reader that does not pair them counts it as nothing spent."""
+    first = chain[0].config if chain else None
+    return {"at": now_iso(), "task": task_id, "call": call_id, "outcome": "started",
+            "provider": first.name if first else "-", "model": first.model if first else "-",
+            "prompt_estimate": prompt_estimate}
 
 
 def system_prompt(identity: str, memory_block: str, skills_block: str = "") -> str:
@@ -356,10 +373,12 @@ class TaskLoop:
         self.identity = identity
         self.max_iterations = max_iterations
         self.complete = complete
+        self.workdir = workdir
         self.journal: TaskJournal = journal if journal is not None else FileTaskJournal(workdir, task["id"])
         self.notes: list[str] = []
         self._log_lock = threading.Lock()
         self._interrupted = False
+        self._call_id = ""  # the model call under way: its start record and its outcomes share it
 
     # -- state ------------------------------------------------------------------------------------
 
@@ -437,7 +456,7 @@ class TaskLoop:
                     self.notes.append(f"provider {attempt.provider} skipped: {attempt.error}")
 
     def _write_llm_record(self, attempt: Attempt) -> None:
-        record = llm_record(self.task["id"], attempt, self.prices)
+        record = {**llm_record(self.task["id"], attempt, self.prices), "call": self._call_id}
         self.journal.append_llm_call(record)
         say(self.agent or "agent", model_line(record))
         self.spent_tokens += record["tokens_in"] + record["tokens_out"]
@@ -572,6 +591,11 @@ class TaskLoop:
 
     def _complete(self, chain: list[Provider], messages: list[Message], tools: list[dict[str, Any]] | None) -> Any:
         started = time.monotonic()
+        # Logged before the call, so one the agent does not survive (kill -9, OOM) is still counted:
+        # `usage` and `task log` show a start without an outcome as interrupted, tokens estimated.
+        self._call_id = uuid.uuid4().hex[:16]
+        self.journal.append_llm_call(started_record(self.task["id"], self._call_id, chain,
+                                                    estimate_tokens(messages) + estimate_tokens(tools or [])))
         try:
             return interruptible(lambda: self.complete(chain, messages, tools, log=self._log_llm, stop=self.ctx.stop),
                                  self.ctx.stop, on_stop=lambda: abort(chain))
@@ -612,16 +636,17 @@ class TaskLoop:
         use.offered += 1
         if message.get("tool_calls"):
             use.called += 1
-            return
-        found = ignores_tools(use, str(message.get("content") or ""), known)
-        if found is None:
-            return
-        why, sure = found
-        if not use.warned:
-            use.warned = True
-            self.notes.append(f"provider {name}: {why}")
-        if sure:
-            self.warnings.append(f"provider {name}: {why}")
+        elif (found := ignores_tools(use, str(message.get("content") or ""), known)) is not None:
+            why, sure = found
+            if not use.warned:
+                use.warned = True
+                self.notes.append(f"provider {name}: {why}")
+            if sure:
+                self.warnings.append(f"provider {name}: {why}")
+        try:  # beside the breakers, where `doctor` reads it; the task goes on without it
+            write_json_atomic(self.workdir / TOOL_USE_FILE, tool_use_document(self.tool_use))
+        except OSError as exc:
+            self.notes.append(f"cannot save {TOOL_USE_FILE}: {exc}")
 
     def run(self) -> Outcome:
         self._spent_before()

@@ -64,7 +64,7 @@ def follow(board: BoardStore, gatherer: taskrecords.Gatherer, printer: Printer, 
             time.sleep(interval)
             printer.note(gatherer.poll())
             printer.skip(gatherer)
-            printer.show(taskrecords.merge_keyed(gatherer.all(), held(board, gatherer.task_id)))
+            printer.show(taskrecords.merge_keyed(gatherer.all(), held(board, gatherer.task_id), open_calls=False))
 
 
 def held(board: BoardStore, task_id: str) -> list[tuple[str, str]]:
@@ -93,7 +93,7 @@ def task_log(ctx: click.Context, task_id: str, following: bool, as_json: bool) -
         printer = Printer(as_json)
         printer.note(gatherer.poll())
         gatherer.rewritten.clear()
-        printer.show(taskrecords.merge_keyed(gatherer.all(), held(board, found)))
+        printer.show(taskrecords.merge_keyed(gatherer.all(), held(board, found), open_calls=not following))
         if not printer.printed and not as_json:  # an empty output would read as a failure to look
             printer.note([f"no records of {found} yet: no agent has worked on it"])
         if following:

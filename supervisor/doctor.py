@@ -13,6 +13,7 @@ from typing import Any
 
 from hermes_sup.agents.breaker import saved_states
 from hermes_sup.agents.keys import AUTO_KEYS, ENV_FILE, KeyFile, key_names
+from hermes_sup.agents.loop import TOOL_USE_FILE
 from hermes_sup.agents.providers import BREAKERS_FILE
 from hermes_sup.agents.routing import (
     BUSY_MODEL,
@@ -58,15 +59,15 @@ def env_file_exposure(path: Path) -> str | None:
 MAX_BREAKERS_BYTES = 1 << 20
 
 
-def breaker_checks(runs: Path) -> list[Check]:
-    """Each agent's provider breakers as it last saved them (runs/<agent>/providers.json)."""
+def _saved_documents(runs: Path, name: str) -> dict[str, Any]:
+    """Each agent's saved document `name` in runs/<agent>/, parsed; None where it cannot be read."""
     saved: dict[str, Any] = {}
     try:
         folders = sorted(path for path in runs.iterdir() if path.is_dir() and not path.is_symlink())
     except OSError:
-        return []
+        return {}
     for folder in folders:
-        path = folder / BREAKERS_FILE
+        path = folder / name
         try:
             data = read_bytes_nofollow(path, MAX_BREAKERS_BYTES)
             saved[folder.name] = load_json(data.decode("utf-8")) if len(data) <= MAX_BREAKERS_BYTES else None
@@ -74,8 +75,40 @@ def breaker_checks(runs: Path) -> list[Check]:
             continue
         except (OSError, ValueError):
             saved[folder.name] = None
+    return saved
+
+
+def breaker_checks(runs: Path) -> list[Check]:
+    """Each agent's provider breakers as it last saved them (runs/<agent>/providers.json)."""
     return [_check(f"breaker {provider}", level, f"{agent}: {words}")
-            for agent, provider, level, words in saved_states(saved, time.time())]
+            for agent, provider, level, words in saved_states(_saved_documents(runs, BREAKERS_FILE), time.time())]
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def tool_use_checks_from(saved: dict[str, Any]) -> list[Check]:
+    """A warn line per agent and provider that was offered tools and never called one, once the agent
+    itself judged so (pure; `saved`: agent -> the document runs/<agent>/tool_use.json holds)."""
+    checks = []
+    for agent, document in sorted(saved.items()):
+        providers = document.get("providers") if isinstance(document, dict) else None
+        if not isinstance(providers, dict):
+            checks.append(_check("tools", "warn", f"{agent}: its {TOOL_USE_FILE} cannot be read"))
+            continue
+        for provider, use in sorted(providers.items(), key=lambda item: str(item[0])):
+            if not isinstance(use, dict) or _count(use.get("called")) or use.get("warned") is not True:
+                continue
+            checks.append(_check(f"tools {str(provider)[:80]}", "warn", (
+                f"{agent}: provider {str(provider)[:80]}: never returned a tool call in {_count(use.get('offered'))} "
+                "calls with tools offered: its chat template may not support tools; see README")))
+    return checks
+
+
+def tool_use_checks(runs: Path) -> list[Check]:
+    """Providers that drop the tools they are offered, as each agent last saved it."""
+    return tool_use_checks_from(_saved_documents(runs, TOOL_USE_FILE))
 
 
 def run_checks(ws: Workspace) -> list[Check]:
@@ -139,6 +172,7 @@ def run_checks(ws: Workspace) -> list[Check]:
                 checks.append(_check(f"provider {name}", "ok", f"{where}: reachable"))
 
     checks += breaker_checks(ws.runs_path)
+    checks += tool_use_checks(ws.runs_path)
 
     containment = detect(ws.root, keep=False)  # as a supervisor started from here would find it
     checks.append(_check("process containment", "ok" if containment.mode == "cgroup" else "info", containment.detail))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .usage import summarize
+from .usage import ended_calls, settle_call, summarize
 
 LLM_LOG = "llm_calls.jsonl"
 TOOL_LOG = "tool_calls.jsonl"
@@ -309,8 +309,13 @@ def merge(raws: list[Raw], held: Sequence[tuple[str, str]] = ()) -> list[dict[st
     return [entry for _, entry in merge_keyed(raws, held)]
 
 
-def merge_keyed(raws: list[Raw], held: Sequence[tuple[str, str]] = ()) -> list[tuple[Key, dict[str, Any]]]:
+def merge_keyed(raws: list[Raw], held: Sequence[tuple[str, str]] = (),
+                open_calls: bool = True) -> list[tuple[Key, dict[str, Any]]]:
     """The task's model calls, tool calls and messages as entries in time order (pure).
+
+    A model call started and never ended is shown as interrupted when its agent logged something
+    after it, and, with `open_calls`, also when it is the agent's last (killed mid-call, or still
+    under way: follow mode, which cannot take a line back, waits for what comes next).
 
     Model and tool records carry their time. Messages do not: each is placed by what it follows: an
     assistant message after the model call that produced it (the agent's next answered call), a tool
@@ -329,9 +334,13 @@ def merge_keyed(raws: list[Raw], held: Sequence[tuple[str, str]] = ()) -> list[t
     done_at: dict[str, str] = {}
     answered: dict[str, list[str]] = {}
     for raw in sorted(raws, key=lambda r: (r.source.kind, r.source.agent)):
+        ended = ended_calls((raw.source.agent, r) for r in raw.records) if raw.source.kind == "model" else set()
         for index, record in enumerate(raw.records):
             if raw.source.kind == "model":
-                entry = model_entry(raw.source.agent, record)
+                settled = settle_call(raw.source.agent, record, ended)  # a call's start: shown if it never ended
+                if settled is None or (settled is not record and not open_calls and index == len(raw.records) - 1):
+                    continue
+                entry = model_entry(raw.source.agent, settled)
                 ident: Key = ("model", raw.source.agent, index)
                 if entry["outcome"] == "ok" and entry["at"]:
                     answered.setdefault(raw.source.agent, []).append(entry["at"])

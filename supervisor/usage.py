@@ -33,10 +33,45 @@ def _dollars(value: Any) -> float | None:
     return float(value) if ok else None
 
 
+INTERRUPTED = ("no outcome was logged: the agent ended during the call (killed?), or the call is still "
+               "under way; prompt tokens estimated")
+
+
+def ended_calls(records: Iterable[tuple[str, dict[str, Any]]]) -> set[tuple[str, Any]]:
+    """(agent, call) of every call with a logged outcome (pure)."""
+    return {(agent, r.get("call")) for agent, r in records if r.get("outcome") != "started"
+            and isinstance(r.get("call"), str)}
+
+
+def settle_call(agent: str, record: dict[str, Any], ended: set[tuple[str, Any]]) -> dict[str, Any] | None:
+    """A call's start record (logged before the call): None when an outcome of that call was logged
+    too, else an interrupted call with its estimated prompt tokens; any other record as it is (pure)."""
+    if record.get("outcome") != "started":
+        return record
+    if (agent, record.get("call")) in ended:
+        return None
+    return {**record, "outcome": "interrupted", "tokens_in": _count(record.get("prompt_estimate")),
+            "tokens_out": 0, "estimated": True, "error": INTERRUPTED}
+
+
+def settle_calls(records: Iterable[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    """The LLM-call records with each start record settled (see settle_call): a call the agent did
+    not survive is counted, none twice (pure)."""
+    records = list(records)
+    ended = ended_calls(records)
+    return [(agent, settled) for agent, record in records
+            if (settled := settle_call(agent, record, ended)) is not None]
+
+
 def _add(total: dict[str, Any], record: dict[str, Any]) -> None:
     total["calls"] += 1
     if record.get("outcome") != "ok":
         total["failed_calls"] += 1
+        if record.get("outcome") == "interrupted" and record.get("estimated") is True:
+            # The prompt reached the server (a kill mid-call): its tokens, estimated, unpriced.
+            total["tokens_in"] += _count(record.get("tokens_in"))
+            total["estimated_calls"] += 1
+            total["tokens_estimated"] += _count(record.get("tokens_in"))
         return
     before = total["tokens_in"] + total["tokens_out"]
     for key in ("tokens_in", "tokens_out", "tokens_cached"):
@@ -54,7 +89,7 @@ def _add(total: dict[str, Any], record: dict[str, Any]) -> None:
 def summarize(records: Iterable[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     """records: (agent, llm-call record) pairs. Pure."""
     result: dict[str, Any] = {"total": _blank(), "agents": {}, "tasks": {}, "providers": {}}
-    for agent, record in records:
+    for agent, record in settle_calls(records):
         for bucket, key in (("agents", agent), ("tasks", record.get("task") or "-"),
                             ("providers", f"{record.get('provider')} ({record.get('model')})")):
             _add(result[bucket].setdefault(key, _blank()), record)

@@ -6,6 +6,8 @@ that drops them is named, and every call is logged, with estimated tokens where 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import threading
 
@@ -16,7 +18,7 @@ from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig
 from hermes_sup.agents.tools import Toolbox, ToolContext
 from hermes_sup.kanban.board import Board
 
-from .conftest import CLI, wait_until
+from .conftest import CLI, gone, wait_until
 from .llm_server import ScriptedLLM, openai_reply
 from .test_supervisor import ROOT, agent
 
@@ -35,9 +37,11 @@ def make_loop(llm: ScriptedLLM, tmp_path, *, stream: bool = True, base: str = "/
                     agent="agent", **kwargs)
 
 
-def calls_log(tmp_path) -> list[dict]:
+def calls_log(tmp_path, *, starts: bool = False) -> list[dict]:
+    """The LLM-call log's records, without the start records logged before each call unless `starts`."""
     path = tmp_path / "agent" / "llm_calls.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [r for r in records if starts or r.get("outcome") != "started"]
 
 
 def test_a_transcript_with_an_empty_answer_runs_on_a_server_that_refuses_null_content(tmp_path):
@@ -104,6 +108,24 @@ def test_a_server_that_drops_the_tools_is_named_in_the_log_and_on_the_task(tmp_p
     assert tool_use["local"] == ToolUse(offered=1, called=0, warned=True)
 
 
+def test_doctor_warns_of_a_provider_that_dropped_every_tool_it_was_offered(tmp_path):
+    """The agent's verdict outlives the task: saved beside its breakers, `doctor` shows it (text, --json)."""
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    with ScriptedLLM(quirks=("tools_ignored",)) as llm:
+        (ws / "hermes.yaml").write_text(f"providers:\n  local: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
+                                        "agents:\n  - name: agent\n")
+        llm.script("openai", openai_reply(tool_calls=[("write_file", {"path": "n.txt", "content": "7"})]))
+        assert make_loop(llm, ws / "runs").run().kind == "done"
+        doctor = [subprocess.run([*CLI, "-w", str(ws), "doctor", *flag], capture_output=True, text=True,
+                                 timeout=60, cwd=ROOT) for flag in ((), ("--json",))]
+    expected = ("agent: provider local: never returned a tool call in 1 calls with tools offered: "
+                "its chat template may not support tools; see README")
+    checks = {c["name"]: c for c in json.loads(doctor[1].stdout)["checks"]}
+    assert (checks["tools local"]["level"], checks["tools local"]["detail"]) == ("warn", expected)
+    assert f"warn tools local: {expected}" in " ".join(doctor[0].stdout.split())  # text wraps long lines
+
+
 def test_ignores_tools_decisions():
     known = {"write_file", "read_file"}
     assert ignores_tools(ToolUse(offered=1), "I would use write_file here.", known)[1] is True
@@ -168,6 +190,53 @@ def test_a_team_on_a_server_with_these_quirks_fails_and_notes_tasks_for_their_re
     assert len(comments) == 1 and "write_file" in comments[0]["text"] and "dropping the tools" in comments[0]["text"]
     log = (ws / "runs" / "thinker" / "agent.log").read_text()
     assert "provider local: the model answered in prose" in log
-    calls = [json.loads(line) for line in (ws / "runs" / "thinker" / "llm_calls.jsonl").read_text().splitlines()]
+    calls = [json.loads(line) for line in (ws / "runs" / "thinker" / "llm_calls.jsonl").read_text().splitlines()
+             if "\"outcome\":\"started\"" not in line]
     assert [c["outcome"] for c in calls if c["task"] == overflow["id"]] == ["context_overflow"]
     assert all(c.get("estimated") for c in calls if c["outcome"] == "ok")
+
+
+def test_doctor_tool_use_lines_from_saved_documents():
+    from hermes_sup.supervisor.doctor import tool_use_checks_from
+
+    saved = {"a": {"providers": {"dropper": {"offered": 4, "called": 0, "warned": True},
+                                 "caller": {"offered": 4, "called": 1, "warned": True},
+                                 "early": {"offered": 1, "called": 0, "warned": False}, "junk": [1]}},
+             "b": None, "c": {"providers": "x"}}
+    checks = tool_use_checks_from(saved)
+    assert [(c["name"], c["level"]) for c in checks] == [("tools dropper", "warn"), ("tools", "warn"),
+                                                         ("tools", "warn")]
+    assert "in 4 calls with tools offered" in checks[0]["detail"]
+    assert checks[1]["detail"] == "b: its tool_use.json cannot be read"
+
+
+def test_a_call_the_agent_did_not_survive_is_shown_interrupted_with_estimated_tokens(tmp_path, up):
+    """kill -9 while the server holds the call open: its start, logged before the call, is what is
+    left of it; `usage` and `task log` count it as interrupted with estimated prompt tokens, and the
+    retried call that answers is counted once."""
+    with ScriptedLLM() as llm:
+        ws = tmp_path / "ws"
+        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+        (ws / "hermes.yaml").write_text(
+            f"providers:\n  local: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
+            "tiers: {cheap: [local], standard: [local], premium: [local]}\n"
+            "agents:\n  - name: thinker\n")
+        llm.script("openai", {"delay": 30, **openai_reply("never delivered")}, openai_reply("All done."))
+        board = Board(ws / "kanban")
+        task = board.add({"title": "think it over"})
+        up(ws)
+        wait_until(lambda: len(llm.requests) >= 1, timeout=60)
+        pid = agent(ws, "thinker")["pid"]
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: gone(pid), timeout=30)
+        wait_until(lambda: board.get(task["id"])["status"] == "done", timeout=90)
+        usage = subprocess.run([*CLI, "-w", str(ws), "usage", "--json"], capture_output=True, text=True,
+                               timeout=60, cwd=ROOT)
+        shown = subprocess.run([*CLI, "-w", str(ws), "task", "log", task["id"]], capture_output=True, text=True,
+                               timeout=60, cwd=ROOT)
+    total = json.loads(usage.stdout)["tasks"][task["id"]]
+    assert (total["calls"], total["failed_calls"], total["estimated_calls"]) == (2, 1, 1)
+    assert total["tokens_in"] > 100 and total["tokens_estimated"] == total["tokens_in"] - 100  # the answer: 100 in
+    assert total["tokens_out"] == 10
+    lines = [line for line in shown.stdout.splitlines() if " model " in line]
+    assert len(lines) == 2 and "interrupted" in lines[0] and "(estimated)" in lines[0] and " ok " in lines[1]

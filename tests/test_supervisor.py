@@ -326,7 +326,8 @@ def test_down_does_not_wait_for_a_long_model_call(tmp_path, up):
         assert released["status"] == "todo" and released["attempts"] == 0, "the attempt was given back"
         assert "released: thinker is stopping (SIGTERM)" in released["history"][-1]["note"]
         log = [json.loads(line) for line in (ws / "runs/thinker/llm_calls.jsonl").read_text().splitlines()]
-        assert [record["outcome"] for record in log] == ["interrupted"]
+        assert [record["outcome"] for record in log] == ["started", "interrupted"]
+        assert log[0]["call"] == log[1]["call"], "the start and its outcome are one call"
         assert "(SIGTERM)" in (ws / "runs/thinker/agent.log").read_text()
 
 

@@ -317,3 +317,17 @@ def test_a_tool_record_copied_to_the_next_holder_is_shown_under_the_holder_that_
     assert [(e["agent"], e["kind"]) for e in entries] == [("zed", "model"), ("zed", "tool"), ("zed", "tool"),
                                                           ("ann", "model")]
     assert taskrecords.overview(entries)["files"] == [{"agent": "zed", "path": "a.txt", "tool": "write_file"}]
+
+
+def test_a_call_that_never_ended_is_shown_interrupted_but_not_while_following_its_agents_last_record():
+    start = {"at": "2026-01-01T00:00:00Z", "task": "t", "call": "c1", "outcome": "started", "provider": "p",
+             "model": "m", "prompt_estimate": 42}
+    raws = [raw("a", "model", [start])]
+    [entry] = taskrecords.merge(raws)
+    assert (entry["outcome"], entry["tokens_in"], entry["estimated"]) == ("interrupted", 42, True)
+    assert taskrecords.merge_keyed(raws, open_calls=False) == []  # maybe still under way
+    later = {**start, "call": "c2", "outcome": "ok", "at": "2026-01-01T00:01:00Z", "tokens_in": 5}
+    following = taskrecords.merge_keyed([raw("a", "model", [start, later])], open_calls=False)
+    assert [e["outcome"] for _, e in following] == ["interrupted", "ok"]  # its agent went on: it never ended
+    ended = {**start, "outcome": "ok", "tokens_in": 5}
+    assert [e["outcome"] for e in taskrecords.merge([raw("a", "model", [start, ended])])] == ["ok"]

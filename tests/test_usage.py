@@ -76,3 +76,15 @@ def test_usage_shows_estimated_tokens_as_such_and_counts_failed_calls(tmp_path):
     assert "~1,300 tokens in" in text and "~40 out" in text
     assert "~ estimated: 1 calls (1,230 tokens)" in text and "4 characters a token" in text
     assert "~1,200" in text, "the task's row marks its estimated figures"
+
+
+def test_a_started_call_counts_once_and_as_interrupted_only_when_it_never_ended():
+    ok = {"call": "c1", "outcome": "ok", "task": "t", "provider": "p", "model": "m", "tokens_in": 100,
+          "tokens_out": 10, "cost_usd": 0.0}
+    # b's c1 is another call than a's c1: ids are per agent log
+    records = [("a", {"call": "c1", "outcome": "started", "task": "t", "prompt_estimate": 90}), ("a", ok),
+               ("a", {"call": "c2", "outcome": "started", "task": "t", "prompt_estimate": 80}),
+               ("b", {"call": "c1", "outcome": "started", "task": "t", "prompt_estimate": "lots"})]
+    total = summarize(records)["total"]
+    assert (total["calls"], total["failed_calls"], total["estimated_calls"]) == (3, 2, 2)
+    assert (total["tokens_in"], total["tokens_estimated"], total["tokens_out"]) == (180, 80, 10)
