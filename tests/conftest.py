@@ -122,6 +122,17 @@ def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval:
         time.sleep(interval)
 
 
+def stop_process(proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """SIGTERM a process still running, SIGKILL it if it has not exited within `timeout`, and reap it."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def gone(pid: int) -> bool:
     """True once `pid` has exited: an orphan reparented to this subreaper stays a zombie until the
     session's cleanup reaps it, and a zombie runs nothing."""
@@ -158,13 +169,7 @@ def up(tmp_path: Path) -> Iterator[Callable[[Path], subprocess.Popen[str]]]:
 
     yield start
     for proc, log in procs:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
         log.close()
     for ws in workspaces:
         sweep(ws, ws / "runs", 0)

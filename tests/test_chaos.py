@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from hermes_sup.kanban import Board
 
-from .conftest import CLI, gone, wait_until
+from .conftest import CLI, gone, stop_process, wait_until
 from .llm_server import ScriptedLLM, openai_reply
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(400)]
@@ -213,13 +213,8 @@ class Team:
         return pids
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_process(self.proc)
         self.log.close()
 
 

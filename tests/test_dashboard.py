@@ -21,7 +21,7 @@ from hermes_sup.supervisor.dashboard import security, sse
 from hermes_sup.supervisor.dashboard.app import Server, Settings
 from hermes_sup.supervisor.workspace import find_workspace
 
-from .conftest import CLI, ROOT, gone, supervisor_state, wait_until
+from .conftest import CLI, ROOT, gone, stop_process, supervisor_state, wait_until
 
 CHROMIUM = Path(os.environ.get("HERMES_SUP_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -507,12 +507,7 @@ def team(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]
             wait_until(lambda: agents() and all(a["state"] == "running" for a in agents().values()), timeout=60)
             yield ws, str(url)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
             sweep(ws, ws / "runs", 0)
 
 

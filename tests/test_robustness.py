@@ -24,7 +24,7 @@ import psutil
 import pytest
 from hermes_sup.kanban import Board
 
-from .conftest import CLI, gone, wait_until
+from .conftest import CLI, gone, stop_process, wait_until
 from .test_supervisor import FAKE, ROOT, agent, hermes, make_ws, state
 
 NOBODY = 65534
@@ -72,12 +72,7 @@ def launch(tmp_path: Path) -> Iterator[Callable[..., Up]]:
         if up.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(up.proc.pid, signal.SIGCONT)
-            up.proc.terminate()
-            try:
-                up.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                up.proc.kill()
-                up.proc.wait()
+            stop_process(up.proc)
 
 
 def control_path(ws: Path) -> Path:

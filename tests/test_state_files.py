@@ -18,7 +18,7 @@ import pytest
 from hermes_sup.supervisor.cliargs import sane_children
 from hermes_sup.supervisor.statefile import STATE_MAX, read_state
 
-from .conftest import CLI, gone, wait_until
+from .conftest import CLI, gone, stop_process, wait_until
 from .test_supervisor import FAKE, ROOT, make_ws
 
 BEAT = f"command: [{sys.executable}, {FAKE}, beat]"
@@ -183,13 +183,7 @@ def up(tmp_path: Path) -> Iterator[Callable[[Path], subprocess.Popen[bytes]]]:
 
     yield start
     for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
 
 
 @pytest.mark.parametrize("kind", sorted(HOSTILE))
