@@ -193,3 +193,44 @@ def test_a_connection_the_server_ended_is_made_again_and_the_reservation_made_on
         assert sorted(amount for amount, _settled in held(database)) == [0.25, 0.25], "each hold once"
     finally:
         ledger.close()
+
+
+def test_prune_keeps_the_ledger_on_either_board(tmp_path, database, monkeypatch):
+    """What finished tasks spent stays spent after `prune` removed their files: a total cap counts
+    it for good, on the file board (runs/budget.jsonl) as in the database."""
+    monkeypatch.setenv(DSN_ENV, database)
+    for board in ("files", "postgres"):
+        ws = tmp_path / board
+        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT, timeout=120)
+        section = {"backend": "files"} if board == "files" else {"backend": "postgres", "dsn_env": DSN_ENV}
+        yaml = "budgets:\n  team: {total: 1.0}\nagents:\n  - name: worker\n" + (
+            f"board: {{backend: postgres, dsn_env: {DSN_ENV}}}\n" if board == "postgres" else "")
+        (ws / "hermes.yaml").write_text(yaml)
+        store = open_board_for(ws, section)
+        try:
+            task = store.add({"title": "spent"})["id"]
+            claimed = store.claim("worker")
+            assert claimed is not None and claimed["id"] == task
+            ledger = open_ledger(ws, section)
+            try:
+                hold = ledger.reserve(agent="worker", task=task, amount=0.5, check=lambda entries: None)
+                ledger.settle(hold, 0.25)
+            finally:
+                ledger.close()
+            (ws / "runs" / "tasks" / task).mkdir(parents=True)  # what prune is for: the task's files
+            store.complete(task, claimed["claim"]["token"], {"answer": "ok"})
+        finally:
+            store.close()
+        pruned = cli(ws, "prune", "--older-than", "0s", "--json")
+        assert pruned.returncode == 0 and task in pruned.stdout, (pruned.stdout, pruned.stderr)
+        assert not (ws / "runs" / "tasks" / task).exists()
+        assert [e.amount for e in read_spend(ws, section)] == [0.25], board
+        usage = json.loads(cli(ws, "usage", "--json").stdout)
+        assert usage["budgets"] == [{"scope": "team", "cap": "total", "limit": 1.0, "spent": 0.25,
+                                     "left": 0.75}], (board, usage)
+
+
+def open_board_for(ws: Path, section: dict):
+    from hermes_sup.kanban.backends import open_board
+
+    return open_board(ws, section, host="tester")
