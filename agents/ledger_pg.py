@@ -100,9 +100,14 @@ class PgLedger:
         raise AssertionError("unreachable")  # the loop returns or raises
 
     def _rows(self, conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
+        """Every open hold, and the settled spend summed per agent, task and day: the caps need no
+        more, and a reservation reads a row per task a day, not one per call ever made (the table
+        grows with every call and is kept: a total cap counts it for good)."""
         return conn.execute(
             f"SELECT id, agent, task, day, amount, settled, host, pid, started, "
-            f"extract(epoch FROM now() - at) FROM {self._holds}").fetchall()
+            f"extract(epoch FROM now() - at) FROM {self._holds} WHERE NOT settled "
+            f"UNION ALL SELECT NULL, agent, task, day, sum(amount), true, NULL, NULL, NULL, 0 "
+            f"FROM {self._holds} WHERE settled GROUP BY agent, task, day").fetchall()
 
     def _gone(self, row: tuple[Any, ...]) -> bool:
         _id, _agent, _task, _day, _amount, settled, host, pid, started, age = row

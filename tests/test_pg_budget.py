@@ -234,3 +234,22 @@ def open_board_for(ws: Path, section: dict):
     from hermes_sup.kanban.backends import open_board
 
     return open_board(ws, section, host="tester")
+
+
+def test_a_reservation_reads_settled_spend_summed_not_every_call_ever_made(tmp_path, database):
+    """The ledger is kept for good and grows with every call; under the table lock all hosts wait
+    on, a reservation reads one row per agent, task and day of settled spend, and each open hold."""
+    ledger = open_ledger(tmp_path, {"backend": "postgres", "dsn_env": DSN_ENV}, host="box-a",
+                         environ={DSN_ENV: database})
+    try:
+        for task in ("t1", "t2"):
+            for _ in range(30):
+                ledger.settle(ledger.reserve(agent="w", task=task, amount=0.5, check=lambda entries: None), 0.01)
+        still = ledger.reserve(agent="w", task="t1", amount=0.5, check=lambda entries: None)
+        seen: list = []
+        ledger.reserve(agent="w", task="t3", amount=0.5, check=lambda entries: seen.extend(entries))
+        assert sorted((e.task, round(e.amount, 8)) for e in seen) == [("t1", 0.3), ("t1", 0.5), ("t2", 0.3)]
+        assert round(sum(e.amount for e in ledger.entries()), 8) == 1.6
+        ledger.release(still)
+    finally:
+        ledger.close()
