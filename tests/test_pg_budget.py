@@ -253,3 +253,25 @@ def test_a_reservation_reads_settled_spend_summed_not_every_call_ever_made(tmp_p
         ledger.release(still)
     finally:
         ledger.close()
+
+
+def test_an_agent_waiting_on_a_cap_keeps_waiting_when_the_ledger_cannot_be_read(tmp_path):
+    """A cap was reached and the ledger's database went away: the agent's loop looks again (it
+    does every few seconds) and keeps LLM tasks waiting, saying why, instead of dying on the error."""
+    from hermes_sup.agents.worker import BUDGET_UNKNOWN, OFFLINE_RECHECK, Agent
+    from hermes_sup.kanban.why import BUDGET_REACHED
+
+    llm = {"providers": {"p": {"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1", "api_key": "k"}},
+           "tiers": {"standard": ["p"], "cheap": ["p"], "premium": ["p"]},
+           "prices": {"m": {"input": 0, "output": 1000}}, "budgets": {"team": {"total": 0.35}}}
+    agent = Agent({"name": "w", "llm": llm, "tier": "standard"}, tmp_path, tmp_path / "runs" / "w")
+    try:
+        gone = f"host={tmp_path} port=1 dbname=x user=u password={PASSWORD}"  # no server listens there
+        agent.ledger = open_ledger(tmp_path, {"backend": "postgres", "dsn_env": DSN_ENV}, environ={DSN_ENV: gone})
+        agent._budget_wait = (agent.gate(None), CALL)
+        reason, wait = agent._waiting_reason()
+        assert reason.startswith(f"{BUDGET_UNKNOWN} (the budget ledger's database (${DSN_ENV}) failed")
+        assert reason.startswith(BUDGET_REACHED) and PASSWORD not in reason and wait == OFFLINE_RECHECK
+        assert agent._budget_wait is not None, "it looks again later"
+    finally:
+        agent.board.close()
