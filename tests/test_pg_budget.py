@@ -275,3 +275,18 @@ def test_an_agent_waiting_on_a_cap_keeps_waiting_when_the_ledger_cannot_be_read(
         assert agent._budget_wait is not None, "it looks again later"
     finally:
         agent.board.close()
+
+
+def test_usage_says_why_it_cannot_show_budgets_kept_in_a_database_it_cannot_reach(tmp_path, monkeypatch):
+    """Not a silent $0 from a runs/ the agents never wrote: the spend is in the board's database."""
+    monkeypatch.delenv(DSN_ENV, raising=False)
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT, timeout=120)
+    (ws / "hermes.yaml").write_text("budgets:\n  team: {total: 1.0}\nagents:\n  - name: worker\n"
+                                    f"board: {{backend: postgres, dsn_env: {DSN_ENV}}}\n")
+    shown = cli(ws, "usage", "--json")
+    assert shown.returncode == 0, shown.stderr
+    usage = json.loads(shown.stdout)
+    assert usage["budgets"] == [] and usage["notes"] == [
+        f"budgets not shown: the board is on PostgreSQL, but ${DSN_ENV} is not set: the budget ledger is in "
+        "the board's database"], usage
