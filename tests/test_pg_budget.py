@@ -113,6 +113,8 @@ def test_two_hosts_share_one_budget_on_postgres_and_reload_resumes_them(database
         wait_until(lambda: [d["status"] for d in docs()] == ["done"] * 6, timeout=180, interval=0.2)
         assert len(llm.requests) == 6
         assert sum(amount for amount, _settled in held(database)) == pytest.approx(0.6)
+        with psycopg.connect(database) as conn:  # each hold under its host's name, as hermes.yaml gives it
+            assert {host for (host,) in conn.execute("SELECT host FROM hermes_sup.budget_holds")} <= {"box-a", "box-b"}
     store.close()
     events = [json.loads(line) for line in cli(hosts[1], "events", "--json").stdout.splitlines()]
     reached = [e for e in events if e.get("event") == "budget_reached"]
