@@ -207,7 +207,7 @@ def _open_postgres(workspace: Path, section: Mapping[str, Any], host: str | None
     # The same schema and host name as the board's (kanban/pg open_store): a host judges the
     # liveness of its own holds only.
     return PgLedger(dsn, schema=str(section.get("schema") or "hermes_sup"), host=host or HOST,
-                    dsn_env=f"${dsn_env}")
+                    dsn_env=f"${dsn_env}", host_timeout=float(section["host_timeout"]))
 
 
 # The ledger of each board backend, by the backend's name (kanban/backends.py): the ledger lives

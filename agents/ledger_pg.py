@@ -3,11 +3,15 @@ board there: a table of holds, the check against the caps and the insert in one 
 holds the table's lock, so agents on every host reserve one at a time and never both take the
 last dollar.
 
-A hold whose process died on this host is deleted by the next reservation made here; a hold of
-another host is trusted until it is older than STALE_HOLD by the database's clock (no call runs that
-long), since no host can see another's processes. The connection is made at first use and made
-again when the server ended it (a restart): a database that is gone fails the one call, never the
-agent. Errors never carry the DSN or its password.
+A hold whose process died on this host is deleted by the next reservation made here. No host can
+see another's processes: a hold of another host is deleted once the board's `hosts` row says that
+host is gone (silent for host_timeout, or booted since the hold was made, by the database's clock,
+as the board takes its tasks back), or else once it is older than STALE_HOLD (no call runs that
+long). A call whose hold was deleted meanwhile still settles: its real cost is written all the same.
+
+The connection is made at first use and made again when the server ended it (a restart): a
+database that is gone fails the one call, never the agent. Errors never carry the DSN or its
+password.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from hermes_sup.kanban.liveness import HOST, holder_alive, start_time
+from hermes_sup.kanban.pg import boot_id
 from hermes_sup.kanban.pg.schema import check_schema_name
 from hermes_sup.kanban.pg.store import redact_dsn
 
@@ -35,10 +40,13 @@ _T = TypeVar("_T")
 
 class PgLedger:
     def __init__(self, dsn: str, *, schema: str = "hermes_sup", host: str = HOST, dsn_env: str = "the DSN",
-                 clock: Callable[[], float] = time.time,
+                 host_timeout: float = 30.0, boot: str | None = None, clock: Callable[[], float] = time.time,
                  alive: Callable[[int, float | None, str | None], bool | None] = holder_alive) -> None:
         self.schema = check_schema_name(schema)
         self.host, self.clock, self.alive = host, clock, alive
+        self.host_timeout = float(host_timeout)
+        self.boot = boot_id() if boot is None else boot
+        self._hosts: str | None = None  # the board's hosts table, once seen (a ledger may have no board)
         self.pid = os.getpid()
         self.started = start_time(self.pid)
         self._dsn, self._dsn_env = dsn, dsn_env
@@ -64,7 +72,11 @@ class PgLedger:
                          "task text NOT NULL, day text NOT NULL, amount double precision NOT NULL, "
                          "settled boolean NOT NULL DEFAULT false, host text NOT NULL, pid integer, "
                          "started double precision, at timestamptz NOT NULL DEFAULT now())")
+            conn.execute(f"ALTER TABLE {self._holds} ADD COLUMN IF NOT EXISTS boot text")
             conn.execute(f"CREATE TABLE IF NOT EXISTS {self._said} (key text PRIMARY KEY)")
+            hosts = f'"{self.schema}".hosts'
+            found = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (hosts,)).fetchone()
+            self._hosts = hosts if found and found[0] else None
 
     def _open(self) -> psycopg.Connection[Any]:
         """The ledger's connection, made (and its tables) if there is none or the old one broke."""
@@ -103,18 +115,22 @@ class PgLedger:
         """Every open hold, and the settled spend summed per agent, task and day: the caps need no
         more, and a reservation reads a row per task a day, not one per call ever made (the table
         grows with every call and is kept: a total cap counts it for good)."""
+        # A host is gone by the board's own test (kanban/pg/sql.py STALE): silent, or a new boot.
+        host_gone = (f"COALESCE((SELECT h.heartbeat < now() - make_interval(secs => %(timeout)s::float8) "
+                     f"OR h.boot_id IS DISTINCT FROM b.boot FROM {self._hosts} h WHERE h.host_id = b.host), false)"
+                     if self._hosts else "false")
         return conn.execute(
             f"SELECT id, agent, task, day, amount, settled, host, pid, started, "
-            f"extract(epoch FROM now() - at) FROM {self._holds} WHERE NOT settled "
-            f"UNION ALL SELECT NULL, agent, task, day, sum(amount), true, NULL, NULL, NULL, 0 "
-            f"FROM {self._holds} WHERE settled GROUP BY agent, task, day").fetchall()
+            f"extract(epoch FROM now() - at), {host_gone} FROM {self._holds} b WHERE NOT settled "
+            f"UNION ALL SELECT NULL, agent, task, day, sum(amount), true, NULL, NULL, NULL, 0, false "
+            f"FROM {self._holds} WHERE settled GROUP BY agent, task, day", {"timeout": self.host_timeout}).fetchall()
 
     def _gone(self, row: tuple[Any, ...]) -> bool:
-        _id, _agent, _task, _day, _amount, settled, host, pid, started, age = row
+        _id, _agent, _task, _day, _amount, settled, host, pid, started, age, host_gone = row
         if settled:
             return False
         if host != self.host:
-            return float(age) > STALE_HOLD
+            return bool(host_gone) or float(age) > STALE_HOLD
         return isinstance(pid, int) and self.alive(pid, started, None) is False
 
     def reserve(self, *, agent: str, task: str, amount: float,
@@ -137,19 +153,31 @@ class PgLedger:
                 # (a second hold), and the caller makes no call; one that did commit counts high
                 # until this process ends, never low.
                 sent[0] = True
-                conn.execute(f"INSERT INTO {self._holds} (id, agent, task, day, amount, host, pid, started) "
-                             "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                conn.execute(f"INSERT INTO {self._holds} (id, agent, task, day, amount, host, pid, started, boot) "
+                             "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                              (hold.id, agent, task, utc_day(self.clock()), amount, self.host, self.pid,
-                              self.started))
+                              self.started, self.boot))
                 return hold
 
         return self._run(work)
 
     def settle(self, hold: Hold, amount: float) -> None:
-        # Done twice it is done once: only an unsettled hold is settled.
-        self._run(lambda conn, sent: conn.execute(
-            f"UPDATE {self._holds} SET amount = %s, settled = true WHERE id = %s AND NOT settled",
-            (max(0.0, amount), hold.id)))
+        """The hold becomes the call's real cost; a hold another host took for abandoned (this host
+        silent meanwhile) is written again, settled: money spent is never dropped. Done twice it is
+        done once."""
+        def work(conn: psycopg.Connection[Any], sent: list[bool]) -> None:
+            with conn.transaction():
+                cost = max(0.0, amount)
+                cur = conn.execute(f"UPDATE {self._holds} SET amount = %s, settled = true WHERE id = %s "
+                                   "AND NOT settled", (cost, hold.id))
+                if cur.rowcount == 0:
+                    conn.execute(f"INSERT INTO {self._holds} (id, agent, task, day, amount, settled, host, pid, "
+                                 "started, boot) VALUES (%s, %s, %s, %s, %s, true, %s, %s, %s, %s) "
+                                 "ON CONFLICT (id) DO NOTHING",
+                                 (hold.id, hold.agent, hold.task, utc_day(self.clock()), cost, self.host, self.pid,
+                                  self.started, self.boot))
+
+        self._run(work)
 
     def release(self, hold: Hold) -> None:
         self._run(lambda conn, sent: conn.execute(f"DELETE FROM {self._holds} WHERE id = %s AND NOT settled",

@@ -292,3 +292,38 @@ def test_usage_says_why_it_cannot_show_budgets_kept_in_a_database_it_cannot_reac
     assert usage["budgets"] == [] and usage["notes"] == [
         f"budgets not shown: the board is on PostgreSQL, but ${DSN_ENV} is not set: the budget ledger is in "
         "the board's database"], usage
+
+
+def test_a_gone_hosts_holds_are_freed_as_the_board_frees_its_tasks_and_its_late_settlement_still_counts(
+        tmp_path, database):
+    """A host that falls silent (or boots again) takes its reservations with it once the board's
+    hosts row says so, not an hour later; should its call still end, the real cost is written."""
+    from hermes_sup.kanban.pg import boot_id
+
+    environ = {DSN_ENV: database}
+    board = {"backend": "postgres", "dsn_env": DSN_ENV, "host_timeout": 30}
+    open_store({"dsn_env": DSN_ENV}, host="tester", environ=environ).close()  # the board's tables, hosts too
+    caps = Caps(team_total=1.0)
+
+    def check(entries):
+        return decide(entries, caps, agent="w", task="t", task_limit=None, worst=0.4, now=0.0)
+
+    ledgers = {name: open_ledger(tmp_path, board, host=name, environ=environ)
+               for name in ("box-silent", "box-rebooted", "box-alive", "box-a")}
+    try:
+        with psycopg.connect(database, autocommit=True) as conn:
+            conn.execute("INSERT INTO hermes_sup.hosts (host_id, boot_id, heartbeat) VALUES "
+                         "('box-silent', %(boot)s, now() - interval '31 seconds'), ('box-rebooted', 'another boot', "
+                         "now()), ('box-alive', %(boot)s, now())", {"boot": boot_id()})
+        holds = {name: ledgers[name].reserve(agent="w", task="t", amount=0.3, check=lambda entries: None)
+                 for name in ("box-silent", "box-rebooted", "box-alive")}
+        # Of the 0.9 reserved, box-alive's 0.3 stands: 0.3 + 0.4 fits under 1.0.
+        mine = ledgers["box-a"].reserve(agent="w", task="t", amount=0.4, check=check)
+        assert hasattr(mine, "id"), mine
+        assert sorted(round(e.amount, 8) for e in ledgers["box-a"].entries()) == [0.3, 0.4]
+        ledgers["box-silent"].settle(holds["box-silent"], 0.2)  # its call ended after all: spent is spent
+        ledgers["box-silent"].settle(holds["box-silent"], 0.2)  # and settling twice counts once
+        assert sorted(round(e.amount, 8) for e in ledgers["box-a"].entries()) == [0.2, 0.3, 0.4]
+    finally:
+        for ledger in ledgers.values():
+            ledger.close()
