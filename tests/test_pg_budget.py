@@ -65,57 +65,60 @@ def test_two_hosts_share_one_budget_on_postgres_and_reload_resumes_them(database
         return openai_reply("done it", completion=100, model="m")  # exactly the worst case
 
     store = open_store({"dsn_env": DSN_ENV}, host="tester")
-    with ScriptedLLM(responder=answer) as llm:
-        hosts = []
-        for name in ("box-a", "box-b"):
-            ws = tmp_path / name
-            subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT, timeout=120)
-            (ws / "hermes.yaml").write_text(host_yaml(llm.url, 0.35, name))  # three calls fit, not four
-            hosts.append(ws)
-        tasks = [store.add({"title": f"task {n}"})["id"] for n in range(6)]
-        for ws in hosts:
-            up(ws)  # four agents in all, two a host, each free to claim any task
+    try:
+        with ScriptedLLM(responder=answer) as llm:
+            hosts = []
+            for name in ("box-a", "box-b"):
+                ws = tmp_path / name
+                subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT, timeout=120)
+                (ws / "hermes.yaml").write_text(host_yaml(llm.url, 0.35, name))  # three calls fit, not four
+                hosts.append(ws)
+            tasks = [store.add({"title": f"task {n}"})["id"] for n in range(6)]
+            for ws in hosts:
+                up(ws)  # four agents in all, two a host, each free to claim any task
 
-        # Three calls fit under the cap; a fourth agent's call would pass it. Held until three were
-        # sent (a shared ledger sends no fourth), the answers then settle them all.
-        wait_until(lambda: len(llm.requests) >= 3, timeout=90, interval=0.05)
-        gate.set()
+            # Three calls fit under the cap; a fourth agent's call would pass it. Held until three were
+            # sent (a shared ledger sends no fourth), the answers then settle them all.
+            wait_until(lambda: len(llm.requests) >= 3, timeout=90, interval=0.05)
+            gate.set()
 
-        def docs() -> list[dict]:
-            return [store.get(task) for task in tasks]
+            def docs() -> list[dict]:
+                return [store.get(task) for task in tasks]
 
-        def quiet() -> bool:  # each task done, or in todo with the agents' budget note on it
-            return all(d["status"] == "done" or (d["status"] == "todo" and str(d.get("waiting") or "").startswith(
-                "budget reached")) for d in docs())
+            def quiet() -> bool:  # each task done, or in todo with the agents' budget note on it
+                return all(d["status"] == "done" or (d["status"] == "todo" and str(d.get("waiting") or "").startswith(
+                    "budget reached")) for d in docs())
 
-        wait_until(quiet, timeout=120, interval=0.2)
-        assert sorted(d["status"] for d in docs()) == ["done"] * 3 + ["todo"] * 3, \
-            "each host spent the cap on its own: a ledger per host"
-        assert len(llm.requests) == 3, "no call past the cap was sent, from either host"
-        rows = held(database)
-        assert sorted(rows) == [(pytest.approx(CALL), True)] * 3, rows
-        waiting = [d for d in docs() if d["status"] == "todo"]
-        assert all(d["attempts"] == 0 for d in waiting), "a cap reached spends no attempt"
-        assert waiting[0]["waiting"] == "budget reached: team total $0.35 until the cap is raised"
+            wait_until(quiet, timeout=120, interval=0.2)
+            assert sorted(d["status"] for d in docs()) == ["done"] * 3 + ["todo"] * 3, \
+                "each host spent the cap on its own: a ledger per host"
+            assert len(llm.requests) == 3, "no call past the cap was sent, from either host"
+            rows = held(database)
+            assert sorted(rows) == [(pytest.approx(CALL), True)] * 3, rows
+            waiting = [d for d in docs() if d["status"] == "todo"]
+            assert all(d["attempts"] == 0 for d in waiting), "a cap reached spends no attempt"
+            assert waiting[0]["waiting"] == "budget reached: team total $0.35 until the cap is raised"
 
-        for ws in hosts:  # either host tells the whole team's spend and why the rest waits
-            shown = json.loads(cli(ws, "task", "show", waiting[0]["id"], "--json").stdout)
-            assert (shown["waiting_kind"], shown["waiting"]) == (
-                "budget", "budget reached: team total $0.35 until the cap is raised"), shown
-            usage = json.loads(cli(ws, "usage", "--json").stdout)
-            assert usage["budgets"] == [{"scope": "team", "cap": "total", "limit": 0.35,
-                                         "spent": pytest.approx(0.3), "left": pytest.approx(0.05)}], usage
+            for ws in hosts:  # either host tells the whole team's spend and why the rest waits
+                shown = json.loads(cli(ws, "task", "show", waiting[0]["id"], "--json").stdout)
+                assert (shown["waiting_kind"], shown["waiting"]) == (
+                    "budget", "budget reached: team total $0.35 until the cap is raised"), shown
+                usage = json.loads(cli(ws, "usage", "--json").stdout)
+                assert usage["budgets"] == [{"scope": "team", "cap": "total", "limit": 0.35,
+                                             "spent": pytest.approx(0.3), "left": pytest.approx(0.05)}], usage
 
-        for ws in hosts:
-            (ws / "hermes.yaml").write_text(host_yaml(llm.url, 1.0, ws.name))
-            reloaded = cli(ws, "reload")
-            assert reloaded.returncode == 0, reloaded.stderr
-        wait_until(lambda: [d["status"] for d in docs()] == ["done"] * 6, timeout=180, interval=0.2)
-        assert len(llm.requests) == 6
-        assert sum(amount for amount, _settled in held(database)) == pytest.approx(0.6)
-        with psycopg.connect(database) as conn:  # each hold under its host's name, as hermes.yaml gives it
-            assert {host for (host,) in conn.execute("SELECT host FROM hermes_sup.budget_holds")} <= {"box-a", "box-b"}
-    store.close()
+            for ws in hosts:
+                (ws / "hermes.yaml").write_text(host_yaml(llm.url, 1.0, ws.name))
+                reloaded = cli(ws, "reload")
+                assert reloaded.returncode == 0, reloaded.stderr
+            wait_until(lambda: [d["status"] for d in docs()] == ["done"] * 6, timeout=180, interval=0.2)
+            assert len(llm.requests) == 6
+            assert sum(amount for amount, _settled in held(database)) == pytest.approx(0.6)
+            with psycopg.connect(database) as conn:  # each hold under its host's name, as hermes.yaml gives it
+                named = {host for (host,) in conn.execute("SELECT host FROM hermes_sup.budget_holds")}
+            assert named <= {"box-a", "box-b"}, named
+    finally:
+        store.close()
     events = [json.loads(line) for line in cli(hosts[1], "events", "--json").stdout.splitlines()]
     reached = [e for e in events if e.get("event") == "budget_reached"]
     assert len(reached) == 1, reached  # said once for the team, not once a host
