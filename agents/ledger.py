@@ -3,9 +3,10 @@ workspace, and the gate each call passes through (reserve the worst case, call, 
 
 `Ledger` is the storage-agnostic interface. FileLedger keeps it as an append-only JSONL file in
 runs/ under one cross-process lock (filelock on runs/budget.lock): the check against the caps and
-the reservation are made under that lock, so two agents can never both take the last dollar. A
-PostgreSQL ledger is one class with the same methods: a table of holds, the sum and the insert in
-one transaction under a table lock (or SERIALIZABLE).
+the reservation are made under that lock, so two agents can never both take the last dollar. The
+PostgreSQL ledger (agents/ledger_pg.py) has the same methods over a table in the board's database.
+`open_ledger` picks the one that follows the board: a ledger shared by fewer agents than the board
+would let each host spend the whole cap.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from filelock import FileLock
-from hermes_sup.kanban.liveness import holder_alive, start_time
+from hermes_sup.kanban.backends import DEFAULT_BACKEND, check_board_config
+from hermes_sup.kanban.liveness import HOST, holder_alive, start_time
 
 from .budget import Caps, Entry, Refusal, decide, price, utc_day, worst_cost
 
@@ -39,6 +41,11 @@ class Hold:
     amount: float  # the worst case reserved
 
 
+class LedgerError(Exception):
+    """The budget ledger cannot be opened or answered (a database gone, its DSN variable unset); the
+    message names no secret."""
+
+
 class Ledger(Protocol):
     def reserve(self, *, agent: str, task: str, amount: float,
                 check: Callable[[list[Entry]], Refusal | None]) -> Hold | Refusal: ...
@@ -50,6 +57,8 @@ class Ledger(Protocol):
     def entries(self) -> list[Entry]: ...
 
     def first_time(self, key: str) -> bool: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -173,6 +182,71 @@ class FileLedger:
                 return False
             self._append({"op": "said", "key": key})
             return True
+
+    def close(self) -> None:
+        """Nothing held open: each write opens and closes the file."""
+
+
+def _open_files(workspace: Path, section: Mapping[str, Any], host: str | None,
+                environ: Mapping[str, str]) -> Ledger:
+    return FileLedger(workspace / "runs")
+
+
+def _open_postgres(workspace: Path, section: Mapping[str, Any], host: str | None,
+                   environ: Mapping[str, str]) -> Ledger:
+    dsn_env = str(section["dsn_env"])
+    dsn = environ.get(dsn_env)
+    if not dsn:
+        raise LedgerError(f"the board is on PostgreSQL, but ${dsn_env} is not set: the budget ledger is in "
+                          "the board's database")
+    try:
+        from .ledger_pg import PgLedger
+    except ImportError:
+        raise LedgerError("the budget ledger on a PostgreSQL board needs psycopg 3: "
+                          "pip install 'hermes-sup[postgres]'") from None
+    # The same schema and host name as the board's (kanban/pg open_store): a host judges the
+    # liveness of its own holds only.
+    return PgLedger(dsn, schema=str(section.get("schema") or "hermes_sup"), host=host or HOST,
+                    dsn_env=f"${dsn_env}", host_timeout=float(section["host_timeout"]))
+
+
+# The ledger of each board backend, by the backend's name (kanban/backends.py): the ledger lives
+# where the board does, so every agent that can claim a task reserves against the same spend.
+LEDGERS: dict[str, Callable[[Path, Mapping[str, Any], str | None, Mapping[str, str]], Ledger]] = {
+    DEFAULT_BACKEND: _open_files, "postgres": _open_postgres}
+
+
+def _section(board: Mapping[str, Any] | None) -> dict[str, Any]:
+    try:
+        return check_board_config(board)
+    except Exception as exc:  # BoardConfigError: the board's own words
+        raise LedgerError(str(exc)) from None
+
+
+def open_ledger(workspace: Path, board: Mapping[str, Any] | None = None, *, host: str | None = None,
+                environ: Mapping[str, str] | None = None) -> Ledger:
+    """The budget ledger of the workspace's board (hermes.yaml `board:`, `host:`): runs/budget.jsonl
+    for the file board, the board's database for PostgreSQL (DSN from `dsn_env`, never printed).
+    Raises LedgerError for a backend with no ledger or one that cannot be reached."""
+    section = _section(board)
+    opener = LEDGERS.get(section["backend"])
+    if opener is None:
+        raise LedgerError(f"board backend '{section['backend']}' keeps no budget ledger: budgets cannot be "
+                          "enforced across the hosts sharing it")
+    return opener(workspace, section, host, os.environ if environ is None else environ)
+
+
+def read_spend(workspace: Path, board: Mapping[str, Any] | None = None, *, host: str | None = None,
+               environ: Mapping[str, str] | None = None) -> list[Entry]:
+    """Settled and still reserved spend in the board's ledger, for readers (`usage`, the dashboard):
+    the file ledger is read without its lock and never written. Raises LedgerError."""
+    if _section(board)["backend"] == DEFAULT_BACKEND:
+        return read_entries(workspace / "runs")
+    ledger = open_ledger(workspace, board, host=host, environ=environ)
+    try:
+        return ledger.entries()
+    finally:
+        ledger.close()
 
 
 class BudgetReached(Exception):

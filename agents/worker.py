@@ -34,7 +34,7 @@ from .cascade import Cascade, cascade_policy, cascades
 from .delegation import Delegator, watch_parent
 from .journal import Journal
 from .keys import ENV_FILE, KeyFile, key_names
-from .ledger import BudgetGate, BudgetReached, FileLedger
+from .ledger import BudgetGate, BudgetReached, Ledger, open_ledger
 from .logline import say, short
 from .loop import TaskLoop, ToolUse, interruptible, llm_record
 from .memory import Memories
@@ -67,6 +67,8 @@ WORKSPACE_ENV = "HERMES_SUP_WORKSPACE"
 # plus the moment a tool or a model call takes to notice.
 CLAIM_CHECK = 0.15
 CLAIM_LOOKS = 2
+# Why LLM tasks wait while a cap was reached and the ledger cannot say whether it still is.
+BUDGET_UNKNOWN = "budget reached: the budget ledger cannot be read, so LLM tasks wait"
 
 
 def claim_gone(doc: dict[str, Any] | None, token: int) -> str | None:
@@ -115,11 +117,13 @@ class Agent:
         # Until when LLM tasks are left in todo because every provider refused its connections
         # (epoch seconds), and the reason they show meanwhile.
         self._paused: tuple[float, str] | None = None
-        # Hard budgets: every agent of the workspace reserves against one ledger in runs/. While a team
-        # or agent cap is reached, LLM tasks stay in todo; `_budget_wait` holds the gate and the refused
-        # call's worst case to look again with (another agent's reservation settling lower frees room).
+        # Hard budgets: every agent that can claim the board's tasks reserves against one ledger, the
+        # board's (runs/ for the file board, its database for PostgreSQL, shared by every host). While
+        # a team or agent cap is reached, LLM tasks stay in todo; `_budget_wait` holds the gate and the
+        # refused call's worst case to look again with (a reservation settling lower frees room).
         self.caps = caps_from(self.llm.get("budgets"))
-        self.ledger = FileLedger(workspace / "runs") if self.caps.any() else None
+        self.ledger: Ledger | None = open_ledger(workspace, config.get("board"), host=config.get("host")) \
+            if self.caps.any() else None
         self._budget_wait: tuple[BudgetGate, float] | None = None
         self._auto: tuple[float, ProviderConfig | None] | None = None
         self._auto_said: list[str] = []
@@ -443,7 +447,10 @@ class Agent:
             self._paused = None
         if self._budget_wait is not None:
             gate, worst = self._budget_wait
-            refusal = gate.blocked(worst)
+            try:
+                refusal = gate.blocked(worst)
+            except Exception as exc:  # a ledger database gone: still waiting, and saying why
+                return f"{BUDGET_UNKNOWN} ({short(str(exc))})", OFFLINE_RECHECK
             if refusal is not None:
                 return refusal.text(), OFFLINE_RECHECK
             self._budget_wait = None
@@ -596,6 +603,8 @@ class Agent:
         self.write_state("stopped")
         self.notifier.send(STOPPING=1)
         say(self.name, f"stopped ({self.why_stopping})")
+        if self.ledger is not None:
+            self.ledger.close()
         self.board.close()
         return 0
 

@@ -22,6 +22,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 import psutil
+from hermes_sup.agents.ledger import LedgerError
 from hermes_sup.kanban import BoardError, BoardStore, TaskError
 from hermes_sup.kanban.fsio import read_complete_lines
 from hermes_sup.kanban.liveness import holder_alive
@@ -662,8 +663,10 @@ def usage(ctx: click.Context, as_json: bool) -> None:
     records, notes = read_logs(ws.runs_path)
     summary = summarize(records)
     try:
-        budgets = budget_standing(ws.runs_path, load_config(ws.config_path).get("budgets"), time.time())
-    except ConfigError as exc:
+        config = load_config(ws.config_path)
+        budgets = budget_standing(ws.runs_path, config.get("budgets"), time.time(), board=config.get("board"),
+                                  host=config.get("host")) if config.get("budgets") else []
+    except (ConfigError, LedgerError) as exc:
         budgets = []
         notes.append(f"budgets not shown: {exc}")
     if as_json:

@@ -3,7 +3,8 @@ agent's LLM-call log (runs/<agent>/llm_calls.jsonl). Calls of a model missing fr
 are counted as unpriced, never as free. Every call is logged, failed ones too (counted, with no
 tokens); a call whose server reported no usage carries tokens estimated at 4 characters a token,
 marked `estimated`, and the figures they are part of are shown as estimates. Spend against the caps
-of `budgets:` comes from the budget ledger (runs/budget.jsonl)."""
+of `budgets:` comes from the board's budget ledger (runs/budget.jsonl, or the board's database on
+PostgreSQL, where every host's agents reserve)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 
 from hermes_sup.agents.budget import caps_from, standing
 from hermes_sup.agents.journal import Journal
-from hermes_sup.agents.ledger import read_entries
+from hermes_sup.agents.ledger import read_spend
 
 
 def _blank() -> dict[str, Any]:
@@ -106,8 +107,11 @@ def read_logs(runs: Path) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
     return records, notes
 
 
-def budget_standing(runs: Path, budgets: Any, now: float) -> list[dict[str, Any]]:
+def budget_standing(runs: Path, budgets: Any, now: float, *, board: Any = None,
+                    host: str | None = None) -> list[dict[str, Any]]:
     """Spend (settled and still reserved) against each cap of hermes.yaml's `budgets`, from the
-    budget ledger in runs/: scope, cap, limit, spent, left."""
-    rows = standing(read_entries(runs), caps_from(budgets if isinstance(budgets, dict) else None), now)
+    ledger of the board hermes.yaml's `board:` and `host:` name (runs/ of the workspace whose runs/
+    this is, or the board's database): scope, cap, limit, spent, left. Raises LedgerError."""
+    entries = read_spend(runs.parent, board if isinstance(board, dict) else None, host=host)
+    rows = standing(entries, caps_from(budgets if isinstance(budgets, dict) else None), now)
     return [{**row, "left": round(max(0.0, row["limit"] - row["spent"]), 8)} for row in rows]
