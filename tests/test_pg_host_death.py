@@ -6,6 +6,7 @@ database, and finishes it without running the completed call again."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -147,6 +148,21 @@ def test_a_host_killed_whole_has_its_task_resumed_elsewhere_without_running_a_co
     assert [m["role"] for m in first_of_b] == ["system", "user", "assistant", "tool"], "box-b started afresh"
     assert DONE in first_of_b[-1]["content"], "box-b's model was not given box-a's tool result"
     assert all(gone(pid) for pid in killed)
+    # box-b's `task log` shows what box-a did, from the database: box-b's own files hold none of it.
+    log = subprocess.run([*CLI, "-w", str(box_b), "task", "log", task["id"], "--json"], capture_output=True,
+                         text=True, env=env, cwd=ROOT, timeout=60)
+    assert log.returncode == 0, log.stderr
+    entries = [json.loads(line) for line in log.stdout.splitlines()]
+    ran = [e for e in entries if e["kind"] == "tool" and e["status"] == "done"]
+    assert [(e["agent"], e["tool"]) for e in ran] == [("doer-a", "terminal")] and DONE in ran[0]["result"], entries
+    said = [(e["agent"], e["role"]) for e in entries if e["kind"] == "message"]
+    assert said[:3] == [("doer-a", "system"), ("doer-a", "user"), ("doer-a", "assistant")], said
+    assert said[-1] == ("doer-b", "assistant"), said
+    assert {e["agent"] for e in entries if e["kind"] == "model" and e["outcome"] == "ok"} == {"doer-a", "doer-b"}
+    show = subprocess.run([*CLI, "-w", str(box_b), "task", "show", task["id"], "--transcript", "--json"],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert show.returncode == 0, show.stderr
+    assert [e for e in json.loads(show.stdout)["transcript"] if e["kind"] == "tool" and e["status"] == "done"] == ran
     for ws in hosts:
         for path in ws.rglob("*"):
             if path.is_file():

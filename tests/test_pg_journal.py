@@ -25,6 +25,7 @@ from hermes_sup.kanban import Board
 from hermes_sup.kanban.errors import ClaimLost
 from hermes_sup.kanban.pg.store import PgStore
 from hermes_sup.kanban.redact import remember
+from hermes_sup.supervisor import taskrecords
 
 from .llm_server import ScriptedLLM, error_reply, openai_reply
 from .pgserver import PgServer
@@ -62,6 +63,25 @@ def test_names_for_set_aside_transcripts_are_never_reused():
     assert next_free("t.jsonl", {"t.jsonl", "t.jsonl.1"}) == "t.jsonl.2"
     assert attempt_name("t", 2, {"t.jsonl"}) == "t.attempt-2.jsonl"
     assert attempt_name("t", 2, {"t.attempt-2.jsonl"}) == "t.attempt-2.jsonl.1"
+
+
+def test_the_database_journal_reads_as_the_journal_files_would_for_task_log():
+    rows = {
+        "message": [{"seq": 1, "agent": "w1", "name": "t-1.jsonl", "entry": {"role": "user", "content": "now"}},
+                    {"seq": 2, "agent": "w1", "name": "t-1.jsonl.1", "entry": {"role": "user", "content": "copy"}},
+                    {"seq": 3, "agent": "w1", "name": "t-1.attempt-1.jsonl", "entry": {"role": "user", "content": "1"}},
+                    {"seq": 4, "agent": "w2", "name": "t-1.jsonl", "entry": ["not", "a", "record"]}],
+        "tool": [{"seq": 5, "agent": "w2", "name": "", "entry": {"task": "t-1", "call_id": "c1", "status": "done"}},
+                 {"seq": 6, "agent": "w2", "name": "", "entry": {"task": "t-2", "call_id": "c9", "status": "done"}}],
+        "llm": [{"seq": 7, "agent": "w1", "name": "", "entry": {"task": "t-1", "outcome": "ok"}}]}
+    raws, notes = taskrecords.db_raws(rows, "t-1")
+    found = {(r.source.agent, r.source.kind, r.source.path.name): r.records for r in raws}
+    assert found == {("w1", "message", "t-1.jsonl"): [{"role": "user", "content": "now"}],
+                     ("w1", "message", "t-1.attempt-1.jsonl"): [{"role": "user", "content": "1"}],
+                     ("w2", "tool", "tool_calls.jsonl"): [{"task": "t-1", "call_id": "c1", "status": "done"}],
+                     ("w1", "model", "llm_calls.jsonl"): [{"task": "t-1", "outcome": "ok"}]}
+    assert notes == ["journal row 4 in the board database is not a record and is skipped"]
+    assert taskrecords.board_rows(object()) is None
 
 
 def test_the_board_gives_each_backend_its_journal(make_store: Factory, tmp_path: Path) -> None:
