@@ -26,6 +26,7 @@ from hermes_sup.kanban.errors import ClaimLost
 from hermes_sup.kanban.pg.store import PgStore
 from hermes_sup.kanban.redact import remember
 from hermes_sup.supervisor import taskrecords
+from psycopg.conninfo import make_conninfo
 
 from .llm_server import ScriptedLLM, error_reply, openai_reply
 from .pgserver import PgServer
@@ -205,3 +206,43 @@ def test_a_conversation_resumes_on_another_host_without_running_its_tool_call_ag
     assert sent[-1]["content"].startswith("wrote"), sent[-1]
     assert not (tmp_path / "b" / "w2" / "scratch" / "mark.txt").exists(), "the completed call ran again"
     assert not (tmp_path / "b" / "w2" / "transcripts").exists(), "host b kept no transcript file"
+
+
+@pytest.fixture
+def database(pg_server: PgServer) -> Iterator[str]:
+    name = f"journal_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield make_conninfo(pg_server.dsn, dbname=name)
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def test_an_agent_whose_journal_write_finds_the_claim_gone_stops_the_task_and_runs_nothing(
+        database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from hermes_sup.agents import worker
+    from hermes_sup.agents.worker import Agent
+
+    # The claim watcher (which also stops the task, by looking at the board) looks only after the
+    # test: what finds the claim gone here is the fenced journal write itself.
+    monkeypatch.setattr(worker, "CLAIM_CHECK", 3600.0)
+    monkeypatch.setenv("W14D_JOURNAL_DSN", database)
+    agent = Agent({"name": "a", "host": "box-a", "board": {"backend": "postgres", "dsn_env": "W14D_JOURNAL_DSN"}},
+                  tmp_path, tmp_path / "runs" / "a")
+    try:
+        with PgStore(database, host="box-b", boot_id="b") as other:
+            task = other.add({"id": "t-1", "title": "write", "max_attempts": 3,
+                              "steps": [{"tool": "write_file", "args": {"path": "late.txt", "content": "x"}}]})
+            stale = agent.board.claim("a")
+            # box-a was judged dead meanwhile: its task went back and box-b's agent holds it now.
+            other.move(task["id"], "todo", note="taken back")
+            other.claim("b")
+            agent.work(stale)
+            held = other.get(task["id"])
+    finally:
+        agent.board.close()
+    out = capsys.readouterr()
+    assert "stopped work on t-1: it was claimed again by b" in out.out, out
+    assert "Traceback" not in out.err, out.err
+    assert held["status"] == "doing" and held["claim"]["agent"] == "b" and held["attempts"] == 1
+    assert not list(tmp_path.rglob("late.txt")), "a stale holder ran a step"
