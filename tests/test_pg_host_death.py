@@ -6,6 +6,7 @@ database, and finishes it without running the completed call again."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -78,10 +79,12 @@ def kill_whole_host(supervisor: subprocess.Popen[str], ws: Path) -> list[int]:
     procs = [root, *root.children(recursive=True)]
     assert set(agents) <= {p.pid for p in procs}, "an agent of box-a is not under its supervisor"
     for proc in procs:
-        proc.send_signal(signal.SIGSTOP)
+        with contextlib.suppress(psutil.NoSuchProcess):  # a short-lived child may have ended meanwhile
+            proc.send_signal(signal.SIGSTOP)
     procs = [root, *root.children(recursive=True)]  # nothing frozen starts anything
     for proc in procs:
-        proc.kill()
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
     supervisor.wait(timeout=30)
     pids = [p.pid for p in procs]
     wait_until(lambda: all(gone(pid) for pid in pids), timeout=30, interval=0.05)
