@@ -236,6 +236,7 @@ class Gatherer:
         in_db = {(source.agent, source.kind) for source in self.in_db}
         for source in sources(self.runs, self.task_id):
             if (source.agent, source.kind) in in_db and source.kind == "model":
+                self.raws.pop(source, None)  # read before the agent's first row reached the database
                 continue
             found = read_lines(source.path, self.offsets.get(source, 0), inode=self.inodes.get(source))
             notes += [f"{source.agent}: {note}" for note in found.notes]

@@ -85,6 +85,25 @@ def test_the_database_journal_reads_as_the_journal_files_would_for_task_log():
     assert taskrecords.board_rows(object()) is None
 
 
+def test_a_model_call_logged_in_the_agents_file_and_in_the_database_is_shown_once(tmp_path: Path) -> None:
+    record = {"task": "t-1", "at": "2026-01-01T00:00:00Z", "call": "c", "outcome": "ok", "provider": "p"}
+    (tmp_path / "w1").mkdir()
+    (tmp_path / "w1" / "llm_calls.jsonl").write_text(json.dumps(record) + "\n")
+    in_db: list[dict[str, Any]] = []
+
+    def rows(task_id: str, kind: str) -> list[dict[str, Any]]:  # the database's rows, as journal_rows gives them
+        return [row for row in in_db if row["kind"] == kind]
+
+    gatherer = taskrecords.Gatherer(tmp_path, "t-1", rows)
+    gatherer.poll()  # the agent's file has it, the database not yet
+    in_db.append({"seq": 1, "kind": "llm", "agent": "w1", "name": "", "entry": record})
+    gatherer.poll()
+    models = [e for e in taskrecords.merge(gatherer.all()) if e["kind"] == "model"]
+    assert [(e["agent"], e["provider"]) for e in models] == [("w1", "p")]
+    assert len([e for e in taskrecords.merge(taskrecords.gather(tmp_path, "t-1", rows)[0])
+                if e["kind"] == "model"]) == 1
+
+
 def test_the_board_gives_each_backend_its_journal(make_store: Factory, tmp_path: Path) -> None:
     with Board(tmp_path / "kanban") as board:
         assert isinstance(board.task_journal("t-1", 1, "w1", tmp_path / "w1"), FileTaskJournal)
