@@ -368,7 +368,8 @@ class Agent:
                         max_tokens=self.config.get("max_tokens"), max_cost=self.config.get("max_cost"),
                         summarizer=self.chain("cheap") or chain, on_step=self._on_step, agent=self.name,
                         inputs=self.inputs(doc), complete=complete,
-                        tool_use=self._tool_use)
+                        tool_use=self._tool_use, journal=self.board.task_journal(task_id, token, self.name,
+                                                                                 self.workdir))
         try:
             outcome = loop.run()
         except InterruptedError:
@@ -506,7 +507,7 @@ class Agent:
                          daemon=True).start()
         try:
             self._work(doc, halt)
-        except InterruptedError:
+        except (InterruptedError, ClaimLost):  # ClaimLost: a fenced journal write found the task gone
             self._interrupted(task_id, token)
         except Exception as exc:
             # A bug, or a task whose input trips one, must not take the agent down: a crash would
@@ -529,7 +530,8 @@ class Agent:
         toolbox = self.toolbox(*step_grants(self.capabilities, doc))  # the rights of whoever wrote them
         task_id, token = doc["id"], doc["claim"]["token"]
         run = StepRun(task=doc, workdir=self.workdir, ctx=self.context(doc, halt, toolbox.grants), toolbox=toolbox,
-                      agent=self.name, on_step=self._on_step)
+                      agent=self.name, on_step=self._on_step,
+                      journal=self.board.task_journal(task_id, token, self.name, self.workdir))
         try:
             outcome = run.run()
         except InterruptedError:

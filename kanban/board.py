@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from . import reads, rules
@@ -212,6 +213,13 @@ class Board(IngestMixin, NotesMixin, WaitingMixin, Claims):
     def retry(self, task_id: str, *, by: str = "cli") -> TaskDoc:
         rules.check_retry(self.get(task_id))
         return self.move(task_id, "todo", by=by, note="retry (attempts reset)")
+
+    def task_journal(self, task_id: str, token: int, agent: str, workdir: Path) -> Any:
+        """The task's journal in the agent's folder: one host's agents are the only readers, and a
+        stale holder is stopped by the board's fenced verbs, so its files need no token."""
+        from hermes_sup.agents.journal import FileTaskJournal  # the agents' files, the agents' format
+
+        return FileTaskJournal(Path(workdir), task_id)
 
 
 def _misplaced(folder: str, doc: TaskDoc) -> bool:

@@ -109,7 +109,7 @@ def task_show(ctx: click.Context, task_id: str, transcript: bool, as_json: bool)
         refreshed(board)
         doc = board.get(resolve_task_id(board, task_id))
         doc = team.with_reason(doc, team.explain(board, doc, team_now(ctx)))
-    raws, notes = taskrecords.gather(workspace_of(ctx).runs_path, doc["id"])
+        raws, notes = taskrecords.gather(workspace_of(ctx).runs_path, doc["id"], taskrecords.board_rows(board))
     entries = taskrecords.merge(raws, taskrecords.claims(doc))
     doc = {**doc, **taskrecords.overview(entries), "folder": task_files(workspace_of(ctx).runs_path, doc["id"])}
     if as_json:

@@ -9,10 +9,12 @@ import glob
 import json
 import os
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from hermes_sup.kanban import BoardError
 
 from .usage import ended_calls, settle_call, summarize
 
@@ -150,22 +152,92 @@ def for_task(source: Source, records: list[dict[str, Any]], task_id: str) -> lis
     return [r for r in records if r.get("task") == task_id]
 
 
+# The kinds of the board database's journal rows (agents/journal_pg.py), as the journals here name them.
+DB_KINDS = {"message": "message", "tool": "tool", "llm": "model"}
+JournalRows = Callable[..., list[dict[str, Any]]]  # PgStore.journal_rows(task_id, kind)
+
+
+def board_rows(board: object) -> JournalRows | None:
+    """The board's reader of the journal it keeps in its database (PostgreSQL), or None: the file
+    board keeps none, its journals are the agents' files read here."""
+    rows = getattr(board, "journal_rows", None)
+    return rows if callable(rows) else None
+
+
+def shown_transcript(name: str, task_id: str) -> bool:
+    """Whether a transcript's name is the task's current one or an earlier attempt's: those are
+    shown, a copy kept when one was replaced (compressed, taken over) is not (pure)."""
+    return name == f"{task_id}.jsonl" or (name.startswith(f"{task_id}.attempt-")
+                                          and _attempt_of(name) < ATTEMPT_LAST)
+
+
+def db_raws(rows: dict[str, list[dict[str, Any]]], task_id: str) -> tuple[list[Raw], list[str]]:
+    """The board database's journal rows of a task (by kind: message, tool, llm) as the journals
+    the files would be, one per agent and kind (a transcript per name), in the order written; a row
+    that is no record is skipped with a note (pure)."""
+    found: dict[Source, Raw] = {}
+    notes = []
+    for kind, kind_rows in rows.items():
+        for row in kind_rows:
+            name = str(row.get("name") or "")
+            if kind == "message" and not shown_transcript(name, task_id):
+                continue
+            entry = row.get("entry")
+            if not isinstance(entry, dict):
+                notes.append(f"journal row {row.get('seq')} in the board database is not a record and is skipped")
+                continue
+            path = Path(name if kind == "message" else (TOOL_LOG if kind == "tool" else LLM_LOG))
+            source = Source(str(row.get("agent") or "-"), DB_KINDS[kind], path)
+            found.setdefault(source, Raw(source)).records.append(entry)
+    raws = [Raw(raw.source, for_task(raw.source, raw.records, task_id)) for raw in found.values()]
+    return raws, notes
+
+
 class Gatherer:
     """Reads a task's records from every journal, again and again: each call to `poll` reads what
-    was appended since the last (new agents and children included), complete lines only."""
+    was appended since the last (new agents and children included), complete lines only. On a
+    board that keeps the journal in its database (`rows`: PostgreSQL), that journal too: another
+    host's agents' records are only there."""
 
-    def __init__(self, runs: Path, task_id: str) -> None:
+    def __init__(self, runs: Path, task_id: str, rows: JournalRows | None = None) -> None:
         self.runs = runs
         self.task_id = task_id
+        self.rows = rows
         self.offsets: dict[Source, int] = {}
         self.inodes: dict[Source, int | None] = {}
         self.raws: dict[Source, Raw] = {}
         self.rewritten: set[Source] = set()  # transcripts rewritten (compressed) since the last poll
+        self.in_db: set[Source] = set()
+
+    def _poll_db(self, rows: JournalRows) -> list[str]:
+        """Read the database's journal whole again (its transcripts are renamed, not appended to,
+        when replaced): a transcript that no longer starts as it did was rewritten."""
+        raws, notes = db_raws({kind: rows(self.task_id, kind) for kind in DB_KINDS}, self.task_id)
+        current = {raw.source: raw for raw in raws}
+        for source in self.in_db - set(current):
+            del self.raws[source]
+        for source, raw in current.items():
+            before = self.raws.get(source)
+            if before is not None and source.kind == "message" and raw.records[:len(before.records)] != before.records:
+                self.rewritten.add(source)
+            self.raws[source] = raw
+        self.in_db = set(current)
+        return notes
 
     def poll(self) -> list[str]:
         """Read what is new; the notes about damaged or skipped lines."""
         notes = []
+        if self.rows is not None:
+            try:
+                notes += self._poll_db(self.rows)
+            except BoardError as exc:
+                notes.append(f"the board database's journal could not be read: {exc}")
+        # The model calls an agent logged here are in the database too: shown once, from there.
+        in_db = {(source.agent, source.kind) for source in self.in_db}
         for source in sources(self.runs, self.task_id):
+            if (source.agent, source.kind) in in_db and source.kind == "model":
+                self.raws.pop(source, None)  # read before the agent's first row reached the database
+                continue
             found = read_lines(source.path, self.offsets.get(source, 0), inode=self.inodes.get(source))
             notes += [f"{source.agent}: {note}" for note in found.notes]
             raw = self.raws.setdefault(source, Raw(source))
@@ -184,9 +256,9 @@ class Gatherer:
         return [raw for raw in self.raws.values() if raw.records]
 
 
-def gather(runs: Path, task_id: str) -> tuple[list[Raw], list[str]]:
+def gather(runs: Path, task_id: str, rows: JournalRows | None = None) -> tuple[list[Raw], list[str]]:
     """Everything recorded of the task so far, and notes about what could not be read."""
-    gatherer = Gatherer(runs, task_id)
+    gatherer = Gatherer(runs, task_id, rows)
     notes = gatherer.poll()
     return gatherer.all(), notes
 

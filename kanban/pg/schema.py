@@ -108,6 +108,15 @@ CREATE TABLE leases (
 -- says whose; `task` is empty for them.
 ALTER TABLE events ADD COLUMN record jsonb;
 """),
+    (3, "the agents' task journal: kind, agent, transcript name", """
+-- An agent's journal of a task (agents/journal_pg.py): its messages (`name` is the transcript they
+-- belong to: the current one, or one set aside), its tool calls and its model calls. Rows written
+-- through journal_append keep kind 'entry'.
+ALTER TABLE journal ADD COLUMN kind text NOT NULL DEFAULT 'entry'
+    CHECK (kind IN ('entry', 'message', 'tool', 'llm'));
+ALTER TABLE journal ADD COLUMN agent text NOT NULL DEFAULT '';
+ALTER TABLE journal ADD COLUMN name text NOT NULL DEFAULT '';
+"""),
 )
 
 SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")

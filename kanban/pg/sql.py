@@ -142,6 +142,19 @@ JOURNAL_APPEND = """INSERT INTO journal (task_id, fence, entry)
     WHERE id = %(id)s AND status = 'doing' AND fence = %(token)s FOR SHARE
     RETURNING seq"""
 
+# The holder's fence, checked and held for the rest of a journal transaction: a claim that moves on
+# meanwhile waits for it, so no row of a stale holder lands after the new holder read the journal.
+JOURNAL_FENCE = """SELECT fence FROM tasks WHERE id = %(id)s AND status = 'doing' AND fence = %(token)s FOR SHARE"""
+
+JOURNAL_INSERT = """INSERT INTO journal (task_id, fence, kind, agent, name, entry)
+    VALUES (%(id)s, %(token)s, %(kind)s, %(agent)s, %(name)s, %(entry)s::jsonb)"""
+
+JOURNAL_ROWS = """SELECT seq, fence, kind, agent, name, entry FROM journal
+    WHERE task_id = %(id)s AND kind = %(kind)s
+      AND (%(agents)s::text[] IS NULL OR agent = ANY(%(agents)s::text[]))
+      AND (%(name)s::text IS NULL OR name = %(name)s::text)
+    ORDER BY seq"""
+
 # The waiting note on every todo task it applies to (all, or those `agent` could claim now), written
 # only where it differs; rows a claimer holds locked are skipped, not waited for.
 MARK_WAITING = """

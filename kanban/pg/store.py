@@ -15,7 +15,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -349,6 +349,48 @@ class PgStore(StreamMixin):
             if row is None:
                 raise self._lost(cur, task_id, token)
         return int(row["seq"])
+
+    @_again
+    def journal_rows(self, task_id: str, kind: str, *, agents: Iterable[str] | None = None,
+                     name: str | None = None) -> list[dict[str, Any]]:
+        """A task's journal rows of one kind (message, tool, llm), of `agents` (None: every agent's)
+        and, for messages, of one transcript `name`, in the order written. Reads are not fenced."""
+        with self._locked() as conn:
+            rows = conn.execute(sql.JOURNAL_ROWS, {"id": task_id, "kind": kind, "name": name,
+                                                   "agents": None if agents is None else list(agents)}).fetchall()
+        return [dict(row) for row in rows]
+
+    @_again
+    def journal_write(self, task_id: str, token: int, *, kind: str, agent: str, name: str = "",
+                      entries: Sequence[Any] = (), set_aside: Callable[[set[str]], str] | None = None) -> str | None:
+        """In one transaction fenced by `token` (ClaimLost once it no longer holds the task): with
+        `set_aside`, move `agent`'s rows of transcript `name` to the name it picks from the names
+        this agent's transcripts of the task have (None if there were no such rows); then append
+        `entries` (each scrubbed of secrets) under `name`. Returns the name the rows went to."""
+        with self._tx() as cur:
+            if cur.execute(sql.JOURNAL_FENCE, {"id": task_id, "token": token}).fetchone() is None:
+                raise self._lost(cur, task_id, token)
+            moved: str | None = None
+            if set_aside is not None:
+                names = {row["name"] for row in cur.execute(
+                    "SELECT DISTINCT name FROM journal WHERE task_id = %s AND kind = %s AND agent = %s",
+                    (task_id, kind, agent)).fetchall()}
+                if name in names:
+                    moved = set_aside(names)
+                    cur.execute("UPDATE journal SET name = %s WHERE task_id = %s AND kind = %s AND agent = %s "
+                                "AND name = %s", (moved, task_id, kind, agent, name))
+            params = [{"id": task_id, "token": token, "kind": kind, "agent": agent, "name": name,
+                       "entry": Jsonb(storable(entry))} for entry in entries]
+            if params:
+                cur.executemany(sql.JOURNAL_INSERT, params)
+        return moved
+
+    def task_journal(self, task_id: str, token: int, agent: str, workdir: Path) -> Any:
+        """The task's journal in this database, fenced by `token` (agents/journal_pg.py)."""
+        # The agents' side of the journal (its records' meaning) lives with the agents; the rows here.
+        from hermes_sup.agents.journal_pg import PgTaskJournal
+
+        return PgTaskJournal(self, task_id, token, agent, Path(workdir))
 
     # -- hosts and recovery -------------------------------------------------------------------
 

@@ -1,0 +1,267 @@
+"""A task's journal in the PostgreSQL board (agents/journal_pg.py), against the suite's real server:
+the TaskJournal protocol over the journal table, every write fenced by the claim's token and
+scrubbed of keys, and an agent on another host resuming a conversation without running a completed
+tool call again."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from hermes_sup.agents import builtins  # noqa: F401 - registers the built-in tools
+from hermes_sup.agents.journal import FileTaskJournal
+from hermes_sup.agents.journal_pg import PgTaskJournal, attempt_name, next_free
+from hermes_sup.agents.loop import TaskLoop
+from hermes_sup.agents.memory import MemoryFile
+from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig
+from hermes_sup.agents.tools import Toolbox, ToolContext
+from hermes_sup.kanban import Board
+from hermes_sup.kanban.errors import ClaimLost
+from hermes_sup.kanban.pg.store import PgStore
+from hermes_sup.kanban.redact import remember
+from hermes_sup.supervisor import taskrecords
+from psycopg.conninfo import make_conninfo
+
+from .llm_server import ScriptedLLM, error_reply, openai_reply
+from .pgserver import PgServer
+
+Factory = Callable[..., PgStore]
+KEY = "sk-journal-" + uuid.uuid4().hex
+
+
+@pytest.fixture
+def make_store(pg_server: PgServer) -> Iterator[Factory]:
+    """Stores on one fresh schema, each as if on a host of its own."""
+    schema = f"j_{uuid.uuid4().hex[:12]}"
+    opened: list[PgStore] = []
+
+    def make(host: str = "host-a") -> PgStore:
+        store = PgStore(pg_server.dsn, schema=schema, host=host, boot_id=f"boot-{host}")
+        opened.append(store)
+        return store
+
+    yield make
+    for store in opened:
+        store.close()
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+def rows(store: PgStore, task_id: str) -> list[dict[str, Any]]:
+    with store._locked() as conn:  # the table as it is, not as the journal reads it
+        return [dict(r) for r in conn.execute("SELECT kind, agent, name, entry FROM journal WHERE task_id = %s "
+                                              "ORDER BY seq", (task_id,)).fetchall()]
+
+
+def test_names_for_set_aside_transcripts_are_never_reused():
+    assert next_free("t.jsonl", set()) == "t.jsonl.1"
+    assert next_free("t.jsonl", {"t.jsonl", "t.jsonl.1"}) == "t.jsonl.2"
+    assert attempt_name("t", 2, {"t.jsonl"}) == "t.attempt-2.jsonl"
+    assert attempt_name("t", 2, {"t.attempt-2.jsonl"}) == "t.attempt-2.jsonl.1"
+
+
+def test_the_database_journal_reads_as_the_journal_files_would_for_task_log():
+    rows = {
+        "message": [{"seq": 1, "agent": "w1", "name": "t-1.jsonl", "entry": {"role": "user", "content": "now"}},
+                    {"seq": 2, "agent": "w1", "name": "t-1.jsonl.1", "entry": {"role": "user", "content": "copy"}},
+                    {"seq": 3, "agent": "w1", "name": "t-1.attempt-1.jsonl", "entry": {"role": "user", "content": "1"}},
+                    {"seq": 4, "agent": "w2", "name": "t-1.jsonl", "entry": ["not", "a", "record"]}],
+        "tool": [{"seq": 5, "agent": "w2", "name": "", "entry": {"task": "t-1", "call_id": "c1", "status": "done"}},
+                 {"seq": 6, "agent": "w2", "name": "", "entry": {"task": "t-2", "call_id": "c9", "status": "done"}}],
+        "llm": [{"seq": 7, "agent": "w1", "name": "", "entry": {"task": "t-1", "outcome": "ok"}}]}
+    raws, notes = taskrecords.db_raws(rows, "t-1")
+    found = {(r.source.agent, r.source.kind, r.source.path.name): r.records for r in raws}
+    assert found == {("w1", "message", "t-1.jsonl"): [{"role": "user", "content": "now"}],
+                     ("w1", "message", "t-1.attempt-1.jsonl"): [{"role": "user", "content": "1"}],
+                     ("w2", "tool", "tool_calls.jsonl"): [{"task": "t-1", "call_id": "c1", "status": "done"}],
+                     ("w1", "model", "llm_calls.jsonl"): [{"task": "t-1", "outcome": "ok"}]}
+    assert notes == ["journal row 4 in the board database is not a record and is skipped"]
+    assert taskrecords.board_rows(object()) is None
+
+
+def test_a_model_call_logged_in_the_agents_file_and_in_the_database_is_shown_once(tmp_path: Path) -> None:
+    record = {"task": "t-1", "at": "2026-01-01T00:00:00Z", "call": "c", "outcome": "ok", "provider": "p"}
+    (tmp_path / "w1").mkdir()
+    (tmp_path / "w1" / "llm_calls.jsonl").write_text(json.dumps(record) + "\n")
+    in_db: list[dict[str, Any]] = []
+
+    def rows(task_id: str, kind: str) -> list[dict[str, Any]]:  # the database's rows, as journal_rows gives them
+        return [row for row in in_db if row["kind"] == kind]
+
+    gatherer = taskrecords.Gatherer(tmp_path, "t-1", rows)
+    gatherer.poll()  # the agent's file has it, the database not yet
+    in_db.append({"seq": 1, "kind": "llm", "agent": "w1", "name": "", "entry": record})
+    gatherer.poll()
+    models = [e for e in taskrecords.merge(gatherer.all()) if e["kind"] == "model"]
+    assert [(e["agent"], e["provider"]) for e in models] == [("w1", "p")]
+    assert len([e for e in taskrecords.merge(taskrecords.gather(tmp_path, "t-1", rows)[0])
+                if e["kind"] == "model"]) == 1
+
+
+def test_the_board_gives_each_backend_its_journal(make_store: Factory, tmp_path: Path) -> None:
+    with Board(tmp_path / "kanban") as board:
+        assert isinstance(board.task_journal("t-1", 1, "w1", tmp_path / "w1"), FileTaskJournal)
+    assert isinstance(make_store().task_journal("t-1", 1, "w1", tmp_path / "w1"), PgTaskJournal)
+
+
+def test_the_whole_protocol_over_the_journal_table(make_store: Factory, tmp_path: Path) -> None:
+    store = make_store()
+    task = store.add({"id": "t-1", "title": "t"})
+    token = store.claim("w1")["claim"]["token"]
+    journal = store.task_journal(task["id"], token, "w1", tmp_path / "w1")
+    journal.append_message({"role": "user", "content": "hi"})
+    journal.append_tool_call({"task": "t-1", "turn": "a", "call_id": "c1", "status": "done", "result": "r"})
+    journal.append_llm_call({"task": "t-1", "tokens_in": 7, "tokens_out": 1})
+    assert journal.transcript().records == [{"role": "user", "content": "hi"}]
+    assert journal.replace_transcript([{"role": "user", "content": "summary"}]) == "t-1.jsonl.1"
+    assert journal.replace_transcript([{"role": "user", "content": "again"}]) == "t-1.jsonl.2"
+    assert journal.transcript().records == [{"role": "user", "content": "again"}]
+    assert journal.set_aside_attempt(1) == "t-1.attempt-1.jsonl"
+    assert journal.set_aside_attempt(1) is None, "nothing left to set aside"
+    assert journal.transcript().records == []
+    kept = {(r["name"], r["entry"]["content"]) for r in rows(store, "t-1") if r["kind"] == "message"}
+    assert kept == {("t-1.jsonl.1", "hi"), ("t-1.jsonl.2", "summary"), ("t-1.attempt-1.jsonl", "again")}
+    # The model call is in the agent's own log (usage reads it) and in the database (any host's ceilings).
+    local = [json.loads(line) for line in (tmp_path / "w1" / "llm_calls.jsonl").read_text().splitlines()]
+    assert local == [{"task": "t-1", "tokens_in": 7, "tokens_out": 1}]
+    assert journal.llm_calls() == local
+    journal.close()
+
+
+def test_another_host_reads_the_holders_journal_and_takes_its_tool_calls(make_store: Factory,
+                                                                         tmp_path: Path) -> None:
+    host_a, host_b = make_store("host-a"), make_store("host-b")
+    host_a.add({"id": "t-1", "title": "t"})
+    first = host_a.claim("w1")["claim"]["token"]
+    a = host_a.task_journal("t-1", first, "w1", tmp_path / "a" / "w1")
+    a.append_message({"role": "user", "content": "from a"})
+    a.append_tool_call({"task": "t-1", "turn": "x", "call_id": "c1", "status": "started"})
+    a.append_tool_call({"task": "t-1", "turn": "x", "call_id": "c1", "status": "done", "result": "ran on a"})
+    a.append_llm_call({"task": "t-1", "tokens_in": 3})
+    host_a.release("t-1", first)
+    second = host_b.claim("w2")["claim"]["token"]
+    b = host_b.task_journal("t-1", second, "w2", tmp_path / "b" / "w2")
+    assert b.holder_transcript("w1").records == [{"role": "user", "content": "from a"}]
+    assert b.transcript().records == [] and b.tool_calls() == []
+    taken = b.take_tool_calls("w1", ("turn", "call_id", "status"))
+    assert [r["status"] for r in taken] == ["started", "done"]
+    assert b.take_tool_calls("w1", ("turn", "call_id", "status")) == taken, "taken once, not twice"
+    assert [r["result"] for r in b.tool_calls() if r["status"] == "done"] == ["ran on a"]
+    assert b.llm_calls(["w1"]) == [{"task": "t-1", "tokens_in": 3}], "host a's spending counts on host b"
+    assert not (tmp_path / "b" / "w2" / "llm_calls.jsonl").exists()
+
+
+def test_a_write_after_the_claim_moved_on_raises_claim_lost_and_stores_nothing(make_store: Factory,
+                                                                              tmp_path: Path) -> None:
+    host_a, host_b = make_store("host-a"), make_store("host-b")
+    host_a.add({"id": "t-1", "title": "t"})
+    stale = host_a.claim("w1")["claim"]["token"]
+    zombie = host_a.task_journal("t-1", stale, "w1", tmp_path / "w1")
+    zombie.append_message({"role": "user", "content": "before"})
+    host_b.move("t-1", "todo", note="taken back")
+    host_b.claim("w2")
+    for write in (lambda: zombie.append_message({"role": "assistant", "content": "late"}),
+                  lambda: zombie.append_tool_call({"task": "t-1", "call_id": "c9", "status": "started"}),
+                  lambda: zombie.replace_transcript([{"role": "user", "content": "late"}]),
+                  lambda: zombie.set_aside_attempt(1)):
+        with pytest.raises(ClaimLost):
+            write()
+    zombie.append_llm_call({"task": "t-1", "tokens_in": 5})  # spending is kept here, never refused
+    assert [(r["kind"], r["name"], r["entry"]) for r in rows(host_b, "t-1")] == [
+        ("message", "t-1.jsonl", {"role": "user", "content": "before"})]
+    assert (tmp_path / "w1" / "llm_calls.jsonl").read_text().count('"tokens_in":5') == 1
+
+
+def test_keys_never_reach_the_database(make_store: Factory, tmp_path: Path) -> None:
+    store = make_store()
+    store.add({"id": "t-1", "title": "t"})
+    token = store.claim("w1")["claim"]["token"]
+    journal = store.task_journal("t-1", token, "w1", tmp_path / "w1")
+    remember([KEY])
+    journal.append_message({"role": "tool", "content": f"the server said: bad key {KEY}"})
+    journal.append_tool_call({"task": "t-1", "call_id": "c1", "status": "done", "result": KEY})
+    journal.append_llm_call({"task": "t-1", "error": f"401 {KEY}"})
+    journal.replace_transcript([{"role": "user", "content": f"summary {KEY}"}])
+    stored = json.dumps(rows(store, "t-1"))
+    assert KEY not in stored and stored.count("[redacted]") == 4
+    assert KEY not in (tmp_path / "w1" / "llm_calls.jsonl").read_text()
+
+
+def make_loop(llm: ScriptedLLM, store: PgStore, task: dict[str, Any], agent: str, workdir: Path,
+              **kwargs: Any) -> TaskLoop:
+    scratch = workdir / "scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    ctx = ToolContext(scratch=scratch, stop=threading.Event(), memory=MemoryFile(workdir / "MEMORY.md"))
+    provider = OpenAIProvider(ProviderConfig(name="scripted", kind="openai", model="m", base_url=f"{llm.url}/v1"))
+    return TaskLoop(task=task, chain=[provider], workdir=workdir, ctx=ctx, agent=agent,
+                    toolbox=Toolbox(grants=("fs.read", "fs.write", "memory", "kanban")),
+                    journal=store.task_journal(task["id"], task["claim"]["token"], agent, workdir), **kwargs)
+
+
+def test_a_conversation_resumes_on_another_host_without_running_its_tool_call_again(
+        make_store: Factory, tmp_path: Path) -> None:
+    host_a, host_b = make_store("host-a"), make_store("host-b")
+    host_a.add({"id": "t-1", "title": "append a line", "max_attempts": 3})
+    with ScriptedLLM() as llm:
+        # Host a's model asks for the call, the call runs, and the next model call fails: the end of host a.
+        llm.script("openai", openai_reply(tool_calls=[("write_file", {"path": "mark.txt", "content": "once"})]),
+                   error_reply(400, "host a is going away"))
+        first = host_a.claim("w1")
+        make_loop(llm, host_a, first, "w1", tmp_path / "a" / "w1").run()
+        assert (tmp_path / "a" / "w1" / "scratch" / "mark.txt").read_text() == "once"
+        host_a.release("t-1", first["claim"]["token"], "released: host a went away")
+        second = host_b.claim("w2")
+        llm.script("openai", openai_reply("done on host b"))
+        loop = make_loop(llm, host_b, second, "w2", tmp_path / "b" / "w2")
+        assert loop.run().text == "done on host b"
+    sent = llm.requests[-1]["body"]["messages"]
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "tool"], "host b continued host a's turns"
+    assert sent[-1]["content"].startswith("wrote"), sent[-1]
+    assert not (tmp_path / "b" / "w2" / "scratch" / "mark.txt").exists(), "the completed call ran again"
+    assert not (tmp_path / "b" / "w2" / "transcripts").exists(), "host b kept no transcript file"
+
+
+@pytest.fixture
+def database(pg_server: PgServer) -> Iterator[str]:
+    name = f"journal_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield make_conninfo(pg_server.dsn, dbname=name)
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def test_an_agent_whose_journal_write_finds_the_claim_gone_stops_the_task_and_runs_nothing(
+        database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from hermes_sup.agents import worker
+    from hermes_sup.agents.worker import Agent
+
+    # The claim watcher (which also stops the task, by looking at the board) looks only after the
+    # test: what finds the claim gone here is the fenced journal write itself.
+    monkeypatch.setattr(worker, "CLAIM_CHECK", 3600.0)
+    monkeypatch.setenv("W14D_JOURNAL_DSN", database)
+    agent = Agent({"name": "a", "host": "box-a", "board": {"backend": "postgres", "dsn_env": "W14D_JOURNAL_DSN"}},
+                  tmp_path, tmp_path / "runs" / "a")
+    try:
+        with PgStore(database, host="box-b", boot_id="b") as other:
+            task = other.add({"id": "t-1", "title": "write", "max_attempts": 3,
+                              "steps": [{"tool": "write_file", "args": {"path": "late.txt", "content": "x"}}]})
+            stale = agent.board.claim("a")
+            # box-a was judged dead meanwhile: its task went back and box-b's agent holds it now.
+            other.move(task["id"], "todo", note="taken back")
+            other.claim("b")
+            agent.work(stale)
+            held = other.get(task["id"])
+    finally:
+        agent.board.close()
+    out = capsys.readouterr()
+    assert "stopped work on t-1: it was claimed again by b" in out.out, out
+    assert "Traceback" not in out.err, out.err
+    assert held["status"] == "doing" and held["claim"]["agent"] == "b" and held["attempts"] == 1
+    assert not list(tmp_path.rglob("late.txt")), "a stale holder ran a step"
