@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import threading
 from pathlib import Path
@@ -18,6 +19,7 @@ from hermes_sup.agents.loop import TaskLoop
 from hermes_sup.agents.memory import Memories
 from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig
 from hermes_sup.agents.steps import StepRun
+from hermes_sup.agents.terminal import BACKGROUND_LOG_KEEP, BackgroundLog
 from hermes_sup.agents.tools import REGISTRY, Finished, NeedsPerson, Refused, Toolbox, ToolContext, ToolError
 from hermes_sup.kanban import Board
 
@@ -175,6 +177,40 @@ def test_a_background_command_is_killed_at_its_deadline_and_with_its_task(tmp_pa
     assert not gone(pid)
     stopped.stop.set()
     wait_until(lambda: gone(pid), timeout=30)
+
+
+def test_a_background_log_keeps_its_start_and_its_latest_output_only(tmp_path):
+    fd = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT, 0o600)
+    log = BackgroundLog(fd, keep=100)
+    log.add(b"start\n" + b"a" * 94)
+    log.add(b"b" * 80)
+    assert (tmp_path / "log").read_bytes() == b"start\n" + b"a" * 94 + b"b" * 80, "all of it, while it is small"
+    for _ in range(50):
+        log.add(b"c" * 100)
+    log.add(b"the end\n")
+    log.flush()
+    os.close(fd)
+    kept = (tmp_path / "log").read_bytes()
+    assert kept.startswith(b"start\n" + b"a" * 94 + b"\n[... 4,988 bytes of output cut; the latest follow ...]\n")
+    assert kept.endswith(b"c" * 92 + b"the end\n") and len(kept) < 300
+
+
+def test_a_background_command_writing_without_end_fills_no_disk(tmp_path):
+    ctx = ctx_for(tmp_path)
+    said = call(ctx, "terminal", command="exec yes", background=True)
+    log = log_of(ctx, said)
+    produced = re.compile(rb"\[\.\.\. ([0-9,]+) bytes of output cut")
+
+    def written() -> int:
+        data = log.read_bytes()
+        found = produced.search(data)
+        return len(data) + (int(found.group(1).replace(b",", b"")) if found else 0)
+
+    try:
+        wait_until(lambda: written() > 4 * BACKGROUND_LOG_KEEP + (4 << 20), timeout=60)
+        assert log.stat().st_size <= 2 * BACKGROUND_LOG_KEEP + 100
+    finally:
+        ctx.stop.set()
 
 
 def test_terminal_workdir_stays_in_the_folder_and_long_foreground_timeouts_are_refused(tmp_path):
