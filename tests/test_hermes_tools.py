@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from hermes_sup.agents import builtins  # noqa: F401 - registers the tools
-from hermes_sup.agents.delegation import batch
+from hermes_sup.agents.delegation import MAX_BATCH, batch, delegate_task, start_early
 from hermes_sup.agents.loop import TaskLoop
 from hermes_sup.agents.memory import Memories
 from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig
@@ -344,6 +344,28 @@ def test_a_hermes_batch_is_one_delegation_per_task():
     for blank in ({"goal": " \n "}, {"tasks": [{"goal": "A"}, {"goal": "\n"}]}):
         with pytest.raises(ToolError, match="goal must say what to do"):
             batch(blank)
+
+
+def test_a_batch_is_bounded_before_anything_is_started():
+    assert len(batch({"tasks": [{"goal": f"part {n}"} for n in range(MAX_BATCH)]})) == MAX_BATCH
+    too_many = {"tasks": [{"goal": f"part {n}"} for n in range(MAX_BATCH + 1)]}
+    with pytest.raises(ToolError, match=f"at most {MAX_BATCH} tasks in one call \\({MAX_BATCH + 1} given\\)"):
+        batch(too_many)
+    started: list[dict] = []
+
+    class Recorder:
+        def start(self, ctx: ToolContext, item: dict, block: bool) -> None:
+            started.append(item)
+
+        def run(self, ctx: ToolContext, item: dict) -> str:
+            started.append(item)
+            return "done"
+
+    ctx = ToolContext(scratch=Path("."), stop=threading.Event(), services={"delegation": Recorder()})
+    start_early(ctx, too_many)  # a turn's calls are started early: not one of these
+    with pytest.raises(ToolError, match="at most"):
+        delegate_task(ctx, too_many)
+    assert started == []
 
 
 def test_a_hermes_batch_is_worked_by_child_agents_and_answered_in_order(tmp_path, up):
