@@ -117,20 +117,35 @@ class BackgroundLog:
         self.fd = fd
         self.output = Output(keep)
         self.shown = 0  # the bytes cut when the file was last rewritten
+        self.stale = False  # a write failed (a full disk): the file is rewritten whole once one succeeds
 
     def add(self, data: bytes) -> None:
         self.output.add(data)
-        if not self.output.dropped:
-            os.write(self.fd, data)  # the file is all of the output so far, as it came
+        if self.output.dropped or self.stale:
+            return
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self.fd, view):]  # the file is all of the output so far, as it came
+        except OSError:
+            self.stale = True  # never an end of the watcher: it must still stop the command in time
 
     def flush(self) -> None:
-        """Rewrite what follows the start, if more was cut since the last time."""
-        if self.output.dropped == self.shown:
+        """Rewrite what follows the start (all of it after a failed write), if it changed since."""
+        dropped = self.output.dropped
+        if dropped == self.shown and not self.stale:
             return
-        self.shown = self.output.dropped
-        rest = f"\n[... {self.shown:,} bytes of output cut; the latest follow ...]\n".encode() + self.output.tail
-        os.pwrite(self.fd, rest, len(self.output.head))
-        os.ftruncate(self.fd, len(self.output.head) + len(rest))
+        cut = f"\n[... {dropped:,} bytes of output cut; the latest follow ...]\n".encode() if dropped else b""
+        rest = cut + self.output.tail
+        try:
+            if self.stale:
+                os.pwrite(self.fd, self.output.head, 0)
+            os.pwrite(self.fd, rest, len(self.output.head))
+            os.ftruncate(self.fd, len(self.output.head) + len(rest))
+        except OSError:
+            self.stale = True
+            return
+        self.shown, self.stale = dropped, False
 
 
 def _workdir(ctx: ToolContext, workdir: object) -> Any:
@@ -244,6 +259,7 @@ def _watch_background(proc: subprocess.Popen[bytes], stop: threading.Event, time
                 _drain(selector, fd, log)
             log.flush()
     finally:
+        _kill_group(proc)  # also when reading failed: a command never outlives its watcher
         proc.stdout.close()
         os.close(log.fd)
         proc.wait()

@@ -4,6 +4,7 @@ they do in Hermes, for real: files, processes, the board, the loop against the s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -19,7 +20,7 @@ from hermes_sup.agents.loop import TaskLoop
 from hermes_sup.agents.memory import Memories
 from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig
 from hermes_sup.agents.steps import StepRun
-from hermes_sup.agents.terminal import BACKGROUND_LOG_KEEP, BackgroundLog
+from hermes_sup.agents.terminal import BACKGROUND_LOG_KEEP, BackgroundLog, _watch_background
 from hermes_sup.agents.tools import REGISTRY, Finished, NeedsPerson, Refused, Toolbox, ToolContext, ToolError
 from hermes_sup.kanban import Board
 
@@ -211,6 +212,21 @@ def test_a_background_command_writing_without_end_fills_no_disk(tmp_path):
         assert log.stat().st_size <= 2 * BACKGROUND_LOG_KEEP + 100
     finally:
         ctx.stop.set()
+
+
+def test_a_background_command_whose_log_cannot_be_written_is_still_stopped_at_its_deadline():
+    proc = subprocess.Popen(["/bin/sh", "-c", "echo output; exec sleep 300"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, process_group=0)
+    full = BackgroundLog(os.open("/dev/full", os.O_WRONLY | os.O_CLOEXEC))  # every write: ENOSPC, a full disk
+    watcher = threading.Thread(target=_watch_background, args=(proc, threading.Event(), 1.0, full), daemon=True)
+    try:
+        watcher.start()
+        watcher.join(timeout=30)
+        assert not watcher.is_alive() and proc.poll() is not None, "the command outlived its deadline"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 9)
+        proc.wait()
 
 
 def test_terminal_workdir_stays_in_the_folder_and_long_foreground_timeouts_are_refused(tmp_path):
