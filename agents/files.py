@@ -70,8 +70,8 @@ def _moved(shown: str) -> ToolError:
 
 def _folder(target: Path, shown: str, *, create: bool = False) -> tuple[int, str]:
     """A descriptor of the folder holding `target` (a path confined() resolved) and its name there,
-    reached from the agent's folder one step at a time, never through a symlink; with `create`,
-    the missing folders are made on the way."""
+    reached from "/" one folder at a time, never through a symlink; with `create`, the missing
+    folders are made on the way."""
     root = Path(target.anchor)  # from "/": no folder above the agent's may be a swapped link either
     fd = os.open(root, DIR_FLAGS)
     try:
@@ -140,18 +140,18 @@ def _write(target: Path, text: str, shown: str) -> None:
         tmp = f".{name[:200]}.{os.getpid()}.{os.urandom(3).hex()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder)
         try:
-            # As the board writes: the folder's read bits, write for the owner only, whatever the umask.
-            os.fchmod(fd, stat.S_IMODE(os.fstat(folder).st_mode) & 0o644 | 0o600)
-            view = memoryview(scrub_bytes(text.encode("utf-8")))  # no key this process knows reaches a file
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-        try:
+            try:
+                # As the board writes: the folder's read bits, write for the owner only, whatever the umask.
+                os.fchmod(fd, stat.S_IMODE(os.fstat(folder).st_mode) & 0o644 | 0o600)
+                view = memoryview(scrub_bytes(text.encode("utf-8")))  # no key this process knows reaches a file
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
             os.rename(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
         except BaseException:
             with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=folder)
+                os.unlink(tmp, dir_fd=folder)  # a full disk or a folder in the way leaves no temp file
             raise
     except IsADirectoryError:
         raise ToolError(f"{shown} is a folder, so it cannot be written as a file") from None

@@ -144,6 +144,31 @@ def test_file_tools_read_regular_files_of_a_bounded_size_only(ctx, monkeypatch):
         call(ctx, "write_file", path="note.txt/inner", content="x")
 
 
+WRITE_PAST_A_LIMIT = """
+import resource, signal, sys, threading
+from pathlib import Path
+from hermes_sup.agents import builtins
+from hermes_sup.agents.tools import Toolbox, ToolContext, ToolError
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100))
+ctx = ToolContext(scratch=Path(sys.argv[1]), stop=threading.Event())
+try:
+    Toolbox(grants=("fs.write",)).call(ctx, "write_file", {"path": "big.txt", "content": "x" * 1000})
+except ToolError as exc:
+    print(exc)
+"""
+
+
+def test_a_write_that_fails_leaves_no_temp_file_and_no_half_file(ctx):
+    (ctx.scratch / "d").mkdir()
+    with pytest.raises(ToolError, match="d is a folder"):
+        call(ctx, "write_file", path="d", content="x")
+    done = subprocess.run([sys.executable, "-c", WRITE_PAST_A_LIMIT, str(ctx.scratch)], capture_output=True,
+                          text=True, timeout=60)
+    assert "File too large" in done.stdout, done.stdout + done.stderr
+    assert sorted(p.name for p in ctx.scratch.iterdir()) == ["d"]
+
+
 def test_a_scratch_folder_swapped_for_a_symlink_is_refused(ctx, tmp_path):
     (tmp_path / "secret").write_text("s3cret")
     ctx.scratch.rename(tmp_path / "old-scratch")
