@@ -33,6 +33,9 @@ from hermes_sup.kanban.liveness import start_time
 from .tools import Tool, ToolContext, ToolError, register
 
 TERMINAL = ("done", "failed", "cancelled")
+# Subtasks one delegate_task call may hand out: each is a task on the board and a child process, and
+# a hostile or confused model must not fan out thousands with one call.
+MAX_BATCH = 16
 
 
 @dataclass(frozen=True)
@@ -312,6 +315,10 @@ def batch(args: dict[str, Any]) -> list[dict[str, Any]]:
     context (else the call's) and the call's toolsets. Hermes' `role` and `background` have no
     counterpart: depth is bounded by `delegation.max_depth`, and a batch's children work in parallel."""
     if args.get("tasks"):
+        if not isinstance(args["tasks"], list) or len(args["tasks"]) > MAX_BATCH:
+            count = len(args["tasks"]) if isinstance(args["tasks"], list) else "not a list of"
+            raise ToolError(f"delegate_task takes at most {MAX_BATCH} tasks in one call ({count} given): "
+                            f"split the work into fewer, larger subtasks, or delegate the rest once these are done")
         items = [{key: value for key, value in {
                      "goal": item.get("goal"), "context": item.get("context") or args.get("context"),
                      "toolsets": item.get("toolsets", args.get("toolsets"))}.items() if value is not None}
@@ -362,7 +369,7 @@ register(Tool("delegate_task", "Hand a self-contained subtask to a helper agent 
                   "tasks": {"type": "array", "items": {"type": "object", "properties": {
                       "goal": {"type": "string", "minLength": 1}, "context": {"type": "string"},
                       "toolsets": {"type": "array", "items": {"type": "string"}}},
-                      "required": ["goal"]},
+                      "required": ["goal"]}, "maxItems": MAX_BATCH,
                       "description": "instead of goal, a batch worked in parallel: [{goal, context?}]"}},
                   "additionalProperties": False},
               capabilities=("delegate",), idempotent=True, toolset="delegation", prepare=start_early,

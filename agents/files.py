@@ -1,21 +1,26 @@
 """File tools confined to the agent's scratch folder, whatever a task or a tool's arguments say (no
 field of a task moves them elsewhere). A path is refused when it is absolute, when it has a `..`
 part, or when it resolves (symlinks followed, at the moment of use) outside that folder; the file is
-then opened by its resolved path."""
+then reached along its resolved path one folder at a time, from a descriptor of the folder and never
+through a symlink (O_NOFOLLOW at each step), so a folder swapped for a link between the check and the
+use fails the call instead of leading a read or a write outside."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban.fsio import write_atomic
+from hermes_sup.kanban.fsio import read_fd
+from hermes_sup.kanban.redact import scrub_bytes
 
 from . import v4a
 from .keys import key_names
@@ -23,6 +28,11 @@ from .terminal import clean_env
 from .tools import Tool, ToolContext, ToolError, register
 
 MAX_READ_CHARS = 100_000
+# What a file tool reads into memory at most: a file grown by a command must not grow the agent past
+# its memory limit.
+MAX_FILE_BYTES = 32 << 20
+# O_PATH: a folder we may search but not list (a home of mode 0711) is still a step of the walk.
+DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 SEARCH_TIMEOUT = 20.0
 
 
@@ -53,20 +63,110 @@ def confined(ctx: ToolContext, relative: object, *, allow_root: bool = False) ->
     return target
 
 
-def _text(target: Path, shown: str) -> str:
+def _moved(shown: str) -> ToolError:
+    return ToolError(f"refused: a folder on the path of {shown} was replaced (by a symlink?) while it was being "
+                     "opened; nothing was read or written")
+
+
+def _folder(target: Path, shown: str, *, create: bool = False) -> tuple[int, str]:
+    """A descriptor of the folder holding `target` (a path confined() resolved) and its name there,
+    reached from "/" one folder at a time, never through a symlink; with `create`, the missing
+    folders are made on the way."""
+    root = Path(target.anchor)  # from "/": no folder above the agent's may be a swapped link either
+    fd = os.open(root, DIR_FLAGS)
     try:
-        return target.read_text(encoding="utf-8")
+        for part in target.parent.relative_to(root).parts:
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, dir_fd=fd)
+            try:
+                step = os.open(part, DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                raise ToolError(f"no such file: {shown}") from None
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+                    raise
+                try:
+                    link = stat.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode)
+                except OSError:
+                    link = True  # gone again: it was being swapped
+                if link:
+                    raise _moved(shown) from None
+                raise ToolError(f"{shown}: {part} on its path is a file, not a folder") from None
+            os.close(fd)
+            fd = step
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, target.name
+
+
+def _text(target: Path, shown: str) -> str:
+    folder, name = _folder(target, shown)
+    try:
+        # Non-blocking: a FIFO planted under the name must not hang the agent (it is refused below).
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
     except FileNotFoundError:
         raise ToolError(f"no such file: {shown}") from None
-    except IsADirectoryError:
-        raise ToolError(f"{shown} is a folder; search_files lists what is in it") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _moved(shown) from None
+        raise
+    finally:
+        os.close(folder)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise ToolError(f"{shown} is a folder; search_files lists what is in it")
+        if not stat.S_ISREG(mode):
+            raise ToolError(f"{shown} is not a regular file")
+        data = read_fd(fd, MAX_FILE_BYTES)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FILE_BYTES:
+        raise ToolError(f"{shown} is larger than {MAX_FILE_BYTES >> 20} MiB, more than the file tools read; "
+                        "look at parts of it with the terminal (head, tail, grep)")
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError:
         raise ToolError(f"{shown} is not UTF-8 text") from None
 
 
-def _write(target: Path, text: str) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(target, text.encode("utf-8"), fsync=False)
+def _write(target: Path, text: str, shown: str) -> None:
+    """Replace the file atomically: a temp file in its folder's descriptor, renamed over the name (a
+    symlink there is replaced, never written through)."""
+    folder, name = _folder(target, shown, create=True)
+    try:
+        tmp = f".{name[:200]}.{os.getpid()}.{os.urandom(3).hex()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder)
+        try:
+            try:
+                # As the board writes: the folder's read bits, write for the owner only, whatever the umask.
+                os.fchmod(fd, stat.S_IMODE(os.fstat(folder).st_mode) & 0o644 | 0o600)
+                view = memoryview(scrub_bytes(text.encode("utf-8")))  # no key this process knows reaches a file
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
+            os.rename(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=folder)  # a full disk or a folder in the way leaves no temp file
+            raise
+    except IsADirectoryError:
+        raise ToolError(f"{shown} is a folder, so it cannot be written as a file") from None
+    finally:
+        os.close(folder)
+
+
+def _delete(target: Path, shown: str) -> None:
+    folder, name = _folder(target, shown)
+    try:
+        os.unlink(name, dir_fd=folder)  # a symlink there is removed itself, never what it points to
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(folder)
 
 
 def read_file(ctx: ToolContext, args: dict[str, Any]) -> str:
@@ -82,7 +182,7 @@ def read_file(ctx: ToolContext, args: dict[str, Any]) -> str:
 
 
 def write_file(ctx: ToolContext, args: dict[str, Any]) -> str:
-    _write(confined(ctx, args["path"]), args["content"])
+    _write(confined(ctx, args["path"]), args["content"], args["path"])
     return f"wrote {len(args['content'])} characters to {args['path']}"
 
 
@@ -106,7 +206,7 @@ def patch(ctx: ToolContext, args: dict[str, Any]) -> str:
         raise ToolError(f"old_string does not occur in {args['path']}")
     if count > 1 and not args.get("replace_all"):
         raise ToolError(f"old_string occurs {count} times in {args['path']}; give more context, or replace_all")
-    _write(target, text.replace(old, new) if args.get("replace_all") else text.replace(old, new, 1))
+    _write(target, text.replace(old, new) if args.get("replace_all") else text.replace(old, new, 1), args["path"])
     return f"replaced {count if args.get('replace_all') else 1} occurrence(s) in {args['path']}"
 
 
@@ -152,10 +252,11 @@ def v4a_patch(ctx: ToolContext, text: str) -> str:
             raise ToolError(f"the patch was not applied: {blocker.relative_to(root)} is "
                             f"{'a folder' if blocker.is_dir() else 'a file'}, so {shown} cannot be written")
     for target, content, _ in writes:
+        shown = str(target.relative_to(root))
         if content is None:
-            target.unlink(missing_ok=True)
+            _delete(target, shown)
         else:
-            _write(target, content)
+            _write(target, content, shown)
     return "; ".join(what for _, _, what in writes if what)
 
 

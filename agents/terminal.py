@@ -5,8 +5,9 @@ its environment, and refused when it matches a destructive pattern the agent's c
 approved (`terminal: {approve: [rule, ...]}`).
 
 Hermes Agent's `background: true` starts the command and returns at once: its output goes to a log
-file in the agent's folder (read with read_file), and its process group is killed at its deadline
-(`timeout`, default an hour), when its task ends or is stopped, or with the agent."""
+file in the agent's folder (read with read_file), kept to its first and its latest
+BACKGROUND_LOG_KEEP bytes, and its process group is killed at its deadline (`timeout`, default an
+hour), when its task ends or is stopped, or with the agent."""
 
 from __future__ import annotations
 
@@ -30,6 +31,10 @@ BACKGROUND_TIMEOUT = 3600.0
 MAX_BACKGROUND_TIMEOUT = 86400.0
 BACKGROUND_LOGS = ".background"
 MAX_OUTPUT = 20_000
+# Bytes of a background command's output its log keeps at each end (the start, and the latest, which
+# are rewritten at most every LOG_FLUSH seconds): a `yes` left running for its hour fills no disk.
+BACKGROUND_LOG_KEEP = 1 << 20
+LOG_FLUSH = 0.5
 # The signals our own stops send (down, restart, the memory limit, a cancel), and how long a command
 # ended by one waits for the agent's stop request to arrive before its exit counts as a result.
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL})
@@ -81,19 +86,20 @@ class Output:
 
     KEEP = MAX_OUTPUT * 4  # bytes: enough for MAX_OUTPUT // 2 characters of UTF-8 at each end
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int = KEEP) -> None:
+        self.keep = keep
         self.head = bytearray()
         self.tail = bytearray()
         self.dropped = 0
 
     def add(self, data: bytes) -> None:
-        room = self.KEEP - len(self.head)
+        room = self.keep - len(self.head)
         if room > 0:
             self.head += data[:room]
             data = data[room:]
         self.tail += data
-        if len(self.tail) > self.KEEP:
-            excess = len(self.tail) - self.KEEP
+        if len(self.tail) > self.keep:
+            excess = len(self.tail) - self.keep
             self.dropped += excess
             del self.tail[:excess]
 
@@ -101,6 +107,45 @@ class Output:
         if not self.dropped:
             return _cap((self.head + self.tail).decode("utf-8", "replace"))
         return _cap(self.head.decode("utf-8", "replace") + self.tail.decode("utf-8", "replace"), self.dropped)
+
+
+class BackgroundLog:
+    """A background command's log file: its output as it comes until there is more than twice `keep`
+    bytes of it; from then on the start, a line saying how much was cut, and the latest output."""
+
+    def __init__(self, fd: int, keep: int = BACKGROUND_LOG_KEEP) -> None:
+        self.fd = fd
+        self.output = Output(keep)
+        self.shown = 0  # the bytes cut when the file was last rewritten
+        self.stale = False  # a write failed (a full disk): the file is rewritten whole once one succeeds
+
+    def add(self, data: bytes) -> None:
+        self.output.add(data)
+        if self.output.dropped or self.stale:
+            return
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self.fd, view):]  # the file is all of the output so far, as it came
+        except OSError:
+            self.stale = True  # never an end of the watcher: it must still stop the command in time
+
+    def flush(self) -> None:
+        """Rewrite what follows the start (all of it after a failed write), if it changed since."""
+        dropped = self.output.dropped
+        if dropped == self.shown and not self.stale:
+            return
+        cut = f"\n[... {dropped:,} bytes of output cut; the latest follow ...]\n".encode() if dropped else b""
+        rest = cut + self.output.tail
+        try:
+            if self.stale:
+                os.pwrite(self.fd, self.output.head, 0)
+            os.pwrite(self.fd, rest, len(self.output.head))
+            os.ftruncate(self.fd, len(self.output.head) + len(rest))
+        except OSError:
+            self.stale = True
+            return
+        self.shown, self.stale = dropped, False
 
 
 def _workdir(ctx: ToolContext, workdir: object) -> Any:
@@ -167,13 +212,16 @@ def background(ctx: ToolContext, command: str, cwd: Any, env: dict[str, str], ar
     if logs.is_symlink() or not logs.is_dir():
         raise ToolError(f"refused: {BACKGROUND_LOGS} in your folder is not a real folder")
     log_name = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}.log"
-    fd = os.open(logs / log_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    fd = os.open(logs / log_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
+        # Through a pipe the watcher drains into the log, never the file itself: the command could
+        # write to that without end.
         proc = subprocess.Popen(["/bin/sh", "-c", command], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                                stdout=fd, stderr=subprocess.STDOUT, process_group=0, close_fds=True)
-    finally:
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0, close_fds=True)
+    except BaseException:
         os.close(fd)
-    threading.Thread(target=_watch_background, args=(proc, ctx.stop, timeout), daemon=True,
+        raise
+    threading.Thread(target=_watch_background, args=(proc, ctx.stop, timeout, BackgroundLog(fd)), daemon=True,
                      name=f"background-{proc.pid}").start()
     unsupported = [name for name in ("notify_on_complete", "watch_patterns", "pty") if args.get(name)]
     note = (f"\n({', '.join(unsupported)}: not available here; read the log to follow it)" if unsupported else "")
@@ -182,14 +230,39 @@ def background(ctx: ToolContext, command: str, cwd: Any, env: dict[str, str], ar
             f"{note}")
 
 
-def _watch_background(proc: subprocess.Popen[bytes], stop: threading.Event, timeout: float) -> None:
+def _watch_background(proc: subprocess.Popen[bytes], stop: threading.Event, timeout: float,
+                      log: BackgroundLog) -> None:
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not stop.is_set():
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
-            break
-    _kill_group(proc)  # what it left running goes with it, as in the foreground
-    proc.wait()
+    flushed = time.monotonic()
+    try:
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            open_ = True
+            while time.monotonic() < deadline and not stop.is_set() and proc.poll() is None:
+                wait = min(0.5, max(0.0, deadline - time.monotonic()))
+                if open_ and selector.select(timeout=wait):
+                    data = os.read(fd, 1 << 16)
+                    if data:
+                        log.add(data)
+                    else:
+                        open_ = False
+                elif not open_:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=wait)
+                if time.monotonic() - flushed >= LOG_FLUSH:
+                    log.flush()
+                    flushed = time.monotonic()
+            _kill_group(proc)  # what it left running goes with it, as in the foreground
+            if open_:
+                _drain(selector, fd, log)
+            log.flush()
+    finally:
+        _kill_group(proc)  # also when reading failed: a command never outlives its watcher
+        proc.stdout.close()
+        os.close(log.fd)
+        proc.wait()
 
 
 def _communicate(proc: subprocess.Popen[bytes], ctx: ToolContext, timeout: float, output: Output) -> bool:
@@ -224,7 +297,7 @@ def _communicate(proc: subprocess.Popen[bytes], ctx: ToolContext, timeout: float
     return False
 
 
-def _drain(selector: selectors.BaseSelector, fd: int, output: Output, within: float = 1.0) -> None:
+def _drain(selector: selectors.BaseSelector, fd: int, output: Output | BackgroundLog, within: float = 1.0) -> None:
     """What a killed command had written and not yet read, for a second at most (a process it
     moved out of its group may still hold the pipe open)."""
     end = time.monotonic() + within

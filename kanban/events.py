@@ -176,6 +176,7 @@ class CursorRead:
     bad: int  # lines skipped: not JSON, not an event, or too long
     restarted: bool = False  # the log was replaced (by hand) since the cursor: read from 0
     inode: int | None = None  # of the file read, to tell a replaced log on the next call
+    why: str = ""  # when restarted, what happened, in the backend's words (a file's path, or none)
 
 
 def read_since(path: Path, cursor: int, max_events: int = 10_000, inode: int | None = None) -> CursorRead:
@@ -185,7 +186,7 @@ def read_since(path: Path, cursor: int, max_events: int = 10_000, inode: int | N
     read before), was replaced: it is read from its start."""
     found: list[tuple[int, dict[str, Any]]] = []
     bad = 0
-    restarted = False
+    restarted, asked = False, cursor
     try:
         handle = open(path, "rb")  # noqa: SIM115 (closed by the with below; a missing log is no error)
     except FileNotFoundError:
@@ -214,7 +215,8 @@ def read_since(path: Path, cursor: int, max_events: int = 10_000, inode: int | N
                 found.append((position, record))
             elif raw.strip():
                 bad += 1
-    return CursorRead(found, position, bad, restarted, info.st_ino)
+    why = f"{path} was replaced (by hand?) since cursor {asked}" if restarted else ""
+    return CursorRead(found, position, bad, restarted, info.st_ino, why)
 
 
 def _skip_line(handle: Any, size: int) -> int | None:

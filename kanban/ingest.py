@@ -50,12 +50,12 @@ def fingerprint(name: str, st: os.stat_result, data: bytes) -> str:
     return digest.hexdigest()[:16]
 
 
-def _identity(st: os.stat_result) -> tuple[int, ...]:
+def identity_of(st: os.stat_result) -> tuple[int, ...]:
     return (st.st_dev, st.st_ino, st.st_mode, st.st_mtime_ns, st.st_size)
 
 
 @dataclass
-class _Read:
+class DropRead:
     """A drop as read and parsed outside the lock: a task document, or the reason it is none."""
 
     identity: tuple[int, ...]
@@ -64,13 +64,13 @@ class _Read:
     reason: str | None = None
 
 
-def _read_drop(path: Path) -> _Read | None:
+def read_drop(path: Path) -> DropRead | None:
     """Read and parse one drop (no board state needed); None if it is gone."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         return None
-    read = _Read(_identity(st))
+    read = DropRead(identity_of(st))
     problem = drops.name_problem(path.name)
     if problem is None and stat.S_ISLNK(st.st_mode):
         try:
@@ -126,7 +126,7 @@ class IngestMixin:
         self._check_links(("inbox", "rejected", ".ingested"))  # type: ignore[attr-defined]
         for drop in self._ready(report):
             try:
-                read = _read_drop(drop.path)
+                read = read_drop(drop.path)
                 if read is None:
                     continue
                 with self._locked():  # type: ignore[attr-defined]
@@ -186,15 +186,15 @@ class IngestMixin:
         self._log.append(event(now_iso(), name, "inbox", "rejected", "ingest", reason))
         report.rejected.append({"file": rel, "moved_to": f"rejected/{dest.name}", "reason": reason})
 
-    def _ingest_one(self, path: Path, read: _Read, report: IngestReport) -> None:
+    def _ingest_one(self, path: Path, read: DropRead, report: IngestReport) -> None:
         """Under the lock: make the task `read` holds, or reject the file with its reason."""
         try:
-            now_identity = _identity(os.lstat(path))
+            now_identity = identity_of(os.lstat(path))
         except FileNotFoundError:
             return  # another process ingested it first
         if now_identity != read.identity:
             # Replaced or rewritten since it was read: read it again (under the lock this time).
-            again = _read_drop(path)
+            again = read_drop(path)
             if again is None:
                 return
             read = again

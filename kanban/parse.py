@@ -193,6 +193,35 @@ def load_yaml(text: str) -> Any:
         loader.dispose()
 
 
+class PlainYamlError(ValueError):
+    """A file of YAML that is not YAML, or not plain data: which file, the line (if known) and the problem."""
+
+    def __init__(self, source: str, problem: str, line: int | None = None) -> None:
+        self.source, self.problem, self.line = source, problem, line
+        super().__init__(f"{source} is not valid YAML{self.where}: {problem}")
+
+    @property
+    def where(self) -> str:
+        return f" at line {self.line}" if self.line is not None else ""
+
+
+def load_plain(text: str, source: str) -> Any:
+    """Plain data from the YAML text of `source` (its name, for messages: "config.yaml"); every way
+    it can fail (bad YAML, an alias, a date, too deep, too long an integer) is a PlainYamlError."""
+    loader = PlainLoader(text)
+    loader.source = source
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise PlainYamlError(source, problem, mark.line + 1 if mark is not None else None) from None
+    except (ValueError, RecursionError, OverflowError) as exc:
+        raise PlainYamlError(source, str(exc)) from None
+    finally:
+        loader.dispose()
+
+
 def _yaml_mapping(text: str, what: str, line_offset: int = 0) -> Any:
     try:
         return load_yaml(text)

@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,6 +126,16 @@ def retry_delay(attempt: int, rng: random.Random) -> float:
     """Seconds before attempt `attempt + 1`, after `attempt` failed: doubling, with equal jitter."""
     base = min(MAX_DELAY, FIRST_DELAY * 2 ** (attempt - 1))
     return base / 2 + rng.uniform(0, base / 2)
+
+
+def exposed(started_with: Mapping[str, Collection[str] | None], withheld: Collection[str]) -> list[str]:
+    """The agents whose environment holds a variable no agent may be given (pure): started before a
+    reload (or by a previous supervisor) named it a webhook's. `started_with` maps an agent to the names
+    of its environment, None when they are not known (then it may hold them)."""
+    names = set(withheld)
+    if not names:
+        return []
+    return sorted(agent for agent, env in started_with.items() if env is None or names & set(env))
 
 
 def worth_retrying(status: int | None) -> bool:

@@ -57,8 +57,7 @@ def print_since(board: BoardStore, cursor: int, as_json: bool, inode: int | None
         inode = batch.inode
         if batch.restarted:
             err.print(Text.assemble(("note:", "yellow"), " ", literal(
-                f"{board.root / EVENTS_NAME} was replaced (by hand?) since cursor {cursor}; "
-                "reading it from its start")))
+                f"{batch.why or 'the event log was replaced'}; reading it from its start")))
         if batch.bad:
             err.print(Text.assemble(("note:", "yellow"), " ", literal(
                 f"{batch.bad} unreadable line(s) in {EVENTS_NAME} skipped")))

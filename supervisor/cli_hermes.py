@@ -21,7 +21,7 @@ import click
 import yaml
 from hermes_sup.kanban import BoardStore
 from hermes_sup.kanban.fsio import write_atomic
-from hermes_sup.kanban.parse import PlainLoader
+from hermes_sup.kanban.parse import PlainYamlError, load_plain
 
 from .cli import Failure, handled, json_option, literal, main, out, workspace_of
 from .cliargs import emit_json
@@ -33,16 +33,9 @@ if TYPE_CHECKING:
 TOP_KEY = re.compile(r"([A-Za-z_][A-Za-z0-9_-]*)\s*:(.*)$")
 
 
-class _HermesYamlLoader(PlainLoader):
-    source = "hermes.yaml"
-
-
 def parse_plain(text: str) -> dict[str, Any]:
-    loader = _HermesYamlLoader(text)
-    try:
-        data = loader.get_single_data()
-    finally:
-        loader.dispose()
+    """hermes.yaml as plain data (without the lines workspace.load_config adds); PlainYamlError if it is not."""
+    data = load_plain(text, CONFIG_NAME)
     return data if isinstance(data, dict) else {}
 
 
@@ -129,15 +122,15 @@ def checked_config(config_path: Path, text: str, plan: Plan) -> str:
 
     try:
         before = parse_plain(text)
-    except yaml.YAMLError as exc:
-        raise HermesImportError(f"{config_path} is not valid YAML, fix it first: {str(exc).splitlines()[0]}") from None
+    except PlainYamlError as exc:
+        raise HermesImportError(f"{config_path} is not valid YAML{exc.where}, fix it first: {exc.problem}") from None
     new = new_config_text(text, plan)
     if len(new.encode("utf-8")) > MAX_CONFIG_BYTES:
         raise HermesImportError(f"hermes.yaml would be larger than {MAX_CONFIG_BYTES:,} bytes (SOUL.md is long?)")
     try:
         parsed = parse_plain(new)
-    except yaml.YAMLError as exc:
-        raise HermesImportError(f"the import could not write hermes.yaml in its layout ({str(exc).splitlines()[0]}); "
+    except PlainYamlError as exc:
+        raise HermesImportError(f"the import could not write hermes.yaml in its layout ({exc.problem}{exc.where}); "
                                 "nothing was changed") from None
     if parsed != expected(before, plan):
         raise HermesImportError("the import could not add to hermes.yaml in its layout (the result would mean "
@@ -280,8 +273,10 @@ def import_hermes(ctx: click.Context, path: Path, name: str | None, dry_run: boo
         if with_board and not dry_run:
             added, there = add_tasks(board, tasks)
             written.append(f"board: {len(added)} tasks added" + (f", {len(there)} already there" if there else ""))
-    except (HermesImportError, yaml.YAMLError) as exc:
-        raise Failure(str(exc).splitlines()[0] if isinstance(exc, yaml.YAMLError) else str(exc), 1) from None
+    except PlainYamlError as exc:
+        raise Failure(f"{config_path} is not valid YAML{exc.where}, fix it first: {exc.problem}", 1) from None
+    except HermesImportError as exc:
+        raise Failure(str(exc), 1) from None
     finally:
         if board is not None:
             board.close()

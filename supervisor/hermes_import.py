@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from hermes_sup.agents.memory import FILES, HERMES_LIMITS, beyond_hermes, limits_problem, parse
-from hermes_sup.kanban.parse import PlainLoader
+from hermes_sup.kanban.parse import PlainYamlError, load_plain
 
 MAX_CONFIG = 1 << 20
 MAX_SOUL = 64 * 1024
@@ -93,23 +92,11 @@ def _text(data: bytes, what: str) -> str:
         raise HermesImportError(f"{what} is not UTF-8 text (byte {exc.start})") from None
 
 
-class _ConfigLoader(PlainLoader):
-    source = "config.yaml"
-
-
 def load_config(text: str) -> dict[str, Any]:
-    loader = _ConfigLoader(text)
     try:
-        data = loader.get_single_data()
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise HermesImportError(f"config.yaml is not valid YAML{where}: "
-                                f"{getattr(exc, 'problem', None) or str(exc).splitlines()[0]}") from None
-    except (ValueError, RecursionError, OverflowError) as exc:
-        raise HermesImportError(f"config.yaml is not valid YAML: {exc}") from None
-    finally:
-        loader.dispose()
+        data = load_plain(text, "config.yaml")
+    except PlainYamlError as exc:
+        raise HermesImportError(str(exc)) from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -103,6 +103,16 @@ def read_marker(pid: int) -> Marker | None:
         return None
 
 
+def environ_names(pid: int) -> frozenset[str] | None:
+    """The names of the variables a process was started with; None when they cannot be read."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            block = handle.read()
+    except OSError:
+        return None
+    return frozenset(entry.split(b"=", 1)[0].decode(errors="replace") for entry in block.split(b"\0") if entry)
+
+
 def marked(root: Path) -> list[Marked]:
     """Every live process (but this one) carrying a marker of the workspace at `root`. ScanIncomplete
     (an OSError) when /proc could not be read whole: an empty answer then would be a lie."""

@@ -35,7 +35,7 @@ from hermes_sup.kanban.liveness import holder_alive, start_time
 from hermes_sup.kanban.task import now_iso
 
 from . import cgroups
-from .alerts import AlertSender, rules_of
+from .alerts import AlertSender, exposed, rules_of
 from .boardwork import BoardWork
 from .cliargs import sane_state
 from .control import (
@@ -56,6 +56,7 @@ from .procs import (
     MARKER_ENV,
     Marker,
     ScanIncomplete,
+    environ_names,
     is_agent_process,
     marked,
     marker_value,
@@ -104,6 +105,9 @@ class Child:
     adopted: int | None = None  # pid of an agent a previous supervisor started (not our child)
     marker: Marker | None = None  # what its processes carry in their environment (procs.py)
     cgroup: Path | None = None  # its own cgroup, in cgroup mode
+    # The names of the environment it was started with (None: not known), to see whether it holds a
+    # variable that was withheld from the agents only after it started (see _withhold_secrets).
+    env_names: frozenset[str] | None = None
 
     @property
     def pid(self) -> int | None:
@@ -247,7 +251,7 @@ class Supervisor:
         for name in self.alerts.env_names():
             env.pop(name, None)
         child.proc, child.cgroup = self._spawn(spec, env)
-        child.marker = marker
+        child.marker, child.env_names = marker, frozenset(env)
         child.pidfd = os.pidfd_open(child.proc.pid)
         self.selector.register(child.pidfd, selectors.EVENT_READ, lambda c=child: self._on_exit(c))
         child.pid_started = start_time(child.proc.pid)
@@ -353,6 +357,7 @@ class Supervisor:
         pid = info["pid"]
         child.pidfd = pidfd
         child.adopted, child.pid_started, child.marker = pid, info.get("pid_started"), marker
+        child.env_names = environ_names(pid)
         where = cgroups.cgroup_of(pid)
         if where is not None and where.name == cgroups.agent_name(child.spec.name) \
                 and where.parent.name == cgroups.base_name(self.ws.root):
@@ -403,6 +408,16 @@ class Supervisor:
         for folder in cgroups.workspace_cgroups(self.ws.root) - kept:
             cgroups.kill(folder)
         return adopted
+
+    def _withhold_secrets(self) -> None:
+        """Restart each agent whose environment holds a webhook's URL or secret variable, named so only
+        after it started (by a reload, or in the hermes.yaml of this supervisor for an agent a previous
+        one started): nothing takes a variable back from a running process and what it started."""
+        running = {name: child.env_names for name, child in self.children.items()
+                   if child.alive() and child.state != "stopping"}
+        for name in exposed(running, self.alerts.env_names()):
+            self.say(f"{name}: restarting, its environment holds a webhook's variable that agents are not given")
+            self.stop(self.children[name], "reload")
 
     def _on_exit(self, child: Child) -> None:
         assert child.pidfd is not None
@@ -618,6 +633,7 @@ class Supervisor:
         self.ingest_warnings.team = team_of(everyone)
         self.scheduler.schedules = schedules_of(config)
         self.alerts.reconfigure(rules_of(config))
+        self._withhold_secrets()
         return {"ok": True, "message": describe_reload(plan),
                 "plan": {"start": plan.start, "stop": plan.stop, "restart": plan.restart, "keep": plan.keep}}
 
@@ -719,6 +735,7 @@ class Supervisor:
         self._bind()
         self.say(f"supervisor: {self.containment.detail}")
         adopted = self._take_over(previous)
+        self._withhold_secrets()
         self.boardwork.recover()
         for name, child in self.children.items():
             if name in self.held:

@@ -25,6 +25,7 @@ from hermes_sup.supervisor.alerts import (
     SIGNATURE_HEADER,
     alert_body,
     alert_for,
+    exposed,
     post,
     retry_delay,
     rules_of,
@@ -33,7 +34,7 @@ from hermes_sup.supervisor.alerts import (
 )
 from hermes_sup.supervisor.workspace import ConfigError, load_config
 
-from .conftest import supervisor_state, wait_until
+from .conftest import gone, supervisor_state, wait_until
 from .test_events import hermes, make_ws
 
 FAKE = Path(__file__).resolve().parent / "fake_agent.py"
@@ -256,6 +257,59 @@ def test_an_agent_started_after_a_reload_removed_the_webhook_is_not_given_its_ur
                       and (ws / "runs" / "a" / "seen-env.txt").read_text(), timeout=30)
     assert "HERMES_SUP_AGENT=" in seen
     assert URL_ENV not in seen and SECRET_ENV not in seen and receiver.token not in seen and secret not in seen
+
+
+def test_which_agents_hold_a_withheld_variable():
+    started_with = {"a": frozenset({"PATH", URL_ENV}), "b": frozenset({"PATH"}), "c": None}
+    assert exposed(started_with, {URL_ENV, SECRET_ENV}) == ["a", "c"]  # c: not known, so it may
+    assert exposed(started_with, set()) == []
+
+
+def test_an_agent_running_when_a_reload_adds_a_webhook_is_restarted_without_its_url_or_secret(
+        tmp_path, monkeypatch, up, hook):
+    # Started before the webhook was named, the agent (and its shell) got both variables; a reload
+    # cannot take them back from a running process.
+    receiver = hook()
+    shell = f"env > seen-env.txt; exec {sys.executable} {FAKE} beat"
+    ws, secret = alert_team(tmp_path, monkeypatch, receiver.url, "task_failed",
+                            f"- name: a\n  command: [/bin/sh, -c, '{shell}']\n")
+    with_alerts = (ws / "hermes.yaml").read_text()
+    (ws / "hermes.yaml").write_text(with_alerts.split("alerts:")[0])
+    up(ws)
+    first = wait_until(lambda: running(ws, "a"), timeout=60)["pid"]
+    assert secret in (ws / "runs" / "a" / "seen-env.txt").read_text()  # what the test is about
+    (ws / "runs" / "a" / "seen-env.txt").unlink()
+    (ws / "hermes.yaml").write_text(with_alerts)
+    assert hermes(ws, "reload").returncode == 0
+    wait_until(lambda: running(ws, "a").get("pid") not in (None, first), timeout=60)
+    wait_until(lambda: gone(first), timeout=30)
+    seen = wait_until(lambda: (ws / "runs" / "a" / "seen-env.txt").exists()
+                      and (ws / "runs" / "a" / "seen-env.txt").read_text(), timeout=30)
+    assert "HERMES_SUP_AGENT=" in seen
+    assert URL_ENV not in seen and SECRET_ENV not in seen and receiver.token not in seen and secret not in seen
+
+
+def test_an_agent_a_killed_supervisor_left_is_restarted_by_a_new_one_whose_webhook_it_holds(
+        tmp_path, monkeypatch, up, hook):
+    receiver = hook()
+    shell = f"env > seen-env.txt; exec {sys.executable} {FAKE} beat"
+    ws, secret = alert_team(tmp_path, monkeypatch, receiver.url, "task_failed",
+                            f"- name: a\n  command: [/bin/sh, -c, '{shell}']\n")
+    with_alerts = (ws / "hermes.yaml").read_text()
+    (ws / "hermes.yaml").write_text(with_alerts.split("alerts:")[0])
+    old = up(ws)
+    first = wait_until(lambda: running(ws, "a"), timeout=60)["pid"]
+    assert secret in (ws / "runs" / "a" / "seen-env.txt").read_text()
+    old.kill()
+    old.wait(timeout=10)
+    (ws / "runs" / "a" / "seen-env.txt").unlink()
+    (ws / "hermes.yaml").write_text(with_alerts)
+    up(ws)
+    wait_until(lambda: running(ws, "a").get("pid") not in (None, first), timeout=60)
+    wait_until(lambda: gone(first), timeout=30)
+    seen = wait_until(lambda: (ws / "runs" / "a" / "seen-env.txt").exists()
+                      and (ws / "runs" / "a" / "seen-env.txt").read_text(), timeout=30)
+    assert URL_ENV not in seen and SECRET_ENV not in seen and secret not in seen
 
 
 def test_a_webhook_added_by_reload_hears_of_what_happens_after_it_only(tmp_path, monkeypatch, up, hook):

@@ -4,8 +4,10 @@ they do in Hermes, for real: files, processes, the board, the loop against the s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import subprocess
 import threading
 from pathlib import Path
@@ -13,11 +15,12 @@ from typing import Any
 
 import pytest
 from hermes_sup.agents import builtins  # noqa: F401 - registers the tools
-from hermes_sup.agents.delegation import batch
+from hermes_sup.agents.delegation import MAX_BATCH, batch, delegate_task, start_early
 from hermes_sup.agents.loop import TaskLoop
 from hermes_sup.agents.memory import Memories
 from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig
 from hermes_sup.agents.steps import StepRun
+from hermes_sup.agents.terminal import BACKGROUND_LOG_KEEP, BackgroundLog, _watch_background
 from hermes_sup.agents.tools import REGISTRY, Finished, NeedsPerson, Refused, Toolbox, ToolContext, ToolError
 from hermes_sup.kanban import Board
 
@@ -177,6 +180,55 @@ def test_a_background_command_is_killed_at_its_deadline_and_with_its_task(tmp_pa
     wait_until(lambda: gone(pid), timeout=30)
 
 
+def test_a_background_log_keeps_its_start_and_its_latest_output_only(tmp_path):
+    fd = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT, 0o600)
+    log = BackgroundLog(fd, keep=100)
+    log.add(b"start\n" + b"a" * 94)
+    log.add(b"b" * 80)
+    assert (tmp_path / "log").read_bytes() == b"start\n" + b"a" * 94 + b"b" * 80, "all of it, while it is small"
+    for _ in range(50):
+        log.add(b"c" * 100)
+    log.add(b"the end\n")
+    log.flush()
+    os.close(fd)
+    kept = (tmp_path / "log").read_bytes()
+    assert kept.startswith(b"start\n" + b"a" * 94 + b"\n[... 4,988 bytes of output cut; the latest follow ...]\n")
+    assert kept.endswith(b"c" * 92 + b"the end\n") and len(kept) < 300
+
+
+def test_a_background_command_writing_without_end_fills_no_disk(tmp_path):
+    ctx = ctx_for(tmp_path)
+    said = call(ctx, "terminal", command="exec yes", background=True)
+    log = log_of(ctx, said)
+    produced = re.compile(rb"\[\.\.\. ([0-9,]+) bytes of output cut")
+
+    def written() -> int:
+        data = log.read_bytes()
+        found = produced.search(data)
+        return len(data) + (int(found.group(1).replace(b",", b"")) if found else 0)
+
+    try:
+        wait_until(lambda: written() > 4 * BACKGROUND_LOG_KEEP + (4 << 20), timeout=60)
+        assert log.stat().st_size <= 2 * BACKGROUND_LOG_KEEP + 100
+    finally:
+        ctx.stop.set()
+
+
+def test_a_background_command_whose_log_cannot_be_written_is_still_stopped_at_its_deadline():
+    proc = subprocess.Popen(["/bin/sh", "-c", "echo output; exec sleep 300"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, process_group=0)
+    full = BackgroundLog(os.open("/dev/full", os.O_WRONLY | os.O_CLOEXEC))  # every write: ENOSPC, a full disk
+    watcher = threading.Thread(target=_watch_background, args=(proc, threading.Event(), 1.0, full), daemon=True)
+    try:
+        watcher.start()
+        watcher.join(timeout=30)
+        assert not watcher.is_alive() and proc.poll() is not None, "the command outlived its deadline"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 9)
+        proc.wait()
+
+
 def test_terminal_workdir_stays_in_the_folder_and_long_foreground_timeouts_are_refused(tmp_path):
     ctx = ctx_for(tmp_path)
     for workdir, reason in (("/etc", "'..' is refused"), ("../", "'..' is refused"), ("nowhere", "not a folder")):
@@ -308,6 +360,28 @@ def test_a_hermes_batch_is_one_delegation_per_task():
     for blank in ({"goal": " \n "}, {"tasks": [{"goal": "A"}, {"goal": "\n"}]}):
         with pytest.raises(ToolError, match="goal must say what to do"):
             batch(blank)
+
+
+def test_a_batch_is_bounded_before_anything_is_started():
+    assert len(batch({"tasks": [{"goal": f"part {n}"} for n in range(MAX_BATCH)]})) == MAX_BATCH
+    too_many = {"tasks": [{"goal": f"part {n}"} for n in range(MAX_BATCH + 1)]}
+    with pytest.raises(ToolError, match=f"at most {MAX_BATCH} tasks in one call \\({MAX_BATCH + 1} given\\)"):
+        batch(too_many)
+    started: list[dict] = []
+
+    class Recorder:
+        def start(self, ctx: ToolContext, item: dict, block: bool) -> None:
+            started.append(item)
+
+        def run(self, ctx: ToolContext, item: dict) -> str:
+            started.append(item)
+            return "done"
+
+    ctx = ToolContext(scratch=Path("."), stop=threading.Event(), services={"delegation": Recorder()})
+    start_early(ctx, too_many)  # a turn's calls are started early: not one of these
+    with pytest.raises(ToolError, match="at most"):
+        delegate_task(ctx, too_many)
+    assert started == []
 
 
 def test_a_hermes_batch_is_worked_by_child_agents_and_answered_in_order(tmp_path, up):

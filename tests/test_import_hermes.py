@@ -128,6 +128,18 @@ def test_a_hostile_profile_is_refused_with_nothing_written(ws, profile, damage, 
     assert snapshot(ws) == before
 
 
+def test_a_broken_hermes_yaml_is_named_with_its_line_and_problem_as_a_broken_config_yaml_is(ws, profile):
+    config = ws / "hermes.yaml"
+    config.write_text(config.read_text() + "extra: [unclosed\n")
+    lines = config.read_text().count("\n")
+    result = invoke(ws, str(profile), "--name", "ada")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    expected = "did not find expected ',' or ']'"
+    assert f"{config} is not valid YAML at line {lines + 1}, fix it first: {expected}" in result.output
+    (profile / "config.yaml").write_text("model: [unclosed\n")
+    assert f"config.yaml is not valid YAML at line 2: {expected}" in invoke(ws, str(profile)).output
+
+
 def test_links_in_skills_are_not_followed_and_an_oversized_memory_is_flagged(ws, profile, tmp_path):
     (tmp_path / "outside").mkdir()
     (tmp_path / "outside" / "secret.txt").write_text("private")

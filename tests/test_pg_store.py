@@ -590,7 +590,7 @@ def test_a_drop_rewritten_after_it_was_read_is_ingested_as_it_is_now(make_store:
     store = make_store(drop_root=tmp_path / "kanban")
     drop = tmp_path / "kanban" / "inbox" / "note.json"
     drop.write_text(json.dumps({"id": "note", "title": "first draft"}))
-    real_read = pgstore._read_drop
+    real_read = pgstore.read_drop
 
     def read_then_rewrite(path: Path):  # the user saves again just after the board read the file
         read = real_read(path)
@@ -599,7 +599,7 @@ def test_a_drop_rewritten_after_it_was_read_is_ingested_as_it_is_now(make_store:
             os.utime(drop, ns=(time.time_ns(), time.time_ns() + 1_000_000))
         return read
 
-    monkeypatch.setattr(pgstore, "_read_drop", read_then_rewrite)
+    monkeypatch.setattr(pgstore, "read_drop", read_then_rewrite)
     assert store.ingest().ingested == ["note"]
     assert store.get("note")["title"] == "final"
 
@@ -611,7 +611,7 @@ def test_two_processes_of_a_host_ingesting_the_same_drops_make_each_task_once(ma
     names = [f"d{n}" for n in range(20)]
     for name in names:
         (root / "inbox" / f"{name}.json").write_text(json.dumps({"id": name, "title": name}))
-    real_read = pgstore._read_drop
+    real_read = pgstore.read_drop
     together = threading.Barrier(2)
 
     def read_in_step(path: Path):  # both have read each drop before either writes its task
@@ -619,7 +619,7 @@ def test_two_processes_of_a_host_ingesting_the_same_drops_make_each_task_once(ma
         together.wait(timeout=30)
         return read
 
-    monkeypatch.setattr(pgstore, "_read_drop", read_in_step)
+    monkeypatch.setattr(pgstore, "read_drop", read_in_step)
     reports: list = []
     threads = [threading.Thread(target=lambda s=s: reports.append(s.ingest())) for s in stores]
     for thread in threads:

@@ -4,6 +4,7 @@ terminal (timeout, deny list, environment, process group), and the board tools, 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import itertools
 import json
 import os
@@ -77,6 +78,95 @@ def test_a_symlink_out_of_the_folder_is_refused_at_use_time(ctx, tmp_path):
     with pytest.raises(ToolError, match="leads outside your folder"):
         call(ctx, "read_file", path="link/secret")
     assert "s3cret" not in call(ctx, "search_files", pattern="s3cret")
+
+
+def exchange(a: str, b: str) -> None:
+    """Swap two names in one step (renameat2 RENAME_EXCHANGE): neither is ever missing."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.renameat2(-100, a.encode(), -100, b.encode(), 2) != 0:  # AT_FDCWD, RENAME_EXCHANGE
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), a)
+
+
+def test_a_folder_swapped_for_a_symlink_while_a_file_tool_runs_never_leads_it_outside(ctx, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("s3cret")
+    (ctx.scratch / "d").mkdir()
+    (ctx.scratch / "alt").symlink_to(outside)
+    try:
+        exchange(str(ctx.scratch / "d"), str(ctx.scratch / "alt"))
+        exchange(str(ctx.scratch / "d"), str(ctx.scratch / "alt"))
+    except (OSError, AttributeError) as exc:
+        pytest.skip(f"renameat2 RENAME_EXCHANGE is not available here: {exc}")
+    stop = threading.Event()
+
+    def swap() -> None:  # d is a real folder inside, then a link to outside, then a real folder, ...
+        while not stop.is_set():
+            exchange(str(ctx.scratch / "d"), str(ctx.scratch / "alt"))
+
+    swapper = threading.Thread(target=swap, daemon=True)
+    swapper.start()
+    wrote = refused = 0
+    deadline = time.monotonic() + 3.0
+    try:
+        while time.monotonic() < deadline:
+            for name, args in (("write_file", {"path": "d/planted.txt", "content": "x"}),
+                               ("patch", {"path": "d/secret.txt", "old_string": "s3cret", "new_string": "gone"}),
+                               ("read_file", {"path": "d/secret.txt"})):
+                try:
+                    said = call(ctx, name, caps=("fs.read", "fs.write"), **args)
+                except ToolError:
+                    refused += 1
+                    continue
+                assert "s3cret" not in said
+                wrote += name == "write_file"
+    finally:
+        stop.set()
+        swapper.join(timeout=10)
+    assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
+    assert (outside / "secret.txt").read_text() == "s3cret"
+    assert wrote and refused, "both the real folder and the link were met"
+
+
+def test_file_tools_read_regular_files_of_a_bounded_size_only(ctx, monkeypatch):
+    from hermes_sup.agents import files
+
+    os.mkfifo(ctx.scratch / "fifo")  # opened for reading, it would wait for a writer for ever
+    with pytest.raises(ToolError, match="fifo is not a regular file"):
+        call(ctx, "read_file", path="fifo")
+    monkeypatch.setattr(files, "MAX_FILE_BYTES", 1000)
+    (ctx.scratch / "big.log").write_text("y\n" * 501)
+    with pytest.raises(ToolError, match=r"larger than .* the terminal"):
+        call(ctx, "read_file", path="big.log")
+    (ctx.scratch / "note.txt").write_text("x")
+    with pytest.raises(ToolError, match=r"note\.txt on its path is a file, not a folder"):
+        call(ctx, "write_file", path="note.txt/inner", content="x")
+
+
+WRITE_PAST_A_LIMIT = """
+import resource, signal, sys, threading
+from pathlib import Path
+from hermes_sup.agents import builtins
+from hermes_sup.agents.tools import Toolbox, ToolContext, ToolError
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100))
+ctx = ToolContext(scratch=Path(sys.argv[1]), stop=threading.Event())
+try:
+    Toolbox(grants=("fs.write",)).call(ctx, "write_file", {"path": "big.txt", "content": "x" * 1000})
+except ToolError as exc:
+    print(exc)
+"""
+
+
+def test_a_write_that_fails_leaves_no_temp_file_and_no_half_file(ctx):
+    (ctx.scratch / "d").mkdir()
+    with pytest.raises(ToolError, match="d is a folder"):
+        call(ctx, "write_file", path="d", content="x")
+    done = subprocess.run([sys.executable, "-c", WRITE_PAST_A_LIMIT, str(ctx.scratch)], capture_output=True,
+                          text=True, timeout=60)
+    assert "File too large" in done.stdout, done.stdout + done.stderr
+    assert sorted(p.name for p in ctx.scratch.iterdir()) == ["d"]
 
 
 def test_a_scratch_folder_swapped_for_a_symlink_is_refused(ctx, tmp_path):

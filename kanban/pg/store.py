@@ -28,7 +28,7 @@ from ..board import COMMENT_RESERVE, MAX_DOCUMENT_BYTES
 from ..errors import BoardError, ClaimLost, InvalidTransition, TaskNotFound
 from ..faults import fault
 from ..fsio import safe_name
-from ..ingest import IngestReport, _identity, _read_drop
+from ..ingest import IngestReport, identity_of, read_drop
 from ..liveness import holder_alive, start_time
 from ..reads import Listing
 from ..task import MAX_BYTES, STATUSES, TaskError, find_cycle, is_valid_id, normalize, slugify, transition
@@ -570,7 +570,7 @@ class PgStore(StreamMixin):
         found, report.waiting = drops.ready(self.drop_root)
         for path in found:
             try:
-                read = _read_drop(path)
+                read = read_drop(path)
                 if read is not None:
                     self._ingest_one(path, read, report)
             except OSError as exc:
@@ -584,9 +584,9 @@ class PgStore(StreamMixin):
     def _ingest_one(self, path: Path, read: Any, report: IngestReport) -> None:
         assert self.drop_root is not None
         try:
-            if _identity(os.lstat(path)) != read.identity:
+            if identity_of(os.lstat(path)) != read.identity:
                 # Rewritten since it was read: what lands on the board is what the file holds now.
-                read = _read_drop(path)
+                read = read_drop(path)
         except FileNotFoundError:
             return None  # another process of this host took it
         if read is None:

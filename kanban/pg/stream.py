@@ -65,7 +65,9 @@ class StreamMixin:
             rows = conn.execute(sql.EVENTS_SINCE, {"cursor": start, "bound": bound,
                                                    "limit": max(1, int(max_events))}).fetchall()
         found = [(int(r["cursor"]), _event_of(r)) for r in rows]
-        return CursorRead(found, found[-1][0] if found else start, 0, restarted=restarted)
+        why = (f"cursor {cursor} is past the newest event of the board database ({self.dsn_env}): it comes from "
+               "another board or one that was recreated" if restarted else "")
+        return CursorRead(found, found[-1][0] if found else start, 0, restarted=restarted, why=why)
 
     def events_end(self: PgStore) -> int:
         bound = self._events_bound()

@@ -30,7 +30,7 @@ from starlette.staticfiles import StaticFiles
 
 from .. import taskrecords
 from ..workspace import Workspace, open_workspace_board
-from . import actions, follow, security, views
+from . import actions, follow, security, slowclients, views
 from .sse import Hub
 
 STATIC = Path(__file__).with_name("static")
@@ -319,7 +319,7 @@ class Server:
         self.port = self.sock.getsockname()[1]
         self.app, self.dashboard = create_app(ws, settings)
         config = uvicorn.Config(self.app, log_level="warning", access_log=False, timeout_graceful_shutdown=2,
-                                lifespan="off", server_header=False, h11_max_incomplete_event_size=64 << 10)
+                                lifespan="off", server_header=False, **slowclients.server_options())
         self.server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 

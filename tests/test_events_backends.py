@@ -1,0 +1,47 @@
+"""What `events` says of a stream it must read again from its start comes from the board's backend: the
+file board names its events.jsonl, the PostgreSQL board (a real server) its database and no file."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from hermes_sup.kanban import Board
+from hermes_sup.kanban.pg.store import PgStore
+from hermes_sup.supervisor.cli_events import print_since
+
+from .pgserver import PgServer
+
+
+@pytest.fixture
+def pg_board(pg_server: PgServer) -> Iterator[PgStore]:
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    store = PgStore(pg_server.dsn, schema=schema, host="host-a", boot_id="boot-a")
+    yield store
+    store.close()
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+def test_a_postgresql_board_read_again_from_its_start_names_no_file(pg_board: PgStore, capsys) -> None:
+    pg_board.add({"title": "one", "id": "one"})
+    end = pg_board.events_end()
+    cursor, _ = print_since(pg_board, end + 1000, as_json=False)  # a cursor of a board since recreated
+    out, err = capsys.readouterr()
+    assert "one" in out and cursor == end
+    assert "events.jsonl" not in err
+    assert f"cursor {end + 1000} is past the newest event of the board database" in err
+    assert "reading it from its start" in err
+
+
+def test_a_file_board_read_again_from_its_start_names_its_log(tmp_path, capsys) -> None:
+    board = Board(tmp_path / "kanban")
+    try:
+        board.add({"title": "one", "id": "one"})
+        print_since(board, board.events_end() + 1000, as_json=False)
+    finally:
+        board.close()
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'kanban' / 'events.jsonl'} was replaced (by hand?) since cursor" in err
