@@ -194,13 +194,7 @@ def test_migrate_copies_every_field_of_every_task_and_the_events_and_a_second_ru
     # The file board is left as it was: a copy, not a move.
     assert sorted(str(p.relative_to(ws)) for p in (ws / "kanban").rglob("*") if p.is_file()) == files_before
 
-    second = _run(env, ws, "board", "migrate", "--to", "postgres", "--dsn-env", DSN_ENV)
-    _no_secret(second, database)
-    assert "nothing new to copy" in second.stdout and "skipped 8 task(s)" in second.stdout
-    assert "0 event(s)" in second.stdout
-    assert _rows(database, "SELECT count(*) FROM hermes_sup.tasks") == [(8,)]
-    assert _rows(database, "SELECT count(*) FROM hermes_sup.events WHERE record->>'event' = 'board_migrated'") == [(1,)]
-
+    config = (ws / "hermes.yaml").read_text()
     _switch(ws)
     after = _shown(env, ws, ids)
     for task_id in ids:
@@ -211,7 +205,16 @@ def test_migrate_copies_every_field_of_every_task_and_the_events_and_a_second_ru
     assert _rows(database, "SELECT task_id, depends_on FROM hermes_sup.dependencies") == [("after", "base")]
     assert [r[0] for r in _rows(database, "SELECT id FROM hermes_sup.tasks WHERE status = 'todo' "
                                           "ORDER BY priority DESC, created, id")] == todo_order
-    assert _rows(database, "SELECT last_value >= 1 FROM hermes_sup.fence_seq") == [(True,)]
+    # Each task was claimed at most once on the file board (token 1): PostgreSQL's next token is above it.
+    assert _rows(database, "SELECT last_value, is_called FROM hermes_sup.fence_seq") == [(1, True)]
+    # A second run (the board switched back to files for it) copies nothing and says so.
+    (ws / "hermes.yaml").write_text(config)
+    second = _run(env, ws, "board", "migrate", "--to", "postgres", "--dsn-env", DSN_ENV)
+    _no_secret(second, database)
+    assert "nothing new to copy" in second.stdout and "skipped 8 task(s)" in second.stdout
+    assert "0 event(s)" in second.stdout
+    assert _rows(database, "SELECT count(*) FROM hermes_sup.tasks") == [(8,)]
+    assert _rows(database, "SELECT count(*) FROM hermes_sup.events WHERE record->>'event' = 'board_migrated'") == [(1,)]
 
 
 @pytest.mark.timeout(300)
