@@ -42,7 +42,9 @@ from .workspace import Workspace, board_settings, open_workspace_board
 @click.option("--dsn-env", "dsn_env", metavar="NAME", default=DEFAULT_DSN_ENV, show_default=True,
               help="The environment variable that holds the PostgreSQL connection string; the string itself "
                    "is never printed.")
-@click.option("--dry-run", is_flag=True, help="Say what would be copied, skipped or refused; write nothing.")
+@click.option("--dry-run", is_flag=True,
+              help="Say what would be copied, skipped or refused; copy nothing (the board's tables are created "
+                   "if missing, as by any command on it).")
 @json_option
 @click.pass_context
 @handled

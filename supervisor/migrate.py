@@ -122,11 +122,12 @@ def plan_migration(tasks: Iterable[Mapping[str, Any]], damaged: Iterable[Mapping
             continue
         changed = differing(doc, stored)
         if changed:
-            plan.altered.append(f"{task_id}: {', '.join(changed)} stored with NUL characters or secrets replaced")
+            plan.altered.append(f"task {task_id}: {', '.join(changed)} stored as PostgreSQL holds it (NUL characters "
+                                "and secrets replaced, a missing field as null)")
         plan.copy.append(stored)
     if doing:
-        plan.refusals.append(f"{len(doing)} task(s) are in doing: {_named(sorted(doing))}; no supervisor runs, so "
-                             "their holders are gone: `hermes-sup board` takes them back to todo, then migrate again")
+        plan.refusals.append(f"{len(doing)} task(s) are in doing: {_named(sorted(doing))}; `hermes-sup board` takes "
+                             "back the claims of holders that are gone (to todo), then migrate again")
     bad = sorted(str(entry.get("file") or entry.get("id") or "?") for entry in damaged)
     if bad:
         plan.refusals.append(f"{len(bad)} task file(s) cannot be read: {_named(bad)}; `hermes-sup board` sets them "

@@ -235,6 +235,9 @@ def test_migrate_refuses_a_conflicting_id_and_writes_nothing(database: str, tmp_
     assert "nothing was copied" in refused.stderr and "two (differs in" in refused.stderr
     assert _rows(database, "SELECT id FROM hermes_sup.tasks") == [("two",)]
     assert _rows(database, "SELECT count(*) FROM hermes_sup.events") == events
+    # A workspace already on PostgreSQL has no file board to copy.
+    again = _run(env, other, "board", "migrate", "--to", "postgres", "--dsn-env", DSN_ENV, code=2)
+    assert "already on postgres" in again.stderr
 
 
 @pytest.mark.timeout(300)
