@@ -277,3 +277,27 @@ def test_migrate_never_prints_the_dsn_in_its_errors(database: str, pg_server: Pg
     result = _run({k: v for k, v in os.environ.items() if k != DSN_ENV}, ws, "board", "migrate", "--to", "postgres",
                   "--dsn-env", DSN_ENV, "--json", code=2)
     assert json.loads(result.stdout)["error"].startswith(f"${DSN_ENV} is not set")
+
+
+@pytest.mark.timeout(120)
+def test_a_copy_that_fails_halfway_leaves_nothing(database: str) -> None:
+    from hermes_sup.kanban import BoardError
+    from hermes_sup.kanban.pg import open_store
+    from hermes_sup.kanban.pg.bulk import importing
+
+    with open_store({"dsn_env": DSN_ENV}, host="box-a", environ={DSN_ENV: database}) as store:
+        first, second = stored_form(_doc("first", depends_on=["second"])), stored_form(_doc("second"))
+        events = [event_row({"kind": "board", "at": NOW, "task": "first", "from": None, "to": "todo", "by": "cli",
+                             "note": "added"})]
+        marker = marker_record(at=NOW, source="/ws/kanban", inode=1, offset=10, tasks=2, events=1)
+        # The same id twice: the second insert finds it taken, after the first task was written.
+        with pytest.raises(BoardError, match="appeared on the PostgreSQL board"), importing(store) as target:
+            target.write([first, second, first], events, marker)
+        assert store.list().tasks == []
+        assert _rows(database, "SELECT count(*) FROM hermes_sup.events") == [(0,)]
+        assert _rows(database, "SELECT count(*) FROM hermes_sup.dependencies") == [(0,)]
+        with importing(store) as target:
+            target.write([first, second], events, marker)
+        assert sorted(doc["id"] for doc in store.list().tasks) == ["first", "second"]
+        assert store.claim("w-1")["id"] == "second"  # first waits on it: its dependency is a row too
+        assert store.claim("w-1") is None
