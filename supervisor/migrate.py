@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from hermes_sup.kanban.pg.rules import document_part, row_to_doc, storable
@@ -49,6 +50,18 @@ class Plan:
         for doc in docs:
             found[doc["status"]] = found.get(doc["status"], 0) + 1
         return found
+
+
+def is_moment(value: Any) -> bool:
+    """Whether `value` is a time in the board's own form that a timestamptz column gives back unchanged
+    (pure): "2026-13-45T..." has the form and no moment, and would fail the whole copy."""
+    if not isinstance(value, str) or not CANONICAL_AT.fullmatch(value):
+        return False
+    try:
+        datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ")
+    except ValueError:
+        return False
+    return True
 
 
 def stored_form(doc: Mapping[str, Any]) -> TaskDoc:
@@ -146,8 +159,7 @@ def event_row(event: Mapping[str, Any]) -> dict[str, Any]:
     supervisor's, an alert's, an agent's event, or a transition with an odd field) is kept whole as
     a record, which the target gives back as it was."""
     event = storable(dict(event))
-    at = event.get("at")
-    at = at if isinstance(at, str) and CANONICAL_AT.fullmatch(at) else None
+    at = event.get("at") if is_moment(event.get("at")) else None
     transition = {key: value for key, value in event.items() if key != "kind"}
     if (event.get("kind", "board") == "board" and at is not None and set(transition) == {"at", "task", "from", "to",
                                                                                          "by", "note"}

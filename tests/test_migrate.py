@@ -70,8 +70,9 @@ def test_events_map_to_columns_only_when_they_hold_them_unchanged() -> None:
     board_event = {"kind": "board", "at": NOW, "task": "t", "from": None, "to": "todo", "by": "cli", "note": "added"}
     assert event_row(board_event) == {"record": None, "at": NOW, "task": "t", "src": None, "dst": "todo",
                                       "by": "cli", "note": "added"}
-    odd = {**board_event, "at": "yesterday"}  # a time the column would not give back as written
-    assert event_row(odd)["record"] == odd and event_row(odd)["at"] is None
+    for at in ("yesterday", "2026-01-02T03:04:05Z", "2026-13-45T03:04:05.000006Z"):
+        odd = {**board_event, "at": at}  # a time the column would not give back as written, or no time at all
+        assert event_row(odd)["record"] == odd and event_row(odd)["at"] is None
     started = {"kind": "supervisor", "at": NOW, "event": "started", "agent": "w-1", "pid": 12}
     assert event_row(started) == {"record": started, "at": NOW, "task": "", "src": None, "dst": None,
                                   "by": "supervisor", "note": ""}

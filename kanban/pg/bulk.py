@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
@@ -87,7 +88,15 @@ class Target:
 
 
 def _at(value: Any) -> str | None:
-    return value if isinstance(value, str) and CANONICAL_AT.fullmatch(value) else None
+    """`value` if it is a moment in the board's form, else None (the database's now()): a text of that
+    form that is no moment ("2026-13-45T...") would fail the cast, and the whole copy with it."""
+    if not isinstance(value, str) or not CANONICAL_AT.fullmatch(value):
+        return None
+    try:
+        datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ")
+    except ValueError:
+        return None
+    return value
 
 
 def _event_params(event: Mapping[str, Any]) -> dict[str, Any]:
