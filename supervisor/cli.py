@@ -33,6 +33,7 @@ from rich.text import Text
 
 from . import render, team
 from .cliargs import (
+    JsonUsageCommand,
     JsonUsageGroup,
     Seconds,
     UsageError,
@@ -201,7 +202,11 @@ def task() -> None:
 
 # -- the board --------------------------------------------------------------------------------------
 
-@main.command("board")
+class BoardGroup(JsonUsageGroup, JsonUsageCommand):
+    """`board` shows the board itself, and has subcommands (`board migrate`, cli_migrate.py)."""
+
+
+@main.group("board", cls=BoardGroup, invoke_without_command=True)
 @json_option
 @click.option("--watch", is_flag=True,
               help="Redraw as tasks move, on the board's change events (--json: one document per line).")
@@ -209,6 +214,8 @@ def task() -> None:
 @handled
 def board_cmd(ctx: click.Context, as_json: bool, watch: bool) -> None:
     """The board as columns, with counts and the top tasks of each."""
+    if ctx.invoked_subcommand is not None:
+        return
     with open_board(ctx) as board:
         if watch:
             watch_board(board, as_json, lambda: team_now(ctx))
@@ -781,12 +788,13 @@ def read_supervisor_state(ws: Workspace) -> dict[str, Any]:
 # Register, on the groups above, the task commands (cli_task: add, list, show, cancel, answer, retry,
 # move; cli_tasklog: task log), `events` (cli_events), `logs` (cli_logs), and `stop`, `start`, `ps`,
 # `task wait` and `task comment` (cli_steer), `schedules` (cli_schedules), `dashboard` (cli_dashboard),
-# `import-hermes` (cli_hermes), `prune` (cli_prune).
+# `import-hermes` (cli_hermes), `prune` (cli_prune), `board migrate` (cli_migrate).
 from . import (  # noqa: E402, F401
     cli_dashboard,
     cli_events,
     cli_hermes,
     cli_logs,
+    cli_migrate,
     cli_prune,
     cli_schedules,
     cli_steer,
