@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from filelock import FileLock
 from hermes_sup.kanban.backends import DEFAULT_BACKEND, check_board_config
+from hermes_sup.kanban.errors import BoardError
 from hermes_sup.kanban.liveness import HOST, holder_alive, start_time
 
 from .budget import Caps, Entry, Refusal, decide, price, utc_day, worst_cost
@@ -204,6 +205,11 @@ def _open_postgres(workspace: Path, section: Mapping[str, Any], host: str | None
     except ImportError:
         raise LedgerError("the budget ledger on a PostgreSQL board needs psycopg 3: "
                           "pip install 'hermes-sup[postgres]'") from None
+    from hermes_sup.kanban.pg import check_dsn
+    try:
+        check_dsn(dsn, dsn_env)
+    except BoardError as exc:
+        raise LedgerError(str(exc)) from None
     # The same schema and host name as the board's (kanban/pg open_store): a host judges the
     # liveness of its own holds only.
     return PgLedger(dsn, schema=str(section.get("schema") or "hermes_sup"), host=host or HOST,

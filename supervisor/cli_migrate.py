@@ -67,18 +67,15 @@ def migrate_command(ctx: click.Context, target: str, dsn_env: str, dry_run: bool
         raise Failure(f"${dsn_env} is not set: put the PostgreSQL connection string (DSN) in that environment "
                       "variable (or name another with --dsn-env)", 2)
     try:
-        from hermes_sup.kanban.pg import open_store
+        from hermes_sup.kanban.pg import check_dsn, open_store
         from hermes_sup.kanban.pg.bulk import importing
         from hermes_sup.kanban.pg.store import redact_dsn
-        from psycopg.conninfo import conninfo_to_dict
     except ImportError:
         raise Failure("the PostgreSQL board needs psycopg 3: pip install 'hermes-sup[postgres]'", 2) from None
     try:
-        conninfo_to_dict(dsn)
-    except Exception:
-        # psycopg's message quotes the part it could not parse, which may be a password.
-        raise Failure(f"${dsn_env} does not hold a valid PostgreSQL connection string (the parser's message is "
-                      "not shown: it would quote it)", 2) from None
+        check_dsn(dsn, dsn_env)
+    except BoardError as exc:
+        raise Failure(str(exc), 2) from None
     try:
         with _team_held_off(ws), open_workspace_board(ws) as files:
             snapshot = _read_file_board(files)

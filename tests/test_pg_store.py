@@ -632,3 +632,31 @@ def test_two_processes_of_a_host_ingesting_the_same_drops_make_each_task_once(ma
     made = Counter(e["task"] for _c, e in stores[0].events_since(0).events if e.get("from") == "inbox")
     assert made == Counter(names), "a drop was made into a task twice"
     assert len(list((root / ".ingested").iterdir())) == len(names) and list((root / "inbox").iterdir()) == []
+
+
+@pytest.mark.parametrize("dsn", ["host=127.0.0.1 password=half pw-s3cretpart", "host=x password='s3cretpart"])
+def test_a_dsn_that_does_not_parse_is_refused_without_quoting_it(dsn: str, tmp_path: Path) -> None:
+    # psycopg's parser says `missing "=" after "pw-s3cretpart"`: the password's second half.
+    with pytest.raises(BoardError) as caught:
+        open_store({"dsn_env": "TEAM_DSN"}, environ={"TEAM_DSN": dsn})
+    assert "s3cretpart" not in str(caught.value) and "$TEAM_DSN" in str(caught.value)
+    assert "does not hold a valid PostgreSQL connection string" in str(caught.value)  # said before connecting
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    from hermes_sup.agents.ledger import LedgerError, open_ledger
+    with pytest.raises(LedgerError) as ledger_error:
+        open_ledger(tmp_path, {"backend": "postgres", "dsn_env": "TEAM_DSN"}, environ={"TEAM_DSN": dsn})
+    assert "s3cretpart" not in str(ledger_error.value)
+    assert "$TEAM_DSN does not hold a valid PostgreSQL connection string" in str(ledger_error.value)
+    # And should a driver's message quote a piece of such a DSN anyway, it is not shown.
+    assert "s3cretpart" not in redact_dsn('missing "=" after "pw-s3cretpart" in connection info string', dsn)
+
+
+def test_board_commands_do_not_quote_a_dsn_that_does_not_parse(tmp_path: Path) -> None:
+    (tmp_path / "hermes.yaml").write_text(
+        "agents:\n  - name: a\nboard: {backend: postgres, dsn_env: TEAM_DSN}\n")
+    env = {**os.environ, "TEAM_DSN": "host=127.0.0.1 password=half pw-s3cretpart"}
+    for args in (["board"], ["doctor"], ["task", "add", "x"], ["usage"]):
+        run = subprocess.run([sys.executable, "-m", "hermes_sup.supervisor", "-w", str(tmp_path), *args],
+                             capture_output=True, text=True, env=env, timeout=60)
+        assert "s3cretpart" not in run.stdout + run.stderr, args
+        assert "Traceback" not in run.stderr, (args, run.stderr)

@@ -33,6 +33,20 @@ def boot_id() -> str:
         return "unknown-boot"
 
 
+def check_dsn(dsn: str, dsn_env: str) -> None:
+    """Refuse a connection string that does not parse, with a message of our own: the parser's
+    quotes the part it could not read, which may be the password (`password=half pw-...`)."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:
+        raise BoardConfigError("the PostgreSQL board needs psycopg 3: pip install 'hermes-sup[postgres]'") from None
+    try:
+        conninfo_to_dict(dsn)
+    except Exception:
+        raise BoardConfigError(f"${dsn_env} does not hold a valid PostgreSQL connection string (the parser's "
+                               "message is not shown: it would quote it)") from None
+
+
 def open_store(config: Mapping[str, Any], *, host: str | None = None, environ: Mapping[str, str] | None = None,
                drop_root: str | os.PathLike[str] | None = None) -> PgStore:
     """A PgStore from the `board:` section of hermes.yaml: dsn_env (default HERMES_SUP_PG_DSN),
@@ -46,6 +60,7 @@ def open_store(config: Mapping[str, Any], *, host: str | None = None, environ: M
     if not dsn:
         raise BoardConfigError(f"the board is on PostgreSQL, but ${dsn_env} is not set: put the connection string "
                          "(DSN) in that environment variable, never in hermes.yaml")
+    check_dsn(dsn, dsn_env)
     try:
         from .store import PgStore
     except ImportError:
@@ -67,4 +82,4 @@ def _open(folder: Path, section: Mapping[str, Any], *, lock_timeout: float, host
 
 register("postgres", _open)
 
-__all__ = ["DEFAULT_DSN_ENV", "boot_id", "open_store"]
+__all__ = ["DEFAULT_DSN_ENV", "boot_id", "check_dsn", "open_store"]

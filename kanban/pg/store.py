@@ -704,10 +704,15 @@ def _row_params(doc: TaskDoc) -> dict[str, Any]:
 def redact_dsn(text: str, dsn: str) -> str:
     """`text` without the DSN or any password in it (pure): a driver error may quote either."""
     secrets = [dsn]
-    with contextlib.suppress(Exception):
+    try:
         password = conninfo_to_dict(dsn).get("password")
         if password:
             secrets.append(str(password))
+    except Exception:
+        # Unparsable (open_store refuses such a DSN): no telling which part is the password, so
+        # every word of it, and every value after an "=", goes.
+        words = dsn.replace("'", " ").split()
+        secrets += words + [word.split("=", 1)[1] for word in words if "=" in word]
     if "://" in dsn and "@" in dsn:
         secrets.append(dsn.split("://", 1)[1].rsplit("@", 1)[0])  # user:password of a URL
     for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
