@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -184,13 +185,17 @@ def test_resume_with_last_event_id_loses_nothing(served: tuple[Path, Server]) ->
     stranger.close()
 
 
+def follower_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == "dashboard-board-follower"]
+
+
 def test_reads_the_board_only_when_something_changed(served: tuple[Path, Server]) -> None:
     ws, server = served
     hub = server.dashboard.hub
-    assert hub.builds == 0 and hub._observer is None  # no client: nothing read, nothing watched
+    assert hub.builds == 0 and not hub.watching  # no client: nothing read, nothing watched
     client = Stream(server.port)
     client.until(lambda f: f["event"] == "snapshot")
-    assert hub.builds == 1 and hub._observer is not None
+    assert hub.builds == 1 and hub.watching
     # Several quiet rechecks (every 0.2 s here) read the log by cursor, but not the board.
     turns, woken = hub.turns, hub.generation
     wait_until(lambda: hub.turns >= turns + 5, timeout=30)
@@ -202,11 +207,12 @@ def test_reads_the_board_only_when_something_changed(served: tuple[Path, Server]
     # then its file), so on a loaded machine a picture may be built between the two: at most two reads.
     assert hub.builds in (2, 3) and hub.generation > woken
     client.close()
-    wait_until(lambda: hub.clients == 0 and hub._observer is None, timeout=15)
+    wait_until(lambda: hub.clients == 0 and not hub.watching, timeout=15)
+    wait_until(lambda: not follower_threads(), timeout=15)  # the board's follower ended too
     # Nobody connected: the watcher is gone, so a change wakes nothing and nothing reads the board.
     generation, builds = hub.generation, hub.builds
     cli(ws, "task", "add", "unseen", "--id", "unseen", "--role", "nobody")
-    assert hub._observer is None and hub.generation == generation and hub.builds == builds
+    assert not hub.watching and hub.generation == generation and hub.builds == builds
 
 
 def test_the_supervisors_state_wakes_the_stream(served: tuple[Path, Server], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -599,19 +605,19 @@ def test_a_script_title_renders_as_text(page, team) -> None:
     assert page.evaluate("window.__pwned") is None
 
 
-def test_recent_events_are_the_newest_complete_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_recent_events_are_the_newest_complete_ones(tmp_path: Path) -> None:
+    """Read through the protocol from the stream's end (a window that starts inside a line)."""
     from hermes_sup.supervisor.dashboard import views
 
     with Board(tmp_path / "kanban") as board:
+        assert views.recent_events(board) == []
         for number in range(40):
             board.add({"id": f"t{number}", "title": "x" * 500}, by="cli")
-        path = board.events_path
-    monkeypatch.setattr(views, "RECENT_BLOCK", 4096)  # the block starts inside a line
-    with open(path, "ab") as handle:
-        handle.write(b'{"at": "torn')  # a line being written is no event yet
-    recent = views.recent_events(path, 5)
-    assert [event["task"] for event in recent] == ["t35", "t36", "t37", "t38", "t39"]
-    assert views.recent_events(tmp_path / "none.jsonl") == []
+        with open(board.events_path, "ab") as handle:
+            handle.write(b'{"at": "torn')  # a line being written is no event yet
+        recent = views.recent_events(board, 5)
+        assert [event["task"] for event in recent] == ["t35", "t36", "t37", "t38", "t39"]
+        assert [event["task"] for event in views.recent_events(board, 100)] == [f"t{n}" for n in range(40)]
 
 
 def test_stop_and_start_an_agent_from_the_page(page, team) -> None:
