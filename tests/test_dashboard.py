@@ -238,6 +238,61 @@ def test_the_supervisors_state_wakes_the_stream(served: tuple[Path, Server], mon
     client.close()
 
 
+def test_the_budget_ledger_and_a_saved_breaker_wake_the_stream(served: tuple[Path, Server],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spend and a breaker opening change files in runs/ only (no board event): both are watched
+    while a client is connected, so the budgets and breakers panels change at once, not at the
+    next safety recheck (made longer than the test here)."""
+    from hermes_sup.kanban.fsio import write_json_atomic
+
+    ws, server = served
+    monkeypatch.setattr(sse, "SAFETY_RECHECK", 3600.0)
+    monkeypatch.setattr(sse, "KEEPALIVE", 3600.0)
+    (ws / "hermes.yaml").write_text((ws / "hermes.yaml").read_text() + "\nbudgets:\n  team: {total: 2}\n")
+    (ws / "runs" / "worker-1").mkdir(parents=True)  # the agent's folder, there when the page connects
+    client = Stream(server.port)
+    first = json.loads(client.until(lambda f: f["event"] == "snapshot")[-1]["data"])
+    assert first["breakers"] == []
+    assert first["budgets"] == [{"scope": "team", "cap": "total", "limit": 2, "spent": 0.0, "left": 2.0}]
+    with open(ws / "runs" / "budget.jsonl", "a") as ledger:  # as the agents' ledger appends a settled call
+        ledger.write(json.dumps({"op": "hold", "id": "h1", "agent": "worker-1", "task": "t", "day": "2026-01-01",
+                                 "amount": 0.25}) + "\n")
+        ledger.write(json.dumps({"op": "settle", "id": "h1", "amount": 0.25}) + "\n")
+    # Its creation wakes the stream too, maybe before the lines are in: a picture with them follows.
+    client.until(lambda f: f["event"] == "snapshot" and json.loads(f["data"])["budgets"][0]["spent"] == 0.25,
+                 timeout=30)
+    gone = {"state": "open", "failures": 1, "opened": 1, "until": time.time() + 300, "why": "unreachable"}
+    write_json_atomic(ws / "runs" / "worker-1" / "providers.json",
+                      {"saved_at": "2026-01-01T00:00:00Z", "breakers": {"gone": gone}})
+    frames = client.until(lambda f: f["event"] == "snapshot" and json.loads(f["data"])["breakers"], timeout=30)
+    breakers = json.loads(frames[-1]["data"])["breakers"]
+    assert [(b["agent"], b["provider"], b["level"]) for b in breakers] == [("worker-1", "gone", "warn")]
+    assert breakers[0]["state"].startswith("open: down until "), breakers
+    client.close()
+
+
+def test_a_held_tasks_picture_follows_its_lease_renewed(served: tuple[Path, Server],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A renewal is no event: while a task is held the picture is built again now and then, so its
+    card's lease left does not run out on the page while the holder keeps renewing it."""
+    ws, server = served
+    monkeypatch.setattr(sse, "HELD_RECHECK", 0.2)
+    with Board(ws / "kanban") as board:
+        board.add({"id": "held", "title": "Held", "role": "r"}, by="cli")
+        doc = board.claim("worker-1", roles=["r"], lease=60)
+        client = Stream(server.port)
+
+        def lease_of(frame: dict[str, str]) -> float | None:
+            picture = json.loads(frame["data"])
+            return next((i["lease_until_ts"] for i in picture["board"]["columns"]["doing"]), None)
+
+        first = lease_of(client.until(lambda f: f["event"] == "snapshot")[-1])
+        assert first == doc["claim"]["lease_until_ts"]
+        renewed = board.renew("held", doc["claim"]["token"], lease=600)["claim"]["lease_until_ts"]
+        client.until(lambda f: f["event"] == "snapshot" and lease_of(f) == renewed, timeout=30)
+        client.close()
+
+
 def test_streams_opened_at_once_are_capped_too(served: tuple[Path, Server], monkeypatch: pytest.MonkeyPatch) -> None:
     """The cap counted a stream once it ran, which is after every request already waiting was let
     through: a burst of requests opened as many streams as it held."""
