@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import os
 import threading
 import time
@@ -31,10 +32,12 @@ from hermes_sup.kanban.events import CursorError, parse_cursor
 
 SAFETY_RECHECK = 10.0  # seconds: events are a wake-up; the log is read this often without one
 HELD_RECHECK = 10.0  # seconds: how stale a picture with a held task may grow (its lease left)
-POLL_INTERVAL = 0.5  # seconds between looks at the stream's end on a board that cannot watch it (PostgreSQL)
+POLL_INTERVAL = 0.1  # seconds between looks at the stream's end on a board that cannot watch it (PostgreSQL)
 KEEPALIVE = 15.0  # a comment line this often lets a dead connection be noticed and closed
+MAX_AGENT_WATCHES = 256  # agents' folders watched for their breakers (each an inotify watch; the rest: rechecked)
 WATCHED = frozenset({"supervisor.json", LEDGER_FILE})  # in runs/ (the board is watched through its protocol)
 RETRY_MS = 1000  # how soon a browser reconnects after the stream breaks
+log = logging.getLogger("hermes_sup.dashboard")
 
 
 def frame(event: str, data: Any, cursor: int | None = None) -> bytes:
@@ -110,8 +113,7 @@ class Hub:
     def changed(self) -> None:
         """Called after this process changed the board (an action): the picture is built again even
         when the change is one the stream does not show (a comment)."""
-        with self._lock:
-            self.touched += 1
+        self.touched += 1  # on the event loop, never blocked by a picture being built (under _lock)
         self._wake()
 
     async def wait(self, seen: int, timeout: float) -> bool:
@@ -171,12 +173,16 @@ class Hub:
             # Each agent saves its breakers by a rename: its folder is watched for that alone (its
             # journals, appended all the time, wake nothing). An agent's folder made later is seen at
             # the next safety recheck.
-            for folder in agent_folders(self.runs):
+            for folder in agent_folders(self.runs)[:MAX_AGENT_WATCHES]:
                 observer.schedule(Handler(frozenset({BREAKERS_FILE})), str(folder), recursive=False,
                                   event_filter=[FileCreatedEvent, FileMovedEvent])
         observer.daemon = True
-        observer.start()
-        self._observer = observer
+        try:
+            observer.start()
+            self._observer = observer
+        except OSError as exc:  # the user's inotify watches or instances used up: the rechecks see it all
+            observer.stop()
+            log.warning("dashboard: runs/ is not watched (%s); changes there show within %g s", exc, SAFETY_RECHECK)
         stop = self.board.watch_events()
         halt = threading.Event()
         self._follower = halt
