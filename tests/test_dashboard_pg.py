@@ -201,7 +201,7 @@ def test_the_page_on_a_postgres_team(browser, database: str, tmp_path: Path) -> 
             problems: list[str] = []
             page.on("pageerror", lambda exc: problems.append(str(exc)))
             api_calls: list[str] = []
-            page.on("request", lambda r: api_calls.append(r.url) if "/api/" in r.url else None)
+            page.on("request", lambda r: api_calls.append(r.url) if "/api/" in r.url and r.method == "GET" else None)
             page.goto(str(url))
             page.wait_for_selector("#live[data-state='live']", timeout=30_000)
             page.evaluate("window.__same_page = 'yes'")
@@ -217,6 +217,15 @@ def test_the_page_on_a_postgres_team(browser, database: str, tmp_path: Path) -> 
             run(env, "-w", str(ws), "task", "move", "gate", "done")
             expect(card_in(page, "done", "dropped")).to_be_visible(timeout=60_000)
             expect(card_in(page, "todo", "dropped")).to_have_count(0)
+
+            # Added from the page itself: through the same board verb, on the database.
+            page.fill("#add-title", "Added from the page")
+            page.fill("#add-role", "nobody")
+            page.click("#add-form button[type='submit']")
+            expect(page.locator("#board .column[data-status='todo'] .card", has_text="Added from the page")
+                   ).to_be_visible(timeout=30_000)
+            listed = json.loads(run(env, "-w", str(ws), "board", "--json").stdout)
+            assert [t["title"] for t in listed["columns"]["todo"]] == ["Added from the page"]
 
             # A task whose model call hangs: held, with its holder, host, attempt and lease left.
             run(env, "-w", str(ws), "task", "add", "Think it over", "--id", "think")
@@ -241,7 +250,7 @@ def test_the_page_on_a_postgres_team(browser, database: str, tmp_path: Path) -> 
             expect(card_in(page, "todo", "big").locator(".why")).to_contain_text("provider gone down", timeout=60_000)
             page.screenshot(path=str(ARTIFACTS / "test_the_page_on_a_postgres_team.png"), full_page=True)
             assert page.evaluate("window.__same_page") == "yes"  # no reload
-            assert not [u for u in api_calls if "/api/events" not in u]  # nor any poll of the board
+            assert not [u for u in api_calls if "/api/events" not in u]  # nor any read of the board
             assert problems == []
         finally:
             gate.set()
