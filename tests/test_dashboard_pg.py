@@ -251,6 +251,10 @@ def test_the_page_on_a_postgres_team(browser, database: str, tmp_path: Path) -> 
             page.screenshot(path=str(ARTIFACTS / "test_the_page_on_a_postgres_team.png"), full_page=True)
             assert page.evaluate("window.__same_page") == "yes"  # no reload
             assert not [u for u in api_calls if "/api/events" not in u]  # nor any read of the board
+            # The drawer of the done task: its history and its model call, from the database and the journals.
+            card_in(page, "done", "think").click()
+            expect(page.locator("#d-history")).to_contain_text("doing → done", timeout=30_000)
+            expect(page.locator("#d-log")).to_contain_text("model  local (m)", timeout=30_000)
             assert problems == []
         finally:
             gate.set()
