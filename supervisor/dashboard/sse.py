@@ -15,6 +15,7 @@ end, those files' states) changed, and shared by every client.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -108,7 +109,8 @@ class Hub:
         """Called from a watcher's thread: something the page shows may have changed."""
         loop = self._loop
         if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._bump)
+            with contextlib.suppress(RuntimeError):  # closed just now: the server is stopping
+                loop.call_soon_threadsafe(self._bump)
 
     def changed(self) -> None:
         """Called after this process changed the board (an action): the picture is built again even
@@ -190,6 +192,8 @@ class Hub:
         def follow() -> None:
             try:
                 self._follow_board(halt, stop is not None)
+            except Exception as exc:  # the board closed under it (the server stopping), say: rechecks go on
+                log.warning("dashboard: stopped following the board's stream (%s: %s)", type(exc).__name__, exc)
             finally:
                 if stop is not None:
                     stop()
