@@ -1,13 +1,15 @@
 """The web dashboard: how soon a board transition is visible in the page, and what the server costs idle.
 
-Run by hand: `python bench/dashboard_bench.py [--transitions 200] [--idle 30] [--clients 5]`. It needs
-the system's Chromium (/usr/bin/chromium, or HERMES_SUP_CHROMIUM) and playwright (the test extras).
+Run by hand: `python bench/dashboard_bench.py [--transitions 200] [--idle 30] [--clients 5] [--postgres]`.
+It needs the system's Chromium (/usr/bin/chromium, or HERMES_SUP_CHROMIUM) and playwright (the test
+extras); `--postgres` puts the board in a throw-away PostgreSQL server of its own (tests/pgserver.py).
 
 1. Event -> visible: `hermes-sup dashboard` serves a fresh workspace; a headless Chromium shows the
    page. The bench makes one transition at a time through the board's verbs (add a task: a card
    appears in todo; cancel it: the card moves to cancelled), and a MutationObserver in the page
    stamps the moment the card is in its new column. Latency = that stamp minus the moment just before
-   the verb was called (both clocks are this machine's wall clock, in ms with fractions).
+   the verb was called (both clocks are this machine's wall clock, in ms with fractions). Each
+   transition waits a random 0 to 0.25 s first, so none is in step with a polled board's looks.
 2. Idle: --clients event-stream clients stay connected and nothing changes for --idle seconds: the
    server's CPU (percent of one core) and RSS.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import socket
 import statistics
@@ -27,7 +30,13 @@ import time
 from pathlib import Path
 
 import psutil
-from hermes_sup.kanban import Board
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from hermes_sup.supervisor.workspace import find_workspace, open_workspace_board  # noqa: E402
+
+DSN_ENV = "HERMES_SUP_BENCH_DASHBOARD_DSN"
 
 CHROMIUM = os.environ.get("HERMES_SUP_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -68,7 +77,7 @@ def latency(ws: Path, port: int, transitions: int) -> list[float]:
     from playwright.sync_api import sync_playwright
 
     results: list[float] = []
-    with sync_playwright() as playwright, Board(ws / "kanban") as board:
+    with sync_playwright() as playwright, open_workspace_board(find_workspace(ws)) as board:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         page = browser.new_page()
         page.goto(f"http://127.0.0.1:{port}/")
@@ -76,6 +85,9 @@ def latency(ws: Path, port: int, transitions: int) -> list[float]:
         page.wait_for_selector("#board .column[data-status='todo']")
         page.evaluate(OBSERVER)
         for number in range(transitions):
+            # At a random phase: a board that is polled (PostgreSQL) would otherwise be changed just
+            # after each look, and every transition would wait a whole interval.
+            time.sleep(random.uniform(0, 0.25))
             task_id, adding = f"bench-{number // 2}", number % 2 == 0
             started = time.time() * 1000
             if adding:
@@ -89,7 +101,24 @@ def latency(ws: Path, port: int, transitions: int) -> list[float]:
     return results
 
 
-def idle(proc: subprocess.Popen[str], port: int, clients: int, seconds: float) -> tuple[float, float]:
+def tree_cpu(pid: int) -> float:
+    """CPU seconds used so far by a process and its children (PostgreSQL's postmaster and backends)."""
+    total = 0.0
+    try:
+        parent = psutil.Process(pid)
+        for process in [parent, *parent.children(recursive=True)]:
+            try:
+                times = process.cpu_times()
+            except psutil.Error:
+                continue  # a backend gone meanwhile
+            total += times.user + times.system
+    except psutil.Error:
+        pass
+    return total
+
+
+def idle(proc: subprocess.Popen[str], port: int, clients: int, seconds: float,
+         database: int | None = None) -> tuple[float, float, float | None]:
     socks = []
     for _ in range(clients):
         sock = socket.create_connection(("127.0.0.1", port))
@@ -99,13 +128,15 @@ def idle(proc: subprocess.Popen[str], port: int, clients: int, seconds: float) -
     time.sleep(1.0)  # let the connections settle before measuring
     server = psutil.Process(proc.pid)
     before = server.cpu_times()
+    database_before = tree_cpu(database) if database else 0.0
     time.sleep(seconds)
     after = server.cpu_times()
+    database_used = 100 * (tree_cpu(database) - database_before) / seconds if database else None
     rss = server.memory_info().rss / (1 << 20)
     for sock in socks:
         sock.close()
     used = (after.user - before.user) + (after.system - before.system)
-    return 100 * used / seconds, rss
+    return 100 * used / seconds, rss, database_used
 
 
 def main() -> None:
@@ -113,21 +144,37 @@ def main() -> None:
     parser.add_argument("--transitions", type=int, default=200)
     parser.add_argument("--idle", type=float, default=30.0)
     parser.add_argument("--clients", type=int, default=5)
+    parser.add_argument("--postgres", action="store_true", help="the board in PostgreSQL (a server of its own)")
     options = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="dashboard-bench-") as folder:
-        ws = Path(folder) / "ws"
-        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True)
-        proc, port = serve(ws)
-        try:
-            values = latency(ws, port, options.transitions)
-            cpu, rss = idle(proc, port, options.clients, options.idle)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+    server = None
+    if options.postgres:
+        from tests.pgserver import start_server
+
+        server = start_server()
+        os.environ[DSN_ENV] = server.dsn  # the dashboard's process and this one's board read it
+    try:
+        with tempfile.TemporaryDirectory(prefix="dashboard-bench-") as folder:
+            ws = Path(folder) / "ws"
+            subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True)
+            if options.postgres:
+                with open(ws / "hermes.yaml", "a") as config:
+                    config.write(f"\nboard: {{backend: postgres, dsn_env: {DSN_ENV}}}\n")
+            proc, port = serve(ws)
+            try:
+                values = latency(ws, port, options.transitions)
+                postmaster = int((server.data / "postmaster.pid").read_text().split()[0]) if server else None
+                cpu, rss, database_cpu = idle(proc, port, options.clients, options.idle, postmaster)
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+    finally:
+        if server is not None:
+            server.stop()
+    print("board: " + ("PostgreSQL" if options.postgres else "files"))
     print(f"event -> visible in the page, {len(values)} transitions: p50 {percentile(values, 0.5):.1f} ms, "
           f"p99 {percentile(values, 0.99):.1f} ms, mean {statistics.mean(values):.1f} ms, max {max(values):.1f} ms")
     print(f"idle with {options.clients} clients connected for {options.idle:g} s: server CPU {cpu:.2f}% of one core, "
-          f"RSS {rss:.1f} MB")
+          f"RSS {rss:.1f} MB" + (f"; PostgreSQL's processes {database_cpu:.2f}%" if database_cpu is not None else ""))
 
 
 if __name__ == "__main__":

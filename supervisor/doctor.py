@@ -78,10 +78,15 @@ def _saved_documents(runs: Path, name: str) -> dict[str, Any]:
     return saved
 
 
+def breaker_states(runs: Path, now: float) -> list[tuple[str, str, str, str]]:
+    """(agent, provider, level, words) of each agent's provider breakers as it last saved them
+    (runs/<agent>/providers.json): what doctor and the dashboard show."""
+    return saved_states(_saved_documents(runs, BREAKERS_FILE), now)
+
+
 def breaker_checks(runs: Path) -> list[Check]:
-    """Each agent's provider breakers as it last saved them (runs/<agent>/providers.json)."""
     return [_check(f"breaker {provider}", level, f"{agent}: {words}")
-            for agent, provider, level, words in saved_states(_saved_documents(runs, BREAKERS_FILE), time.time())]
+            for agent, provider, level, words in breaker_states(runs, time.time())]
 
 
 def _count(value: Any) -> int:

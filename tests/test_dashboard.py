@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -184,13 +185,17 @@ def test_resume_with_last_event_id_loses_nothing(served: tuple[Path, Server]) ->
     stranger.close()
 
 
+def follower_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == "dashboard-board-follower"]
+
+
 def test_reads_the_board_only_when_something_changed(served: tuple[Path, Server]) -> None:
     ws, server = served
     hub = server.dashboard.hub
-    assert hub.builds == 0 and hub._observer is None  # no client: nothing read, nothing watched
+    assert hub.builds == 0 and not hub.watching  # no client: nothing read, nothing watched
     client = Stream(server.port)
     client.until(lambda f: f["event"] == "snapshot")
-    assert hub.builds == 1 and hub._observer is not None
+    assert hub.builds == 1 and hub.watching
     # Several quiet rechecks (every 0.2 s here) read the log by cursor, but not the board.
     turns, woken = hub.turns, hub.generation
     wait_until(lambda: hub.turns >= turns + 5, timeout=30)
@@ -202,11 +207,12 @@ def test_reads_the_board_only_when_something_changed(served: tuple[Path, Server]
     # then its file), so on a loaded machine a picture may be built between the two: at most two reads.
     assert hub.builds in (2, 3) and hub.generation > woken
     client.close()
-    wait_until(lambda: hub.clients == 0 and hub._observer is None, timeout=15)
+    wait_until(lambda: hub.clients == 0 and not hub.watching, timeout=15)
+    wait_until(lambda: not follower_threads(), timeout=15)  # the board's follower ended too
     # Nobody connected: the watcher is gone, so a change wakes nothing and nothing reads the board.
     generation, builds = hub.generation, hub.builds
     cli(ws, "task", "add", "unseen", "--id", "unseen", "--role", "nobody")
-    assert hub._observer is None and hub.generation == generation and hub.builds == builds
+    assert not hub.watching and hub.generation == generation and hub.builds == builds
 
 
 def test_the_supervisors_state_wakes_the_stream(served: tuple[Path, Server], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -230,6 +236,61 @@ def test_the_supervisors_state_wakes_the_stream(served: tuple[Path, Server], mon
     assert picture["supervisor"]["running"] is True
     assert [(a["name"], a["state"], a["restarts"]) for a in picture["agents"]] == [("worker", "backoff", 3)]
     client.close()
+
+
+def test_the_budget_ledger_and_a_saved_breaker_wake_the_stream(served: tuple[Path, Server],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spend and a breaker opening change files in runs/ only (no board event): both are watched
+    while a client is connected, so the budgets and breakers panels change at once, not at the
+    next safety recheck (made longer than the test here)."""
+    from hermes_sup.kanban.fsio import write_json_atomic
+
+    ws, server = served
+    monkeypatch.setattr(sse, "SAFETY_RECHECK", 3600.0)
+    monkeypatch.setattr(sse, "KEEPALIVE", 3600.0)
+    (ws / "hermes.yaml").write_text((ws / "hermes.yaml").read_text() + "\nbudgets:\n  team: {total: 2}\n")
+    (ws / "runs" / "worker-1").mkdir(parents=True)  # the agent's folder, there when the page connects
+    client = Stream(server.port)
+    first = json.loads(client.until(lambda f: f["event"] == "snapshot")[-1]["data"])
+    assert first["breakers"] == []
+    assert first["budgets"] == [{"scope": "team", "cap": "total", "limit": 2, "spent": 0.0, "left": 2.0}]
+    with open(ws / "runs" / "budget.jsonl", "a") as ledger:  # as the agents' ledger appends a settled call
+        ledger.write(json.dumps({"op": "hold", "id": "h1", "agent": "worker-1", "task": "t", "day": "2026-01-01",
+                                 "amount": 0.25}) + "\n")
+        ledger.write(json.dumps({"op": "settle", "id": "h1", "amount": 0.25}) + "\n")
+    # Its creation wakes the stream too, maybe before the lines are in: a picture with them follows.
+    client.until(lambda f: f["event"] == "snapshot" and json.loads(f["data"])["budgets"][0]["spent"] == 0.25,
+                 timeout=30)
+    gone = {"state": "open", "failures": 1, "opened": 1, "until": time.time() + 300, "why": "unreachable"}
+    write_json_atomic(ws / "runs" / "worker-1" / "providers.json",
+                      {"saved_at": "2026-01-01T00:00:00Z", "breakers": {"gone": gone}})
+    frames = client.until(lambda f: f["event"] == "snapshot" and json.loads(f["data"])["breakers"], timeout=30)
+    breakers = json.loads(frames[-1]["data"])["breakers"]
+    assert [(b["agent"], b["provider"], b["level"]) for b in breakers] == [("worker-1", "gone", "warn")]
+    assert breakers[0]["state"].startswith("open: down until "), breakers
+    client.close()
+
+
+def test_a_held_tasks_picture_follows_its_lease_renewed(served: tuple[Path, Server],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A renewal is no event: while a task is held the picture is built again now and then, so its
+    card's lease left does not run out on the page while the holder keeps renewing it."""
+    ws, server = served
+    monkeypatch.setattr(sse, "HELD_RECHECK", 0.2)
+    with Board(ws / "kanban") as board:
+        board.add({"id": "held", "title": "Held", "role": "r"}, by="cli")
+        doc = board.claim("worker-1", roles=["r"], lease=60)
+        client = Stream(server.port)
+
+        def lease_of(frame: dict[str, str]) -> float | None:
+            picture = json.loads(frame["data"])
+            return next((i["lease_until_ts"] for i in picture["board"]["columns"]["doing"]), None)
+
+        first = lease_of(client.until(lambda f: f["event"] == "snapshot")[-1])
+        assert first == doc["claim"]["lease_until_ts"]
+        renewed = board.renew("held", doc["claim"]["token"], lease=600)["claim"]["lease_until_ts"]
+        client.until(lambda f: f["event"] == "snapshot" and lease_of(f) == renewed, timeout=30)
+        client.close()
 
 
 def test_streams_opened_at_once_are_capped_too(served: tuple[Path, Server], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -599,19 +660,19 @@ def test_a_script_title_renders_as_text(page, team) -> None:
     assert page.evaluate("window.__pwned") is None
 
 
-def test_recent_events_are_the_newest_complete_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_recent_events_are_the_newest_complete_ones(tmp_path: Path) -> None:
+    """Read through the protocol from the stream's end (a window that starts inside a line)."""
     from hermes_sup.supervisor.dashboard import views
 
     with Board(tmp_path / "kanban") as board:
+        assert views.recent_events(board) == []
         for number in range(40):
             board.add({"id": f"t{number}", "title": "x" * 500}, by="cli")
-        path = board.events_path
-    monkeypatch.setattr(views, "RECENT_BLOCK", 4096)  # the block starts inside a line
-    with open(path, "ab") as handle:
-        handle.write(b'{"at": "torn')  # a line being written is no event yet
-    recent = views.recent_events(path, 5)
-    assert [event["task"] for event in recent] == ["t35", "t36", "t37", "t38", "t39"]
-    assert views.recent_events(tmp_path / "none.jsonl") == []
+        with open(board.events_path, "ab") as handle:
+            handle.write(b'{"at": "torn')  # a line being written is no event yet
+        recent = views.recent_events(board, 5)
+        assert [event["task"] for event in recent] == ["t35", "t36", "t37", "t38", "t39"]
+        assert [event["task"] for event in views.recent_events(board, 100)] == [f"t{n}" for n in range(40)]
 
 
 def test_stop_and_start_an_agent_from_the_page(page, team) -> None:

@@ -229,7 +229,11 @@ class Dashboard:
             with self.lock:
                 return taskrecords.claims(self.board.get(found))
 
-        stream = follow.task_log(self.ws.runs_path, self.board.root, found, claims)
+        def stream_end() -> int:
+            with self.lock:
+                return self.board.events_end()
+
+        stream = follow.task_log(self.ws.runs_path, found, claims, stream_end)
         return StreamingResponse(self.counted(stream), media_type="text/event-stream",
                                  headers={**HEADERS, "X-Accel-Buffering": "no"})
 

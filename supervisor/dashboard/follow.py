@@ -3,7 +3,8 @@ server-sent events the way `task log -f` prints them (same gatherer, same lines,
 
 The agents' journals are plain files they append to (not the board), read again every
 FOLLOW_INTERVAL while a drawer is open, as `task log -f` does; who held the task when is read from
-the board only when the board's generation says it changed.
+the board (through its protocol) only when the end of the board's stream says it changed: every
+claim, release and recovery is an event.
 """
 
 from __future__ import annotations
@@ -15,21 +16,22 @@ from pathlib import Path
 from typing import Any
 
 from hermes_sup.kanban import BoardError, TaskError
-from hermes_sup.kanban.reads import generation
 
 from .. import render, taskrecords
 from .sse import KEEPALIVE, frame
 
 FOLLOW_INTERVAL = 0.25  # as `task log -f`
+UNREAD = object()  # the stream's end before the first look: unlike any end
 
 
-async def task_log(runs: Path, board_root: Path, task_id: str,
-                   claims: Callable[[], list[tuple[str, str]]]) -> AsyncIterator[bytes]:
-    """Every entry of the task's log so far, then each new one; `claims` reads who held it when."""
+async def task_log(runs: Path, task_id: str, claims: Callable[[], list[tuple[str, str]]],
+                   stream_end: Callable[[], int]) -> AsyncIterator[bytes]:
+    """Every entry of the task's log so far, then each new one; `claims` reads who held it when,
+    `stream_end` the board's events_end (whose change says the claims may have changed)."""
     gatherer = taskrecords.Gatherer(runs, task_id)
     printed: set[taskrecords.Key] = set()
     held: list[tuple[str, str]] = []
-    seen_generation: Any = None
+    seen_end: Any = UNREAD
     first, quiet = True, 0.0
     while True:
         notes = await asyncio.to_thread(gatherer.poll)
@@ -40,9 +42,12 @@ async def task_log(runs: Path, board_root: Path, task_id: str,
             count = len(gatherer.raws[source].records)
             printed.update(("message", source.agent, index) for index in range(count))
         gatherer.rewritten.clear()
-        now_generation = await asyncio.to_thread(generation, board_root)
-        if now_generation != seen_generation:
-            seen_generation = now_generation
+        try:
+            end: Any = await asyncio.to_thread(stream_end)
+        except (BoardError, OSError):
+            end = seen_end  # the board unreadable just now: the journals go on, the claims as known
+        if end != seen_end:
+            seen_end = end
             # Removed or being rewritten: the log goes on with what was known.
             with contextlib.suppress(BoardError, TaskError):
                 held = await asyncio.to_thread(claims)

@@ -1,33 +1,44 @@
 """Server-sent events from the board's event cursor: each event with `id:` = its cursor, a fresh
 picture of the page after each burst, and resumption from `Last-Event-ID` that loses nothing.
-Events are read through the board protocol (events_since, events_end, check_cursor).
+Every read of the board goes through its protocol (events_since, events_end, check_cursor,
+watch_events), so the page works the same over the file board and PostgreSQL.
 
-The wake-up is inotify on the two files that change when anything the page shows changes
-(events.jsonl: every transition; supervisor.json: every agent start, exit, restart), watched only
-while a client is connected. Events are a wake-up, not the truth: the log is read by cursor after
-each, and once every SAFETY_RECHECK seconds on its own. The picture is built once per change of
-the board's generation and shared by every client.
+The wake-up, watched only while a client is connected: the board's own watch of its stream
+(watch_events: inotify on the file board), or where it has none (PostgreSQL) a look at the
+stream's end every POLL_INTERVAL; and inotify on the workspace's own files the page shows
+(runs/supervisor.json: every agent start, exit, restart; the budget ledger; each agent's saved
+breakers). Wake-ups are not the truth: the log is read by cursor after each, and once every
+SAFETY_RECHECK seconds on its own. The picture is built again only when its key (the stream's
+end, those files' states) changed, and shared by every client.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
+import logging
 import os
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban import BoardStore
+from hermes_sup.agents.ledger import LEDGER_FILE
+from hermes_sup.agents.providers import BREAKERS_FILE
+from hermes_sup.kanban import BoardError, BoardStore
 from hermes_sup.kanban.events import CursorError, parse_cursor
-from hermes_sup.kanban.reads import generation
 
 SAFETY_RECHECK = 10.0  # seconds: events are a wake-up; the log is read this often without one
+HELD_RECHECK = 10.0  # seconds: how stale a picture with a held task may grow (its lease left)
+POLL_INTERVAL = 0.1  # seconds between looks at the stream's end on a board that cannot watch it (PostgreSQL)
 KEEPALIVE = 15.0  # a comment line this often lets a dead connection be noticed and closed
-WATCHED = frozenset({"events.jsonl", "supervisor.json"})
+MAX_AGENT_WATCHES = 256  # agents' folders watched for their breakers (each an inotify watch; the rest: rechecked)
+WATCHED = frozenset({"supervisor.json", LEDGER_FILE})  # in runs/ (the board is watched through its protocol)
 RETRY_MS = 1000  # how soon a browser reconnects after the stream breaks
+log = logging.getLogger("hermes_sup.dashboard")
 
 
 def frame(event: str, data: Any, cursor: int | None = None) -> bytes:
@@ -35,6 +46,23 @@ def frame(event: str, data: Any, cursor: int | None = None) -> bytes:
     lines = [] if cursor is None else [f"id: {cursor}"]
     lines += [f"event: {event}", "data: " + json.dumps(data, separators=(",", ":"), default=str)]
     return ("\n".join(lines) + "\n\n").encode()
+
+
+def file_state(path: Path) -> tuple[int, int, int] | None:
+    """What changes when a file is replaced or written (its inode, size, modification time)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_ino, info.st_size, info.st_mtime_ns
+
+
+def agent_folders(runs: Path) -> list[Path]:
+    """The agents' folders in runs/ (not symlinks: a planted link leads the watch nowhere else)."""
+    try:
+        return sorted(path for path in runs.iterdir() if path.is_dir() and not path.is_symlink())
+    except OSError:
+        return []
 
 
 def resume_cursor(last_event_id: str | None, board: BoardStore) -> int | None:
@@ -54,18 +82,20 @@ class Hub:
     """The clients' shared wake-up and picture. `build` makes the picture (reads the board)."""
 
     def __init__(self, board: BoardStore, runs: Path, build: Callable[[], dict[str, Any]]) -> None:
-        self.board = board  # read by cursor through the protocol (events_since), from worker threads
-        self.board_root = Path(board.root)
+        self.board = board  # read through the protocol alone, from worker threads
         self.runs = runs
         self.build = build
         self.generation = 0
         self.clients = 0
         self.builds = 0  # how many pictures were built: the "reads only when changed" test reads it
         self.turns = 0  # how many times a stream looked for news (woken, or on its own)
+        self.touched = 0  # changes no key shows (a comment made here): each one builds the picture again
         self._events: set[asyncio.Event] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._observer: Any = None
+        self._follower: threading.Event | None = None  # set to end the thread that follows the stream
         self._picture: tuple[Any, dict[str, Any]] | None = None
+        self._built_at = 0.0
         self._lock = threading.Lock()
 
     # -- the wake-up ------------------------------------------------------------------------------
@@ -75,11 +105,18 @@ class Hub:
         for event in self._events:
             event.set()
 
-    def changed(self) -> None:
-        """Called from the watcher's thread."""
+    def _wake(self) -> None:
+        """Called from a watcher's thread: something the page shows may have changed."""
         loop = self._loop
         if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._bump)
+            with contextlib.suppress(RuntimeError):  # closed just now: the server is stopping
+                loop.call_soon_threadsafe(self._bump)
+
+    def changed(self) -> None:
+        """Called after this process changed the board (an action): the picture is built again even
+        when the change is one the stream does not show (a comment)."""
+        self.touched += 1  # on the event loop, never blocked by a picture being built (under _lock)
+        self._wake()
 
     async def wait(self, seen: int, timeout: float) -> bool:
         """Until the generation differs from `seen`; False on timeout."""
@@ -95,6 +132,27 @@ class Hub:
         finally:
             self._events.discard(event)
 
+    def _stream_end(self) -> Any:
+        """The board stream's end through the protocol; a marker when it cannot be had just now."""
+        try:
+            return self.board.events_end()
+        except (BoardError, OSError) as exc:
+            return ("unreadable", type(exc).__name__)
+
+    def _follow_board(self, halt: threading.Event, watched: bool) -> None:
+        """Wake the streams whenever the board's stream grows: at the board's own signal where it
+        watches its stream, else at each look every POLL_INTERVAL. Runs in a thread of its own until
+        `halt` is set."""
+        signal = self.board.signal
+        last = self._stream_end()
+        while not halt.is_set():
+            seen = signal.generation
+            end = self._stream_end()
+            if end != last:
+                last = end
+                self._wake()
+            signal.wait(seen, SAFETY_RECHECK if watched else POLL_INTERVAL)
+
     def _start_watching(self) -> None:
         from watchdog.events import FileCreatedEvent, FileModifiedEvent, FileMovedEvent, FileSystemEventHandler
         from watchdog.observers import Observer
@@ -102,24 +160,54 @@ class Hub:
         hub = self
 
         class Handler(FileSystemEventHandler):
+            def __init__(self, names: frozenset[str]) -> None:
+                self.names = names
+
             def on_any_event(self, event: Any) -> None:
                 path = getattr(event, "dest_path", "") or event.src_path
-                if os.path.basename(os.fsdecode(path)) in WATCHED:
-                    hub.changed()
+                if os.path.basename(os.fsdecode(path)) in self.names:
+                    hub._wake()
 
         observer = Observer()
-        kinds = [FileCreatedEvent, FileModifiedEvent, FileMovedEvent]
-        for folder in (self.board_root, self.runs):
-            if folder.is_dir():
-                observer.schedule(Handler(), str(folder), recursive=False, event_filter=kinds)
+        if self.runs.is_dir():
+            observer.schedule(Handler(WATCHED), str(self.runs), recursive=False,
+                              event_filter=[FileCreatedEvent, FileModifiedEvent, FileMovedEvent])
+            # Each agent saves its breakers by a rename: its folder is watched for that alone (its
+            # journals, appended all the time, wake nothing). An agent's folder made later is seen at
+            # the next safety recheck.
+            for folder in agent_folders(self.runs)[:MAX_AGENT_WATCHES]:
+                observer.schedule(Handler(frozenset({BREAKERS_FILE})), str(folder), recursive=False,
+                                  event_filter=[FileCreatedEvent, FileMovedEvent])
         observer.daemon = True
-        observer.start()
-        self._observer = observer
+        try:
+            observer.start()
+            self._observer = observer
+        except OSError as exc:  # the user's inotify watches or instances used up: the rechecks see it all
+            observer.stop()
+            log.warning("dashboard: runs/ is not watched (%s); changes there show within %g s", exc, SAFETY_RECHECK)
+        stop = self.board.watch_events()
+        halt = threading.Event()
+        self._follower = halt
+
+        def follow() -> None:
+            try:
+                self._follow_board(halt, stop is not None)
+            except Exception as exc:  # the board closed under it (the server stopping), say: rechecks go on
+                log.warning("dashboard: stopped following the board's stream (%s: %s)", type(exc).__name__, exc)
+            finally:
+                if stop is not None:
+                    stop()
+
+        threading.Thread(target=follow, name="dashboard-board-follower", daemon=True).start()
 
     def _stop_watching(self) -> None:
         observer, self._observer = self._observer, None
         if observer is not None:
             observer.stop()  # its thread ends on its own (a daemon): nothing here waits for it
+        halt, self._follower = self._follower, None
+        if halt is not None:
+            halt.set()
+            self.board.signal.bump()  # the follower wakes, sees `halt`, stops the board's watch and ends
 
     # Both run on the event loop without awaiting anything: a client's stream is cancelled when it
     # disconnects, and an await in its `finally` would be cancelled too, leaving the watcher running.
@@ -134,23 +222,30 @@ class Hub:
         if self.clients == 0:
             self._stop_watching()
 
+    @property
+    def watching(self) -> bool:
+        return self._observer is not None or self._follower is not None
+
     # -- the picture ------------------------------------------------------------------------------
 
     def _key(self) -> Any:
-        try:
-            info = os.stat(self.runs / "supervisor.json")
-            state = (info.st_ino, info.st_size, info.st_mtime_ns)
-        except OSError:
-            state = None
-        return generation(self.board_root), state
+        """What changes when anything the picture shows changes, read without reading the board: the
+        stream's end, the states of the workspace's files the page shows, the changes made here."""
+        files = [self.runs / "supervisor.json", self.runs / LEDGER_FILE,
+                 *(folder / BREAKERS_FILE for folder in agent_folders(self.runs))]
+        return self._stream_end(), self.touched, tuple(map(file_state, files))
 
     def picture(self) -> dict[str, Any]:
-        """The page's picture, built again only when the board or the supervisor's state changed."""
+        """The page's picture, built again only when its key changed, or once a HELD_RECHECK while a
+        task is held (a lease renewed is no event, and the page shows the lease left)."""
         with self._lock:
             key = self._key()
-            if self._picture is None or self._picture[0] != key:
+            stale = self._picture is not None and bool(self._picture[1].get("held")) \
+                and time.monotonic() - self._built_at >= HELD_RECHECK
+            if self._picture is None or self._picture[0] != key or stale:
                 self.builds += 1
                 self._picture = (key, self.build())
+                self._built_at = time.monotonic()
             return self._picture[1]
 
     # -- one client's stream ----------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """What the page shows, read the way the CLI reads it: the board as `board --json` (with why each
-card waits), the agents as `status`, usage as `usage`, and one task as `task show --transcript`.
+card waits), the agents as `status`, usage and budgets as `usage`, the providers' breakers as
+`doctor`, and one task as `task show --transcript`. The board is read through its protocol only.
 
 Reading is the edge; the shapes are built by the CLI's own pure functions (render, team, usage,
 taskrecords), so the page and the terminal never disagree.
@@ -8,27 +9,26 @@ taskrecords), so the page and the terminal never disagree.
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import time
 from pathlib import Path
 from typing import Any
 
 import psutil
-from hermes_sup.kanban import BoardStore
-from hermes_sup.kanban.events import decode_event
+from hermes_sup.kanban import BoardError, BoardStore
 from hermes_sup.kanban.liveness import holder_alive
 
 from .. import render, taskrecords, team
 from ..cliargs import sane_state
+from ..doctor import breaker_states
 from ..runner import tree_rss_mb
 from ..statefile import read_state
-from ..usage import read_logs, summarize
-from ..workspace import Workspace
+from ..usage import budget_standing, read_logs, summarize
+from ..workspace import ConfigError, Workspace, load_config
 
 HOST = socket.gethostname()
 RECENT_EVENTS = 30
-RECENT_BLOCK = 256 << 10
+RECENT_WINDOW = 64  # cursor units (bytes of the file log, events of PostgreSQL's) first looked back over
 MAX_LOG_LINES = 2000
 
 
@@ -86,33 +86,65 @@ def board_document(board: BoardStore, ws: Workspace, state: dict[str, Any], aliv
         for item in items:
             doc = docs[item["id"]]
             item["created_at"] = doc.get("created_at")
-            item["host"] = (doc.get("claim") or {}).get("host")  # where its holder runs
+            claim = doc.get("claim") or {}
+            item["host"] = claim.get("host")  # where its holder runs
+            item["lease_until_ts"] = claim.get("lease_until_ts")  # the page counts the lease left down
     return document
 
 
-def recent_events(path: Path, count: int = RECENT_EVENTS) -> list[dict[str, Any]]:
-    """The newest `count` events of the log (read from its end: a long log costs one block)."""
+def recent_events(board: BoardStore, count: int = RECENT_EVENTS) -> list[dict[str, Any]]:
+    """The newest `count` events of the stream, read through the protocol from its end: a window
+    before the end, doubled until it holds `count` events or reaches the start, so a long stream
+    costs a few short reads whatever a cursor counts (a window starting inside a line of the file
+    log skips that line: only complete events are read)."""
     try:
-        with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            start = max(0, size - RECENT_BLOCK)
-            handle.seek(start)
-            data = handle.read(size - start)
-    except FileNotFoundError:
-        return []
-    lines = data.split(b"\n")
-    lines = lines[1 if start else 0:-1]  # a line cut by the block's start; the last, maybe unfinished
-    found = [event for event in map(decode_event, lines) if event is not None]
-    return found[-count:]
+        end = board.events_end()
+        window = RECENT_WINDOW
+        while True:
+            start = max(0, end - window)
+            found: list[dict[str, Any]] = []
+            cursor = start
+            while cursor < end:
+                batch = board.events_since(cursor, max_events=1000)
+                if batch.restarted or batch.cursor == cursor:
+                    break  # replaced meanwhile, or nothing more yet: what was read is the newest there is
+                found += [record for at, record in batch.events if at <= end]
+                cursor = batch.cursor
+            if len(found) >= count or start == 0:
+                return found[-count:]
+            window *= 2
+    except (BoardError, OSError):
+        return []  # not readable just now (a database gone): the events come again with the stream
+
+
+def budget_rows(ws: Workspace, now: float) -> tuple[list[dict[str, Any]], str | None]:
+    """Spend against each cap of hermes.yaml's `budgets`, as `usage` shows it, and a note when they
+    cannot be shown. The one place the page reads spend: it follows `usage` wherever the ledger is."""
+    try:
+        budgets = load_config(ws.config_path).get("budgets")
+    except ConfigError as exc:
+        return [], f"budgets not shown: {exc}"
+    return budget_standing(ws.runs_path, budgets, now), None
+
+
+def breaker_rows(runs: Path, now: float) -> list[dict[str, str]]:
+    """Each agent's provider breakers as doctor shows them (its reader, its words)."""
+    return [{"agent": agent, "provider": provider, "level": level, "state": words}
+            for agent, provider, level, words in breaker_states(runs, now)]
 
 
 def snapshot(board: BoardStore, ws: Workspace) -> dict[str, Any]:
     """Everything the page draws at once."""
     state, alive = supervisor_state(ws)
-    return {"board": board_document(board, ws, state, alive), "recent": recent_events(ws.board_path / "events.jsonl"),
-            "agents": agent_rows(state, alive, ws.runs_path),
+    now = time.time()
+    document = board_document(board, ws, state, alive)
+    budgets, budget_note = budget_rows(ws, now)
+    usage = usage_document(ws.runs_path)
+    usage["notes"] += [budget_note] if budget_note else []
+    return {"board": document, "recent": recent_events(board), "agents": agent_rows(state, alive, ws.runs_path),
             "supervisor": {"running": alive, "pid": state.get("pid") if alive else None, "host": HOST},
-            "usage": usage_document(ws.runs_path), "at": time.time()}
+            "usage": usage, "budgets": budgets, "breakers": breaker_rows(ws.runs_path, now),
+            "held": document["counts"].get("doing", 0), "at": now}
 
 
 def task_document(board: BoardStore, ws: Workspace, task_id: str) -> dict[str, Any]:

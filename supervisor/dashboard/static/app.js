@@ -34,6 +34,18 @@ function age(iso) {
 
 const dollars = (v) => (typeof v === "number" ? `$${v.toFixed(4)}` : "");
 
+// The server's clock minus this one's (seconds), from the picture's `at`: a lease is counted down
+// on the server's clock, whatever this machine's says.
+function serverNow() { return Date.now() / 1000 + (state.skew || 0); }
+
+function leaseLeft(until) {
+  const ts = Number(until);
+  if (!until || !Number.isFinite(ts)) return "";
+  const s = ts - serverNow();
+  if (s <= 0) return "lease run out";
+  return `lease ${s < 120 ? `${Math.round(s)}s` : `${Math.round(s / 60)}m`} left`;
+}
+
 function say(text, kind) {
   const box = $("message");
   box.textContent = text;
@@ -53,6 +65,8 @@ function card(item, costs) {
     el("div", { class: "meta" },
       ...[item.agent && `@${item.agent}${item.host ? " on " + item.host : ""}`, attempt, el("span", { class: "age", "data-at": item.created_at || "" },
         age(item.created_at)), cost].filter(Boolean).flatMap((part, i) => (i ? [" · ", part] : [part]))),
+    item.status === "doing" && item.lease_until_ts
+      ? el("div", { class: "meta lease", "data-until": String(item.lease_until_ts) }, leaseLeft(item.lease_until_ts)) : null,
     item.waiting ? el("div", { class: "why" }, `waiting: ${item.waiting}`) : null,
     (item.status === "failed" || item.status === "blocked") && item.error ? el("div", { class: "err" }, String(item.error)) : null);
   node.addEventListener("click", () => openTask(item.id));
@@ -95,16 +109,42 @@ function drawHeader(picture) {
   $("usage").textContent = `${t.calls} LLM calls · ${t.tokens_in} in / ${t.tokens_out} out tokens · ${dollars(t.cost_usd)}`;
 }
 
+// Spend against each cap, as `usage` prints it; a bar shows how much of the cap is gone.
+function drawBudgets(rows) {
+  const lines = rows.map((b) => {
+    const share = b.limit > 0 ? Math.min(1, b.spent / b.limit) : 1;
+    const bar = el("span", { class: "bar" }, el("span", { class: "fill" }));
+    bar.firstChild.style.width = `${Math.round(share * 100)}%`;
+    return el("tr", { "data-scope": String(b.scope), "data-cap": String(b.cap), "data-level": share >= 1 ? "reached" : share >= 0.8 ? "near" : "ok" },
+      el("td", {}, String(b.scope)), el("td", {}, String(b.cap)), el("td", { class: "spent" }, dollars(b.spent)),
+      el("td", { class: "limit" }, dollars(b.limit)), el("td", {}, dollars(b.left)), el("td", {}, bar));
+  });
+  $("budgets").tBodies[0].replaceChildren(...lines);
+  $("budgets-none").hidden = rows.length > 0;
+}
+
+// Each agent's breakers as doctor shows them (its words: closed, open until ..., half-open).
+function drawBreakers(rows) {
+  const lines = rows.map((b) => el("tr", { "data-agent": String(b.agent), "data-provider": String(b.provider), "data-level": String(b.level) },
+    el("td", {}, String(b.agent)), el("td", {}, String(b.provider)), el("td", { class: "state" }, String(b.state))));
+  $("breakers").tBodies[0].replaceChildren(...lines);
+  $("breakers-none").hidden = rows.length > 0;
+}
+
 function draw(picture) {
   state.picture = picture;
+  if (typeof picture.at === "number") state.skew = picture.at - Date.now() / 1000;
   drawHeader(picture);
   drawBoard(picture.board, picture.usage);
   drawAgents(picture.agents);
   drawEvents(picture.recent || []);
+  drawBudgets(picture.budgets || []);
+  drawBreakers(picture.breakers || []);
 }
 
 function tickAges() {
   for (const node of document.querySelectorAll(".age[data-at]")) node.textContent = age(node.dataset.at);
+  for (const node of document.querySelectorAll(".lease[data-until]")) node.textContent = leaseLeft(node.dataset.until);
 }
 
 // -- the event stream --------------------------------------------------------------------------

@@ -1,0 +1,264 @@
+"""The web dashboard on a PostgreSQL board (the suite's own server): its stream woken and its picture
+read through the board protocol alone, and in a real Chromium beside a team run by `up --dashboard`
+on PostgreSQL: cards appear and move without a reload, a held card shows its holder, host and lease,
+the budgets panel shows spend against its cap, and a provider that refuses connections shows an
+open breaker."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from hermes_sup.supervisor.dashboard import sse, views
+from hermes_sup.supervisor.dashboard.app import Server, Settings
+from hermes_sup.supervisor.workspace import find_workspace, open_workspace_board
+from psycopg.conninfo import make_conninfo
+
+from .conftest import CLI, ROOT, stop_process, supervisor_state, wait_until
+from .llm_server import ScriptedLLM, openai_reply
+from .pgserver import PgServer, free_port
+from .test_dashboard import ARTIFACTS, Stream, browser, card_in, drop, event_of  # noqa: F401 (browser: a fixture)
+
+DSN_ENV = "HERMES_DASH_PG_DSN"
+PASSWORD = "pw-" + uuid.uuid4().hex
+
+
+@pytest.fixture
+def database(pg_server: PgServer) -> Iterator[str]:
+    name = f"dash_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield make_conninfo(pg_server.dsn, dbname=name, password=PASSWORD)
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert result.returncode == 0, (args, result.stdout, result.stderr)
+    return result
+
+
+def pg_workspace(where: Path, env: dict[str, str], config: str = "") -> Path:
+    ws = where / "ws"
+    run(env, "init", str(ws))
+    if config:
+        (ws / "hermes.yaml").write_text(config)
+    with open(ws / "hermes.yaml", "a") as handle:
+        handle.write(f"\nboard: {{backend: postgres, dsn_env: {DSN_ENV}}}\n")
+    return ws
+
+
+def follower_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == "dashboard-board-follower"]
+
+
+def test_the_stream_follows_a_postgres_board_through_the_protocol(database: str, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """No file changes on a PostgreSQL board: the stream is woken by the look at the stream's end
+    (the safety recheck is made longer than the test), and the picture and recent events come from
+    the database."""
+    env = {**os.environ, DSN_ENV: database}
+    monkeypatch.setenv(DSN_ENV, database)
+    ws = pg_workspace(tmp_path, env)
+    monkeypatch.setattr(sse, "SAFETY_RECHECK", 3600.0)
+    monkeypatch.setattr(sse, "KEEPALIVE", 3600.0)
+    server = Server(find_workspace(ws), Settings(host="127.0.0.1", port=0))
+    server.start_thread()
+    try:
+        wait_until(lambda: server.server.started, timeout=30)
+        hub = server.dashboard.hub
+        assert hub.builds == 0 and not hub.watching and not follower_threads()
+        client = Stream(server.port)
+        first = json.loads(client.until(lambda f: f["event"] == "snapshot")[-1]["data"])
+        assert first["board"]["counts"]["todo"] == 0 and first["recent"] == []
+        assert hub.builds == 1 and hub.watching
+        woken = hub.generation
+        run(env, "-w", str(ws), "task", "add", "On postgres", "--id", "pg-one", "--role", "nobody")
+        frames = client.until(lambda f: f["event"] == "snapshot" and
+                              json.loads(f["data"])["board"]["counts"]["todo"] == 1, timeout=30)
+        assert [(e["task"], e["to"]) for e in map(event_of, frames) if e] == [("pg-one", "todo")]
+        picture = json.loads(frames[-1]["data"])
+        assert [item["id"] for item in picture["board"]["columns"]["todo"]] == ["pg-one"]
+        assert [(e["task"], e["to"]) for e in picture["recent"]] == [("pg-one", "todo")]
+        assert hub.generation > woken, "woken by the look at the stream's end, not by the recheck"
+        resume_at = frames[-1]["id"]
+        client.close()
+        wait_until(lambda: hub.clients == 0 and not hub.watching, timeout=15)
+        wait_until(lambda: not follower_threads(), timeout=15)  # nothing looks at the database any more
+        run(env, "-w", str(ws), "task", "cancel", "pg-one")
+        # Resumed from the database's own cursor: the missed event, nothing twice.
+        again = Stream(server.port, last_event_id=resume_at)
+        frames = again.until(lambda f: f["event"] == "snapshot")
+        assert [(e["task"], e["to"]) for e in map(event_of, frames) if e] == [("pg-one", "cancelled")]
+        again.close()
+    finally:
+        server.stop()
+
+
+def test_recent_events_on_postgres_are_the_newest(database: str, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {**os.environ, DSN_ENV: database}
+    monkeypatch.setenv(DSN_ENV, database)
+    ws = pg_workspace(tmp_path, env)
+    board = open_workspace_board(find_workspace(ws))
+    try:
+        for number in range(80):
+            board.add({"id": f"t{number}", "title": "x"}, by="cli")
+        assert [e["task"] for e in views.recent_events(board, 5)] == [f"t{n}" for n in range(75, 80)]
+        assert [e["task"] for e in views.recent_events(board, 500)] == [f"t{n}" for n in range(80)]
+    finally:
+        board.close()
+
+
+def test_the_drawers_log_reads_who_held_the_task_from_postgres(database: str, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Who held a task when decides under which agent a tool call copied into two agents' logs is
+    shown; the drawer reads it again when the board's stream (here, the database's) moves on."""
+    env = {**os.environ, DSN_ENV: database}
+    monkeypatch.setenv(DSN_ENV, database)
+    ws = pg_workspace(tmp_path, env)
+    server = Server(find_workspace(ws), Settings(host="127.0.0.1", port=0))
+    server.start_thread()
+    board = open_workspace_board(find_workspace(ws))
+    log = None
+    try:
+        wait_until(lambda: server.server.started, timeout=30)
+        board.add({"id": "held", "title": "Held", "role": "z"}, by="cli")
+        call = {"task": "held", "turn": "steps", "tool": "write_file", "args": {"path": "a.txt"}, "status": "started"}
+
+        def write(agent: str, record: dict) -> None:
+            path = ws / "runs" / agent / "tool_calls.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as handle:
+                handle.write(json.dumps(record) + "\n")
+
+        write("worker-a", {**call, "call_id": "before", "at": "2000-01-01T00:00:00Z"})
+        log = Stream(server.port, path="/api/task/held/log")
+        first = json.loads(log.until(lambda f: f["event"] == "entry")[-1]["data"])
+        assert "worker-a" in first["lines"][0]  # the drawer has read the claims: none yet
+        doc = board.claim("worker-z", roles=["z"])
+        assert doc is not None and doc["id"] == "held"
+        at = [entry["at"] for entry in doc["history"] if entry.get("to") == "doing"][-1]
+        copied = {**call, "call_id": "after", "at": at}
+        write("worker-a", copied)  # a copy in another agent's log (a holder before, say) ...
+        write("worker-z", copied)  # ... of the call its holder made
+        second = json.loads(log.until(lambda f: f["event"] == "entry")[-1]["data"])
+        assert "worker-z" in second["lines"][0], second
+    finally:
+        if log is not None:
+            log.close()
+        board.close()
+        server.stop()
+
+
+# -- in a real browser, beside a team on PostgreSQL ---------------------------------------------
+
+def team_yaml(llm_url: str, dead_port: int) -> str:
+    # cheap (every small task): the scripted server; premium: a port nobody listens on.
+    return ("defaults:\n  stop_timeout: 20\n  heartbeat_timeout: 30\n"
+            f"providers:\n  local: {{kind: openai, base_url: '{llm_url}', model: m, max_tokens: 100, timeout: 30}}\n"
+            f"  gone: {{kind: openai, base_url: 'http://127.0.0.1:{dead_port}/v1', model: m, timeout: 10}}\n"
+            "tiers: {cheap: [local], standard: [local], premium: [gone]}\n"
+            "prices:\n  m: {input: 0, output: 1000}\n"
+            "budgets:\n  team: {total: 5}\n"
+            "agents:\n  - name: worker\n    count: 2\n")
+
+
+@pytest.mark.timeout(300)
+def test_the_page_on_a_postgres_team(browser, database: str, tmp_path: Path) -> None:  # noqa: F811
+    from hermes_sup.supervisor.sweep import sweep
+    from playwright.sync_api import expect
+
+    gate = threading.Event()  # the model's answer waits for it: the task stays held meanwhile
+
+    def answer(api: str, body: dict) -> dict:
+        gate.wait(60)
+        return openai_reply("done it", completion=100, model="m")  # $0.10 at the prices above
+
+    env = {**os.environ, DSN_ENV: database}
+    with ScriptedLLM(responder=answer) as llm:
+        ws = pg_workspace(tmp_path, env, team_yaml(llm.url, free_port()))
+        with open(tmp_path / "up.log", "w") as log:
+            proc = subprocess.Popen([*CLI, "-w", str(ws), "up", "--dashboard", "--dashboard-port", "0"], stdout=log,
+                                    stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
+        context = None
+        try:
+            said = re.compile(r"dashboard: (http://127\.0\.0\.1:\d+/)")
+            url = wait_until(lambda: (said.findall((tmp_path / "up.log").read_text()) or [None])[0], timeout=60)
+            agents = lambda: supervisor_state(ws).get("agents") or {}  # noqa: E731
+            wait_until(lambda: agents() and all(a["state"] == "running" for a in agents().values()), timeout=60)
+            context = browser.new_context(viewport={"width": 1500, "height": 1100})
+            page = context.new_page()
+            problems: list[str] = []
+            page.on("pageerror", lambda exc: problems.append(str(exc)))
+            api_calls: list[str] = []
+            page.on("request", lambda r: api_calls.append(r.url) if "/api/" in r.url and r.method == "GET" else None)
+            page.goto(str(url))
+            page.wait_for_selector("#live[data-state='live']", timeout=30_000)
+            page.evaluate("window.__same_page = 'yes'")
+            expect(page.locator("#budgets tr[data-scope='team'] .spent")).to_have_text("$0.0000", timeout=30_000)
+
+            # A task dropped in the inbox, held by its gate, then done once the gate is.
+            run(env, "-w", str(ws), "task", "add", "Gate", "--id", "gate", "--role", "nobody")
+            drop(ws, "dropped", {"id": "dropped", "title": "Dropped in the inbox", "depends_on": ["gate"],
+                                 "steps": [{"tool": "write_file", "args": {"path": "dropped.txt", "content": "hi"}}]})
+            card = card_in(page, "todo", "dropped")
+            expect(card).to_be_visible(timeout=30_000)
+            expect(card.locator(".why")).to_contain_text("gate", timeout=30_000)
+            run(env, "-w", str(ws), "task", "move", "gate", "done")
+            expect(card_in(page, "done", "dropped")).to_be_visible(timeout=60_000)
+            expect(card_in(page, "todo", "dropped")).to_have_count(0)
+
+            # Added from the page itself: through the same board verb, on the database.
+            page.fill("#add-title", "Added from the page")
+            page.fill("#add-role", "nobody")
+            page.click("#add-form button[type='submit']")
+            expect(page.locator("#board .column[data-status='todo'] .card", has_text="Added from the page")
+                   ).to_be_visible(timeout=30_000)
+            listed = json.loads(run(env, "-w", str(ws), "board", "--json").stdout)
+            assert [t["title"] for t in listed["columns"]["todo"]] == ["Added from the page"]
+
+            # A task whose model call hangs: held, with its holder, host, attempt and lease left.
+            run(env, "-w", str(ws), "task", "add", "Think it over", "--id", "think")
+            held = card_in(page, "doing", "think")
+            expect(held).to_be_visible(timeout=60_000)
+            expect(held).to_contain_text(re.compile(r"@worker-\d on \S+"), timeout=30_000)
+            expect(held).to_contain_text("attempt 1/3")
+            expect(held.locator(".lease")).to_contain_text(re.compile(r"lease \d+[sm] left"), timeout=30_000)
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "test_the_page_on_a_postgres_team-held.png"), full_page=True)
+            gate.set()
+            expect(card_in(page, "done", "think")).to_be_visible(timeout=60_000)
+            # Its cost, settled in the ledger, against the team's cap.
+            expect(page.locator("#budgets tr[data-scope='team'] .spent")).to_have_text("$0.1000", timeout=30_000)
+            expect(page.locator("#budgets tr[data-scope='team'] .limit")).to_have_text("$5.0000")
+
+            # A task for the premium tier: its provider refuses connections and its breaker opens.
+            run(env, "-w", str(ws), "task", "add", "Needs the big model", "--id", "big", "--tier", "premium")
+            breaker = page.locator("#breakers tr[data-provider='gone']")
+            expect(breaker).to_have_attribute("data-level", "warn", timeout=60_000)
+            expect(breaker.locator(".state")).to_contain_text("open: down until")
+            expect(card_in(page, "todo", "big").locator(".why")).to_contain_text("provider gone down", timeout=60_000)
+            page.screenshot(path=str(ARTIFACTS / "test_the_page_on_a_postgres_team.png"), full_page=True)
+            assert page.evaluate("window.__same_page") == "yes"  # no reload
+            assert not [u for u in api_calls if "/api/events" not in u]  # nor any read of the board
+            # The drawer of the done task: its history and its model call, from the database and the journals.
+            card_in(page, "done", "think").click()
+            expect(page.locator("#d-history")).to_contain_text("doing → done", timeout=30_000)
+            expect(page.locator("#d-log")).to_contain_text("model  local (m)", timeout=30_000)
+            assert problems == []
+        finally:
+            gate.set()
+            if context is not None:
+                context.close()
+            stop_process(proc)
+            sweep(ws, ws / "runs", 0)
