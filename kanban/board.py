@@ -183,9 +183,13 @@ class Board(IngestMixin, NotesMixin, WaitingMixin, Claims):
         failed once they used up max_attempts; finish interrupted transitions; sweep stale temp files."""
         recovered = []
         now = time.time()
+        swept = self._last_sweep
         with self._locked():
             self._last_recover = time.monotonic()
-            self._finish_interrupted(sweep=sweep)
+            # A board's first locked section finishes and sweeps (see _locked): when this one was
+            # it, a second pass would list every status folder again to find nothing new.
+            if self._last_sweep == swept:
+                self._finish_interrupted(sweep=sweep)
             for path, doc in self._documents("doing"):
                 if doc["status"] != "doing":
                     self._roll_forward(path, doc)
