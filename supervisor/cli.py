@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import os
 import signal
 import stat
@@ -212,6 +213,9 @@ def board_cmd(ctx: click.Context, as_json: bool, watch: bool) -> None:
         if watch:
             watch_board(board, as_json, lambda: team_now(ctx))
             return
+        # Once: the listing's hundreds of thousands of objects (none in a cycle) would be walked by
+        # the cyclic collector again and again until the process ends, a moment later.
+        gc.disable()
         document = board_now(board, team_now(ctx), None if as_json else render.TOP_PER_COLUMN)
     if as_json:
         emit_json(document)
