@@ -106,3 +106,26 @@ def test_a_reader_who_may_not_open_the_lock_file_still_lists_the_board(board):
             assert reader.counts() == {**dict.fromkeys(STATUSES, 0), "doing": 1}
     finally:
         subprocess.run(["chattr", "-i", str(lock)], check=True)
+
+
+def test_a_listing_is_in_status_order_then_claim_order_within_each(board):
+    # Ids, priorities and ages that disagree, in every status, so that no order but the right one passes.
+    for n in range(24):
+        board.add({"id": f"t-{(n * 7) % 24:02d}", "title": f"task {n}", "priority": (n * 5) % 3})
+    for n in range(12):
+        claimed = board.claim("a")
+        if n % 4 == 0:
+            board.complete(claimed["id"], claimed["claim"]["token"], "ok")
+        elif n % 4 == 1:
+            board.fail(claimed["id"], claimed["claim"]["token"], "no", permanent=True)
+        elif n % 4 == 2:
+            board.block(claimed["id"], claimed["claim"]["token"], "why")
+    board.cancel("t-23")
+    tasks = board.list().tasks
+    statuses = [doc["status"] for doc in tasks]
+    assert set(statuses) == set(STATUSES)
+    expected = sorted(tasks, key=lambda doc: (STATUSES.index(doc["status"]), -doc["priority"], doc["created_at"],
+                                              doc["id"]))
+    assert [doc["id"] for doc in tasks] == [doc["id"] for doc in expected]
+    assert [doc["id"] for doc in board.list("todo").tasks] == [doc["id"] for doc in expected
+                                                               if doc["status"] == "todo"]
