@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from hermes_sup.kanban import Board, TaskNotFound
+from hermes_sup.kanban import Board, TaskNotFound, doccache, reads
 from hermes_sup.kanban.task import STATUSES
 
 from .conftest import wait_until
@@ -129,3 +129,17 @@ def test_a_listing_is_in_status_order_then_claim_order_within_each(board):
     assert [doc["id"] for doc in tasks] == [doc["id"] for doc in expected]
     assert [doc["id"] for doc in board.list("todo").tasks] == [doc["id"] for doc in expected
                                                                if doc["status"] == "todo"]
+
+
+@pytest.mark.parametrize("fields", [False, True])
+def test_a_task_caught_in_two_folders_mid_claim_is_listed_once_in_its_newer_state(board, fields, monkeypatch):
+    monkeypatch.setattr(doccache, "RACY_NS", -10**15)  # files changed just now are cached too
+    board.add({"id": "x", "title": "being claimed"})
+    older = (board.root / "todo" / "x.json").read_bytes()
+    claimed = board.claim("a")  # its document is now in doing/, one history entry longer
+    (board.root / "todo" / "x.json").write_bytes(older)  # as a lock-free scan may meet it mid-move
+    for _ in range(2):  # the second from the listing's cache
+        listing = reads.scan(board.root, None, board._read, fields=fields)
+        assert [(doc["id"], doc["status"]) for doc in listing.tasks] == [("x", "doing")]
+        assert listing.tasks[0]["history"] == (len(claimed["history"]) if fields else claimed["history"])
+    assert (board.root / (doccache.FIELDS_NAME if fields else doccache.NAME)).exists()
