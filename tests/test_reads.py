@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import subprocess
 import sys
 import time
 
 import pytest
 from hermes_sup.kanban import Board, TaskNotFound, doccache, reads
+from hermes_sup.kanban.rules import claim_order
 from hermes_sup.kanban.task import STATUSES
 
 from .conftest import wait_until
@@ -121,12 +124,17 @@ def test_a_listing_is_in_status_order_then_claim_order_within_each(board):
         elif n % 4 == 2:
             board.block(claimed["id"], claimed["claim"]["token"], "why")
     board.cancel("t-23")
+    for name in ("h-c", "h-a", "h-b", "h-0"):  # made by hand, all at once: only their ids tell them apart
+        doc = {"id": name, "title": name, "status": "todo", "history": [], "created_at": "2026-01-01T00:00:00Z",
+               "priority": 0 if name == "h-0" else 1}
+        (board.root / "todo" / f"{name}.json").write_text(json.dumps(doc))
     tasks = board.list().tasks
     statuses = [doc["status"] for doc in tasks]
     assert set(statuses) == set(STATUSES)
     expected = sorted(tasks, key=lambda doc: (STATUSES.index(doc["status"]), -doc["priority"], doc["created_at"],
                                               doc["id"]))
     assert [doc["id"] for doc in tasks] == [doc["id"] for doc in expected]
+    assert [doc["id"] for doc in board.list_fields().tasks] == [doc["id"] for doc in expected]
     assert [doc["id"] for doc in board.list("todo").tasks] == [doc["id"] for doc in expected
                                                                if doc["status"] == "todo"]
 
@@ -143,3 +151,12 @@ def test_a_task_caught_in_two_folders_mid_claim_is_listed_once_in_its_newer_stat
         assert [(doc["id"], doc["status"]) for doc in listing.tasks] == [("x", "doing")]
         assert listing.tasks[0]["history"] == (len(claimed["history"]) if fields else claimed["history"])
     assert (board.root / (doccache.FIELDS_NAME if fields else doccache.NAME)).exists()
+
+
+def test_the_listings_sort_is_claim_order_with_every_kind_of_tie():
+    rng = random.Random(12)
+    docs = [{"id": f"t-{rng.randrange(10**6)}-{n}", "priority": rng.randrange(-2, 3),
+             "created_at": f"2026-01-0{rng.randrange(1, 4)}T00:00:00Z"} for n in range(500)]
+    ordered = list(docs)
+    reads.in_claim_order(ordered)
+    assert ordered == sorted(docs, key=claim_order)
