@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import os
 import signal
 import stat
@@ -24,6 +23,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 import psutil
 from hermes_sup.kanban import Board, BoardError, BoardStore, TaskError
+from hermes_sup.kanban.doccache import collector_paused
 from hermes_sup.kanban.fsio import read_complete_lines
 from hermes_sup.kanban.liveness import holder_alive
 from hermes_sup.kanban.prefix import UnknownTaskId
@@ -213,14 +213,14 @@ def board_cmd(ctx: click.Context, as_json: bool, watch: bool) -> None:
         if watch:
             watch_board(board, as_json, lambda: team_now(ctx))
             return
-        # Once: the listing's hundreds of thousands of objects (none in a cycle) would be walked by
-        # the cyclic collector again and again until the process ends, a moment later.
-        gc.disable()
-        document = board_now(board, team_now(ctx), None if as_json else render.TOP_PER_COLUMN)
-    if as_json:
-        emit_json(document)
-    else:
-        render.print_board(out, document)
+        # Without the cyclic collector until it is printed: it walked the listing's hundreds of
+        # thousands of objects (none in a cycle) again and again as they aged through its generations.
+        with collector_paused():
+            document = board_now(board, team_now(ctx), None if as_json else render.TOP_PER_COLUMN)
+            if as_json:
+                emit_json(document)
+            else:
+                render.print_board(out, document)
 
 
 SETTLE = 0.05      # a burst of moves is drawn once it pauses this long...
