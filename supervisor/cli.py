@@ -22,7 +22,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 import psutil
-from hermes_sup.kanban import Board, BoardError, BoardStore, TaskError
+from hermes_sup.kanban import BoardError, BoardStore, TaskError
 from hermes_sup.kanban.doccache import collector_paused
 from hermes_sup.kanban.fsio import read_complete_lines
 from hermes_sup.kanban.liveness import holder_alive
@@ -234,8 +234,7 @@ def board_now(board: BoardStore, members: Team | None, limit: int | None = None)
     with `limit`, only the first `limit` tasks of each column (what the picture shows: saying why
     each of 10,000 tasks waits would cost more than the rest of the command)."""
     ingest = refreshed(board)
-    # The file board keeps the fields a listing shows in a cache of their own (Board.list_fields).
-    listing = board.list_fields() if isinstance(board, Board) else board.list()
+    listing = board.list_fields()  # all a board shows or judges of a task, a fraction of its bytes
     board.quarantine_damaged(listing.damaged)
     ingested = set(ingest.get("ingested") or ())
     new = [doc for doc in listing.tasks if doc["id"] in ingested]
