@@ -21,6 +21,9 @@ TaskDoc = dict[str, Any]
 Stamp = tuple[int, int, int, int]  # (inode, size, ctime_ns, mtime_ns)
 
 NAME = ".doccache"
+# The cache of the listing fields alone (reads.listed_fields): its temp files are named like the
+# other's, so that they are swept and wake no watcher alike.
+FIELDS_NAME = ".doccache.fields"
 MAGIC = b"hermes-sup-doccache"
 VERSION = 1
 MAX_BYTES = 64 << 20  # a bigger board reads its files as before; a bigger file here is not read
@@ -34,13 +37,13 @@ def stamp_of(info: os.stat_result) -> Stamp:
     return info.st_ino, info.st_size, info.st_ctime_ns, info.st_mtime_ns
 
 
-def encode(entries: dict[str, list[Any]]) -> bytes:
+def encode(entries: dict[str, list[Any]], version: int | str = VERSION) -> bytes:
     """A cache file's bytes: a header line with a digest of the body, then the body (pure)."""
-    body = json.dumps({"version": VERSION, "entries": entries}, separators=(",", ":")).encode()
+    body = json.dumps({"version": version, "entries": entries}, separators=(",", ":")).encode()
     return b"%s %s\n%s" % (MAGIC, hashlib.blake2b(body, digest_size=16).hexdigest().encode(), body)
 
 
-def parse(data: bytes) -> dict[str, Any]:
+def parse(data: bytes, version: int | str = VERSION) -> dict[str, Any]:
     """The entries of a cache file's bytes (pure); none if its digest does not match its body (a
     torn, damaged or hand-edited cache). Its documents
     are not checked again (that would cost as much as the cache saves): they were checked when read
@@ -53,7 +56,7 @@ def parse(data: bytes) -> dict[str, Any]:
         top = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return {}
-    if not isinstance(top, dict) or top.get("version") != VERSION or not isinstance(top.get("entries"), dict):
+    if not isinstance(top, dict) or top.get("version") != version or not isinstance(top.get("entries"), dict):
         return {}
     return top["entries"]  # each entry's shape is checked when it is looked up (most are, once)
 
@@ -81,10 +84,15 @@ def trusted(info: os.stat_result, board_owner: int | None) -> bool:
 
 class DocCache:
     """One scan's view of the cache file `root/.doccache`: documents whose files did not change
-    since they were cached come from it; the rest are read and kept for `save`."""
+    since they were cached come from it; the rest are read and kept for `save`. With `project`,
+    what is kept and handed out is `project(document)` instead, in the file `name` and under
+    `version` (which says what `project` keeps: a cache of other fields is not believed)."""
 
-    def __init__(self, root: Path) -> None:
-        self.path = root / NAME
+    def __init__(self, root: Path, name: str = NAME, project: Callable[[TaskDoc], TaskDoc] | None = None,
+                 version: int | str = VERSION) -> None:
+        self.path = root / name
+        self.project = project
+        self.version = version
         self.started_ns = time.time_ns()
         self._old = self._load()  # raw: an entry is used only if its shape and stamp are right
         self._new: dict[str, Any] = {}
@@ -106,7 +114,7 @@ class DocCache:
             return {}
         finally:
             os.close(fd)
-        return parse(data) if len(data) <= MAX_BYTES else {}
+        return parse(data, self.version) if len(data) <= MAX_BYTES else {}
 
     def read(self, folder: str, entry: os.DirEntry[str], read: Callable[[Path], TaskDoc]) -> TaskDoc:
         """The document of the task file `entry` in `folder`, from the cache if its stamp still
@@ -118,9 +126,9 @@ class DocCache:
         except FileNotFoundError:
             raise
         except OSError:
-            return read(Path(entry.path))
+            return self._fresh(read, entry)
         if not stat.S_ISREG(info.st_mode):
-            return read(Path(entry.path))  # which says what is wrong with it
+            return self._fresh(read, entry)  # which says what is wrong with it
         cached = self._old.get(key)
         if (type(cached) is list and len(cached) == 5 and cached[0] == info.st_ino and cached[1] == info.st_size
                 and cached[2] == info.st_ctime_ns and cached[3] == info.st_mtime_ns and type(cached[4]) is dict
@@ -128,13 +136,17 @@ class DocCache:
             self._new[key] = cached
             return cached[4]
         # Stamped before the read: a change during it gives the file a new stamp, read next time.
-        doc = read(Path(entry.path))
+        doc = self._fresh(read, entry)
         if info.st_ctime_ns < self.started_ns - RACY_NS:
             self._new[key] = [*stamp_of(info), doc]  # saved before the scan hands `doc` to anyone who may change it
             self._changed = True
         # A file changed just now is read afresh every time: writing the cache again for it would
         # only make work (and each write is a change in the board's folder).
         return doc
+
+    def _fresh(self, read: Callable[[Path], TaskDoc], entry: os.DirEntry[str]) -> TaskDoc:
+        doc = read(Path(entry.path))
+        return doc if self.project is None else self.project(doc)
 
     def save(self) -> None:
         """Write the cache back if anything in it changed; a reader who may not write it, or a full
@@ -146,7 +158,7 @@ class DocCache:
         # With nothing read afresh, every entry kept is an old one: fewer means files are gone.
         if not self._changed and len(self._new) == len(self._old):
             return
-        data = encode(self._new)
+        data = encode(self._new, self.version)
         if len(data) > MAX_BYTES or scrub_bytes(data) != data:
             return  # a key someone put in a task file by hand is not copied (writes are scrubbed)
         with contextlib.suppress(OSError):

@@ -81,6 +81,12 @@ class BoardStore(Protocol):
         Raises BoardError for an unknown status."""
         ...
 
+    def list_fields(self, status: str | None = None) -> Listing:
+        """`list`, each task as `kanban.reads.listed_fields` of its document: the fields a board
+        listing shows and judges it by, its history as the number of its entries; what `board`
+        reads of a board of 10,000 tasks (a backend may keep these apart to read less)."""
+        ...
+
     def counts(self) -> dict[str, int]:
         """How many tasks each status holds (every status present, 0 included), each counted once."""
         ...

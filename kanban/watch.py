@@ -45,7 +45,7 @@ def _not_the_shutdown_race(record: logging.LogRecord) -> bool:
 logging.getLogger("watchdog.observers.inotify").addFilter(_not_the_shutdown_race)
 
 # Bookkeeping the board writes for itself; never a reason to wake anyone.
-QUIET_NAMES = frozenset({".lock", ".pending", ".ingested", "events.jsonl", ".doccache"})
+QUIET_NAMES = frozenset({".lock", ".pending", ".ingested", "events.jsonl", ".doccache", ".doccache.fields"})
 
 
 def quiet(relative: str) -> bool:

@@ -24,6 +24,7 @@ import click
 import psutil
 from hermes_sup.agents.ledger import LedgerError
 from hermes_sup.kanban import BoardError, BoardStore, TaskError
+from hermes_sup.kanban.doccache import collector_paused
 from hermes_sup.kanban.fsio import read_complete_lines
 from hermes_sup.kanban.liveness import holder_alive
 from hermes_sup.kanban.prefix import UnknownTaskId
@@ -220,11 +221,14 @@ def board_cmd(ctx: click.Context, as_json: bool, watch: bool) -> None:
         if watch:
             watch_board(board, as_json, lambda: team_now(ctx))
             return
-        document = board_now(board, team_now(ctx))
-    if as_json:
-        emit_json(document)
-    else:
-        render.print_board(out, document)
+        # Without the cyclic collector until it is printed: it walked the listing's hundreds of
+        # thousands of objects (none in a cycle) again and again as they aged through its generations.
+        with collector_paused():
+            document = board_now(board, team_now(ctx), None if as_json else render.TOP_PER_COLUMN)
+            if as_json:
+                emit_json(document)
+            else:
+                render.print_board(out, document)
 
 
 SETTLE = 0.05      # a burst of moves is drawn once it pauses this long...
@@ -232,15 +236,21 @@ SETTLE_MAX = 0.25  # ...or after this long, whichever comes first
 SAFETY_RESCAN = 5.0  # events are a wake-up, not the truth (see kanban/watch.py): look again now and then
 
 
-def board_now(board: BoardStore, members: Team | None) -> dict[str, Any]:
+def board_now(board: BoardStore, members: Team | None, limit: int | None = None) -> dict[str, Any]:
     """The board as `board` shows it, after doing a board command's work (see refreshed) and
-    setting damaged task files aside, with why each waiting task waits for the team `members`."""
+    setting damaged task files aside, with why each waiting task waits for the team `members`;
+    with `limit`, only the first `limit` tasks of each column (what the picture shows: saying why
+    each of 10,000 tasks waits would cost more than the rest of the command)."""
     ingest = refreshed(board)
-    listing = board.list()
+    listing = board.list_fields()  # all a board shows or judges of a task, a fraction of its bytes
     board.quarantine_damaged(listing.damaged)
-    new = [doc for doc in listing.tasks if doc["id"] in set(ingest.get("ingested") or ())]
-    return render.board_document(listing.tasks, listing.damaged, ingest, team.reasons(listing.tasks, members),
-                                 team.warnings_for(board, new, members), recent_rejections(board.root / "rejected"))
+    ingested = set(ingest.get("ingested") or ())
+    new = [doc for doc in listing.tasks if doc["id"] in ingested]
+    shown = listing.tasks if limit is None else render.top_of_columns(listing.tasks, limit)
+    statuses = {doc["id"]: doc["status"] for doc in listing.tasks}
+    return render.board_document(listing.tasks, listing.damaged, ingest, team.reasons(shown, members, statuses),
+                                 team.warnings_for(board, new, members), recent_rejections(board.root / "rejected"),
+                                 limit=limit)
 
 
 def team_now(ctx: click.Context) -> Team | None:
@@ -263,7 +273,7 @@ def watch_board(board: BoardStore, as_json: bool, members: Callable[[], Team | N
             live.start()
         while True:
             seen = board.signal.generation
-            document = board_now(board, members())
+            document = board_now(board, members(), None if as_json else render.TOP_PER_COLUMN)
             picture = {k: v for k, v in document.items() if k != "ingest"}
             if picture != drawn:
                 drawn = picture

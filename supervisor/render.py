@@ -65,25 +65,43 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def top_of_columns(tasks: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+    """The first `limit` tasks of each status of a listing, in its order (pure): what the picture shows."""
+    taken: dict[str, int] = {}
+    shown = []
+    for doc in tasks:
+        if taken.get(doc["status"], 0) < limit:
+            taken[doc["status"]] = taken.get(doc["status"], 0) + 1
+            shown.append(doc)
+    return shown
+
+
 def board_document(tasks: list[dict[str, Any]], damaged: list[dict[str, str]],
                    ingest: dict[str, Any] | None = None, reasons: Mapping[str, Waiting] | None = None,
                    warnings: list[str] | None = None,
-                   rejected: tuple[list[dict[str, str]], int] | None = None) -> dict[str, Any]:
+                   rejected: tuple[list[dict[str, str]], int] | None = None, *,
+                   limit: int | None = None) -> dict[str, Any]:
     """The board as `board --json` prints it. `reasons` (by id) say why a todo or blocked task waits:
     they replace the note an agent left on it; `warnings` are about tasks just ingested; `rejected` is
-    the newest notes of rejected/ and how many it holds."""
-    columns: dict[str, list[dict[str, Any]]] = {status: [] for status in STATUSES}
-    done = {doc["id"] for doc in tasks if doc["status"] == "done"}
+    the newest notes of rejected/ and how many it holds. With `limit`, each column holds only its
+    first `limit` tasks (the counts stay whole): all the picture shows, and `reasons` need cover no more."""
+    by_status: dict[str, list[dict[str, Any]]] = {status: [] for status in STATUSES}
     for doc in tasks:
-        item = summary(doc)
-        if reasons is not None:
-            why = reasons.get(doc["id"])
-            item["waiting"], item["waiting_kind"] = (why.text, why.kind) if why else (None, None)
-        if doc["status"] in ("todo", "blocked"):
-            item["needs"] = [dep for dep in item["depends_on"] if dep not in done]
-        columns[doc["status"]].append(item)
+        by_status[doc["status"]].append(doc)
+    done = {doc["id"] for doc in by_status["done"]}
+    columns: dict[str, list[dict[str, Any]]] = {}
+    for status, docs in by_status.items():
+        items = columns[status] = []
+        for doc in docs if limit is None else docs[:limit]:
+            item = summary(doc)
+            if reasons is not None:
+                why = reasons.get(doc["id"])
+                item["waiting"], item["waiting_kind"] = (why.text, why.kind) if why else (None, None)
+            if status in ("todo", "blocked"):
+                item["needs"] = [dep for dep in item["depends_on"] if dep not in done]
+            items.append(item)
     return {
-        "counts": {status: len(items) for status, items in columns.items()},
+        "counts": {status: len(docs) for status, docs in by_status.items()},
         "columns": columns,
         "damaged": damaged,
         "ingest": ingest or {},
@@ -121,10 +139,10 @@ def board_picture(document: dict[str, Any]) -> Table:
                          header_style=f"bold {STYLE[status]}", ratio=1, overflow="fold")
     cells = []
     for status in shown_statuses:
-        items = document["columns"][status]
-        shown = [_card(item) for item in items[:TOP_PER_COLUMN]]
-        if len(items) > TOP_PER_COLUMN:
-            shown.append(Text(f"... {len(items) - TOP_PER_COLUMN} more", style="dim"))
+        items = document["columns"][status][:TOP_PER_COLUMN]
+        shown = [_card(item) for item in items]
+        if document["counts"][status] > len(items):  # a document made with a limit holds no more
+            shown.append(Text(f"... {document['counts'][status] - len(items)} more", style="dim"))
         cells.append(Group(*[Group(card, Text("")) for card in shown]) if shown else Text(""))
     table.add_row(*cells)
     return table

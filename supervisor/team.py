@@ -73,9 +73,12 @@ def dependency_statuses(board: BoardStore, docs: Iterable[Mapping[str, Any]]) ->
     return found
 
 
-def reasons(tasks: list[dict[str, Any]], team: Team | None) -> dict[str, Waiting]:
-    """Why each todo or blocked task of a whole board listing waits, by id."""
-    statuses = {doc["id"]: doc["status"] for doc in tasks}
+def reasons(tasks: list[dict[str, Any]], team: Team | None,
+            statuses: Mapping[str, str] | None = None) -> dict[str, Waiting]:
+    """Why each todo or blocked task of `tasks` waits, by id; `statuses` maps every task id on the
+    board to its status (by default `tasks` are the whole board)."""
+    if statuses is None:
+        statuses = {doc["id"]: doc["status"] for doc in tasks}
     found = {}
     for doc in tasks:
         if doc["status"] in ("todo", "blocked"):

@@ -467,3 +467,26 @@ def test_comments_cannot_fill_a_task_so_that_its_result_no_longer_fits(tmp_path,
     done = board.complete(victim["id"], doc["claim"]["token"], {"answer": "y" * (board_module.MAX_BYTES - 200)})
     assert done["status"] == "done" and len(done["result"]["answer"]) == board_module.MAX_BYTES - 200
     assert "no room for this comment" in refused and "kept for its result" in refused
+
+
+def test_recover_on_a_fresh_board_lists_each_status_folder_once_and_still_sweeps(board, monkeypatch):
+    board.add({"title": "a task", "id": "x"})  # this board's first locked section is behind it
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])  # a pid that no longer runs
+    dead.wait(timeout=30)
+    left = board.root / "done" / f".x.json.{dead.pid}.abcdef.tmp"
+    left.write_text("half a task")
+    board.recover()  # a board that already swept once sweeps again when asked
+    assert not left.exists()
+    left.write_text("half a task")
+    listed: list[str] = []
+    real = os.scandir
+
+    def counting(path: str | os.PathLike[str] = ".") -> object:
+        listed.append(Path(path).name)
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", counting)
+    with Board(board.root) as fresh:
+        fresh.recover()  # its lock's first taking sweeps: the recovery itself need not sweep again
+    assert listed.count("done") == 1, listed
+    assert not left.exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from hermes_sup.agents.routing import resolve_auto
+from hermes_sup.kanban import Board
 from hermes_sup.supervisor.cli import main
 from hermes_sup.supervisor.workspace import ConfigError, find_workspace, load_config
 
@@ -102,6 +104,15 @@ def test_board_ingests_pending_drops_and_counts(ws):
     assert board["ingest"]["rejected"][0]["file"] == "inbox/b.json"
     code, output = run(ws, "board")
     assert code == 0 and "todo 1" in output and "Dropped task" in output
+
+
+def test_board_leaves_the_cyclic_collector_as_it_found_it(ws):
+    # board pauses it while it lists (see board_cmd); a caller in the same process keeps its own.
+    Board(ws / "kanban").add({"title": "a task"})
+    assert gc.isenabled()
+    for args in (("board",), ("board", "--json")):
+        assert run(ws, *args)[0] == 0
+        assert gc.isenabled()
 
 
 def test_board_reports_a_damaged_task_and_keeps_the_rest(ws):

@@ -10,9 +10,24 @@ import sys
 from pathlib import Path
 
 import pytest
-from hermes_sup.kanban import Board, doccache, watch
+from hermes_sup.kanban import Board, doccache, reads, watch
+from hermes_sup.kanban.reads import Listing
 
 from .conftest import wait_until
+
+
+class Cache:
+    """Which listing the tests below read through: the documents' (`list`) or the listing fields'
+    (`list_fields`, its own cache file): each must keep every promise."""
+
+    name = doccache.NAME
+    fields = False
+
+
+@pytest.fixture(autouse=True, params=["documents", "fields"])
+def which(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Cache, "name", doccache.FIELDS_NAME if request.param == "fields" else doccache.NAME)
+    monkeypatch.setattr(Cache, "fields", request.param == "fields")
 
 
 @pytest.fixture
@@ -22,12 +37,16 @@ def eager(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(doccache, "RACY_NS", -10**15)
 
 
+def listing_of(board: Board) -> Listing:
+    return board.list_fields() if Cache.fields else board.list()
+
+
 def listed(board: Board) -> dict[str, dict]:
-    return {doc["id"]: doc for doc in board.list().tasks}
+    return {doc["id"]: doc for doc in listing_of(board).tasks}
 
 
 def cache_of(board: Board) -> dict:
-    return json.loads((board.root / doccache.NAME).read_bytes().partition(b"\n")[2])
+    return json.loads((board.root / Cache.name).read_bytes().partition(b"\n")[2])
 
 
 def cached_ids(board: Board) -> set[str]:
@@ -60,7 +79,7 @@ def test_the_cache_is_written_and_used(board, eager):
     assert cached_ids(board) == {task["id"] for task in tasks}
     assert listed(board) == first
     # Served from the cache: a document put in it for an unchanged file is what the listing shows.
-    path = board.root / doccache.NAME
+    path = board.root / Cache.name
     top = cache_of(board)
     key = f"todo/{tasks[0]['id']}.json"
     top["entries"][key][4]["title"] = "from the cache"
@@ -103,13 +122,13 @@ def test_a_task_moved_replaced_by_hand_or_deleted_is_seen_at_once(board, eager):
 def test_a_file_changed_within_the_last_second_is_not_cached(board):
     task = board.add({"title": "just now"})
     assert listed(board)[task["id"]]["title"] == "just now"
-    assert not (board.root / doccache.NAME).exists() or task["id"] not in cached_ids(board)
+    assert not (board.root / Cache.name).exists() or task["id"] not in cached_ids(board)
 
 
 def test_a_cache_edited_by_hand_or_with_another_inode_is_not_believed(board, eager):
     task = board.add({"title": "real"})
     listed(board)
-    path = board.root / doccache.NAME
+    path = board.root / Cache.name
     top = cache_of(board)
     key = f"todo/{task['id']}.json"
     # A document the board would refuse, its digest not made again: the whole cache is ignored.
@@ -126,7 +145,7 @@ def test_a_cache_edited_by_hand_or_with_another_inode_is_not_believed(board, eag
 def test_a_cache_another_user_wrote_is_not_believed(board, eager):
     task = board.add({"title": "real"})
     listed(board)
-    path = board.root / doccache.NAME
+    path = board.root / Cache.name
     top = cache_of(board)
     top["entries"][f"todo/{task['id']}.json"][4]["title"] = "forged"
     write_cache(path, top)
@@ -137,7 +156,7 @@ def test_a_cache_another_user_wrote_is_not_believed(board, eager):
 def test_a_cache_others_may_write_is_not_believed(board, eager):
     task = board.add({"title": "real"})
     listed(board)
-    path = board.root / doccache.NAME
+    path = board.root / Cache.name
     top = cache_of(board)
     top["entries"][f"todo/{task['id']}.json"][4]["title"] = "forged"
     write_cache(path, top)
@@ -149,7 +168,7 @@ def test_a_cache_others_may_write_is_not_believed(board, eager):
 def test_a_damaged_or_hostile_cache_file_is_ignored_and_replaced(board, eager, tmp_path, kind):
     task = board.add({"title": "real"})
     listed(board)
-    path = board.root / doccache.NAME
+    path = board.root / Cache.name
     top = cache_of(board)
     top["entries"][f"todo/{task['id']}.json"][4]["title"] = "lie"
     path.unlink()
@@ -180,7 +199,7 @@ def test_a_damaged_task_file_is_still_reported_with_a_cache(board, eager):
     listed(board)
     path = board.root / "todo" / f"{task['id']}.json"
     path.write_bytes(b"{not json")
-    listing = board.list()
+    listing = listing_of(board)
     assert task["id"] not in {doc["id"] for doc in listing.tasks}
     assert [entry["path"] for entry in listing.damaged] == [f"todo/{task['id']}.json"]
 
@@ -189,7 +208,7 @@ def test_files_changed_just_now_do_not_make_every_listing_write_the_cache(board)
     task = board.add({"title": "just now"})
     for _ in range(2):
         assert task["id"] in listed(board)
-    assert not (board.root / doccache.NAME).exists()  # nothing it could keep
+    assert not (board.root / Cache.name).exists()  # nothing it could keep
 
 
 def test_writing_the_cache_wakes_no_one(board, eager, monkeypatch):
@@ -201,9 +220,9 @@ def test_writing_the_cache_wakes_no_one(board, eager, monkeypatch):
     monkeypatch.setattr(watch.BoardWatcher, "mark_complete",
                         lambda self, path: seen.append(path.name) or complete(self, path))
     board.add({"title": "cached"})
-    (board.root / doccache.NAME).unlink(missing_ok=True)
+    (board.root / Cache.name).unlink(missing_ok=True)
     listed(board)
-    assert (board.root / doccache.NAME).exists()
+    assert (board.root / Cache.name).exists()
     (board.root / "rejected" / "sentinel").write_text("x")  # inotify reports in order: the cache's writes came first
     wait_until(lambda: "sentinel" in seen, timeout=30)
     assert not [name for name in seen if "doccache" in name], seen
@@ -211,6 +230,7 @@ def test_writing_the_cache_wakes_no_one(board, eager, monkeypatch):
 
 @pytest.mark.parametrize(("relative", "expected"), [
     (".doccache", True), ("..doccache.123.abcdef.tmp", True), ("events.jsonl", True),
+    (".doccache.fields", True), ("..doccache.fields.123.abcdef.tmp", True), ("todo/.doccache.fields", False),
     ("todo/x.json", False), ("todo/.doccache", False), ("inbox/..doccache.1.a.tmp", False)])
 def test_which_changes_are_the_boards_own_bookkeeping(relative, expected):
     assert watch.quiet(relative) is expected
@@ -219,7 +239,7 @@ def test_which_changes_are_the_boards_own_bookkeeping(relative, expected):
 def test_a_cache_temp_file_left_by_a_killed_writer_is_swept(board):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])  # a pid that no longer runs
     dead.wait(timeout=30)
-    left = board.root / f"..doccache.{dead.pid}.abcdef.tmp"
+    left = board.root / f".{Cache.name}.{dead.pid}.abcdef.tmp"
     left.write_bytes(b"half a cache")
     mine = board.root / f"..doccache.{os.getpid()}.abcdef.tmp"  # a writer that lives: kept
     mine.write_bytes(b"being written")
@@ -228,3 +248,58 @@ def test_a_cache_temp_file_left_by_a_killed_writer_is_swept(board):
     board.recover()
     assert not left.exists()
     assert mine.exists() and other.exists()
+
+
+@pytest.mark.parametrize("which", ["fields"], indirect=True)
+def test_the_listing_fields_are_the_documents_and_follow_every_change(board, eager):
+    board.add({"title": "plain", "id": "plain", "body": "b" * 5000, "depends_on": []})
+    board.add({"title": "stepped", "id": "stepped", "steps": [{"tool": "terminal", "args": {"command": "true"}}],
+               "priority": 3})
+    board.add({"title": "after", "id": "after", "depends_on": ["stepped"], "role": "code", "assignee": "worker"})
+    for _ in range(3):
+        claimed = board.claim("worker", roles=["code"])
+        if claimed["id"] == "stepped":
+            board.complete("stepped", claimed["claim"]["token"], {"out": "r" * 5000})
+        elif claimed["id"] == "plain":
+            board.block("plain", claimed["claim"]["token"], "stuck", question="which?")
+        else:
+            board.fail(claimed["id"], claimed["claim"]["token"], "it broke", permanent=True)
+
+    def both() -> tuple[list[dict], list[dict]]:
+        return [reads.listed_fields(doc) for doc in board.list().tasks], board.list_fields().tasks
+
+    documents, fields = both()
+    assert fields == documents and len(fields) == 3
+    assert not {"body", "result"} & {key for doc in fields for key in doc}
+    assert {doc["id"]: doc["steps"] for doc in fields} == {"plain": False, "stepped": True, "after": False}
+    assert both() == (documents, fields)  # now from both caches
+    assert cached_ids(board) == {"plain", "stepped", "after"}
+    board.answer("plain", "this one")
+    board.comment("stepped", "a note")  # no transition: only the file changes
+    claimed = board.claim("worker", roles=["code"])
+    documents, fields = both()
+    assert fields == documents
+    assert {doc["id"]: doc["status"] for doc in fields}["plain"] == "doing" == claimed["status"]
+    assert {doc["id"]: doc["claim"] for doc in fields}["plain"] == {"agent": "worker"}
+
+
+@pytest.mark.parametrize("which", ["fields"], indirect=True)
+def test_a_cache_of_other_fields_is_not_believed(board, eager):
+    task = board.add({"title": "real"})
+    board.list()
+    board.list_fields()
+    key = f"todo/{task['id']}.json"
+    documents = json.loads((board.root / doccache.NAME).read_bytes().partition(b"\n")[2])
+    fields = cache_of(board)
+    assert documents["version"] != fields["version"]
+    # Each file holding the other's kind, with a lie in it and a right digest: neither is believed.
+    documents["entries"][key][4]["title"] = "whole document"
+    fields["entries"][key][4]["title"] = "fields"
+    write_cache(board.root / doccache.FIELDS_NAME, documents)
+    write_cache(board.root / doccache.NAME, fields)
+    assert board.list_fields().tasks[0]["title"] == "real"
+    assert board.list().tasks[0]["title"] == "real"
+    # And fields of the right kind under an older version of what they hold.
+    fields["version"] = f"{doccache.VERSION}:id,title,status"
+    write_cache(board.root / doccache.FIELDS_NAME, fields)
+    assert board.list_fields().tasks[0]["title"] == "real"

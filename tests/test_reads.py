@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import subprocess
 import sys
 import time
 
 import pytest
-from hermes_sup.kanban import Board, TaskNotFound
+from hermes_sup.kanban import Board, TaskNotFound, doccache, reads
+from hermes_sup.kanban.rules import claim_order
 from hermes_sup.kanban.task import STATUSES
 
 from .conftest import wait_until
@@ -106,3 +109,54 @@ def test_a_reader_who_may_not_open_the_lock_file_still_lists_the_board(board):
             assert reader.counts() == {**dict.fromkeys(STATUSES, 0), "doing": 1}
     finally:
         subprocess.run(["chattr", "-i", str(lock)], check=True)
+
+
+def test_a_listing_is_in_status_order_then_claim_order_within_each(board):
+    # Ids, priorities and ages that disagree, in every status, so that no order but the right one passes.
+    for n in range(24):
+        board.add({"id": f"t-{(n * 7) % 24:02d}", "title": f"task {n}", "priority": (n * 5) % 3})
+    for n in range(12):
+        claimed = board.claim("a")
+        if n % 4 == 0:
+            board.complete(claimed["id"], claimed["claim"]["token"], "ok")
+        elif n % 4 == 1:
+            board.fail(claimed["id"], claimed["claim"]["token"], "no", permanent=True)
+        elif n % 4 == 2:
+            board.block(claimed["id"], claimed["claim"]["token"], "why")
+    board.cancel("t-23")
+    for name in ("h-c", "h-a", "h-b", "h-0"):  # made by hand, all at once: only their ids tell them apart
+        doc = {"id": name, "title": name, "status": "todo", "history": [], "created_at": "2026-01-01T00:00:00Z",
+               "priority": 0 if name == "h-0" else 1}
+        (board.root / "todo" / f"{name}.json").write_text(json.dumps(doc))
+    tasks = board.list().tasks
+    statuses = [doc["status"] for doc in tasks]
+    assert set(statuses) == set(STATUSES)
+    expected = sorted(tasks, key=lambda doc: (STATUSES.index(doc["status"]), -doc["priority"], doc["created_at"],
+                                              doc["id"]))
+    assert [doc["id"] for doc in tasks] == [doc["id"] for doc in expected]
+    assert [doc["id"] for doc in board.list_fields().tasks] == [doc["id"] for doc in expected]
+    assert [doc["id"] for doc in board.list("todo").tasks] == [doc["id"] for doc in expected
+                                                               if doc["status"] == "todo"]
+
+
+@pytest.mark.parametrize("fields", [False, True])
+def test_a_task_caught_in_two_folders_mid_claim_is_listed_once_in_its_newer_state(board, fields, monkeypatch):
+    monkeypatch.setattr(doccache, "RACY_NS", -10**15)  # files changed just now are cached too
+    board.add({"id": "x", "title": "being claimed"})
+    older = (board.root / "todo" / "x.json").read_bytes()
+    claimed = board.claim("a")  # its document is now in doing/, one history entry longer
+    (board.root / "todo" / "x.json").write_bytes(older)  # as a lock-free scan may meet it mid-move
+    for _ in range(2):  # the second from the listing's cache
+        listing = reads.scan(board.root, None, board._read, fields=fields)
+        assert [(doc["id"], doc["status"]) for doc in listing.tasks] == [("x", "doing")]
+        assert listing.tasks[0]["history"] == (len(claimed["history"]) if fields else claimed["history"])
+    assert (board.root / (doccache.FIELDS_NAME if fields else doccache.NAME)).exists()
+
+
+def test_the_listings_sort_is_claim_order_with_every_kind_of_tie():
+    rng = random.Random(12)
+    docs = [{"id": f"t-{rng.randrange(10**6)}-{n}", "priority": rng.randrange(-2, 3),
+             "created_at": f"2026-01-0{rng.randrange(1, 4)}T00:00:00Z"} for n in range(500)]
+    ordered = list(docs)
+    reads.in_claim_order(ordered)
+    assert ordered == sorted(docs, key=claim_order)

@@ -3,12 +3,16 @@ board, and (last test) a real team whose only provider is unreachable."""
 
 from __future__ import annotations
 
+import io
 import json
 import socket
 import subprocess
 from pathlib import Path
 
 from hermes_sup.kanban import Board
+from hermes_sup.supervisor import render, team
+from hermes_sup.supervisor.workspace import Workspace
+from rich.console import Console
 
 from .conftest import CLI, ROOT, supervisor_state, wait_until
 
@@ -143,3 +147,33 @@ def test_a_warning_prints_the_role_it_names_literally(tmp_path):
     assert "no agent has the role \\x1b]8;;http://x\\x07[bold]r" in added.stderr
     picture = hermes(ws, "board").stdout
     assert "\x1b" not in picture and "\\x1b" in picture
+
+
+def test_board_says_why_for_the_cards_it_shows_and_prints_what_the_whole_board_would(tmp_path):
+    ws = make_ws(tmp_path, TEAM)
+    board = Board(ws / "kanban")
+    # 12 waiting tasks, each for its own reason (a role no agent has, a dependency missing or not
+    # done, the team not running), and 10 blocked: more in each column than the picture shows.
+    for n in range(12):
+        board.add({"id": f"t-{n:02d}", "title": f"task {n}", "priority": n % 4,
+                   "role": "design" if n % 3 == 0 else "code",
+                   "depends_on": [f"gone-{n}"] if n % 3 == 1 else [f"t-{n - 1:02d}"] if n % 3 == 2 else []})
+    for n in range(10):
+        board.add({"id": f"b-{n:02d}", "title": f"asks {n}", "role": "code", "priority": 9})
+        claimed = board.claim("coder", roles=["code"])
+        board.block(claimed["id"], claimed["claim"]["token"], "stuck", question=f"which one, {n}?")
+    listing = board.list()
+    whole = render.board_document(listing.tasks, listing.damaged, {}, team.reasons(listing.tasks, team.load_team(
+        Workspace(ws), {}, False)), [], ([], 0))
+    expected = io.StringIO()
+    render.print_board(Console(file=expected, width=80, soft_wrap=False, markup=False, emoji=False), whole)
+
+    shown = hermes(ws, "board")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == expected.getvalue()
+    assert "... 4 more" in shown.stdout and "... 2 more" in shown.stdout
+    # --json still holds every task, each with why it waits.
+    document = json.loads(hermes(ws, "board", "--json").stdout)
+    assert document["counts"]["todo"] == 12 and len(document["columns"]["todo"]) == 12
+    assert all(item["waiting"] for item in document["columns"]["todo"] + document["columns"]["blocked"])
+    assert document["columns"] == whole["columns"]

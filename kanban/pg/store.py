@@ -30,7 +30,7 @@ from ..faults import fault
 from ..fsio import safe_name
 from ..ingest import IngestReport, identity_of, read_drop
 from ..liveness import holder_alive, start_time
-from ..reads import Listing
+from ..reads import Listing, listed_fields
 from ..task import MAX_BYTES, STATUSES, TaskError, find_cycle, is_valid_id, normalize, slugify, transition
 from ..watch import ChangeSignal
 from . import drops, sql
@@ -195,6 +195,11 @@ class PgStore(StreamMixin):
                                 "%(status)s::text ORDER BY array_position(%(order)s::text[], status), priority DESC, "
                                 "created, id", {"status": status, "order": list(STATUSES)}).fetchall()
         return Listing([row_to_doc(row) for row in rows], [])
+
+    def list_fields(self, status: str | None = None) -> Listing:
+        """`list`, each task as its listing fields (the protocol's verb; the whole rows are read)."""
+        listing = self.list(status)
+        return Listing([listed_fields(doc) for doc in listing.tasks], listing.damaged)
 
     @_again
     def counts(self) -> dict[str, int]:

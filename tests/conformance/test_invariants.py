@@ -8,7 +8,7 @@ import time
 from datetime import datetime
 
 import pytest
-from hermes_sup.kanban import ClaimLost, InvalidTransition, TaskNotFound
+from hermes_sup.kanban import ClaimLost, InvalidTransition, TaskNotFound, reads
 
 from ..conftest import wait_until
 from .backends import HAND_MOVES, all_events, tasks
@@ -370,3 +370,20 @@ def test_a_tie_in_priority_and_age_is_broken_by_id(backend, store):
     store.add({"title": "younger, same priority", "priority": 1})
     order = [store.claim("w")["id"] for _ in range(3)]
     assert order == ["tie-a", "tie-b", "tie-c"]
+
+
+def test_the_listing_fields_are_those_of_the_whole_documents(backend, store):
+    plain = store.add({"title": "plain", "body": "b" * 2000, "priority": 2})
+    store.add({"title": "after", "depends_on": [plain["id"]], "role": "code", "assignee": "w"})
+    claimed = store.claim("w")
+    store.block(claimed["id"], claimed["claim"]["token"], "stuck", question="which?")
+    store.add({"title": "held", "steps": [{"tool": "terminal", "args": {"command": "true"}}]})
+    store.claim("v")
+    for status in (None, "todo", "doing"):
+        whole = store.list(status)
+        fields = store.list_fields(status)
+        assert fields.tasks == [reads.listed_fields(doc) for doc in whole.tasks]
+        assert fields.damaged == whole.damaged
+    held = store.list_fields("doing").tasks[0]
+    assert held["claim"] == {"agent": "v"} and held["steps"] is True and "body" not in held
+    assert store.list_fields("blocked").tasks[0]["question"] == "which?"
