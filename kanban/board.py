@@ -33,6 +33,7 @@ from .fsio import (
     write_json_atomic,
 )
 from .ingest import IngestMixin
+from .journal import FileTaskJournal
 from .liveness import stale_reason
 from .notes import NotesMixin
 from .reads import Listing
@@ -217,8 +218,6 @@ class Board(IngestMixin, NotesMixin, WaitingMixin, Claims):
     def task_journal(self, task_id: str, token: int, agent: str, workdir: Path) -> Any:
         """The task's journal in the agent's folder: one host's agents are the only readers, and a
         stale holder is stopped by the board's fenced verbs, so its files need no token."""
-        from hermes_sup.agents.journal import FileTaskJournal  # the agents' files, the agents' format
-
         return FileTaskJournal(Path(workdir), task_id)
 
 

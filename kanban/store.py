@@ -179,7 +179,7 @@ class BoardStore(Protocol):
 
     def task_journal(self, task_id: str, token: int, agent: str, workdir: Path) -> Any:
         """Where `agent`, holding the task with `token`, keeps the task's journal (an
-        `agents.journal.TaskJournal`: its transcript, tool calls and model calls), and reads those
+        `kanban.journal.TaskJournal`: its transcript, tool calls and model calls), and reads those
         of the agents that held it before. The file board: files in `workdir`, the agent's folder,
         seen by this host only. A shared backend keeps it where any host resuming the task reads
         it, every write fenced by `token` (ClaimLost once another claim holds the task)."""

@@ -75,7 +75,7 @@ def sources(runs: Path, task_id: str) -> list[Source]:
         result.append(Source(agent, "tool", folder / TOOL_LOG))
         if "/" not in task_id and not task_id.startswith("."):  # ids are names; never a path out
             result.append(Source(agent, "message", folder / "transcripts" / f"{task_id}.jsonl"))
-            # Conversations of earlier attempts, set aside when a new one started (agents/journal.py).
+            # Conversations of earlier attempts, set aside when a new one started (kanban/journal.py).
             result += [Source(agent, "message", path)
                        for path in sorted((folder / "transcripts").glob(f"{glob.escape(task_id)}.attempt-*.jsonl"))]
     return result
@@ -152,7 +152,7 @@ def for_task(source: Source, records: list[dict[str, Any]], task_id: str) -> lis
     return [r for r in records if r.get("task") == task_id]
 
 
-# The kinds of the board database's journal rows (agents/journal_pg.py), as the journals here name them.
+# The kinds of the board database's journal rows (kanban/pg/journal.py), as the journals here name them.
 DB_KINDS = {"message": "message", "tool": "tool", "llm": "model"}
 JournalRows = Callable[..., list[dict[str, Any]]]  # PgStore.journal_rows(task_id, kind)
 

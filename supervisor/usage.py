@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from hermes_sup.agents.budget import caps_from, standing
-from hermes_sup.agents.journal import Journal
 from hermes_sup.agents.ledger import read_spend
+from hermes_sup.kanban.journal import Journal
 
 
 def _blank() -> dict[str, Any]:

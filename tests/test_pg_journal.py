@@ -1,4 +1,4 @@
-"""A task's journal in the PostgreSQL board (agents/journal_pg.py), against the suite's real server:
+"""A task's journal in the PostgreSQL board (kanban/pg/journal.py), against the suite's real server:
 the TaskJournal protocol over the journal table, every write fenced by the claim's token and
 scrubbed of keys, and an agent on another host resuming a conversation without running a completed
 tool call again."""
@@ -15,14 +15,14 @@ from typing import Any
 import psycopg
 import pytest
 from hermes_sup.agents import builtins  # noqa: F401 - registers the built-in tools
-from hermes_sup.agents.journal import FileTaskJournal
-from hermes_sup.agents.journal_pg import PgTaskJournal, attempt_name, next_free
 from hermes_sup.agents.loop import TaskLoop
 from hermes_sup.agents.memory import MemoryFile
 from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig
 from hermes_sup.agents.tools import Toolbox, ToolContext
 from hermes_sup.kanban import Board
 from hermes_sup.kanban.errors import ClaimLost
+from hermes_sup.kanban.journal import FileTaskJournal
+from hermes_sup.kanban.pg.journal import PgTaskJournal, attempt_name, next_free
 from hermes_sup.kanban.pg.store import PgStore
 from hermes_sup.kanban.redact import remember
 from hermes_sup.supervisor import taskrecords

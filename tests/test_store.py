@@ -112,6 +112,50 @@ def test_the_guard_sees_what_it_forbids():
     assert "fs_type" not in protocol_members()
 
 
+# The packages that use the board: the board never imports them (kanban -> agents would invert the layers).
+ABOVE_KANBAN = ("hermes_sup.agents", "hermes_sup.supervisor")
+
+
+def _imported(path: Path, tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, module) of every import in a module of the hermes_sup package, relative ones resolved,
+    those inside functions included."""
+    package = ["hermes_sup", *path.relative_to(REPO).parent.parts]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            found += [(node.lineno, f"{module}.{alias.name}" if not node.module else module) for alias in node.names]
+    return found
+
+
+def _reaches_above(module: str) -> bool:
+    return any(module == name or module.startswith(name + ".") for name in ABOVE_KANBAN)
+
+
+def test_the_board_never_imports_the_agents_or_the_supervisor():
+    problems = []
+    for path in sorted((REPO / "kanban").rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        problems += [f"{path.relative_to(REPO)}:{line} imports {module}" for line, module in _imported(path, tree)
+                     if _reaches_above(module)]
+    assert problems == []
+
+
+def test_the_layer_guard_sees_every_form_of_import():
+    path = REPO / "kanban" / "pg" / "store.py"
+    tree = ast.parse("import hermes_sup.agents.loop\nfrom ...agents import journal\nfrom ...supervisor.cli import x\n"
+                     "def f():\n    from hermes_sup.agents.journal import J\nfrom ..journal import Journal\n"
+                     "from . import sql\n")
+    reached = sorted((line, module) for line, module in _imported(path, tree) if _reaches_above(module))
+    assert reached == [(1, "hermes_sup.agents.loop"), (2, "hermes_sup.agents"), (3, "hermes_sup.supervisor.cli"),
+                       (5, "hermes_sup.agents.journal")]
+    assert dict(_imported(path, tree))[6] == "hermes_sup.kanban.journal"
+    assert dict(_imported(path, tree))[7] == "hermes_sup.kanban.pg.sql"
+
+
 # -- the factory --------------------------------------------------------------------------------------
 
 

@@ -34,6 +34,7 @@ from ..reads import Listing
 from ..task import MAX_BYTES, STATUSES, TaskError, find_cycle, is_valid_id, normalize, slugify, transition
 from ..watch import ChangeSignal
 from . import drops, sql
+from .journal import PgTaskJournal
 from .listen import CHANNEL, Listener
 from .rules import document_part, finished, row_to_doc, stale_note, storable
 from .schema import check_schema_name, migrate
@@ -386,10 +387,7 @@ class PgStore(StreamMixin):
         return moved
 
     def task_journal(self, task_id: str, token: int, agent: str, workdir: Path) -> Any:
-        """The task's journal in this database, fenced by `token` (agents/journal_pg.py)."""
-        # The agents' side of the journal (its records' meaning) lives with the agents; the rows here.
-        from hermes_sup.agents.journal_pg import PgTaskJournal
-
+        """The task's journal in this database, fenced by `token` (kanban/pg/journal.py)."""
         return PgTaskJournal(self, task_id, token, agent, Path(workdir))
 
     # -- hosts and recovery -------------------------------------------------------------------

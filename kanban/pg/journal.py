@@ -1,4 +1,4 @@
-"""A task's journal (agents/journal.py's `TaskJournal`) in the shared board's PostgreSQL database, so
+"""A task's journal (kanban/journal.py's `TaskJournal`) in the shared board's PostgreSQL database, so
 that an agent on any host resuming the task continues its conversation and never runs a completed
 tool call again.
 
@@ -20,9 +20,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
-from hermes_sup.kanban.errors import BoardError
-
-from .journal import Journal, Read, attempt_transcript
+from ..errors import BoardError
+from ..journal import Journal, Read, attempt_transcript
 
 
 class JournalRows(Protocol):
