@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -219,6 +219,11 @@ class Board(IngestMixin, NotesMixin, WaitingMixin, Claims):
         """The task's journal in the agent's folder: one host's agents are the only readers, and a
         stale holder is stopped by the board's fenced verbs, so its files need no token."""
         return FileTaskJournal(Path(workdir), task_id)
+
+    def journal_rows(self, task_id: str, kind: str, *, agents: Iterable[str] | None = None,
+                     name: str | None = None) -> list[dict[str, Any]] | None:
+        """None: the file board keeps no journal rows; its journals are the agents' files."""
+        return None
 
 
 def _misplaced(folder: str, doc: TaskDoc) -> bool:

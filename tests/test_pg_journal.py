@@ -82,7 +82,16 @@ def test_the_database_journal_reads_as_the_journal_files_would_for_task_log():
                      ("w2", "tool", "tool_calls.jsonl"): [{"task": "t-1", "call_id": "c1", "status": "done"}],
                      ("w1", "model", "llm_calls.jsonl"): [{"task": "t-1", "outcome": "ok"}]}
     assert notes == ["journal row 4 in the board database is not a record and is skipped"]
-    assert taskrecords.board_rows(object()) is None
+
+
+def test_task_log_on_the_file_board_reads_the_agents_files_alone(tmp_path: Path) -> None:
+    (tmp_path / "runs" / "w1").mkdir(parents=True)
+    record = {"task": "t-1", "at": "2026-01-01T00:00:00Z", "call": "c", "outcome": "ok", "provider": "p"}
+    (tmp_path / "runs" / "w1" / "llm_calls.jsonl").write_text(json.dumps(record) + "\n")
+    with Board(tmp_path / "kanban") as board:
+        raws, notes = taskrecords.gather(tmp_path / "runs", "t-1", taskrecords.board_rows(board))
+    assert notes == []
+    assert [(raw.source.agent, raw.source.kind, raw.records) for raw in raws] == [("w1", "model", [record])]
 
 
 def test_a_model_call_logged_in_the_agents_file_and_in_the_database_is_shown_once(tmp_path: Path) -> None:

@@ -355,7 +355,8 @@ class PgStore(StreamMixin):
     def journal_rows(self, task_id: str, kind: str, *, agents: Iterable[str] | None = None,
                      name: str | None = None) -> list[dict[str, Any]]:
         """A task's journal rows of one kind (message, tool, llm), of `agents` (None: every agent's)
-        and, for messages, of one transcript `name`, in the order written. Reads are not fenced."""
+        and, for messages, of one transcript `name`, in the order written. Reads are not fenced.
+        Never None: this board keeps the journal."""
         with self._locked() as conn:
             rows = conn.execute(sql.JOURNAL_ROWS, {"id": task_id, "kind": kind, "name": name,
                                                    "agents": None if agents is None else list(agents)}).fetchall()
