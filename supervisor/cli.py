@@ -664,8 +664,10 @@ def usage(ctx: click.Context, as_json: bool) -> None:
     summary = summarize(records)
     try:
         config = load_config(ws.config_path)
-        budgets = budget_standing(ws.runs_path, config.get("budgets"), time.time(), board=config.get("board"),
-                                  host=config.get("host")) if config.get("budgets") else []
+        budgets, ledger_notes = budget_standing(
+            ws.runs_path, config.get("budgets"), time.time(), board=config.get("board"),
+            host=config.get("host")) if config.get("budgets") else ([], [])
+        notes += ledger_notes
     except (ConfigError, LedgerError) as exc:
         budgets = []
         notes.append(f"budgets not shown: {exc}")

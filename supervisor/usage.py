@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hermes_sup.agents.budget import caps_from, standing
-from hermes_sup.agents.ledger import read_spend
+from hermes_sup.agents.ledger import read_spend_noted
 from hermes_sup.kanban.journal import Journal
 
 
@@ -108,10 +108,11 @@ def read_logs(runs: Path) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
 
 
 def budget_standing(runs: Path, budgets: Any, now: float, *, board: Any = None,
-                    host: str | None = None) -> list[dict[str, Any]]:
+                    host: str | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """Spend (settled and still reserved) against each cap of hermes.yaml's `budgets`, from the
     ledger of the board hermes.yaml's `board:` and `host:` name (runs/ of the workspace whose runs/
-    this is, or the board's database): scope, cap, limit, spent, left. Raises LedgerError."""
-    entries = read_spend(runs.parent, board if isinstance(board, dict) else None, host=host)
+    this is, or the board's database, read without creating anything there): scope, cap, limit,
+    spent, left; and notes for the reader. Raises LedgerError."""
+    entries, notes = read_spend_noted(runs.parent, board if isinstance(board, dict) else None, host=host)
     rows = standing(entries, caps_from(budgets if isinstance(budgets, dict) else None), now)
-    return [{**row, "left": round(max(0.0, row["limit"] - row["spent"]), 8)} for row in rows]
+    return [{**row, "left": round(max(0.0, row["limit"] - row["spent"]), 8)} for row in rows], notes

@@ -6,7 +6,9 @@ resumes them. And the ledger factory itself: which ledger for which board, and i
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -15,7 +17,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from hermes_sup.agents.budget import Caps, decide
-from hermes_sup.agents.ledger import FileLedger, LedgerError, open_ledger, read_spend
+from hermes_sup.agents.ledger import FileLedger, LedgerError, open_ledger, read_spend, read_spend_noted
 from hermes_sup.kanban.pg import open_store
 from psycopg.conninfo import make_conninfo
 
@@ -134,7 +136,7 @@ def test_two_hosts_share_one_budget_on_postgres_and_reload_resumes_them(database
 def test_the_file_board_keeps_its_ledger_in_runs(tmp_path):
     ledger = open_ledger(tmp_path, None)
     assert isinstance(ledger, FileLedger) and ledger.path == tmp_path / "runs" / "budget.jsonl"
-    ledger.reserve(agent="w", task="t", amount=0.25, check=lambda entries: None)
+    ledger.reserve(agent="w", task="t", amount=0.25, check=lambda entries, now: None)
     assert [e.amount for e in read_spend(tmp_path, {"backend": "files"})] == [0.25]
 
 
@@ -146,7 +148,7 @@ def test_a_postgres_board_reserves_in_its_database_shared_by_hosts(tmp_path, dat
     try:
         caps = Caps(team_total=1.0)
 
-        def check(entries):
+        def check(entries, now):
             return decide(entries, caps, agent="w", task="t", task_limit=None, worst=0.6, now=0.0)
 
         assert hasattr(box_a.reserve(agent="w", task="t", amount=0.6, check=check), "id")
@@ -186,14 +188,14 @@ def test_a_connection_the_server_ended_is_made_again_and_the_reservation_made_on
     ledger = open_ledger(tmp_path, {"backend": "postgres", "dsn_env": DSN_ENV}, host="box-a",
                          environ={DSN_ENV: database})
     try:
-        first = ledger.reserve(agent="w", task="t", amount=0.25, check=lambda entries: None)
+        first = ledger.reserve(agent="w", task="t", amount=0.25, check=lambda entries, now: None)
         with psycopg.connect(database, autocommit=True) as admin:
             ended = admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                                   "WHERE application_name = 'hermes-sup-ledger'").fetchall()
             assert ended == [(True,)]
             wait_until(lambda: not admin.execute("SELECT 1 FROM pg_stat_activity WHERE application_name = "
                                                  "'hermes-sup-ledger'").fetchall(), timeout=30)
-        second = ledger.reserve(agent="w", task="t", amount=0.25, check=lambda entries: None)
+        second = ledger.reserve(agent="w", task="t", amount=0.25, check=lambda entries, now: None)
         assert hasattr(first, "id") and hasattr(second, "id")
         assert sorted(amount for amount, _settled in held(database)) == [0.25, 0.25], "each hold once"
     finally:
@@ -218,7 +220,7 @@ def test_prune_keeps_the_ledger_on_either_board(tmp_path, database, monkeypatch)
             assert claimed is not None and claimed["id"] == task
             ledger = open_ledger(ws, section)
             try:
-                hold = ledger.reserve(agent="worker", task=task, amount=0.5, check=lambda entries: None)
+                hold = ledger.reserve(agent="worker", task=task, amount=0.5, check=lambda entries, now: None)
                 ledger.settle(hold, 0.25)
             finally:
                 ledger.close()
@@ -249,10 +251,10 @@ def test_a_reservation_reads_settled_spend_summed_not_every_call_ever_made(tmp_p
     try:
         for task in ("t1", "t2"):
             for _ in range(30):
-                ledger.settle(ledger.reserve(agent="w", task=task, amount=0.5, check=lambda entries: None), 0.01)
-        still = ledger.reserve(agent="w", task="t1", amount=0.5, check=lambda entries: None)
+                ledger.settle(ledger.reserve(agent="w", task=task, amount=0.5, check=lambda entries, now: None), 0.01)
+        still = ledger.reserve(agent="w", task="t1", amount=0.5, check=lambda entries, now: None)
         seen: list = []
-        ledger.reserve(agent="w", task="t3", amount=0.5, check=lambda entries: seen.extend(entries))
+        ledger.reserve(agent="w", task="t3", amount=0.5, check=lambda entries, now: seen.extend(entries))
         assert sorted((e.task, round(e.amount, 8)) for e in seen) == [("t1", 0.3), ("t1", 0.5), ("t2", 0.3)]
         assert round(sum(e.amount for e in ledger.entries()), 8) == 1.6
         ledger.release(still)
@@ -308,7 +310,7 @@ def test_a_gone_hosts_holds_are_freed_as_the_board_frees_its_tasks_and_its_late_
     open_store({"dsn_env": DSN_ENV}, host="tester", environ=environ).close()  # the board's tables, hosts too
     caps = Caps(team_total=1.0)
 
-    def check(entries):
+    def check(entries, now):
         return decide(entries, caps, agent="w", task="t", task_limit=None, worst=0.4, now=0.0)
 
     ledgers = {name: open_ledger(tmp_path, board, host=name, environ=environ)
@@ -318,7 +320,7 @@ def test_a_gone_hosts_holds_are_freed_as_the_board_frees_its_tasks_and_its_late_
             conn.execute("INSERT INTO hermes_sup.hosts (host_id, boot_id, heartbeat) VALUES "
                          "('box-silent', %(boot)s, now() - interval '31 seconds'), ('box-rebooted', 'another boot', "
                          "now()), ('box-alive', %(boot)s, now())", {"boot": boot_id()})
-        holds = {name: ledgers[name].reserve(agent="w", task="t", amount=0.3, check=lambda entries: None)
+        holds = {name: ledgers[name].reserve(agent="w", task="t", amount=0.3, check=lambda entries, now: None)
                  for name in ("box-silent", "box-rebooted", "box-alive")}
         # Of the 0.9 reserved, box-alive's 0.3 stands: 0.3 + 0.4 fits under 1.0.
         mine = ledgers["box-a"].reserve(agent="w", task="t", amount=0.4, check=check)
@@ -330,3 +332,56 @@ def test_a_gone_hosts_holds_are_freed_as_the_board_frees_its_tasks_and_its_late_
     finally:
         for ledger in ledgers.values():
             ledger.close()
+
+
+# A host whose clock runs three days ahead of the database's: its agents reserve in Python, where
+# only the host's clock is patched (the database keeps its own).
+SKEWED = """
+import json, sys, time
+real = time.time
+time.time = lambda: real() + 3 * 86400
+from hermes_sup.agents.ledger import open_ledger
+from pathlib import Path
+ledger = open_ledger(Path(sys.argv[1]), {"backend": "postgres", "dsn_env": sys.argv[2]}, host="box-fast")
+seen = []
+hold = ledger.reserve(agent="w", task="t", amount=0.25, check=lambda entries, *now: seen.extend(now))
+ledger.settle(hold, 0.2)
+ledger.close()
+print(json.dumps(seen))
+"""
+
+
+def test_a_holds_day_and_its_check_go_by_the_databases_clock_not_the_hosts(tmp_path, database):
+    """Near midnight UTC a host whose clock is off would count its calls on another day than the
+    team's: the per-day caps would each let through what the other day's spend should stop."""
+    done = subprocess.run([sys.executable, "-c", SKEWED, str(tmp_path), DSN_ENV], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, env={**os.environ, DSN_ENV: database})
+    assert done.returncode == 0, done.stderr
+    with psycopg.connect(database) as conn:
+        today, db_now = conn.execute("SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD'), "
+                                     "extract(epoch FROM now())::float8").fetchone()
+        days = [day for (day,) in conn.execute("SELECT day FROM hermes_sup.budget_holds")]
+    assert days == [today], "the hold is dated by the database's day"
+    seen = json.loads(done.stdout)
+    assert len(seen) == 1 and abs(seen[0] - db_now) < 600, "the check is given the database's time"
+
+
+def test_usage_on_postgres_creates_no_ledger_and_says_there_is_none_yet(tmp_path, database, monkeypatch):
+    """A read never writes: `usage` before any agent reserved finds no ledger tables, shows no spend
+    and says why, and leaves the database without them."""
+    monkeypatch.setenv(DSN_ENV, database)
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT, timeout=120)
+    (ws / "hermes.yaml").write_text("budgets:\n  team: {total: 1.0}\nagents:\n  - name: worker\n"
+                                    f"board: {{backend: postgres, dsn_env: {DSN_ENV}}}\n")
+    shown = cli(ws, "usage", "--json")
+    assert shown.returncode == 0, shown.stderr
+    usage = json.loads(shown.stdout)
+    assert usage["budgets"] == [{"scope": "team", "cap": "total", "limit": 1.0, "spent": 0, "left": 1.0}], usage
+    assert any("no budget ledger yet" in note for note in usage["notes"]), usage["notes"]
+    with psycopg.connect(database) as conn:
+        tables = conn.execute("SELECT to_regclass('hermes_sup.budget_holds'), "
+                              "to_regclass('hermes_sup.budget_said')").fetchone()
+    assert tables == (None, None), "usage created the ledger's tables"
+    entries, notes = read_spend_noted(tmp_path, {"backend": "postgres", "dsn_env": DSN_ENV})
+    assert entries == [] and len(notes) == 1
