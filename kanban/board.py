@@ -220,7 +220,7 @@ class Board(IngestMixin, NotesMixin, WaitingMixin, Claims):
         stale holder is stopped by the board's fenced verbs, so its files need no token."""
         return FileTaskJournal(Path(workdir), task_id)
 
-    def journal_rows(self, task_id: str, kind: str, *, agents: Iterable[str] | None = None,
+    def journal_rows(self, task_id: str | None, kind: str, *, agents: Iterable[str] | None = None,
                      name: str | None = None) -> list[dict[str, Any]] | None:
         """None: the file board keeps no journal rows; its journals are the agents' files."""
         return None

@@ -185,14 +185,14 @@ class BoardStore(Protocol):
         it, every write fenced by `token` (ClaimLost once another claim holds the task)."""
         ...
 
-    def journal_rows(self, task_id: str, kind: str, *, agents: Iterable[str] | None = None,
+    def journal_rows(self, task_id: str | None, kind: str, *, agents: Iterable[str] | None = None,
                      name: str | None = None) -> list[dict[str, Any]] | None:
-        """The journal rows this board keeps of a task, for readers on any host (`task log`): those of
-        one `kind` (message, tool, llm), of `agents` (None: every agent's) and, for messages, of one
-        transcript `name`, in the order written; each {seq, fence, kind, agent, name, entry}, `entry`
-        as written (a reader checks it is a record). Reads are not fenced. None when the board keeps
-        no journal rows at all (the file board: the journal is the agents' files, read there), so a
-        reader tells "kept elsewhere" from "nothing yet"."""
+        """The journal rows this board keeps of a task (None: of every task), for readers on any host
+        (`task log`, `usage`): those of one `kind` (message, tool, llm), of `agents` (None: every
+        agent's) and, for messages, of one transcript `name`, in the order written; each {seq, fence,
+        task_id, kind, agent, name, entry}, `entry` as written (a reader checks it is a record).
+        Reads are not fenced. None when the board keeps no journal rows at all (the file board: the
+        journal is the agents' files, read there), so a reader tells "kept elsewhere" from "nothing yet"."""
         ...
 
     # -- maintenance -----------------------------------------------------------------------------

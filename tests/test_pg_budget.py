@@ -19,6 +19,7 @@ import pytest
 from hermes_sup.agents.budget import Caps, decide
 from hermes_sup.agents.ledger import FileLedger, LedgerError, open_ledger, read_spend, read_spend_noted
 from hermes_sup.kanban.pg import open_store
+from hermes_sup.supervisor.usage import team_records
 from psycopg.conninfo import make_conninfo
 
 from .conftest import CLI, ROOT, wait_until
@@ -385,3 +386,63 @@ def test_usage_on_postgres_creates_no_ledger_and_says_there_is_none_yet(tmp_path
     assert tables == (None, None), "usage created the ledger's tables"
     entries, notes = read_spend_noted(tmp_path, {"backend": "postgres", "dsn_env": DSN_ENV})
     assert entries == [] and len(notes) == 1
+
+
+def model_call(task: str, call: str, tokens_in: int, cost: float) -> dict:
+    return {"at": f"2026-01-01T00:00:0{call[-1]}.000000Z", "task": task, "call": call, "outcome": "ok",
+            "provider": "local", "model": "m", "tokens_in": tokens_in, "tokens_out": 10, "tokens_cached": 0,
+            "cost_usd": cost}
+
+
+def test_usage_on_either_host_counts_the_whole_teams_model_calls_each_once(tmp_path, database, monkeypatch):
+    """box-a's and box-b's agents each log their calls in their own files and, for a task, in the
+    board's journal: usage on either host shows both hosts' agents, a call in both places once, and
+    a call whose database copy never arrived (a lost claim) on the host that made it."""
+    from hermes_sup.kanban.journal import Journal
+
+    monkeypatch.setenv(DSN_ENV, database)
+    hosts = {}
+    for name in ("box-a", "box-b"):
+        ws = tmp_path / name
+        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT, timeout=120)
+        (ws / "hermes.yaml").write_text(f"agents:\n  - name: worker\nboard: {{backend: postgres, dsn_env: {DSN_ENV}}}\n"
+                                        f"host: {name}\n")
+        hosts[name] = ws
+    stores = {name: open_store({"dsn_env": DSN_ENV}, host=name) for name in hosts}
+    try:
+        for name, agent, calls in (("box-a", "worker-1", ("a1",)), ("box-b", "worker-2", ("b1", "b2"))):
+            task = stores[name].add({"title": f"{name}'s"})["id"]
+            claimed = stores[name].claim(agent)
+            assert claimed is not None and claimed["id"] == task
+            journal = stores[name].task_journal(task, claimed["claim"]["token"], agent, hosts[name] / "runs" / agent)
+            for call in calls:
+                journal.append_llm_call(model_call(task, call, 100, 0.5))
+            journal.close()
+        lost = Journal(hosts["box-a"] / "runs" / "worker-1" / "llm_calls.jsonl")
+        lost.append(model_call("t-lost", "a2", 7, 0.25))  # in box-a's file alone
+        lost.close()
+    finally:
+        for store in stores.values():
+            store.close()
+
+    def agents(name: str) -> dict:
+        shown = cli(hosts[name], "usage", "--json")
+        assert shown.returncode == 0, shown.stderr
+        usage = json.loads(shown.stdout)
+        assert usage["notes"] == [], usage["notes"]
+        return {agent: (row["calls"], row["tokens_in"], row["cost_usd"]) for agent, row in usage["agents"].items()}
+
+    assert agents("box-a") == {"worker-1": (2, 107, 0.75), "worker-2": (2, 200, 1.0)}
+    assert agents("box-b") == {"worker-1": (1, 100, 0.5), "worker-2": (2, 200, 1.0)}
+
+
+def test_the_teams_model_calls_are_this_hosts_and_the_boards_rows_each_once():
+    record = model_call("t", "c1", 5, 0.1)
+    other = model_call("t", "c2", 6, 0.2)
+    local = [("w1", record)]
+    rows = [{"agent": "w1", "entry": dict(record)}, {"agent": "w2", "entry": other}, {"agent": "w2", "entry": other},
+            {"agent": "w3", "entry": "not a record"}, {"agent": None, "entry": model_call("t", "c3", 1, 0.0)}]
+    merged, notes = team_records(local, rows)
+    assert merged == [("w1", record), ("w2", other), ("-", model_call("t", "c3", 1, 0.0))]
+    assert notes == ["1 model-call row(s) in the board's database are not records and are skipped"]
+    assert team_records(local, None) == (local, [])

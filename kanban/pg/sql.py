@@ -149,8 +149,16 @@ JOURNAL_FENCE = """SELECT fence FROM tasks WHERE id = %(id)s AND status = 'doing
 JOURNAL_INSERT = """INSERT INTO journal (task_id, fence, kind, agent, name, entry)
     VALUES (%(id)s, %(token)s, %(kind)s, %(agent)s, %(name)s, %(entry)s::jsonb)"""
 
-JOURNAL_ROWS = """SELECT seq, fence, kind, agent, name, entry FROM journal
+JOURNAL_ROWS = """SELECT seq, fence, task_id, kind, agent, name, entry FROM journal
     WHERE task_id = %(id)s AND kind = %(kind)s
+      AND (%(agents)s::text[] IS NULL OR agent = ANY(%(agents)s::text[]))
+      AND (%(name)s::text IS NULL OR name = %(name)s::text)
+    ORDER BY seq"""
+
+# Every task's (`usage` reads the team's model calls): a statement of its own, so the one above
+# keeps its plan on the task's index.
+JOURNAL_ROWS_ALL = """SELECT seq, fence, task_id, kind, agent, name, entry FROM journal
+    WHERE kind = %(kind)s
       AND (%(agents)s::text[] IS NULL OR agent = ANY(%(agents)s::text[]))
       AND (%(name)s::text IS NULL OR name = %(name)s::text)
     ORDER BY seq"""

@@ -352,13 +352,14 @@ class PgStore(StreamMixin):
         return int(row["seq"])
 
     @_again
-    def journal_rows(self, task_id: str, kind: str, *, agents: Iterable[str] | None = None,
+    def journal_rows(self, task_id: str | None, kind: str, *, agents: Iterable[str] | None = None,
                      name: str | None = None) -> list[dict[str, Any]]:
-        """A task's journal rows of one kind (message, tool, llm), of `agents` (None: every agent's)
-        and, for messages, of one transcript `name`, in the order written. Reads are not fenced.
-        Never None: this board keeps the journal."""
+        """A task's (None: every task's) journal rows of one kind (message, tool, llm), of `agents`
+        (None: every agent's) and, for messages, of one transcript `name`, in the order written.
+        Reads are not fenced. Never None: this board keeps the journal."""
+        statement = sql.JOURNAL_ROWS if task_id is not None else sql.JOURNAL_ROWS_ALL
         with self._locked() as conn:
-            rows = conn.execute(sql.JOURNAL_ROWS, {"id": task_id, "kind": kind, "name": name,
+            rows = conn.execute(statement, {"id": task_id, "kind": kind, "name": name,
                                                    "agents": None if agents is None else list(agents)}).fetchall()
         return [dict(row) for row in rows]
 
