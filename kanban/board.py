@@ -225,6 +225,10 @@ class Board(IngestMixin, NotesMixin, WaitingMixin, Claims):
         """None: the file board keeps no journal rows; its journals are the agents' files."""
         return None
 
+    def journal_prune(self, task_ids: Iterable[str], *, dry_run: bool = False) -> dict[str, int] | None:
+        """None: no journal rows to remove (`prune` removes the agents' files)."""
+        return None
+
 
 def _misplaced(folder: str, doc: TaskDoc) -> bool:
     """A document whose status is not its folder's, outside doing/ (where that is a transition to

@@ -195,6 +195,15 @@ class BoardStore(Protocol):
         journal is the agents' files, read there), so a reader tells "kept elsewhere" from "nothing yet"."""
         ...
 
+    def journal_prune(self, task_ids: Iterable[str], *, dry_run: bool = False) -> dict[str, int] | None:
+        """Remove the journal rows this board keeps of the tasks `task_ids` (their transcripts and tool
+        calls) that are finished (done, failed, cancelled) when the rows go, atomically: a task a
+        `retry` took back meanwhile keeps its rows. The model-call rows stay (what `usage` counts, as
+        the file board's `llm_calls.jsonl` stays), and so do the task documents. Returns {tasks, rows,
+        bytes} removed (`dry_run`: that would be, nothing removed). None when the board keeps no
+        journal rows (the file board: `prune` removes the agents' files itself)."""
+        ...
+
     # -- maintenance -----------------------------------------------------------------------------
 
     def ingest(self) -> IngestReport:

@@ -5,6 +5,7 @@ tool call again."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import threading
 import uuid
@@ -274,3 +275,57 @@ def test_an_agent_whose_journal_write_finds_the_claim_gone_stops_the_task_and_ru
     assert "Traceback" not in out.err, out.err
     assert held["status"] == "doing" and held["claim"]["agent"] == "b" and held["attempts"] == 1
     assert not list(tmp_path.rglob("late.txt")), "a stale holder ran a step"
+
+
+def test_prune_removes_finished_tasks_journal_rows_but_their_model_calls(make_store: Factory, tmp_path: Path) -> None:
+    """`prune` on PostgreSQL: a finished task's transcript and tool-call rows go (the database is where
+    they take room), its model-call rows (what `usage` counts), its document and every other task's
+    rows stay; a dry run removes nothing."""
+    from hermes_sup.supervisor.prune import prune
+
+    store = make_store()
+    ids = {status: store.add({"id": f"{status}-task", "title": status, "priority": 9 - n})["id"]
+           for n, status in enumerate(("done", "doing"))}
+    for status, task_id in ids.items():
+        claimed = store.claim("w1")
+        assert claimed is not None and claimed["id"] == task_id
+        token = claimed["claim"]["token"]
+        journal = store.task_journal(task_id, token, "w1", tmp_path / "runs" / "w1")
+        journal.append_message({"role": "user", "content": "go"})
+        journal.append_tool_call({"task": task_id, "call_id": "c1", "status": "done"})
+        journal.append_llm_call({"task": task_id, "call": "m1", "outcome": "ok"})
+        journal.close()
+        if status == "done":
+            store.complete(task_id, token, {"answer": "ok"})
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(days=2)
+
+    dry = prune(tmp_path / "runs", store, 86400, dry_run=True, now=later)
+    assert dry.database is not None and (dry.database["tasks"], dry.database["rows"]) == (1, 2)
+    assert dry.database["bytes"] > 0 and len(rows(store, ids["done"])) == 3, "a dry run removes nothing"
+
+    done = prune(tmp_path / "runs", store, 86400, now=later)
+    assert done.database == dry.database and done.as_dict()["database"] == dry.database
+    assert [r["kind"] for r in rows(store, ids["done"])] == ["llm"], "the model calls stay for usage"
+    assert [r["kind"] for r in rows(store, ids["doing"])] == ["message", "tool", "llm"], "a held task is not touched"
+    assert store.get(ids["done"])["status"] == "done"
+    again = prune(tmp_path / "runs", store, 86400, now=later)
+    assert again.database == {"tasks": 0, "rows": 0, "bytes": 0}
+
+
+def test_a_task_retried_before_its_rows_go_keeps_them(make_store: Factory, tmp_path: Path) -> None:
+    """The rows go only while the task is finished, checked in the deleting transaction: a `retry`
+    between prune's listing and the deletion keeps the task's journal."""
+    store = make_store()
+    task_id = store.add({"title": "x", "max_attempts": 1})["id"]
+    claimed = store.claim("w1")
+    assert claimed is not None
+    journal = store.task_journal(task_id, claimed["claim"]["token"], "w1", tmp_path / "w1")
+    journal.append_message({"role": "user", "content": "go"})
+    journal.close()
+    store.fail(task_id, claimed["claim"]["token"], "no", permanent=True)
+    store.retry(task_id)  # after a prune listed it as failed
+    assert store.journal_prune([task_id]) == {"tasks": 0, "rows": 0, "bytes": 0}
+    assert len(rows(store, task_id)) == 1
+    store.cancel(task_id)
+    assert store.journal_prune([task_id, "no-such-task"])["rows"] == 1
+    assert rows(store, task_id) == []

@@ -388,6 +388,18 @@ class PgStore(StreamMixin):
                 cur.executemany(sql.JOURNAL_INSERT, params)
         return moved
 
+    @_again
+    def journal_prune(self, task_ids: Iterable[str], *, dry_run: bool = False) -> dict[str, int]:
+        """The finished tasks' journal rows but their model calls, removed in one transaction that
+        holds those tasks finished (sql.JOURNAL_PRUNABLE); {tasks, rows, bytes}."""
+        ids = [task_id for task_id in task_ids if isinstance(task_id, str)]
+        with self._tx() as cur:
+            finished = [row["id"] for row in cur.execute(sql.JOURNAL_PRUNABLE, {"ids": ids}).fetchall()]
+            size = cur.execute(sql.JOURNAL_PRUNE_SIZE, {"ids": finished}).fetchone()
+            if not dry_run and size["rows"]:
+                cur.execute(sql.JOURNAL_PRUNE, {"ids": finished})
+        return {"tasks": int(size["tasks"]), "rows": int(size["rows"]), "bytes": int(size["bytes"])}
+
     def task_journal(self, task_id: str, token: int, agent: str, workdir: Path) -> Any:
         """The task's journal in this database, fenced by `token` (kanban/pg/journal.py)."""
         return PgTaskJournal(self, task_id, token, agent, Path(workdir))
