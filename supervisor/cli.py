@@ -48,7 +48,7 @@ from .procs import tree_rss_mb
 from .spec import build_specs
 from .statefile import read_state
 from .sweep import LOCK_FILE, sweep
-from .usage import board_model_calls, budget_standing, read_logs, summarize, team_records
+from .usage import board_model_calls, budget_standing_noted, read_logs, summarize, team_records
 from .workspace import (
     PRIVATE_UMASK,
     SHARED_UMASK,
@@ -670,7 +670,7 @@ def usage(ctx: click.Context, as_json: bool) -> None:
     summary = summarize(records)
     try:
         config = load_config(ws.config_path)
-        budgets, ledger_notes = budget_standing(
+        budgets, ledger_notes = budget_standing_noted(
             ws.runs_path, config.get("budgets"), time.time(), board=config.get("board"),
             host=config.get("host")) if config.get("budgets") else ([], [])
         notes += ledger_notes

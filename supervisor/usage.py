@@ -155,11 +155,17 @@ def board_model_calls(open_board: Callable[[], BoardStore]) -> tuple[list[dict[s
 
 
 def budget_standing(runs: Path, budgets: Any, now: float, *, board: Any = None,
-                    host: str | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+                    host: str | None = None) -> list[dict[str, Any]]:
     """Spend (settled and still reserved) against each cap of hermes.yaml's `budgets`, from the
     ledger of the board hermes.yaml's `board:` and `host:` name (runs/ of the workspace whose runs/
     this is, or the board's database, read without creating anything there): scope, cap, limit,
-    spent, left; and notes for the reader. Raises LedgerError."""
+    spent, left. Raises LedgerError."""
+    return budget_standing_noted(runs, budgets, now, board=board, host=host)[0]
+
+
+def budget_standing_noted(runs: Path, budgets: Any, now: float, *, board: Any = None,
+                          host: str | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """`budget_standing`, and notes for the reader (a database with no ledger yet). Raises LedgerError."""
     entries, notes = read_spend_noted(runs.parent, board if isinstance(board, dict) else None, host=host)
     rows = standing(entries, caps_from(budgets if isinstance(budgets, dict) else None), now)
     return [{**row, "left": round(max(0.0, row["limit"] - row["spent"]), 8)} for row in rows], notes

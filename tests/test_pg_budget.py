@@ -295,9 +295,12 @@ def test_usage_says_why_it_cannot_show_budgets_kept_in_a_database_it_cannot_reac
     shown = cli(ws, "usage", "--json")
     assert shown.returncode == 0, shown.stderr
     usage = json.loads(shown.stdout)
-    assert usage["budgets"] == [] and usage["notes"] == [
+    assert usage["budgets"] == [] and usage["notes"][1:] == [
         f"budgets not shown: the board is on PostgreSQL, but ${DSN_ENV} is not set: the budget ledger is in "
         "the board's database"], usage
+    # Nor a silent "this host is the team": the other hosts' model calls are in that database too.
+    assert usage["notes"][0].startswith("only this host's model calls are shown: the board's journal could not "
+                                        "be read") and f"${DSN_ENV} is not set" in usage["notes"][0], usage
 
 
 def test_a_gone_hosts_holds_are_freed_as_the_board_frees_its_tasks_and_its_late_settlement_still_counts(
