@@ -65,6 +65,10 @@ class Ledger(Protocol):
 
     def first_time(self, key: str) -> bool: ...
 
+    def now(self) -> float:
+        """The time by the ledger's clock (the database's on PostgreSQL): what its days are counted by."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -182,6 +186,9 @@ class FileLedger:
     def entries(self) -> list[Entry]:
         return read_entries(self.path.parent, self.alive)
 
+    def now(self) -> float:
+        return self.clock()
+
     def first_time(self, key: str) -> bool:
         """True once per key (a cap in its period): whether budget_reached is to be said now."""
         with self.lock:
@@ -289,9 +296,9 @@ class BudgetGate:
     """One task's gate in front of every model call (complete_with_fallback's `budget`)."""
 
     def __init__(self, ledger: Ledger, caps: Caps, *, agent: str, task: str, task_limit: float | None,
-                 prices: dict[str, Any], clock: Callable[[], float] = time.time) -> None:
+                 prices: dict[str, Any]) -> None:
         self.ledger, self.caps, self.agent, self.task = ledger, caps, agent, task
-        self.task_limit, self.prices, self.clock = task_limit, prices, clock
+        self.task_limit, self.prices = task_limit, prices
 
     def reserve(self, model: str, prompt_tokens: int, max_tokens: int) -> Hold | None:
         """Reserve a call's worst case, or raise BudgetReached. An unpriced model reserves nothing
@@ -334,6 +341,7 @@ class BudgetGate:
         return self.ledger.first_time(f"{refusal.key} {refusal.limit:g}")
 
     def blocked(self, worst: float) -> Refusal | None:
-        """Would a call of `worst` be refused now? (An agent paused on a cap looks again with this.)"""
+        """Would a call of `worst` be refused now, by the ledger's day? (An agent paused on a cap
+        looks again with this.)"""
         return decide(self.ledger.entries(), self.caps, agent=self.agent, task=self.task,
-                      task_limit=self.task_limit, worst=worst, now=self.clock())
+                      task_limit=self.task_limit, worst=worst, now=self.ledger.now())

@@ -203,6 +203,11 @@ class PgLedger:
         rows = self._run(lambda conn, sent: [] if self.missing else self._rows(conn))
         return [Entry(row[1], row[2], row[3], float(row[4])) for row in rows if not self._gone(row)]
 
+    def now(self) -> float:
+        """The database's time: hosts' clocks differ, the team's days are the database's."""
+        return self._run(lambda conn, sent: float(conn.execute("SELECT extract(epoch FROM now())::float8")
+                                                  .fetchone()[0]))
+
     def first_time(self, key: str) -> bool:
         def work(conn: psycopg.Connection[Any], sent: list[bool]) -> bool:
             sent[0] = True  # a key inserted by a lost first try would read as said: not tried again

@@ -295,6 +295,24 @@ def test_a_ledger_that_cannot_be_read_stops_the_call_with_a_clear_error(tmp_path
         assert llm.requests == [], "without a reservation nothing is spent"
 
 
+def test_the_gate_counts_days_by_the_ledgers_clock_not_the_hosts(tmp_path):
+    """The ledger's clock (the database's on PostgreSQL) says which day it is, for the reservation and
+    for an agent paused on a per-day cap looking again: a host whose clock is a day off neither
+    resumes early nor counts a call on the wrong day."""
+    day = FileLedger(tmp_path / "runs", clock=lambda: NOON)  # the ledger's day: 2026-03-04
+    gate = BudgetGate(day, Caps(team_day=0.15), agent="w", task="t", task_limit=None, prices=PRICES)
+    hold = gate.reserve("m", 0, 100)
+    assert hold is not None
+    gate.settle(hold, "m", Usage(output=100))
+    assert [e.day for e in read_entries(tmp_path / "runs")] == ["2026-03-04"]
+    refusal = gate.blocked(0.10)  # this host's clock says another day, long after: no matter
+    assert refusal is not None and refusal.cap == "per_day" and refusal.period == "2026-03-04"
+    with pytest.raises(BudgetReached):
+        gate.reserve("m", 0, 100)
+    day.clock = lambda: NOON + 86400  # the ledger's next day: room again
+    assert gate.blocked(0.10) is None and gate.reserve("m", 0, 100) is not None
+
+
 # -- a real team --------------------------------------------------------------------------------------
 
 def team_yaml(url: str, total: float, *, count: int = 4, tasks: str = "") -> str:
