@@ -254,32 +254,39 @@ def read_spend(workspace: Path, board: Mapping[str, Any] | None = None, *, host:
                environ: Mapping[str, str] | None = None) -> list[Entry]:
     """Settled and still reserved spend in the board's ledger, for readers (`usage`, the dashboard);
     see `read_spend_noted`. Raises LedgerError."""
-    return read_spend_noted(workspace, board, host=host, environ=environ)[0]
+    return read_spend_noted(workspace, board, host=host, environ=environ).entries
+
+
+@dataclass(frozen=True)
+class Spend:
+    entries: list[Entry]
+    notes: list[str]  # for the reader: a database with no ledger yet
+    now: float | None  # the time by the ledger's clock (the database's), to count its days by; None: this host's
 
 
 def read_spend_noted(workspace: Path, board: Mapping[str, Any] | None = None, *, host: str | None = None,
-                     environ: Mapping[str, str] | None = None) -> tuple[list[Entry], list[str]]:
-    """Settled and still reserved spend in the board's ledger, and notes for the reader. A read never
-    writes: the file ledger is read without its lock, and the database's ledger tables are not
-    created when missing (nobody reserved yet: no spend, and a note says so). Raises LedgerError."""
+                     environ: Mapping[str, str] | None = None) -> Spend:
+    """Settled and still reserved spend in the board's ledger, with notes and the ledger's time. A
+    read never writes: the file ledger is read without its lock, and the database's ledger tables
+    are not created when missing (nobody reserved yet: no spend, and a note says so). Raises LedgerError."""
     section = _section(board)
     if section["backend"] == DEFAULT_BACKEND:
-        return read_entries(workspace / "runs"), []
+        return Spend(read_entries(workspace / "runs"), [], None)
     if section["backend"] != "postgres":
         other = open_ledger(workspace, board, host=host, environ=environ)
         try:
-            return other.entries(), []
+            return Spend(other.entries(), [], other.now())
         finally:
             other.close()
     ledger = _open_postgres(workspace, section, host, os.environ if environ is None else environ, create=False)
     try:
-        entries = ledger.entries()
+        entries, now = ledger.entries(), ledger.now()
         missing = ledger.missing
     finally:
         ledger.close()
     notes = ["the board's database has no budget ledger yet (no agent has reserved a call): spend is 0"] \
         if missing else []
-    return entries, notes
+    return Spend(entries, notes, now)
 
 
 class BudgetReached(Exception):

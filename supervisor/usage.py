@@ -165,7 +165,10 @@ def budget_standing(runs: Path, budgets: Any, now: float, *, board: Any = None,
 
 def budget_standing_noted(runs: Path, budgets: Any, now: float, *, board: Any = None,
                           host: str | None = None) -> tuple[list[dict[str, Any]], list[str]]:
-    """`budget_standing`, and notes for the reader (a database with no ledger yet). Raises LedgerError."""
-    entries, notes = read_spend_noted(runs.parent, board if isinstance(board, dict) else None, host=host)
-    rows = standing(entries, caps_from(budgets if isinstance(budgets, dict) else None), now)
-    return [{**row, "left": round(max(0.0, row["limit"] - row["spent"]), 8)} for row in rows], notes
+    """`budget_standing`, and notes for the reader (a database with no ledger yet). Today is the
+    ledger's (the database's clock on PostgreSQL, as the agents reserve by it), else `now`'s.
+    Raises LedgerError."""
+    spend = read_spend_noted(runs.parent, board if isinstance(board, dict) else None, host=host)
+    rows = standing(spend.entries, caps_from(budgets if isinstance(budgets, dict) else None),
+                    now if spend.now is None else spend.now)
+    return [{**row, "left": round(max(0.0, row["limit"] - row["spent"]), 8)} for row in rows], spend.notes

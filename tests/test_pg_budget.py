@@ -372,6 +372,36 @@ def test_a_holds_day_and_its_check_go_by_the_databases_clock_not_the_hosts(tmp_p
     assert abs(seen[1] - db_now) < 600, "and a paused agent looks again by it"
 
 
+# `hermes-sup usage` on a host whose clock runs three days ahead of the database's.
+SKEWED_USAGE = """
+import sys, time
+real = time.time
+time.time = lambda: real() + 3 * 86400
+from hermes_sup.supervisor.cli import main
+main(sys.argv[1:])
+"""
+
+
+def test_usage_counts_todays_spend_by_the_databases_day(tmp_path, database, monkeypatch):
+    """The per-day caps' spend `usage` shows is the database's day's, the day the agents reserve by,
+    whatever this host's clock says."""
+    monkeypatch.setenv(DSN_ENV, database)
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT, timeout=120)
+    (ws / "hermes.yaml").write_text("budgets:\n  team: {per_day: 1.0}\nagents:\n  - name: worker\n"
+                                    f"board: {{backend: postgres, dsn_env: {DSN_ENV}}}\n")
+    ledger = open_ledger(ws, {"backend": "postgres", "dsn_env": DSN_ENV})
+    try:
+        ledger.settle(ledger.reserve(agent="w", task="t", amount=0.5, check=lambda entries, now: None), 0.25)
+    finally:
+        ledger.close()
+    shown = subprocess.run([sys.executable, "-c", SKEWED_USAGE, "-w", str(ws), "usage", "--json"],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["budgets"] == [{"scope": "team", "cap": "per_day", "limit": 1.0, "spent": 0.25,
+                                                    "left": 0.75}]
+
+
 def test_usage_on_postgres_creates_no_ledger_and_says_there_is_none_yet(tmp_path, database, monkeypatch):
     """A read never writes: `usage` before any agent reserved finds no ledger tables, shows no spend
     and says why, and leaves the database without them."""
@@ -389,8 +419,8 @@ def test_usage_on_postgres_creates_no_ledger_and_says_there_is_none_yet(tmp_path
         tables = conn.execute("SELECT to_regclass('hermes_sup.budget_holds'), "
                               "to_regclass('hermes_sup.budget_said')").fetchone()
     assert tables == (None, None), "usage created the ledger's tables"
-    entries, notes = read_spend_noted(tmp_path, {"backend": "postgres", "dsn_env": DSN_ENV})
-    assert entries == [] and len(notes) == 1
+    spend = read_spend_noted(tmp_path, {"backend": "postgres", "dsn_env": DSN_ENV})
+    assert spend.entries == [] and len(spend.notes) == 1
 
 
 def model_call(task: str, call: str, tokens_in: int, cost: float) -> dict:
