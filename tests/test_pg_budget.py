@@ -231,6 +231,9 @@ def test_prune_keeps_the_ledger_on_either_board(tmp_path, database, monkeypatch)
             store.close()
         pruned = cli(ws, "prune", "--older-than", "0s", "--json")
         assert pruned.returncode == 0 and task in pruned.stdout, (pruned.stdout, pruned.stderr)
+        # The database's journal is pruned too (nothing was written to it here); the file board keeps none.
+        assert json.loads(pruned.stdout)["database"] == (None if board == "files" else
+                                                         {"tasks": 0, "rows": 0, "bytes": 0}), pruned.stdout
         assert not (ws / "runs" / "tasks" / task).exists()
         assert [e.amount for e in read_spend(ws, section)] == [0.25], board
         usage = json.loads(cli(ws, "usage", "--json").stdout)
