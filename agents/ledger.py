@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from filelock import FileLock
 from hermes_sup.kanban.backends import DEFAULT_BACKEND, check_board_config
@@ -27,6 +27,9 @@ from hermes_sup.kanban.errors import BoardError
 from hermes_sup.kanban.liveness import HOST, holder_alive, start_time
 
 from .budget import Caps, Entry, Refusal, decide, price, utc_day, worst_cost
+
+if TYPE_CHECKING:
+    from .ledger_pg import PgLedger
 
 LEDGER_FILE = "budget.jsonl"
 LOCK_FILE = "budget.lock"
@@ -47,9 +50,13 @@ class LedgerError(Exception):
     message names no secret."""
 
 
+# What a reservation is checked against: the spend so far and the time by the ledger's clock (the
+# database's on PostgreSQL), the same time that dates the hold, so every host splits days alike.
+Check = Callable[[list[Entry], float], Refusal | None]
+
+
 class Ledger(Protocol):
-    def reserve(self, *, agent: str, task: str, amount: float,
-                check: Callable[[list[Entry]], Refusal | None]) -> Hold | Refusal: ...
+    def reserve(self, *, agent: str, task: str, amount: float, check: Check) -> Hold | Refusal: ...
 
     def settle(self, hold: Hold, amount: float) -> None: ...
 
@@ -58,6 +65,10 @@ class Ledger(Protocol):
     def entries(self) -> list[Entry]: ...
 
     def first_time(self, key: str) -> bool: ...
+
+    def now(self) -> float:
+        """The time by the ledger's clock (the database's on PostgreSQL): what its days are counted by."""
+        ...
 
     def close(self) -> None: ...
 
@@ -153,15 +164,15 @@ class FileLedger:
                 del state.open[hold]
         return state
 
-    def reserve(self, *, agent: str, task: str, amount: float,
-                check: Callable[[list[Entry]], Refusal | None]) -> Hold | Refusal:
+    def reserve(self, *, agent: str, task: str, amount: float, check: Check) -> Hold | Refusal:
         with self.lock:
             state = self._state()
-            refusal = check([*state.settled, *(entry for entry, _record in state.open.values())])
+            now = self.clock()
+            refusal = check([*state.settled, *(entry for entry, _record in state.open.values())], now)
             if refusal is not None:
                 return refusal
             hold = Hold(uuid.uuid4().hex, agent, task, amount)
-            self._append({"op": "hold", "id": hold.id, "agent": agent, "task": task, "day": utc_day(self.clock()),
+            self._append({"op": "hold", "id": hold.id, "agent": agent, "task": task, "day": utc_day(now),
                           "amount": round(amount, 10), "pid": self.pid, "started": self.started})
             return hold
 
@@ -175,6 +186,9 @@ class FileLedger:
 
     def entries(self) -> list[Entry]:
         return read_entries(self.path.parent, self.alive)
+
+    def now(self) -> float:
+        return self.clock()
 
     def first_time(self, key: str) -> bool:
         """True once per key (a cap in its period): whether budget_reached is to be said now."""
@@ -194,7 +208,7 @@ def _open_files(workspace: Path, section: Mapping[str, Any], host: str | None,
 
 
 def _open_postgres(workspace: Path, section: Mapping[str, Any], host: str | None,
-                   environ: Mapping[str, str]) -> Ledger:
+                   environ: Mapping[str, str], create: bool = True) -> PgLedger:
     dsn_env = str(section["dsn_env"])
     dsn = environ.get(dsn_env)
     if not dsn:
@@ -213,7 +227,7 @@ def _open_postgres(workspace: Path, section: Mapping[str, Any], host: str | None
     # The same schema and host name as the board's (kanban/pg open_store): a host judges the
     # liveness of its own holds only.
     return PgLedger(dsn, schema=str(section.get("schema") or "hermes_sup"), host=host or HOST,
-                    dsn_env=f"${dsn_env}", host_timeout=float(section["host_timeout"]))
+                    dsn_env=f"${dsn_env}", host_timeout=float(section["host_timeout"]), create=create)
 
 
 # The ledger of each board backend, by the backend's name (kanban/backends.py): the ledger lives
@@ -244,15 +258,41 @@ def open_ledger(workspace: Path, board: Mapping[str, Any] | None = None, *, host
 
 def read_spend(workspace: Path, board: Mapping[str, Any] | None = None, *, host: str | None = None,
                environ: Mapping[str, str] | None = None) -> list[Entry]:
-    """Settled and still reserved spend in the board's ledger, for readers (`usage`, the dashboard):
-    the file ledger is read without its lock and never written. Raises LedgerError."""
-    if _section(board)["backend"] == DEFAULT_BACKEND:
-        return read_entries(workspace / "runs")
-    ledger = open_ledger(workspace, board, host=host, environ=environ)
+    """Settled and still reserved spend in the board's ledger, for readers (`usage`, the dashboard);
+    see `read_spend_noted`. Raises LedgerError."""
+    return read_spend_noted(workspace, board, host=host, environ=environ).entries
+
+
+@dataclass(frozen=True)
+class Spend:
+    entries: list[Entry]
+    notes: list[str]  # for the reader: a database with no ledger yet
+    now: float | None  # the time by the ledger's clock (the database's), to count its days by; None: this host's
+
+
+def read_spend_noted(workspace: Path, board: Mapping[str, Any] | None = None, *, host: str | None = None,
+                     environ: Mapping[str, str] | None = None) -> Spend:
+    """Settled and still reserved spend in the board's ledger, with notes and the ledger's time. A
+    read never writes: the file ledger is read without its lock, and the database's ledger tables
+    are not created when missing (nobody reserved yet: no spend, and a note says so). Raises LedgerError."""
+    section = _section(board)
+    if section["backend"] == DEFAULT_BACKEND:
+        return Spend(read_entries(workspace / "runs"), [], None)
+    if section["backend"] != "postgres":
+        other = open_ledger(workspace, board, host=host, environ=environ)
+        try:
+            return Spend(other.entries(), [], other.now())
+        finally:
+            other.close()
+    ledger = _open_postgres(workspace, section, host, os.environ if environ is None else environ, create=False)
     try:
-        return ledger.entries()
+        entries, now = ledger.entries(), ledger.now()
+        missing = ledger.missing
     finally:
         ledger.close()
+    notes = ["the board's database has no budget ledger yet (no agent has reserved a call): spend is 0"] \
+        if missing else []
+    return Spend(entries, notes, now)
 
 
 class BudgetReached(Exception):
@@ -269,9 +309,9 @@ class BudgetGate:
     """One task's gate in front of every model call (complete_with_fallback's `budget`)."""
 
     def __init__(self, ledger: Ledger, caps: Caps, *, agent: str, task: str, task_limit: float | None,
-                 prices: dict[str, Any], clock: Callable[[], float] = time.time) -> None:
+                 prices: dict[str, Any]) -> None:
         self.ledger, self.caps, self.agent, self.task = ledger, caps, agent, task
-        self.task_limit, self.prices, self.clock = task_limit, prices, clock
+        self.task_limit, self.prices = task_limit, prices
 
     def reserve(self, model: str, prompt_tokens: int, max_tokens: int) -> Hold | None:
         """Reserve a call's worst case, or raise BudgetReached. An unpriced model reserves nothing
@@ -279,11 +319,12 @@ class BudgetGate:
         worst = worst_cost(self.prices, model, prompt_tokens, max_tokens)
         if worst is None:
             return None
-        now = self.clock()
         try:
-            found = self.ledger.reserve(agent=self.agent, task=self.task, amount=worst, check=lambda entries: decide(
-                entries, self.caps, agent=self.agent, task=self.task, task_limit=self.task_limit, worst=worst,
-                now=now))
+            # The day is the ledger's (the database's on PostgreSQL), never this host's clock.
+            found = self.ledger.reserve(agent=self.agent, task=self.task, amount=worst,
+                                        check=lambda entries, now: decide(
+                                            entries, self.caps, agent=self.agent, task=self.task,
+                                            task_limit=self.task_limit, worst=worst, now=now))
         except Exception as exc:  # a full disk, a lock held too long, a database gone: no call without a hold
             from .providers import ProviderError  # here: `usage` reads the ledger without the provider layer
 
@@ -313,6 +354,7 @@ class BudgetGate:
         return self.ledger.first_time(f"{refusal.key} {refusal.limit:g}")
 
     def blocked(self, worst: float) -> Refusal | None:
-        """Would a call of `worst` be refused now? (An agent paused on a cap looks again with this.)"""
+        """Would a call of `worst` be refused now, by the ledger's day? (An agent paused on a cap
+        looks again with this.)"""
         return decide(self.ledger.entries(), self.caps, agent=self.agent, task=self.task,
-                      task_limit=self.task_limit, worst=worst, now=self.clock())
+                      task_limit=self.task_limit, worst=worst, now=self.ledger.now())

@@ -3,15 +3,19 @@ board there: a table of holds, the check against the caps and the insert in one 
 holds the table's lock, so agents on every host reserve one at a time and never both take the
 last dollar.
 
+A hold is dated, and checked against the per-day caps, by the database's clock: hosts' clocks
+differ, and near midnight UTC they would put one day's spend on two days.
+
 A hold whose process died on this host is deleted by the next reservation made here. No host can
 see another's processes: a hold of another host is deleted once the board's `hosts` row says that
 host is gone (silent for host_timeout, or booted since the hold was made, by the database's clock,
 as the board takes its tasks back), or else once it is older than STALE_HOLD (no call runs that
 long). A call whose hold was deleted meanwhile still settles: its real cost is written all the same.
 
-The connection is made at first use and made again when the server ended it (a restart): a
-database that is gone fails the one call, never the agent. Errors never carry the DSN or its
-password.
+A reader (`create=False`: `usage`) creates no table: a ledger nobody reserved in yet has none, and
+reads as no spend (`missing`). The connection is made at first use and made again when the
+server ended it (a restart): a database that is gone fails the one call, never the agent. Errors
+never carry the DSN or its password.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -31,19 +34,24 @@ from hermes_sup.kanban.pg.schema import check_schema_name
 from hermes_sup.kanban.pg.store import redact_dsn
 
 from .budget import Entry, Refusal, utc_day
-from .ledger import Hold, LedgerError
+from .ledger import Check, Hold, LedgerError
 
 STALE_HOLD = 3600.0  # seconds: a reservation of another host older than this is taken as abandoned
 SETUP_LOCK = 0x6865726D  # an advisory lock key: hosts creating the tables at once take turns
+DB_DAY = "to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD')"  # today by the database's clock, as utc_day
 _T = TypeVar("_T")
 
 
 class PgLedger:
     def __init__(self, dsn: str, *, schema: str = "hermes_sup", host: str = HOST, dsn_env: str = "the DSN",
-                 host_timeout: float = 30.0, boot: str | None = None, clock: Callable[[], float] = time.time,
-                 alive: Callable[[int, float | None, str | None], bool | None] = holder_alive) -> None:
+                 host_timeout: float = 30.0, boot: str | None = None,
+                 alive: Callable[[int, float | None, str | None], bool | None] = holder_alive,
+                 create: bool = True) -> None:
         self.schema = check_schema_name(schema)
-        self.host, self.clock, self.alive = host, clock, alive
+        # A reader (`usage`) creates nothing: without the tables nobody has reserved, and it says so.
+        self.create = create
+        self.missing = False  # (a reader) the ledger's tables are not in the database yet
+        self.host, self.alive = host, alive
         self.host_timeout = float(host_timeout)
         self.boot = boot_id() if boot is None else boot
         self._hosts: str | None = None  # the board's hosts table, once seen (a ledger may have no board)
@@ -65,6 +73,13 @@ class PgLedger:
                 self._conn = None
 
     def _setup(self, conn: psycopg.Connection[Any]) -> None:
+        hosts = f'"{self.schema}".hosts'
+        if not self.create:
+            found = conn.execute("SELECT to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL",
+                                 (self._holds, hosts)).fetchone()
+            self.missing = not (found and found[0])
+            self._hosts = hosts if found and found[1] else None
+            return
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (SETUP_LOCK,))
             conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
@@ -74,7 +89,6 @@ class PgLedger:
                          "started double precision, at timestamptz NOT NULL DEFAULT now())")
             conn.execute(f"ALTER TABLE {self._holds} ADD COLUMN IF NOT EXISTS boot text")
             conn.execute(f"CREATE TABLE IF NOT EXISTS {self._said} (key text PRIMARY KEY)")
-            hosts = f'"{self.schema}".hosts'
             found = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (hosts,)).fetchone()
             self._hosts = hosts if found and found[0] else None
 
@@ -133,8 +147,7 @@ class PgLedger:
             return bool(host_gone) or float(age) > STALE_HOLD
         return isinstance(pid, int) and self.alive(pid, started, None) is False
 
-    def reserve(self, *, agent: str, task: str, amount: float,
-                check: Callable[[list[Entry]], Refusal | None]) -> Hold | Refusal:
+    def reserve(self, *, agent: str, task: str, amount: float, check: Check) -> Hold | Refusal:
         def work(conn: psycopg.Connection[Any], sent: list[bool]) -> Hold | Refusal:
             with conn.transaction():
                 # SHARE ROW EXCLUSIVE conflicts with itself and with writes, not with plain reads: one
@@ -145,7 +158,10 @@ class PgLedger:
                 if gone:
                     conn.execute(f"DELETE FROM {self._holds} WHERE id = ANY(%s) AND NOT settled", (gone,))
                 entries = [Entry(row[1], row[2], row[3], float(row[4])) for row in rows if row[0] not in gone]
-                refusal = check(entries)
+                # The database's clock dates the hold and the check: every host's clock may be off,
+                # and a day's cap split by hosts' clocks near midnight would count a call on two days.
+                now = float(conn.execute("SELECT extract(epoch FROM now())::float8").fetchone()[0])
+                refusal = check(entries, now)
                 if refusal is not None:
                     return refusal
                 hold = Hold(uuid.uuid4().hex, agent, task, amount)
@@ -155,7 +171,7 @@ class PgLedger:
                 sent[0] = True
                 conn.execute(f"INSERT INTO {self._holds} (id, agent, task, day, amount, host, pid, started, boot) "
                              "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                             (hold.id, agent, task, utc_day(self.clock()), amount, self.host, self.pid,
+                             (hold.id, agent, task, utc_day(now), amount, self.host, self.pid,
                               self.started, self.boot))
                 return hold
 
@@ -172,9 +188,9 @@ class PgLedger:
                                    "AND NOT settled", (cost, hold.id))
                 if cur.rowcount == 0:
                     conn.execute(f"INSERT INTO {self._holds} (id, agent, task, day, amount, settled, host, pid, "
-                                 "started, boot) VALUES (%s, %s, %s, %s, %s, true, %s, %s, %s, %s) "
+                                 f"started, boot) VALUES (%s, %s, %s, {DB_DAY}, %s, true, %s, %s, %s, %s) "
                                  "ON CONFLICT (id) DO NOTHING",
-                                 (hold.id, hold.agent, hold.task, utc_day(self.clock()), cost, self.host, self.pid,
+                                 (hold.id, hold.agent, hold.task, cost, self.host, self.pid,
                                   self.started, self.boot))
 
         self._run(work)
@@ -184,8 +200,13 @@ class PgLedger:
                                                   (hold.id,)))
 
     def entries(self) -> list[Entry]:
-        rows = self._run(lambda conn, sent: self._rows(conn))
+        rows = self._run(lambda conn, sent: [] if self.missing else self._rows(conn))
         return [Entry(row[1], row[2], row[3], float(row[4])) for row in rows if not self._gone(row)]
+
+    def now(self) -> float:
+        """The database's time: hosts' clocks differ, the team's days are the database's."""
+        return self._run(lambda conn, sent: float(conn.execute("SELECT extract(epoch FROM now())::float8")
+                                                  .fetchone()[0]))
 
     def first_time(self, key: str) -> bool:
         def work(conn: psycopg.Connection[Any], sent: list[bool]) -> bool:

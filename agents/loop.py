@@ -30,11 +30,11 @@ from typing import Any, TypeVar
 
 from hermes_sup.kanban.faults import fault
 from hermes_sup.kanban.fsio import write_json_atomic
+from hermes_sup.kanban.journal import FileTaskJournal, TaskJournal
 from hermes_sup.kanban.parse import load_json
 from hermes_sup.kanban.task import now_iso
 
 from .budget import price as price  # re-exported: callers knew it from here
-from .journal import FileTaskJournal, TaskJournal
 from .ledger import BudgetReached
 from .logline import call_line, model_line, say
 from .providers import Attempt, Provider, ProviderError, abort, complete_with_fallback

@@ -33,10 +33,10 @@ from typing import Any
 
 import yaml
 from hermes_sup.kanban.fsio import write_atomic, write_json_atomic
+from hermes_sup.kanban.journal import Journal
 from hermes_sup.kanban.parse import load_yaml
 from hermes_sup.kanban.task import now_iso
 
-from .journal import Journal
 from .terminal import SECRET_NAMES
 from .tools import Tool, ToolContext, ToolError, collecting, register
 

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from hermes_sup.kanban.faults import fault
+from hermes_sup.kanban.journal import FileTaskJournal, TaskJournal
 from hermes_sup.kanban.task import now_iso
 
-from .journal import FileTaskJournal, TaskJournal
 from .logline import call_line, say
 from .loop import ASKS, MAX_RESULT_CHARS, answer_since, holders
 from .tools import Finished, NeedsPerson, Refused, Toolbox, ToolContext, ToolError, run_step

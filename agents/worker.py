@@ -25,6 +25,7 @@ from hermes_sup.kanban import BoardError, ClaimLost, TaskNotFound
 from hermes_sup.kanban.backends import open_board
 from hermes_sup.kanban.events import agent_event
 from hermes_sup.kanban.fsio import write_json_atomic
+from hermes_sup.kanban.journal import Journal
 from hermes_sup.kanban.task import now_iso
 
 from . import builtins  # noqa: F401 - registers the built-in tools
@@ -32,7 +33,6 @@ from .breaker import Breaker, label
 from .budget import Refusal, caps_from, task_cap
 from .cascade import Cascade, cascade_policy, cascades
 from .delegation import Delegator, watch_parent
-from .journal import Journal
 from .keys import ENV_FILE, KeyFile, key_names
 from .ledger import BudgetGate, BudgetReached, Ledger, open_ledger
 from .logline import say, short

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,6 +33,7 @@ from .fsio import (
     write_json_atomic,
 )
 from .ingest import IngestMixin
+from .journal import FileTaskJournal
 from .liveness import stale_reason
 from .notes import NotesMixin
 from .reads import Listing
@@ -229,9 +230,16 @@ class Board(IngestMixin, NotesMixin, WaitingMixin, Claims):
     def task_journal(self, task_id: str, token: int, agent: str, workdir: Path) -> Any:
         """The task's journal in the agent's folder: one host's agents are the only readers, and a
         stale holder is stopped by the board's fenced verbs, so its files need no token."""
-        from hermes_sup.agents.journal import FileTaskJournal  # the agents' files, the agents' format
-
         return FileTaskJournal(Path(workdir), task_id)
+
+    def journal_rows(self, task_id: str | None, kind: str, *, agents: Iterable[str] | None = None,
+                     name: str | None = None) -> list[dict[str, Any]] | None:
+        """None: the file board keeps no journal rows; its journals are the agents' files."""
+        return None
+
+    def journal_prune(self, task_ids: Iterable[str], *, dry_run: bool = False) -> dict[str, int] | None:
+        """None: no journal rows to remove (`prune` removes the agents' files)."""
+        return None
 
 
 def _misplaced(folder: str, doc: TaskDoc) -> bool:

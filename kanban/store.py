@@ -185,10 +185,29 @@ class BoardStore(Protocol):
 
     def task_journal(self, task_id: str, token: int, agent: str, workdir: Path) -> Any:
         """Where `agent`, holding the task with `token`, keeps the task's journal (an
-        `agents.journal.TaskJournal`: its transcript, tool calls and model calls), and reads those
+        `kanban.journal.TaskJournal`: its transcript, tool calls and model calls), and reads those
         of the agents that held it before. The file board: files in `workdir`, the agent's folder,
         seen by this host only. A shared backend keeps it where any host resuming the task reads
         it, every write fenced by `token` (ClaimLost once another claim holds the task)."""
+        ...
+
+    def journal_rows(self, task_id: str | None, kind: str, *, agents: Iterable[str] | None = None,
+                     name: str | None = None) -> list[dict[str, Any]] | None:
+        """The journal rows this board keeps of a task (None: of every task), for readers on any host
+        (`task log`, `usage`): those of one `kind` (message, tool, llm), of `agents` (None: every
+        agent's) and, for messages, of one transcript `name`, in the order written; each {seq, fence,
+        task_id, kind, agent, name, entry}, `entry` as written (a reader checks it is a record).
+        Reads are not fenced. None when the board keeps no journal rows at all (the file board: the
+        journal is the agents' files, read there), so a reader tells "kept elsewhere" from "nothing yet"."""
+        ...
+
+    def journal_prune(self, task_ids: Iterable[str], *, dry_run: bool = False) -> dict[str, int] | None:
+        """Remove the journal rows this board keeps of the tasks `task_ids` (their transcripts and tool
+        calls) that are finished (done, failed, cancelled) when the rows go, atomically: a task a
+        `retry` took back meanwhile keeps its rows. The model-call rows stay (what `usage` counts, as
+        the file board's `llm_calls.jsonl` stays), and so do the task documents. Returns {tasks, rows,
+        bytes} removed (`dry_run`: that would be, nothing removed). None when the board keeps no
+        journal rows (the file board: `prune` removes the agents' files itself)."""
         ...
 
     # -- maintenance -----------------------------------------------------------------------------

@@ -50,13 +50,14 @@ from .procs import tree_rss_mb
 from .spec import build_specs
 from .statefile import read_state
 from .sweep import LOCK_FILE, sweep
-from .usage import budget_standing, read_logs, summarize
+from .usage import board_model_calls, budget_standing_noted, read_logs, summarize, team_records
 from .workspace import (
     PRIVATE_UMASK,
     SHARED_UMASK,
     WORKSPACE_ENV,
     ConfigError,
     Workspace,
+    board_settings,
     find_workspace,
     keep_out_of_git,
     load_config,
@@ -675,14 +676,21 @@ def wait_until_saved(ws: Workspace, seconds: float) -> dict[str, Any]:
 @click.pass_context
 @handled
 def usage(ctx: click.Context, as_json: bool) -> None:
-    """Tokens and cost per agent, per task and per provider, from the LLM-call logs."""
+    """Tokens and cost per agent, per task and per provider, from the LLM-call logs (on a shared
+    board, every host's)."""
     ws = workspace_of(ctx)
     records, notes = read_logs(ws.runs_path)
+    if board_settings(ws)[0].get("backend") != "files":  # a shared board: the other hosts' calls too
+        rows, board_notes = board_model_calls(lambda: open_board(ctx))
+        records, merge_notes = team_records(records, rows)
+        notes += board_notes + merge_notes
     summary = summarize(records)
     try:
         config = load_config(ws.config_path)
-        budgets = budget_standing(ws.runs_path, config.get("budgets"), time.time(), board=config.get("board"),
-                                  host=config.get("host")) if config.get("budgets") else []
+        budgets, ledger_notes = budget_standing_noted(
+            ws.runs_path, config.get("budgets"), time.time(), board=config.get("board"),
+            host=config.get("host")) if config.get("budgets") else ([], [])
+        notes += ledger_notes
     except (ConfigError, LedgerError) as exc:
         budgets = []
         notes.append(f"budgets not shown: {exc}")

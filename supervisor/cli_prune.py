@@ -22,8 +22,9 @@ from .prune import parse_age, prune
 @handled
 def prune_command(ctx: click.Context, older_than: str, dry_run: bool, as_json: bool) -> None:
     """Remove what finished tasks left under runs/ (their transcripts, their records in the tool-call
-    logs, their working folders); the task documents and the LLM-call logs (usage) are kept, and a
-    task that is todo, doing or blocked is never touched."""
+    logs, their working folders) and, on a PostgreSQL board, their journal rows; the task documents,
+    the LLM-call logs and model-call rows (usage) and the budget ledger are kept, and a task that is
+    todo, doing or blocked is never touched."""
     try:
         seconds = parse_age(older_than)
     except ValueError as exc:
@@ -43,6 +44,9 @@ def prune_command(ctx: click.Context, older_than: str, dry_run: bool, as_json: b
     for item in result.journals:
         out.print(literal(f"{verb} {item['records']} record(s) from {item['path']}: {item['bytes']:,} bytes"),
                   soft_wrap=True)
+    if result.database is not None and result.database["rows"]:
+        out.print(f"{verb} {result.database['rows']:,} journal row(s) of {result.database['tasks']} task(s) from "
+                  f"the board's database: {result.database['bytes']:,} bytes", soft_wrap=True)
     for note in result.notes:
         err.print(Text.assemble(("note:", "yellow"), " ", literal(note)), soft_wrap=True)
     freed = "would free" if dry_run else "freed"

@@ -1,6 +1,7 @@
 """`hermes-sup prune`: what finished tasks leave under runs/ (transcripts, their records in the
-tool-call logs, working folders) removed once they are older than a given age; the task documents,
-events.jsonl and the LLM-call logs (the usage ledger) are kept."""
+tool-call logs, working folders), and on a board that keeps the task journal (PostgreSQL) its rows
+of them, removed once they are older than a given age; the task documents, events.jsonl, the
+LLM-call logs and model-call rows (what `usage` reads) and the budget ledger are kept."""
 
 from __future__ import annotations
 
@@ -53,14 +54,17 @@ class Pruned:
     tasks: list[dict[str, Any]] = field(default_factory=list)     # {task, status, paths, bytes}
     journals: list[dict[str, Any]] = field(default_factory=list)  # {path, records, bytes}
     notes: list[str] = field(default_factory=list)
+    # The board's own journal rows of those tasks ({tasks, rows, bytes}); None: it keeps none.
+    database: dict[str, int] | None = None
 
     @property
     def freed(self) -> int:
-        return sum(item["bytes"] for item in self.tasks) + sum(item["bytes"] for item in self.journals)
+        return sum(item["bytes"] for item in self.tasks) + sum(item["bytes"] for item in self.journals) + \
+            (self.database or {}).get("bytes", 0)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"dry_run": self.dry_run, "tasks": self.tasks, "journals": self.journals, "bytes": self.freed,
-                "notes": self.notes}
+        return {"dry_run": self.dry_run, "tasks": self.tasks, "journals": self.journals, "database": self.database,
+                "bytes": self.freed, "notes": self.notes}
 
 
 def task_paths(runs: Path, task_id: str) -> list[Path]:
@@ -98,18 +102,21 @@ def _size(path: Path) -> int:
 def prune(runs: Path, board: BoardStore, older_than: float, *, dry_run: bool = False,
           now: dt.datetime | None = None) -> Pruned:
     """Remove (or, dry, only list) what finished tasks last changed more than `older_than` seconds
-    ago left under `runs`. The tool-call logs are rewritten only while no supervisor runs (its agents
-    keep them open to append); otherwise their records stay and a note says so."""
+    ago left under `runs`, and the board's journal rows of them (`journal_prune`). The tool-call
+    logs are rewritten only while no supervisor runs (its agents keep them open to append);
+    otherwise their records stay and a note says so."""
     import filelock
 
     result = Pruned(dry_run=dry_run)
     cutoff = (now or dt.datetime.now(dt.UTC)) - dt.timedelta(seconds=older_than)
     trash = runs / f"{TRASH}-{os.getpid()}"
     picked: list[str] = []
+    aged: list[str] = []
     with board.exclusive():  # no retry or move may bring a task back to life meanwhile
         for doc in board.list().tasks:
             if not finished_before(doc, cutoff):
                 continue
+            aged.append(doc["id"])
             paths = task_paths(runs, doc["id"])
             if not paths:
                 continue
@@ -123,6 +130,10 @@ def prune(runs: Path, board: BoardStore, older_than: float, *, dry_run: bool = F
                     path.rename(trash / f"{doc['id']}.{index}")
     if not dry_run and trash.exists():
         shutil.rmtree(trash, ignore_errors=True)
+    if aged:
+        # After the lock: the board holds each task finished while its rows go, and deleting many
+        # rows must not hold the whole team off. Tasks of other hosts have rows here too.
+        result.database = board.journal_prune(aged, dry_run=dry_run)
     if not picked:
         return result
     lock = filelock.FileLock(str(runs / LOCK_FILE), blocking=False)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban import BoardError
+from hermes_sup.kanban import BoardError, BoardStore
 
 from .usage import ended_calls, settle_call, summarize
 
@@ -75,7 +75,7 @@ def sources(runs: Path, task_id: str) -> list[Source]:
         result.append(Source(agent, "tool", folder / TOOL_LOG))
         if "/" not in task_id and not task_id.startswith("."):  # ids are names; never a path out
             result.append(Source(agent, "message", folder / "transcripts" / f"{task_id}.jsonl"))
-            # Conversations of earlier attempts, set aside when a new one started (agents/journal.py).
+            # Conversations of earlier attempts, set aside when a new one started (kanban/journal.py).
             result += [Source(agent, "message", path)
                        for path in sorted((folder / "transcripts").glob(f"{glob.escape(task_id)}.attempt-*.jsonl"))]
     return result
@@ -152,16 +152,16 @@ def for_task(source: Source, records: list[dict[str, Any]], task_id: str) -> lis
     return [r for r in records if r.get("task") == task_id]
 
 
-# The kinds of the board database's journal rows (agents/journal_pg.py), as the journals here name them.
+# The kinds of the board database's journal rows (kanban/pg/journal.py), as the journals here name them.
 DB_KINDS = {"message": "message", "tool": "tool", "llm": "model"}
-JournalRows = Callable[..., list[dict[str, Any]]]  # PgStore.journal_rows(task_id, kind)
+# A board's `journal_rows(task_id, kind)`: its rows, or None when it keeps none (the file board).
+JournalRows = Callable[[str, str], list[dict[str, Any]] | None]
 
 
-def board_rows(board: object) -> JournalRows | None:
-    """The board's reader of the journal it keeps in its database (PostgreSQL), or None: the file
-    board keeps none, its journals are the agents' files read here."""
-    rows = getattr(board, "journal_rows", None)
-    return rows if callable(rows) else None
+def board_rows(board: BoardStore) -> JournalRows:
+    """The board's reader of the journal rows it keeps (the protocol's `journal_rows`): rows on a
+    PostgreSQL board, None from the file board, whose journals are the agents' files read here."""
+    return board.journal_rows
 
 
 def shown_transcript(name: str, task_id: str) -> bool:
@@ -212,7 +212,11 @@ class Gatherer:
     def _poll_db(self, rows: JournalRows) -> list[str]:
         """Read the database's journal whole again (its transcripts are renamed, not appended to,
         when replaced): a transcript that no longer starts as it did was rewritten."""
-        raws, notes = db_raws({kind: rows(self.task_id, kind) for kind in DB_KINDS}, self.task_id)
+        found = {kind: rows(self.task_id, kind) for kind in DB_KINDS}
+        kept = {kind: kind_rows for kind, kind_rows in found.items() if kind_rows is not None}
+        if len(kept) < len(found):  # a board that keeps no journal rows: the files are all there is
+            return []
+        raws, notes = db_raws(kept, self.task_id)
         current = {raw.source: raw for raw in raws}
         for source in self.in_db - set(current):
             del self.raws[source]

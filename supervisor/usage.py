@@ -1,5 +1,9 @@
 """`hermes-sup usage`: tokens and cost per agent, per task and per provider, summed from every
-agent's LLM-call log (runs/<agent>/llm_calls.jsonl). Calls of a model missing from the price table
+agent's LLM-call log (runs/<agent>/llm_calls.jsonl) and, on a board that keeps the task journal
+(PostgreSQL), from its model-call rows, so any host shows the whole team's calls (each once).
+These records, not the budget ledger, make the tables: only they carry tokens, providers, failed
+and unpriced calls, and they exist without `budgets:`; the ledger (exact for priced spend) makes
+the budgets table. Calls of a model missing from the price table
 are counted as unpriced, never as free. Every call is logged, failed ones too (counted, with no
 tokens); a call whose server reported no usage carries tokens estimated at 4 characters a token,
 marked `estimated`, and the figures they are part of are shown as estimates. Spend against the caps
@@ -8,14 +12,18 @@ PostgreSQL, where every host's agents reserve)."""
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from hermes_sup.agents.budget import caps_from, standing
-from hermes_sup.agents.journal import Journal
-from hermes_sup.agents.ledger import read_spend
+from hermes_sup.agents.ledger import read_spend_noted
+from hermes_sup.kanban import BoardError, BoardStore
+from hermes_sup.kanban.journal import Journal
+
+from .workspace import ConfigError
 
 
 def _blank() -> dict[str, Any]:
@@ -99,6 +107,7 @@ def summarize(records: Iterable[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
 
 
 def read_logs(runs: Path) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+    """This host's agents' model calls: runs/<agent>/llm_calls.jsonl."""
     records, notes = [], []
     for path in sorted(runs.glob("*/llm_calls.jsonl")):
         read = Journal(path).read()
@@ -107,11 +116,59 @@ def read_logs(runs: Path) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
     return records, notes
 
 
+def _identity(record: dict[str, Any]) -> str:
+    # A call's records carry its id and time: the same record in a file and in the database is one call.
+    return json.dumps(record, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def team_records(local: list[tuple[str, dict[str, Any]]], rows: list[dict[str, Any]] | None
+                 ) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+    """The team's model calls (pure): this host's records, then the board database's llm journal rows
+    (every host's calls made for a task) that are not among them, each record once. The rows are
+    a best-effort copy, so this host's files still count the calls whose copy never arrived (a lost
+    claim, the database away); `rows` None: a board that keeps none (the file board)."""
+    if rows is None:
+        return local, []
+    seen = {_identity(record) for _agent, record in local}
+    merged, skipped = list(local), 0
+    for row in rows:
+        entry = row.get("entry")
+        if not isinstance(entry, dict):
+            skipped += 1
+            continue
+        identity = _identity(entry)
+        if identity not in seen:
+            seen.add(identity)
+            merged.append((str(row.get("agent") or "-"), entry))
+    notes = [f"{skipped} model-call row(s) in the board's database are not records and are skipped"] if skipped else []
+    return merged, notes
+
+
+def board_model_calls(open_board: Callable[[], BoardStore]) -> tuple[list[dict[str, Any]] | None, list[str]]:
+    """Every host's model calls as the board keeps them (its journal's llm rows; None from a board
+    that keeps none), or None and a note when the board cannot be read: this host's then stand alone."""
+    try:
+        with open_board() as board:
+            return board.journal_rows(None, "llm"), []
+    except (BoardError, ConfigError) as exc:
+        return None, [f"only this host's model calls are shown: the board's journal could not be read ({exc})"]
+
+
 def budget_standing(runs: Path, budgets: Any, now: float, *, board: Any = None,
                     host: str | None = None) -> list[dict[str, Any]]:
     """Spend (settled and still reserved) against each cap of hermes.yaml's `budgets`, from the
     ledger of the board hermes.yaml's `board:` and `host:` name (runs/ of the workspace whose runs/
-    this is, or the board's database): scope, cap, limit, spent, left. Raises LedgerError."""
-    entries = read_spend(runs.parent, board if isinstance(board, dict) else None, host=host)
-    rows = standing(entries, caps_from(budgets if isinstance(budgets, dict) else None), now)
-    return [{**row, "left": round(max(0.0, row["limit"] - row["spent"]), 8)} for row in rows]
+    this is, or the board's database, read without creating anything there): scope, cap, limit,
+    spent, left. Raises LedgerError."""
+    return budget_standing_noted(runs, budgets, now, board=board, host=host)[0]
+
+
+def budget_standing_noted(runs: Path, budgets: Any, now: float, *, board: Any = None,
+                          host: str | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """`budget_standing`, and notes for the reader (a database with no ledger yet). Today is the
+    ledger's (the database's clock on PostgreSQL, as the agents reserve by it), else `now`'s.
+    Raises LedgerError."""
+    spend = read_spend_noted(runs.parent, board if isinstance(board, dict) else None, host=host)
+    rows = standing(spend.entries, caps_from(budgets if isinstance(budgets, dict) else None),
+                    now if spend.now is None else spend.now)
+    return [{**row, "left": round(max(0.0, row["limit"] - row["spent"]), 8)} for row in rows], spend.notes

@@ -165,7 +165,7 @@ while not start.exists():
 granted = over = 0
 deadline = time.monotonic() + seconds
 while time.monotonic() < deadline:
-    found = ledger.reserve(agent=name, task="t", amount=1.0, check=lambda entries: decide(
+    found = ledger.reserve(agent=name, task="t", amount=1.0, check=lambda entries, now: decide(
         entries, caps, agent=name, task="t", task_limit=None, worst=1.0, now=time.time()))
     if hasattr(found, "id"):
         granted += 1
@@ -205,11 +205,11 @@ def test_the_postgresql_ledger_holds_the_same_line_across_connections(tmp_path, 
     try:
         assert ledger.entries() == [], "every reservation was given back"
         caps = Caps(team_total=1.0)
-        hold = ledger.reserve(agent="w", task="t", amount=0.6, check=lambda entries: decide(
+        hold = ledger.reserve(agent="w", task="t", amount=0.6, check=lambda entries, now: decide(
             entries, caps, agent="w", task="t", task_limit=None, worst=0.6, now=NOON))
         assert hasattr(hold, "id")
         ledger.settle(hold, 0.5)
-        refusal = ledger.reserve(agent="w", task="t", amount=0.6, check=lambda entries: decide(
+        refusal = ledger.reserve(agent="w", task="t", amount=0.6, check=lambda entries, now: decide(
             entries, caps, agent="w", task="t", task_limit=None, worst=0.6, now=NOON))
         assert isinstance(refusal, Refusal) and refusal.spent == 0.5
         assert [e.amount for e in ledger.entries()] == [0.5]
@@ -221,19 +221,19 @@ def test_the_postgresql_ledger_holds_the_same_line_across_connections(tmp_path, 
 def test_a_reservation_of_a_process_that_died_is_released_by_the_next_reader(tmp_path):
     runs = tmp_path / "runs"
     script = ("import sys, os; from pathlib import Path; from hermes_sup.agents.ledger import FileLedger; "
-              "FileLedger(Path(sys.argv[1])).reserve(agent='w', task='t', amount=0.9, check=lambda e: None); "
+              "FileLedger(Path(sys.argv[1])).reserve(agent='w', task='t', amount=0.9, check=lambda e, now: None); "
               "os._exit(0)")
     subprocess.run([sys.executable, "-c", script, str(runs)], check=True, cwd=ROOT, timeout=60)
     assert read_entries(runs) == [], "a reader does not count it"
     assert fold((runs / "budget.jsonl").read_text().splitlines()).open, "and writes nothing"
     ledger = FileLedger(runs)
     caps = Caps(team_total=1.0)
-    hold = ledger.reserve(agent="w2", task="t2", amount=0.8, check=lambda entries: decide(
+    hold = ledger.reserve(agent="w2", task="t2", amount=0.8, check=lambda entries, now: decide(
         entries, caps, agent="w2", task="t2", task_limit=None, worst=0.8, now=NOON))
     assert not isinstance(hold, type(None)) and hasattr(hold, "id"), hold
     assert [e.amount for e in read_entries(runs)] == [0.8]
     # Our own (live) reservation stands for the next one.
-    again = ledger.reserve(agent="w3", task="t3", amount=0.3, check=lambda entries: decide(
+    again = ledger.reserve(agent="w3", task="t3", amount=0.3, check=lambda entries, now: decide(
         entries, caps, agent="w3", task="t3", task_limit=None, worst=0.3, now=NOON))
     assert not hasattr(again, "id") and again.scope == "team"
 
@@ -293,6 +293,24 @@ def test_a_ledger_that_cannot_be_read_stops_the_call_with_a_clear_error(tmp_path
             complete_with_fallback([provider(llm)], MESSAGES, None, budget=gate)
         assert info.value.kind == "budget_ledger" and "no call was made" in str(info.value)
         assert llm.requests == [], "without a reservation nothing is spent"
+
+
+def test_the_gate_counts_days_by_the_ledgers_clock_not_the_hosts(tmp_path):
+    """The ledger's clock (the database's on PostgreSQL) says which day it is, for the reservation and
+    for an agent paused on a per-day cap looking again: a host whose clock is a day off neither
+    resumes early nor counts a call on the wrong day."""
+    day = FileLedger(tmp_path / "runs", clock=lambda: NOON)  # the ledger's day: 2026-03-04
+    gate = BudgetGate(day, Caps(team_day=0.15), agent="w", task="t", task_limit=None, prices=PRICES)
+    hold = gate.reserve("m", 0, 100)
+    assert hold is not None
+    gate.settle(hold, "m", Usage(output=100))
+    assert [e.day for e in read_entries(tmp_path / "runs")] == ["2026-03-04"]
+    refusal = gate.blocked(0.10)  # this host's clock says another day, long after: no matter
+    assert refusal is not None and refusal.cap == "per_day" and refusal.period == "2026-03-04"
+    with pytest.raises(BudgetReached):
+        gate.reserve("m", 0, 100)
+    day.clock = lambda: NOON + 86400  # the ledger's next day: room again
+    assert gate.blocked(0.10) is None and gate.reserve("m", 0, 100) is not None
 
 
 # -- a real team --------------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from hermes_sup.agents.journal import Journal
 from hermes_sup.agents.memory import MemoryEntryError, MemoryFile, apply, parse, render
+from hermes_sup.kanban.journal import Journal
 
 HERMES_FILE = """User prefers concise answers.
 §

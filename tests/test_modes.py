@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hermes_sup.agents.journal import Journal
 from hermes_sup.kanban import Board
 from hermes_sup.kanban.fsio import AppendLog, mode_for, write_json_atomic
+from hermes_sup.kanban.journal import Journal
 
 from .conftest import CLI, wait_until
 from .llm_server import ScriptedLLM, openai_reply

@@ -6,7 +6,9 @@ resumes them. And the ledger factory itself: which ledger for which board, and i
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -15,8 +17,9 @@ from pathlib import Path
 import psycopg
 import pytest
 from hermes_sup.agents.budget import Caps, decide
-from hermes_sup.agents.ledger import FileLedger, LedgerError, open_ledger, read_spend
+from hermes_sup.agents.ledger import FileLedger, LedgerError, open_ledger, read_spend, read_spend_noted
 from hermes_sup.kanban.pg import open_store
+from hermes_sup.supervisor.usage import team_records
 from psycopg.conninfo import make_conninfo
 
 from .conftest import CLI, ROOT, wait_until
@@ -134,7 +137,7 @@ def test_two_hosts_share_one_budget_on_postgres_and_reload_resumes_them(database
 def test_the_file_board_keeps_its_ledger_in_runs(tmp_path):
     ledger = open_ledger(tmp_path, None)
     assert isinstance(ledger, FileLedger) and ledger.path == tmp_path / "runs" / "budget.jsonl"
-    ledger.reserve(agent="w", task="t", amount=0.25, check=lambda entries: None)
+    ledger.reserve(agent="w", task="t", amount=0.25, check=lambda entries, now: None)
     assert [e.amount for e in read_spend(tmp_path, {"backend": "files"})] == [0.25]
 
 
@@ -146,7 +149,7 @@ def test_a_postgres_board_reserves_in_its_database_shared_by_hosts(tmp_path, dat
     try:
         caps = Caps(team_total=1.0)
 
-        def check(entries):
+        def check(entries, now):
             return decide(entries, caps, agent="w", task="t", task_limit=None, worst=0.6, now=0.0)
 
         assert hasattr(box_a.reserve(agent="w", task="t", amount=0.6, check=check), "id")
@@ -186,14 +189,14 @@ def test_a_connection_the_server_ended_is_made_again_and_the_reservation_made_on
     ledger = open_ledger(tmp_path, {"backend": "postgres", "dsn_env": DSN_ENV}, host="box-a",
                          environ={DSN_ENV: database})
     try:
-        first = ledger.reserve(agent="w", task="t", amount=0.25, check=lambda entries: None)
+        first = ledger.reserve(agent="w", task="t", amount=0.25, check=lambda entries, now: None)
         with psycopg.connect(database, autocommit=True) as admin:
             ended = admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                                   "WHERE application_name = 'hermes-sup-ledger'").fetchall()
             assert ended == [(True,)]
             wait_until(lambda: not admin.execute("SELECT 1 FROM pg_stat_activity WHERE application_name = "
                                                  "'hermes-sup-ledger'").fetchall(), timeout=30)
-        second = ledger.reserve(agent="w", task="t", amount=0.25, check=lambda entries: None)
+        second = ledger.reserve(agent="w", task="t", amount=0.25, check=lambda entries, now: None)
         assert hasattr(first, "id") and hasattr(second, "id")
         assert sorted(amount for amount, _settled in held(database)) == [0.25, 0.25], "each hold once"
     finally:
@@ -218,7 +221,7 @@ def test_prune_keeps_the_ledger_on_either_board(tmp_path, database, monkeypatch)
             assert claimed is not None and claimed["id"] == task
             ledger = open_ledger(ws, section)
             try:
-                hold = ledger.reserve(agent="worker", task=task, amount=0.5, check=lambda entries: None)
+                hold = ledger.reserve(agent="worker", task=task, amount=0.5, check=lambda entries, now: None)
                 ledger.settle(hold, 0.25)
             finally:
                 ledger.close()
@@ -228,6 +231,9 @@ def test_prune_keeps_the_ledger_on_either_board(tmp_path, database, monkeypatch)
             store.close()
         pruned = cli(ws, "prune", "--older-than", "0s", "--json")
         assert pruned.returncode == 0 and task in pruned.stdout, (pruned.stdout, pruned.stderr)
+        # The database's journal is pruned too (nothing was written to it here); the file board keeps none.
+        assert json.loads(pruned.stdout)["database"] == (None if board == "files" else
+                                                         {"tasks": 0, "rows": 0, "bytes": 0}), pruned.stdout
         assert not (ws / "runs" / "tasks" / task).exists()
         assert [e.amount for e in read_spend(ws, section)] == [0.25], board
         usage = json.loads(cli(ws, "usage", "--json").stdout)
@@ -249,10 +255,10 @@ def test_a_reservation_reads_settled_spend_summed_not_every_call_ever_made(tmp_p
     try:
         for task in ("t1", "t2"):
             for _ in range(30):
-                ledger.settle(ledger.reserve(agent="w", task=task, amount=0.5, check=lambda entries: None), 0.01)
-        still = ledger.reserve(agent="w", task="t1", amount=0.5, check=lambda entries: None)
+                ledger.settle(ledger.reserve(agent="w", task=task, amount=0.5, check=lambda entries, now: None), 0.01)
+        still = ledger.reserve(agent="w", task="t1", amount=0.5, check=lambda entries, now: None)
         seen: list = []
-        ledger.reserve(agent="w", task="t3", amount=0.5, check=lambda entries: seen.extend(entries))
+        ledger.reserve(agent="w", task="t3", amount=0.5, check=lambda entries, now: seen.extend(entries))
         assert sorted((e.task, round(e.amount, 8)) for e in seen) == [("t1", 0.3), ("t1", 0.5), ("t2", 0.3)]
         assert round(sum(e.amount for e in ledger.entries()), 8) == 1.6
         ledger.release(still)
@@ -292,9 +298,12 @@ def test_usage_says_why_it_cannot_show_budgets_kept_in_a_database_it_cannot_reac
     shown = cli(ws, "usage", "--json")
     assert shown.returncode == 0, shown.stderr
     usage = json.loads(shown.stdout)
-    assert usage["budgets"] == [] and usage["notes"] == [
+    assert usage["budgets"] == [] and usage["notes"][1:] == [
         f"budgets not shown: the board is on PostgreSQL, but ${DSN_ENV} is not set: the budget ledger is in "
         "the board's database"], usage
+    # Nor a silent "this host is the team": the other hosts' model calls are in that database too.
+    assert usage["notes"][0].startswith("only this host's model calls are shown: the board's journal could not "
+                                        "be read") and f"${DSN_ENV} is not set" in usage["notes"][0], usage
 
 
 def test_a_gone_hosts_holds_are_freed_as_the_board_frees_its_tasks_and_its_late_settlement_still_counts(
@@ -308,7 +317,7 @@ def test_a_gone_hosts_holds_are_freed_as_the_board_frees_its_tasks_and_its_late_
     open_store({"dsn_env": DSN_ENV}, host="tester", environ=environ).close()  # the board's tables, hosts too
     caps = Caps(team_total=1.0)
 
-    def check(entries):
+    def check(entries, now):
         return decide(entries, caps, agent="w", task="t", task_limit=None, worst=0.4, now=0.0)
 
     ledgers = {name: open_ledger(tmp_path, board, host=name, environ=environ)
@@ -318,7 +327,7 @@ def test_a_gone_hosts_holds_are_freed_as_the_board_frees_its_tasks_and_its_late_
             conn.execute("INSERT INTO hermes_sup.hosts (host_id, boot_id, heartbeat) VALUES "
                          "('box-silent', %(boot)s, now() - interval '31 seconds'), ('box-rebooted', 'another boot', "
                          "now()), ('box-alive', %(boot)s, now())", {"boot": boot_id()})
-        holds = {name: ledgers[name].reserve(agent="w", task="t", amount=0.3, check=lambda entries: None)
+        holds = {name: ledgers[name].reserve(agent="w", task="t", amount=0.3, check=lambda entries, now: None)
                  for name in ("box-silent", "box-rebooted", "box-alive")}
         # Of the 0.9 reserved, box-alive's 0.3 stands: 0.3 + 0.4 fits under 1.0.
         mine = ledgers["box-a"].reserve(agent="w", task="t", amount=0.4, check=check)
@@ -330,3 +339,148 @@ def test_a_gone_hosts_holds_are_freed_as_the_board_frees_its_tasks_and_its_late_
     finally:
         for ledger in ledgers.values():
             ledger.close()
+
+
+# A host whose clock runs three days ahead of the database's: its agents reserve in Python, where
+# only the host's clock is patched (the database keeps its own).
+SKEWED = """
+import json, sys, time
+real = time.time
+time.time = lambda: real() + 3 * 86400
+from hermes_sup.agents.ledger import open_ledger
+from pathlib import Path
+ledger = open_ledger(Path(sys.argv[1]), {"backend": "postgres", "dsn_env": sys.argv[2]}, host="box-fast")
+seen = []
+hold = ledger.reserve(agent="w", task="t", amount=0.25, check=lambda entries, *now: seen.extend(now))
+ledger.settle(hold, 0.2)
+seen.append(ledger.now())
+ledger.close()
+print(json.dumps(seen))
+"""
+
+
+def test_a_holds_day_and_its_check_go_by_the_databases_clock_not_the_hosts(tmp_path, database):
+    """Near midnight UTC a host whose clock is off would count its calls on another day than the
+    team's: the per-day caps would each let through what the other day's spend should stop."""
+    done = subprocess.run([sys.executable, "-c", SKEWED, str(tmp_path), DSN_ENV], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, env={**os.environ, DSN_ENV: database})
+    assert done.returncode == 0, done.stderr
+    with psycopg.connect(database) as conn:
+        today, db_now = conn.execute("SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD'), "
+                                     "extract(epoch FROM now())::float8").fetchone()
+        days = [day for (day,) in conn.execute("SELECT day FROM hermes_sup.budget_holds")]
+    assert days == [today], "the hold is dated by the database's day"
+    seen = json.loads(done.stdout)
+    assert len(seen) == 2 and abs(seen[0] - db_now) < 600, "the check is given the database's time"
+    assert abs(seen[1] - db_now) < 600, "and a paused agent looks again by it"
+
+
+# `hermes-sup usage` on a host whose clock runs three days ahead of the database's.
+SKEWED_USAGE = """
+import sys, time
+real = time.time
+time.time = lambda: real() + 3 * 86400
+from hermes_sup.supervisor.cli import main
+main(sys.argv[1:])
+"""
+
+
+def test_usage_counts_todays_spend_by_the_databases_day(tmp_path, database, monkeypatch):
+    """The per-day caps' spend `usage` shows is the database's day's, the day the agents reserve by,
+    whatever this host's clock says."""
+    monkeypatch.setenv(DSN_ENV, database)
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT, timeout=120)
+    (ws / "hermes.yaml").write_text("budgets:\n  team: {per_day: 1.0}\nagents:\n  - name: worker\n"
+                                    f"board: {{backend: postgres, dsn_env: {DSN_ENV}}}\n")
+    ledger = open_ledger(ws, {"backend": "postgres", "dsn_env": DSN_ENV})
+    try:
+        ledger.settle(ledger.reserve(agent="w", task="t", amount=0.5, check=lambda entries, now: None), 0.25)
+    finally:
+        ledger.close()
+    shown = subprocess.run([sys.executable, "-c", SKEWED_USAGE, "-w", str(ws), "usage", "--json"],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["budgets"] == [{"scope": "team", "cap": "per_day", "limit": 1.0, "spent": 0.25,
+                                                    "left": 0.75}]
+
+
+def test_usage_on_postgres_creates_no_ledger_and_says_there_is_none_yet(tmp_path, database, monkeypatch):
+    """A read never writes: `usage` before any agent reserved finds no ledger tables, shows no spend
+    and says why, and leaves the database without them."""
+    monkeypatch.setenv(DSN_ENV, database)
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT, timeout=120)
+    (ws / "hermes.yaml").write_text("budgets:\n  team: {total: 1.0}\nagents:\n  - name: worker\n"
+                                    f"board: {{backend: postgres, dsn_env: {DSN_ENV}}}\n")
+    shown = cli(ws, "usage", "--json")
+    assert shown.returncode == 0, shown.stderr
+    usage = json.loads(shown.stdout)
+    assert usage["budgets"] == [{"scope": "team", "cap": "total", "limit": 1.0, "spent": 0, "left": 1.0}], usage
+    assert any("no budget ledger yet" in note for note in usage["notes"]), usage["notes"]
+    with psycopg.connect(database) as conn:
+        tables = conn.execute("SELECT to_regclass('hermes_sup.budget_holds'), "
+                              "to_regclass('hermes_sup.budget_said')").fetchone()
+    assert tables == (None, None), "usage created the ledger's tables"
+    spend = read_spend_noted(tmp_path, {"backend": "postgres", "dsn_env": DSN_ENV})
+    assert spend.entries == [] and len(spend.notes) == 1
+
+
+def model_call(task: str, call: str, tokens_in: int, cost: float) -> dict:
+    return {"at": f"2026-01-01T00:00:0{call[-1]}.000000Z", "task": task, "call": call, "outcome": "ok",
+            "provider": "local", "model": "m", "tokens_in": tokens_in, "tokens_out": 10, "tokens_cached": 0,
+            "cost_usd": cost}
+
+
+def test_usage_on_either_host_counts_the_whole_teams_model_calls_each_once(tmp_path, database, monkeypatch):
+    """box-a's and box-b's agents each log their calls in their own files and, for a task, in the
+    board's journal: usage on either host shows both hosts' agents, a call in both places once, and
+    a call whose database copy never arrived (a lost claim) on the host that made it."""
+    from hermes_sup.kanban.journal import Journal
+
+    monkeypatch.setenv(DSN_ENV, database)
+    hosts = {}
+    for name in ("box-a", "box-b"):
+        ws = tmp_path / name
+        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT, timeout=120)
+        (ws / "hermes.yaml").write_text(f"agents:\n  - name: worker\nboard: {{backend: postgres, dsn_env: {DSN_ENV}}}\n"
+                                        f"host: {name}\n")
+        hosts[name] = ws
+    stores = {name: open_store({"dsn_env": DSN_ENV}, host=name) for name in hosts}
+    try:
+        for name, agent, calls in (("box-a", "worker-1", ("a1",)), ("box-b", "worker-2", ("b1", "b2"))):
+            task = stores[name].add({"title": f"{name}'s"})["id"]
+            claimed = stores[name].claim(agent)
+            assert claimed is not None and claimed["id"] == task
+            journal = stores[name].task_journal(task, claimed["claim"]["token"], agent, hosts[name] / "runs" / agent)
+            for call in calls:
+                journal.append_llm_call(model_call(task, call, 100, 0.5))
+            journal.close()
+        lost = Journal(hosts["box-a"] / "runs" / "worker-1" / "llm_calls.jsonl")
+        lost.append(model_call("t-lost", "a2", 7, 0.25))  # in box-a's file alone
+        lost.close()
+    finally:
+        for store in stores.values():
+            store.close()
+
+    def agents(name: str) -> dict:
+        shown = cli(hosts[name], "usage", "--json")
+        assert shown.returncode == 0, shown.stderr
+        usage = json.loads(shown.stdout)
+        assert usage["notes"] == [], usage["notes"]
+        return {agent: (row["calls"], row["tokens_in"], row["cost_usd"]) for agent, row in usage["agents"].items()}
+
+    assert agents("box-a") == {"worker-1": (2, 107, 0.75), "worker-2": (2, 200, 1.0)}
+    assert agents("box-b") == {"worker-1": (1, 100, 0.5), "worker-2": (2, 200, 1.0)}
+
+
+def test_the_teams_model_calls_are_this_hosts_and_the_boards_rows_each_once():
+    record = model_call("t", "c1", 5, 0.1)
+    other = model_call("t", "c2", 6, 0.2)
+    local = [("w1", record)]
+    rows = [{"agent": "w1", "entry": dict(record)}, {"agent": "w2", "entry": other}, {"agent": "w2", "entry": other},
+            {"agent": "w3", "entry": "not a record"}, {"agent": None, "entry": model_call("t", "c3", 1, 0.0)}]
+    merged, notes = team_records(local, rows)
+    assert merged == [("w1", record), ("w2", other), ("-", model_call("t", "c3", 1, 0.0))]
+    assert notes == ["1 model-call row(s) in the board's database are not records and are skipped"]
+    assert team_records(local, None) == (local, [])

@@ -1,10 +1,11 @@
-"""A task's journal in the PostgreSQL board (agents/journal_pg.py), against the suite's real server:
+"""A task's journal in the PostgreSQL board (kanban/pg/journal.py), against the suite's real server:
 the TaskJournal protocol over the journal table, every write fenced by the claim's token and
 scrubbed of keys, and an agent on another host resuming a conversation without running a completed
 tool call again."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import threading
 import uuid
@@ -15,14 +16,14 @@ from typing import Any
 import psycopg
 import pytest
 from hermes_sup.agents import builtins  # noqa: F401 - registers the built-in tools
-from hermes_sup.agents.journal import FileTaskJournal
-from hermes_sup.agents.journal_pg import PgTaskJournal, attempt_name, next_free
 from hermes_sup.agents.loop import TaskLoop
 from hermes_sup.agents.memory import MemoryFile
 from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig
 from hermes_sup.agents.tools import Toolbox, ToolContext
 from hermes_sup.kanban import Board
 from hermes_sup.kanban.errors import ClaimLost
+from hermes_sup.kanban.journal import FileTaskJournal
+from hermes_sup.kanban.pg.journal import PgTaskJournal, attempt_name, next_free
 from hermes_sup.kanban.pg.store import PgStore
 from hermes_sup.kanban.redact import remember
 from hermes_sup.supervisor import taskrecords
@@ -82,7 +83,16 @@ def test_the_database_journal_reads_as_the_journal_files_would_for_task_log():
                      ("w2", "tool", "tool_calls.jsonl"): [{"task": "t-1", "call_id": "c1", "status": "done"}],
                      ("w1", "model", "llm_calls.jsonl"): [{"task": "t-1", "outcome": "ok"}]}
     assert notes == ["journal row 4 in the board database is not a record and is skipped"]
-    assert taskrecords.board_rows(object()) is None
+
+
+def test_task_log_on_the_file_board_reads_the_agents_files_alone(tmp_path: Path) -> None:
+    (tmp_path / "runs" / "w1").mkdir(parents=True)
+    record = {"task": "t-1", "at": "2026-01-01T00:00:00Z", "call": "c", "outcome": "ok", "provider": "p"}
+    (tmp_path / "runs" / "w1" / "llm_calls.jsonl").write_text(json.dumps(record) + "\n")
+    with Board(tmp_path / "kanban") as board:
+        raws, notes = taskrecords.gather(tmp_path / "runs", "t-1", taskrecords.board_rows(board))
+    assert notes == []
+    assert [(raw.source.agent, raw.source.kind, raw.records) for raw in raws] == [("w1", "model", [record])]
 
 
 def test_a_model_call_logged_in_the_agents_file_and_in_the_database_is_shown_once(tmp_path: Path) -> None:
@@ -265,3 +275,57 @@ def test_an_agent_whose_journal_write_finds_the_claim_gone_stops_the_task_and_ru
     assert "Traceback" not in out.err, out.err
     assert held["status"] == "doing" and held["claim"]["agent"] == "b" and held["attempts"] == 1
     assert not list(tmp_path.rglob("late.txt")), "a stale holder ran a step"
+
+
+def test_prune_removes_finished_tasks_journal_rows_but_their_model_calls(make_store: Factory, tmp_path: Path) -> None:
+    """`prune` on PostgreSQL: a finished task's transcript and tool-call rows go (the database is where
+    they take room), its model-call rows (what `usage` counts), its document and every other task's
+    rows stay; a dry run removes nothing."""
+    from hermes_sup.supervisor.prune import prune
+
+    store = make_store()
+    ids = {status: store.add({"id": f"{status}-task", "title": status, "priority": 9 - n})["id"]
+           for n, status in enumerate(("done", "doing"))}
+    for status, task_id in ids.items():
+        claimed = store.claim("w1")
+        assert claimed is not None and claimed["id"] == task_id
+        token = claimed["claim"]["token"]
+        journal = store.task_journal(task_id, token, "w1", tmp_path / "runs" / "w1")
+        journal.append_message({"role": "user", "content": "go"})
+        journal.append_tool_call({"task": task_id, "call_id": "c1", "status": "done"})
+        journal.append_llm_call({"task": task_id, "call": "m1", "outcome": "ok"})
+        journal.close()
+        if status == "done":
+            store.complete(task_id, token, {"answer": "ok"})
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(days=2)
+
+    dry = prune(tmp_path / "runs", store, 86400, dry_run=True, now=later)
+    assert dry.database is not None and (dry.database["tasks"], dry.database["rows"]) == (1, 2)
+    assert dry.database["bytes"] > 0 and len(rows(store, ids["done"])) == 3, "a dry run removes nothing"
+
+    done = prune(tmp_path / "runs", store, 86400, now=later)
+    assert done.database == dry.database and done.as_dict()["database"] == dry.database
+    assert [r["kind"] for r in rows(store, ids["done"])] == ["llm"], "the model calls stay for usage"
+    assert [r["kind"] for r in rows(store, ids["doing"])] == ["message", "tool", "llm"], "a held task is not touched"
+    assert store.get(ids["done"])["status"] == "done"
+    again = prune(tmp_path / "runs", store, 86400, now=later)
+    assert again.database == {"tasks": 0, "rows": 0, "bytes": 0}
+
+
+def test_a_task_retried_before_its_rows_go_keeps_them(make_store: Factory, tmp_path: Path) -> None:
+    """The rows go only while the task is finished, checked in the deleting transaction: a `retry`
+    between prune's listing and the deletion keeps the task's journal."""
+    store = make_store()
+    task_id = store.add({"title": "x", "max_attempts": 1})["id"]
+    claimed = store.claim("w1")
+    assert claimed is not None
+    journal = store.task_journal(task_id, claimed["claim"]["token"], "w1", tmp_path / "w1")
+    journal.append_message({"role": "user", "content": "go"})
+    journal.close()
+    store.fail(task_id, claimed["claim"]["token"], "no", permanent=True)
+    store.retry(task_id)  # after a prune listed it as failed
+    assert store.journal_prune([task_id]) == {"tasks": 0, "rows": 0, "bytes": 0}
+    assert len(rows(store, task_id)) == 1
+    store.cancel(task_id)
+    assert store.journal_prune([task_id, "no-such-task"])["rows"] == 1
+    assert rows(store, task_id) == []

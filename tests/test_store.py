@@ -77,15 +77,24 @@ def _sources() -> list[tuple[Path, ast.Module]]:
     return found
 
 
+# The builtins that reach an attribute by a name in a string.
+REFLECTION = {"getattr", "hasattr", "setattr", "delattr"}
+
+
 def _is_board(node: ast.expr) -> bool:
     return (isinstance(node, ast.Name) and node.id in BOARD_NAMES) or \
         (isinstance(node, ast.Attribute) and node.attr in BOARD_NAMES)
 
 
 def test_nothing_outside_kanban_constructs_the_file_board_or_reaches_past_the_protocol():
+    assert reaches_past_the_protocol(_sources()) == []
+
+
+def reaches_past_the_protocol(sources: list[tuple[Path, ast.Module]]) -> list[str]:
+    """Where the callers' modules construct the file board or use a board beyond the protocol."""
     members = set(protocol_members())
     problems = []
-    for path, tree in _sources():
+    for path, tree in sources:
         where = path.relative_to(REPO)
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("hermes_sup.kanban") and (
@@ -96,12 +105,21 @@ def test_nothing_outside_kanban_constructs_the_file_board_or_reaches_past_the_pr
                 if (isinstance(func, ast.Name) and func.id == "Board") or \
                         (isinstance(func, ast.Attribute) and func.attr == "Board"):
                     problems.append(f"{where}:{node.lineno} constructs Board")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in REFLECTION \
+                    and node.args and _is_board(node.args[0]):
+                # A name in a string is an attribute all the same: getattr(board, "x") is board.x.
+                named = node.args[1] if len(node.args) > 1 else None
+                if not (isinstance(named, ast.Constant) and isinstance(named.value, str)):
+                    problems.append(f"{where}:{node.lineno} reaches the board by a computed name ({node.func.id})")
+                elif named.value.startswith("_") or named.value not in members:
+                    problems.append(f"{where}:{node.lineno} uses board.{named.value} through {node.func.id}, "
+                                    "which is no protocol verb")
             if isinstance(node, ast.Attribute) and _is_board(node.value):
                 if node.attr.startswith("_"):
                     problems.append(f"{where}:{node.lineno} touches the private board.{node.attr}")
                 elif node.attr not in members:
                     problems.append(f"{where}:{node.lineno} uses board.{node.attr}, which is no protocol verb")
-    assert problems == []
+    return problems
 
 
 def test_the_guard_sees_what_it_forbids():
@@ -110,6 +128,66 @@ def test_the_guard_sees_what_it_forbids():
     attrs = [node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute) and _is_board(node.value)]
     assert sorted(attrs) == ["_locked", "fs_type"]
     assert "fs_type" not in protocol_members()
+
+
+def test_the_guard_sees_a_name_in_a_string():
+    # getattr(board, "x") evades the attribute check: the guard reads the string too.
+    source = ('getattr(board, "fs_type", None)\nhasattr(self.board, "_lock")\ngetattr(board, name)\n'
+              'getattr(board, "journal_rows")\ngetattr(other, "x")\n')
+    problems = reaches_past_the_protocol([(REPO / "agents" / "reach.py", ast.parse(source))])
+    assert problems == ["agents/reach.py:1 uses board.fs_type through getattr, which is no protocol verb",
+                        "agents/reach.py:2 uses board._lock through hasattr, which is no protocol verb",
+                        "agents/reach.py:3 reaches the board by a computed name (getattr)"]
+
+
+def test_the_file_board_keeps_no_journal_rows(tmp_path):
+    with Board(tmp_path / "kanban") as board:
+        assert board.journal_rows("t-1", "llm") is None
+        assert board.journal_rows("t-1", "message", agents=["w1"], name="t-1.jsonl") is None
+
+
+# The packages that use the board: the board never imports them (kanban -> agents would invert the layers).
+ABOVE_KANBAN = ("hermes_sup.agents", "hermes_sup.supervisor")
+
+
+def _imported(path: Path, tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, module) of every import in a module of the hermes_sup package, relative ones resolved,
+    those inside functions included."""
+    package = ["hermes_sup", *path.relative_to(REPO).parent.parts]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            found += [(node.lineno, f"{module}.{alias.name}" if not node.module else module) for alias in node.names]
+    return found
+
+
+def _reaches_above(module: str) -> bool:
+    return any(module == name or module.startswith(name + ".") for name in ABOVE_KANBAN)
+
+
+def test_the_board_never_imports_the_agents_or_the_supervisor():
+    problems = []
+    for path in sorted((REPO / "kanban").rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        problems += [f"{path.relative_to(REPO)}:{line} imports {module}" for line, module in _imported(path, tree)
+                     if _reaches_above(module)]
+    assert problems == []
+
+
+def test_the_layer_guard_sees_every_form_of_import():
+    path = REPO / "kanban" / "pg" / "store.py"
+    tree = ast.parse("import hermes_sup.agents.loop\nfrom ...agents import journal\nfrom ...supervisor.cli import x\n"
+                     "def f():\n    from hermes_sup.agents.journal import J\nfrom ..journal import Journal\n"
+                     "from . import sql\n")
+    reached = sorted((line, module) for line, module in _imported(path, tree) if _reaches_above(module))
+    assert reached == [(1, "hermes_sup.agents.loop"), (2, "hermes_sup.agents"), (3, "hermes_sup.supervisor.cli"),
+                       (5, "hermes_sup.agents.journal")]
+    assert dict(_imported(path, tree))[6] == "hermes_sup.kanban.journal"
+    assert dict(_imported(path, tree))[7] == "hermes_sup.kanban.pg.sql"
 
 
 # -- the factory --------------------------------------------------------------------------------------

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from hermes_sup.agents import builtins  # noqa: F401 - registers the built-in tools
-from hermes_sup.agents.journal import FileTaskJournal, Read, TaskJournal
 from hermes_sup.agents.memory import MemoryFile
 from hermes_sup.agents.steps import StepRun
 from hermes_sup.agents.tools import Toolbox, ToolContext
+from hermes_sup.kanban.journal import FileTaskJournal, Read, TaskJournal
 
 REPO = Path(__file__).resolve().parent.parent
 TASK = "t-1"

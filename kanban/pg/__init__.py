@@ -4,7 +4,7 @@
 variable the config names (never from the config itself, never printed), applies the schema's
 migrations and returns a `PgStore`. Modules: `schema` (tables, migrations), `sql` (the statements),
 `rules` (pure row/document rules), `listen` (LISTEN wake-ups), `drops` (the host's inbox/ folders),
-`store` (the verbs).
+`journal` (a task's journal as rows of the database), `store` (the verbs).
 """
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ CREATE TABLE leases (
 ALTER TABLE events ADD COLUMN record jsonb;
 """),
     (3, "the agents' task journal: kind, agent, transcript name", """
--- An agent's journal of a task (agents/journal_pg.py): its messages (`name` is the transcript they
+-- An agent's journal of a task (kanban/pg/journal.py): its messages (`name` is the transcript they
 -- belong to: the current one, or one set aside), its tool calls and its model calls. Rows written
 -- through journal_append keep kind 'entry'.
 ALTER TABLE journal ADD COLUMN kind text NOT NULL DEFAULT 'entry'

@@ -149,11 +149,29 @@ JOURNAL_FENCE = """SELECT fence FROM tasks WHERE id = %(id)s AND status = 'doing
 JOURNAL_INSERT = """INSERT INTO journal (task_id, fence, kind, agent, name, entry)
     VALUES (%(id)s, %(token)s, %(kind)s, %(agent)s, %(name)s, %(entry)s::jsonb)"""
 
-JOURNAL_ROWS = """SELECT seq, fence, kind, agent, name, entry FROM journal
+JOURNAL_ROWS = """SELECT seq, fence, task_id, kind, agent, name, entry FROM journal
     WHERE task_id = %(id)s AND kind = %(kind)s
       AND (%(agents)s::text[] IS NULL OR agent = ANY(%(agents)s::text[]))
       AND (%(name)s::text IS NULL OR name = %(name)s::text)
     ORDER BY seq"""
+
+# Every task's (`usage` reads the team's model calls): a statement of its own, so the one above
+# keeps its plan on the task's index.
+JOURNAL_ROWS_ALL = """SELECT seq, fence, task_id, kind, agent, name, entry FROM journal
+    WHERE kind = %(kind)s
+      AND (%(agents)s::text[] IS NULL OR agent = ANY(%(agents)s::text[]))
+      AND (%(name)s::text IS NULL OR name = %(name)s::text)
+    ORDER BY seq"""
+
+# A prune of finished tasks' journals: their rows but the model calls (`usage` reads those), only
+# while the task is finished. FOR SHARE holds a concurrent retry off until the rows are gone, and a
+# retry that came first is seen (the row is read again): its task is no longer finished, its rows stay.
+JOURNAL_PRUNABLE = """SELECT id FROM tasks WHERE id = ANY(%(ids)s::text[])
+      AND status IN ('done', 'failed', 'cancelled') FOR SHARE"""
+JOURNAL_PRUNE_SIZE = """SELECT count(DISTINCT task_id) AS tasks, count(*) AS rows,
+    COALESCE(sum(pg_column_size(journal.*)), 0) AS bytes
+    FROM journal WHERE task_id = ANY(%(ids)s::text[]) AND kind <> 'llm'"""
+JOURNAL_PRUNE = """DELETE FROM journal WHERE task_id = ANY(%(ids)s::text[]) AND kind <> 'llm'"""
 
 # The waiting note on every todo task it applies to (all, or those `agent` could claim now), written
 # only where it differs; rows a claimer holds locked are skipped, not waited for.

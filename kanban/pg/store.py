@@ -34,6 +34,7 @@ from ..reads import Listing, listed_fields
 from ..task import MAX_BYTES, STATUSES, TaskError, find_cycle, is_valid_id, normalize, slugify, transition
 from ..watch import ChangeSignal
 from . import drops, sql
+from .journal import PgTaskJournal
 from .listen import CHANNEL, Listener
 from .rules import document_part, finished, row_to_doc, stale_note, storable
 from .schema import check_schema_name, migrate
@@ -356,12 +357,14 @@ class PgStore(StreamMixin):
         return int(row["seq"])
 
     @_again
-    def journal_rows(self, task_id: str, kind: str, *, agents: Iterable[str] | None = None,
+    def journal_rows(self, task_id: str | None, kind: str, *, agents: Iterable[str] | None = None,
                      name: str | None = None) -> list[dict[str, Any]]:
-        """A task's journal rows of one kind (message, tool, llm), of `agents` (None: every agent's)
-        and, for messages, of one transcript `name`, in the order written. Reads are not fenced."""
+        """A task's (None: every task's) journal rows of one kind (message, tool, llm), of `agents`
+        (None: every agent's) and, for messages, of one transcript `name`, in the order written.
+        Reads are not fenced. Never None: this board keeps the journal."""
+        statement = sql.JOURNAL_ROWS if task_id is not None else sql.JOURNAL_ROWS_ALL
         with self._locked() as conn:
-            rows = conn.execute(sql.JOURNAL_ROWS, {"id": task_id, "kind": kind, "name": name,
+            rows = conn.execute(statement, {"id": task_id, "kind": kind, "name": name,
                                                    "agents": None if agents is None else list(agents)}).fetchall()
         return [dict(row) for row in rows]
 
@@ -390,11 +393,20 @@ class PgStore(StreamMixin):
                 cur.executemany(sql.JOURNAL_INSERT, params)
         return moved
 
-    def task_journal(self, task_id: str, token: int, agent: str, workdir: Path) -> Any:
-        """The task's journal in this database, fenced by `token` (agents/journal_pg.py)."""
-        # The agents' side of the journal (its records' meaning) lives with the agents; the rows here.
-        from hermes_sup.agents.journal_pg import PgTaskJournal
+    @_again
+    def journal_prune(self, task_ids: Iterable[str], *, dry_run: bool = False) -> dict[str, int]:
+        """The finished tasks' journal rows but their model calls, removed in one transaction that
+        holds those tasks finished (sql.JOURNAL_PRUNABLE); {tasks, rows, bytes}."""
+        ids = [task_id for task_id in task_ids if isinstance(task_id, str)]
+        with self._tx() as cur:
+            finished = [row["id"] for row in cur.execute(sql.JOURNAL_PRUNABLE, {"ids": ids}).fetchall()]
+            size = cur.execute(sql.JOURNAL_PRUNE_SIZE, {"ids": finished}).fetchone()
+            if not dry_run and size["rows"]:
+                cur.execute(sql.JOURNAL_PRUNE, {"ids": finished})
+        return {"tasks": int(size["tasks"]), "rows": int(size["rows"]), "bytes": int(size["bytes"])}
 
+    def task_journal(self, task_id: str, token: int, agent: str, workdir: Path) -> Any:
+        """The task's journal in this database, fenced by `token` (kanban/pg/journal.py)."""
         return PgTaskJournal(self, task_id, token, agent, Path(workdir))
 
     # -- hosts and recovery -------------------------------------------------------------------

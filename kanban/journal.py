@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from hermes_sup.kanban.fsio import write_atomic
-from hermes_sup.kanban.redact import scrub
-from hermes_sup.kanban.task import now_iso
+from .fsio import write_atomic
+from .redact import scrub
+from .task import now_iso
 
 
 @dataclass

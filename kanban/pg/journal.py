@@ -1,4 +1,4 @@
-"""A task's journal (agents/journal.py's `TaskJournal`) in the shared board's PostgreSQL database, so
+"""A task's journal (kanban/journal.py's `TaskJournal`) in the shared board's PostgreSQL database, so
 that an agent on any host resuming the task continues its conversation and never runs a completed
 tool call again.
 
@@ -7,10 +7,10 @@ task. Every write is fenced by the claim's token in the same transaction (ClaimL
 held by another claim, or by nobody): a holder whose host was judged dead writes nothing after the
 task moved on. The rows are scrubbed of every known key value before they are stored.
 
-Model calls are written twice: to the agent's own `llm_calls.jsonl`, which `usage` and the budgets
-read on this host and which keeps what was spent even when the claim is lost meanwhile, and here,
-best effort, so a task's token and cost ceilings count the spending of every host and `task log`
-shows it from any host.
+Model calls are written twice: to the agent's own `llm_calls.jsonl`, which keeps what was spent
+even when the claim is lost meanwhile, and here, best effort, so a task's token and cost ceilings
+count the spending of every host, and `task log` and `usage` show it from any host (`usage` reads
+both, each call once). `prune` keeps these rows, as it keeps the files.
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
-from hermes_sup.kanban.errors import BoardError
-
-from .journal import Journal, Read, attempt_transcript
+from ..errors import BoardError
+from ..journal import Journal, Read, attempt_transcript
 
 
 class JournalRows(Protocol):
