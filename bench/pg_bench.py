@@ -196,7 +196,10 @@ def survivor_main(schema: str, host: str, host_timeout: str, out: str) -> None:
     Path(out + ".ready").touch()
     doc = store.wait_for_work("survivor", timeout=10 * float(host_timeout) + 30)
     if doc is not None:
-        Path(out).write_text(json.dumps({"task": doc["id"], "at": time.time()}))
+        at = time.time()
+        # Renamed into place: the bench reads it as soon as it exists.
+        Path(out + ".tmp").write_text(json.dumps({"task": doc["id"], "at": at}))
+        os.replace(out + ".tmp", out)
     store.close()
 
 
