@@ -6,12 +6,16 @@ Then it checks what the product promises: every task in exactly one terminal fol
 the scripted one, no state or task file damaged, `events.jsonl` accounting for every transition, no
 side effect recorded as completed ever executed twice, no process left. It prints what it saw.
 
-Run it alone with `pytest -m chaos -s` (about a minute and a half on 2 cores); `-m "not chaos"`
+It runs twice: on the file board, and on a PostgreSQL board (the suite's throw-away server, a
+database of its own), where the same checks read the tasks' rows and the events table instead.
+
+Run it alone with `pytest -m chaos -s` (about a minute and a half each on 2 cores); `-m "not chaos"`
 leaves it out of a quick run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -25,11 +29,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from hermes_sup.kanban import Board
+from hermes_sup.kanban.pg.store import PgStore
+from psycopg.conninfo import make_conninfo
 
 from .conftest import CLI, gone, stop_process, wait_until
 from .llm_server import ScriptedLLM, openai_reply
+from .pgserver import PgServer
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(400)]
 
@@ -41,6 +49,7 @@ BURST_AT = 15.0
 THINKING = (0.05, 0.4)        # seconds the scripted model takes to answer, so kills land mid-call
 DEADLINE = 240.0              # the whole run, a bound, not an expectation
 TERMINAL = ("done", "failed", "cancelled")
+PG_DSN_ENV = "CHAOS_PG_DSN"
 STATUS_FOLDERS = ("todo", "doing", "blocked", "done", "failed", "cancelled")
 
 TALLY_SKILL = '''"""A side effect the chaos test can count: one line per execution, appended in one write."""
@@ -117,7 +126,7 @@ def expected_steps(task_id: str) -> list[str]:
 
 # -- the run ----------------------------------------------------------------------------------------
 
-def workspace(tmp_path: Path, llm: ScriptedLLM) -> Path:
+def workspace(tmp_path: Path, llm: ScriptedLLM, board: str = "") -> Path:
     ws = tmp_path / "ws"
     subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
     (ws / "skills" / "tally.py").write_text(TALLY_SKILL)
@@ -135,11 +144,11 @@ agents:
     count: {AGENTS}
     skills: [tally]
     env: {{CHAOS_TALLY: '{ws / "tally.jsonl"}'}}
-""")
+{board}""")
     return ws
 
 
-def seed(board: Board) -> dict[str, dict[str, Any]]:
+def seed(board: Any) -> dict[str, dict[str, Any]]:
     """150 tasks up front: 60 for the model, 45 steps plans, 15 groups of three where the third
     waits for the other two. Returns what each should end with."""
     expected: dict[str, dict[str, Any]] = {}
@@ -188,15 +197,16 @@ def supervisor_state(ws: Path) -> dict[str, Any]:
 class Team:
     """`hermes-sup up` in the foreground, which the driver may SIGKILL and start again."""
 
-    def __init__(self, ws: Path, log: Path) -> None:
+    def __init__(self, ws: Path, log: Path, env: dict[str, str] | None = None) -> None:
         self.ws = ws
+        self.env = env
         self.log = open(log, "a")  # noqa: SIM115 - closed in stop()
         self.proc: subprocess.Popen[str] | None = None
         self.pids: set[int] = set()
 
     def up(self) -> None:
         self.proc = subprocess.Popen([*CLI, "-w", str(self.ws), "up"], stdout=self.log,
-                                     stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+                                     stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=self.env)
         self.pids.add(self.proc.pid)
         proc = self.proc
         wait_until(lambda: supervisor_state(self.ws).get("pid") == proc.pid, timeout=30)
@@ -218,13 +228,59 @@ class Team:
         self.log.close()
 
 
-def statuses(ws: Path) -> dict[str, list[str]]:
-    """Where each task file is, by id (a list, so a task in two folders shows)."""
-    found: dict[str, list[str]] = {}
-    for status in STATUS_FOLDERS:
-        for path in (ws / "kanban" / status).glob("*.json"):
-            found.setdefault(path.stem, []).append(status)
-    return found
+class FileView:
+    """What the driver reads and does on the file board: folders, task files, events.jsonl."""
+
+    def __init__(self, ws: Path) -> None:
+        self.ws = ws
+        self.board = Board(ws / "kanban")
+
+    def statuses(self) -> dict[str, list[str]]:
+        """Where each task file is, by id (a list, so a task in two folders shows)."""
+        found: dict[str, list[str]] = {}
+        for status in STATUS_FOLDERS:
+            for path in (self.ws / "kanban" / status).glob("*.json"):
+                found.setdefault(path.stem, []).append(status)
+        return found
+
+    def done(self, ids: list[str]) -> dict[str, dict[str, Any]]:
+        return {task_id: json.loads((self.ws / "kanban" / "done" / f"{task_id}.json").read_text()) for task_id in ids}
+
+    def events(self) -> list[dict[str, Any]]:
+        return jsonl(self.ws / "kanban" / "events.jsonl")
+
+    def close(self) -> None:
+        pass
+
+
+class PgView:
+    """The same on a PostgreSQL board: the tasks' rows (a task is one row, so it has one status)
+    and the events table, read by cursor as `events` does."""
+
+    def __init__(self, dsn: str) -> None:
+        self.board = PgStore(dsn, schema="hermes_sup", host="chaos-driver", boot_id="driver")
+        self._conn = psycopg.connect(dsn, autocommit=True)
+
+    def statuses(self) -> dict[str, list[str]]:
+        rows = self._conn.execute("SELECT id, status FROM hermes_sup.tasks").fetchall()
+        return {task_id: [status] for task_id, status in rows}
+
+    def done(self, ids: list[str]) -> dict[str, dict[str, Any]]:
+        docs = {doc["id"]: doc for doc in self.board.list("done").tasks}
+        return {task_id: docs[task_id] for task_id in ids}
+
+    def events(self) -> list[dict[str, Any]]:
+        found, cursor = [], 0
+        while True:
+            read = self.board.events_since(cursor)
+            if not read.events:
+                return found
+            found.extend(event for _cursor, event in read.events)
+            cursor = read.cursor
+
+    def close(self) -> None:
+        self._conn.close()
+        self.board.close()
 
 
 def moment(iso: str) -> float:
@@ -246,13 +302,36 @@ def jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def test_a_team_under_fire_finishes_every_task_exactly_once(tmp_path, capsys):
+    run_chaos(tmp_path, capsys, "file board")
+
+
+@pytest.fixture
+def chaos_database(pg_server: PgServer) -> Any:
+    name = f"chaos_{os.urandom(6).hex()}"
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield make_conninfo(pg_server.dsn, dbname=name)
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def test_a_team_under_fire_on_postgres_finishes_every_task_exactly_once(tmp_path, capsys, chaos_database):
+    """The same run, the same checks, with the board in PostgreSQL (one host: the resume journal a
+    reclaimed steps plan reads is the host's own runs/ folder)."""
+    run_chaos(tmp_path, capsys, "PostgreSQL board", dsn=chaos_database)
+
+
+def run_chaos(tmp_path: Path, capsys: Any, backend: str, dsn: str = "") -> None:
     rng = random.Random(int(os.environ.get("CHAOS_SEED", "20261122")))
     figures: Counter[str] = Counter()
-    with ScriptedLLM(responder=respond) as llm:
-        ws = workspace(tmp_path, llm)
-        board = Board(ws / "kanban")
+    env = {**os.environ, PG_DSN_ENV: dsn} if dsn else None
+    board_section = f"board: {{backend: postgres, dsn_env: {PG_DSN_ENV}}}\nhost: chaos-a\n" if dsn else ""
+    with ScriptedLLM(responder=respond) as llm, contextlib.ExitStack() as stack:
+        ws = workspace(tmp_path, llm, board_section)
+        view: FileView | PgView = stack.enter_context(contextlib.closing(PgView(dsn) if dsn else FileView(ws)))
+        board = view.board
         expected = seed(board)
-        team = Team(ws, tmp_path / "up.log")
+        team = Team(ws, tmp_path / "up.log", env)
         retried: set[str] = set()
         dropped: dict[str, float] = {}
         try:
@@ -262,7 +341,7 @@ def test_a_team_under_fire_finishes_every_task_exactly_once(tmp_path, capsys):
             next_kill = started + rng.uniform(0.5, 1.5) * KILL_EVERY
             while True:
                 now = time.monotonic()
-                where = statuses(ws)
+                where = view.statuses()
                 if len(where) == 200 and all(folders[0] in TERMINAL for folders in where.values()):
                     break
                 left = Counter(f[0] for f in where.values())
@@ -301,18 +380,18 @@ def test_a_team_under_fire_finishes_every_task_exactly_once(tmp_path, capsys):
             team.stop()
 
         # Every task in exactly one terminal folder, with the scripted result.
-        where = statuses(ws)
+        where = view.statuses()
         assert sorted(where) == sorted(expected)
         assert all(len(folders) == 1 for folders in where.values()), [t for t, f in where.items() if len(f) > 1]
         assert Counter(folders[0] for folders in where.values()) == {"done": 200}
-        docs = {task_id: json.loads((ws / "kanban" / "done" / f"{task_id}.json").read_text()) for task_id in where}
+        docs = view.done(list(where))
         wrong = {t: d["result"] for t, d in docs.items() if d["result"] != expected[t]}
         assert not wrong, f"results not the scripted ones: {dict(list(wrong.items())[:5])}"
 
         # No state file damaged: every JSON document parses, every log line but a torn tail parses.
         for path in [ws / "runs" / "supervisor.json", *(ws / "runs").glob("*/state.json")]:
             json.loads(path.read_text())
-        events = jsonl(ws / "kanban" / "events.jsonl")
+        events = view.events()
         assert not list((ws / "kanban" / "rejected").glob("*")), "no task file was set aside as damaged"
 
         # events.jsonl accounts for every transition of every task, in order.
@@ -351,7 +430,7 @@ def test_a_team_under_fire_finishes_every_task_exactly_once(tmp_path, capsys):
         ingested = sorted(moment(docs[t]["history"][0]["at"]) - at for t, at in dropped.items())
         restarts = sum(int(info.get("restarts") or 0) for info in (final.get("agents") or {}).values())
         with capsys.disabled():
-            print(f"\nchaos: 200 tasks done in {elapsed:.1f} s with {AGENTS} agents; "
+            print(f"\nchaos ({backend}): 200 tasks done in {elapsed:.1f} s with {AGENTS} agents; "
                   f"{figures['agent kills']} agent kills, {figures['supervisor kills']} supervisor kills, "
                   f"{restarts} restarts (by the last supervisor's count), {len(recoveries)} claims recovered, "
                   f"{len(reclaimed)} tasks reclaimed by another agent, {len(retried)} retried by a person; "

@@ -350,6 +350,22 @@ def test_a_host_clock_ten_minutes_off_changes_nothing(make_store: Factory, monke
     assert abs(held["claim"]["lease_until_ts"] - real() - 60) < 30  # the database's clock set the lease
 
 
+def test_a_drop_is_stamped_by_the_database_clock_not_the_host_s(make_store: Factory, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drop's task says when it landed on the board as the database saw it, as its event does:
+    not what the clock of the host that read the file said (ten minutes behind here)."""
+    from hermes_sup.kanban import ingest
+
+    store = make_store(drop_root=tmp_path / "kanban")
+    (tmp_path / "kanban" / "inbox" / "late.json").write_text(json.dumps({"id": "late", "title": "t"}))
+    monkeypatch.setattr(ingest, "now_iso", lambda: "2000-01-01T00:00:00.000000Z")
+    assert store.ingest().ingested == ["late"]
+    doc = store.get("late")
+    events = [event for _cursor, event in store.events_since(0).events if event.get("task") == "late"]
+    assert [(e["at"], e["to"]) for e in events] == [(h["at"], h["to"]) for h in doc["history"]]
+    assert doc["created_at"] == doc["updated_at"] == doc["history"][0]["at"] != "2000-01-01T00:00:00.000000Z"
+
+
 # -- wake-ups --------------------------------------------------------------------------------------
 
 def test_wait_for_work_wakes_on_notify_and_survives_a_killed_listen_connection(

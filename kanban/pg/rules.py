@@ -43,6 +43,14 @@ def document_part(doc: Mapping[str, Any]) -> TaskDoc:
     return {key: value for key, value in doc.items() if key not in COLUMN_FIELDS and key != "id"}
 
 
+def landed_at(doc: TaskDoc, now: str) -> TaskDoc:
+    """A new task's document stamped with the database's `now` (pure): a drop was read, and its
+    times set, by a host whose clock may be off; its event is stamped by the database."""
+    read_at = doc.get("created_at")
+    history = [{**entry, "at": now} if entry.get("at") == read_at else entry for entry in doc.get("history") or []]
+    return {**doc, "created_at": now, "updated_at": now, "history": history}
+
+
 def finished(doc: TaskDoc, to: str, note: str, changes: Mapping[str, Any], *, now: str,
              by: str | None = None) -> TaskDoc:
     """The document of a held task after its claim ends (the file board's rule, kanban/board.py

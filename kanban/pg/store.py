@@ -36,7 +36,7 @@ from ..watch import ChangeSignal
 from . import drops, sql
 from .journal import PgTaskJournal
 from .listen import CHANNEL, Listener
-from .rules import document_part, finished, row_to_doc, stale_note, storable
+from .rules import document_part, finished, landed_at, row_to_doc, stale_note, storable
 from .schema import check_schema_name, migrate
 from .stream import StreamMixin
 
@@ -620,7 +620,9 @@ class PgStore(StreamMixin):
                 row = cur.execute("SELECT document->'source'->>'fingerprint' AS fp FROM tasks WHERE id = %s",
                                   (doc["id"],)).fetchone()
                 if row is None:
-                    self._insert(cur, doc, fixed_id=True, src="inbox", by="ingest", note=f"ingested from {rel}")
+                    now = cur.execute(f"SELECT {sql.NOW_ISO} AS now").fetchone()["now"]
+                    self._insert(cur, landed_at(doc, now), fixed_id=True, src="inbox", by="ingest",
+                                 note=f"ingested from {rel}")
                 elif row["fp"] != read.fp:
                     raise TaskError(f"a task with id '{doc['id']}' already exists")
                 # else: this very file was ingested by a process that died before moving it away
