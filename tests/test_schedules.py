@@ -240,3 +240,47 @@ def test_a_lasting_failure_is_said_once_not_at_every_tick(tmp_path, board):
     lines = ticking.drain()
     ticking.close()
     assert len(lines) == 1 and lines[0].startswith("schedules: could not add the due tasks (FileNotFoundError"), lines
+
+
+def test_two_hosts_on_postgresql_add_a_due_task_once_even_at_the_same_moment(tmp_path, pg_server):
+    # Two hosts' schedulers, each with its own state file, look at the same due time at once: the
+    # stable id makes the second add a no-op on the shared board (a unique key, not a file rename).
+    import threading
+    import uuid
+
+    import psycopg
+    from hermes_sup.kanban.pg.store import PgStore
+
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    clock = Clock("2026-01-01 10:00:30")
+    stores = [PgStore(pg_server.dsn, schema=schema, host=host, boot_id=f"boot-{host}") for host in ("box-a", "box-b")]
+    try:
+        makers = []
+        for number, store in enumerate(stores):
+            runs = tmp_path / f"runs{number}"
+            runs.mkdir()
+            makers.append(scheduler(store, runs, clock))  # type: ignore[arg-type]
+        assert [made.run_once() for made in makers] == [[], []]
+        for minute in range(1, 6):
+            clock.now = at(f"2026-01-01 10:0{minute}:05")
+            start = threading.Barrier(2)
+            added: list[list[str]] = []
+
+            def run(made: Scheduler, start: threading.Barrier, added: list[list[str]]) -> None:
+                start.wait(10)
+                added.append(made.run_once())
+
+            threads = [threading.Thread(target=run, args=(made, start, added)) for made in makers]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(30)
+            ident = f"sched-tick-20260101100{minute}"
+            assert sorted(added) == [[], [ident]], (minute, added)
+        listed = stores[0].list().tasks
+        assert sorted(t["id"] for t in listed) == [f"sched-tick-20260101100{m}" for m in range(1, 6)]
+    finally:
+        for store in stores:
+            store.close()
+        with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
