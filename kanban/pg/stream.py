@@ -40,8 +40,9 @@ class StreamMixin:
     # -- the event stream ------------------------------------------------------------------------
 
     def _events_bound(self: PgStore) -> int | None:
-        """The largest cursor whose transaction and every smaller one's ended; None while a writer
-        stuck before its commit holds the reader off for longer than EVENTS_WAIT."""
+        """The newest cursor the sequence gave, once its transaction and every smaller one's ended:
+        everything up to it that will ever be readable is readable now. None while a writer stuck
+        before its commit holds the reader off for longer than EVENTS_WAIT."""
         try:
             with self._tx() as cur:
                 # A writer stuck before its commit must not stall every writer queued behind this reader.
@@ -54,12 +55,13 @@ class StreamMixin:
 
     def events_since(self: PgStore, cursor: int, *, max_events: int = 10_000, inode: int | None = None) -> CursorRead:
         """The events after `cursor`, oldest first, each with its own cursor (the one to resume from).
-        A cursor past the newest event (another board's, or one from before the schema was recreated)
-        is read from the start (`restarted`). `inode` is the file board's; it has no meaning here."""
+        A cursor the sequence never gave (another board's, or one from before the schema was
+        recreated) is read from the start (`restarted`); any other waits, however far it is ahead
+        of what is readable yet. `inode` is the file board's; it has no meaning here."""
         bound = self._events_bound()
         if bound is None:
             return CursorRead([], cursor, 0)  # nothing that can be delivered yet; the reader asks again
-        restarted = cursor > bound or cursor < 0
+        restarted = not resumable(cursor, bound)
         start = 0 if restarted else int(cursor)
         with self._locked() as conn:  # a new snapshot, taken after every writer below `bound` ended
             rows = conn.execute(sql.EVENTS_SINCE, {"cursor": start, "bound": bound,
@@ -70,17 +72,21 @@ class StreamMixin:
         return CursorRead(found, found[-1][0] if found else start, 0, restarted=restarted, why=why)
 
     def events_end(self: PgStore) -> int:
+        """The newest committed event's cursor. Not the sequence's: that may be a rolled-back writer's,
+        and a crash of the server can give it again to an event a reader resuming there would skip."""
         bound = self._events_bound()
         if bound is None:
             raise BoardError(f"the board database ({self.dsn_env}) has a transition that has not ended for "
                              f"{EVENTS_WAIT:g} s; try again")
-        return bound
+        with self._locked() as conn:  # a new snapshot, taken after every writer below `bound` ended
+            return int(conn.execute(sql.EVENTS_LAST, {"bound": bound}).fetchone()["last"])
 
     def check_cursor(self: PgStore, cursor: int) -> None:
+        # No wait for the writers in flight: a cursor one of them took is one to resume from.
         with self._locked() as conn:
             row = conn.execute("SELECT CASE WHEN is_called THEN last_value ELSE 0 END AS last "
                                "FROM events_cursor_seq").fetchone()
-        if cursor < 0 or cursor > int(row["last"]):
+        if not resumable(cursor, int(row["last"])):
             raise CursorError(f"cursor {cursor} is past the newest event of this board ({row['last']}): it "
                               "comes from another board or one that was recreated")
 
@@ -158,6 +164,14 @@ class StreamMixin:
             checks.append(("watcher", "warn", f"no LISTEN connection ({listener.last_error or 'not ready'}): "
                                               "claimers poll about every second"))
         return checks
+
+
+def resumable(cursor: int, newest: int) -> bool:
+    """Whether the events after `cursor` are read on from there, given the newest cursor the sequence
+    gave, committed, in flight or rolled back (pure). check_cursor and events_since both ask it, so
+    a cursor the one accepts is never read from the start by the other, however far it is ahead of
+    what is readable yet."""
+    return 0 <= cursor <= newest
 
 
 def _event_of(row: dict[str, Any]) -> dict[str, Any]:
