@@ -237,3 +237,37 @@ def test_a_cursor_given_again_after_a_crash_is_not_skipped_by_a_reader_that_star
         assert not read.restarted
     finally:
         store.close()
+
+
+def in_transaction_for(observer: PgStore, pid: int, seconds: float) -> bool:
+    with observer._locked() as conn:
+        row = conn.execute("SELECT clock_timestamp() - xact_start > make_interval(secs => %s) AS long "
+                           "FROM pg_stat_activity WHERE pid = %s", (seconds, pid)).fetchone()
+    return bool(row and row["long"])
+
+
+def test_a_writer_stuck_in_flight_does_not_hold_every_other_writer_up_at_each_read(stores, monkeypatch):
+    """A reader waits for the writers in flight, and every writer that comes after it waits behind
+    it: for a writer stuck before its commit (its host frozen or cut off), a reader reads nothing
+    until it ends, at once, instead of holding the whole board up for EVENTS_WAIT at each read."""
+    reader, writer, other, observer = stores(), stores(), stores(), stores()
+    reader.add({"title": "one", "id": "one"})
+    start = reader.events_end()
+    monkeypatch.setattr(stream, "EVENTS_WAIT", HOLD)
+    monkeypatch.setattr(stream, "STUCK_AFTER", 0.2)
+    pid = backend_pid(writer)
+    stuck = InFlight(writer, lambda s: s.append_event({"kind": "supervisor", "event": "note", "note": "stuck"}))
+    try:
+        wait_until(lambda: in_transaction_for(observer, pid, 0.2), timeout=30)
+        got: list[Any] = []
+        follower = threading.Thread(target=lambda: got.append(reader.events_since(start)), daemon=True)
+        follower.start()
+        follower.join(30)
+        assert got, "the reader waited for the stuck writer, and every writer after it waited behind it"
+        assert (got[0].events, got[0].cursor, got[0].restarted) == ([], start, False)
+        other.append_event({"kind": "supervisor", "event": "note", "note": "meanwhile"})
+    finally:
+        stuck.commit()
+    follower.join(HOLD)
+    batch = reader.events_since(start)
+    assert [event["note"] for _c, event in batch.events] == ["stuck", "meanwhile"]

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 # How long an events reader waits for the transitions in flight to end.
 EVENTS_WAIT = 5.0
+# A writer in its transaction for longer than this is stuck (its host frozen, cut off): a reader
+# does not queue behind it, holding up every writer after it.
+STUCK_AFTER = 2.0
 LOCK_NOT_AVAILABLE = "55P03"
 # An appended record larger than this is refused (OSError), as a disk that cannot take it would.
 MAX_RECORD_BYTES = 256 * 1024
@@ -42,10 +45,13 @@ class StreamMixin:
     def _events_bound(self: PgStore) -> int | None:
         """The newest cursor the sequence gave, once its transaction and every smaller one's ended:
         everything up to it that will ever be readable is readable now. None while a writer stuck
-        before its commit holds the reader off for longer than EVENTS_WAIT."""
+        before its commit holds the reader off for longer than EVENTS_WAIT, or has been in its
+        transaction for longer than STUCK_AFTER."""
         try:
             with self._tx() as cur:
-                # A writer stuck before its commit must not stall every writer queued behind this reader.
+                # Writers that come after a queued reader queue behind it: none may wait on a stuck one.
+                if cur.execute(sql.EVENTS_STUCK, {"lock": sql.EVENTS_LOCK, "secs": STUCK_AFTER}).fetchone()["stuck"]:
+                    return None
                 cur.execute(f"SET LOCAL lock_timeout = '{int(EVENTS_WAIT * 1000)}ms'")
                 return int(cur.execute(sql.EVENTS_BOUND, {"lock": sql.EVENTS_LOCK}).fetchone()["bound"])
         except BoardError as exc:
