@@ -109,6 +109,12 @@ def tasks_of(batch: Any) -> list[tuple[int, str]]:
     return [(cursor, event.get("task") or event.get("event")) for cursor, event in batch.events]
 
 
+def test_a_cursor_is_resumed_from_while_the_sequence_gave_it_and_only_then():
+    # The one test both check_cursor (accepts) and events_since (reads on, not from the start) ask.
+    assert stream.resumable(0, 0) and stream.resumable(7, 7) and stream.resumable(3, 7)
+    assert not stream.resumable(8, 7) and not stream.resumable(-1, 7) and not stream.resumable(1, 0)
+
+
 def test_an_event_committed_after_later_ones_is_delivered_once_after_its_commit(stores, monkeypatch):
     reader, writer, other, observer = stores(), stores(), stores(), stores()
     reader.add({"title": "before", "id": "before"})
