@@ -96,6 +96,8 @@ EVENT = "INSERT INTO events (task, src, dst, by, note) VALUES (%(id)s, %(src)s, 
 # exclusively for an instant, and every cursor up to the sequence's value then belongs to an
 # ended transaction: it reads up to there and misses none.
 EVENTS_LOCK_SHARED = "SELECT pg_advisory_xact_lock_shared(%(lock)s, hashtext(current_schema()))"
+EVENTS_TRY = "SELECT pg_try_advisory_xact_lock(%(lock)s, hashtext(current_schema())) AS got"
+EVENTS_NEWEST = "SELECT CASE WHEN is_called THEN last_value ELSE 0 END AS newest FROM events_cursor_seq"
 # Whether a writer has held the lock, in its transaction, for longer than %(secs)s: a reader queued
 # behind it would hold every later writer up too. Its start is seen where pg_stat_activity shows it
 # (the same role, or pg_read_all_stats); where it does not, the reader queues, for EVENTS_WAIT at most.

@@ -47,13 +47,16 @@ class StreamMixin:
         everything up to it that will ever be readable is readable now. None while a writer stuck
         before its commit holds the reader off for longer than EVENTS_WAIT, or has been in its
         transaction for longer than STUCK_AFTER."""
+        lock = {"lock": sql.EVENTS_LOCK}
         try:
             with self._tx() as cur:
+                if cur.execute(sql.EVENTS_TRY, lock).fetchone()["got"]:  # no writer in flight: the usual case
+                    return int(cur.execute(sql.EVENTS_NEWEST).fetchone()["newest"])
                 # Writers that come after a queued reader queue behind it: none may wait on a stuck one.
-                if cur.execute(sql.EVENTS_STUCK, {"lock": sql.EVENTS_LOCK, "secs": STUCK_AFTER}).fetchone()["stuck"]:
+                if cur.execute(sql.EVENTS_STUCK, {**lock, "secs": STUCK_AFTER}).fetchone()["stuck"]:
                     return None
                 cur.execute(f"SET LOCAL lock_timeout = '{int(EVENTS_WAIT * 1000)}ms'")
-                return int(cur.execute(sql.EVENTS_BOUND, {"lock": sql.EVENTS_LOCK}).fetchone()["bound"])
+                return int(cur.execute(sql.EVENTS_BOUND, lock).fetchone()["bound"])
         except BoardError as exc:
             if getattr(exc, "sqlstate", None) == LOCK_NOT_AVAILABLE:
                 return None
@@ -90,10 +93,9 @@ class StreamMixin:
     def check_cursor(self: PgStore, cursor: int) -> None:
         # No wait for the writers in flight: a cursor one of them took is one to resume from.
         with self._locked() as conn:
-            row = conn.execute("SELECT CASE WHEN is_called THEN last_value ELSE 0 END AS last "
-                               "FROM events_cursor_seq").fetchone()
-        if not resumable(cursor, int(row["last"])):
-            raise CursorError(f"cursor {cursor} is past the newest event of this board ({row['last']}): it "
+            newest = int(conn.execute(sql.EVENTS_NEWEST).fetchone()["newest"])
+        if not resumable(cursor, newest):
+            raise CursorError(f"cursor {cursor} is past the newest event of this board ({newest}): it "
                               "comes from another board or one that was recreated")
 
     def append_event(self: PgStore, record: dict[str, Any]) -> None:
