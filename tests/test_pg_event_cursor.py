@@ -132,6 +132,7 @@ def test_an_event_committed_after_later_ones_is_delivered_once_after_its_commit(
         assert (early.events, early.cursor, early.restarted) == ([], start, False)
         # A reader that waits gets all three once the writer commits, in cursor order.
         monkeypatch.setattr(stream, "EVENTS_WAIT", HOLD)
+        monkeypatch.setattr(stream, "STUCK_AFTER", HOLD)  # however slow this machine, `late` is in flight
         got: list[Any] = []
         follower = threading.Thread(target=lambda: got.append(reader.events_since(start)), daemon=True)
         pid = backend_pid(reader)

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 # How long an events reader waits for the transitions in flight to end.
 EVENTS_WAIT = 5.0
 # A writer in its transaction for longer than this is stuck (its host frozen, cut off): a reader
-# does not queue behind it, holding up every writer after it.
-STUCK_AFTER = 2.0
+# does not queue behind it, holding up every writer after it. Transitions take milliseconds.
+STUCK_AFTER = 5.0
 LOCK_NOT_AVAILABLE = "55P03"
 # An appended record larger than this is refused (OSError), as a disk that cannot take it would.
 MAX_RECORD_BYTES = 256 * 1024
