@@ -246,10 +246,11 @@ def test_a_cursor_given_again_after_a_crash_is_not_skipped_by_a_reader_that_star
         store.close()
 
 
-def in_transaction_for(observer: PgStore, pid: int, seconds: float) -> bool:
+def silent_in_transaction_for(observer: PgStore, pid: int, seconds: float) -> bool:
     with observer._locked() as conn:
-        row = conn.execute("SELECT clock_timestamp() - xact_start > make_interval(secs => %s) AS long "
-                           "FROM pg_stat_activity WHERE pid = %s", (seconds, pid)).fetchone()
+        row = conn.execute("SELECT state = 'idle in transaction' AND clock_timestamp() - state_change > "
+                           "make_interval(secs => %s) AS long FROM pg_stat_activity WHERE pid = %s",
+                           (seconds, pid)).fetchone()
     return bool(row and row["long"])
 
 
@@ -265,7 +266,7 @@ def test_a_writer_stuck_in_flight_does_not_hold_every_other_writer_up_at_each_re
     pid = backend_pid(writer)
     stuck = InFlight(writer, lambda s: s.append_event({"kind": "supervisor", "event": "note", "note": "stuck"}))
     try:
-        wait_until(lambda: in_transaction_for(observer, pid, 0.2), timeout=30)
+        wait_until(lambda: silent_in_transaction_for(observer, pid, 0.2), timeout=30)
         got: list[Any] = []
         follower = threading.Thread(target=lambda: got.append(reader.events_since(start)), daemon=True)
         follower.start()
@@ -278,3 +279,41 @@ def test_a_writer_stuck_in_flight_does_not_hold_every_other_writer_up_at_each_re
     follower.join(HOLD)
     batch = reader.events_since(start)
     assert [event["note"] for _c, event in batch.events] == ["stuck", "meanwhile"]
+
+
+def test_a_writer_waiting_on_a_lock_in_its_transaction_is_not_stuck_its_event_is_waited_for(
+        stores, pg_server, monkeypatch):
+    """Only a writer whose client is silent is stuck: one whose statement waits (on a row another
+    transaction holds) is working, and a reader waits for its event rather than going without."""
+    reader, slow, observer = stores(), stores(), stores()
+    slow.add({"title": "slow", "id": "slow"})
+    held = slow.claim("ag")
+    start = reader.events_end()
+    monkeypatch.setattr(stream, "EVENTS_WAIT", HOLD)
+    monkeypatch.setattr(stream, "STUCK_AFTER", 0.2)
+    slow_pid, reader_pid = backend_pid(slow), backend_pid(reader)
+    done: list[Any] = []
+    got: list[Any] = []
+    with psycopg.connect(pg_server.dsn, autocommit=True) as blocker, blocker.transaction():
+        blocker.execute(f'SELECT 1 FROM "{slow.schema}".runs WHERE fence = %s FOR UPDATE', (held["claim"]["token"],))
+        # The completion takes its cursor, then waits on its run's row before it commits.
+        finisher = threading.Thread(target=lambda: done.append(slow.complete("slow", held["claim"]["token"])),
+                                    daemon=True)
+        finisher.start()
+        wait_until(lambda: waits_for_a_lock(observer, slow_pid), timeout=30)
+        wait_until(lambda: in_flight_for(observer, slow_pid, 0.2), timeout=30)
+        follower = threading.Thread(target=lambda: got.append(reader.events_since(start)), daemon=True)
+        follower.start()
+        wait_until(lambda: waits_for_a_lock(observer, reader_pid) or got, timeout=30)
+        assert not got, "the reader went without the event of a writer that was only waiting"
+    finisher.join(HOLD)
+    follower.join(HOLD)
+    assert done and got
+    assert [(event["task"], event["to"]) for _c, event in got[0].events] == [("slow", "done")]
+
+
+def in_flight_for(observer: PgStore, pid: int, seconds: float) -> bool:
+    with observer._locked() as conn:
+        row = conn.execute("SELECT clock_timestamp() - xact_start > make_interval(secs => %s) AS long "
+                           "FROM pg_stat_activity WHERE pid = %s", (seconds, pid)).fetchone()
+    return bool(row and row["long"])

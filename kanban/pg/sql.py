@@ -98,13 +98,15 @@ EVENT = "INSERT INTO events (task, src, dst, by, note) VALUES (%(id)s, %(src)s, 
 EVENTS_LOCK_SHARED = "SELECT pg_advisory_xact_lock_shared(%(lock)s, hashtext(current_schema()))"
 EVENTS_TRY = "SELECT pg_try_advisory_xact_lock(%(lock)s, hashtext(current_schema())) AS got"
 EVENTS_NEWEST = "SELECT CASE WHEN is_called THEN last_value ELSE 0 END AS newest FROM events_cursor_seq"
-# Whether a writer has held the lock, in its transaction, for longer than %(secs)s: a reader queued
-# behind it would hold every later writer up too. Its start is seen where pg_stat_activity shows it
-# (the same role, or pg_read_all_stats); where it does not, the reader queues, for EVENTS_WAIT at most.
+# Whether a writer holding the lock has said nothing in its transaction for longer than %(secs)s
+# (its host frozen or cut off; one running a statement or waiting on a lock is not): a reader
+# queued behind it would hold every later writer up too. Its state is seen where pg_stat_activity
+# shows it (the same role, or pg_read_all_stats); where not, the reader queues, EVENTS_WAIT at most.
 EVENTS_STUCK = """SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
     WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %(lock)s
       AND l.objid = hashtext(current_schema())::oid AND l.objsubid = 2 AND l.pid <> pg_backend_pid()
-      AND a.xact_start < clock_timestamp() - make_interval(secs => %(secs)s)) AS stuck"""
+      AND a.state LIKE 'idle in transaction%%'
+      AND a.state_change < clock_timestamp() - make_interval(secs => %(secs)s)) AS stuck"""
 EVENTS_BOUND = """SELECT pg_advisory_xact_lock(%(lock)s, hashtext(current_schema())),
     (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM events_cursor_seq) AS bound"""
 EVENTS_SINCE = """SELECT cursor, to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS at, task, src, dst,

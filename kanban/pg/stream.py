@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 
 # How long an events reader waits for the transitions in flight to end.
 EVENTS_WAIT = 5.0
-# A writer in its transaction for longer than this is stuck (its host frozen, cut off): a reader
-# does not queue behind it, holding up every writer after it. Transitions take milliseconds.
+# A writer silent in its transaction for longer than this is stuck (its host frozen, cut off): a
+# reader does not queue behind it, holding up every writer after it. Transitions take milliseconds.
 STUCK_AFTER = 5.0
 LOCK_NOT_AVAILABLE = "55P03"
 # An appended record larger than this is refused (OSError), as a disk that cannot take it would.
@@ -45,7 +45,7 @@ class StreamMixin:
     def _events_bound(self: PgStore) -> int | None:
         """The newest cursor the sequence gave, once its transaction and every smaller one's ended:
         everything up to it that will ever be readable is readable now. None while a writer stuck
-        before its commit holds the reader off for longer than EVENTS_WAIT, or has been in its
+        before its commit holds the reader off for longer than EVENTS_WAIT, or has been silent in its
         transaction for longer than STUCK_AFTER."""
         lock = {"lock": sql.EVENTS_LOCK}
         try:
