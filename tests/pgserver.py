@@ -83,10 +83,20 @@ class PgServer:
     def start(self) -> None:
         self._check(self._run("initdb", "-D", str(self.data), "--auth=trust", "--encoding=UTF8", "--no-locale",
                               "--no-sync", f"--username={self.db_user}"), "initdb")
+        self._start()
+
+    def _start(self) -> None:
         options = (f"-c listen_addresses='' -c port={self.port} -c unix_socket_directories='{self.base}' "
                    "-c unix_socket_permissions=0700 -c max_connections=200 -c fsync=on")
         self._check(self._run("pg_ctl", "-D", str(self.data), "-l", str(self.base / "server.log"), "-w",
                               "-t", str(START_TIMEOUT), "-o", options, "start"), "pg_ctl start")
+
+    def crash_and_start(self) -> None:
+        """Stop as a crash does (immediate: no checkpoint, WAL not yet flushed is lost) and start
+        again, through crash recovery."""
+        self._check(self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "-t", "30", "stop"),
+                    "pg_ctl stop -m immediate")
+        self._start()
 
     def restart(self) -> None:
         # -l: the server's output goes to its log, not to a pipe this process would wait on.

@@ -96,11 +96,25 @@ EVENT = "INSERT INTO events (task, src, dst, by, note) VALUES (%(id)s, %(src)s, 
 # exclusively for an instant, and every cursor up to the sequence's value then belongs to an
 # ended transaction: it reads up to there and misses none.
 EVENTS_LOCK_SHARED = "SELECT pg_advisory_xact_lock_shared(%(lock)s, hashtext(current_schema()))"
+EVENTS_TRY = "SELECT pg_try_advisory_xact_lock(%(lock)s, hashtext(current_schema())) AS got"
+EVENTS_NEWEST = "SELECT CASE WHEN is_called THEN last_value ELSE 0 END AS newest FROM events_cursor_seq"
+# Whether a writer holding the lock has said nothing in its transaction for longer than %(secs)s
+# (its host frozen or cut off; one running a statement or waiting on a lock is not): a reader
+# queued behind it would hold every later writer up too. Its state is seen where pg_stat_activity
+# shows it (the same role, or pg_read_all_stats); where not, the reader queues, EVENTS_WAIT at most.
+EVENTS_STUCK = """SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+    WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %(lock)s
+      AND l.objid = hashtext(current_schema())::oid AND l.objsubid = 2 AND l.pid <> pg_backend_pid()
+      AND a.state LIKE 'idle in transaction%%'
+      AND a.state_change < clock_timestamp() - make_interval(secs => %(secs)s)) AS stuck"""
 EVENTS_BOUND = """SELECT pg_advisory_xact_lock(%(lock)s, hashtext(current_schema())),
     (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM events_cursor_seq) AS bound"""
 EVENTS_SINCE = """SELECT cursor, to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS at, task, src, dst,
         by, note, record
     FROM events WHERE cursor > %(cursor)s AND cursor <= %(bound)s ORDER BY cursor LIMIT %(limit)s"""
+# The newest committed cursor up to a bound: where a reader starting now begins. Never the bound
+# itself, which may be a rolled-back writer's cursor, one a crash can hand out again.
+EVENTS_LAST = "SELECT COALESCE(max(cursor), 0) AS last FROM events WHERE cursor <= %(bound)s"
 EVENTS_LOCK = 0x6873
 RECORD = "INSERT INTO events (task, by, record) VALUES ('', %(kind)s, %(record)s) RETURNING cursor"
 END_RUN = "UPDATE runs SET ended_at = now(), outcome = %(outcome)s WHERE fence = %(token)s AND ended_at IS NULL"

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 # How long an events reader waits for the transitions in flight to end.
 EVENTS_WAIT = 5.0
+# A writer silent in its transaction for longer than this is stuck (its host frozen, cut off): a
+# reader does not queue behind it, holding up every writer after it. Transitions take milliseconds.
+STUCK_AFTER = 5.0
 LOCK_NOT_AVAILABLE = "55P03"
 # An appended record larger than this is refused (OSError), as a disk that cannot take it would.
 MAX_RECORD_BYTES = 256 * 1024
@@ -40,13 +43,20 @@ class StreamMixin:
     # -- the event stream ------------------------------------------------------------------------
 
     def _events_bound(self: PgStore) -> int | None:
-        """The largest cursor whose transaction and every smaller one's ended; None while a writer
-        stuck before its commit holds the reader off for longer than EVENTS_WAIT."""
+        """The newest cursor the sequence gave, once its transaction and every smaller one's ended:
+        everything up to it that will ever be readable is readable now. None while a writer stuck
+        before its commit holds the reader off for longer than EVENTS_WAIT, or has been silent in its
+        transaction for longer than STUCK_AFTER."""
+        lock = {"lock": sql.EVENTS_LOCK}
         try:
             with self._tx() as cur:
-                # A writer stuck before its commit must not stall every writer queued behind this reader.
+                if cur.execute(sql.EVENTS_TRY, lock).fetchone()["got"]:  # no writer in flight: the usual case
+                    return int(cur.execute(sql.EVENTS_NEWEST).fetchone()["newest"])
+                # Writers that come after a queued reader queue behind it: none may wait on a stuck one.
+                if cur.execute(sql.EVENTS_STUCK, {**lock, "secs": STUCK_AFTER}).fetchone()["stuck"]:
+                    return None
                 cur.execute(f"SET LOCAL lock_timeout = '{int(EVENTS_WAIT * 1000)}ms'")
-                return int(cur.execute(sql.EVENTS_BOUND, {"lock": sql.EVENTS_LOCK}).fetchone()["bound"])
+                return int(cur.execute(sql.EVENTS_BOUND, lock).fetchone()["bound"])
         except BoardError as exc:
             if getattr(exc, "sqlstate", None) == LOCK_NOT_AVAILABLE:
                 return None
@@ -54,12 +64,13 @@ class StreamMixin:
 
     def events_since(self: PgStore, cursor: int, *, max_events: int = 10_000, inode: int | None = None) -> CursorRead:
         """The events after `cursor`, oldest first, each with its own cursor (the one to resume from).
-        A cursor past the newest event (another board's, or one from before the schema was recreated)
-        is read from the start (`restarted`). `inode` is the file board's; it has no meaning here."""
+        A cursor the sequence never gave (another board's, or one from before the schema was
+        recreated) is read from the start (`restarted`); any other waits, however far it is ahead
+        of what is readable yet. `inode` is the file board's; it has no meaning here."""
         bound = self._events_bound()
         if bound is None:
             return CursorRead([], cursor, 0)  # nothing that can be delivered yet; the reader asks again
-        restarted = cursor > bound or cursor < 0
+        restarted = not resumable(cursor, bound)
         start = 0 if restarted else int(cursor)
         with self._locked() as conn:  # a new snapshot, taken after every writer below `bound` ended
             rows = conn.execute(sql.EVENTS_SINCE, {"cursor": start, "bound": bound,
@@ -70,18 +81,21 @@ class StreamMixin:
         return CursorRead(found, found[-1][0] if found else start, 0, restarted=restarted, why=why)
 
     def events_end(self: PgStore) -> int:
+        """The newest committed event's cursor. Not the sequence's: that may be a rolled-back writer's,
+        and a crash of the server can give it again to an event a reader resuming there would skip."""
         bound = self._events_bound()
         if bound is None:
             raise BoardError(f"the board database ({self.dsn_env}) has a transition that has not ended for "
                              f"{EVENTS_WAIT:g} s; try again")
-        return bound
+        with self._locked() as conn:  # a new snapshot, taken after every writer below `bound` ended
+            return int(conn.execute(sql.EVENTS_LAST, {"bound": bound}).fetchone()["last"])
 
     def check_cursor(self: PgStore, cursor: int) -> None:
+        # No wait for the writers in flight: a cursor one of them took is one to resume from.
         with self._locked() as conn:
-            row = conn.execute("SELECT CASE WHEN is_called THEN last_value ELSE 0 END AS last "
-                               "FROM events_cursor_seq").fetchone()
-        if cursor < 0 or cursor > int(row["last"]):
-            raise CursorError(f"cursor {cursor} is past the newest event of this board ({row['last']}): it "
+            newest = int(conn.execute(sql.EVENTS_NEWEST).fetchone()["newest"])
+        if not resumable(cursor, newest):
+            raise CursorError(f"cursor {cursor} is past the newest event of this board ({newest}): it "
                               "comes from another board or one that was recreated")
 
     def append_event(self: PgStore, record: dict[str, Any]) -> None:
@@ -158,6 +172,14 @@ class StreamMixin:
             checks.append(("watcher", "warn", f"no LISTEN connection ({listener.last_error or 'not ready'}): "
                                               "claimers poll about every second"))
         return checks
+
+
+def resumable(cursor: int, newest: int) -> bool:
+    """Whether the events after `cursor` are read on from there, given the newest cursor the sequence
+    gave, committed, in flight or rolled back (pure). check_cursor and events_since both ask it, so
+    a cursor the one accepts is never read from the start by the other, however far it is ahead of
+    what is readable yet."""
+    return 0 <= cursor <= newest
 
 
 def _event_of(row: dict[str, Any]) -> dict[str, Any]:

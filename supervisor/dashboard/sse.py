@@ -288,8 +288,9 @@ class Hub:
         while True:
             batch = await asyncio.to_thread(functools.partial(self.board.events_since, cursor, max_events=1000,
                                                               inode=inode))
-            if batch.restarted:
-                out.append(frame("reset", {"reason": "the event log was replaced; reading it from its start"}))
+            if batch.restarted:  # in the backend's words: a file board names its log, PostgreSQL its database
+                why = batch.why or "the event log was replaced"
+                out.append(frame("reset", {"reason": f"{why}; reading it from its start"}))
             inode = batch.inode
             for end, record in batch.events:
                 out.append(frame("event", {"cursor": end, **record}, end))
