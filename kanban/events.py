@@ -114,6 +114,12 @@ def decode_event(raw: bytes) -> dict[str, Any] | None:
         record = json.loads(raw)
     except (ValueError, RecursionError):  # anyone who can write the log can write this
         return None
+    return event_fields(record)
+
+
+def event_fields(record: Any) -> dict[str, Any] | None:
+    """A stored record as the event it is, its kind's known fields only; None for one that is no
+    event of ours (pure). Every backend hands its events out through this, so they have one shape."""
     if not isinstance(record, dict):
         return None
     kind = record.get("kind", "board")

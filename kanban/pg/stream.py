@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from psycopg.types.json import Jsonb
 
 from ..errors import BoardError
-from ..events import CursorError, CursorRead
+from ..events import CursorError, CursorRead, event_fields
 from ..watch import ChangeSignal
 from . import sql
 from .rules import storable
@@ -75,10 +75,14 @@ class StreamMixin:
         with self._locked() as conn:  # a new snapshot, taken after every writer below `bound` ended
             rows = conn.execute(sql.EVENTS_SINCE, {"cursor": start, "bound": bound,
                                                    "limit": max(1, int(max_events))}).fetchall()
-        found = [(int(r["cursor"]), _event_of(r)) for r in rows]
+        read = [(int(r["cursor"]), event_fields(_event_of(r))) for r in rows]
+        # A record that is no event (a hostile or foreign shape appended) is passed over, its
+        # cursor still spent: the reader resumes after it.
+        found = [(at, event) for at, event in read if event is not None]
+        end = read[-1][0] if read else start
         why = (f"cursor {cursor} is past the newest event of the board database ({self.dsn_env}): it comes from "
                "another board or one that was recreated" if restarted else "")
-        return CursorRead(found, found[-1][0] if found else start, 0, restarted=restarted, why=why)
+        return CursorRead(found, end, 0, restarted=restarted, why=why)
 
     def events_end(self: PgStore) -> int:
         """The newest committed event's cursor. Not the sequence's: that may be a rolled-back writer's,
