@@ -111,7 +111,8 @@ def recent_events(board: BoardStore, count: int = RECENT_EVENTS) -> list[dict[st
                 found += [record for at, record in batch.events if at <= end]
                 cursor = batch.cursor
             if len(found) >= count or start == 0:
-                return found[-count:]
+                # Each kind in its own words, as `hermes-sup events` prints it (one renderer for both).
+                return [{**record, "line": render.event_line(record)} for record in found[-count:]]
             window *= 2
     except (BoardError, OSError):
         return []  # not readable just now (a database gone): the events come again with the stream

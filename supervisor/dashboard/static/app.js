@@ -149,9 +149,10 @@ function tickAges() {
 
 // -- the event stream --------------------------------------------------------------------------
 
+// The server renders each event as `hermes-sup events` prints it: a transition, a supervisor's or an
+// alert's event, each in its own words.
 function eventLine(e) {
-  return `${(e.at || "").slice(11, 19)} ${e.task || e.agent || "-"} ${e.from || "-"} → ${e.to || "-"} by ${e.by || "-"}` +
-    (e.note ? ` ${e.note}` : "");
+  return typeof e.line === "string" ? e.line : "";
 }
 
 // The newest events, newest first: the picture's own list (so a fresh page has them too).
