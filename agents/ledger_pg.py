@@ -53,6 +53,7 @@ class PgLedger:
         self._lock = threading.RLock()  # one connection, shared by the agent's threads in turn
         self._conn: psycopg.Connection[Any] | None = None
         self._holds, self._said = f'"{self.schema}".budget_holds', f'"{self.schema}".budget_said'
+        self._changes = f'"{self.schema}".budget_changes'
 
     def __repr__(self) -> str:  # never the DSN
         return f"<PgLedger schema={self.schema} host={self.host}>"
@@ -74,6 +75,9 @@ class PgLedger:
                          "started double precision, at timestamptz NOT NULL DEFAULT now())")
             conn.execute(f"ALTER TABLE {self._holds} ADD COLUMN IF NOT EXISTS boot text")
             conn.execute(f"CREATE TABLE IF NOT EXISTS {self._said} (key text PRIMARY KEY)")
+            # Drawn by every write of the holds: a reader (the dashboard, ten times a second while a
+            # page is open) learns that spend changed from one row, not a scan of a table kept for good.
+            conn.execute(f"CREATE SEQUENCE IF NOT EXISTS {self._changes}")
             hosts = f'"{self.schema}".hosts'
             found = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (hosts,)).fetchone()
             self._hosts = hosts if found and found[0] else None
@@ -144,6 +148,7 @@ class PgLedger:
                 gone = [row[0] for row in rows if self._gone(row)]
                 if gone:
                     conn.execute(f"DELETE FROM {self._holds} WHERE id = ANY(%s) AND NOT settled", (gone,))
+                    self._changed(conn)
                 entries = [Entry(row[1], row[2], row[3], float(row[4])) for row in rows if row[0] not in gone]
                 refusal = check(entries)
                 if refusal is not None:
@@ -157,6 +162,7 @@ class PgLedger:
                              "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                              (hold.id, agent, task, utc_day(self.clock()), amount, self.host, self.pid,
                               self.started, self.boot))
+                self._changed(conn)
                 return hold
 
         return self._run(work)
@@ -176,12 +182,28 @@ class PgLedger:
                                  "ON CONFLICT (id) DO NOTHING",
                                  (hold.id, hold.agent, hold.task, utc_day(self.clock()), cost, self.host, self.pid,
                                   self.started, self.boot))
+                self._changed(conn)
 
         self._run(work)
 
     def release(self, hold: Hold) -> None:
-        self._run(lambda conn, sent: conn.execute(f"DELETE FROM {self._holds} WHERE id = %s AND NOT settled",
-                                                  (hold.id,)))
+        def work(conn: psycopg.Connection[Any], sent: list[bool]) -> None:
+            with conn.transaction():
+                conn.execute(f"DELETE FROM {self._holds} WHERE id = %s AND NOT settled", (hold.id,))
+                self._changed(conn)
+
+        self._run(work)
+
+    def _changed(self, conn: psycopg.Connection[Any]) -> None:
+        conn.execute(f"SELECT nextval('{self._changes}')")
+
+    def version(self) -> int:
+        """A number that changes whenever a hold is written, settled, released or freed: one row read."""
+        def work(conn: psycopg.Connection[Any], sent: list[bool]) -> int:
+            row = conn.execute(f"SELECT last_value, is_called FROM {self._changes}").fetchone()
+            return int(row[0]) if row and row[1] else 0
+
+        return self._run(work)
 
     def entries(self) -> list[Entry]:
         rows = self._run(lambda conn, sent: self._rows(conn))

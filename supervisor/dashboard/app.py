@@ -153,7 +153,8 @@ class Dashboard:
         self.settings = settings
         self.board = open_workspace_board(ws)
         self.lock = threading.Lock()  # one board call at a time from this process's threads
-        self.hub = Hub(self.board, ws.runs_path, self._picture)
+        self.spend = views.LedgerVersion(ws)
+        self.hub = Hub(self.board, ws.runs_path, self._picture, self.spend)
         # The streams given out and not yet over. Counted from the moment one is made, not when it
         # starts: requests waiting in a burst are all let through before any stream runs. Weakly held:
         # one whose client left before it started never runs its finally, and leaves when dropped.
@@ -333,6 +334,7 @@ class Server:
         finally:
             self.sock.close()
             self.dashboard.board.close()
+            self.dashboard.spend.close()
 
     def start_thread(self) -> None:
         self._thread = threading.Thread(target=self.run, name="dashboard", daemon=True)

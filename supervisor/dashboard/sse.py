@@ -81,10 +81,12 @@ def resume_cursor(last_event_id: str | None, board: BoardStore) -> int | None:
 class Hub:
     """The clients' shared wake-up and picture. `build` makes the picture (reads the board)."""
 
-    def __init__(self, board: BoardStore, runs: Path, build: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, board: BoardStore, runs: Path, build: Callable[[], dict[str, Any]],
+                 spend: Callable[[], Any] = lambda: None) -> None:
         self.board = board  # read through the protocol alone, from worker threads
         self.runs = runs
         self.build = build
+        self.spend = spend  # the budget ledger's version where no file shows it (PostgreSQL), else None
         self.generation = 0
         self.clients = 0
         self.builds = 0  # how many pictures were built: the "reads only when changed" test reads it
@@ -140,14 +142,14 @@ class Hub:
             return ("unreadable", type(exc).__name__)
 
     def _follow_board(self, halt: threading.Event, watched: bool) -> None:
-        """Wake the streams whenever the board's stream grows: at the board's own signal where it
-        watches its stream, else at each look every POLL_INTERVAL. Runs in a thread of its own until
-        `halt` is set."""
+        """Wake the streams whenever the board's stream grows (or, on a board whose budget ledger is in
+        its database, the spend changes): at the board's own signal where it watches its stream, else
+        at each look every POLL_INTERVAL. Runs in a thread of its own until `halt` is set."""
         signal = self.board.signal
-        last = self._stream_end()
+        last = self._stream_end(), self.spend()
         while not halt.is_set():
             seen = signal.generation
-            end = self._stream_end()
+            end = self._stream_end(), self.spend()
             if end != last:
                 last = end
                 self._wake()
@@ -230,10 +232,11 @@ class Hub:
 
     def _key(self) -> Any:
         """What changes when anything the picture shows changes, read without reading the board: the
-        stream's end, the states of the workspace's files the page shows, the changes made here."""
+        stream's end, the budget ledger's version (PostgreSQL), the states of the workspace's files the
+        page shows, the changes made here."""
         files = [self.runs / "supervisor.json", self.runs / LEDGER_FILE,
                  *(folder / BREAKERS_FILE for folder in agent_folders(self.runs))]
-        return self._stream_end(), self.touched, tuple(map(file_state, files))
+        return self._stream_end(), self.spend(), self.touched, tuple(map(file_state, files))
 
     def picture(self) -> dict[str, Any]:
         """The page's picture, built again only when its key changed, or once a HELD_RECHECK while a

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import psutil
+from hermes_sup.agents.ledger import LedgerError, open_ledger
 from hermes_sup.kanban import BoardError, BoardStore
+from hermes_sup.kanban.backends import DEFAULT_BACKEND, check_board_config
 from hermes_sup.kanban.liveness import holder_alive
 
 from .. import render, taskrecords, team
@@ -120,12 +123,50 @@ def recent_events(board: BoardStore, count: int = RECENT_EVENTS) -> list[dict[st
 
 def budget_rows(ws: Workspace, now: float) -> tuple[list[dict[str, Any]], str | None]:
     """Spend against each cap of hermes.yaml's `budgets`, as `usage` shows it, and a note when they
-    cannot be shown. The one place the page reads spend: it follows `usage` wherever the ledger is."""
+    cannot be shown. The one place the page reads spend: it follows `usage` wherever the ledger is
+    (runs/budget.jsonl, or the board's database where every host's agents reserve)."""
     try:
-        budgets = load_config(ws.config_path).get("budgets")
-    except ConfigError as exc:
+        config = load_config(ws.config_path)
+        budgets = config.get("budgets")
+        if not budgets:
+            return [], None
+        return budget_standing(ws.runs_path, budgets, now, board=config.get("board"), host=config.get("host")), None
+    except (ConfigError, LedgerError) as exc:
         return [], f"budgets not shown: {exc}"
-    return budget_standing(ws.runs_path, budgets, now), None
+
+
+class LedgerVersion:
+    """What says that spend changed on a board whose ledger is in its database (PostgreSQL): the
+    ledger's version, one row read on a connection of its own, opened at the first look (a page
+    open) and kept until close(). On the file board None: runs/budget.jsonl is watched instead."""
+
+    def __init__(self, ws: Workspace) -> None:
+        self.ws = ws
+        self._ledger: Any = None
+        self._lock = threading.Lock()
+        try:
+            config = load_config(ws.config_path)
+            self._board, self._host = config.get("board"), config.get("host")
+            self.shared = check_board_config(self._board)["backend"] != DEFAULT_BACKEND
+        except (ConfigError, BoardError):  # changed since the board opened: budget_rows says what is wrong
+            self.shared = False
+
+    def __call__(self) -> Any:
+        if not self.shared:
+            return None
+        with self._lock:
+            try:
+                if self._ledger is None:
+                    self._ledger = open_ledger(self.ws.root, self._board, host=self._host)
+                return self._ledger.version()
+            except LedgerError:  # the database away just now: a marker, looked at again next time
+                return "unreadable"
+
+    def close(self) -> None:
+        with self._lock:
+            ledger, self._ledger = self._ledger, None
+        if ledger is not None:
+            ledger.close()
 
 
 def breaker_rows(runs: Path, now: float) -> list[dict[str, str]]:
