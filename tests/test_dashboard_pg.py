@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import threading
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -157,6 +158,47 @@ def test_the_drawers_log_reads_who_held_the_task_from_postgres(database: str, tm
         if log is not None:
             log.close()
         board.close()
+        server.stop()
+
+
+def test_the_drawers_log_shows_another_hosts_journal_from_postgres(database: str, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent of box-a journals its tool calls in the board's database (none reach box-b's runs/):
+    the drawer of box-b's dashboard shows them, as `task log` on box-b does, also one written while
+    the drawer is open; and the task's document (the drawer's overview) reads them too."""
+    from hermes_sup.kanban.pg import open_store
+
+    env = {**os.environ, DSN_ENV: database}
+    monkeypatch.setenv(DSN_ENV, database)
+    ws = pg_workspace(tmp_path, env, "host: box-b\n")
+    box_a = open_store({"dsn_env": DSN_ENV}, host="box-a")
+    server = Server(find_workspace(ws), Settings(host="127.0.0.1", port=0))
+    server.start_thread()
+    log = None
+    try:
+        wait_until(lambda: server.server.started, timeout=30)
+        box_a.add({"id": "remote", "title": "Worked on box-a"}, by="cli")
+        token = box_a.claim("worker-a")["claim"]["token"]
+        journal = box_a.task_journal("remote", token, "worker-a", tmp_path / "box-a-work")
+        call = {"task": "remote", "turn": "steps", "tool": "write_file", "args": {"path": "a.txt"}}
+        journal.append_tool_call({**call, "call_id": "first", "status": "started", "at": "2026-01-01T00:00:00Z"})
+        log = Stream(server.port, path="/api/task/remote/log")
+        first = json.loads(log.until(lambda f: f["event"] == "entry")[-1]["data"])
+        assert "worker-a" in first["lines"][0] and "write_file" in first["lines"][0], first
+        journal.append_tool_call({**call, "call_id": "second", "tool": "read_file", "status": "started",
+                                  "at": "2026-01-01T00:00:01Z"})
+        second = json.loads(log.until(lambda f: f["event"] == "entry")[-1]["data"])
+        assert "read_file" in second["lines"][0], second
+        assert not list((ws / "runs").glob("*/tool_calls.jsonl")), "box-a's records are in the database only"
+        printed = run(env, "-w", str(ws), "task", "log", "remote").stdout
+        assert "write_file" in printed and "read_file" in printed  # the drawer and the terminal agree
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/api/task/remote", timeout=30) as answer:
+            doc = json.loads(answer.read())
+        assert any("read_file" in line for line in doc["log"]), doc["log"]
+    finally:
+        if log is not None:
+            log.close()
+        box_a.close()
         server.stop()
 
 

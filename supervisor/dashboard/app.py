@@ -185,12 +185,16 @@ class Dashboard:
         with self.lock:
             return views.snapshot(self.board, self.ws)
 
-    async def call(self, func: Callable[..., Any], *args: Any) -> Any:
-        def locked() -> Any:
+    def locked(self, func: Callable[..., Any]) -> Callable[..., Any]:
+        """`func`, called under the board's lock (one board call at a time from this process)."""
+        def call(*args: Any, **kwargs: Any) -> Any:
             with self.lock:
-                return func(*args)
+                return func(*args, **kwargs)
 
-        return await asyncio.to_thread(locked)
+        return call
+
+    async def call(self, func: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.to_thread(self.locked(func), *args)
 
     # -- routes -----------------------------------------------------------------------------------
 
@@ -234,7 +238,9 @@ class Dashboard:
             with self.lock:
                 return self.board.events_end()
 
-        stream = follow.task_log(self.ws.runs_path, found, claims, stream_end)
+        journal = taskrecords.board_rows(self.board)  # another host's agents' records are only there
+        stream = follow.task_log(self.ws.runs_path, found, claims, stream_end,
+                                 None if journal is None else self.locked(journal))
         return StreamingResponse(self.counted(stream), media_type="text/event-stream",
                                  headers={**HEADERS, "X-Accel-Buffering": "no"})
 

@@ -194,7 +194,7 @@ def task_document(board: BoardStore, ws: Workspace, task_id: str) -> dict[str, A
     state, alive = supervisor_state(ws)
     doc = board.get(task_id)
     doc = team.with_reason(doc, team.explain(board, doc, team.load_team(ws, state, alive)))
-    raws, notes = taskrecords.gather(ws.runs_path, doc["id"])
+    raws, notes = taskrecords.gather(ws.runs_path, doc["id"], taskrecords.board_rows(board))
     entries = taskrecords.merge(raws, taskrecords.claims(doc))
     # As `task log` prints them (the page and the terminal agree); the newest part of a long log.
     lines = [line for entry in entries for line in render.log_lines(entry)]
