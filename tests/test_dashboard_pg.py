@@ -352,3 +352,94 @@ def test_the_page_on_a_postgres_team(browser, database: str, tmp_path: Path) -> 
                 context.close()
             stop_process(proc)
             sweep(ws, ws / "runs", 0)
+
+
+# -- two hosts, one page --------------------------------------------------------------------------
+
+def host_yaml(llm_url: str, host: str, role: str) -> str:
+    # host_timeout 3: a host is silent 3 s after its last heartbeat (each 0.5 s), so the test sees it soon.
+    return ("defaults:\n  stop_timeout: 20\n  heartbeat_timeout: 30\n"
+            f"providers:\n  local: {{kind: openai, base_url: '{llm_url}', model: m, max_tokens: 100, timeout: 30}}\n"
+            "tiers: {cheap: [local], standard: [local], premium: [local]}\n"
+            "prices:\n  m: {input: 0, output: 1000}\n"
+            "budgets:\n  team: {total: 5}\n"
+            f"host: {host}\n"
+            f"board: {{backend: postgres, dsn_env: {DSN_ENV}, host_timeout: 3}}\n"
+            f"agents:\n  - name: worker\n    roles: [{role}]\n    count: 1\n")
+
+
+@pytest.mark.timeout(300)
+def test_one_page_shows_a_two_host_team(browser, database: str, tmp_path: Path) -> None:  # noqa: F811
+    """box-a and box-b, each a supervisor with one agent (both named worker), on one database; the
+    page of box-b's dashboard shows both hosts' agents (box-a's without buttons: box-b cannot command
+    them), the team's spend of both hosts against the cap, box-a's tool calls in a drawer, and box-a's
+    agents marked once box-a falls silent."""
+    from hermes_sup.supervisor.sweep import sweep
+    from playwright.sync_api import expect
+
+    env = {**os.environ, DSN_ENV: database}
+    hosts: dict[str, Path] = {}
+    procs: dict[str, subprocess.Popen[str]] = {}
+    context = None
+    with ScriptedLLM(responder=lambda api, body: openai_reply("done it", completion=100, model="m")) as llm:
+        try:
+            for name, role in (("box-a", "a"), ("box-b", "b")):
+                hosts[name] = ws = tmp_path / name
+                run(env, "init", str(ws))
+                (ws / "hermes.yaml").write_text(host_yaml(llm.url, name, role))
+                extra = ["--dashboard", "--dashboard-port", "0"] if name == "box-b" else []
+                with open(tmp_path / f"{name}.log", "w") as log:
+                    procs[name] = subprocess.Popen([*CLI, "-w", str(ws), "up", *extra], stdout=log,
+                                                   stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
+            said = re.compile(r"dashboard: (http://127\.0\.0\.1:\d+/)")
+            url = wait_until(lambda: (said.findall((tmp_path / "box-b.log").read_text()) or [None])[0], timeout=60)
+            for ws in hosts.values():
+                wait_until(lambda ws=ws: [a["state"] for a in (supervisor_state(ws).get("agents") or {}).values()]
+                           == ["running"], timeout=60)
+            context = browser.new_context(viewport={"width": 1500, "height": 1100})
+            page = context.new_page()
+            problems: list[str] = []
+            page.on("pageerror", lambda exc: problems.append(str(exc)))
+            page.goto(str(url))
+            page.wait_for_selector("#live[data-state='live']", timeout=30_000)
+
+            # Both hosts' agents, each with its host; only this host's can be commanded from here.
+            ours, theirs = (page.locator(f"#agents tbody tr[data-host='{host}']") for host in ("box-b", "box-a"))
+            expect(ours.locator(".state")).to_have_text("running", timeout=30_000)
+            expect(theirs.locator(".state")).to_have_text("running", timeout=30_000)
+            expect(theirs).to_have_attribute("data-agent", "worker")
+            their_pid = supervisor_state(hosts["box-a"])["agents"]["worker"]["pid"]
+            expect(theirs.locator(".pid")).to_have_text(str(their_pid))
+            assert theirs.locator("button").count() == 0 and ours.locator("button").count() == 3
+
+            # A model call on each host, and box-a's steps: the spend of both against the one cap.
+            run(env, "-w", str(hosts["box-a"]), "task", "add", "Think on a", "--id", "a-think", "--role", "a")
+            run(env, "-w", str(hosts["box-b"]), "task", "add", "Think on b", "--id", "b-think", "--role", "b")
+            drop(hosts["box-a"], "a-steps", {"id": "a-steps", "title": "Steps on a", "role": "a", "steps": [
+                {"tool": "write_file", "args": {"path": "from-a.txt", "content": "hi"}}]})
+            for task in ("a-think", "b-think", "a-steps"):
+                expect(card_in(page, "done", task)).to_be_visible(timeout=60_000)
+            expect(page.locator("#budgets tr[data-scope='team'] .spent")).to_have_text("$0.2000", timeout=30_000)
+
+            # box-a's tool call, journaled in the database (box-b's runs/ never had it), in the drawer.
+            card_in(page, "done", "a-steps").click()
+            expect(page.locator("#d-log")).to_contain_text("write_file -> ok", timeout=30_000)
+            expect(page.locator("#d-log")).to_contain_text("worker")
+            page.locator("#drawer-close").click()
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "test_one_page_shows_a_two_host_team.png"), full_page=True)
+
+            # box-a stops: its heartbeat ends, and once host_timeout has passed its agents are marked.
+            stop_process(procs["box-a"])
+            expect(theirs).to_have_attribute("data-silent", "yes", timeout=30_000)
+            expect(theirs.locator(".state")).to_contain_text("(host silent)")
+            expect(ours).to_have_attribute("data-silent", "no")
+            page.screenshot(path=str(ARTIFACTS / "test_one_page_shows_a_two_host_team-silent.png"), full_page=True)
+            assert problems == []
+        finally:
+            if context is not None:
+                context.close()
+            for proc in procs.values():
+                stop_process(proc)
+            for ws in hosts.values():
+                sweep(ws, ws / "runs", 0)

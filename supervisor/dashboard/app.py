@@ -29,7 +29,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from .. import taskrecords
-from ..workspace import Workspace, open_workspace_board
+from ..workspace import Workspace, board_settings, open_workspace_board
 from . import actions, follow, security, slowclients, views
 from .sse import Hub
 
@@ -153,8 +153,10 @@ class Dashboard:
         self.settings = settings
         self.board = open_workspace_board(ws)
         self.lock = threading.Lock()  # one board call at a time from this process's threads
+        self.host = board_settings(ws)[1] or socket.gethostname()  # this host's name on the board
         self.spend = views.LedgerVersion(ws)
-        self.hub = Hub(self.board, ws.runs_path, self._picture, self.spend)
+        self.hub = Hub(self.board, ws.runs_path, self._picture, self.spend,
+                       lambda: views.hosts_key(self.board, self.host))
         # The streams given out and not yet over. Counted from the moment one is made, not when it
         # starts: requests waiting in a burst are all let through before any stream runs. Weakly held:
         # one whose client left before it started never runs its finally, and leaves when dropped.
@@ -183,7 +185,7 @@ class Dashboard:
 
     def _picture(self) -> dict[str, Any]:
         with self.lock:
-            return views.snapshot(self.board, self.ws)
+            return views.snapshot(self.board, self.ws, self.host)
 
     def locked(self, func: Callable[..., Any]) -> Callable[..., Any]:
         """`func`, called under the board's lock (one board call at a time from this process)."""

@@ -8,24 +8,18 @@ taskrecords), so the page and the terminal never disagree.
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 from hermes_sup.agents.ledger import LedgerError, open_ledger
 from hermes_sup.kanban import BoardError, BoardStore
 from hermes_sup.kanban.backends import DEFAULT_BACKEND, check_board_config
-from hermes_sup.kanban.liveness import holder_alive
 
-from .. import render, taskrecords, team
-from ..cliargs import sane_state
+from .. import agentrows, render, taskrecords, team
 from ..doctor import breaker_states
-from ..runner import tree_rss_mb
-from ..statefile import read_state
 from ..usage import budget_standing, read_logs, summarize
 from ..workspace import ConfigError, Workspace, load_config
 
@@ -37,37 +31,22 @@ MAX_LOG_LINES = 2000
 
 def supervisor_state(ws: Workspace) -> tuple[dict[str, Any], bool]:
     """supervisor.json as the CLI may use it, and whether the supervisor it names runs."""
-    state = sane_state(read_state(ws.runs_path / "supervisor.json"))
-    pid, started = state.get("pid"), state.get("pid_started")
-    alive = isinstance(pid, int) and bool(started) and holder_alive(pid, started, None) is True
-    return state, alive
+    return agentrows.supervisor_state(ws.runs_path)
 
 
-def heartbeat(runs: Path, name: str, pid: object) -> str | None:
-    """When the agent `name` running as `pid` last said it was alive (its state.json), or None."""
-    state = read_state(runs / name / "state.json")
-    if not isinstance(state, dict) or state.get("pid") != pid or not isinstance(pid, int):
-        return None
-    beat = state.get("heartbeat")
-    return beat if isinstance(beat, str) and len(beat) <= 64 else None
+def host_agents(board: BoardStore) -> list[dict[str, Any]]:
+    """Every host's agents as published with its heartbeat (a shared board), or none just now."""
+    try:
+        return board.host_agents()
+    except (BoardError, OSError):
+        return []  # the database away: this host's agents are still shown, from supervisor.json
 
 
-def agent_rows(state: dict[str, Any], alive: bool, runs: Path) -> list[dict[str, Any]]:
-    """Per agent: host, pid, state, restarts, current task, rss, last exit, heartbeat time."""
-    rows = []
-    for name, agent in (state.get("agents") or {}).items():
-        pid = agent.get("pid")
-        running = alive and bool(pid) and holder_alive(pid, agent.get("pid_started"), None) is True
-        rss = None
-        if running:
-            with contextlib.suppress(psutil.Error):
-                rss = round(tree_rss_mb(pid), 1)
-        rows.append({"name": name, "host": HOST, "pid": pid if running else None,
-                     "state": agent.get("state") if alive else "not running",
-                     "restarts": agent.get("restarts"), "task": agent.get("task") if alive else None,
-                     "last_exit": agent.get("last_exit"), "held": agent.get("held"), "rss_mb": rss,
-                     "heartbeat": heartbeat(runs, name, pid) if running else None})
-    return rows
+def hosts_key(board: BoardStore, me: str) -> Any:
+    """What changes when another host's published agents may have (each heartbeat, a host falling
+    silent): read in the follower's look, without the agents themselves."""
+    return tuple((row.get("host"), row.get("heartbeat"), row.get("silent"))
+                 for row in host_agents(board) if row.get("host") != me)
 
 
 def usage_document(runs: Path) -> dict[str, Any]:
@@ -175,16 +154,19 @@ def breaker_rows(runs: Path, now: float) -> list[dict[str, str]]:
             for agent, provider, level, words in breaker_states(runs, now)]
 
 
-def snapshot(board: BoardStore, ws: Workspace) -> dict[str, Any]:
-    """Everything the page draws at once."""
+def snapshot(board: BoardStore, ws: Workspace, host: str = HOST) -> dict[str, Any]:
+    """Everything the page draws at once; `host` is this one's name on the board (hermes.yaml `host:`)."""
     state, alive = supervisor_state(ws)
     now = time.time()
+    # This host's agents from supervisor.json (the local truth), every other host's as published.
+    agents = agentrows.agent_rows(state, alive, ws.runs_path, host) + \
+        agentrows.remote_rows(host_agents(board), host, now)
     document = board_document(board, ws, state, alive)
     budgets, budget_note = budget_rows(ws, now)
     usage = usage_document(ws.runs_path)
     usage["notes"] += [budget_note] if budget_note else []
-    return {"board": document, "recent": recent_events(board), "agents": agent_rows(state, alive, ws.runs_path),
-            "supervisor": {"running": alive, "pid": state.get("pid") if alive else None, "host": HOST},
+    return {"board": document, "recent": recent_events(board), "agents": agents,
+            "supervisor": {"running": alive, "pid": state.get("pid") if alive else None, "host": host},
             "usage": usage, "budgets": budgets, "breakers": breaker_rows(ws.runs_path, now),
             "held": document["counts"].get("doing", 0), "at": now}
 
