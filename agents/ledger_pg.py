@@ -69,15 +69,15 @@ class PgLedger:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (SETUP_LOCK,))
             conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+            # Drawn by every write of the holds: a reader (the dashboard, ten times a second while a
+            # page is open) learns that spend changed from one row, not a scan of a table kept for good.
+            conn.execute(f"CREATE SEQUENCE IF NOT EXISTS {self._changes}")
             conn.execute(f"CREATE TABLE IF NOT EXISTS {self._holds} (id text PRIMARY KEY, agent text NOT NULL, "
                          "task text NOT NULL, day text NOT NULL, amount double precision NOT NULL, "
                          "settled boolean NOT NULL DEFAULT false, host text NOT NULL, pid integer, "
                          "started double precision, at timestamptz NOT NULL DEFAULT now())")
             conn.execute(f"ALTER TABLE {self._holds} ADD COLUMN IF NOT EXISTS boot text")
             conn.execute(f"CREATE TABLE IF NOT EXISTS {self._said} (key text PRIMARY KEY)")
-            # Drawn by every write of the holds: a reader (the dashboard, ten times a second while a
-            # page is open) learns that spend changed from one row, not a scan of a table kept for good.
-            conn.execute(f"CREATE SEQUENCE IF NOT EXISTS {self._changes}")
             hosts = f'"{self.schema}".hosts'
             found = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (hosts,)).fetchone()
             self._hosts = hosts if found and found[0] else None
@@ -198,10 +198,11 @@ class PgLedger:
         conn.execute(f"SELECT nextval('{self._changes}')")
 
     def version(self) -> int:
-        """A number that changes whenever a hold is written, settled, released or freed: one row read."""
+        """A number that changes whenever a hold is written, settled, released or freed: one row read
+        (0 while no hold was ever written, or no agent made the ledger yet: a read creates nothing)."""
         def work(conn: psycopg.Connection[Any], sent: list[bool]) -> int:
-            row = conn.execute(f"SELECT last_value, is_called FROM {self._changes}").fetchone()
-            return int(row[0]) if row and row[1] else 0
+            row = conn.execute("SELECT pg_sequence_last_value(to_regclass(%s))", (self._changes,)).fetchone()
+            return int(row[0]) if row and row[0] is not None else 0
 
         return self._run(work)
 
