@@ -243,6 +243,16 @@ def _section(board: Mapping[str, Any] | None) -> dict[str, Any]:
         raise LedgerError(str(exc)) from None
 
 
+def open_reader(workspace: Path, board: Mapping[str, Any] | None = None, *, host: str | None = None,
+                environ: Mapping[str, str] | None = None) -> PgLedger | None:
+    """The board database's ledger opened to be read (its version, its spend) and never to create
+    its tables; None on the file board, whose runs/budget.jsonl readers look at themselves."""
+    section = _section(board)
+    if section["backend"] != "postgres":
+        return None
+    return _open_postgres(workspace, section, host, os.environ if environ is None else environ, create=False)
+
+
 def open_ledger(workspace: Path, board: Mapping[str, Any] | None = None, *, host: str | None = None,
                 environ: Mapping[str, str] | None = None) -> Ledger:
     """The budget ledger of the workspace's board (hermes.yaml `board:`, `host:`): runs/budget.jsonl

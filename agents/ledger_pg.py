@@ -61,6 +61,7 @@ class PgLedger:
         self._lock = threading.RLock()  # one connection, shared by the agent's threads in turn
         self._conn: psycopg.Connection[Any] | None = None
         self._holds, self._said = f'"{self.schema}".budget_holds', f'"{self.schema}".budget_said'
+        self._changes = f'"{self.schema}".budget_changes'
 
     def __repr__(self) -> str:  # never the DSN
         return f"<PgLedger schema={self.schema} host={self.host}>"
@@ -83,6 +84,9 @@ class PgLedger:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (SETUP_LOCK,))
             conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+            # Drawn by every write of the holds: a reader (the dashboard, ten times a second while a
+            # page is open) learns that spend changed from one row, not a scan of a table kept for good.
+            conn.execute(f"CREATE SEQUENCE IF NOT EXISTS {self._changes}")
             conn.execute(f"CREATE TABLE IF NOT EXISTS {self._holds} (id text PRIMARY KEY, agent text NOT NULL, "
                          "task text NOT NULL, day text NOT NULL, amount double precision NOT NULL, "
                          "settled boolean NOT NULL DEFAULT false, host text NOT NULL, pid integer, "
@@ -157,6 +161,7 @@ class PgLedger:
                 gone = [row[0] for row in rows if self._gone(row)]
                 if gone:
                     conn.execute(f"DELETE FROM {self._holds} WHERE id = ANY(%s) AND NOT settled", (gone,))
+                    self._changed(conn)
                 entries = [Entry(row[1], row[2], row[3], float(row[4])) for row in rows if row[0] not in gone]
                 # The database's clock dates the hold and the check: every host's clock may be off,
                 # and a day's cap split by hosts' clocks near midnight would count a call on two days.
@@ -173,6 +178,7 @@ class PgLedger:
                              "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                              (hold.id, agent, task, utc_day(now), amount, self.host, self.pid,
                               self.started, self.boot))
+                self._changed(conn)
                 return hold
 
         return self._run(work)
@@ -192,12 +198,29 @@ class PgLedger:
                                  "ON CONFLICT (id) DO NOTHING",
                                  (hold.id, hold.agent, hold.task, cost, self.host, self.pid,
                                   self.started, self.boot))
+                self._changed(conn)
 
         self._run(work)
 
     def release(self, hold: Hold) -> None:
-        self._run(lambda conn, sent: conn.execute(f"DELETE FROM {self._holds} WHERE id = %s AND NOT settled",
-                                                  (hold.id,)))
+        def work(conn: psycopg.Connection[Any], sent: list[bool]) -> None:
+            with conn.transaction():
+                conn.execute(f"DELETE FROM {self._holds} WHERE id = %s AND NOT settled", (hold.id,))
+                self._changed(conn)
+
+        self._run(work)
+
+    def _changed(self, conn: psycopg.Connection[Any]) -> None:
+        conn.execute(f"SELECT nextval('{self._changes}')")
+
+    def version(self) -> int:
+        """A number that changes whenever a hold is written, settled, released or freed: one row read
+        (0 while no hold was ever written, or no agent made the ledger yet: a read creates nothing)."""
+        def work(conn: psycopg.Connection[Any], sent: list[bool]) -> int:
+            row = conn.execute("SELECT pg_sequence_last_value(to_regclass(%s))", (self._changes,)).fetchone()
+            return int(row[0]) if row and row[0] is not None else 0
+
+        return self._run(work)
 
     def entries(self) -> list[Entry]:
         rows = self._run(lambda conn, sent: [] if self.missing else self._rows(conn))

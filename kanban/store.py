@@ -239,11 +239,20 @@ class BoardStore(Protocol):
         """Raise events.CursorError unless `cursor` is one this board's log can continue from."""
         ...
 
-    def announce_host(self) -> None:
+    def announce_host(self, agents: Callable[[], list[dict[str, Any]]] | None = None) -> None:
         """Say, from now until close(), that this host's supervisor is alive, so that other hosts
         take its tasks back only once it falls silent (PostgreSQL: the hosts row heartbeats from a
-        thread, every sixth of host_timeout, by the database's clock). Called by the supervisor,
-        never by an agent. A single-host backend does nothing."""
+        thread, every sixth of host_timeout, by the database's clock), and with each heartbeat what
+        `agents()` says of this host's agents (the dashboard's agents panel: name, pid, state,
+        restarts, heartbeat age, task, rss, last exit; None or an error: nothing said). Called by the
+        supervisor, never by an agent. A single-host backend does nothing."""
+        ...
+
+    def host_agents(self) -> list[dict[str, Any]]:
+        """Every host of a shared board as its last heartbeat left it: {host, heartbeat (ISO, the
+        board's clock), age (seconds since it), silent (heartbeat older than host_timeout), agents
+        (what its announce_host published, or None)}, by host. A single-host backend returns []: its
+        agents are its workspace's own (runs/supervisor.json). Other hosts wrote it: judge it."""
         ...
 
     def exclusive(self) -> AbstractContextManager[None]:

@@ -77,8 +77,11 @@ class WaitingMixin:
     def exclusive(self) -> AbstractContextManager[None]:
         return self._locked()
 
-    def announce_host(self) -> None:
+    def announce_host(self, agents: Callable[[], list[dict[str, Any]]] | None = None) -> None:
         pass  # one host's board: a dead supervisor's agents are seen by pid, not by heartbeat
+
+    def host_agents(self) -> list[dict[str, Any]]:
+        return []  # one host's board: its agents are the workspace's (runs/supervisor.json)
 
     def append_event(self, record: dict[str, Any]) -> None:
         append_record(self.events_path, record)

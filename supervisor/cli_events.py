@@ -19,7 +19,7 @@ from rich.text import Text
 
 from .cli import Failure, err, handled, json_option, main, open_board
 from .cliargs import json_text
-from .render import literal, visible
+from .render import event_line, literal
 
 # Wake-ups come from writes to the log itself (the board's watcher leaves it out: its wake-ups are
 # task files moving, before the event is appended, and the supervisor's events move no file), and
@@ -27,23 +27,6 @@ from .render import literal, visible
 RECHECK_WATCHED = 1.0
 EVENTS_NAME = "events.jsonl"  # how the event log is named to a person
 RECHECK_POLLING = 0.25
-def event_line(record: dict[str, Any]) -> str:
-    """One event as a line of text, its user text with controls made visible (pure). A board transition
-    reads `AT  TASK  FROM -> TO  by WHO  NOTE`; the supervisor's and the alerts' `AT  KIND  EVENT  NOTE`."""
-    kind = record.get("kind", "board")
-    if kind != "board":
-        text = f"{visible(record.get('at') or '-', one_line=True)}  {visible(kind, one_line=True)}  " \
-               f"{visible(record.get('event') or '-', one_line=True)}"
-        note = record.get("note")
-        return text + (f"  {visible(note, one_line=True)}" if note else "")
-    src, dst = record.get("from"), record.get("to")
-    line = (f"{visible(record.get('at') or '-', one_line=True)}  {visible(record.get('task'), one_line=True)}  "
-            f"{visible(src or '-', one_line=True)} -> {visible(dst or '-', one_line=True)}  "
-            f"by {visible(record.get('by') or '-', one_line=True)}")
-    note = record.get("note")
-    return line + (f"  {visible(note, one_line=True)}" if note else "")
-
-
 def event_json(cursor: int, record: dict[str, Any]) -> str:
     """One event as one JSON line with the cursor to resume after it (pure)."""
     return json_text({"cursor": cursor, **record})

@@ -469,3 +469,20 @@ def line_time(line: str) -> float | None:
     if not found:
         return None
     return float(calendar.timegm(time.strptime(found.group(1), "%Y-%m-%dT%H:%M:%SZ")))
+
+
+def event_line(record: dict[str, Any]) -> str:
+    """One event as a line of text, its user text with controls made visible (pure). A board transition
+    reads `AT  TASK  FROM -> TO  by WHO  NOTE`; the supervisor's and the alerts' `AT  KIND  EVENT  NOTE`."""
+    kind = record.get("kind", "board")
+    if kind != "board":
+        text = f"{visible(record.get('at') or '-', one_line=True)}  {visible(kind, one_line=True)}  " \
+               f"{visible(record.get('event') or '-', one_line=True)}"
+        note = record.get("note")
+        return text + (f"  {visible(note, one_line=True)}" if note else "")
+    src, dst = record.get("from"), record.get("to")
+    line = (f"{visible(record.get('at') or '-', one_line=True)}  {visible(record.get('task'), one_line=True)}  "
+            f"{visible(src or '-', one_line=True)} -> {visible(dst or '-', one_line=True)}  "
+            f"by {visible(record.get('by') or '-', one_line=True)}")
+    note = record.get("note")
+    return line + (f"  {visible(note, one_line=True)}" if note else "")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import random
@@ -124,6 +125,13 @@ class Child:
             return self.pidfd is not None
 
 
+def published_agents(runs: Path) -> list[dict[str, Any]]:
+    """This host's agents as its heartbeat publishes them on a shared board (agentrows.py)."""
+    from .agentrows import published  # it reads supervisor.json as this module names it
+
+    return published(runs)
+
+
 class Supervisor:
     def __init__(self, ws: Workspace, config: dict[str, Any], *, only: set[str] | None = None,
                  say: Callable[[str], None] = print) -> None:
@@ -146,7 +154,10 @@ class Supervisor:
         self._team = team_of(specs)
         self._schedules = schedules_of(config)
         self.board = open_board(ws.root, config.get("board"), lock_timeout=BOARD_LOCK_WAIT, host=config.get("host"))
-        self.board.announce_host()  # a shared board's other hosts see this one alive (its agents never do it)
+        # A shared board's other hosts see this one alive (its agents never do it), and its agents as
+        # the dashboard's panel shows them: read from supervisor.json (written whole), not from this
+        # loop's state, since the board's heartbeat thread reads them.
+        self.board.announce_host(functools.partial(published_agents, self.runs))
         # What it says, and the operator's commands, are also events of the board's stream (supevents.py).
         self.events = SupervisorEvents(self.board.append_event, lambda: self.known)
         self.say = self.events.recording(self.say)

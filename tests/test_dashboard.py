@@ -689,6 +689,29 @@ def test_stop_and_start_an_agent_from_the_page(page, team) -> None:
     expect(page.locator("#message")).to_contain_text("start worker-1", timeout=30_000)
 
 
+def test_recent_events_read_as_the_events_command_prints_them(page, team) -> None:
+    """A supervisor's events (an agent stopped and started by a person) in their own words, not
+    squeezed into a transition's `FROM -> TO by WHO` (which read `worker-1 - -> - by - ...`)."""
+    from hermes_sup.supervisor.render import event_line
+    from playwright.sync_api import expect
+
+    ws, _url = team
+    cli(ws, "stop", "worker-1")
+    cli(ws, "start", "worker-1")
+    wait_until(lambda: supervisor_state(ws)["agents"]["worker-1"]["state"] == "running", timeout=60)
+    printed = cli(ws, "events").stdout.splitlines()
+    records = [json.loads(line) for line in (ws / "kanban" / "events.jsonl").read_text().splitlines()]
+    ours = [r for r in records if r.get("kind") == "supervisor" and r.get("agent") == "worker-1"]
+    assert ours, records[-5:]
+    items = page.locator("#events li")
+    for record in ours[-2:]:
+        line = event_line(record)
+        assert line in printed  # the very line `events` prints
+        expect(items.filter(has_text=line)).to_have_count(1, timeout=30_000)
+        assert record["event"] in line and "-> - by -" not in line
+    assert not [text for text in items.all_inner_texts() if "- → - by -" in text or "-> - by -" in text]
+
+
 def test_up_detach_serves_the_dashboard_until_down(tmp_path: Path) -> None:
     ws = make_workspace(tmp_path)
     try:

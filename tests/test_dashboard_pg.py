@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import threading
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -160,6 +161,94 @@ def test_the_drawers_log_reads_who_held_the_task_from_postgres(database: str, tm
         server.stop()
 
 
+def test_the_drawers_log_shows_another_hosts_journal_from_postgres(database: str, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent of box-a journals its tool calls in the board's database (none reach box-b's runs/):
+    the drawer of box-b's dashboard shows them, as `task log` on box-b does, also one written while
+    the drawer is open; and the task's document (the drawer's overview) reads them too."""
+    from hermes_sup.kanban.pg import open_store
+
+    env = {**os.environ, DSN_ENV: database}
+    monkeypatch.setenv(DSN_ENV, database)
+    ws = pg_workspace(tmp_path, env, "host: box-b\n")
+    box_a = open_store({"dsn_env": DSN_ENV}, host="box-a")
+    server = Server(find_workspace(ws), Settings(host="127.0.0.1", port=0))
+    server.start_thread()
+    log = None
+    try:
+        wait_until(lambda: server.server.started, timeout=30)
+        box_a.add({"id": "remote", "title": "Worked on box-a"}, by="cli")
+        token = box_a.claim("worker-a")["claim"]["token"]
+        journal = box_a.task_journal("remote", token, "worker-a", tmp_path / "box-a-work")
+        call = {"task": "remote", "turn": "steps", "tool": "write_file", "args": {"path": "a.txt"}}
+        journal.append_tool_call({**call, "call_id": "first", "status": "started", "at": "2026-01-01T00:00:00Z"})
+        log = Stream(server.port, path="/api/task/remote/log")
+        first = json.loads(log.until(lambda f: f["event"] == "entry")[-1]["data"])
+        assert "worker-a" in first["lines"][0] and "write_file" in first["lines"][0], first
+        journal.append_tool_call({**call, "call_id": "second", "tool": "read_file", "status": "started",
+                                  "at": "2026-01-01T00:00:01Z"})
+        second = json.loads(log.until(lambda f: f["event"] == "entry")[-1]["data"])
+        assert "read_file" in second["lines"][0], second
+        assert not list((ws / "runs").glob("*/tool_calls.jsonl")), "box-a's records are in the database only"
+        printed = run(env, "-w", str(ws), "task", "log", "remote").stdout
+        assert "write_file" in printed and "read_file" in printed  # the drawer and the terminal agree
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/api/task/remote", timeout=30) as answer:
+            doc = json.loads(answer.read())
+        assert any("read_file" in line for line in doc["log"]), doc["log"]
+    finally:
+        if log is not None:
+            log.close()
+        box_a.close()
+        server.stop()
+
+
+def budget_config(total: float, host: str) -> str:
+    return (f"prices:\n  m: {{input: 0, output: 1000}}\nbudgets:\n  team: {{total: {total}}}\nhost: {host}\n"
+            "agents:\n  - name: worker\n    count: 1\n")
+
+
+def test_budgets_on_postgres_are_every_hosts_spend_and_wake_the_stream(database: str, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spend written by two other hosts' agents into the database's ledger (no event, no file of this
+    workspace changes) is shown, and wakes the stream at the follower's look (the safety recheck is
+    made longer than the test)."""
+    from hermes_sup.agents.ledger import open_ledger
+
+    env = {**os.environ, DSN_ENV: database}
+    monkeypatch.setenv(DSN_ENV, database)
+    ws = pg_workspace(tmp_path, env, budget_config(1.0, "box-b"))
+    monkeypatch.setattr(sse, "SAFETY_RECHECK", 3600.0)
+    monkeypatch.setattr(sse, "KEEPALIVE", 3600.0)
+    board = {"backend": "postgres", "dsn_env": DSN_ENV}
+    ledgers = [open_ledger(tmp_path / host, board, host=host) for host in ("box-a", "box-c")]
+    server = Server(find_workspace(ws), Settings(host="127.0.0.1", port=0))
+    server.start_thread()
+    client = None
+    try:
+        wait_until(lambda: server.server.started, timeout=30)
+        client = Stream(server.port)
+        first = json.loads(client.until(lambda f: f["event"] == "snapshot")[-1]["data"])
+        assert first["budgets"] == [{"scope": "team", "cap": "total", "limit": 1.0, "spent": 0.0, "left": 1.0}]
+        builds = server.dashboard.hub.builds
+        for amount, ledger in zip((0.25, 0.125), ledgers, strict=True):
+            hold = ledger.reserve(agent="worker-1", task="t", amount=0.5, check=lambda entries: None)
+            ledger.settle(hold, amount)
+
+        def spent(frame: dict[str, str]) -> bool:
+            return frame["event"] == "snapshot" and json.loads(frame["data"])["budgets"][0]["spent"] == 0.375
+
+        frames = client.until(spent, timeout=30)
+        assert json.loads(frames[-1]["data"])["budgets"][0]["left"] == pytest.approx(0.625)
+        assert server.dashboard.hub.builds > builds
+        assert not (ws / "runs" / "budget.jsonl").exists(), "the database's ledger, not this host's file"
+    finally:
+        if client is not None:
+            client.close()
+        for ledger in ledgers:
+            ledger.close()
+        server.stop()
+
+
 # -- in a real browser, beside a team on PostgreSQL ---------------------------------------------
 
 def team_yaml(llm_url: str, dead_port: int) -> str:
@@ -244,7 +333,8 @@ def test_the_page_on_a_postgres_team(browser, database: str, tmp_path: Path) -> 
 
             # A task for the premium tier: its provider refuses connections and its breaker opens.
             run(env, "-w", str(ws), "task", "add", "Needs the big model", "--id", "big", "--tier", "premium")
-            breaker = page.locator("#breakers tr[data-provider='gone']")
+            # The first agent to try it (the other may try it too, and open its own).
+            breaker = page.locator("#breakers tr[data-provider='gone']").first
             expect(breaker).to_have_attribute("data-level", "warn", timeout=60_000)
             expect(breaker.locator(".state")).to_contain_text("open: down until")
             expect(card_in(page, "todo", "big").locator(".why")).to_contain_text("provider gone down", timeout=60_000)
@@ -262,3 +352,94 @@ def test_the_page_on_a_postgres_team(browser, database: str, tmp_path: Path) -> 
                 context.close()
             stop_process(proc)
             sweep(ws, ws / "runs", 0)
+
+
+# -- two hosts, one page --------------------------------------------------------------------------
+
+def host_yaml(llm_url: str, host: str, role: str) -> str:
+    # host_timeout 3: a host is silent 3 s after its last heartbeat (each 0.5 s), so the test sees it soon.
+    return ("defaults:\n  stop_timeout: 20\n  heartbeat_timeout: 30\n"
+            f"providers:\n  local: {{kind: openai, base_url: '{llm_url}', model: m, max_tokens: 100, timeout: 30}}\n"
+            "tiers: {cheap: [local], standard: [local], premium: [local]}\n"
+            "prices:\n  m: {input: 0, output: 1000}\n"
+            "budgets:\n  team: {total: 5}\n"
+            f"host: {host}\n"
+            f"board: {{backend: postgres, dsn_env: {DSN_ENV}, host_timeout: 3}}\n"
+            f"agents:\n  - name: worker\n    roles: [{role}]\n    count: 1\n")
+
+
+@pytest.mark.timeout(300)
+def test_one_page_shows_a_two_host_team(browser, database: str, tmp_path: Path) -> None:  # noqa: F811
+    """box-a and box-b, each a supervisor with one agent (both named worker), on one database; the
+    page of box-b's dashboard shows both hosts' agents (box-a's without buttons: box-b cannot command
+    them), the team's spend of both hosts against the cap, box-a's tool calls in a drawer, and box-a's
+    agents marked once box-a falls silent."""
+    from hermes_sup.supervisor.sweep import sweep
+    from playwright.sync_api import expect
+
+    env = {**os.environ, DSN_ENV: database}
+    hosts: dict[str, Path] = {}
+    procs: dict[str, subprocess.Popen[str]] = {}
+    context = None
+    with ScriptedLLM(responder=lambda api, body: openai_reply("done it", completion=100, model="m")) as llm:
+        try:
+            for name, role in (("box-a", "a"), ("box-b", "b")):
+                hosts[name] = ws = tmp_path / name
+                run(env, "init", str(ws))
+                (ws / "hermes.yaml").write_text(host_yaml(llm.url, name, role))
+                extra = ["--dashboard", "--dashboard-port", "0"] if name == "box-b" else []
+                with open(tmp_path / f"{name}.log", "w") as log:
+                    procs[name] = subprocess.Popen([*CLI, "-w", str(ws), "up", *extra], stdout=log,
+                                                   stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
+            said = re.compile(r"dashboard: (http://127\.0\.0\.1:\d+/)")
+            url = wait_until(lambda: (said.findall((tmp_path / "box-b.log").read_text()) or [None])[0], timeout=60)
+            for ws in hosts.values():
+                wait_until(lambda ws=ws: [a["state"] for a in (supervisor_state(ws).get("agents") or {}).values()]
+                           == ["running"], timeout=60)
+            context = browser.new_context(viewport={"width": 1500, "height": 1100})
+            page = context.new_page()
+            problems: list[str] = []
+            page.on("pageerror", lambda exc: problems.append(str(exc)))
+            page.goto(str(url))
+            page.wait_for_selector("#live[data-state='live']", timeout=30_000)
+
+            # Both hosts' agents, each with its host; only this host's can be commanded from here.
+            ours, theirs = (page.locator(f"#agents tbody tr[data-host='{host}']") for host in ("box-b", "box-a"))
+            expect(ours.locator(".state")).to_have_text("running", timeout=30_000)
+            expect(theirs.locator(".state")).to_have_text("running", timeout=30_000)
+            expect(theirs).to_have_attribute("data-agent", "worker")
+            their_pid = supervisor_state(hosts["box-a"])["agents"]["worker"]["pid"]
+            expect(theirs.locator(".pid")).to_have_text(str(their_pid))
+            assert theirs.locator("button").count() == 0 and ours.locator("button").count() == 3
+
+            # A model call on each host, and box-a's steps: the spend of both against the one cap.
+            run(env, "-w", str(hosts["box-a"]), "task", "add", "Think on a", "--id", "a-think", "--role", "a")
+            run(env, "-w", str(hosts["box-b"]), "task", "add", "Think on b", "--id", "b-think", "--role", "b")
+            drop(hosts["box-a"], "a-steps", {"id": "a-steps", "title": "Steps on a", "role": "a", "steps": [
+                {"tool": "write_file", "args": {"path": "from-a.txt", "content": "hi"}}]})
+            for task in ("a-think", "b-think", "a-steps"):
+                expect(card_in(page, "done", task)).to_be_visible(timeout=60_000)
+            expect(page.locator("#budgets tr[data-scope='team'] .spent")).to_have_text("$0.2000", timeout=30_000)
+
+            # box-a's tool call, journaled in the database (box-b's runs/ never had it), in the drawer.
+            card_in(page, "done", "a-steps").click()
+            expect(page.locator("#d-log")).to_contain_text("write_file -> ok", timeout=30_000)
+            expect(page.locator("#d-log")).to_contain_text("worker")
+            page.locator("#drawer-close").click()
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "test_one_page_shows_a_two_host_team.png"), full_page=True)
+
+            # box-a stops: its heartbeat ends, and once host_timeout has passed its agents are marked.
+            stop_process(procs["box-a"])
+            expect(theirs).to_have_attribute("data-silent", "yes", timeout=30_000)
+            expect(theirs.locator(".state")).to_contain_text("(host silent)")
+            expect(ours).to_have_attribute("data-silent", "no")
+            page.screenshot(path=str(ARTIFACTS / "test_one_page_shows_a_two_host_team-silent.png"), full_page=True)
+            assert problems == []
+        finally:
+            if context is not None:
+                context.close()
+            for proc in procs.values():
+                stop_process(proc)
+            for ws in hosts.values():
+                sweep(ws, ws / "runs", 0)

@@ -424,6 +424,17 @@ def test_usage_on_postgres_creates_no_ledger_and_says_there_is_none_yet(tmp_path
     assert tables == (None, None), "usage created the ledger's tables"
     spend = read_spend_noted(tmp_path, {"backend": "postgres", "dsn_env": DSN_ENV})
     assert spend.entries == [] and len(spend.notes) == 1
+    # Nor does the dashboard looking for changes of spend while a page is open.
+    from hermes_sup.supervisor.dashboard.views import LedgerVersion
+    from hermes_sup.supervisor.workspace import Workspace
+    version = LedgerVersion(Workspace(ws))
+    try:
+        assert version() == version()
+    finally:
+        version.close()
+    with psycopg.connect(database) as conn:
+        tables = conn.execute("SELECT to_regclass('hermes_sup.budget_holds')").fetchone()
+    assert tables == (None,), "the dashboard created the ledger's tables"
 
 
 def model_call(task: str, call: str, tokens_in: int, cost: float) -> dict:

@@ -117,6 +117,11 @@ ALTER TABLE journal ADD COLUMN kind text NOT NULL DEFAULT 'entry'
 ALTER TABLE journal ADD COLUMN agent text NOT NULL DEFAULT '';
 ALTER TABLE journal ADD COLUMN name text NOT NULL DEFAULT '';
 """),
+    (4, "each host's agents, published with its heartbeat", """
+-- What each host's supervisor says of its agents with every heartbeat (announce_host): the
+-- dashboard's agents panel of any host shows every host's. Written by that host: judged by readers.
+ALTER TABLE hosts ADD COLUMN agents jsonb;
+"""),
 )
 
 SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")

@@ -140,9 +140,14 @@ STALE_HELD = HELD.replace(" FOR UPDATE", """ AND (lease_until < now() OR EXISTS 
 LOCAL_HELD = """SELECT id, fence, lease_owner, lease_pid, lease_pid_started FROM tasks
     WHERE status = 'doing' AND lease_host = %(host)s AND lease_boot = %(boot)s"""
 
-HEARTBEAT = """INSERT INTO hosts (host_id, boot_id) VALUES (%(host)s, %(boot)s)
-    ON CONFLICT (host_id) DO UPDATE SET heartbeat = now(), boot_id = EXCLUDED.boot_id,
+HEARTBEAT = """INSERT INTO hosts (host_id, boot_id, agents) VALUES (%(host)s, %(boot)s, %(agents)s)
+    ON CONFLICT (host_id) DO UPDATE SET heartbeat = now(), boot_id = EXCLUDED.boot_id, agents = EXCLUDED.agents,
         started_at = CASE WHEN hosts.boot_id = EXCLUDED.boot_id THEN hosts.started_at ELSE now() END"""
+HOST_AGENTS = """SELECT host_id AS host,
+        to_char(heartbeat AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS heartbeat,
+        extract(epoch FROM now() - heartbeat)::float8 AS age,
+        heartbeat < now() - make_interval(secs => %(host_timeout)s::float8) AS silent, agents
+    FROM hosts ORDER BY host_id LIMIT %(limit)s"""
 
 # One holder at a time: taken when free or expired, kept by renewing it before it runs out.
 TAKE_LEASE = """INSERT INTO leases (name, holder, until) VALUES (%(name)s, %(holder)s,

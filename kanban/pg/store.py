@@ -48,6 +48,8 @@ DEFAULT_HOST_TIMEOUT = 30.0
 POLL_INTERVAL = 1.0
 RECOVER_INTERVAL = 2.0
 SWEEPER = "sweeper"
+MAX_PUBLISHED = 500  # agents of one host published with its heartbeat (a team is far smaller)
+MAX_HOSTS = 200  # hosts host_agents reads
 # The server ended the connection before running the statement (a restart, a terminated backend):
 # nothing was done, so the verb is run again once, on a new connection.
 ENDED_BY_SERVER = frozenset({"57P01", "57P02", "57P03"})
@@ -94,6 +96,7 @@ class PgStore(StreamMixin):
         self._conn: psycopg.Connection[Any] | None = None
         self._listener: Listener | None = None
         self._heartbeat: threading.Thread | None = None
+        self._agents: Callable[[], list[dict[str, Any]]] | None = None  # published with each heartbeat
         self._closing = threading.Event()
         self._last_recover = 0.0
         if migrate_schema:
@@ -411,14 +414,38 @@ class PgStore(StreamMixin):
 
     # -- hosts and recovery -------------------------------------------------------------------
 
-    @_again
     def heartbeat(self) -> None:
-        """Say this host is alive (by the database's clock); written by the supervisor, never an agent."""
-        with self._locked() as conn:
-            conn.execute(sql.HEARTBEAT, {"host": self.host, "boot": self.boot_id})
+        """Say this host is alive (by the database's clock), and what its supervisor says of its
+        agents; written by the supervisor, never an agent."""
+        self._beat(self._published())
 
-    def announce_host(self) -> None:
+    @_again
+    def _beat(self, agents: list[Any] | None) -> None:
+        with self._locked() as conn:
+            conn.execute(sql.HEARTBEAT, {"host": self.host, "boot": self.boot_id,
+                                         "agents": None if agents is None else Jsonb(agents)})
+
+    def _published(self) -> list[Any] | None:
+        """What announce_host's `agents` says now, stored as jsonb takes it; None when it says
+        nothing or fails: the heartbeat (which keeps this host's tasks) never waits on it."""
+        source = self._agents
+        if source is None:
+            return None
+        try:
+            agents = source()
+            return storable(agents[:MAX_PUBLISHED]) if isinstance(agents, list) else None
+        except Exception:  # anything: a host that stops beating would lose its tasks
+            return None
+
+    def announce_host(self, agents: Callable[[], list[dict[str, Any]]] | None = None) -> None:
+        self._agents = agents
         self.start_heartbeat()
+
+    @_again
+    def host_agents(self) -> list[dict[str, Any]]:
+        with self._locked() as conn:
+            rows = conn.execute(sql.HOST_AGENTS, {"host_timeout": self.host_timeout, "limit": MAX_HOSTS}).fetchall()
+        return [dict(row) for row in rows]
 
     def start_heartbeat(self, interval: float | None = None) -> None:
         """Heartbeat from a thread until close(), every `interval` (a sixth of host_timeout)."""

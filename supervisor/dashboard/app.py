@@ -29,7 +29,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from .. import taskrecords
-from ..workspace import Workspace, open_workspace_board
+from ..workspace import Workspace, board_settings, open_workspace_board
 from . import actions, follow, security, slowclients, views
 from .sse import Hub
 
@@ -153,7 +153,10 @@ class Dashboard:
         self.settings = settings
         self.board = open_workspace_board(ws)
         self.lock = threading.Lock()  # one board call at a time from this process's threads
-        self.hub = Hub(self.board, ws.runs_path, self._picture)
+        self.host = board_settings(ws)[1] or socket.gethostname()  # this host's name on the board
+        self.spend = views.LedgerVersion(ws)
+        self.hub = Hub(self.board, ws.runs_path, self._picture, self.spend,
+                       lambda: views.hosts_key(self.board, self.host))
         # The streams given out and not yet over. Counted from the moment one is made, not when it
         # starts: requests waiting in a burst are all let through before any stream runs. Weakly held:
         # one whose client left before it started never runs its finally, and leaves when dropped.
@@ -182,14 +185,18 @@ class Dashboard:
 
     def _picture(self) -> dict[str, Any]:
         with self.lock:
-            return views.snapshot(self.board, self.ws)
+            return views.snapshot(self.board, self.ws, self.host)
+
+    def locked(self, func: Callable[..., Any]) -> Callable[..., Any]:
+        """`func`, called under the board's lock (one board call at a time from this process)."""
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self.lock:
+                return func(*args, **kwargs)
+
+        return call
 
     async def call(self, func: Callable[..., Any], *args: Any) -> Any:
-        def locked() -> Any:
-            with self.lock:
-                return func(*args)
-
-        return await asyncio.to_thread(locked)
+        return await asyncio.to_thread(self.locked(func), *args)
 
     # -- routes -----------------------------------------------------------------------------------
 
@@ -233,7 +240,9 @@ class Dashboard:
             with self.lock:
                 return self.board.events_end()
 
-        stream = follow.task_log(self.ws.runs_path, found, claims, stream_end)
+        journal = taskrecords.board_rows(self.board)  # another host's agents' records are only there
+        stream = follow.task_log(self.ws.runs_path, found, claims, stream_end,
+                                 None if journal is None else self.locked(journal))
         return StreamingResponse(self.counted(stream), media_type="text/event-stream",
                                  headers={**HEADERS, "X-Accel-Buffering": "no"})
 
@@ -333,6 +342,7 @@ class Server:
         finally:
             self.sock.close()
             self.dashboard.board.close()
+            self.dashboard.spend.close()
 
     def start_thread(self) -> None:
         self._thread = threading.Thread(target=self.run, name="dashboard", daemon=True)

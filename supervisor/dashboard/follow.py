@@ -1,7 +1,8 @@
 """The task drawer's log as it happens: a task's transcript, tool calls and model calls, streamed as
 server-sent events the way `task log -f` prints them (same gatherer, same lines, same order).
 
-The agents' journals are plain files they append to (not the board), read again every
+The agents' journals are plain files they append to, and on a board that keeps the journal in its
+database (PostgreSQL) its rows too (another host's agents write only there), read again every
 FOLLOW_INTERVAL while a drawer is open, as `task log -f` does; who held the task when is read from
 the board (through its protocol) only when the end of the board's stream says it changed: every
 claim, release and recovery is an event.
@@ -25,10 +26,11 @@ UNREAD = object()  # the stream's end before the first look: unlike any end
 
 
 async def task_log(runs: Path, task_id: str, claims: Callable[[], list[tuple[str, str]]],
-                   stream_end: Callable[[], int]) -> AsyncIterator[bytes]:
+                   stream_end: Callable[[], int], rows: taskrecords.JournalRows | None = None) -> AsyncIterator[bytes]:
     """Every entry of the task's log so far, then each new one; `claims` reads who held it when,
-    `stream_end` the board's events_end (whose change says the claims may have changed)."""
-    gatherer = taskrecords.Gatherer(runs, task_id)
+    `stream_end` the board's events_end (whose change says the claims may have changed), `rows` the
+    journal the board keeps in its database (PostgreSQL: every host's agents write there), if any."""
+    gatherer = taskrecords.Gatherer(runs, task_id, rows)
     printed: set[taskrecords.Key] = set()
     held: list[tuple[str, str]] = []
     seen_end: Any = UNREAD

@@ -5,11 +5,13 @@ watch_events), so the page works the same over the file board and PostgreSQL.
 
 The wake-up, watched only while a client is connected: the board's own watch of its stream
 (watch_events: inotify on the file board), or where it has none (PostgreSQL) a look at the
-stream's end every POLL_INTERVAL; and inotify on the workspace's own files the page shows
+stream's end and the budget ledger's version every POLL_INTERVAL, and at the other hosts'
+heartbeats every HOSTS_LOOK; and inotify on the workspace's own files the page shows
 (runs/supervisor.json: every agent start, exit, restart; the budget ledger; each agent's saved
 breakers). Wake-ups are not the truth: the log is read by cursor after each, and once every
 SAFETY_RECHECK seconds on its own. The picture is built again only when its key (the stream's
-end, those files' states) changed, and shared by every client.
+end, the ledger's version, the hosts' heartbeats, those files' states) changed, and shared by
+every client.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from hermes_sup.kanban.events import CursorError, parse_cursor
 SAFETY_RECHECK = 10.0  # seconds: events are a wake-up; the log is read this often without one
 HELD_RECHECK = 10.0  # seconds: how stale a picture with a held task may grow (its lease left)
 POLL_INTERVAL = 0.1  # seconds between looks at the stream's end on a board that cannot watch it (PostgreSQL)
+HOSTS_LOOK = 1.0  # seconds between looks at the other hosts' heartbeats (a shared board), while a page is open
 KEEPALIVE = 15.0  # a comment line this often lets a dead connection be noticed and closed
 MAX_AGENT_WATCHES = 256  # agents' folders watched for their breakers (each an inotify watch; the rest: rechecked)
 WATCHED = frozenset({"supervisor.json", LEDGER_FILE})  # in runs/ (the board is watched through its protocol)
@@ -81,10 +84,13 @@ def resume_cursor(last_event_id: str | None, board: BoardStore) -> int | None:
 class Hub:
     """The clients' shared wake-up and picture. `build` makes the picture (reads the board)."""
 
-    def __init__(self, board: BoardStore, runs: Path, build: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, board: BoardStore, runs: Path, build: Callable[[], dict[str, Any]],
+                 spend: Callable[[], Any] = lambda: None, hosts: Callable[[], Any] = lambda: None) -> None:
         self.board = board  # read through the protocol alone, from worker threads
         self.runs = runs
         self.build = build
+        self.spend = spend  # the budget ledger's version where no file shows it (PostgreSQL), else None
+        self.hosts = hosts  # other hosts' heartbeats (their agents come with them), on a shared board
         self.generation = 0
         self.clients = 0
         self.builds = 0  # how many pictures were built: the "reads only when changed" test reads it
@@ -140,14 +146,22 @@ class Hub:
             return ("unreadable", type(exc).__name__)
 
     def _follow_board(self, halt: threading.Event, watched: bool) -> None:
-        """Wake the streams whenever the board's stream grows: at the board's own signal where it
-        watches its stream, else at each look every POLL_INTERVAL. Runs in a thread of its own until
-        `halt` is set."""
+        """Wake the streams whenever the board's stream grows (or, on a board whose budget ledger is in
+        its database, the spend changes): at the board's own signal where it watches its stream, else
+        at each look every POLL_INTERVAL; and when another host's heartbeat (its agents) changed, at a
+        look every HOSTS_LOOK. Runs in a thread of its own until `halt` is set."""
         signal = self.board.signal
-        last = self._stream_end()
+        last = self._stream_end(), self.spend()
+        hosts, hosts_at = self.hosts(), time.monotonic()
         while not halt.is_set():
             seen = signal.generation
-            end = self._stream_end()
+            end = self._stream_end(), self.spend()
+            if time.monotonic() - hosts_at >= HOSTS_LOOK:  # they beat every few seconds: no need for more
+                now = self.hosts()
+                hosts_at = time.monotonic()
+                if now != hosts:
+                    hosts = now
+                    self._wake()
             if end != last:
                 last = end
                 self._wake()
@@ -230,10 +244,11 @@ class Hub:
 
     def _key(self) -> Any:
         """What changes when anything the picture shows changes, read without reading the board: the
-        stream's end, the states of the workspace's files the page shows, the changes made here."""
+        stream's end, the budget ledger's version and the other hosts' heartbeats (PostgreSQL), the
+        states of the workspace's files the page shows, the changes made here."""
         files = [self.runs / "supervisor.json", self.runs / LEDGER_FILE,
                  *(folder / BREAKERS_FILE for folder in agent_folders(self.runs))]
-        return self._stream_end(), self.touched, tuple(map(file_state, files))
+        return self._stream_end(), self.spend(), self.hosts(), self.touched, tuple(map(file_state, files))
 
     def picture(self) -> dict[str, Any]:
         """The page's picture, built again only when its key changed, or once a HELD_RECHECK while a

@@ -8,21 +8,18 @@ taskrecords), so the page and the terminal never disagree.
 
 from __future__ import annotations
 
-import contextlib
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import psutil
+from hermes_sup.agents.ledger import LedgerError, open_reader
 from hermes_sup.kanban import BoardError, BoardStore
-from hermes_sup.kanban.liveness import holder_alive
+from hermes_sup.kanban.backends import DEFAULT_BACKEND, check_board_config
 
-from .. import render, taskrecords, team
-from ..cliargs import sane_state
+from .. import agentrows, render, taskrecords, team
 from ..doctor import breaker_states
-from ..runner import tree_rss_mb
-from ..statefile import read_state
 from ..usage import budget_standing, read_logs, summarize
 from ..workspace import ConfigError, Workspace, load_config
 
@@ -34,37 +31,22 @@ MAX_LOG_LINES = 2000
 
 def supervisor_state(ws: Workspace) -> tuple[dict[str, Any], bool]:
     """supervisor.json as the CLI may use it, and whether the supervisor it names runs."""
-    state = sane_state(read_state(ws.runs_path / "supervisor.json"))
-    pid, started = state.get("pid"), state.get("pid_started")
-    alive = isinstance(pid, int) and bool(started) and holder_alive(pid, started, None) is True
-    return state, alive
+    return agentrows.supervisor_state(ws.runs_path)
 
 
-def heartbeat(runs: Path, name: str, pid: object) -> str | None:
-    """When the agent `name` running as `pid` last said it was alive (its state.json), or None."""
-    state = read_state(runs / name / "state.json")
-    if not isinstance(state, dict) or state.get("pid") != pid or not isinstance(pid, int):
-        return None
-    beat = state.get("heartbeat")
-    return beat if isinstance(beat, str) and len(beat) <= 64 else None
+def host_agents(board: BoardStore) -> list[dict[str, Any]]:
+    """Every host's agents as published with its heartbeat (a shared board), or none just now."""
+    try:
+        return board.host_agents()
+    except (BoardError, OSError):
+        return []  # the database away: this host's agents are still shown, from supervisor.json
 
 
-def agent_rows(state: dict[str, Any], alive: bool, runs: Path) -> list[dict[str, Any]]:
-    """Per agent: host, pid, state, restarts, current task, rss, last exit, heartbeat time."""
-    rows = []
-    for name, agent in (state.get("agents") or {}).items():
-        pid = agent.get("pid")
-        running = alive and bool(pid) and holder_alive(pid, agent.get("pid_started"), None) is True
-        rss = None
-        if running:
-            with contextlib.suppress(psutil.Error):
-                rss = round(tree_rss_mb(pid), 1)
-        rows.append({"name": name, "host": HOST, "pid": pid if running else None,
-                     "state": agent.get("state") if alive else "not running",
-                     "restarts": agent.get("restarts"), "task": agent.get("task") if alive else None,
-                     "last_exit": agent.get("last_exit"), "held": agent.get("held"), "rss_mb": rss,
-                     "heartbeat": heartbeat(runs, name, pid) if running else None})
-    return rows
+def hosts_key(board: BoardStore, me: str) -> Any:
+    """What changes when another host's published agents may have (each heartbeat, a host falling
+    silent): read in the follower's look, without the agents themselves."""
+    return tuple((row.get("host"), row.get("heartbeat"), row.get("silent"))
+                 for row in host_agents(board) if row.get("host") != me)
 
 
 def usage_document(runs: Path) -> dict[str, Any]:
@@ -111,7 +93,8 @@ def recent_events(board: BoardStore, count: int = RECENT_EVENTS) -> list[dict[st
                 found += [record for at, record in batch.events if at <= end]
                 cursor = batch.cursor
             if len(found) >= count or start == 0:
-                return found[-count:]
+                # Each kind in its own words, as `hermes-sup events` prints it (one renderer for both).
+                return [{**record, "line": render.event_line(record)} for record in found[-count:]]
             window *= 2
     except (BoardError, OSError):
         return []  # not readable just now (a database gone): the events come again with the stream
@@ -119,12 +102,50 @@ def recent_events(board: BoardStore, count: int = RECENT_EVENTS) -> list[dict[st
 
 def budget_rows(ws: Workspace, now: float) -> tuple[list[dict[str, Any]], str | None]:
     """Spend against each cap of hermes.yaml's `budgets`, as `usage` shows it, and a note when they
-    cannot be shown. The one place the page reads spend: it follows `usage` wherever the ledger is."""
+    cannot be shown. The one place the page reads spend: it follows `usage` wherever the ledger is
+    (runs/budget.jsonl, or the board's database where every host's agents reserve)."""
     try:
-        budgets = load_config(ws.config_path).get("budgets")
-    except ConfigError as exc:
+        config = load_config(ws.config_path)
+        budgets = config.get("budgets")
+        if not budgets:
+            return [], None
+        return budget_standing(ws.runs_path, budgets, now, board=config.get("board"), host=config.get("host")), None
+    except (ConfigError, LedgerError) as exc:
         return [], f"budgets not shown: {exc}"
-    return budget_standing(ws.runs_path, budgets, now), None
+
+
+class LedgerVersion:
+    """What says that spend changed on a board whose ledger is in its database (PostgreSQL): the
+    ledger's version, one row read on a connection of its own, opened at the first look (a page
+    open) and kept until close(). On the file board None: runs/budget.jsonl is watched instead."""
+
+    def __init__(self, ws: Workspace) -> None:
+        self.ws = ws
+        self._ledger: Any = None
+        self._lock = threading.Lock()
+        try:
+            config = load_config(ws.config_path)
+            self._board, self._host = config.get("board"), config.get("host")
+            self.shared = check_board_config(self._board)["backend"] != DEFAULT_BACKEND
+        except (ConfigError, BoardError):  # changed since the board opened: budget_rows says what is wrong
+            self.shared = False
+
+    def __call__(self) -> Any:
+        if not self.shared:
+            return None
+        with self._lock:
+            try:
+                if self._ledger is None:  # a reader: a page open creates no table
+                    self._ledger = open_reader(self.ws.root, self._board, host=self._host)
+                return None if self._ledger is None else self._ledger.version()
+            except LedgerError:  # the database away just now: a marker, looked at again next time
+                return "unreadable"
+
+    def close(self) -> None:
+        with self._lock:
+            ledger, self._ledger = self._ledger, None
+        if ledger is not None:
+            ledger.close()
 
 
 def breaker_rows(runs: Path, now: float) -> list[dict[str, str]]:
@@ -133,16 +154,19 @@ def breaker_rows(runs: Path, now: float) -> list[dict[str, str]]:
             for agent, provider, level, words in breaker_states(runs, now)]
 
 
-def snapshot(board: BoardStore, ws: Workspace) -> dict[str, Any]:
-    """Everything the page draws at once."""
+def snapshot(board: BoardStore, ws: Workspace, host: str = HOST) -> dict[str, Any]:
+    """Everything the page draws at once; `host` is this one's name on the board (hermes.yaml `host:`)."""
     state, alive = supervisor_state(ws)
     now = time.time()
+    # This host's agents from supervisor.json (the local truth), every other host's as published.
+    agents = agentrows.agent_rows(state, alive, ws.runs_path, host) + \
+        agentrows.remote_rows(host_agents(board), host, now)
     document = board_document(board, ws, state, alive)
     budgets, budget_note = budget_rows(ws, now)
     usage = usage_document(ws.runs_path)
     usage["notes"] += [budget_note] if budget_note else []
-    return {"board": document, "recent": recent_events(board), "agents": agent_rows(state, alive, ws.runs_path),
-            "supervisor": {"running": alive, "pid": state.get("pid") if alive else None, "host": HOST},
+    return {"board": document, "recent": recent_events(board), "agents": agents,
+            "supervisor": {"running": alive, "pid": state.get("pid") if alive else None, "host": host},
             "usage": usage, "budgets": budgets, "breakers": breaker_rows(ws.runs_path, now),
             "held": document["counts"].get("doing", 0), "at": now}
 
@@ -152,7 +176,7 @@ def task_document(board: BoardStore, ws: Workspace, task_id: str) -> dict[str, A
     state, alive = supervisor_state(ws)
     doc = board.get(task_id)
     doc = team.with_reason(doc, team.explain(board, doc, team.load_team(ws, state, alive)))
-    raws, notes = taskrecords.gather(ws.runs_path, doc["id"])
+    raws, notes = taskrecords.gather(ws.runs_path, doc["id"], taskrecords.board_rows(board))
     entries = taskrecords.merge(raws, taskrecords.claims(doc))
     # As `task log` prints them (the page and the terminal agree); the newest part of a long log.
     lines = [line for entry in entries for line in render.log_lines(entry)]

@@ -90,15 +90,19 @@ function agentButton(name, command) {
     onclick: () => act(`/api/agent/${encodeURIComponent(name)}/${command}`, {}, `${command} ${name}`) }, command);
 }
 
+// Every host's agents: this one's from its supervisor (with the buttons, which command it), the
+// others' as their supervisors published them with their heartbeats, marked when that host fell silent.
 function drawAgents(agents) {
-  const rows = agents.map((a) => el("tr", { "data-agent": a.name },
-    el("td", {}, a.name), el("td", {}, a.host || ""), el("td", { class: "pid" }, a.pid ? String(a.pid) : "-"),
-    el("td", { class: "state" }, String(a.state ?? "-") + (a.held ? " (held)" : "")),
+  const rows = agents.map((a) => el("tr", { "data-agent": String(a.name), "data-host": String(a.host || ""),
+      "data-silent": a.silent ? "yes" : "no", class: a.silent ? "silent" : "" },
+    el("td", {}, String(a.name)), el("td", { class: "host" }, String(a.host || "")),
+    el("td", { class: "pid" }, a.pid ? String(a.pid) : "-"),
+    el("td", { class: "state" }, String(a.state ?? "-") + (a.held ? " (held)" : "") + (a.silent ? " (host silent)" : "")),
     el("td", { class: "restarts" }, String(a.restarts ?? 0)),
     el("td", {}, el("span", { class: "age", "data-at": a.heartbeat || "" }, age(a.heartbeat))),
-    el("td", {}, a.task || ""), el("td", {}, a.rss_mb != null ? `${a.rss_mb} MB` : ""),
-    el("td", {}, a.last_exit || ""),
-    el("td", {}, agentButton(a.name, "restart"), agentButton(a.name, "stop"), agentButton(a.name, "start"))));
+    el("td", { class: "task" }, a.task ? String(a.task) : ""), el("td", {}, a.rss_mb != null ? `${a.rss_mb} MB` : ""),
+    el("td", {}, a.last_exit ? String(a.last_exit) : ""),
+    el("td", {}, ...(a.remote ? [] : [agentButton(a.name, "restart"), agentButton(a.name, "stop"), agentButton(a.name, "start")]))));
   $("agents").tBodies[0].replaceChildren(...rows);
 }
 
@@ -149,9 +153,10 @@ function tickAges() {
 
 // -- the event stream --------------------------------------------------------------------------
 
+// The server renders each event as `hermes-sup events` prints it: a transition, a supervisor's or an
+// alert's event, each in its own words.
 function eventLine(e) {
-  return `${(e.at || "").slice(11, 19)} ${e.task || e.agent || "-"} ${e.from || "-"} → ${e.to || "-"} by ${e.by || "-"}` +
-    (e.note ? ` ${e.note}` : "");
+  return typeof e.line === "string" ? e.line : "";
 }
 
 // The newest events, newest first: the picture's own list (so a fresh page has them too).

@@ -1,0 +1,102 @@
+"""Every host's agents on a shared board: each supervisor publishes its agents with its heartbeat
+(announce_host, the hosts row's `agents`), any host reads them all (host_agents); the dashboard
+shows another host's as published, judged field by field, a silent host's marked."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hermes_sup.kanban import Board
+from hermes_sup.kanban.liveness import start_time
+from hermes_sup.supervisor.agentrows import published, remote_rows, seconds_since
+
+from .conftest import wait_until
+from .test_pg_store import Factory, make_store, schema  # noqa: F401 (fixtures)
+
+AGENT = {"name": "worker-1", "pid": 4242, "state": "running", "restarts": 2, "task": "t1", "last_exit": "exit 1",
+         "held": False, "rss_mb": 51.25, "heartbeat_age": 1.5}
+
+
+def test_each_host_publishes_its_agents_with_its_heartbeat_and_any_host_reads_them(make_store: Factory) -> None:  # noqa: F811
+    box_a, box_b = make_store("box-a", host_timeout=1.2), make_store("box-b", host_timeout=1.2)
+    said = [[AGENT]]
+    box_a.announce_host(lambda: said[0])
+
+    def failing() -> list[dict]:
+        raise RuntimeError("the summary broke")
+
+    box_b.announce_host(failing)  # says nothing of its agents, and still heartbeats
+    rows = {row["host"]: row for row in box_b.host_agents()}
+    assert rows["box-a"]["agents"] == [AGENT] and rows["box-a"]["silent"] is False
+    assert rows["box-b"]["agents"] is None and rows["box-b"]["silent"] is False
+    assert rows["box-a"]["heartbeat"].endswith("Z") and 0 <= rows["box-a"]["age"] < 1.2
+    # Each heartbeat says it again, as it is now (every sixth of host_timeout: 0.2 s here).
+    said[0] = [{**AGENT, "state": "backoff", "restarts": 3}]
+    wait_until(lambda: {r["host"]: r for r in box_b.host_agents()}["box-a"]["agents"][0]["restarts"] == 3,
+               timeout=30, interval=0.05)
+    box_a.close()  # its heartbeat stops: once host_timeout has passed it is silent, its agents as last said
+    wait_until(lambda: {r["host"]: r for r in box_b.host_agents()}["box-a"]["silent"], timeout=30, interval=0.1)
+    assert {r["host"]: r for r in box_b.host_agents()}["box-a"]["agents"][0]["state"] == "backoff"
+
+
+def test_a_summary_that_is_no_json_never_stops_the_heartbeat(make_store: Factory) -> None:  # noqa: F811
+    box_a, reader = make_store("box-a", host_timeout=1.2), make_store("reader")
+    box_a.announce_host(lambda: [{"name": "w", "odd": object()}])  # not JSON: nothing said, beats on
+    first = {r["host"]: r for r in reader.host_agents()}["box-a"]
+    assert first["agents"] is None
+    wait_until(lambda: {r["host"]: r for r in reader.host_agents()}["box-a"]["heartbeat"] != first["heartbeat"],
+               timeout=30, interval=0.05)
+
+
+def test_the_file_board_has_no_other_hosts(tmp_path: Path) -> None:
+    with Board(tmp_path / "kanban") as board:
+        board.announce_host(lambda: [AGENT])
+        assert board.host_agents() == []
+
+
+def test_another_hosts_agents_are_judged_field_by_field() -> None:
+    now = 1_800_000_000.0
+    hosts = [
+        {"host": "box-b", "age": 0.5, "silent": False, "agents": [AGENT]},  # this host: from supervisor.json
+        {"host": "box-a", "age": 2.0, "silent": False, "agents": [AGENT, "not an agent", {"pid": 1}]},
+        {"host": "box-c", "age": 90.0, "silent": True, "agents": [{
+            "name": "x" * 500, "pid": True, "state": {"$ne": 1}, "restarts": -1, "task": 7,
+            "last_exit": "<script>", "held": "yes", "rss_mb": float("nan"), "heartbeat_age": -3}]},
+        {"host": "box-d", "age": 1.0, "silent": False, "agents": None},  # published nothing
+        {"host": 12, "age": 1.0, "silent": False, "agents": [AGENT]},
+    ]
+    rows = remote_rows(hosts, "box-b", now)
+    assert [(row["host"], row["name"][:8]) for row in rows] == [("box-a", "worker-1"), ("box-c", "x" * 8)]
+    a, c = rows
+    assert a == {"name": "worker-1", "host": "box-a", "pid": 4242, "state": "running", "restarts": 2, "task": "t1",
+                 "last_exit": "exit 1", "held": False, "rss_mb": 51.2, "remote": True, "silent": False,
+                 "heartbeat": "2027-01-15T07:59:56.500000Z"}  # 1.5 s old when published, published 2 s ago
+    assert seconds_since(a["heartbeat"], now) == pytest.approx(3.5)
+    assert c == {"name": "x" * 200, "host": "box-c", "pid": None, "state": None, "restarts": None, "task": None,
+                 "last_exit": "<script>", "held": False, "rss_mb": None, "heartbeat": None, "remote": True,
+                 "silent": True}
+
+
+def test_published_reads_supervisor_json_as_this_host_wrote_it(tmp_path: Path) -> None:
+    """The supervisor (this test's process, alive) and its one agent (this process too, so its pid
+    is alive and its rss real), its heartbeat an age by this host's clock."""
+    runs = tmp_path / "runs"
+    (runs / "worker-1").mkdir(parents=True)
+    assert published(runs) == []  # no supervisor yet
+    me, started = os.getpid(), start_time(os.getpid())
+    (runs / "supervisor.json").write_text(json.dumps({"pid": me, "pid_started": started, "agents": {
+        "worker-1": {"pid": me, "pid_started": started, "state": "running", "restarts": 1, "task": "t9"}}}))
+    (runs / "worker-1" / "state.json").write_text(json.dumps({"pid": me, "heartbeat": "2026-01-15T08:00:00Z"}))
+    [row] = published(runs, now=1_768_464_012.5)
+    assert row.pop("rss_mb") > 1
+    assert row == {"name": "worker-1", "pid": me, "state": "running", "restarts": 1, "task": "t9",
+                   "last_exit": None, "held": False, "heartbeat_age": 12.5}
+
+
+def test_seconds_since() -> None:
+    assert seconds_since("2026-01-15T08:00:00Z", 1_768_464_010.0) == pytest.approx(10.0)
+    assert seconds_since("not a time", 0.0) is None and seconds_since(None, 0.0) is None
+
