@@ -231,7 +231,7 @@ def test_budgets_on_postgres_are_every_hosts_spend_and_wake_the_stream(database:
         assert first["budgets"] == [{"scope": "team", "cap": "total", "limit": 1.0, "spent": 0.0, "left": 1.0}]
         builds = server.dashboard.hub.builds
         for amount, ledger in zip((0.25, 0.125), ledgers, strict=True):
-            hold = ledger.reserve(agent="worker-1", task="t", amount=0.5, check=lambda entries: None)
+            hold = ledger.reserve(agent="worker-1", task="t", amount=0.5, check=lambda entries, now: None)
             ledger.settle(hold, amount)
 
         def spent(frame: dict[str, str]) -> bool:

@@ -91,12 +91,13 @@ def test_the_event_stream_by_cursor_with_appended_records(board: PgStore) -> Non
     start = board.events_end()
     board.check_cursor(start)
     board.add({"id": "a", "title": "a"})
-    board.append_event({"kind": "supervisor", "at": "2026-01-01T00:00:00Z", "note": "up"})
+    board.append_event({"kind": "supervisor", "at": "2026-01-01T00:00:00Z", "event": "up", "note": "up"})
     board.cancel("a")
     read = board.events_since(start)
     assert isinstance(read, CursorRead) and read.bad == 0 and not read.restarted
-    assert [e.get("kind") or e["to"] for _c, e in read.events] == ["todo", "supervisor", "cancelled"]
-    assert read.events[1][1] == {"kind": "supervisor", "at": "2026-01-01T00:00:00Z", "note": "up"}
+    assert [e["to"] if e["kind"] == "board" else e["kind"] for _c, e in read.events] == [
+        "todo", "supervisor", "cancelled"]
+    assert read.events[1][1] == {"kind": "supervisor", "at": "2026-01-01T00:00:00Z", "event": "up", "note": "up"}
     cursors = [c for c, _e in read.events]
     assert cursors == sorted(cursors) and read.cursor == cursors[-1] == board.events_end()
     assert board.events_since(cursors[0], max_events=1).events == read.events[1:2]
@@ -107,6 +108,10 @@ def test_the_event_stream_by_cursor_with_appended_records(board: PgStore) -> Non
     assert again.restarted and [c for c, _e in again.events][-3:] == cursors
     with pytest.raises(OSError):
         board.append_event({"kind": "agent", "note": "x" * 300_000})
+    # A record that is no event of ours (no `event` named) is passed over, counted as bad, its cursor spent.
+    board.append_event({"kind": "supervisor", "at": "2026-01-01T00:00:00Z", "note": "no event named"})
+    skipped = board.events_since(read.cursor)
+    assert skipped.events == [] and skipped.bad == 1 and skipped.cursor == board.events_end() > read.cursor
 
 
 def test_watching_health_and_quarantine(board: PgStore) -> None:

@@ -82,7 +82,7 @@ class StreamMixin:
         end = read[-1][0] if read else start
         why = (f"cursor {cursor} is past the newest event of the board database ({self.dsn_env}): it comes from "
                "another board or one that was recreated" if restarted else "")
-        return CursorRead(found, end, 0, restarted=restarted, why=why)
+        return CursorRead(found, end, len(read) - len(found), restarted=restarted, why=why)
 
     def events_end(self: PgStore) -> int:
         """The newest committed event's cursor. Not the sequence's: that may be a rolled-back writer's,
