@@ -202,6 +202,49 @@ def test_the_drawers_log_shows_another_hosts_journal_from_postgres(database: str
         server.stop()
 
 
+def llm_record(task: str, call: str, cost: float, at: str) -> dict:
+    return {"task": task, "call": call, "at": at, "provider": "p", "model": "m", "outcome": "ok",
+            "tokens_in": 10, "tokens_out": 5, "tokens_cached": 0, "cost_usd": cost}
+
+
+def test_the_pages_usage_is_the_whole_teams_as_usage_says(database: str, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """box-a's model calls are in its own runs/ and the board's database, never in box-b's runs/:
+    box-b's page counts them in its header and on their task's card, the figures `usage --json`
+    gives on box-b (box-b's own call, in its file and the database, counted once)."""
+    from hermes_sup.kanban.pg import open_store
+
+    env = {**os.environ, DSN_ENV: database}
+    monkeypatch.setenv(DSN_ENV, database)
+    ws = pg_workspace(tmp_path, env, "host: box-b\n")
+    box_a = open_store({"dsn_env": DSN_ENV}, host="box-a")
+    box_b = open_store({"dsn_env": DSN_ENV}, host="box-b")
+    server = Server(find_workspace(ws), Settings(host="127.0.0.1", port=0))
+    server.start_thread()
+    try:
+        wait_until(lambda: server.server.started, timeout=30)
+        for store, task, agent, work in ((box_a, "on-a", "worker-a", tmp_path / "box-a-work"),
+                                         (box_b, "on-b", "worker-b", ws / "runs" / "worker-b")):
+            store.add({"id": task, "title": task, "role": agent}, by="cli")
+            token = store.claim(agent, roles=[agent])["claim"]["token"]
+            journal = store.task_journal(task, token, agent, work)
+            for number in range(2 if task == "on-a" else 1):
+                journal.append_llm_call(llm_record(task, f"{task}-{number}", 0.25, f"2026-01-01T00:00:0{number}Z"))
+            journal.close()
+        said = json.loads(run(env, "-w", str(ws), "usage", "--json").stdout)
+        assert said["total"]["calls"] == 3 and said["tasks"]["on-a"]["cost_usd"] == 0.5, said
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/api/snapshot", timeout=30) as answer:
+            usage = json.loads(answer.read())["usage"]
+        assert usage["total"] == said["total"]  # the header
+        assert usage["agents"] == said["agents"]
+        for task in ("on-a", "on-b"):  # each card's cost
+            assert usage["tasks"][task] == {key: said["tasks"][task][key] for key in ("cost_usd", "calls")}
+    finally:
+        box_a.close()
+        box_b.close()
+        server.stop()
+
+
 def budget_config(total: float, host: str) -> str:
     return (f"prices:\n  m: {{input: 0, output: 1000}}\nbudgets:\n  team: {{total: {total}}}\nhost: {host}\n"
             "agents:\n  - name: worker\n    count: 1\n")
