@@ -235,6 +235,15 @@ class BoardStore(Protocol):
         """The cursor after the last complete event: a reader starting now sees only later events."""
         ...
 
+    def events_marker(self) -> Any:
+        """A cheap look at the stream for a reader that looks often (the dashboard, 10 times a second):
+        a value that differs from an earlier one whenever the stream may have grown or been replaced
+        since (it may differ without that too, never the other way round), read without any lock and
+        in one read (the file board: its log's inode, size and time; PostgreSQL: the cursor sequence's
+        last value, in one statement). Read it before `events_end`: while it stays equal, so does
+        that. Raises BoardError or OSError when it cannot be read."""
+        ...
+
     def check_cursor(self, cursor: int) -> None:
         """Raise events.CursorError unless `cursor` is one this board's log can continue from."""
         ...

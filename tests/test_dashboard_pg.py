@@ -105,6 +105,56 @@ def test_the_stream_follows_a_postgres_board_through_the_protocol(database: str,
         server.stop()
 
 
+def test_a_quiet_postgres_board_is_looked_at_without_the_events_lock(database: str, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a page is open and nothing happens, the follower's looks (10 a second) read the stream's
+    lock-free marker and never events_end (which takes the events lock exclusively, queueing writers
+    behind it); a new event is still on the page within a second or two."""
+    import time
+
+    env = {**os.environ, DSN_ENV: database}
+    monkeypatch.setenv(DSN_ENV, database)
+    ws = pg_workspace(tmp_path, env)
+    monkeypatch.setattr(sse, "SAFETY_RECHECK", 3600.0)
+    monkeypatch.setattr(sse, "KEEPALIVE", 3600.0)
+    server = Server(find_workspace(ws), Settings(host="127.0.0.1", port=0))
+    server.start_thread()
+    client = None
+    try:
+        wait_until(lambda: server.server.started, timeout=30)
+        board, hub = server.dashboard.board, server.dashboard.hub
+        ends, looks = [0], [0]
+        real_end, real_spend = board.events_end, hub.spend
+
+        def counted_end() -> int:
+            ends[0] += 1
+            return real_end()
+
+        def counted_spend():  # called once at each look of the follower
+            looks[0] += 1
+            return real_spend()
+
+        monkeypatch.setattr(board, "events_end", counted_end)
+        monkeypatch.setattr(hub, "spend", counted_spend)
+        client = Stream(server.port)
+        client.until(lambda f: f["event"] == "snapshot")
+        wait_until(lambda: looks[0] >= 3, timeout=30)  # the follower runs, its first look made
+        quiet_from, looked_from = ends[0], looks[0]
+        wait_until(lambda: looks[0] >= looked_from + 30, timeout=60)
+        assert ends[0] == quiet_from, f"{ends[0] - quiet_from} events_end over {looks[0] - looked_from} quiet looks"
+        started = time.monotonic()
+        run(env, "-w", str(ws), "task", "add", "Seen", "--id", "seen", "--role", "nobody")
+        added = time.monotonic()
+        client.until(lambda f: f["event"] == "snapshot" and json.loads(f["data"])["board"]["counts"]["todo"] == 1,
+                     timeout=30)
+        assert time.monotonic() - added < 5.0, (added - started, time.monotonic() - added)
+        assert ends[0] > quiet_from  # the end read again once the marker moved
+    finally:
+        if client is not None:
+            client.close()
+        server.stop()
+
+
 def test_recent_events_on_postgres_are_the_newest(database: str, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     env = {**os.environ, DSN_ENV: database}

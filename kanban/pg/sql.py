@@ -116,6 +116,11 @@ EVENTS_SINCE = """SELECT cursor, to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH
 # itself, which may be a rolled-back writer's cursor, one a crash can hand out again.
 EVENTS_LAST = "SELECT COALESCE(max(cursor), 0) AS last FROM events WHERE cursor <= %(bound)s"
 EVENTS_LOCK = 0x6873
+# A look that takes no lock (the sequence's value moves at every cursor taken, committed or not), with
+# the sequence's identity (a schema recreated) and the server's start (after a crash the sequence
+# may hand out a value it gave before, to another event).
+EVENTS_MARKER = """SELECT to_regclass('events_cursor_seq')::oid AS seq,
+    pg_sequence_last_value(to_regclass('events_cursor_seq')) AS last, pg_postmaster_start_time() AS started"""
 RECORD = "INSERT INTO events (task, by, record) VALUES ('', %(kind)s, %(record)s) RETURNING cursor"
 END_RUN = "UPDATE runs SET ended_at = now(), outcome = %(outcome)s WHERE fence = %(token)s AND ended_at IS NULL"
 

@@ -28,7 +28,7 @@ UNREAD = object()  # the stream's end before the first look: unlike any end
 async def task_log(runs: Path, task_id: str, claims: Callable[[], list[tuple[str, str]]],
                    stream_end: Callable[[], int], rows: taskrecords.JournalRows | None = None) -> AsyncIterator[bytes]:
     """Every entry of the task's log so far, then each new one; `claims` reads who held it when,
-    `stream_end` the board's events_end (whose change says the claims may have changed), `rows` the
+    `stream_end` the board stream's end (whose change says the claims may have changed), `rows` the
     journal the board keeps in its database (PostgreSQL: every host's agents write there), if any."""
     gatherer = taskrecords.Gatherer(runs, task_id, rows)
     printed: set[taskrecords.Key] = set()
