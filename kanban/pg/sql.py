@@ -174,15 +174,20 @@ JOURNAL_INSERT = """INSERT INTO journal (task_id, fence, kind, agent, name, entr
     VALUES (%(id)s, %(token)s, %(kind)s, %(agent)s, %(name)s, %(entry)s::jsonb)"""
 
 JOURNAL_ROWS = """SELECT seq, fence, task_id, kind, agent, name, entry FROM journal
-    WHERE task_id = %(id)s AND kind = %(kind)s
+    WHERE task_id = %(id)s AND kind = %(kind)s AND seq > %(after)s
       AND (%(agents)s::text[] IS NULL OR agent = ANY(%(agents)s::text[]))
       AND (%(name)s::text IS NULL OR name = %(name)s::text)
     ORDER BY seq"""
 
+# What a task's journal holds, per kind, agent and name: how many rows and the newest seq (no entry
+# is sent), so a reader that follows it reads rows again only when they changed.
+JOURNAL_MARKS = """SELECT kind, agent, name, count(*) AS rows, max(seq) AS last FROM journal
+    WHERE task_id = %(id)s GROUP BY kind, agent, name ORDER BY kind, agent, name"""
+
 # Every task's (`usage` reads the team's model calls): a statement of its own, so the one above
 # keeps its plan on the task's index.
 JOURNAL_ROWS_ALL = """SELECT seq, fence, task_id, kind, agent, name, entry FROM journal
-    WHERE kind = %(kind)s
+    WHERE kind = %(kind)s AND seq > %(after)s
       AND (%(agents)s::text[] IS NULL OR agent = ANY(%(agents)s::text[]))
       AND (%(name)s::text IS NULL OR name = %(name)s::text)
     ORDER BY seq"""

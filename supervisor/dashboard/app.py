@@ -244,7 +244,8 @@ class Dashboard:
 
         journal = taskrecords.board_rows(self.board)  # another host's agents' records are only there
         stream = follow.task_log(self.ws.runs_path, found, claims, stream_end,
-                                 None if journal is None else self.locked(journal))
+                                 None if journal is None else self.locked(journal),
+                                 self.locked(self.board.journal_marks))
         return StreamingResponse(self.counted(stream), media_type="text/event-stream",
                                  headers={**HEADERS, "X-Accel-Buffering": "no"})
 
