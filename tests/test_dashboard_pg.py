@@ -149,6 +149,30 @@ def test_a_quiet_postgres_board_is_looked_at_without_the_events_lock(database: s
                      timeout=30)
         assert time.monotonic() - added < 5.0, (added - started, time.monotonic() - added)
         assert ends[0] > quiet_from  # the end read again once the marker moved
+
+        # An open drawer looks every 0.25 s the same way, and reads no journal row while none is new.
+        marks, rows = [0], [0]
+        real_marks, real_rows = board.journal_marks, board.journal_rows
+
+        def counted_marks(task_id: str):
+            marks[0] += 1
+            return real_marks(task_id)
+
+        def counted_rows(*args, **kwargs):
+            rows[0] += 1
+            return real_rows(*args, **kwargs)
+
+        monkeypatch.setattr(board, "journal_marks", counted_marks)
+        monkeypatch.setattr(board, "journal_rows", counted_rows)
+        drawer = Stream(server.port, path="/api/task/seen/log")
+        try:
+            wait_until(lambda: marks[0] >= 2, timeout=30)  # its first look, with its end, made
+            drawer_from, rows_from, marks_from = ends[0], rows[0], marks[0]
+            wait_until(lambda: marks[0] >= marks_from + 12, timeout=60)
+            assert ends[0] == drawer_from, f"{ends[0] - drawer_from} events_end over {marks[0] - marks_from} looks"
+            assert rows[0] == rows_from, "a quiet journal is not read again"
+        finally:
+            drawer.close()
     finally:
         if client is not None:
             client.close()
