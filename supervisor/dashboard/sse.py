@@ -95,7 +95,6 @@ class StreamEnd:
 
     def __init__(self, board: BoardStore) -> None:
         self.board = board
-        self.ends = 0  # events_end reads (the "no lock while nothing happens" test counts them)
         self._known: tuple[Any, int] | None = None
         self._lock = threading.Lock()
 
@@ -108,7 +107,6 @@ class StreamEnd:
             end = known_end(marker, self._known)
         if end is not None:
             return end
-        self.ends += 1
         end = self.board.events_end()
         with self._lock:
             self._known = None if marker is None else (marker, end)
@@ -130,7 +128,6 @@ class Hub:
         self.clients = 0
         self.builds = 0  # how many pictures were built: the "reads only when changed" test reads it
         self.turns = 0  # how many times a stream looked for news (woken, or on its own)
-        self.looks = 0  # how many times the follower looked at the board
         self.touched = 0  # changes no key shows (a comment made here): each one builds the picture again
         self._events: set[asyncio.Event] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -190,7 +187,6 @@ class Hub:
         last = self._stream_end(), self.spend()
         hosts, hosts_at = self.hosts(), time.monotonic()
         while not halt.is_set():
-            self.looks += 1
             seen = signal.generation
             end = self._stream_end(), self.spend()
             if time.monotonic() - hosts_at >= HOSTS_LOOK:  # they beat every few seconds: no need for more
