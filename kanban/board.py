@@ -233,8 +233,12 @@ class Board(IngestMixin, NotesMixin, WaitingMixin, Claims):
         return FileTaskJournal(Path(workdir), task_id)
 
     def journal_rows(self, task_id: str | None, kind: str, *, agents: Iterable[str] | None = None,
-                     name: str | None = None) -> list[dict[str, Any]] | None:
+                     name: str | None = None, after: int = 0) -> list[dict[str, Any]] | None:
         """None: the file board keeps no journal rows; its journals are the agents' files."""
+        return None
+
+    def journal_marks(self, task_id: str) -> list[dict[str, Any]] | None:
+        """None: no journal rows (a follower reads the agents' files by offset)."""
         return None
 
     def journal_prune(self, task_ids: Iterable[str], *, dry_run: bool = False) -> dict[str, int] | None:

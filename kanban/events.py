@@ -185,6 +185,16 @@ class CursorRead:
     why: str = ""  # when restarted, what happened, in the backend's words (a file's path, or none)
 
 
+def log_marker(path: Path) -> tuple[int, int, int, int] | None:
+    """What changes whenever the log at `path` is appended to or replaced: its device, inode, size
+    and modification time (one stat, no lock); None while there is no log."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
+
+
 def read_since(path: Path, cursor: int, max_events: int = 10_000, inode: int | None = None) -> CursorRead:
     """The complete events after `cursor` (at most `max_events`, so a long log streams in parts);
     a last line still being written is left for the next call. A line too long is skipped without

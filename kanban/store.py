@@ -192,13 +192,23 @@ class BoardStore(Protocol):
         ...
 
     def journal_rows(self, task_id: str | None, kind: str, *, agents: Iterable[str] | None = None,
-                     name: str | None = None) -> list[dict[str, Any]] | None:
+                     name: str | None = None, after: int = 0) -> list[dict[str, Any]] | None:
         """The journal rows this board keeps of a task (None: of every task), for readers on any host
         (`task log`, `usage`): those of one `kind` (message, tool, llm), of `agents` (None: every
-        agent's) and, for messages, of one transcript `name`, in the order written; each {seq, fence,
+        agent's), for messages of one transcript `name`, and with a seq above `after` (a follower
+        reads only what is new: seqs grow in the order written; see `journal_marks` for what else
+        may have changed), in the order written; each {seq, fence,
         task_id, kind, agent, name, entry}, `entry` as written (a reader checks it is a record).
         Reads are not fenced. None when the board keeps no journal rows at all (the file board: the
         journal is the agents' files, read there), so a reader tells "kept elsewhere" from "nothing yet"."""
+        ...
+
+    def journal_marks(self, task_id: str) -> list[dict[str, Any]] | None:
+        """What the task's journal rows are now, without reading them: per kind, agent and transcript
+        name, {kind, agent, name, rows (how many), last (the newest seq)}, in one read. A follower
+        that holds rows whose marks are these holds them all; any other change (a transcript set
+        aside under another name, a row committed late with a smaller seq, rows pruned) changes
+        them. None when the board keeps no journal rows (the file board)."""
         ...
 
     def journal_prune(self, task_ids: Iterable[str], *, dry_run: bool = False) -> dict[str, int] | None:
@@ -233,6 +243,15 @@ class BoardStore(Protocol):
 
     def events_end(self) -> int:
         """The cursor after the last complete event: a reader starting now sees only later events."""
+        ...
+
+    def events_marker(self) -> Any:
+        """A cheap look at the stream for a reader that looks often (the dashboard, 10 times a second):
+        a value that differs from an earlier one whenever the stream may have grown or been replaced
+        since (it may differ without that too, never the other way round), read without any lock and
+        in one read (the file board: its log's inode, size and time; PostgreSQL: the cursor sequence's
+        last value, in one statement). Read it before `events_end`: while it stays equal, so does
+        that. Raises BoardError or OSError when it cannot be read."""
         ...
 
     def check_cursor(self, cursor: int) -> None:

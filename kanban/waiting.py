@@ -14,7 +14,7 @@ from typing import Any
 from watchdog.events import FileCreatedEvent, FileModifiedEvent, FileMovedEvent, FileSystemEvent, FileSystemEventHandler
 
 from .base import ALLOW_NETWORK_FS_ENV, TaskDoc
-from .events import CursorRead, append_record, check_cursor, read_since
+from .events import CursorRead, append_record, check_cursor, log_marker, read_since
 from .watch import ChangeSignal
 
 # How long a waiting claimer sleeps between rescans when no event wakes it.
@@ -70,6 +70,9 @@ class WaitingMixin:
 
     def events_end(self) -> int:
         return _log_end(self.events_path)
+
+    def events_marker(self) -> Any:
+        return log_marker(self.events_path)
 
     def check_cursor(self, cursor: int) -> None:
         check_cursor(self.events_path, cursor)

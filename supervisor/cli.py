@@ -50,7 +50,7 @@ from .procs import tree_rss_mb
 from .spec import build_specs
 from .statefile import read_state
 from .sweep import LOCK_FILE, sweep
-from .usage import board_model_calls, budget_standing_noted, read_logs, summarize, team_records
+from .usage import board_model_calls, budget_standing_noted, summarize, team_calls
 from .workspace import (
     PRIVATE_UMASK,
     SHARED_UMASK,
@@ -679,11 +679,8 @@ def usage(ctx: click.Context, as_json: bool) -> None:
     """Tokens and cost per agent, per task and per provider, from the LLM-call logs (on a shared
     board, every host's)."""
     ws = workspace_of(ctx)
-    records, notes = read_logs(ws.runs_path)
-    if board_settings(ws)[0].get("backend") != "files":  # a shared board: the other hosts' calls too
-        rows, board_notes = board_model_calls(lambda: open_board(ctx))
-        records, merge_notes = team_records(records, rows)
-        notes += board_notes + merge_notes
+    shared = board_settings(ws)[0].get("backend") != "files"  # a shared board: the other hosts' calls too
+    records, notes = team_calls(ws.runs_path, (lambda: board_model_calls(lambda: open_board(ctx))) if shared else None)
     summary = summarize(records)
     try:
         config = load_config(ws.config_path)

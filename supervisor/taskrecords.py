@@ -154,8 +154,34 @@ def for_task(source: Source, records: list[dict[str, Any]], task_id: str) -> lis
 
 # The kinds of the board database's journal rows (kanban/pg/journal.py), as the journals here name them.
 DB_KINDS = {"message": "message", "tool": "tool", "llm": "model"}
-# A board's `journal_rows(task_id, kind)`: its rows, or None when it keeps none (the file board).
-JournalRows = Callable[[str, str], list[dict[str, Any]] | None]
+# A board's `journal_rows(task_id, kind, after=0)`: its rows, or None when it keeps none (the file board).
+JournalRows = Callable[..., list[dict[str, Any]] | None]
+# A board's `journal_marks(task_id)`: what its rows of the task are, without them (see the protocol).
+JournalMarks = Callable[[str], list[dict[str, Any]] | None]
+Marks = dict[tuple[str, str, str], tuple[int, int]]
+
+
+def marks_of(rows: Iterable[dict[str, Any]]) -> Marks:
+    """Per (kind, agent, name) of journal rows: how many and the newest seq, as `journal_marks` says
+    them of the database's (pure)."""
+    found: Marks = {}
+    for row in rows:
+        key = (str(row.get("kind")), str(row.get("agent")), str(row.get("name")))
+        count, last = found.get(key, (0, 0))
+        found[key] = (count + 1, max(last, _seq(row)))
+    return found
+
+
+def _seq(row: dict[str, Any]) -> int:
+    seq = row.get("seq")
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) else 0
+
+
+def marks_read(marks: Iterable[dict[str, Any]]) -> Marks:
+    """`journal_marks` rows of the kinds shown as `marks_of` has them (pure)."""
+    return {(str(m.get("kind")), str(m.get("agent")), str(m.get("name"))): (int(m.get("rows") or 0),
+                                                                             int(m.get("last") or 0))
+            for m in marks if m.get("kind") in DB_KINDS}
 
 
 def board_rows(board: BoardStore) -> JournalRows:
@@ -199,24 +225,67 @@ class Gatherer:
     board that keeps the journal in its database (`rows`: PostgreSQL), that journal too: another
     host's agents' records are only there."""
 
-    def __init__(self, runs: Path, task_id: str, rows: JournalRows | None = None) -> None:
+    def __init__(self, runs: Path, task_id: str, rows: JournalRows | None = None,
+                 marks: JournalMarks | None = None) -> None:
         self.runs = runs
         self.task_id = task_id
         self.rows = rows
+        # With `marks` (the board's journal_marks) the database's rows are read again only when their
+        # marks moved, and then only those after the newest held, unless the marks say more changed.
+        self.marks = marks
+        self.held: dict[str, list[dict[str, Any]]] | None = None  # the database's rows, by kind
+        self.held_marks: Marks = {}
+        self.rows_read = 0  # rows read from the database (the "bounded per poll" test counts them)
+        self._shown: tuple[Any, list[str]] = (None, [])  # the rows db_raws last made raws of, its notes
         self.offsets: dict[Source, int] = {}
         self.inodes: dict[Source, int | None] = {}
         self.raws: dict[Source, Raw] = {}
         self.rewritten: set[Source] = set()  # transcripts rewritten (compressed) since the last poll
         self.in_db: set[Source] = set()
 
-    def _poll_db(self, rows: JournalRows) -> list[str]:
-        """Read the database's journal whole again (its transcripts are renamed, not appended to,
-        when replaced): a transcript that no longer starts as it did was rewritten."""
+    def _read_db(self, rows: JournalRows) -> dict[str, list[dict[str, Any]]] | None:
+        """The database's journal rows of the task, by kind: all of them, or with `marks` those held
+        and the new ones, read whole again only when the marks say more than appends happened (a
+        transcript set aside under another name, a row committed late, rows pruned). None: a board
+        that keeps none; what is held when nothing changed."""
+        if self.marks is None:
+            found = {kind: rows(self.task_id, kind) for kind in DB_KINDS}
+            self.rows_read += sum(len(kind_rows or []) for kind_rows in found.values())
+            return None if any(kind_rows is None for kind_rows in found.values()) else \
+                {kind: kind_rows for kind, kind_rows in found.items() if kind_rows is not None}
+        said = self.marks(self.task_id)
+        if said is None:
+            return None
+        now = marks_read(said)
+        if self.held is not None and now == self.held_marks:
+            return self.held
+        if self.held is not None:
+            after = max((last for _count, last in self.held_marks.values()), default=0)
+            new = {kind: rows(self.task_id, kind, after=after) or [] for kind in DB_KINDS}
+            self.rows_read += sum(map(len, new.values()))
+            grown = {kind: self.held[kind] + new[kind] for kind in DB_KINDS}
+            if marks_of(row for kind_rows in grown.values() for row in kind_rows) == now:
+                self.held, self.held_marks = grown, now
+                return grown
         found = {kind: rows(self.task_id, kind) for kind in DB_KINDS}
-        kept = {kind: kind_rows for kind, kind_rows in found.items() if kind_rows is not None}
-        if len(kept) < len(found):  # a board that keeps no journal rows: the files are all there is
+        if any(kind_rows is None for kind_rows in found.values()):
+            return None
+        whole = {kind: kind_rows or [] for kind, kind_rows in found.items()}
+        self.rows_read += sum(map(len, whole.values()))
+        # Marked by what was read: a change after the marks were read is seen at the next poll.
+        self.held, self.held_marks = whole, marks_of(row for kind_rows in whole.values() for row in kind_rows)
+        return whole
+
+    def _poll_db(self, rows: JournalRows) -> list[str]:
+        """Read the database's journal (its transcripts are renamed, not appended to, when replaced):
+        a transcript that no longer starts as it did was rewritten."""
+        kept = self._read_db(rows)
+        if kept is None:  # a board that keeps no journal rows: the files are all there is
             return []
+        if kept is self._shown[0]:  # nothing changed: what was made of it stands, its notes said again
+            return list(self._shown[1])
         raws, notes = db_raws(kept, self.task_id)
+        self._shown = (kept, notes)
         current = {raw.source: raw for raw in raws}
         for source in self.in_db - set(current):
             del self.raws[source]

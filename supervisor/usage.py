@@ -144,14 +144,40 @@ def team_records(local: list[tuple[str, dict[str, Any]]], rows: list[dict[str, A
     return merged, notes
 
 
+def _unread_note(exc: Exception) -> list[str]:
+    return [f"only this host's model calls are shown: the board's journal could not be read ({exc})"]
+
+
 def board_model_calls(open_board: Callable[[], BoardStore]) -> tuple[list[dict[str, Any]] | None, list[str]]:
     """Every host's model calls as the board keeps them (its journal's llm rows; None from a board
     that keeps none), or None and a note when the board cannot be read: this host's then stand alone."""
     try:
         with open_board() as board:
-            return board.journal_rows(None, "llm"), []
+            return open_board_model_calls(board)
     except (BoardError, ConfigError) as exc:
-        return None, [f"only this host's model calls are shown: the board's journal could not be read ({exc})"]
+        return None, _unread_note(exc)
+
+
+def open_board_model_calls(board: BoardStore) -> tuple[list[dict[str, Any]] | None, list[str]]:
+    """`board_model_calls` of a board already open (the dashboard's), left open."""
+    try:
+        return board.journal_rows(None, "llm"), []
+    except (BoardError, OSError) as exc:
+        return None, _unread_note(exc)
+
+
+def team_calls(runs: Path, rows: Callable[[], tuple[list[dict[str, Any]] | None, list[str]]] | None
+               ) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+    """The model calls `usage` counts, and notes: this host's logs (runs/), and on a shared board
+    (`rows`: `board_model_calls` or `open_board_model_calls`; None on the file board, which keeps
+    no rows) every host's as its database keeps them, each call once (`team_records`). The one
+    place `usage` and the dashboard read the team's spend from, so they never disagree."""
+    records, notes = read_logs(runs)
+    if rows is None:
+        return records, notes
+    found, board_notes = rows()
+    records, merge_notes = team_records(records, found)
+    return records, notes + board_notes + merge_notes
 
 
 def budget_standing(runs: Path, budgets: Any, now: float, *, board: Any = None,

@@ -105,6 +105,80 @@ def test_the_stream_follows_a_postgres_board_through_the_protocol(database: str,
         server.stop()
 
 
+def test_a_quiet_postgres_board_is_looked_at_without_the_events_lock(database: str, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a page is open and nothing happens, the follower's looks (10 a second) read the stream's
+    lock-free marker and never events_end (which takes the events lock exclusively, queueing writers
+    behind it); a new event is still on the page within a second or two."""
+    import time
+
+    env = {**os.environ, DSN_ENV: database}
+    monkeypatch.setenv(DSN_ENV, database)
+    ws = pg_workspace(tmp_path, env)
+    monkeypatch.setattr(sse, "SAFETY_RECHECK", 3600.0)
+    monkeypatch.setattr(sse, "KEEPALIVE", 3600.0)
+    server = Server(find_workspace(ws), Settings(host="127.0.0.1", port=0))
+    server.start_thread()
+    client = None
+    try:
+        wait_until(lambda: server.server.started, timeout=30)
+        board, hub = server.dashboard.board, server.dashboard.hub
+        ends, looks = [0], [0]
+        real_end, real_spend = board.events_end, hub.spend
+
+        def counted_end() -> int:
+            ends[0] += 1
+            return real_end()
+
+        def counted_spend():  # called once at each look of the follower
+            looks[0] += 1
+            return real_spend()
+
+        monkeypatch.setattr(board, "events_end", counted_end)
+        monkeypatch.setattr(hub, "spend", counted_spend)
+        client = Stream(server.port)
+        client.until(lambda f: f["event"] == "snapshot")
+        wait_until(lambda: looks[0] >= 3, timeout=30)  # the follower runs, its first look made
+        quiet_from, looked_from = ends[0], looks[0]
+        wait_until(lambda: looks[0] >= looked_from + 30, timeout=60)
+        assert ends[0] == quiet_from, f"{ends[0] - quiet_from} events_end over {looks[0] - looked_from} quiet looks"
+        started = time.monotonic()
+        run(env, "-w", str(ws), "task", "add", "Seen", "--id", "seen", "--role", "nobody")
+        added = time.monotonic()
+        client.until(lambda f: f["event"] == "snapshot" and json.loads(f["data"])["board"]["counts"]["todo"] == 1,
+                     timeout=30)
+        assert time.monotonic() - added < 5.0, (added - started, time.monotonic() - added)
+        assert ends[0] > quiet_from  # the end read again once the marker moved
+
+        # An open drawer looks every 0.25 s the same way, and reads no journal row while none is new.
+        marks, rows = [0], [0]
+        real_marks, real_rows = board.journal_marks, board.journal_rows
+
+        def counted_marks(task_id: str):
+            marks[0] += 1
+            return real_marks(task_id)
+
+        def counted_rows(*args, **kwargs):
+            rows[0] += 1
+            return real_rows(*args, **kwargs)
+
+        monkeypatch.setattr(board, "journal_marks", counted_marks)
+        monkeypatch.setattr(board, "journal_rows", counted_rows)
+        drawer = Stream(server.port, path="/api/task/seen/log")
+        try:
+            wait_until(lambda: marks[0] >= 2, timeout=30)  # its first look, with its end, made
+            drawer_from, rows_from, marks_from = ends[0], rows[0], marks[0]
+            wait_until(lambda: marks[0] >= marks_from + 12, timeout=60)
+            assert ends[0] == drawer_from, f"{ends[0] - drawer_from} events_end over {marks[0] - marks_from} looks"
+            assert rows[0] == rows_from, "a quiet journal is not read again"
+        finally:
+            drawer.close()
+    finally:
+        if client is not None:
+            client.close()
+        server.stop()
+
+
 def test_recent_events_on_postgres_are_the_newest(database: str, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     env = {**os.environ, DSN_ENV: database}
@@ -199,6 +273,49 @@ def test_the_drawers_log_shows_another_hosts_journal_from_postgres(database: str
         if log is not None:
             log.close()
         box_a.close()
+        server.stop()
+
+
+def llm_record(task: str, call: str, cost: float, at: str) -> dict:
+    return {"task": task, "call": call, "at": at, "provider": "p", "model": "m", "outcome": "ok",
+            "tokens_in": 10, "tokens_out": 5, "tokens_cached": 0, "cost_usd": cost}
+
+
+def test_the_pages_usage_is_the_whole_teams_as_usage_says(database: str, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """box-a's model calls are in its own runs/ and the board's database, never in box-b's runs/:
+    box-b's page counts them in its header and on their task's card, the figures `usage --json`
+    gives on box-b (box-b's own call, in its file and the database, counted once)."""
+    from hermes_sup.kanban.pg import open_store
+
+    env = {**os.environ, DSN_ENV: database}
+    monkeypatch.setenv(DSN_ENV, database)
+    ws = pg_workspace(tmp_path, env, "host: box-b\n")
+    box_a = open_store({"dsn_env": DSN_ENV}, host="box-a")
+    box_b = open_store({"dsn_env": DSN_ENV}, host="box-b")
+    server = Server(find_workspace(ws), Settings(host="127.0.0.1", port=0))
+    server.start_thread()
+    try:
+        wait_until(lambda: server.server.started, timeout=30)
+        for store, task, agent, work in ((box_a, "on-a", "worker-a", tmp_path / "box-a-work"),
+                                         (box_b, "on-b", "worker-b", ws / "runs" / "worker-b")):
+            store.add({"id": task, "title": task, "role": agent}, by="cli")
+            token = store.claim(agent, roles=[agent])["claim"]["token"]
+            journal = store.task_journal(task, token, agent, work)
+            for number in range(2 if task == "on-a" else 1):
+                journal.append_llm_call(llm_record(task, f"{task}-{number}", 0.25, f"2026-01-01T00:00:0{number}Z"))
+            journal.close()
+        said = json.loads(run(env, "-w", str(ws), "usage", "--json").stdout)
+        assert said["total"]["calls"] == 3 and said["tasks"]["on-a"]["cost_usd"] == 0.5, said
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/api/snapshot", timeout=30) as answer:
+            usage = json.loads(answer.read())["usage"]
+        assert usage["total"] == said["total"]  # the header
+        assert usage["agents"] == said["agents"]
+        for task in ("on-a", "on-b"):  # each card's cost
+            assert usage["tasks"][task] == {key: said["tasks"][task][key] for key in ("cost_usd", "calls")}
+    finally:
+        box_a.close()
+        box_b.close()
         server.stop()
 
 

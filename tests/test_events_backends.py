@@ -45,3 +45,37 @@ def test_a_file_board_read_again_from_its_start_names_its_log(tmp_path, capsys) 
         board.close()
     err = capsys.readouterr().err
     assert f"{tmp_path / 'kanban' / 'events.jsonl'} was replaced (by hand?) since cursor" in err
+
+
+def test_the_events_marker_moves_with_the_stream_on_either_board(pg_board: PgStore, tmp_path) -> None:
+    """Equal while nothing is appended, different after a transition and after an appended record."""
+    board = Board(tmp_path / "kanban")
+    try:
+        for store in (board, pg_board):
+            store.add({"title": "one", "id": "one"})
+            before = store.events_marker()
+            assert store.events_marker() == before
+            store.add({"title": "two", "id": "two"})
+            after_add = store.events_marker()
+            assert after_add != before
+            store.append_event({"kind": "supervisor", "at": "2026-01-01T00:00:00Z", "note": "hi"})
+            assert store.events_marker() not in (before, after_add)
+    finally:
+        board.close()
+
+
+def test_the_postgresql_events_marker_takes_no_events_lock(pg_board: PgStore, pg_server: PgServer) -> None:
+    """Another session holds the events lock exclusively (as events_end takes it): the marker is still
+    read at once, so a reader looking often queues no writer behind it."""
+    import threading
+
+    from hermes_sup.kanban.pg import sql
+
+    pg_board.add({"title": "one", "id": "one"})
+    with psycopg.connect(pg_server.dsn, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (sql.EVENTS_LOCK, pg_board.schema))
+        got: list = []
+        reader = threading.Thread(target=lambda: got.append(pg_board.events_marker()), daemon=True)
+        reader.start()
+        reader.join(10)
+        assert got, "the marker waited on the events lock"

@@ -116,6 +116,11 @@ EVENTS_SINCE = """SELECT cursor, to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH
 # itself, which may be a rolled-back writer's cursor, one a crash can hand out again.
 EVENTS_LAST = "SELECT COALESCE(max(cursor), 0) AS last FROM events WHERE cursor <= %(bound)s"
 EVENTS_LOCK = 0x6873
+# A look that takes no lock (the sequence's value moves at every cursor taken, committed or not), with
+# the sequence's identity (a schema recreated) and the server's start (after a crash the sequence
+# may hand out a value it gave before, to another event).
+EVENTS_MARKER = """SELECT to_regclass('events_cursor_seq')::oid AS seq,
+    pg_sequence_last_value(to_regclass('events_cursor_seq')) AS last, pg_postmaster_start_time() AS started"""
 RECORD = "INSERT INTO events (task, by, record) VALUES ('', %(kind)s, %(record)s) RETURNING cursor"
 END_RUN = "UPDATE runs SET ended_at = now(), outcome = %(outcome)s WHERE fence = %(token)s AND ended_at IS NULL"
 
@@ -169,15 +174,20 @@ JOURNAL_INSERT = """INSERT INTO journal (task_id, fence, kind, agent, name, entr
     VALUES (%(id)s, %(token)s, %(kind)s, %(agent)s, %(name)s, %(entry)s::jsonb)"""
 
 JOURNAL_ROWS = """SELECT seq, fence, task_id, kind, agent, name, entry FROM journal
-    WHERE task_id = %(id)s AND kind = %(kind)s
+    WHERE task_id = %(id)s AND kind = %(kind)s AND seq > %(after)s
       AND (%(agents)s::text[] IS NULL OR agent = ANY(%(agents)s::text[]))
       AND (%(name)s::text IS NULL OR name = %(name)s::text)
     ORDER BY seq"""
 
+# What a task's journal holds, per kind, agent and name: how many rows and the newest seq (no entry
+# is sent), so a reader that follows it reads rows again only when they changed.
+JOURNAL_MARKS = """SELECT kind, agent, name, count(*) AS rows, max(seq) AS last FROM journal
+    WHERE task_id = %(id)s GROUP BY kind, agent, name ORDER BY kind, agent, name"""
+
 # Every task's (`usage` reads the team's model calls): a statement of its own, so the one above
 # keeps its plan on the task's index.
 JOURNAL_ROWS_ALL = """SELECT seq, fence, task_id, kind, agent, name, entry FROM journal
-    WHERE kind = %(kind)s
+    WHERE kind = %(kind)s AND seq > %(after)s
       AND (%(agents)s::text[] IS NULL OR agent = ANY(%(agents)s::text[]))
       AND (%(name)s::text IS NULL OR name = %(name)s::text)
     ORDER BY seq"""

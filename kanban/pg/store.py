@@ -361,15 +361,22 @@ class PgStore(StreamMixin):
 
     @_again
     def journal_rows(self, task_id: str | None, kind: str, *, agents: Iterable[str] | None = None,
-                     name: str | None = None) -> list[dict[str, Any]]:
+                     name: str | None = None, after: int = 0) -> list[dict[str, Any]]:
         """A task's (None: every task's) journal rows of one kind (message, tool, llm), of `agents`
-        (None: every agent's) and, for messages, of one transcript `name`, in the order written.
-        Reads are not fenced. Never None: this board keeps the journal."""
+        (None: every agent's) and, for messages, of one transcript `name`, with a seq above `after`,
+        in the order written. Reads are not fenced. Never None: this board keeps the journal."""
         statement = sql.JOURNAL_ROWS if task_id is not None else sql.JOURNAL_ROWS_ALL
         with self._locked() as conn:
-            rows = conn.execute(statement, {"id": task_id, "kind": kind, "name": name,
-                                                   "agents": None if agents is None else list(agents)}).fetchall()
+            rows = conn.execute(statement, {"id": task_id, "kind": kind, "name": name, "after": int(after),
+                                            "agents": None if agents is None else list(agents)}).fetchall()
         return [dict(row) for row in rows]
+
+    @_again
+    def journal_marks(self, task_id: str) -> list[dict[str, Any]]:
+        """Per kind, agent and name of the task's journal rows: {kind, agent, name, rows, last}, one
+        statement, no entry read. Never None: this board keeps the journal."""
+        with self._locked() as conn:
+            return [dict(row) for row in conn.execute(sql.JOURNAL_MARKS, {"id": task_id}).fetchall()]
 
     @_again
     def journal_write(self, task_id: str, token: int, *, kind: str, agent: str, name: str = "",

@@ -94,6 +94,13 @@ class StreamMixin:
         with self._locked() as conn:  # a new snapshot, taken after every writer below `bound` ended
             return int(conn.execute(sql.EVENTS_LAST, {"bound": bound}).fetchone()["last"])
 
+    def events_marker(self: PgStore) -> Any:
+        """The cursor sequence's last value, one statement and no lock (events_end takes the events
+        lock exclusively, which writers queue behind): what a reader looking often looks at first."""
+        with self._locked() as conn:
+            row = conn.execute(sql.EVENTS_MARKER).fetchone()
+        return row["seq"], row["last"], row["started"]
+
     def check_cursor(self: PgStore, cursor: int) -> None:
         # No wait for the writers in flight: a cursor one of them took is one to resume from.
         with self._locked() as conn:

@@ -31,7 +31,7 @@ from starlette.staticfiles import StaticFiles
 from .. import taskrecords
 from ..workspace import Workspace, board_settings, open_workspace_board
 from . import actions, follow, security, slowclients, views
-from .sse import Hub
+from .sse import Hub, StreamEnd
 
 STATIC = Path(__file__).with_name("static")
 MAX_STREAMS = 64  # open event streams (pages, drawers) at once: each holds a coroutine and reads files
@@ -236,13 +236,16 @@ class Dashboard:
             with self.lock:
                 return taskrecords.claims(self.board.get(found))
 
+        end = StreamEnd(self.board)  # looked at every FOLLOW_INTERVAL: the events lock only on a change
+
         def stream_end() -> int:
             with self.lock:
-                return self.board.events_end()
+                return end()
 
         journal = taskrecords.board_rows(self.board)  # another host's agents' records are only there
         stream = follow.task_log(self.ws.runs_path, found, claims, stream_end,
-                                 None if journal is None else self.locked(journal))
+                                 None if journal is None else self.locked(journal),
+                                 self.locked(self.board.journal_marks))
         return StreamingResponse(self.counted(stream), media_type="text/event-stream",
                                  headers={**HEADERS, "X-Accel-Buffering": "no"})
 

@@ -2,8 +2,9 @@
 server-sent events the way `task log -f` prints them (same gatherer, same lines, same order).
 
 The agents' journals are plain files they append to, and on a board that keeps the journal in its
-database (PostgreSQL) its rows too (another host's agents write only there), read again every
-FOLLOW_INTERVAL while a drawer is open, as `task log -f` does; who held the task when is read from
+database (PostgreSQL) its rows too (another host's agents write only there: a look at their marks,
+and only the rows after the newest read when they grew), read again every FOLLOW_INTERVAL while a
+drawer is open, as `task log -f` does; who held the task when is read from
 the board (through its protocol) only when the end of the board's stream says it changed: every
 claim, release and recovery is an event.
 """
@@ -26,11 +27,13 @@ UNREAD = object()  # the stream's end before the first look: unlike any end
 
 
 async def task_log(runs: Path, task_id: str, claims: Callable[[], list[tuple[str, str]]],
-                   stream_end: Callable[[], int], rows: taskrecords.JournalRows | None = None) -> AsyncIterator[bytes]:
+                   stream_end: Callable[[], int], rows: taskrecords.JournalRows | None = None,
+                   marks: taskrecords.JournalMarks | None = None) -> AsyncIterator[bytes]:
     """Every entry of the task's log so far, then each new one; `claims` reads who held it when,
-    `stream_end` the board's events_end (whose change says the claims may have changed), `rows` the
-    journal the board keeps in its database (PostgreSQL: every host's agents write there), if any."""
-    gatherer = taskrecords.Gatherer(runs, task_id, rows)
+    `stream_end` the board stream's end (whose change says the claims may have changed), `rows` the
+    journal the board keeps in its database (PostgreSQL: every host's agents write there), if any,
+    and `marks` what its rows are (only the new ones are read, when they changed)."""
+    gatherer = taskrecords.Gatherer(runs, task_id, rows, marks)
     printed: set[taskrecords.Key] = set()
     held: list[tuple[str, str]] = []
     seen_end: Any = UNREAD

@@ -1,17 +1,17 @@
 """Server-sent events from the board's event cursor: each event with `id:` = its cursor, a fresh
 picture of the page after each burst, and resumption from `Last-Event-ID` that loses nothing.
-Every read of the board goes through its protocol (events_since, events_end, check_cursor,
-watch_events), so the page works the same over the file board and PostgreSQL.
+Every read of the board goes through its protocol (events_since, events_marker, events_end,
+check_cursor, watch_events), so the page works the same over the file board and PostgreSQL.
 
 The wake-up, watched only while a client is connected: the board's own watch of its stream
-(watch_events: inotify on the file board), or where it has none (PostgreSQL) a look at the
-stream's end and the budget ledger's version every POLL_INTERVAL, and at the other hosts'
-heartbeats every HOSTS_LOOK; and inotify on the workspace's own files the page shows
-(runs/supervisor.json: every agent start, exit, restart; the budget ledger; each agent's saved
-breakers). Wake-ups are not the truth: the log is read by cursor after each, and once every
-SAFETY_RECHECK seconds on its own. The picture is built again only when its key (the stream's
-end, the ledger's version, the hosts' heartbeats, those files' states) changed, and shared by
-every client.
+(watch_events: inotify on the file board), or where it has none (PostgreSQL) a look at the stream's
+end (its lock-free marker first: see StreamEnd) and the budget ledger's version every
+POLL_INTERVAL, and at the other hosts' heartbeats every HOSTS_LOOK; and inotify on the workspace's
+own files the page shows (runs/supervisor.json: every agent start, exit, restart; the budget
+ledger; each agent's saved breakers). Wake-ups are not the truth: the log is read by cursor after
+each, and once every SAFETY_RECHECK seconds on its own. The picture is built again only when its
+key (the stream's end, the ledger's version, the hosts' heartbeats, those files' states) changed,
+and shared by every client.
 """
 
 from __future__ import annotations
@@ -81,6 +81,38 @@ def resume_cursor(last_event_id: str | None, board: BoardStore) -> int | None:
     return cursor
 
 
+def known_end(marker: Any, known: tuple[Any, int] | None) -> int | None:
+    """The stream's end already read when the stream's marker is the one read before it, else None:
+    read it again (pure). A marker that could not be read (None) matches nothing."""
+    return known[1] if known is not None and marker is not None and known[0] == marker else None
+
+
+class StreamEnd:
+    """The board stream's end for a reader that looks often (the follower, an open drawer): a look at
+    the board's cheap `events_marker` (no lock), and `events_end` (on PostgreSQL the events lock,
+    taken exclusively: writers queue behind it) only when the marker changed since the last end
+    read, or that read failed. Raises what events_end raises."""
+
+    def __init__(self, board: BoardStore) -> None:
+        self.board = board
+        self._known: tuple[Any, int] | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> int:
+        try:
+            marker = self.board.events_marker()  # before the end: an event after it changes it
+        except (BoardError, OSError):
+            marker = None
+        with self._lock:
+            end = known_end(marker, self._known)
+        if end is not None:
+            return end
+        end = self.board.events_end()
+        with self._lock:
+            self._known = None if marker is None else (marker, end)
+        return end
+
+
 class Hub:
     """The clients' shared wake-up and picture. `build` makes the picture (reads the board)."""
 
@@ -89,6 +121,7 @@ class Hub:
         self.board = board  # read through the protocol alone, from worker threads
         self.runs = runs
         self.build = build
+        self.end = StreamEnd(board)
         self.spend = spend  # the budget ledger's version where no file shows it (PostgreSQL), else None
         self.hosts = hosts  # other hosts' heartbeats (their agents come with them), on a shared board
         self.generation = 0
@@ -141,7 +174,7 @@ class Hub:
     def _stream_end(self) -> Any:
         """The board stream's end through the protocol; a marker when it cannot be had just now."""
         try:
-            return self.board.events_end()
+            return self.end()
         except (BoardError, OSError) as exc:
             return ("unreadable", type(exc).__name__)
 

@@ -20,7 +20,7 @@ from hermes_sup.kanban.backends import DEFAULT_BACKEND, check_board_config
 
 from .. import agentrows, render, taskrecords, team
 from ..doctor import breaker_states
-from ..usage import budget_standing, read_logs, summarize
+from ..usage import budget_standing, open_board_model_calls, summarize, team_calls
 from ..workspace import ConfigError, Workspace, load_config
 
 HOST = socket.gethostname()
@@ -49,8 +49,10 @@ def hosts_key(board: BoardStore, me: str) -> Any:
                  for row in host_agents(board) if row.get("host") != me)
 
 
-def usage_document(runs: Path) -> dict[str, Any]:
-    records, notes = read_logs(runs)
+def usage_document(runs: Path, board: BoardStore | None = None) -> dict[str, Any]:
+    """The header's usage and each card's cost, as `usage` counts them: on a shared board (the file
+    board keeps no journal rows, and `board` None reads none) the whole team's model calls."""
+    records, notes = team_calls(runs, None if board is None else lambda: open_board_model_calls(board))
     summary = summarize(records)
     return {"total": summary["total"], "agents": summary["agents"], "notes": notes[:20],
             "tasks": {key: {"cost_usd": value.get("cost_usd"), "calls": value.get("calls")}
@@ -163,7 +165,7 @@ def snapshot(board: BoardStore, ws: Workspace, host: str = HOST) -> dict[str, An
         agentrows.remote_rows(host_agents(board), host, now)
     document = board_document(board, ws, state, alive)
     budgets, budget_note = budget_rows(ws, now)
-    usage = usage_document(ws.runs_path)
+    usage = usage_document(ws.runs_path, board)
     usage["notes"] += [budget_note] if budget_note else []
     return {"board": document, "recent": recent_events(board), "agents": agents,
             "supervisor": {"running": alive, "pid": state.get("pid") if alive else None, "host": host},
