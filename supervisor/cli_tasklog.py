@@ -89,7 +89,8 @@ def task_log(ctx: click.Context, task_id: str, following: bool, as_json: bool) -
     with open_board(ctx) as board:
         refreshed(board)
         found = resolve_task_id(board, task_id)
-        gatherer = taskrecords.Gatherer(workspace_of(ctx).runs_path, found, taskrecords.board_rows(board))
+        gatherer = taskrecords.Gatherer(workspace_of(ctx).runs_path, found, taskrecords.board_rows(board),
+                                        board.journal_marks)
         printer = Printer(as_json)
         printer.note(gatherer.poll())
         gatherer.rewritten.clear()
