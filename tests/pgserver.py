@@ -162,3 +162,21 @@ def pg_server() -> Iterator[PgServer]:
         yield server
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def fresh_database(server: PgServer, prefix: str, password: str | None = None) -> Iterator[str]:
+    """A database of its own on the suite's server, dropped afterwards; yields its DSN. The server
+    trusts its socket, so `password` is never checked: it is there to be looked for, and never
+    found, in every output and file of the test."""
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    name = f"{prefix}_{os.urandom(6).hex()}"
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_conninfo(server.dsn, dbname=name, **({"password": password} if password else {}))
+    finally:
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')

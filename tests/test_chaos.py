@@ -33,8 +33,8 @@ import psycopg
 import pytest
 from hermes_sup.kanban import Board
 from hermes_sup.kanban.pg.store import PgStore
-from psycopg.conninfo import make_conninfo
 
+from . import pgserver
 from .conftest import CLI, gone, stop_process, wait_until
 from .llm_server import ScriptedLLM, openai_reply
 from .pgserver import PgServer
@@ -307,12 +307,8 @@ def test_a_team_under_fire_finishes_every_task_exactly_once(tmp_path, capsys):
 
 @pytest.fixture
 def chaos_database(pg_server: PgServer) -> Any:
-    name = f"chaos_{os.urandom(6).hex()}"
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield make_conninfo(pg_server.dsn, dbname=name)
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    with pgserver.fresh_database(pg_server, "chaos") as dsn:
+        yield dsn
 
 
 def test_a_team_under_fire_on_postgres_finishes_every_task_exactly_once(tmp_path, capsys, chaos_database):

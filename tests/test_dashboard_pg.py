@@ -16,13 +16,12 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 from hermes_sup.supervisor.dashboard import sse, views
 from hermes_sup.supervisor.dashboard.app import Server, Settings
 from hermes_sup.supervisor.workspace import find_workspace, open_workspace_board
-from psycopg.conninfo import make_conninfo
 
+from . import pgserver
 from .conftest import CLI, ROOT, stop_process, supervisor_state, wait_until
 from .llm_server import ScriptedLLM, openai_reply
 from .pgserver import PgServer, free_port
@@ -34,12 +33,8 @@ PASSWORD = "pw-" + uuid.uuid4().hex
 
 @pytest.fixture
 def database(pg_server: PgServer) -> Iterator[str]:
-    name = f"dash_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield make_conninfo(pg_server.dsn, dbname=name, password=PASSWORD)
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    with pgserver.fresh_database(pg_server, "dash", PASSWORD) as dsn:
+        yield dsn
 
 
 def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

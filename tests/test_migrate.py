@@ -26,6 +26,7 @@ from hermes_sup.supervisor.migrate import (
 )
 from psycopg.conninfo import make_conninfo
 
+from . import pgserver
 from .pgserver import PgServer
 
 CLI = [str(Path(sys.executable).parent / "hermes-sup")]
@@ -94,14 +95,10 @@ def test_an_earlier_copy_counts_only_for_the_same_log() -> None:
 
 @pytest.fixture
 def database(pg_server: PgServer) -> Iterator[str]:
-    name = f"migrate_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
     # The server trusts the socket, so the password is never checked: it is there to be kept out of
     # every output.
-    yield make_conninfo(pg_server.dsn, dbname=name, password=PASSWORD)
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    with pgserver.fresh_database(pg_server, "migrate", PASSWORD) as dsn:
+        yield dsn
 
 
 def _run(env: dict[str, str], ws: Path, *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:

@@ -22,6 +22,7 @@ from hermes_sup.kanban.pg import open_store
 from hermes_sup.supervisor.usage import team_records
 from psycopg.conninfo import make_conninfo
 
+from . import pgserver
 from .conftest import CLI, ROOT, wait_until
 from .llm_server import ScriptedLLM, openai_reply
 from .pgserver import PgServer
@@ -36,12 +37,8 @@ CALL = 0.10  # one call's worst case and real cost: max_tokens 100 at $1000 a mi
 def database(pg_server: PgServer) -> Iterator[str]:
     """A database of its own (the board's tables and the ledger's), with a password in its DSN that
     must never reach a file of either host."""
-    name = f"budget_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield make_conninfo(pg_server.dsn, dbname=name, password=PASSWORD)
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    with pgserver.fresh_database(pg_server, "budget", PASSWORD) as dsn:
+        yield dsn
 
 
 def host_yaml(url: str, total: float, host: str) -> str:

@@ -20,12 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-import psycopg
 import pytest
 from hermes_sup.kanban.pg.store import PgStore
 from hermes_sup.supervisor.sweep import sweep
-from psycopg.conninfo import make_conninfo
 
+from . import pgserver
 from .conftest import CLI, ROOT, gone, stop_process, supervisor_state, wait_until
 from .llm_server import ScriptedLLM, openai_reply
 from .pgserver import PgServer
@@ -41,12 +40,8 @@ DONE = "marked-once"
 
 @pytest.fixture
 def database(pg_server: PgServer) -> Iterator[str]:
-    name = f"death_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield make_conninfo(pg_server.dsn, dbname=name, password=PASSWORD)
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    with pgserver.fresh_database(pg_server, "death", PASSWORD) as dsn:
+        yield dsn
 
 
 def host(where: Path, name: str, agent: str, llm: ScriptedLLM, env: dict[str, str]) -> Path:

@@ -27,8 +27,8 @@ from hermes_sup.kanban.pg.journal import PgTaskJournal, attempt_name, next_free
 from hermes_sup.kanban.pg.store import PgStore
 from hermes_sup.kanban.redact import remember
 from hermes_sup.supervisor import taskrecords
-from psycopg.conninfo import make_conninfo
 
+from . import pgserver
 from .llm_server import ScriptedLLM, error_reply, openai_reply
 from .pgserver import PgServer
 
@@ -239,12 +239,8 @@ def test_a_conversation_resumes_on_another_host_without_running_its_tool_call_ag
 
 @pytest.fixture
 def database(pg_server: PgServer) -> Iterator[str]:
-    name = f"journal_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield make_conninfo(pg_server.dsn, dbname=name)
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    with pgserver.fresh_database(pg_server, "journal") as dsn:
+        yield dsn
 
 
 def test_an_agent_whose_journal_write_finds_the_claim_gone_stops_the_task_and_runs_nothing(

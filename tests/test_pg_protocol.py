@@ -13,14 +13,13 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 from hermes_sup.kanban.backends import BoardConfigError, open_board
 from hermes_sup.kanban.events import CursorError, CursorRead
 from hermes_sup.kanban.pg.store import PgStore
 from hermes_sup.kanban.store import BoardStore
-from psycopg.conninfo import make_conninfo
 
+from . import pgserver
 from .pgserver import PgServer
 from .test_store import protocol_members
 
@@ -33,12 +32,8 @@ PASSWORD = "pw-" + uuid.uuid4().hex
 def database(pg_server: PgServer) -> Iterator[str]:
     """A DSN (with a password in it) to a fresh database: the factory's board lives in its default
     schema, so each test gets a database of its own."""
-    name = f"w_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield make_conninfo(pg_server.dsn, dbname=name, password=PASSWORD)
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    with pgserver.fresh_database(pg_server, "w", PASSWORD) as dsn:
+        yield dsn
 
 
 @pytest.fixture

@@ -12,10 +12,9 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 
+from . import pgserver
 from .conftest import wait_until
 from .pgserver import PgServer
 
@@ -27,12 +26,8 @@ TASKS = 12
 
 @pytest.fixture
 def database(pg_server: PgServer) -> Iterator[str]:
-    name = f"up_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield make_conninfo(pg_server.dsn, dbname=name, password=PASSWORD)
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    with pgserver.fresh_database(pg_server, "up", PASSWORD) as dsn:
+        yield dsn
 
 
 def _run(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

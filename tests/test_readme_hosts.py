@@ -10,14 +10,12 @@ import re
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 
+from . import pgserver
 from .pgserver import PgServer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -54,12 +52,8 @@ def test_the_section_names_what_the_test_replaces() -> None:
 
 @pytest.fixture
 def database(pg_server: PgServer) -> Iterator[str]:
-    name = f"readme_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield make_conninfo(pg_server.dsn, dbname=name)
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    with pgserver.fresh_database(pg_server, "readme") as dsn:
+        yield dsn
 
 
 def _flat(text: str) -> str:
