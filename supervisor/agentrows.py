@@ -99,8 +99,11 @@ def _seconds(value: object) -> float | None:
     return float(value)
 
 
-def _iso(moment: float) -> str:
-    return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+def _iso(moment: float) -> str | None:
+    try:
+        return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    except (OverflowError, ValueError, OSError):  # an age another host published past any calendar
+        return None
 
 
 def remote_rows(hosts: list[dict[str, Any]], me: str, now: float) -> list[dict[str, Any]]:

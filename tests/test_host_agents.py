@@ -100,3 +100,14 @@ def test_seconds_since() -> None:
     assert seconds_since("2026-01-15T08:00:00Z", 1_768_464_010.0) == pytest.approx(10.0)
     assert seconds_since("not a time", 0.0) is None and seconds_since(None, 0.0) is None
 
+
+
+def test_a_heartbeat_age_past_any_calendar_shows_no_time_and_breaks_no_picture() -> None:
+    """Another host (or anyone with the database) publishing an age of 10^12 s must not make the
+    panel's time out of range: that raised, and every dashboard's picture failed with it."""
+    hosts = [{"host": "box-a", "age": 1.0, "silent": False, "agents": [
+        {**AGENT, "heartbeat_age": 1e12}, {**AGENT, "name": "w2", "heartbeat_age": 1e308}]},
+        {"host": "box-c", "age": 1e300, "silent": True, "agents": [AGENT]}]
+    rows = remote_rows(hosts, "box-b", 1_800_000_000.0)
+    assert [(row["name"], row["host"], row["heartbeat"]) for row in rows] == [
+        ("worker-1", "box-a", None), ("w2", "box-a", None), ("worker-1", "box-c", None)]
