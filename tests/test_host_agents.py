@@ -111,3 +111,25 @@ def test_a_heartbeat_age_past_any_calendar_shows_no_time_and_breaks_no_picture()
     rows = remote_rows(hosts, "box-b", 1_800_000_000.0)
     assert [(row["name"], row["host"], row["heartbeat"]) for row in rows] == [
         ("worker-1", "box-a", None), ("w2", "box-a", None), ("worker-1", "box-c", None)]
+
+
+def test_a_summary_too_big_for_any_team_is_not_read_by_every_page_every_second(
+        make_store: Factory, pg_server, schema: str) -> None:  # noqa: F811
+    """Anyone with the database may write a host's `agents` as big as jsonb holds (255 MB): every
+    open dashboard reads host_agents every second, and took all of it each time. A summary over
+    MAX_SUMMARY_BYTES (far above MAX_PUBLISHED agents) is read as none; the others as they are."""
+    import psycopg
+    from hermes_sup.kanban.pg.store import MAX_SUMMARY_BYTES
+
+    box_a, reader = make_store("box-a"), make_store("reader")
+    box_a.announce_host(lambda: [AGENT])
+    # Random text: incompressible, as big on disk as it is read. Then text that compresses well.
+    big = [{"name": os.urandom(MAX_SUMMARY_BYTES // 2).hex()}]
+    repetitive = [{"name": "a" * (8 * MAX_SUMMARY_BYTES)}]
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        for host, agents in (("box-evil", big), ("box-zip", repetitive)):
+            conn.execute(f'INSERT INTO "{schema}".hosts (host_id, boot_id, agents) VALUES (%s, %s, %s::jsonb)',
+                         (host, "b", json.dumps(agents)))
+    rows = {row["host"]: row for row in reader.host_agents()}
+    assert rows["box-evil"]["agents"] is None and rows["box-zip"]["agents"] is None
+    assert rows["box-a"]["agents"] == [AGENT]

@@ -146,7 +146,10 @@ HEARTBEAT = """INSERT INTO hosts (host_id, boot_id, agents) VALUES (%(host)s, %(
 HOST_AGENTS = """SELECT host_id AS host,
         to_char(heartbeat AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS heartbeat,
         extract(epoch FROM now() - heartbeat)::float8 AS age,
-        heartbeat < now() - make_interval(secs => %(host_timeout)s::float8) AS silent, agents
+        heartbeat < now() - make_interval(secs => %(host_timeout)s::float8) AS silent,
+        -- Its stored size first (cheap), then its text's: a summary that compresses well is no smaller to read.
+        CASE WHEN pg_column_size(agents) > %(max_bytes)s THEN NULL
+             WHEN octet_length(agents::text) > %(max_bytes)s THEN NULL ELSE agents END AS agents
     FROM hosts ORDER BY host_id LIMIT %(limit)s"""
 
 # One holder at a time: taken when free or expired, kept by renewing it before it runs out.

@@ -50,6 +50,9 @@ RECOVER_INTERVAL = 2.0
 SWEEPER = "sweeper"
 MAX_PUBLISHED = 500  # agents of one host published with its heartbeat (a team is far smaller)
 MAX_HOSTS = 200  # hosts host_agents reads
+# A host's published summary larger than this is read as none: MAX_PUBLISHED agents take a fraction
+# of it, and anyone with the database could write one as big as jsonb holds for every page to read.
+MAX_SUMMARY_BYTES = 1 << 20
 # The server ended the connection before running the statement (a restart, a terminated backend):
 # nothing was done, so the verb is run again once, on a new connection.
 ENDED_BY_SERVER = frozenset({"57P01", "57P02", "57P03"})
@@ -444,7 +447,8 @@ class PgStore(StreamMixin):
     @_again
     def host_agents(self) -> list[dict[str, Any]]:
         with self._locked() as conn:
-            rows = conn.execute(sql.HOST_AGENTS, {"host_timeout": self.host_timeout, "limit": MAX_HOSTS}).fetchall()
+            rows = conn.execute(sql.HOST_AGENTS, {"host_timeout": self.host_timeout, "limit": MAX_HOSTS,
+                                                  "max_bytes": MAX_SUMMARY_BYTES}).fetchall()
         return [dict(row) for row in rows]
 
     def start_heartbeat(self, interval: float | None = None) -> None:
