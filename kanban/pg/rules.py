@@ -4,6 +4,7 @@ the text PostgreSQL's jsonb can hold. The transitions themselves are kanban/task
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -68,6 +69,18 @@ def finished(doc: TaskDoc, to: str, note: str, changes: Mapping[str, Any], *, no
 
 def _clean_text(text: str) -> str:
     return _BAD_CHARS.sub("\ufffd", text)
+
+
+def _finite(text: str) -> float | None:
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+def load_jsonb(data: str | bytes) -> Any:
+    """A json/jsonb value as read from the database (pure): a number no float holds (1e400 with a
+    fraction: only a row written by hand holds one) is null, never infinity, which no JSON reader
+    (a page's JSON.parse) takes and the file board refuses."""
+    return json.loads(data, parse_float=_finite)
 
 
 def storable(value: Any) -> Any:

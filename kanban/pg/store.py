@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
+from psycopg.types.json import Jsonb, set_json_loads
 
 from ..board import COMMENT_RESERVE, MAX_DOCUMENT_BYTES
 from ..errors import BoardError, ClaimLost, InvalidTransition, TaskNotFound
@@ -36,7 +36,7 @@ from ..watch import ChangeSignal
 from . import drops, sql
 from .journal import PgTaskJournal
 from .listen import CHANNEL, Listener
-from .rules import document_part, finished, landed_at, row_to_doc, stale_note, storable
+from .rules import document_part, finished, landed_at, load_jsonb, row_to_doc, stale_note, storable
 from .schema import check_schema_name, migrate
 from .stream import StreamMixin
 
@@ -126,6 +126,7 @@ class PgStore(StreamMixin):
                                    application_name="hermes-sup-listen" if listen else "hermes-sup")
         except Exception as exc:
             raise self._error(exc, "connect") from None
+        set_json_loads(load_jsonb, conn)  # rows another host wrote may hold numbers no float holds
         conn.execute("SELECT set_config('search_path', %s, false)", (f'"{self.schema}"',))
         return conn
 
