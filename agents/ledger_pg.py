@@ -41,7 +41,10 @@ SETUP_LOCK = 0x6865726D  # an advisory lock key: hosts creating the tables at on
 # A row's amount as counted: another host (or anyone with the database) may have written a negative
 # one, or NaN (greater than every number to PostgreSQL, false in every comparison with a cap to
 # Python): either would free budget, so it counts as nothing, as runs/budget.jsonl's reader skips it.
-AMOUNT = "CASE WHEN amount >= 0 AND amount < 'Infinity'::float8 THEN amount ELSE 0 END"
+# One near the largest float counts MAX_AMOUNT (past every cap, never low): a few of those would sum
+# past it, failing the database's sum (every reservation) or making the spend infinity in Python.
+MAX_AMOUNT = 1e15
+AMOUNT = f"CASE WHEN amount >= 0 AND amount < 'Infinity'::float8 THEN LEAST(amount, {MAX_AMOUNT:.0f}) ELSE 0 END"
 DB_DAY = "to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD')"  # today by the database's clock, as utc_day
 _T = TypeVar("_T")
 

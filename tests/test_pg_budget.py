@@ -522,3 +522,33 @@ def test_a_hold_of_negative_or_no_amount_written_by_another_host_frees_no_budget
                       now=ledger.now()) is not None
     finally:
         ledger.close()
+
+
+def test_amounts_near_the_largest_float_another_host_wrote_sum_to_a_finite_spend(tmp_path, database, monkeypatch):
+    """Two holds of 1.7e308 (any host can write them) summed past the largest float: in one group the
+    database's sum failed every reservation of every host (an error, not a refusal), and across groups
+    the spend was infinity, which no page's JSON takes. An amount counts at most MAX_AMOUNT."""
+    from hermes_sup.agents.ledger_pg import MAX_AMOUNT
+    from hermes_sup.supervisor.usage import budget_standing
+
+    ledger = open_ledger(tmp_path, {"backend": "postgres", "dsn_env": DSN_ENV}, host="box-a",
+                         environ={DSN_ENV: database})
+    try:
+        ledger.settle(ledger.reserve(agent="w", task="t1", amount=0.5, check=lambda entries, now: None), 0.5)
+        with psycopg.connect(database, autocommit=True) as conn:
+            for task in ("t1", "t1", "t2"):
+                conn.execute("INSERT INTO hermes_sup.budget_holds (id, agent, task, day, amount, settled, host) "
+                             "VALUES (%s, 'w', %s, to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD'), 1.7e308, true, "
+                             "'box-evil')", (uuid.uuid4().hex, task))
+        seen: list = []
+        assert ledger.reserve(agent="w", task="t3", amount=0.25, check=lambda entries, now: seen.extend(entries)
+                              or None) is not None
+        assert sum(e.amount for e in seen) == pytest.approx(3 * MAX_AMOUNT, rel=1e-9)
+    finally:
+        ledger.close()
+    (tmp_path / "runs").mkdir(exist_ok=True)
+    monkeypatch.setenv(DSN_ENV, database)
+    rows = budget_standing(tmp_path / "runs", {"team": {"total": 1.0}}, 0.0,
+                           board={"backend": "postgres", "dsn_env": DSN_ENV}, host="box-a")
+    json.dumps(rows, allow_nan=False)
+    assert rows[0]["spent"] == pytest.approx(3 * MAX_AMOUNT + 0.75, rel=1e-9)
