@@ -676,3 +676,22 @@ def test_board_commands_do_not_quote_a_dsn_that_does_not_parse(tmp_path: Path) -
                              capture_output=True, text=True, env=env, timeout=60)
         assert "s3cretpart" not in run.stdout + run.stderr, args
         assert "Traceback" not in run.stderr, (args, run.stderr)
+
+
+def test_a_task_row_written_by_hand_is_set_aside_not_fatal_to_every_listing(
+        make_store: Factory, pg_server: PgServer, schema: str) -> None:
+    """Any host (or anyone with the database) may write a task's document column: one nested deeper
+    than Python reads raised RecursionError out of every list() (every host's supervisor, dashboard
+    and CLI), one that is no object a TypeError, one with no title a KeyError further on. Each is
+    listed as damaged, as the file board lists a task file it cannot read; the others as before."""
+    store = make_store("box-a")
+    for task_id in ("good", "deep", "scalar", "untitled"):
+        store.add({"id": task_id, "title": task_id}, by="cli")
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        for task_id, document in (("deep", "[" * 5000 + "]" * 5000), ("scalar", "5"), ("untitled", "{}")):
+            conn.execute(f'UPDATE "{schema}".tasks SET document = %s::jsonb WHERE id = %s', (document, task_id))
+    listing = store.list()
+    assert [doc["id"] for doc in listing.tasks] == ["good"]
+    assert sorted(entry["path"] for entry in listing.damaged) == [
+        "task deep (board database)", "task scalar (board database)", "task untitled (board database)"]
+    assert [doc["id"] for doc in store.list_fields("todo").tasks] == ["good"]

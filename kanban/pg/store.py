@@ -36,7 +36,7 @@ from ..watch import ChangeSignal
 from . import drops, sql
 from .journal import PgTaskJournal
 from .listen import CHANNEL, Listener
-from .rules import document_part, finished, landed_at, load_jsonb, row_to_doc, stale_note, storable
+from .rules import document_part, finished, landed_at, load_jsonb, row_to_doc, stale_note, storable, unreadable
 from .schema import check_schema_name, migrate
 from .stream import StreamMixin
 
@@ -202,7 +202,10 @@ class PgStore(StreamMixin):
             rows = conn.execute(f"SELECT {sql.ROW_SELECT} FROM tasks WHERE %(status)s::text IS NULL OR status = "
                                 "%(status)s::text ORDER BY array_position(%(order)s::text[], status), priority DESC, "
                                 "created, id", {"status": status, "order": list(STATUSES)}).fetchall()
-        return Listing([row_to_doc(row) for row in rows], [])
+        damaged = {row["id"]: why for row in rows if (why := unreadable(row)) is not None}
+        return Listing([row_to_doc(row) for row in rows if row["id"] not in damaged],
+                       [{"path": f"task {task_id} (board database)", "reason": why}
+                        for task_id, why in damaged.items()])
 
     def list_fields(self, status: str | None = None) -> Listing:
         """`list`, each task as its listing fields (the protocol's verb; the whole rows are read)."""
