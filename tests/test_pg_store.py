@@ -695,3 +695,28 @@ def test_a_task_row_written_by_hand_is_set_aside_not_fatal_to_every_listing(
     assert sorted(entry["path"] for entry in listing.damaged) == [
         "task deep (board database)", "task scalar (board database)", "task untitled (board database)"]
     assert [doc["id"] for doc in store.list_fields("todo").tasks] == ["good"]
+
+
+def test_a_task_row_written_by_hand_is_failed_at_its_claim_not_claimed_by_every_agent_in_turn(
+        make_store: Factory, pg_server: PgServer, schema: str) -> None:
+    """A todo row whose document is no task (no object: the claim's SQL failed; nested too deep: the
+    claimed row could not be read) broke every claim of every agent of every host while it was the
+    first pick. The claim sets it aside as failed, saying why, and claims the next task."""
+    store = make_store("box-a")
+    store.add({"id": "good", "title": "good", "priority": 1}, by="cli")
+    for task_id in ("deep", "scalar"):
+        store.add({"id": task_id, "title": task_id, "priority": 9}, by="cli")
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        for task_id, document in (("deep", "[" * 5000 + "]" * 5000), ("scalar", "5")):
+            conn.execute(f'UPDATE "{schema}".tasks SET document = %s::jsonb WHERE id = %s', (document, task_id))
+    claimed = store.claim("w1")
+    assert claimed is not None and claimed["id"] == "good"
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        rows = conn.execute(f'SELECT id, status, fence, lease_owner FROM "{schema}".tasks WHERE id <> %s ORDER BY id',
+                            ("good",)).fetchall()
+        notes = conn.execute(f'SELECT task, dst, note FROM "{schema}".events WHERE dst = %s ORDER BY task',
+                             ("failed",)).fetchall()
+    assert rows == [("deep", "failed", None, None), ("scalar", "failed", None, None)]
+    assert [(task, dst) for task, dst, _ in notes] == [("deep", "failed"), ("scalar", "failed")]
+    assert all("document" in note for _, _, note in notes)
+    assert store.claim("w2") is None

@@ -50,6 +50,7 @@ RECOVER_INTERVAL = 2.0
 SWEEPER = "sweeper"
 MAX_PUBLISHED = 500  # agents of one host published with its heartbeat (a team is far smaller)
 MAX_HOSTS = 200  # hosts host_agents reads
+MAX_SET_ASIDE = 20  # unreadable rows one claim fails before it gives up until the next
 # A host's published summary larger than this is read as none: MAX_PUBLISHED agents take a fraction
 # of it, and anyone with the database could write one as big as jsonb holds for every page to read.
 MAX_SUMMARY_BYTES = 1 << 20
@@ -282,10 +283,22 @@ class PgStore(StreamMixin):
         params = {"agent": agent, "roles": list(roles), "steps_only": steps_only, "assigned_only": assigned_only,
                   "host": self.host, "boot": self.boot_id, "pid": pid, "pid_started": start_time(pid),
                   "lease": self.lease if lease is None else float(lease)}
-        with self._tx() as cur:
-            cur.execute(sql.EVENTS_LOCK_SHARED, {"lock": sql.EVENTS_LOCK})
-            row = cur.execute(sql.CLAIM, params).fetchone()
-        return None if row is None else row_to_doc(row)
+        for _ in range(MAX_SET_ASIDE):
+            with self._tx() as cur:
+                cur.execute(sql.EVENTS_LOCK_SHARED, {"lock": sql.EVENTS_LOCK})
+                row = cur.execute(sql.CLAIM, params).fetchone()
+                if row is None:
+                    return None
+                why = unreadable(row)
+                if why is None:
+                    return row_to_doc(row)
+                # Written by hand (another host, anyone with the database): no agent can run it, and
+                # left in todo it would be every claimer's first pick, failing each in turn.
+                note = f"set aside at its claim by {agent}: {why}"
+                cur.execute(sql.SET_ASIDE, {"id": row["id"], "why": note})
+                self._event(cur, {"id": row["id"], "src": "doing", "dst": "failed", "by": agent, "note": note})
+                cur.execute(sql.END_RUN, {"outcome": "failed", "token": row["fence"]})
+        return None  # the rest waits for the next claim
 
     def _event(self, cur: psycopg.Cursor[Any], values: dict[str, Any]) -> None:
         cur.execute(sql.EVENTS_LOCK_SHARED, {"lock": sql.EVENTS_LOCK})
