@@ -136,7 +136,9 @@ def _write(target: Path, text: str, shown: str) -> None:
     symlink there is replaced, never written through)."""
     folder, name = _folder(target, shown, create=True)
     try:
-        tmp = f".{name[:200]}.{os.getpid()}.{os.urandom(3).hex()}.tmp"
+        # Its bytes, not characters, bounded: a temp name past NAME_MAX would fail a name that is not.
+        stem = name.encode("utf-8", "ignore")[:100].decode("utf-8", "ignore")
+        tmp = f".{stem}.{os.getpid()}.{os.urandom(3).hex()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder)
         try:
             try:

@@ -585,3 +585,12 @@ def test_an_agent_whose_toolsets_leave_out_the_terminal_hands_on_no_shell(ctx):
     full = Toolbox(grants=("fs.read", "kanban", "shell"))
     full.call(ctx, "kanban_create", {"id": "allowed", "title": "run this", "steps": steps})
     assert ctx.board.get("allowed")["meta"]["capabilities"] == ["fs.read", "kanban", "shell"]
+
+
+def test_write_file_writes_a_name_of_255_bytes_in_any_script(ctx):
+    """The temp file beside it took the name's first 200 characters: 63 four-byte ones (252 bytes, a
+    valid name) made the temp name longer than the filesystem allows, and the write failed."""
+    name = "\U0001F600" * 63
+    assert call(ctx, "write_file", path=name, content="x").startswith("wrote")
+    assert (ctx.scratch / name).read_text() == "x"
+    assert [p.name for p in ctx.scratch.iterdir()] == [name]  # no temp file left
