@@ -133,3 +133,15 @@ def test_a_summary_too_big_for_any_team_is_not_read_by_every_page_every_second(
     rows = {row["host"]: row for row in reader.host_agents()}
     assert rows["box-evil"]["agents"] is None and rows["box-zip"]["agents"] is None
     assert rows["box-a"]["agents"] == [AGENT]
+
+
+def test_the_panel_shows_a_bounded_number_of_other_hosts_agents() -> None:
+    """Anyone with the database can make up hosts: 200 of them publishing 500 agents each put 100,000
+    rows into every picture of every page. The panel takes MAX_REMOTE_ROWS of them at most."""
+    from hermes_sup.supervisor.agentrows import MAX_REMOTE_ROWS
+
+    hosts = [{"host": f"fake-{n:03}", "age": 1.0, "silent": False,
+              "agents": [{**AGENT, "name": f"a{i}"} for i in range(500)]} for n in range(200)]
+    rows = remote_rows(hosts, "box-b", 1_800_000_000.0)
+    assert len(rows) == MAX_REMOTE_ROWS
+    assert rows[0]["host"] == "fake-000" and rows[0]["name"] == "a0"
