@@ -720,3 +720,22 @@ def test_a_task_row_written_by_hand_is_failed_at_its_claim_not_claimed_by_every_
     assert [(task, dst) for task, dst, _ in notes] == [("deep", "failed"), ("scalar", "failed")]
     assert all("document" in note for _, _, note in notes)
     assert store.claim("w2") is None
+
+
+def test_a_held_task_row_written_by_hand_is_failed_by_recovery_and_read_as_a_clear_error(
+        make_store: Factory, pg_server: PgServer, schema: str) -> None:
+    """A doing row made no task by hand (another host, anyone with the database) raised a TypeError
+    out of every recovery sweep (every host's, each time) once its lease ran out, and out of get()
+    (task show, the drawer). Recovery fails it, saying why; get() is a BoardError naming it."""
+    store = make_store("box-a")
+    store.add({"id": "t", "title": "t"}, by="cli")
+    store.claim("ag", lease=0.01)
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        conn.execute(f'UPDATE "{schema}".tasks SET document = %s::jsonb WHERE id = %s', ("[" * 5000 + "]" * 5000, "t"))
+    with pytest.raises(BoardError, match="task t: its document in the board database"):
+        store.get("t")
+    recovered = wait_until(lambda: store.recover(), timeout=10)
+    assert recovered == [{"task": "t", "to": "failed", "reason": "lease of ag expired"}]
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        assert conn.execute(f'SELECT status, fence FROM "{schema}".tasks WHERE id = %s', ("t",)).fetchone() == (
+            "failed", None)

@@ -192,6 +192,9 @@ class PgStore(StreamMixin):
             row = conn.execute(sql.ANY_ROW, {"id": task_id}).fetchone()
         if row is None:
             raise TaskNotFound(f"no task '{task_id}' on the board")
+        why = unreadable(row)
+        if why is not None:
+            raise BoardError(f"task {task_id}: {why}")
         return row_to_doc(row)
 
     @_again
@@ -294,11 +297,14 @@ class PgStore(StreamMixin):
                     return row_to_doc(row)
                 # Written by hand (another host, anyone with the database): no agent can run it, and
                 # left in todo it would be every claimer's first pick, failing each in turn.
-                note = f"set aside at its claim by {agent}: {why}"
-                cur.execute(sql.SET_ASIDE, {"id": row["id"], "why": note})
-                self._event(cur, {"id": row["id"], "src": "doing", "dst": "failed", "by": agent, "note": note})
-                cur.execute(sql.END_RUN, {"outcome": "failed", "token": row["fence"]})
+                self._set_aside(cur, row, agent, f"set aside at its claim by {agent}: {why}")
         return None  # the rest waits for the next claim
+
+    def _set_aside(self, cur: psycopg.Cursor[Any], row: dict[str, Any], by: str, note: str) -> None:
+        """Fail a held row that is no task (rules.unreadable), its run ended, with its event."""
+        cur.execute(sql.SET_ASIDE, {"id": row["id"], "why": note})
+        self._event(cur, {"id": row["id"], "src": "doing", "dst": "failed", "by": by, "note": note})
+        cur.execute(sql.END_RUN, {"outcome": "failed", "token": row["fence"]})
 
     def _event(self, cur: psycopg.Cursor[Any], values: dict[str, Any]) -> None:
         cur.execute(sql.EVENTS_LOCK_SHARED, {"lock": sql.EVENTS_LOCK})
@@ -496,6 +502,10 @@ class PgStore(StreamMixin):
             row = cur.execute(query, {"id": task_id, "token": token, "host_timeout": self.host_timeout}).fetchone()
             if row is None:
                 return None
+            why = unreadable(row)
+            if why is not None:  # written by hand meanwhile: no retry can run it either
+                self._set_aside(cur, row, "board", f"{reason}; set aside: {why}")
+                return "failed"
             doc = row_to_doc(row)
             to, note = stale_note(reason, doc["attempts"], doc["max_attempts"])
             new = transition(doc, to, by="board", now=row["now_iso"], note=note, claim=None, error=note)
