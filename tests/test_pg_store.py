@@ -739,3 +739,17 @@ def test_a_held_task_row_written_by_hand_is_failed_by_recovery_and_read_as_a_cle
     with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
         assert conn.execute(f'SELECT status, fence FROM "{schema}".tasks WHERE id = %s', ("t",)).fetchone() == (
             "failed", None)
+
+
+def test_a_person_acting_on_a_task_row_written_by_hand_gets_a_clear_error(
+        make_store: Factory, pg_server: PgServer, schema: str) -> None:
+    """cancel, retry, comment, answer and move read the row first: one made no task by hand raised a
+    TypeError (a traceback from `task cancel`); each is a BoardError naming the task and why."""
+    store = make_store("box-a")
+    store.add({"id": "t", "title": "t"}, by="cli")
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        conn.execute(f'UPDATE "{schema}".tasks SET document = %s::jsonb WHERE id = %s', ("7", "t"))
+    for act in (lambda: store.cancel("t"), lambda: store.comment("t", "hi"), lambda: store.move("t", "blocked"),
+                lambda: store.retry("t"), lambda: store.answer("t", "yes")):
+        with pytest.raises(BoardError, match="task t: its document in the board database is not an object"):
+            act()

@@ -192,10 +192,7 @@ class PgStore(StreamMixin):
             row = conn.execute(sql.ANY_ROW, {"id": task_id}).fetchone()
         if row is None:
             raise TaskNotFound(f"no task '{task_id}' on the board")
-        why = unreadable(row)
-        if why is not None:
-            raise BoardError(f"task {task_id}: {why}")
-        return row_to_doc(row)
+        return _readable(row)
 
     @_again
     def list(self, status: str | None = None) -> Listing:
@@ -347,7 +344,7 @@ class PgStore(StreamMixin):
             row = cur.execute(sql.HELD, {"id": task_id, "token": token}).fetchone()
             if row is None:
                 raise self._lost(cur, task_id, token)
-            new = finished(row_to_doc(row), to, note, changes, now=row["now_iso"])
+            new = finished(_readable(row), to, note, changes, now=row["now_iso"])
             return self._write(cur, new, outcome_token=token)
 
     @_again
@@ -357,7 +354,7 @@ class PgStore(StreamMixin):
                                           "lease": self.lease if lease is None else float(lease)}).fetchone()
             if row is None:
                 raise self._lost(cur, task_id, token)
-        return row_to_doc(row)
+        return _readable(row)
 
     def complete(self, task_id: str, token: int, result: Any = None) -> TaskDoc:
         return self._end(task_id, token, "done", "completed", result=result, error=None)
@@ -548,7 +545,7 @@ class PgStore(StreamMixin):
             row = cur.execute(sql.ANY_ROW_LOCKED, {"id": task_id}).fetchone()
             if row is None:
                 raise TaskNotFound(f"no task '{task_id}' on the board")
-            doc = row_to_doc(row)
+            doc = _readable(row)
             if doc["status"] == to:
                 raise InvalidTransition(f"task {task_id} is already {to}")
             changes: dict[str, Any] = {"claim": None}
@@ -618,7 +615,7 @@ class PgStore(StreamMixin):
         row = cur.execute(sql.ANY_ROW_LOCKED, {"id": task_id}).fetchone()
         if row is None:
             raise TaskNotFound(f"no task '{task_id}' on the board")
-        return row_to_doc(row), row["now_iso"]
+        return _readable(row), row["now_iso"]
 
     @_again
     def mark_waiting(self, reason: str | None, *, needs_llm: bool = True, agent: str | None = None,
@@ -768,6 +765,15 @@ def _stale_reason(row: dict[str, Any], host_timeout: float) -> str:
     if row["why"] == "host restarted":
         return f"host {row['lease_host']} of {row['lease_owner']} restarted"
     return f"host {row['lease_host']} of {row['lease_owner']} sent no heartbeat for {host_timeout:g} s"
+
+
+def _readable(row: dict[str, Any]) -> TaskDoc:
+    """The task document of a row; a BoardError naming the task when it is no task (written by hand:
+    rules.unreadable), never a TypeError from the depths of a verb."""
+    why = unreadable(row)
+    if why is not None:
+        raise BoardError(f"task {row['id']}: {why}")
+    return row_to_doc(row)
 
 
 def _row_params(doc: TaskDoc) -> dict[str, Any]:
