@@ -59,6 +59,15 @@ def records(rows: list[dict[str, Any]], label: str) -> Read:
     return read
 
 
+def tool_record(record: dict[str, Any]) -> bool:
+    """Whether a tool row's record has the shape the loop reads (pure): a text call id, and a turn,
+    status and time that are text or numbers (they are keys of sets and dicts). Another host, or
+    anyone with the database, may have written any other, which would end every resuming agent."""
+    scalar = (str, int, float, type(None))
+    return isinstance(record.get("call_id"), str) and all(
+        isinstance(record.get(name), scalar) for name in ("turn", "status", "at"))
+
+
 class PgTaskJournal:
     def __init__(self, store: JournalRows, task_id: str, token: int, agent: str, workdir: Path) -> None:
         self.store = store
@@ -96,7 +105,8 @@ class PgTaskJournal:
         return self._messages(holder)
 
     def _tools(self, agent: str) -> list[dict[str, Any]]:
-        return records(self.store.journal_rows(self.task_id, "tool", agents=[agent]), self.label).records
+        return [record for record in records(self.store.journal_rows(self.task_id, "tool", agents=[agent]),
+                                             self.label).records if tool_record(record)]
 
     def tool_calls(self) -> list[dict[str, Any]]:
         return self._tools(self.agent)
