@@ -23,8 +23,7 @@ from hermes_sup.kanban.fsio import read_fd
 from hermes_sup.kanban.redact import scrub_bytes
 
 from . import v4a
-from .keys import key_names
-from .terminal import clean_env
+from .terminal import clean_env, withheld
 from .tools import Tool, ToolContext, ToolError, register
 
 MAX_READ_CHARS = 100_000
@@ -137,7 +136,9 @@ def _write(target: Path, text: str, shown: str) -> None:
     symlink there is replaced, never written through)."""
     folder, name = _folder(target, shown, create=True)
     try:
-        tmp = f".{name[:200]}.{os.getpid()}.{os.urandom(3).hex()}.tmp"
+        # Its bytes, not characters, bounded: a temp name past NAME_MAX would fail a name that is not.
+        stem = name.encode("utf-8", "ignore")[:100].decode("utf-8", "ignore")
+        tmp = f".{stem}.{os.getpid()}.{os.urandom(3).hex()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder)
         try:
             try:
@@ -268,7 +269,7 @@ def search_files(ctx: ToolContext, args: dict[str, Any]) -> str:
     request = json.dumps({"root": str(root_of(ctx)), "base": str(base), "pattern": args["pattern"],
                           "glob": args.get("file_glob") or "*", **options})
     proc = subprocess.Popen([sys.executable, "-P", "-m", "hermes_sup.agents.search"], cwd=ctx.scratch,
-                            env=clean_env(os.environ, key_names(ctx.settings.get("llm") or {})),
+                            env=clean_env(os.environ, withheld(ctx.settings)),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             process_group=0, close_fds=True)  # in the agent's session: killed with it
     deadline = time.monotonic() + SEARCH_TIMEOUT

@@ -38,6 +38,13 @@ from .ledger import Check, Hold, LedgerError
 
 STALE_HOLD = 3600.0  # seconds: a reservation of another host older than this is taken as abandoned
 SETUP_LOCK = 0x6865726D  # an advisory lock key: hosts creating the tables at once take turns
+# A row's amount as counted: another host (or anyone with the database) may have written a negative
+# one, or NaN (greater than every number to PostgreSQL, false in every comparison with a cap to
+# Python): either would free budget, so it counts as nothing, as runs/budget.jsonl's reader skips it.
+# One near the largest float counts MAX_AMOUNT (past every cap, never low): a few of those would sum
+# past it, failing the database's sum (every reservation) or making the spend infinity in Python.
+MAX_AMOUNT = 1e15
+AMOUNT = f"CASE WHEN amount >= 0 AND amount < 'Infinity'::float8 THEN LEAST(amount, {MAX_AMOUNT:.0f}) ELSE 0 END"
 DB_DAY = "to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD')"  # today by the database's clock, as utc_day
 _T = TypeVar("_T")
 
@@ -138,9 +145,9 @@ class PgLedger:
                      f"OR h.boot_id IS DISTINCT FROM b.boot FROM {self._hosts} h WHERE h.host_id = b.host), false)"
                      if self._hosts else "false")
         return conn.execute(
-            f"SELECT id, agent, task, day, amount, settled, host, pid, started, "
+            f"SELECT id, agent, task, day, {AMOUNT}, settled, host, pid, started, "
             f"extract(epoch FROM now() - at), {host_gone} FROM {self._holds} b WHERE NOT settled "
-            f"UNION ALL SELECT NULL, agent, task, day, sum(amount), true, NULL, NULL, NULL, 0, false "
+            f"UNION ALL SELECT NULL, agent, task, day, sum({AMOUNT}), true, NULL, NULL, NULL, 0, false "
             f"FROM {self._holds} WHERE settled GROUP BY agent, task, day", {"timeout": self.host_timeout}).fetchall()
 
     def _gone(self, row: tuple[Any, ...]) -> bool:

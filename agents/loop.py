@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import threading
 import time
@@ -332,6 +333,18 @@ def awaits_continuation(messages: list[Message]) -> bool:
     return last.get("role") == "assistant" and bool(last.get("cut")) and not last.get("tool_calls")
 
 
+def _tokens(value: Any) -> int:
+    """A token count as logged; 0 for anything else. The records come from every host on a shared
+    board (anyone with the database may write them): a negative or NaN figure would lift a ceiling."""
+    return value if type(value) is int and value >= 0 else 0
+
+
+def _cost(value: Any) -> float:
+    """A cost as logged; 0.0 for anything but a finite amount of at least 0 (see _tokens)."""
+    ok = type(value) in (int, float) and math.isfinite(value) and value >= 0
+    return float(value) if ok else 0.0
+
+
 class TaskLoop:
     def __init__(self, *, task: dict[str, Any], chain: list[Provider], workdir: Path, ctx: ToolContext,
                  toolbox: Toolbox, identity: str = "", prompt_extra: str = "", max_iterations: int = MAX_ITERATIONS,
@@ -467,8 +480,8 @@ class TaskLoop:
         restarts and reclaims."""
         for record in self.journal.llm_calls(self.others):
             if record.get("task") == self.task["id"]:
-                self.spent_tokens += int(record.get("tokens_in") or 0) + int(record.get("tokens_out") or 0)
-                self.spent_cost += float(record.get("cost_usd") or 0.0)
+                self.spent_tokens += _tokens(record.get("tokens_in")) + _tokens(record.get("tokens_out"))
+                self.spent_cost += _cost(record.get("cost_usd"))
 
     def over_ceiling(self) -> str | None:
         if self.max_tokens is not None and self.spent_tokens > self.max_tokens:

@@ -22,6 +22,8 @@ import time
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from hermes_sup.kanban.backends import DEFAULT_DSN_ENV
+
 from .keys import key_names
 from .tools import Tool, ToolContext, ToolError, register
 
@@ -66,6 +68,15 @@ def clean_env(env: Mapping[str, str], keys: Collection[str] = ()) -> dict[str, s
     """The environment without anything that looks like a credential, nor the variables the
     agent's providers take their keys from (`keys`, which may be named anyhow) (pure)."""
     return {key: value for key, value in env.items() if not SECRET_NAMES.search(key) and key not in keys}
+
+
+def withheld(settings: Mapping[str, Any]) -> set[str]:
+    """The variables no command is given whatever their names (pure): those the agent's providers take
+    their keys from, and those holding the board database's connection string (the default and the
+    one `board: {dsn_env}` names), whose password opens every row of the board to whoever reads it."""
+    board = settings.get("board")
+    named = board.get("dsn_env") if isinstance(board, Mapping) else None
+    return key_names(settings.get("llm") or {}) | {DEFAULT_DSN_ENV} | ({named} if isinstance(named, str) else set())
 
 
 def _cap(text: str, dropped: int = 0) -> str:
@@ -172,7 +183,7 @@ def terminal(ctx: ToolContext, args: dict[str, Any]) -> str:
                         f"allow it with terminal: {{approve: [{rule}]}} in hermes.yaml")
     ctx.scratch.mkdir(parents=True, exist_ok=True)
     cwd = _workdir(ctx, args.get("workdir"))
-    keys = key_names(ctx.settings.get("llm") or {})
+    keys = withheld(ctx.settings)
     if args.get("background"):
         return background(ctx, command, cwd, clean_env(os.environ, keys), args)
     limit = float(settings.get("timeout", DEFAULT_TIMEOUT))

@@ -21,6 +21,9 @@ from .statefile import read_state
 
 MAX_TEXT = 200  # characters of a name, state, task or exit another host published
 MAX_AGENTS = 500  # agents shown of one other host
+# Other hosts' agents shown in all: anyone with the database can make hosts up (a real team is far
+# smaller), and each row goes into every picture of every open page.
+MAX_REMOTE_ROWS = 1000
 
 
 def supervisor_state(runs: Path) -> tuple[dict[str, Any], bool]:
@@ -99,8 +102,11 @@ def _seconds(value: object) -> float | None:
     return float(value)
 
 
-def _iso(moment: float) -> str:
-    return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+def _iso(moment: float) -> str | None:
+    try:
+        return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    except (OverflowError, ValueError, OSError):  # an age another host published past any calendar
+        return None
 
 
 def remote_rows(hosts: list[dict[str, Any]], me: str, now: float) -> list[dict[str, Any]]:
@@ -117,6 +123,8 @@ def remote_rows(hosts: list[dict[str, Any]], me: str, now: float) -> list[dict[s
         host_age = _seconds(host.get("age"))
         silent = host.get("silent") is True
         for agent in agents[:MAX_AGENTS]:
+            if len(rows) >= MAX_REMOTE_ROWS:
+                return rows
             if not isinstance(agent, dict) or _text(agent.get("name")) is None:
                 continue
             beat = _seconds(agent.get("heartbeat_age"))

@@ -57,7 +57,8 @@ def settle_call(agent: str, record: dict[str, Any], ended: set[tuple[str, Any]])
     too, else an interrupted call with its estimated prompt tokens; any other record as it is (pure)."""
     if record.get("outcome") != "started":
         return record
-    if (agent, record.get("call")) in ended:
+    call = record.get("call")
+    if isinstance(call, str) and (agent, call) in ended:  # only text is an id (another host wrote the row)
         return None
     return {**record, "outcome": "interrupted", "tokens_in": _count(record.get("prompt_estimate")),
             "tokens_out": 0, "estimated": True, "error": INTERRUPTED}
@@ -99,7 +100,8 @@ def summarize(records: Iterable[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     """records: (agent, llm-call record) pairs. Pure."""
     result: dict[str, Any] = {"total": _blank(), "agents": {}, "tasks": {}, "providers": {}}
     for agent, record in settle_calls(records):
-        for bucket, key in (("agents", agent), ("tasks", record.get("task") or "-"),
+        task = record.get("task")
+        for bucket, key in (("agents", agent), ("tasks", task if isinstance(task, str) and task else "-"),
                             ("providers", f"{record.get('provider')} ({record.get('model')})")):
             _add(result[bucket].setdefault(key, _blank()), record)
         _add(result["total"], record)

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hermes_sup.kanban import Board
@@ -804,3 +805,32 @@ def test_peer_uid_reads_the_kernels_socket_tables() -> None:
     assert security.peer_uid([tcp, tcp6], ("127.0.0.1", 0xD439), ("127.0.0.1", 8080)) is None
     assert security.same_user(1000, 1000) and security.same_user(0, 1000)
     assert not security.same_user(1001, 1000) and not security.same_user(None, 1000)
+
+
+def test_recent_events_look_back_a_bounded_window_whatever_precedes_the_end(tmp_path: Path) -> None:
+    """Records that are no events (anyone who can append to the stream can write them: a host on
+    the shared board, a local user) made the window double until it reached the stream's start: each
+    picture of every open page then read the whole stream. The look back is bounded."""
+    from hermes_sup.supervisor.dashboard import views
+
+    class Counting:
+        """The real board, with the span of cursor each events_since read added up."""
+
+        def __init__(self, board: Board) -> None:
+            self.board, self.read = board, 0
+
+        def events_end(self) -> int:
+            return self.board.events_end()
+
+        def events_since(self, cursor: int, **kwargs: Any) -> Any:
+            batch = self.board.events_since(cursor, **kwargs)
+            self.read += batch.cursor - cursor
+            return batch
+
+    with Board(tmp_path / "kanban") as board:
+        board.add({"id": "early", "title": "x"}, by="cli")
+        with open(board.events_path, "ab") as handle:
+            handle.write(b'{"kind": "not-ours"}\n' * 400_000)  # 8.4 MB after the one real event
+        counting = Counting(board)
+        assert views.recent_events(counting) == []  # the real one is too far back to be looked for
+        assert counting.read <= 2 * views.MAX_RECENT_WINDOW

@@ -100,3 +100,48 @@ def test_seconds_since() -> None:
     assert seconds_since("2026-01-15T08:00:00Z", 1_768_464_010.0) == pytest.approx(10.0)
     assert seconds_since("not a time", 0.0) is None and seconds_since(None, 0.0) is None
 
+
+
+def test_a_heartbeat_age_past_any_calendar_shows_no_time_and_breaks_no_picture() -> None:
+    """Another host (or anyone with the database) publishing an age of 10^12 s must not make the
+    panel's time out of range: that raised, and every dashboard's picture failed with it."""
+    hosts = [{"host": "box-a", "age": 1.0, "silent": False, "agents": [
+        {**AGENT, "heartbeat_age": 1e12}, {**AGENT, "name": "w2", "heartbeat_age": 1e308}]},
+        {"host": "box-c", "age": 1e300, "silent": True, "agents": [AGENT]}]
+    rows = remote_rows(hosts, "box-b", 1_800_000_000.0)
+    assert [(row["name"], row["host"], row["heartbeat"]) for row in rows] == [
+        ("worker-1", "box-a", None), ("w2", "box-a", None), ("worker-1", "box-c", None)]
+
+
+def test_a_summary_too_big_for_any_team_is_not_read_by_every_page_every_second(
+        make_store: Factory, pg_server, schema: str) -> None:  # noqa: F811
+    """Anyone with the database may write a host's `agents` as big as jsonb holds (255 MB): every
+    open dashboard reads host_agents every second, and took all of it each time. A summary over
+    MAX_SUMMARY_BYTES (far above MAX_PUBLISHED agents) is read as none; the others as they are."""
+    import psycopg
+    from hermes_sup.kanban.pg.store import MAX_SUMMARY_BYTES
+
+    box_a, reader = make_store("box-a"), make_store("reader")
+    box_a.announce_host(lambda: [AGENT])
+    # Random text: incompressible, as big on disk as it is read. Then text that compresses well.
+    big = [{"name": os.urandom(MAX_SUMMARY_BYTES // 2).hex()}]
+    repetitive = [{"name": "a" * (8 * MAX_SUMMARY_BYTES)}]
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        for host, agents in (("box-evil", big), ("box-zip", repetitive)):
+            conn.execute(f'INSERT INTO "{schema}".hosts (host_id, boot_id, agents) VALUES (%s, %s, %s::jsonb)',
+                         (host, "b", json.dumps(agents)))
+    rows = {row["host"]: row for row in reader.host_agents()}
+    assert rows["box-evil"]["agents"] is None and rows["box-zip"]["agents"] is None
+    assert rows["box-a"]["agents"] == [AGENT]
+
+
+def test_the_panel_shows_a_bounded_number_of_other_hosts_agents() -> None:
+    """Anyone with the database can make up hosts: 200 of them publishing 500 agents each put 100,000
+    rows into every picture of every page. The panel takes MAX_REMOTE_ROWS of them at most."""
+    from hermes_sup.supervisor.agentrows import MAX_REMOTE_ROWS
+
+    hosts = [{"host": f"fake-{n:03}", "age": 1.0, "silent": False,
+              "agents": [{**AGENT, "name": f"a{i}"} for i in range(500)]} for n in range(200)]
+    rows = remote_rows(hosts, "box-b", 1_800_000_000.0)
+    assert len(rows) == MAX_REMOTE_ROWS
+    assert rows[0]["host"] == "fake-000" and rows[0]["name"] == "a0"

@@ -451,3 +451,21 @@ def test_a_flood_of_comments_does_not_make_the_first_message_huge():
     assert len(text) < 50_000, f"{len(text):,} characters"
     assert text.endswith("- ana: file B"), "the latest comment (a person's answer, say) is kept whole"
     assert "[27 earlier comment(s) left out]" in text and "[... 992,000 characters cut]" in text
+
+
+def test_the_ceilings_count_no_model_call_record_below_nothing(llm, tmp_path):
+    """The task's earlier model calls come from every host on a shared board (its journal's llm rows,
+    which anyone with the database can write): a record of -1,000,000 tokens or of a NaN cost lifted
+    the task's ceilings for good, and one of "lots" tokens crashed every attempt with a ValueError.
+    Such a figure counts as nothing; the real calls still count."""
+    (tmp_path / "agent").mkdir()
+    records = [{"task": TASK["id"], "tokens_in": 200, "tokens_out": 0, "cost_usd": 0.0002},
+               {"task": TASK["id"], "tokens_in": -1_000_000, "tokens_out": True, "cost_usd": "nan"},
+               {"task": TASK["id"], "tokens_in": "lots", "tokens_out": [1], "cost_usd": -5.0},
+               {"task": TASK["id"], "tokens_in": 1.5e300, "cost_usd": {"usd": 1}}]
+    (tmp_path / "agent" / "llm_calls.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    outcome = make_loop(llm, tmp_path, max_tokens=150).run()
+    assert (outcome.kind, outcome.text) == ("failed", "token ceiling: 200 tokens used, the limit is 150 (max_tokens)")
+    costly = make_loop(llm, tmp_path, max_cost=0.0001).run()
+    assert (costly.kind, costly.text) == ("failed", "cost ceiling: $0.0002 spent, the limit is $0.0001 (max_cost)")
+    assert llm.requests == []

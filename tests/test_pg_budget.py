@@ -492,3 +492,60 @@ def test_the_teams_model_calls_are_this_hosts_and_the_boards_rows_each_once():
     assert merged == [("w1", record), ("w2", other), ("-", model_call("t", "c3", 1, 0.0))]
     assert notes == ["1 model-call row(s) in the board's database are not records and are skipped"]
     assert team_records(local, None) == (local, [])
+
+
+def test_a_hold_of_negative_or_no_amount_written_by_another_host_frees_no_budget(tmp_path, database):
+    """Any host (or anyone with the database) can write the ledger's rows: one of -100 dollars, or of
+    NaN (which PostgreSQL's float holds, and which makes every sum and every comparison with a cap
+    false), made the team's spend look smaller or unknowable, and every host's agents then spent past
+    the caps. As runs/budget.jsonl's reader does, such an amount counts as nothing."""
+    ledger = open_ledger(tmp_path, {"backend": "postgres", "dsn_env": DSN_ENV}, host="box-a",
+                         environ={DSN_ENV: database})
+    try:
+        ledger.settle(ledger.reserve(agent="w", task="t1", amount=0.5, check=lambda entries, now: None), 0.5)
+        with psycopg.connect(database, autocommit=True) as conn:
+            for amount, settled in ((-100.0, True), (float("nan"), True), (float("-inf"), False),
+                                    (float("nan"), False), (float("inf"), True)):
+                conn.execute("INSERT INTO hermes_sup.budget_holds (id, agent, task, day, amount, settled, host) "
+                             "VALUES (%s, 'w', 't1', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD'), %s, %s, "
+                             "'box-evil')", (uuid.uuid4().hex, amount, settled))
+        seen: list = []
+        ledger.reserve(agent="w", task="t2", amount=0.25, check=lambda entries, now: seen.extend(entries))
+        assert round(sum(e.amount for e in seen), 8) == 0.5, seen
+        assert round(sum(e.amount for e in ledger.entries()), 8) == 0.75
+        # Against a total cap of $0.60 the next $0.25 is refused: the team has $0.75 out.
+        caps = Caps(team_total=0.6)
+        assert decide(ledger.entries(), caps, agent="w", task="t3", task_limit=None, worst=0.25,
+                      now=ledger.now()) is not None
+    finally:
+        ledger.close()
+
+
+def test_amounts_near_the_largest_float_another_host_wrote_sum_to_a_finite_spend(tmp_path, database, monkeypatch):
+    """Two holds of 1.7e308 (any host can write them) summed past the largest float: in one group the
+    database's sum failed every reservation of every host (an error, not a refusal), and across groups
+    the spend was infinity, which no page's JSON takes. An amount counts at most MAX_AMOUNT."""
+    from hermes_sup.agents.ledger_pg import MAX_AMOUNT
+    from hermes_sup.supervisor.usage import budget_standing
+
+    ledger = open_ledger(tmp_path, {"backend": "postgres", "dsn_env": DSN_ENV}, host="box-a",
+                         environ={DSN_ENV: database})
+    try:
+        ledger.settle(ledger.reserve(agent="w", task="t1", amount=0.5, check=lambda entries, now: None), 0.5)
+        with psycopg.connect(database, autocommit=True) as conn:
+            for task in ("t1", "t1", "t2"):
+                conn.execute("INSERT INTO hermes_sup.budget_holds (id, agent, task, day, amount, settled, host) "
+                             "VALUES (%s, 'w', %s, to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD'), 1.7e308, true, "
+                             "'box-evil')", (uuid.uuid4().hex, task))
+        seen: list = []
+        assert ledger.reserve(agent="w", task="t3", amount=0.25, check=lambda entries, now: seen.extend(entries)
+                              or None) is not None
+        assert sum(e.amount for e in seen) == pytest.approx(3 * MAX_AMOUNT, rel=1e-9)
+    finally:
+        ledger.close()
+    (tmp_path / "runs").mkdir(exist_ok=True)
+    monkeypatch.setenv(DSN_ENV, database)
+    rows = budget_standing(tmp_path / "runs", {"team": {"total": 1.0}}, 0.0,
+                           board={"backend": "postgres", "dsn_env": DSN_ENV}, host="box-a")
+    json.dumps(rows, allow_nan=False)
+    assert rows[0]["spent"] == pytest.approx(3 * MAX_AMOUNT + 0.75, rel=1e-9)

@@ -325,3 +325,53 @@ def test_a_task_retried_before_its_rows_go_keeps_them(make_store: Factory, tmp_p
     store.cancel(task_id)
     assert store.journal_prune([task_id, "no-such-task"])["rows"] == 1
     assert rows(store, task_id) == []
+
+
+def test_a_tool_call_row_of_odd_shape_is_left_out_not_fatal_to_the_take_over(make_store: Factory,
+                                                                               tmp_path: Path) -> None:
+    """Any host (anyone with the database) can write a task's tool rows: a call id or turn that is an
+    object made the take-over's set of keys raise TypeError, a done record without a call id the
+    loop's KeyError; every agent resuming the task crashed, attempt after attempt. Such a record is
+    left out; the holder's others are taken as before."""
+    store = make_store("box-a")
+    store.add({"id": "t", "title": "t"}, by="cli")
+    held = store.claim("w1")
+    token = held["claim"]["token"]
+    good = {"at": "2026-01-01T00:00:00Z", "task": "t", "turn": "1", "call_id": "c1", "tool": "wait", "status": "done",
+            "outcome": "ok", "result": "fine"}
+    store.journal_write("t", token, kind="tool", agent="w1", entries=[
+        good, {**good, "call_id": {"x": 1}}, {**good, "turn": ["1"]},
+        {k: v for k, v in good.items() if k != "call_id"}])
+    mine = PgTaskJournal(store, "t", token, "w2", tmp_path)
+    try:
+        taken = mine.take_tool_calls("w1", ("turn", "call_id", "status"))
+    finally:
+        mine.close()
+    assert taken == [good]
+
+
+def test_a_message_row_of_odd_shape_is_left_out_not_fatal_to_the_take_over(make_store: Factory,
+                                                                             tmp_path: Path) -> None:
+    """A task's message rows are written by any host: an assistant message whose tool call has no id,
+    or whose result names its call by an object, made the take-over's search for unanswered calls
+    raise (KeyError, TypeError) in every agent resuming the task. Such a message is left out."""
+    from hermes_sup.agents.loop import unanswered
+
+    store = make_store("box-a")
+    store.add({"id": "t", "title": "t"}, by="cli")
+    token = store.claim("w1")["claim"]["token"]
+    call = {"id": "c1", "type": "function", "function": {"name": "wait", "arguments": "{}"}}
+    good = [{"role": "user", "content": "go"},
+            {"role": "assistant", "content": None, "tool_calls": [call], "turn": "1"}]
+    odd = [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "wait"}}]},
+           {"role": "assistant", "tool_calls": [{**call, "function": "wait"}]},
+           {"role": "assistant", "tool_calls": "all of them"},
+           {"role": "tool", "tool_call_id": {"id": "c1"}, "content": "x"}, {"role": ["user"], "content": "x"}]
+    store.journal_write("t", token, kind="message", agent="w1", name="t.jsonl", entries=[*good, *odd])
+    mine = PgTaskJournal(store, "t", token, "w2", tmp_path)
+    try:
+        theirs = mine.holder_transcript("w1").records
+    finally:
+        mine.close()
+    assert theirs == good
+    assert unanswered(theirs) == ("1", [call])

@@ -676,3 +676,80 @@ def test_board_commands_do_not_quote_a_dsn_that_does_not_parse(tmp_path: Path) -
                              capture_output=True, text=True, env=env, timeout=60)
         assert "s3cretpart" not in run.stdout + run.stderr, args
         assert "Traceback" not in run.stderr, (args, run.stderr)
+
+
+def test_a_task_row_written_by_hand_is_set_aside_not_fatal_to_every_listing(
+        make_store: Factory, pg_server: PgServer, schema: str) -> None:
+    """Any host (or anyone with the database) may write a task's document column: one nested deeper
+    than Python reads raised RecursionError out of every list() (every host's supervisor, dashboard
+    and CLI), one that is no object a TypeError, one with no title a KeyError further on. Each is
+    listed as damaged, as the file board lists a task file it cannot read; the others as before."""
+    store = make_store("box-a")
+    for task_id in ("good", "deep", "scalar", "untitled"):
+        store.add({"id": task_id, "title": task_id}, by="cli")
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        for task_id, document in (("deep", "[" * 5000 + "]" * 5000), ("scalar", "5"), ("untitled", "{}")):
+            conn.execute(f'UPDATE "{schema}".tasks SET document = %s::jsonb WHERE id = %s', (document, task_id))
+    listing = store.list()
+    assert [doc["id"] for doc in listing.tasks] == ["good"]
+    assert sorted(entry["path"] for entry in listing.damaged) == [
+        "task deep (board database)", "task scalar (board database)", "task untitled (board database)"]
+    assert [doc["id"] for doc in store.list_fields("todo").tasks] == ["good"]
+
+
+def test_a_task_row_written_by_hand_is_failed_at_its_claim_not_claimed_by_every_agent_in_turn(
+        make_store: Factory, pg_server: PgServer, schema: str) -> None:
+    """A todo row whose document is no task (no object: the claim's SQL failed; nested too deep: the
+    claimed row could not be read) broke every claim of every agent of every host while it was the
+    first pick. The claim sets it aside as failed, saying why, and claims the next task."""
+    store = make_store("box-a")
+    store.add({"id": "good", "title": "good", "priority": 1}, by="cli")
+    for task_id in ("deep", "scalar"):
+        store.add({"id": task_id, "title": task_id, "priority": 9}, by="cli")
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        for task_id, document in (("deep", "[" * 5000 + "]" * 5000), ("scalar", "5")):
+            conn.execute(f'UPDATE "{schema}".tasks SET document = %s::jsonb WHERE id = %s', (document, task_id))
+    claimed = store.claim("w1")
+    assert claimed is not None and claimed["id"] == "good"
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        rows = conn.execute(f'SELECT id, status, fence, lease_owner FROM "{schema}".tasks WHERE id <> %s ORDER BY id',
+                            ("good",)).fetchall()
+        notes = conn.execute(f'SELECT task, dst, note FROM "{schema}".events WHERE dst = %s ORDER BY task',
+                             ("failed",)).fetchall()
+    assert rows == [("deep", "failed", None, None), ("scalar", "failed", None, None)]
+    assert [(task, dst) for task, dst, _ in notes] == [("deep", "failed"), ("scalar", "failed")]
+    assert all("document" in note for _, _, note in notes)
+    assert store.claim("w2") is None
+
+
+def test_a_held_task_row_written_by_hand_is_failed_by_recovery_and_read_as_a_clear_error(
+        make_store: Factory, pg_server: PgServer, schema: str) -> None:
+    """A doing row made no task by hand (another host, anyone with the database) raised a TypeError
+    out of every recovery sweep (every host's, each time) once its lease ran out, and out of get()
+    (task show, the drawer). Recovery fails it, saying why; get() is a BoardError naming it."""
+    store = make_store("box-a")
+    store.add({"id": "t", "title": "t"}, by="cli")
+    store.claim("ag", lease=0.01)
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        conn.execute(f'UPDATE "{schema}".tasks SET document = %s::jsonb WHERE id = %s', ("[" * 5000 + "]" * 5000, "t"))
+    with pytest.raises(BoardError, match="task t: its document in the board database"):
+        store.get("t")
+    recovered = wait_until(lambda: store.recover(), timeout=10)
+    assert recovered == [{"task": "t", "to": "failed", "reason": "lease of ag expired"}]
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        assert conn.execute(f'SELECT status, fence FROM "{schema}".tasks WHERE id = %s', ("t",)).fetchone() == (
+            "failed", None)
+
+
+def test_a_person_acting_on_a_task_row_written_by_hand_gets_a_clear_error(
+        make_store: Factory, pg_server: PgServer, schema: str) -> None:
+    """cancel, retry, comment, answer and move read the row first: one made no task by hand raised a
+    TypeError (a traceback from `task cancel`); each is a BoardError naming the task and why."""
+    store = make_store("box-a")
+    store.add({"id": "t", "title": "t"}, by="cli")
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        conn.execute(f'UPDATE "{schema}".tasks SET document = %s::jsonb WHERE id = %s', ("7", "t"))
+    for act in (lambda: store.cancel("t"), lambda: store.comment("t", "hi"), lambda: store.move("t", "blocked"),
+                lambda: store.retry("t"), lambda: store.answer("t", "yes")):
+        with pytest.raises(BoardError, match="task t: its document in the board database is not an object"):
+            act()

@@ -8,6 +8,7 @@ import ctypes
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -275,6 +276,26 @@ def test_terminal_never_sees_a_providers_key_whatever_its_variable_is_called(ctx
     assert "acme-must-not-leak" not in call(agent, "terminal", command="env")
     with pytest.raises(ToolError, match="deny rule 'rm-root'"):
         call(ctx, "terminal", command="rm -rf /")
+
+
+def test_terminal_never_sees_the_board_databases_connection_string(ctx, monkeypatch):
+    """The agent's process holds the PostgreSQL board's DSN (it claims and journals there), with its
+    password: a command that printed its environment handed a hostile model every row of the board
+    (any task, claim, budget hold, another host's published agents) and put the password into the
+    transcript, on disk and in the database. Neither the default variable nor one `dsn_env` names
+    reaches a command, in the foreground or in the background."""
+    monkeypatch.setenv("HERMES_SUP_PG_DSN", "postgresql://team:pw-default-must-not-leak@127.0.0.1/board")
+    monkeypatch.setenv("TEAM_BOARD_URL", "postgresql://team:pw-named-must-not-leak@127.0.0.1/board")
+    for board in ({"backend": "postgres"}, {"backend": "postgres", "dsn_env": "TEAM_BOARD_URL"}):
+        agent = ToolContext(scratch=ctx.scratch, stop=ctx.stop, settings={"board": board})
+        out = call(agent, "terminal", command="env")
+        assert "PATH=" in out and "pw-default" not in out
+        assert ("pw-named" in out) is (board.get("dsn_env") is None), out  # a name it was not told of is no DSN here
+        started = call(agent, "terminal", command="env", background=True)
+        log = ctx.scratch / re.search(r"\.background/\S+\.log", started).group(0)
+        wait_until(lambda log=log: "PATH=" in log.read_text(), timeout=30)
+        assert "pw-default" not in log.read_text()
+        assert ("pw-named" in log.read_text()) is (board.get("dsn_env") is None)
 
 
 def test_terminal_times_out_and_kills_its_whole_group(ctx):
@@ -564,3 +585,12 @@ def test_an_agent_whose_toolsets_leave_out_the_terminal_hands_on_no_shell(ctx):
     full = Toolbox(grants=("fs.read", "kanban", "shell"))
     full.call(ctx, "kanban_create", {"id": "allowed", "title": "run this", "steps": steps})
     assert ctx.board.get("allowed")["meta"]["capabilities"] == ["fs.read", "kanban", "shell"]
+
+
+def test_write_file_writes_a_name_of_255_bytes_in_any_script(ctx):
+    """The temp file beside it took the name's first 200 characters: 63 four-byte ones (252 bytes, a
+    valid name) made the temp name longer than the filesystem allows, and the write failed."""
+    name = "\U0001F600" * 63
+    assert call(ctx, "write_file", path=name, content="x").startswith("wrote")
+    assert (ctx.scratch / name).read_text() == "x"
+    assert [p.name for p in ctx.scratch.iterdir()] == [name]  # no temp file left

@@ -88,3 +88,18 @@ def test_a_started_call_counts_once_and_as_interrupted_only_when_it_never_ended(
     total = summarize(records)["total"]
     assert (total["calls"], total["failed_calls"], total["estimated_calls"]) == (3, 2, 2)
     assert (total["tokens_in"], total["tokens_estimated"], total["tokens_out"]) == (180, 80, 10)
+
+
+def test_a_model_call_row_of_odd_shape_from_another_host_is_counted_and_breaks_no_summary():
+    """The board database's llm rows are written by any host (or anyone with the database): a task
+    or a call id that is an object, not text, made `usage` (every host's) fail with a TypeError."""
+    from hermes_sup.supervisor.usage import team_records
+
+    rows = [{"agent": "evil", "entry": {"task": {"a": 1}, "outcome": "ok", "tokens_in": 5, "cost_usd": 0.5}},
+            {"agent": "evil", "entry": {"task": ["t"], "outcome": "started", "call": {"x": 1},
+                                        "prompt_estimate": 7}},
+            {"agent": "evil", "entry": {"task": "t2", "outcome": "ok", "call": ["c"], "tokens_in": 1}}]
+    records, _notes = team_records([], rows)
+    summary = summarize(records)
+    assert summary["total"]["calls"] == 3 and summary["total"]["tokens_in"] == 5 + 7 + 1
+    assert summary["tasks"]["-"]["calls"] == 2 and summary["tasks"]["t2"]["calls"] == 1

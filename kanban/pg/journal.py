@@ -59,6 +59,33 @@ def records(rows: list[dict[str, Any]], label: str) -> Read:
     return read
 
 
+def tool_record(record: dict[str, Any]) -> bool:
+    """Whether a tool row's record has the shape the loop reads (pure): a text call id, and a turn,
+    status and time that are text or numbers (they are keys of sets and dicts). Another host, or
+    anyone with the database, may have written any other, which would end every resuming agent."""
+    scalar = (str, int, float, type(None))
+    return isinstance(record.get("call_id"), str) and all(
+        isinstance(record.get(name), scalar) for name in ("turn", "status", "at"))
+
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def _call(call: Any) -> bool:
+    function = call.get("function") if isinstance(call, dict) else None
+    return (isinstance(call.get("id") if isinstance(call, dict) else None, str) and isinstance(function, dict)
+            and isinstance(function.get("name"), str) and isinstance(function.get("arguments", ""), str))
+
+
+def message_record(record: dict[str, Any]) -> bool:
+    """Whether a message row's record has the shape the loop reads (pure): a known role, tool calls
+    (if any) each with a text id and a function's text name and arguments, a result naming its call
+    by text. Another host may have written any other, which would end every resuming agent."""
+    calls = record.get("tool_calls")
+    return (record.get("role") in ROLES and isinstance(record.get("tool_call_id"), str | None)
+            and (calls is None or (isinstance(calls, list) and all(_call(call) for call in calls))))
+
+
 class PgTaskJournal:
     def __init__(self, store: JournalRows, task_id: str, token: int, agent: str, workdir: Path) -> None:
         self.store = store
@@ -77,7 +104,13 @@ class PgTaskJournal:
                                         entries=entries, set_aside=set_aside)
 
     def _messages(self, agent: str) -> Read:
-        return records(self.store.journal_rows(self.task_id, "message", agents=[agent], name=self._name), self.label)
+        read = records(self.store.journal_rows(self.task_id, "message", agents=[agent], name=self._name), self.label)
+        kept = [record for record in read.records if message_record(record)]
+        if len(kept) < len(read.records):
+            read.notes.append(f"{self.label}: {len(read.records) - len(kept)} message(s) of {agent} are not "
+                              "messages of ours and are left out")
+        read.records = kept
+        return read
 
     def transcript(self) -> Read:
         return self._messages(self.agent)
@@ -96,7 +129,8 @@ class PgTaskJournal:
         return self._messages(holder)
 
     def _tools(self, agent: str) -> list[dict[str, Any]]:
-        return records(self.store.journal_rows(self.task_id, "tool", agents=[agent]), self.label).records
+        return [record for record in records(self.store.journal_rows(self.task_id, "tool", agents=[agent]),
+                                             self.label).records if tool_record(record)]
 
     def tool_calls(self) -> list[dict[str, Any]]:
         return self._tools(self.agent)

@@ -4,6 +4,7 @@ the text PostgreSQL's jsonb can hold. The transitions themselves are kanban/task
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -68,6 +69,33 @@ def finished(doc: TaskDoc, to: str, note: str, changes: Mapping[str, Any], *, no
 
 def _clean_text(text: str) -> str:
     return _BAD_CHARS.sub("\ufffd", text)
+
+
+def _finite(text: str) -> float | None:
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+def load_jsonb(data: str | bytes) -> Any:
+    """A json/jsonb value as read from the database (pure): a number no float holds (1e400 with a
+    fraction: only a row written by hand holds one) is null, never infinity, which no JSON reader
+    (a page's JSON.parse) takes and the file board refuses."""
+    try:
+        return json.loads(data, parse_float=_finite)
+    except RecursionError:  # nested deeper than Python reads (the database takes it): no value of ours
+        return None
+
+
+def unreadable(row: Mapping[str, Any]) -> str | None:
+    """Why a tasks row cannot be read as a task (pure), or None: its document is no object with a
+    title and a history (written by hand, or nested too deep to read); a listing sets it aside as
+    damaged, as the file board does a task file it cannot read, rather than fail whole."""
+    document = row.get("document")
+    if not isinstance(document, dict):
+        return "its document in the board database is not an object (written by hand, or nested too deeply)"
+    if not isinstance(document.get("title"), str) or not isinstance(document.get("history"), list):
+        return "its document in the board database has no title or no history"
+    return None
 
 
 def storable(value: Any) -> Any:

@@ -17,6 +17,7 @@ ROW_SELECT = """id, status, attempts, claims, max_attempts, priority, role, assi
 # The claim, in one statement: the best claimable row not locked by another claimer (SKIP LOCKED,
 # walking the partial index in priority order), taken with a new fence from the sequence and every
 # liveness field of any earlier claim overwritten, its run and its event recorded.
+OBJECT_DOC = "(CASE WHEN jsonb_typeof(t.document) = 'object' THEN t.document ELSE '{}'::jsonb END)"
 CLAIM = f"""
 WITH picked AS (
     SELECT t.id FROM tasks t
@@ -44,9 +45,11 @@ WITH picked AS (
         lease_pid_started = %(pid_started)s::float8,
         lease_claimed = now(),
         lease_until = now() + make_interval(secs => %(lease)s::float8),
-        document = (t.document - 'waiting') || jsonb_build_object(
+        -- A document that is no object (written by hand) is claimed as an empty one: the claim then
+        -- sets it aside.
+        document = ({OBJECT_DOC} - 'waiting') || jsonb_build_object(
             'updated_at', {NOW_ISO},
-            'history', COALESCE(t.document->'history', '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
+            'history', COALESCE({OBJECT_DOC}->'history', '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
                 'at', {NOW_ISO}, 'by', %(agent)s::text, 'from', 'todo', 'to', 'doing',
                 'note', format('claimed by %%s (attempt %%s of %%s)', %(agent)s::text, t.attempts + 1,
                                t.max_attempts))))
@@ -74,6 +77,15 @@ RENEW = f"""UPDATE tasks SET lease_until = now() + make_interval(secs => %(lease
 
 ANY_ROW = f"SELECT {ROW_SELECT}, {NOW_ISO} AS now_iso FROM tasks WHERE id = %(id)s"
 ANY_ROW_LOCKED = ANY_ROW + " FOR UPDATE"
+
+# A claimed row that is no task (rules.unreadable: written by hand) failed at once, in the claim's
+# transaction, the reason its error and its event's note, its run ended: no agent runs it.
+SET_ASIDE = """UPDATE tasks SET status = 'failed',
+        document = (CASE WHEN jsonb_typeof(document) = 'object' THEN document ELSE '{}'::jsonb END)
+            || jsonb_build_object('error', %(why)s::text, 'updated_at', """ + NOW_ISO + """),
+        lease_owner = NULL, lease_host = NULL, lease_boot = NULL, lease_pid = NULL, lease_pid_started = NULL,
+        lease_claimed = NULL, lease_until = NULL, fence = NULL
+    WHERE id = %(id)s"""
 
 # Writes a whole task state, on a row its caller locked in the same transaction (HELD, STALE_HELD
 # or ANY_ROW_LOCKED): the fence was checked there, once; leaving doing clears every lease field.
@@ -151,7 +163,10 @@ HEARTBEAT = """INSERT INTO hosts (host_id, boot_id, agents) VALUES (%(host)s, %(
 HOST_AGENTS = """SELECT host_id AS host,
         to_char(heartbeat AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS heartbeat,
         extract(epoch FROM now() - heartbeat)::float8 AS age,
-        heartbeat < now() - make_interval(secs => %(host_timeout)s::float8) AS silent, agents
+        heartbeat < now() - make_interval(secs => %(host_timeout)s::float8) AS silent,
+        -- Its stored size first (cheap), then its text's: a summary that compresses well is no smaller to read.
+        CASE WHEN pg_column_size(agents) > %(max_bytes)s THEN NULL
+             WHEN octet_length(agents::text) > %(max_bytes)s THEN NULL ELSE agents END AS agents
     FROM hosts ORDER BY host_id LIMIT %(limit)s"""
 
 # One holder at a time: taken when free or expired, kept by renewing it before it runs out.

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
+from psycopg.types.json import Jsonb, set_json_loads
 
 from ..board import COMMENT_RESERVE, MAX_DOCUMENT_BYTES
 from ..errors import BoardError, ClaimLost, InvalidTransition, TaskNotFound
@@ -36,7 +36,7 @@ from ..watch import ChangeSignal
 from . import drops, sql
 from .journal import PgTaskJournal
 from .listen import CHANNEL, Listener
-from .rules import document_part, finished, landed_at, row_to_doc, stale_note, storable
+from .rules import document_part, finished, landed_at, load_jsonb, row_to_doc, stale_note, storable, unreadable
 from .schema import check_schema_name, migrate
 from .stream import StreamMixin
 
@@ -50,6 +50,10 @@ RECOVER_INTERVAL = 2.0
 SWEEPER = "sweeper"
 MAX_PUBLISHED = 500  # agents of one host published with its heartbeat (a team is far smaller)
 MAX_HOSTS = 200  # hosts host_agents reads
+MAX_SET_ASIDE = 20  # unreadable rows one claim fails before it gives up until the next
+# A host's published summary larger than this is read as none: MAX_PUBLISHED agents take a fraction
+# of it, and anyone with the database could write one as big as jsonb holds for every page to read.
+MAX_SUMMARY_BYTES = 1 << 20
 # The server ended the connection before running the statement (a restart, a terminated backend):
 # nothing was done, so the verb is run again once, on a new connection.
 ENDED_BY_SERVER = frozenset({"57P01", "57P02", "57P03"})
@@ -123,6 +127,7 @@ class PgStore(StreamMixin):
                                    application_name="hermes-sup-listen" if listen else "hermes-sup")
         except Exception as exc:
             raise self._error(exc, "connect") from None
+        set_json_loads(load_jsonb, conn)  # rows another host wrote may hold numbers no float holds
         conn.execute("SELECT set_config('search_path', %s, false)", (f'"{self.schema}"',))
         return conn
 
@@ -187,7 +192,7 @@ class PgStore(StreamMixin):
             row = conn.execute(sql.ANY_ROW, {"id": task_id}).fetchone()
         if row is None:
             raise TaskNotFound(f"no task '{task_id}' on the board")
-        return row_to_doc(row)
+        return _readable(row)
 
     @_again
     def list(self, status: str | None = None) -> Listing:
@@ -198,7 +203,10 @@ class PgStore(StreamMixin):
             rows = conn.execute(f"SELECT {sql.ROW_SELECT} FROM tasks WHERE %(status)s::text IS NULL OR status = "
                                 "%(status)s::text ORDER BY array_position(%(order)s::text[], status), priority DESC, "
                                 "created, id", {"status": status, "order": list(STATUSES)}).fetchall()
-        return Listing([row_to_doc(row) for row in rows], [])
+        damaged = {row["id"]: why for row in rows if (why := unreadable(row)) is not None}
+        return Listing([row_to_doc(row) for row in rows if row["id"] not in damaged],
+                       [{"path": f"task {task_id} (board database)", "reason": why}
+                        for task_id, why in damaged.items()])
 
     def list_fields(self, status: str | None = None) -> Listing:
         """`list`, each task as its listing fields (the protocol's verb; the whole rows are read)."""
@@ -275,10 +283,25 @@ class PgStore(StreamMixin):
         params = {"agent": agent, "roles": list(roles), "steps_only": steps_only, "assigned_only": assigned_only,
                   "host": self.host, "boot": self.boot_id, "pid": pid, "pid_started": start_time(pid),
                   "lease": self.lease if lease is None else float(lease)}
-        with self._tx() as cur:
-            cur.execute(sql.EVENTS_LOCK_SHARED, {"lock": sql.EVENTS_LOCK})
-            row = cur.execute(sql.CLAIM, params).fetchone()
-        return None if row is None else row_to_doc(row)
+        for _ in range(MAX_SET_ASIDE):
+            with self._tx() as cur:
+                cur.execute(sql.EVENTS_LOCK_SHARED, {"lock": sql.EVENTS_LOCK})
+                row = cur.execute(sql.CLAIM, params).fetchone()
+                if row is None:
+                    return None
+                why = unreadable(row)
+                if why is None:
+                    return row_to_doc(row)
+                # Written by hand (another host, anyone with the database): no agent can run it, and
+                # left in todo it would be every claimer's first pick, failing each in turn.
+                self._set_aside(cur, row, agent, f"set aside at its claim by {agent}: {why}")
+        return None  # the rest waits for the next claim
+
+    def _set_aside(self, cur: psycopg.Cursor[Any], row: dict[str, Any], by: str, note: str) -> None:
+        """Fail a held row that is no task (rules.unreadable), its run ended, with its event."""
+        cur.execute(sql.SET_ASIDE, {"id": row["id"], "why": note})
+        self._event(cur, {"id": row["id"], "src": "doing", "dst": "failed", "by": by, "note": note})
+        cur.execute(sql.END_RUN, {"outcome": "failed", "token": row["fence"]})
 
     def _event(self, cur: psycopg.Cursor[Any], values: dict[str, Any]) -> None:
         cur.execute(sql.EVENTS_LOCK_SHARED, {"lock": sql.EVENTS_LOCK})
@@ -321,7 +344,7 @@ class PgStore(StreamMixin):
             row = cur.execute(sql.HELD, {"id": task_id, "token": token}).fetchone()
             if row is None:
                 raise self._lost(cur, task_id, token)
-            new = finished(row_to_doc(row), to, note, changes, now=row["now_iso"])
+            new = finished(_readable(row), to, note, changes, now=row["now_iso"])
             return self._write(cur, new, outcome_token=token)
 
     @_again
@@ -331,7 +354,7 @@ class PgStore(StreamMixin):
                                           "lease": self.lease if lease is None else float(lease)}).fetchone()
             if row is None:
                 raise self._lost(cur, task_id, token)
-        return row_to_doc(row)
+        return _readable(row)
 
     def complete(self, task_id: str, token: int, result: Any = None) -> TaskDoc:
         return self._end(task_id, token, "done", "completed", result=result, error=None)
@@ -451,7 +474,8 @@ class PgStore(StreamMixin):
     @_again
     def host_agents(self) -> list[dict[str, Any]]:
         with self._locked() as conn:
-            rows = conn.execute(sql.HOST_AGENTS, {"host_timeout": self.host_timeout, "limit": MAX_HOSTS}).fetchall()
+            rows = conn.execute(sql.HOST_AGENTS, {"host_timeout": self.host_timeout, "limit": MAX_HOSTS,
+                                                  "max_bytes": MAX_SUMMARY_BYTES}).fetchall()
         return [dict(row) for row in rows]
 
     def start_heartbeat(self, interval: float | None = None) -> None:
@@ -482,6 +506,10 @@ class PgStore(StreamMixin):
             row = cur.execute(query, {"id": task_id, "token": token, "host_timeout": self.host_timeout}).fetchone()
             if row is None:
                 return None
+            why = unreadable(row)
+            if why is not None:  # written by hand meanwhile: no retry can run it either
+                self._set_aside(cur, row, "board", f"{reason}; set aside: {why}")
+                return "failed"
             doc = row_to_doc(row)
             to, note = stale_note(reason, doc["attempts"], doc["max_attempts"])
             new = transition(doc, to, by="board", now=row["now_iso"], note=note, claim=None, error=note)
@@ -524,7 +552,7 @@ class PgStore(StreamMixin):
             row = cur.execute(sql.ANY_ROW_LOCKED, {"id": task_id}).fetchone()
             if row is None:
                 raise TaskNotFound(f"no task '{task_id}' on the board")
-            doc = row_to_doc(row)
+            doc = _readable(row)
             if doc["status"] == to:
                 raise InvalidTransition(f"task {task_id} is already {to}")
             changes: dict[str, Any] = {"claim": None}
@@ -594,7 +622,7 @@ class PgStore(StreamMixin):
         row = cur.execute(sql.ANY_ROW_LOCKED, {"id": task_id}).fetchone()
         if row is None:
             raise TaskNotFound(f"no task '{task_id}' on the board")
-        return row_to_doc(row), row["now_iso"]
+        return _readable(row), row["now_iso"]
 
     @_again
     def mark_waiting(self, reason: str | None, *, needs_llm: bool = True, agent: str | None = None,
@@ -744,6 +772,15 @@ def _stale_reason(row: dict[str, Any], host_timeout: float) -> str:
     if row["why"] == "host restarted":
         return f"host {row['lease_host']} of {row['lease_owner']} restarted"
     return f"host {row['lease_host']} of {row['lease_owner']} sent no heartbeat for {host_timeout:g} s"
+
+
+def _readable(row: dict[str, Any]) -> TaskDoc:
+    """The task document of a row; a BoardError naming the task when it is no task (written by hand:
+    rules.unreadable), never a TypeError from the depths of a verb."""
+    why = unreadable(row)
+    if why is not None:
+        raise BoardError(f"task {row['id']}: {why}")
+    return row_to_doc(row)
 
 
 def _row_params(doc: TaskDoc) -> dict[str, Any]:

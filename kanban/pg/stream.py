@@ -154,7 +154,8 @@ class StreamMixin:
         return self._exclusive()
 
     def quarantine_damaged(self: PgStore, damaged: Any) -> list[str]:
-        # Rows are jsonb written by the verbs alone: `list` never finds one damaged.
+        # A damaged row (written by hand: rules.unreadable) stays where it is, listed as damaged each
+        # time: there is no rejected/ folder to move it to, and another host may still mean to mend it.
         return []
 
     def health(self: PgStore) -> list[tuple[str, str, str]]:

@@ -26,6 +26,9 @@ from ..workspace import ConfigError, Workspace, load_config
 HOST = socket.gethostname()
 RECENT_EVENTS = 30
 RECENT_WINDOW = 64  # cursor units (bytes of the file log, events of PostgreSQL's) first looked back over
+# The furthest back it looks: records that are no events (anyone who appends to the stream can write
+# them) would otherwise double the window to the stream's start, read whole for every picture.
+MAX_RECENT_WINDOW = 1 << 18
 MAX_LOG_LINES = 2000
 
 
@@ -78,9 +81,9 @@ def board_document(board: BoardStore, ws: Workspace, state: dict[str, Any], aliv
 
 def recent_events(board: BoardStore, count: int = RECENT_EVENTS) -> list[dict[str, Any]]:
     """The newest `count` events of the stream, read through the protocol from its end: a window
-    before the end, doubled until it holds `count` events or reaches the start, so a long stream
-    costs a few short reads whatever a cursor counts (a window starting inside a line of the file
-    log skips that line: only complete events are read)."""
+    before the end, doubled until it holds `count` events, reaches the start or MAX_RECENT_WINDOW,
+    so a long stream costs a few short reads whatever a cursor counts (a window starting inside a
+    line of the file log skips that line: only complete events are read)."""
     try:
         end = board.events_end()
         window = RECENT_WINDOW
@@ -94,7 +97,7 @@ def recent_events(board: BoardStore, count: int = RECENT_EVENTS) -> list[dict[st
                     break  # replaced meanwhile, or nothing more yet: what was read is the newest there is
                 found += [record for at, record in batch.events if at <= end]
                 cursor = batch.cursor
-            if len(found) >= count or start == 0:
+            if len(found) >= count or start == 0 or window >= MAX_RECENT_WINDOW:
                 # Each kind in its own words, as `hermes-sup events` prints it (one renderer for both).
                 return [{**record, "line": render.event_line(record)} for record in found[-count:]]
             window *= 2
