@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 from hermes_sup.supervisor.dashboard import sse, views
 from hermes_sup.supervisor.dashboard.app import Server, Settings
