@@ -19,6 +19,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -180,3 +181,27 @@ def fresh_database(server: PgServer, prefix: str, password: str | None = None) -
     finally:
         with psycopg.connect(server.dsn, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def stores_on_one_schema(server: PgServer, schema: str) -> Iterator[Any]:
+    """A maker of PgStores on `schema`, each as if on a host of its own (`host`, `boot_id`); every
+    store closed and the schema dropped afterwards."""
+    import psycopg
+    from hermes_sup.kanban.pg.store import PgStore
+
+    opened: list[PgStore] = []
+
+    def make(host: str = "host-a", **kwargs: Any) -> PgStore:
+        kwargs.setdefault("boot_id", f"boot-{host}")
+        store = PgStore(server.dsn, schema=schema, host=host, **kwargs)
+        opened.append(store)
+        return store
+
+    try:
+        yield make
+    finally:
+        for store in opened:
+            store.close()
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')  # a test may open no store

@@ -12,17 +12,14 @@ from hermes_sup.kanban import Board
 from hermes_sup.kanban.pg.store import PgStore
 from hermes_sup.supervisor.cli_events import print_since
 
+from . import pgserver
 from .pgserver import PgServer
 
 
 @pytest.fixture
 def pg_board(pg_server: PgServer) -> Iterator[PgStore]:
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    store = PgStore(pg_server.dsn, schema=schema, host="host-a", boot_id="boot-a")
-    yield store
-    store.close()
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    with pgserver.stores_on_one_schema(pg_server, f"t_{uuid.uuid4().hex[:12]}") as make:
+        yield make("host-a", boot_id="boot-a")
 
 
 def test_a_postgresql_board_read_again_from_its_start_names_no_file(pg_board: PgStore, capsys) -> None:

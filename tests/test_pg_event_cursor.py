@@ -30,18 +30,8 @@ class Rollback(Exception):
 @pytest.fixture
 def stores(pg_server: PgServer) -> Iterator[Callable[[], PgStore]]:
     """Opens stores (each its own connection) on one fresh schema of the suite's server."""
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    opened: list[PgStore] = []
-
-    def open_store() -> PgStore:
-        opened.append(PgStore(pg_server.dsn, schema=schema, host="host-a", boot_id="boot-a"))
-        return opened[-1]
-
-    yield open_store
-    for store in opened:
-        store.close()
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    with pgserver.stores_on_one_schema(pg_server, f"t_{uuid.uuid4().hex[:12]}") as make:
+        yield lambda: make("host-a", boot_id="boot-a")
 
 
 class InFlight:

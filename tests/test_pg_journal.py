@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from hermes_sup.agents import builtins  # noqa: F401 - registers the built-in tools
 from hermes_sup.agents.loop import TaskLoop
@@ -39,19 +38,8 @@ KEY = "sk-journal-" + uuid.uuid4().hex
 @pytest.fixture
 def make_store(pg_server: PgServer) -> Iterator[Factory]:
     """Stores on one fresh schema, each as if on a host of its own."""
-    schema = f"j_{uuid.uuid4().hex[:12]}"
-    opened: list[PgStore] = []
-
-    def make(host: str = "host-a") -> PgStore:
-        store = PgStore(pg_server.dsn, schema=schema, host=host, boot_id=f"boot-{host}")
-        opened.append(store)
-        return store
-
-    yield make
-    for store in opened:
-        store.close()
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    with pgserver.stores_on_one_schema(pg_server, f"j_{uuid.uuid4().hex[:12]}") as make:
+        yield make
 
 
 def rows(store: PgStore, task_id: str) -> list[dict[str, Any]]:

@@ -41,19 +41,8 @@ def schema() -> str:
 @pytest.fixture
 def make_store(pg_server: PgServer, schema: str) -> Iterator[Factory]:
     """Stores on one fresh schema, as if on hosts of their own (`host`, `boot_id`)."""
-    opened: list[PgStore] = []
-
-    def make(host: str = "host-a", **kwargs: object) -> PgStore:
-        kwargs.setdefault("boot_id", f"boot-{host}")
-        store = PgStore(pg_server.dsn, schema=schema, host=host, **kwargs)  # type: ignore[arg-type]
-        opened.append(store)
-        return store
-
-    yield make
-    for store in opened:
-        store.close()
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    with pgserver.stores_on_one_schema(pg_server, schema) as make:
+        yield make
 
 
 @pytest.fixture

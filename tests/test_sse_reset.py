@@ -11,12 +11,12 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 from hermes_sup.kanban import Board
 from hermes_sup.kanban.pg.store import PgStore
 from hermes_sup.supervisor.dashboard.sse import Hub
 
+from . import pgserver
 from .pgserver import PgServer
 
 
@@ -33,12 +33,8 @@ def frames_since(board, cursor: int, inode: int | None, tmp_path: Path) -> list[
 
 @pytest.fixture
 def pg_board(pg_server: PgServer, tmp_path: Path) -> Iterator[PgStore]:
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    store = PgStore(pg_server.dsn, schema=schema, host="host-a", boot_id="boot-a", drop_root=tmp_path / "kanban")
-    yield store
-    store.close()
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    with pgserver.stores_on_one_schema(pg_server, f"t_{uuid.uuid4().hex[:12]}") as make:
+        yield make("host-a", boot_id="boot-a", drop_root=tmp_path / "kanban")
 
 
 def test_a_file_board_log_replaced_under_the_stream_is_named_in_the_reset(tmp_path: Path) -> None:
