@@ -17,7 +17,8 @@ from psycopg.types.json import Jsonb
 
 from ..errors import BoardError
 from . import sql
-from .rules import document_part, row_to_doc
+from .rules import row_to_doc
+from .store import row_params
 
 if TYPE_CHECKING:
     import psycopg
@@ -106,11 +107,7 @@ def _event_params(event: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _params(doc: Mapping[str, Any]) -> dict[str, Any]:
-    return {"id": doc["id"], "status": doc["status"], "role": doc.get("role"), "assignee": doc.get("assignee"),
-            "priority": doc.get("priority", 0), "has_steps": bool(doc.get("steps")),
-            "has_deps": bool(doc.get("depends_on")), "attempts": doc.get("attempts", 0),
-            "max_attempts": doc["max_attempts"], "claims": doc.get("claims", 0), "created": _at(doc.get("created_at")),
-            "document": Jsonb(document_part(doc))}
+    return {**row_params(dict(doc)), "created": _at(doc.get("created_at"))}
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb, set_json_loads
 
+from .. import rules
 from ..board import COMMENT_RESERVE, MAX_DOCUMENT_BYTES
 from ..errors import BoardError, ClaimLost, InvalidTransition, TaskNotFound
 from ..faults import fault
@@ -257,7 +258,7 @@ class PgStore(StreamMixin):
             if cycle:
                 raise TaskError(f"depends_on creates a cycle: {' -> '.join(cycle)}")
         for _attempt in range(20):
-            cur.execute(sql.INSERT_TASK, _row_params(doc))
+            cur.execute(sql.INSERT_TASK, row_params(doc))
             if cur.rowcount == 1:
                 break
             if fixed_id:
@@ -320,7 +321,7 @@ class PgStore(StreamMixin):
         """Store `new` (a document leaving or outside doing) with its event, on a row the caller
         locked in this transaction after checking its fence; the document as stored."""
         new = storable(new)
-        cur.execute(sql.WRITE, _row_params(new))
+        cur.execute(sql.WRITE, row_params(new))
         if cur.rowcount != 1:
             raise TaskNotFound(f"task {new['id']} is no longer on the board")
         entry = new["history"][-1]
@@ -544,39 +545,21 @@ class PgStore(StreamMixin):
 
     @_again
     def move(self, task_id: str, to: str, *, by: str = "cli", note: str = "") -> TaskDoc:
-        if to not in STATUSES:
-            raise InvalidTransition(f"unknown status '{to}'; statuses are {', '.join(STATUSES)}")
-        if to == "doing":
-            raise InvalidTransition("a task enters doing only when an agent claims it")
+        rules.check_move_target(to)
         with self._tx() as cur:
             row = cur.execute(sql.ANY_ROW_LOCKED, {"id": task_id}).fetchone()
             if row is None:
                 raise TaskNotFound(f"no task '{task_id}' on the board")
             doc = _readable(row)
-            if doc["status"] == to:
-                raise InvalidTransition(f"task {task_id} is already {to}")
-            changes: dict[str, Any] = {"claim": None}
-            if doc.get("question"):
-                changes["question"] = None
-            if doc.get("claim"):
-                note = f"{note}; " if note else ""
-                note += f"claim of {doc['claim'].get('agent')} revoked"
-            if to == "todo":
-                changes["attempts"] = 0
-            new = transition(doc, to, by=by, now=row["now_iso"], note=note or f"moved to {to}", **changes)
+            new = rules.moved(doc, to, by=by, now=row["now_iso"], note=note)
             return self._write(cur, new, outcome_token=row["fence"] if doc.get("claim") else None)
 
     def cancel(self, task_id: str, *, by: str = "cli") -> TaskDoc:
-        doc = self.get(task_id)
-        if doc["status"] in ("done", "cancelled"):
-            raise InvalidTransition(f"task {task_id} is already {doc['status']}")
+        rules.check_cancel(self.get(task_id))
         return self.move(task_id, "cancelled", by=by, note="cancelled")
 
     def retry(self, task_id: str, *, by: str = "cli") -> TaskDoc:
-        doc = self.get(task_id)
-        if doc["status"] not in ("blocked", "failed", "cancelled"):
-            raise InvalidTransition(f"task {task_id} is {doc['status']}; retry takes a blocked, failed or "
-                                    "cancelled task")
+        rules.check_retry(self.get(task_id))
         return self.move(task_id, "todo", by=by, note="retry (attempts reset)")
 
     @_again
@@ -588,14 +571,7 @@ class PgStore(StreamMixin):
             raise InvalidTransition("an answer must not be empty")
         with self._tx() as cur:
             doc, now = self._locked_doc(cur, task_id)
-            question = doc.get("question")
-            if doc["status"] != "blocked" or not question:
-                hint = f"; `hermes-sup task retry {task_id}` puts it back in todo" if doc["status"] == "blocked" else ""
-                raise InvalidTransition(f"task {task_id} is {doc['status']} and waits on no question{hint}")
-            entry = {"at": now, "by": by, "text": text, "answers": question}
-            new = transition(doc, "todo", by=by, now=now, note=f"answered by {by}", question=None, error=None,
-                             comments=[*(doc.get("comments") or []), entry])
-            return self._write(cur, new, outcome_token=None)
+            return self._write(cur, rules.answered(doc, text, by=by, now=now), outcome_token=None)
 
     @_again
     def comment(self, task_id: str, text: str, *, by: str = "cli", wait: float = 5.0) -> TaskDoc:
@@ -783,7 +759,8 @@ def _readable(row: dict[str, Any]) -> TaskDoc:
     return row_to_doc(row)
 
 
-def _row_params(doc: TaskDoc) -> dict[str, Any]:
+def row_params(doc: TaskDoc) -> dict[str, Any]:
+    """A task document as the parameters of its row: the columns, and the rest in `document`."""
     return {"id": doc["id"], "status": doc["status"], "role": doc.get("role"), "assignee": doc.get("assignee"),
             "priority": doc.get("priority", 0), "has_steps": bool(doc.get("steps")),
             "has_deps": bool(doc.get("depends_on")), "attempts": doc.get("attempts", 0),
