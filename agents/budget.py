@@ -18,7 +18,8 @@ CAP_KEYS = ("per_day", "total")
 TASK_KEYS = ("max_cost",)
 
 
-def _amount(value: Any) -> bool:
+def is_amount(value: Any) -> bool:
+    """A money amount as a cap, a hold or a logged cost may be: a finite number of at least 0."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
@@ -31,7 +32,7 @@ def _check_caps(node: Any, where: str, keys: tuple[str, ...], fail: Callable[[An
             continue
         if key not in keys:
             raise fail(node, f"budgets: unknown key '{where}.{key}'; expected one of {', '.join(keys)}")
-        if not _amount(value):
+        if not is_amount(value):
             raise fail(node, f"budgets: '{where}.{key}' must be a number of dollars, 0 or more")
 
 
@@ -92,7 +93,7 @@ def agent_caps(caps: Caps, agent: str) -> tuple[float | None, float | None]:
 def task_cap(caps: Caps, meta: Any) -> float | None:
     """A task's ceiling: the team's default, lowered (never raised) by its own meta.max_cost."""
     own = meta.get("max_cost") if isinstance(meta, Mapping) else None
-    if not _amount(own):
+    if not is_amount(own):
         return caps.task_max
     return own if caps.task_max is None else min(own, caps.task_max)
 

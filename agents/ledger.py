@@ -26,7 +26,7 @@ from hermes_sup.kanban.backends import DEFAULT_BACKEND, check_board_config
 from hermes_sup.kanban.errors import BoardError
 from hermes_sup.kanban.liveness import HOST, holder_alive, start_time
 
-from .budget import Caps, Entry, Refusal, decide, price, utc_day, worst_cost
+from .budget import Caps, Entry, Refusal, decide, is_amount, price, utc_day, worst_cost
 
 if TYPE_CHECKING:
     from .ledger_pg import PgLedger
@@ -96,7 +96,7 @@ def fold(lines: list[str]) -> Folded:
             continue
         op, hold = record.get("op"), str(record.get("id") or "")
         amount = record.get("amount")
-        number = isinstance(amount, (int, float)) and not isinstance(amount, bool) and amount >= 0
+        number = is_amount(amount)
         if op == "hold" and number and hold:
             open_[hold] = (Entry(str(record.get("agent")), str(record.get("task")), str(record.get("day")),
                                  float(amount)), record)

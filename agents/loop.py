@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import re
 import threading
 import time
@@ -35,6 +34,7 @@ from hermes_sup.kanban.journal import FileTaskJournal, TaskJournal
 from hermes_sup.kanban.parse import load_json
 from hermes_sup.kanban.task import now_iso
 
+from .budget import is_amount
 from .budget import price as price  # re-exported: callers knew it from here
 from .ledger import BudgetReached
 from .logline import call_line, model_line, say
@@ -341,8 +341,7 @@ def _tokens(value: Any) -> int:
 
 def _cost(value: Any) -> float:
     """A cost as logged; 0.0 for anything but a finite amount of at least 0 (see _tokens)."""
-    ok = type(value) in (int, float) and math.isfinite(value) and value >= 0
-    return float(value) if ok else 0.0
+    return float(value) if is_amount(value) else 0.0
 
 
 class TaskLoop:

@@ -409,3 +409,14 @@ def test_a_task_over_its_own_ceiling_is_blocked_for_a_person_and_nothing_is_sent
             f"budget reached: task {cheap['id']} max_cost $0.05 until the cap is raised")
         assert not [r for r in llm.requests if "small" in json.dumps(r["body"])], "its call was never sent"
         assert board.get(cheap["id"])["attempts"] == 1
+
+
+def test_the_file_ledger_counts_no_hold_or_settlement_of_no_finite_amount() -> None:
+    # One line of Infinity in runs/budget.jsonl would make every cap reached for good: such a line
+    # is skipped like any damaged one, as the PostgreSQL ledger clamps it.
+    lines = [json.dumps({"op": "hold", "id": "h1", "agent": "a", "task": "t", "day": "2026-01-01", "amount": 0.5}),
+             '{"op": "hold", "id": "h2", "agent": "a", "task": "t", "day": "2026-01-01", "amount": Infinity}',
+             '{"op": "settle", "id": "h1", "amount": Infinity}']
+    state = fold(lines)
+    assert [entry.amount for entry, _record in state.open.values()] == [0.5]
+    assert state.settled == []
