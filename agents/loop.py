@@ -333,6 +333,11 @@ def awaits_continuation(messages: list[Message]) -> bool:
     return last.get("role") == "assistant" and bool(last.get("cut")) and not last.get("tool_calls")
 
 
+def prompt_estimate(messages: list[Message], tools: list[dict[str, Any]] | None) -> int:
+    """The estimated tokens of a call's prompt: the conversation and the tool definitions sent with it."""
+    return estimate_tokens(messages) + estimate_tokens(tools or [])
+
+
 def _tokens(value: Any) -> int:
     """A token count as logged; 0 for anything else. The records come from every host on a shared
     board (anyone with the database may write them): a negative or NaN figure would lift a ceiling."""
@@ -601,13 +606,17 @@ class TaskLoop:
 
     # -- the loop ---------------------------------------------------------------------------------
 
-    def _complete(self, chain: list[Provider], messages: list[Message], tools: list[dict[str, Any]] | None) -> Any:
+    def _complete(self, chain: list[Provider], messages: list[Message], tools: list[dict[str, Any]] | None,
+                  prompt_tokens: int | None = None) -> Any:
+        """One model call through `chain`; `prompt_tokens` is the prompt's estimate when the caller
+        has it already (it serializes the whole conversation)."""
         started = time.monotonic()
+        if prompt_tokens is None:
+            prompt_tokens = prompt_estimate(messages, tools)
         # Logged before the call, so one the agent does not survive (kill -9, OOM) is still counted:
         # `usage` and `task log` show a start without an outcome as interrupted, tokens estimated.
         self._call_id = uuid.uuid4().hex[:16]
-        self.journal.append_llm_call(started_record(self.task["id"], self._call_id, chain,
-                                                    estimate_tokens(messages) + estimate_tokens(tools or [])))
+        self.journal.append_llm_call(started_record(self.task["id"], self._call_id, chain, prompt_tokens))
         try:
             return interruptible(lambda: self.complete(chain, messages, tools, log=self._log_llm, stop=self.ctx.stop),
                                  self.ctx.stop, on_stop=lambda: abort(chain))
@@ -631,10 +640,11 @@ class TaskLoop:
 
     def _call_model(self, messages: list[Message], tools: list[dict[str, Any]]) -> Any:
         # The tool definitions go with every call: they fill the window as much as the messages.
-        if estimate_tokens(messages) + estimate_tokens(tools) > COMPRESS_AT * self.window():
-            self.compress(messages)
+        size = prompt_estimate(messages, tools)
+        if size > COMPRESS_AT * self.window() and self.compress(messages):
+            size = prompt_estimate(messages, tools)
         try:
-            return self._complete(self.chain, messages, tools or None)
+            return self._complete(self.chain, messages, tools or None, size)
         except ProviderError as exc:
             if exc.kind != "context_overflow" or not self.compress(messages):
                 raise
