@@ -16,8 +16,7 @@ from hermes_sup.kanban.liveness import holder_alive
 
 from .cliargs import sane_state
 from .procs import tree_rss_mb
-from .runner import STATE_FILE
-from .statefile import read_state
+from .statefile import SUPERVISOR_FILE, read_state, supervisor_alive
 
 MAX_TEXT = 200  # characters of a name, state, task or exit another host published
 MAX_AGENTS = 500  # agents shown of one other host
@@ -28,10 +27,8 @@ MAX_REMOTE_ROWS = 1000
 
 def supervisor_state(runs: Path) -> tuple[dict[str, Any], bool]:
     """supervisor.json as the CLI may use it, and whether the supervisor it names runs."""
-    state = sane_state(read_state(runs / STATE_FILE))
-    pid, started = state.get("pid"), state.get("pid_started")
-    alive = isinstance(pid, int) and bool(started) and holder_alive(pid, started, None) is True
-    return state, alive
+    state = sane_state(read_state(runs / SUPERVISOR_FILE))
+    return state, supervisor_alive(state)
 
 
 def heartbeat(runs: Path, name: str, pid: object) -> str | None:

@@ -48,7 +48,7 @@ from .control import CONTROL_SOCKET, SOCKET_DIR, request
 from .ingestwarn import recent_rejections
 from .procs import tree_rss_mb
 from .spec import build_specs
-from .statefile import read_state
+from .statefile import SUPERVISOR_FILE, read_state, supervisor_alive
 from .sweep import LOCK_FILE, sweep
 from .usage import board_model_calls, budget_standing_noted, summarize, team_calls
 from .workspace import (
@@ -512,15 +512,6 @@ def status_rows(state: dict[str, Any], runs: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def supervisor_alive(state: dict[str, Any]) -> bool:
-    """The process supervisor.json names still runs: its pid AND start time (without a start time a pid
-    names nothing: `down` would signal whatever process reuses it)."""
-    pid, started = state.get("pid"), state.get("pid_started")
-    if not isinstance(pid, int) or pid <= 0 or not isinstance(started, (int, float)) or not started:
-        return False
-    return holder_alive(pid, started, None) is True
-
-
 def is_supervisor_process(pid: int) -> bool:
     """Whether `pid` runs `hermes-sup up`: checked before signalling it, never trusting the state file."""
     try:
@@ -797,7 +788,7 @@ def is_regular(path: Path) -> bool:
 
 
 def read_supervisor_state(ws: Workspace) -> dict[str, Any]:
-    return sane_state(read_state(ws.runs_path / "supervisor.json"))
+    return sane_state(read_state(ws.runs_path / SUPERVISOR_FILE))
 
 
 # Register, on the groups above, the task commands (cli_task: add, list, show, cancel, answer, retry,

@@ -68,12 +68,12 @@ from .procs import (
 )
 from .schedules import Scheduler, schedules_of
 from .spec import ChildSpec, build_specs, describe_reload, plan_reload
-from .statefile import StateWriter, quiet, read_state
+from .statefile import SUPERVISOR_FILE, StateWriter, quiet, read_state
 from .steer import agent_groups, held_from, targets
 from .supevents import SupervisorEvents
 from .workspace import ConfigError, Workspace, load_config, private_dir
 
-STATE_FILE = "supervisor.json"
+STATE_FILE = SUPERVISOR_FILE
 RSS_CHECK_INTERVAL = 5.0
 SCAN_RETRY = 2.0  # seconds between sweeps for what exited agents left, while /proc cannot be read whole
 # While agents are judged on their heartbeats the loop turns at least this often, so that a turn

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from hermes_sup.kanban.fsio import write_json_atomic
+from hermes_sup.kanban.liveness import holder_alive
 
+SUPERVISOR_FILE = "supervisor.json"  # in runs/: the supervisor's pid, start time and its agents
 RETRY_EVERY = 2.0  # seconds between attempts while writes fail
 STATE_MAX = 1 << 20  # a state file is a few KiB; a delegating agent's, with its children, well under this
 
@@ -85,3 +87,12 @@ def quiet(say: Callable[[str], None]) -> Callable[[str], None]:
             say(line)
 
     return said
+
+
+def supervisor_alive(state: dict[str, Any]) -> bool:
+    """The process supervisor.json names still runs: its pid AND start time (without a start time a pid
+    names nothing: `down` would signal whatever process reuses it)."""
+    pid, started = state.get("pid"), state.get("pid_started")
+    if not isinstance(pid, int) or pid <= 0 or not isinstance(started, (int, float)) or not started:
+        return False
+    return holder_alive(pid, started, None) is True

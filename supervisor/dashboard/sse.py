@@ -33,13 +33,15 @@ from hermes_sup.agents.providers import BREAKERS_FILE
 from hermes_sup.kanban import BoardError, BoardStore
 from hermes_sup.kanban.events import CursorError, parse_cursor
 
+from ..statefile import SUPERVISOR_FILE
+
 SAFETY_RECHECK = 10.0  # seconds: events are a wake-up; the log is read this often without one
 HELD_RECHECK = 10.0  # seconds: how stale a picture with a held task may grow (its lease left)
 POLL_INTERVAL = 0.1  # seconds between looks at the stream's end on a board that cannot watch it (PostgreSQL)
 HOSTS_LOOK = 1.0  # seconds between looks at the other hosts' heartbeats (a shared board), while a page is open
 KEEPALIVE = 15.0  # a comment line this often lets a dead connection be noticed and closed
 MAX_AGENT_WATCHES = 256  # agents' folders watched for their breakers (each an inotify watch; the rest: rechecked)
-WATCHED = frozenset({"supervisor.json", LEDGER_FILE})  # in runs/ (the board is watched through its protocol)
+WATCHED = frozenset({SUPERVISOR_FILE, LEDGER_FILE})  # in runs/ (the board is watched through its protocol)
 RETRY_MS = 1000  # how soon a browser reconnects after the stream breaks
 log = logging.getLogger("hermes_sup.dashboard")
 
@@ -279,7 +281,7 @@ class Hub:
         """What changes when anything the picture shows changes, read without reading the board: the
         stream's end, the budget ledger's version and the other hosts' heartbeats (PostgreSQL), the
         states of the workspace's files the page shows, the changes made here."""
-        files = [self.runs / "supervisor.json", self.runs / LEDGER_FILE,
+        files = [self.runs / SUPERVISOR_FILE, self.runs / LEDGER_FILE,
                  *(folder / BREAKERS_FILE for folder in agent_folders(self.runs))]
         return self._stream_end(), self.spend(), self.hosts(), self.touched, tuple(map(file_state, files))
 
