@@ -18,6 +18,12 @@ CAP_KEYS = ("per_day", "total")
 TASK_KEYS = ("max_cost",)
 
 
+def logged_count(value: Any) -> int:
+    """A count (tokens, calls) as logged, or 0 for anything that is not one: a damaged or forged record (any
+    host on a shared board can write them) must neither lift a ceiling nor crash a reader."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
 def is_amount(value: Any) -> bool:
     """A money amount as a cap, a hold or a logged cost may be: a finite number of at least 0."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0

@@ -34,7 +34,7 @@ from hermes_sup.kanban.journal import FileTaskJournal, TaskJournal
 from hermes_sup.kanban.parse import load_json
 from hermes_sup.kanban.task import now_iso
 
-from .budget import is_amount
+from .budget import is_amount, logged_count
 from .budget import price as price  # re-exported: callers knew it from here
 from .ledger import BudgetReached
 from .logline import call_line, model_line, say
@@ -338,14 +338,8 @@ def prompt_estimate(messages: list[Message], tools: list[dict[str, Any]] | None)
     return estimate_tokens(messages) + estimate_tokens(tools or [])
 
 
-def _tokens(value: Any) -> int:
-    """A token count as logged; 0 for anything else. The records come from every host on a shared
-    board (anyone with the database may write them): a negative or NaN figure would lift a ceiling."""
-    return value if type(value) is int and value >= 0 else 0
-
-
 def _cost(value: Any) -> float:
-    """A cost as logged; 0.0 for anything but a finite amount of at least 0 (see _tokens)."""
+    """A cost as logged; 0.0 for anything but a finite amount of at least 0 (see logged_count)."""
     return float(value) if is_amount(value) else 0.0
 
 
@@ -484,7 +478,7 @@ class TaskLoop:
         restarts and reclaims."""
         for record in self.journal.llm_calls(self.others):
             if record.get("task") == self.task["id"]:
-                self.spent_tokens += _tokens(record.get("tokens_in")) + _tokens(record.get("tokens_out"))
+                self.spent_tokens += logged_count(record.get("tokens_in")) + logged_count(record.get("tokens_out"))
                 self.spent_cost += _cost(record.get("cost_usd"))
 
     def over_ceiling(self) -> str | None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hermes_sup.agents.breaker import saved_states
+from hermes_sup.agents.budget import logged_count
 from hermes_sup.agents.keys import AUTO_KEYS, ENV_FILE, KeyFile, key_names
 from hermes_sup.agents.loop import TOOL_USE_FILE
 from hermes_sup.agents.providers import BREAKERS_FILE
@@ -89,10 +90,6 @@ def breaker_checks(runs: Path) -> list[Check]:
             for agent, provider, level, words in breaker_states(runs, time.time())]
 
 
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-
 def tool_use_checks_from(saved: dict[str, Any]) -> list[Check]:
     """A warn line per agent and provider that was offered tools and never called one, once the agent
     itself judged so (pure; `saved`: agent -> the document runs/<agent>/tool_use.json holds)."""
@@ -103,10 +100,11 @@ def tool_use_checks_from(saved: dict[str, Any]) -> list[Check]:
             checks.append(_check("tools", "warn", f"{agent}: its {TOOL_USE_FILE} cannot be read"))
             continue
         for provider, use in sorted(providers.items(), key=lambda item: str(item[0])):
-            if not isinstance(use, dict) or _count(use.get("called")) or use.get("warned") is not True:
+            if not isinstance(use, dict) or logged_count(use.get("called")) or use.get("warned") is not True:
                 continue
             checks.append(_check(f"tools {str(provider)[:80]}", "warn", (
-                f"{agent}: provider {str(provider)[:80]}: never returned a tool call in {_count(use.get('offered'))} "
+                f"{agent}: provider {str(provider)[:80]}: never returned a tool call in "
+                f"{logged_count(use.get('offered'))} "
                 "calls with tools offered: its chat template may not support tools; see README")))
     return checks
 

@@ -13,12 +13,11 @@ PostgreSQL, where every host's agents reserve)."""
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.agents.budget import caps_from, standing
+from hermes_sup.agents.budget import caps_from, is_amount, logged_count, standing
 from hermes_sup.agents.ledger import read_spend_noted
 from hermes_sup.kanban import BoardError, BoardStore
 from hermes_sup.kanban.journal import Journal
@@ -31,15 +30,9 @@ def _blank() -> dict[str, Any]:
             "unpriced_calls": 0, "estimated_calls": 0, "tokens_estimated": 0}
 
 
-def _count(value: Any) -> int:
-    """A token count as logged, or 0 for anything that is not one (a damaged or forged record)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-
 def _dollars(value: Any) -> float | None:
     """A cost as logged; None (unpriced, never free) for anything that is not a finite amount."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
-    return float(value) if ok else None
+    return float(value) if is_amount(value) else None
 
 
 INTERRUPTED = ("no outcome was logged: the agent ended during the call (killed?), or the call is still "
@@ -60,7 +53,7 @@ def settle_call(agent: str, record: dict[str, Any], ended: set[tuple[str, Any]])
     call = record.get("call")
     if isinstance(call, str) and (agent, call) in ended:  # only text is an id (another host wrote the row)
         return None
-    return {**record, "outcome": "interrupted", "tokens_in": _count(record.get("prompt_estimate")),
+    return {**record, "outcome": "interrupted", "tokens_in": logged_count(record.get("prompt_estimate")),
             "tokens_out": 0, "estimated": True, "error": INTERRUPTED}
 
 
@@ -79,13 +72,13 @@ def _add(total: dict[str, Any], record: dict[str, Any]) -> None:
         total["failed_calls"] += 1
         if record.get("outcome") == "interrupted" and record.get("estimated") is True:
             # The prompt reached the server (a kill mid-call): its tokens, estimated, unpriced.
-            total["tokens_in"] += _count(record.get("tokens_in"))
+            total["tokens_in"] += logged_count(record.get("tokens_in"))
             total["estimated_calls"] += 1
-            total["tokens_estimated"] += _count(record.get("tokens_in"))
+            total["tokens_estimated"] += logged_count(record.get("tokens_in"))
         return
     before = total["tokens_in"] + total["tokens_out"]
     for key in ("tokens_in", "tokens_out", "tokens_cached"):
-        total[key] += _count(record.get(key))
+        total[key] += logged_count(record.get(key))
     if record.get("estimated") is True:  # its tokens, as counted just above
         total["estimated_calls"] += 1
         total["tokens_estimated"] += total["tokens_in"] + total["tokens_out"] - before
