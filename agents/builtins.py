@@ -38,12 +38,6 @@ def ask_human(ctx: ToolContext, args: dict[str, Any]) -> str:
     raise NeedsPerson(args["question"].strip())
 
 
-def _board(ctx: ToolContext) -> Any:
-    if ctx.board is None:
-        raise ToolError("this agent has no board")
-    return ctx.board
-
-
 def created_by(ctx: ToolContext) -> dict[str, Any]:
     """What a task an agent makes records of its maker (pure): the task it worked on, its name, and
     the capabilities of the call, so the new task's steps never run with more (agents/steps.py).
@@ -88,12 +82,10 @@ def _same_key(board: Any, key: str) -> dict[str, Any] | None:
 def kanban_create(ctx: ToolContext, args: dict[str, Any]) -> str:
     from hermes_sup.kanban import BoardError, TaskError, TaskNotFound
 
-    from .kanban_tools import ignored
-
     fields = hermes_fields(args)
     fields["meta"] = created_by(ctx)
-    board = _board(ctx)
-    note = ignored(args, HERMES_CREATE_IGNORED)
+    board = kanban_tools.board_of(ctx)
+    note = kanban_tools.ignored(args, HERMES_CREATE_IGNORED)
     if args.get("idempotency_key"):
         fields["meta"]["idempotency_key"] = args["idempotency_key"]
         existing = _same_key(board, args["idempotency_key"])
@@ -121,7 +113,7 @@ def kanban_comment(ctx: ToolContext, args: dict[str, Any]) -> str:
         text = args.get("body", args.get("text"))  # body: Hermes' name; text: this board's
         if not isinstance(text, str) or not text.strip():
             raise ToolError("the comment is empty: give body (or text)")
-        _board(ctx).comment(args["task_id"], text, by=ctx.agent or "agent")
+        kanban_tools.board_of(ctx).comment(args["task_id"], text, by=ctx.agent or "agent")
     except (BoardError, TaskError) as exc:
         raise ToolError(str(exc)) from None
     return f"commented on {args['task_id']}"

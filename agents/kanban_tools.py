@@ -30,7 +30,8 @@ BOARD_ARG = {"type": "string", "description": "accepted for Hermes Agent; ignore
 TASK_ID = {"type": "string", "description": "the task's id (default: the task you are working on)"}
 
 
-def _board(ctx: ToolContext) -> Any:
+def board_of(ctx: ToolContext) -> Any:
+    """The agent's board, or a ToolError for the model: an agent without one has no kanban tools."""
     if ctx.board is None:
         raise ToolError("this agent has no board")
     return ctx.board
@@ -69,7 +70,7 @@ def kanban_show(ctx: ToolContext, args: dict[str, Any]) -> str:
     if not task_id:
         raise ToolError("task_id is required: you are not working on a task")
     try:
-        doc = _board(ctx).get(task_id)
+        doc = board_of(ctx).get(task_id)
     except (BoardError, TaskNotFound) as exc:
         raise ToolError(str(exc)) from None
     return json.dumps(task_view(doc), ensure_ascii=False) + ignored(args, {"board": "one board per workspace"})
@@ -80,7 +81,7 @@ def kanban_list(ctx: ToolContext, args: dict[str, Any]) -> str:
 
     status = STATUS_FROM_HERMES[args["status"]] if args.get("status") else None
     try:
-        listing = _board(ctx).list(status)
+        listing = board_of(ctx).list(status)
     except BoardError as exc:
         raise ToolError(str(exc)) from None
     tasks = [doc for doc in listing.tasks if not args.get("assignee") or doc.get("assignee") == args["assignee"]]
@@ -102,7 +103,7 @@ def kanban_complete(ctx: ToolContext, args: dict[str, Any]) -> str:
     phantom = []
     for card in args.get("created_cards") or []:
         try:
-            made_by = ((_board(ctx).get(card).get("meta") or {}).get("created_by_task"))
+            made_by = ((board_of(ctx).get(card).get("meta") or {}).get("created_by_task"))
         except (BoardError, TaskNotFound):
             made_by = None
         if made_by != mine:
@@ -137,7 +138,7 @@ def kanban_heartbeat(ctx: ToolContext, args: dict[str, Any]) -> str:
         from hermes_sup.kanban import BoardError, TaskError
 
         try:
-            _board(ctx).comment(ctx.task["id"], f"progress: {args['note']}", by=ctx.agent or "agent")  # type: ignore[index]
+            board_of(ctx).comment(ctx.task["id"], f"progress: {args['note']}", by=ctx.agent or "agent")  # type: ignore[index]
         except (BoardError, TaskError) as exc:
             raise ToolError(str(exc)) from None
         return "progress noted on the task (heartbeats are sent by the agent itself)"

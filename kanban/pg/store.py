@@ -25,7 +25,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb, set_json_loads
 
 from .. import rules
-from ..board import COMMENT_RESERVE, MAX_DOCUMENT_BYTES
+from ..base import COMMENT_RESERVE, MAX_DOCUMENT_BYTES
 from ..errors import BoardError, ClaimLost, InvalidTransition, TaskNotFound
 from ..faults import fault
 from ..fsio import safe_name
