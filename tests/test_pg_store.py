@@ -17,10 +17,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from hermes_sup.kanban import rules
 from hermes_sup.kanban.errors import BoardError, ClaimLost, InvalidTransition
 from hermes_sup.kanban.pg import open_store
 from hermes_sup.kanban.pg import store as pgstore
-from hermes_sup.kanban.pg.rules import finished, stale_note, storable
+from hermes_sup.kanban.pg.rules import storable
 from hermes_sup.kanban.pg.schema import MIGRATIONS, check_schema_name, pending
 from hermes_sup.kanban.pg.store import PgStore, redact_dsn
 from hermes_sup.kanban.task import TaskError
@@ -504,16 +505,18 @@ def test_storable_replaces_what_jsonb_refuses_and_keeps_the_rest() -> None:
     assert flat == "leaf\ufffd"
 
 
-def test_finished_follows_the_file_board_rules() -> None:
+def test_the_ends_of_a_claim_are_the_file_boards_rules() -> None:
+    # The PostgreSQL store ends claims with kanban/rules.py's rules, as the file board does.
     doc = {"id": "t", "status": "doing", "attempts": 2, "max_attempts": 2, "history": [],
            "claim": {"agent": "ag", "token": 7}}
-    failed = finished(doc, "todo?", "boom", {"error": "boom"}, now="T")
+    failed = rules.failed_attempt(doc, "boom", now="T")
     assert failed["status"] == "failed" and failed["claim"] is None and failed["history"][-1]["by"] == "ag"
     assert failed["history"][-1]["note"] == "attempt 2 of 2 failed: boom"
-    released = finished(doc, "todo", "released", {"_return_attempt": True}, now="T")
+    released = rules.ended(doc, "todo", "released", now="T", give_back_attempt=True)
     assert released["status"] == "todo" and released["attempts"] == 1 and "_return_attempt" not in released
-    assert stale_note("lease of ag expired", 2, 2) == ("failed", "recovered: lease of ag expired; gave up after 2 "
-                                                                 "attempts")
+    stale = rules.recovered(doc, "lease of ag expired", now="T")
+    assert (stale["status"], stale["history"][-1]["note"]) == (
+        "failed", "recovered: lease of ag expired; gave up after 2 attempts")
 
 
 def test_migrations_are_numbered_in_order_and_schema_names_are_plain() -> None:

@@ -1,5 +1,5 @@
-"""Pure rules of the PostgreSQL board: a task row to its document and back, the end of a claim, and
-the text PostgreSQL's jsonb can hold. The transitions themselves are kanban/task.py's."""
+"""Pure rules of the PostgreSQL board: a task row to its document and back, and the text
+PostgreSQL's jsonb can hold. The board's own rules (a claim's end, recovery, moves) are kanban/rules.py's."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..redact import scrub
-from ..task import transition
 
 TaskDoc = dict[str, Any]
 # Held in columns (the claim, the lease, the counters the claim statement changes); the row's
@@ -50,21 +49,6 @@ def landed_at(doc: TaskDoc, now: str) -> TaskDoc:
     read_at = doc.get("created_at")
     history = [{**entry, "at": now} if entry.get("at") == read_at else entry for entry in doc.get("history") or []]
     return {**doc, "created_at": now, "updated_at": now, "history": history}
-
-
-def finished(doc: TaskDoc, to: str, note: str, changes: Mapping[str, Any], *, now: str,
-             by: str | None = None) -> TaskDoc:
-    """The document of a held task after its claim ends (the file board's rule, kanban/board.py
-    `_finished`): `todo?` is todo, or failed once max_attempts is used up; `_return_attempt` gives
-    the attempt back (an interrupted attempt, a question asked)."""
-    changes = dict(changes)
-    if to == "todo?":
-        to = "failed" if doc["attempts"] >= doc["max_attempts"] else "todo"
-        note = f"attempt {doc['attempts']} of {doc['max_attempts']} failed: {note}"
-    if changes.pop("_return_attempt", False):
-        changes["attempts"] = max(0, doc["attempts"] - 1)
-    who = by or (doc.get("claim") or {}).get("agent") or "board"
-    return transition(doc, to, by=who, now=now, note=note, claim=None, **changes)
 
 
 def _clean_text(text: str) -> str:
@@ -126,10 +110,3 @@ def storable(value: Any) -> Any:
                 if isinstance(child, (dict, list)):
                     stack.append(child)
     return clean(root)
-
-
-def stale_note(reason: str, attempts: int, max_attempts: int) -> tuple[str, str]:
-    """Where a task whose claim went stale goes, and the note saying why (the file board's words)."""
-    exhausted = attempts >= max_attempts
-    note = f"recovered: {reason}" + (f"; gave up after {attempts} attempts" if exhausted else "")
-    return ("failed" if exhausted else "todo"), note

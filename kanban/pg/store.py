@@ -32,12 +32,12 @@ from ..fsio import safe_name
 from ..ingest import IngestReport, identity_of, read_drop
 from ..liveness import holder_alive, start_time
 from ..reads import Listing, listed_fields
-from ..task import MAX_BYTES, STATUSES, TaskError, find_cycle, is_valid_id, normalize, slugify, transition
+from ..task import MAX_BYTES, STATUSES, TaskError, find_cycle, is_valid_id, normalize, slugify
 from ..watch import ChangeSignal
 from . import drops, sql
 from .journal import PgTaskJournal
 from .listen import CHANNEL, Listener
-from .rules import document_part, finished, landed_at, load_jsonb, row_to_doc, stale_note, storable, unreadable
+from .rules import document_part, landed_at, load_jsonb, row_to_doc, storable, unreadable
 from .schema import check_schema_name, migrate
 from .stream import StreamMixin
 
@@ -340,13 +340,13 @@ class PgStore(StreamMixin):
         return new
 
     @_again
-    def _end(self, task_id: str, token: int, to: str, note: str, **changes: Any) -> TaskDoc:
+    def _end(self, task_id: str, token: int, end: Callable[[TaskDoc, str], TaskDoc]) -> TaskDoc:
+        """End the claim `token` holds with the rule `end(doc, now)` (kanban/rules.py), now by the database's clock."""
         with self._tx() as cur:
             row = cur.execute(sql.HELD, {"id": task_id, "token": token}).fetchone()
             if row is None:
                 raise self._lost(cur, task_id, token)
-            new = finished(_readable(row), to, note, changes, now=row["now_iso"])
-            return self._write(cur, new, outcome_token=token)
+            return self._write(cur, end(_readable(row), row["now_iso"]), outcome_token=token)
 
     @_again
     def renew(self, task_id: str, token: int, lease: float | None = None) -> TaskDoc:
@@ -358,20 +358,25 @@ class PgStore(StreamMixin):
         return _readable(row)
 
     def complete(self, task_id: str, token: int, result: Any = None) -> TaskDoc:
-        return self._end(task_id, token, "done", "completed", result=result, error=None)
+        return self._end(task_id, token, lambda doc, now: rules.ended(doc, "done", "completed", now=now, result=result,
+                                                                       error=None))
 
     def fail(self, task_id: str, token: int, error: str, *, permanent: bool = False) -> TaskDoc:
         if permanent:
-            return self._end(task_id, token, "failed", f"cannot succeed, not retried: {error}", error=error)
-        return self._end(task_id, token, "todo?", error, error=error)
+            return self._end(task_id, token, lambda doc, now: rules.ended(
+                doc, "failed", f"cannot succeed, not retried: {error}", now=now, error=error))
+        return self._end(task_id, token, lambda doc, now: rules.failed_attempt(doc, error, now=now))
 
     def block(self, task_id: str, token: int, reason: str, *, question: str | None = None) -> TaskDoc:
         if question is None:
-            return self._end(task_id, token, "blocked", reason, error=reason)
-        return self._end(task_id, token, "blocked", reason, error=reason, question=question, _return_attempt=True)
+            return self._end(task_id, token, lambda doc, now: rules.ended(doc, "blocked", reason, now=now,
+                                                                           error=reason))
+        return self._end(task_id, token, lambda doc, now: rules.ended(
+            doc, "blocked", reason, now=now, give_back_attempt=True, error=reason, question=question))
 
     def release(self, task_id: str, token: int, note: str = "released", *, count_attempt: bool = False) -> TaskDoc:
-        return self._end(task_id, token, "todo", note, _return_attempt=not count_attempt)
+        return self._end(task_id, token, lambda doc, now: rules.ended(doc, "todo", note, now=now,
+                                                                       give_back_attempt=not count_attempt))
 
     @_again
     def journal_append(self, task_id: str, token: int, entry: Any) -> int:
@@ -512,10 +517,9 @@ class PgStore(StreamMixin):
                 self._set_aside(cur, row, "board", f"{reason}; set aside: {why}")
                 return "failed"
             doc = row_to_doc(row)
-            to, note = stale_note(reason, doc["attempts"], doc["max_attempts"])
-            new = transition(doc, to, by="board", now=row["now_iso"], note=note, claim=None, error=note)
+            new = rules.recovered(doc, reason, now=row["now_iso"])
             self._write(cur, new, outcome_token=token)
-        return to
+        return new["status"]
 
     def recover(self, *, sweep: bool = True) -> list[dict[str, str]]:
         """Take back claims whose holder on this host died (at once), and, when this store is the
