@@ -4,21 +4,28 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: up test lint bench real-smoke clean chromium postgres-server
+.PHONY: up test test-latest lock lint bench real-smoke clean chromium postgres-server
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+# `make up` installs within pyproject.toml's ranges (a user's own choice of releases); the wheel's
+# metadata never pins.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
+# The suite runs on the exact releases recorded in constraints.txt (every dependency, pip and the two
+# neighbour wheels below; the build too, with the recorded setuptools), so a new release upstream cannot turn main red overnight: `make lock`
+# records the newest releases on purpose, `make test-latest` tries them first.
 # tests/test_packaging.py installs our wheel beside these two (they own `agents` and `supervisor`);
 # they are fetched here so that the suite itself never reaches a package index.
-$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test]'
-	$(BIN)/python -m pip download --quiet --no-deps -d $(VENV)/wheelhouse openai-agents supervisor
+LOCK = constraints.txt
+$(VENV)/.installed-test: pyproject.toml $(LOCK) | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -c $(LOCK) pip setuptools
+	$(BIN)/python -m pip install --quiet -c $(LOCK) --no-build-isolation -e '.[test]'
+	$(BIN)/python -m pip download --quiet --no-deps -c $(LOCK) -d $(VENV)/wheelhouse openai-agents supervisor
 	touch $(VENV)/.installed $@
 
 # On a board that never held a task (a fresh clone), the example tasks are dropped in first.
@@ -42,6 +49,32 @@ chromium:
 
 test: $(VENV)/.installed-test chromium postgres-server
 	HERMES_SUP_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -q
+
+# By hand, never in CI: the whole suite on the newest releases within pyproject.toml's ranges, in a
+# virtual environment of its own, so that drift is found on our schedule, not CI's. When it passes,
+# `make lock` records those releases.
+LATEST = .venv-latest
+test-latest: chromium postgres-server
+	rm -rf $(LATEST)
+	$(PYTHON) -m venv $(LATEST)
+	$(LATEST)/bin/python -m pip install --quiet --upgrade pip
+	$(LATEST)/bin/python -m pip install --quiet --upgrade -e '.[test]'
+	$(LATEST)/bin/python -m pip download --quiet --no-deps -d $(LATEST)/wheelhouse openai-agents supervisor
+	$(LATEST)/bin/python -m pip list --format=freeze
+	HERMES_SUP_CHROMIUM=$(CHROMIUM) $(LATEST)/bin/python -m pytest -q
+
+# Records the newest releases within pyproject.toml's ranges as constraints.txt (review its diff,
+# then run `make test` before committing it).
+lock:
+	rm -rf .venv-lock
+	$(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/python -m pip install --quiet --upgrade pip
+	.venv-lock/bin/python -m pip install --quiet -e '.[test]'
+	.venv-lock/bin/python -m pip download --quiet --no-deps -d .venv-lock/wheelhouse openai-agents supervisor
+	{ echo "# The exact releases \`make test\` and CI install (pip install -c): written by \`make lock\`, not by hand."; \
+	  .venv-lock/bin/python -m pip freeze --all --exclude-editable; \
+	  ls .venv-lock/wheelhouse | sed -n 's/^\([^-]*\)-\([^-]*\)-.*\.whl$$/\1==\2/p'; } > $(LOCK)
+	rm -rf .venv-lock
 
 # The PostgreSQL tests start a throw-away server of their own (tests/pgserver.py) and need its
 # programs; on a machine without them the Debian server package is installed (CI runs as root,
@@ -83,4 +116,4 @@ real-smoke: $(VENV)/.installed $(REAL_VENV)/.installed
 	$(BIN)/python bench/real_smoke.py --venv $(REAL_VENV)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(LATEST) .venv-lock .pytest_cache .ruff_cache *.egg-info

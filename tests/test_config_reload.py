@@ -16,7 +16,8 @@ from hermes_sup.supervisor.runner import request
 from .conftest import wait_until
 from .test_supervisor import FAKE, agent, hermes, make_ws
 
-DEEP = "[" * 100_000 + "]" * 100_000
+DEEP = "[" * 200 + "]" * 200  # past our limit (32), short of any YAML parser's own: refused in our words
+DEEPEST = "[" * 100_000 + "]" * 100_000  # past the parser's own limit too: refused, in its words
 
 
 def test_a_broken_reload_never_touches_the_running_team(tmp_path, up):
@@ -34,6 +35,7 @@ def test_a_broken_reload_never_touches_the_running_team(tmp_path, up):
         (good.replace("stop_timeout: 5", "stop_timeout: .nan"), ":2: invalid YAML: .nan is not a finite number"),
         (good + "    env: {X: &x 1, Y: *x}\n", ":7: invalid YAML: aliases (*x) are not allowed"),
         (good + f"    env: {{X: {DEEP}}}\n", ":7: invalid YAML: the data is nested more than 32 levels deep"),
+        (good + f"    env: {{X: {DEEPEST}}}\n", ":7: invalid YAML: "),
         (good + f"    max_iterations: {'9' * 5000}\n", ":7: invalid YAML: an integer of 5000 digits"),
         ("agents: [\n", ":2: invalid YAML"),
         (good + "  - name: other\n    command: [/nonexistent/agent]\n",

@@ -205,7 +205,9 @@ HOSTILE = {
     "deep-list.json": (b"[" * 100_000 + b"]" * 100_000, "nested more than 64 levels deep"),
     "deep-meta.json": (b'{"title": "x", "meta": ' + b'{"a": ' * 100_000 + b"1" + b"}" * 100_001,
                        "nested more than 64 levels deep"),
-    "deep.yaml": (b"title: x\nmeta: " + b"[" * 100_000 + b"]" * 100_000 + b"\n", "nested more than 64 levels deep"),
+    "deep.yaml": (b"title: x\nmeta: " + b"[" * 200 + b"]" * 200 + b"\n", "nested more than 64 levels deep"),
+    # Past the YAML parser's own limit too (libyaml's, since PyYAML 6.0.4), which words it: rejected all the same.
+    "deepest.yaml": (b"title: x\nmeta: " + b"[" * 100_000 + b"]" * 100_000 + b"\n", "line 2"),
     "big-int.json": (b'{"title": "x", "priority": ' + b"9" * 5000 + b"}", "an integer of 5000 digits"),
     "big-int.yaml": (b"title: x\npriority: " + b"9" * 5000 + b"\n", "an integer of 5000 digits"),
     "nan.json": (b'{"title": "x", "meta": {"n": NaN}}', "not a finite number"),

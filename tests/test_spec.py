@@ -129,8 +129,9 @@ LAUGHS = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
         (LAUGHS + "agents:\n  - name: a\n", ":2: invalid YAML: aliases (*a) are not allowed"),
         ("agents:\n  - name: a\n    env: {X: " + "[" * 200 + "]" * 200 + "}\n",
          ":3: invalid YAML: the data is nested more than 32"),
-        ("agents:\n  - name: a\n    env: {X: " + "[" * 100_000 + "]" * 100_000 + "}\n",
-         ":3: invalid YAML: the data is nested more"),
+        # Past the YAML parser's own limit (libyaml's since PyYAML 6.0.4): refused in its words, so
+        # only ours (file:line, invalid YAML) are asserted.
+        ("agents:\n  - name: a\n    env: {X: " + "[" * 100_000 + "]" * 100_000 + "}\n", ":3: invalid YAML: "),
         (f"agents:\n  - name: a\n    max_iterations: {'9' * 5000}\n", ":3: invalid YAML: an integer of 5000 digits"),
         ("agents: []\n", ":1: no agents: 'agents' must list at least one"),
         ("", ":1: no agents"),
