@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from hermes_sup.kanban.faults import fault
 from hermes_sup.kanban.fsio import write_json_atomic
-from hermes_sup.kanban.journal import FileTaskJournal, TaskJournal
+from hermes_sup.kanban.journal import FileTaskJournal, Read, TaskJournal
 from hermes_sup.kanban.parse import load_json
 from hermes_sup.kanban.task import now_iso
 
@@ -224,14 +224,49 @@ def render_for_summary(messages: list[Message]) -> str:
     return "\n".join(lines)
 
 
-def holders(task: dict[str, Any], me: str) -> tuple[str | None, list[str]]:
-    """From a task's history: the agent that held it before the current claim when that was
-    another agent (whose transcript the resumed conversation continues), and every other agent
-    that ever held it (whose spending counts against the task's ceilings)."""
-    claims = [entry.get("by") for entry in task.get("history") or [] if entry.get("to") == "doing"]
-    names = [name for name in claims if isinstance(name, str) and name and "/" not in name and name not in (".", "..")]
-    previous = names[-2] if len(names) >= 2 and names[-2] != me else None
-    return previous, sorted(set(names) - {me})
+def _agent_name(name: Any) -> bool:
+    # Agent names come from the task's history, which a person may edit: one folder name only.
+    return isinstance(name, str) and bool(name) and "/" not in name and name not in (".", "..")
+
+
+def _claims(task: dict[str, Any]) -> tuple[list[dict[str, Any]], list[int]]:
+    """The task's history entries and the indexes of its claims (moves to doing) among them."""
+    history = [entry for entry in task.get("history") or [] if isinstance(entry, dict)]
+    return history, [index for index, entry in enumerate(history) if entry.get("to") == "doing"]
+
+
+def _restart(history: list[dict[str, Any]], claims: list[int], k: int) -> tuple[list[dict[str, Any]],
+                                                                               list[dict[str, Any]]]:
+    """Why claim `k` (k >= 1) started a new conversation: the failed attempts and the retries by a
+    person between it and the claim before it (both empty: it continued the conversation)."""
+    since = history[claims[k - 1] + 1:claims[k]]
+    failed = [entry for entry in since if entry.get("from") == "doing" and entry.get("by") != "board"
+              and re.match(r"attempt \d+ of \d+ failed: ", str(entry.get("note") or ""))]
+    # An answered question (blocked -> todo) is no retry: the conversation goes on with the answer.
+    retries = [entry for entry in since if entry.get("to") == "todo" and entry.get("by") != "board"
+               and (entry.get("from") in ("failed", "cancelled")
+                    or str(entry.get("note") or "").startswith("retry"))]
+    return failed, retries
+
+
+def holders(task: dict[str, Any], me: str) -> tuple[list[str], list[str]]:
+    """From a task's history: the agents whose transcript may hold the conversation this claim
+    continues (the holders of the claims before it, back to the one that last started afresh, the
+    latest claim's first, each once, `me` included), and every other agent that ever held it (whose
+    spending counts against the task's ceilings). Which of the first has the conversation is the
+    journal's to say (the one written last): a holder may have died before writing anything, however
+    many in a row."""
+    history, claims = _claims(task)
+    names = [history[index].get("by") for index in claims]
+    others = sorted({name for name in names if _agent_name(name)} - {me})
+    if len(claims) < 2:
+        return [], others
+    start = next((k for k in range(len(claims) - 2, 0, -1) if any(_restart(history, claims, k))), 0)
+    earlier: list[str] = []
+    for name in reversed(names[start:-1]):
+        if _agent_name(name) and name not in earlier:
+            earlier.append(name)
+    return earlier, others
 
 
 NOTE_CHARS = 300  # of the previous attempt's error in a fresh start's first message: a hint, not a replay
@@ -242,17 +277,10 @@ def fresh_start(task: dict[str, Any]) -> str | None:
     previous attempt when it failed (the model ran out of turns, a provider error failed it) or a
     person retried the task since, else None (resume). An attempt whose holder died, lost its lease,
     or gave the task back (a stop, a budget) ended through no fault of the conversation: resumed."""
-    history = [entry for entry in task.get("history") or [] if isinstance(entry, dict)]
-    claims = [index for index, entry in enumerate(history) if entry.get("to") == "doing"]
+    history, claims = _claims(task)
     if len(claims) < 2:
         return None
-    since = history[claims[-2] + 1:claims[-1]]
-    failed = [entry for entry in since if entry.get("from") == "doing" and entry.get("by") != "board"
-              and re.match(r"attempt \d+ of \d+ failed: ", str(entry.get("note") or ""))]
-    # An answered question (blocked -> todo) is no retry: the conversation goes on with the answer.
-    retries = [entry for entry in since if entry.get("to") == "todo" and entry.get("by") != "board"
-               and (entry.get("from") in ("failed", "cancelled")
-                    or str(entry.get("note") or "").startswith("retry"))]
+    failed, retries = _restart(history, claims, len(claims) - 1)
     if not failed and not retries:
         return None
     why = str(failed[-1].get("note")) if failed else f"a person ({retries[-1].get('by')}) retried it"
@@ -360,9 +388,7 @@ class TaskLoop:
         self.inputs = inputs
         # Other agents' working directories sit beside ours: a task reclaimed from one of them
         # continues its conversation, and what they spent on it counts against the ceilings.
-        previous, others = holders(task, agent)
-        self.previous = previous
-        self.others = others
+        self.earlier, self.others = holders(task, agent)
         self.prices = prices or {}
         self.max_tokens = max_tokens
         self.max_cost = max_cost
@@ -397,16 +423,33 @@ class TaskLoop:
         self.journal.append_message(message)
         messages.append(message)
 
-    def take_over(self, previous: str) -> None:
-        """Continue the conversation of the agent that held the task before us: copy its transcript
-        (ours, from an older attempt, is set aside) and the task's records from its tool-call log,
-        so its completed calls are not run again here either. Its journal is only read."""
-        theirs = self.journal.holder_transcript(previous)
-        if not theirs.records:
-            return
+    def continue_conversation(self) -> None:
+        """Continue the conversation this claim takes over: the transcript written last among those
+        of the holders since the conversation last started afresh (a holder may have died before
+        writing anything, however many in a row). Every one of those holders' tool-call records is
+        taken in first, so a call completed by any of them is never run again here."""
+        for holder in reversed(self.earlier):
+            if holder != self.agent:
+                self.journal.take_tool_calls(holder, ("turn", "call_id", "status"))
+        for holder in self.journal.newest_transcripts(self.earlier):
+            if holder == self.agent:
+                return  # ours is the latest: it goes on
+            theirs = self.journal.holder_transcript(holder)
+            if theirs.records:
+                self.take_over(holder, theirs)
+                return
+        if self.agent not in self.earlier:
+            # None since the last fresh start: a transcript of ours predates it, and it ended badly.
+            kept = self.journal.set_aside_attempt(max(1, int(self.task.get("claims") or 1) - 1))
+            if kept:
+                self.notes.append(f"started afresh; an older conversation of ours is kept as {kept}")
+
+    def take_over(self, previous: str, theirs: Read) -> None:
+        """Continue the conversation of another agent: copy its transcript (ours, from an older
+        attempt, is set aside); its journal is only read. The calls its model asked for and that did
+        not run to the end there are answered, not run."""
         self.notes += [f"{previous}: {note}" for note in theirs.notes]
         self.journal.replace_transcript(theirs.records)
-        self.journal.take_tool_calls(previous, ("turn", "call_id", "status"))
         self._refuse_handed_over_calls(previous, [r for r in theirs.records if r.get("role") in ROLES])
         self.notes.append(f"continued the conversation of {previous} ({len(theirs.records)} messages)")
 
@@ -440,8 +483,8 @@ class TaskLoop:
             kept = self.journal.set_aside_attempt(max(1, int(self.task.get("claims") or 1) - 1))
             if kept:
                 self.notes.append(f"started afresh; the previous conversation is kept as {kept}")
-        elif self.previous is not None:
-            self.take_over(self.previous)
+        elif self.earlier:
+            self.continue_conversation()
         read = self.journal.transcript()
         self.notes += read.notes
         # A record that is no message (hand-edited, damaged) is left out, not sent on every call.

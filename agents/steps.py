@@ -127,15 +127,15 @@ class StepRun:
         self.on_step = on_step
         self.agent = agent
         self.log: TaskJournal = journal if journal is not None else FileTaskJournal(workdir, task["id"])
-        previous, _others = holders(task, agent)
-        self.previous = previous
+        _earlier, self.others = holders(task, agent)
 
     def _records(self) -> list[dict[str, Any]]:
-        """This agent's records of the task, after copying in those of the agent that held it before.
-        Records are told apart by their time too: a step started again after a retry is a new record."""
-        if self.previous is None:
-            return self.log.tool_calls()
-        return self.log.take_tool_calls(self.previous, ("turn", "call_id", "status", "at"))
+        """This agent's records of the task, after copying in those of every agent that held it
+        before (not only the last: it may have died before copying any). Records are told apart by
+        their time too: a step started again after a retry is a new record."""
+        for holder in self.others:
+            self.log.take_tool_calls(holder, ("turn", "call_id", "status", "at"))
+        return self.log.tool_calls()
 
     def run(self) -> Outcome:
         """Run the steps not yet done; InterruptedError when the agent is asked to stop."""

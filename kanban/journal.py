@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -155,6 +155,11 @@ class TaskJournal(Protocol):
         """The transcript of this task kept by agent `holder` (only read)."""
         ...
 
+    def newest_transcripts(self, holders: Sequence[str]) -> list[str]:
+        """Those of `holders` (the latest claim's first) that keep a transcript of this task, the one
+        written last first; a tie goes to the one named first. Only read."""
+        ...
+
     def tool_calls(self) -> list[dict[str, Any]]:
         """This agent's tool-call records of the task (started and done), in order."""
         ...
@@ -226,6 +231,17 @@ class FileTaskJournal:
 
     def holder_transcript(self, holder: str) -> Read:
         return Journal(self._holder(holder) / "transcripts" / self._name).read()
+
+    def newest_transcripts(self, holders: Sequence[str]) -> list[str]:
+        found = []
+        for rank, holder in enumerate(holders):
+            try:
+                stat = (self._holder(holder) / "transcripts" / self._name).stat()
+            except (OSError, ValueError):
+                continue
+            if stat.st_size:
+                found.append((stat.st_mtime_ns, -rank, holder))
+        return [holder for *_order, holder in sorted(found, reverse=True)]
 
     def tool_calls(self) -> list[dict[str, Any]]:
         return [r for r in self._tools.read().records if r.get("task") == self.task_id]

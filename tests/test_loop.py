@@ -469,3 +469,80 @@ def test_the_ceilings_count_no_model_call_record_below_nothing(llm, tmp_path):
     costly = make_loop(llm, tmp_path, max_cost=0.0001).run()
     assert (costly.kind, costly.text) == ("failed", "cost ceiling: $0.0002 spent, the limit is $0.0001 (max_cost)")
     assert llm.requests == []
+
+
+def bump_once(api: str, body: dict) -> dict:
+    """A model that asks for `bump` until it has seen its result, then says it is done: a conversation
+    started afresh runs the call again, one continued does not."""
+    seen = any(m.get("role") == "tool" for m in body["messages"])
+    return openai_reply("bumped, done") if seen else openai_reply(tool_calls=[("bump", {"n": 1})])
+
+
+def died_after_the_call(tmp_path, name: str) -> None:
+    """`name`'s model asked for bump, bump ran to the end (logged done), and `name` was killed before
+    the result reached its transcript: the state the fault point tool-done leaves."""
+    path = tmp_path / name / "transcripts" / "t-1.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    assert json.loads(lines[-1])["role"] == "tool"
+    path.write_text("".join(lines[:-1]))
+
+
+@pytest.mark.parametrize("empty", [["bob"], ["bob", "dave"], ["bob", "alice", "dave"]])
+def test_a_completed_call_is_not_run_again_however_many_holders_died_before_writing(tmp_path, counter, empty):
+    # alice ran the call and was killed; then each of `empty` claimed the task and was judged gone
+    # before writing anything (alice among them: her second claim died before its take-over). carol
+    # continues alice's conversation, the newest that has records, and takes the call's logged result.
+    with ScriptedLLM() as model:
+        model.script("openai", openai_reply(tool_calls=[("bump", {"n": 1})]), *[error_reply(500)] * 3)
+        assert make_loop(model, tmp_path, "alice", claimed_by("alice")).run().kind == "failed"
+        assert counter() == ["1"]
+        died_after_the_call(tmp_path, "alice")
+        for name in empty:
+            (tmp_path / name / "transcripts").mkdir(parents=True, exist_ok=True)
+        model.responder = bump_once
+        carol = make_loop(model, tmp_path, "carol", claimed_by("alice", *empty, "carol"))
+        outcome = carol.run()
+    assert (outcome.kind, outcome.text) == ("done", "bumped, done")
+    assert counter() == ["1"], "the completed call ran twice"
+    assert "continued the conversation of alice (3 messages)" in carol.notes
+    assert model.requests[-1]["body"]["messages"][-1] == {"role": "tool", "tool_call_id": "call_0",
+                                                           "content": "bumped 1"}
+
+
+def test_the_newest_conversation_is_continued_not_an_older_one_of_a_later_holder(tmp_path, counter):
+    # alice bumps 1 and dies; bob continues, bumps 2 and dies; alice claims again and is judged gone
+    # before her take-over (her transcript is still her old one); carol continues bob's, the newest.
+    with ScriptedLLM() as model:
+        model.script("openai", openai_reply(tool_calls=[("bump", {"n": 1})]), *[error_reply(500)] * 3)
+        assert make_loop(model, tmp_path, "alice", claimed_by("alice")).run().kind == "failed"
+        alice_wrote = (tmp_path / "alice/transcripts/t-1.jsonl").stat().st_mtime_ns
+        probe = tmp_path / "clock-probe"
+        while probe.write_text("x") and probe.stat().st_mtime_ns <= alice_wrote:
+            pass  # the file clock is coarse (a kernel tick): bob's writes must be seen as later
+        model.script("openai", openai_reply(tool_calls=[("bump", {"n": 2})]), *[error_reply(500)] * 3)
+        assert make_loop(model, tmp_path, "bob", claimed_by("alice", "bob")).run().kind == "failed"
+        model.script("openai", openai_reply("both bumped"))
+        carol = make_loop(model, tmp_path, "carol", claimed_by("alice", "bob", "alice", "carol"))
+        assert carol.run().text == "both bumped"
+    assert counter() == ["1", "2"]
+    assert "continued the conversation of bob (6 messages)" in carol.notes
+    assert [m.get("content") for m in model.requests[-1]["body"]["messages"] if m["role"] == "tool"] == [
+        "bumped 1", "bumped 2"]
+
+
+def test_a_conversation_from_before_a_fresh_start_is_not_continued(tmp_path, counter):
+    # alice's attempt failed (its conversation is over); bob claimed it afresh and was judged gone
+    # before writing anything; alice claims it again: she starts a new conversation, she does not
+    # go back to the one that failed.
+    with ScriptedLLM() as model:
+        model.script("openai", openai_reply(tool_calls=[("bump", {"n": 1})]), *[error_reply(500)] * 3)
+        assert make_loop(model, tmp_path, "alice", claimed_by("alice")).run().kind == "failed"
+        history = [{"by": "alice", "from": "todo", "to": "doing"},
+                   {"by": "alice", "from": "doing", "to": "todo", "note": "attempt 1 of 3 failed: provider error"},
+                   {"by": "bob", "from": "todo", "to": "doing"},
+                   {"by": "alice", "from": "todo", "to": "doing"}]
+        model.script("openai", openai_reply("fresh answer"))
+        again = make_loop(model, tmp_path, "alice", {**TASK, "history": history, "claims": 3})
+        assert again.run().text == "fresh answer"
+    assert [m["role"] for m in model.requests[-1]["body"]["messages"]] == ["system", "user"]
+    assert any(note.startswith("started afresh; an older conversation of ours is kept as") for note in again.notes)

@@ -363,3 +363,28 @@ def test_a_message_row_of_odd_shape_is_left_out_not_fatal_to_the_take_over(make_
         mine.close()
     assert theirs == good
     assert unanswered(theirs) == ("1", [call])
+
+
+@pytest.mark.parametrize("empty", [1, 2])
+def test_a_conversation_resumes_past_holders_that_died_before_writing_a_row(
+        make_store: Factory, tmp_path: Path, empty: int) -> None:
+    host_a, host_b = make_store("host-a"), make_store("host-b")
+    host_a.add({"id": "t-1", "title": "append a line", "max_attempts": 3})
+    with ScriptedLLM() as llm:
+        llm.script("openai", openai_reply(tool_calls=[("write_file", {"path": "mark.txt", "content": "once"})]),
+                   error_reply(400, "host a is going away"))
+        first = host_a.claim("w1")
+        make_loop(llm, host_a, first, "w1", tmp_path / "a" / "w1").run()
+        host_a.release("t-1", first["claim"]["token"], "released: host a went away")
+        for index in range(empty):  # claimed on host b, judged gone before its first journal row
+            gone = host_b.claim(f"gone-{index}")
+            host_b.release("t-1", gone["claim"]["token"], "released: judged gone")
+        last = host_b.claim("w3")
+        llm.script("openai", openai_reply("done past the empty holders"))
+        loop = make_loop(llm, host_b, last, "w3", tmp_path / "b" / "w3")
+        assert loop.run().text == "done past the empty holders"
+    sent = llm.requests[-1]["body"]["messages"]
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "tool"], "w3 continued w1's turns"
+    assert sent[-1]["content"].startswith("wrote"), sent[-1]
+    assert "continued the conversation of w1 (4 messages)" in loop.notes
+    assert not (tmp_path / "b" / "w3" / "scratch" / "mark.txt").exists(), "the completed call ran again"

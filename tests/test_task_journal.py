@@ -4,6 +4,7 @@ and the file journal keeps the on-disk format (transcripts/<task>.jsonl, tool_ca
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 import threading
 from collections.abc import Iterable
@@ -18,6 +19,7 @@ from hermes_sup.kanban.journal import FileTaskJournal, Read, TaskJournal
 
 REPO = Path(__file__).resolve().parent.parent
 TASK = "t-1"
+CLOCK = itertools.count(1)  # orders the writes of every MemoryJournal, as a database's sequence does
 
 
 class MemoryJournal:
@@ -29,6 +31,7 @@ class MemoryJournal:
         self.llm: list[dict[str, Any]] = []
         self.holders = holders or {}
         self.replaced = 0
+        self.written = 0
 
     @property
     def label(self) -> str:
@@ -39,10 +42,12 @@ class MemoryJournal:
 
     def append_message(self, message: dict[str, Any]) -> None:
         self.messages.append(message)
+        self.written = next(CLOCK)
 
     def replace_transcript(self, records: list[dict[str, Any]]) -> str | None:
         self.replaced += 1
         self.messages = list(records)
+        self.written = next(CLOCK)
         return f"copy {self.replaced}"
 
     def set_aside_attempt(self, attempt: int) -> str | None:
@@ -51,6 +56,11 @@ class MemoryJournal:
 
     def holder_transcript(self, holder: str) -> Read:
         return self.holders[holder].transcript()
+
+    def newest_transcripts(self, holders: list[str]) -> list[str]:
+        kept = [(self.holders[name].written, -rank, name) for rank, name in enumerate(holders)
+                if name in self.holders and self.holders[name].messages]
+        return [name for *_order, name in sorted(kept, reverse=True)]
 
     def tool_calls(self) -> list[dict[str, Any]]:
         return [r for r in self.tools if r.get("task") == TASK]
@@ -135,3 +145,15 @@ def test_the_loop_and_the_steps_open_no_journal_file_themselves():
         built = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)
                  and isinstance(node.func, ast.Name) and node.func.id == "Journal"]
         assert built == [], f"agents/{name} builds a Journal at lines {built}"
+
+
+def test_steps_resume_past_a_holder_that_died_before_copying_any_record(tmp_path):
+    # w1 completed step 1; w0 then claimed the task and was judged gone before copying w1's records.
+    first = MemoryJournal()
+    first.append_tool_call(done("step-1", "written by w1"))
+    journal = MemoryJournal({"w1": first, "w0": MemoryJournal()})
+    task = {"id": TASK, "steps": [{"tool": "write_file", "args": {"path": "a.txt", "content": "one"}}],
+            "history": [{"to": "doing", "by": "w1"}, {"to": "doing", "by": "w0"}, {"to": "doing", "by": "w2"}]}
+    outcome = steps_run(tmp_path, task, journal).run()
+    assert (outcome.kind, outcome.results) == ("done", ["written by w1"])
+    assert not (tmp_path / "runs" / "w2" / "scratch" / "a.txt").exists(), "the completed step ran again"

@@ -16,7 +16,7 @@ both, each call once). `prune` keeps these rows, as it keeps the files.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,6 +32,8 @@ class JournalRows(Protocol):
 
     def journal_write(self, task_id: str, token: int, *, kind: str, agent: str, name: str = "",
                       entries: Any = (), set_aside: Any = None) -> str | None: ...
+
+    def journal_marks(self, task_id: str) -> list[dict[str, Any]]: ...
 
 
 def next_free(base: str, names: set[str]) -> str:
@@ -127,6 +129,13 @@ class PgTaskJournal:
 
     def holder_transcript(self, holder: str) -> Read:
         return self._messages(holder)
+
+    def newest_transcripts(self, holders: Sequence[str]) -> list[str]:
+        # The rows' seq orders the writes of every host: the transcript written last has the highest.
+        last = {mark["agent"]: mark["last"] for mark in self.store.journal_marks(self.task_id)
+                if mark["kind"] == "message" and mark["name"] == self._name and mark["rows"]}
+        found = [(last[holder], -rank, holder) for rank, holder in enumerate(holders) if holder in last]
+        return [holder for *_order, holder in sorted(found, reverse=True)]
 
     def _tools(self, agent: str) -> list[dict[str, Any]]:
         return [record for record in records(self.store.journal_rows(self.task_id, "tool", agents=[agent]),
