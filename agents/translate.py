@@ -12,14 +12,14 @@ Canonical messages:
 
 from __future__ import annotations
 
-import contextlib
 import json
-import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from hermes_sup.kanban.parse import load_json
+
+from .textcalls import text_tool_calls as text_tool_calls  # re-exported: callers knew it from here
 
 Message = dict[str, Any]
 CACHE = {"type": "ephemeral"}
@@ -219,48 +219,7 @@ def from_anthropic(response: dict[str, Any]) -> Completion:
     )
 
 
-# -- tool calls written as text by local models ------------------------------------------------------
-
-TOOL_CALL_TAG = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
-
-
-def _as_call(obj: Any, known: set[str]) -> dict[str, Any] | None:
-    if not isinstance(obj, dict):
-        return None
-    name = obj.get("name") or obj.get("tool") or (obj.get("function") or {}).get("name")
-    if name not in known:
-        return None
-    args = obj.get("arguments", obj.get("args", obj.get("parameters", (obj.get("function") or {}).get("arguments"))))
-    arguments = args if isinstance(args, str) else json.dumps(args if isinstance(args, dict) else {})
-    return {"id": _new_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
-
-
-def text_tool_calls(message: Message, known: set[str]) -> Message:
-    """A local model's tool call written as text — a `<tool_call>{...}</tool_call>` block, or a bare
-    JSON object naming a known tool with its arguments — turned into a structured one. A message
-    that already has tool calls, or whose text names no known tool, is returned unchanged."""
-    content = message.get("content")
-    if message.get("tool_calls") or not isinstance(content, str) or not content.strip():
-        return message
-    calls = []
-    for match in TOOL_CALL_TAG.finditer(content):
-        with contextlib.suppress(ValueError):
-            call = _as_call(load_json(match.group(1)), known)
-            if call:
-                calls.append(call)
-    rest = TOOL_CALL_TAG.sub("", content).strip() if calls else content
-    if not calls:
-        stripped = content.strip()
-        fenced = re.fullmatch(r"```(?:json)?\s*(\{.*\})\s*```", stripped, re.DOTALL)
-        candidate = fenced.group(1) if fenced else stripped
-        if candidate.startswith("{") and candidate.endswith("}"):
-            with contextlib.suppress(ValueError):
-                call = _as_call(load_json(candidate), known)
-                if call:
-                    calls, rest = [call], ""
-    if not calls:
-        return message
-    return {**message, "content": rest or None, "tool_calls": calls}
+# -- tool calls written as text by local models: agents/textcalls.py ----------------------------------
 
 
 def _new_id() -> str:

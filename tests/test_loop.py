@@ -189,6 +189,24 @@ def test_a_tool_call_written_as_text_is_run(llm, tmp_path):
     assert llm.requests[1]["body"]["messages"][-1]["role"] == "tool", "the model got the call's result"
 
 
+def test_two_calls_written_as_two_json_lines_run_and_are_not_the_answer(llm, tmp_path, counter):
+    # Qwen2.5's template on llama-cpp-python: bare JSON in `content`, finish reason stop, no tool_calls.
+    llm.script("openai", openai_reply('{"name": "bump", "arguments": {"n": 1}}\n{"name": "bump", "arguments": {"n": 2}}'),
+               openai_reply("Bumped twice."))
+    outcome = make_loop(llm, tmp_path).run()
+    assert (outcome.kind, outcome.text, counter()) == ("done", "Bumped twice.", ["1", "2"])
+
+
+def test_an_answer_that_is_only_a_call_to_an_unknown_tool_is_refused_not_the_result(llm, tmp_path):
+    llm.script("openai", openai_reply('```json\n{"name": "python", "arguments": {"code": "print(1)"}}\n```'),
+               openai_reply("I cannot run python; the answer is 1."))
+    outcome = make_loop(llm, tmp_path).run()
+    assert (outcome.kind, outcome.text) == ("done", "I cannot run python; the answer is 1.")
+    assert [(tool, status, outcome) for tool, _id, status, outcome in tool_log(tmp_path)] == [
+        ("python", "done", "refused")]
+    assert llm.requests[1]["body"]["messages"][-1]["role"] == "tool", "the model heard the call was refused"
+
+
 def test_the_iteration_limit_fails_the_task(llm, tmp_path):
     llm.script("openai", *[openai_reply(tool_calls=[("wait", {"seconds": i / 1000})]) for i in range(3)])
     outcome = make_loop(llm, tmp_path, max_iterations=2).run()
