@@ -191,8 +191,8 @@ def test_a_tool_call_written_as_text_is_run(llm, tmp_path):
 
 def test_two_calls_written_as_two_json_lines_run_and_are_not_the_answer(llm, tmp_path, counter):
     # Qwen2.5's template on llama-cpp-python: bare JSON in `content`, finish reason stop, no tool_calls.
-    llm.script("openai", openai_reply('{"name": "bump", "arguments": {"n": 1}}\n{"name": "bump", "arguments": {"n": 2}}'),
-               openai_reply("Bumped twice."))
+    llm.script("openai", openai_reply('{"name": "bump", "arguments": {"n": 1}}\n'
+                                      '{"name": "bump", "arguments": {"n": 2}}'), openai_reply("Bumped twice."))
     outcome = make_loop(llm, tmp_path).run()
     assert (outcome.kind, outcome.text, counter()) == ("done", "Bumped twice.", ["1", "2"])
 
