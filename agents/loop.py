@@ -72,6 +72,11 @@ MAX_CONTINUATIONS = 3
 CONTINUE = ("Your answer was cut off at the output token limit. Continue it exactly where it stopped, "
             "without repeating anything.")
 
+# An empty answer (llama-cpp-python's first one often is) is asked again this many times within the
+# attempt, in the transcript, before the attempt counts as failed: a server's quirk spends no attempt.
+MAX_REASKS = 2
+REASK = "Your last answer was empty. Answer the task now, or call one of the tools."
+
 ROLES = ("system", "user", "assistant", "tool")
 IGNORED_AFTER = 3  # tool-offered answers in prose, none with a tool call, before a provider is suspected
 TOOL_USE_FILE = "tool_use.json"  # runs/<agent>/: each provider's ToolUse, for `doctor`
@@ -353,6 +358,17 @@ def answer_pieces(messages: list[Message]) -> list[str]:
         index -= 2
         pieces.insert(0, str(messages[index].get("content") or ""))
     return pieces
+
+
+def reasks(messages: list[Message]) -> int:
+    """How many times in a row the model was asked again after an empty answer, up to the last
+    message (pure): the REASKs each after an assistant message, counted back from the end."""
+    count, index = 0, len(messages) - 2
+    while index >= 1 and messages[index]["role"] == "user" and messages[index].get("content") == REASK \
+            and messages[index - 1]["role"] == "assistant":
+        count += 1
+        index -= 2
+    return count
 
 
 def awaits_continuation(messages: list[Message]) -> bool:
@@ -750,8 +766,14 @@ class TaskLoop:
                     self.warnings.append(f"the answer reached max_tokens {len(pieces) - 1} times and was continued")
                 answer = "".join(pieces).strip()
                 if not answer:
-                    return Outcome("failed", f"the model ended its turn without an answer (stop: {completion.stop})",
-                                   warnings=tuple(self.warnings))
+                    asked = reasks(messages)
+                    if asked < MAX_REASKS:
+                        self.notes.append(f"the model answered nothing (stop: {completion.stop}); asked again "
+                                          f"({asked + 1} of {MAX_REASKS})")
+                        self._append(messages, {"role": "user", "content": REASK})
+                        continue
+                    return Outcome("failed", f"the model answered nothing {asked + 1} times in a row "
+                                             f"(stop: {completion.stop})", warnings=tuple(self.warnings))
                 return Outcome("done", answer, warnings=tuple(self.warnings))
         except NeedsPerson as question:
             return Outcome("blocked", str(question), question=str(question))

@@ -55,7 +55,7 @@ TASKS: list[tuple[str, str, str, Check]] = [
 ]
 PREPARED = {"smoke-read": {"notes.txt": "alpha beta\nsecond line\n"}}
 # Errors of the model's own making: it did not finish within its turns, looped, or rambled.
-MODEL_CAUSES = ("no final answer after", "ended its turn without an answer", "the same call and result",
+MODEL_CAUSES = ("no final answer after", "answered nothing", "the same call and result",
                 "cut at max_tokens", "token ceiling")
 
 

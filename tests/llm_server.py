@@ -133,6 +133,8 @@ QUIRKS = {
     "no_stream_usage": "streams carry no usage",
     # A real server has nothing outside /v1: a base_url without it gets 404s.
     "v1_only": "a request outside /v1/ (a POST, or a GET of the model list) is answered with HTTP 404",
+    # llama-cpp-python: a model's first answer is often nothing at all (content "", finish reason stop).
+    "empty_first": "the first chat request is answered with an empty message, before any script",
 }
 
 
@@ -237,6 +239,8 @@ class ScriptedLLM:
                     server.requests.append(record)
                     if rejected is not None:
                         reply = rejected
+                    elif "empty_first" in server.quirks and sum(r["api"] == api for r in server.requests) == 1:
+                        reply = openai_reply("", completion=0) if api == "openai" else anthropic_reply("")
                     elif server.responder is not None:
                         reply = None
                     else:

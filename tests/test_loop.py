@@ -9,7 +9,7 @@ import threading
 
 import pytest
 from hermes_sup.agents import builtins  # noqa: F401 - registers the built-in tools
-from hermes_sup.agents.loop import TaskLoop, task_prompt
+from hermes_sup.agents.loop import REASK, TaskLoop, reasks, task_prompt
 from hermes_sup.agents.memory import MemoryFile
 from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig
 from hermes_sup.agents.tools import REGISTRY, Tool, Toolbox, ToolContext, register
@@ -205,6 +205,35 @@ def test_an_answer_that_is_only_a_call_to_an_unknown_tool_is_refused_not_the_res
     assert [(tool, status, outcome) for tool, _id, status, outcome in tool_log(tmp_path)] == [
         ("python", "done", "refused")]
     assert llm.requests[1]["body"]["messages"][-1]["role"] == "tool", "the model heard the call was refused"
+
+
+def test_an_empty_first_answer_is_asked_again_within_the_attempt(tmp_path):
+    with ScriptedLLM(quirks=("empty_first",)) as server:
+        server.script("openai", openai_reply("The answer."))
+        loop = make_loop(server, tmp_path)
+        outcome = loop.run()
+    assert (outcome.kind, outcome.text) == ("done", "The answer.")
+    assert server.requests[1]["body"]["messages"][-1] == {"role": "user", "content": REASK}
+    assert "the model answered nothing (stop: stop); asked again (1 of 2)" in loop.notes
+    transcript = [json.loads(line) for line in (tmp_path / "agent/transcripts/t-1.jsonl").read_text().splitlines()]
+    assert [m["role"] for m in transcript] == ["system", "user", "assistant", "user", "assistant"], \
+        "the re-ask is said in the transcript"
+
+
+def test_a_model_that_keeps_answering_nothing_fails_the_attempt_after_the_reasks(llm, tmp_path):
+    llm.script("openai", *[openai_reply("")] * 3, openai_reply("never reached"))
+    outcome = make_loop(llm, tmp_path).run()
+    assert (outcome.kind, outcome.text) == ("failed", "the model answered nothing 3 times in a row (stop: stop)")
+    assert len(llm.requests) == 3
+
+
+def test_reasks_are_counted_from_the_transcript_so_a_restart_does_not_reset_them():
+    system, user = {"role": "system", "content": "s"}, {"role": "user", "content": "u"}
+    empty, again = {"role": "assistant", "content": ""}, {"role": "user", "content": REASK}
+    assert reasks([system, user, empty]) == 0
+    assert reasks([system, user, empty, again, empty]) == 1
+    assert reasks([system, user, empty, again, empty, again, empty]) == 2
+    assert reasks([system, user, empty, again, {"role": "assistant", "content": "x"}, user, empty]) == 0
 
 
 def test_the_iteration_limit_fails_the_task(llm, tmp_path):
