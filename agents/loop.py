@@ -39,6 +39,7 @@ from .budget import price as price  # re-exported: callers knew it from here
 from .ledger import BudgetReached
 from .logline import call_line, model_line, say
 from .providers import Attempt, Provider, ProviderError, abort, complete_with_fallback
+from .sizing import filled_context
 from .tools import Finished, NeedsPerson, Refused, Toolbox, ToolContext, ToolError
 from .translate import Message, text_tool_calls
 
@@ -755,6 +756,13 @@ class TaskLoop:
                 completion = self._call_model(messages, tools)
                 message = {**text_tool_calls(completion.message, known), "turn": uuid.uuid4().hex[:12]}
                 if completion.stop == "length" and not message.get("tool_calls"):
+                    used, window = completion.usage.input + completion.usage.output, self.window()
+                    if filled_context(completion.usage.input, completion.usage.output, window):
+                        # The rest has no room: asked to continue, the model would overflow the context.
+                        self._append(messages, message)
+                        return Outcome("failed", f"the answer filled the model's whole context ({used:,} of "
+                                                 f"{window:,} tokens) and cannot be continued",
+                                       warnings=tuple(self.warnings))
                     message["cut"] = True  # in the transcript, so a resumed loop asks for the rest too
                 self._append(messages, message)
                 if tools:

@@ -15,6 +15,9 @@ from typing import Any
 from hermes_sup.kanban.parse import load_json
 
 DEFAULT_MAX_TOKENS = 4096      # what a cloud API is asked for when nothing is known
+# A local server that tells no context: its model may have 4k in all, which 4,096 answer tokens fill
+# (a rambling small model did, and was then asked to continue). What an answer gets until it tells.
+UNKNOWN_CONTEXT_MAX_TOKENS = 1024
 MIN_MAX_TOKENS = 256           # below this an answer is useless: let the server say the context is full
 SAFETY = 64                    # tokens of chat template around the messages, not in the estimate
 CHARS_PER_TOKEN = 4            # as the usage estimate counts
@@ -29,13 +32,19 @@ def size_max_tokens(context: int | None, prompt_tokens: int, configured: int | N
     """max_tokens for one call (pure). A value hermes.yaml sets is kept as it is (its owner's
     choice); otherwise the answer may fill what the prompt leaves of the server's context window,
     up to `default`, and never less than MIN_MAX_TOKENS (a fuller context is the server's error to
-    report, and compression's to avoid). An unknown context keeps `default`."""
+    report, and compression's to avoid). An unknown context gets UNKNOWN_CONTEXT_MAX_TOKENS at most."""
     if configured is not None:
         return configured
     if not context or context <= 0:
-        return default
+        return min(default, UNKNOWN_CONTEXT_MAX_TOKENS)
     room = context - max(0, prompt_tokens) - SAFETY
     return max(MIN_MAX_TOKENS, min(default, room))
+
+
+def filled_context(prompt: int, answer: int, window: int) -> bool:
+    """Whether a call's prompt and its answer (tokens) took the whole context window (pure): an
+    answer cut there cannot be continued, as the rest has no room."""
+    return window > 0 and prompt + answer + 2 * SAFETY >= window
 
 
 def prompt_tokens(messages: list[Any], tools: list[Any] | None) -> int:

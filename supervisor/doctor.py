@@ -15,7 +15,7 @@ from hermes_sup.agents.breaker import saved_states
 from hermes_sup.agents.budget import logged_count
 from hermes_sup.agents.keys import AUTO_KEYS, ENV_FILE, KeyFile, key_names
 from hermes_sup.agents.loop import TOOL_USE_FILE
-from hermes_sup.agents.providers import BREAKERS_FILE
+from hermes_sup.agents.providers import BREAKERS_FILE, ProviderConfig
 from hermes_sup.agents.routing import (
     BUSY_MODEL,
     PROBE_DEADLINE,
@@ -25,6 +25,7 @@ from hermes_sup.agents.routing import (
     reach,
     resolve_auto,
 )
+from hermes_sup.agents.sizing import UNKNOWN_CONTEXT_MAX_TOKENS, probe_context
 from hermes_sup.kanban import BoardError
 from hermes_sup.kanban.fsinfo import disk_free, inotify_limits
 from hermes_sup.kanban.fsio import read_bytes_nofollow
@@ -114,6 +115,18 @@ def tool_use_checks(runs: Path) -> list[Check]:
     return tool_use_checks_from(_saved_documents(runs, TOOL_USE_FILE))
 
 
+def context_check(name: str, provider: ProviderConfig, size: int | None) -> Check:
+    """What a local server says of its context window, and what follows when it says nothing (pure)."""
+    if size:
+        return _check(f"context {name}", "ok", f"{size:,} tokens, as the server reports it")
+    follows = ([f"each answer is capped at {UNKNOWN_CONTEXT_MAX_TOKENS:,} tokens"] if provider.sized else []) + (
+        [f"the conversation is kept within {provider.context_window:,} tokens, which may be more than the model "
+         "holds"] if provider.window_probed else [])
+    return _check(f"context {name}", "info", f"the server does not say its context size, so {' and '.join(follows)}: "
+                  f"set context_window (the context the server runs the model with: llama-server -c, Ollama "
+                  f"num_ctx) under providers: {name}: in hermes.yaml, and max_tokens for longer answers")
+
+
 def run_checks(ws: Workspace) -> list[Check]:
     checks: list[Check] = []
     config: dict[str, Any] = {}
@@ -173,6 +186,8 @@ def run_checks(ws: Workspace) -> list[Check]:
                 checks.append(_check(f"provider {name}", "warn", f"{where}: misconfigured: {why}"))
             else:
                 checks.append(_check(f"provider {name}", "ok", f"{where}: reachable"))
+                if provider.sized or provider.window_probed:
+                    checks.append(context_check(name, provider, probe_context(provider.base_url, provider.model)))
 
     checks += breaker_checks(ws.runs_path)
     checks += tool_use_checks(ws.runs_path)

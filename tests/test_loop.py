@@ -236,6 +236,17 @@ def test_reasks_are_counted_from_the_transcript_so_a_restart_does_not_reset_them
     assert reasks([system, user, empty, again, {"role": "assistant", "content": "x"}, user, empty]) == 0
 
 
+def test_an_answer_cut_where_it_filled_the_context_is_not_continued(tmp_path):
+    # A small model rambled 2,688 tokens into a 4k context: asking for the rest would overflow it.
+    with ScriptedLLM(context=4096) as server:
+        server.script("openai", {**openai_reply("ramble " * 50, prompt=1300, completion=2688), "length": True},
+                      openai_reply("never asked for"))
+        outcome = make_loop(server, tmp_path, context_window=4096).run()
+    assert (outcome.kind, outcome.text) == (
+        "failed", "the answer filled the model's whole context (3,988 of 4,096 tokens) and cannot be continued")
+    assert len(server.requests) == 1, "no continuation was asked for"
+
+
 def test_the_iteration_limit_fails_the_task(llm, tmp_path):
     llm.script("openai", *[openai_reply(tool_calls=[("wait", {"seconds": i / 1000})]) for i in range(3)])
     outcome = make_loop(llm, tmp_path, max_iterations=2).run()

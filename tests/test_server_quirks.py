@@ -175,7 +175,9 @@ def test_a_base_url_without_v1_is_skipped_like_a_down_provider(api):
         llm.script(other, {"openai": openai_reply, "anthropic": anthropic_reply}[other]("from the healthy one"))
         wrong = wrong_path(api, llm.url)
         right = {"openai": openai_at, "anthropic": anthropic_at}[other](llm.url, "right")
-        attempts, health = [], ProviderHealth()
+        # A clock that stands still: the breaker's 5 s cooldown must not run out before the check
+        # below on a loaded machine (it did, at a load of 10 on 2 cores).
+        attempts, health = [], ProviderHealth(clock=lambda: 1_000.0)
         result = complete_with_fallback([wrong, right], MESSAGES, None, log=attempts.append, sleep=no_sleep,
                                         health=health)
     assert result.message["content"] == "from the healthy one"
@@ -247,6 +249,34 @@ def test_doctor_says_a_base_url_without_v1_is_misconfigured(tmp_path):
     assert checks["provider nov1"]["level"] == "warn"
     assert checks["provider nov1"]["detail"] == (f"openai, model m at {llm.url}: misconfigured: not found "
                                                  "(does base_url end in /v1?)")
+
+
+def test_doctor_says_when_a_local_server_does_not_tell_its_context_and_how_to_set_it(tmp_path):
+    import json
+    import subprocess
+
+    from .conftest import CLI, ROOT
+
+    with ScriptedLLM() as silent, ScriptedLLM(context=4096) as telling:
+        ws = tmp_path / "ws"
+        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+        (ws / "hermes.yaml").write_text(
+            f"providers:\n  silent: {{kind: openai, base_url: '{silent.url}/v1', model: m}}\n"
+            f"  telling: {{kind: openai, base_url: '{telling.url}/v1', model: m}}\n"
+            f"  set: {{kind: openai, base_url: '{silent.url}/v1', model: m, context_window: 8192, max_tokens: 900}}\n"
+            "agents:\n  - name: a\n")
+        result = subprocess.run([*CLI, "-w", str(ws), "doctor", "--json"], capture_output=True, text=True,
+                                timeout=60, cwd=ROOT)
+    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    assert checks["context silent"]["level"] == "info"
+    assert checks["context silent"]["detail"].startswith(
+        "the server does not say its context size, so each answer is capped at 1,024 tokens and the conversation "
+        "is kept within 128,000 tokens")
+    assert "set context_window" in checks["context silent"]["detail"]
+    assert "providers: silent:" in checks["context silent"]["detail"]
+    assert (checks["context telling"]["level"], checks["context telling"]["detail"]) == (
+        "ok", "4,096 tokens, as the server reports it")
+    assert "context set" not in checks, "both set in hermes.yaml: nothing to ask the server"
 
 
 def test_doctor_says_busy_for_a_server_slow_to_list_its_models_and_unreachable_for_a_dead_one(tmp_path):

@@ -13,10 +13,12 @@ from hermes_sup.agents.sizing import (
     CONTEXT_RECHECK,
     MIN_MAX_TOKENS,
     SAFETY,
+    UNKNOWN_CONTEXT_MAX_TOKENS,
     context_from_error,
     context_from_models,
     context_from_props,
     context_from_show,
+    filled_context,
     probe_context,
     prompt_tokens,
     size_max_tokens,
@@ -36,8 +38,10 @@ def test_the_answer_may_fill_what_the_prompt_leaves_up_to_the_default():
     assert size_max_tokens(4096, 1500, None) == 4096 - 1500 - SAFETY
     assert size_max_tokens(128_000, 1500, None) == 4096  # a big context: the default caps it
     assert size_max_tokens(4096, 4090, None) == MIN_MAX_TOKENS  # full: the server says so, compression acts
-    assert size_max_tokens(None, 1500, None) == 4096  # unknown context: as before
+    # Unknown context: a small answer cap, as a 4k server must hold the prompt too.
+    assert size_max_tokens(None, 1500, None) == UNKNOWN_CONTEXT_MAX_TOKENS < 4096
     assert size_max_tokens(0, 1500, None, default=1000) == 1000
+    assert size_max_tokens(0, 1500, None, default=512) == 512
 
 
 def test_each_servers_answer_is_read_and_hostile_ones_are_ignored():
@@ -134,7 +138,8 @@ def test_a_server_silent_about_its_context_is_asked_again_later_not_every_call()
         provider._context_asked -= CONTEXT_RECHECK  # the wait is over
         provider.complete(MESSAGES, None)
     assert [r["body"]["max_tokens"] for r in llm.requests] == [
-        4096, 4096, 1024 - prompt_tokens(to_openai(MESSAGES), None) - SAFETY]
+        UNKNOWN_CONTEXT_MAX_TOKENS, UNKNOWN_CONTEXT_MAX_TOKENS,
+        1024 - prompt_tokens(to_openai(MESSAGES), None) - SAFETY]
 
 
 def test_compression_keeps_the_conversation_within_the_context_the_server_reports(tmp_path):
@@ -200,4 +205,10 @@ def test_a_server_that_names_its_context_only_in_an_overflow_error_is_fitted_fro
         assert provider.complete(MESSAGES, None).message["content"] == "fits now"
         assert provider.context_window() == 2048, "the conversation is compressed to fit it too"
     assert [r["body"]["max_tokens"] for r in llm.requests] == [
-        4096, 2048 - prompt_tokens(to_openai(MESSAGES), None) - SAFETY]
+        UNKNOWN_CONTEXT_MAX_TOKENS, 2048 - prompt_tokens(to_openai(MESSAGES), None) - SAFETY]
+
+
+def test_an_answer_that_took_the_whole_context_is_told_apart():
+    assert filled_context(1300, 2688, 4096)  # the rambling small model: 4,096 in all
+    assert not filled_context(1300, 1024, 4096)
+    assert not filled_context(1300, 2688, 0)  # no window known: nothing said
