@@ -122,15 +122,27 @@ class Refusal:
     spent: float  # settled and reserved under that cap, before this call
     until: float | None  # epoch seconds of the next UTC midnight for per_day; None: until raised
     period: str  # the UTC day for per_day, "total" otherwise: one budget_reached per cap per period
+    worst: float = 0.0  # the refused call's worst case
 
     @property
     def key(self) -> str:
         return f"{self.scope} {self.cap} {self.period}"
 
     def text(self) -> str:
+        """In words: the cap reached, or, when some of it is left, that the call's worst case does not
+        fit in it (a cap shown as reached with $0.00 spent said nothing of what to change)."""
         when = (f"until {dt.datetime.fromtimestamp(self.until, dt.UTC):%Y-%m-%dT%H:%MZ}"
                 if self.until is not None else "until the cap is raised")
-        return f"budget reached: {self.scope} {self.cap} ${self.limit:.2f} {when}"
+        reached = f"budget reached: {self.scope} {self.cap} ${self.limit:.2f} {when}"
+        if self.spent + 1e-9 >= self.limit:
+            return reached
+        return (f"{reached} ({dollars(self.spent)} spent; a call's worst case, {dollars(self.worst)}, does not fit in "
+                f"the {dollars(self.limit - self.spent)} left: the provider's max_tokens lowers it)")
+
+
+def dollars(amount: float) -> str:
+    """An amount in dollars, with the cents that show a small one (pure)."""
+    return f"${amount:.2f}" if amount >= 0.01 or amount <= 0 else f"${amount:.4f}"
 
 
 def price(prices: Mapping[str, Any], model: str, usage: Any) -> float | None:
@@ -194,7 +206,7 @@ def decide(entries: Iterable[Entry], caps: Caps, *, agent: str, task: str, task_
         if limit is not None and used + worst > limit + 1e-12:
             daily = cap == "per_day"
             return Refusal(scope, cap, float(limit), round(used, 8), midnight if daily else None,
-                           today if daily else "total")
+                           today if daily else "total", worst)
     return None
 
 

@@ -38,6 +38,10 @@ NOON = dt.datetime(2026, 3, 4, 12, 0, tzinfo=dt.UTC).timestamp()
 TODAY = "2026-03-04"
 
 
+# What a $0.35 cap says after three calls of $0.10, to the fourth.
+LEFT = " ($0.30 spent; a call's worst case, $0.10, does not fit in the $0.05 left: the provider's max_tokens lowers it)"
+
+
 def refused(entries, caps, worst, *, agent="worker-1", task="t1", task_limit=None, now=NOON):
     return decide(entries, caps, agent=agent, task=task, task_limit=task_limit, worst=worst, now=now)
 
@@ -51,11 +55,23 @@ def test_a_call_fits_up_to_the_cap_exactly_and_the_next_one_is_refused_until_mid
     refusal = refused(spent, caps, 0.41)
     assert refusal is not None and (refusal.scope, refusal.cap, refusal.limit) == ("team", "per_day", 1.0)
     assert refusal.until == next_midnight(NOON) == dt.datetime(2026, 3, 5, tzinfo=dt.UTC).timestamp()
-    assert refusal.text() == "budget reached: team per_day $1.00 until 2026-03-05T00:00Z"
+    assert refusal.text().startswith("budget reached: team per_day $1.00 until 2026-03-05T00:00Z ($0.60 spent")
     assert refusal.text().startswith(BUDGET_REACHED), "kanban/why.py knows the agents' words"
     # Yesterday's spend does not count against today's cap; the next day the call fits.
     assert refused([Entry("worker-1", "t1", "2026-03-03", 0.9)], caps, 0.5) is None
     assert refused(spent, caps, 0.41, now=NOON + 86400) is None
+
+
+def test_a_call_whose_worst_case_does_not_fit_in_what_is_left_says_so_and_what_lowers_it():
+    # $0.00 spent of $0.05, and one call's worst case is $0.08: the cap is not spent, the call is too big.
+    refusal = refused([], Caps(team_total=0.05), 0.08)
+    assert refusal.text() == (
+        "budget reached: team total $0.05 until the cap is raised ($0.00 spent; a call's worst case, $0.08, does "
+        "not fit in the $0.05 left: the provider's max_tokens lowers it)")
+    small = refused([Entry("worker-1", "t1", TODAY, 0.999)], Caps(team_day=1.0), 0.0042)
+    assert "($1.00 spent; a call's worst case, $0.0042, does not fit in the $0.0010 left" in small.text()
+    spent = refused([Entry("worker-1", "t1", TODAY, 1.0)], Caps(team_day=1.0), 0.0042)
+    assert spent.text() == "budget reached: team per_day $1.00 until 2026-03-05T00:00Z", "all spent: nothing more"
 
 
 def test_a_total_cap_waits_until_raised_and_comes_before_a_daily_one():
@@ -272,7 +288,9 @@ def test_each_call_reserves_its_worst_case_settles_its_real_cost_and_a_refused_o
         with pytest.raises(BudgetReached) as info:
             complete_with_fallback([provider(llm)], MESSAGES, None, budget=gate)
         assert len(llm.requests) == 2, "a call that would cross the cap is never sent"
-        assert str(info.value) == "budget reached: team total $0.15 until the cap is raised"
+        assert str(info.value) == ("budget reached: team total $0.15 until the cap is raised ($0.14 spent; a call's "
+                                   "worst case, $0.10, does not fit in the $0.0100 left: the provider's max_tokens "
+                                   "lowers it)")
         # A failed call gives its reservation back.
         gate2 = BudgetGate(ledger, Caps(team_total=1.0), agent="w", task="t", task_limit=None, prices=PRICES)
         llm.script("openai", {"status": 400, "json": {"error": {"message": "bad", "type": "invalid_request_error"}}})
@@ -377,7 +395,7 @@ def test_a_team_stops_at_its_cap_says_why_and_finishes_when_reload_raises_it(tmp
             return doc if doc.get("waiting_kind") == "budget" else {}
 
         doc = wait_until(shown, timeout=60, interval=0.2)
-        assert doc["waiting"] == "budget reached: team total $0.35 until the cap is raised"
+        assert doc["waiting"] == "budget reached: team total $0.35 until the cap is raised" + LEFT
         usage = json.loads(subprocess.run([*CLI, "-w", str(ws), "usage", "--json"], capture_output=True, text=True,
                                           timeout=60, cwd=ROOT).stdout)
         assert usage["budgets"] == [{"scope": "team", "cap": "total", "limit": 0.35, "spent": 0.3,
@@ -391,7 +409,7 @@ def test_a_team_stops_at_its_cap_says_why_and_finishes_when_reload_raises_it(tmp
                             cwd=ROOT)
     reached = [e for e in map(json.loads, events.stdout.splitlines()) if e.get("event") == "budget_reached"]
     assert len(reached) == 1, reached
-    assert reached[0]["note"] == "budget reached: team total $0.35 until the cap is raised"
+    assert reached[0]["note"] == "budget reached: team total $0.35 until the cap is raised" + LEFT
 
 
 def test_a_task_over_its_own_ceiling_is_blocked_for_a_person_and_nothing_is_sent(tmp_path, up):

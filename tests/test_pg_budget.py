@@ -26,7 +26,7 @@ from . import pgserver
 from .conftest import CLI, ROOT, wait_until
 from .llm_server import ScriptedLLM, openai_reply
 from .pgserver import PgServer
-from .test_budget import team_yaml
+from .test_budget import LEFT, team_yaml
 
 DSN_ENV = "W16C_BUDGET_DSN"
 PASSWORD = "pw-" + uuid.uuid4().hex
@@ -97,12 +97,12 @@ def test_two_hosts_share_one_budget_on_postgres_and_reload_resumes_them(database
             assert sorted(rows) == [(pytest.approx(CALL), True)] * 3, rows
             waiting = [d for d in docs() if d["status"] == "todo"]
             assert all(d["attempts"] == 0 for d in waiting), "a cap reached spends no attempt"
-            assert waiting[0]["waiting"] == "budget reached: team total $0.35 until the cap is raised"
+            assert waiting[0]["waiting"] == "budget reached: team total $0.35 until the cap is raised" + LEFT
 
             for ws in hosts:  # either host tells the whole team's spend and why the rest waits
                 shown = json.loads(cli(ws, "task", "show", waiting[0]["id"], "--json").stdout)
                 assert (shown["waiting_kind"], shown["waiting"]) == (
-                    "budget", "budget reached: team total $0.35 until the cap is raised"), shown
+                    "budget", "budget reached: team total $0.35 until the cap is raised" + LEFT), shown
                 usage = json.loads(cli(ws, "usage", "--json").stdout)
                 assert usage["budgets"] == [{"scope": "team", "cap": "total", "limit": 0.35,
                                              "spent": pytest.approx(0.3), "left": pytest.approx(0.05)}], usage
