@@ -149,11 +149,14 @@ def started_record(task_id: str, call_id: str, chain: list[Provider], prompt_est
             "prompt_estimate": prompt_estimate}
 
 
-def system_prompt(identity: str, memory_block: str, skills_block: str = "") -> str:
+def system_prompt(identity: str, skills_block: str = "") -> str:
+    """The system message: what stays the same across an agent's calls and tasks, and across the
+    agents of one entry. A server renders the tool definitions right after it, so a prefix cache
+    reuses both; what changes (memory, the task) comes in the first user message, after them."""
     parts = [identity.strip() or "You are an agent on a team. Work the task you are given.",
              "Use the tools when they help. When the task is done, answer with the result as your final "
              "message, without calling a tool. If you cannot go on without a person, call ask_human."]
-    parts += [block for block in (skills_block, memory_block) if block]
+    parts += [skills_block] if skills_block else []
     return "\n\n".join(parts)
 
 
@@ -511,9 +514,9 @@ class TaskLoop:
                               f"{len(read.records) - len(messages)} record(s) that are not messages")
         if not messages:
             memory = self.ctx.memory.prompt_block() if self.ctx.memory is not None else ""
-            for message in ({"role": "system", "content": system_prompt(self.identity, memory, self.prompt_extra)},
-                            {"role": "user", "content": task_prompt(self.task, self.inputs)
-                             + (fresh_note(why) if why is not None else "")}):
+            for message in ({"role": "system", "content": system_prompt(self.identity, self.prompt_extra)},
+                            {"role": "user", "content": (f"{memory}\n\n" if memory else "")
+                             + task_prompt(self.task, self.inputs) + (fresh_note(why) if why is not None else "")}):
                 self._append(messages, message)
         return messages
 

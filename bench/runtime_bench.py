@@ -6,6 +6,10 @@
    SDK), minus the time the server spent answering, per turn.
 3. Prompt stability: over that task, the share of each request's input (tools, then messages)
    that repeats the previous request byte for byte from the start: what a prefix cache reuses.
+4. Shared across agents: two agents of one entry, one of which has saved a memory entry, each starts
+   a task; their first prompts rendered as a Hermes/Qwen2.5 chat template puts them together (the
+   system message, then the tool definitions, then the rest), and how much of them is the same from
+   the start, in tokens (characters / 4): what a server's prefix cache shares between them.
 """
 
 from __future__ import annotations
@@ -112,6 +116,31 @@ def loop_overhead(turns: int, base: Path) -> tuple[list[float], float]:
     return [*shares, reused / total], per_turn
 
 
+def rendered(body: dict) -> str:
+    """A request as a Hermes/Qwen2.5 chat template renders it: the system message, the tools right
+    after it, then the other messages."""
+    system, *rest = body["messages"]
+    return (f"<|im_start|>system\n{system['content']}\n\n# Tools\n{json.dumps(body.get('tools'))}<|im_end|>\n"
+            + "".join(f"<|im_start|>{m['role']}\n{m.get('content') or ''}<|im_end|>\n" for m in rest))
+
+
+def shared_across_agents(base: Path) -> tuple[int, int]:
+    """Tokens (characters / 4) two agents' first prompts share from the start, and of the second's."""
+    with ScriptedLLM() as llm:
+        llm.script("openai", openai_reply("a"), openai_reply("b"))
+        for name, memory in (("worker-1", None), ("worker-2", "The user prefers short answers in French.")):
+            scratch = base / name / "scratch"
+            scratch.mkdir(parents=True)
+            ctx = ToolContext(scratch=scratch, stop=threading.Event(), memory=Memories(base / name))
+            if memory:
+                ctx.memory.change("add", content=memory)
+            provider = OpenAIProvider(ProviderConfig(name="s", kind="openai", model="m", base_url=f"{llm.url}/v1"))
+            TaskLoop(task={"id": f"t-{name}", "title": f"A task for {name}"}, chain=[provider], workdir=base / name,
+                     ctx=ctx, toolbox=Toolbox(), identity="You are a worker.", agent=name).run()
+        first, second = (rendered(request["body"]) for request in llm.requests)
+    return len(os.path.commonprefix([first, second])) // 4, len(second) // 4  # noqa: RUF071 - bytes, as caches
+
+
 def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="hermes-rtbench-"))
     report: dict[str, object] = {"when": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -131,6 +160,10 @@ def main() -> None:
           f"over 5 runs of a 10-turn task")
     print(f"input that repeats the previous request from its start: {overall:.1%} over turns 2 to 10 "
           f"(per turn: median {statistics.median(shares):.1%}, lowest {min(shares):.1%})")
+    shared, whole = shared_across_agents(base / "shared")
+    report["shared_prefix_two_agents_tokens"] = {"shared": shared, "of": whole}
+    print(f"two agents of one entry, one with a memory entry: their first prompts share {shared:,} of {whole:,} "
+          f"tokens from the start ({shared / whole:.0%})")
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"runtime-{time.strftime('%Y%m%d-%H%M%S')}.json"

@@ -338,8 +338,22 @@ def test_memory_written_under_one_provider_is_in_the_prompt_under_another(llm, t
     later = TaskLoop(task={"id": "t-2", "title": "Where is the deploy key?"}, chain=[cloud],
                      workdir=tmp_path / "agent", ctx=ctx, toolbox=Toolbox(grants=CAPS))
     assert later.run().text == "vault/ops"
-    system = llm.requests[-1]["body"]["system"][0]["text"]
-    assert "The deploy key lives in vault/ops." in system
+    sent = llm.requests[-1]["body"]
+    assert "The deploy key lives in vault/ops." in str(sent["messages"][0]["content"]), "memory comes with the task"
+    assert "vault/ops" not in json.dumps(sent["system"]), "the system prompt stays the same for the prefix cache"
+
+
+def test_what_changes_comes_after_what_a_prefix_cache_can_reuse(llm, tmp_path):
+    # Two agents of one entry, one of which remembers something: their requests are the same up to the
+    # end of the system message and the tool definitions (which servers render right after it).
+    (tmp_path / "b").mkdir()
+    MemoryFile(tmp_path / "b" / "MEMORY.md").change("add", content="The user prefers short answers.")
+    llm.script("openai", openai_reply("a"), openai_reply("b"))
+    for name in ("a", "b"):
+        assert make_loop(llm, tmp_path, name, {"id": f"t-{name}", "title": f"Task {name}"}, identity="You work.").run()
+    first, second = (request["body"] for request in llm.requests)
+    assert first["messages"][0] == second["messages"][0] and first["tools"] == second["tools"]
+    assert "short answers" in second["messages"][1]["content"] and "short answers" not in json.dumps(first)
 
 
 def test_malformed_tool_arguments_go_back_to_the_model_as_an_error(llm, tmp_path):
