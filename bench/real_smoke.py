@@ -167,14 +167,18 @@ def cause(doc: dict[str, Any], check: Check | None, ws: Path) -> tuple[str, str]
 
 
 def calls(ws: Path) -> list[dict[str, Any]]:
+    """Every model call once, as `usage` counts them: a call's start record (logged before it is
+    made) counts only when no outcome of it was logged, as an interrupted call."""
+    from hermes_sup.supervisor.usage import settle_calls
+
     found = []
     for path in sorted((ws / "runs").glob("**/llm_calls.jsonl")):
         for line in path.read_text().splitlines():
             try:
-                found.append({**json.loads(line), "agent": path.parent.name})
+                found.append((path.parent.name, json.loads(line)))
             except ValueError:
                 continue
-    return found
+    return [{**record, "agent": agent} for agent, record in settle_calls(found) if isinstance(record, dict)]
 
 
 def spread(values: list[float]) -> str:
