@@ -1,6 +1,7 @@
-"""The web dashboard: how soon a board transition is visible in the page, and what the server costs idle.
+"""The web dashboard: how soon a board transition is visible in the page, what the server costs idle, and its memory.
 
-Run by hand: `python bench/dashboard_bench.py [--transitions 200] [--idle 30] [--clients 5] [--postgres]`.
+Run by hand: `python bench/dashboard_bench.py [--transitions 200] [--idle 30] [--clients 5] [--postgres]`,
+or `python bench/dashboard_bench.py --rss [--tasks 3000] [--clients 20] [--seconds 60] [--every 0.2]`.
 It needs the system's Chromium (/usr/bin/chromium, or HERMES_SUP_CHROMIUM) and playwright (the test
 extras); `--postgres` puts the board in a throw-away PostgreSQL server of its own (tests/pgserver.py).
 
@@ -12,6 +13,13 @@ extras); `--postgres` puts the board in a throw-away PostgreSQL server of its ow
    transition waits a random 0 to 0.25 s first, so none is in step with a polled board's looks.
 2. Idle: --clients event-stream clients stay connected and nothing changes for --idle seconds: the
    server's CPU (percent of one core) and RSS.
+
+`--rss` measures memory instead (file board; no browser): a board of --tasks tasks (94% done, 4%
+cancelled, 2% in todo), tasks changing all along (a cancel or a retry every --every seconds, the
+board's size kept), the server's RSS sampled every 0.5 s for --seconds with no client, then with
+--clients event-stream clients (each reading everything it is sent, as a browser does, its pictures
+counted), then with as many that read nothing (stalled: the server may hold what it could not send
+them). Medians and maxima of the samples, and the server's CPU in each phase.
 """
 
 from __future__ import annotations
@@ -26,7 +34,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -139,13 +149,138 @@ def idle(proc: subprocess.Popen[str], port: int, clients: int, seconds: float,
     return 100 * used / seconds, rss, database_used
 
 
+def populate(ws: Path, tasks: int) -> list[str]:
+    """A board of `tasks` tasks through the board's verbs: 94% done, 4% cancelled, 2% in todo (of which
+    the last 20 are the ones the bench keeps changing). Returns those 20."""
+    with open_workspace_board(find_workspace(ws)) as board:
+        moving = []
+        for number in range(tasks):
+            task_id = f"t{number:05}"
+            board.add({"id": task_id, "title": f"task {number} " + "x" * 40, "role": "nobody",
+                       "body": "an instruction " * 20}, by="bench")
+            share = number / tasks
+            if share < 0.94:
+                board.move(task_id, "done", by="bench")
+            elif share < 0.98:
+                board.cancel(task_id, by="bench")
+            else:
+                moving.append(task_id)
+    return moving[-20:]
+
+
+def change(ws: Path, moving: list[str], every: float, halt: threading.Event) -> None:
+    """Cancel the moving tasks one at a time, then retry them, round and round until `halt`."""
+    with open_workspace_board(find_workspace(ws)) as board:
+        number = 0
+        while not halt.wait(every):
+            task_id = moving[number % len(moving)]
+            if (number // len(moving)) % 2 == 0:
+                board.cancel(task_id, by="bench")
+            else:
+                board.retry(task_id, by="bench")
+            number += 1
+
+
+def drain(socks: list[socket.socket], pictures: list[int], halt: threading.Event) -> None:
+    """Read every client's stream as fast as it comes (a browser keeping up), counting the pictures."""
+    import selectors
+
+    mark = b"event: snapshot"
+    tails = [b""] * len(socks)  # a mark may be split between two reads
+    selector = selectors.DefaultSelector()
+    for index, sock in enumerate(socks):
+        sock.setblocking(False)
+        selector.register(sock, selectors.EVENT_READ, index)
+    while not halt.is_set():
+        for key, _mask in selector.select(0.2):
+            try:
+                data = key.fileobj.recv(1 << 20)  # type: ignore[union-attr]
+            except BlockingIOError:
+                continue
+            seen = tails[key.data] + data
+            pictures[key.data] += seen.count(mark)
+            tails[key.data] = seen[-(len(mark) - 1):]
+    selector.close()
+
+
+def open_streams(port: int, clients: int) -> list[socket.socket]:
+    socks = []
+    for _ in range(clients):
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(f"GET /api/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+        socks.append(sock)
+    return socks
+
+
+def sample(pid: int, seconds: float) -> tuple[list[float], float]:
+    """The process's RSS (MB) every 0.5 s for `seconds`, and its CPU meanwhile (% of one core)."""
+    server = psutil.Process(pid)
+    before = server.cpu_times()
+    samples = []
+    started = time.monotonic()
+    while time.monotonic() < started + seconds:
+        samples.append(server.memory_info().rss / (1 << 20))
+        time.sleep(0.5)
+    after = server.cpu_times()
+    used = (after.user - before.user) + (after.system - before.system)
+    return samples, 100 * used / (time.monotonic() - started)
+
+
+def rss_run(tasks: int, clients: int, seconds: float, every: float) -> None:
+    with tempfile.TemporaryDirectory(prefix="dashboard-bench-") as folder:
+        ws = Path(folder) / "ws"
+        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True)
+        started = time.monotonic()
+        moving = populate(ws, tasks)
+        print(f"board: files, {tasks} tasks (made in {time.monotonic() - started:.0f} s); a change every {every:g} s")
+        proc, port = serve(ws)
+        halt = threading.Event()
+        changer = threading.Thread(target=change, args=(ws, moving, every, halt), daemon=True)
+        changer.start()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/snapshot", timeout=60) as answer:
+                size = len(answer.read())
+            print(f"one picture: {size / 1024:.0f} KiB of JSON")
+            phases = [("no client", *sample(proc.pid, seconds), None)]
+            socks = open_streams(port, clients)
+            pictures = [0] * clients
+            reading = threading.Event()
+            reader = threading.Thread(target=drain, args=(socks, pictures, reading), daemon=True)
+            reader.start()
+            phases.append((f"{clients} clients reading", *sample(proc.pid, seconds), pictures))
+            reading.set()
+            reader.join()
+            for sock in socks:
+                sock.close()
+            stalled = open_streams(port, clients)  # they never read a byte
+            phases.append((f"{clients} clients stalled", *sample(proc.pid, seconds), None))
+            for sock in stalled:
+                sock.close()
+        finally:
+            halt.set()
+            changer.join(timeout=30)
+            proc.terminate()
+            proc.wait(timeout=30)
+    for name, samples, cpu, got in phases:
+        extra = f"; each client got {statistics.median(got):g} pictures (median)" if got is not None else ""
+        print(f"{name}, {seconds:g} s: RSS median {statistics.median(samples):.1f} MB, max {max(samples):.1f} MB; "
+              f"server CPU {cpu:.0f}% of one core{extra}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--transitions", type=int, default=200)
     parser.add_argument("--idle", type=float, default=30.0)
-    parser.add_argument("--clients", type=int, default=5)
+    parser.add_argument("--clients", type=int, help="event-stream clients (5 idle; 20 with --rss)")
     parser.add_argument("--postgres", action="store_true", help="the board in PostgreSQL (a server of its own)")
+    parser.add_argument("--rss", action="store_true", help="measure the server's memory instead (see above)")
+    parser.add_argument("--tasks", type=int, default=3000, help="with --rss: the board's size")
+    parser.add_argument("--seconds", type=float, default=60.0, help="with --rss: each phase's length")
+    parser.add_argument("--every", type=float, default=0.2, help="with --rss: seconds between changes")
     options = parser.parse_args()
+    if options.rss:
+        rss_run(options.tasks, options.clients or 20, options.seconds, options.every)
+        return
     server = None
     if options.postgres:
         from tests.pgserver import start_server
@@ -163,7 +298,7 @@ def main() -> None:
             try:
                 values = latency(ws, port, options.transitions)
                 postmaster = int((server.data / "postmaster.pid").read_text().split()[0]) if server else None
-                cpu, rss, database_cpu = idle(proc, port, options.clients, options.idle, postmaster)
+                cpu, rss, database_cpu = idle(proc, port, options.clients or 5, options.idle, postmaster)
             finally:
                 proc.terminate()
                 proc.wait(timeout=30)
@@ -173,7 +308,8 @@ def main() -> None:
     print("board: " + ("PostgreSQL" if options.postgres else "files"))
     print(f"event -> visible in the page, {len(values)} transitions: p50 {percentile(values, 0.5):.1f} ms, "
           f"p99 {percentile(values, 0.99):.1f} ms, mean {statistics.mean(values):.1f} ms, max {max(values):.1f} ms")
-    print(f"idle with {options.clients} clients connected for {options.idle:g} s: server CPU {cpu:.2f}% of one core, "
+    print(f"idle with {options.clients or 5} clients connected for {options.idle:g} s: "
+          f"server CPU {cpu:.2f}% of one core, "
           f"RSS {rss:.1f} MB" + (f"; PostgreSQL's processes {database_cpu:.2f}%" if database_cpu is not None else ""))
 
 
