@@ -22,16 +22,18 @@ _ID, _CREATED, _PRIORITY = itemgetter("id"), itemgetter("created_at"), itemgette
 # What a board listing shows of a task and judges it by (order, why it waits), kept as they are.
 LISTED = ("id", "title", "status", "priority", "created_at", "updated_at", "assignee", "role", "depends_on",
           "attempts", "max_attempts", "error", "waiting", "question")
+CLAIM_LISTED = ("agent", "host", "lease_until_ts")  # of a held task's claim (never its token)
 
 
 def listed_fields(doc: TaskDoc) -> TaskDoc:
-    """The fields of a checked task document a listing needs (pure): LISTED, the claim's agent,
-    `steps` as whether it has any, `meta` as its parent alone (a delegated subtask), and `history` as
-    the number of its entries. Its body, result, history and steps (most of a finished task's bytes)
-    are left out: a listing of 10,000 tasks reads them from its cache for nothing."""
+    """The fields of a checked task document a listing needs (pure): LISTED, the claim's agent, host
+    and lease end (the dashboard's cards show them), `steps` as whether it has any, `meta` as its
+    parent alone (a delegated subtask), and `history` as the number of its entries. Its body,
+    result, history and steps (most of a finished task's bytes) are left out: a listing of 10,000
+    tasks reads them from its cache for nothing."""
     fields = {name: doc[name] for name in LISTED if name in doc}
     claim = doc.get("claim")
-    fields["claim"] = {"agent": claim.get("agent")} if isinstance(claim, dict) else None
+    fields["claim"] = {key: claim.get(key) for key in CLAIM_LISTED} if isinstance(claim, dict) else None
     fields["steps"] = bool(doc.get("steps"))
     meta = doc.get("meta")
     parent = meta.get("parent") if isinstance(meta, dict) else None
@@ -41,7 +43,8 @@ def listed_fields(doc: TaskDoc) -> TaskDoc:
 
 
 # A cache of other fields is never believed: a change to what listed_fields keeps renames its version.
-FIELDS_VERSION = f"{VERSION}:" + ",".join((*LISTED, "claim.agent", "steps?", "meta.parent", "history#"))
+FIELDS_VERSION = f"{VERSION}:" + ",".join((*LISTED, *(f"claim.{key}" for key in CLAIM_LISTED), "steps?",
+                                            "meta.parent", "history#"))
 
 
 @dataclass

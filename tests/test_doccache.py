@@ -280,7 +280,9 @@ def test_the_listing_fields_are_the_documents_and_follow_every_change(board, eag
     documents, fields = both()
     assert fields == documents
     assert {doc["id"]: doc["status"] for doc in fields}["plain"] == "doing" == claimed["status"]
-    assert {doc["id"]: doc["claim"] for doc in fields}["plain"] == {"agent": "worker"}
+    held = claimed["claim"]  # who holds it, where, and until when (the dashboard's card), never its token
+    assert {doc["id"]: doc["claim"] for doc in fields}["plain"] == {
+        "agent": "worker", "host": held["host"], "lease_until_ts": held["lease_until_ts"]}
 
 
 @pytest.mark.parametrize("which", ["fields"], indirect=True)

@@ -378,12 +378,14 @@ def test_the_listing_fields_are_those_of_the_whole_documents(backend, store):
     claimed = store.claim("w")
     store.block(claimed["id"], claimed["claim"]["token"], "stuck", question="which?")
     store.add({"title": "held", "steps": [{"tool": "terminal", "args": {"command": "true"}}]})
-    store.claim("v")
+    claim = store.claim("v")["claim"]
     for status in (None, "todo", "doing"):
         whole = store.list(status)
         fields = store.list_fields(status)
         assert fields.tasks == [reads.listed_fields(doc) for doc in whole.tasks]
         assert fields.damaged == whole.damaged
     held = store.list_fields("doing").tasks[0]
-    assert held["claim"] == {"agent": "v"} and held["steps"] is True and "body" not in held
+    # Who holds it, where and until when (the dashboard's card shows them), never the claim's token.
+    assert held["claim"] == {"agent": "v", "host": claim["host"], "lease_until_ts": claim["lease_until_ts"]}
+    assert held["steps"] is True and "body" not in held
     assert store.list_fields("blocked").tasks[0]["question"] == "which?"
