@@ -1,4 +1,4 @@
-"""`dashboard [--host H] [--port P] [--token-env VAR]`: the live web dashboard (supervisor/dashboard/).
+"""`dashboard [--host H] [--port P] [--token-env VAR] [--column-limit N]`: the live web dashboard.
 
 Registered on the command line when cli.py imports this module (at its end); `up --dashboard`
 serves the same beside the team through dashboard_server.
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import click
 
 from .cli import Failure, err, handled, literal, main, workspace_of
+from .dashboard.picture import COLUMN_LIMIT
 from .workspace import Workspace
 
 if TYPE_CHECKING:  # the web stack is imported only by the commands that serve it
@@ -20,7 +21,8 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
 
 
-def dashboard_server(ws: Workspace, host: str, port: int, token_env: str | None) -> Server:
+def dashboard_server(ws: Workspace, host: str, port: int, token_env: str | None,
+                     column_limit: int = COLUMN_LIMIT) -> Server:
     """A dashboard server ready to run, or Failure with the reason it cannot (refused bind, port in use)."""
     from .dashboard.app import Server, Settings, token_from_env
     from .dashboard.security import BindError, check_bind
@@ -31,7 +33,7 @@ def dashboard_server(ws: Workspace, host: str, port: int, token_env: str | None)
     except BindError as exc:
         raise Failure(str(exc), 2) from None
     try:
-        return Server(ws, Settings(host=host, port=port, token=token))
+        return Server(ws, Settings(host=host, port=port, token=token, column_limit=column_limit))
     except OSError as exc:
         raise Failure(f"dashboard: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
@@ -48,11 +50,13 @@ def url_of(host: str, port: int) -> str:
               help="The port (0: any free one, printed).")
 @click.option("--token-env", "token_env", metavar="VAR",
               help="Require the secret in environment variable VAR on every request.")
+@click.option("--column-limit", type=click.IntRange(1, 10_000), default=COLUMN_LIMIT, show_default=True,
+              help="Cards each column shows (the next to move, the newest finished), with its whole count.")
 @click.pass_context
 @handled
-def dashboard(ctx: click.Context, host: str, port: int, token_env: str | None) -> None:
+def dashboard(ctx: click.Context, host: str, port: int, token_env: str | None, column_limit: int) -> None:
     """Serve the live web dashboard: the board, the agents, usage, a task drawer and actions."""
     ws = workspace_of(ctx)
-    server = dashboard_server(ws, host, port, token_env)
+    server = dashboard_server(ws, host, port, token_env, column_limit)
     err.print(literal(f"dashboard: {url_of(host, server.port)} (Ctrl-C stops)"), highlight=False)
     server.run()

@@ -31,6 +31,7 @@ from starlette.staticfiles import StaticFiles
 from .. import taskrecords
 from ..workspace import Workspace, board_settings, open_workspace_board
 from . import actions, follow, security, slowclients, views
+from .picture import COLUMN_LIMIT
 from .sse import Hub, StreamEnd
 
 STATIC = Path(__file__).with_name("static")
@@ -55,6 +56,7 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8765
     token: str | None = None
+    column_limit: int = COLUMN_LIMIT  # cards each column of the page ships
     loopback: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -185,7 +187,7 @@ class Dashboard:
 
     def _picture(self) -> dict[str, Any]:
         with self.lock:
-            return views.snapshot(self.board, self.ws, self.host)
+            return views.snapshot(self.board, self.ws, self.host, limit=self.settings.column_limit)
 
     def locked(self, func: Callable[..., Any]) -> Callable[..., Any]:
         """`func`, called under the board's lock (one board call at a time from this process)."""

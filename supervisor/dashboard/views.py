@@ -1,9 +1,10 @@
-"""What the page shows, read the way the CLI reads it: the board as `board --json` (with why each
-card waits), the agents as `status`, usage and budgets as `usage`, the providers' breakers as
-`doctor`, and one task as `task show --transcript`. The board is read through its protocol only.
+"""What the page shows, read the way the CLI reads it: the board as `board --json` (its listing
+fields, with why each shipped card waits), the agents as `status`, usage and budgets as `usage`, the
+providers' breakers as `doctor`, and one task as `task show --transcript`. The board is read through
+its protocol only.
 
-Reading is the edge; the shapes are built by the CLI's own pure functions (render, team, usage,
-taskrecords), so the page and the terminal never disagree.
+Reading is the edge; the shapes are built by pure functions (picture.py, and the CLI's own render,
+team, usage, taskrecords), so the page and the terminal never disagree.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .. import agentrows, render, taskrecords, team
 from ..doctor import breaker_states
 from ..usage import budget_standing, open_board_model_calls, summarize, team_calls
 from ..workspace import ConfigError, Workspace, load_config
+from .picture import COLUMN_LIMIT, board_columns, shipped_costs
 
 HOST = socket.gethostname()
 RECENT_EVENTS = 30
@@ -62,21 +64,12 @@ def usage_document(runs: Path, board: BoardStore | None = None) -> dict[str, Any
                       for key, value in summary["tasks"].items()}}
 
 
-def board_document(board: BoardStore, ws: Workspace, state: dict[str, Any], alive: bool) -> dict[str, Any]:
-    """The board as `board --json` has it (columns, counts, the computed reason each card waits),
-    each card with its creation time for its age. Read only: the supervisor ingests and recovers."""
-    listing = board.list()
-    members = team.load_team(ws, state, alive)
-    document = render.board_document(listing.tasks, listing.damaged, None, team.reasons(listing.tasks, members))
-    docs = {doc["id"]: doc for doc in listing.tasks}
-    for items in document["columns"].values():
-        for item in items:
-            doc = docs[item["id"]]
-            item["created_at"] = doc.get("created_at")
-            claim = doc.get("claim") or {}
-            item["host"] = claim.get("host")  # where its holder runs
-            item["lease_until_ts"] = claim.get("lease_until_ts")  # the page counts the lease left down
-    return document
+def board_document(board: BoardStore, ws: Workspace, state: dict[str, Any], alive: bool,
+                   limit: int = COLUMN_LIMIT) -> dict[str, Any]:
+    """The board as the page shows it (picture.board_columns), from what `board` reads: the listing
+    fields of every task, not each task whole. Read only: the supervisor ingests and recovers."""
+    listing = board.list_fields()
+    return board_columns(listing.tasks, listing.damaged, team.load_team(ws, state, alive), limit)
 
 
 def recent_events(board: BoardStore, count: int = RECENT_EVENTS) -> list[dict[str, Any]]:
@@ -159,16 +152,18 @@ def breaker_rows(runs: Path, now: float) -> list[dict[str, str]]:
             for agent, provider, level, words in breaker_states(runs, now)]
 
 
-def snapshot(board: BoardStore, ws: Workspace, host: str = HOST) -> dict[str, Any]:
-    """Everything the page draws at once; `host` is this one's name on the board (hermes.yaml `host:`)."""
+def snapshot(board: BoardStore, ws: Workspace, host: str = HOST, *, limit: int = COLUMN_LIMIT) -> dict[str, Any]:
+    """Everything the page draws at once; `host` is this one's name on the board (hermes.yaml `host:`),
+    `limit` the cards per column."""
     state, alive = supervisor_state(ws)
     now = time.time()
     # This host's agents from supervisor.json (the local truth), every other host's as published.
     agents = agentrows.agent_rows(state, alive, ws.runs_path, host) + \
         agentrows.remote_rows(host_agents(board), host, now)
-    document = board_document(board, ws, state, alive)
+    document = board_document(board, ws, state, alive, limit)
     budgets, budget_note = budget_rows(ws, now)
     usage = usage_document(ws.runs_path, board)
+    usage["tasks"] = shipped_costs(usage["tasks"], document)  # the shipped cards' alone
     usage["notes"] += [budget_note] if budget_note else []
     return {"board": document, "recent": recent_events(board), "agents": agents,
             "supervisor": {"running": alive, "pid": state.get("pid") if alive else None, "host": host},

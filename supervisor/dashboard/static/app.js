@@ -74,13 +74,19 @@ function card(item, costs) {
   return node;
 }
 
+const number = (n) => Number(n).toLocaleString("en-US");
+
+// The server ships each column's first cards only (the next to move, the newest finished) with the
+// column's whole count: a column that holds more says how many it shows.
 function drawBoard(board, usage) {
   const costs = (usage && usage.tasks) || {};
   const columns = STATUSES.map((status) => {
     const items = board.columns[status] || [];
+    const total = board.counts[status] ?? items.length;
     return el("div", { class: "column", "data-status": status },
-      el("h2", {}, status, el("span", { class: "count" }, String(board.counts[status] ?? items.length))),
-      ...items.map((item) => card(item, costs)));
+      el("h2", {}, status, el("span", { class: "count" }, String(total))),
+      ...items.map((item) => card(item, costs)),
+      total > items.length ? el("div", { class: "more" }, `showing ${number(items.length)} of ${number(total)}`) : null);
   });
   $("board").replaceChildren(...columns);
 }

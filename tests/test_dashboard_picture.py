@@ -1,0 +1,116 @@
+"""The dashboard's picture: each column's cards cut to the page's limit with its count whole (its API
+over HTTP, its page in a real Chromium)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hermes_sup.kanban import Board
+from hermes_sup.supervisor.dashboard.app import Server, Settings
+from hermes_sup.supervisor.workspace import find_workspace
+
+from .conftest import wait_until
+from .test_dashboard import Stream, browser, card_in, init, served  # noqa: F401 (fixtures)
+
+
+def counting(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list[int]:
+    """How many times `owner.name` is called from now on (it still does its work)."""
+    calls = [0]
+    real = getattr(owner, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
+def get_json(port: int, path: str) -> tuple[int, Any]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", path, headers={"Host": f"127.0.0.1:{port}"})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+def test_each_column_ships_its_first_cards_and_counts_them_all(served: tuple[Path, Server],  # noqa: F811
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a board with more tasks than a column shows, each column ships COLUMN_LIMIT cards, the
+    next to move in todo (claim order) and the newest finished in done, with the column's whole
+    count; the picture reads the board's listing fields, not every task whole."""
+    ws, server = served
+    limit = 100  # the documented default
+    with Board(ws / "kanban") as board:
+        for number in range(limit + 30):
+            board.add({"id": f"todo-{number:03}", "title": "Waiting", "role": "nobody", "priority": number % 3},
+                      by="cli")
+        for number in range(limit + 10):
+            board.add({"id": f"done-{number:03}", "title": "Finished", "role": "nobody"}, by="cli")
+            board.move(f"done-{number:03}", "done", by="cli")
+        claim_order = [doc["id"] for doc in board.list("todo").tasks]
+    whole = counting(monkeypatch, server.dashboard.board, "list")
+    status, picture = get_json(server.port, "/api/snapshot")
+    assert status == 200
+    columns, counts = picture["board"]["columns"], picture["board"]["counts"]
+    assert counts["todo"] == limit + 30 and counts["done"] == limit + 10
+    assert [item["id"] for item in columns["todo"]] == claim_order[:limit]
+    assert [item["id"] for item in columns["done"]] == [f"done-{n:03}" for n in range(limit + 9, 9, -1)]
+    assert all(item["waiting"] for item in columns["todo"])  # why each shipped card waits ("no agent has role")
+    assert whole[0] == 0, "the picture is built from list_fields"
+    stream = Stream(server.port)
+    try:
+        shipped = json.loads(stream.until(lambda f: f["event"] == "snapshot")[-1]["data"])["board"]
+    finally:
+        stream.close()
+    assert [len(shipped["columns"][s]) for s in ("todo", "done")] == [limit, limit]
+    assert shipped["counts"] == counts
+
+
+def test_the_page_shows_each_columns_count_and_a_drawer_past_the_limit(browser, tmp_path: Path) -> None:  # noqa: F811
+    """Each column says how many of its cards it shows; a drawer open on a task that leaves the
+    shipped cards still follows it (it reads the task by its id)."""
+    from playwright.sync_api import expect
+
+    ws = init(tmp_path / "ws")
+    server = Server(find_workspace(ws), Settings(host="127.0.0.1", port=0, column_limit=2))
+    server.start_thread()
+    context = browser.new_context()
+    try:
+        wait_until(lambda: server.server.started, timeout=30)
+        with Board(ws / "kanban") as board:
+            for number in range(3):
+                board.add({"id": f"t{number}", "title": f"Task {number}", "role": "nobody"}, by="cli")
+            for name in ("b1", "b2"):  # blocked, and before t0 in claim order (a higher priority)
+                board.add({"id": name, "title": name, "role": "nobody", "priority": 5}, by="cli")
+                board.move(name, "blocked", by="cli")
+            page = context.new_page()
+            problems: list[str] = []
+            page.on("pageerror", lambda exc: problems.append(str(exc)))
+            page.goto(f"http://127.0.0.1:{server.port}/")
+            todo_column = page.locator("#board .column[data-status='todo']")
+            expect(todo_column.locator(".card")).to_have_count(2, timeout=30_000)
+            expect(todo_column.locator(".more")).to_have_text("showing 2 of 3")
+            expect(page.locator("#board .column[data-status='done'] .more")).to_have_count(0)
+            card_in(page, "todo", "t0").click()
+            expect(page.locator("#d-id")).to_have_text("t0", timeout=30_000)
+            for name in ("hi1", "hi2"):  # t0 falls out of the cards todo ships
+                board.add({"id": name, "title": name, "role": "nobody", "priority": 9}, by="cli")
+            expect(card_in(page, "todo", "hi2")).to_be_visible(timeout=30_000)
+            expect(card_in(page, "todo", "t0")).to_have_count(0)
+            expect(todo_column.locator(".more")).to_have_text("showing 2 of 5")
+            board.move("t0", "blocked", by="cli")  # an event of the open task: the drawer reads it again
+            expect(page.locator("#d-status")).to_have_text("blocked", timeout=30_000)
+            expect(page.locator("#board .column[data-status='blocked'] .more")).to_have_text("showing 2 of 3")
+            expect(card_in(page, "blocked", "t0")).to_have_count(0)
+            expect(page.locator("#d-title")).to_have_text("Task 0")
+            assert problems == []
+    finally:
+        context.close()
+        server.stop()
