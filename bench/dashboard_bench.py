@@ -1,7 +1,8 @@
 """The web dashboard: how soon a board transition is visible in the page, what the server costs idle, and its memory.
 
 Run by hand: `python bench/dashboard_bench.py [--transitions 200] [--idle 30] [--clients 5] [--postgres]`,
-or `python bench/dashboard_bench.py --rss [--tasks 3000] [--clients 20] [--seconds 60] [--every 0.2]`.
+or `python bench/dashboard_bench.py --rss [--tasks 3000] [--clients 20] [--seconds 60] [--every 0.2]
+[--column-limit N]`.
 It needs the system's Chromium (/usr/bin/chromium, or HERMES_SUP_CHROMIUM) and playwright (the test
 extras); `--postgres` puts the board in a throw-away PostgreSQL server of its own (tests/pgserver.py).
 
@@ -72,8 +73,9 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
 
 
-def serve(ws: Path) -> tuple[subprocess.Popen[str], int]:
-    proc = subprocess.Popen([*CLI, "-w", str(ws), "dashboard", "--port", "0"], stderr=subprocess.PIPE, text=True)
+def serve(ws: Path, *options: str) -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen([*CLI, "-w", str(ws), "dashboard", "--port", "0", *options], stderr=subprocess.PIPE,
+                            text=True)
     assert proc.stderr is not None
     line = proc.stderr.readline()
     found = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
@@ -226,14 +228,14 @@ def sample(pid: int, seconds: float) -> tuple[list[float], float]:
     return samples, 100 * used / (time.monotonic() - started)
 
 
-def rss_run(tasks: int, clients: int, seconds: float, every: float) -> None:
+def rss_run(tasks: int, clients: int, seconds: float, every: float, column_limit: int | None) -> None:
     with tempfile.TemporaryDirectory(prefix="dashboard-bench-") as folder:
         ws = Path(folder) / "ws"
         subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True)
         started = time.monotonic()
         moving = populate(ws, tasks)
         print(f"board: files, {tasks} tasks (made in {time.monotonic() - started:.0f} s); a change every {every:g} s")
-        proc, port = serve(ws)
+        proc, port = serve(ws, *(["--column-limit", str(column_limit)] if column_limit else []))
         halt = threading.Event()
         changer = threading.Thread(target=change, args=(ws, moving, every, halt), daemon=True)
         changer.start()
@@ -277,9 +279,10 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=3000, help="with --rss: the board's size")
     parser.add_argument("--seconds", type=float, default=60.0, help="with --rss: each phase's length")
     parser.add_argument("--every", type=float, default=0.2, help="with --rss: seconds between changes")
+    parser.add_argument("--column-limit", type=int, help="with --rss: the dashboard's cards per column")
     options = parser.parse_args()
     if options.rss:
-        rss_run(options.tasks, options.clients or 20, options.seconds, options.every)
+        rss_run(options.tasks, options.clients or 20, options.seconds, options.every, options.column_limit)
         return
     server = None
     if options.postgres:

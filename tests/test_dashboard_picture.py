@@ -1,20 +1,71 @@
-"""The dashboard's picture: each column's cards cut to the page's limit with its count whole (its API
-over HTTP, its page in a real Chromium)."""
+"""The dashboard's picture: one built and serialized per change for every stream client, a slow client
+given only the newest, and each column's cards cut to the page's limit with its count whole (its
+streams pulled by hand on a real board, its API over HTTP, its page in a real Chromium)."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hermes_sup.kanban import Board
-from hermes_sup.supervisor.dashboard.app import Server, Settings
+from hermes_sup.supervisor.dashboard.app import Dashboard, Server, Settings
 from hermes_sup.supervisor.workspace import find_workspace
 
 from .conftest import wait_until
 from .test_dashboard import Stream, browser, card_in, init, served  # noqa: F401 (fixtures)
+
+PULL = 30.0  # seconds a stream may take to give its next chunk before the test fails
+
+
+class Client:
+    """One client of the hub's stream, pulled by the test: between two pulls it is a client whose
+    connection takes nothing (a slow one), for as long as the test likes."""
+
+    def __init__(self, stream: AsyncIterator[bytes]) -> None:
+        self.stream = stream
+
+    async def frame(self) -> tuple[dict[str, str], list[bytes]]:
+        """The next frame with an event, and the very chunks it came in (each frame ends a chunk)."""
+        while True:
+            chunks: list[bytes] = []
+            while not chunks or not chunks[-1].endswith(b"\n\n"):
+                chunks.append(await asyncio.wait_for(self.stream.__anext__(), PULL))
+            fields = dict(line.split(": ", 1) for line in b"".join(chunks).decode().split("\n")
+                          if line and not line.startswith(":") and ": " in line)
+            if "event" in fields:
+                return fields, chunks
+
+    async def snapshot(self, wanted: Callable[[dict[str, Any]], bool] = lambda picture: True,
+                       ) -> tuple[list[dict[str, str]], bytes]:
+        """Frames up to the first picture `wanted` accepts (that one last), and the largest chunk
+        of that picture's frame: the one holding its JSON."""
+        frames = []
+        while True:
+            fields, chunks = await self.frame()
+            frames.append(fields)
+            if fields["event"] == "snapshot" and wanted(json.loads(fields["data"])):
+                return frames, max(chunks, key=len)
+
+    async def close(self) -> None:
+        await self.stream.aclose()  # type: ignore[attr-defined]
+
+
+def todo(count: int) -> Callable[[dict[str, Any]], bool]:
+    return lambda picture: picture["board"]["counts"]["todo"] == count
+
+
+@pytest.fixture
+def dashboard(tmp_path: Path) -> Iterator[Dashboard]:
+    """The dashboard's state over a fresh workspace, its streams driven without a server."""
+    dash = Dashboard(find_workspace(init(tmp_path / "ws")), Settings(port=0))
+    yield dash
+    dash.board.close()
+    dash.spend.close()
 
 
 def counting(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list[int]:
@@ -28,6 +79,62 @@ def counting(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list[
 
     monkeypatch.setattr(owner, name, counted)
     return calls
+
+
+def test_stream_clients_share_one_picture_built_and_serialized_once(dashboard: Dashboard,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each client serialized its own copy of the picture and looked at the picture's key itself:
+    with 20 clients on a board of 3,000 tasks the server grew by hundreds of MB."""
+    hub = dashboard.hub
+    keys = counting(monkeypatch, hub, "_key")
+    count = 8
+
+    async def run() -> None:
+        clients = [Client(hub.stream(None)) for _ in range(count)]
+        try:
+            first = [(await client.snapshot())[1] for client in clients]
+            assert hub.builds == 1
+            assert all(data is first[0] for data in first), "one serialized picture, the same bytes for every client"
+            assert keys[0] <= 2, f"the key looked at {keys[0]} times for {count} clients: once per look, not per client"
+            with Board(dashboard.ws.root / "kanban") as board:
+                await asyncio.to_thread(board.add, {"id": "one", "title": "One", "role": "nobody"}, by="cli")
+            second = [(await client.snapshot(todo(1)))[1] for client in clients]
+            assert all(data is second[0] for data in second)
+            assert hub.builds in (2, 3)  # as many builds as changes seen (see test_dashboard), whatever the clients
+        finally:
+            for client in clients:
+                await client.close()
+
+    asyncio.run(run())
+    assert hub.clients == 0
+
+
+def test_a_slow_client_gets_only_the_newest_picture(dashboard: Dashboard) -> None:
+    """A client that takes nothing while the board moves five times is given, once it reads again,
+    every event it missed and then the newest picture alone: none of those in between was kept
+    for it, and the one it gets is the one the others got."""
+    hub = dashboard.hub
+
+    async def run() -> None:
+        fast, slow = Client(hub.stream(None)), Client(hub.stream(None))
+        try:
+            await fast.snapshot()
+            await slow.snapshot()
+            with Board(dashboard.ws.root / "kanban") as board:
+                for number in range(5):
+                    await asyncio.to_thread(board.add, {"id": f"t{number}", "title": "T", "role": "nobody"}, by="cli")
+                    _frames, newest = await fast.snapshot(todo(number + 1))  # the others' picture moved on
+            frames, data = await slow.snapshot()
+            assert [json.loads(f["data"])["task"] for f in frames if f["event"] == "event"] == \
+                [f"t{number}" for number in range(5)]
+            assert [f["event"] for f in frames].count("snapshot") == 1
+            assert json.loads(frames[-1]["data"])["board"]["counts"]["todo"] == 5, "the newest picture"
+            assert data is newest, "the very picture the fast client got: nothing was built or kept for the slow one"
+        finally:
+            await fast.close()
+            await slow.close()
+
+    asyncio.run(run())
 
 
 def get_json(port: int, path: str) -> tuple[int, Any]:
@@ -71,6 +178,13 @@ def test_each_column_ships_its_first_cards_and_counts_them_all(served: tuple[Pat
         stream.close()
     assert [len(shipped["columns"][s]) for s in ("todo", "done")] == [limit, limit]
     assert shipped["counts"] == counts
+
+
+def test_the_picture_reads_the_other_hosts_once(dashboard: Dashboard, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The picture's key read the hosts' heartbeats, then its build read them all again."""
+    reads = counting(monkeypatch, dashboard.board, "host_agents")
+    dashboard.hub.picture()
+    assert dashboard.hub.builds == 1 and reads[0] == 1
 
 
 def test_the_page_shows_each_columns_count_and_a_drawer_past_the_limit(browser, tmp_path: Path) -> None:  # noqa: F811

@@ -158,7 +158,7 @@ class Dashboard:
         self.host = board_settings(ws)[1] or socket.gethostname()  # this host's name on the board
         self.spend = views.LedgerVersion(ws)
         self.hub = Hub(self.board, ws.runs_path, self._picture, self.spend,
-                       lambda: views.hosts_key(self.board, self.host))
+                       lambda: views.hosts_look(self.board, self.host))
         # The streams given out and not yet over. Counted from the moment one is made, not when it
         # starts: requests waiting in a burst are all let through before any stream runs. Weakly held:
         # one whose client left before it started never runs its finally, and leaves when dropped.
@@ -185,9 +185,9 @@ class Dashboard:
         self._streams.add(place)
         return run()
 
-    def _picture(self) -> dict[str, Any]:
+    def _picture(self, hosts: list[dict[str, Any]] | None) -> dict[str, Any]:
         with self.lock:
-            return views.snapshot(self.board, self.ws, self.host, limit=self.settings.column_limit)
+            return views.snapshot(self.board, self.ws, self.host, hosts=hosts, limit=self.settings.column_limit)
 
     def locked(self, func: Callable[..., Any]) -> Callable[..., Any]:
         """`func`, called under the board's lock (one board call at a time from this process)."""
@@ -213,7 +213,8 @@ class Dashboard:
         return FileResponse(STATIC / "index.html", headers=HEADERS)
 
     async def snapshot(self, request: Request) -> Response:
-        return JSONResponse(await asyncio.to_thread(self.hub.picture), headers=HEADERS)
+        picture = await asyncio.to_thread(self.hub.picture)  # the JSON the streams are sent, as it is
+        return Response(picture.data, media_type="application/json", headers=HEADERS)
 
     async def events(self, request: Request) -> Response:
         last = request.headers.get("last-event-id") or request.query_params.get("since")

@@ -1,7 +1,9 @@
-"""The page's picture as pure functions: which cards each column ships, and in what order."""
+"""The page's picture as pure functions: which cards each column ships and in what order, and the one
+serialization of it that every stream client is sent."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -52,3 +54,8 @@ def shipped_costs(costs: Mapping[str, Any], document: Mapping[str, Any]) -> dict
     return {item["id"]: costs[item["id"]] for items in document["columns"].values()
             for item in items if item["id"] in costs}
 
+
+def serialize(picture: Mapping[str, Any]) -> bytes:
+    """The picture as the one JSON text every client is sent: without indent it has no raw newline,
+    so it is one `data:` line of a server-sent event as it is."""
+    return json.dumps(picture, separators=(",", ":"), default=str).encode()

@@ -8,10 +8,15 @@ The wake-up, watched only while a client is connected: the board's own watch of 
 end (its lock-free marker first: see StreamEnd) and the budget ledger's version every
 POLL_INTERVAL, and at the other hosts' heartbeats every HOSTS_LOOK; and inotify on the workspace's
 own files the page shows (runs/supervisor.json: every agent start, exit, restart; the budget
-ledger; each agent's saved breakers). Wake-ups are not the truth: the log is read by cursor after
-each, and once every SAFETY_RECHECK seconds on its own. The picture is built again only when its
-key (the stream's end, the ledger's version, the hosts' heartbeats, those files' states) changed,
-and shared by every client.
+ledger; each agent's saved breakers). Wake-ups are not the truth: the picture's key (the stream's
+end, the ledger's version, the hosts' heartbeats, those files' states) is looked at after each, and
+once every SAFETY_RECHECK seconds on its own.
+
+One publisher for all clients: at each look it builds and serializes the picture, only when its key
+changed, and publishes it; each client then reads the log by cursor from where it is and is sent
+the newest picture, the very bytes every other client is sent. A client slower than the changes is
+kept nothing but its place: when it takes frames again it gets every event it missed and the
+picture published last, never those in between.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +40,9 @@ from hermes_sup.kanban import BoardError, BoardStore
 from hermes_sup.kanban.events import CursorError, parse_cursor
 
 from ..statefile import SUPERVISOR_FILE
+from .picture import serialize
 
-SAFETY_RECHECK = 10.0  # seconds: events are a wake-up; the log is read this often without one
+SAFETY_RECHECK = 10.0  # seconds: events are a wake-up; the key is looked at this often without one
 HELD_RECHECK = 10.0  # seconds: how stale a picture with a held task may grow (its lease left)
 POLL_INTERVAL = 0.1  # seconds between looks at the stream's end on a board that cannot watch it (PostgreSQL)
 HOSTS_LOOK = 1.0  # seconds between looks at the other hosts' heartbeats (a shared board), while a page is open
@@ -115,36 +122,82 @@ class StreamEnd:
         return end
 
 
-class Hub:
-    """The clients' shared wake-up and picture. `build` makes the picture (reads the board)."""
+class Beacon:
+    """A count that only grows, and waiting on the event loop until it moves past one seen."""
 
-    def __init__(self, board: BoardStore, runs: Path, build: Callable[[], dict[str, Any]],
-                 spend: Callable[[], Any] = lambda: None, hosts: Callable[[], Any] = lambda: None) -> None:
+    def __init__(self) -> None:
+        self.number = 0
+        self._waiters: set[asyncio.Event] = set()
+
+    def bump(self) -> None:
+        self.number += 1
+        for waiter in self._waiters:
+            waiter.set()
+
+    async def wait(self, seen: int, timeout: float) -> bool:
+        """Until the number differs from `seen`; False on timeout."""
+        if self.number != seen:
+            return True
+        waiter = asyncio.Event()
+        self._waiters.add(waiter)
+        try:
+            await asyncio.wait_for(waiter.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._waiters.discard(waiter)
+
+
+@dataclass(frozen=True, eq=False)
+class Picture:
+    """One picture as built for a key: its JSON (sent to every client as it is, never copied per
+    client) and what the next look needs of it; the picture's dict itself is not kept."""
+
+    data: bytes
+    key: Any
+    held: bool  # a task is held: its lease left is shown, and a renewal is no event
+    built_at: float
+
+
+class Hub:
+    """The clients' shared wake-up and picture. `build` makes the picture (reads the board), given
+    what `hosts` read of the other hosts for the key."""
+
+    def __init__(self, board: BoardStore, runs: Path, build: Callable[[Any], dict[str, Any]],
+                 spend: Callable[[], Any] = lambda: None,
+                 hosts: Callable[[], tuple[Any, Any]] = lambda: (None, None)) -> None:
         self.board = board  # read through the protocol alone, from worker threads
         self.runs = runs
         self.build = build
         self.end = StreamEnd(board)
         self.spend = spend  # the budget ledger's version where no file shows it (PostgreSQL), else None
-        self.hosts = hosts  # other hosts' heartbeats (their agents come with them), on a shared board
-        self.generation = 0
+        # Other hosts' heartbeats (their agents come with them), on a shared board: what the key
+        # compares, and the rows themselves for the build.
+        self.hosts = hosts
         self.clients = 0
         self.builds = 0  # how many pictures were built: the "reads only when changed" test reads it
-        self.turns = 0  # how many times a stream looked for news (woken, or on its own)
+        self.turns = 0  # how many times the publisher looked for news (woken, or on its own)
         self.touched = 0  # changes no key shows (a comment made here): each one builds the picture again
-        self._events: set[asyncio.Event] = set()
+        self.latest: Picture | None = None  # the one published last, while a client is connected
+        self._woken = Beacon()  # something the page shows may have changed
+        self._published = Beacon()  # `latest` is a new picture
         self._loop: asyncio.AbstractEventLoop | None = None
         self._observer: Any = None
         self._follower: threading.Event | None = None  # set to end the thread that follows the stream
-        self._picture: tuple[Any, dict[str, Any]] | None = None
-        self._built_at = 0.0
+        self._publisher: asyncio.Task[None] | None = None
+        self._picture: Picture | None = None
         self._lock = threading.Lock()
 
     # -- the wake-up ------------------------------------------------------------------------------
 
+    @property
+    def generation(self) -> int:
+        """How many times the hub was woken."""
+        return self._woken.number
+
     def _bump(self) -> None:
-        self.generation += 1
-        for event in self._events:
-            event.set()
+        self._woken.bump()
 
     def _wake(self) -> None:
         """Called from a watcher's thread: something the page shows may have changed."""
@@ -161,17 +214,7 @@ class Hub:
 
     async def wait(self, seen: int, timeout: float) -> bool:
         """Until the generation differs from `seen`; False on timeout."""
-        if self.generation != seen:
-            return True
-        event = asyncio.Event()
-        self._events.add(event)
-        try:
-            await asyncio.wait_for(event.wait(), timeout)
-            return True
-        except TimeoutError:
-            return False
-        finally:
-            self._events.discard(event)
+        return await self._woken.wait(seen, timeout)
 
     def _stream_end(self) -> Any:
         """The board stream's end through the protocol; a marker when it cannot be had just now."""
@@ -187,12 +230,12 @@ class Hub:
         look every HOSTS_LOOK. Runs in a thread of its own until `halt` is set."""
         signal = self.board.signal
         last = self._stream_end(), self.spend()
-        hosts, hosts_at = self.hosts(), time.monotonic()
+        hosts, hosts_at = self.hosts()[0], time.monotonic()
         while not halt.is_set():
             seen = signal.generation
             end = self._stream_end(), self.spend()
             if time.monotonic() - hosts_at >= HOSTS_LOOK:  # they beat every few seconds: no need for more
-                now = self.hosts()
+                now = self.hosts()[0]
                 hosts_at = time.monotonic()
                 if now != hosts:
                     hosts = now
@@ -265,11 +308,16 @@ class Hub:
         self.clients += 1
         if self.clients == 1:
             self._start_watching()
+            self._publisher = self._loop.create_task(self._publish(), name="dashboard-publisher")
 
     def leave(self) -> None:
         self.clients -= 1
         if self.clients == 0:
             self._stop_watching()
+            publisher, self._publisher = self._publisher, None
+            if publisher is not None:
+                publisher.cancel()
+            self.latest = None  # unwatched from now on: the next client waits for a fresh look
 
     @property
     def watching(self) -> bool:
@@ -277,26 +325,49 @@ class Hub:
 
     # -- the picture ------------------------------------------------------------------------------
 
-    def _key(self) -> Any:
+    def _key(self) -> tuple[Any, Any]:
         """What changes when anything the picture shows changes, read without reading the board: the
         stream's end, the budget ledger's version and the other hosts' heartbeats (PostgreSQL), the
-        states of the workspace's files the page shows, the changes made here."""
+        states of the workspace's files the page shows, the changes made here; and the other hosts'
+        rows, read for the key, for the build."""
         files = [self.runs / SUPERVISOR_FILE, self.runs / LEDGER_FILE,
                  *(folder / BREAKERS_FILE for folder in agent_folders(self.runs))]
-        return self._stream_end(), self.spend(), self.hosts(), self.touched, tuple(map(file_state, files))
+        hosts, rows = self.hosts()
+        return (self._stream_end(), self.spend(), hosts, self.touched, tuple(map(file_state, files))), rows
 
-    def picture(self) -> dict[str, Any]:
-        """The page's picture, built again only when its key changed, or once a HELD_RECHECK while a
-        task is held (a lease renewed is no event, and the page shows the lease left)."""
+    def picture(self) -> Picture:
+        """The page's picture, built and serialized again only when its key changed, or once a
+        HELD_RECHECK while a task is held (a lease renewed is no event, and the page shows the lease
+        left). Called from a worker thread: it reads the board."""
         with self._lock:
-            key = self._key()
-            stale = self._picture is not None and bool(self._picture[1].get("held")) \
-                and time.monotonic() - self._built_at >= HELD_RECHECK
-            if self._picture is None or self._picture[0] != key or stale:
+            key, hosts = self._key()
+            last = self._picture
+            stale = last is not None and last.held and time.monotonic() - last.built_at >= HELD_RECHECK
+            if last is None or last.key != key or stale:
                 self.builds += 1
-                self._picture = (key, self.build())
-                self._built_at = time.monotonic()
-            return self._picture[1]
+                picture = self.build(hosts)
+                last = self._picture = Picture(serialize(picture), key, bool(picture.get("held")), time.monotonic())
+            return last
+
+    async def _publish(self) -> None:
+        """The one look for news for every client, while any is connected: at each wake-up (and every
+        SAFETY_RECHECK, or sooner while a task is held), the picture for the key then, published
+        when it is not the one published last."""
+        while True:
+            seen = self.generation
+            self.turns += 1
+            try:
+                picture = await asyncio.to_thread(self.picture)
+            except Exception as exc:  # the board away just now, say: the clients keep the last, and it is tried again
+                log.warning("dashboard: the picture could not be built (%s: %s)", type(exc).__name__, exc)
+                picture = None
+            if picture is not None and picture is not self.latest:
+                self.latest = picture
+                self._published.bump()
+            timeout = SAFETY_RECHECK
+            if picture is not None and picture.held:
+                timeout = min(timeout, max(0.0, picture.built_at + HELD_RECHECK - time.monotonic()))
+            await self.wait(seen, timeout)
 
     # -- one client's stream ----------------------------------------------------------------------
 
@@ -316,19 +387,21 @@ class Hub:
                 cursor, inode = await self._events_since(cursor, inode, out := [])
                 for chunk in out:
                     yield chunk
-            shown: Any = None
+            shown: Picture | None = None
             while True:
-                self.turns += 1
-                seen = self.generation
+                seen = self._published.number
                 out = []
                 cursor, inode = await self._events_since(cursor, inode, out)
                 for chunk in out:
                     yield chunk
-                picture = await asyncio.to_thread(self.picture)
-                if picture is not shown:
+                picture = self.latest  # None until the publisher's first look since the hub was idle
+                if picture is not None and picture is not shown:
                     shown = picture
-                    yield frame("snapshot", picture, cursor)
-                if not await self.wait(seen, min(SAFETY_RECHECK, KEEPALIVE)):
+                    # The shared JSON as its own chunk: only this client's cursor is made for it.
+                    yield f"id: {cursor}\nevent: snapshot\ndata: ".encode()
+                    yield picture.data
+                    yield b"\n\n"
+                if not await self._published.wait(seen, KEEPALIVE):
                     yield b": keepalive\n\n"
         finally:
             self.leave()

@@ -47,11 +47,13 @@ def host_agents(board: BoardStore) -> list[dict[str, Any]]:
         return []  # the database away: this host's agents are still shown, from supervisor.json
 
 
-def hosts_key(board: BoardStore, me: str) -> Any:
-    """What changes when another host's published agents may have (each heartbeat, a host falling
-    silent): read in the follower's look, without the agents themselves."""
-    return tuple((row.get("host"), row.get("heartbeat"), row.get("silent"))
-                 for row in host_agents(board) if row.get("host") != me)
+def hosts_look(board: BoardStore, me: str) -> tuple[Any, list[dict[str, Any]]]:
+    """Every host's published agents (one read), and what of them changes when another host's may
+    have (each heartbeat, a host falling silent): the picture's key compares the one and its build
+    draws the other, so a picture reads the hosts once."""
+    rows = host_agents(board)
+    return tuple((row.get("host"), row.get("heartbeat"), row.get("silent")) for row in rows
+                 if row.get("host") != me), rows
 
 
 def usage_document(runs: Path, board: BoardStore | None = None) -> dict[str, Any]:
@@ -152,14 +154,15 @@ def breaker_rows(runs: Path, now: float) -> list[dict[str, str]]:
             for agent, provider, level, words in breaker_states(runs, now)]
 
 
-def snapshot(board: BoardStore, ws: Workspace, host: str = HOST, *, limit: int = COLUMN_LIMIT) -> dict[str, Any]:
+def snapshot(board: BoardStore, ws: Workspace, host: str = HOST, *, hosts: list[dict[str, Any]] | None = None,
+             limit: int = COLUMN_LIMIT) -> dict[str, Any]:
     """Everything the page draws at once; `host` is this one's name on the board (hermes.yaml `host:`),
-    `limit` the cards per column."""
+    `hosts` the hosts' published agents when already read (hosts_look), `limit` the cards per column."""
     state, alive = supervisor_state(ws)
     now = time.time()
     # This host's agents from supervisor.json (the local truth), every other host's as published.
     agents = agentrows.agent_rows(state, alive, ws.runs_path, host) + \
-        agentrows.remote_rows(host_agents(board), host, now)
+        agentrows.remote_rows(host_agents(board) if hosts is None else hosts, host, now)
     document = board_document(board, ws, state, alive, limit)
     budgets, budget_note = budget_rows(ws, now)
     usage = usage_document(ws.runs_path, board)
