@@ -121,9 +121,21 @@ EVENTS_STUCK = """SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_stat_activity 
       AND a.state_change < clock_timestamp() - make_interval(secs => %(secs)s)) AS stuck"""
 EVENTS_BOUND = """SELECT pg_advisory_xact_lock(%(lock)s, hashtext(current_schema())),
     (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM events_cursor_seq) AS bound"""
-EVENTS_SINCE = """SELECT cursor, to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS at, task, src, dst,
-        by, note, record
-    FROM events WHERE cursor > %(cursor)s AND cursor <= %(bound)s ORDER BY cursor LIMIT %(limit)s"""
+# Any host with the board's credentials can write any row: one larger than %(max_bytes)s (the file
+# board's longest event line) is no event the board wrote, and is sent as its cursor alone, so one
+# row as big as a field holds (a gigabyte) never reaches a reader; `has_record` tells a record that
+# is JSON null (no event either) from a transition's missing one. The record's stored size is looked
+# at first (cheap), then its text's: one that compresses well is no smaller to read.
+EVENTS_SINCE = """SELECT cursor, to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS at, oversized,
+        CASE WHEN oversized THEN NULL ELSE task END AS task, CASE WHEN oversized THEN NULL ELSE src END AS src,
+        CASE WHEN oversized THEN NULL ELSE dst END AS dst, CASE WHEN oversized THEN NULL ELSE by END AS by,
+        CASE WHEN oversized THEN NULL ELSE note END AS note, record IS NOT NULL AS has_record,
+        CASE WHEN oversized THEN NULL ELSE record END AS record
+    FROM events, LATERAL (SELECT octet_length(task) + octet_length(by) + octet_length(note)
+            + COALESCE(octet_length(src), 0) + COALESCE(octet_length(dst), 0)
+            + CASE WHEN record IS NULL THEN 0 WHEN pg_column_size(record) > %(max_bytes)s THEN %(max_bytes)s + 1
+                   ELSE octet_length(record::text) END > %(max_bytes)s AS oversized) AS size
+    WHERE cursor > %(cursor)s AND cursor <= %(bound)s ORDER BY cursor LIMIT %(limit)s"""
 # The newest committed cursor up to a bound: where a reader starting now begins. Never the bound
 # itself, which may be a rolled-back writer's cursor, one a crash can hand out again.
 EVENTS_LAST = "SELECT COALESCE(max(cursor), 0) AS last FROM events WHERE cursor <= %(bound)s"

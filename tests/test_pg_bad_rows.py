@@ -1,0 +1,191 @@
+"""Rows of a PostgreSQL board that another host wrote, read by this one (the suite's real server):
+any host with the board's credentials can write any row, so one that is not what the board writes is
+skipped and counted, as a bad line of the file board's events.jsonl is, and every reader carries on:
+`events` (exit 0, the good events around it, a note counting it), `events -f`, the supervisor's
+alerts, the dashboard's picture and stream, doctor."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from . import pgserver
+from .conftest import CLI, ROOT, supervisor_state, wait_until
+from .pgserver import PgServer
+from .test_alerts import hook  # noqa: F401 (a fixture)
+
+DSN_ENV = "HERMES_BADROW_PG_DSN"
+PASSWORD = "pw-" + uuid.uuid4().hex  # in the DSN: never printed
+FAKE = Path(__file__).resolve().parent / "fake_agent.py"
+# What another host (or anyone with the database) may have put in an events row's `record`: every one
+# a JSON value jsonb holds, none an event.
+NOT_EVENTS = ("'[1]'", "'\"text\"'", "'null'", "'7'", "'{\"kind\": \"board\", \"task\": [1]}'")
+
+
+@pytest.fixture
+def database(pg_server: PgServer) -> Iterator[str]:
+    with pgserver.fresh_database(pg_server, "badrow", PASSWORD) as dsn:
+        yield dsn
+
+
+@pytest.fixture
+def pg_ws(database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A workspace whose board is the fresh database (the DSN in the environment, as a host has it)."""
+    monkeypatch.setenv(DSN_ENV, database)
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT, timeout=120)
+    with open(ws / "hermes.yaml", "a") as handle:
+        handle.write(f"\nboard: {{backend: postgres, dsn_env: {DSN_ENV}}}\n")
+    return ws
+
+
+def hermes(ws: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, "-w", str(ws), *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    assert result.returncode == 0, (result.args, result.stdout, result.stderr)
+    return result
+
+
+def write_bad_rows(dsn: str, records: tuple[str, ...] = NOT_EVENTS) -> None:
+    """Append events rows whose record is no event, as a host with the credentials can."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for record in records:
+            conn.execute(f"INSERT INTO hermes_sup.events (task, by, record) VALUES ('', 'someone', {record}::jsonb)")
+
+
+def test_events_shows_the_good_events_around_bad_rows_and_counts_them(pg_ws: Path, database: str) -> None:
+    ok(hermes(pg_ws, "task", "add", "Before", "--id", "before", "--role", "nobody"))
+    write_bad_rows(database)
+    ok(hermes(pg_ws, "task", "add", "After", "--id", "after", "--role", "nobody"))
+    shown = hermes(pg_ws, "events")
+    assert shown.returncode == 0, shown.stderr
+    assert "Traceback" not in shown.stderr
+    lines = shown.stdout.splitlines()
+    assert [line.split()[1] for line in lines] == ["before", "after"], shown.stdout
+    assert f"{len(NOT_EVENTS)} unreadable row(s) of the board database's events table skipped" in shown.stderr
+    assert "events.jsonl" not in shown.stderr and PASSWORD not in shown.stdout + shown.stderr
+    as_json = ok(hermes(pg_ws, "events", "--json"))
+    records = [json.loads(line) for line in as_json.stdout.splitlines()]
+    assert [r["task"] for r in records] == ["before", "after"]
+    # The cursor of the event before the bad rows resumes past them: the reader moves on.
+    again = ok(hermes(pg_ws, "events", "--json", "--since", str(records[0]["cursor"])))
+    assert [json.loads(line)["task"] for line in again.stdout.splitlines()] == ["after"]
+    doctor = hermes(pg_ws, "doctor")
+    assert "Traceback" not in doctor.stdout + doctor.stderr
+    assert f"{len(NOT_EVENTS)} unreadable row(s) of the board database's events table skipped" in doctor.stdout
+    assert "events.jsonl" not in doctor.stdout
+
+
+def test_events_follow_keeps_following_past_a_bad_row(pg_ws: Path, database: str) -> None:
+    from .test_events import Stream
+
+    ok(hermes(pg_ws, "task", "add", "Before", "--id", "before", "--role", "nobody"))
+    stream = Stream(pg_ws, "-f", "--json")
+    try:
+        wait_until(lambda: [r["task"] for r in stream.records()] == ["before"], timeout=60)
+        write_bad_rows(database)
+        ok(hermes(pg_ws, "task", "add", "After", "--id", "after", "--role", "nobody"))
+        wait_until(lambda: len(stream.records()) == 2 or stream.proc.poll() is not None, timeout=60)
+        assert stream.proc.poll() is None, "events -f ended at the bad row"
+        assert [r["task"] for r in stream.records()] == ["before", "after"]
+    finally:
+        code = stream.end()
+    assert code == 0
+    assert stream.proc.stderr is not None
+    err = stream.proc.stderr.read()
+    assert "Traceback" not in err and "unreadable row(s)" in err
+
+
+def test_the_dashboard_answers_its_picture_and_stream_past_a_bad_row(pg_ws: Path, database: str,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from hermes_sup.supervisor.dashboard.app import Server, Settings
+    from hermes_sup.supervisor.workspace import find_workspace
+
+    from .test_dashboard import Stream as Page
+    from .test_dashboard import event_of
+
+    ok(hermes(pg_ws, "task", "add", "Before", "--id", "before", "--role", "nobody"))
+    server = Server(find_workspace(pg_ws), Settings(host="127.0.0.1", port=0))
+    server.start_thread()
+    page = None
+    try:
+        wait_until(lambda: server.server.started, timeout=30)
+        page = Page(server.port)
+        page.until(lambda f: f["event"] == "snapshot")
+        write_bad_rows(database)
+        ok(hermes(pg_ws, "task", "add", "After", "--id", "after", "--role", "nobody"))
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/api/snapshot", timeout=60) as answer:
+                status, picture = answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as exc:
+            status, picture = exc.code, {}
+        assert status == 200
+        assert [e["task"] for e in picture["recent"]] == ["before", "after"]
+        frames = page.until(lambda f: (event_of(f) or {}).get("task") == "after", timeout=60)
+        assert [e["task"] for e in map(event_of, frames) if e] == ["after"]
+    finally:
+        if page is not None:
+            page.close()
+        server.stop()
+
+
+def test_an_alert_after_a_bad_row_still_fires(pg_ws: Path, database: str, monkeypatch: pytest.MonkeyPatch,
+                                             up, hook) -> None:  # noqa: F811 (the fixture imported above)
+    from .test_alerts import SECRET_ENV, URL_ENV
+
+    receiver = hook()
+    monkeypatch.setenv(URL_ENV, receiver.url)
+    monkeypatch.setenv(SECRET_ENV, uuid.uuid4().hex)
+    config = (pg_ws / "hermes.yaml").read_text()
+    (pg_ws / "hermes.yaml").write_text(
+        "defaults:\n  stop_timeout: 5\n  heartbeat_timeout: 30\n"
+        f"agents:\n  - name: a\n    command: [{sys.executable}, {FAKE}, beat]\n"
+        f"alerts:\n  - {{webhook_env: {URL_ENV}, secret_env: {SECRET_ENV}, on: [task_failed]}}\n"
+        + config[config.index("\nboard:"):])
+    proc = up(pg_ws)
+    wait_until(lambda: supervisor_state(pg_ws).get("agents", {}).get("a", {}).get("state") == "running", timeout=60)
+    write_bad_rows(database)
+    ok(hermes(pg_ws, "task", "add", "After", "--id", "after", "--role", "nobody"))
+    ok(hermes(pg_ws, "task", "move", "after", "failed"))
+    wait_until(lambda: receiver.accepted(), timeout=60)
+    assert [json.loads(body)["event"]["task"] for _, body, _ in receiver.accepted()] == ["after"]
+    shown = ok(hermes(pg_ws, "events"))
+    assert "alert_error" not in shown.stdout, shown.stdout
+    assert proc.poll() is None, "the supervisor carries on"
+    said = (pg_ws.parent / "up.log").read_text()  # where the `up` fixture keeps its output
+    assert "could not check the tasks just ingested" not in said and "Traceback" not in said, said
+
+
+def test_a_row_too_large_or_too_deep_is_skipped_and_counted_not_read(pg_server: PgServer) -> None:
+    """The file board skips a line over MAX_EVENT_LINE unparsed; a row as large is sent as its cursor
+    alone (a transition's note, a record that compresses to a few kilobytes), and a record nested
+    deeper than Python reads is no event either (not a transition with an empty task)."""
+    from hermes_sup.kanban.events import MAX_EVENT_LINE
+
+    with pgserver.stores_on_one_schema(pg_server, f"t_{uuid.uuid4().hex[:12]}") as make:
+        store = make("host-a")
+        store.add({"title": "before", "id": "before"})
+        deep = '{"a": ' * 5000 + "1" + "}" * 5000
+        with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+            conn.execute(f'SET search_path TO "{store.schema}"')
+            conn.execute("INSERT INTO events (task, by, note) VALUES ('huge', 'someone', repeat('x', %s))",
+                         (MAX_EVENT_LINE + 1,))
+            conn.execute("INSERT INTO events (task, by, record) VALUES ('', 'someone', jsonb_build_object("
+                         "'kind', 'supervisor', 'event', 'x', 'note', repeat('x', %s)))", (MAX_EVENT_LINE,))
+            conn.execute("INSERT INTO events (task, by, record) VALUES ('', 'someone', %s::jsonb)", (deep,))
+            conn.execute("INSERT INTO events (task, by, note) VALUES ('fits', 'someone', repeat('x', 1000))")
+        store.add({"title": "after", "id": "after"})
+        read = store.events_since(0)
+    assert [event.get("task") for _, event in read.events] == ["before", "fits", "after"]
+    assert read.bad == 3 and read.bad_what == "row(s) of the board database's events table"
