@@ -189,3 +189,58 @@ def test_a_row_too_large_or_too_deep_is_skipped_and_counted_not_read(pg_server: 
         read = store.events_since(0)
     assert [event.get("task") for _, event in read.events] == ["before", "fits", "after"]
     assert read.bad == 3 and read.bad_what == "row(s) of the board database's events table"
+
+
+# Task documents another host wrote that are objects with a title and a history, but not a task as
+# the file board's check_document reads one: each is damaged there, and must be here.
+NOT_TASKS = {
+    "deps-number": {"depends_on": 5},
+    "deps-not-ids": {"depends_on": ["Not An Id", 3]},
+    "history-numbers": {"history": [1, 2]},
+    "steps-text": {"steps": "run it"},
+    "created-number": {"created_at": 5},
+}
+
+
+def test_a_task_row_that_is_no_task_is_listed_as_damaged_and_breaks_no_reader(
+        pg_ws: Path, database: str) -> None:
+    """`board` (every host's), the dashboard's picture and `task show` read every row: one whose
+    depends_on is a number raised TypeError out of each. Each such row is listed as damaged, as the
+    file board lists a task file it cannot read; a claim sets it aside; the good task is unharmed."""
+    from hermes_sup.supervisor.dashboard.app import Server, Settings
+    from hermes_sup.supervisor.workspace import find_workspace
+
+    ok(hermes(pg_ws, "task", "add", "Good", "--id", "good"))
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("SET search_path TO hermes_sup")
+        for task_id, fields in NOT_TASKS.items():
+            ok(hermes(pg_ws, "task", "add", task_id, "--id", task_id, "--priority", "5"))
+            conn.execute("UPDATE tasks SET document = document || %s::jsonb WHERE id = %s",
+                         (json.dumps(fields), task_id))
+    shown = hermes(pg_ws, "board", "--json")
+    assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
+    picture = json.loads(shown.stdout)
+    assert [item["id"] for item in picture["columns"]["todo"]] == ["good"]
+    assert sorted(item["path"] for item in picture["damaged"]) == sorted(
+        f"task {task_id} (board database)" for task_id in NOT_TASKS)
+    assert "'depends_on' is int" in {item["path"]: item["reason"] for item in picture["damaged"]}[
+        "task deps-number (board database)"]
+    for task_id in NOT_TASKS:
+        refused = hermes(pg_ws, "task", "show", task_id)
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
+        assert f"task {task_id}: its document in the board database is no task" in refused.stderr
+    server = Server(find_workspace(pg_ws), Settings(host="127.0.0.1", port=0))
+    server.start_thread()
+    try:
+        wait_until(lambda: server.server.started, timeout=30)
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/api/snapshot", timeout=60) as answer:
+            assert answer.status == 200
+            assert [item["id"] for item in json.loads(answer.read())["board"]["columns"]["todo"]] == ["good"]
+    finally:
+        server.stop()
+    from hermes_sup.kanban.pg.store import PgStore
+
+    with PgStore(database, host="box-a", boot_id="boot-a") as store:
+        claimed = store.claim("w1")  # the damaged rows come first (priority 5): each is set aside
+        assert claimed is not None and claimed["id"] == "good"
+        assert store.counts()["failed"] == len(NOT_TASKS)
