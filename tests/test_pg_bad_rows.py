@@ -244,3 +244,52 @@ def test_a_task_row_that_is_no_task_is_listed_as_damaged_and_breaks_no_reader(
         claimed = store.claim("w1")  # the damaged rows come first (priority 5): each is set aside
         assert claimed is not None and claimed["id"] == "good"
         assert store.counts()["failed"] == len(NOT_TASKS)
+
+
+def test_a_heartbeat_or_a_lease_at_infinity_breaks_no_reader(pg_ws: Path, database: str) -> None:
+    """timestamptz holds 'infinity' and '-infinity', which any host can write into its hosts row or
+    a task's lease: `now() - heartbeat` failed the statement that reads every host (the dashboard's
+    agents panel lost every other host, doctor called the database broken), and a lease at infinity
+    reached the page as `Infinity`, no JSON (/api/snapshot 500, `task show --json` unparsable)."""
+    from hermes_sup.kanban.pg.store import PgStore
+    from hermes_sup.supervisor.dashboard.app import Server, Settings
+    from hermes_sup.supervisor.workspace import find_workspace
+
+    def strict(text: str) -> object:
+        return json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} is no JSON"))
+
+    ok(hermes(pg_ws, "task", "add", "Held forever", "--id", "held"))
+    other = PgStore(database, host="box-b", boot_id="boot-b")
+    try:
+        assert other.claim("w-b", lease=600)["id"] == "held"
+        other.announce_host(lambda: [{"name": "w-b", "state": "running", "task": "held"}])
+        with psycopg.connect(database, autocommit=True) as conn:
+            conn.execute("SET search_path TO hermes_sup")
+            conn.execute("INSERT INTO hosts (host_id, boot_id, heartbeat) VALUES ('box-future', 'x', 'infinity'), "
+                         "('box-past', 'x', '-infinity')")
+            conn.execute("UPDATE tasks SET lease_until = 'infinity', lease_claimed = '-infinity' WHERE id = 'held'")
+        hosts = {row["host"]: row for row in other.host_agents()}
+        assert set(hosts) == {"box-b", "box-future", "box-past"}
+        assert hosts["box-past"]["silent"] is True and hosts["box-b"]["silent"] is False
+        shown = strict(ok(hermes(pg_ws, "task", "show", "held", "--json")).stdout)
+        assert shown["claim"]["agent"] == "w-b"  # type: ignore[index]
+        doctor = hermes(pg_ws, "doctor")
+        assert "failed to answer" not in doctor.stdout and "Traceback" not in doctor.stderr, doctor.stdout
+        assert "box-past" in doctor.stdout, doctor.stdout  # silent for over host_timeout
+        server = Server(find_workspace(pg_ws), Settings(host="127.0.0.1", port=0))
+        server.start_thread()
+        try:
+            wait_until(lambda: server.server.started, timeout=30)
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/api/snapshot", timeout=60) as answer:
+                    status, body = answer.status, answer.read().decode()
+            except urllib.error.HTTPError as exc:
+                status, body = exc.code, ""
+            assert status == 200
+            picture = strict(body)
+            assert [row["name"] for row in picture["agents"] if row.get("remote")] == ["w-b"]  # type: ignore[index]
+            assert [item["id"] for item in picture["board"]["columns"]["doing"]] == ["held"]  # type: ignore[index]
+        finally:
+            server.stop()
+    finally:
+        other.close()

@@ -12,7 +12,9 @@ ROW_SELECT = """id, status, attempts, claims, max_attempts, priority, role, assi
     lease_owner, lease_host, lease_boot, lease_pid, lease_pid_started,
     to_char(lease_claimed AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS claimed_iso,
     to_char(lease_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS until_iso,
-    extract(epoch FROM lease_until)::float8 AS until_ts, fence"""
+    CASE WHEN isfinite(lease_until) THEN extract(epoch FROM lease_until)::float8 END AS until_ts, fence"""
+# (A timestamp another host wrote may be 'infinity', which to_char reads as NULL and extract as a float
+# no JSON holds: the page's JSON.parse, and /api/snapshot, failed on it. Decisions stay in SQL.)
 
 # The claim, in one statement: the best claimable row not locked by another claimer (SKIP LOCKED,
 # walking the partial index in priority order), taken with a new fence from the sequence and every
@@ -174,7 +176,9 @@ HEARTBEAT = """INSERT INTO hosts (host_id, boot_id, agents) VALUES (%(host)s, %(
         started_at = CASE WHEN hosts.boot_id = EXCLUDED.boot_id THEN hosts.started_at ELSE now() END"""
 HOST_AGENTS = """SELECT host_id AS host,
         to_char(heartbeat AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS heartbeat,
-        extract(epoch FROM now() - heartbeat)::float8 AS age,
+        -- A heartbeat any host may have written as 'infinity' or '-infinity': now() minus it fails
+        -- the whole statement (every host's agents panel empty), so it has no age (its text is NULL).
+        CASE WHEN isfinite(heartbeat) THEN extract(epoch FROM now() - heartbeat)::float8 END AS age,
         heartbeat < now() - make_interval(secs => %(host_timeout)s::float8) AS silent,
         -- Its stored size first (cheap), then its text's: a summary that compresses well is no smaller to read.
         CASE WHEN pg_column_size(agents) > %(max_bytes)s THEN NULL

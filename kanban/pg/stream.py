@@ -167,12 +167,13 @@ class StreamMixin:
         try:
             with self._locked() as conn:
                 version = conn.execute("SHOW server_version").fetchone()["server_version"]
-                hosts = conn.execute("SELECT host_id, extract(epoch FROM now() - heartbeat)::float AS age "
-                                     "FROM hosts ORDER BY host_id").fetchall()
+                # Compared, not subtracted: `now() - heartbeat` fails on a heartbeat written as infinity.
+                hosts = conn.execute("SELECT host_id, heartbeat < now() - make_interval(secs => %s::float8) "
+                                     "AS silent FROM hosts ORDER BY host_id", (self.host_timeout,)).fetchall()
         except BoardError as exc:
             return [("database", "error", str(exc))]
         checks = [("database", "ok", f"PostgreSQL {version}, schema {self.schema} (DSN from {self.dsn_env})")]
-        silent = [row["host_id"] for row in hosts if row["age"] > self.host_timeout]
+        silent = [row["host_id"] for row in hosts if row["silent"]]
         live = len(hosts) - len(silent)
         if silent:
             checks.append(("hosts", "warn", f"this host is {self.host}; {live} heartbeating, silent for over "
