@@ -293,3 +293,21 @@ def test_a_heartbeat_or_a_lease_at_infinity_breaks_no_reader(pg_ws: Path, databa
             server.stop()
     finally:
         other.close()
+
+
+def test_a_sweeper_lease_another_host_set_to_infinity_stops_no_recovery(pg_server: PgServer) -> None:
+    """The sweeper is whoever holds the `leases` row, taken when it ran out; one written to end at
+    'infinity' (any host with the credentials can) never ran out, so no host swept again: every
+    expired lease and every silent host's task stayed in doing for good. No holder takes a lease of
+    more than a few seconds, so one ending later than that is taken over as nobody's."""
+    with pgserver.stores_on_one_schema(pg_server, f"t_{uuid.uuid4().hex[:12]}") as make:
+        store = make("host-a")
+        store.add({"title": "lapsing", "id": "lapsing"})
+        held = store.claim("w", lease=0.2)
+        assert held is not None and held["id"] == "lapsing"
+        with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+            conn.execute(f'SET search_path TO "{store.schema}"')
+            conn.execute("INSERT INTO leases (name, holder, until) VALUES ('sweeper', 'someone', 'infinity')")
+            wait_until(lambda: conn.execute("SELECT lease_until < now() FROM tasks WHERE id = 'lapsing'")
+                       .fetchone()[0], timeout=30)
+        assert store.recover() == [{"task": "lapsing", "to": "todo", "reason": "lease of w expired"}]

@@ -185,11 +185,15 @@ HOST_AGENTS = """SELECT host_id AS host,
              WHEN octet_length(agents::text) > %(max_bytes)s THEN NULL ELSE agents END AS agents
     FROM hosts ORDER BY host_id LIMIT %(limit)s"""
 
-# One holder at a time: taken when free or expired, kept by renewing it before it runs out.
+# One holder at a time: taken when free or expired, kept by renewing it before it runs out. A lease
+# ending later than MAX_LEASE from now was written by no holder (each takes a few seconds; any host
+# with the credentials can write 'infinity', and then nobody would sweep again): it is nobody's.
+MAX_LEASE = 60.0
 TAKE_LEASE = """INSERT INTO leases (name, holder, until) VALUES (%(name)s, %(holder)s,
         now() + make_interval(secs => %(secs)s::float8))
     ON CONFLICT (name) DO UPDATE SET holder = EXCLUDED.holder, until = EXCLUDED.until
         WHERE leases.holder = EXCLUDED.holder OR leases.until < now()
+            OR leases.until > now() + make_interval(secs => """ + f"{MAX_LEASE:g}" + """)
     RETURNING holder"""
 
 JOURNAL_APPEND = """INSERT INTO journal (task_id, fence, entry)
