@@ -311,3 +311,31 @@ def test_a_sweeper_lease_another_host_set_to_infinity_stops_no_recovery(pg_serve
             wait_until(lambda: conn.execute("SELECT lease_until < now() FROM tasks WHERE id = 'lapsing'")
                        .fetchone()[0], timeout=30)
         assert store.recover() == [{"task": "lapsing", "to": "todo", "reason": "lease of w expired"}]
+
+
+def test_a_hold_another_host_dated_at_infinity_fails_no_reservation(tmp_path, database):
+    """A hold's `at` is a timestamptz any host can write as 'infinity' or '-infinity': `now() - at`
+    failed the statement every reservation reads the ledger with, so every model call of every host
+    failed (an error, not a refusal) for as long as the row stood. A hold dated at -infinity is as old
+    as can be (freed as abandoned), one at infinity is as new (kept until its host is judged gone)."""
+    from hermes_sup.agents.budget import Refusal
+    from hermes_sup.agents.ledger import open_ledger
+
+    ledger = open_ledger(tmp_path, {"backend": "postgres", "dsn_env": DSN_ENV}, host="box-a",
+                         environ={DSN_ENV: database})
+    try:
+        ledger.settle(ledger.reserve(agent="w", task="t1", amount=0.5, check=lambda entries, now: None), 0.5)
+        with psycopg.connect(database, autocommit=True) as conn:
+            for at in ("infinity", "-infinity"):
+                conn.execute("INSERT INTO hermes_sup.budget_holds (id, agent, task, day, amount, host, at) "
+                             "VALUES (%s, 'w', 't1', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD'), 0.125, "
+                             "'box-evil', %s)", (at, at))
+        seen: list = []
+        hold = ledger.reserve(agent="w", task="t2", amount=0.25, check=lambda entries, now: seen.extend(entries))
+        assert hold is not None and not isinstance(hold, Refusal)
+        assert sorted(e.amount for e in seen) == [0.125, 0.5], "the hold at -infinity was freed as abandoned"
+        with psycopg.connect(database, autocommit=True) as conn:
+            ids = [row[0] for row in conn.execute("SELECT id FROM hermes_sup.budget_holds WHERE host = 'box-evil'")]
+        assert ids == ["infinity"]
+    finally:
+        ledger.close()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from hermes_sup.agents.budget import Caps, Refusal, decide
+from hermes_sup.agents.budget import Caps, decide
 from hermes_sup.agents.ledger import FileLedger, LedgerError, open_ledger, read_spend, read_spend_noted
 from hermes_sup.kanban.pg import open_store
 from hermes_sup.supervisor.usage import team_records
@@ -549,28 +549,3 @@ def test_amounts_near_the_largest_float_another_host_wrote_sum_to_a_finite_spend
                            board={"backend": "postgres", "dsn_env": DSN_ENV}, host="box-a")
     json.dumps(rows, allow_nan=False)
     assert rows[0]["spent"] == pytest.approx(3 * MAX_AMOUNT + 0.75, rel=1e-9)
-
-
-def test_a_hold_another_host_dated_at_infinity_fails_no_reservation(tmp_path, database):
-    """A hold's `at` is a timestamptz any host can write as 'infinity' or '-infinity': `now() - at`
-    failed the statement every reservation reads the ledger with, so every model call of every host
-    failed (an error, not a refusal) for as long as the row stood. A hold dated at -infinity is as old
-    as can be (freed as abandoned), one at infinity is as new (kept until its host is judged gone)."""
-    ledger = open_ledger(tmp_path, {"backend": "postgres", "dsn_env": DSN_ENV}, host="box-a",
-                         environ={DSN_ENV: database})
-    try:
-        ledger.settle(ledger.reserve(agent="w", task="t1", amount=0.5, check=lambda entries, now: None), 0.5)
-        with psycopg.connect(database, autocommit=True) as conn:
-            for at in ("infinity", "-infinity"):
-                conn.execute("INSERT INTO hermes_sup.budget_holds (id, agent, task, day, amount, host, at) "
-                             "VALUES (%s, 'w', 't1', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD'), 0.125, "
-                             "'box-evil', %s)", (at, at))
-        seen: list = []
-        hold = ledger.reserve(agent="w", task="t2", amount=0.25, check=lambda entries, now: seen.extend(entries))
-        assert hold is not None and not isinstance(hold, Refusal)
-        assert sorted(e.amount for e in seen) == [0.125, 0.5], "the hold at -infinity was freed as abandoned"
-        with psycopg.connect(database, autocommit=True) as conn:
-            ids = [row[0] for row in conn.execute("SELECT id FROM hermes_sup.budget_holds WHERE host = 'box-evil'")]
-        assert ids == ["infinity"]
-    finally:
-        ledger.close()
