@@ -2,7 +2,8 @@
 any host with the board's credentials can write any row, so one that is not what the board writes is
 skipped and counted, as a bad line of the file board's events.jsonl is, and every reader carries on:
 `events` (exit 0, the good events around it, a note counting it), `events -f`, the supervisor's
-alerts, the dashboard's picture and stream, doctor."""
+alerts, the dashboard's picture and stream, doctor. The same for the other tables: a task row that is
+no task, a heartbeat, lease or budget hold dated at infinity, a sweeper lease no holder would take."""
 
 from __future__ import annotations
 
