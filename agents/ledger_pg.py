@@ -144,9 +144,13 @@ class PgLedger:
         host_gone = (f"COALESCE((SELECT h.heartbeat < now() - make_interval(secs => %(timeout)s::float8) "
                      f"OR h.boot_id IS DISTINCT FROM b.boot FROM {self._hosts} h WHERE h.host_id = b.host), false)"
                      if self._hosts else "false")
+        # A hold's age as a difference of epochs, not `now() - at`, which fails the whole statement
+        # (every reservation of every host) on an `at` any host may write as 'infinity' or
+        # '-infinity': the one is as new as can be, the other as old (freed as abandoned).
         return conn.execute(
             f"SELECT id, agent, task, day, {AMOUNT}, settled, host, pid, started, "
-            f"extract(epoch FROM now() - at), {host_gone} FROM {self._holds} b WHERE NOT settled "
+            f"(extract(epoch FROM now()) - extract(epoch FROM at))::float8, {host_gone} FROM {self._holds} b "
+            "WHERE NOT settled "
             f"UNION ALL SELECT NULL, agent, task, day, sum({AMOUNT}), true, NULL, NULL, NULL, 0, false "
             f"FROM {self._holds} WHERE settled GROUP BY agent, task, day", {"timeout": self.host_timeout}).fetchall()
 

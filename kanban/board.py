@@ -116,6 +116,10 @@ class Board(IngestMixin, NotesMixin, WaitingMixin, Claims):
         """How many tasks each status folder holds, each task counted once."""
         return self._consistent(lambda: reads.count(self.root))
 
+    def task_ids(self) -> list[str]:
+        """The id of every task file in the status folders, sorted, as of one moment (names only)."""
+        return sorted(self._consistent(lambda: reads.ids(self.root)))
+
     def _consistent(self, scan: Callable[[], _T]) -> _T:
         """`scan`'s result from a moment when no task moved. Folders are scanned one after
         another, and a task moved meanwhile is missed (it left a folder not scanned yet for one

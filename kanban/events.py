@@ -183,6 +183,7 @@ class CursorRead:
     restarted: bool = False  # the log was replaced (by hand) since the cursor: read from 0
     inode: int | None = None  # of the file read, to tell a replaced log on the next call
     why: str = ""  # when restarted, what happened, in the backend's words (a file's path, or none)
+    bad_what: str = ""  # what `bad` counts, in the backend's words ("line(s) in events.jsonl"), for a note
 
 
 def log_marker(path: Path) -> tuple[int, int, int, int] | None:
@@ -232,7 +233,7 @@ def read_since(path: Path, cursor: int, max_events: int = 10_000, inode: int | N
             elif raw.strip():
                 bad += 1
     why = f"{path} was replaced (by hand?) since cursor {asked}" if restarted else ""
-    return CursorRead(found, position, bad, restarted, info.st_ino, why)
+    return CursorRead(found, position, bad, restarted, info.st_ino, why, f"line(s) in {path.name}")
 
 
 def _skip_line(handle: Any, size: int) -> int | None:

@@ -1,20 +1,17 @@
 """Naming a task by a unique prefix of its id, with "did you mean" for a typo and the candidates of an
-ambiguous prefix (`resolve_id` is pure; `resolve_task_id` looks at a board's folders)."""
+ambiguous prefix (`resolve_id` is pure; `resolve_task_id` asks a board for its ids, through the protocol)."""
 
 from __future__ import annotations
 
-import contextlib
 import difflib
-import os
 from collections.abc import Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import TaskNotFound
-from .task import STATUSES, is_valid_id
+from .task import is_valid_id
 
 if TYPE_CHECKING:
-    from .board import Board
+    from .store import BoardStore
 
 MAX_LISTED = 10        # candidates named in one message; the rest are counted
 MAX_SUGGESTIONS = 3
@@ -57,34 +54,27 @@ def resolve_id(ids: Iterable[str], text: str, where: str = "the board") -> str:
                             f"give more of it", matches, ambiguous=True)
     close = difflib.get_close_matches(text, known, n=MAX_SUGGESTIONS, cutoff=SUGGEST_CUTOFF) \
         if len(text) <= MAX_COMPARED else []
-    hint = f"; did you mean {' or '.join(close)}?" if close else ""
-    raise UnknownTaskId(f"no task '{_shown(text)}' on {where}{hint}", close)
+    raise UnknownTaskId(f"no task '{_shown(text)}' on {where}{_hint(close)}", close)
 
 
-def task_ids(root: Path) -> set[str]:
-    """The ids of the task files in a board's status folders (names only: nothing is read)."""
-    found: set[str] = set()
-    for status in STATUSES:
-        with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(root / status) as entries:
-            for entry in entries:
-                stem = entry.name[:-5] if entry.name.endswith(".json") else ""
-                if is_valid_id(stem):
-                    found.add(stem)
-    return found
+def _hint(close: list[str]) -> str:
+    return f"; did you mean {' or '.join(close)}?" if close else ""
 
 
-def resolve_task_id(board: Board, text: str) -> str:
-    """The id of the task `text` names on `board` (see resolve_id)."""
+def resolve_task_id(board: BoardStore, text: str) -> str:
+    """The id of the task `text` names on `board` (see resolve_id), among the ids the board itself
+    keeps (its `task_ids` verb): whatever holds its tasks, never a folder that may hold others (a
+    file board left behind by a migration to PostgreSQL)."""
+    missing: TaskNotFound | None = None
     if is_valid_id(text):
-        with contextlib.suppress(TaskNotFound):
-            return str(board.get(text)["id"])  # the exact id; get's locked retry sees a task mid-move
-    where = f"the board {board.root}"
+        try:
+            return str(board.get(text)["id"])  # the exact id, whatever longer ids it starts
+        except TaskNotFound as exc:
+            missing = exc
     try:
-        return resolve_id(task_ids(board.root), text, where)
+        return resolve_id(board.task_ids(), text)
     except UnknownTaskId as exc:
-        if exc.ambiguous:
-            raise  # no move makes it less so
-    # A task moving between two folders is, for an instant, in neither as a lock-free scan visits
-    # them in turn; every move is made under the board's lock, so a scan holding it sees them all.
-    with board._locked():
-        return resolve_id(task_ids(board.root), text, where)
+        if exc.ambiguous or missing is None:
+            raise
+        # The board's own words for a task it does not have (the file board names its folder).
+        raise UnknownTaskId(f"{missing}{_hint(exc.candidates)}", exc.candidates) from None

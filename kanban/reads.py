@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ from typing import Any
 from .doccache import FIELDS_NAME, VERSION, DocCache, collector_paused
 from .errors import Damaged
 from .fsio import safe_name
-from .task import STATUSES
+from .task import STATUSES, is_valid_id
 
 TaskDoc = dict[str, Any]
 Generation = tuple[tuple[int, int, int] | None, ...]
@@ -126,6 +127,18 @@ def in_claim_order(docs: list[TaskDoc]) -> None:
     docs.sort(key=_ID)
     docs.sort(key=_CREATED)
     docs.sort(key=_PRIORITY, reverse=True)  # reverse keeps equal ones in order
+
+
+def ids(root: Path) -> set[str]:
+    """The ids of the task files in the status folders (names only: nothing is read)."""
+    found: set[str] = set()
+    for status in STATUSES:
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(root / status) as entries:
+            for entry in entries:
+                stem = entry.name[:-5] if entry.name.endswith(".json") else ""
+                if is_valid_id(stem):
+                    found.add(stem)
+    return found
 
 
 def count(root: Path) -> dict[str, int]:

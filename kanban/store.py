@@ -91,6 +91,12 @@ class BoardStore(Protocol):
         """How many tasks each status holds (every status present, 0 included), each counted once."""
         ...
 
+    def task_ids(self) -> list[str]:
+        """The id of every task on the board, in every status, each once and sorted, as of one moment:
+        what naming a task by a prefix of its id is resolved against (`kanban.prefix`). Names only,
+        no document read, so a task whose document is damaged is among them."""
+        ...
+
     def quarantine_damaged(self, damaged: Iterable[dict[str, str]]) -> list[str]:
         """Re-check the damaged entries a `list` found, atomically per task; move the still damaged
         aside to rejected/. Returns the names they were moved to."""

@@ -25,7 +25,6 @@ from .render import event_line, literal
 # task files moving, before the event is appended, and the supervisor's events move no file), and
 # from the board's watcher; the log is also read on its own this often, in case one was missed.
 RECHECK_WATCHED = 1.0
-EVENTS_NAME = "events.jsonl"  # how the event log is named to a person
 RECHECK_POLLING = 0.25
 def event_json(cursor: int, record: dict[str, Any]) -> str:
     """One event as one JSON line with the cursor to resume after it (pure)."""
@@ -43,7 +42,7 @@ def print_since(board: BoardStore, cursor: int, as_json: bool, inode: int | None
                 f"{batch.why or 'the event log was replaced'}; reading it from its start")))
         if batch.bad:
             err.print(Text.assemble(("note:", "yellow"), " ", literal(
-                f"{batch.bad} unreadable line(s) in {EVENTS_NAME} skipped")))
+                f"{batch.bad} unreadable {batch.bad_what or 'event(s)'} skipped")))
         for end, record in batch.events:
             click.echo(event_json(end, record) if as_json else event_line(record))
         if batch.cursor == cursor:

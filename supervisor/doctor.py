@@ -232,15 +232,15 @@ def run_checks(ws: Workspace) -> list[Check]:
                                  f"{', '.join(sorted(rejected)[:5])}{' ...' if len(rejected) > 5 else ''}"))
         for item in ingest["rejected"]:
             checks.append(_check("rejected now", "warn", f"{item['file']}: {item['reason']}"))
-        bad, cursor = 0, 0
+        bad, cursor, what = 0, 0, ""
         while True:
             batch = board.events_since(cursor)
-            bad += batch.bad
+            bad, what = bad + batch.bad, batch.bad_what or what
             if batch.cursor == cursor:
                 break
             cursor = batch.cursor
         if bad:
-            checks.append(_check("events.jsonl", "warn", f"{bad} unreadable line(s) skipped"))
+            checks.append(_check("events", "warn", f"{bad} unreadable {what or 'event(s)'} skipped"))
 
     free, total = disk_free(ws.root)
     level = "error" if free < 100 << 20 else "warn" if free < 1 << 30 else "ok"

@@ -563,20 +563,24 @@ def test_a_number_past_any_float_in_a_task_row_breaks_no_page(database: str, tmp
     """Another host (or anyone with the database) may write a task's document by hand: a number like
     1e400 is valid JSON there, and comes back as Python's infinity, which the picture's stream then
     sent as `Infinity`, no JSON to the page (JSON.parse throws: the page stopped drawing, on every
-    host) and a 500 for /api/picture. Every number the page gets is a finite one."""
+    host) and a 500 for /api/picture. Every number the page gets is a finite one (t2's, no task's
+    created_at and waiting, make it damaged, as the file board's check makes such a file)."""
     env = {**os.environ, DSN_ENV: database}
     monkeypatch.setenv(DSN_ENV, database)
     ws = pg_workspace(tmp_path, env)
     board = open_workspace_board(find_workspace(ws))
     try:
-        board.add({"id": "t1", "title": "x"}, by="cli")
+        huge = "1" + "0" * 400 + ".5"  # a fraction: read back as a float, which is infinity
         with psycopg.connect(database, autocommit=True) as conn:
-            huge = "1" + "0" * 400 + ".5"  # a fraction: read back as a float, which is infinity
-            conn.execute("UPDATE hermes_sup.tasks SET document = document || %s::jsonb WHERE id = 't1'",
-                         (f'{{"created_at": {huge}, "error": -{huge}, "waiting": [{huge}], '
-                          f'"claim": {{"lease_until_ts": {huge}}}}}',))
+            for task_id, fields in (("t1", f'"error": -{huge}, "meta": {{"n": [{huge}]}}, '
+                                           f'"claim": {{"lease_until_ts": {huge}}}'),
+                                    ("t2", f'"created_at": {huge}, "waiting": [{huge}]')):
+                board.add({"id": task_id, "title": task_id}, by="cli")
+                conn.execute("UPDATE hermes_sup.tasks SET document = document || %s::jsonb WHERE id = %s",
+                             (f"{{{fields}}}", task_id))
         picture = views.snapshot(board, find_workspace(ws), "box-a")
         json.dumps(picture, allow_nan=False)  # what JSON.parse takes
         assert [item["id"] for item in picture["board"]["columns"]["todo"]] == ["t1"]
+        assert [item["path"] for item in picture["board"]["damaged"]] == ["task t2 (board database)"]
     finally:
         board.close()

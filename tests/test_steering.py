@@ -174,14 +174,26 @@ def test_comment_is_capped_refuses_empty_text_and_takes_a_prefix(tmp_path):
         assert [c["text"] for c in board.get(doc["id"])["comments"]] == ["looks [b]fine[/b]"], "nothing else kept"
 
 
-def test_a_prefix_found_only_under_the_lock_is_still_found(tmp_path, monkeypatch):
-    from hermes_sup.kanban import prefix
+def test_a_prefix_of_a_task_moving_during_the_scan_is_still_found(tmp_path, monkeypatch):
+    """A task moving between two folders is, for an instant, in neither as a lock-free scan visits
+    them in turn: the file board's task_ids sees the move (the board's generation changed) and scans
+    again, so a prefix still names the task."""
+    from hermes_sup.kanban import reads
 
-    with Board(tmp_path / "kanban") as board:
+    with Board(tmp_path / "kanban") as board, Board(tmp_path / "kanban") as mover:
         board.add({"title": "moving", "id": "moving-task"})
-        scans = iter([set(), {"moving-task"}])  # the first scan ran while the task was between folders
-        monkeypatch.setattr(prefix, "task_ids", lambda root: next(scans))
+        real, scans = reads.ids, []
+
+        def scan_while_it_moves(root: Path) -> set[str]:
+            scans.append(root)
+            if len(scans) == 1:
+                mover.move("moving-task", "blocked")  # the first scan ran while the task was between folders
+                return set()
+            return real(root)
+
+        monkeypatch.setattr(reads, "ids", scan_while_it_moves)
         assert resolve_task_id(board, "mov") == "moving-task"
+        assert len(scans) == 2
 
 
 # -- end to end, with a real `up` --------------------------------------------------------------------------

@@ -4,7 +4,9 @@
 variable the config names (never from the config itself, never printed), applies the schema's
 migrations and returns a `PgStore`. Modules: `schema` (tables, migrations), `sql` (the statements),
 `rules` (pure row/document rules), `listen` (LISTEN wake-ups), `drops` (the host's inbox/ folders),
-`journal` (a task's journal as rows of the database), `store` (the verbs).
+`journal` (a task's journal as rows of the database), `stream` (the event stream, watching, health),
+`ids` (the task ids a prefix is resolved against), `retry` (a verb run again after a restart), `bulk`
+(a migration's copy) and `store` (the verbs).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..redact import scrub
+from ..task import TaskError, check_document
 
 TaskDoc = dict[str, Any]
 # Held in columns (the claim, the lease, the counters the claim statement changes); the row's
@@ -72,13 +73,20 @@ def load_jsonb(data: str | bytes) -> Any:
 
 def unreadable(row: Mapping[str, Any]) -> str | None:
     """Why a tasks row cannot be read as a task (pure), or None: its document is no object with a
-    title and a history (written by hand, or nested too deep to read); a listing sets it aside as
-    damaged, as the file board does a task file it cannot read, rather than fail whole."""
+    title and a history (written by hand, or nested too deep to read), or the task it makes with the
+    columns is not one the file board's check_document reads (a depends_on that is a number, a
+    history of numbers: any host with the credentials can write them, and every reader of every
+    host would fail on them further on); a listing sets it aside as damaged, as the file board does
+    a task file it cannot read, rather than fail whole."""
     document = row.get("document")
     if not isinstance(document, dict):
         return "its document in the board database is not an object (written by hand, or nested too deeply)"
     if not isinstance(document.get("title"), str) or not isinstance(document.get("history"), list):
         return "its document in the board database has no title or no history"
+    try:
+        check_document(row_to_doc(row), file_id=row["id"])
+    except TaskError as exc:
+        return f"its document in the board database is no task: {exc}"
     return None
 
 

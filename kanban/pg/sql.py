@@ -12,7 +12,9 @@ ROW_SELECT = """id, status, attempts, claims, max_attempts, priority, role, assi
     lease_owner, lease_host, lease_boot, lease_pid, lease_pid_started,
     to_char(lease_claimed AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS claimed_iso,
     to_char(lease_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS until_iso,
-    extract(epoch FROM lease_until)::float8 AS until_ts, fence"""
+    CASE WHEN isfinite(lease_until) THEN extract(epoch FROM lease_until)::float8 END AS until_ts, fence"""
+# (A timestamp another host wrote may be 'infinity', which to_char reads as NULL and extract as a float
+# no JSON holds: the page's JSON.parse, and /api/snapshot, failed on it. Decisions stay in SQL.)
 
 # The claim, in one statement: the best claimable row not locked by another claimer (SKIP LOCKED,
 # walking the partial index in priority order), taken with a new fence from the sequence and every
@@ -121,9 +123,21 @@ EVENTS_STUCK = """SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_stat_activity 
       AND a.state_change < clock_timestamp() - make_interval(secs => %(secs)s)) AS stuck"""
 EVENTS_BOUND = """SELECT pg_advisory_xact_lock(%(lock)s, hashtext(current_schema())),
     (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM events_cursor_seq) AS bound"""
-EVENTS_SINCE = """SELECT cursor, to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS at, task, src, dst,
-        by, note, record
-    FROM events WHERE cursor > %(cursor)s AND cursor <= %(bound)s ORDER BY cursor LIMIT %(limit)s"""
+# Any host with the board's credentials can write any row: one larger than %(max_bytes)s (the file
+# board's longest event line) is no event the board wrote, and is sent as its cursor alone, so one
+# row as big as a field holds (a gigabyte) never reaches a reader; `has_record` tells a record that
+# is JSON null (no event either) from a transition's missing one. The record's stored size is looked
+# at first (cheap), then its text's: one that compresses well is no smaller to read.
+EVENTS_SINCE = """SELECT cursor, to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS at, oversized,
+        CASE WHEN oversized THEN NULL ELSE task END AS task, CASE WHEN oversized THEN NULL ELSE src END AS src,
+        CASE WHEN oversized THEN NULL ELSE dst END AS dst, CASE WHEN oversized THEN NULL ELSE by END AS by,
+        CASE WHEN oversized THEN NULL ELSE note END AS note, record IS NOT NULL AS has_record,
+        CASE WHEN oversized THEN NULL ELSE record END AS record
+    FROM events, LATERAL (SELECT octet_length(task) + octet_length(by) + octet_length(note)
+            + COALESCE(octet_length(src), 0) + COALESCE(octet_length(dst), 0)
+            + CASE WHEN record IS NULL THEN 0 WHEN pg_column_size(record) > %(max_bytes)s THEN %(max_bytes)s + 1
+                   ELSE octet_length(record::text) END > %(max_bytes)s AS oversized) AS size
+    WHERE cursor > %(cursor)s AND cursor <= %(bound)s ORDER BY cursor LIMIT %(limit)s"""
 # The newest committed cursor up to a bound: where a reader starting now begins. Never the bound
 # itself, which may be a rolled-back writer's cursor, one a crash can hand out again.
 EVENTS_LAST = "SELECT COALESCE(max(cursor), 0) AS last FROM events WHERE cursor <= %(bound)s"
@@ -162,18 +176,24 @@ HEARTBEAT = """INSERT INTO hosts (host_id, boot_id, agents) VALUES (%(host)s, %(
         started_at = CASE WHEN hosts.boot_id = EXCLUDED.boot_id THEN hosts.started_at ELSE now() END"""
 HOST_AGENTS = """SELECT host_id AS host,
         to_char(heartbeat AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS heartbeat,
-        extract(epoch FROM now() - heartbeat)::float8 AS age,
+        -- A heartbeat any host may have written as 'infinity' or '-infinity': now() minus it fails
+        -- the whole statement (every host's agents panel empty), so it has no age (its text is NULL).
+        CASE WHEN isfinite(heartbeat) THEN extract(epoch FROM now() - heartbeat)::float8 END AS age,
         heartbeat < now() - make_interval(secs => %(host_timeout)s::float8) AS silent,
         -- Its stored size first (cheap), then its text's: a summary that compresses well is no smaller to read.
         CASE WHEN pg_column_size(agents) > %(max_bytes)s THEN NULL
              WHEN octet_length(agents::text) > %(max_bytes)s THEN NULL ELSE agents END AS agents
     FROM hosts ORDER BY host_id LIMIT %(limit)s"""
 
-# One holder at a time: taken when free or expired, kept by renewing it before it runs out.
+# One holder at a time: taken when free or expired, kept by renewing it before it runs out. A lease
+# ending later than MAX_LEASE from now was written by no holder (each takes a few seconds; any host
+# with the credentials can write 'infinity', and then nobody would sweep again): it is nobody's.
+MAX_LEASE = 60.0
 TAKE_LEASE = """INSERT INTO leases (name, holder, until) VALUES (%(name)s, %(holder)s,
         now() + make_interval(secs => %(secs)s::float8))
     ON CONFLICT (name) DO UPDATE SET holder = EXCLUDED.holder, until = EXCLUDED.until
         WHERE leases.holder = EXCLUDED.holder OR leases.until < now()
+            OR leases.until > now() + make_interval(secs => """ + f"{MAX_LEASE:g}" + """)
     RETURNING holder"""
 
 JOURNAL_APPEND = """INSERT INTO journal (task_id, fence, entry)

@@ -9,7 +9,6 @@ elsewhere changes nothing.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import random
@@ -17,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -35,14 +34,15 @@ from ..reads import Listing, listed_fields
 from ..task import MAX_BYTES, STATUSES, TaskError, find_cycle, is_valid_id, normalize, slugify
 from ..watch import ChangeSignal
 from . import drops, sql
+from .ids import TaskIdsMixin
 from .journal import PgTaskJournal
 from .listen import CHANNEL, Listener
+from .retry import ENDED_BY_SERVER, again
 from .rules import document_part, landed_at, load_jsonb, row_to_doc, storable, unreadable
 from .schema import check_schema_name, migrate
 from .stream import StreamMixin
 
 TaskDoc = dict[str, Any]
-_T = TypeVar("_T")
 
 DEFAULT_LEASE = 60.0
 DEFAULT_HOST_TIMEOUT = 30.0
@@ -55,27 +55,11 @@ MAX_SET_ASIDE = 20  # unreadable rows one claim fails before it gives up until t
 # A host's published summary larger than this is read as none: MAX_PUBLISHED agents take a fraction
 # of it, and anyone with the database could write one as big as jsonb holds for every page to read.
 MAX_SUMMARY_BYTES = 1 << 20
-# The server ended the connection before running the statement (a restart, a terminated backend):
-# nothing was done, so the verb is run again once, on a new connection.
-ENDED_BY_SERVER = frozenset({"57P01", "57P02", "57P03"})
 # Any fixed number: serializes adds that name dependencies, so two cannot close a cycle together.
 DEPENDENCY_LOCK = 0x68737570
 
 
-def _again(method: Callable[..., _T]) -> Callable[..., _T]:
-    """The verb, run a second time if the server had ended the connection before it ran."""
-    @functools.wraps(method)
-    def verb(self: PgStore, *args: Any, **kwargs: Any) -> _T:
-        try:
-            return method(self, *args, **kwargs)
-        except BoardError as exc:
-            if not getattr(exc, "ended_by_server", False):
-                raise
-        return method(self, *args, **kwargs)
-    return verb
-
-
-class PgStore(StreamMixin):
+class PgStore(StreamMixin, TaskIdsMixin):
     """A board in a PostgreSQL schema. `dsn` is never printed; errors name `dsn_env` instead."""
 
     def __init__(self, dsn: str, *, dsn_env: str = "the DSN", schema: str = "hermes_sup", host: str,
@@ -185,7 +169,7 @@ class PgStore(StreamMixin):
 
     # -- reading ------------------------------------------------------------------------------
 
-    @_again
+    @again
     def get(self, task_id: str) -> TaskDoc:
         if not is_valid_id(task_id):
             raise TaskNotFound(f"{task_id!r:.80} is not a task id")
@@ -195,7 +179,7 @@ class PgStore(StreamMixin):
             raise TaskNotFound(f"no task '{task_id}' on the board")
         return _readable(row)
 
-    @_again
+    @again
     def list(self, status: str | None = None) -> Listing:
         """Every task (or those in one status), in claim order within each status."""
         if status is not None and status not in STATUSES:
@@ -214,14 +198,14 @@ class PgStore(StreamMixin):
         listing = self.list(status)
         return Listing([listed_fields(doc) for doc in listing.tasks], listing.damaged)
 
-    @_again
+    @again
     def counts(self) -> dict[str, int]:
         with self._locked() as conn:
             rows = conn.execute("SELECT status, count(*) AS n FROM tasks GROUP BY status").fetchall()
         found = {row["status"]: row["n"] for row in rows}
         return {status: found.get(status, 0) for status in STATUSES}
 
-    @_again
+    @again
     def journal(self, task_id: str) -> list[dict[str, Any]]:
         """Every journal entry of a task, of all its attempts, in the order written."""
         with self._locked() as conn:
@@ -276,7 +260,7 @@ class PgStore(StreamMixin):
 
     # -- claiming and holding -----------------------------------------------------------------
 
-    @_again
+    @again
     def claim(self, agent: str, *, roles: Iterable[str] = (), lease: float | None = None,
               pid: int | None = None, steps_only: bool = False, assigned_only: bool = False) -> TaskDoc | None:
         """Claim the best eligible task for `agent`, or None; its claim.token fences every later write."""
@@ -339,7 +323,7 @@ class PgStore(StreamMixin):
                         (self.channel, new["id"]))
         return new
 
-    @_again
+    @again
     def _end(self, task_id: str, token: int, end: Callable[[TaskDoc, str], TaskDoc]) -> TaskDoc:
         """End the claim `token` holds with the rule `end(doc, now)` (kanban/rules.py), now by the database's clock."""
         with self._tx() as cur:
@@ -348,7 +332,7 @@ class PgStore(StreamMixin):
                 raise self._lost(cur, task_id, token)
             return self._write(cur, end(_readable(row), row["now_iso"]), outcome_token=token)
 
-    @_again
+    @again
     def renew(self, task_id: str, token: int, lease: float | None = None) -> TaskDoc:
         with self._tx() as cur:
             row = cur.execute(sql.RENEW, {"id": task_id, "token": token,
@@ -378,7 +362,7 @@ class PgStore(StreamMixin):
         return self._end(task_id, token, lambda doc, now: rules.ended(doc, "todo", note, now=now,
                                                                        give_back_attempt=not count_attempt))
 
-    @_again
+    @again
     def journal_append(self, task_id: str, token: int, entry: Any) -> int:
         """Append to the task's journal while `token` holds it; ClaimLost once it does not."""
         with self._tx() as cur:
@@ -388,7 +372,7 @@ class PgStore(StreamMixin):
                 raise self._lost(cur, task_id, token)
         return int(row["seq"])
 
-    @_again
+    @again
     def journal_rows(self, task_id: str | None, kind: str, *, agents: Iterable[str] | None = None,
                      name: str | None = None, after: int = 0) -> list[dict[str, Any]]:
         """A task's (None: every task's) journal rows of one kind (message, tool, llm), of `agents`
@@ -400,14 +384,14 @@ class PgStore(StreamMixin):
                                             "agents": None if agents is None else list(agents)}).fetchall()
         return [dict(row) for row in rows]
 
-    @_again
+    @again
     def journal_marks(self, task_id: str) -> list[dict[str, Any]]:
         """Per kind, agent and name of the task's journal rows: {kind, agent, name, rows, last}, one
         statement, no entry read. Never None: this board keeps the journal."""
         with self._locked() as conn:
             return [dict(row) for row in conn.execute(sql.JOURNAL_MARKS, {"id": task_id}).fetchall()]
 
-    @_again
+    @again
     def journal_write(self, task_id: str, token: int, *, kind: str, agent: str, name: str = "",
                       entries: Sequence[Any] = (), set_aside: Callable[[set[str]], str] | None = None) -> str | None:
         """In one transaction fenced by `token` (ClaimLost once it no longer holds the task): with
@@ -432,7 +416,7 @@ class PgStore(StreamMixin):
                 cur.executemany(sql.JOURNAL_INSERT, params)
         return moved
 
-    @_again
+    @again
     def journal_prune(self, task_ids: Iterable[str], *, dry_run: bool = False) -> dict[str, int]:
         """The finished tasks' journal rows but their model calls, removed in one transaction that
         holds those tasks finished (sql.JOURNAL_PRUNABLE); {tasks, rows, bytes}."""
@@ -455,7 +439,7 @@ class PgStore(StreamMixin):
         agents; written by the supervisor, never an agent."""
         self._beat(self._published())
 
-    @_again
+    @again
     def _beat(self, agents: list[Any] | None) -> None:
         with self._locked() as conn:
             conn.execute(sql.HEARTBEAT, {"host": self.host, "boot": self.boot_id,
@@ -477,7 +461,7 @@ class PgStore(StreamMixin):
         self._agents = agents
         self.start_heartbeat()
 
-    @_again
+    @again
     def host_agents(self) -> list[dict[str, Any]]:
         with self._locked() as conn:
             rows = conn.execute(sql.HOST_AGENTS, {"host_timeout": self.host_timeout, "limit": MAX_HOSTS,
@@ -547,7 +531,7 @@ class PgStore(StreamMixin):
 
     # -- changes by hand ----------------------------------------------------------------------
 
-    @_again
+    @again
     def move(self, task_id: str, to: str, *, by: str = "cli", note: str = "") -> TaskDoc:
         rules.check_move_target(to)
         with self._tx() as cur:
@@ -566,7 +550,7 @@ class PgStore(StreamMixin):
         rules.check_retry(self.get(task_id))
         return self.move(task_id, "todo", by=by, note="retry (attempts reset)")
 
-    @_again
+    @again
     def answer(self, task_id: str, text: str, *, by: str = "cli") -> TaskDoc:
         """Answer the question a blocked task asked: it goes back to todo with the answer among its
         comments, marked as the answer to that question (the file board's verb)."""
@@ -577,7 +561,7 @@ class PgStore(StreamMixin):
             doc, now = self._locked_doc(cur, task_id)
             return self._write(cur, rules.answered(doc, text, by=by, now=now), outcome_token=None)
 
-    @_again
+    @again
     def comment(self, task_id: str, text: str, *, by: str = "cli", wait: float = 5.0) -> TaskDoc:
         """Add a comment to a task in any status. Not a transition: no event; status and updated_at
         stay. The row lock orders it with the holder's writes, so neither loses the other's
@@ -604,7 +588,7 @@ class PgStore(StreamMixin):
             raise TaskNotFound(f"no task '{task_id}' on the board")
         return _readable(row), row["now_iso"]
 
-    @_again
+    @again
     def mark_waiting(self, reason: str | None, *, needs_llm: bool = True, agent: str | None = None,
                      roles: Iterable[str] = ()) -> int:
         """Say on each todo task (without `steps`, when `needs_llm`) why it is not being worked, or

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from psycopg.types.json import Jsonb
 
 from ..errors import BoardError
-from ..events import CursorError, CursorRead, event_fields
+from ..events import MAX_EVENT_LINE, CursorError, CursorRead, event_fields
 from ..watch import ChangeSignal
 from . import sql
 from .rules import storable
@@ -31,6 +31,8 @@ LOCK_NOT_AVAILABLE = "55P03"
 # An appended record larger than this is refused (OSError), as a disk that cannot take it would.
 MAX_RECORD_BYTES = 256 * 1024
 LISTEN_READY_WAIT = 5.0
+# What events_since's `bad` counts, in the note a reader prints ("N unreadable ... skipped").
+BAD_ROWS = "row(s) of the board database's events table"
 
 
 class StreamMixin:
@@ -73,16 +75,18 @@ class StreamMixin:
         restarted = not resumable(cursor, bound)
         start = 0 if restarted else int(cursor)
         with self._locked() as conn:  # a new snapshot, taken after every writer below `bound` ended
-            rows = conn.execute(sql.EVENTS_SINCE, {"cursor": start, "bound": bound,
+            rows = conn.execute(sql.EVENTS_SINCE, {"cursor": start, "bound": bound, "max_bytes": MAX_EVENT_LINE,
                                                    "limit": max(1, int(max_events))}).fetchall()
         read = [(int(r["cursor"]), event_fields(_event_of(r))) for r in rows]
-        # A record that is no event (a hostile or foreign shape appended) is passed over, its
-        # cursor still spent: the reader resumes after it.
+        # A row that is no event (another host, or anyone with the database, wrote it) is passed over
+        # and counted, as the file board does a bad line, its cursor still spent: the reader resumes
+        # after it.
         found = [(at, event) for at, event in read if event is not None]
         end = read[-1][0] if read else start
         why = (f"cursor {cursor} is past the newest event of the board database ({self.dsn_env}): it comes from "
                "another board or one that was recreated" if restarted else "")
-        return CursorRead(found, end, len(read) - len(found), restarted=restarted, why=why)
+        return CursorRead(found, end, len(read) - len(found), restarted=restarted, why=why,
+                          bad_what=BAD_ROWS)
 
     def events_end(self: PgStore) -> int:
         """The newest committed event's cursor. Not the sequence's: that may be a rolled-back writer's,
@@ -163,12 +167,13 @@ class StreamMixin:
         try:
             with self._locked() as conn:
                 version = conn.execute("SHOW server_version").fetchone()["server_version"]
-                hosts = conn.execute("SELECT host_id, extract(epoch FROM now() - heartbeat)::float AS age "
-                                     "FROM hosts ORDER BY host_id").fetchall()
+                # Compared, not subtracted: `now() - heartbeat` fails on a heartbeat written as infinity.
+                hosts = conn.execute("SELECT host_id, heartbeat < now() - make_interval(secs => %s::float8) "
+                                     "AS silent FROM hosts ORDER BY host_id", (self.host_timeout,)).fetchall()
         except BoardError as exc:
             return [("database", "error", str(exc))]
         checks = [("database", "ok", f"PostgreSQL {version}, schema {self.schema} (DSN from {self.dsn_env})")]
-        silent = [row["host_id"] for row in hosts if row["age"] > self.host_timeout]
+        silent = [row["host_id"] for row in hosts if row["silent"]]
         live = len(hosts) - len(silent)
         if silent:
             checks.append(("hosts", "warn", f"this host is {self.host}; {live} heartbeating, silent for over "
@@ -194,11 +199,16 @@ def resumable(cursor: int, newest: int) -> bool:
     return 0 <= cursor <= newest
 
 
-def _event_of(row: dict[str, Any]) -> dict[str, Any]:
-    """An events row as the file board's log line: a transition, or the record appended whole."""
-    if row["record"] is not None:
-        record = dict(row["record"])
-        record.setdefault("at", row["at"])
-        return record
+def _event_of(row: dict[str, Any]) -> dict[str, Any] | None:
+    """An events row as the file board's log line: a transition, or the record appended whole; None
+    for a row that is neither (pure): too large, or a record that is no object (an array, a string,
+    JSON null, one nested deeper than Python reads), which any host with the credentials can write."""
+    if row["oversized"]:
+        return None
+    if row["has_record"]:
+        record = row["record"]
+        if not isinstance(record, dict):
+            return None
+        return {"at": row["at"], **record}
     return {"at": row["at"], "task": row["task"], "from": row["src"], "to": row["dst"], "by": row["by"],
             "note": row["note"]}

@@ -14,7 +14,7 @@ def check_invariants(backend: Backend, store: Store) -> dict[str, dict[str, Any]
     """Assert every invariant that holds of a board no process is changing; the documents by id.
 
     - each task is in exactly one place, and its status is the status of that place;
-    - `list`, `get` and `counts` agree with each other;
+    - `list`, `get`, `counts` and `task_ids` agree with each other;
     - a task in doing holds one claim with a token, a task elsewhere holds none;
     - the event log accounts for every transition in each task's history, once and in order;
     - no task was completed twice; nothing half-done is left behind.
@@ -28,6 +28,7 @@ def check_invariants(backend: Backend, store: Store) -> dict[str, dict[str, Any]
         assert store.get(doc["id"])["status"] == doc["status"]
     places = backend.places(store)
     assert set(places) == set(by_id), f"stored {sorted(places)} but listed {sorted(by_id)}"
+    assert store.task_ids() == sorted(places), "task_ids names every stored task once, sorted"
     for task_id, where in places.items():
         assert where == [by_id[task_id]["status"]], f"{task_id} is in {where}, its status is {by_id[task_id]['status']}"
     counts = store.counts()

@@ -389,3 +389,21 @@ def test_the_listing_fields_are_those_of_the_whole_documents(backend, store):
     assert held["claim"] == {"agent": "v", "host": claim["host"], "lease_until_ts": claim["lease_until_ts"]}
     assert held["steps"] is True and "body" not in held
     assert store.list_fields("blocked").tasks[0]["question"] == "which?"
+
+
+def test_task_ids_name_every_task_of_every_status_once(backend, store):
+    """What a prefix of an id is resolved against (kanban/prefix.py): the board's own ids, whatever
+    holds them, of tasks in every status, each once and sorted."""
+    for task_id in ("write-report", "write-review", "deploy", "fix-login"):
+        store.add({"title": task_id, "id": task_id, "priority": 1 if task_id == "deploy" else 0})
+    claimed = store.claim("w")
+    assert claimed["id"] == "deploy"
+    store.cancel("fix-login")
+    assert store.task_ids() == ["deploy", "fix-login", "write-report", "write-review"]
+    store.complete("deploy", claimed["claim"]["token"], "ok")
+    assert store.task_ids() == ["deploy", "fix-login", "write-report", "write-review"]
+    check_invariants(backend, store)
+
+
+def test_task_ids_of_an_empty_board_are_none(backend, store):
+    assert store.task_ids() == []
