@@ -19,9 +19,11 @@ from .conftest import ROOT, wait_until
 
 # `make test` (and `make test-latest`) download these two wheels (no dependencies) into the virtual
 # environment that runs the suite: the suite itself never reaches a package index.
-WHEELHOUSE = Path(sys.prefix) / "wheelhouse" if (Path(sys.prefix) / "wheelhouse").is_dir() else ROOT / ".venv" / "wheelhouse"
+WHEELHOUSE = (Path(sys.prefix) / "wheelhouse" if (Path(sys.prefix) / "wheelhouse").is_dir()
+              else ROOT / ".venv" / "wheelhouse")
 NEIGHBOURS = ("openai_agents-", "supervisor-")
-SKIP_IN_COPY = {".git", ".venv", ".venv-latest", ".venv-lock", "build", "dist", "runs", ".pytest_cache", ".ruff_cache", "__pycache__"}
+SKIP_IN_COPY = {".git", ".venv", ".venv-latest", ".venv-lock", "build", "dist", "runs", ".pytest_cache", ".ruff_cache",
+                "__pycache__"}
 
 
 def neighbour_wheels() -> list[Path]:
