@@ -90,8 +90,13 @@ def config_error(tmp_path: Path, schedules: str) -> str:
 
 
 @pytest.mark.parametrize(("schedules", "line", "words"), [
-    ('  - {name: r, cron: "61 * * * *", task: {title: R}}\n', 5, "cron '61 * * * *' is not valid: Bad minute"),
-    ('  - {name: r, cron: "@reboot", task: {title: R}}\n', 5, "Wrong number of fields"),
+    ('  - {name: r, cron: "61 * * * *", task: {title: R}}\n', 5, "cron '61 * * * *' is not valid"),
+    ('  - {name: r, cron: "@reboot", task: {title: R}}\n', 5, "cron '@reboot' has 1 field; cron is five"),
+    # A sixth field (seconds, to some parsers) would fire every second, and due times on whole
+    # minutes are what names a task: refused, not read as something else.
+    ('  - {name: r, cron: "* * * * * *", task: {title: R}}\n', 5, "cron '* * * * * *' has 6 fields; cron is five"),
+    ('  - {name: r, cron: "0 0 9 * * 1", task: {title: R}}\n', 5, "has 6 fields; cron is five"),
+    ('  - {name: r, cron: "0 9 * *", task: {title: R}}\n', 5, "cron '0 9 * *' has 4 fields; cron is five"),
     ('  - {name: r, cron: 5, task: {title: R}}\n', 5, "'cron' must be a cron expression"),
     ('  - {name: Bad_Name, cron: "* * * * *", task: {title: R}}\n', 5, "schedule name 'Bad_Name'"),
     ('  - {name: r, cron: "* * * * *", task: {title: R}}\n  - {name: r, cron: "* * * * *", task: {title: S}}\n', 6,
