@@ -92,7 +92,8 @@ class Failing:
     ledger: Ledger
 
 
-@pytest.mark.parametrize("error", [RuntimeError("boom"), KeyError("choices")], ids=["RuntimeError", "KeyError"])
+@pytest.mark.parametrize("error", [RuntimeError("boom"), KeyError("choices"), KeyboardInterrupt()],
+                         ids=["RuntimeError", "KeyError", "KeyboardInterrupt"])
 def test_a_provider_failing_with_any_exception_gives_its_reservation_back(ledger: Ledger,
                                                                          error: BaseException) -> None:
     gate = BudgetGate(ledger, Caps(team_total=1.0), agent="w", task="t", task_limit=None, prices=PRICES)
