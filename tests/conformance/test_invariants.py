@@ -347,6 +347,22 @@ def test_a_blocked_question_moved_to_todo_by_hand_is_dropped(backend, store):
     check_invariants(backend, store)
 
 
+@pytest.mark.requires(HAND_MOVES)
+def test_a_blocked_question_moved_into_todo_by_hand_is_dropped_as_by_move(backend, store):
+    """`mv blocked/x.json todo/` is the same person's move as `task move x todo`: one rule for both
+    (kanban/rules.py), so the task waits on its question no more and has its attempts again."""
+    asked = asked_and_blocked(store)
+    backend.hand_move(store, asked["id"], "blocked", "todo")
+    adopted = store.get(asked["id"])
+    assert (adopted["status"], adopted.get("question"), adopted["attempts"], adopted["claim"]) == (
+        "todo", None, 0, None)
+    assert adopted["history"][-1]["note"] == "moved into todo/ by hand"
+    with pytest.raises(InvalidTransition):
+        store.answer(asked["id"], "too late")
+    assert store.claim("w")["attempts"] == 1
+    check_invariants(backend, store)
+
+
 def test_a_waiting_note_is_no_transition_and_names_only_what_the_agent_could_take(backend, store):
     needs_model = store.add({"title": "needs a model", "priority": 2})
     planned = store.add({"title": "plan", "steps": [{"tool": "wait", "args": {}}]})
