@@ -275,17 +275,26 @@ def test_an_agent_still_stopping_when_its_supervisor_died_is_not_adopted_by_the_
 
 
 def test_a_start_while_the_agent_is_still_stopping_starts_it_once_it_is_gone(tmp_path, up):
-    ws = make_ws(tmp_path, f"- name: stubborn\n  stop_timeout: 2\n  command: [{sys.executable}, {FAKE}, ignore-term]\n")
+    # The agent stops only when the test lets it (fake_agent's held-stop), so `start` comes while it
+    # is stopping under any load; with a SIGKILL 2 s after the stop, a slow machine's CLI came after.
+    signals = tmp_path / "signals"
+    signals.mkdir()
+    ws = make_ws(tmp_path, f"- name: stubborn\n  stop_timeout: 60\n"
+                           f"  command: [{sys.executable}, {FAKE}, held-stop, {signals}]\n")
     up(ws)
     wait_until(lambda: agent(ws, "stubborn").get("state") == "running", timeout=30)
     pid = agent(ws, "stubborn")["pid"]
     assert hermes(ws, "stop", "stubborn").returncode == 0
+    wait_until((signals / f"stopping-{pid}").exists, timeout=30)  # it has the SIGTERM, and stays
     started = hermes(ws, "start", "stubborn")
     assert started.returncode == 0 and "starting once its old process has stopped" in started.stdout, started.stderr
-    wait_until(lambda: gone(pid), timeout=30)  # SIGKILLed at its stop_timeout
+    assert not gone(pid)
+    (signals / f"release-{pid}").touch()  # its shutdown ends
+    wait_until(lambda: gone(pid), timeout=30)
     wait_until(lambda: agent(ws, "stubborn").get("state") == "running" and agent(ws, "stubborn")["pid"] != pid,
                timeout=30)
     assert agent(ws, "stubborn")["restarts"] == 0 and agent(ws, "stubborn")["held"] is False
+    (signals / f"release-{agent(ws, 'stubborn')['pid']}").touch()  # the new one stops at once at the end
 
 
 def test_ps_is_status_and_up_detach_on_a_running_team_says_so(tmp_path, up):
