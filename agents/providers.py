@@ -646,18 +646,22 @@ def _attempts(provider: Provider, messages: list[Message], tools: list[dict[str,
             options["max_tokens"] = _max_tokens(provider, messages, tools)
             hold = budget.reserve(provider.config.model, worst_prompt_tokens(messages, tools), options["max_tokens"])
         started = time.monotonic()
+        answered = False
         try:
             try:
                 completion = provider.complete(messages, tools, **options)
-            except (ProviderError, InterruptedError):
-                if budget is not None:
-                    budget.release(hold)
+                answered = True
+            except (ProviderError, InterruptedError):  # as they are: not a bad_response
                 raise
             except Exception as exc:  # a provider's own bug: logged and classified, never the agent's crash
-                if budget is not None:
-                    budget.release(hold)
                 raise ProviderError("bad_response", redact(f"{name}: {type(exc).__name__}: {exc}", known())[:500],
                                     provider=name) from None
+            finally:
+                # Any way out but an answer gives the reservation back, whatever was raised (an
+                # interrupt, a BaseException a library lets through): a live process's hold counts
+                # against the caps until it ends.
+                if budget is not None and not answered:
+                    budget.release(hold)
         except ProviderError as error:
             if stop is not None and stop.is_set():
                 raise InterruptedError from None  # the error is our own abort

@@ -113,20 +113,30 @@ def check_move_target(to: str) -> None:
         raise InvalidTransition("a task enters doing/ only when an agent claims it")
 
 
+def by_hand(doc: TaskDoc, to: str) -> dict[str, Any]:
+    """What a person's move of a task to `to` changes, whichever way they made it (`task move`, or
+    its file moved between folders): any claim revoked, but for a file put into doing/ (the folder
+    is the intent there, and only a claim enters doing otherwise); an open question dropped (moved
+    on without an answer, it waits on it no more, and `answer` would be refused); its attempts given
+    again when it goes back to todo."""
+    changes: dict[str, Any] = {} if to == "doing" else {"claim": None}
+    if doc.get("question"):
+        changes["question"] = None
+    if to == "todo":
+        changes["attempts"] = 0
+    return changes
+
+
 def moved(doc: TaskDoc, to: str, *, by: str, now: str, note: str = "") -> TaskDoc:
-    """A task moved to `to` by a person: any claim revoked, an open question dropped, attempts reset
-    when it goes back to todo. InvalidTransition for an unknown status, doing, or its own status."""
+    """A task moved to `to` by a person (`by_hand`). InvalidTransition for an unknown status, doing,
+    or its own status."""
     check_move_target(to)
     if doc["status"] == to:
         raise InvalidTransition(f"task {doc['id']} is already {to}")
-    changes: dict[str, Any] = {"claim": None}
-    if doc.get("question"):
-        changes["question"] = None  # moved on without an answer: it waits on it no more
+    changes = by_hand(doc, to)
     if doc.get("claim"):
         note = f"{note}; " if note else ""
         note += f"claim of {doc['claim'].get('agent')} revoked"
-    if to == "todo":
-        changes["attempts"] = 0
     return transition(doc, to, by=by, now=now, note=note or f"moved to {to}", **changes)
 
 
@@ -155,6 +165,7 @@ def answered(doc: TaskDoc, text: str, *, by: str, now: str) -> TaskDoc:
 
 
 def adopted(doc: TaskDoc, folder: str, *, now: str) -> TaskDoc:
-    """A document a person moved into `folder` by hand: the folder is their intent, the document follows."""
-    changes: dict[str, Any] = {} if folder == "doing" else {"claim": None}
-    return transition(doc, folder, by="board", now=now, note=f"moved into {folder}/ by hand", **changes)
+    """A document a person moved into `folder` by hand: the folder is their intent, the document
+    follows, changed as `task move` changes it (`by_hand`)."""
+    return transition(doc, folder, by="board", now=now, note=f"moved into {folder}/ by hand",
+                      **by_hand(doc, folder))

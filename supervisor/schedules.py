@@ -37,6 +37,7 @@ TICK = 1.0  # seconds between looks at the clock
 NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,44}")  # sched-<name>-<12 digits> must be a task id (64 chars)
 SCHEDULE_KEYS = ("name", "cron", "task")
 STAMP = "%Y%m%d%H%M"
+CRON_FIELDS = 5  # minute hour day-of-month month day-of-week
 MAX_STATE_BYTES = 1 << 20
 
 
@@ -48,13 +49,19 @@ class Schedule:
 
 
 def cron_error(expression: str) -> str | None:
-    """What is wrong with a cron expression, or None when it is one cronsim can run (pure)."""
+    """What is wrong with a cron expression, said after it ("cron '...' <this>"), or None when it is
+    five fields cronsim can run (pure). cronsim also takes a sixth field, seconds: a schedule would
+    then fire every second, and due times, which name the tasks, would no longer be whole minutes."""
+    count = len(expression.split())
+    if count != CRON_FIELDS:
+        return (f"has {count} field{'' if count == 1 else 's'}; cron is five, in UTC: minute hour day-of-month "
+                "month day-of-week (no seconds, no @names)")
     try:
         CronSim(expression, datetime(2000, 1, 1, tzinfo=UTC))
     except CronSimError as exc:
-        return str(exc)
+        return f"is not valid: {exc} (five fields, in UTC: minute hour day-of-month month day-of-week)"
     except (ValueError, TypeError, IndexError) as exc:  # cronsim's own parsing of odd text
-        return f"{type(exc).__name__}: {exc}"
+        return f"is not valid: {type(exc).__name__}: {exc}"
     return None
 
 
@@ -83,8 +90,7 @@ def check_schedules(raw: Mapping[str, Any], fail: Callable[[Any, str], Exception
             raise fail(entry, f"schedule {name}: 'cron' must be a cron expression in quotes, like \"0 9 * * 1\"")
         wrong = cron_error(cron)
         if wrong is not None:
-            raise fail(entry, f"schedule {name}: cron {cron!r} is not valid: {wrong} (five fields, in UTC: "
-                              "minute hour day-of-month month day-of-week)")
+            raise fail(entry, f"schedule {name}: cron {cron!r} {wrong}")
         task = entry.get("task")
         if not isinstance(task, dict):
             raise fail(entry, f"schedule {name}: 'task' must be a mapping with at least a title")

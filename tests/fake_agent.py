@@ -7,7 +7,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
@@ -27,6 +29,8 @@ def main(mode: str) -> None:
         while True:
             time.sleep(0.2)
             notifier.send(WATCHDOG=1)
+    if mode == "held-stop":  # a slow shutdown the test ends: SIGTERM is noted, the exit waits for a file
+        held_stop(notifier, Path(sys.argv[2]))
     if mode == "silent":  # ready once, then never heart-beats again
         notifier.send(READY=1)
         time.sleep(300)
@@ -51,6 +55,22 @@ def main(mode: str) -> None:
         while True:
             notifier.send(WATCHDOG=1)
             time.sleep(0.2)
+
+
+def held_stop(notifier: Notifier, folder: Path) -> None:
+    """On SIGTERM, write `folder/stopping-<pid>` (the test knows the stop reached it), and go on
+    heart-beating until the test writes `folder/release-<pid>`: it is stopping for exactly as long
+    as the test needs, whatever the machine's load, then exits 0."""
+    pid = os.getpid()
+    termed = threading.Event()
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: termed.set())
+    notifier.send(READY=1)
+    while not (termed.is_set() and (folder / f"release-{pid}").exists()):
+        if termed.is_set():
+            (folder / f"stopping-{pid}").touch()
+        notifier.send(WATCHDOG=1)
+        time.sleep(0.05)
+    sys.exit(0)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,17 @@ def test_the_check_accepts_valid_calls_and_confident_answers_and_escalates_the_r
     assert judge(message, TOOLS, 0.7) == verdict
 
 
+@pytest.mark.parametrize(("reported", "minimum", "accepted"), [
+    ("0.7", 0.7, True), ("70%", 0.7, True), ("0.85", 0.85, True), ("1", 1.0, True), ("0", 0.0, True),
+    ("0.6999", 0.7, False), ("69%", 0.7, False), ("0.84", 0.85, False), ("0.99", 1.0, False)])
+def test_a_confidence_exactly_at_min_confidence_is_kept_and_just_below_escalates(reported, minimum, accepted):
+    # "At least min_confidence" (README, Routing strategies): the boundary itself is kept.
+    kept, why = judge({"role": "assistant", "content": f"It is 42.\nconfidence: {reported}"}, None, minimum)
+    assert kept is accepted, why
+    assert why == (f"confidence {confidence('confidence: ' + reported):g}" if accepted
+                   else f"confidence {confidence('confidence: ' + reported):g} below {minimum:g}")
+
+
 def test_the_confidence_line_is_asked_of_the_cheap_tier_and_taken_out_of_an_accepted_answer():
     asked = with_confidence_ask([{"role": "system", "content": "You work."}, {"role": "user", "content": "q"}])
     assert asked[0]["content"] == f"You work.\n\n{ASK_CONFIDENCE}" and asked[1] == {"role": "user", "content": "q"}
@@ -138,6 +149,17 @@ def test_an_unsure_cheap_answer_escalates_and_the_log_says_why():
         ("cheap-model", "escalated", "confidence 0.3 below 0.7"),
         ("premium-model", "final", "escalated: confidence 0.3 below 0.7")]
     assert records[0]["cost_usd"] == pytest.approx(0.000375) and records[1]["cost_usd"] == pytest.approx(0.0225)
+
+
+def test_a_cheap_answer_exactly_at_min_confidence_stands_and_the_premium_tier_is_never_called():
+    with ScriptedLLM(responder=by_model({"cheap-model": ["42\nconfidence: 0.8"]})) as llm:
+        cascade = Cascade([provider(llm.url, "cheap")], [provider(llm.url, "premium")],
+                          CascadePolicy(min_confidence=0.8))
+        records = []
+        answer = cascade(cascade.chain, MESSAGES, None, log=lambda a: records.append(llm_record("t", a, PRICES)))
+        sent = [r["body"]["model"] for r in llm.requests]
+    assert answer.message["content"] == "42" and sent == ["cheap-model"]
+    assert [r["route"]["decision"] for r in records] == ["accepted"]
 
 
 def test_an_invalid_cheap_tool_call_escalates():

@@ -505,6 +505,42 @@ def test_loopback_answers_only_a_loopback_host() -> None:
                               query_token=None).status == 0
 
 
+def _remote(token: str | None = None, *, where: str = "header", method: str = "GET", is_action: bool = False,
+            origin: str | None = None) -> security.Verdict:
+    """One request to a dashboard bound beyond loopback (any Host goes: the token decides), carrying
+    `token` the way `where` names: Authorization header, cookie or the address bar's ?token=."""
+    return security.judge(method=method, is_action=is_action, host_header="dash.example:8765", origin=origin,
+                          scheme="http", bound_loopback=False, expected_token=TOKEN,
+                          header_token=token if where == "header" else None,
+                          cookie_token=token if where == "cookie" else None,
+                          query_token=token if where == "query" else None)
+
+
+@pytest.mark.parametrize("where", ["header", "cookie", "query"])
+def test_a_non_loopback_bind_serves_only_the_token(where: str) -> None:
+    # Beyond loopback the Host proves nothing (anyone on the network picks it): every request must
+    # carry the token, in any of the three places the Guard reads it from.
+    assert _remote(None, where=where).status == 401
+    assert _remote("", where=where).status == 401
+    assert _remote("wrong-token-wrong-token-wrong", where=where).status == 401
+    assert _remote(TOKEN[:-1], where=where).status == 401  # a prefix is not the token
+    assert _remote(TOKEN, where=where) == security.ALLOWED
+    # An action: the token first (401 without it, whatever the Origin), then the Origin rules.
+    page = "http://dash.example:8765"
+    assert _remote(None, where=where, method="POST", is_action=True, origin=page).status == 401
+    assert _remote("wrong-token-wrong-token-wrong", where=where, method="POST", is_action=True,
+                   origin=page).status == 401
+    assert _remote(TOKEN, where=where, method="POST", is_action=True, origin=page) == security.ALLOWED
+    assert _remote(TOKEN, where=where, method="POST", is_action=True, origin="http://evil.example").status == 403
+
+
+def test_a_non_loopback_action_without_origin_needs_the_bearer_token() -> None:
+    # A script (no Origin) shows the token itself; a cookie alone would let any page's form act.
+    assert _remote(TOKEN, where="header", method="POST", is_action=True) == security.ALLOWED
+    assert _remote(TOKEN, where="cookie", method="POST", is_action=True).status == 403
+    assert _remote(None, where="header", method="POST", is_action=True).status == 401
+
+
 @pytest.mark.parametrize("host", ["[::1]evil.example", "[::1]evil.example:80", "localhost:evil.example",
                                   "127.0.0.1:80:80", "[::1]:", "localhost:"])
 def test_a_host_header_with_anything_but_a_port_after_a_loopback_name_is_refused(host: str) -> None:

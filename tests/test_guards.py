@@ -16,6 +16,7 @@ fault hook, so each interleaving happens for certain, not by chance.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import threading
 from collections.abc import Iterator
@@ -24,13 +25,35 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hermes_sup.kanban import claims, txn
+from hermes_sup.kanban import claims, lock, txn
 from hermes_sup.kanban.board import Board
 from hermes_sup.kanban.errors import BoardError
 from hermes_sup.kanban.task import STATUSES
 
+from .conftest import wait_until
+
 WAIT = 10.0  # bound on every wait for the other thread to reach its step
-OVERLAP = 0.5  # how long a held step waits for the other side to finish, which a working guard prevents
+
+
+class LockSpy:
+    """`fcntl` as kanban/lock.py sees it, reporting when thread `name` is refused the board lock:
+    the proof that it tried to take the lock while another held it (a timed window would pass
+    under load without the thread ever having tried)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.refused = threading.Event()
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(fcntl, attr)
+
+    def flock(self, fd: int, operation: int) -> None:
+        try:
+            fcntl.flock(fd, operation)
+        except BlockingIOError:
+            if threading.current_thread().name == self.name:
+                self.refused.set()
+            raise
 
 
 @contextmanager
@@ -90,8 +113,12 @@ def test_the_board_lock_keeps_a_hand_move_out_of_a_holders_transition(tmp_path, 
             holder, done = run("holder", lambda: holder_board.complete(task["id"], doc["claim"]["token"], "ok"))
             assert reached.wait(WAIT)
             # The holder is between renaming its new document into place and moving it to done/.
+            spy = LockSpy("person")
+            monkeypatch.setattr(lock, "fcntl", spy)
             person, moved = run("person", lambda: person_board.move(task["id"], "failed", by="person"))
-            person.join(OVERLAP)  # with the lock it waits for the holder; without, it runs through now
+            # With the lock the person is refused it (and waits for the holder); without, it runs
+            # through now, while the holder is held: either is seen before the holder goes on.
+            wait_until(lambda: spy.refused.is_set() or not person.is_alive(), timeout=WAIT)
             go.set()
             holder.join(WAIT)
             person.join(WAIT)

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 from hermes_sup.kanban.backends import BoardConfigError, open_board
 from hermes_sup.kanban.events import CursorError, CursorRead
@@ -20,6 +21,7 @@ from hermes_sup.kanban.pg.store import PgStore
 from hermes_sup.kanban.store import BoardStore
 
 from . import pgserver
+from .conftest import wait_until
 from .pgserver import PgServer
 from .test_store import protocol_members
 
@@ -129,12 +131,22 @@ def test_exclusive_holds_off_another_hosts_writes(board: PgStore, database: str,
     board.add({"id": "own", "title": "t"})
     other = open_board(tmp_path / "other", {"backend": "postgres", "dsn_env": DSN_ENV}, host="box-2")
     done = threading.Event()
+    tasks_table = f'"{board.schema}".tasks'
+
+    def waiting_on_tasks(conn: psycopg.Connection) -> bool:
+        """Whether a backend waits for a lock on the tasks table: the other host's write, held off."""
+        return bool(conn.execute("SELECT count(*) FROM pg_locks WHERE relation = to_regclass(%s) "
+                                 "AND NOT granted", (tasks_table,)).fetchone()[0])
+
     try:
-        with board.exclusive():
+        with board.exclusive(), psycopg.connect(database, autocommit=True) as observer:
             board.comment("own", "own writes pass")  # this process's verbs run inside the block
             writer = threading.Thread(target=lambda: (other.cancel("held-off"), done.set()), daemon=True)
             writer.start()
-            assert not done.wait(1.0), "another host wrote while the board was held"
+            # The database says when the other host's write has come and waits: no timed window,
+            # which under load could pass before the writer had even tried.
+            wait_until(lambda: waiting_on_tasks(observer) or done.is_set(), timeout=30)
+            assert not done.is_set(), "another host wrote while the board was held"
             assert board.get("held-off")["status"] == "todo"
         assert done.wait(30)
         assert board.get("held-off")["status"] == "cancelled"

@@ -103,6 +103,19 @@ def test_hand_moves():
     assert adopted["status"] == "done" and adopted["claim"] is None
 
 
+@pytest.mark.parametrize("to", ["todo", "done", "failed", "cancelled"])
+def test_a_hand_move_changes_a_task_alike_by_command_or_by_moving_its_file(to):
+    # `task move` (moved) and `mv blocked/x.json todo/` (adopted) are one person's one intent.
+    asked = rules.ended(held(task()), "blocked", "which one?", now=LATER, question="which one?")
+    assert (asked["question"], asked["attempts"]) == ("which one?", 1)
+    by_command = rules.moved(asked, to, by="cli", now=LATER)
+    by_file = rules.adopted(asked, to, now=LATER)
+    fields = ("status", "question", "attempts", "claim")
+    assert [by_file[key] for key in fields] == [by_command[key] for key in fields]
+    assert by_file["question"] is None
+    assert by_file["attempts"] == (0 if to == "todo" else 1)
+
+
 def test_answers_and_questions():
     blocked = rules.ended(held(task()), "blocked", "which one?", now=LATER, give_back_attempt=True,
                           question="which one?")

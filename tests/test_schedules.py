@@ -90,8 +90,13 @@ def config_error(tmp_path: Path, schedules: str) -> str:
 
 
 @pytest.mark.parametrize(("schedules", "line", "words"), [
-    ('  - {name: r, cron: "61 * * * *", task: {title: R}}\n', 5, "cron '61 * * * *' is not valid: Bad minute"),
-    ('  - {name: r, cron: "@reboot", task: {title: R}}\n', 5, "Wrong number of fields"),
+    ('  - {name: r, cron: "61 * * * *", task: {title: R}}\n', 5, "cron '61 * * * *' is not valid"),
+    ('  - {name: r, cron: "@reboot", task: {title: R}}\n', 5, "cron '@reboot' has 1 field; cron is five"),
+    # A sixth field (seconds, to some parsers) would fire every second, and due times on whole
+    # minutes are what names a task: refused, not read as something else.
+    ('  - {name: r, cron: "* * * * * *", task: {title: R}}\n', 5, "cron '* * * * * *' has 6 fields; cron is five"),
+    ('  - {name: r, cron: "0 0 9 * * 1", task: {title: R}}\n', 5, "has 6 fields; cron is five"),
+    ('  - {name: r, cron: "0 9 * *", task: {title: R}}\n', 5, "cron '0 9 * *' has 4 fields; cron is five"),
     ('  - {name: r, cron: 5, task: {title: R}}\n', 5, "'cron' must be a cron expression"),
     ('  - {name: Bad_Name, cron: "* * * * *", task: {title: R}}\n', 5, "schedule name 'Bad_Name'"),
     ('  - {name: r, cron: "* * * * *", task: {title: R}}\n  - {name: r, cron: "* * * * *", task: {title: S}}\n', 6,
@@ -166,6 +171,41 @@ def test_two_supervisors_add_a_due_task_once(tmp_path):
         assert b.run_once() == [], "the id is taken: a no-op"
         assert [t["id"] for t in one.list().tasks] == ["sched-tick-202601011001"]
         assert json.loads((runs_two / STATE_FILE).read_text())["tick"]["last_due"] == "2026-01-01T10:01:00Z"
+
+
+def test_two_hosts_whose_ticks_straddle_a_minute_add_an_hourly_task_once(tmp_path):
+    # The id comes from the due time, not from the moment a host looked: host one sees 11:00 due at
+    # 11:00:58, host two (its tick later, or its clock behind) at 11:01:03; both name the same task.
+    with Board(tmp_path / "kanban") as one, Board(tmp_path / "kanban") as two:
+        runs_one, runs_two = tmp_path / "runs1", tmp_path / "runs2"
+        runs_one.mkdir()
+        runs_two.mkdir()
+        clock_one, clock_two = Clock("2026-01-01 10:30:00"), Clock("2026-01-01 10:30:00")
+        a, b = scheduler(one, runs_one, clock_one, "0 * * * *"), scheduler(two, runs_two, clock_two, "0 * * * *")
+        assert a.run_once() == b.run_once() == []
+        clock_one.now, clock_two.now = at("2026-01-01 11:00:58"), at("2026-01-01 11:01:03")
+        assert a.run_once() == ["sched-tick-202601011100"]
+        assert b.run_once() == [], "the same due time is the same id: the second add is a no-op"
+        assert [t["id"] for t in one.list().tasks] == ["sched-tick-202601011100"]
+        assert one.get("sched-tick-202601011100")["meta"]["schedule"]["due"] == "2026-01-01T11:00:00Z"
+        for runs in (runs_one, runs_two):
+            assert json.loads((runs / STATE_FILE).read_text())["tick"] == {
+                "last_due": "2026-01-01T11:00:00Z", "task": "sched-tick-202601011100"}
+
+
+def test_after_downtime_an_hourly_schedule_adds_the_missed_run_once_named_by_its_due_time(tmp_path, board):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    clock = Clock("2026-01-01 10:30:00")
+    made = scheduler(board, runs, clock, "0 * * * *")
+    assert made.run_once() == []
+    clock.now = at("2026-01-01 13:27:41")  # down from 10:30: 11:00, 12:00 and 13:00 missed
+    assert made.run_once() == ["sched-tick-202601011300"], "the latest missed run, named by 13:00, not 13:27"
+    assert made.run_once() == []
+    clock.now = at("2026-01-01 13:59:59")
+    assert made.run_once() == [], "nothing more is due before 14:00"
+    assert [t["id"] for t in board.list().tasks] == ["sched-tick-202601011300"]
+    assert board.get("sched-tick-202601011300")["meta"]["schedule"]["due"] == "2026-01-01T13:00:00Z"
 
 
 @pytest.mark.parametrize("content", ["[1, 2]", '{"tick": {"last_due": 12}}', '{"tick": {"last_due": "soon"}}', "\0"])

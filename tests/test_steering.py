@@ -117,15 +117,31 @@ def test_status_shows_an_agent_stopped_by_hand():
 
 # -- task wait on the board's events (in process, a real board and watcher) ----------------------------
 
-def _move_later(board_root: Path, task_id: str, to: str, after: float) -> threading.Thread:
+def _move_once_waiting(board: Board, board_root: Path, task_id: str, to: str) -> tuple[threading.Thread, list[float]]:
+    """Move the task from another Board (as another process would) once the waiter has read it and
+    gone to wait on its board's change signal: the waiter says so itself (its signal's wait is
+    wrapped to report the call before it waits), so under any load the move comes after the read,
+    and the wake-up is what is measured. The list gets the moment of the move."""
+    waiting = threading.Event()
+    real_wait = board.signal.wait
+
+    def wait(seen: int, timeout: float) -> bool:
+        waiting.set()
+        return real_wait(seen, timeout)
+
+    board.signal.wait = wait  # type: ignore[method-assign]
+    moved_at: list[float] = []
+
     def move() -> None:
-        time.sleep(after)  # lets the waiter block first; what is measured is how soon it wakes
+        if not waiting.wait(60):
+            return  # the waiter never waited: the test's own assertions say so
         with Board(board_root) as other:
+            moved_at.append(time.monotonic())
             other.move(task_id, to)
 
     thread = threading.Thread(target=move)
     thread.start()
-    return thread
+    return thread, moved_at
 
 
 def test_wait_wakes_on_the_watchers_event_not_on_its_recheck_timer(tmp_path, monkeypatch):
@@ -134,12 +150,13 @@ def test_wait_wakes_on_the_watchers_event_not_on_its_recheck_timer(tmp_path, mon
         doc = board.add({"title": "waited on"})
         board.start_watching()
         assert board.watcher.mode == "inotify"
-        mover = _move_later(tmp_path / "kanban", doc["id"], "blocked", 0.3)
-        began = time.monotonic()
-        ended, code = cli_steer.wait_for_end(board, doc["id"], timeout=30)
-        mover.join()
+        mover, moved_at = _move_once_waiting(board, tmp_path / "kanban", doc["id"], "blocked")
+        ended, code = cli_steer.wait_for_end(board, doc["id"], timeout=50)
+        woke = time.monotonic()
+        mover.join(30)
+    assert moved_at, "the task was moved only once its waiter waited"
     assert (ended["status"], code) == ("blocked", 3)
-    assert time.monotonic() - began < 20, "woken by the move's event, not by a 60 s recheck"
+    assert woke - moved_at[0] < 20, "woken by the move's event, not by a 60 s recheck"
 
 
 def test_wait_polls_without_events_and_gives_up_at_its_timeout(tmp_path):
@@ -149,9 +166,10 @@ def test_wait_polls_without_events_and_gives_up_at_its_timeout(tmp_path):
         began = time.monotonic()
         still, code = cli_steer.wait_for_end(board, doc["id"], timeout=0.5)
         assert (still["status"], code) == ("todo", 124) and 0.5 <= time.monotonic() - began < 10
-        mover = _move_later(tmp_path / "kanban", doc["id"], "done", 0.2)
+        mover, moved_at = _move_once_waiting(board, tmp_path / "kanban", doc["id"], "done")
         ended, code = cli_steer.wait_for_end(board, doc["id"], timeout=30)
-        mover.join()
+        mover.join(30)
+    assert moved_at, "the task was moved only once its waiter waited"
     assert (ended["status"], code) == ("done", 0)
 
 
@@ -269,17 +287,26 @@ def test_an_agent_still_stopping_when_its_supervisor_died_is_not_adopted_by_the_
 
 
 def test_a_start_while_the_agent_is_still_stopping_starts_it_once_it_is_gone(tmp_path, up):
-    ws = make_ws(tmp_path, f"- name: stubborn\n  stop_timeout: 2\n  command: [{sys.executable}, {FAKE}, ignore-term]\n")
+    # The agent stops only when the test lets it (fake_agent's held-stop), so `start` comes while it
+    # is stopping under any load; with a SIGKILL 2 s after the stop, a slow machine's CLI came after.
+    signals = tmp_path / "signals"
+    signals.mkdir()
+    ws = make_ws(tmp_path, f"- name: stubborn\n  stop_timeout: 60\n"
+                           f"  command: [{sys.executable}, {FAKE}, held-stop, {signals}]\n")
     up(ws)
     wait_until(lambda: agent(ws, "stubborn").get("state") == "running", timeout=30)
     pid = agent(ws, "stubborn")["pid"]
     assert hermes(ws, "stop", "stubborn").returncode == 0
+    wait_until((signals / f"stopping-{pid}").exists, timeout=30)  # it has the SIGTERM, and stays
     started = hermes(ws, "start", "stubborn")
     assert started.returncode == 0 and "starting once its old process has stopped" in started.stdout, started.stderr
-    wait_until(lambda: gone(pid), timeout=30)  # SIGKILLed at its stop_timeout
+    assert not gone(pid)
+    (signals / f"release-{pid}").touch()  # its shutdown ends
+    wait_until(lambda: gone(pid), timeout=30)
     wait_until(lambda: agent(ws, "stubborn").get("state") == "running" and agent(ws, "stubborn")["pid"] != pid,
                timeout=30)
     assert agent(ws, "stubborn")["restarts"] == 0 and agent(ws, "stubborn")["held"] is False
+    (signals / f"release-{agent(ws, 'stubborn')['pid']}").touch()  # the new one stops at once at the end
 
 
 def test_ps_is_status_and_up_detach_on_a_running_team_says_so(tmp_path, up):

@@ -10,6 +10,7 @@ folders, a log file that can be torn) ask for it by capability (`@pytest.mark.re
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from collections.abc import Callable
@@ -56,6 +57,9 @@ class Backend:
     fault_sources: tuple[Path, ...] = ()
     # Move a task's document by hand from one status to another (HAND_MOVES only).
     hand_move: Callable[[Store, str, str, str], None] | None = None
+    # Write fields into a task's document past the board (a person's editor, an older version,
+    # anyone with the database): what the board must cope with reading back.
+    hand_edit: Callable[[Store, str, dict[str, Any]], None] | None = None
     # Run once per test before `build`, with the test's request and monkeypatch: starts or finds
     # what the backend needs (a server) and says where it is in the environment, which the
     # test's worker processes inherit.
@@ -93,6 +97,14 @@ def _files_hand_move(store: Store, task_id: str, src: str, dst: str) -> None:
     os.rename(store.root / src / f"{task_id}.json", store.root / dst / f"{task_id}.json")
 
 
+def _files_hand_edit(store: Store, task_id: str, fields: dict[str, Any]) -> None:
+    [status] = _files_places(store)[task_id]
+    path = store.root / status / f"{task_id}.json"
+    edited = path.with_name(f"edited-{task_id}.tmp")  # an editor's save: a new file put in its place
+    edited.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+    os.replace(edited, path)
+
+
 # -- the PostgreSQL backend ---------------------------------------------------------------------
 
 # Where the test's server is: set by _pg_prepare for the test and its worker processes.
@@ -121,6 +133,13 @@ def _pg_build(tmp_path: Path, **opts: Any) -> Store:
     # seen gone by its pid, as on a host of a team.
     return PgStore(dsn, schema=_pg_schema(tmp_path), host=PG_HOST, boot_id=boot_id(),
                    drop_root=tmp_path / "kanban", **opts)
+
+
+def _pg_hand_edit(store: Store, task_id: str, fields: dict[str, Any]) -> None:
+    from psycopg.types.json import Jsonb
+
+    with store._locked() as conn:
+        conn.execute("UPDATE tasks SET document = document || %s WHERE id = %s", (Jsonb(fields), task_id))
 
 
 def _pg_events(store: Store, cursor: Cursor) -> EventBatch:
@@ -162,6 +181,7 @@ BACKENDS: dict[str, Backend] = {
         leftovers=_files_leftovers,
         fault_sources=tuple(sorted((ROOT / "kanban").glob("*.py"))),
         hand_move=_files_hand_move,
+        hand_edit=_files_hand_edit,
     ),
     # No HAND_MOVES: a task is a row, there is no folder to move it into. No EVENT_LOG_FILE: events
     # are rows written in the transition's own transaction, never torn.
@@ -175,6 +195,7 @@ BACKENDS: dict[str, Backend] = {
         places=_pg_places,
         leftovers=_pg_leftovers,
         fault_sources=(ROOT / "kanban" / "pg" / "store.py",),
+        hand_edit=_pg_hand_edit,
         prepare=_pg_prepare,
     ),
 }

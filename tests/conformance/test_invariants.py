@@ -287,6 +287,82 @@ def test_an_answer_sends_a_blocked_question_back_to_todo_with_the_answer(backend
     check_invariants(backend, store)
 
 
+def test_an_answer_is_refused_on_a_task_that_is_not_blocked(backend, store):
+    """Only a blocked task's question takes an answer: on any other task `answer` changes nothing
+    (no comment, no transition), even when its document still carries a question (written by hand
+    past the board, or left by a hand move of before)."""
+    todo = store.add({"title": "todo", "priority": -1})
+    stale = store.add({"title": "todo, with a question left in it", "priority": -1})
+    backend.hand_edit(store, stale["id"], {"question": "which one?"})
+    ended = {}
+    for end in ("done", "failed", "doing"):
+        doc = store.add({"title": end, "max_attempts": 1, "priority": 5})
+        held = store.claim("w")
+        assert held["id"] == doc["id"]
+        if end == "done":
+            store.complete(doc["id"], held["claim"]["token"], "ok")
+        elif end == "failed":
+            store.fail(doc["id"], held["claim"]["token"], "broke")
+        ended[end] = doc
+    cancelled = store.add({"title": "cancelled", "priority": -1})
+    store.cancel(cancelled["id"])
+    asked = store.add({"title": "asked, then moved on by hand", "priority": 9})
+    held = store.claim("w")
+    store.block(asked["id"], held["claim"]["token"], "which one?", question="which one?")
+    store.move(asked["id"], "todo", by="lead")
+    cases = [(todo, "todo"), (stale, "todo"), (ended["done"], "done"), (ended["failed"], "failed"),
+             (ended["doing"], "doing"), (cancelled, "cancelled"), (asked, "todo")]
+    events = len(all_events(backend, store))
+    for doc, status in cases:
+        before = store.get(doc["id"])
+        assert before["status"] == status, (doc["title"], before["status"])
+        with pytest.raises(InvalidTransition) as info:
+            store.answer(doc["id"], "the blue one", by="lead")
+        assert str(info.value) == f"task {doc['id']} is {status} and waits on no question", doc["title"]
+        after = store.get(doc["id"])
+        assert (after["status"], after.get("comments"), after["updated_at"]) == (
+            before["status"], before.get("comments"), before["updated_at"]), doc["title"]
+    assert len(all_events(backend, store)) == events, "no transition"
+    check_invariants(backend, store)
+
+
+def asked_and_blocked(store):
+    """A task blocked on a question, its attempt given back."""
+    doc = store.add({"title": "ask", "priority": 9})
+    held = store.claim("w")
+    assert held["id"] == doc["id"]
+    store.fail(doc["id"], held["claim"]["token"], "a first try that failed")
+    held = store.claim("w")
+    return store.block(doc["id"], held["claim"]["token"], "which one?", question="which one?")
+
+
+def test_a_blocked_question_moved_to_todo_by_hand_is_dropped(backend, store):
+    asked = asked_and_blocked(store)
+    assert (asked["question"], asked["attempts"]) == ("which one?", 1)
+    moved = store.move(asked["id"], "todo", by="lead")
+    assert (moved["status"], moved.get("question"), moved["attempts"], moved["claim"]) == ("todo", None, 0, None)
+    assert store.get(asked["id"]).get("question") is None
+    with pytest.raises(InvalidTransition):
+        store.answer(asked["id"], "too late")
+    check_invariants(backend, store)
+
+
+@pytest.mark.requires(HAND_MOVES)
+def test_a_blocked_question_moved_into_todo_by_hand_is_dropped_as_by_move(backend, store):
+    """`mv blocked/x.json todo/` is the same person's move as `task move x todo`: one rule for both
+    (kanban/rules.py), so the task waits on its question no more and has its attempts again."""
+    asked = asked_and_blocked(store)
+    backend.hand_move(store, asked["id"], "blocked", "todo")
+    adopted = store.get(asked["id"])
+    assert (adopted["status"], adopted.get("question"), adopted["attempts"], adopted["claim"]) == (
+        "todo", None, 0, None)
+    assert adopted["history"][-1]["note"] == "moved into todo/ by hand"
+    with pytest.raises(InvalidTransition):
+        store.answer(asked["id"], "too late")
+    assert store.claim("w")["attempts"] == 1
+    check_invariants(backend, store)
+
+
 def test_a_waiting_note_is_no_transition_and_names_only_what_the_agent_could_take(backend, store):
     needs_model = store.add({"title": "needs a model", "priority": 2})
     planned = store.add({"title": "plan", "steps": [{"tool": "wait", "args": {}}]})
