@@ -36,6 +36,20 @@ from hermes_sup.kanban.task import now_iso
 
 from .budget import is_amount, logged_count
 from .budget import price as price  # re-exported: callers knew it from here
+from .conversation import (
+    CONTINUE,
+    MAX_CONTINUATIONS,
+    MAX_REASKS,
+    REASK,
+    ROLES,
+    answer_pieces,
+    awaits_continuation,
+    fresh_note,
+    fresh_start,
+    holders,
+    reasks,
+    unanswered,
+)
 from .ledger import BudgetReached
 from .logline import call_line, model_line, say
 from .providers import Attempt, Provider, ProviderError, abort, complete_with_fallback
@@ -68,17 +82,6 @@ class Outcome:
     budget: BudgetReached | None = None  # kind "budget": the cap a call would have crossed (nothing was sent)
 
 
-# An answer that reached max_tokens is cut mid-way: the model is asked for the rest this many times.
-MAX_CONTINUATIONS = 3
-CONTINUE = ("Your answer was cut off at the output token limit. Continue it exactly where it stopped, "
-            "without repeating anything.")
-
-# An empty answer (llama-cpp-python's first one often is) is asked again this many times within the
-# attempt, in the transcript, before the attempt counts as failed: a server's quirk spends no attempt.
-MAX_REASKS = 2
-REASK = "Your last answer was empty. Answer the task now, or call one of the tools."
-
-ROLES = ("system", "user", "assistant", "tool")
 IGNORED_AFTER = 3  # tool-offered answers in prose, none with a tool call, before a provider is suspected
 TOOL_USE_FILE = "tool_use.json"  # runs/<agent>/: each provider's ToolUse, for `doctor`
 
@@ -233,77 +236,6 @@ def render_for_summary(messages: list[Message]) -> str:
     return "\n".join(lines)
 
 
-def _agent_name(name: Any) -> bool:
-    # Agent names come from the task's history, which a person may edit: one folder name only.
-    return isinstance(name, str) and bool(name) and "/" not in name and name not in (".", "..")
-
-
-def _claims(task: dict[str, Any]) -> tuple[list[dict[str, Any]], list[int]]:
-    """The task's history entries and the indexes of its claims (moves to doing) among them."""
-    history = [entry for entry in task.get("history") or [] if isinstance(entry, dict)]
-    return history, [index for index, entry in enumerate(history) if entry.get("to") == "doing"]
-
-
-def _restart(history: list[dict[str, Any]], claims: list[int], k: int) -> tuple[list[dict[str, Any]],
-                                                                               list[dict[str, Any]]]:
-    """Why claim `k` (k >= 1) started a new conversation: the failed attempts and the retries by a
-    person between it and the claim before it (both empty: it continued the conversation)."""
-    since = history[claims[k - 1] + 1:claims[k]]
-    failed = [entry for entry in since if entry.get("from") == "doing" and entry.get("by") != "board"
-              and re.match(r"attempt \d+ of \d+ failed: ", str(entry.get("note") or ""))]
-    # An answered question (blocked -> todo) is no retry: the conversation goes on with the answer.
-    retries = [entry for entry in since if entry.get("to") == "todo" and entry.get("by") != "board"
-               and (entry.get("from") in ("failed", "cancelled")
-                    or str(entry.get("note") or "").startswith("retry"))]
-    return failed, retries
-
-
-def holders(task: dict[str, Any], me: str) -> tuple[list[str], list[str]]:
-    """From a task's history: the agents whose transcript may hold the conversation this claim
-    continues (the holders of the claims before it, back to the one that last started afresh, the
-    latest claim's first, each once, `me` included), and every other agent that ever held it (whose
-    spending counts against the task's ceilings). Which of the first has the conversation is the
-    journal's to say (the one written last): a holder may have died before writing anything, however
-    many in a row."""
-    history, claims = _claims(task)
-    names = [history[index].get("by") for index in claims]
-    others = sorted({name for name in names if _agent_name(name)} - {me})
-    if len(claims) < 2:
-        return [], others
-    start = next((k for k in range(len(claims) - 2, 0, -1) if any(_restart(history, claims, k))), 0)
-    earlier: list[str] = []
-    for name in reversed(names[start:-1]):
-        if _agent_name(name) and name not in earlier:
-            earlier.append(name)
-    return earlier, others
-
-
-NOTE_CHARS = 300  # of the previous attempt's error in a fresh start's first message: a hint, not a replay
-
-
-def fresh_start(task: dict[str, Any]) -> str | None:
-    """Whether this attempt starts a new conversation, from the task's history: the error of the
-    previous attempt when it failed (the model ran out of turns, a provider error failed it) or a
-    person retried the task since, else None (resume). An attempt whose holder died, lost its lease,
-    or gave the task back (a stop, a budget) ended through no fault of the conversation: resumed."""
-    history, claims = _claims(task)
-    if len(claims) < 2:
-        return None
-    failed, retries = _restart(history, claims, len(claims) - 1)
-    if not failed and not retries:
-        return None
-    why = str(failed[-1].get("note")) if failed else f"a person ({retries[-1].get('by')}) retried it"
-    if not failed and task.get("error"):
-        why = f"{why} after: {task['error']}"
-    return why if len(why) <= NOTE_CHARS else why[:NOTE_CHARS] + "…"
-
-
-def fresh_note(why: str) -> str:
-    """The note a fresh start's first message ends with, so the model does not repeat the attempt."""
-    return (f"\n\nNote: an earlier attempt at this task did not succeed ({why}). Its conversation is set "
-            "aside; start afresh and take another approach.")
-
-
 T = TypeVar("T")
 
 
@@ -334,51 +266,6 @@ def interruptible(call: Callable[[], T], stop: threading.Event, poll: float = 0.
     if "error" in box:
         raise box["error"]
     return box["value"]
-
-
-def unanswered(messages: list[Message]) -> tuple[str, list[dict[str, Any]]]:
-    """The turn id of the last assistant message and its tool calls that have no result yet.
-
-    Tool calls are logged by turn and call id: call ids alone are not unique (some local servers
-    number them from call_0 on every turn). The turn id is stored in the assistant message itself,
-    so it survives restarts and the rewriting of the transcript by compression."""
-    for index in range(len(messages) - 1, -1, -1):
-        if messages[index]["role"] == "assistant":
-            answered = {m.get("tool_call_id") for m in messages[index + 1:] if m["role"] == "tool"}
-            turn = str(messages[index].get("turn") or index)
-            return turn, [c for c in messages[index].get("tool_calls") or [] if c["id"] not in answered]
-    return "", []
-
-
-def answer_pieces(messages: list[Message]) -> list[str]:
-    """The texts of the last assistant message and of the cut answers it continues, in order: an
-    answer that reached max_tokens is marked `cut` in the transcript and followed by CONTINUE."""
-    index = len(messages) - 1
-    if index < 0 or messages[index]["role"] != "assistant":
-        return []
-    pieces = [str(messages[index].get("content") or "")]
-    while (index >= 2 and messages[index - 1]["role"] == "user" and messages[index - 1].get("content") == CONTINUE
-           and messages[index - 2]["role"] == "assistant" and messages[index - 2].get("cut")):
-        index -= 2
-        pieces.insert(0, str(messages[index].get("content") or ""))
-    return pieces
-
-
-def reasks(messages: list[Message]) -> int:
-    """How many times in a row the model was asked again after an empty answer, up to the last
-    message (pure): the REASKs each after an assistant message, counted back from the end."""
-    count, index = 0, len(messages) - 2
-    while index >= 1 and messages[index]["role"] == "user" and messages[index].get("content") == REASK \
-            and messages[index - 1]["role"] == "assistant":
-        count += 1
-        index -= 2
-    return count
-
-
-def awaits_continuation(messages: list[Message]) -> bool:
-    """Whether the conversation ends with a cut answer whose rest was not asked for yet."""
-    last = messages[-1] if messages else {}
-    return last.get("role") == "assistant" and bool(last.get("cut")) and not last.get("tool_calls")
 
 
 def prompt_estimate(messages: list[Message], tools: list[dict[str, Any]] | None) -> int:

@@ -30,8 +30,9 @@ from hermes_sup.kanban.faults import fault
 from hermes_sup.kanban.journal import FileTaskJournal, TaskJournal
 from hermes_sup.kanban.task import now_iso
 
+from .conversation import holders
 from .logline import call_line, say
-from .loop import ASKS, MAX_RESULT_CHARS, answer_since, holders
+from .loop import ASKS, MAX_RESULT_CHARS, answer_since
 from .tools import Finished, NeedsPerson, Refused, Toolbox, ToolContext, ToolError, run_step
 
 TURN = "steps"

@@ -10,7 +10,8 @@ import threading
 
 import pytest
 from hermes_sup.agents import builtins  # noqa: F401 - registers the built-in tools
-from hermes_sup.agents.loop import NOTE_CHARS, TaskLoop, fresh_start
+from hermes_sup.agents.conversation import NOTE_CHARS, fresh_start
+from hermes_sup.agents.loop import TaskLoop
 from hermes_sup.agents.memory import MemoryFile
 from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig
 from hermes_sup.agents.tools import Toolbox, ToolContext

@@ -9,7 +9,8 @@ import threading
 
 import pytest
 from hermes_sup.agents import builtins  # noqa: F401 - registers the built-in tools
-from hermes_sup.agents.loop import REASK, TaskLoop, reasks, task_prompt
+from hermes_sup.agents.conversation import REASK, reasks
+from hermes_sup.agents.loop import TaskLoop, task_prompt
 from hermes_sup.agents.memory import MemoryFile
 from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig
 from hermes_sup.agents.tools import REGISTRY, Tool, Toolbox, ToolContext, register

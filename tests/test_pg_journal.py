@@ -343,7 +343,7 @@ def test_a_message_row_of_odd_shape_is_left_out_not_fatal_to_the_take_over(make_
     """A task's message rows are written by any host: an assistant message whose tool call has no id,
     or whose result names its call by an object, made the take-over's search for unanswered calls
     raise (KeyError, TypeError) in every agent resuming the task. Such a message is left out."""
-    from hermes_sup.agents.loop import unanswered
+    from hermes_sup.agents.conversation import unanswered
 
     store = make_store("box-a")
     store.add({"id": "t", "title": "t"}, by="cli")
