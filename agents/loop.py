@@ -273,6 +273,12 @@ def prompt_estimate(messages: list[Message], tools: list[dict[str, Any]] | None)
     return estimate_tokens(messages) + estimate_tokens(tools or [])
 
 
+def _window_of(provider: Provider) -> int:
+    """A provider's context window, as its server reports it when it can (OpenAIProvider.context_window)."""
+    measured = getattr(provider, "context_window", None)
+    return measured() if callable(measured) else provider.config.context_window
+
+
 def _cost(value: Any) -> float:
     """A cost as logged; 0.0 for anything but a finite amount of at least 0 (see logged_count)."""
     return float(value) if is_amount(value) else 0.0
@@ -578,9 +584,17 @@ class TaskLoop:
         any of them may be the one that answers."""
         if self.context_window is not None:
             return self.context_window
-        sizes = [provider.context_window() if callable(getattr(provider, "context_window", None))
-                 else provider.config.context_window for provider in self.chain]
-        return min(sizes, default=DEFAULT_WINDOW)
+        return min((_window_of(provider) for provider in self.chain), default=DEFAULT_WINDOW)
+
+    def answer_window(self) -> int:
+        """The context window of the provider that gave the last answer (whether that answer filled
+        it): a cloud model that answered after a small local server failed has its own room, not the
+        local server's. The chain's smallest when it is not known."""
+        if self.context_window is None:
+            for provider in self.chain:
+                if provider.config.name == self._answered_by:
+                    return _window_of(provider)
+        return self.window()
 
     def _call_model(self, messages: list[Message], tools: list[dict[str, Any]]) -> Any:
         # The tool definitions go with every call: they fill the window as much as the messages.
@@ -646,7 +660,7 @@ class TaskLoop:
                 completion = self._call_model(messages, tools)
                 message = {**text_tool_calls(completion.message, known), "turn": uuid.uuid4().hex[:12]}
                 if completion.stop == "length" and not message.get("tool_calls"):
-                    used, window = completion.usage.input + completion.usage.output, self.window()
+                    used, window = completion.usage.input + completion.usage.output, self.answer_window()
                     if filled_context(completion.usage.input, completion.usage.output, window):
                         # The rest has no room: asked to continue, the model would overflow the context.
                         self._append(messages, message)

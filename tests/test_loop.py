@@ -619,3 +619,20 @@ def test_a_conversation_from_before_a_fresh_start_is_not_continued(tmp_path, cou
         assert again.run().text == "fresh answer"
     assert [m["role"] for m in model.requests[-1]["body"]["messages"]] == ["system", "user"]
     assert any(note.startswith("started afresh; an older conversation of ours is kept as") for note in again.notes)
+
+
+def test_an_answer_cut_by_a_provider_with_room_is_continued_though_another_in_the_chain_is_small(tmp_path):
+    # The chain's first provider (a 4k local server) cannot answer; the second (128k) answers 4,096
+    # tokens and is cut at its max_tokens. Its context has room for the rest: the answer is continued,
+    # not failed as if it had filled the small server's 4,096 tokens.
+    with ScriptedLLM() as server:
+        server.script("openai", error_reply(401, "no key"),
+                      {**openai_reply("The first half, ", prompt=100, completion=4096), "length": True},
+                      openai_reply("and the rest."))
+        small, big = (OpenAIProvider(ProviderConfig(name=name, kind="openai", model="m", base_url=f"{server.url}/v1",
+                                                    context_window=window))
+                      for name, window in (("small", 4096), ("big", 128_000)))
+        loop = make_loop(server, tmp_path)
+        loop.chain = [small, big]
+        outcome = loop.run()
+    assert (outcome.kind, outcome.text) == ("done", "The first half, and the rest.")
