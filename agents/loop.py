@@ -372,7 +372,9 @@ class TaskLoop:
         `shell` would have its `terminal` call run by a teammate with it, once it stops mid-turn).
         The answer goes into the transcript and the tool-call log at once, so a later resume, ours
         or another agent's, finds the call answered. A call completed there keeps its logged result;
-        an `ask_human` a person answered keeps the answer (neither runs anything)."""
+        an `ask_human` a person answered keeps the answer (neither runs anything). One that was
+        running there and is not safe to repeat is said to be interrupted, as on a restart of its
+        own agent: it may have taken effect."""
         turn, pending = unanswered(messages)
         if not pending:
             return
@@ -381,10 +383,14 @@ class TaskLoop:
             name = str(call["function"].get("name"))
             if call["id"] in done or (name in ASKS and call["id"] in started):
                 continue
-            self._record(messages, turn, call["id"], name, (
-                f"not run: {previous} asked for this call and stopped before it finished; a call runs with the "
-                "rights of the agent that asked for it, so make it again if it is still needed"),
-                "refused", time.monotonic())
+            tool = self.toolbox.get(name)
+            if call["id"] in started and not (tool and tool.idempotent):
+                text = (f"interrupted: {name} was running when {previous} stopped, and it is not safe to repeat; "
+                        "check its effect before calling it again")
+            else:
+                text = (f"not run: {previous} asked for this call and stopped before it finished; a call runs with "
+                        "the rights of the agent that asked for it, so make it again if it is still needed")
+            self._record(messages, turn, call["id"], name, text, "refused", time.monotonic())
 
     def resume(self) -> list[Message]:
         """The conversation so far, from the transcript; a new one if there is none, or if the

@@ -636,3 +636,21 @@ def test_an_answer_cut_by_a_provider_with_room_is_continued_though_another_in_th
         loop.chain = [small, big]
         outcome = loop.run()
     assert (outcome.kind, outcome.text) == ("done", "The first half, and the rest.")
+
+
+def test_a_call_the_previous_holder_was_running_is_not_handed_over_as_never_run(llm, tmp_path, counter):
+    """alice's bump (not safe to repeat) was running when she died: it may have taken effect. bob's
+    model must hear it was interrupted, as alice's own would on her restart, not that it never ran
+    and should be made again (which runs it twice)."""
+    alice = make_loop(llm, tmp_path, "alice", claimed_by("alice"))
+    messages = alice.resume()
+    alice._append(messages, {"role": "assistant", "content": None, "turn": "t2", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "bump", "arguments": '{"n": 1}'}}]})
+    alice.journal.append_tool_call({"task": "t-1", "turn": "t2", "call_id": "c1", "tool": "bump",
+                                    "status": "started"})
+    alice.journal.close()
+    llm.script("openai", openai_reply("I will check first."))
+    assert make_loop(llm, tmp_path, "bob", claimed_by("alice", "bob")).run().kind == "done"
+    result = llm.requests[-1]["body"]["messages"][-1]
+    assert result["tool_call_id"] == "c1"
+    assert result["content"].startswith("interrupted: bump was running when alice stopped"), result["content"]
