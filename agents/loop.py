@@ -268,6 +268,18 @@ def interruptible(call: Callable[[], T], stop: threading.Event, poll: float = 0.
     return box["value"]
 
 
+def calls_across_cuts(message: Message, cut: list[str], known: set[str]) -> Message:
+    """`message`, the rest of the answers `cut` at max_tokens before it, with the tool calls they
+    write together as text (pure): a call a local model writes as text may be longer than its
+    max_tokens (a whole file for write_file), and no piece of it alone is a call. Their text is in
+    the cut answers already; unchanged when they write no call."""
+    if message.get("tool_calls") or not cut:
+        return message
+    whole = text_tool_calls({"role": "assistant", "content": "".join(cut) + str(message.get("content") or "")},
+                            known)
+    return {**message, "content": None, "tool_calls": whole["tool_calls"]} if whole.get("tool_calls") else message
+
+
 def prompt_estimate(messages: list[Message], tools: list[dict[str, Any]] | None) -> int:
     """The estimated tokens of a call's prompt: the conversation and the tool definitions sent with it."""
     return estimate_tokens(messages) + estimate_tokens(tools or [])
@@ -665,6 +677,8 @@ class TaskLoop:
                     return Outcome("failed", ceiling)
                 completion = self._call_model(messages, tools)
                 message = {**text_tool_calls(completion.message, known), "turn": uuid.uuid4().hex[:12]}
+                if messages[-1]["role"] == "user" and messages[-1].get("content") == CONTINUE:
+                    message = calls_across_cuts(message, answer_pieces(messages[:-1]), known)
                 if completion.stop == "length" and not message.get("tool_calls"):
                     used, window = completion.usage.input + completion.usage.output, self.answer_window()
                     if filled_context(completion.usage.input, completion.usage.output, window):

@@ -654,3 +654,16 @@ def test_a_call_the_previous_holder_was_running_is_not_handed_over_as_never_run(
     result = llm.requests[-1]["body"]["messages"][-1]
     assert result["tool_call_id"] == "c1"
     assert result["content"].startswith("interrupted: bump was running when alice stopped"), result["content"]
+
+
+def test_a_call_written_as_text_and_cut_at_max_tokens_is_run_once_whole_not_taken_as_the_answer(
+        llm, tmp_path, counter):
+    # A local model writes its call as text (a long write_file, say) and is cut at max_tokens mid-way:
+    # the rest comes after "continue". The pieces together are a call: it runs, it is no final answer.
+    call = json.dumps({"name": "bump", "arguments": {"n": 1}})
+    llm.script("openai", {**openai_reply(call[:20]), "length": True}, openai_reply(call[20:]),
+               openai_reply("bumped once"))
+    outcome = make_loop(llm, tmp_path).run()
+    assert (outcome.kind, outcome.text, counter()) == ("done", "bumped once", ["1"])
+    sent = llm.requests[-1]["body"]["messages"]
+    assert sent[-1] == {"role": "tool", "tool_call_id": sent[-2]["tool_calls"][0]["id"], "content": "bumped 1"}
