@@ -29,6 +29,7 @@ TAG = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 FENCE = re.compile(r"```[\w-]*[ \t]*\n?(.*?)```", re.DOTALL)
 ARGUMENT_KEYS = ("arguments", "parameters", "args", "input")
 NAME_CHARS = 128  # a tool's name; longer is no call of ours
+SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def json_values(text: str) -> list[Any] | None:
@@ -88,7 +89,10 @@ def encoded(arguments: Any) -> str:
     if isinstance(arguments, str):
         return arguments
     try:
-        return json.dumps(arguments, ensure_ascii=False)
+        text = json.dumps(arguments, ensure_ascii=False)
+        # A lone surrogate (the model wrote '\\ud800') stays the escape it wrote: as a character it
+        # has no UTF-8, and the transcript, the log and the next request could not be written.
+        return json.dumps(arguments) if SURROGATE.search(text) else text
     except (ValueError, RecursionError, TypeError):
         return "<arguments that cannot be written as JSON>"
 

@@ -40,7 +40,7 @@ class Journal:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         # A transcript holds what providers and tools said, an echoed key included: never on disk.
         line = scrub(json.dumps(record, ensure_ascii=False, separators=(",", ":")))
-        os.write(self._fd, (line + "\n").encode("utf-8"))
+        os.write(self._fd, utf8_line(line))
 
     def close(self) -> None:
         if self._fd is not None:
@@ -104,7 +104,13 @@ class Journal:
 
 def write_records(path: Path, records: list[dict[str, Any]]) -> None:
     """Replace a transcript whole (compression, a take-over), atomically."""
-    write_atomic(path, "".join(json.dumps(m, ensure_ascii=False) + "\n" for m in records).encode())
+    write_atomic(path, b"".join(utf8_line(json.dumps(m, ensure_ascii=False)) for m in records))
+
+
+def utf8_line(line: str) -> bytes:
+    """A JSON line as UTF-8. A lone surrogate (a model's '\\ud800', read as JSON) has no UTF-8: it is
+    written as its JSON escape, which reads back as the same character (it only occurs in strings)."""
+    return (line + "\n").encode("utf-8", "backslashreplace")
 
 
 def set_aside(path: Path) -> Path:

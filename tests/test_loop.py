@@ -667,3 +667,13 @@ def test_a_call_written_as_text_and_cut_at_max_tokens_is_run_once_whole_not_take
     assert (outcome.kind, outcome.text, counter()) == ("done", "bumped once", ["1"])
     sent = llm.requests[-1]["body"]["messages"]
     assert sent[-1] == {"role": "tool", "tool_call_id": sent[-2]["tool_calls"][0]["id"], "content": "bumped 1"}
+
+
+def test_a_lone_surrogate_a_model_wrote_as_an_escape_is_no_crash(llm, tmp_path):
+    # '\ud800' is plain ASCII in the answer; read as JSON (a text call's arguments, a structured
+    # call's) it is a lone surrogate, which UTF-8 cannot write: the task's journal must still take it.
+    llm.script("openai", openai_reply('{"name": "write_file", "arguments": {"path": "a.txt", "content": "\\ud800"}}'),
+               openai_reply(tool_calls=[("read_file", {"path": "\ud800"})]), openai_reply("done"))
+    assert make_loop(llm, tmp_path).run().text == "done"
+    transcript = [json.loads(line) for line in (tmp_path / "agent/transcripts/t-1.jsonl").read_text().splitlines()]
+    assert json.loads(transcript[2]["tool_calls"][0]["function"]["arguments"])["content"] == "\ud800"

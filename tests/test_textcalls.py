@@ -126,3 +126,13 @@ def test_no_answer_makes_the_parser_raise(content, known):
 ])
 def test_an_answer_nested_past_any_limit_is_no_crash(content):
     text_tool_calls({"role": "assistant", "content": content}, KNOWN)
+
+
+def test_arguments_are_text_utf8_can_write_and_keep_their_letters():
+    # A lone surrogate the model wrote as an escape stays an escape (as a character, no UTF-8 file or
+    # request could hold it); any other letter stays itself (not \\u escapes, six times the tokens).
+    for content, arguments in (('{"name": "read_file", "arguments": {"path": "\\ud800"}}', '{"path": "\\ud800"}'),
+                               ('{"name": "read_file", "arguments": {"path": "文件.txt"}}', '{"path": "文件.txt"}')):
+        message = text_tool_calls({"role": "assistant", "content": content}, KNOWN)
+        assert message["tool_calls"][0]["function"]["arguments"] == arguments
+        arguments.encode("utf-8")
