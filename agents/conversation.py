@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from hermes_sup.kanban.journal import holder_name
+
 from .translate import Message
 
 # An answer that reached max_tokens is cut mid-way: the model is asked for the rest this many times.
@@ -20,11 +22,6 @@ MAX_REASKS = 2
 REASK = "Your last answer was empty. Answer the task now, or call one of the tools."
 
 ROLES = ("system", "user", "assistant", "tool")
-
-
-def _agent_name(name: Any) -> bool:
-    # Agent names come from the task's history, which a person may edit: one folder name only.
-    return isinstance(name, str) and bool(name) and "/" not in name and name not in (".", "..")
 
 
 def _claims(task: dict[str, Any]) -> tuple[list[dict[str, Any]], list[int]]:
@@ -56,13 +53,13 @@ def holders(task: dict[str, Any], me: str) -> tuple[list[str], list[str]]:
     many in a row."""
     history, claims = _claims(task)
     names = [history[index].get("by") for index in claims]
-    others = sorted({name for name in names if _agent_name(name)} - {me})
+    others = sorted({name for name in names if holder_name(name)} - {me})
     if len(claims) < 2:
         return [], others
     start = next((k for k in range(len(claims) - 2, 0, -1) if any(_restart(history, claims, k))), 0)
     earlier: list[str] = []
     for name in reversed(names[start:-1]):
-        if _agent_name(name) and name not in earlier:
+        if holder_name(name) and name not in earlier:
             earlier.append(name)
     return earlier, others
 

@@ -102,6 +102,18 @@ class Journal:
             return []
 
 
+def holder_name(name: Any) -> bool:
+    """Whether `name`, from a task's history (which a person may edit), can name an agent's folder
+    beside ours: one folder name, which the file system can hold (no NUL, encodable, at most 255
+    bytes); any other is nobody's (pure)."""
+    if not isinstance(name, str) or not name or "/" in name or "\x00" in name or name in (".", ".."):
+        return False
+    try:
+        return len(os.fsencode(name)) <= 255
+    except UnicodeError:
+        return False
+
+
 def write_records(path: Path, records: list[dict[str, Any]]) -> None:
     """Replace a transcript whole (compression, a take-over), atomically."""
     write_atomic(path, b"".join(utf8_line(json.dumps(m, ensure_ascii=False)) for m in records))
@@ -206,8 +218,7 @@ class FileTaskJournal:
         return self._name
 
     def _holder(self, holder: str) -> Path:
-        # Agent names come from the task's history, which a person may edit: one folder name only.
-        if not holder or "/" in holder or holder in (".", ".."):
+        if not holder_name(holder):
             raise ValueError(f"{holder!r} is not an agent name")
         return self.workdir.parent / holder
 

@@ -677,3 +677,11 @@ def test_a_lone_surrogate_a_model_wrote_as_an_escape_is_no_crash(llm, tmp_path):
     assert make_loop(llm, tmp_path).run().text == "done"
     transcript = [json.loads(line) for line in (tmp_path / "agent/transcripts/t-1.jsonl").read_text().splitlines()]
     assert json.loads(transcript[2]["tool_calls"][0]["function"]["arguments"])["content"] == "\ud800"
+
+
+@pytest.mark.parametrize("name", ["a\x00b", "x" * 300, "\ud800"])
+def test_a_holder_name_no_folder_can_have_is_no_holder(llm, tmp_path, name):
+    # A task's history is a file a person may edit: a claim `by` a name no folder can have (a NUL,
+    # longer than a file name may be, not encodable) is nobody's conversation, not the task's crash.
+    llm.script("openai", openai_reply("done"))
+    assert make_loop(llm, tmp_path, task=claimed_by(name, "agent")).run().text == "done"
