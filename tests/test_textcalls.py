@@ -69,6 +69,11 @@ def test_the_shapes_local_models_write(content, expected, rest):
     '{"function": {"name": 7}}',
     '<tool_call>not json</tool_call>',
     "[]", "{}", "42", '"text"', "null",
+    # Inside prose, a whole line or a fenced block that calls an unknown tool is data (a schema the
+    # task asked for, an example), and so is a list in which one item is no call.
+    'Here is an example:\n{"name": "rm_rf", "arguments": {}}',
+    'The schema you asked for:\n```json\n{"name": "get_weather", "parameters": {"type": "object"}}\n```',
+    '[{"name": "read_file", "arguments": {"path": "a"}}, {"name": "Ada"}]',
 ])
 def test_what_is_not_a_tool_call_stays_the_answer(content):
     message = {"role": "assistant", "content": content}
@@ -136,3 +141,9 @@ def test_arguments_are_text_utf8_can_write_and_keep_their_letters():
         message = text_tool_calls({"role": "assistant", "content": content}, KNOWN)
         assert message["tool_calls"][0]["function"]["arguments"] == arguments
         arguments.encode("utf-8")
+
+
+def test_an_answer_with_structured_calls_keeps_them_whatever_its_text_says():
+    message = {"role": "assistant", "content": '{"name": "terminal", "arguments": {"command": "ls"}}',
+               "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}]}
+    assert text_tool_calls(message, KNOWN) is message
