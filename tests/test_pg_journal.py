@@ -388,3 +388,34 @@ def test_a_conversation_resumes_past_holders_that_died_before_writing_a_row(
     assert sent[-1]["content"].startswith("wrote"), sent[-1]
     assert "continued the conversation of w1 (4 messages)" in loop.notes
     assert not (tmp_path / "b" / "w3" / "scratch" / "mark.txt").exists(), "the completed call ran again"
+
+
+@pytest.mark.parametrize("back", ["gone", "wrote"])
+def test_the_conversation_written_last_in_the_database_is_continued(make_store: Factory, tmp_path: Path,
+                                                                    back: str) -> None:
+    # w1 writes one file and goes away; w2 continues, writes a second and goes away; w1 claims again
+    # and is judged gone before writing a row ("gone": w2's conversation is the newest though w1
+    # holds the later claim), or continues w2's and writes a third ("wrote": w1's is the newest,
+    # though w1 also keeps its first transcript, set aside). w3 continues the newest, every file in it.
+    host_a, host_b = make_store("host-a"), make_store("host-b")
+    host_a.add({"id": "t-1", "title": "write the files", "max_attempts": 5})
+    with ScriptedLLM() as llm:
+        def hold(store: PgStore, agent: str, path: str | None) -> None:
+            doc = store.claim(agent)
+            if path is not None:
+                llm.script("openai", openai_reply(tool_calls=[("write_file", {"path": path, "content": "x"})]),
+                           error_reply(400, "going away"))
+                make_loop(llm, store, doc, agent, tmp_path / store.host / agent).run()
+            store.release("t-1", doc["claim"]["token"], "released: went away")
+
+        hold(host_a, "w1", "one.txt")
+        hold(host_b, "w2", "two.txt")
+        hold(host_a, "w1", "three.txt" if back == "wrote" else None)
+        llm.script("openai", openai_reply("all written"))
+        last = host_b.claim("w3")
+        loop = make_loop(llm, host_b, last, "w3", tmp_path / "b" / "w3")
+        assert loop.run().text == "all written"
+    sent = llm.requests[-1]["body"]["messages"]
+    written = [json.loads(call["function"]["arguments"])["path"] for m in sent for call in m.get("tool_calls") or []]
+    assert written == ["one.txt", "two.txt", *(["three.txt"] if back == "wrote" else [])]
+    assert f"continued the conversation of {'w1' if back == 'wrote' else 'w2'} ({len(sent)} messages)" in loop.notes
