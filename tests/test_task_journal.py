@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import itertools
 import json
+import os
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -157,3 +158,15 @@ def test_steps_resume_past_a_holder_that_died_before_copying_any_record(tmp_path
     outcome = steps_run(tmp_path, task, journal).run()
     assert (outcome.kind, outcome.results) == ("done", ["written by w1"])
     assert not (tmp_path / "runs" / "w2" / "scratch" / "a.txt").exists(), "the completed step ran again"
+
+
+def test_the_file_journal_lists_the_holders_transcripts_written_last_first_a_tie_to_the_later_claim(tmp_path):
+    runs = tmp_path / "runs"
+    for name, mtime in (("w1", 3), ("w2", 3), ("w3", 5), ("w4", 9)):
+        path = runs / name / "transcripts" / f"{TASK}.jsonl"
+        path.parent.mkdir(parents=True)
+        path.write_text('{"role": "user", "content": "hi"}\n' if name != "w4" else "")  # w4's is empty
+        os.utime(path, ns=(mtime * 10**9, mtime * 10**9))
+    journal = FileTaskJournal(runs / "me", TASK)
+    assert journal.newest_transcripts(["w2", "w1", "w3", "w4", "w5", "../w1"]) == ["w3", "w2", "w1"]
+    assert journal.newest_transcripts(["w1", "w2"]) == ["w1", "w2"], "a tie goes to the one named first"
