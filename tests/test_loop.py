@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import threading
 
 import pytest
@@ -748,3 +749,19 @@ def test_an_answer_that_is_only_an_unreadable_call_is_not_the_tasks_result(llm, 
                openai_reply("final"))
     outcome = make_loop(llm, tmp_path).run()
     assert (outcome.kind, outcome.text) == ("done", "final")
+
+
+def test_a_newest_transcript_with_no_readable_message_is_passed_over(tmp_path, counter):
+    # bob's transcript is the newest but holds nothing readable (damaged): carol continues alice's.
+    with ScriptedLLM() as model:
+        model.script("openai", openai_reply(tool_calls=[("bump", {"n": 1})]), *[error_reply(500)] * 3)
+        assert make_loop(model, tmp_path, "alice", claimed_by("alice")).run().kind == "failed"
+        damaged = tmp_path / "bob" / "transcripts" / "t-1.jsonl"
+        damaged.parent.mkdir(parents=True)
+        damaged.write_text("not json\n")
+        later = (tmp_path / "alice/transcripts/t-1.jsonl").stat().st_mtime_ns + 10**9
+        os.utime(damaged, ns=(later, later))
+        model.responder = bump_once
+        carol = make_loop(model, tmp_path, "carol", claimed_by("alice", "bob", "carol"))
+        assert carol.run().text == "bumped, done"
+    assert counter() == ["1"] and "continued the conversation of alice (4 messages)" in carol.notes
