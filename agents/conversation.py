@@ -44,6 +44,11 @@ def _restart(history: list[dict[str, Any]], claims: list[int], k: int) -> tuple[
     return failed, retries
 
 
+def _last_restart(history: list[dict[str, Any]], claims: list[int]) -> int:
+    """The index of the latest claim before the current one that started a new conversation, else 0."""
+    return next((k for k in range(len(claims) - 2, 0, -1) if any(_restart(history, claims, k))), 0)
+
+
 def holders(task: dict[str, Any], me: str) -> tuple[list[str], list[str]]:
     """From a task's history: the agents whose transcript may hold the conversation this claim
     continues (the holders of the claims before it, back to the one that last started afresh, the
@@ -56,7 +61,7 @@ def holders(task: dict[str, Any], me: str) -> tuple[list[str], list[str]]:
     others = sorted({name for name in names if holder_name(name)} - {me})
     if len(claims) < 2:
         return [], others
-    start = next((k for k in range(len(claims) - 2, 0, -1) if any(_restart(history, claims, k))), 0)
+    start = _last_restart(history, claims)
     earlier: list[str] = []
     for name in reversed(names[start:-1]):
         if holder_name(name) and name not in earlier:
@@ -78,10 +83,28 @@ def fresh_start(task: dict[str, Any]) -> str | None:
     failed, retries = _restart(history, claims, len(claims) - 1)
     if not failed and not retries:
         return None
-    why = str(failed[-1].get("note")) if failed else f"a person ({retries[-1].get('by')}) retried it"
+    why = _why(failed, retries)
     if not failed and task.get("error"):
         why = f"{why} after: {task['error']}"
     return why if len(why) <= NOTE_CHARS else why[:NOTE_CHARS] + "…"
+
+
+def _why(failed: list[dict[str, Any]], retries: list[dict[str, Any]]) -> str:
+    return str(failed[-1].get("note")) if failed else f"a person ({retries[-1].get('by')}) retried it"
+
+
+def begun_since_restart(task: dict[str, Any], records: list[dict[str, Any]]) -> bool:
+    """Whether a transcript is of the conversation this claim may continue (pure): when a claim
+    before this one started afresh, only a conversation begun there, whose first message carries
+    that fresh start's note, is; one from before it ended badly (a holder that started afresh may
+    have died before setting its own old one aside, and a transcript's time cannot tell them apart)."""
+    history, claims = _claims(task)
+    start = _last_restart(history, claims) if len(claims) >= 2 else 0
+    if start == 0:
+        return True
+    mark = _why(*_restart(history, claims, start))[:NOTE_CHARS]
+    first = next((r.get("content") for r in records if r.get("role") == "user"), None)
+    return isinstance(first, str) and f"did not succeed ({mark}" in first
 
 
 def fresh_note(why: str) -> str:

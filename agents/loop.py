@@ -44,6 +44,7 @@ from .conversation import (
     ROLES,
     answer_pieces,
     awaits_continuation,
+    begun_since_restart,
     fresh_note,
     fresh_start,
     holders,
@@ -357,13 +358,15 @@ class TaskLoop:
             if holder != self.agent:
                 self.journal.take_tool_calls(holder, ("turn", "call_id", "status"))
         for holder in self.journal.newest_transcripts(self.earlier):
+            theirs = self.journal.holder_transcript(holder)
+            if not theirs.records or not begun_since_restart(self.task, theirs.records):
+                continue
             if holder == self.agent:
                 return  # ours is the latest: it goes on
-            theirs = self.journal.holder_transcript(holder)
-            if theirs.records:
-                self.take_over(holder, theirs)
-                return
-        if self.agent not in self.earlier:
+            self.take_over(holder, theirs)
+            return
+        mine = self.journal.transcript().records
+        if mine and (self.agent not in self.earlier or not begun_since_restart(self.task, mine)):
             # None since the last fresh start: a transcript of ours predates it, and it ended badly.
             kept = self.journal.set_aside_attempt(max(1, int(self.task.get("claims") or 1) - 1))
             if kept:

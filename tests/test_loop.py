@@ -723,8 +723,6 @@ def test_an_agent_holding_the_task_again_past_a_dead_holder_goes_on_with_its_own
     assert not any(note.startswith("continued the conversation") for note in again.notes)
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: the fresh start's holder died before setting its old "
-                                       "transcript aside; the next claim cannot tell it from a new one")
 def test_a_fresh_start_whose_holder_died_before_setting_its_old_conversation_aside_stays_fresh(tmp_path, counter):
     # alice's attempt failed; she claimed the task again (a fresh start) and was judged gone before
     # her resume set the failed conversation aside; carol claims it. The failed conversation is over:
@@ -739,6 +737,29 @@ def test_a_fresh_start_whose_holder_died_before_setting_its_old_conversation_asi
         model.script("openai", openai_reply("fresh answer"))
         assert make_loop(model, tmp_path, "carol", {**TASK, "history": history, "claims": 3}).run().kind == "done"
     assert [m["role"] for m in model.requests[-1]["body"]["messages"]] == ["system", "user"]
+
+
+def test_the_conversation_begun_at_a_fresh_start_is_continued_past_it(tmp_path, counter):
+    # alice's attempt failed; bob started afresh (his first message carries the note), bumped and was
+    # judged gone; carol continues bob's conversation, not alice's failed one, and bumps nothing again.
+    failed = [{"by": "alice", "from": "todo", "to": "doing"},
+              {"by": "alice", "from": "doing", "to": "todo", "note": "attempt 1 of 3 failed: provider error"},
+              {"by": "bob", "from": "todo", "to": "doing"}]
+    with ScriptedLLM() as model:
+        model.script("openai", openai_reply(tool_calls=[("bump", {"n": 1})]), *[error_reply(500)] * 3)
+        assert make_loop(model, tmp_path, "alice", claimed_by("alice")).run().kind == "failed"
+        model.script("openai", openai_reply(tool_calls=[("bump", {"n": 2})]), *[error_reply(500)] * 3)
+        bob = make_loop(model, tmp_path, "bob", {**TASK, "history": failed, "claims": 2})
+        assert bob.run().kind == "failed" and counter() == ["1", "2"]
+        model.script("openai", openai_reply("done after bob"))
+        carol = make_loop(model, tmp_path, "carol", {**TASK, "history": [*failed, {"by": "carol", "from": "todo",
+                                                                                  "to": "doing"}], "claims": 3})
+        assert carol.run().text == "done after bob"
+    assert counter() == ["1", "2"]
+    assert "continued the conversation of bob (4 messages)" in carol.notes
+    sent = model.requests[-1]["body"]["messages"]
+    assert "did not succeed (attempt 1 of 3 failed: provider error)" in sent[1]["content"]
+    assert sent[-1]["content"] == "bumped 2"
 
 
 @pytest.mark.xfail(strict=True, reason="review finding: a <tool_call> block that is not JSON is the task's answer")
