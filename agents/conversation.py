@@ -20,6 +20,10 @@ CONTINUE = ("Your answer was cut off at the output token limit. Continue it exac
 # attempt, in the transcript, before the attempt counts as failed: a server's quirk spends no attempt.
 MAX_REASKS = 2
 REASK = "Your last answer was empty. Answer the task now, or call one of the tools."
+# An answer that is nothing but <tool_call> blocks none of which can be read (small models close one
+# brace too many) is a call gone wrong, never the task's result: asked again the same way.
+UNREADABLE = ("Your tool call could not be read: its JSON is not valid. Call the tool again with valid JSON, "
+              "or answer without a tool.")
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -142,10 +146,11 @@ def answer_pieces(messages: list[Message]) -> list[str]:
 
 
 def reasks(messages: list[Message]) -> int:
-    """How many times in a row the model was asked again after an empty answer, up to the last
-    message (pure): the REASKs each after an assistant message, counted back from the end."""
+    """How many times in a row the model was asked again after an empty answer or an unreadable call,
+    up to the last message (pure): the REASKs and UNREADABLEs each after an assistant message,
+    counted back from the end."""
     count, index = 0, len(messages) - 2
-    while index >= 1 and messages[index]["role"] == "user" and messages[index].get("content") == REASK \
+    while index >= 1 and messages[index]["role"] == "user" and messages[index].get("content") in (REASK, UNREADABLE) \
             and messages[index - 1]["role"] == "assistant":
         count += 1
         index -= 2

@@ -42,6 +42,7 @@ from .conversation import (
     MAX_REASKS,
     REASK,
     ROLES,
+    UNREADABLE,
     answer_pieces,
     awaits_continuation,
     begun_since_restart,
@@ -55,6 +56,7 @@ from .ledger import BudgetReached
 from .logline import call_line, model_line, say
 from .providers import Attempt, Provider, ProviderError, abort, complete_with_fallback
 from .sizing import filled_context
+from .textcalls import unreadable_call
 from .tools import Finished, NeedsPerson, Refused, Toolbox, ToolContext, ToolError
 from .translate import Message, text_tool_calls
 
@@ -709,6 +711,15 @@ class TaskLoop:
                         continue
                     return Outcome("failed", f"the model answered nothing {asked + 1} times in a row "
                                              f"(stop: {completion.stop})", warnings=tuple(self.warnings))
+                if unreadable_call(answer):
+                    asked = reasks(messages)
+                    if asked < MAX_REASKS:
+                        self.notes.append(f"the model's tool call could not be read; asked again ({asked + 1} of "
+                                          f"{MAX_REASKS})")
+                        self._append(messages, {"role": "user", "content": UNREADABLE})
+                        continue
+                    return Outcome("failed", f"the model's tool call could not be read {asked + 1} times in a row",
+                                   warnings=tuple(self.warnings))
                 return Outcome("done", answer, warnings=tuple(self.warnings))
         except NeedsPerson as question:
             return Outcome("blocked", str(question), question=str(question))

@@ -157,3 +157,9 @@ def text_tool_calls(message: Message, known: set[str]) -> Message:
         return message
     calls, rest = found
     return {**message, "content": rest or None, "tool_calls": [structured(name, args) for name, args in calls]}
+
+
+def unreadable_call(text: str) -> bool:
+    """Whether an answer with no call read from it is nothing but `<tool_call>` blocks (pure): the
+    model meant to call a tool and wrote what cannot be read, which is no result of the task."""
+    return "<tool_call>" in text and not TAG.sub("", text).strip()

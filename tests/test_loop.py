@@ -10,7 +10,7 @@ import threading
 
 import pytest
 from hermes_sup.agents import builtins  # noqa: F401 - registers the built-in tools
-from hermes_sup.agents.conversation import REASK, reasks
+from hermes_sup.agents.conversation import REASK, UNREADABLE, reasks
 from hermes_sup.agents.loop import TaskLoop, task_prompt
 from hermes_sup.agents.memory import MemoryFile
 from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig
@@ -762,7 +762,6 @@ def test_the_conversation_begun_at_a_fresh_start_is_continued_past_it(tmp_path, 
     assert sent[-1]["content"] == "bumped 2"
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: a <tool_call> block that is not JSON is the task's answer")
 def test_an_answer_that_is_only_an_unreadable_call_is_not_the_tasks_result(llm, tmp_path):
     # Small models often close one brace too many. The answer is a call the loop cannot read, not a
     # result: completing the task with it hands the raw tag to whoever reads the result.
@@ -770,6 +769,14 @@ def test_an_answer_that_is_only_an_unreadable_call_is_not_the_tasks_result(llm, 
                openai_reply("final"))
     outcome = make_loop(llm, tmp_path).run()
     assert (outcome.kind, outcome.text) == ("done", "final")
+    assert llm.requests[1]["body"]["messages"][-1] == {"role": "user", "content": UNREADABLE}
+
+
+def test_a_model_whose_calls_stay_unreadable_fails_the_attempt_after_the_reasks(llm, tmp_path):
+    llm.script("openai", *[openai_reply('<tool_call>{"name": "read_file", "arguments": {}}}</tool_call>')] * 3,
+               openai_reply("never reached"))
+    outcome = make_loop(llm, tmp_path).run()
+    assert (outcome.kind, outcome.text) == ("failed", "the model's tool call could not be read 3 times in a row")
 
 
 def test_a_newest_transcript_with_no_readable_message_is_passed_over(tmp_path, counter):

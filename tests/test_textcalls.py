@@ -147,3 +147,12 @@ def test_an_answer_with_structured_calls_keeps_them_whatever_its_text_says():
     message = {"role": "assistant", "content": '{"name": "terminal", "arguments": {"command": "ls"}}',
                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}]}
     assert text_tool_calls(message, KNOWN) is message
+
+
+def test_an_answer_of_unreadable_call_blocks_alone_is_told_apart():
+    from hermes_sup.agents.textcalls import unreadable_call
+
+    assert unreadable_call('<tool_call>{"name": "read_file", "arguments": {}}}</tool_call>')
+    assert unreadable_call("<tool_call>oops</tool_call>\n<tool_call>{")
+    assert not unreadable_call("The file says <tool_call>oops</tool_call> in it.")  # prose around it: an answer
+    assert not unreadable_call("no call at all")
