@@ -15,6 +15,7 @@ import pwd
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -142,6 +143,7 @@ def start_server() -> PgServer:
         user = SERVER_USER
         os.chown(base, entry.pw_uid, entry.pw_gid)
     server = PgServer(bin_dir, base, free_port(), user)
+    reap(base)
     try:
         server.start()
     except (PgServerError, OSError, subprocess.TimeoutExpired) as exc:
@@ -149,6 +151,19 @@ def start_server() -> PgServer:
         server.stop()
         raise PgServerError(f"the PostgreSQL test server did not start: {exc}\n{tail}") from None
     return server
+
+
+_REAPER_PIPES: list[int] = []  # write ends, held open (never written) for as long as this process lives
+
+
+def reap(base: Path) -> None:
+    """Start tests/pgreaper.py for the server in `base`: it stops the server and removes `base` once
+    this process is gone, killed or not (its pipe's write end, held here alone, closes with it)."""
+    read, write = os.pipe()  # not inheritable: no process this one starts holds the pipe open
+    subprocess.Popen([sys.executable, str(Path(__file__).with_name("pgreaper.py")), str(base)], stdin=read,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    os.close(read)
+    _REAPER_PIPES.append(write)
 
 
 @pytest.fixture(scope="session")
