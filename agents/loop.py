@@ -702,24 +702,18 @@ class TaskLoop:
                 if len(pieces) > 1:
                     self.warnings.append(f"the answer reached max_tokens {len(pieces) - 1} times and was continued")
                 answer = "".join(pieces).strip()
-                if not answer:
+                wrong = (("the model answered nothing", f" (stop: {completion.stop})", REASK) if not answer else
+                         ("the model's tool call could not be read", "", UNREADABLE) if unreadable_call(answer)
+                         else None)
+                if wrong is not None:
+                    what, detail, ask = wrong
                     asked = reasks(messages)
-                    if asked < MAX_REASKS:
-                        self.notes.append(f"the model answered nothing (stop: {completion.stop}); asked again "
-                                          f"({asked + 1} of {MAX_REASKS})")
-                        self._append(messages, {"role": "user", "content": REASK})
-                        continue
-                    return Outcome("failed", f"the model answered nothing {asked + 1} times in a row "
-                                             f"(stop: {completion.stop})", warnings=tuple(self.warnings))
-                if unreadable_call(answer):
-                    asked = reasks(messages)
-                    if asked < MAX_REASKS:
-                        self.notes.append(f"the model's tool call could not be read; asked again ({asked + 1} of "
-                                          f"{MAX_REASKS})")
-                        self._append(messages, {"role": "user", "content": UNREADABLE})
-                        continue
-                    return Outcome("failed", f"the model's tool call could not be read {asked + 1} times in a row",
-                                   warnings=tuple(self.warnings))
+                    if asked >= MAX_REASKS:
+                        return Outcome("failed", f"{what} {asked + 1} times in a row{detail}",
+                                       warnings=tuple(self.warnings))
+                    self.notes.append(f"{what}{detail}; asked again ({asked + 1} of {MAX_REASKS})")
+                    self._append(messages, {"role": "user", "content": ask})
+                    continue
                 return Outcome("done", answer, warnings=tuple(self.warnings))
         except NeedsPerson as question:
             return Outcome("blocked", str(question), question=str(question))
