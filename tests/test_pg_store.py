@@ -536,11 +536,24 @@ def test_a_host_killed_whole_has_its_tasks_done_by_the_others(make_store: Factor
     for index in range(total):
         store.add({"id": f"t{index:05d}", "title": f"task {index}"})
     env = {**os.environ, "HERMES_SUP_TEST_PG_DSN": pg_server.dsn}
-    # host-2's tasks take 0.2 s each, so it is killed holding claims.
-    hosts = {h: [subprocess.Popen([sys.executable, str(WORKER), schema, f"host-{h}", f"agent-{h}-{c}",
-                                   str(host_timeout), "0.2" if h == 2 else "0"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-                 for c in range(2)] for h in range(3)}
+
+    def start(h: int) -> list[subprocess.Popen[str]]:
+        return [subprocess.Popen([sys.executable, str(WORKER), schema, f"host-{h}", f"agent-{h}-{c}",
+                                  str(host_timeout), "0.2" if h == 2 else "0"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                for c in range(2)]
+
+    def host2_holds() -> int:
+        with admin(pg_server) as conn:
+            return conn.execute(f"SELECT count(*) FROM \"{schema}\".tasks "
+                                "WHERE status = 'doing' AND lease_host = 'host-2'").fetchone()[0]
+
+    # host-2's tasks take 0.2 s each, so it is killed holding claims. It starts first and the board
+    # shows it holding both claims before the fast hosts begin: on a loaded machine they could
+    # otherwise empty the board before host-2's interpreters had started (seen in CI).
+    hosts = {2: start(2)}
+    wait_until(lambda: host2_holds() == 2, timeout=60, interval=0.05)
+    hosts |= {h: start(h) for h in (0, 1)}
     wait_until(lambda: store.counts()["done"] >= 100, timeout=60, interval=0.05)
     for proc in hosts[2]:  # host-2 dies whole, mid-run, holding claims
         proc.kill()
