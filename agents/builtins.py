@@ -8,6 +8,7 @@ import contextlib
 from typing import Any
 
 from . import delegation, files, kanban_tools, skills, terminal  # noqa: F401 - they register their tools
+from .offer import ASKING, COMMENTING, PLANNING, WAITING
 from .tools import NeedsPerson, Tool, ToolContext, ToolError, register
 
 
@@ -121,23 +122,22 @@ def kanban_comment(ctx: ToolContext, args: dict[str, Any]) -> str:
 
 register(Tool("wait", "Wait a number of seconds.", wait,
               {"type": "object", "properties": {"seconds": {"type": "number", "minimum": 0}}, "required": ["seconds"]},
-              capabilities=("fs.read",), idempotent=True, toolset="board"))
+              capabilities=("fs.read",), idempotent=True, toolset="board", cues=WAITING))
 MEMORY_OPERATION = {"type": "object", "properties": {
     "action": {"type": "string", "enum": ["add", "replace", "remove"]},
-    "content": _string("the fact, for add and replace"),
-    "old_text": _string("a piece of the entry to change, unique to it")},
+    "content": _string("the fact"),
+    "old_text": _string("part of the entry to change")},
     "required": ["action"], "additionalProperties": False}
 register(Tool("memory", "Keep a fact across tasks (add), or replace or remove the entry holding old_text.",
-              memory, {"type": "object", "properties": {
-                  **MEMORY_OPERATION["properties"],
-                  "target": {"type": "string", "enum": ["memory", "user"]}},
-                  "additionalProperties": False},
+              memory, {"type": "object", "properties": MEMORY_OPERATION["properties"],
+                       "additionalProperties": False},
               capabilities=("memory",), toolset="memory",
-              hidden={"operations": {"type": "array", "items": MEMORY_OPERATION}}))
+              hidden={"operations": {"type": "array", "items": MEMORY_OPERATION},
+                      "target": {"type": "string", "enum": ["memory", "user"]}}))
 register(Tool("ask_human", "Ask a person, only when you cannot go on without their answer.", ask_human,
               {"type": "object", "properties": {"question": _string("what you need to know", minLength=1)},
                "required": ["question"], "additionalProperties": False},
-              capabilities=("kanban",), toolset="board"))
+              capabilities=("kanban",), toolset="board", cues=ASKING))
 register(Tool("kanban_create", "Add a task to the team's board (a follow-up or a sub-task); returns its id.",
               kanban_create,
               {"type": "object", "properties": {
@@ -145,12 +145,12 @@ register(Tool("kanban_create", "Add a task to the team's board (a follow-up or a
                   "priority": {"type": "integer"}, "depends_on": {"type": "array", "items": {"type": "string"}},
                   "role": _string("only agents with this role take it"),
                   "assignee": _string("only this agent takes it"),
-                  "tier": {"type": "string", "enum": ["auto", "cheap", "standard", "premium"]},
-                  "id": _string("your own id (a-z, 0-9, -), for depends_on of later tasks"),
-                  "steps": {"type": "array", "items": {"type": "object"},
-                            "description": "tool calls run without a model: [{tool, args}]"}},
+                  "id": _string("your own id (a-z, 0-9, -), for depends_on")},
                   "required": ["title"], "additionalProperties": False},
-              capabilities=("kanban",), toolset="board", hidden={
+              capabilities=("kanban",), toolset="board", cues=PLANNING, hidden={
+                  # Seldom what a model needs; accepted all the same (a planner's prompt may name them).
+                  "tier": {"type": "string", "enum": ["auto", "cheap", "standard", "premium"]},
+                  "steps": {"type": "array", "items": {"type": "object"}},
                   "parents": {"type": "array", "items": {"type": "string"}},
                   "skills": {"type": "array", "items": {"type": "string"}}, "idempotency_key": {"type": "string"},
                   **{name: {"type": ["string", "integer", "boolean"]} for name in HERMES_CREATE_IGNORED}}))
@@ -158,5 +158,5 @@ register(Tool("kanban_comment", "Add a comment to a task on the board.", kanban_
               {"type": "object", "properties": {"task_id": _string("the task's id", minLength=1),
                                                 "text": _string("the comment", minLength=1)},
                "required": ["task_id"], "additionalProperties": False},
-              capabilities=("kanban",), idempotent=False, toolset="board",
+              capabilities=("kanban",), idempotent=False, toolset="board", cues=COMMENTING,
               hidden={"body": {"type": "string", "minLength": 1}, "board": {"type": "string"}}))

@@ -131,6 +131,12 @@ def unanswered(messages: list[Message]) -> tuple[str, list[dict[str, Any]]]:
     return "", []
 
 
+def called(messages: list[Message]) -> set[str]:
+    """The names of the tools the conversation's assistant messages called (pure)."""
+    return {str(call.get("function", {}).get("name")) for message in messages if message.get("role") == "assistant"
+            for call in message.get("tool_calls") or [] if isinstance(call, dict)}
+
+
 def answer_pieces(messages: list[Message]) -> list[str]:
     """The texts of the last assistant message and of the cut answers it continues, in order: an
     answer that reached max_tokens is marked `cut` in the transcript and followed by CONTINUE."""

@@ -30,6 +30,7 @@ from typing import Any
 
 from hermes_sup.kanban.liveness import start_time
 
+from .offer import DELEGATING
 from .tools import Tool, ToolContext, ToolError, register
 
 TERMINAL = ("done", "failed", "cancelled")
@@ -88,6 +89,8 @@ def child_config(parent: dict[str, Any], name: str, task_id: str, limits: Limits
     return {**{k: v for k, v in parent.items() if k not in ("count", "roles", "env", "command")},
             "name": name, "roles": [], "tier": limits.tier, "capabilities": grants, "toolsets": narrowed,
             "depth": depth, "only_task": task_id, "parent_pid": os.getpid(),
+            # Tools the delegating model named are what it wants the helper to use: all offered.
+            **({"offer_tools": "all"} if toolsets else {}),
             "identity": f"You are a helper working one subtask for {parent['name']}; answer with its result."}
 
 
@@ -372,5 +375,5 @@ register(Tool("delegate_task", "Hand a self-contained subtask to a helper agent 
                       "required": ["goal"]}, "maxItems": MAX_BATCH,
                       "description": "instead of goal, a batch worked in parallel: [{goal, context?}]"}},
                   "additionalProperties": False},
-              capabilities=("delegate",), idempotent=True, toolset="delegation", prepare=start_early,
+              capabilities=("delegate",), idempotent=True, toolset="delegation", prepare=start_early, cues=DELEGATING,
               hidden={"role": {"type": "string", "enum": ["leaf", "orchestrator"]}, "background": {"type": "boolean"}}))

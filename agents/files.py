@@ -23,6 +23,7 @@ from hermes_sup.kanban.fsio import read_fd
 from hermes_sup.kanban.redact import scrub_bytes
 
 from . import v4a
+from .offer import FILE_WORK
 from .terminal import clean_env, withheld
 from .tools import Tool, ToolContext, ToolError, register
 
@@ -313,11 +314,12 @@ register(Tool("read_file", "Read a text file from your folder (offset: first lin
                   "path": PATH, "offset": {"type": "integer", "minimum": 1},
                   "limit": {"type": "integer", "minimum": 0}},
                   "required": ["path"], "additionalProperties": False},
-              capabilities=("fs.read",), idempotent=True, toolset="files"))
+              capabilities=("fs.read",), idempotent=True, toolset="files", cues=FILE_WORK))
 register(Tool("write_file", "Write a text file in your folder, replacing it if it exists.", write_file,
               {"type": "object", "properties": {"path": PATH, "content": _string("the whole text")},
                "required": ["path", "content"], "additionalProperties": False},
-              capabilities=("fs.write",), idempotent=True, toolset="files", hidden={"cross_profile": CROSS_PROFILE}))
+              capabilities=("fs.write",), idempotent=True, toolset="files", cues=FILE_WORK,
+              hidden={"cross_profile": CROSS_PROFILE}))
 # Hermes' mode patch (a V4A patch) is accepted without being offered: its description alone would
 # cost every call more than the rest of the tool.
 register(Tool("patch", "Replace old_string by new_string in a file of your folder (once, unless replace_all).",
@@ -325,15 +327,14 @@ register(Tool("patch", "Replace old_string by new_string in a file of your folde
                   "path": PATH, "old_string": {"type": "string", "minLength": 1}, "new_string": {"type": "string"},
                   "replace_all": {"type": "boolean"}},
                   "additionalProperties": False},
-              capabilities=("fs.write",), toolset="files", hidden={
+              capabilities=("fs.write",), toolset="files", cues=FILE_WORK, hidden={
                   "mode": {"type": "string", "enum": ["replace", "patch"]}, "patch": {"type": "string"},
                   "cross_profile": CROSS_PROFILE}))
 register(Tool("search_files", "Find lines matching a regex in your folder's files (an empty one lists them).",
               search_files, {"type": "object", "properties": {
-                  "pattern": _string("a regex"), "path": _string("a folder or file to search in"),
-                  "file_glob": _string("only files whose name matches, e.g. *.py")},
+                  "pattern": _string("a regex"), "path": {"type": "string"}, "file_glob": _string("e.g. *.py")},
                   "required": ["pattern"], "additionalProperties": False},
-              capabilities=("fs.read",), idempotent=True, toolset="files", hidden={
+              capabilities=("fs.read",), idempotent=True, toolset="files", cues=FILE_WORK, hidden={
                   "target": {"type": "string", "enum": ["content", "files"]},
                   "limit": {"type": "integer", "minimum": 1}, "offset": {"type": "integer", "minimum": 0},
                   "output_mode": {"type": "string", "enum": ["content", "files_only", "count"]},

@@ -46,6 +46,7 @@ from .conversation import (
     answer_pieces,
     awaits_continuation,
     begun_since_restart,
+    called,
     fresh_note,
     fresh_start,
     holders,
@@ -54,6 +55,7 @@ from .conversation import (
 )
 from .ledger import BudgetReached
 from .logline import call_line, model_line, say
+from .offer import offered, task_text
 from .providers import Attempt, Provider, ProviderError, abort, complete_with_fallback
 from .sizing import filled_context
 from .textcalls import unreadable_call
@@ -308,8 +310,9 @@ class TaskLoop:
                  summarizer: list[Provider] | None = None, keep_recent: int = KEEP_RECENT,
                  on_step: Callable[[int], None] = lambda step: None, agent: str = "",
                  inputs: list[dict[str, Any]] | None = None, tool_use: dict[str, ToolUse] | None = None,
-                 journal: TaskJournal | None = None) -> None:
+                 journal: TaskJournal | None = None, offer_tools: str = "task") -> None:
         self.task = task
+        self.offer_tools = offer_tools
         self.tool_use = tool_use if tool_use is not None else {}
         self.warnings: list[str] = []
         self._answered_by = ""
@@ -654,8 +657,12 @@ class TaskLoop:
     def run(self) -> Outcome:
         self._spent_before()
         messages = self.resume()
-        tools = self.toolbox.schemas()
-        known = {t["function"]["name"] for t in tools}
+        callable_tools = self.toolbox.callable()
+        known = set(callable_tools)  # a text call names any of them, offered or not
+        cues = {name: tool.cues for name, tool in callable_tools.items()}
+        text = task_text(self.task, self.inputs, self.identity, self.prompt_extra)
+        names = offered(cues, text, called(messages), self.offer_tools)
+        tools = self.toolbox.schemas(names)
         recent: list[str] = []
         try:
             for iteration in range(self.max_iterations):
@@ -663,6 +670,10 @@ class TaskLoop:
                 turn, pending = unanswered(messages)
                 if pending:
                     self.run_calls(messages, turn, pending)
+                    if any(c["function"]["name"] in known and c["function"]["name"] not in names for c in pending):
+                        # Called without being offered: offered from now on, its arguments shown.
+                        names = offered(cues, text, called(messages), self.offer_tools)
+                        tools = self.toolbox.schemas(names)
                     signature = json.dumps([[c["function"]["name"], c["function"]["arguments"]] for c in pending]
                                            + [m.get("content") for m in messages[-len(pending):]])
                     recent = [*recent[-(STUCK_REPEATS - 1):], signature]

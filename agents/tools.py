@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,6 +87,8 @@ class Tool:
     hidden: dict[str, Any] = field(default_factory=dict)
     # Offered only to an agent whose `toolsets` name this tool's toolset (Hermes' worker tools).
     opt_in: bool = False
+    # Word beginnings that call for the tool in a task (agents/offer.py); none: always offered.
+    cues: tuple[str, ...] = ()
 
     def accepted(self) -> dict[str, Any]:
         """The schema a call's arguments are checked against: the offered one and the hidden arguments."""
@@ -95,9 +97,32 @@ class Tool:
         return {**self.parameters, "properties": {**(self.parameters.get("properties") or {}), **self.hidden}}
 
     def schema(self) -> dict[str, Any]:
-        """The tool as an OpenAI function definition."""
+        """The tool as an OpenAI function definition, without the keywords only the check before a
+        call needs (they cost every call their tokens and tell the model nothing it must know)."""
         return {"type": "function", "function": {
-            "name": self.name, "description": self.description, "parameters": self.parameters}}
+            "name": self.name, "description": self.description, "parameters": lean(self.parameters)}}
+
+
+# Enforced by args_problem before every call, so the model need not read them.
+CHECK_ONLY = frozenset({"additionalProperties", "minLength", "maxLength", "minimum", "maximum",
+                        "minItems", "maxItems", "pattern"})
+
+
+def lean(schema: Any) -> Any:
+    """`schema` without CHECK_ONLY keywords, at every depth (pure)."""
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in CHECK_ONLY:
+            continue
+        if key == "properties" and isinstance(value, dict):
+            out[key] = {name: lean(sub) for name, sub in value.items()}
+        elif key == "items":
+            out[key] = lean(value)
+        else:
+            out[key] = value
+    return out
 
 
 REGISTRY: dict[str, Tool] = {}
@@ -238,11 +263,16 @@ class Toolbox:
         used = {c for tool in self.tools().values() if self.allowed(tool) for c in tool.capabilities}
         return tuple(c for c in self.grants if c in used)
 
-    def schemas(self) -> list[dict[str, Any]]:
-        """The definitions of every tool this agent may call, in a stable order (provider caches
-        need byte-identical prompts)."""
-        tools = self.tools()
-        return [tools[name].schema() for name in sorted(tools) if self.allowed(tools[name])]
+    def callable(self) -> dict[str, Tool]:
+        """The tools this agent may call: its toolsets' tools it has every capability of."""
+        return {name: tool for name, tool in self.tools().items() if self.allowed(tool)}
+
+    def schemas(self, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """The definitions of the tools this agent may call (of those `names` only, when given), in
+        a stable order (provider caches need byte-identical prompts)."""
+        tools = self.callable()
+        wanted = set(tools) if names is None else set(names)
+        return [tools[name].schema() for name in sorted(tools) if name in wanted]
 
     def get(self, name: str) -> Tool | None:
         return self.tools().get(name)

@@ -368,7 +368,8 @@ class Agent:
                         max_tokens=self.config.get("max_tokens"), max_cost=self.config.get("max_cost"),
                         summarizer=self.chain("cheap") or chain, on_step=self._on_step, agent=self.name,
                         inputs=self.inputs(doc), complete=complete,
-                        tool_use=self._tool_use, journal=self.board.task_journal(task_id, token, self.name,
+                        tool_use=self._tool_use, offer_tools=str(self.config.get("offer_tools") or "task"),
+                        journal=self.board.task_journal(task_id, token, self.name,
                                                                                  self.workdir))
         try:
             outcome = loop.run()

@@ -126,7 +126,8 @@ def build_specs(config: dict[str, Any], root: Path, *, python: str = sys.executa
                 tools=json.dumps({"toolsets": entry.get("toolsets"),
                                   "terminal": _merged(defaults, entry, "terminal") or {},
                                   "delegation": _merged(defaults, entry, "delegation") or {},
-                                  "memory": _merged(defaults, entry, "memory") or {}}, sort_keys=True),
+                                  "memory": _merged(defaults, entry, "memory") or {},
+                                  "offer_tools": _merged(defaults, entry, "offer_tools") or "task"}, sort_keys=True),
                 board=json.dumps({"board": config.get("board") or {}, "host": config.get("host")}, sort_keys=True),
             )
             specs.append(_with_digest(spec))

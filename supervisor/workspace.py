@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 from hermes_sup.agents.budget import check_budgets
 from hermes_sup.agents.memory import limits_problem
+from hermes_sup.agents.offer import MODES as OFFER_MODES
 from hermes_sup.agents.routespec import routing_error
 from hermes_sup.agents.taskdir import TASKS_DIR
 from hermes_sup.kanban import BoardError, BoardStore
@@ -139,7 +140,8 @@ def _strip_lines(value: Any) -> Any:
 TOP_KEYS = ("providers", "tiers", "defaults", "agents", "prices", "board", "host", "schedules", "routing", "alerts",
             "budgets")
 DEFAULT_KEYS = ("restart", "stop_timeout", "heartbeat_timeout", "orphan_grace", "max_rss_mb", "log_max_mb",
-                "log_keep", "max_iterations", "max_tokens", "max_cost", "terminal", "delegation", "memory")
+                "log_keep", "max_iterations", "max_tokens", "max_cost", "terminal", "delegation", "memory",
+                "offer_tools")
 RESTART_KEYS = ("policy", "backoff", "max_restarts", "window", "reset_after")
 CAPABILITIES = ("fs.read", "fs.write", "shell", "network", "memory", "delegate", "skills", "kanban")
 TIERS = ("auto", "cheap", "standard", "premium")
@@ -148,7 +150,7 @@ PROVIDER_KEYS = ("kind", "model", "base_url", "api_key_env", "timeout", "max_tok
 AGENT_KEYS = ("name", "roles", "tier", "skills", "capabilities", "count", "provider", "env", "restart",
               "stop_timeout", "heartbeat_timeout", "orphan_grace", "max_rss_mb", "log_max_mb", "log_keep",
               "max_iterations", "max_tokens", "max_cost", "identity", "toolsets", "command", "terminal",
-              "delegation", "memory")
+              "delegation", "memory", "offer_tools")
 
 
 def _parse_config(path: Path) -> dict[str, Any]:
@@ -474,6 +476,9 @@ def _check_tools(node: dict[str, Any], where: str, fail: Any) -> None:
         if "timeout" in value and not _seconds(value["timeout"]):
             raise fail(value, f"{where}: '{key}.timeout' must be a number of seconds > 0{UP_TO_A_DAY}, "
                               f"got {value['timeout']!r}")
+    if node.get("offer_tools", "task") not in OFFER_MODES:
+        raise fail(node, f"{where}: 'offer_tools' must be one of {', '.join(OFFER_MODES)} (task: the tools the "
+                         f"task calls for; all: every tool), got {node['offer_tools']!r}")
     terminal = node.get("terminal") or {}
     approve = terminal.get("approve", [])
     if not isinstance(approve, list) or not all(isinstance(rule, str) for rule in approve):
