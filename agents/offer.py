@@ -39,7 +39,8 @@ _FILE = re.compile(r"\b[\w-]+\.[A-Za-z][A-Za-z0-9]{1,4}\b|\w/\w|(?:^|\s)[~.]?/\w
 def calls_for(cues: Iterable[str], text: str) -> bool:
     """Whether a word of `text` begins with one of `cues` (case-blind), or, for FILE_CUE, whether
     `text` names a file or a path. An empty `cues` always calls for the tool."""
-    cues = tuple(cues)
+    # A skill's own cues may be anything: a lone string is one cue, what is not text is no cue.
+    cues = (cues,) if isinstance(cues, str) else tuple(cue for cue in cues if isinstance(cue, str) and cue)
     if not cues:
         return True
     lowered = text.lower()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hermes_sup.agents.files import confined
+from hermes_sup.agents.offer import FILE_CUE
 from hermes_sup.agents.tools import Tool, ToolError, register
 
 MAX_INPUT = 200_000
@@ -33,4 +34,5 @@ register(Tool("summarize", "Summarize a long text or a file of your folder with 
                   "text": {"type": "string"}, "path": {"type": "string"}, "focus": {"type": "string"},
                   "max_words": {"type": "integer", "minimum": 10, "maximum": 2000}},
                   "additionalProperties": False},
-              capabilities=("fs.read",), idempotent=True))
+              capabilities=("fs.read",), idempotent=True,
+              cues=(FILE_CUE, "summar", "long", "shorten", "condens")))

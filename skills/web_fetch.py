@@ -83,4 +83,5 @@ register(Tool("web_fetch", "Fetch a URL (http or https) and return its text; HTM
                   "url": {"type": "string", "minLength": 1},
                   "timeout": {"type": "number", "minimum": 1, "maximum": 120}},
                   "required": ["url"], "additionalProperties": False},
-              capabilities=("network",), idempotent=True))
+              capabilities=("network",), idempotent=True,
+              cues=("http", "url", "web", "site", "page", "fetch", "link", "download", "online")))

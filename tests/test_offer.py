@@ -56,6 +56,8 @@ def test_a_tool_named_in_the_text_or_already_called_is_offered_and_all_offers_ev
 def test_the_cues_are_word_beginnings_and_files_are_seen_by_their_shape():
     assert calls_for(("writ",), "Writing it down") and not calls_for(("writ",), "rewrite")
     assert calls_for((), "anything"), "no cues: always offered"
+    assert calls_for("csv", "a CSV file") and not calls_for("csv", "cat"), "a lone string is one cue"
+    assert calls_for((None, 3, ""), "anything"), "what is not text is no cue"
     for text in ("open report.pdf", "look in docs/api", "see ~/papers", "the /etc folder"):
         assert calls_for((FILE_CUE,), text), text
     for text in ("costs 3.5 dollars", "e.g. this", "i.e. that", "What is 2 + 2?"):
@@ -118,3 +120,19 @@ def test_offer_tools_is_checked_and_reaches_the_agent(tmp_path):
     path.write_text("agents:\n  - name: a\n\n    offer_tools: some\n")
     with pytest.raises(ConfigError, match=rf"{path}:2: agent a: 'offer_tools' must be one of task, all"):
         load_config(path)
+
+
+def test_the_bundled_skills_tools_wait_for_their_cues():
+    import runpy
+    from pathlib import Path
+
+    from hermes_sup.agents.tools import collecting
+
+    with collecting() as skill_tools:
+        for name in ("data_tools", "summarize", "web_fetch"):
+            runpy.run_path(str(Path(__file__).resolve().parent.parent / "skills" / f"{name}.py"))
+    cues = {**DEFAULT_OFFER, **{tool.name: tool.cues for tool in skill_tools}}
+    assert {"csv_summary", "json_query", "summarize", "web_fetch"} <= set(cues)
+    assert offered(cues, "What is 17 + 25?") == ["memory"], "a small model called csv_summary for a sum"
+    assert {"csv_summary", "summarize"} <= set(offered(cues, "Summarize sales.csv"))
+    assert "web_fetch" in offered(cues, "What does https://example.org say?")
