@@ -8,6 +8,7 @@ import contextlib
 from typing import Any
 
 from . import delegation, files, kanban_tools, skills, terminal  # noqa: F401 - they register their tools
+from .grants import grants_of
 from .offer import ASKING, COMMENTING, PLANNING, WAITING
 from .tools import NeedsPerson, Tool, ToolContext, ToolError, register
 
@@ -41,9 +42,10 @@ def ask_human(ctx: ToolContext, args: dict[str, Any]) -> str:
 
 def created_by(ctx: ToolContext) -> dict[str, Any]:
     """What a task an agent makes records of its maker (pure): the task it worked on, its name, and
-    the capabilities of the call, so the new task's steps never run with more (agents/steps.py).
-    Taken from the context, never from the arguments, which the model writes."""
-    meta: dict[str, Any] = {"created_by": ctx.agent or "agent", "capabilities": list(ctx.grants or ())}
+    the capabilities of the call and the folders it may use, so the new task's steps never run with
+    more (agents/steps.py). Taken from the context, never from the arguments, which the model writes."""
+    meta: dict[str, Any] = {"created_by": ctx.agent or "agent", "capabilities": list(ctx.grants or ()),
+                            "folders": {g.name: g.mode for g in grants_of(ctx.settings)}}
     if ctx.task:
         meta["created_by_task"] = ctx.task["id"]
     return meta

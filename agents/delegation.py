@@ -209,6 +209,7 @@ class Delegator:
         folder = self.workdir / "children" / name
         folder.mkdir(parents=True, exist_ok=True)
         config = child_config(self.config, name, doc["id"], self.limits, args.get("toolsets"), ctx.grants)
+        config["folders"] = ctx.settings.get("folders") or {}  # what the delegating call may use, no more
         env = {**os.environ, "HERMES_SUP_AGENT": json.dumps(config), "HERMES_SUP_WORKSPACE": str(self.workspace)}
         env.pop("HERMES_SUP_NOTIFY", None)
         log = open(folder / "agent.log", "ab")  # noqa: SIM115 - handed to the child

@@ -23,6 +23,7 @@ from hermes_sup.kanban.fsio import read_fd
 from hermes_sup.kanban.redact import scrub_bytes
 
 from . import v4a
+from .grants import GrantRefused, Place, grants_of, place
 from .offer import FILE_WORK
 from .terminal import clean_env, withheld
 from .tools import Tool, ToolContext, ToolError, register
@@ -47,20 +48,17 @@ def root_of(ctx: ToolContext) -> Path:
     return scratch.resolve()
 
 
-def confined(ctx: ToolContext, relative: object, *, allow_root: bool = False) -> Path:
-    if not isinstance(relative, str) or not relative:
-        raise ToolError("path must be a non-empty string")
-    if os.path.isabs(relative) or relative.startswith("~"):
-        raise ToolError(f"absolute paths are refused: {relative} (paths are relative to your folder)")
-    if ".." in Path(relative).parts:
-        raise ToolError(f"'..' is refused in paths: {relative}")
-    root = root_of(ctx)
-    target = (root / relative).resolve()
-    if target == root and not allow_root:
-        raise ToolError(f"{relative} is your folder itself, not a file in it")
-    if target != root and root not in target.parents:
-        raise ToolError(f"refused: {relative} leads outside your folder (a symlink to {target})")
-    return target
+def confined(ctx: ToolContext, relative: object, *, allow_root: bool = False, write: bool = False) -> Path:
+    """The resolved path a tool's `relative` names: in the task's folder, or in a folder granted to
+    the agent (agents/grants.py); ToolError when it may not be used (for a write, with `write`)."""
+    return placed(ctx, relative, allow_root=allow_root, write=write).target
+
+
+def placed(ctx: ToolContext, relative: object, *, allow_root: bool = False, write: bool = False) -> Place:
+    try:
+        return place(relative, root_of(ctx), grants_of(ctx.settings), write=write, allow_root=allow_root)
+    except GrantRefused as exc:
+        raise ToolError(str(exc)) from None
 
 
 def _moved(shown: str) -> ToolError:
@@ -184,7 +182,7 @@ def read_file(ctx: ToolContext, args: dict[str, Any]) -> str:
 
 
 def write_file(ctx: ToolContext, args: dict[str, Any]) -> str:
-    _write(confined(ctx, args["path"]), args["content"], args["path"])
+    _write(confined(ctx, args["path"], write=True), args["content"], args["path"])
     return f"wrote {len(args['content'])} characters to {args['path']}"
 
 
@@ -200,7 +198,7 @@ def patch(ctx: ToolContext, args: dict[str, Any]) -> str:
                         "or give mode patch and a V4A patch")
     if not args["old_string"]:
         raise ToolError("old_string must not be empty")
-    target = confined(ctx, args["path"])
+    target = confined(ctx, args["path"], write=True)
     text = _text(target, args["path"])
     old, new = args["old_string"], args["new_string"]
     count = text.count(old)
@@ -217,30 +215,30 @@ def v4a_patch(ctx: ToolContext, text: str) -> str:
     changes nothing."""
     try:
         operations = v4a.parse(text)
-        writes: list[tuple[Path, str | None, str]] = []  # (file, new text or None to delete, what)
+        writes: list[tuple[Place, str | None, str]] = []  # (file, new text or None to delete, what)
         for op in operations:
-            target = confined(ctx, op.path)
+            at = placed(ctx, op.path, write=True)  # every section writes: a Move deletes its source
             if op.kind == "add":
-                if target.exists():
+                if at.target.exists():
                     raise ToolError(f"Add File {op.path}: it exists already (Update File changes it)")
-                writes.append((target, v4a.added_text(op), f"added {op.path}"))
+                writes.append((at, v4a.added_text(op), f"added {op.path}"))
             elif op.kind == "update":
-                writes.append((target, v4a.updated(_text(target, op.path), op), f"updated {op.path}"))
+                writes.append((at, v4a.updated(_text(at.target, op.path), op), f"updated {op.path}"))
             elif op.kind == "delete":
-                if not target.is_file():
+                if not at.target.is_file():
                     raise ToolError(f"Delete File {op.path}: no such file")
-                writes.append((target, None, f"deleted {op.path}"))
+                writes.append((at, None, f"deleted {op.path}"))
             else:
-                destination = confined(ctx, op.new_path)
-                writes += [(destination, _text(target, op.path), f"moved {op.path} to {op.new_path}"),
-                           (target, None, "")]
+                destination = placed(ctx, op.new_path, write=True)
+                writes += [(destination, _text(at.target, op.path), f"moved {op.path} to {op.new_path}"),
+                           (at, None, "")]
     except v4a.PatchError as exc:
         raise ToolError(f"the patch was not applied: {exc}") from None
     # Each section is computed from the file as it is on disk: a second section on one file would
     # undo the first, and a Move onto itself would write the file and then delete it.
-    root = root_of(ctx)
     seen: set[Path] = set()
-    for target, content, _ in writes:
+    for at, content, _ in writes:
+        target, root = at.target, at.root
         shown = target.relative_to(root)
         if target in seen:
             raise ToolError(f"the patch was not applied: it names {shown} more than once (directly, as a Move's "
@@ -253,21 +251,22 @@ def v4a_patch(ctx: ToolContext, text: str) -> str:
         if content is not None and blocker is not None:
             raise ToolError(f"the patch was not applied: {blocker.relative_to(root)} is "
                             f"{'a folder' if blocker.is_dir() else 'a file'}, so {shown} cannot be written")
-    for target, content, _ in writes:
-        shown = str(target.relative_to(root))
+    for at, content, _ in writes:
+        shown = str(at.target.relative_to(at.root))
         if content is None:
-            _delete(target, shown)
+            _delete(at.target, shown)
         else:
-            _write(target, content, shown)
+            _write(at.target, content, shown)
     return "; ".join(what for _, _, what in writes if what)
 
 
 def search_files(ctx: ToolContext, args: dict[str, Any]) -> str:
     """Confined here; matched in a process of its own (agents/search.py says why), which is killed
     after SEARCH_TIMEOUT or at once when the agent is asked to stop."""
-    base = confined(ctx, args.get("path") or ".", allow_root=True)
+    at = placed(ctx, args.get("path") or ".", allow_root=True)
     options = {key: args[key] for key in ("target", "limit", "offset", "output_mode", "context") if key in args}
-    request = json.dumps({"root": str(root_of(ctx)), "base": str(base), "pattern": args["pattern"],
+    label = f"{at.grant.name}/" if at.grant else ""  # what the model names the files by
+    request = json.dumps({"root": str(at.root), "base": str(at.target), "pattern": args["pattern"], "label": label,
                           "glob": args.get("file_glob") or "*", **options})
     proc = subprocess.Popen([sys.executable, "-P", "-m", "hermes_sup.agents.search"], cwd=ctx.scratch,
                             env=clean_env(os.environ, withheld(ctx.settings)),

@@ -23,18 +23,18 @@ MAX_MATCHES = 100
 MAX_LIMIT = 1000
 
 
-def _files(root: Path, base: Path) -> list[tuple[Path, str]]:
+def _files(root: Path, base: Path, label: str = "") -> list[tuple[Path, str]]:
     """The files under `base` that stay within `root` (a symlink leading out is not followed), with
-    the path shown for each."""
+    the path shown for each: relative to `root`, after `label` (a granted folder's `NAME/`)."""
     found = []
     for path in [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file()):
         if root in path.resolve().parents:
-            found.append((path, path.relative_to(root).as_posix()))
+            found.append((path, label + path.relative_to(root).as_posix()))
     return found
 
 
 def search(root: Path, base: Path, pattern: str, glob: str, *, target: str = "content", limit: int = MAX_MATCHES,
-           offset: int = 0, output_mode: str = "content", context: int = 0) -> str:
+           offset: int = 0, output_mode: str = "content", context: int = 0, label: str = "") -> str:
     """The lines of the files under `base` (within `root`) that match `pattern`, or the files when
     it is empty, as search_files answers. Hermes Agent's options: `target` files (pattern is a glob
     of file names), `output_mode` files_only or count, `context` lines around each match, and
@@ -43,14 +43,14 @@ def search(root: Path, base: Path, pattern: str, glob: str, *, target: str = "co
     wanted = offset + limit + 1  # one more than shown: whether there are more
     results: list[str] = []
     if target == "files":
-        for path, shown in _files(root, base):
+        for path, shown in _files(root, base, label):
             if fnmatch.fnmatch(path.name, pattern or "*") or fnmatch.fnmatch(shown, pattern or "*"):
                 results.append(shown)
                 if len(results) >= wanted:
                     break
         return _page(results, offset, limit)
     compiled = re.compile(pattern)
-    for path, shown in _files(root, base):
+    for path, shown in _files(root, base, label):
         if not fnmatch.fnmatch(path.name, glob):
             continue
         try:
@@ -93,7 +93,7 @@ def main() -> int:
     resource.setrlimit(resource.RLIMIT_CPU, (CPU_SECONDS, CPU_SECONDS))
     request = json.loads(sys.stdin.read())
     try:
-        options = {key: request[key] for key in ("target", "limit", "offset", "output_mode", "context")
+        options = {key: request[key] for key in ("target", "limit", "offset", "output_mode", "context", "label")
                    if key in request}
         answer = {"text": search(Path(request["root"]), Path(request["base"]), request["pattern"], request["glob"],
                                  **options)}

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +70,24 @@ def step_grants(claimer: Iterable[str], task: dict[str, Any]) -> tuple[tuple[str
     if made_by_a_person(creator):
         return mine, "this agent"
     return (), f"this task's steps (written by {creator}, who recorded no capabilities)"
+
+
+def step_folders(claimer: Mapping[str, Any], task: dict[str, Any]) -> dict[str, Any]:
+    """The granted folders a task's steps run with (pure), as step_grants decides capabilities:
+    `claimer` is the claiming agent's `folders` ({name: {path, mode}}); `meta.folders` ({name: mode})
+    is what the board tool recorded of the task's maker. The steps get the folders both have, read-
+    only where either is; none for a task an agent made without a record; the claimer's for a
+    person's. Otherwise a teammate without a grant could write into one by a task of steps."""
+    meta = task.get("meta") if isinstance(task.get("meta"), dict) else {}
+    history = task.get("history") if isinstance(task.get("history"), list) else []
+    first = history[0] if history and isinstance(history[0], dict) else {}
+    if "folders" not in meta:
+        return dict(claimer) if made_by_a_person(str(first.get("by") or "?")) and "capabilities" not in meta else {}
+    recorded = meta["folders"]
+    if not isinstance(recorded, dict):
+        return {}
+    return {name: {**spec, "mode": "rw" if spec.get("mode") == "rw" and recorded[name] == "rw" else "ro"}
+            for name, spec in claimer.items() if name in recorded and isinstance(spec, Mapping)}
 
 
 def step_id(index: int) -> str:

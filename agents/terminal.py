@@ -20,6 +20,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Collection, Mapping
+from pathlib import Path
 from typing import Any
 
 from hermes_sup.kanban.backends import DEFAULT_DSN_ENV
@@ -167,10 +168,12 @@ def _workdir(ctx: ToolContext, workdir: object) -> Any:
     if workdir in (None, ""):
         return ctx.scratch
     if isinstance(workdir, str) and os.path.isabs(workdir):
-        workdir = os.path.relpath(workdir, root_of(ctx))
-    folder = confined(ctx, workdir, allow_root=True)
+        root, normal = root_of(ctx), Path(os.path.normpath(workdir))
+        if normal == root or root in normal.parents:
+            workdir = os.path.relpath(normal, root)
+    folder = confined(ctx, workdir, allow_root=True)  # or a granted folder
     if not folder.is_dir():
-        raise ToolError(f"workdir {workdir} is not a folder in your folder")
+        raise ToolError(f"workdir {workdir} is not a folder in your folder or a granted one")
     return folder
 
 

@@ -9,6 +9,7 @@ only tasks with steps and leaves the rest in todo, looking for a provider again 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -33,6 +34,7 @@ from .breaker import Breaker, label
 from .budget import Refusal, caps_from, task_cap
 from .cascade import Cascade, cascade_policy, cascades
 from .delegation import Delegator, watch_parent
+from .grants import describe, grants_of
 from .keys import ENV_FILE, KeyFile, key_names
 from .ledger import BudgetGate, BudgetReached, Ledger, open_ledger
 from .logline import say, short
@@ -52,7 +54,7 @@ from .providers import (
 )
 from .routing import chain_for, keep_auto, resolve_auto, task_tier
 from .skills import Skills, prompt_block
-from .steps import StepRun, step_grants
+from .steps import StepRun, step_folders, step_grants
 from .taskdir import ensure_work_folder
 from .tools import DEFAULT_CAPABILITIES, Toolbox, ToolContext, ToolError
 
@@ -361,6 +363,8 @@ class Agent:
             chain, complete = cascade.chain, cascade
         extra = prompt_block(self.skills.catalog()) if toolbox.get("skill_view") and toolbox.allowed(
             toolbox.get("skill_view")) else ""
+        # The same for every task of the agent: in the system prompt, where a prefix cache keeps it.
+        extra = "\n\n".join(part for part in (extra, describe(grants_of(self.config))) if part)
         loop = TaskLoop(task=doc, chain=chain, workdir=self.workdir, ctx=self.context(doc, halt), toolbox=toolbox,
                         identity=str(self.config.get("identity") or ""), prompt_extra=extra,
                         prices=self.llm.get("prices") or {},
@@ -530,7 +534,10 @@ class Agent:
             return
         toolbox = self.toolbox(*step_grants(self.capabilities, doc))  # the rights of whoever wrote them
         task_id, token = doc["id"], doc["claim"]["token"]
-        run = StepRun(task=doc, workdir=self.workdir, ctx=self.context(doc, halt, toolbox.grants), toolbox=toolbox,
+        ctx = self.context(doc, halt, toolbox.grants)
+        ctx = dataclasses.replace(ctx, settings={**ctx.settings,
+                                                 "folders": step_folders(self.config.get("folders") or {}, doc)})
+        run = StepRun(task=doc, workdir=self.workdir, ctx=ctx, toolbox=toolbox,
                       agent=self.name, on_step=self._on_step,
                       journal=self.board.task_journal(task_id, token, self.name, self.workdir))
         try:

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .folders import granted
 from .policy import RestartSpec
 
 DEFAULTS: dict[str, Any] = {
@@ -127,7 +128,8 @@ def build_specs(config: dict[str, Any], root: Path, *, python: str = sys.executa
                                   "terminal": _merged(defaults, entry, "terminal") or {},
                                   "delegation": _merged(defaults, entry, "delegation") or {},
                                   "memory": _merged(defaults, entry, "memory") or {},
-                                  "offer_tools": _merged(defaults, entry, "offer_tools") or "task"}, sort_keys=True),
+                                  "offer_tools": _merged(defaults, entry, "offer_tools") or "task",
+                                  "folders": granted(config, defaults, entry)}, sort_keys=True),
                 board=json.dumps({"board": config.get("board") or {}, "host": config.get("host")}, sort_keys=True),
             )
             specs.append(_with_digest(spec))

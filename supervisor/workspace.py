@@ -27,6 +27,7 @@ from hermes_sup.kanban.backends import BoardConfigError, check_board_config, che
 from hermes_sup.kanban.parse import PlainLoader
 
 from .alerts import check_alerts
+from .folders import check_folders
 from .schedules import check_schedules
 
 CONFIG_NAME = "hermes.yaml"
@@ -138,10 +139,10 @@ def _strip_lines(value: Any) -> Any:
 
 
 TOP_KEYS = ("providers", "tiers", "defaults", "agents", "prices", "board", "host", "schedules", "routing", "alerts",
-            "budgets")
+            "budgets", "folders")
 DEFAULT_KEYS = ("restart", "stop_timeout", "heartbeat_timeout", "orphan_grace", "max_rss_mb", "log_max_mb",
                 "log_keep", "max_iterations", "max_tokens", "max_cost", "terminal", "delegation", "memory",
-                "offer_tools")
+                "offer_tools", "folders")
 RESTART_KEYS = ("policy", "backoff", "max_restarts", "window", "reset_after")
 CAPABILITIES = ("fs.read", "fs.write", "shell", "network", "memory", "delegate", "skills", "kanban")
 TIERS = ("auto", "cheap", "standard", "premium")
@@ -150,7 +151,7 @@ PROVIDER_KEYS = ("kind", "model", "base_url", "api_key_env", "timeout", "max_tok
 AGENT_KEYS = ("name", "roles", "tier", "skills", "capabilities", "count", "provider", "env", "restart",
               "stop_timeout", "heartbeat_timeout", "orphan_grace", "max_rss_mb", "log_max_mb", "log_keep",
               "max_iterations", "max_tokens", "max_cost", "identity", "toolsets", "command", "terminal",
-              "delegation", "memory", "offer_tools")
+              "delegation", "memory", "offer_tools", "folders")
 
 
 def _parse_config(path: Path) -> dict[str, Any]:
@@ -267,6 +268,7 @@ def load_config(path: Path, *, skills: Callable[[], Collection[str]] | None = No
                 raise fail(agent, f"agent name '{item}' is used twice")
             names.add(item)
     _check_skills(agents, fail, skills or (lambda: skill_names(path.parent)))
+    check_folders(raw, path.parent, fail)
     return _strip_lines(raw)
 
 

@@ -332,7 +332,8 @@ def test_kanban_create_and_comment(ctx):
     second_id = second.split()[2].rstrip(":")
     doc = ctx.board.get(second_id)
     assert doc["depends_on"] == [first_id] and doc["priority"] == 5
-    assert doc["meta"] == {"created_by_task": "parent-task", "created_by": "tester", "capabilities": list(CAPS)}
+    assert doc["meta"] == {"created_by_task": "parent-task", "created_by": "tester", "capabilities": list(CAPS),
+                           "folders": {}}
     assert doc["history"][0]["by"] == "tester"
     assert call(ctx, "kanban_comment", task_id=first_id, text="started on it") == f"commented on {first_id}"
     comments = ctx.board.get(first_id)["comments"]

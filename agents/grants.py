@@ -1,0 +1,114 @@
+"""Granted folders: which folder a file tool's path names, and whether the call may write there.
+
+An agent's file tools work in its task's folder and in the folders of the user's machine hermes.yaml
+grants it (`folders:`, CONTRACT.md section 12). A path names a granted folder by its absolute path
+(as Hermes' and Claude Code's file tools take them) or by `NAME/...`; any other relative path is in
+the task's folder. Refused: `..` anywhere, `~`, an absolute path outside every grant, a path that
+resolves (symlinks followed, at the moment of use) outside the folder it names, a grant whose folder
+was swapped for a symlink, and a write into a read-only grant. The supervisor checked each grant's
+folder when it read hermes.yaml; the agent gets it resolved, with its mode.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MODES = ("ro", "rw")
+
+
+class GrantRefused(ValueError):
+    """Why a path may not be used, in words for the model."""
+
+
+@dataclass(frozen=True)
+class Grant:
+    name: str
+    path: Path  # absolute, resolved by the supervisor
+    mode: str   # ro or rw
+
+    @property
+    def writable(self) -> bool:
+        return self.mode == "rw"
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a path leads: `target`, resolved, inside `root` (the task's folder or a grant's)."""
+    root: Path
+    target: Path
+    grant: Grant | None = None
+
+
+def grants_of(settings: Mapping[str, Any]) -> tuple[Grant, ...]:
+    """The grants in an agent's settings (`folders: {name: {path, mode}}`), longest path first so
+    that a grant nested in another is found first; what is not a well-formed grant is left out."""
+    found = []
+    for name, spec in (settings.get("folders") or {}).items():
+        if isinstance(name, str) and isinstance(spec, Mapping) and isinstance(spec.get("path"), str) \
+                and os.path.isabs(spec["path"]) and spec.get("mode", "ro") in MODES:
+            found.append(Grant(name, Path(os.path.normpath(spec["path"])), str(spec.get("mode", "ro"))))
+    return tuple(sorted(found, key=lambda grant: (-len(grant.path.parts), grant.name)))
+
+
+def describe(grants: Sequence[Grant]) -> str:
+    """The grants as the model is told of them (pure); empty without any."""
+    if not grants:
+        return ""
+    lines = [f"- {g.name}: {g.path} ({'read-write' if g.writable else 'read-only'})"
+             for g in sorted(grants, key=lambda g: g.name)]
+    return ("Folders of the user's machine granted to you, reached by their absolute paths or as NAME/... "
+            "(other relative paths are in your task's folder):\n" + "\n".join(lines))
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def _owner(path: str, task_root: Path, grants: Sequence[Grant]) -> tuple[Path, Grant | None, str]:
+    """(root, grant, path within it) for a path, before any symlink is followed."""
+    if os.path.isabs(path):
+        normal = Path(os.path.normpath(path))
+        for grant in grants:
+            if _inside(normal, grant.path):
+                return grant.path, grant, str(normal.relative_to(grant.path))
+        if not grants:
+            raise GrantRefused(f"absolute paths are refused: {path} (paths are relative to your folder)")
+        raise GrantRefused(f"refused: {path} is outside your task's folder and every folder granted to you "
+                           f"({', '.join(f'{g.name}: {g.path}' for g in sorted(grants, key=lambda g: g.name))})")
+    first, _, rest = path.partition("/")
+    for grant in grants:
+        if grant.name == first:
+            return grant.path, grant, rest or "."
+    return task_root, None, path
+
+
+def place(path: object, task_root: Path, grants: Sequence[Grant], *, write: bool = False,
+          allow_root: bool = False) -> Place:
+    """Where `path` leads, checked (see the module's docstring); GrantRefused says why not.
+    `task_root` is the task's folder, resolved; `allow_root`: the folder itself may be named (a
+    search's base, a command's workdir)."""
+    if not isinstance(path, str) or not path:
+        raise GrantRefused("path must be a non-empty string")
+    if path.startswith("~"):
+        raise GrantRefused(f"'~' is refused in paths: {path} (give the absolute path)")
+    if ".." in Path(path).parts:
+        raise GrantRefused(f"'..' is refused in paths: {path}")
+    root, grant, inner = _owner(path, task_root, grants)
+    if grant is not None:
+        if root.is_symlink() or root.resolve() != root:
+            raise GrantRefused(f"refused: the granted folder {grant.name} ({root}) is now a symlink or under "
+                               "one; it is not used")
+        if write and not grant.writable:
+            raise GrantRefused(f"refused: {path} is in {grant.name}, which is granted read-only")
+    target = (root / inner).resolve()
+    if target == root and not allow_root:
+        raise GrantRefused(f"{path} is {'the granted folder ' + grant.name if grant else 'your folder'} itself, "
+                           "not a file in it")
+    if not _inside(target, root):
+        where = f"the granted folder {grant.name}" if grant else "your folder"
+        raise GrantRefused(f"refused: {path} leads outside {where} (a symlink to {target})")
+    return Place(root, target, grant)

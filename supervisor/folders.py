@@ -1,0 +1,82 @@
+"""hermes.yaml's `folders:` (folders of this machine a team may be granted) and each agent's
+`folders: [names]`, checked when the file is read: a path that does not exist, is a file, or holds
+or lies in the workspace's own `runs/` or `kanban/` is refused with its file:line; the paths the
+agents get are absolute and resolved (symlinks followed once, here)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..agents.grants import MODES
+
+FOLDER_KEYS = ("path", "mode")
+NAME_CHARS = 64
+# The workspace's own state: an agent granted it would reach every agent's transcripts and the board.
+OWN = ("runs", "kanban")
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def check_folders(raw: dict[str, Any], workspace: Path, fail: Callable[[Any, str], Exception]) -> None:
+    """Check `folders:` and every agent's `folders` (and `defaults.folders`); each folder's `path` is
+    replaced by its resolved absolute path. Raises what `fail` makes, at the line of the problem."""
+    folders = raw.get("folders")
+    if folders is None:
+        folders = {}
+    if not isinstance(folders, dict):
+        raise fail(raw, "'folders' must be a mapping of names to {path, mode}")
+    own = [(workspace / name).resolve() for name in OWN]
+    for name, spec in folders.items():
+        if name == "__line__":
+            continue
+        if not isinstance(name, str) or not name or len(name) > NAME_CHARS or not all(
+                c.isalnum() or c in "-_" for c in name):
+            raise fail(folders, f"folder name {name!r} must be 1 to {NAME_CHARS} letters, digits, '-' or '_'")
+        if not isinstance(spec, dict):
+            raise fail(folders, f"folder {name}: must be a mapping with path and mode")
+        unknown = [key for key in spec if key != "__line__" and key not in FOLDER_KEYS]
+        if unknown:
+            raise fail(spec, f"folder {name}: unknown key '{unknown[0]}'; expected one of {', '.join(FOLDER_KEYS)}"
+                             + (" (a worktree per task is not available in this version)"
+                                if unknown[0] in ("worktree", "base") else ""))
+        if spec.get("mode", "ro") not in MODES:
+            raise fail(spec, f"folder {name}: 'mode' must be ro or rw, got {spec.get('mode')!r}")
+        path = spec.get("path")
+        if not isinstance(path, str) or not path.strip() or "\0" in path:
+            raise fail(spec, f"folder {name}: 'path' must be the path of a folder")
+        where = (workspace / os.path.expanduser(path)).resolve()
+        if not where.exists():
+            raise fail(spec, f"folder {name}: {path} does not exist")
+        if not where.is_dir():
+            raise fail(spec, f"folder {name}: {path} is not a folder")
+        for state in own:
+            if _inside(state, where) or _inside(where, state):
+                raise fail(spec, f"folder {name}: {path} {'holds' if _inside(state, where) else 'is in'} this "
+                                 f"workspace's {state.name}/, which no agent may be granted")
+        spec["path"] = str(where)
+        spec.setdefault("mode", "ro")
+    for node, where_ in [(raw.get("defaults") or {}, "defaults"),
+                         *((agent, f"agent {agent.get('name')}") for agent in raw.get("agents") or []
+                           if isinstance(agent, dict))]:
+        if not isinstance(node, dict) or "folders" not in node:
+            continue
+        names = node["folders"]
+        if not isinstance(names, list) or not all(isinstance(item, str) for item in names):
+            raise fail(node, f"{where_}: 'folders' must be a list of names of folders")
+        missing = [item for item in names if item not in folders or item == "__line__"]
+        if missing:
+            known = ", ".join(sorted(k for k in folders if k != "__line__")) or "none"
+            raise fail(node, f"{where_}: no folder named '{missing[0]}' in 'folders' (defined: {known})")
+
+
+def granted(config: dict[str, Any], defaults: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
+    """The folders an agent is granted, as its settings carry them: {name: {path, mode}} (pure)."""
+    names = entry.get("folders", defaults.get("folders")) or []
+    folders = config.get("folders") or {}
+    return {name: {"path": folders[name]["path"], "mode": folders[name].get("mode", "ro")} for name in names
+            if name in folders}
