@@ -62,7 +62,7 @@ def test_steps_an_agent_without_shell_wrote_do_not_run_with_a_teammates_shell(tm
     assert sneaky["meta"]["capabilities"] == ["fs.read", "kanban"]
     settled(board, "relay", "done")
     relayed = settled(board, "relayed", "failed")
-    assert relayed["meta"] == {"created_by": "coder", "capabilities": ["fs.read", "kanban"],
+    assert relayed["meta"] == {"created_by": "coder", "capabilities": ["fs.read", "kanban"], "folders": {},
                                "created_by_task": "relay"}, "the relay passed on only the planner's rights"
     assert relayed["error"] == refused.format("coder")
     assert not list((ws / "runs").rglob("pwned.txt")) and not list((ws / "runs").rglob("relayed.txt"))
@@ -87,3 +87,28 @@ def test_a_task_cannot_move_the_file_tools_out_of_the_scratch_folder(tmp_path, u
     log = (ws / "runs/runner/tool_calls.jsonl").read_text()
     results = [json.loads(line).get("result") for line in log.splitlines()]
     assert "sk-secret-never-read" not in log and results[3] == "no matches", "the search saw no .env"
+
+
+def test_steps_an_agent_without_a_folder_wrote_cannot_write_into_a_teammates_grant(tmp_path, up):
+    out = tmp_path / "out"
+    out.mkdir()
+    # The planner may write (in its task's folder) but is granted no folder; the coder is granted out.
+    team = TEAM.replace("  capabilities: [fs.read, kanban]\n", "  capabilities: [fs.read, fs.write, kanban]\n")
+    team = team.replace("  capabilities: [fs.read, fs.write, kanban, shell]\n",
+                        "  capabilities: [fs.read, fs.write, kanban, shell]\n  folders: [out]\n")
+    ws = make_ws(tmp_path, team)
+    (ws / "hermes.yaml").write_text(f"folders:\n  out: {{path: {out}, mode: rw}}\n" + (ws / "hermes.yaml").read_text())
+    board = Board(ws / "kanban")
+    write = {"tool": "write_file", "args": {"path": "out/ok.txt", "content": "ok"}}
+    honest = board.add({"title": "honest", "role": "work", "steps": [write]})  # a person's: the coder's folders
+    board.add({"id": "plan", "title": "plan", "role": "plan", "steps": [
+        {"tool": "kanban_create", "args": {"id": "sneaky", "title": "write this", "role": "work", "steps": [
+            {"tool": "write_file", "args": {"path": str(out / "pwned.txt"), "content": "pwned"}}]}}]})
+    up(ws)
+    settled(board, "plan", "done")
+    settled(board, honest["id"], "done")
+    assert (out / "ok.txt").read_text() == "ok"
+    sneaky = settled(board, "sneaky", "failed")
+    assert sneaky["meta"]["folders"] == {}, "the planner has no folder to pass on"
+    assert "outside your task's folder" in sneaky["error"] or "absolute paths are refused" in sneaky["error"]
+    assert not (out / "pwned.txt").exists()
