@@ -45,7 +45,7 @@ def created_by(ctx: ToolContext) -> dict[str, Any]:
     the capabilities of the call and the folders it may use, so the new task's steps never run with
     more (agents/steps.py). Taken from the context, never from the arguments, which the model writes."""
     meta: dict[str, Any] = {"created_by": ctx.agent or "agent", "capabilities": list(ctx.grants or ()),
-                            "folders": {g.name: g.mode for g in grants_of(ctx.settings)}}
+                            "folders": {g.name: {"path": str(g.path), "mode": g.mode} for g in grants_of(ctx.settings)}}
     if ctx.task:
         meta["created_by_task"] = ctx.task["id"]
     return meta

@@ -5,7 +5,8 @@ grants it (`folders:`, CONTRACT.md section 12). A path names a granted folder by
 (as Hermes' and Claude Code's file tools take them) or by `NAME/...`; any other relative path is in
 the task's folder. Refused: `..` anywhere, `~`, an absolute path outside every grant, a path that
 resolves (symlinks followed, at the moment of use) outside the folder it names, a grant whose folder
-was swapped for a symlink, and a write into a read-only grant. The supervisor checked each grant's
+was swapped for a symlink, and a write into a read-only grant (the innermost grant holding the file,
+however it was named). `./NAME/...` is the task folder's own NAME. The supervisor checked each grant's
 folder when it read hermes.yaml; the agent gets it resolved, with its mode.
 """
 
@@ -111,4 +112,9 @@ def place(path: object, task_root: Path, grants: Sequence[Grant], *, write: bool
     if not _inside(target, root):
         where = f"the granted folder {grant.name}" if grant else "your folder"
         raise GrantRefused(f"refused: {path} leads outside {where} (a symlink to {target})")
+    # The mode is that of the innermost grant holding the file, however it was named: an ro grant
+    # inside an rw one is not written by way of the outer one's name or a symlink into it.
+    innermost = next((g for g in grants if _inside(target, g.path)), None)
+    if write and innermost is not None and not innermost.writable:
+        raise GrantRefused(f"refused: {path} is in {innermost.name}, which is granted read-only")
     return Place(root, target, grant)

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 import re
 import resource
+import stat
 import sys
 from pathlib import Path
 
 MAX_MATCHES = 100
+MAX_FILE_BYTES = 32 << 20  # of each file searched, as the file tools read
 MAX_LIMIT = 1000
 
 
@@ -54,7 +57,7 @@ def search(root: Path, base: Path, pattern: str, glob: str, *, target: str = "co
         if not fnmatch.fnmatch(path.name, glob):
             continue
         try:
-            lines = path.read_text(encoding="utf-8").splitlines()
+            lines = _read_inside(root, path).decode("utf-8").splitlines()
         except (UnicodeDecodeError, OSError):
             continue
         if not pattern:
@@ -75,6 +78,25 @@ def search(root: Path, base: Path, pattern: str, glob: str, *, target: str = "co
         if len(results) >= wanted:
             break
     return _page(results, offset, limit)
+
+
+def _read_inside(root: Path, path: Path) -> bytes:
+    """The bytes of `path`, reached from `root` one folder at a time and never through a symlink (a
+    file swapped for a link to a secret after it was listed is not read: OSError). At most
+    MAX_FILE_BYTES; not a regular file (a FIFO): OSError."""
+    fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for part in path.relative_to(root).parts[:-1]:
+            step = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = step
+        file = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+    finally:
+        os.close(fd)
+    with os.fdopen(file, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise OSError("not a regular file")
+        return handle.read(MAX_FILE_BYTES)
 
 
 def _page(results: list[str], offset: int, limit: int) -> str:

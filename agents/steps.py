@@ -74,10 +74,11 @@ def step_grants(claimer: Iterable[str], task: dict[str, Any]) -> tuple[tuple[str
 
 def step_folders(claimer: Mapping[str, Any], task: dict[str, Any]) -> dict[str, Any]:
     """The granted folders a task's steps run with (pure), as step_grants decides capabilities:
-    `claimer` is the claiming agent's `folders` ({name: {path, mode}}); `meta.folders` ({name: mode})
-    is what the board tool recorded of the task's maker. The steps get the folders both have, read-
-    only where either is; none for a task an agent made without a record; the claimer's for a
-    person's. Otherwise a teammate without a grant could write into one by a task of steps."""
+    `claimer` is the claiming agent's `folders` ({name: {path, mode}}); `meta.folders` (the same
+    shape) is what the board tool recorded of the task's maker. The steps get the folders both have
+    (by name and path: a reload that moved a name elsewhere gives them nothing there), read-only
+    where either is; none for a task an agent made without a record; the claimer's for a person's.
+    Otherwise a teammate without a grant could write into one by a task of steps."""
     meta = task.get("meta") if isinstance(task.get("meta"), dict) else {}
     history = task.get("history") if isinstance(task.get("history"), list) else []
     first = history[0] if history and isinstance(history[0], dict) else {}
@@ -86,8 +87,12 @@ def step_folders(claimer: Mapping[str, Any], task: dict[str, Any]) -> dict[str, 
     recorded = meta["folders"]
     if not isinstance(recorded, dict):
         return {}
-    return {name: {**spec, "mode": "rw" if spec.get("mode") == "rw" and recorded[name] == "rw" else "ro"}
-            for name, spec in claimer.items() if name in recorded and isinstance(spec, Mapping)}
+    kept = {}
+    for name, spec in claimer.items():
+        theirs = recorded.get(name)
+        if isinstance(spec, Mapping) and isinstance(theirs, Mapping) and theirs.get("path") == spec.get("path"):
+            kept[name] = {**spec, "mode": "rw" if spec.get("mode") == "rw" and theirs.get("mode") == "rw" else "ro"}
+    return kept
 
 
 def step_id(index: int) -> str:

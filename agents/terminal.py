@@ -170,7 +170,7 @@ def _workdir(ctx: ToolContext, workdir: object) -> Any:
     if isinstance(workdir, str) and os.path.isabs(workdir):
         root, normal = root_of(ctx), Path(os.path.normpath(workdir))
         if normal == root or root in normal.parents:
-            workdir = os.path.relpath(normal, root)
+            workdir = f"./{os.path.relpath(normal, root)}"  # the task's own, even where a grant has its name
     folder = confined(ctx, workdir, allow_root=True)  # or a granted folder
     if not folder.is_dir():
         raise ToolError(f"workdir {workdir} is not a folder in your folder or a granted one")

@@ -1,6 +1,6 @@
 """hermes.yaml's `folders:` (folders of this machine a team may be granted) and each agent's
-`folders: [names]`, checked when the file is read: a path that does not exist, is a file, or holds
-or lies in the workspace's own `runs/` or `kanban/` is refused with its file:line; the paths the
+`folders: [names]`, checked when the file is read: a path that does not exist, is a file, holds the
+workspace, or lies in its `runs/`, `kanban/` or `skills/` is refused with its file:line; the paths the
 agents get are absolute and resolved (symlinks followed once, here)."""
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from ..agents.grants import MODES
 
 FOLDER_KEYS = ("path", "mode")
 NAME_CHARS = 64
-# The workspace's own state: an agent granted it would reach every agent's transcripts and the board.
-OWN = ("runs", "kanban")
+# The workspace's own state: an agent granted it would reach every agent's transcripts and the board,
+# or edit every agent's skills. The workspace itself holds .env (the keys) and hermes.yaml (the grants).
+OWN = ("runs", "kanban", "skills")
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -30,7 +31,9 @@ def check_folders(raw: dict[str, Any], workspace: Path, fail: Callable[[Any, str
         folders = {}
     if not isinstance(folders, dict):
         raise fail(raw, "'folders' must be a mapping of names to {path, mode}")
-    own = [(workspace / name).resolve() for name in OWN]
+    root = workspace.resolve()
+    # As written and where they lead: runs/ may be a link to another disk.
+    own = {path for name in OWN for path in (root / name, (root / name).resolve())}
     for name, spec in folders.items():
         if name == "__line__":
             continue
@@ -54,10 +57,13 @@ def check_folders(raw: dict[str, Any], workspace: Path, fail: Callable[[Any, str
             raise fail(spec, f"folder {name}: {path} does not exist")
         if not where.is_dir():
             raise fail(spec, f"folder {name}: {path} is not a folder")
-        for state in own:
-            if _inside(state, where) or _inside(where, state):
-                raise fail(spec, f"folder {name}: {path} {'holds' if _inside(state, where) else 'is in'} this "
-                                 f"workspace's {state.name}/, which no agent may be granted")
+        if _inside(root, where):
+            raise fail(spec, f"folder {name}: {path} holds this workspace (its .env, hermes.yaml, runs/ and "
+                             "kanban/), which no agent may be granted")
+        for state in sorted(own):
+            if _inside(where, state):
+                raise fail(spec, f"folder {name}: {path} is in this workspace's {state.name}/, which no agent "
+                                 "may be granted")
         spec["path"] = str(where)
         spec.setdefault("mode", "ro")
     for node, where_ in [(raw.get("defaults") or {}, "defaults"),

@@ -74,6 +74,27 @@ def test_a_symlink_in_a_grant_leads_nowhere_outside_and_a_swapped_grant_is_not_u
         place("papers/secret.txt", folders["task"], given)
 
 
+def test_a_read_only_grant_inside_a_read_write_one_is_read_only_however_it_is_named(folders):
+    data = folders["out"] / "data"
+    data.mkdir()
+    (data / "keep.txt").write_text("keep")
+    (folders["out"] / "link").symlink_to(data / "keep.txt")
+    nested = grants_of({"folders": {"out": {"path": str(folders["out"]), "mode": "rw"},
+                                    "data": {"path": str(data), "mode": "ro"}}})
+    for path in ("out/data/keep.txt", str(data / "keep.txt"), "out/link", "data/keep.txt"):
+        with pytest.raises(GrantRefused, match="in data, which is granted read-only"):
+            place(path, folders["task"], nested, write=True)
+    assert place("out/other.txt", folders["task"], nested, write=True).grant.name == "out"
+
+
+def test_dot_slash_names_the_task_folders_own_folder_of_a_grants_name(folders):
+    (folders["task"] / "papers").mkdir()
+    assert place("./papers/x.txt", folders["task"], grants(folders)).root == folders["task"]
+    ctx = context(folders)
+    assert call(ctx, "terminal", command="pwd", workdir=str(folders["task"] / "papers")).strip() == \
+        str(folders["task"] / "papers")
+
+
 def test_without_grants_absolute_paths_are_refused_as_before(folders):
     with pytest.raises(GrantRefused, match=r"absolute paths are refused: /etc/passwd \(paths are relative"):
         place("/etc/passwd", folders["task"], ())
@@ -121,8 +142,10 @@ def test_the_file_tools_without_grants_still_refuse_every_absolute_path(folders)
 
 def test_a_tasks_steps_get_only_the_folders_their_maker_had():
     claimer = {"papers": {"path": "/p", "mode": "ro"}, "out": {"path": "/o", "mode": "rw"}}
-    made = {"history": [{"by": "planner"}], "meta": {"capabilities": ["fs.write"], "folders": {"out": "ro"}}}
-    assert step_folders(claimer, made) == {"out": {"path": "/o", "mode": "ro"}}, "read-only where either is"
+    made = {"history": [{"by": "planner"}], "meta": {"capabilities": ["fs.write"], "folders": {
+        "out": {"path": "/o", "mode": "ro"}, "papers": {"path": "/elsewhere", "mode": "ro"}}}}
+    assert step_folders(claimer, made) == {"out": {"path": "/o", "mode": "ro"}}, \
+        "read-only where either is; a name a reload moved elsewhere gives nothing"
     assert step_folders(claimer, {"history": [{"by": "planner"}], "meta": {"capabilities": []}}) == {}
     assert step_folders(claimer, {"history": [{"by": "cli"}]}) == claimer, "a person's task: the claimer's"
     assert step_folders(claimer, {"history": [{"by": "x"}], "meta": {"folders": ["out"]}}) == {}, "malformed"
@@ -135,7 +158,8 @@ def test_kanban_create_records_the_folders_of_its_call(folders, tmp_path):
         said = call(ctx, "kanban_create", title="copy", steps=[{"tool": "write_file", "args": {"path": "out/x",
                                                                                                 "content": "x"}}])
         doc = board.get(said.split()[2].rstrip(":"))
-        assert doc["meta"]["folders"] == {"papers": "ro", "out": "rw"}
+        assert doc["meta"]["folders"] == {"papers": {"path": str(folders["papers"]), "mode": "ro"},
+                                          "out": {"path": str(folders["out"]), "mode": "rw"}}
 
 
 # -- hermes.yaml ----------------------------------------------------------------------------------------
@@ -149,15 +173,20 @@ def write_config(ws: Path, folders: str, agent: str = "    folders: [docs]\n") -
 @pytest.mark.parametrize("folders, agent, message", [
     ("  docs: {path: nowhere}\n", "", ":2: folder docs: nowhere does not exist"),
     ("  docs: {path: file.txt}\n", "", ":2: folder docs: file.txt is not a folder"),
-    ("  docs: {path: .}\n", "", ":2: folder docs: . holds this workspace's runs/"),
+    ("  docs: {path: .}\n", "", ":2: folder docs: . holds this workspace"),
+    ("  docs: {path: ..}\n", "", ":2: folder docs: .. holds this workspace"),
+    ("  docs: {path: runs}\n", "", ":2: folder docs: runs is in this workspace's runs/"),
+    ("  docs: {path: skills}\n", "", ":2: folder docs: skills is in this workspace's skills/"),
+    ("  docs: {path: elsewhere/runs/a}\n", "", ":2: folder docs: elsewhere/runs/a is in this workspace's runs/"),
     ("  docs: {path: kanban/todo}\n", "", ":2: folder docs: kanban/todo is in this workspace's kanban/"),
     ("  docs: {path: data, mode: write}\n", "", ":2: folder docs: 'mode' must be ro or rw"),
     ("  docs: {path: data, worktree: true}\n", "", ":2: folder docs: unknown key 'worktree'"),
     ("  docs: {path: data}\n", "    folders: [code]\n", ":4: agent a: no folder named 'code'"),
 ])
 def test_bad_folders_are_refused_with_file_and_line(tmp_path, folders, agent, message):
-    for folder in ("runs", "kanban/todo", "data"):
+    for folder in ("elsewhere/runs/a", "kanban/todo", "data", "skills"):
         (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "runs").symlink_to(tmp_path / "elsewhere" / "runs")  # runs/ on another disk
     (tmp_path / "file.txt").write_text("x")
     path = write_config(tmp_path, folders, agent)
     with pytest.raises(ConfigError) as info:
@@ -208,3 +237,41 @@ def test_an_agent_reads_a_read_only_folder_and_writes_into_a_read_write_one(tmp_
         assert (papers / "a.txt").read_text() == "the answer is 42\n" and sorted(os.listdir(papers)) == before
         calls = [json.loads(line) for line in (ws / "runs/thinker/tool_calls.jsonl").read_text().splitlines()]
         assert [c.get("outcome") for c in calls if c.get("status") == "done"] == ["ok", "error", "ok"]
+
+
+def test_a_file_swapped_for_a_link_out_while_it_is_searched_is_never_read(tmp_path):
+    # A granted folder others may write to (a shared folder): a file that is a link to a secret
+    # between the listing and the read must not be read through the link.
+    import time
+
+    from hermes_sup.agents.search import search
+
+    grant, secret = tmp_path / "grant", tmp_path / "secret.txt"
+    grant.mkdir()
+    secret.write_text("TOPSECRET\n")
+    for i in range(50):
+        (grant / f"f{i}").write_text("benign\n")
+    stop = threading.Event()
+
+    def swap() -> None:
+        while not stop.is_set():
+            for i in range(50):
+                try:
+                    os.symlink(secret, grant / f".t{i}")
+                    os.rename(grant / f".t{i}", grant / f"f{i}")
+                    (grant / f".r{i}").write_text("benign\n")
+                    os.rename(grant / f".r{i}", grant / f"f{i}")
+                except OSError:
+                    pass
+
+    swapper = threading.Thread(target=swap, daemon=True)
+    swapper.start()
+    try:
+        deadline, searches = time.monotonic() + 3, 0
+        while time.monotonic() < deadline:
+            assert "TOPSECRET" not in search(grant, grant, "TOPSECRET", "*"), f"read through a link ({searches})"
+            searches += 1
+    finally:
+        stop.set()
+        swapper.join()
+    assert searches > 5
