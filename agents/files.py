@@ -169,6 +169,13 @@ def _delete(target: Path, shown: str) -> None:
         os.close(folder)
 
 
+def read_text(ctx: ToolContext, path: object) -> str:
+    """The text of a file a tool's `path` names, read as read_file reads it (never through a
+    symlink, a regular file of at most MAX_FILE_BYTES): for skills' tools, so a file swapped for a
+    link after the check is not read through it."""
+    return _text(confined(ctx, path), str(path))
+
+
 def read_file(ctx: ToolContext, args: dict[str, Any]) -> str:
     target = confined(ctx, args["path"])
     text = _text(target, args["path"])

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import statistics
 from typing import Any
 
-from hermes_sup.agents.files import confined
+from hermes_sup.agents.files import read_text
 from hermes_sup.agents.offer import FILE_CUE
 from hermes_sup.agents.tools import Tool, ToolError, register
 
@@ -34,23 +35,15 @@ def query(data: Any, path: str) -> Any:
 
 
 def json_query(ctx: Any, args: dict[str, Any]) -> str:
-    target = confined(ctx, args["path"])
     try:
-        data = json.loads(target.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ToolError(f"no such file: {args['path']}") from None
+        data = json.loads(read_text(ctx, args["path"]))
     except ValueError as exc:
         raise ToolError(f"{args['path']} is not JSON: {exc}") from None
     return json.dumps(query(data, args.get("query") or ""), ensure_ascii=False, indent=1)[:20_000]
 
 
 def csv_summary(ctx: Any, args: dict[str, Any]) -> str:
-    target = confined(ctx, args["path"])
-    try:
-        with open(target, newline="", encoding="utf-8") as handle:
-            rows = list(csv.DictReader(handle))
-    except FileNotFoundError:
-        raise ToolError(f"no such file: {args['path']}") from None
+    rows = list(csv.DictReader(io.StringIO(read_text(ctx, args["path"]), newline="")))
     columns = list(rows[0]) if rows else []
     summary: dict[str, Any] = {"rows": len(rows), "columns": {}}
     for column in columns:

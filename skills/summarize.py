@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hermes_sup.agents.files import confined
+from hermes_sup.agents.files import read_text
 from hermes_sup.agents.offer import FILE_CUE
 from hermes_sup.agents.tools import Tool, ToolError, register
 
@@ -15,10 +15,7 @@ def summarize(ctx: Any, args: dict[str, Any]) -> str:
     if ctx.llm is None:
         raise ToolError("no model is available to summarize with")
     if args.get("path"):
-        try:
-            text = confined(ctx, args["path"]).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ToolError(f"no such file: {args['path']}") from None
+        text = read_text(ctx, args["path"])  # never through a symlink swapped in after the check
     elif args.get("text"):
         text = args["text"]
     else:

@@ -275,3 +275,22 @@ def test_a_file_swapped_for_a_link_out_while_it_is_searched_is_never_read(tmp_pa
         stop.set()
         swapper.join()
     assert searches > 5
+
+
+def test_the_bundled_skills_read_files_as_the_file_tools_do(folders):
+    # csv_summary opened the file itself: a FIFO under the name blocked the agent for good, and a
+    # file swapped for a link after the check was read through it.
+    import runpy
+
+    from hermes_sup.agents.tools import collecting
+
+    with collecting() as skill_tools:
+        runpy.run_path(str(Path(__file__).resolve().parent.parent / "skills" / "data_tools.py"))
+    tools = {tool.name: tool for tool in skill_tools}
+    toolbox = Toolbox(grants=CAPABILITIES, extra=tools)
+    os.mkfifo(folders["task"] / "data.csv")
+    (folders["out"] / "t.csv").write_text("a,b\n1,2\n")
+    ctx = context(folders)
+    with pytest.raises(ToolError, match="not a regular file"):
+        toolbox.call(ctx, "csv_summary", {"path": "data.csv"})
+    assert json.loads(toolbox.call(ctx, "csv_summary", {"path": "out/t.csv"}))["rows"] == 1
