@@ -137,6 +137,14 @@ def run_checks(ws: Workspace) -> list[Check]:
                                              f"{', '.join(names)})"))
     except ConfigError as exc:
         checks.append(_check("config", "error", str(exc)))
+    for name, spec in sorted((config.get("folders") or {}).items()):
+        users = [a["name"] for a in config.get("agents") or [] if name in (a.get("folders", (
+            config.get("defaults") or {}).get("folders")) or [])]
+        # The terminal is not confined to the grants yet: say so where a grant is given.
+        checks.append(_check(f"folder {name}", "ok" if users else "info",
+                             f"{spec['path']} ({spec.get('mode', 'ro')}), granted to "
+                             f"{', '.join(users) if users else 'no agent'}; file tools only: the terminal "
+                             "of an agent with shell is not confined to it"))
 
     # What the agents will see: this environment, filled in from the workspace's .env (see agents/keys.py).
     names = key_names(config)

@@ -294,3 +294,21 @@ def test_the_bundled_skills_read_files_as_the_file_tools_do(folders):
     with pytest.raises(ToolError, match="not a regular file"):
         toolbox.call(ctx, "csv_summary", {"path": "data.csv"})
     assert json.loads(toolbox.call(ctx, "csv_summary", {"path": "out/t.csv"}))["rows"] == 1
+
+
+def test_doctor_lists_each_folder_with_whom_it_is_granted_to(tmp_path):
+    from .test_auto_owner import doctor
+
+    ws = tmp_path / "ws"
+    data = tmp_path / "data"
+    data.mkdir()
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-m", "hermes_sup.supervisor", "init", str(ws)], check=True, capture_output=True)
+    (ws / "hermes.yaml").write_text(f"folders:\n  data: {{path: {data}, mode: rw}}\n  idle: {{path: {data}}}\n"
+                                    "agents:\n  - name: a\n    folders: [data]\n")
+    checks = doctor(ws)
+    assert checks["folder data"][0]["level"] == "ok" and "granted to a" in checks["folder data"][0]["detail"]
+    assert f"{data.resolve()} (rw)" in checks["folder data"][0]["detail"]
+    assert checks["folder idle"][0]["level"] == "info" and "granted to no agent" in checks["folder idle"][0]["detail"]
