@@ -64,6 +64,7 @@ from .tools import Finished, NeedsPerson, Refused, Toolbox, ToolContext, ToolErr
 from .translate import Message, text_tool_calls
 
 MAX_ITERATIONS = 60
+MAX_CALLS_PER_ANSWER = 10  # tool calls run of one answer; a model's parallel calls are fewer
 ASK_HUMAN = "ask_human"
 ASKS = (ASK_HUMAN, "kanban_block")  # the calls that block the task; a person's answer is their result
 STUCK_REPEATS = 3
@@ -636,8 +637,13 @@ class TaskLoop:
         try:
             return self._complete(self.chain, messages, tools or None, size)
         except ProviderError as exc:
-            if exc.kind != "context_overflow" or not self.compress(messages):
+            if exc.kind != "context_overflow":
                 raise
+            if not self.compress(messages):
+                # Said plainly: the raw 400 read as a server fault; the conversation outgrew the model.
+                raise ProviderError("context_overflow", f"the conversation (about {size:,} tokens with the tool "
+                                    f"definitions) no longer fits the model's context and has nothing left to "
+                                    f"compress ({exc})", provider=exc.provider, status=exc.status) from exc
             return self._complete(self.chain, messages, tools or None)
 
     def _watch_tool_use(self, message: Message, known: set[str]) -> None:
@@ -699,6 +705,14 @@ class TaskLoop:
                     return Outcome("failed", ceiling)
                 completion = self._call_model(messages, tools)
                 message = {**text_tool_calls(completion.message, known), "turn": uuid.uuid4().hex[:12]}
+                if len(message.get("tool_calls") or ()) > MAX_CALLS_PER_ANSWER:
+                    # A runaway answer (30 calls, most the same) would fill a small model's context
+                    # with their results: the first ones run, the rest are dropped as never made.
+                    dropped = len(message["tool_calls"]) - MAX_CALLS_PER_ANSWER
+                    message = {**message, "tool_calls": message["tool_calls"][:MAX_CALLS_PER_ANSWER],
+                               "dropped_calls": dropped}
+                    self.notes.append(f"the model wrote {dropped + MAX_CALLS_PER_ANSWER} tool calls in one answer; "
+                                      f"the first {MAX_CALLS_PER_ANSWER} were run, {dropped} dropped")
                 if messages[-1]["role"] == "user" and messages[-1].get("content") == CONTINUE:
                     message = calls_across_cuts(message, answer_pieces(messages[:-1]), known)
                 if completion.stop == "length" and not message.get("tool_calls"):

@@ -67,7 +67,7 @@ register(Tool("json_query", "Read a JSON file of your folder and return the part
               "(e.g. items.0.name, items.*.price).", json_query, {"type": "object", "properties": {
                   "path": {"type": "string", "minLength": 1}, "query": {"type": "string"}},
                   "required": ["path"], "additionalProperties": False},
-              capabilities=("fs.read",), idempotent=True, cues=(FILE_CUE, "json")))
+              capabilities=("fs.read",), idempotent=True, cues=(FILE_CUE,)))  # not "json": JSON output is no file
 register(Tool("csv_summary", "Summarize a CSV file of your folder: row count, and per column min/max/mean/sum or "
               "distinct values.", csv_summary, {"type": "object", "properties": {
                   "path": {"type": "string", "minLength": 1}}, "required": ["path"], "additionalProperties": False},

