@@ -13,7 +13,7 @@ from typing import Any
 
 Check = Callable[[str, Path], bool]  # (the answer, the task's work folder) -> right?
 # Errors of the model's own making: it did not finish within its turns, looped, or rambled.
-MODEL_CAUSES = ("no final answer after", "answered nothing", "the same call and result",
+MODEL_CAUSES = ("no final answer after", "answered nothing", "the same tool call returned the same result",
                 "cut at max_tokens", "token ceiling", "filled the context", "could not be read")
 
 
