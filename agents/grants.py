@@ -105,7 +105,10 @@ def place(path: object, task_root: Path, grants: Sequence[Grant], *, write: bool
                                "one; it is not used")
         if write and not grant.writable:
             raise GrantRefused(f"refused: {path} is in {grant.name}, which is granted read-only")
-    target = (root / inner).resolve()
+    try:
+        target = (root / inner).resolve()
+    except OSError as exc:  # a link swapped while resolved, or a loop: nothing is read through it
+        raise GrantRefused(f"refused: {path} could not be resolved ({exc.strerror})") from None
     if target == root and not allow_root:
         raise GrantRefused(f"{path} is {'the granted folder ' + grant.name if grant else 'your folder'} itself, "
                            "not a file in it")

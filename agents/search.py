@@ -31,7 +31,11 @@ def _files(root: Path, base: Path, label: str = "") -> list[tuple[Path, str]]:
     the path shown for each: relative to `root`, after `label` (a granted folder's `NAME/`)."""
     found = []
     for path in [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file()):
-        if root in path.resolve().parents:
+        try:
+            inside = root in path.resolve().parents
+        except OSError:  # swapped for a link or gone while resolved (a folder others write to): skipped
+            continue
+        if inside:
             found.append((path, label + path.relative_to(root).as_posix()))
     return found
 
