@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: up test test-latest lock lint bench real-smoke clean chromium postgres-server
+.PHONY: up test test-latest lock lint bench real-smoke clean chromium postgres-server bubblewrap
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,14 +47,18 @@ chromium:
 	    || { echo "make: installing chromium failed; the dashboard's browser tests need it" >&2; exit 1; }; \
 	  test -x "$(CHROMIUM)" || { echo "make: chromium is installed but $(CHROMIUM) is not there: run make test CHROMIUM=/path/to/chromium" >&2; exit 1; }; }
 
-test: $(VENV)/.installed-test chromium postgres-server
+# The terminal's confinement (agents/sandbox.py) and its tests use bubblewrap from the system's packages.
+bubblewrap:
+	@sh .ci/apt-install bwrap bubblewrap "the terminal's sandbox and its tests"
+
+test: $(VENV)/.installed-test chromium postgres-server bubblewrap
 	HERMES_SUP_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -q
 
 # By hand, never in CI: the whole suite on the newest releases within pyproject.toml's ranges, in a
 # virtual environment of its own, so that drift is found on our schedule, not CI's. When it passes,
 # `make lock` records those releases.
 LATEST = .venv-latest
-test-latest: chromium postgres-server
+test-latest: chromium postgres-server bubblewrap
 	rm -rf $(LATEST)
 	$(PYTHON) -m venv $(LATEST)
 	$(LATEST)/bin/python -m pip install --quiet --upgrade pip

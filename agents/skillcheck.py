@@ -15,7 +15,6 @@ kernel has Landlock, forbids itself every write outside that folder and every TC
 from __future__ import annotations
 
 import ast
-import ctypes
 import json
 import os
 import resource
@@ -24,40 +23,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from . import landlock
+
 CPU_SECONDS = 15
 MEMORY_BYTES = 4 << 30  # address space: generous, as numeric libraries reserve much more than they use
 FILE_BYTES = 8 << 20
-# Landlock (linux/landlock.h): the system calls, and the rights this process gives up.
-_CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446
-_PR_SET_NO_NEW_PRIVS = 38
-_RULE_PATH_BENEATH = 1
-_FS_WRITE = (1 << 1) | (1 << 4) | (1 << 5) | sum(1 << bit for bit in range(6, 13))  # write, remove, make
-_FS_REFER, _FS_TRUNCATE = 1 << 13, 1 << 14
-_NET_BIND_TCP, _NET_CONNECT_TCP = 1 << 0, 1 << 1
-
-
-class _Ruleset(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64)]
-
-
-class _PathBeneath(ctypes.Structure):
-    _pack_ = 1
-    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
-
-
-def landlock_rights(abi: int) -> tuple[int, int]:
-    """(file-system rights, network rights) to give up under Landlock ABI `abi` (pure): every write
-    (REFER from 2, TRUNCATE from 3), and TCP bind and connect from 4."""
-    fs = _FS_WRITE | (_FS_REFER if abi >= 2 else 0) | (_FS_TRUNCATE if abi >= 3 else 0)
-    net = (_NET_BIND_TCP | _NET_CONNECT_TCP) if abi >= 4 else 0
-    return (fs, net) if abi >= 1 else (0, 0)
-
-
-def landlock_abi() -> int:
-    """The kernel's Landlock ABI version, or 0 when it has none (or it is disabled)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    return max(0, int(libc.syscall(_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1))))
 
 
 def confine(writable: Path) -> str:
@@ -65,33 +35,9 @@ def confine(writable: Path) -> str:
     for limit, value in ((resource.RLIMIT_CPU, CPU_SECONDS), (resource.RLIMIT_AS, MEMORY_BYTES),
                          (resource.RLIMIT_FSIZE, FILE_BYTES), (resource.RLIMIT_CORE, 0)):
         resource.setrlimit(limit, (value, value))  # the hard limit too: the skill cannot raise it again
-    abi = landlock_abi()
-    if abi < 1:
-        return "no landlock in this kernel"
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    fs, net = landlock_rights(abi)
-    ruleset = _Ruleset(fs, net)
-    size = ctypes.sizeof(_Ruleset) if net else ctypes.sizeof(ctypes.c_uint64)
-    ruleset_fd = libc.syscall(_CREATE_RULESET, ctypes.byref(ruleset), ctypes.c_size_t(size), ctypes.c_uint32(0))
-    if ruleset_fd < 0:
-        return f"no landlock: {os.strerror(ctypes.get_errno())}"
-    try:
-        # Its own folder, and /dev/null, which libraries and subprocess.DEVNULL open for writing.
-        for path, rights in ((writable, fs), (Path(os.devnull), fs & ((1 << 1) | _FS_TRUNCATE))):
-            folder = os.open(path, os.O_PATH | os.O_CLOEXEC)
-            try:
-                rule = _PathBeneath(rights, folder)
-                if libc.syscall(_ADD_RULE, ruleset_fd, _RULE_PATH_BENEATH, ctypes.byref(rule), ctypes.c_uint32(0)):
-                    return f"no landlock: {os.strerror(ctypes.get_errno())}"
-            finally:
-                os.close(folder)
-        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) or libc.syscall(_RESTRICT_SELF, ruleset_fd,
-                                                                        ctypes.c_uint32(0)):
-            return f"no landlock: {os.strerror(ctypes.get_errno())}"
-    finally:
-        os.close(ruleset_fd)
-    return "landlock"
+    # Its own folder, and /dev/null, which libraries and subprocess.DEVNULL open for writing.
+    return landlock.restrict([(writable, ~0), (Path(os.devnull), landlock.WRITE_FILE | landlock.TRUNCATE)],
+                             reads=False, network=False)
 
 
 def check(path: Path) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import re
 import selectors
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Collection, Mapping
@@ -25,6 +26,7 @@ from typing import Any
 
 from hermes_sup.kanban.backends import DEFAULT_DSN_ENV
 
+from . import sandbox
 from .keys import key_names
 from .tools import Tool, ToolContext, ToolError, register
 
@@ -42,6 +44,7 @@ LOG_FLUSH = 0.5
 # ended by one waits for the agent's stop request to arrive before its exit counts as a result.
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL})
 STOP_GRACE = 2.0
+KILL_GRACE = 0.5  # how long a command asked to stop has before its group is killed
 
 # Rule name -> pattern. The names are what `terminal.approve` lists to allow one.
 DENY_RULES: dict[str, re.Pattern[str]] = {
@@ -177,6 +180,27 @@ def _workdir(ctx: ToolContext, workdir: object) -> Any:
     return folder
 
 
+def confined_command(ctx: ToolContext, cwd: Path, env: dict[str, str],
+                     argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """(command line, environment) that run `argv` in `cwd` as the agent's `sandbox` allows
+    (agents/sandbox.py); ToolError when it cannot be confined and the agent may not run it otherwise."""
+    from .files import root_of
+    from .grants import grants_of
+
+    interpreter = [os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)] + [
+        os.path.realpath(p) for p in env.get("PATH", "").split(os.pathsep) if p]
+    # A version manager's shims (pyenv, rbenv, asdf: ROOT/shims) run ROOT's own programs.
+    interpreter += [os.path.dirname(p) for p in interpreter if os.path.basename(p) == "shims"]
+    conf = sandbox.plan(Path(cwd), root_of(ctx), [(g.path, g.writable) for g in grants_of(ctx.settings)],
+                        workspace=Path(ctx.workspace).resolve() if ctx.workspace else None,
+                        network="network" in (ctx.grants or ()), env=env, home=os.environ.get("HOME"),
+                        interpreter=interpreter, private=sandbox.private_here())
+    try:
+        return sandbox.wrap(str(ctx.settings.get("sandbox") or "auto"), conf, argv)
+    except sandbox.SandboxRefused as exc:
+        raise ToolError(str(exc)) from None
+
+
 def terminal(ctx: ToolContext, args: dict[str, Any]) -> str:
     settings = ctx.settings.get("terminal") or {}
     command = args["command"]
@@ -186,15 +210,15 @@ def terminal(ctx: ToolContext, args: dict[str, Any]) -> str:
                         f"allow it with terminal: {{approve: [{rule}]}} in hermes.yaml")
     ctx.scratch.mkdir(parents=True, exist_ok=True)
     cwd = _workdir(ctx, args.get("workdir"))
-    keys = withheld(ctx.settings)
+    argv, env = confined_command(ctx, cwd, clean_env(os.environ, withheld(ctx.settings)), ["/bin/sh", "-c", command])
     if args.get("background"):
-        return background(ctx, command, cwd, clean_env(os.environ, keys), args)
+        return background(ctx, argv, cwd, env, args)
     limit = float(settings.get("timeout", DEFAULT_TIMEOUT))
     if float(args.get("timeout") or 0) > MAX_TIMEOUT:
         raise ToolError(f"timeout {args['timeout']} s is above {MAX_TIMEOUT:g} s, the most a command may hold the "
                         "agent; run a longer one with background: true")
     timeout = min(float(args.get("timeout") or limit), MAX_TIMEOUT)
-    proc = subprocess.Popen(["/bin/sh", "-c", command], cwd=cwd, env=clean_env(os.environ, keys),
+    proc = subprocess.Popen(argv, cwd=cwd, env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             process_group=0, close_fds=True)
     output = Output()
@@ -215,7 +239,7 @@ def terminal(ctx: ToolContext, args: dict[str, Any]) -> str:
     return text
 
 
-def background(ctx: ToolContext, command: str, cwd: Any, env: dict[str, str], args: dict[str, Any]) -> str:
+def background(ctx: ToolContext, argv: list[str], cwd: Any, env: dict[str, str], args: dict[str, Any]) -> str:
     """Start `command` without waiting for it; a thread kills its group at the deadline or when the
     task is stopped."""
     from .files import root_of
@@ -230,7 +254,7 @@ def background(ctx: ToolContext, command: str, cwd: Any, env: dict[str, str], ar
     try:
         # Through a pipe the watcher drains into the log, never the file itself: the command could
         # write to that without end.
-        proc = subprocess.Popen(["/bin/sh", "-c", command], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0, close_fds=True)
     except BaseException:
         os.close(fd)
@@ -341,6 +365,13 @@ def _stopped_by_us(ctx: ToolContext, returncode: int | None) -> bool:
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """Stop the command and its process group. The command's first process is asked first: the
+    Landlock launcher then kills what left the group (`setsid`), which becomes its child."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=KILL_GRACE)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
 

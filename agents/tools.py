@@ -68,6 +68,7 @@ class ToolContext:
     # Toolbox.call narrows it to its own grants, so a handler that hands rights on (kanban_create
     # recording them on a new task, delegate_task starting a child) never passes on more than this.
     grants: tuple[str, ...] | None = None
+    workspace: Path | None = None  # hidden from commands (agents/sandbox.py): .env, runs/, the board
 
 
 @dataclass(frozen=True)

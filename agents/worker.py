@@ -29,7 +29,10 @@ from hermes_sup.kanban.fsio import write_json_atomic
 from hermes_sup.kanban.journal import Journal
 from hermes_sup.kanban.task import now_iso
 
-from . import builtins  # noqa: F401 - registers the built-in tools
+from . import (
+    builtins,  # noqa: F401 - registers the built-in tools
+    sandbox,
+)
 from .breaker import Breaker, label
 from .budget import Refusal, caps_from, task_cap
 from .cascade import Cascade, cascade_policy, cascades
@@ -330,7 +333,7 @@ class Agent:
                                tier, prompt, stop, task=str(doc.get("id")), log=log),
                            settings=dict(self.config),
                            services={"skills": self.skills, "delegation": self.delegator},
-                           grants=self.capabilities if grants is None else grants)
+                           grants=self.capabilities if grants is None else grants, workspace=self.workspace)
 
     def task_folder(self, doc: dict[str, Any]) -> Path:
         """Where the tools work on this task: its own folder under runs/tasks/, the same for whoever
@@ -571,6 +574,16 @@ class Agent:
 
         threading.Thread(target=wait_for_signal, name="signals", daemon=True).start()
 
+    def _commands(self) -> str:
+        """How the terminal runs commands here, for the first line of the log (agents/sandbox.py)."""
+        if "shell" not in self.capabilities:
+            return ""
+        try:
+            kind, gaps = sandbox.how(str(self.config.get("sandbox") or "auto"))
+        except sandbox.SandboxRefused as exc:
+            return f"; commands: none can run: {exc}"
+        return f"; commands: {kind}" + (f": {gaps}" if gaps else "")
+
     def run(self) -> int:
         self._watch_signals()
         if self.parent_pid is not None:
@@ -579,7 +592,7 @@ class Agent:
         self.has_llm()  # names the provider in state.json from the first write on
         self.write_state("idle")
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
-        say(self.name, f"ready (pid {os.getpid()}, roles {', '.join(self.roles) or '-'})")
+        say(self.name, f"ready (pid {os.getpid()}, roles {', '.join(self.roles) or '-'}{self._commands()})")
         while not self.stop.is_set():
             if self.only_task is not None and self._only_task_closed():
                 self.request_stop(f"its task {self.only_task} is closed")

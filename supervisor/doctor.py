@@ -4,6 +4,7 @@ damaged task files aside, as every board command does."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -31,6 +32,7 @@ from hermes_sup.kanban.fsinfo import disk_free, inotify_limits
 from hermes_sup.kanban.fsio import read_bytes_nofollow
 from hermes_sup.kanban.parse import load_json
 
+from ..agents import sandbox
 from .cgroups import detect
 from .spec import build_specs
 from .workspace import ConfigError, Workspace, load_config, open_workspace_board
@@ -127,6 +129,29 @@ def context_check(name: str, provider: ProviderConfig, size: int | None) -> Chec
                   f"num_ctx) under providers: {name}: in hermes.yaml, and max_tokens for longer answers")
 
 
+def sandbox_checks(specs: list[Any]) -> list[Check]:
+    """How the terminal of each agent with `shell` runs its commands here (agents/sandbox.py)."""
+    by_mode: dict[str, list[str]] = {}
+    for spec in specs:
+        if "shell" in spec.capabilities:
+            by_mode.setdefault(str(json.loads(spec.tools).get("sandbox") or "auto"), []).append(spec.name)
+    checks = []
+    for mode, names in sorted(by_mode.items()):
+        who = f"sandbox: {mode} ({', '.join(names)})"
+        try:
+            kind, gaps = sandbox.how(mode)
+        except sandbox.SandboxRefused as exc:
+            checks.append(_check(who, "error", f"their terminal refuses every command: {exc}"))
+            continue
+        if kind == "bubblewrap":
+            checks.append(_check(who, "ok", "commands confined by bubblewrap: writes in the task's folder and the "
+                                            "rw grants, no workspace, no network without the network capability"))
+        else:
+            how = "confined by Landlock" if kind == "landlock" else "unconfined"
+            checks.append(_check(who, "warn", f"commands {how}: {gaps}"))
+    return checks
+
+
 def run_checks(ws: Workspace) -> list[Check]:
     checks: list[Check] = []
     config: dict[str, Any] = {}
@@ -135,16 +160,15 @@ def run_checks(ws: Workspace) -> list[Check]:
         names = [spec.name for spec in build_specs(config, ws.root)]  # as status names them (count: N)
         checks.append(_check("config", "ok", f"{ws.config_path} ({len(names)} agent{'s' if len(names) != 1 else ''}: "
                                              f"{', '.join(names)})"))
+        checks += sandbox_checks(build_specs(config, ws.root))
     except ConfigError as exc:
         checks.append(_check("config", "error", str(exc)))
     for name, spec in sorted((config.get("folders") or {}).items()):
         users = [a["name"] for a in config.get("agents") or [] if name in (a.get("folders", (
             config.get("defaults") or {}).get("folders")) or [])]
-        # The terminal is not confined to the grants yet: say so where a grant is given.
         checks.append(_check(f"folder {name}", "ok" if users else "info",
                              f"{spec['path']} ({spec.get('mode', 'ro')}), granted to "
-                             f"{', '.join(users) if users else 'no agent'}; file tools only: the terminal "
-                             "of an agent with shell is not confined to it"))
+                             f"{', '.join(users) if users else 'no agent'}"))
 
     # What the agents will see: this environment, filled in from the workspace's .env (see agents/keys.py).
     names = key_names(config)

@@ -129,6 +129,7 @@ def build_specs(config: dict[str, Any], root: Path, *, python: str = sys.executa
                                   "delegation": _merged(defaults, entry, "delegation") or {},
                                   "memory": _merged(defaults, entry, "memory") or {},
                                   "offer_tools": _merged(defaults, entry, "offer_tools") or "task",
+                                  "sandbox": _merged(defaults, entry, "sandbox") or "auto",
                                   "folders": granted(config, defaults, entry)}, sort_keys=True),
                 board=json.dumps({"board": config.get("board") or {}, "host": config.get("host")}, sort_keys=True),
             )

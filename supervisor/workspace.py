@@ -26,6 +26,7 @@ from hermes_sup.kanban import BoardError, BoardStore
 from hermes_sup.kanban.backends import BoardConfigError, check_board_config, check_host, open_board
 from hermes_sup.kanban.parse import PlainLoader
 
+from ..agents.sandbox import MODES as SANDBOX_MODES
 from .alerts import check_alerts
 from .folders import check_folders
 from .schedules import check_schedules
@@ -142,7 +143,7 @@ TOP_KEYS = ("providers", "tiers", "defaults", "agents", "prices", "board", "host
             "budgets", "folders")
 DEFAULT_KEYS = ("restart", "stop_timeout", "heartbeat_timeout", "orphan_grace", "max_rss_mb", "log_max_mb",
                 "log_keep", "max_iterations", "max_tokens", "max_cost", "terminal", "delegation", "memory",
-                "offer_tools", "folders")
+                "offer_tools", "folders", "sandbox")
 RESTART_KEYS = ("policy", "backoff", "max_restarts", "window", "reset_after")
 CAPABILITIES = ("fs.read", "fs.write", "shell", "network", "memory", "delegate", "skills", "kanban")
 TIERS = ("auto", "cheap", "standard", "premium")
@@ -151,7 +152,7 @@ PROVIDER_KEYS = ("kind", "model", "base_url", "api_key_env", "timeout", "max_tok
 AGENT_KEYS = ("name", "roles", "tier", "skills", "capabilities", "count", "provider", "env", "restart",
               "stop_timeout", "heartbeat_timeout", "orphan_grace", "max_rss_mb", "log_max_mb", "log_keep",
               "max_iterations", "max_tokens", "max_cost", "identity", "toolsets", "command", "terminal",
-              "delegation", "memory", "offer_tools", "folders")
+              "delegation", "memory", "offer_tools", "folders", "sandbox")
 
 
 def _parse_config(path: Path) -> dict[str, Any]:
@@ -481,6 +482,9 @@ def _check_tools(node: dict[str, Any], where: str, fail: Any) -> None:
     if node.get("offer_tools", "task") not in OFFER_MODES:
         raise fail(node, f"{where}: 'offer_tools' must be one of {', '.join(OFFER_MODES)} (task: the tools the "
                          f"task calls for; all: every tool), got {node['offer_tools']!r}")
+    if node.get("sandbox", "auto") not in SANDBOX_MODES:
+        raise fail(node, f"{where}: 'sandbox' must be one of {', '.join(SANDBOX_MODES)} (auto: bubblewrap, else "
+                         f"Landlock; none: commands run with the agent's full rights), got {node['sandbox']!r}")
     terminal = node.get("terminal") or {}
     approve = terminal.get("approve", [])
     if not isinstance(approve, list) or not all(isinstance(rule, str) for rule in approve):

@@ -142,6 +142,22 @@ def gone(pid: int) -> bool:
         return True
 
 
+def marked_sleep() -> str:
+    """A `sleep` whose command line no other process has: a sandboxed command's `$$` and `$!` are pids
+    of its own namespace, so a test finds what it started by this mark (running())."""
+    return f"sleep {300 + int.from_bytes(os.urandom(3), 'big') / 1e7:.7f}"
+
+
+def running(mark: str) -> list[int]:
+    """The pids (of this machine) of the live processes whose command line holds `mark`."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        with contextlib.suppress(psutil.Error, TypeError):
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and mark in " ".join(proc.info["cmdline"] or ()):
+                found.append(proc.pid)
+    return found
+
+
 def supervisor_state(ws: Path) -> dict:
     """runs/supervisor.json, or {} while there is none (or it is being replaced)."""
     try:

@@ -24,7 +24,7 @@ from hermes_sup.agents.terminal import BACKGROUND_LOG_KEEP, BackgroundLog, _watc
 from hermes_sup.agents.tools import REGISTRY, Finished, NeedsPerson, Refused, Toolbox, ToolContext, ToolError
 from hermes_sup.kanban import Board
 
-from .conftest import CLI, ROOT, gone, wait_until
+from .conftest import CLI, ROOT, marked_sleep, running, wait_until
 from .llm_server import ScriptedLLM, openai_reply
 
 SCHEMAS: dict[str, Any] = json.loads((Path(__file__).parent / "fixtures/hermes/tool_schemas.json").read_text())
@@ -165,19 +165,16 @@ def test_terminal_background_returns_at_once_and_logs_the_output(tmp_path):
 
 def test_a_background_command_is_killed_at_its_deadline_and_with_its_task(tmp_path):
     ctx = ctx_for(tmp_path)
-    said = call(ctx, "terminal", command="echo $$; exec sleep 300", background=True, timeout=1)
-    log = log_of(ctx, said)
-    wait_until(lambda: log.read_text().strip(), timeout=30)
-    pid = int(log.read_text().split()[0])
-    wait_until(lambda: gone(pid), timeout=30)
-    stopped = ctx_for(tmp_path / "other")
-    said = call(stopped, "terminal", command="echo $$; exec sleep 300", background=True)
+    mark = marked_sleep()
+    call(ctx, "terminal", command=f"exec {mark}", background=True, timeout=1)
+    assert wait_until(lambda: not running(mark), timeout=30)
+    stopped, mark = ctx_for(tmp_path / "other"), marked_sleep()
+    said = call(stopped, "terminal", command=f"echo started; exec {mark}", background=True)
     log = log_of(stopped, said)
     wait_until(lambda: log.read_text().strip(), timeout=30)
-    pid = int(log.read_text().split()[0])
-    assert not gone(pid)
+    assert running(mark)
     stopped.stop.set()
-    wait_until(lambda: gone(pid), timeout=30)
+    assert wait_until(lambda: not running(mark), timeout=30)
 
 
 def test_a_background_log_keeps_its_start_and_its_latest_output_only(tmp_path):
@@ -437,8 +434,9 @@ def test_a_background_command_ends_with_the_task_that_started_it(tmp_path, up):
 
     ws = make_ws(tmp_path, "- name: worker\n  roles: [work]\n  capabilities: [fs.read, fs.write, shell]\n")
     board = Board(ws / "kanban")
+    mark = marked_sleep()
     task = board.add({"title": "serve", "role": "work", "steps": [
-        {"tool": "terminal", "args": {"command": "echo $$ > bg.pid; exec sleep 300", "background": True}},
+        {"tool": "terminal", "args": {"command": f"echo started > bg.pid; exec {mark}", "background": True}},
         {"tool": "wait", "args": {"seconds": 0.01}}]})
     up(ws)
     wait_until(lambda: board.get(task["id"])["status"] in ("done", "failed"), timeout=60)
@@ -447,8 +445,7 @@ def test_a_background_command_ends_with_the_task_that_started_it(tmp_path, up):
 
     pid_file = work_folder(ws / "runs", task["id"]) / "bg.pid"  # the task's own folder, where its shell ran
     wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=30)
-    pid = int(pid_file.read_text())
-    wait_until(lambda: gone(pid), timeout=30)
+    assert wait_until(lambda: not running(mark), timeout=30)
 
 
 def test_a_patch_that_cannot_write_one_of_its_files_writes_none(tmp_path):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from hermes_sup.agents import builtins  # noqa: F401 - registers the built-in tools
-from hermes_sup.agents.skillcheck import landlock_abi
+from hermes_sup.agents.landlock import abi as landlock_abi
 from hermes_sup.agents.skills import Skills, front_matter, prompt_block
 from hermes_sup.agents.tools import Toolbox, ToolContext, ToolError
 
@@ -191,13 +191,15 @@ def test_skills_list_runs_no_skill_code_in_the_cli_and_the_check_sees_no_secret(
 
 
 def test_the_check_gives_up_every_write_right_its_kernel_knows():
-    from hermes_sup.agents.skillcheck import landlock_rights
+    from hermes_sup.agents.landlock import fs_rights, net_rights, scopes
 
-    assert landlock_rights(0) == (0, 0)
-    fs1, net1 = landlock_rights(1)
-    assert fs1 == 0b1_1111_1111_0010 and net1 == 0, "write, remove and make; reading and running stay allowed"
-    assert landlock_rights(3)[0] == fs1 | (1 << 13) | (1 << 14)
-    assert landlock_rights(4)[1] == 0b11, "TCP bind and connect"
+    assert fs_rights(0, reads=False) == 0 and net_rights(3) == 0 and scopes(5) == 0
+    fs1 = fs_rights(1, reads=False)
+    assert fs1 == 0b1_1111_1111_0010, "write, remove and make; reading and running stay allowed"
+    assert fs_rights(1, reads=True) == fs1 | 0b1101, "and with reads: read files, list folders, execute"
+    assert fs_rights(3, reads=False) == fs1 | (1 << 13) | (1 << 14)
+    assert net_rights(4) == 0b11, "TCP bind and connect"
+    assert scopes(6) == 0b11, "abstract unix sockets and signals"
 
 
 def test_the_check_environment_is_an_allow_list():

@@ -31,7 +31,7 @@ from hermes_sup.agents.tools import (
 )
 from hermes_sup.kanban import Board
 
-from .conftest import gone, wait_until
+from .conftest import marked_sleep, running, wait_until
 
 CAPS = ("fs.read", "fs.write", "kanban", "shell")
 
@@ -300,14 +300,11 @@ def test_terminal_never_sees_the_board_databases_connection_string(ctx, monkeypa
 
 def test_terminal_times_out_and_kills_its_whole_group(ctx):
     started = time.monotonic()
+    mark = marked_sleep()
     with pytest.raises(ToolError, match="timed out after 1 s"):
-        call(ctx, "terminal", command="sleep 300 & echo $! > bg.pid; sleep 300", timeout=1)
+        call(ctx, "terminal", command=f"{mark} & echo started; sleep 300", timeout=1)
     assert time.monotonic() - started < 10
-    background = int((ctx.scratch / "bg.pid").read_text())
-    deadline = time.monotonic() + 5
-    while not gone(background):
-        assert time.monotonic() < deadline, "the background job of the command was left running"
-        time.sleep(0.02)
+    assert wait_until(lambda: not running(mark), timeout=5), "the background job of the command was left running"
 
 
 def test_terminal_runs_in_a_process_group_of_its_own(ctx):
@@ -563,17 +560,26 @@ def test_a_command_with_endless_output_does_not_grow_the_agent(tmp_path):
     assert "bytes and" in out and "cut ..." in out
 
 
-def test_a_process_leaving_the_commands_group_with_its_output_open_does_not_hang_the_agent(ctx):
+@pytest.mark.parametrize("sandbox", ["none", "bubblewrap", "landlock"])
+def test_a_process_leaving_the_commands_group_with_its_output_open_does_not_hang_the_agent(ctx, sandbox):
     """`setsid` takes a process out of the command's group, so killing the group leaves it holding
-    the output pipe open: waiting for the end of the output hung the agent for as long as it lived."""
-    started = time.monotonic()
+    the output pipe open: waiting for the end of the output hung the agent for as long as it lived.
+    Confined, it goes with the command (a pid namespace, or the launcher that reaps it)."""
+    started, mark = time.monotonic(), marked_sleep()
+    ctx.settings["sandbox"] = sandbox
     try:
-        with pytest.raises(ToolError, match=r"timed out after 2 s") as info:
-            call(ctx, "terminal", command="setsid sleep 300 & echo $! > bg.pid; echo started", timeout=2)
-        assert "started" in str(info.value) and time.monotonic() - started < 15
+        if sandbox == "none":
+            with pytest.raises(ToolError, match=r"timed out after 2 s") as info:
+                call(ctx, "terminal", command=f"setsid {mark} & echo started", timeout=2)
+            assert "started" in str(info.value) and time.monotonic() - started < 15
+        else:
+            assert call(ctx, "terminal", command=f"setsid {mark} & echo started", timeout=60) == "started\n"
+            assert time.monotonic() - started < 15
+            assert wait_until(lambda: not running(mark), timeout=5), "the escaped process outlived the command"
     finally:
-        with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
-            os.kill(int((ctx.scratch / "bg.pid").read_text()), signal.SIGKILL)
+        for pid in running(mark):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_an_agent_whose_toolsets_leave_out_the_terminal_hands_on_no_shell(ctx):

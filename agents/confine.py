@@ -1,0 +1,102 @@
+"""The Landlock launcher of a confined command: `python -P -m hermes_sup.agents.confine SPEC -- ARGV`.
+
+Where bubblewrap is missing (agents/sandbox.py), this process gives up, for itself and all it starts,
+every read but of the system, the grants and the interpreter's folders, every write but in the task's
+folder and the `rw` grants, and without `network` TCP; then runs the command with a temporary folder
+of its own in the task's folder. It is a child subreaper: what the command leaves running, `setsid`
+and double forks included, becomes its child and is killed when the command ends, or when this process
+is told to stop (SIGTERM, SIGHUP, SIGINT; SIGKILL too when its parent, the agent, dies). It never runs
+the command unconfined: exit status 126 and the reason when Landlock cannot be had.
+SPEC is JSON: {writable, readable, shown, hidden: [path, ...], network: bool}.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from . import landlock
+from .sandbox import readable_roots
+
+_PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
+CANNOT_CONFINE = 126
+
+
+def _children() -> list[int]:
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/children") as f:
+                found += [int(pid) for pid in f.read().split()]
+    return found
+
+
+def kill_all() -> None:
+    """Kill every process below this one, those handed to it as orphans too, and reap them."""
+    while True:
+        for pid in _children():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+
+
+def rules(spec: dict) -> list[tuple[Path, int]]:
+    """The Landlock rules of SPEC (reads the folders on the way to a hidden one)."""
+    hidden = [Path(p) for p in spec["hidden"]]
+    reads = readable_roots(hidden, os.listdir) + [Path(p) for p in spec["shown"] + spec["readable"]]
+    full = landlock.READ | landlock.WRITE | landlock.REFER | landlock.TRUNCATE
+    return ([(path, landlock.READ) for path in reads] + [(Path(p), full) for p in spec["writable"]]
+            + [(Path(os.devnull), landlock.WRITE_FILE | landlock.TRUNCATE)])
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 4 or argv[2] != "--":
+        print("usage: python -m hermes_sup.agents.confine SPEC -- COMMAND [ARG...]", file=sys.stderr)
+        return 2
+    spec, command = json.loads(argv[1]), argv[3:]
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=spec["writable"][0])
+    try:
+        how = landlock.restrict(rules(spec), reads=True, network=bool(spec["network"]))
+        if how != "landlock":
+            print(f"refused: the command cannot be confined ({how})", file=sys.stderr)
+            return CANNOT_CONFINE
+
+        def stop(signum: int, _frame: object) -> None:
+            kill_all()
+            shutil.rmtree(tmp, ignore_errors=True)
+            os._exit(128 + signum)
+
+        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(signum, stop)
+        env = dict(os.environ, TMPDIR=tmp)
+        home = env.get("HOME", "")
+        if not home or any(home == h or home.startswith(h.rstrip("/") + "/") for h in spec["hidden"]):
+            env["HOME"] = tmp
+        try:
+            child = subprocess.Popen(command, env=env)
+        except OSError as exc:
+            print(f"{command[0]}: {exc.strerror}", file=sys.stderr)
+            return 127
+        status = child.wait()
+        kill_all()
+        return 128 - status if status < 0 else status
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,213 @@
+"""Where a `terminal` command runs: confined by bubblewrap, else by Landlock, else not at all only when
+hermes.yaml says `sandbox: none` for the agent (CONTRACT.md section 12).
+
+Confined, a command writes only in its task's folder and the `rw` grants; it reads the system and its
+grants, never the workspace (`.env`, the other tasks' and agents' folders, the board, the supervisor's
+sockets), the home folders, or other processes' temporary files; without the `network` capability it
+has no network. Under bubblewrap it runs in namespaces of its own (mounts, pids, network, ipc), so what
+it starts, `setsid` and double forks included, dies with it; under Landlock a launcher
+(agents/confine.py) gives up those rights and, as a child subreaper, kills what the command left behind
+(named unix sockets and other processes stay visible there: `doctor` says so).
+The plan is data (`Confinement`), the argument lists pure functions of it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MODES = ("auto", "bubblewrap", "landlock", "none")
+# Folders of the machine that may hold someone's files or sockets: never shown to a command, but for
+# what is granted and the interpreter that runs it.
+PRIVATE = ("/home", "/root", "/tmp", "/var/tmp", "/run", "/var/run", "/mnt", "/media", "/srv")
+TMP_BYTES = 512 << 20  # of the command's own /tmp (memory: a tmpfs)
+
+
+class SandboxRefused(RuntimeError):
+    """No confinement the agent's `sandbox` allows can be had here; the words say why."""
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """What one command may use: all paths absolute and resolved."""
+    cwd: Path
+    writable: tuple[Path, ...]                 # the task's folder and the rw grants
+    readable: tuple[Path, ...] = ()            # the ro grants
+    hidden: tuple[Path, ...] = ()              # PRIVATE, $HOME and the workspace
+    shown: tuple[Path, ...] = ()               # under a hidden folder, shown read-only (the interpreter)
+    network: bool = False
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def plan(cwd: Path, task_folder: Path, grants: Iterable[tuple[Path, bool]], *, workspace: Path | None,
+         network: bool, env: Mapping[str, str], home: str | None = None, interpreter: Sequence[str] = (),
+         private: Sequence[str] = PRIVATE) -> Confinement:
+    """The confinement of a command run in `cwd` for a task whose folder is `task_folder`, with the
+    agent's grants ((path, writable) pairs) (pure). `interpreter`: folders under a hidden one a command
+    may still run things from (the Python running the agent, its PATH), shown read-only unless they
+    hold something hidden on purpose (the workspace, a home folder itself)."""
+    hidden = [Path(p) for p in private]
+    if home and os.path.isabs(home) and Path(home) != Path("/"):
+        hidden.append(Path(home))
+    if workspace is not None:
+        hidden.append(workspace)
+    grants = list(grants)
+    writable = [task_folder] + [path for path, rw in grants if rw]
+    readable = [path for path, rw in grants if not rw]
+    kept = [Path(p) for p in private] + ([Path(home)] if home else [])
+    shown = sorted({Path(p) for p in interpreter if os.path.isabs(p)
+                    and any(_inside(Path(p), h) for h in hidden)
+                    and not any(_inside(h, Path(p)) for h in hidden)
+                    and Path(p) not in kept
+                    and not (workspace is not None and _inside(Path(p), workspace) and not _venv(Path(p), workspace))})
+    return Confinement(cwd=cwd, writable=tuple(writable), readable=tuple(readable), hidden=tuple(hidden),
+                       shown=tuple(shown), network=network, env=dict(env))
+
+
+def inner_env(conf: Confinement, tmp: str) -> dict[str, str]:
+    """The command's environment in the sandbox (pure): its own temporary folder `tmp`, also its home
+    when the real one is hidden."""
+    env = dict(conf.env)
+    home = env.get("HOME")
+    if not home or not os.path.isabs(home) or any(_inside(Path(home), h) for h in conf.hidden):
+        env["HOME"] = tmp
+    env["TMPDIR"] = tmp
+    return env
+
+
+def _venv(path: Path, workspace: Path) -> bool:
+    """Whether `path` is in a virtual environment inside the workspace (`.venv/`): the interpreter of
+    an agent started from a checkout is shown; runs/, kanban/ and the rest stay hidden."""
+    parts = path.relative_to(workspace).parts
+    return bool(parts) and parts[0] in (".venv", "venv")
+
+
+def bwrap_argv(conf: Confinement, argv: Sequence[str], bwrap: str = "bwrap") -> list[str]:
+    """bubblewrap's command line for `argv` under `conf` (pure). Mounts are made in order: the system
+    read-only, each hidden folder an empty tmpfs (read-only again but /tmp, the command's own), then
+    what is shown, the read-only grants and the writable folders, outer before inner, so an `ro`
+    grant inside an `rw` one stays read-only."""
+    args = [bwrap, "--unshare-all", *([] if not conf.network else ["--share-net"]), "--die-with-parent",
+            "--new-session", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    hidden = sorted(set(conf.hidden), key=lambda p: (len(p.parts), str(p)))
+    for folder in hidden:
+        if str(folder) == "/tmp":
+            args += ["--size", str(TMP_BYTES)]
+        args += ["--tmpfs", str(folder)]
+    binds = [(p, "--ro-bind") for p in conf.shown] + [(p, "--ro-bind") for p in conf.readable] \
+        + [(p, "--bind") for p in conf.writable]
+    for path, how in sorted(binds, key=lambda b: (len(b[0].parts), b[1] == "--bind")):
+        args += [how, str(path), str(path)]
+    for folder in hidden:
+        if str(folder) != "/tmp":
+            args += ["--remount-ro", str(folder)]
+    return [*args, "--chdir", str(conf.cwd), "--", *argv]
+
+
+def readable_roots(hidden: Sequence[Path], listdir: Callable[[Path], list[str]], top: Path = Path("/")) -> list[Path]:
+    """The folders whose contents together are everything under `top` but the hidden folders (pure
+    over `listdir`): Landlock allows beneath a path and cannot deny inside it, so the folders on the
+    way to a hidden one are allowed entry by entry."""
+    if any(_inside(top, h) for h in hidden):
+        return []
+    if not any(_inside(h, top) for h in hidden):
+        return [top]
+    found: list[Path] = []
+    try:
+        names = listdir(top)
+    except OSError:
+        return []
+    for name in sorted(names):
+        found += readable_roots(hidden, listdir, top / name)
+    return found
+
+
+def launcher_argv(conf: Confinement, argv: Sequence[str]) -> list[str]:
+    """The Landlock launcher's command line for `argv` under `conf` (pure)."""
+    spec = {"writable": [str(p) for p in conf.writable], "readable": [str(p) for p in conf.readable],
+            "shown": [str(p) for p in conf.shown], "hidden": [str(p) for p in conf.hidden],
+            "network": conf.network}
+    return [sys.executable, "-P", "-m", "hermes_sup.agents.confine", json.dumps(spec), "--", *argv]
+
+
+@functools.lru_cache(maxsize=1)
+def bubblewrap() -> tuple[str | None, str]:
+    """(the bwrap program, "") when bubblewrap can confine a command here, else (None, why not)."""
+    program = shutil.which("bwrap")
+    if program is None:
+        return None, "bubblewrap is not installed (Debian/Ubuntu: apt install bubblewrap)"
+    probe = [program, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev",
+             "--proc", "/proc", "--tmpfs", "/tmp", "--", "/bin/true"]
+    try:
+        done = subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"bubblewrap cannot run: {exc}"
+    if done.returncode != 0:
+        why = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit {done.returncode}"]
+        return None, f"bubblewrap cannot make namespaces here: {why[0][:200]}"
+    return program, ""
+
+
+@functools.lru_cache(maxsize=1)
+def landlock_abi() -> int:
+    from .landlock import abi
+
+    return abi()
+
+
+def choose(mode: str, bwrap: tuple[str | None, str], abi: int) -> tuple[str, str]:
+    """(how commands run: bubblewrap, landlock or none; what that leaves out or why none) for an
+    agent's `sandbox` mode on a machine with `bwrap` (program, why not) and Landlock ABI `abi` (pure).
+    SandboxRefused when the mode asks for what the machine lacks."""
+    program, why_not = bwrap
+    if mode == "none":
+        return "none", "commands run with the agent's full rights (sandbox: none)"
+    if mode in ("auto", "bubblewrap") and program:
+        return "bubblewrap", ""
+    landlock_why = "the kernel has no Landlock" if abi < 1 else ""
+    if mode in ("auto", "landlock") and abi >= 1:
+        gaps = ["named unix sockets and the agent's processes stay reachable"]
+        if abi < 4:
+            gaps.append("the network is not confined (Landlock ABI < 4)")
+        return "landlock", f"Landlock ABI {abi}" + (f" ({why_not})" if mode == "auto" and why_not else "") \
+            + "; " + "; ".join(gaps)
+    reasons = [r for r in ((why_not if mode != "landlock" else ""), (landlock_why if mode != "bubblewrap" else ""))
+               if r]
+    raise SandboxRefused(f"refused: no sandbox for commands on this machine ({'; '.join(reasons)}); install "
+                         "bubblewrap, or let this agent run commands unconfined with sandbox: none in hermes.yaml")
+
+
+def how(mode: str) -> tuple[str, str]:
+    """choose() on this machine."""
+    return choose(mode, bubblewrap() if mode in ("auto", "bubblewrap") else (None, ""),
+                  landlock_abi() if mode in ("auto", "landlock") else 0)
+
+
+def wrap(mode: str, conf: Confinement, argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """(the command line, its environment) that runs `argv` confined as `mode` allows here;
+    SandboxRefused when it cannot be."""
+    kind, _ = how(mode)
+    if kind == "bubblewrap":
+        program = bubblewrap()[0]
+        assert program is not None
+        return bwrap_argv(conf, argv, program), inner_env(conf, "/tmp")
+    if kind == "landlock":  # the launcher makes the command's own temporary folder and sets both
+        return launcher_argv(conf, argv), dict(conf.env)
+    return list(argv), dict(conf.env)
+
+
+def private_here() -> tuple[str, ...]:
+    """The PRIVATE folders this machine has as real folders (a symlink, /var/run -> /run, is hidden
+    with its target)."""
+    return tuple(p for p in PRIVATE if os.path.isdir(p) and not os.path.islink(p))

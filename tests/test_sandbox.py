@@ -1,0 +1,166 @@
+"""The terminal's confinement (agents/sandbox.py, agents/confine.py): black-box, a command tries what it
+must not do under bubblewrap and under Landlock, and the same command under `sandbox: none` shows each
+probe can succeed; then the decisions, pure."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from hermes_sup.agents import (
+    builtins,  # noqa: F401 - registers the built-in tools
+    sandbox,
+)
+from hermes_sup.agents.landlock import abi
+from hermes_sup.agents.sandbox import Confinement, SandboxRefused, bwrap_argv, choose, plan, readable_roots
+from hermes_sup.agents.tools import Toolbox, ToolContext, ToolError
+
+from .conftest import marked_sleep, running, wait_until
+
+CONFINED = ["bubblewrap", "landlock"]
+
+
+def needs(mode: str) -> None:
+    if mode == "landlock" and abi() < 1:
+        pytest.skip("this kernel has no Landlock")
+    if mode == "bubblewrap" and sandbox.bubblewrap()[0] is None:  # `make test` installs it
+        pytest.fail(f"bubblewrap is needed here: {sandbox.bubblewrap()[1]}")
+
+
+@pytest.fixture
+def place(tmp_path):
+    ws = tmp_path / "ws"
+    (ws / "runs" / "tasks" / "t1" / "work").mkdir(parents=True)
+    (ws / "runs" / "other").mkdir()
+    (ws / "runs" / "other" / "state.json").write_text('{"secret": "OTHERS-STATE"}')
+    (ws / ".env").write_text("OPENAI_API_KEY=ENV-SECRET\n")
+    for name in ("rw", "ro", "outside"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "ro" / "paper.txt").write_text("a paper\n")
+    (tmp_path / "outside" / "private.txt").write_text("OUTSIDE-SECRET\n")
+    return tmp_path
+
+
+def context(place: Path, mode: str, caps: tuple[str, ...] = ("shell",)) -> ToolContext:
+    folders = {"rw": {"path": str(place / "rw"), "mode": "rw"}, "ro": {"path": str(place / "ro"), "mode": "ro"}}
+    return ToolContext(scratch=place / "ws" / "runs" / "tasks" / "t1" / "work", stop=threading.Event(),
+                       settings={"sandbox": mode, "folders": folders}, grants=caps, workspace=place / "ws")
+
+
+def run(ctx: ToolContext, command: str) -> str:
+    return Toolbox(grants=tuple(ctx.grants or ())).call(ctx, "terminal", {"command": command, "timeout": 60})
+
+
+@pytest.mark.parametrize("mode", [*CONFINED, "none"])
+def test_writes_go_only_to_the_task_folder_and_the_rw_grants(place, mode):
+    needs(mode)
+    ctx = context(place, mode)
+    run(ctx, f"echo x > here.txt; echo x > {place}/rw/new.txt; echo x > {place}/ro/new.txt; "
+             f"echo x > {place}/outside/new.txt; rm -f {place}/ro/paper.txt; echo x > {place}/ws/runs/other/x")
+    assert (ctx.scratch / "here.txt").exists() and (place / "rw" / "new.txt").exists(), "granted writes work"
+    breached = [p for p in ("ro/new.txt", "outside/new.txt", "ws/runs/other/x") if (place / p).exists()]
+    breached += [] if (place / "ro" / "paper.txt").exists() else ["ro/paper.txt removed"]
+    assert breached == ([] if mode != "none" else ["ro/new.txt", "outside/new.txt", "ws/runs/other/x",
+                                                   "ro/paper.txt removed"])
+
+
+@pytest.mark.parametrize("mode", [*CONFINED, "none"])
+def test_a_command_reads_its_grants_not_the_workspace_nor_other_folders(place, mode):
+    needs(mode)
+    out = run(context(place, mode), f"cat {place}/ro/paper.txt; cat {place}/ws/.env; "
+                                    f"cat {place}/ws/runs/other/state.json; cat {place}/outside/private.txt; "
+                                    f"ls {place}/ws/runs | sed s/^/LISTED:/")
+    assert "a paper" in out
+    leaked = [s for s in ("ENV-SECRET", "OTHERS-STATE", "OUTSIDE-SECRET", "LISTED:other") if s in out]
+    assert leaked == ([] if mode != "none" else ["ENV-SECRET", "OTHERS-STATE", "OUTSIDE-SECRET", "LISTED:other"]), out
+
+
+@pytest.mark.parametrize("mode", [*CONFINED, "none"])
+def test_no_connection_without_the_network_capability(place, mode):
+    needs(mode)
+    if mode == "landlock" and abi() < 4:
+        pytest.skip("Landlock below ABI 4 does not confine TCP (doctor says so)")
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    probe = (f"{sys.executable} -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=5); "
+             "print('CONNECTED')\"")
+    try:
+        cut_off = run(context(place, mode), probe)
+        allowed = run(context(place, mode, ("shell", "network")), probe)
+    finally:
+        listener.close()
+    assert ("CONNECTED" in cut_off) is (mode == "none"), cut_off
+    assert "CONNECTED" in allowed, allowed
+
+
+@pytest.mark.parametrize("mode", [*CONFINED, "none"])
+def test_what_a_command_leaves_running_dies_with_it(place, mode):
+    needs(mode)
+    marks = marked_sleep(), marked_sleep()
+    try:
+        # The command ends once the first has left its session (the file says so).
+        run(context(place, mode), f"setsid sh -c 'touch left; exec {marks[0]}' >/dev/null 2>&1 < /dev/null & "
+                                  f"( ( {marks[1]} >/dev/null 2>&1 < /dev/null & ) & ) ; "
+                                  "until [ -e left ]; do sleep 0.01; done; echo started")
+        if mode == "none":  # the control: the process group's kill misses the one that left it
+            assert running(marks[0]), "without confinement a setsid escape outlives the command"
+        else:
+            wait_until(lambda: not any(running(m) for m in marks), timeout=5)
+    finally:
+        for mark in marks:
+            for pid in running(mark):
+                os.kill(pid, 9)
+
+
+def test_a_command_never_runs_unconfined_unless_the_agent_says_so(place, monkeypatch):
+    monkeypatch.setattr(sandbox, "how", lambda mode: choose(mode, (None, "bubblewrap is not installed"), 0))
+    with pytest.raises(ToolError, match=r"no sandbox for commands on this machine .*sandbox: none"):
+        run(context(place, "auto"), "touch ran")
+    assert not (place / "ws" / "runs" / "tasks" / "t1" / "work" / "ran").exists()
+
+
+# -- the decisions, pure ----------------------------------------------------------------------------
+
+def test_choose_takes_the_best_the_machine_has_and_what_the_agent_allows():
+    assert choose("auto", ("/usr/bin/bwrap", ""), 6)[0] == "bubblewrap"
+    kind, gaps = choose("auto", (None, "bubblewrap is not installed"), 6)
+    assert kind == "landlock" and "bubblewrap is not installed" in gaps and "unix sockets" in gaps
+    assert "network is not confined" in choose("landlock", (None, ""), 3)[1]
+    assert choose("none", (None, "x"), 0)[0] == "none"
+    with pytest.raises(SandboxRefused, match="not installed"):
+        choose("bubblewrap", (None, "bubblewrap is not installed"), 6)
+    with pytest.raises(SandboxRefused, match="no Landlock"):
+        choose("landlock", ("/usr/bin/bwrap", ""), 0)
+
+
+def test_the_plan_hides_the_workspace_and_home_and_shows_the_interpreter_only():
+    conf = plan(Path("/w/runs/tasks/t/work"), Path("/w/runs/tasks/t/work"),
+                [(Path("/data/app"), True), (Path("/data/app/docs"), False)], workspace=Path("/w"), network=False,
+                env={"HOME": "/home/u", "PATH": "/usr/bin"}, home="/home/u",
+                interpreter=["/home/u/.pyenv/versions/3.11", "/home/u", "/w/.venv", "/w/runs", "/usr/bin"],
+                private=("/home", "/tmp"))
+    assert conf.hidden == (Path("/home"), Path("/tmp"), Path("/home/u"), Path("/w"))
+    assert conf.shown == (Path("/home/u/.pyenv/versions/3.11"), Path("/w/.venv")), "not a home itself, nor runs/"
+    assert conf.writable == (Path("/w/runs/tasks/t/work"), Path("/data/app"))
+    assert conf.readable == (Path("/data/app/docs"),)
+
+
+def test_mounts_come_outer_first_so_an_ro_grant_inside_an_rw_one_stays_read_only():
+    conf = Confinement(cwd=Path("/w/t"), writable=(Path("/w/t"), Path("/data/app")), readable=(Path("/data/app/docs"),),
+                       hidden=(Path("/w"), Path("/tmp")), network=False)
+    argv = bwrap_argv(conf, ["/bin/sh", "-c", "true"])
+    binds = [(argv[i], argv[i + 1]) for i, a in enumerate(argv) if a in ("--bind", "--ro-bind", "--tmpfs")]
+    assert binds == [("--ro-bind", "/"), ("--tmpfs", "/tmp"), ("--tmpfs", "/w"), ("--bind", "/w/t"),
+                     ("--bind", "/data/app"), ("--ro-bind", "/data/app/docs")]
+    assert "--share-net" not in argv and argv[-4:] == ["--", "/bin/sh", "-c", "true"]
+    assert "--share-net" in bwrap_argv(Confinement(cwd=Path("/"), writable=(), network=True), ["true"])
+
+
+def test_landlock_reads_are_everything_but_the_hidden_folders():
+    tree = {"/": ["usr", "tmp", "home"], "/home": ["u", "v"], "/home/u": ["code", "ws"]}
+    roots = readable_roots([Path("/tmp"), Path("/home/u/ws")], lambda p: tree.get(str(p), []))
+    assert roots == [Path("/home/u/code"), Path("/home/v"), Path("/usr")]
