@@ -129,12 +129,13 @@ class Tally:
     failed: int = 0
     calls: dict[str, int] = field(default_factory=dict)
     escalated: int = 0
+    prices: dict[str, Any] = field(default_factory=lambda: PRICES)  # cost_real.py prices its own models
 
     def log(self, attempt: Attempt) -> None:
         if attempt.completion is None:
             return
         model = attempt.completion.model or attempt.model
-        self.cost += price(PRICES, model, attempt.completion.usage) or 0.0
+        self.cost += price(self.prices, model, attempt.completion.usage) or 0.0
         self.calls[model] = self.calls.get(model, 0) + 1
         if attempt.route and attempt.route.get("decision") == "escalated":
             self.escalated += 1

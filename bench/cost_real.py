@@ -92,8 +92,8 @@ class Graded(Tally):
     """cost_bench's tally, with answers graded case-blind against any right form; `wrong` keeps the
     numbers of the questions answered wrongly."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, prices: dict[str, Any]) -> None:
+        super().__init__(prices=prices)
         self.wrong: set[int] = set()
         self.seconds = 0.0
 
@@ -114,7 +114,7 @@ def messages_for(question: Question) -> list[dict[str, Any]]:
 
 
 def run(name: str, questions: list[Question], work: Any) -> Graded:
-    tally = Graded()
+    tally = Graded(prices=PRICES)  # cost_bench's Tally priced these by its own table: every call cost $0
     started = time.monotonic()
     for question in questions:
         try:
