@@ -18,13 +18,9 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 from . import landlock
-from .sandbox import readable_roots
 
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
 CANNOT_CONFINE = 126
@@ -51,13 +47,12 @@ def kill_all() -> None:
             return
 
 
-def rules(spec: dict) -> list[tuple[Path, int]]:
+def rules(spec: dict) -> list[tuple[str, int]]:
     """The Landlock rules of SPEC (reads the folders on the way to a hidden one)."""
-    hidden = [Path(p) for p in spec["hidden"]]
-    reads = readable_roots(hidden, os.listdir) + [Path(p) for p in spec["shown"] + spec["readable"]]
+    reads = landlock.readable_roots(spec["hidden"], os.listdir) + spec["shown"] + spec["readable"]
     full = landlock.READ | landlock.WRITE | landlock.REFER | landlock.TRUNCATE
-    return ([(path, landlock.READ) for path in reads] + [(Path(p), full) for p in spec["writable"]]
-            + [(Path(os.devnull), landlock.WRITE_FILE | landlock.TRUNCATE)])
+    return ([(path, landlock.READ) for path in reads] + [(path, full) for path in spec["writable"]]
+            + [(os.devnull, landlock.WRITE_FILE | landlock.TRUNCATE)])
 
 
 def main(argv: list[str]) -> int:
@@ -68,7 +63,8 @@ def main(argv: list[str]) -> int:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=spec["writable"][0])
+    tmp = os.path.join(spec["writable"][0], f".tmp-{os.getpid()}-{os.urandom(4).hex()}")
+    os.mkdir(tmp, 0o700)
     try:
         how = landlock.restrict(rules(spec), reads=True, network=bool(spec["network"]))
         if how != "landlock":
@@ -86,12 +82,16 @@ def main(argv: list[str]) -> int:
         home = env.get("HOME", "")
         if not home or any(home == h or home.startswith(h.rstrip("/") + "/") for h in spec["hidden"]):
             env["HOME"] = tmp
-        try:
-            child = subprocess.Popen(command, env=env)
-        except OSError as exc:
-            print(f"{command[0]}: {exc.strerror}", file=sys.stderr)
-            return 127
-        status = child.wait()
+        child = os.fork()
+        if child == 0:
+            try:
+                for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+                    signal.signal(signum, signal.SIG_DFL)
+                os.execvpe(command[0], command, env)
+            except OSError as exc:
+                print(f"{command[0]}: {exc.strerror}", file=sys.stderr)
+            os._exit(127)
+        status = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
         kill_all()
         return 128 - status if status < 0 else status
     finally:

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 
 _CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446
 _PR_SET_NO_NEW_PRIVS = 38
@@ -55,6 +54,28 @@ def scopes(abi: int) -> int:
     return SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0
 
 
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def readable_roots(hidden: Sequence[str], listdir: Callable[[str], list[str]], top: str = "/") -> list[str]:
+    """The folders whose contents together are everything under `top` but the hidden folders (pure
+    over `listdir`): Landlock allows beneath a path and cannot deny inside it, so the folders on the
+    way to a hidden one are allowed entry by entry."""
+    if any(_inside(top, h) for h in hidden):
+        return []
+    if not any(_inside(h, top) for h in hidden):
+        return [top]
+    found: list[str] = []
+    try:
+        names = listdir(top)
+    except OSError:
+        return []
+    for name in sorted(names):
+        found += readable_roots(hidden, listdir, os.path.join(top, name))
+    return found
+
+
 def _libc() -> ctypes.CDLL:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
@@ -66,7 +87,7 @@ def abi() -> int:
     return max(0, int(_libc().syscall(_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1))))
 
 
-def restrict(rules: Sequence[tuple[Path, int]], *, reads: bool, network: bool) -> str:
+def restrict(rules: Sequence[tuple[str, int]], *, reads: bool, network: bool) -> str:
     """Give up, for this process and what it starts, every write (and with `reads` every read) except
     the rights each rule grants beneath its path, and without `network` TCP; "landlock", or why not.
     A rule whose path is missing is left out (nothing beneath it can be used then)."""

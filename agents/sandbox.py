@@ -19,7 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,24 +113,6 @@ def bwrap_argv(conf: Confinement, argv: Sequence[str], bwrap: str = "bwrap") -> 
         if str(folder) != "/tmp":
             args += ["--remount-ro", str(folder)]
     return [*args, "--chdir", str(conf.cwd), "--", *argv]
-
-
-def readable_roots(hidden: Sequence[Path], listdir: Callable[[Path], list[str]], top: Path = Path("/")) -> list[Path]:
-    """The folders whose contents together are everything under `top` but the hidden folders (pure
-    over `listdir`): Landlock allows beneath a path and cannot deny inside it, so the folders on the
-    way to a hidden one are allowed entry by entry."""
-    if any(_inside(top, h) for h in hidden):
-        return []
-    if not any(_inside(h, top) for h in hidden):
-        return [top]
-    found: list[Path] = []
-    try:
-        names = listdir(top)
-    except OSError:
-        return []
-    for name in sorted(names):
-        found += readable_roots(hidden, listdir, top / name)
-    return found
 
 
 def launcher_argv(conf: Confinement, argv: Sequence[str]) -> list[str]:

@@ -36,7 +36,7 @@ def confine(writable: Path) -> str:
                          (resource.RLIMIT_FSIZE, FILE_BYTES), (resource.RLIMIT_CORE, 0)):
         resource.setrlimit(limit, (value, value))  # the hard limit too: the skill cannot raise it again
     # Its own folder, and /dev/null, which libraries and subprocess.DEVNULL open for writing.
-    return landlock.restrict([(writable, ~0), (Path(os.devnull), landlock.WRITE_FILE | landlock.TRUNCATE)],
+    return landlock.restrict([(str(writable), ~0), (os.devnull, landlock.WRITE_FILE | landlock.TRUNCATE)],
                              reads=False, network=False)
 
 

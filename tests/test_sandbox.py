@@ -15,8 +15,8 @@ from hermes_sup.agents import (
     builtins,  # noqa: F401 - registers the built-in tools
     sandbox,
 )
-from hermes_sup.agents.landlock import abi
-from hermes_sup.agents.sandbox import Confinement, SandboxRefused, bwrap_argv, choose, plan, readable_roots
+from hermes_sup.agents.landlock import abi, readable_roots
+from hermes_sup.agents.sandbox import Confinement, SandboxRefused, bwrap_argv, choose, plan
 from hermes_sup.agents.tools import Toolbox, ToolContext, ToolError
 
 from .conftest import marked_sleep, running, wait_until
@@ -161,6 +161,6 @@ def test_mounts_come_outer_first_so_an_ro_grant_inside_an_rw_one_stays_read_only
 
 
 def test_landlock_reads_are_everything_but_the_hidden_folders():
-    tree = {"/": ["usr", "tmp", "home"], "/home": ["u", "v"], "/home/u": ["code", "ws"]}
-    roots = readable_roots([Path("/tmp"), Path("/home/u/ws")], lambda p: tree.get(str(p), []))
-    assert roots == [Path("/home/u/code"), Path("/home/v"), Path("/usr")]
+    tree = {"/": ["usr", "tmp", "home"], "/home": ["u", "v"], "/home/u": ["code", "ws", "wsx"]}
+    roots = readable_roots(["/tmp", "/home/u/ws"], lambda p: tree.get(p, []))
+    assert roots == ["/home/u/code", "/home/u/wsx", "/home/v", "/usr"], "wsx is not inside ws"
