@@ -30,10 +30,16 @@ class Grant:
     name: str
     path: Path  # absolute, resolved by the supervisor
     mode: str   # ro or rw
+    tree: Path | None = None  # with `worktree: true`: the task's own worktree, where the path leads
 
     @property
     def writable(self) -> bool:
         return self.mode == "rw"
+
+    @property
+    def root(self) -> Path:
+        """Where the grant's files are for this task: its worktree, else the folder itself."""
+        return self.tree or self.path
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,9 @@ def grants_of(settings: Mapping[str, Any]) -> tuple[Grant, ...]:
     for name, spec in (settings.get("folders") or {}).items():
         if isinstance(name, str) and isinstance(spec, Mapping) and isinstance(spec.get("path"), str) \
                 and os.path.isabs(spec["path"]) and spec.get("mode", "ro") in MODES:
-            found.append(Grant(name, Path(os.path.normpath(spec["path"])), str(spec.get("mode", "ro"))))
+            tree = spec.get("tree")
+            found.append(Grant(name, Path(os.path.normpath(spec["path"])), str(spec.get("mode", "ro")),
+                               Path(os.path.normpath(tree)) if isinstance(tree, str) and os.path.isabs(tree) else None))
     return tuple(sorted(found, key=lambda grant: (-len(grant.path.parts), grant.name)))
 
 
@@ -59,8 +67,10 @@ def describe(grants: Sequence[Grant]) -> str:
     """The grants as the model is told of them (pure); empty without any."""
     if not grants:
         return ""
-    lines = [f"- {g.name}: {g.path} ({'read-write' if g.writable else 'read-only'})"
-             for g in sorted(grants, key=lambda g: g.name)]
+    lines = [f"- {g.name}: {g.path} ({'read-write' if g.writable else 'read-only'})" if g.tree is None else
+             f"- {g.name}: {g.path} (read-write): this task works in its own git worktree of it, {g.tree} (the "
+             "same files; the terminal finds them there); what you change is committed to its branch when the "
+             "task is done" for g in sorted(grants, key=lambda g: g.name)]
     return ("Folders of the user's machine granted to you, reached by their absolute paths or as NAME/... "
             "(other relative paths are in your task's folder):\n" + "\n".join(lines))
 
@@ -74,8 +84,9 @@ def _owner(path: str, task_root: Path, grants: Sequence[Grant]) -> tuple[Path, G
     if os.path.isabs(path):
         normal = Path(os.path.normpath(path))
         for grant in grants:
-            if _inside(normal, grant.path):
-                return grant.path, grant, str(normal.relative_to(grant.path))
+            for named in (grant.path, grant.tree):
+                if named is not None and _inside(normal, named):
+                    return grant.root, grant, str(normal.relative_to(named))
         if not grants:
             raise GrantRefused(f"absolute paths are refused: {path} (paths are relative to your folder)")
         raise GrantRefused(f"refused: {path} is outside your task's folder and every folder granted to you "
@@ -83,7 +94,7 @@ def _owner(path: str, task_root: Path, grants: Sequence[Grant]) -> tuple[Path, G
     first, _, rest = path.partition("/")
     for grant in grants:
         if grant.name == first:
-            return grant.path, grant, rest or "."
+            return grant.root, grant, rest or "."
     return task_root, None, path
 
 
@@ -117,7 +128,7 @@ def place(path: object, task_root: Path, grants: Sequence[Grant], *, write: bool
         raise GrantRefused(f"refused: {path} leads outside {where} (a symlink to {target})")
     # The mode is that of the innermost grant holding the file, however it was named: an ro grant
     # inside an rw one is not written by way of the outer one's name or a symlink into it.
-    innermost = next((g for g in grants if _inside(target, g.path)), None)
+    innermost = next((g for g in grants if _inside(target, g.root)), None)
     if write and innermost is not None and not innermost.writable:
         raise GrantRefused(f"refused: {path} is in {innermost.name}, which is granted read-only")
     return Place(root, target, grant)

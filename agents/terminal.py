@@ -191,7 +191,11 @@ def confined_command(ctx: ToolContext, cwd: Path, env: dict[str, str],
         os.path.realpath(p) for p in env.get("PATH", "").split(os.pathsep) if p]
     # A version manager's shims (pyenv, rbenv, asdf: ROOT/shims) run ROOT's own programs.
     interpreter += [os.path.dirname(p) for p in interpreter if os.path.basename(p) == "shims"]
-    conf = sandbox.plan(Path(cwd), root_of(ctx), [(g.path, g.writable) for g in grants_of(ctx.settings)],
+    grants = grants_of(ctx.settings)
+    # A worktree's files are its tree; git there reads the repository's own .git (read-only: the
+    # commit is the agent's, at done, never a command's).
+    folders = [(g.root, g.writable) for g in grants] + [(g.path / ".git", False) for g in grants if g.tree]
+    conf = sandbox.plan(Path(cwd), root_of(ctx), folders,
                         workspace=Path(ctx.workspace).resolve() if ctx.workspace else None,
                         network="network" in (ctx.grants or ()), env=env, home=os.environ.get("HOME"),
                         interpreter=interpreter, private=sandbox.private_here())

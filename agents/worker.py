@@ -32,6 +32,7 @@ from hermes_sup.kanban.task import now_iso
 from . import (
     builtins,  # noqa: F401 - registers the built-in tools
     sandbox,
+    worktrees,
 )
 from .breaker import Breaker, label
 from .budget import Refusal, caps_from, task_cap
@@ -331,9 +332,42 @@ class Agent:
         return ToolContext(scratch=self.task_folder(doc), stop=stop, memory=self.memory, board=self.board,
                            agent=self.name, task=doc, llm=lambda tier, prompt, log=None: self.ask_model(
                                tier, prompt, stop, task=str(doc.get("id")), log=log),
-                           settings=dict(self.config),
+                           settings={**self.config, "folders": self._folders(self.config.get("folders"), doc)},
                            services={"skills": self.skills, "delegation": self.delegator},
                            grants=self.capabilities if grants is None else grants, workspace=self.workspace)
+
+    def _folders(self, folders: Any, doc: dict[str, Any]) -> dict[str, Any]:
+        """The agent's folders as this task's tools see them: a worktree folder leads to its tree."""
+        try:
+            return worktrees.attach(folders or {}, self.workspace / "runs", str(doc.get("id")))
+        except ValueError:  # not a task id: no tree, and the folder itself is not offered instead
+            return {name: spec for name, spec in (folders or {}).items() if not spec.get("worktree")}
+
+    def _trees(self, doc: dict[str, Any]) -> None:
+        """Make this task's worktrees that are missing (WorktreeError says why one cannot be)."""
+        own = worktrees.tree_of(self.workspace / "runs", str(doc["id"]), "x").parent
+        for spec in self._folders(self.config.get("folders"), doc).values():
+            if spec.get("tree") and Path(spec["tree"]).parent == own:
+                worktrees.ensure(Path(spec["path"]), Path(spec["tree"]), str(doc["id"]), spec.get("base"))
+
+    def _commit_trees(self, task_id: str) -> None:
+        """Commit what the task changed in each of its worktrees, with its title; a failure is said on
+        the task (its changes stay in the tree, which prune keeps until told)."""
+        made = worktrees.records(self.workspace / "runs", task_id)
+        if not made:
+            return
+        title = task_id
+        with contextlib.suppress(BoardError):
+            title = str(self.board.get(task_id).get("title") or task_id)
+        for name in made:
+            tree = worktrees.tree_of(self.workspace / "runs", task_id, name)
+            try:
+                commit = worktrees.commit(tree, f"{title}\n\nhermes-sup task {task_id}", self.name)
+                say(self.name, f"{task_id}: {name}: " + (f"committed {commit[:12]} to {worktrees.branch_of(task_id)}"
+                                                         if commit else "nothing to commit"))
+            except worktrees.WorktreeError as exc:
+                with contextlib.suppress(BoardError):
+                    self.board.comment(task_id, f"the changes in {tree} were not committed: {exc}", by=self.name)
 
     def task_folder(self, doc: dict[str, Any]) -> Path:
         """Where the tools work on this task: its own folder under runs/tasks/, the same for whoever
@@ -367,8 +401,10 @@ class Agent:
         extra = prompt_block(self.skills.catalog()) if toolbox.get("skill_view") and toolbox.allowed(
             toolbox.get("skill_view")) else ""
         # The same for every task of the agent: in the system prompt, where a prefix cache keeps it.
-        extra = "\n\n".join(part for part in (extra, describe(grants_of(self.config))) if part)
-        loop = TaskLoop(task=doc, chain=chain, workdir=self.workdir, ctx=self.context(doc, halt), toolbox=toolbox,
+        ctx = self.context(doc, halt)
+        # The same for every task of the agent (a prefix cache keeps it), but for a worktree's path.
+        extra = "\n\n".join(part for part in (extra, describe(grants_of(ctx.settings))) if part)
+        loop = TaskLoop(task=doc, chain=chain, workdir=self.workdir, ctx=ctx, toolbox=toolbox,
                         identity=str(self.config.get("identity") or ""), prompt_extra=extra,
                         prices=self.llm.get("prices") or {},
                         max_iterations=int(self.config.get("max_iterations") or 60),
@@ -402,6 +438,7 @@ class Agent:
         blocked on a `question` until a person answers it."""
         try:
             if kind == "done":
+                self._commit_trees(task_id)
                 self.board.complete(task_id, token, result)
                 say(self.name, f"done {task_id}")
             elif kind == "blocked" and question is not None:
@@ -514,7 +551,10 @@ class Agent:
         threading.Thread(target=self._watch_claim, args=(task_id, token, halt, finished), name="claim",
                          daemon=True).start()
         try:
+            self._trees(doc)
             self._work(doc, halt)
+        except worktrees.WorktreeError as exc:
+            self._close(task_id, token, "failed", {}, f"its worktree could not be made: {exc}")
         except (InterruptedError, ClaimLost):  # ClaimLost: a fenced journal write found the task gone
             self._interrupted(task_id, token)
         except Exception as exc:
@@ -538,8 +578,8 @@ class Agent:
         toolbox = self.toolbox(*step_grants(self.capabilities, doc))  # the rights of whoever wrote them
         task_id, token = doc["id"], doc["claim"]["token"]
         ctx = self.context(doc, halt, toolbox.grants)
-        ctx = dataclasses.replace(ctx, settings={**ctx.settings,
-                                                 "folders": step_folders(self.config.get("folders") or {}, doc)})
+        folders = self._folders(step_folders(self.config.get("folders") or {}, doc), doc)
+        ctx = dataclasses.replace(ctx, settings={**ctx.settings, "folders": folders})
         run = StepRun(task=doc, workdir=self.workdir, ctx=ctx, toolbox=toolbox,
                       agent=self.name, on_step=self._on_step,
                       journal=self.board.task_journal(task_id, token, self.name, self.workdir))

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from ..agents.grants import MODES
+from ..agents.worktrees import WorktreeError, git
 
-FOLDER_KEYS = ("path", "mode")
+FOLDER_KEYS = ("path", "mode", "worktree", "base")
 NAME_CHARS = 64
 # The workspace's own state: an agent granted it would reach every agent's transcripts and the board,
 # or edit every agent's skills. The workspace itself holds .env (the keys) and hermes.yaml (the grants).
@@ -44,9 +45,7 @@ def check_folders(raw: dict[str, Any], workspace: Path, fail: Callable[[Any, str
             raise fail(folders, f"folder {name}: must be a mapping with path and mode")
         unknown = [key for key in spec if key != "__line__" and key not in FOLDER_KEYS]
         if unknown:
-            raise fail(spec, f"folder {name}: unknown key '{unknown[0]}'; expected one of {', '.join(FOLDER_KEYS)}"
-                             + (" (a worktree per task is not available in this version)"
-                                if unknown[0] in ("worktree", "base") else ""))
+            raise fail(spec, f"folder {name}: unknown key '{unknown[0]}'; expected one of {', '.join(FOLDER_KEYS)}")
         if spec.get("mode", "ro") not in MODES:
             raise fail(spec, f"folder {name}: 'mode' must be ro or rw, got {spec.get('mode')!r}")
         path = spec.get("path")
@@ -66,6 +65,15 @@ def check_folders(raw: dict[str, Any], workspace: Path, fail: Callable[[Any, str
                                  "may be granted")
         spec["path"] = str(where)
         spec.setdefault("mode", "ro")
+        _check_worktree(name, spec, path, where, fail)
+    trees = [(name, Path(spec["path"])) for name, spec in folders.items()
+             if name != "__line__" and spec.get("worktree")]
+    for name, spec in folders.items():
+        for tree_name, tree in trees:
+            if name not in ("__line__", tree_name) and (_inside(Path(spec["path"]), tree)
+                                                        or _inside(tree, Path(spec["path"]))):
+                raise fail(spec, f"folder {name}: {spec['path']} and the worktree folder {tree_name} ({tree}) are one "
+                                 "inside the other; a task's worktree is a folder of its own, so they cannot be")
     for node, where_ in [(raw.get("defaults") or {}, "defaults"),
                          *((agent, f"agent {agent.get('name')}") for agent in raw.get("agents") or []
                            if isinstance(agent, dict))]:
@@ -80,9 +88,43 @@ def check_folders(raw: dict[str, Any], workspace: Path, fail: Callable[[Any, str
             raise fail(node, f"{where_}: no folder named '{missing[0]}' in 'folders' (defined: {known})")
 
 
+def _check_worktree(name: str, spec: dict[str, Any], path: str, where: Path,
+                    fail: Callable[[Any, str], Exception]) -> None:
+    """`worktree: true` needs mode rw and the top of a git repository's checkout; `base`, a commit there."""
+    if spec.get("base") is not None and not spec.get("worktree"):
+        raise fail(spec, f"folder {name}: 'base' is the branch a task's worktree starts from; it needs worktree: true")
+    if not spec.get("worktree"):
+        return
+    if spec["worktree"] is not True:
+        raise fail(spec, f"folder {name}: 'worktree' must be true or false, got {spec['worktree']!r}")
+    if spec["mode"] != "rw":
+        raise fail(spec, f"folder {name}: worktree: true needs mode: rw (a task commits its changes to its branch)")
+    base = spec.get("base")
+    if base is not None and (not isinstance(base, str) or not base.strip() or base.startswith("-")):
+        raise fail(spec, f"folder {name}: 'base' must be the name of a branch, tag or commit, got {base!r}")
+    try:
+        top = Path(git(["rev-parse", "--show-toplevel"], where).strip()).resolve()
+    except WorktreeError as exc:
+        raise fail(spec, f"folder {name}: worktree: true, but {path} is not a git repository ({exc})") from None
+    try:
+        git(["rev-parse", "--verify", "--quiet", f"{base or 'HEAD'}^{{commit}}"], where)
+    except WorktreeError:
+        raise fail(spec, f"folder {name}: worktree: true, but {path} has no commit "
+                         f"{base if base is not None else 'yet (HEAD)'} to start a task's branch from") from None
+    if top != where:
+        raise fail(spec, f"folder {name}: worktree: true needs the top of the repository's checkout ({top}), not "
+                         f"{path}")
+
+
 def granted(config: dict[str, Any], defaults: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
-    """The folders an agent is granted, as its settings carry them: {name: {path, mode}} (pure)."""
+    """The folders an agent is granted, as its settings carry them: {name: {path, mode[, worktree, base]}}
+    (pure)."""
     names = entry.get("folders", defaults.get("folders")) or []
     folders = config.get("folders") or {}
-    return {name: {"path": folders[name]["path"], "mode": folders[name].get("mode", "ro")} for name in names
-            if name in folders}
+    out = {}
+    for name in names:
+        if name in folders:
+            spec = folders[name]
+            out[name] = {"path": spec["path"], "mode": spec.get("mode", "ro"),
+                         **({"worktree": True, "base": spec.get("base")} if spec.get("worktree") else {})}
+    return out

@@ -180,7 +180,10 @@ def write_config(ws: Path, folders: str, agent: str = "    folders: [docs]\n") -
     ("  docs: {path: elsewhere/runs/a}\n", "", ":2: folder docs: elsewhere/runs/a is in this workspace's runs/"),
     ("  docs: {path: kanban/todo}\n", "", ":2: folder docs: kanban/todo is in this workspace's kanban/"),
     ("  docs: {path: data, mode: write}\n", "", ":2: folder docs: 'mode' must be ro or rw"),
-    ("  docs: {path: data, worktree: true}\n", "", ":2: folder docs: unknown key 'worktree'"),
+    ("  docs: {path: data, worktree: true}\n", "", ":2: folder docs: worktree: true needs mode: rw"),
+    ("  docs: {path: data, mode: rw, worktree: true}\n", "", ":2: folder docs: worktree: true, but data is not a git "
+                                                            "repository"),
+    ("  docs: {path: data, base: main}\n", "", ":2: folder docs: 'base' is the branch a task's worktree starts"),
     ("  docs: {path: data}\n", "    folders: [code]\n", ":4: agent a: no folder named 'code'"),
 ])
 def test_bad_folders_are_refused_with_file_and_line(tmp_path, folders, agent, message):
