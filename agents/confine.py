@@ -20,9 +20,12 @@ import shutil
 import signal
 import sys
 
-from . import landlock
+from . import landlock, seccomp
 
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
+_PR_CAPBSET_DROP, _PR_SET_SECUREBITS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 28, 47, 4
+# SECBIT_NOROOT, SECBIT_NO_SETUID_FIXUP, SECBIT_NO_CAP_AMBIENT_RAISE and each one's lock.
+_NOROOT_ALL = 0b11 | 0b1100 | (0b11 << 6)
 CANNOT_CONFINE = 126
 
 
@@ -47,12 +50,27 @@ def kill_all() -> None:
             return
 
 
-def rules(spec: dict) -> list[tuple[str, int]]:
-    """The Landlock rules of SPEC (reads the folders on the way to a hidden one)."""
-    reads = landlock.readable_roots(spec["hidden"], os.listdir) + spec["shown"] + spec["readable"]
+def _entries(folder: str) -> list[str]:
+    """A folder's entries but its symlinks: a rule beneath /var/run would be one beneath /run."""
+    return [name for name in os.listdir(folder) if not os.path.islink(os.path.join(folder, name))]
+
+
+def rules(spec: dict, hidden: list[str]) -> list[tuple[str, int]]:
+    """The Landlock rules of SPEC with `hidden` unreadable (reads the folders on the way to one)."""
+    reads = landlock.readable_roots(hidden, _entries) + spec["shown"] + spec["readable"]
     full = landlock.READ | landlock.WRITE | landlock.REFER | landlock.TRUNCATE
     return ([(path, landlock.READ) for path in reads] + [(path, full) for path in spec["writable"]]
             + [(os.devnull, landlock.WRITE_FILE | landlock.TRUNCATE)])
+
+
+def drop_capabilities() -> None:
+    """Run by root, the command keeps no capability (raw sockets, mounts, modules...): the bounding set
+    emptied and root's gain of capabilities at exec switched off, for good."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    for cap in range(64):
+        libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
+    libc.prctl(_PR_SET_SECUREBITS, _NOROOT_ALL, 0, 0, 0)
 
 
 def main(argv: list[str]) -> int:
@@ -66,7 +84,11 @@ def main(argv: list[str]) -> int:
     tmp = os.path.join(spec["writable"][0], f".tmp-{os.getpid()}-{os.urandom(4).hex()}")
     os.mkdir(tmp, 0o700)
     try:
-        how = landlock.restrict(rules(spec), reads=True, network=bool(spec["network"]))
+        # Both layers' rules are read now: once restricted, this process cannot list / any more.
+        inner = rules(spec, [*spec["hidden"], "/proc"])
+        how = landlock.restrict(rules(spec, spec["hidden"]), reads=True, network=bool(spec["network"]))
+        if how == "landlock" and not spec["network"]:
+            how = "landlock" if seccomp.no_network() == "seccomp" else seccomp.no_network()
         if how != "landlock":
             print(f"refused: the command cannot be confined ({how})", file=sys.stderr)
             return CANNOT_CONFINE
@@ -87,6 +109,11 @@ def main(argv: list[str]) -> int:
             try:
                 for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
                     signal.signal(signum, signal.SIG_DFL)
+                # A layer of the command's own: it cannot signal this launcher (which kills what it
+                # leaves), nor read /proc, which without a pid namespace shows the agent's keys.
+                if landlock.restrict(inner, reads=True, writes=False, network=True) != "landlock":
+                    os._exit(CANNOT_CONFINE)
+                drop_capabilities()
                 os.execvpe(command[0], command, env)
             except OSError as exc:
                 print(f"{command[0]}: {exc.strerror}", file=sys.stderr)

@@ -87,15 +87,16 @@ def abi() -> int:
     return max(0, int(_libc().syscall(_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1))))
 
 
-def restrict(rules: Sequence[tuple[str, int]], *, reads: bool, network: bool) -> str:
-    """Give up, for this process and what it starts, every write (and with `reads` every read) except
-    the rights each rule grants beneath its path, and without `network` TCP; "landlock", or why not.
-    A rule whose path is missing is left out (nothing beneath it can be used then)."""
+def restrict(rules: Sequence[tuple[str, int]], *, reads: bool, network: bool, writes: bool = True) -> str:
+    """Give up, for this process and what it starts, every write (and with `reads` every read; without
+    `writes`, reads alone) except the rights each rule grants beneath its path, and without `network`
+    TCP; from ABI 6 signals and abstract unix sockets leave the domain no more. "landlock", or why
+    not. A rule whose path is missing is left out (nothing beneath it can be used then)."""
     version = abi()
     if version < 1:
         return "no landlock in this kernel"
     libc = _libc()
-    fs = fs_rights(version, reads=reads)
+    fs = fs_rights(version, reads=reads) & (~0 if writes else READ)
     net = 0 if network else net_rights(version)
     ruleset = _Ruleset(fs, net, scopes(version))
     size = ctypes.sizeof(_Ruleset) if version >= 6 else 16 if version >= 4 else 8

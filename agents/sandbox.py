@@ -7,7 +7,7 @@ sockets), the home folders, or other processes' temporary files; without the `ne
 has no network. Under bubblewrap it runs in namespaces of its own (mounts, pids, network, ipc), so what
 it starts, `setsid` and double forks included, dies with it; under Landlock a launcher
 (agents/confine.py) gives up those rights and, as a child subreaper, kills what the command left behind
-(named unix sockets and other processes stay visible there: `doctor` says so).
+(with seccomp taking every socket but unix ones; named unix sockets and chmod stay: `doctor` says so).
 The plan is data (`Confinement`), the argument lists pure functions of it.
 """
 
@@ -26,7 +26,8 @@ from pathlib import Path
 MODES = ("auto", "bubblewrap", "landlock", "none")
 # Folders of the machine that may hold someone's files or sockets: never shown to a command, but for
 # what is granted and the interpreter that runs it.
-PRIVATE = ("/home", "/root", "/tmp", "/var/tmp", "/run", "/var/run", "/mnt", "/media", "/srv")
+PRIVATE = ("/home", "/root", "/tmp", "/var/tmp", "/run", "/var/run", "/mnt", "/media", "/srv", "/dev/shm",
+           "/dev/mqueue")
 TMP_BYTES = 512 << 20  # of the command's own /tmp (memory: a tmpfs)
 
 
@@ -98,9 +99,11 @@ def bwrap_argv(conf: Confinement, argv: Sequence[str], bwrap: str = "bwrap") -> 
     read-only, each hidden folder an empty tmpfs (read-only again but /tmp, the command's own), then
     what is shown, the read-only grants and the writable folders, outer before inner, so an `ro`
     grant inside an `rw` one stays read-only."""
+    # No capability inside: run by root, a command owns its namespaces and could unmount what hides.
     args = [bwrap, "--unshare-all", *([] if not conf.network else ["--share-net"]), "--die-with-parent",
-            "--new-session", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-    hidden = sorted(set(conf.hidden), key=lambda p: (len(p.parts), str(p)))
+            "--new-session", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    # /dev is a fresh one (its /dev/shm the command's own): only what lies elsewhere is hidden here.
+    hidden = sorted({p for p in conf.hidden if not _inside(p, Path("/dev"))}, key=lambda p: (len(p.parts), str(p)))
     for folder in hidden:
         if str(folder) == "/tmp":
             args += ["--size", str(TMP_BYTES)]
@@ -159,9 +162,10 @@ def choose(mode: str, bwrap: tuple[str | None, str], abi: int) -> tuple[str, str
         return "bubblewrap", ""
     landlock_why = "the kernel has no Landlock" if abi < 1 else ""
     if mode in ("auto", "landlock") and abi >= 1:
-        gaps = ["named unix sockets and the agent's processes stay reachable"]
-        if abi < 4:
-            gaps.append("the network is not confined (Landlock ABI < 4)")
+        gaps = ["named unix sockets stay reachable, and modes, owners and times of files (chmod, chown, touch) "
+                "can be changed wherever the user may"]
+        if abi < 6:
+            gaps.append("a command can signal its launcher and so leave processes behind (Landlock ABI < 6)")
         return "landlock", f"Landlock ABI {abi}" + (f" ({why_not})" if mode == "auto" and why_not else "") \
             + "; " + "; ".join(gaps)
     reasons = [r for r in ((why_not if mode != "landlock" else ""), (landlock_why if mode != "bubblewrap" else ""))
@@ -190,6 +194,6 @@ def wrap(mode: str, conf: Confinement, argv: Sequence[str]) -> tuple[list[str], 
 
 
 def private_here() -> tuple[str, ...]:
-    """The PRIVATE folders this machine has as real folders (a symlink, /var/run -> /run, is hidden
-    with its target)."""
-    return tuple(p for p in PRIVATE if os.path.isdir(p) and not os.path.islink(p))
+    """The PRIVATE folders this machine has, where they really are (/var/run -> /run is /run; a
+    /home that is a link to /var/home is /var/home)."""
+    return tuple(sorted({os.path.realpath(p) for p in PRIVATE if os.path.isdir(p)}))

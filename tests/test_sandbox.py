@@ -4,6 +4,7 @@ probe can succeed; then the decisions, pure."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -80,21 +81,60 @@ def test_a_command_reads_its_grants_not_the_workspace_nor_other_folders(place, m
 
 
 @pytest.mark.parametrize("mode", [*CONFINED, "none"])
-def test_no_connection_without_the_network_capability(place, mode):
+def test_a_command_cannot_undo_its_confinement_nor_read_the_agents_process(place, mode):
+    # Run by root, a command under bubblewrap owned its namespaces: `umount` took the hiding tmpfs
+    # away. Under Landlock /proc showed the agent's environment (its keys), and /var/run led to /run.
     needs(mode)
-    if mode == "landlock" and abi() < 4:
-        pytest.skip("Landlock below ABI 4 does not confine TCP (doctor says so)")
+    script = (f"umount -l /tmp 2>/dev/null; umount -l {place}/ws 2>/dev/null; cat {place}/ws/.env; "
+              f"cat /proc/{os.getpid()}/environ | wc -c | sed s/^/ENVIRON:/; "
+              "find /var/run/ /dev/shm/ -mindepth 1 -maxdepth 1 | sed s/^/RUN:/; "
+              f"{sys.executable} -c \"import os; os.setgid(4321); print('SETGID-OK')\"; echo RAN")
+    out = run(context(place, mode), script)
+    if mode == "none":  # the control: each probe can succeed
+        assert "ENV-SECRET" in out and "ENVIRON:0" not in out, out
+        assert ("SETGID-OK" in out) is (os.getuid() == 0)
+        return
+    assert "RAN" in out and "ENV-SECRET" not in out and "SETGID-OK" not in out, out
+    assert "ENVIRON:0" in out or "ENVIRON:" not in out, out
+    assert "RUN:" not in out, "/run (by way of /var/run) and /dev/shm show nothing of the machine's"
+
+
+@pytest.mark.parametrize("mode", [*CONFINED, "none"])
+def test_no_connection_without_the_network_capability(place, mode):
+    # TCP, and what Landlock's TCP rule alone let through: MPTCP (to the same listener) and UDP.
+    needs(mode)
     listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    probe = (f"{sys.executable} -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=5); "
-             "print('CONNECTED')\"")
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", 0))
+    udp.settimeout(0)
+    port, udp_port = listener.getsockname()[1], udp.getsockname()[1]
+    probe = (f"{sys.executable} -c \"import socket\n"
+             f"for proto, name in ((0, 'PLAIN'), (262, 'MULTIPATH')):\n"
+             f"    try:\n"
+             f"        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM, proto); s.settimeout(5)\n"
+             f"        s.connect(('127.0.0.1', {port})); print(name + '-TCP-CONNECTED')\n"
+             f"    except OSError as exc: print(name, exc)\n"
+             f"try: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'UDP', ('127.0.0.1', {udp_port}))\n"
+             f"except OSError as exc: print('UDP', exc)\n\"")
+
+    def udp_received() -> bool:
+        try:
+            return udp.recv(16) == b"UDP"
+        except BlockingIOError:
+            return False
+
     try:
         cut_off = run(context(place, mode), probe)
+        cut_off_udp = udp_received()
         allowed = run(context(place, mode, ("shell", "network")), probe)
+        allowed_udp = wait_until(udp_received, timeout=5)
     finally:
         listener.close()
-    assert ("CONNECTED" in cut_off) is (mode == "none"), cut_off
-    assert "CONNECTED" in allowed, allowed
+        udp.close()
+    assert ("PLAIN-TCP-CONNECTED" in cut_off) is (mode == "none"), cut_off
+    assert "MULTIPATH-TCP-CONNECTED" not in cut_off or mode == "none", cut_off
+    assert cut_off_udp is (mode == "none")
+    assert "PLAIN-TCP-CONNECTED" in allowed and allowed_udp, allowed
 
 
 @pytest.mark.parametrize("mode", [*CONFINED, "none"])
@@ -116,6 +156,24 @@ def test_what_a_command_leaves_running_dies_with_it(place, mode):
                 os.kill(pid, 9)
 
 
+@pytest.mark.parametrize("mode", CONFINED)
+@pytest.mark.parametrize("signal_name", ["KILL", "STOP"])
+def test_a_command_cannot_stop_what_kills_its_leftovers(place, mode, signal_name):
+    # The Landlock launcher kills what the command leaves; the command could kill or freeze it first.
+    needs(mode)
+    mark = marked_sleep()
+    try:
+        with contextlib.suppress(ToolError):  # a frozen launcher: the call times out
+            Toolbox(grants=("shell",)).call(context(place, mode), "terminal", {
+                "command": f"setsid sh -c 'touch left; exec {mark}' >/dev/null 2>&1 < /dev/null & "
+                           f"until [ -e left ]; do sleep 0.01; done; kill -{signal_name} $PPID; echo sent",
+                "timeout": 3})
+        wait_until(lambda: not running(mark), timeout=10)
+    finally:
+        for pid in running(mark):
+            os.kill(pid, 9)
+
+
 def test_a_command_never_runs_unconfined_unless_the_agent_says_so(place, monkeypatch):
     monkeypatch.setattr(sandbox, "how", lambda mode: choose(mode, (None, "bubblewrap is not installed"), 0))
     with pytest.raises(ToolError, match=r"no sandbox for commands on this machine .*sandbox: none"):
@@ -129,7 +187,8 @@ def test_choose_takes_the_best_the_machine_has_and_what_the_agent_allows():
     assert choose("auto", ("/usr/bin/bwrap", ""), 6)[0] == "bubblewrap"
     kind, gaps = choose("auto", (None, "bubblewrap is not installed"), 6)
     assert kind == "landlock" and "bubblewrap is not installed" in gaps and "unix sockets" in gaps
-    assert "network is not confined" in choose("landlock", (None, ""), 3)[1]
+    assert "signal its launcher" in choose("landlock", (None, ""), 5)[1]
+    assert "signal its launcher" not in choose("landlock", (None, ""), 6)[1]
     assert choose("none", (None, "x"), 0)[0] == "none"
     with pytest.raises(SandboxRefused, match="not installed"):
         choose("bubblewrap", (None, "bubblewrap is not installed"), 6)
@@ -164,3 +223,28 @@ def test_landlock_reads_are_everything_but_the_hidden_folders():
     tree = {"/": ["usr", "tmp", "home"], "/home": ["u", "v"], "/home/u": ["code", "ws", "wsx"]}
     roots = readable_roots(["/tmp", "/home/u/ws"], lambda p: tree.get(p, []))
     assert roots == ["/home/u/code", "/home/u/wsx", "/home/v", "/usr"], "wsx is not inside ws"
+
+
+def test_the_seccomp_filter_refuses_every_socket_but_unix_ones_and_foreign_calls():
+    from hermes_sup.agents.seccomp import AF_UNIX, ARCHES, IO_URING_SETUP, program
+
+    def verdict(rows, data: dict[int, int]) -> str:  # a classic BPF machine over seccomp_data's words
+        pc, acc = 0, 0
+        while True:
+            code, jt, jf, k = rows[pc]
+            if code == 0x20:
+                acc, pc = data[k], pc + 1
+            elif code in (0x15, 0x35):
+                hit = acc == k if code == 0x15 else acc >= k
+                pc += 1 + (jt if hit else jf)
+            else:
+                return "allow" if k == 0x7FFF0000 else f"errno {k & 0xFFFF}"
+
+    arch, socket_nr = ARCHES["x86_64"]
+    rows = program(arch, socket_nr)
+    call = lambda nr, family=0, a=arch: verdict(rows, {4: a, 0: nr, 16: family})  # noqa: E731
+    assert call(socket_nr, AF_UNIX) == "allow" and call(0) == "allow" and call(59) == "allow"
+    assert call(socket_nr, 2) == call(socket_nr, 10) == call(socket_nr, 16) == "errno 13", "inet, inet6, netlink"
+    assert call(IO_URING_SETUP) == "errno 13", "io_uring makes sockets without socket()"
+    assert call(socket_nr | 0x40000000, 2) == "errno 13", "x32"
+    assert call(socket_nr, AF_UNIX, a=0x40000003) == "errno 13", "i386's calls on x86_64"
