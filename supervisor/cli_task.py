@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from hermes_sup.agents import worktrees
 from hermes_sup.agents.taskdir import list_files, work_folder
 from hermes_sup.kanban import STATUSES, BoardStore
 from hermes_sup.kanban.prefix import resolve_task_id
@@ -111,7 +112,9 @@ def task_show(ctx: click.Context, task_id: str, transcript: bool, as_json: bool)
         doc = team.with_reason(doc, team.explain(board, doc, team_now(ctx)))
         raws, notes = taskrecords.gather(workspace_of(ctx).runs_path, doc["id"], taskrecords.board_rows(board))
     entries = taskrecords.merge(raws, taskrecords.claims(doc))
-    doc = {**doc, **taskrecords.overview(entries), "folder": task_files(workspace_of(ctx).runs_path, doc["id"])}
+    runs = workspace_of(ctx).runs_path
+    doc = {**doc, **taskrecords.overview(entries), "folder": task_files(runs, doc["id"]),
+           "worktrees": {name: worktrees.summary(rec) for name, rec in worktrees.records(runs, doc["id"]).items()}}
     if as_json:
         emit_json({**doc, **({"transcript": entries} if transcript else {}), "notes": notes})
         return

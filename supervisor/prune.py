@@ -5,6 +5,7 @@ LLM-call logs and model-call rows (what `usage` reads) and the budget ledger are
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hermes_sup.agents import worktrees
 from hermes_sup.agents.taskdir import folder_bytes, task_root
 from hermes_sup.kanban import BoardStore
 from hermes_sup.kanban.task import is_valid_id
@@ -112,6 +114,7 @@ def prune(runs: Path, board: BoardStore, older_than: float, *, dry_run: bool = F
     trash = runs / f"{TRASH}-{os.getpid()}"
     picked: list[str] = []
     aged: list[str] = []
+    repos: set[str] = set()
     with board.exclusive():  # no retry or move may bring a task back to life meanwhile
         for doc in board.list().tasks:
             if not finished_before(doc, cutoff):
@@ -121,8 +124,12 @@ def prune(runs: Path, board: BoardStore, older_than: float, *, dry_run: bool = F
             if not paths:
                 continue
             picked.append(doc["id"])
+            trees = worktrees.records(runs, doc["id"])
+            repos.update(str(record.get("repo")) for record in trees.values())
             result.tasks.append({"task": doc["id"], "status": doc["status"], "paths": [str(p) for p in paths],
-                                 "bytes": sum(_size(p) for p in paths)})
+                                 "bytes": sum(_size(p) for p in paths),
+                                 # A worktree goes; its branch stays in the repository, commits and all.
+                                 "branches_kept": sorted(str(record.get("branch")) for record in trees.values())})
             if not dry_run:
                 # A rename is quick under the lock; the deletion, however large, happens after it.
                 for index, path in enumerate(paths):
@@ -130,6 +137,9 @@ def prune(runs: Path, board: BoardStore, older_than: float, *, dry_run: bool = F
                     path.rename(trash / f"{doc['id']}.{index}")
     if not dry_run and trash.exists():
         shutil.rmtree(trash, ignore_errors=True)
+    for repo in sorted(repos) if not dry_run else ():
+        with contextlib.suppress(worktrees.WorktreeError):  # git forgets the removed trees; branches stay
+            worktrees.git(["worktree", "prune"], Path(repo))
     if aged:
         # After the lock: the board holds each task finished while its rows go, and deleting many
         # rows must not hold the whole team off. Tasks of other hosts have rows here too.

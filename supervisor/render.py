@@ -286,6 +286,14 @@ def activity_fields(doc: dict[str, Any]) -> list[tuple[str, str]]:
         names = [f"{f['path']} ({'link' if f.get('link') else _size(f['bytes'])})" for f in folder["files"]]
         more = f", and {folder['more']} more" if folder.get("more") else ""
         shown.append(("work folder", f"{folder['path']}: " + (", ".join(names) + more if names else "empty")))
+    for name, tree in sorted((doc.get("worktrees") or {}).items()):
+        if tree.get("error"):
+            shown.append((f"worktree {name}", f"{tree['branch']}: {tree['error']}"))
+            continue
+        commits = tree.get("commits") or []
+        text = f"branch {tree['branch']} from {tree['base']}: " + (
+            f"{len(commits)} commit(s), {tree['diffstat'] or 'no change'}" if commits else "no commit yet")
+        shown.append((f"worktree {name}", text + "".join(f"\n  {line}" for line in commits)))
     cost = doc.get("cost") or {}
     if cost.get("calls"):
         text = f"{_dollars(cost['cost_usd'])} over {cost['calls']} model call(s)"

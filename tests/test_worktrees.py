@@ -163,6 +163,13 @@ def test_two_agents_edit_the_same_file_on_two_branches_and_a_killed_holders_task
         assert sh_git(repo, "show", f"{branch}:shared.txt") == text
         assert sh_git(repo, "log", "-1", "--format=%s", branch).strip() == task["title"]
     assert checkout_state(repo) == before, "the user's checkout is untouched"
+    shown = json.loads(subprocess.run([*CLI, "-w", str(ws), "task", "show", first["id"], "--json"], cwd=ROOT,
+                                      capture_output=True, text=True, check=True).stdout)["worktrees"]["app"]
+    assert shown["branch"] == f"hermes-sup/{first['id']}" and shown["commits"][0].endswith(" Say one")
+    assert shown["diffstat"] == "1 file changed, 1 insertion(+), 1 deletion(-)"
+    text = subprocess.run([*CLI, "-w", str(ws), "task", "show", first["id"]], cwd=ROOT, capture_output=True,
+                          text=True, check=True, env={**os.environ, "COLUMNS": "200"}).stdout
+    assert f"branch hermes-sup/{first['id']} from" in text and "1 commit(s)" in text
 
     # A holder SIGKILLed between its steps: the task is finished in the same tree, step 1 not run again.
     killed = board.add({"title": "Survive a kill", "steps": [
@@ -191,3 +198,22 @@ def test_two_agents_edit_the_same_file_on_two_branches_and_a_killed_holders_task
 def test_a_worktree_that_cannot_be_made_fails_the_task_with_the_reason(tmp_path):
     with pytest.raises(worktrees.WorktreeError, match="rev-parse"):
         worktrees.ensure(tmp_path, tmp_path / "runs" / "tasks" / "t-9" / "trees" / "app", "t-9", None)
+
+
+def test_prune_removes_a_finished_tasks_tree_and_keeps_its_branch(tmp_path):
+    from hermes_sup.supervisor.prune import prune
+
+    repo = make_repo(tmp_path / "app")
+    runs = tmp_path / "ws" / "runs"
+    board = Board(tmp_path / "ws" / "kanban")
+    task = board.add({"title": "edit", "steps": []})
+    board.cancel(task["id"])
+    tree = worktrees.tree_of(runs, task["id"], "app")
+    worktrees.ensure(repo, tree, task["id"], None)
+    (tree / "x.txt").write_text("x\n")
+    worktrees.commit(tree, "edit", "coder")
+    assert str(tree) in sh_git(repo, "worktree", "list")
+    result = prune(runs, board, 0)
+    assert result.tasks[0]["branches_kept"] == [f"hermes-sup/{task['id']}"]
+    assert not tree.exists() and str(tree) not in sh_git(repo, "worktree", "list"), "git forgot the tree"
+    assert sh_git(repo, "show", f"hermes-sup/{task['id']}:x.txt") == "x\n", "the branch and its commit stay"
