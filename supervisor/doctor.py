@@ -167,8 +167,9 @@ def run_checks(ws: Workspace) -> list[Check]:
         users = [a["name"] for a in config.get("agents") or [] if name in (a.get("folders", (
             config.get("defaults") or {}).get("folders")) or [])]
         checks.append(_check(f"folder {name}", "ok" if users else "info",
-                             f"{spec['path']} ({spec.get('mode', 'ro')}), granted to "
-                             f"{', '.join(users) if users else 'no agent'}"))
+                             f"{spec['path']} ({spec.get('mode', 'ro')}"
+                             + (f", a git worktree per task from {spec.get('base') or 'HEAD'}" if spec.get("worktree")
+                                else "") + f"), granted to {', '.join(users) if users else 'no agent'}"))
 
     # What the agents will see: this environment, filled in from the workspace's .env (see agents/keys.py).
     names = key_names(config)
