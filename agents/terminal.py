@@ -185,24 +185,31 @@ def confined_command(ctx: ToolContext, cwd: Path, env: dict[str, str],
     """(command line, environment) that run `argv` in `cwd` as the agent's `sandbox` allows
     (agents/sandbox.py); ToolError when it cannot be confined and the agent may not run it otherwise."""
     from .files import root_of
+
+    try:
+        return command_for(ctx.settings, ctx.grants or (), ctx.workspace, Path(cwd), root_of(ctx), env, argv)
+    except sandbox.SandboxRefused as exc:
+        raise ToolError(str(exc)) from None
+
+
+def command_for(settings: Mapping[str, Any], capabilities: Collection[str], workspace: Path | None, cwd: Path,
+                own: Path, env: dict[str, str], argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """`argv` confined to its `own` folder and the folders `settings` grant (a terminal command's, an
+    MCP server's); SandboxRefused when the agent's `sandbox` cannot be had here."""
     from .grants import grants_of
 
     interpreter = [os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)] + [
         os.path.realpath(p) for p in env.get("PATH", "").split(os.pathsep) if p]
     # A version manager's shims (pyenv, rbenv, asdf: ROOT/shims) run ROOT's own programs.
     interpreter += [os.path.dirname(p) for p in interpreter if os.path.basename(p) == "shims"]
-    grants = grants_of(ctx.settings)
+    grants = grants_of(settings)
     # A worktree's files are its tree; git there reads the repository's own .git (read-only: the
     # commit is the agent's, at done, never a command's).
     folders = [(g.root, g.writable) for g in grants] + [(g.path / ".git", False) for g in grants if g.tree]
-    conf = sandbox.plan(Path(cwd), root_of(ctx), folders,
-                        workspace=Path(ctx.workspace).resolve() if ctx.workspace else None,
-                        network="network" in (ctx.grants or ()), env=env, home=os.environ.get("HOME"),
+    conf = sandbox.plan(cwd, own, folders, workspace=Path(workspace).resolve() if workspace else None,
+                        network="network" in capabilities, env=env, home=os.environ.get("HOME"),
                         interpreter=interpreter, private=sandbox.private_here())
-    try:
-        return sandbox.wrap(str(ctx.settings.get("sandbox") or "auto"), conf, argv)
-    except sandbox.SandboxRefused as exc:
-        raise ToolError(str(exc)) from None
+    return sandbox.wrap(str(settings.get("sandbox") or "auto"), conf, argv)
 
 
 def terminal(ctx: ToolContext, args: dict[str, Any]) -> str:

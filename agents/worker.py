@@ -31,6 +31,7 @@ from hermes_sup.kanban.task import now_iso
 
 from . import (
     builtins,  # noqa: F401 - registers the built-in tools
+    mcpservers,
     sandbox,
     worktrees,
 )
@@ -60,6 +61,7 @@ from .routing import chain_for, keep_auto, resolve_auto, task_tier
 from .skills import Skills, prompt_block
 from .steps import StepRun, step_folders, step_grants
 from .taskdir import ensure_work_folder
+from .terminal import clean_env, command_for, withheld
 from .tools import DEFAULT_CAPABILITIES, Toolbox, ToolContext, ToolError
 
 AGENT_ENV = "HERMES_SUP_AGENT"
@@ -111,6 +113,7 @@ class Agent:
         self.board = open_board(workspace, config.get("board"), host=config.get("host"))
         self.skills = Skills(workspace)
         self.delegator = Delegator(board=self.board, workspace=workspace, workdir=workdir, config=config)
+        self.mcp = mcpservers.Hub(config.get("mcp_servers") or {}, self._mcp_command)
         self.notifier = Notifier(os.environ.get(NOTIFY_ENV), self.name)
         self.stop = threading.Event()
         self.tier = str(config.get("tier") or "auto")
@@ -287,7 +290,30 @@ class Agent:
         extra, notes = self.skills.tools_for(enabled)
         for note in notes:
             say(self.name, f"{note}")
-        return Toolbox(grants=grants, toolsets=self.toolsets, extra=extra, whose=whose)
+        return Toolbox(grants=grants, toolsets=self.toolsets, extra={**extra, **self.mcp.tools()}, whose=whose)
+
+    def _start_mcp(self) -> None:
+        """Start the MCP servers granted to this agent and wait (bounded) for their first tool list."""
+        if not self.mcp.servers:
+            return
+        self.mcp.start().wait_ready()
+        for server in self.mcp.servers.values():
+            say(self.name, f"mcp {server.name}: " + (f"{len(server.tools)} tool(s)" if server.session is not None
+                                                     else f"not connected ({server.error or 'starting'})"))
+
+    def _mcp_command(self, name: str, spec: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+        """A stdio MCP server's command line, confined as the terminal is, in its own folder; a
+        worktree's repository read-only to it (its tasks' trees are theirs). Its `env_from` values
+        come from this process's environment, by name."""
+        folder = mcpservers.server_folder(self.workdir, name)
+        folders = {key: {**spec_, "mode": "ro"} if spec_.get("worktree") else spec_
+                   for key, spec_ in (self.config.get("folders") or {}).items()}
+        env = clean_env(os.environ, withheld(self.config))
+        env.update({key: str(value) for key, value in (spec.get("env") or {}).items()})
+        env.update({key: os.environ.get(var, "") for key, var in (spec.get("env_from") or {}).items()})
+        argv = [str(spec["command"]), *(str(arg) for arg in spec.get("args") or ())]
+        return command_for({**self.config, "folders": folders}, self.capabilities, self.workspace, folder, folder,
+                           env, argv)
 
     def gate(self, doc: dict[str, Any] | None) -> BudgetGate | None:
         """The budget gate for a task's calls (None when hermes.yaml sets no budgets)."""
@@ -633,6 +659,7 @@ class Agent:
         self.write_state("idle")
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
         say(self.name, f"ready (pid {os.getpid()}, roles {', '.join(self.roles) or '-'}{self._commands()})")
+        self._start_mcp()
         while not self.stop.is_set():
             if self.only_task is not None and self._only_task_closed():
                 self.request_stop(f"its task {self.only_task} is closed")
@@ -666,6 +693,7 @@ class Agent:
         self.write_state("stopped")
         self.notifier.send(STOPPING=1)
         say(self.name, f"stopped ({self.why_stopping})")
+        self.mcp.close()
         if self.ledger is not None:
             self.ledger.close()
         self.board.close()

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .folders import granted
+from .mcpconfig import granted_servers
 from .policy import RestartSpec
 
 DEFAULTS: dict[str, Any] = {
@@ -130,7 +131,8 @@ def build_specs(config: dict[str, Any], root: Path, *, python: str = sys.executa
                                   "memory": _merged(defaults, entry, "memory") or {},
                                   "offer_tools": _merged(defaults, entry, "offer_tools") or "task",
                                   "sandbox": _merged(defaults, entry, "sandbox") or "auto",
-                                  "folders": granted(config, defaults, entry)}, sort_keys=True),
+                                  "folders": granted(config, defaults, entry),
+                                  "mcp_servers": granted_servers(config, defaults, entry)}, sort_keys=True),
                 board=json.dumps({"board": config.get("board") or {}, "host": config.get("host")}, sort_keys=True),
             )
             specs.append(_with_digest(spec))

@@ -29,6 +29,7 @@ from hermes_sup.kanban.parse import PlainLoader
 from ..agents.sandbox import MODES as SANDBOX_MODES
 from .alerts import check_alerts
 from .folders import check_folders
+from .mcpconfig import check_mcp_servers
 from .schedules import check_schedules
 
 CONFIG_NAME = "hermes.yaml"
@@ -140,10 +141,10 @@ def _strip_lines(value: Any) -> Any:
 
 
 TOP_KEYS = ("providers", "tiers", "defaults", "agents", "prices", "board", "host", "schedules", "routing", "alerts",
-            "budgets", "folders")
+            "budgets", "folders", "mcp_servers")
 DEFAULT_KEYS = ("restart", "stop_timeout", "heartbeat_timeout", "orphan_grace", "max_rss_mb", "log_max_mb",
                 "log_keep", "max_iterations", "max_tokens", "max_cost", "terminal", "delegation", "memory",
-                "offer_tools", "folders", "sandbox")
+                "offer_tools", "folders", "sandbox", "mcp_servers")
 RESTART_KEYS = ("policy", "backoff", "max_restarts", "window", "reset_after")
 CAPABILITIES = ("fs.read", "fs.write", "shell", "network", "memory", "delegate", "skills", "kanban")
 TIERS = ("auto", "cheap", "standard", "premium")
@@ -152,7 +153,7 @@ PROVIDER_KEYS = ("kind", "model", "base_url", "api_key_env", "timeout", "max_tok
 AGENT_KEYS = ("name", "roles", "tier", "skills", "capabilities", "count", "provider", "env", "restart",
               "stop_timeout", "heartbeat_timeout", "orphan_grace", "max_rss_mb", "log_max_mb", "log_keep",
               "max_iterations", "max_tokens", "max_cost", "identity", "toolsets", "command", "terminal",
-              "delegation", "memory", "offer_tools", "folders", "sandbox")
+              "delegation", "memory", "offer_tools", "folders", "sandbox", "mcp_servers")
 
 
 def _parse_config(path: Path) -> dict[str, Any]:
@@ -270,6 +271,7 @@ def load_config(path: Path, *, skills: Callable[[], Collection[str]] | None = No
             names.add(item)
     _check_skills(agents, fail, skills or (lambda: skill_names(path.parent)))
     check_folders(raw, path.parent, fail)
+    check_mcp_servers(raw, fail)
     return _strip_lines(raw)
 
 

@@ -1,0 +1,115 @@
+"""hermes.yaml's `mcp_servers:` (MCP tool servers, in Hermes Agent's shape) and each agent's
+`mcp_servers: [names]`, checked when the file is read: a server is a stdio `command` (with `args`,
+`env`, `env_from`) or a streamable HTTP `url` (with `headers_env`), never both; a secret is given by
+the name of the variable that holds it (`env_from`, `headers_env`), never as a value here."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+SERVER_KEYS = ("command", "args", "env", "env_from", "url", "headers_env", "enabled", "timeout",
+               "connect_timeout", "tools")
+NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A value in `env` under such a name is a secret written into hermes.yaml: refused, env_from it.
+SECRET_NAMES = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.IGNORECASE)
+
+
+def check_mcp_servers(raw: dict[str, Any], fail: Callable[[Any, str], Exception]) -> None:
+    """Check `mcp_servers:` and the agents' (and defaults') lists of them; raises what `fail` makes."""
+    servers = raw.get("mcp_servers")
+    if servers is None:
+        servers = {}
+    if not isinstance(servers, dict):
+        raise fail(raw, "'mcp_servers' must be a mapping of names to servers ({command, args} or {url})")
+    for name, spec in servers.items():
+        if name == "__line__":
+            continue
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise fail(servers, f"MCP server name {name!r} must be 1 to 32 lowercase letters, digits, '-' or '_', "
+                                "starting with a letter")
+        _check_server(name, spec, fail)
+    for node, where in [(raw.get("defaults") or {}, "defaults"),
+                        *((agent, f"agent {agent.get('name')}") for agent in raw.get("agents") or []
+                          if isinstance(agent, dict))]:
+        if not isinstance(node, dict) or "mcp_servers" not in node:
+            continue
+        names = node["mcp_servers"]
+        if not isinstance(names, list) or not all(isinstance(item, str) for item in names):
+            raise fail(node, f"{where}: 'mcp_servers' must be a list of names of MCP servers")
+        missing = [item for item in names if item not in servers or item == "__line__"]
+        if missing:
+            known = ", ".join(sorted(k for k in servers if k != "__line__")) or "none"
+            raise fail(node, f"{where}: no MCP server named '{missing[0]}' in 'mcp_servers' (defined: {known})")
+
+
+def _check_server(name: str, spec: Any, fail: Callable[[Any, str], Exception]) -> None:
+    where = f"MCP server {name}"
+    if not isinstance(spec, dict):
+        raise fail(spec, f"{where}: must be a mapping with command (and args) or url")
+    unknown = [key for key in spec if key != "__line__" and key not in SERVER_KEYS]
+    if unknown:
+        hint = " (a header's value is given by the variable holding it: headers_env)" if unknown[0] == "headers" else ""
+        raise fail(spec, f"{where}: unknown key '{unknown[0]}'{hint}; expected one of {', '.join(SERVER_KEYS)}")
+    if ("command" in spec) == ("url" in spec):
+        raise fail(spec, f"{where}: give either command (a stdio server) or url (streamable HTTP), not "
+                         f"{'both' if 'command' in spec else 'neither'}")
+    if "command" in spec:
+        if not isinstance(spec["command"], str) or not spec["command"].strip():
+            raise fail(spec, f"{where}: 'command' must be a program's name or path")
+        if not isinstance(spec.get("args", []), list) or not all(isinstance(a, (str, int, float))
+                                                                  for a in spec.get("args", [])):
+            raise fail(spec, f"{where}: 'args' must be a list of strings")
+        for key in ("url", "headers_env"):
+            if key in spec:
+                raise fail(spec, f"{where}: '{key}' is for a server reached by url")
+    else:
+        parts = urlsplit(str(spec["url"]))
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise fail(spec, f"{where}: 'url' must be an http(s) URL, got {spec['url']!r}")
+        for key in ("args", "env", "env_from"):
+            if key in spec:
+                raise fail(spec, f"{where}: '{key}' is for a stdio server (command)")
+    env = spec.get("env") or {}
+    if not isinstance(env, dict) or not all(isinstance(v, (str, int, float))
+                                            for k, v in env.items() if k != "__line__"):
+        raise fail(spec, f"{where}: 'env' must map variable names to values")
+    secret = next((key for key in env if key != "__line__" and SECRET_NAMES.search(key)), None)
+    if secret:
+        raise fail(spec, f"{where}: env {secret} looks like a secret; hermes.yaml never holds one: give the name "
+                         f"of the variable that holds it, env_from: {{{secret}: YOUR_VARIABLE}}")
+    for key in ("env_from", "headers_env"):
+        mapping = spec.get(key) or {}
+        if not isinstance(mapping, dict) or not all(isinstance(v, str) and VARIABLE.fullmatch(v)
+                                                    for k, v in mapping.items() if k != "__line__"):
+            raise fail(spec, f"{where}: '{key}' must map names to the names of environment variables")
+    if not isinstance(spec.get("enabled", True), bool):
+        raise fail(spec, f"{where}: 'enabled' must be true or false")
+    for key in ("timeout", "connect_timeout"):
+        value = spec.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not 0 < value <= 3600):
+            raise fail(spec, f"{where}: '{key}' must be a number of seconds > 0 (at most 3600)")
+    tools = spec.get("tools") or {}
+    if not isinstance(tools, dict) or any(k not in ("include", "exclude", "__line__") for k in tools) or not all(
+            isinstance(tools.get(k, []), list) and all(isinstance(t, str) for t in tools.get(k, []))
+            for k in ("include", "exclude")):
+        raise fail(spec, f"{where}: 'tools' must be {{include: [names], exclude: [names]}}")
+
+
+def granted_servers(config: dict[str, Any], defaults: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
+    """The MCP servers an agent is granted, as its settings carry them (pure): enabled ones only,
+    without the lines the YAML loader noted."""
+    names = entry.get("mcp_servers", defaults.get("mcp_servers")) or []
+    servers = config.get("mcp_servers") or {}
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items() if k != "__line__"}
+        return [plain(v) for v in value] if isinstance(value, list) else value
+
+    return {name: plain(servers[name]) for name in names if name in servers
+            and servers[name].get("enabled", True)}
