@@ -152,6 +152,48 @@ def sandbox_checks(specs: list[Any]) -> list[Check]:
     return checks
 
 
+def mcp_checks(config: dict[str, Any], workspace: Path) -> list[Check]:
+    """Each MCP server of hermes.yaml started (a stdio one confined, in a folder of its own that is
+    removed after) and asked for its tools, as an agent would; or why it could not be."""
+    import tempfile
+
+    from ..agents.mcpservers import Hub, server_folder
+    from ..agents.terminal import clean_env, command_for
+
+    servers = {name: spec for name, spec in (config.get("mcp_servers") or {}).items() if name != "__line__"}
+    if not servers:
+        return []
+    users = {name: [a["name"] for a in config.get("agents") or [] if name in (a.get("mcp_servers", (
+        config.get("defaults") or {}).get("mcp_servers")) or [])] for name in servers}
+    checks = []
+    with tempfile.TemporaryDirectory(prefix="hermes-doctor-mcp-") as scratch:
+        def command(name: str, spec: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+            folder = server_folder(Path(scratch), name)
+            env = clean_env(os.environ)
+            env.update({k: str(v) for k, v in (spec.get("env") or {}).items() if k != "__line__"})
+            env.update({k: os.environ.get(v, "") for k, v in (spec.get("env_from") or {}).items() if k != "__line__"})
+            return command_for({"sandbox": "auto"}, ("shell",), workspace, folder, folder, env,
+                               [str(spec["command"]), *(str(a) for a in spec.get("args") or ())])
+
+        hub = Hub({name: spec for name, spec in servers.items() if spec.get("enabled", True)}, command).start()
+        try:
+            hub.wait_ready(30)
+            for name in sorted(servers):
+                who = f"granted to {', '.join(users[name]) if users[name] else 'no agent'}"
+                server = hub.servers.get(name)
+                if server is None:
+                    checks.append(_check(f"mcp {name}", "info", f"disabled (enabled: false); {who}"))
+                elif server.session is None:
+                    why = server.error or "no answer"
+                    checks.append(_check(f"mcp {name}", "error", f"does not start: {why}; {who}"))
+                else:
+                    names = ", ".join(t.name for t in server.tools) or "none"
+                    checks.append(_check(f"mcp {name}", "ok", f"{len(server.tools)} tool(s): {names}; {who}"))
+        finally:
+            hub.close()
+    return checks
+
+
 def run_checks(ws: Workspace) -> list[Check]:
     checks: list[Check] = []
     config: dict[str, Any] = {}
@@ -161,6 +203,7 @@ def run_checks(ws: Workspace) -> list[Check]:
         checks.append(_check("config", "ok", f"{ws.config_path} ({len(names)} agent{'s' if len(names) != 1 else ''}: "
                                              f"{', '.join(names)})"))
         checks += sandbox_checks(build_specs(config, ws.root))
+        checks += mcp_checks(config, ws.root)
     except ConfigError as exc:
         checks.append(_check("config", "error", str(exc)))
     for name, spec in sorted((config.get("folders") or {}).items()):

@@ -244,3 +244,19 @@ def test_an_agent_calls_an_mcp_tool_from_a_task_and_its_log_shows_the_call(tmp_p
     assert "mcp time: 2 tool(s)" in log
     calls = [json.loads(line) for line in (ws / "runs" / "clock" / "tool_calls.jsonl").read_text().splitlines()]
     assert [c["tool"] for c in calls if c["task"] == task["id"]][-1] == "mcp__time__get_current_time"
+
+
+def test_doctor_starts_each_server_and_lists_its_tools(tmp_path):
+    from .test_auto_owner import doctor
+
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    (ws / "hermes.yaml").write_text(
+        f"mcp_servers:\n  time: {{command: {BIN / 'mcp-server-time'}}}\n  broken: {{command: /nonexistent/server}}\n"
+        "  idle: {command: x, enabled: false}\n"
+        "agents:\n  - name: a\n    mcp_servers: [time]\n")
+    checks = doctor(ws)
+    assert checks["mcp time"][0]["level"] == "ok", checks["mcp time"]
+    assert "2 tool(s): get_current_time, convert_time; granted to a" in checks["mcp time"][0]["detail"]
+    assert checks["mcp broken"][0]["level"] == "error" and "granted to no agent" in checks["mcp broken"][0]["detail"]
+    assert checks["mcp idle"][0]["level"] == "info"
