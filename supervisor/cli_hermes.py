@@ -101,6 +101,8 @@ def new_config_text(text: str, plan: Plan) -> str:
         lines = _add(lines, "providers", _dump(plan.providers))
     if plan.tiers is not None:
         lines = _add(lines, "tiers", _dump(plan.tiers), replace=True)
+    if plan.mcp_servers:
+        lines = _add(lines, "mcp_servers", _dump(plan.mcp_servers))
     lines = _add(lines, "agents", _dump([plan.entry]))
     return "\n".join(lines) + "\n"
 
@@ -112,6 +114,8 @@ def expected(before: dict[str, Any], plan: Plan) -> dict[str, Any]:
         after["providers"] = {**(before.get("providers") or {}), **plan.providers}
     if plan.tiers is not None:
         after["tiers"] = plan.tiers
+    if plan.mcp_servers:
+        after["mcp_servers"] = {**(before.get("mcp_servers") or {}), **plan.mcp_servers}
     after["agents"] = [*(before.get("agents") or []), plan.entry]
     return after
 

@@ -20,6 +20,8 @@ from typing import Any
 from hermes_sup.agents.memory import FILES, HERMES_LIMITS, beyond_hermes, limits_problem, parse
 from hermes_sup.kanban.parse import PlainYamlError, load_plain
 
+from .hermes_mcp import carry
+
 MAX_CONFIG = 1 << 20
 MAX_SOUL = 64 * 1024
 MAX_MEMORY = 1 << 20
@@ -50,7 +52,6 @@ NOT_CARRIED = {
     "sessions": "conversation history: Hermes' chat sessions have no counterpart; each task starts a fresh "
                 "conversation, and the memory files carry the facts",
     "kanban": "Hermes' kanban.db: its tasks are not moved onto this board (add them with hermes-sup task add)",
-    "mcp_servers": "MCP servers: hermes-sup does not connect to MCP servers",
     "plugins": "plugins: hermes-sup loads Python skills instead (skills/NAME.py)",
 }
 GATEWAY_KEYS = ("gateway", "platforms", "platform_toolsets", "telegram", "discord", "slack", "whatsapp", "signal",
@@ -182,7 +183,7 @@ def read_profile(path: Path) -> Profile:
                                                                                                "kanban"))):
         if any((path / name).exists() for name in names):
             present.append(key)
-    present += [key for key in ("mcp_servers", "plugins") if config.get(key)]
+    present += [key for key in ("plugins",) if config.get(key)]
     return Profile(path, config, env_names(_text(env, ".env")) if env is not None else [],
                    _text(soul, "SOUL.md").strip() if soul is not None else None, memories, skills, skipped, present)
 
@@ -252,6 +253,7 @@ class Plan:
     notes: list[str]                          # what was carried over, said to the user
     not_carried: list[dict[str, str]]         # {what, why}
     warnings: list[str]
+    mcp_servers: dict[str, Any] = field(default_factory=dict)
 
 
 def agent_name(requested: str | None, profile: Path) -> str:
@@ -322,6 +324,18 @@ def make_plan(profile: Profile, name: str, current: dict[str, Any]) -> Plan:
                      "in the workspace's .env)")
     not_carried.append({"what": "shell and delegation", "why": "not granted by default: add shell and delegate to "
                         "the agent's capabilities (and terminal, delegation to its toolsets) to give them"})
+    servers, mcp_notes, mcp_left = carry(profile.config, set(current.get("mcp_servers") or {}) - {"__line__"})
+    notes += mcp_notes
+    not_carried += mcp_left
+    if servers:
+        entry["mcp_servers"] = sorted(servers)
+        entry["toolsets"].append("mcp")
+        if any("command" in spec for spec in servers.values()):
+            # A stdio server's tools need shell; the terminal stays out of the toolsets, so it is
+            # theirs alone (and confined: agents/sandbox.py).
+            entry["capabilities"].append("shell")
+        if any("url" in spec for spec in servers.values()):
+            entry["capabilities"].append("network")
     tiers = None
     chain = list(providers)
     current_tiers = current.get("tiers") or {}
@@ -333,4 +347,5 @@ def make_plan(profile: Profile, name: str, current: dict[str, Any]) -> Plan:
     elif chain:
         not_carried.append({"what": "tiers", "why": f"hermes.yaml's tiers serve the whole team and were left as they "
                             f"are: to have this agent use {', '.join(chain)}, name them in the tier of its tasks"})
-    return Plan(name, entry, providers, tiers, profile.memories, profile.skills, notes, not_carried, warnings)
+    return Plan(name, entry, providers, tiers, profile.memories, profile.skills, notes, not_carried, warnings,
+                servers)

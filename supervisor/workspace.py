@@ -315,7 +315,7 @@ def skill_names(root: Path) -> set[str]:
 
 
 # The toolsets the built-in tools belong to (agents/: each Tool's `toolset`); a skill's name is one too.
-BUILTIN_TOOLSETS = ("files", "terminal", "memory", "board", "skills", "delegation", "kanban")
+BUILTIN_TOOLSETS = ("files", "terminal", "memory", "board", "skills", "delegation", "kanban", "mcp")
 
 
 def _check_skills(agents: list[Any], fail: Any, present: Callable[[], Collection[str]]) -> None:

@@ -332,3 +332,36 @@ def test_a_team_whose_agents_name_bundled_and_workspace_skills_takes_an_import(t
     result = invoke(team, str(profile), "--name", "bob")
     assert result.exit_code == 1 and "no skill named 'nowhere'" in result.output
     assert snapshot(team) == before
+
+
+def test_a_profiles_mcp_servers_carry_over_with_their_secrets_only_named(ws, profile):
+    (profile / "config.yaml").write_text(CONFIG + """\
+mcp_servers:
+  github:
+    command: npx
+    args: ["-y", "@modelcontextprotocol/server-github"]
+    env:
+      GITHUB_PERSONAL_ACCESS_TOKEN: "${GITHUB_TOKEN}"
+      LOG_LEVEL: info
+      API_KEY: ghp_written_as_a_value_0123456789
+    tools: {exclude: [delete_repository]}
+  docs:
+    url: "https://docs.example.com/mcp"
+    headers: {Authorization: "Bearer ${DOCS_TOKEN}", X-Team: "${TEAM_HEADER}"}
+    timeout: 30
+""")
+    result = invoke(ws, str(profile), "--name", "ada", "--json")
+    assert result.exit_code == 0, result.output
+    config = load_config(ws / "hermes.yaml")
+    assert config["mcp_servers"]["github"] == {
+        "command": "npx", "args": ["-y", "@modelcontextprotocol/server-github"],
+        "env_from": {"GITHUB_PERSONAL_ACCESS_TOKEN": "GITHUB_TOKEN"}, "env": {"LOG_LEVEL": "info"},
+        "tools": {"exclude": ["delete_repository"]}}
+    assert config["mcp_servers"]["docs"] == {"url": "https://docs.example.com/mcp", "timeout": 30,
+                                             "headers_env": {"X-Team": "TEAM_HEADER"}}
+    agent = config["agents"][-1]
+    assert agent["mcp_servers"] == ["docs", "github"] and "mcp" in agent["toolsets"]
+    assert "shell" in agent["capabilities"] and "terminal" not in agent["toolsets"], "the servers' tools, no terminal"
+    left = {item["what"]: item["why"] for item in json.loads(result.output)["not_carried_over"]}
+    assert "MCP server github: env API_KEY" in left and "MCP server docs: headers Authorization" in left
+    assert "ghp_written_as_a_value" not in (ws / "hermes.yaml").read_text() + result.output
