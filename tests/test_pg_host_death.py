@@ -53,7 +53,9 @@ def host(where: Path, name: str, agent: str, llm: ScriptedLLM, env: dict[str, st
         "defaults:\n  stop_timeout: 5\n"
         f"providers:\n  scripted: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
         "tiers: {cheap: [scripted], standard: [scripted], premium: [scripted]}\n"
-        f"agents:\n  - name: {agent}\n    capabilities: [fs.read, fs.write, shell]\n")
+        # The folder the command marks each run in: granted, as the terminal writes nowhere else.
+        f"folders:\n  marks: {{path: {where / 'marks'}, mode: rw}}\n"
+        f"agents:\n  - name: {agent}\n    capabilities: [fs.read, fs.write, shell]\n    folders: [marks]\n")
     return ws
 
 
@@ -90,7 +92,8 @@ def kill_whole_host(supervisor: subprocess.Popen[str], ws: Path) -> list[int]:
 def test_a_host_killed_whole_has_its_task_resumed_elsewhere_without_running_a_completed_call_again(
         database: str, tmp_path: Path) -> None:
     env = {**os.environ, DSN_ENV: database}
-    marks = tmp_path / "marks.txt"
+    marks = tmp_path / "marks" / "marks.txt"
+    marks.parent.mkdir()
     box_a_dead = threading.Event()
 
     def model(api: str, body: dict[str, Any]) -> dict[str, Any]:
