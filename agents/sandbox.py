@@ -95,24 +95,25 @@ def _venv(path: Path, workspace: Path) -> bool:
 
 
 def bwrap_argv(conf: Confinement, argv: Sequence[str], bwrap: str = "bwrap") -> list[str]:
-    """bubblewrap's command line for `argv` under `conf` (pure). Mounts are made in order: the system
-    read-only, each hidden folder an empty tmpfs (read-only again but /tmp, the command's own), then
-    what is shown, the read-only grants and the writable folders, outer before inner, so an `ro`
-    grant inside an `rw` one stays read-only."""
+    """bubblewrap's command line for `argv` under `conf` (pure). The system read-only, then every
+    mount outer before inner (at one depth, hiding before showing): each hidden folder an empty tmpfs
+    (read-only again but /tmp, the command's own), what is shown, the read-only grants and the
+    writable folders. So an `ro` grant inside an `rw` one stays read-only, and a hidden folder inside
+    a shown one is hidden still."""
     # No capability inside: run by root, a command owns its namespaces and could unmount what hides.
     args = [bwrap, "--unshare-all", *([] if not conf.network else ["--share-net"]), "--die-with-parent",
             "--new-session", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     # /dev is a fresh one (its /dev/shm the command's own): only what lies elsewhere is hidden here.
-    hidden = sorted({p for p in conf.hidden if not _inside(p, Path("/dev"))}, key=lambda p: (len(p.parts), str(p)))
-    for folder in hidden:
-        if str(folder) == "/tmp":
-            args += ["--size", str(TMP_BYTES)]
-        args += ["--tmpfs", str(folder)]
-    binds = [(p, "--ro-bind") for p in conf.shown] + [(p, "--ro-bind") for p in conf.readable] \
+    hidden = {p for p in conf.hidden if not _inside(p, Path("/dev"))}
+    order = {"--tmpfs": 0, "--ro-bind": 1, "--bind": 2}
+    mounts = [(p, "--tmpfs") for p in hidden] + [(p, "--ro-bind") for p in (*conf.shown, *conf.readable)] \
         + [(p, "--bind") for p in conf.writable]
-    for path, how in sorted(binds, key=lambda b: (len(b[0].parts), b[1] == "--bind")):
-        args += [how, str(path), str(path)]
-    for folder in hidden:
+    for path, how in sorted(mounts, key=lambda m: (len(m[0].parts), order[m[1]], str(m[0]))):
+        if how == "--tmpfs":
+            args += [*(["--size", str(TMP_BYTES)] if str(path) == "/tmp" else []), "--tmpfs", str(path)]
+        else:
+            args += [how, str(path), str(path)]
+    for folder in sorted(hidden, key=lambda p: (len(p.parts), str(p))):
         if str(folder) != "/tmp":
             args += ["--remount-ro", str(folder)]
     return [*args, "--chdir", str(conf.cwd), "--", *argv]

@@ -213,8 +213,10 @@ def test_mounts_come_outer_first_so_an_ro_grant_inside_an_rw_one_stays_read_only
                        hidden=(Path("/w"), Path("/tmp")), network=False)
     argv = bwrap_argv(conf, ["/bin/sh", "-c", "true"])
     binds = [(argv[i], argv[i + 1]) for i, a in enumerate(argv) if a in ("--bind", "--ro-bind", "--tmpfs")]
-    assert binds == [("--ro-bind", "/"), ("--tmpfs", "/tmp"), ("--tmpfs", "/w"), ("--bind", "/w/t"),
-                     ("--bind", "/data/app"), ("--ro-bind", "/data/app/docs")]
+    assert binds == [("--ro-bind", "/"), ("--tmpfs", "/tmp"), ("--tmpfs", "/w"), ("--bind", "/data/app"),
+                     ("--bind", "/w/t"), ("--ro-bind", "/data/app/docs")]
+    inner = bwrap_argv(Confinement(cwd=Path("/x"), writable=(Path("/x"),), hidden=(Path("/x/ws"),)), ["true"])
+    assert inner.index("/x/ws") > inner.index("--bind"), "a hidden folder inside a shown one is hidden still"
     assert "--share-net" not in argv and argv[-4:] == ["--", "/bin/sh", "-c", "true"]
     assert "--share-net" in bwrap_argv(Confinement(cwd=Path("/"), writable=(), network=True), ["true"])
 
