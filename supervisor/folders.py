@@ -74,18 +74,24 @@ def check_folders(raw: dict[str, Any], workspace: Path, fail: Callable[[Any, str
                                                         or _inside(tree, Path(spec["path"]))):
                 raise fail(spec, f"folder {name}: {spec['path']} and the worktree folder {tree_name} ({tree}) are one "
                                  "inside the other; a task's worktree is a folder of its own, so they cannot be")
+    check_granted(raw, "folders", folders, "folder", fail)
+
+
+def check_granted(raw: dict[str, Any], key: str, defined: dict[str, Any], what: str,
+                  fail: Callable[[Any, str], Exception]) -> None:
+    """Each agent's (and defaults') `key`, a list of names of what hermes.yaml's `key` defines."""
     for node, where_ in [(raw.get("defaults") or {}, "defaults"),
                          *((agent, f"agent {agent.get('name')}") for agent in raw.get("agents") or []
                            if isinstance(agent, dict))]:
-        if not isinstance(node, dict) or "folders" not in node:
+        if not isinstance(node, dict) or key not in node:
             continue
-        names = node["folders"]
+        names = node[key]
         if not isinstance(names, list) or not all(isinstance(item, str) for item in names):
-            raise fail(node, f"{where_}: 'folders' must be a list of names of folders")
-        missing = [item for item in names if item not in folders or item == "__line__"]
+            raise fail(node, f"{where_}: '{key}' must be a list of names of {what}s")
+        missing = [item for item in names if item not in defined or item == "__line__"]
         if missing:
-            known = ", ".join(sorted(k for k in folders if k != "__line__")) or "none"
-            raise fail(node, f"{where_}: no folder named '{missing[0]}' in 'folders' (defined: {known})")
+            known = ", ".join(sorted(k for k in defined if k != "__line__")) or "none"
+            raise fail(node, f"{where_}: no {what} named '{missing[0]}' in '{key}' (defined: {known})")
 
 
 def _check_worktree(name: str, spec: dict[str, Any], path: str, where: Path,

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+from .folders import check_granted
+
 SERVER_KEYS = ("command", "args", "env", "env_from", "url", "headers_env", "enabled", "timeout",
                "connect_timeout", "tools")
 NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
@@ -32,18 +34,7 @@ def check_mcp_servers(raw: dict[str, Any], fail: Callable[[Any, str], Exception]
             raise fail(servers, f"MCP server name {name!r} must be 1 to 32 lowercase letters, digits, '-' or '_', "
                                 "starting with a letter")
         _check_server(name, spec, fail)
-    for node, where in [(raw.get("defaults") or {}, "defaults"),
-                        *((agent, f"agent {agent.get('name')}") for agent in raw.get("agents") or []
-                          if isinstance(agent, dict))]:
-        if not isinstance(node, dict) or "mcp_servers" not in node:
-            continue
-        names = node["mcp_servers"]
-        if not isinstance(names, list) or not all(isinstance(item, str) for item in names):
-            raise fail(node, f"{where}: 'mcp_servers' must be a list of names of MCP servers")
-        missing = [item for item in names if item not in servers or item == "__line__"]
-        if missing:
-            known = ", ".join(sorted(k for k in servers if k != "__line__")) or "none"
-            raise fail(node, f"{where}: no MCP server named '{missing[0]}' in 'mcp_servers' (defined: {known})")
+    check_granted(raw, "mcp_servers", servers, "MCP server", fail)
 
 
 def _check_server(name: str, spec: Any, fail: Callable[[Any, str], Exception]) -> None:
