@@ -167,6 +167,10 @@ def test_two_agents_edit_the_same_file_on_two_branches_and_a_killed_holders_task
                                       capture_output=True, text=True, check=True).stdout)["worktrees"]["app"]
     assert shown["branch"] == f"hermes-sup/{first['id']}" and shown["commits"][0].endswith(" Say one")
     assert shown["diffstat"] == "1 file changed, 1 insertion(+), 1 deletion(-)"
+    from hermes_sup.supervisor.dashboard.views import task_document
+    from hermes_sup.supervisor.workspace import Workspace
+
+    assert task_document(board, Workspace(ws), first["id"])["worktrees"]["app"] == shown, "the dashboard's too"
     text = subprocess.run([*CLI, "-w", str(ws), "task", "show", first["id"]], cwd=ROOT, capture_output=True,
                           text=True, check=True, env={**os.environ, "COLUMNS": "200"}).stdout
     assert f"branch hermes-sup/{first['id']} from" in text and "1 commit(s)" in text

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hermes_sup.agents import worktrees
 from hermes_sup.agents.ledger import LedgerError, open_reader
 from hermes_sup.kanban import BoardError, BoardStore
 from hermes_sup.kanban.backends import DEFAULT_BACKEND, check_board_config
@@ -183,5 +184,6 @@ def task_document(board: BoardStore, ws: Workspace, task_id: str) -> dict[str, A
     entries = taskrecords.merge(raws, taskrecords.claims(doc))
     # As `task log` prints them (the page and the terminal agree); the newest part of a long log.
     lines = [line for entry in entries for line in render.log_lines(entry)]
+    trees = {name: worktrees.summary(record) for name, record in worktrees.records(ws.runs_path, doc["id"]).items()}
     return {**doc, **taskrecords.overview(entries), "log": lines[-MAX_LOG_LINES:],
-            "log_cut": max(0, len(lines) - MAX_LOG_LINES), "notes": notes}
+            "log_cut": max(0, len(lines) - MAX_LOG_LINES), "notes": notes, "worktrees": trees}

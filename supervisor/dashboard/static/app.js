@@ -211,6 +211,9 @@ async function openTask(id, quiet) {
     ["cost", doc.cost ? `${dollars(doc.cost.cost_usd)} (${doc.cost.calls} calls)` : ""],
     ["models", (doc.models || []).map((m) => `${m.provider} (${m.model})`).join(", ")],
     ["files", (doc.files || []).map((f) => `${f.agent}: ${f.path}`).join("\n")],
+    ["branches", Object.entries(doc.worktrees || {}).map(([name, t]) => t.error ? `${name}: ${t.branch}: ${t.error}`
+      : [`${name}: ${t.branch} from ${t.base}: ${(t.commits || []).length} commit(s), ${t.diffstat || "no change"}`,
+        ...(t.commits || []).map((c) => `  ${c}`)].join("\n")).join("\n")],
     ["created", doc.created_at], ["updated", doc.updated_at]];
   $("d-fields").replaceChildren(...fields.filter(([, v]) => v).flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, String(v))]));
   $("d-question-box").hidden = !doc.question;
