@@ -100,6 +100,14 @@ def _folder(target: Path, shown: str, *, create: bool = False) -> tuple[int, str
 
 
 def _text(target: Path, shown: str) -> str:
+    data = _bytes(target, shown)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ToolError(f"{shown} is not UTF-8 text") from None
+
+
+def _bytes(target: Path, shown: str) -> bytes:
     folder, name = _folder(target, shown)
     try:
         # Non-blocking: a FIFO planted under the name must not hang the agent (it is refused below).
@@ -124,10 +132,7 @@ def _text(target: Path, shown: str) -> str:
     if len(data) > MAX_FILE_BYTES:
         raise ToolError(f"{shown} is larger than {MAX_FILE_BYTES >> 20} MiB, more than the file tools read; "
                         "look at parts of it with the terminal (head, tail, grep)")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ToolError(f"{shown} is not UTF-8 text") from None
+    return data
 
 
 def _write(target: Path, text: str, shown: str) -> None:
@@ -174,6 +179,16 @@ def read_text(ctx: ToolContext, path: object) -> str:
     symlink, a regular file of at most MAX_FILE_BYTES): for skills' tools, so a file swapped for a
     link after the check is not read through it."""
     return _text(confined(ctx, path), str(path))
+
+
+def read_bytes(ctx: ToolContext, path: object) -> bytes:
+    """A file's bytes, read as read_text reads it: for skills' tools that read other than text."""
+    return _bytes(confined(ctx, path), str(path))
+
+
+def write_text(ctx: ToolContext, path: object, text: str) -> None:
+    """Write a file as write_file does (confined, atomic, never through a symlink): for skills' tools."""
+    _write(confined(ctx, path, write=True), text, str(path))
 
 
 def read_file(ctx: ToolContext, args: dict[str, Any]) -> str:

@@ -52,6 +52,7 @@ from .statefile import SUPERVISOR_FILE, read_state, supervisor_alive
 from .sweep import LOCK_FILE, sweep
 from .usage import board_model_calls, budget_standing_noted, summarize, team_calls
 from .workspace import (
+    EXAMPLE_NAMES,
     PRIVATE_UMASK,
     SHARED_UMASK,
     WORKSPACE_ENV,
@@ -153,14 +154,20 @@ def main(ctx: click.Context, workspace: Path | None) -> None:
 
 @main.command()
 @click.argument("directory", required=False, type=click.Path(file_okay=False, path_type=Path))
-@click.option("--example", is_flag=True,
-              help="The example team (planner, two workers, reviewer) with its example tasks in kanban/inbox/.")
+@click.option("--example", is_flag=False, flag_value="team", default=None, metavar="[team|research]",
+              help="An example team with its tasks in kanban/inbox/: team (planner, two workers, reviewer; the "
+                   "default) or research (papers read into a report, in granted folders).")
 @json_option
 @click.pass_context
 @handled
-def init(ctx: click.Context, directory: Path | None, example: bool, as_json: bool) -> None:
+def init(ctx: click.Context, directory: Path | None, example: str | None, as_json: bool) -> None:
     """Scaffold a workspace in DIRECTORY (default: -w, else $HERMES_SUP_WORKSPACE, else here):
     hermes.yaml, kanban/, skills/, runs/."""
+    if example is not None and example not in EXAMPLE_NAMES:
+        # `init --example DIR`, as it was written before examples had names: the team, in DIR.
+        if directory is not None:
+            raise Failure(f"no example named {example!r}; the examples are {', '.join(EXAMPLE_NAMES)}", 2)
+        directory, example = Path(example), "team"
     root = init_root(directory, ctx.obj.get("workspace"), os.environ.get(WORKSPACE_ENV), Path.cwd())
     if root.exists() and not root.is_dir():
         raise Failure(f"{root} exists and is not a folder", 2)

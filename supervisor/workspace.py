@@ -553,29 +553,56 @@ def _check_settings(node: dict[str, Any], where: str, fail: Any) -> None:
             raise fail(backoff, f"{where}: 'backoff.initial' is larger than 'backoff.max'")
 
 
-def scaffold(root: Path, example: bool = False) -> list[str]:
+EXAMPLE_NAMES = ("team", "research")
+
+
+def scaffold(root: Path, example: bool | str = False) -> list[str]:
     """Create a workspace in `root`; keeps whatever is already there. Returns what it created.
 
-    With `example`, hermes.yaml is the bundled planner/worker/reviewer team and its example tasks are
-    dropped into kanban/inbox/, so the first `up` has work to show.
+    With `example` (True or "team"), hermes.yaml is the bundled planner/worker/reviewer team and its
+    example tasks are dropped into kanban/inbox/, so the first `up` has work to show; with "research",
+    the research team, its papers (two of them made into PDFs here) and report/ folder.
     """
     created = []
     root.mkdir(parents=True, exist_ok=True)
+    source = EXAMPLES / "research" if example == "research" else EXAMPLES
     config = root / CONFIG_NAME
     if not config.exists():
-        config.write_text((EXAMPLES / CONFIG_NAME).read_text() if example else EXAMPLE_CONFIG)
+        config.write_text((source / CONFIG_NAME).read_text() if example else EXAMPLE_CONFIG)
         created.append(CONFIG_NAME)
+    if example == "research":
+        created += _papers(root, source / "papers")
     for folder in [*(f"kanban/{name}" for name in BOARD_FOLDERS), "skills", "runs"]:
         path = root / folder
         if not path.is_dir():
             path.mkdir(parents=True)
             created.append(folder + "/")
     if example:
-        for task in sorted(EXAMPLES.glob("*.json")):
+        for task in sorted(source.glob("*.json")):
             target = root / "kanban" / "inbox" / task.name
             if not target.exists():
                 target.write_bytes(task.read_bytes())
                 created.append(f"kanban/inbox/{task.name}")
+    return created
+
+
+def _papers(root: Path, source: Path) -> list[str]:
+    """The research example's papers/ (a NAME.pdf.txt becomes the PDF NAME.pdf) and its report/."""
+    from .pdfmake import pdf
+
+    created = []
+    for folder in ("papers", "report"):
+        if not (root / folder).is_dir():
+            (root / folder).mkdir()
+            created.append(folder + "/")
+    for paper in sorted(source.iterdir()):
+        if paper.name.endswith(".pdf.txt"):
+            target, data = root / "papers" / paper.name.removesuffix(".txt"), pdf(paper.read_text(), paper.stem)
+        else:
+            target, data = root / "papers" / paper.name, paper.read_bytes()
+        if not target.exists():
+            target.write_bytes(data)
+            created.append(f"papers/{target.name}")
     return created
 
 
