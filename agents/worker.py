@@ -385,10 +385,10 @@ class Agent:
         title = task_id
         with contextlib.suppress(BoardError):
             title = str(self.board.get(task_id).get("title") or task_id)
-        for name in made:
+        for name, record in made.items():
             tree = worktrees.tree_of(self.workspace / "runs", task_id, name)
             try:
-                commit = worktrees.commit(tree, f"{title}\n\nhermes-sup task {task_id}", self.name)
+                commit = worktrees.commit(tree, record, f"{title}\n\nhermes-sup task {task_id}", self.name)
                 say(self.name, f"{task_id}: {name}: " + (f"committed {commit[:12]} to {worktrees.branch_of(task_id)}"
                                                          if commit else "nothing to commit"))
             except worktrees.WorktreeError as exc:

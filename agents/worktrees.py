@@ -21,8 +21,13 @@ from .taskdir import task_root
 TREES = "trees"
 BRANCH_PREFIX = "hermes-sup/"
 GIT_TIMEOUT = 60.0
-# No hook, signing or pager of the user's configuration runs for a commit we make.
-SAFE = ("-c", "core.hooksPath=/dev/null", "-c", "commit.gpgsign=false", "-c", "core.pager=cat")
+# Nothing of the user's configuration, nor of what a task wrote in its tree, runs for a commit we make:
+# no hook, fsmonitor, signing or pager; submodules (a repository a task made inside its tree) not
+# looked into.
+SAFE = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "core.untrackedCache=false",
+        "-c", "commit.gpgsign=false", "-c", "core.pager=cat", "-c", "protocol.file.allow=never",
+        "-c", "diff.ignoreSubmodules=all", "-c", "status.submoduleSummary=false")
+MAX_WALK = 100_000  # entries looked at for a .git planted in a tree
 
 
 class WorktreeError(RuntimeError):
@@ -65,7 +70,7 @@ def ensure(repo: Path, tree: Path, task_id: str, base: str | None) -> dict[str, 
     """The task's worktree of `repo` at `tree`, made when missing (its branch too, from `base` or
     the repository's HEAD; an existing branch, a retry's, is checked out again); its record."""
     record_path = tree.with_suffix(".json")
-    if (tree / ".git").is_file() and record_path.is_file():
+    if tree.is_dir() and record_path.is_file():  # kept: its .git file may be the task's by now, never read
         return json.loads(record_path.read_text())
     tree.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     branch = branch_of(task_id)
@@ -76,23 +81,52 @@ def ensure(repo: Path, tree: Path, task_id: str, base: str | None) -> dict[str, 
         git(["worktree", "add", "--quiet", str(tree), branch], repo)
     else:
         git(["worktree", "add", "--quiet", "-b", branch, str(tree), start], repo)
-    record = {"repo": str(repo), "branch": branch, "base": start}
+    # The tree's own admin folder, read now, when git has just written it: later, the tree's .git
+    # file is the task's to rewrite, so git is never again led by it (explicit --git-dir).
+    gitdir = (tree / ".git").read_text().removeprefix("gitdir:").strip()
+    common = Path(git(["rev-parse", "--git-common-dir"], repo).strip())
+    common = (repo / common).resolve() if not common.is_absolute() else common.resolve()
+    if Path(gitdir).resolve().parent != common / "worktrees":
+        raise WorktreeError(f"git put the worktree's admin folder at {gitdir}, not in {common / 'worktrees'}")
+    record = {"repo": str(repo), "branch": branch, "base": start, "gitdir": str(Path(gitdir).resolve())}
     tmp = record_path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(record))
     os.replace(tmp, record_path)
     return record
 
 
-def commit(tree: Path, message: str, author: str) -> str | None:
-    """Commit everything changed in `tree` to its branch as `author`; the new commit, or None when
-    nothing changed."""
+def planted(tree: Path) -> str | None:
+    """A `.git` below the top of a tree (a repository a task made in it, or a link): its path, else None."""
+    seen = 0
+    for folder, dirs, files in os.walk(tree):
+        seen += len(dirs) + len(files)
+        if seen > MAX_WALK:
+            return f"more than {MAX_WALK:,} entries (not looked through)"
+        if Path(folder) != tree and (".git" in dirs or ".git" in files):
+            return str(Path(folder, ".git").relative_to(tree))
+        dirs[:] = [d for d in dirs if d != ".git"]
+    return None
+
+
+def commit(tree: Path, record: Mapping[str, Any], message: str, author: str) -> str | None:
+    """Commit everything changed in `tree` to its branch (`record`'s) as `author`; the new commit, or
+    None when nothing changed. git is told the tree's admin folder, never led by the tree's own .git
+    file; a `.git` a task made inside the tree is refused (git would look into it)."""
+    inner = planted(tree)
+    if inner:
+        raise WorktreeError(f"the tree holds a git repository of its own ({inner}); nothing was committed: remove it "
+                            "and commit the tree by hand")
+    gitdir = Path(str(record["gitdir"]))
+    where = ["--git-dir", str(gitdir), "--work-tree", str(tree)]
+    if git([*where, "symbolic-ref", "HEAD"], tree).strip() != f"refs/heads/{record['branch']}":
+        raise WorktreeError(f"the tree's HEAD is no longer {record['branch']}; nothing was committed")
     who = {"GIT_AUTHOR_NAME": author, "GIT_AUTHOR_EMAIL": f"{author}@hermes-sup.invalid",
            "GIT_COMMITTER_NAME": author, "GIT_COMMITTER_EMAIL": f"{author}@hermes-sup.invalid"}
-    git(["add", "--all"], tree)
-    if not git(["status", "--porcelain", "--untracked-files=no"], tree).strip():
+    git([*where, "add", "--all"], tree)
+    if not git([*where, "status", "--porcelain", "--untracked-files=no", "--ignore-submodules=all"], tree).strip():
         return None
-    git(["commit", "--quiet", "--no-verify", "-m", message or "hermes-sup task"], tree, who)
-    return git(["rev-parse", "HEAD"], tree).strip()
+    git([*where, "commit", "--quiet", "--no-verify", "-m", message or "hermes-sup task"], tree, who)
+    return git([*where, "rev-parse", "HEAD"], tree).strip()
 
 
 def records(runs: Path, task_id: str) -> dict[str, dict[str, Any]]:

@@ -51,13 +51,14 @@ def test_a_task_gets_its_own_tree_and_branch_kept_and_committed(tmp_path):
     runs = tmp_path / "runs"
     tree = worktrees.tree_of(runs, "t-1", "app")
     record = worktrees.ensure(repo, tree, "t-1", None)
-    assert record == {"repo": str(repo), "branch": "hermes-sup/t-1", "base": before[0].strip()}
+    assert record == {"repo": str(repo), "branch": "hermes-sup/t-1", "base": before[0].strip(),
+                      "gitdir": str((repo / ".git" / "worktrees" / "app").resolve())}
     (tree / "shared.txt").write_text("changed by the task\n")
     (tree / "new.txt").write_text("new\n")
     assert worktrees.ensure(repo, tree, "t-1", None) == record, "kept: the same tree, its changes in place"
     assert (tree / "shared.txt").read_text() == "changed by the task\n"
-    commit = worktrees.commit(tree, "Edit the shared file", "coder")
-    assert commit and worktrees.commit(tree, "again", "coder") is None, "nothing left to commit"
+    commit = worktrees.commit(tree, record, "Edit the shared file", "coder")
+    assert commit and worktrees.commit(tree, record, "again", "coder") is None, "nothing left to commit"
     shown = worktrees.summary(record)
     assert shown["commits"] == [f"{commit[:7]} Edit the shared file"] and "2 files changed" in shown["diffstat"]
     assert sh_git(repo, "log", "-1", "--format=%an %s", "hermes-sup/t-1").strip() == "coder Edit the shared file"
@@ -213,11 +214,54 @@ def test_prune_removes_a_finished_tasks_tree_and_keeps_its_branch(tmp_path):
     task = board.add({"title": "edit", "steps": []})
     board.cancel(task["id"])
     tree = worktrees.tree_of(runs, task["id"], "app")
-    worktrees.ensure(repo, tree, task["id"], None)
+    record = worktrees.ensure(repo, tree, task["id"], None)
     (tree / "x.txt").write_text("x\n")
-    worktrees.commit(tree, "edit", "coder")
+    worktrees.commit(tree, record, "edit", "coder")
     assert str(tree) in sh_git(repo, "worktree", "list")
     result = prune(runs, board, 0)
     assert result.tasks[0]["branches_kept"] == [f"hermes-sup/{task['id']}"]
     assert not tree.exists() and str(tree) not in sh_git(repo, "worktree", "list"), "git forgot the tree"
     assert sh_git(repo, "show", f"hermes-sup/{task['id']}:x.txt") == "x\n", "the branch and its commit stay"
+
+
+def test_what_a_task_writes_in_its_tree_never_runs_nor_moves_another_branch_at_commit(tmp_path):
+    # An attacker's review: the tree is the task's, its .git file included. Led by it, the agent's
+    # commit ran a planted fsmonitor command, and a planted commondir moved the user's main.
+    repo = make_repo(tmp_path / "app")
+    main_before = sh_git(repo, "rev-parse", "main")
+    pwned = tmp_path / "PWNED"
+    runs = tmp_path / "runs"
+
+    def tree_with(task: str) -> tuple[Path, dict]:
+        tree = worktrees.tree_of(runs, task, "app")
+        return tree, worktrees.ensure(repo, tree, task, None)
+
+    tree, record = tree_with("t-a")  # .git rewritten to a repository whose config runs a command
+    evil = tree / "evil"
+    sh_git(tree, "init", "-q", str(evil))
+    sh_git(evil, "config", "core.fsmonitor", f"touch {pwned}")
+    (tree / ".git").write_text(f"gitdir: {evil}/.git\n")
+    (tree / "work.txt").write_text("done\n")
+    (evil / ".git").rename(tree / "evil.git")  # not a repository inside the tree any more: committed
+    (tree / ".git").write_text(f"gitdir: {tree / 'evil.git'}\n")
+    assert worktrees.commit(tree, record, "a", "coder")
+    assert sh_git(repo, "show", "hermes-sup/t-a:work.txt") == "done\n"
+
+    tree, record = tree_with("t-b")  # the user's main as the tree's HEAD, by a commondir of its own
+    (tree / ".x").mkdir()
+    (tree / ".x" / "commondir").write_text(f"{repo / '.git'}\n")
+    (tree / ".x" / "HEAD").write_text("ref: refs/heads/main\n")
+    (tree / ".git").write_text(f"gitdir: {tree / '.x'}\n")
+    (tree / "f").write_text("evil\n")
+    worktrees.commit(tree, record, "b", "coder")
+
+    tree, record = tree_with("t-c")  # a repository made inside the tree, its config running a command
+    sub = tree / "sub"
+    sh_git(tree, "init", "-q", str(sub))
+    sh_git(sub, "config", "core.fsmonitor", f"touch {pwned}")
+    (sub / "x").write_text("x\n")
+    with pytest.raises(worktrees.WorktreeError, match=r"a git repository of its own \(sub/.git\)"):
+        worktrees.commit(tree, record, "c", "coder")
+
+    assert not pwned.exists(), "nothing a task wrote ran in the agent"
+    assert sh_git(repo, "rev-parse", "main") == main_before, "the user's main did not move"
