@@ -33,6 +33,10 @@ MAX_OUTPUT = 20_000
 CONNECT_TIMEOUT = 30.0
 CALL_TIMEOUT = 120.0
 BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0)
+# A server's tools go into every model call's definitions: more, or larger, and every call of the
+# agent would fail (a provider's limit on tools, the context), whatever the task.
+MAX_TOOLS = 100
+MAX_SCHEMA_BYTES = 16 << 10
 
 
 def tool_name(server: str, tool: str) -> str:
@@ -56,6 +60,35 @@ def wanted(tool: str, filters: Mapping[str, Any] | None) -> bool:
     if filters.get("include"):
         return tool in filters["include"]
     return tool not in (filters.get("exclude") or ())
+
+
+def usable(server: str, listed: list[Any], filters: Mapping[str, Any] | None) -> tuple[list[Any], list[str]]:
+    """The tools of a server's list the agent may offer, and why each other one is not (pure over the
+    list): filtered by `tools: {include, exclude}`, their schemas checked and bounded, at most
+    MAX_TOOLS, none whose name is another's once made safe."""
+    from .tools import schema_problem
+
+    kept: list[Any] = []
+    names: set[str] = set()
+    notes: list[str] = []
+    for tool in listed:
+        if not wanted(str(tool.name), filters):
+            continue
+        schema = tool.input_schema or {"type": "object", "properties": {}}
+        name = tool_name(server, str(tool.name))
+        problem = schema_problem(schema) or ("its definition is larger than 16 KiB"
+                                             if len(json.dumps(schema, default=str)) > MAX_SCHEMA_BYTES else None)
+        if problem:
+            notes.append(f"tool {str(tool.name)[:80]!r} left out: {problem[:200]}")
+        elif name in names:
+            notes.append(f"tool {str(tool.name)[:80]!r} left out: its name is another's once made safe ({name})")
+        elif len(kept) >= MAX_TOOLS:
+            notes.append(f"{len(listed) - len(kept)} more tool(s) left out: at most {MAX_TOOLS} of a server")
+            break
+        else:
+            kept.append(tool)
+            names.add(name)
+    return kept, notes
 
 
 def text_of(result: Any) -> tuple[str, bool]:
@@ -88,6 +121,8 @@ class Server:
     tools: list[Any] = field(default_factory=list)  # mcp.types.Tool
     session: Any = None
     error: str = ""
+    notes: list[str] = field(default_factory=list)  # tools left out, and why
+    kick: Any = None  # an asyncio.Event of the loop: set, the server is stopped and started again
     ready: threading.Event = field(default_factory=threading.Event)
     starts: int = 0
 
@@ -101,13 +136,20 @@ class Hub:
         self.servers = {name: Server(name, dict(spec)) for name, spec in servers.items()
                         if spec.get("enabled", True)}
         self.command = command
-        self.errlog = errlog or sys.stderr
+        self.errlog = errlog
         self.loop = asyncio.new_event_loop()
         self.stopping = asyncio.Event()
         self.thread = threading.Thread(target=self._run, name="mcp", daemon=True)
 
     def start(self) -> Hub:
         if self.servers:
+            if self.errlog is None:
+                # The servers' stderr through a pipe this process drains into its own (the agent's
+                # log), at most STDERR_BUDGET bytes a minute: a server writing without end fills no
+                # disk, and its log rotates with the agent's.
+                read, write = os.pipe()
+                self.errlog = os.fdopen(write, "w")
+                threading.Thread(target=drain, args=(read, sys.stderr), name="mcp-stderr", daemon=True).start()
             self.thread.start()
         return self
 
@@ -146,17 +188,24 @@ class Hub:
             await asyncio.wait_for(session.initialize(), timeout=float(server.spec.get("connect_timeout")
                                                                          or CONNECT_TIMEOUT))
             listed = await asyncio.wait_for(session.list_tools(), timeout=CONNECT_TIMEOUT)
-            server.tools = [t for t in listed.tools if wanted(t.name, server.spec.get("tools"))]
+            server.tools, server.notes = usable(server.name, list(listed.tools), server.spec.get("tools"))
+            server.kick = asyncio.Event()
             server.session, server.error = session, ""
             server.ready.set()
             await self._until_closed(server)
 
     async def _until_closed(self, server: Server) -> None:
-        """Until the agent stops or the server goes (a ping that fails, or its process gone)."""
+        """Until the agent stops, the server goes (a ping that fails, or its process gone), or a call
+        it did not answer in time has it started again (a server stuck on one call is stuck on all)."""
         while not self.stopping.is_set():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), timeout=5.0)
+            waits = [asyncio.ensure_future(self.stopping.wait()), asyncio.ensure_future(server.kick.wait())]
+            await asyncio.wait(waits, timeout=5.0, return_when=asyncio.FIRST_COMPLETED)
+            for waiting in waits:
+                waiting.cancel()
             if self.stopping.is_set():
+                return
+            if server.kick.is_set():
+                server.error = "stopped and started again: a call was not answered in time"
                 return
             await asyncio.wait_for(server.session.send_ping(), timeout=CONNECT_TIMEOUT)
 
@@ -220,6 +269,9 @@ class Hub:
                     raise InterruptedError from None
                 if time.monotonic() > deadline:
                     future.cancel()
+                    if server.kick is not None:
+                        server.session = None  # the next call is told, not sent to a server being replaced
+                        self.loop.call_soon_threadsafe(server.kick.set)
                     raise ToolError(f"the MCP server {server_name} did not answer {tool} within {timeout:g} s"
                                     ) from None
             except concurrent.futures.CancelledError:
@@ -235,6 +287,36 @@ class Hub:
         if self.thread.is_alive():
             self.loop.call_soon_threadsafe(self.stopping.set)
             self.thread.join(timeout=10)
+        if self.errlog is not None and self.errlog is not sys.stderr:
+            with contextlib.suppress(OSError):
+                self.errlog.close()
+
+
+STDERR_BUDGET = 64 << 10
+
+
+def drain(fd: int, out: Any, budget: int = STDERR_BUDGET, window: float = 60.0) -> None:
+    """Copy what the servers write on stderr to `out`, at most `budget` bytes a `window`; say how much
+    more was left out, once a window. Ends when every writer has closed the pipe."""
+    started, sent, dropped = time.monotonic(), 0, 0
+    with contextlib.suppress(OSError):
+        while data := os.read(fd, 1 << 16):
+            now = time.monotonic()
+            if now - started >= window:
+                if dropped:
+                    print(f"[mcp: {dropped:,} bytes of the servers' stderr left out]", file=out, flush=True)
+                started, sent, dropped = now, 0, 0
+            room = max(0, budget - sent)
+            if room:
+                with contextlib.suppress(OSError, ValueError):
+                    out.write(data[:room].decode("utf-8", "replace"))
+                    out.flush()
+            sent += min(room, len(data))
+            dropped += max(0, len(data) - room)
+    if dropped:
+        with contextlib.suppress(OSError, ValueError):
+            print(f"[mcp: {dropped:,} bytes of the servers' stderr left out]", file=out, flush=True)
+    os.close(fd)
 
 
 def _describe(exc: BaseException) -> str:
@@ -242,6 +324,12 @@ def _describe(exc: BaseException) -> str:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     return f"{type(exc).__name__}: {exc}"[:500] if str(exc) else type(exc).__name__
+
+
+def named_files(argv: list[str]) -> list[str]:
+    """The files a server's command line names by absolute path (its program, a script): shown to it
+    read-only, as hermes.yaml names them on purpose; never a folder (grant those)."""
+    return [arg for arg in argv if os.path.isabs(arg) and os.path.isfile(arg)]
 
 
 def server_folder(workdir: Path, name: str) -> Path:

@@ -193,15 +193,18 @@ def confined_command(ctx: ToolContext, cwd: Path, env: dict[str, str],
 
 
 def command_for(settings: Mapping[str, Any], capabilities: Collection[str], workspace: Path | None, cwd: Path,
-                own: Path, env: dict[str, str], argv: list[str]) -> tuple[list[str], dict[str, str]]:
+                own: Path, env: dict[str, str], argv: list[str],
+                shown: Collection[str] = ()) -> tuple[list[str], dict[str, str]]:
     """`argv` confined to its `own` folder and the folders `settings` grant (a terminal command's, an
-    MCP server's); SandboxRefused when the agent's `sandbox` cannot be had here."""
+    MCP server's), with the files `shown` readable; SandboxRefused when the agent's `sandbox` cannot be
+    had here."""
     from .grants import grants_of
 
     interpreter = [os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)] + [
         os.path.realpath(p) for p in env.get("PATH", "").split(os.pathsep) if p]
     # A version manager's shims (pyenv, rbenv, asdf: ROOT/shims) run ROOT's own programs.
     interpreter += [os.path.dirname(p) for p in interpreter if os.path.basename(p) == "shims"]
+    interpreter += [os.path.realpath(p) for p in shown]
     grants = grants_of(settings)
     # A worktree's files are its tree; git there reads the repository's own .git (read-only: the
     # commit is the agent's, at done, never a command's).

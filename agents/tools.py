@@ -290,7 +290,11 @@ class Toolbox:
                           f"{'ies' if len(missing) > 1 else 'y'}, which {self.whose} is not granted")
         if not isinstance(args, dict):
             raise Refused(f"refused: the arguments of {name} must be a JSON object")
-        problem = args_problem(tool.accepted(), args)
+        try:
+            problem = args_problem(tool.accepted(), args)
+        except Exception as exc:  # a schema from elsewhere (an MCP server's) that cannot check
+            raise Refused(f"refused: {name}'s own definition cannot check these arguments "
+                          f"({type(exc).__name__}); the call was not made") from None
         if problem:
             raise Refused(f"refused: invalid arguments for {name}: {problem}")
         return scrubbing(tool)  # what it returns or raises goes to the model and the logs: no key in it

@@ -300,6 +300,8 @@ class Agent:
         for server in self.mcp.servers.values():
             say(self.name, f"mcp {server.name}: " + (f"{len(server.tools)} tool(s)" if server.session is not None
                                                      else f"not connected ({server.error or 'starting'})"))
+            for note in server.notes:
+                say(self.name, f"mcp {server.name}: {note}")
 
     def _mcp_command(self, name: str, spec: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
         """A stdio MCP server's command line, confined as the terminal is, in its own folder; a
@@ -313,7 +315,7 @@ class Agent:
         env.update({key: os.environ.get(var, "") for key, var in (spec.get("env_from") or {}).items()})
         argv = [str(spec["command"]), *(str(arg) for arg in spec.get("args") or ())]
         return command_for({**self.config, "folders": folders}, self.capabilities, self.workspace, folder, folder,
-                           env, argv)
+                           env, argv, shown=mcpservers.named_files(argv))
 
     def gate(self, doc: dict[str, Any] | None) -> BudgetGate | None:
         """The budget gate for a task's calls (None when hermes.yaml sets no budgets)."""

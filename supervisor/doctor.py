@@ -157,8 +157,8 @@ def mcp_checks(config: dict[str, Any], workspace: Path) -> list[Check]:
     removed after) and asked for its tools, as an agent would; or why it could not be."""
     import tempfile
 
-    from ..agents.mcpservers import Hub, server_folder
-    from ..agents.terminal import clean_env, command_for
+    from ..agents.mcpservers import Hub, named_files, server_folder
+    from ..agents.terminal import clean_env, command_for, withheld
 
     servers = {name: spec for name, spec in (config.get("mcp_servers") or {}).items() if name != "__line__"}
     if not servers:
@@ -169,11 +169,12 @@ def mcp_checks(config: dict[str, Any], workspace: Path) -> list[Check]:
     with tempfile.TemporaryDirectory(prefix="hermes-doctor-mcp-") as scratch:
         def command(name: str, spec: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
             folder = server_folder(Path(scratch), name)
-            env = clean_env(os.environ)
+            env = clean_env(os.environ, withheld(config))  # never the board's DSN nor a provider's key
             env.update({k: str(v) for k, v in (spec.get("env") or {}).items() if k != "__line__"})
             env.update({k: os.environ.get(v, "") for k, v in (spec.get("env_from") or {}).items() if k != "__line__"})
-            return command_for({"sandbox": "auto"}, ("shell",), workspace, folder, folder, env,
-                               [str(spec["command"]), *(str(a) for a in spec.get("args") or ())])
+            argv = [str(spec["command"]), *(str(a) for a in spec.get("args") or ())]
+            return command_for({"sandbox": "auto"}, ("shell",), workspace, folder, folder, env, argv,
+                               shown=named_files(argv))
 
         hub = Hub({name: spec for name, spec in servers.items() if spec.get("enabled", True)}, command).start()
         try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .mcpconfig import NAME, SECRET_NAMES, VARIABLE
+from .mcpconfig import NAME, SECRET_NAMES, SECRET_VALUES, VARIABLE, secret_in
 
 REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 CARRIED = ("command", "args", "url", "enabled", "timeout", "connect_timeout")
@@ -46,7 +46,8 @@ def carry(config: dict[str, Any], taken: set[str]) -> tuple[dict[str, Any], list
                 whole = REFERENCE.fullmatch(str(value).strip())
                 if whole:
                     out.setdefault(named, {})[str(key)] = whole.group(1)
-                elif plain and not SECRET_NAMES.search(str(key)) and not REFERENCE.search(str(value)):
+                elif plain and not SECRET_NAMES.search(str(key)) and not REFERENCE.search(str(value)) \
+                        and not SECRET_VALUES.search(str(value)):
                     out.setdefault(plain, {})[str(key)] = str(value)
                 else:
                     dropped.append(f"{source} {key}")
@@ -57,6 +58,11 @@ def carry(config: dict[str, Any], taken: set[str]) -> tuple[dict[str, Any], list
                 out["tools"] = kept
         if any(not VARIABLE.fullmatch(v) for m in ("env_from", "headers_env") for v in (out.get(m) or {}).values()):
             left.append({"what": what, "why": "a variable it names is not a variable's name"})
+            continue
+        secret = secret_in(out)
+        if secret:
+            left.append({"what": what, "why": f"its {secret} holds a secret: nothing of it was copied; give the "
+                                              "server its key by a variable (env_from) and add it by hand"})
             continue
         servers[name] = out
         notes.append(f"MCP server {name}: {'command ' + str(out['command']) if 'command' in out else out['url']}"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from .folders import check_granted
 
@@ -17,7 +17,33 @@ SERVER_KEYS = ("command", "args", "env", "env_from", "url", "headers_env", "enab
 NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # A value in `env` under such a name is a secret written into hermes.yaml: refused, env_from it.
-SECRET_NAMES = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.IGNORECASE)
+SECRET_NAMES = re.compile(r"(KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|DSN|COOKIE|PRIVATE"
+                          r"|(^|[_-])PAT($|[_-])|(^|[_-])PASS($|[_-]))", re.IGNORECASE)
+# A value that is a key whatever its name: the shapes of the usual providers' keys, a URL with a password.
+SECRET_VALUES = re.compile(r"(\bsk-[A-Za-z0-9_-]{8}|\bgh[pousr]_[A-Za-z0-9]{8}|github_pat_|\bxox[abpr]-"
+                           r"|\bAKIA[0-9A-Z]{12}|\bglpat-|://[^/\s:@]+:[^/\s@]+@)")
+
+
+def secret_in(server: dict[str, Any]) -> str | None:
+    """Where a server's spec holds a secret as a value, in words, or None (pure): an env value under a
+    secret's name or of a key's shape, an argument that names one (`--api-key X`, `--token=X`) or has
+    one's shape, a URL with a password or a secret's name in its query."""
+    for key, value in (server.get("env") or {}).items():
+        if key != "__line__" and (SECRET_NAMES.search(str(key)) or SECRET_VALUES.search(str(value))):
+            return f"env {key}"
+    args = [str(arg) for arg in server.get("args") or ()]
+    for index, arg in enumerate(args):
+        flag = arg.split("=", 1)[0]
+        if SECRET_VALUES.search(arg) or (flag.startswith("-") and SECRET_NAMES.search(flag)
+                                         and ("=" in arg or index + 1 < len(args))):
+            return f"argument {flag if flag.startswith('-') else index + 1}"
+    if server.get("url"):
+        parts = urlsplit(str(server["url"]))
+        if parts.username or parts.password or SECRET_VALUES.search(str(server["url"])):
+            return "url (a user or password in it)"
+        if any(SECRET_NAMES.search(name) for name, _ in parse_qsl(parts.query, keep_blank_values=True)):
+            return "url (a secret in its query)"
+    return None
 
 
 def check_mcp_servers(raw: dict[str, Any], fail: Callable[[Any, str], Exception]) -> None:
@@ -34,6 +60,13 @@ def check_mcp_servers(raw: dict[str, Any], fail: Callable[[Any, str], Exception]
             raise fail(servers, f"MCP server name {name!r} must be 1 to 32 lowercase letters, digits, '-' or '_', "
                                 "starting with a letter")
         _check_server(name, spec, fail)
+    safe: dict[str, str] = {}
+    for name in servers:
+        made = re.sub(r"[^A-Za-z0-9]", "_", str(name))
+        if name != "__line__" and made in safe:
+            raise fail(servers, f"MCP servers {safe[made]} and {name} would give their tools the same names "
+                                f"(mcp__{made}__...); rename one")
+        safe[made] = str(name)
     check_granted(raw, "mcp_servers", servers, "MCP server", fail)
 
 
@@ -68,10 +101,10 @@ def _check_server(name: str, spec: Any, fail: Callable[[Any, str], Exception]) -
     if not isinstance(env, dict) or not all(isinstance(v, (str, int, float))
                                             for k, v in env.items() if k != "__line__"):
         raise fail(spec, f"{where}: 'env' must map variable names to values")
-    secret = next((key for key in env if key != "__line__" and SECRET_NAMES.search(key)), None)
+    secret = secret_in(spec)
     if secret:
-        raise fail(spec, f"{where}: env {secret} looks like a secret; hermes.yaml never holds one: give the name "
-                         f"of the variable that holds it, env_from: {{{secret}: YOUR_VARIABLE}}")
+        raise fail(spec, f"{where}: its {secret} looks like a secret; hermes.yaml never holds one: put it in a "
+                         "variable and name that (env_from: {NAME: YOUR_VARIABLE}, headers_env for a header)")
     for key in ("env_from", "headers_env"):
         mapping = spec.get(key) or {}
         if not isinstance(mapping, dict) or not all(isinstance(v, str) and VARIABLE.fullmatch(v)

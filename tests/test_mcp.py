@@ -186,6 +186,9 @@ def test_a_streamable_http_server_with_a_header_from_the_environment(http_server
     with pytest.raises(ToolError, match="did not answer slow within 2 s"):
         tools["mcp__numbers__slow"].handler(_ctx(), {"seconds": 30})
     assert time.monotonic() - started_at < 15
+    # A server stuck on a call is stuck on all: it is connected again, and answers.
+    wait_until(lambda: hub.servers["numbers"].starts == 2 and hub.servers["numbers"].session is not None, timeout=30)
+    assert tools["mcp__numbers__add"].handler(_ctx(), {"a": 1, "b": 1}) == "2"
     ctx = _ctx()
     threading.Timer(0.3, ctx.stop.set).start()
     started_at = time.monotonic()
@@ -209,6 +212,13 @@ def test_without_its_header_a_server_is_not_connected_and_says_so(http_server, h
     ("  t: {command: x, url: 'http://127.0.0.1:1/mcp'}\n", "", "give either command"),
     ("  t: {args: [a]}\n", "", "give either command"),
     ("  t: {command: x, env: {GITHUB_TOKEN: ghp_abc}}\n", "", "env GITHUB_TOKEN looks like a secret"),
+    ("  t: {command: x, env: {DB_PASS: hunter2}}\n", "", "env DB_PASS looks like a secret"),
+    ("  t: {command: x, env: {DATABASE_URL: 'postgres://u:SECRET4@h/db'}}\n", "", "env DATABASE_URL looks like"),
+    ("  t: {command: x, args: [--api-key, sk-live-0123456789]}\n", "", "argument --api-key looks like a secret"),
+    ("  t: {command: x, args: ['--token=abc']}\n", "", "argument --token looks like a secret"),
+    ("  t: {url: 'http://user:SECRET5@h/mcp'}\n", "", "url .a user or password in it. looks like"),
+    ("  t: {url: 'http://h/mcp?token=SECRET6'}\n", "", "url .a secret in its query. looks like"),
+    ("  my-git: {command: x}\n  my_git: {command: y}\n", "", "my-git and my_git would give their tools the same"),
     ("  t: {url: 'http://127.0.0.1:1/mcp', headers: {Authorization: x}}\n", "", "headers_env"),
     ("  t: {url: 'ftp://x/mcp'}\n", "", r"must be an http\(s\) URL"),
     ("  t: {command: x, env_from: {TOKEN: 'not a name'}}\n", "", "names of environment variables"),
@@ -221,6 +231,15 @@ def test_bad_mcp_servers_are_refused_with_file_and_line(tmp_path, servers, agent
     path.write_text(f"mcp_servers:\n{servers}agents:\n  - name: a\n{agent}")
     with pytest.raises(ConfigError, match=message):
         load_config(path)
+
+
+def test_plain_settings_are_not_taken_for_secrets(tmp_path):
+    path = tmp_path / "hermes.yaml"
+    path.write_text("mcp_servers:\n  t: {command: x, args: [--repository, /srv/app, --path, /tmp], "
+                    "env: {PATH: /usr/bin, PYTHONPATH: /opt/lib, LOG_LEVEL: info}, env_from: {API_KEY: MY_KEY}}\n"
+                    "  w: {url: 'http://127.0.0.1:8931/mcp?session_limit=2', headers_env: {Authorization: TOKEN_VAR}}\n"
+                    "agents:\n  - name: a\n    mcp_servers: [t, w]\n")
+    assert load_config(path)["mcp_servers"]["t"]["env_from"] == {"API_KEY": "MY_KEY"}
 
 
 # -- end to end -----------------------------------------------------------------------------------------
@@ -260,3 +279,68 @@ def test_doctor_starts_each_server_and_lists_its_tools(tmp_path):
     assert "2 tool(s): get_current_time, convert_time; granted to a" in checks["mcp time"][0]["detail"]
     assert checks["mcp broken"][0]["level"] == "error" and "granted to no agent" in checks["mcp broken"][0]["detail"]
     assert checks["mcp idle"][0]["level"] == "info"
+
+
+def test_a_servers_tools_are_checked_bounded_and_never_collide():
+    # An attacker's review: a bad schema failed every attempt of the task (KeyError, TypeError out of
+    # the check), 5,000 tools went into every model call, and two names made one.
+    from types import SimpleNamespace
+
+    from hermes_sup.agents.mcpservers import MAX_TOOLS, usable
+    from hermes_sup.agents.tools import Refused, Tool, Toolbox
+
+    def tool(name: str, schema: dict | None = None):
+        return SimpleNamespace(name=name, input_schema=schema or {"type": "object", "properties": {}})
+
+    listed = [tool("ok"), tool("bogus", {"type": "object", "properties": {"x": {"type": "bogus"}}}),
+              tool("huge", {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(2000)}}),
+              tool("a.b"), tool("a_b")] + [tool(f"t{i}") for i in range(200)]
+    kept, notes = usable("evil", listed, None)
+    assert [t.name for t in kept][:2] == ["ok", "a.b"] and len(kept) == MAX_TOOLS
+    assert any("'bogus' left out" in n for n in notes) and any("'huge' left out: its definition is larger" in n
+                                                               for n in notes)
+    assert any("'a_b' left out: its name is another's" in n for n in notes)
+    assert any("more tool(s) left out: at most 100" in n for n in notes)
+    odd = Tool("mcp__evil__odd", "odd", lambda ctx, args: "ran",
+               {"type": "object", "properties": {"x": {"type": "integer", "minimum": "zero"}}})
+    box = Toolbox(grants=(), extra={odd.name: odd})
+    with pytest.raises(Refused, match="own definition cannot check these arguments"):
+        box.check(odd.name, {"x": 1})
+
+
+def test_a_servers_stderr_reaches_the_log_within_a_budget():
+    # An attacker's review: a server writing to stderr without end filled 2.4 GB of the agent's
+    # log in 8 s (it kept the log's descriptor across rotation).
+    import io
+
+    from hermes_sup.agents.mcpservers import drain
+
+    read, write = os.pipe()
+    out = io.StringIO()
+    reader = threading.Thread(target=drain, args=(read, out, 1000))
+    reader.start()
+    with os.fdopen(write, "wb") as pipe:
+        for _ in range(100):
+            pipe.write(b"x" * 1000 + b"\n")
+    reader.join(timeout=30)
+    text = out.getvalue()
+    assert len(text) < 1100 and "[mcp: 99,100 bytes of the servers' stderr left out]" in text
+
+
+def test_doctor_gives_a_server_neither_the_boards_dsn_nor_a_providers_key(tmp_path):
+    # An attacker's review: doctor's servers got the board database's DSN (its password) in their
+    # environment. This server names its one tool by what it was given.
+    from .test_auto_owner import doctor
+
+    script = tmp_path / "envserver.py"
+    script.write_text("import os\nfrom mcp.server.mcpserver import MCPServer\nserver = MCPServer('env')\n"
+                      "leaked = [n for n in ('HERMES_SUP_PG_DSN', 'TEAM_KEY') if os.environ.get(n)]\n"
+                      "@server.tool(name='leaked_' + ('_'.join(leaked) or 'nothing'))\n"
+                      "def probe() -> str:\n    return 'x'\nserver.run()\n")
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    (ws / "hermes.yaml").write_text(
+        f"providers:\n  p: {{kind: openai, base_url: 'http://127.0.0.1:9/v1', model: m, api_key_env: TEAM_KEY}}\n"
+        f"mcp_servers:\n  env: {{command: {sys.executable}, args: [{script}]}}\nagents:\n  - name: a\n")
+    checks = doctor(ws, HERMES_SUP_PG_DSN="postgresql://u:pw@127.0.0.1/db", TEAM_KEY="sk-team-0123456789")
+    assert "1 tool(s): leaked_nothing" in checks["mcp env"][0]["detail"], checks["mcp env"]
