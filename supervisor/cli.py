@@ -46,6 +46,7 @@ from .cliargs import (
 )
 from .control import CONTROL_SOCKET, SOCKET_DIR, request
 from .ingestwarn import recent_rejections
+from .interrupt import interruptible
 from .procs import tree_rss_mb
 from .spec import build_specs
 from .statefile import SUPERVISOR_FILE, read_state, supervisor_alive
@@ -273,7 +274,7 @@ def watch_board(board: BoardStore, as_json: bool, members: Callable[[], Team | N
     from rich.live import Live
 
     board.start_watching()
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # leave the screen as Ctrl-C does
+    interruptible()  # leave the screen as Ctrl-C does
     live = Live(console=out, auto_refresh=False, screen=True) if out.is_terminal and not as_json else None
     drawn: Any = None
     try:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 from typing import Any
 
@@ -19,6 +18,7 @@ from rich.text import Text
 
 from .cli import Failure, err, handled, json_option, main, open_board
 from .cliargs import json_text
+from .interrupt import interruptible
 from .render import event_line, literal
 
 # Wake-ups come from writes to the log itself (the board's watcher leaves it out: its wake-ups are
@@ -75,7 +75,7 @@ def events(ctx: click.Context, follow: bool, since: str, as_json: bool) -> None:
             if follow:
                 # Ctrl-C and SIGTERM end it as its help says (exit 0), as `logs -f` does.
                 board.start_watching()
-                signal.signal(signal.SIGTERM, signal.default_int_handler)
+                interruptible()
                 with contextlib.suppress(KeyboardInterrupt):
                     follow_events(board, cursor, as_json)
             else:

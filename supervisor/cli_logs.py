@@ -9,7 +9,6 @@ import contextlib
 import datetime as dt
 import os
 import re
-import signal
 import stat
 import sys
 import time
@@ -23,6 +22,7 @@ from rich.text import Text
 from . import render
 from .cli import Failure, err, handled, is_regular, literal, main, workspace_of
 from .ingestwarn import recent_rejections, rejections
+from .interrupt import interruptible
 from .spec import build_specs
 from .workspace import load_config
 
@@ -176,7 +176,7 @@ def follow_logs(runs: Path, chosen: list[str], offsets: dict[str, int], printer:
                 events: EventTail | None) -> None:
     """Print the lines the agents add until Ctrl-C or SIGTERM, which end it as its help says (exit
     0), not as an abort (click's "Aborted!", exit 1), the same as `board --watch`."""
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    interruptible()
     with contextlib.suppress(KeyboardInterrupt):
         while True:
             time.sleep(0.2)

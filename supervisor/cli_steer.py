@@ -5,7 +5,6 @@ Registered on the command line's groups when cli.py imports this module (at its 
 
 from __future__ import annotations
 
-import signal
 import sys
 import time
 from typing import Any
@@ -33,6 +32,7 @@ from .cli import (
     workspace_of,
 )
 from .cliargs import Seconds, emit_json
+from .interrupt import interruptible
 
 main.add_command(status, "ps")  # the same command: same options, same output
 
@@ -115,7 +115,7 @@ def task_wait(ctx: click.Context, task_id: str, timeout: float | None, as_json: 
     """Block until the task is done (exit 0), failed or cancelled (1) or blocked (3); 124 when the
     timeout passes first. --json: the task's document at the end."""
     ws = workspace_of(ctx)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    interruptible()
     try:
         with open_board(ctx) as board:
             refreshed(board)

@@ -7,7 +7,6 @@ Registered on the command line's `task` group when cli.py imports this module (a
 from __future__ import annotations
 
 import contextlib
-import signal
 import time
 from typing import Any
 
@@ -19,6 +18,7 @@ from rich.text import Text
 from . import render, taskrecords
 from .cli import err, handled, literal, open_board, refreshed, task, workspace_of
 from .cliargs import json_text
+from .interrupt import interruptible
 
 # The journals are plain files the agents append to: read again this often while following (the
 # board's watcher sees the board, not them).
@@ -58,7 +58,7 @@ class Printer:
 def follow(board: BoardStore, gatherer: taskrecords.Gatherer, printer: Printer, interval: float) -> None:
     """Print what the agents append until Ctrl-C or SIGTERM, which end it as its help says (exit 0),
     as `logs -f` does."""
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    interruptible()
     with contextlib.suppress(KeyboardInterrupt):
         while True:
             time.sleep(interval)
