@@ -85,8 +85,11 @@ def test_mcp_server_time_over_stdio_confined(tmp_path, hubs):
     with pytest.raises(ToolError, match="Nowhere/Atlantis"):
         tools["mcp__time__get_current_time"].handler(_ctx(), {"timezone": "Nowhere/Atlantis"})
     assert tools["mcp__time__get_current_time"].capabilities == ("shell",), "a stdio server runs programs"
-    bwrap = [p for p in running("mcp-server-time") if "bwrap" in " ".join(_cmdline(p))]
-    assert bwrap, "the server runs under bubblewrap, as the terminal's commands do"
+    from hermes_sup.agents.sandbox import how
+
+    wrapper = {"bubblewrap": "bwrap", "landlock": "hermes_sup.agents.confine"}[how("auto")[0]]
+    wrapped = [p for p in running("mcp-server-time") if wrapper in " ".join(_cmdline(p))]
+    assert wrapped, "the server runs confined, as the terminal's commands do"
 
 
 def test_mcp_server_git_reads_a_granted_repository_and_idempotence_comes_from_its_hints(tmp_path, hubs):

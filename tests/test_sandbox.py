@@ -28,8 +28,11 @@ CONFINED = ["bubblewrap", "landlock"]
 def needs(mode: str) -> None:
     if mode == "landlock" and abi() < 1:
         pytest.skip("this kernel has no Landlock")
-    if mode == "bubblewrap" and sandbox.bubblewrap()[0] is None:  # `make test` installs it
-        pytest.fail(f"bubblewrap is needed here: {sandbox.bubblewrap()[1]}")
+    if mode == "bubblewrap" and sandbox.bubblewrap()[0] is None:
+        why = sandbox.bubblewrap()[1]
+        if "not installed" in why:  # `make test` installs it
+            pytest.fail(f"bubblewrap is needed here: {why}")
+        pytest.skip(why)  # installed, but this machine refuses it namespaces (doctor says the same)
 
 
 @pytest.fixture
