@@ -53,3 +53,17 @@ def test_init_example_still_takes_a_folder_after_it(tmp_path):
     wrong = subprocess.run([*CLI, "init", str(tmp_path / "x"), "--example", "nonesuch"], cwd=ROOT, capture_output=True,
                            text=True)
     assert wrong.returncode == 2 and "no example named 'nonesuch'" in wrong.stderr
+
+
+def test_a_made_pdf_gives_its_text_back_as_written():
+    import runpy
+
+    from hermes_sup.agents import builtins  # noqa: F401 - registered before: not into the collection below
+    from hermes_sup.agents.tools import collecting
+    from hermes_sup.supervisor.pdfmake import pdf
+
+    with collecting():  # the skill's tool is registered there, not among the built-ins
+        pdf_pages = runpy.run_path(str(ROOT / "skills" / "extract_text.py"))["pdf_pages"]
+    text = "a (bracketed) word, a back\\slash, 12% and 1.1 degrees"
+    pages, count = pdf_pages(pdf(text + "\n" + "\n".join(f"line {i}" for i in range(60))))
+    assert count == 2 and pages[0].splitlines()[0] == text

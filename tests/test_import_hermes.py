@@ -345,6 +345,11 @@ mcp_servers:
       LOG_LEVEL: info
       API_KEY: ghp_written_as_a_value_0123456789
     tools: {exclude: [delete_repository]}
+  keyed:
+    command: some-server
+    args: [--token, abc123]
+  userinfo:
+    url: "http://user:pw@docs.example.com/mcp"
   docs:
     url: "https://docs.example.com/mcp"
     headers: {Authorization: "Bearer ${DOCS_TOKEN}", X-Team: "${TEAM_HEADER}"}
@@ -364,4 +369,6 @@ mcp_servers:
     assert "shell" in agent["capabilities"] and "terminal" not in agent["toolsets"], "the servers' tools, no terminal"
     left = {item["what"]: item["why"] for item in json.loads(result.output)["not_carried_over"]}
     assert "MCP server github: env API_KEY" in left and "MCP server docs: headers Authorization" in left
+    assert "holds a secret" in left["MCP server keyed"] and "holds a secret" in left["MCP server userinfo"]
+    assert "keyed" not in config["mcp_servers"] and "abc123" not in (ws / "hermes.yaml").read_text()
     assert "ghp_written_as_a_value" not in (ws / "hermes.yaml").read_text() + result.output

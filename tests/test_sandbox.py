@@ -89,6 +89,7 @@ def test_a_command_cannot_undo_its_confinement_nor_read_the_agents_process(place
     # away. Under Landlock /proc showed the agent's environment (its keys), and /var/run led to /run.
     needs(mode)
     script = (f"umount -l /tmp 2>/dev/null; umount -l {place}/ws 2>/dev/null; cat {place}/ws/.env; "
+              f"ls /proc/{os.getpid()} >/dev/null 2>&1 && echo AGENT-PROC-SEEN; echo HOME=$HOME; "
               f"cat /proc/{os.getpid()}/environ | wc -c | sed s/^/ENVIRON:/; "
               "find /var/run/ /dev/shm/ -mindepth 1 -maxdepth 1 | sed s/^/RUN:/; "
               f"{sys.executable} -c \"import os; os.setgid(4321); print('SETGID-OK')\"; echo RAN")
@@ -98,6 +99,9 @@ def test_a_command_cannot_undo_its_confinement_nor_read_the_agents_process(place
         assert ("SETGID-OK" in out) is (os.getuid() == 0)
         return
     assert "RAN" in out and "ENV-SECRET" not in out and "SETGID-OK" not in out, out
+    assert "AGENT-PROC-SEEN" not in out, "the agent's process is not to be seen (its environment holds keys)"
+    if os.environ.get("HOME", "").startswith(("/root", "/home")):
+        assert f"HOME={os.environ['HOME']}\n" not in out, "a hidden home is not the command's"
     assert "ENVIRON:0" in out or "ENVIRON:" not in out, out
     assert "RUN:" not in out, "/run (by way of /var/run) and /dev/shm show nothing of the machine's"
 

@@ -265,3 +265,56 @@ def test_what_a_task_writes_in_its_tree_never_runs_nor_moves_another_branch_at_c
 
     assert not pwned.exists(), "nothing a task wrote ran in the agent"
     assert sh_git(repo, "rev-parse", "main") == main_before, "the user's main did not move"
+
+
+def test_the_users_hooks_and_fsmonitor_never_run_for_a_tasks_commit_and_its_branch_must_hold(tmp_path):
+    repo = make_repo(tmp_path / "app")
+    ran = tmp_path / "RAN"
+    hook = repo / ".git" / "hooks" / "post-commit"
+    hook.write_text(f"#!/bin/sh\ntouch {ran}.hook\n")
+    hook.chmod(0o755)
+    sh_git(repo, "config", "core.fsmonitor", f"touch {ran}.fsmonitor; true")
+    tree = worktrees.tree_of(tmp_path / "runs", "t-h", "app")
+    record = worktrees.ensure(repo, tree, "t-h", None)
+    (tree / "x.txt").write_text("x\n")
+    assert worktrees.commit(tree, record, "x", "coder")
+    assert not list(tmp_path.glob("RAN*")), "neither the user's hook nor their fsmonitor ran"
+    (tree / "sub").mkdir()
+    (tree / "sub" / ".git").write_text("gitdir: /elsewhere\n")
+    with pytest.raises(worktrees.WorktreeError, match=r"of its own \(sub/.git\)"):
+        worktrees.commit(tree, record, "y", "coder")
+    (tree / "sub" / ".git").unlink()
+    subprocess.run(["git", "--git-dir", record["gitdir"], "--work-tree", str(tree), "checkout", "-q", "-b", "other"],
+                   check=True, cwd=tree)
+    (tree / "y.txt").write_text("y\n")
+    with pytest.raises(worktrees.WorktreeError, match="HEAD is no longer hermes-sup/t-h"):
+        worktrees.commit(tree, record, "y", "coder")
+
+
+def test_a_trees_own_path_leads_into_it_and_a_worktree_must_be_read_write(tmp_path):
+    repo = make_repo(tmp_path / "app")
+    ctx = tree_context(tmp_path, repo)
+    tree = Path(ctx.settings["folders"]["app"]["tree"])
+    Toolbox(grants=ctx.grants).call(ctx, "write_file", {"path": f"{tree}/by-tree-path.txt", "content": "t\n"})
+    assert (tree / "by-tree-path.txt").read_text() == "t\n"
+    path = tmp_path / "hermes.yaml"
+    path.write_text(f"folders:\n  app: {{path: {repo}, worktree: true}}\nagents:\n  - name: a\n    folders: [app]\n")
+    with pytest.raises(ConfigError, match="worktree: true needs mode: rw"):
+        load_config(path)
+
+
+def test_an_mcp_server_gets_a_worktree_repository_read_only(tmp_path):
+    from hermes_sup.agents.worker import Agent
+
+    repo = make_repo(tmp_path / "app")
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    folders = {"app": {"path": str(repo), "mode": "rw", "worktree": True, "base": None}}
+    agent = Agent({"name": "a", "folders": folders, "capabilities": ["shell"], "sandbox": "bubblewrap"}, ws,
+                  ws / "runs" / "a")
+    try:
+        argv, _ = agent._mcp_command("git", {"command": "true"})
+    finally:
+        agent.board.close()
+    binds = [(argv[i], argv[i + 1]) for i, a in enumerate(argv) if a in ("--bind", "--ro-bind")]
+    assert ("--ro-bind", str(repo)) in binds and ("--bind", str(repo)) not in binds, binds
