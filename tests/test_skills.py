@@ -139,8 +139,8 @@ def test_the_bundled_skills_validate():
     from hermes_sup.agents.skills import check_in_process_of_its_own
 
     verdicts = {path.stem: check_in_process_of_its_own(path) for path in sorted((ROOT / "skills").glob("*.py"))}
-    assert {name: v["ok"] for name, v in verdicts.items()} == {"data_tools": True, "summarize": True,
-                                                                  "web_fetch": True}
+    assert {name: v["ok"] for name, v in verdicts.items()} == {"data_tools": True, "extract_text": True,
+                                                                  "summarize": True, "web_fetch": True}
     assert verdicts["data_tools"]["tools"][0]["name"] == "json_query"
 
 
