@@ -24,10 +24,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban.backends import DEFAULT_DSN_ENV
-
 from . import sandbox
-from .keys import key_names
 from .tools import Tool, ToolContext, ToolError, register
 
 DEFAULT_TIMEOUT = 60.0
@@ -78,6 +75,9 @@ def withheld(settings: Mapping[str, Any]) -> set[str]:
     """The variables no command is given whatever their names (pure): those the agent's providers take
     their keys from, and those holding the board database's connection string (the default and the
     one `board: {dsn_env}` names), whose password opens every row of the board to whoever reads it."""
+    from ..kanban.backends import DEFAULT_DSN_ENV  # here: a skill's call imports this module, and pays for it
+    from .keys import key_names
+
     board = settings.get("board")
     named = board.get("dsn_env") if isinstance(board, Mapping) else None
     return key_names(settings.get("llm") or {}) | {DEFAULT_DSN_ENV} | ({named} if isinstance(named, str) else set())
@@ -193,11 +193,11 @@ def confined_command(ctx: ToolContext, cwd: Path, env: dict[str, str],
 
 
 def command_for(settings: Mapping[str, Any], capabilities: Collection[str], workspace: Path | None, cwd: Path,
-                own: Path, env: dict[str, str], argv: list[str],
-                shown: Collection[str] = ()) -> tuple[list[str], dict[str, str]]:
+                own: Path, env: dict[str, str], argv: list[str], shown: Collection[str] = (),
+                library: Collection[Path] = (), own_writable: bool = True) -> tuple[list[str], dict[str, str]]:
     """`argv` confined to its `own` folder and the folders `settings` grant (a terminal command's, an
-    MCP server's), with the files `shown` readable; SandboxRefused when the agent's `sandbox` cannot be
-    had here."""
+    MCP server's, a skill tool's), with the files `shown` readable (and sandbox.plan's `library` and
+    `own_writable`); SandboxRefused when the agent's `sandbox` cannot be had here."""
     from .grants import grants_of
 
     interpreter = [os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)] + [
@@ -211,7 +211,8 @@ def command_for(settings: Mapping[str, Any], capabilities: Collection[str], work
     folders = [(g.root, g.writable) for g in grants] + [(g.path / ".git", False) for g in grants if g.tree]
     conf = sandbox.plan(cwd, own, folders, workspace=Path(workspace).resolve() if workspace else None,
                         network="network" in capabilities, env=env, home=os.environ.get("HOME"),
-                        interpreter=interpreter, private=sandbox.private_here())
+                        interpreter=interpreter, private=sandbox.private_here(), library=tuple(library),
+                        own_writable=own_writable)
     return sandbox.wrap(str(settings.get("sandbox") or "auto"), conf, argv)
 
 
