@@ -7,7 +7,7 @@ of its own in the task's folder. It is a child subreaper: what the command leave
 and double forks included, becomes its child and is killed when the command ends, or when this process
 is told to stop (SIGTERM, SIGHUP, SIGINT; SIGKILL too when its parent, the agent, dies). It never runs
 the command unconfined: exit status 126 and the reason when Landlock cannot be had.
-SPEC is JSON: {writable, readable, shown, hidden: [path, ...], network: bool}.
+SPEC is JSON: {writable, readable, shown, hidden: [path, ...], network: bool, own: the task's folder}.
 """
 
 from __future__ import annotations
@@ -81,8 +81,10 @@ def main(argv: list[str]) -> int:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    tmp = os.path.join(spec["writable"][0], f".tmp-{os.getpid()}-{os.urandom(4).hex()}")
+    # The command's own temporary folder, in its task's folder (writable to it even where that is not).
+    tmp = os.path.join(spec.get("own") or spec["writable"][0], f".tmp-{os.getpid()}-{os.urandom(4).hex()}")
     os.mkdir(tmp, 0o700)
+    spec["writable"] = [*spec["writable"], tmp]
     try:
         # Both layers' rules are read now: once restricted, this process cannot list / any more.
         inner = rules(spec, [*spec["hidden"], "/proc"])

@@ -45,6 +45,7 @@ class Confinement:
     shown: tuple[Path, ...] = ()               # under a hidden folder, shown read-only (the interpreter)
     network: bool = False
     env: Mapping[str, str] = field(default_factory=dict)
+    own: Path | None = None                    # the task's folder (the launcher's temporary folder is in it)
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -53,27 +54,31 @@ def _inside(path: Path, root: Path) -> bool:
 
 def plan(cwd: Path, task_folder: Path, grants: Iterable[tuple[Path, bool]], *, workspace: Path | None,
          network: bool, env: Mapping[str, str], home: str | None = None, interpreter: Sequence[str] = (),
-         private: Sequence[str] = PRIVATE) -> Confinement:
+         private: Sequence[str] = PRIVATE, library: Sequence[Path] = (), own_writable: bool = True) -> Confinement:
     """The confinement of a command run in `cwd` for a task whose folder is `task_folder`, with the
     agent's grants ((path, writable) pairs) (pure). `interpreter`: folders under a hidden one a command
     may still run things from (the Python running the agent, its PATH), shown read-only unless they
-    hold something hidden on purpose (the workspace, a home folder itself)."""
+    hold something hidden on purpose (the workspace, a home folder itself). `library`: folders that
+    hold our own code alone (agents/skillproc.py's copy), shown read-only wherever they are.
+    `own_writable` False: the task's folder is read-only too (a skill's tool without fs.write)."""
     hidden = [Path(p) for p in private]
     if home and os.path.isabs(home) and Path(home) != Path("/"):
         hidden.append(Path(home))
     if workspace is not None:
         hidden.append(workspace)
     grants = list(grants)
-    writable = [task_folder] + [path for path, rw in grants if rw]
-    readable = [path for path, rw in grants if not rw]
+    own = [task_folder]
+    writable = (own if own_writable else []) + [path for path, rw in grants if rw]
+    readable = ([] if own_writable else own) + [path for path, rw in grants if not rw]
     kept = [Path(p) for p in private] + ([Path(home)] if home else [])
     shown = sorted({Path(p) for p in interpreter if os.path.isabs(p)
                     and any(_inside(Path(p), h) for h in hidden)
                     and not any(_inside(h, Path(p)) for h in hidden)
                     and Path(p) not in kept
-                    and not (workspace is not None and _inside(Path(p), workspace) and not _venv(Path(p), workspace))})
+                    and not (workspace is not None and _inside(Path(p), workspace) and not _venv(Path(p), workspace))}
+                   | {Path(p) for p in library})
     return Confinement(cwd=cwd, writable=tuple(writable), readable=tuple(readable), hidden=tuple(hidden),
-                       shown=tuple(shown), network=network, env=dict(env))
+                       shown=tuple(shown), network=network, env=dict(env), own=task_folder)
 
 
 def inner_env(conf: Confinement, tmp: str) -> dict[str, str]:
@@ -123,7 +128,7 @@ def launcher_argv(conf: Confinement, argv: Sequence[str]) -> list[str]:
     """The Landlock launcher's command line for `argv` under `conf` (pure)."""
     spec = {"writable": [str(p) for p in conf.writable], "readable": [str(p) for p in conf.readable],
             "shown": [str(p) for p in conf.shown], "hidden": [str(p) for p in conf.hidden],
-            "network": conf.network}
+            "network": conf.network, "own": str(conf.own or conf.writable[0])}
     return [sys.executable, "-P", "-m", "hermes_sup.agents.confine", json.dumps(spec), "--", *argv]
 
 

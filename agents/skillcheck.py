@@ -1,8 +1,9 @@
 """Validate one skill file in a process of its own: `python -P -m hermes_sup.agents.skillcheck PATH`.
 
 The file must parse, import, and register at least one tool with a valid name, description,
-argument schema and known capabilities, none clashing with a built-in. The verdict is one JSON line
-on stdout: {"ok": true, "tools": [...], "doc": "..."} or {"ok": false, "error": "..."}. Whatever
+argument schema (plain JSON) and capabilities a confined process can have, none clashing with a
+built-in. The verdict is one JSON line on stdout: {"ok": true, "v": 2, "tools": [declaration, ...],
+"doc": "..."} (what the agent offers without running the skill) or {"ok": false, "error": "..."}. Whatever
 the skill prints goes to stderr; a skill that calls sys.exit is rejected for it; one that kills the
 process or loops is judged by the caller (exit status, timeout).
 
@@ -25,6 +26,11 @@ from typing import Any
 
 from . import landlock
 
+# The verdict's shape: a verdict of an older shape is checked again.
+VERDICT_VERSION = 2
+# What a skill's tool may need: its call runs in a process of its own, confined as a terminal command
+# is (agents/skillproc.py), where the agent's memory, board, children and skills are not.
+SKILL_CAPABILITIES = ("fs.read", "fs.write", "network", "shell")
 CPU_SECONDS = 15
 MEMORY_BYTES = 4 << 30  # address space: generous, as numeric libraries reserve much more than they use
 FILE_BYTES = 8 << 20
@@ -81,9 +87,36 @@ def check(path: Path) -> dict[str, Any]:
         unknown = [c for c in tool.capabilities if c not in CAPABILITIES]
         if unknown:
             return {"ok": False, "error": f"tool {tool.name}: unknown capability {unknown[0]!r}"}
-    return {"ok": True, "doc": (ast.get_docstring(tree) or "").strip().split("\n")[0],
-            "tools": [{"name": t.name, "description": t.description, "capabilities": list(t.capabilities)}
-                      for t in tools]}
+        inside = [c for c in tool.capabilities if c not in SKILL_CAPABILITIES]
+        if inside:
+            return {"ok": False, "error": f"tool {tool.name}: a skill's tool runs in a sandbox of its own, without the "
+                                          f"agent's {inside[0]}; it may declare {', '.join(SKILL_CAPABILITIES)}"}
+        problem = _plain_problem(tool)
+        if problem:
+            return {"ok": False, "error": f"tool {tool.name}: {problem}"}
+    return {"ok": True, "v": VERDICT_VERSION, "doc": (ast.get_docstring(tree) or "").strip().split("\n")[0],
+            "tools": [declared(t) for t in tools]}
+
+
+def declared(tool: Any) -> dict[str, Any]:
+    """What the agent offers and checks of a tool without running the skill (pure): its call runs
+    in a process of its own (agents/skillproc.py)."""
+    return {"name": tool.name, "description": tool.description, "capabilities": list(tool.capabilities),
+            "parameters": tool.parameters, "idempotent": bool(tool.idempotent), "hidden": dict(tool.hidden),
+            "cues": [str(cue) for cue in tool.cues], "opt_in": bool(tool.opt_in)}
+
+
+def _plain_problem(tool: Any) -> str:
+    """Why the tool's declaration cannot be carried as JSON to the agent, or ""."""
+    if not isinstance(tool.hidden, dict) or not all(isinstance(cue, str) for cue in tool.cues):
+        return "hidden must be a mapping and cues strings"
+    if tool.prepare is not None:
+        return "prepare is for built-in tools (it runs in the agent's process)"
+    try:
+        json.dumps([tool.parameters, tool.hidden], allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        return f"its schema is not plain JSON: {exc}"
+    return ""
 
 
 def main() -> int:

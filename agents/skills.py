@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import dataclasses
 import hashlib
 import json
 import os
@@ -37,8 +36,10 @@ from hermes_sup.kanban.journal import Journal
 from hermes_sup.kanban.parse import load_yaml
 from hermes_sup.kanban.task import now_iso
 
+from .skillcheck import VERDICT_VERSION
+from .skillproc import proxies
 from .terminal import SECRET_NAMES
-from .tools import Tool, ToolContext, ToolError, collecting, register
+from .tools import Tool, ToolContext, ToolError, register
 
 BUNDLED = Path(__file__).resolve().parent.parent / "skills"
 SKILL_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
@@ -139,7 +140,6 @@ class Skills:
         self.folder = workspace / "skills"
         self.bundled = bundled
         self.verdicts_path = workspace / "runs" / "skills.json"
-        self._loaded: dict[str, tuple[str, list[Tool]]] = {}  # name -> (digest, tools)
 
     # -- discovery --------------------------------------------------------------------------------
 
@@ -179,7 +179,8 @@ class Skills:
     def verdict(self, path: Path, data: bytes) -> dict[str, Any]:
         key = digest(data)
         verdicts = self._verdicts()
-        if key not in verdicts:
+        known = verdicts.get(key)
+        if not isinstance(known, dict) or (known.get("ok") and known.get("v") != VERDICT_VERSION):
             verdicts[key] = check_in_process_of_its_own(path)
             self.verdicts_path.parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(self.verdicts_path, verdicts, fsync=False)
@@ -219,8 +220,9 @@ class Skills:
     # -- loading ----------------------------------------------------------------------------------
 
     def tools_for(self, enabled: set[str] | None) -> tuple[dict[str, Tool], list[str]]:
-        """The tools of the valid Python skills enabled (None: all), loaded once per version, and
-        notes on the skills that could not be used."""
+        """The tools of the valid Python skills enabled (None: all), as their checks declared them:
+        each call runs the skill confined in a process of its own (agents/skillproc.py), never in
+        this one; and notes on the skills that could not be used."""
         tools: dict[str, Tool] = {}
         notes = []
         for skill in self.catalog():
@@ -229,24 +231,8 @@ class Skills:
             if skill.state != "ok":
                 notes.append(f"skill {skill.name} is not loaded: {skill.error}")
                 continue
-            cached = self._loaded.get(skill.name)
-            if cached is None or cached[0] != skill.digest:
-                try:
-                    loaded = load(skill.path)
-                except Exception as exc:  # validated, yet failing here: keep the agent going
-                    notes.append(f"skill {skill.name} failed to load: {type(exc).__name__}: {exc}")
-                    continue
-                if shape(loaded) != shape_of_verdict(skill.tools):
-                    # It registers other tools here than in its check (it looks for a key, say):
-                    # what was checked is not what would run.
-                    notes.append(f"skill {skill.name} is not loaded: the tools it registers here differ "
-                                 "from those it registered when it was checked")
-                    continue
-                cached = (skill.digest, loaded)
-                self._loaded[skill.name] = cached
-            for tool in cached[1]:
-                tools[tool.name] = dataclasses.replace(tool, capabilities=tuple(tool.capabilities),
-                                                       toolset=skill.name)
+            for tool in proxies(skill.name, skill.path, skill.digest, skill.tools, self.verdicts_path.parent):
+                tools[tool.name] = tool
         return tools, notes
 
     # -- versions ---------------------------------------------------------------------------------
@@ -351,25 +337,6 @@ def linked_files(folder: Path) -> list[str]:
             if path.is_file() and root in path.resolve().parents:
                 found.append(relative.as_posix())
     return found
-
-
-def shape(tools: list[Tool]) -> list[tuple[str, tuple[str, ...]]]:
-    """What a check vouches for about a skill's tools: their names and capabilities (pure)."""
-    return sorted((str(tool.name), tuple(sorted(map(str, tool.capabilities)))) for tool in tools)
-
-
-def shape_of_verdict(tools: list[dict[str, Any]]) -> list[tuple[str, tuple[str, ...]]]:
-    return sorted((str(tool.get("name")), tuple(sorted(map(str, tool.get("capabilities") or ())))) for tool in tools)
-
-
-def load(path: Path) -> list[Tool]:
-    """Run a (validated) skill file and return the tools it registers, without touching the shared
-    registry."""
-    source = path.read_text(encoding="utf-8")
-    namespace: dict[str, Any] = {"__name__": f"hermes_skill_{path.stem}", "__file__": str(path)}
-    with collecting() as tools:
-        exec(compile(source, str(path), "exec"), namespace)
-    return tools
 
 
 def prompt_block(skills: list[Skill]) -> str:

@@ -130,7 +130,9 @@ def workspace(tmp_path: Path, llm: ScriptedLLM, board: str = "") -> Path:
     ws = tmp_path / "ws"
     subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
     (ws / "skills" / "tally.py").write_text(TALLY_SKILL)
+    (tmp_path / "counts").mkdir()  # the skill runs confined: it writes where it is granted to
     (ws / "hermes.yaml").write_text(f"""\
+folders: {{counts: {{path: '{tmp_path / "counts"}', mode: rw}}}}
 providers:
   scripted: {{kind: openai, base_url: '{llm.url}/v1', model: m, timeout: 20}}
 tiers: {{cheap: [scripted], standard: [scripted], premium: [scripted]}}
@@ -143,7 +145,8 @@ agents:
   - name: crew
     count: {AGENTS}
     skills: [tally]
-    env: {{CHAOS_TALLY: '{ws / "tally.jsonl"}'}}
+    folders: [counts]
+    env: {{CHAOS_TALLY: '{tmp_path / "counts" / "tally.jsonl"}'}}
 {board}""")
     return ws
 
@@ -400,7 +403,7 @@ def run_chaos(tmp_path: Path, capsys: Any, backend: str, dsn: str = "") -> None:
             assert by_task.get(task_id) == history, f"{task_id}: events {by_task.get(task_id)} != history {history}"
 
         # A side effect recorded as completed ran once; none ran twice unless a person retried it.
-        tally = Counter(record["key"] for record in jsonl(ws / "tally.jsonl"))
+        tally = Counter(record["key"] for record in jsonl(ws.parent / "counts" / "tally.jsonl"))
         completed: set[str] = set()
         for log in (ws / "runs").glob("*/tool_calls.jsonl"):
             records = jsonl(log)

@@ -1,0 +1,259 @@
+"""A Python skill's tools as the agent offers them: each call runs the skill in a process of its own
+(agents/skillrun.py), confined as a terminal command is, with the rights its declared capabilities
+name; no code of a skill ever runs in the agent's process.
+
+The confinement follows the declaration: `fs.write` writes the task's folder and the `rw` grants,
+`fs.read` reads every grant; without either a call sees no grant and its task's folder read-only,
+without `network` it has none. The code
+that runs is the code that was checked (its digest is compared at every call); the process has no
+credential in its environment, cannot read the workspace (`.env`, `runs/`, the board), and asks the
+agent for a model call over its pipe (`ctx.llm`), so budgets and the log of calls hold. Our own
+package is shown to it from a copy of its `.py` files (`runs/.skillrun/<digest>/`): in a checkout
+the package's folders are the workspace's, and `kanban/` there is the board too.
+"""
+
+from __future__ import annotations
+
+import compileall
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from . import sandbox
+from .terminal import KILL_GRACE, STOP_SIGNALS, clean_env, command_for, died_of, withheld
+from .tools import Tool, ToolContext, ToolError
+
+CALL_TIMEOUT = 600.0   # of the call's own work; time spent waiting on the model is not counted
+MAX_LINE = 16 << 20    # bytes of one answer line
+KEEP_STDERR = 2048     # the end of what the skill printed, shown when it fails
+PACKAGES = ("agents", "kanban")  # of hermes_sup: what a skill may import of ours (never supervisor)
+# The child's first lines: our package from the copy, never from where this process has it (in a
+# checkout that is the hidden workspace: an editable install's finder would look there).
+BOOT = ("import sys\n"
+        "sys.meta_path[:] = [f for f in sys.meta_path if not str(getattr(f, '__module__', '') or '')"
+        ".startswith('__editable___hermes_sup')]\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from hermes_sup.agents.skillrun import main\n"
+        "sys.exit(main())\n")
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def _package_files() -> tuple[tuple[str, Path], ...]:
+    """(where in the copy, the file) of every module of the packages a skill may import: each
+    package's `.py` files and those of its subpackages (folders with an `__init__.py`; the board's
+    status folders have none)."""
+    from .. import kanban
+
+    found = []
+    homes = (("agents", Path(__file__).resolve().parent), ("kanban", Path(kanban.__file__).resolve().parent))
+    for name, folder in homes:
+        packages = [(name, folder)] + [(f"{name}/{sub.name}", sub) for sub in sorted(folder.iterdir())
+                                       if sub.is_dir() and (sub / "__init__.py").is_file()]
+        for where, package in packages:
+            found += [(f"hermes_sup/{where}/{file.name}", file) for file in sorted(package.glob("*.py"))]
+    return tuple(found)
+
+
+def library(runs: Path) -> Path:
+    """The folder holding the copy of our package (made once per version of the code, by whichever
+    process comes first; a finished copy is never changed)."""
+    files = [(where, path.read_bytes()) for where, path in _package_files()]
+    key = digest(b"".join(where.encode() + b"\0" + digest(data).encode() for where, data in files))[:16]
+    final = runs / ".skillrun" / key
+    if (final / "hermes_sup" / "agents" / "skillrun.py").is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    temporary = Path(tempfile.mkdtemp(prefix=".new-", dir=final.parent))
+    try:
+        (temporary / "hermes_sup").mkdir()
+        (temporary / "hermes_sup" / "__init__.py").write_bytes(b"")
+        for where, data in files:
+            (temporary / where).parent.mkdir(parents=True, exist_ok=True)
+            (temporary / where).write_bytes(data)
+        # Compiled now: the copy is read-only to the calls, which would otherwise compile every module
+        # they import, every time (a third of a call's cost).
+        compileall.compile_dir(temporary, quiet=2, workers=1)
+        try:
+            os.rename(temporary, final)
+        except OSError:
+            if not final.is_dir():  # another process's copy won the race: use that one
+                raise
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
+    return final
+
+
+def proxies(name: str, path: Path, checked: str, declared: list[dict[str, Any]], runs: Path) -> list[Tool]:
+    """The tools of the skill `name` (file `path`, checked at digest `checked`) as its verdict
+    declared them, each call run confined."""
+    tools = []
+    for tool in declared:
+        capabilities = tuple(str(c) for c in tool.get("capabilities") or ())
+        handler = functools.partial(call, Path(path), checked, str(tool["name"]), capabilities, runs)
+        tools.append(Tool(str(tool["name"]), str(tool.get("description") or ""), handler,
+                          parameters=tool.get("parameters") or {"type": "object", "properties": {}},
+                          capabilities=capabilities, idempotent=bool(tool.get("idempotent")), toolset=name,
+                          hidden=dict(tool.get("hidden") or {}), opt_in=bool(tool.get("opt_in")),
+                          cues=tuple(str(c) for c in tool.get("cues") or ())))
+    return tools
+
+
+def rights(settings: dict[str, Any], capabilities: tuple[str, ...]) -> dict[str, Any]:
+    """The agent's settings as a skill's call may use them (pure): the folders its capabilities
+    reach (an `rw` grant writable with fs.write, any grant read-only with fs.read, none without
+    either) and the sandbox mode; nothing else of the agent's configuration (providers, webhooks)
+    goes to the skill."""
+    folders = {}
+    for key, spec in (settings.get("folders") or {}).items():
+        if not isinstance(spec, dict):
+            continue
+        if spec.get("mode") == "rw" and "fs.write" in capabilities:
+            folders[key] = spec
+        elif "fs.read" in capabilities:
+            folders[key] = {**spec, "mode": "ro"}
+    return {"folders": folders, "sandbox": settings.get("sandbox") or "auto"}
+
+
+def call(path: Path, checked: str, tool: str, capabilities: tuple[str, ...], runs: Path,
+         ctx: ToolContext, args: dict[str, Any]) -> Any:
+    """One call of `tool`, in a confined process of its own; what its handler returned, or the
+    ToolError / InterruptedError it ended with."""
+    from .files import root_of
+
+    try:
+        source = path.read_bytes()
+    except OSError as exc:
+        raise ToolError(f"the skill of {tool} cannot be read: {exc.strerror}") from None
+    if digest(source) != checked:
+        raise ToolError(f"the skill of {tool} changed since it was checked; the call was not made (it is offered "
+                        "again once its new version is checked)")
+    own = root_of(ctx)
+    settings = rights(ctx.settings, capabilities)
+    lib = library(runs)
+    try:
+        argv, env = command_for({**ctx.settings, **settings}, capabilities, ctx.workspace, own, own,
+                                clean_env(os.environ, withheld(ctx.settings)),
+                                [sys.executable, "-P", "-c", BOOT, str(lib)], library=(lib,),
+                                own_writable="fs.write" in capabilities)
+    except sandbox.SandboxRefused as exc:
+        raise ToolError(str(exc)) from None
+    request = {"source": source.decode("utf-8", "replace"), "file": str(path), "tool": tool, "args": args,
+               "ctx": {"scratch": str(own), "agent": ctx.agent, "task": ctx.task, "settings": settings,
+                       "grants": list(ctx.grants or ()), "llm": ctx.llm is not None,
+                       "workspace": str(ctx.workspace) if ctx.workspace else None}}
+    proc = subprocess.Popen(argv, cwd=own, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, process_group=0, close_fds=True)
+    try:
+        answer, stderr = _converse(proc, ctx, json.dumps(request, default=str).encode() + b"\n")
+    finally:
+        _end(proc)
+    if answer is None:
+        if died_of(proc.returncode) in STOP_SIGNALS and ctx.stop.is_set():
+            raise InterruptedError
+        tail = stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+        raise ToolError(f"{tool} ended (exit status {proc.returncode}) without an answer {tail[0][:300]}".strip())
+    if "result" in answer:
+        return answer["result"]
+    if answer.get("kind") == "interrupted":
+        raise InterruptedError
+    if answer.get("kind") == "raised":
+        raise ToolError(f"{tool} raised {answer.get('error')}")
+    raise ToolError(str(answer.get("error") or f"{tool} failed"))
+
+
+def _converse(proc: subprocess.Popen[bytes], ctx: ToolContext, request: bytes) -> tuple[dict[str, Any] | None, bytes]:
+    """Hand the child its request and answer its model calls until its outcome line; (the outcome or
+    None when it ended without one, the end of its stderr). Bounded in time (CALL_TIMEOUT of its own
+    work) and size (MAX_LINE); a stop ends it at once."""
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    with contextlib.suppress(BrokenPipeError):
+        proc.stdin.write(request)
+        proc.stdin.flush()
+    deadline = time.monotonic() + CALL_TIMEOUT
+    pending, stderr = b"", b""
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        selector.register(proc.stderr, selectors.EVENT_READ)
+        while selector.get_map():
+            if ctx.stop.is_set():
+                raise InterruptedError
+            if time.monotonic() > deadline:
+                raise ToolError(f"the skill's call took more than {CALL_TIMEOUT:g} s; it was ended")
+            for key, _ in selector.select(timeout=0.2):
+                data = os.read(key.fd, 1 << 16)
+                if not data:
+                    selector.unregister(key.fileobj)
+                    continue
+                if key.fileobj is proc.stderr:
+                    stderr = (stderr + data)[-KEEP_STDERR:]
+                    continue
+                pending += data
+                if len(pending) > MAX_LINE and b"\n" not in pending:
+                    raise ToolError(f"the skill's answer is larger than {MAX_LINE >> 20} MiB; it was ended")
+                while b"\n" in pending:
+                    line, pending = pending.split(b"\n", 1)
+                    message = _message(line)
+                    if "llm" not in message:
+                        return message, stderr
+                    started = time.monotonic()
+                    reply = _model(ctx, message["llm"])
+                    deadline += time.monotonic() - started
+                    with contextlib.suppress(BrokenPipeError):
+                        proc.stdin.write(json.dumps(reply).encode() + b"\n")
+                        proc.stdin.flush()
+    return None, stderr
+
+
+def _message(line: bytes) -> dict[str, Any]:
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return {"error": "the skill's process answered something unreadable", "kind": "tool"}
+    if not isinstance(message, dict):
+        return {"error": "the skill's process answered something unreadable", "kind": "tool"}
+    return message
+
+
+def _model(ctx: ToolContext, asked: Any) -> dict[str, str]:
+    """The agent's answer to a skill's model call (`ctx.llm`): a budget or a provider's failure is
+    the skill's to handle, as in the agent's own process."""
+    if ctx.llm is None or not (isinstance(asked, list) and len(asked) == 2 and all(isinstance(a, str) for a in asked)):
+        return {"error": "no model is available to this call"}
+    try:
+        return {"answer": str(ctx.llm(asked[0], asked[1]))}
+    except (InterruptedError, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    """The call's process and whatever it started are gone, its pipes closed."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=KILL_GRACE)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
+

@@ -1,0 +1,192 @@
+"""A Python skill's tools run confined (agents/skillproc.py, agents/skillrun.py): black-box, a skill's
+tool tries what its declared capabilities do not give it, under bubblewrap and under Landlock, and the
+same tool under `sandbox: none` shows each probe can succeed; no code of a skill runs in the agent's
+process; its model calls go through the agent; a stop ends it; only the checked version runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hermes_sup.agents import builtins  # noqa: F401 - registers the built-in tools
+from hermes_sup.agents.skills import Skills
+from hermes_sup.agents.tools import Toolbox, ToolContext, ToolError
+
+from .conftest import marked_sleep, running, wait_until
+from .test_sandbox import CONFINED, needs
+
+PROBE = '''"""Try what a skill's tool may and may not do."""
+import json, os, socket, subprocess, time
+from pathlib import Path
+from hermes_sup.agents.tools import Tool, register
+
+
+def attempt(act):
+    try:
+        act()
+        return True
+    except Exception:
+        return False
+
+
+def probe(ctx, args):
+    place, ws = Path(args["place"]), Path(args["place"]) / "ws"
+    return json.dumps({
+        "pid": os.getpid(), "key": os.environ.get("OPENAI_API_KEY"),
+        "write_own": attempt(lambda: Path("own.txt").write_text("x")),
+        "write_rw": attempt(lambda: (place / "rw" / "new.txt").write_text("x")),
+        "write_ro": attempt(lambda: (place / "ro" / "new.txt").write_text("x")),
+        "write_outside": attempt(lambda: (place / "outside" / "new.txt").write_text("x")),
+        "write_runs": attempt(lambda: (ws / "runs" / "other" / "x").write_text("x")),
+        "read_ro": attempt(lambda: (place / "ro" / "paper.txt").read_text()),
+        "read_env": attempt(lambda: (ws / ".env").read_text()),
+        "read_other": attempt(lambda: (ws / "runs" / "other" / "state.json").read_text()),
+        "read_outside": attempt(lambda: (place / "outside" / "private.txt").read_text()),
+        "connect": attempt(lambda: socket.create_connection(("127.0.0.1", args["port"]), timeout=3).close()),
+    })
+
+
+def ask(ctx, args):
+    return ctx.llm("cheap", args["prompt"])
+
+
+def hang(ctx, args):
+    subprocess.Popen(args["prompt"].split(), start_new_session=True)  # what it starts goes with it
+    Path("started").write_text("")
+    while not ctx.stop.is_set():
+        time.sleep(0.05)
+    raise InterruptedError
+
+
+SCHEMA = {"type": "object", "properties": {"place": {"type": "string"}, "port": {"type": "integer"},
+                                           "prompt": {"type": "string"}}}
+for name, caps in (("probe_read", ("fs.read",)), ("probe_write", ("fs.read", "fs.write")),
+                   ("probe_net", ("network",)), ("probe_write_only", ("fs.write",))):
+    register(Tool(name, "Probe.", probe, SCHEMA, capabilities=caps))
+register(Tool("ask", "Ask the model.", ask, SCHEMA))
+register(Tool("hang", "Wait for a stop.", hang, SCHEMA, capabilities=("fs.write",)))
+'''
+ALL = ("fs.read", "fs.write", "network")
+KEYS = ("write_own", "write_rw", "write_ro", "write_outside", "write_runs", "read_ro", "read_env", "read_other",
+        "read_outside", "connect")
+
+
+@pytest.fixture
+def place(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-AGENTS-OWN")
+    ws = tmp_path / "ws"
+    (ws / "runs" / "tasks" / "t1" / "work").mkdir(parents=True)
+    (ws / "runs" / "other").mkdir()
+    (ws / "runs" / "other" / "state.json").write_text('{"secret": "OTHERS-STATE"}')
+    (ws / ".env").write_text("OPENAI_API_KEY=ENV-SECRET\n")
+    (ws / "skills").mkdir()
+    (ws / "skills" / "probe.py").write_text(PROBE)
+    for name in ("rw", "ro", "outside"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "ro" / "paper.txt").write_text("a paper\n")
+    (tmp_path / "outside" / "private.txt").write_text("OUTSIDE-SECRET\n")
+    return tmp_path
+
+
+@pytest.fixture
+def listener():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    yield server.getsockname()[1]
+    server.close()
+
+
+def setup(place: Path, mode: str, **ctx_fields) -> tuple[Toolbox, ToolContext]:
+    skills = Skills(place / "ws", bundled=place / "none")
+    tools, notes = skills.tools_for(None)
+    assert notes == []
+    folders = {"rw": {"path": str(place / "rw"), "mode": "rw"}, "ro": {"path": str(place / "ro"), "mode": "ro"}}
+    ctx = ToolContext(scratch=place / "ws" / "runs" / "tasks" / "t1" / "work", stop=threading.Event(),
+                      settings={"sandbox": mode, "folders": folders}, workspace=place / "ws", **ctx_fields)
+    return Toolbox(grants=ALL, extra=tools), ctx
+
+
+def probe(place: Path, mode: str, tool: str, port: int) -> dict:
+    box, ctx = setup(place, mode)
+    seen = json.loads(box.call(ctx, tool, {"place": str(place), "port": port}))
+    assert seen["pid"] != os.getpid(), "the skill ran in the agent's process"
+    assert seen["key"] is None, "the agent's key reached the skill"
+    return {key: seen[key] for key in KEYS if seen[key]}
+
+
+# What each probe may do confined, by the capabilities it declares: the task's folder and the rw grants
+# are written with fs.write, every grant read with fs.read, the network reached with network alone.
+ALLOWED = {"probe_write": {"write_own", "write_rw", "read_ro"}, "probe_read": {"read_ro"},
+           "probe_net": {"connect"}, "probe_write_only": {"write_own", "write_rw"}}
+
+
+@pytest.mark.parametrize("tool", sorted(ALLOWED))
+@pytest.mark.parametrize("mode", [*CONFINED, "none"])
+def test_a_skill_tool_gets_what_its_capabilities_name_and_nothing_more(place, mode, tool, listener):
+    needs(mode)
+    done = probe(place, mode, tool, listener)
+    assert set(done) == (set(KEYS) if mode == "none" else ALLOWED[tool])  # none: each probe can succeed
+    if mode != "none":
+        assert not (place / "ws" / "runs" / "other" / "x").exists() and not (place / "ro" / "new.txt").exists()
+
+
+def test_a_skill_asks_the_model_through_the_agent(place):
+    asked = []
+    box, ctx = setup(place, "auto", llm=lambda tier, prompt: asked.append((tier, prompt)) or f"answer to {prompt}")
+    assert box.call(ctx, "ask", {"prompt": "why?"}) == "answer to why?"
+    assert asked == [("cheap", "why?")]
+
+    def over_budget(tier: str, prompt: str) -> str:
+        raise RuntimeError("budget reached")
+
+    box, ctx = setup(place, "auto", llm=over_budget)  # the agent's failure is the skill's to handle
+    with pytest.raises(ToolError, match=r"^RuntimeError: budget reached$"):
+        box.call(ctx, "ask", {"prompt": "why?"})
+
+
+def test_a_stop_ends_a_skill_call_and_what_it_runs(place):
+    box, ctx = setup(place, "auto")
+    mark = marked_sleep()
+    outcome: dict = {}
+
+    def call() -> None:
+        try:
+            box.call(ctx, "hang", {"prompt": mark})
+        except BaseException as exc:
+            outcome["raised"] = exc
+
+    worker = threading.Thread(target=call)
+    worker.start()
+    wait_until(lambda: (ctx.scratch / "started").exists(), timeout=30)
+    assert running(mark) and running(str(place / "ws" / "runs" / ".skillrun"))
+    stopped = time.monotonic()
+    ctx.stop.set()
+    worker.join(timeout=10)
+    assert not worker.is_alive() and isinstance(outcome.get("raised"), InterruptedError)
+    assert time.monotonic() - stopped < 5
+    wait_until(lambda: not running(mark) and not running(str(place / "ws" / "runs" / ".skillrun")), timeout=10)
+
+
+def test_only_the_version_that_was_checked_runs(place):
+    box, ctx = setup(place, "auto")
+    path = place / "ws" / "skills" / "probe.py"
+    path.write_text(path.read_text().replace('return ctx.llm("cheap", args["prompt"])', 'return "unchecked"'))
+    with pytest.raises(ToolError, match="changed since it was checked; the call was not made"):
+        box.call(ctx, "ask", {"prompt": "x"})
+    box, ctx = setup(place, "auto")  # offered again once checked
+    assert box.call(ctx, "ask", {"prompt": "x"}) == "unchecked"
+
+
+def test_a_skill_declaring_what_only_the_agent_has_is_rejected(place):
+    (place / "ws" / "skills" / "boarder.py").write_text(
+        'from hermes_sup.agents.tools import Tool, register\n'
+        'register(Tool("boarder", "x", lambda ctx, args: ctx.board, capabilities=("kanban",)))\n')
+    skill = Skills(place / "ws", bundled=place / "none").get("boarder")
+    assert skill.state == "rejected"
+    assert "runs in a sandbox of its own, without the agent's kanban" in skill.error
