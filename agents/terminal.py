@@ -328,6 +328,16 @@ def _communicate(proc: subprocess.Popen[bytes], ctx: ToolContext, timeout: float
         selector.register(fd, selectors.EVENT_READ)
         open_ = True
         while open_ or proc.poll() is None:
+            # Looked at before every read: a command that never stops writing (`yes`) is ended by a
+            # stop or its timeout all the same.
+            if ctx.stop.is_set():
+                _kill_group(proc)
+                raise InterruptedError
+            if time.monotonic() >= deadline:  # the command, or something holding its output, still runs
+                _kill_group(proc)
+                if open_:
+                    _drain(selector, fd, output)
+                return True
             left = max(0.0, deadline - time.monotonic())
             if open_ and selector.select(timeout=min(0.2, left)):
                 data = os.read(fd, 1 << 16)
@@ -339,14 +349,6 @@ def _communicate(proc: subprocess.Popen[bytes], ctx: ToolContext, timeout: float
             if not open_:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=min(0.2, left))
-            if ctx.stop.is_set():
-                _kill_group(proc)
-                raise InterruptedError
-            if time.monotonic() >= deadline:  # the command, or something holding its output, still runs
-                _kill_group(proc)
-                if open_:
-                    _drain(selector, fd, output)
-                return True
     return False
 
 
