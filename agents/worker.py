@@ -31,6 +31,7 @@ from hermes_sup.kanban.task import now_iso
 
 from . import (
     builtins,  # noqa: F401 - registers the built-in tools
+    clirun,
     mcpservers,
     sandbox,
     worktrees,
@@ -43,7 +44,7 @@ from .grants import describe, grants_of
 from .keys import ENV_FILE, KeyFile, key_names
 from .ledger import BudgetGate, BudgetReached, Ledger, open_ledger
 from .logline import say, short
-from .loop import TaskLoop, ToolUse, interruptible, llm_record
+from .loop import TaskLoop, ToolUse, interruptible, llm_record, task_prompt
 from .memory import Memories
 from .notify import NOTIFY_ENV, Notifier
 from .providers import (
@@ -600,6 +601,12 @@ class Agent:
                 self._halt = None
 
     def _work(self, doc: dict[str, Any], halt: threading.Event) -> None:
+        if not doc.get("steps") and self.config.get("runtime"):  # runtime: command (agents/clirun.py)
+            verdict = clirun.work(self.context(doc, halt), task_prompt(doc, self.inputs(doc)), self.capabilities)
+            if verdict.kind == "interrupted":
+                raise InterruptedError
+            self._close(doc["id"], doc["claim"]["token"], verdict.kind, verdict.result, verdict.reason)
+            return
         if not doc.get("steps"):
             self.think(doc, self.toolbox(), halt)
             return
@@ -644,13 +651,15 @@ class Agent:
 
     def _commands(self) -> str:
         """How the terminal runs commands here, for the first line of the log (agents/sandbox.py)."""
-        if "shell" not in self.capabilities:
+        runtime = self.config.get("runtime") or {}
+        if "shell" not in self.capabilities and not runtime:
             return ""
+        cli = f"; runtime: command ({os.path.basename(str(runtime['argv'][0]))})" if runtime else ""
         try:
             kind, gaps = sandbox.how(str(self.config.get("sandbox") or "auto"))
         except sandbox.SandboxRefused as exc:
-            return f"; commands: none can run: {exc}"
-        return f"; commands: {kind}" + (f": {gaps}" if gaps else "")
+            return f"{cli}; commands: none can run: {exc}"
+        return f"{cli}; commands: {kind}" + (f": {gaps}" if gaps else "")
 
     def run(self) -> int:
         self._watch_signals()
@@ -668,7 +677,7 @@ class Agent:
                 break
             # Without an LLM provider (none configured, or every one refusing connections) only
             # tasks with steps can be done; the others wait in todo, saying why, until one is there.
-            waiting = self._waiting_reason()
+            waiting = None if self.config.get("runtime") else self._waiting_reason()  # a CLI needs no provider
             if self.waiting != (waiting[0] if waiting else ""):  # said in state.json at once: see kanban/why.py
                 self.waiting = waiting[0] if waiting else ""
                 self.write_state("idle")

@@ -16,6 +16,7 @@ from typing import Any
 from .folders import granted
 from .mcpconfig import granted_servers
 from .policy import RestartSpec
+from .runtimes import runtime_of
 
 DEFAULTS: dict[str, Any] = {
     "restart": {"policy": "on-failure", "backoff": {"initial": 0.5, "max": 30.0}, "max_restarts": 5, "window": 60.0,
@@ -132,7 +133,8 @@ def build_specs(config: dict[str, Any], root: Path, *, python: str = sys.executa
                                   "offer_tools": _merged(defaults, entry, "offer_tools") or "task",
                                   "sandbox": _merged(defaults, entry, "sandbox") or "auto",
                                   "folders": granted(config, defaults, entry),
-                                  "mcp_servers": granted_servers(config, defaults, entry)}, sort_keys=True),
+                                  "mcp_servers": granted_servers(config, defaults, entry),
+                                  **runtime_of(entry)}, sort_keys=True),
                 board=json.dumps({"board": config.get("board") or {}, "host": config.get("host")}, sort_keys=True),
             )
             specs.append(_with_digest(spec))

@@ -30,6 +30,7 @@ from ..agents.sandbox import MODES as SANDBOX_MODES
 from .alerts import check_alerts
 from .folders import check_folders
 from .mcpconfig import check_mcp_servers
+from .runtimes import RUNTIME_KEYS, check_budgeted, check_runtime
 from .schedules import check_schedules
 
 CONFIG_NAME = "hermes.yaml"
@@ -153,7 +154,7 @@ PROVIDER_KEYS = ("kind", "model", "base_url", "api_key_env", "timeout", "max_tok
 AGENT_KEYS = ("name", "roles", "tier", "skills", "capabilities", "count", "provider", "env", "restart",
               "stop_timeout", "heartbeat_timeout", "orphan_grace", "max_rss_mb", "log_max_mb", "log_keep",
               "max_iterations", "max_tokens", "max_cost", "identity", "toolsets", "command", "terminal",
-              "delegation", "memory", "offer_tools", "folders", "sandbox", "mcp_servers")
+              "delegation", "memory", "offer_tools", "folders", "sandbox", "mcp_servers", *RUNTIME_KEYS)
 
 
 def _parse_config(path: Path) -> dict[str, Any]:
@@ -269,6 +270,7 @@ def load_config(path: Path, *, skills: Callable[[], Collection[str]] | None = No
             if item in names:
                 raise fail(agent, f"agent name '{item}' is used twice")
             names.add(item)
+    check_budgeted(raw, fail)
     _check_skills(agents, fail, skills or (lambda: skill_names(path.parent)))
     check_folders(raw, path.parent, fail)
     check_mcp_servers(raw, fail)
@@ -372,6 +374,7 @@ def _check_agent(agent: dict[str, Any], fail: Any) -> None:
             or "\0" in str(v) for k, v in env.items() if k != "__line__"):
         raise fail(agent, f"agent {name}: 'env' must be a mapping of variable names (letters, digits, '_') "
                           "to values without NUL")
+    check_runtime(agent, f"agent {name}", fail)
     command = agent.get("command")
     if command is not None and (not isinstance(command, list) or not command
                                 or not all(isinstance(part, str) and part and "\0" not in part

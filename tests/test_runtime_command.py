@@ -1,0 +1,197 @@
+"""`runtime: command` (agents/clirun.py): an agent that works each task by running an agent CLI. A
+small CLI that misbehaves on request (fails, floods, hangs, ignores SIGTERM, leaves a grandchild,
+writes a result file) run by a real `up`: every supervision promise holds for it; then the decisions,
+pure, and the config's refusals with file:line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from hermes_sup.agents.clirun import argv_problem, fill, judge
+from hermes_sup.kanban import Board, TaskNotFound
+from hermes_sup.supervisor.workspace import ConfigError, load_config
+
+from .conftest import CLI, ROOT, marked_sleep, running, wait_until
+
+FAKE_CLI = '''
+import os, signal, subprocess, sys, time
+prompt, task_id, workdir = sys.argv[1:4]
+print(f"cli on {task_id} in {os.getcwd()} (workdir {workdir})", flush=True)
+if "STUBBORN" in prompt:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if "HANG-ONCE" in prompt and not os.path.exists("hung-once"):
+    open("hung-once", "w").close()
+    while True:
+        time.sleep(1)
+if "HANG" in prompt and "HANG-ONCE" not in prompt:
+    while True:
+        time.sleep(1)
+if "GRANDCHILD" in prompt:
+    subprocess.Popen(prompt.split("GRANDCHILD ")[1].split()[:2], start_new_session=True)
+if "FLOOD" in prompt:
+    for _ in range(800):
+        sys.stdout.buffer.write(b"x" * 65536 + b"\\n")
+if "RESULT" in prompt:
+    with open(os.environ["HERMES_SUP_RESULT"], "w") as handle:
+        handle.write("from the result file")
+if "FAIL" in prompt:
+    for i in range(30):
+        print(f"line {i}")
+    print("it went wrong")
+    sys.exit(3)
+print(f"answer to {task_id}: key={os.environ.get('OPENAI_API_KEY', 'none')} "
+      f"given={os.environ.get('CLI_KEY', 'none')}")
+'''
+
+
+@pytest.fixture
+def team(tmp_path, up):
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "fake_cli.py").write_text(FAKE_CLI)
+    argv = json.dumps([sys.executable, str(tmp_path / "bin" / "fake_cli.py"), "{prompt}", "{task_id}", "{workdir}"])
+    (ws / "hermes.yaml").write_text(f"""\
+folders: {{bin: {{path: '{tmp_path / "bin"}'}}}}
+defaults:
+  restart: {{policy: always, backoff: {{initial: 0.1, max: 0.5}}}}
+  stop_timeout: 5
+  folders: [bin]
+agents:
+  - name: cli
+    count: 2
+    runtime: command
+    argv: {argv}
+  - name: quick
+    roles: [quick]
+    runtime: command
+    argv: {argv}
+    max_runtime: 3
+    env_from: {{CLI_KEY: SUPERVISORS_CLI_KEY}}
+""")
+    os.environ.update(OPENAI_API_KEY="sk-SUPERVISORS-OWN", SUPERVISORS_CLI_KEY="sk-FOR-THE-CLI")
+    try:
+        up(ws)
+    finally:
+        del os.environ["OPENAI_API_KEY"], os.environ["SUPERVISORS_CLI_KEY"]
+    return ws, Board(ws / "kanban")
+
+
+def ended(board: Board, task_id: str) -> dict | None:
+    try:
+        doc = board.get(task_id)
+    except TaskNotFound:
+        return None
+    return doc if doc["status"] in ("done", "failed", "blocked", "cancelled") else None
+
+
+def test_a_cli_worker_is_done_failed_bounded_and_leaves_nothing(team):
+    ws, board = team
+    mark = marked_sleep()
+    tasks = {"plain": {"title": "say hi"}, "fails": {"title": "FAIL please", "max_attempts": 1},
+             "result": {"title": "RESULT in a file"}, "floods": {"title": "FLOOD the output"},
+             "spawns": {"title": f"GRANDCHILD {mark} stays?"},
+             "too-long": {"title": "HANG for ever", "role": "quick", "max_attempts": 1},
+             "named": {"title": "say hi with a key", "role": "quick"}}
+    for task_id, fields in tasks.items():
+        board.add({"id": task_id, **fields})
+    docs = {task_id: wait_until(lambda t=task_id: ended(board, t), timeout=120) for task_id in tasks}
+    assert docs["plain"]["status"] == "done"
+    assert docs["plain"]["result"]["answer"].strip().endswith("answer to plain: key=none given=none"), \
+        "no key reaches the CLI"
+    given = docs["named"]["result"]["answer"].strip()
+    assert given.endswith("key=none given=sk-FOR-THE-CLI"), "but the one env_from names"
+    assert docs["fails"]["status"] == "failed"
+    reason = docs["fails"]["history"][-1]["note"]
+    assert "exited with status 3" in reason
+    assert "it went wrong" in reason and "line 29" in reason and "line 5\n" not in reason, "the last lines"
+    assert docs["result"]["result"]["answer"] == "from the result file"
+    flood = docs["floods"]["result"]["answer"]
+    assert docs["floods"]["status"] == "done" and len(flood) < 100_000 and "cut" in flood
+    assert docs["spawns"]["status"] == "done"
+    wait_until(lambda: not running(mark), timeout=10)
+    assert docs["too-long"]["status"] == "failed"
+    assert "ran longer than max_runtime (3 s)" in docs["too-long"]["history"][-1]["note"]
+    wait_until(lambda: not running("Task too-long:"), timeout=10)
+    assert "; runtime: command (python" in (ws / "runs" / "quick" / "agent.log").read_text()
+
+
+@pytest.mark.parametrize("how", ["HANG", "STUBBORN HANG"])
+def test_a_cancel_stops_the_cli_within_a_second_or_two(team, how):
+    ws, board = team
+    board.add({"id": "hangs", "title": f"{how} here"})
+    wait_until(lambda: running("Task hangs:"), timeout=60)
+    cancelled = time.monotonic()
+    done = subprocess.run([*CLI, "-w", str(ws), "task", "cancel", "hangs"], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    wait_until(lambda: not running("Task hangs:"), timeout=10)
+    assert time.monotonic() - cancelled < 3.0
+    assert board.get("hangs")["status"] == "cancelled"
+
+
+def test_a_killed_cli_agent_gives_its_task_back_and_the_next_attempt_finishes_it(team):
+    _, board = team
+    board.add({"id": "once", "title": "HANG-ONCE then answer"})
+    wait_until(lambda: running("Task once:"), timeout=60)
+    os.kill(board.get("once")["claim"]["pid"], signal.SIGKILL)
+    doc = wait_until(lambda: ended(board, "once"), timeout=120)
+    assert doc["status"] == "done" and "answer to once" in doc["result"]["answer"]
+    assert doc["attempts"] == 2, "the killed run was an attempt; the next one finished it"
+    wait_until(lambda: not running("Task once:"), timeout=10)
+
+
+# -- the decisions, pure -------------------------------------------------------------------------------
+
+def test_each_placeholder_is_one_argument_whatever_the_task_holds():
+    hostile = "x'; rm -rf / #$(id) {task_id} {{"
+    assert fill(["cli", "-p", "{prompt}", "--id={task_id}", "{workdir}/out", "{{literal}}"],
+                {"prompt": hostile, "task_id": "t-1", "workdir": "/w"}) == \
+        ["cli", "-p", hostile, "--id=t-1", "/w/out", "{literal}"]
+
+
+@pytest.mark.parametrize("argv, problem", [
+    ([], "non-empty list"), ("codex exec", "non-empty list"), (["codex", ""], "non-empty list"),
+    (["codex", "{prmpt}"], "names {prmpt}; the placeholders are {prompt}, {task_id}, {workdir}"),
+    (["codex", "{prompt"], "brace that is not closed"), (["{prompt}"], "start with the program itself"),
+    (["codex", "{prompt.__class__}"], "names {prompt.__class__}"),
+])
+def test_an_argv_that_cannot_run_says_why(argv, problem):
+    assert problem in argv_problem(argv)
+    assert argv_problem(["codex", "exec", "{prompt}", "--cd", "{workdir}"]) == ""
+
+
+def test_a_run_is_judged_by_its_exit_and_its_output():
+    kwargs = {"stopped": False, "timed_out": False, "max_runtime": 60, "program": "codex"}
+    assert judge(0, "the answer\n", None, **kwargs).result == {"answer": "the answer\n"}
+    assert judge(0, "log", "from file", **kwargs).result == {"answer": "from file", "output": "log"}
+    failed = judge(2, "\n".join(f"l{i}" for i in range(50)), None, **kwargs)
+    assert failed.kind == "failed" and failed.reason.startswith("codex exited with status 2")
+    assert "l49" in failed.reason and "l29" not in failed.reason
+    assert judge(0, "", None, **{**kwargs, "stopped": True}).kind == "interrupted"
+    assert "longer than max_runtime (60 s)" in judge(None, "", None, **{**kwargs, "timed_out": True}).reason
+
+
+@pytest.mark.parametrize("entry, message", [
+    ("runtime: codex", "'runtime' must be one of builtin, command"),
+    ("runtime: command", "'argv' must be a non-empty list"),
+    ("runtime: command\n    argv: [codex, '{promt}']", "'argv' item '{promt}' names {promt}"),
+    ("argv: [codex]", "'argv' is for runtime: command"),
+    ("runtime: command\n    argv: [codex]\n    max_runtime: 0", "'max_runtime' must be a number of seconds > 0"),
+    ("runtime: hermes", "runtime 'hermes' is not supported yet"),
+    ("runtime: command\n    argv: [codex]\n    env_from: {OPENAI_API_KEY: sk-123}", "'env_from' must map"),
+    ("env_from: {A: B}", "'env_from' is for runtime: command"),
+    ("runtime: command\n    argv: [codex]\nbudgets: {tasks: {max_cost: 1}}",
+     "a runtime: command agent's spend is not measured"),
+])
+def test_a_runtime_that_cannot_work_is_refused_with_file_and_line(tmp_path, entry, message):
+    path = tmp_path / "hermes.yaml"
+    path.write_text(f"agents:\n  - name: a\n    {entry}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, skills=lambda: ())
+    assert f"{path}:2: agent a: {message}" in str(info.value)
