@@ -130,22 +130,25 @@ def context_check(name: str, provider: ProviderConfig, size: int | None) -> Chec
 
 
 def sandbox_checks(specs: list[Any]) -> list[Check]:
-    """How the terminal of each agent with `shell` runs its commands here (agents/sandbox.py)."""
+    """How each agent that runs code of others here (a terminal with `shell`, skills' tools, an agent
+    CLI with `runtime: command`) has it confined (agents/sandbox.py)."""
     by_mode: dict[str, list[str]] = {}
     for spec in specs:
-        if "shell" in spec.capabilities:
-            by_mode.setdefault(str(json.loads(spec.tools).get("sandbox") or "auto"), []).append(spec.name)
+        tools = json.loads(spec.tools)
+        if "shell" in spec.capabilities or "skills" in spec.capabilities or spec.skills or tools.get("runtime"):
+            by_mode.setdefault(str(tools.get("sandbox") or "auto"), []).append(spec.name)
     checks = []
     for mode, names in sorted(by_mode.items()):
         who = f"sandbox: {mode} ({', '.join(names)})"
         try:
             kind, gaps = sandbox.how(mode)
         except sandbox.SandboxRefused as exc:
-            checks.append(_check(who, "error", f"their terminal refuses every command: {exc}"))
+            checks.append(_check(who, "error", f"every command, skill call and agent CLI of theirs is refused: {exc}"))
             continue
         if kind == "bubblewrap":
-            checks.append(_check(who, "ok", "commands confined by bubblewrap: writes in the task's folder and the "
-                                            "rw grants, no workspace, no network without the network capability"))
+            checks.append(_check(who, "ok", "commands, skills' tools and agent CLIs confined by bubblewrap: writes in "
+                                            "the task's folder and the rw grants, no workspace, no network without "
+                                            "the network capability"))
         else:
             how = "confined by Landlock" if kind == "landlock" else "unconfined"
             checks.append(_check(who, "warn", f"commands {how}: {gaps}"))

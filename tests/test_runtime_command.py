@@ -195,3 +195,14 @@ def test_a_runtime_that_cannot_work_is_refused_with_file_and_line(tmp_path, entr
     with pytest.raises(ConfigError) as info:
         load_config(path, skills=lambda: ())
     assert f"{path}:2: agent a: {message}" in str(info.value)
+
+
+def test_doctor_says_how_a_cli_agent_is_confined_and_names_no_agent_that_runs_nothing(tmp_path):
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    (ws / "hermes.yaml").write_text("agents:\n  - name: cli\n    runtime: command\n    argv: [echo, '{prompt}']\n"
+                                    "  - name: plain\n    capabilities: [fs.read]\n")
+    done = subprocess.run([*CLI, "-w", str(ws), "doctor", "--json"], capture_output=True, text=True, cwd=ROOT)
+    checks = [c for c in json.loads(done.stdout)["checks"] if c["name"].startswith("sandbox")]
+    assert [c["name"] for c in checks] == ["sandbox: auto (cli)"]
+    assert checks[0]["level"] in ("ok", "warn") and "confined by" in checks[0]["detail"]
