@@ -328,10 +328,11 @@ def _local_openai(spec: Mapping[str, Any]) -> bool:
 
 def chain_for(tier: str, config: Mapping[str, Any], auto: Callable[[], ProviderConfig | None],
               env: Mapping[str, str]) -> list[ProviderConfig]:
-    """The ordered providers of a tier. Providers whose key is missing from the environment are left
-    out (a local server needs none); `auto` stands for whatever `resolve_auto` finds."""
+    """The ordered providers of a tier, or of the agent's own chain (hermes.yaml's `providers:` of
+    the agent, `chain` here) whatever the tier. Providers whose key is missing from the environment
+    are left out (a local server needs none); `auto` stands for whatever `resolve_auto` finds."""
     tiers = config.get("tiers") or {}
-    names = tiers.get(tier) or tiers.get("standard") or ["auto"]
+    names = list(config.get("chain") or ()) or tiers.get(tier) or tiers.get("standard") or ["auto"]
     named = provider_configs(config)
     chain: list[ProviderConfig] = []
     for name in names:

@@ -1,5 +1,6 @@
-"""hermes.yaml's `runtime` of an agent: the built-in loop, or `command` (any agent CLI, one run per
-task: agents/clirun.py); its checks with file:line, and what the agent is told of it."""
+"""How an agent works, as hermes.yaml says it: its `runtime` (the built-in loop, or `command`: any agent
+CLI, one run per task, agents/clirun.py) and the built-in loop's own provider chain (`providers`);
+their checks with file:line, and what the agent is told of them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from ..agents.clirun import DEFAULT_MAX_RUNTIME, argv_problem
 from .mcpconfig import VARIABLE
 
 RUNTIMES = ("builtin", "command")
-RUNTIME_KEYS = ("runtime", "argv", "max_runtime", "env_from")
+RUNTIME_KEYS = ("runtime", "argv", "max_runtime", "env_from", "providers")
 MAX_RUNTIME = 7 * 86400.0
 
 
@@ -24,10 +25,13 @@ def check_runtime(agent: dict[str, Any], where: str, fail: Any) -> None:
         raise fail(agent, f"{where}: 'runtime' must be one of {', '.join(RUNTIMES)} (command: any agent CLI, one run "
                           f"per task, with 'argv'), got {runtime!r}")
     if runtime != "command":
-        extra = [key for key in RUNTIME_KEYS[1:] if key in agent]
+        extra = [key for key in RUNTIME_KEYS[1:-1] if key in agent]
         if extra:
             raise fail(agent, f"{where}: '{extra[0]}' is for runtime: command")
         return
+    if "providers" in agent:
+        raise fail(agent, f"{where}: 'providers' is for the built-in loop; a runtime: command agent's CLI picks its "
+                          "own model")
     problem = argv_problem(agent.get("argv"))
     if problem:
         raise fail(agent, f"{where}: {problem}")
@@ -40,6 +44,22 @@ def check_runtime(agent: dict[str, Any], where: str, fail: Any) -> None:
                                               and VARIABLE.fullmatch(v) for k, v in named.items() if k != "__line__"):
         raise fail(agent, f"{where}: 'env_from' must map the CLI's variable names to the names of ours that hold "
                           "their values (a key stays out of hermes.yaml: env_from: {OPENAI_API_KEY: CODEX_KEY})")
+
+
+def check_chain(agent: dict[str, Any], providers: Any, where: str, fail: Any) -> None:
+    """An agent's own `providers` chain: names of hermes.yaml's providers (or auto, offline), in the
+    order they are tried for every model call of the agent, whatever the tier."""
+    if "providers" not in agent:
+        return
+    chain = agent["providers"]
+    known = {*(providers if isinstance(providers, dict) else {}), "auto", "offline"} - {"__line__"}
+    if not isinstance(chain, list) or not chain or not all(isinstance(name, str) for name in chain):
+        raise fail(agent, f"{where}: 'providers' must be a list of provider names, tried in order (its own chain; "
+                          "the tiers stay the team's)")
+    unknown = [name for name in chain if name not in known]
+    if unknown:
+        raise fail(agent, f"{where}: 'providers' names {unknown[0]!r}, which is no provider of hermes.yaml "
+                          f"(providers: {', '.join(sorted(known))})")
 
 
 def check_budgeted(raw: dict[str, Any], fail: Any) -> None:

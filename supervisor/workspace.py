@@ -30,7 +30,7 @@ from ..agents.sandbox import MODES as SANDBOX_MODES
 from .alerts import check_alerts
 from .folders import check_folders
 from .mcpconfig import check_mcp_servers
-from .runtimes import RUNTIME_KEYS, check_budgeted, check_runtime
+from .runtimes import RUNTIME_KEYS, check_budgeted, check_chain, check_runtime
 from .schedules import check_schedules
 
 CONFIG_NAME = "hermes.yaml"
@@ -259,7 +259,7 @@ def load_config(path: Path, *, skills: Callable[[], Collection[str]] | None = No
     for agent in agents:
         if not isinstance(agent, dict):
             raise fail(raw, "each entry of 'agents' must be a mapping with at least a name")
-        _check_agent(agent, fail)
+        _check_agent(agent, raw.get("providers"), fail)
         name, count = agent["name"], agent.get("count", 1)
         expanded = [name] if count == 1 else [f"{name}-{index}" for index in range(1, count + 1)]
         command = agent.get("command")
@@ -340,8 +340,8 @@ def _check_skills(agents: list[Any], fail: Any, present: Callable[[], Collection
                           f"({key} known here: {', '.join(choices) or 'none'})")
 
 
-def _check_agent(agent: dict[str, Any], fail: Any) -> None:
-    """The keys, types and ranges of one entry of `agents`."""
+def _check_agent(agent: dict[str, Any], raw_providers: Any, fail: Any) -> None:
+    """The keys, types and ranges of one entry of `agents` (its `providers` among hermes.yaml's)."""
     for key in agent:
         if key != "__line__" and key not in AGENT_KEYS:
             raise fail(agent, f"unknown agent key '{key}'; expected one of {', '.join(AGENT_KEYS)}")
@@ -375,6 +375,7 @@ def _check_agent(agent: dict[str, Any], fail: Any) -> None:
         raise fail(agent, f"agent {name}: 'env' must be a mapping of variable names (letters, digits, '_') "
                           "to values without NUL")
     check_runtime(agent, f"agent {name}", fail)
+    check_chain(agent, raw_providers, f"agent {name}", fail)
     command = agent.get("command")
     if command is not None and (not isinstance(command, list) or not command
                                 or not all(isinstance(part, str) and part and "\0" not in part
