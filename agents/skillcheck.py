@@ -1,4 +1,4 @@
-"""Validate one skill file in a process of its own: `python -P -m hermes_sup.agents.skillcheck PATH`.
+"""Validate one skill in a process of its own, its source and path given on stdin (agents/skillproc.check).
 
 The file must parse, import, and register at least one tool with a valid name, description,
 argument schema (plain JSON) and capabilities a confined process can have, none clashing with a
@@ -8,9 +8,11 @@ the skill prints goes to stderr; a skill that calls sys.exit is rejected for it;
 process or loops is judged by the caller (exit status, timeout).
 
 Importing a skill runs its code, so this process holds nothing worth taking and can change nothing
-that lasts: the caller starts it with no credential in its environment, in an empty folder of its
-own; before the skill is imported it limits itself (CPU time, memory, file size) and, where the
-kernel has Landlock, forbids itself every write outside that folder and every TCP connection.
+that lasts: the caller starts it confined as a call with no capability is (agents/sandbox.py: no
+workspace, no home, no network, what it starts dies with it), with no credential in its environment,
+in an empty folder of its own; before the skill is imported it also limits itself (CPU time, memory,
+file size) and forbids itself every write outside that folder (Landlock). The verdict's line is
+written by a process the skill's code ran in: the caller checks what it says (verdict_problem).
 """
 
 from __future__ import annotations
@@ -46,17 +48,15 @@ def confine(writable: Path) -> str:
                              reads=False, network=False)
 
 
-def check(path: Path) -> dict[str, Any]:
+def check(path: Path, source: str) -> dict[str, Any]:
+    """The verdict on the skill `source` (the bytes of `path` its caller read and will run)."""
     from . import builtins  # noqa: F401 - the built-in names a skill may not take
     from .tools import CAPABILITIES, REGISTRY, TOOL_NAME, collecting, schema_problem
 
     try:
-        source = path.read_text(encoding="utf-8")
         tree = ast.parse(source, filename=str(path))
     except SyntaxError as exc:
         return {"ok": False, "error": f"syntax error at line {exc.lineno}: {exc.msg}"}
-    except (OSError, UnicodeDecodeError) as exc:
-        return {"ok": False, "error": f"cannot be read: {exc}"}
     namespace: dict[str, Any] = {"__name__": f"hermes_skill_{path.stem}", "__file__": str(path)}
     with collecting() as tools:
         try:
@@ -119,18 +119,57 @@ def _plain_problem(tool: Any) -> str:
     return ""
 
 
+def verdict_problem(verdict: Any) -> str:
+    """Why a verdict cannot be taken as a check's, or "" (pure). The skill's code ran in the process
+    that wrote it and could have written its own: what a forged one says must still be a skill's
+    honest declaration (names, capabilities a confined call can have, schemas that check), so that
+    it gains nothing and breaks no agent."""
+    from .tools import TOOL_NAME, schema_problem
+
+    if not isinstance(verdict, dict) or not isinstance(verdict.get("ok"), bool):
+        return "no verdict"
+    if not verdict["ok"]:
+        return "" if isinstance(verdict.get("error"), str) else "a rejection without a reason"
+    tools = verdict.get("tools")
+    if verdict.get("v") != VERDICT_VERSION or not isinstance(verdict.get("doc", ""), str) \
+            or not isinstance(tools, list) or not tools:
+        return "not a verdict of this version"
+    names = set()
+    for tool in tools:
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str) or not TOOL_NAME.fullmatch(tool["name"]):
+            return "a tool without a valid name"
+        if tool["name"] in names:
+            return f"tool {tool['name']} twice"
+        names.add(tool["name"])
+        caps = tool.get("capabilities")
+        if not isinstance(caps, list) or any(c not in SKILL_CAPABILITIES for c in caps):
+            return f"tool {tool['name']}: capabilities a skill's call cannot have"
+        if not isinstance(tool.get("description"), str) or schema_problem(tool.get("parameters")) is not None:
+            return f"tool {tool['name']}: no description or a schema that does not check"
+        hidden, cues = tool.get("hidden"), tool.get("cues")
+        if not isinstance(hidden, dict) or any(schema_problem(v) is not None for v in hidden.values()) \
+                or not isinstance(cues, list) or not all(isinstance(c, str) for c in cues) \
+                or not isinstance(tool.get("idempotent"), bool) or not isinstance(tool.get("opt_in"), bool):
+            return f"tool {tool['name']}: hidden, cues or flags of the wrong kind"
+    return ""
+
+
 def main() -> int:
-    if len(sys.argv) != 2:
-        print("usage: python -m hermes_sup.agents.skillcheck PATH", file=sys.stderr)
-        return 2
+    """Check the skill whose source and path come as one JSON line on stdin; run by the agent's
+    sandbox (agents/skillproc.check), as a call is."""
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # the skill's own prints must not be taken for the verdict
     sys.stdout = sys.stderr
-    path = Path(sys.argv[1]).resolve()
+    try:
+        request = json.loads(sys.stdin.readline())
+        source, path = str(request["source"]), Path(str(request["file"]))
+    except (ValueError, KeyError, TypeError):
+        out.write(json.dumps({"ok": False, "error": "the check was given no skill"}) + "\n")
+        return 0
     how = confine(Path.cwd())
     if how != "landlock":
         print(f"skillcheck: {how}; the check runs with resource limits only", file=sys.stderr)
-    verdict = check(path)
+    verdict = check(path, source)
     out.write(json.dumps(verdict) + "\n")
     out.flush()
     return 0

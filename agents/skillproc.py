@@ -40,12 +40,12 @@ KEEP_STDERR = 2048     # the end of what the skill printed, shown when it fails
 PACKAGES = ("agents", "kanban")  # of hermes_sup: what a skill may import of ours (never supervisor)
 # The child's first lines: our package from the copy, never from where this process has it (in a
 # checkout that is the hidden workspace: an editable install's finder would look there).
-BOOT = ("import sys\n"
+BOOT = ("import importlib, sys\n"
         "sys.meta_path[:] = [f for f in sys.meta_path if not str(getattr(f, '__module__', '') or '')"
         ".startswith('__editable___hermes_sup')]\n"
         "sys.path.insert(0, sys.argv[1])\n"
-        "from hermes_sup.agents.skillrun import main\n"
-        "sys.exit(main())\n")
+        "sys.exit(importlib.import_module(sys.argv[2]).main())\n")
+CHECK_TIMEOUT = 10.0
 
 
 def digest(data: bytes) -> str:
@@ -98,6 +98,44 @@ def library(runs: Path) -> Path:
     return final
 
 
+def check(path: Path, data: bytes, runs: Path, environ: dict[str, str],
+          timeout: float = CHECK_TIMEOUT) -> dict[str, Any]:
+    """The verdict on the skill `data` (the bytes of `path` that will run): agents/skillcheck.py
+    imports it in a process confined as a call with no capability is (no workspace, no home, no
+    network, an empty folder of its own, removed after; what it starts dies with it), with `environ`
+    as its environment; bounded in time. What the verdict says is checked here (verdict_problem):
+    the skill's code ran where it was written."""
+    from .skillcheck import verdict_problem
+
+    with tempfile.TemporaryDirectory(prefix="hermes-skillcheck-") as folder:
+        own = Path(folder).resolve()
+        lib = library(runs)
+        try:
+            argv, env = command_for({"sandbox": "auto"}, (), runs.parent, own, own, dict(environ),
+                                    [sys.executable, "-P", "-c", BOOT, str(lib), "hermes_sup.agents.skillcheck"],
+                                    library=(lib,))
+        except sandbox.SandboxRefused as exc:
+            return {"ok": False, "error": f"cannot be checked confined here: {exc}"}
+        proc = subprocess.Popen(argv, cwd=own, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, process_group=0, close_fds=True)
+        request = json.dumps({"source": data.decode("utf-8", "replace"), "file": str(path)}).encode() + b"\n"
+        try:
+            stdout, stderr = proc.communicate(request, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"ok": False, "error": f"did not finish loading within {timeout:g} s (a loop at import?)"}
+        finally:
+            _end(proc)
+    lines = [line for line in stdout.decode("utf-8", "replace").splitlines() if line.strip()]
+    try:
+        verdict = json.loads(lines[-1][:MAX_LINE])
+    except (IndexError, ValueError, RecursionError):
+        tail = stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+        return {"ok": False, "error": f"the check process ended with status {proc.returncode} without a verdict "
+                                      f"{tail[0][:200]}".strip()}
+    problem = verdict_problem(verdict)
+    return {"ok": False, "error": f"its check's verdict does not hold: {problem}"} if problem else verdict
+
+
 def proxies(name: str, path: Path, checked: str, declared: list[dict[str, Any]], runs: Path) -> list[Tool]:
     """The tools of the skill `name` (file `path`, checked at digest `checked`) as its verdict
     declared them, each call run confined."""
@@ -148,7 +186,8 @@ def call(path: Path, checked: str, tool: str, capabilities: tuple[str, ...], run
     try:
         argv, env = command_for({**ctx.settings, **settings}, capabilities, ctx.workspace, own, own,
                                 clean_env(os.environ, withheld(ctx.settings)),
-                                [sys.executable, "-P", "-c", BOOT, str(lib)], library=(lib,),
+                                [sys.executable, "-P", "-c", BOOT, str(lib), "hermes_sup.agents.skillrun"],
+                                library=(lib,),
                                 own_writable="fs.write" in capabilities)
     except sandbox.SandboxRefused as exc:
         raise ToolError(str(exc)) from None

@@ -21,10 +21,7 @@ import hashlib
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,8 +33,8 @@ from hermes_sup.kanban.journal import Journal
 from hermes_sup.kanban.parse import load_yaml
 from hermes_sup.kanban.task import now_iso
 
-from .skillcheck import VERDICT_VERSION
-from .skillproc import proxies
+from . import skillproc
+from .skillcheck import verdict_problem
 from .terminal import SECRET_NAMES
 from .tools import Tool, ToolContext, ToolError, register
 
@@ -97,40 +94,18 @@ def check_env(environ: Mapping[str, str], home: str) -> dict[str, str]:
     return {**kept, "HOME": home, "TMPDIR": home, "PYTHONDONTWRITEBYTECODE": "1"}
 
 
-def check_in_process_of_its_own(path: Path) -> dict[str, Any]:
-    """The verdict on `path`: parsed here (no code of the skill runs in this process), imported by
-    agents.skillcheck in a process of its own with no credential, in an empty folder that is removed
-    after, bounded in time; whatever it started is killed with it."""
+def check_in_process_of_its_own(path: Path, runs: Path, data: bytes | None = None) -> dict[str, Any]:
+    """The verdict on `path` (its bytes `data`, read once: what is checked is what will run): parsed
+    here (no code of the skill runs in this process), imported by agents.skillcheck in a confined
+    process of its own with no credential (agents/skillproc.check), bounded in time."""
     try:
-        ast.parse(path.read_bytes(), filename=str(path))
+        data = path.read_bytes() if data is None else data
+        ast.parse(data, filename=str(path))
     except SyntaxError as exc:
         return {"ok": False, "error": f"syntax error at line {exc.lineno}: {exc.msg}"}
     except (OSError, ValueError) as exc:
         return {"ok": False, "error": f"cannot be read: {exc}"}
-    with tempfile.TemporaryDirectory(prefix="hermes-skillcheck-") as folder:
-        proc = subprocess.Popen([sys.executable, "-P", "-m", "hermes_sup.agents.skillcheck", str(path.resolve())],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=check_env(os.environ, folder), stdin=subprocess.DEVNULL, cwd=folder,
-                                start_new_session=True, close_fds=True)
-        try:
-            stdout, stderr = proc.communicate(timeout=CHECK_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            return {"ok": False, "error": f"did not finish loading within {CHECK_TIMEOUT:g} s (a loop at import?)"}
-        finally:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)  # the check, and anything the skill left running
-            proc.wait()
-            for pipe in (proc.stdout, proc.stderr):
-                if pipe is not None:
-                    pipe.close()
-    lines = [line for line in stdout.splitlines() if line.strip()]
-    try:
-        verdict = json.loads(lines[-1])
-    except (IndexError, ValueError):
-        tail = stderr.strip().splitlines()[-1:] or [""]
-        return {"ok": False, "error": f"the check process ended with status {proc.returncode} without a verdict "
-                                      f"{tail[0][:200]}".strip()}
-    return verdict if isinstance(verdict, dict) else {"ok": False, "error": "no verdict"}
+    return skillproc.check(path, data, runs, check_env(os.environ, ""), CHECK_TIMEOUT)
 
 
 class Skills:
@@ -180,8 +155,8 @@ class Skills:
         key = digest(data)
         verdicts = self._verdicts()
         known = verdicts.get(key)
-        if not isinstance(known, dict) or (known.get("ok") and known.get("v") != VERDICT_VERSION):
-            verdicts[key] = check_in_process_of_its_own(path)
+        if verdict_problem(known):  # none yet, of an older shape, or written by something else
+            verdicts[key] = check_in_process_of_its_own(path, self.verdicts_path.parent, data)
             self.verdicts_path.parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(self.verdicts_path, verdicts, fsync=False)
         return verdicts[key]
@@ -231,7 +206,12 @@ class Skills:
             if skill.state != "ok":
                 notes.append(f"skill {skill.name} is not loaded: {skill.error}")
                 continue
-            for tool in proxies(skill.name, skill.path, skill.digest, skill.tools, self.verdicts_path.parent):
+            try:
+                made = skillproc.proxies(skill.name, skill.path, skill.digest, skill.tools, self.verdicts_path.parent)
+            except Exception as exc:  # a verdict file damaged since: this skill is left out, the others stay
+                notes.append(f"skill {skill.name} is not loaded: {type(exc).__name__}: {exc}")
+                continue
+            for tool in made:
                 tools[tool.name] = tool
         return tools, notes
 
