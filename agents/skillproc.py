@@ -35,7 +35,7 @@ from .terminal import KILL_GRACE, STOP_SIGNALS, clean_env, command_for, died_of,
 from .tools import Tool, ToolContext, ToolError
 
 CALL_TIMEOUT = 600.0   # of the call's own work; time spent waiting on the model is not counted
-MAX_LINE = 16 << 20    # bytes of one answer line
+MAX_LINE = 2 << 20     # bytes of one answer line (a result is cut to 20,000 characters anyway)
 KEEP_STDERR = 2048     # the end of what the skill printed, shown when it fails
 PACKAGES = ("agents", "kanban")  # of hermes_sup: what a skill may import of ours (never supervisor)
 # The child's first lines: our package from the copy, never from where this process has it (in a
@@ -209,7 +209,9 @@ def call(path: Path, checked: str, tool: str, capabilities: tuple[str, ...], run
     if "result" in answer:
         return answer["result"]
     if answer.get("kind") == "interrupted":
-        raise InterruptedError
+        if ctx.stop.is_set():
+            raise InterruptedError
+        raise ToolError(f"{tool} said it was stopped, and no stop was asked")  # not the agent's stop to fake
     if answer.get("kind") == "raised":
         raise ToolError(f"{tool} raised {answer.get('error')}")
     raise ToolError(str(answer.get("error") or f"{tool} failed"))
@@ -218,22 +220,29 @@ def call(path: Path, checked: str, tool: str, capabilities: tuple[str, ...], run
 def _converse(proc: subprocess.Popen[bytes], ctx: ToolContext, request: bytes) -> tuple[dict[str, Any] | None, bytes]:
     """Hand the child its request and answer its model calls until its outcome line; (the outcome or
     None when it ended without one, the end of its stderr). Bounded in time (CALL_TIMEOUT of its own
-    work) and size (MAX_LINE); a stop ends it at once."""
+    work) and size (MAX_LINE); a stop ends it at once. Answers are written without blocking: a child
+    that asks again before reading its answer is ended, never waited on."""
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     with contextlib.suppress(BrokenPipeError):
-        proc.stdin.write(request)
+        proc.stdin.write(request)  # read whole before any code of the skill runs
         proc.stdin.flush()
+    os.set_blocking(proc.stdin.fileno(), False)
     deadline = time.monotonic() + CALL_TIMEOUT
-    pending, stderr = b"", b""
+    pending, stderr, outbox = b"", b"", b""
     with selectors.DefaultSelector() as selector:
         selector.register(proc.stdout, selectors.EVENT_READ)
         selector.register(proc.stderr, selectors.EVENT_READ)
-        while selector.get_map():
+        while any(key.fileobj is not proc.stdin for key in selector.get_map().values()):
             if ctx.stop.is_set():
                 raise InterruptedError
             if time.monotonic() > deadline:
                 raise ToolError(f"the skill's call took more than {CALL_TIMEOUT:g} s; it was ended")
             for key, _ in selector.select(timeout=0.2):
+                if key.fileobj is proc.stdin:
+                    outbox = outbox[_write(proc.stdin.fileno(), outbox):]
+                    if not outbox:
+                        selector.unregister(proc.stdin)
+                    continue
                 data = os.read(key.fd, 1 << 16)
                 if not data:
                     selector.unregister(key.fileobj)
@@ -249,19 +258,32 @@ def _converse(proc: subprocess.Popen[bytes], ctx: ToolContext, request: bytes) -
                     message = _message(line)
                     if "llm" not in message:
                         return message, stderr
+                    if outbox:
+                        raise ToolError("the skill's process asked the model again before reading its answer; "
+                                        "it was ended")
                     started = time.monotonic()
-                    reply = _model(ctx, message["llm"])
+                    reply = json.dumps(_model(ctx, message["llm"])).encode() + b"\n"
                     deadline += time.monotonic() - started
-                    with contextlib.suppress(BrokenPipeError):
-                        proc.stdin.write(json.dumps(reply).encode() + b"\n")
-                        proc.stdin.flush()
+                    outbox = reply[_write(proc.stdin.fileno(), reply):]
+                    if outbox:
+                        selector.register(proc.stdin, selectors.EVENT_WRITE)
     return None, stderr
+
+
+def _write(fd: int, data: bytes) -> int:
+    """How much of `data` went into the pipe `fd` now (all of it when the child is gone: dropped)."""
+    try:
+        return os.write(fd, data)
+    except BlockingIOError:
+        return 0
+    except (BrokenPipeError, OSError):
+        return len(data)
 
 
 def _message(line: bytes) -> dict[str, Any]:
     try:
         message = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: a line nested 200,000 deep
         return {"error": "the skill's process answered something unreadable", "kind": "tool"}
     if not isinstance(message, dict):
         return {"error": "the skill's process answered something unreadable", "kind": "tool"}
