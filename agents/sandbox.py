@@ -54,19 +54,24 @@ def _inside(path: Path, root: Path) -> bool:
 
 def plan(cwd: Path, task_folder: Path, grants: Iterable[tuple[Path, bool]], *, workspace: Path | None,
          network: bool, env: Mapping[str, str], home: str | None = None, interpreter: Sequence[str] = (),
-         private: Sequence[str] = PRIVATE, library: Sequence[Path] = (), own_writable: bool = True) -> Confinement:
+         private: Sequence[str] = PRIVATE, library: Sequence[Path] = (), own_writable: bool = True,
+         conceal: Sequence[Path] = ()) -> Confinement:
     """The confinement of a command run in `cwd` for a task whose folder is `task_folder`, with the
     agent's grants ((path, writable) pairs) (pure). `interpreter`: folders under a hidden one a command
     may still run things from (the Python running the agent, its PATH), shown read-only unless they
     hold something hidden on purpose (the workspace, a home folder itself). `library`: folders that
     hold our own code alone (agents/skillproc.py's copy), shown read-only wherever they are.
-    `own_writable` False: the task's folder is read-only too (a skill's tool without fs.write)."""
+    `own_writable` False: the task's folder is read-only too (a skill's tool without fs.write).
+    `conceal`: folders hidden too wherever they are (grants this command is not given, where the
+    workspace's runs/ and kanban/ really are), unless one is given."""
     hidden = [Path(p) for p in private]
     if home and os.path.isabs(home) and Path(home) != Path("/"):
         hidden.append(Path(home))
     if workspace is not None:
         hidden.append(workspace)
     grants = list(grants)
+    given = {path for path, _ in grants} | {task_folder}
+    hidden += [Path(p) for p in conceal if Path(p) not in given and os.path.isabs(p)]
     own = [task_folder]
     writable = (own if own_writable else []) + [path for path, rw in grants if rw]
     readable = ([] if own_writable else own) + [path for path, rw in grants if not rw]

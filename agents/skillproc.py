@@ -167,6 +167,15 @@ def rights(settings: dict[str, Any], capabilities: tuple[str, ...]) -> dict[str,
     return {"folders": folders, "sandbox": settings.get("sandbox") or "auto"}
 
 
+def withheld_folders(agents: dict[str, Any], calls: dict[str, Any]) -> list[Path]:
+    """The agent's granted folders (and worktrees) a call is not given (pure): hidden from it, since a
+    folder outside the machine's private ones would otherwise be readable as the system is."""
+    from .grants import grants_of
+
+    given = {g.root for g in grants_of(calls)} | {g.path / ".git" for g in grants_of(calls) if g.tree}
+    return sorted({p for g in grants_of(agents) for p in (g.path, g.root) if p not in given})
+
+
 def call(path: Path, checked: str, tool: str, capabilities: tuple[str, ...], runs: Path,
          ctx: ToolContext, args: dict[str, Any]) -> Any:
     """One call of `tool`, in a confined process of its own; what its handler returned, or the
@@ -187,8 +196,8 @@ def call(path: Path, checked: str, tool: str, capabilities: tuple[str, ...], run
         argv, env = command_for({**ctx.settings, **settings}, capabilities, ctx.workspace, own, own,
                                 clean_env(os.environ, withheld(ctx.settings)),
                                 [sys.executable, "-P", "-c", BOOT, str(lib), "hermes_sup.agents.skillrun"],
-                                library=(lib,),
-                                own_writable="fs.write" in capabilities)
+                                library=(lib,), own_writable="fs.write" in capabilities,
+                                conceal=withheld_folders(ctx.settings, settings))
     except sandbox.SandboxRefused as exc:
         raise ToolError(str(exc)) from None
     request = {"source": source.decode("utf-8", "replace"), "file": str(path), "tool": tool, "args": args,

@@ -194,7 +194,8 @@ def confined_command(ctx: ToolContext, cwd: Path, env: dict[str, str],
 
 def command_for(settings: Mapping[str, Any], capabilities: Collection[str], workspace: Path | None, cwd: Path,
                 own: Path, env: dict[str, str], argv: list[str], shown: Collection[str] = (),
-                library: Collection[Path] = (), own_writable: bool = True) -> tuple[list[str], dict[str, str]]:
+                library: Collection[Path] = (), own_writable: bool = True,
+                conceal: Collection[Path] = ()) -> tuple[list[str], dict[str, str]]:
     """`argv` confined to its `own` folder and the folders `settings` grant (a terminal command's, an
     MCP server's, a skill tool's), with the files `shown` readable (and sandbox.plan's `library` and
     `own_writable`); SandboxRefused when the agent's `sandbox` cannot be had here."""
@@ -209,10 +210,20 @@ def command_for(settings: Mapping[str, Any], capabilities: Collection[str], work
     # A worktree's files are its tree; git there reads the repository's own .git (read-only: the
     # commit is the agent's, at done, never a command's).
     folders = [(g.root, g.writable) for g in grants] + [(g.path / ".git", False) for g in grants if g.tree]
+    # Hidden wherever they are: the team's folders not granted here, and the workspace's runs/ and
+    # kanban/ where a link puts them outside it (folders.py allows runs/ on another disk).
+    hidden = [*conceal, *(Path(p) for p in settings.get("folders_hidden") or () if isinstance(p, str))]
+    if workspace is not None:
+        root = Path(workspace).resolve()
+        hidden += [real for real in (Path(os.path.realpath(Path(workspace) / name)) for name in ("runs", "kanban"))
+                   if not (real == root or root in real.parents)]
+    # Where it really is: the sandbox shows folders at their real paths (runs/ may be a link to another
+    # disk, and the link itself lies in the hidden workspace).
+    cwd, own = Path(os.path.realpath(cwd)), Path(os.path.realpath(own))
     conf = sandbox.plan(cwd, own, folders, workspace=Path(workspace).resolve() if workspace else None,
                         network="network" in capabilities, env=env, home=os.environ.get("HOME"),
                         interpreter=interpreter, private=sandbox.private_here(), library=tuple(library),
-                        own_writable=own_writable)
+                        own_writable=own_writable, conceal=tuple(hidden))
     return sandbox.wrap(str(settings.get("sandbox") or "auto"), conf, argv)
 
 

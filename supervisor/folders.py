@@ -122,6 +122,16 @@ def _check_worktree(name: str, spec: dict[str, Any], path: str, where: Path,
                          f"{path}")
 
 
+def not_granted(config: dict[str, Any], defaults: dict[str, Any], entry: dict[str, Any]) -> list[str]:
+    """The paths of the team's folders this agent is not granted (pure): its commands, skills' calls
+    and CLIs have them hidden, wherever they are (one outside the machine's private folders would
+    otherwise be readable as the system is)."""
+    mine = {spec["path"] for spec in granted(config, defaults, entry).values()}
+    return sorted({spec["path"] for name, spec in (config.get("folders") or {}).items()
+                   if name != "__line__" and isinstance(spec, dict) and isinstance(spec.get("path"), str)
+                   and spec["path"] not in mine})
+
+
 def granted(config: dict[str, Any], defaults: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
     """The folders an agent is granted, as its settings carry them: {name: {path, mode[, worktree, base]}}
     (pure)."""

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .folders import granted
+from .folders import granted, not_granted
 from .mcpconfig import granted_servers
 from .policy import RestartSpec
 from .runtimes import runtime_of
@@ -134,6 +134,7 @@ def build_specs(config: dict[str, Any], root: Path, *, python: str = sys.executa
                                   "offer_tools": _merged(defaults, entry, "offer_tools") or "task",
                                   "sandbox": _merged(defaults, entry, "sandbox") or "auto",
                                   "folders": granted(config, defaults, entry),
+                                  "folders_hidden": not_granted(config, defaults, entry),
                                   "mcp_servers": granted_servers(config, defaults, entry),
                                   **runtime_of(entry)}, sort_keys=True),
                 board=json.dumps({"board": config.get("board") or {}, "host": config.get("host")}, sort_keys=True),

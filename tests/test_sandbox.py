@@ -257,3 +257,39 @@ def test_the_seccomp_filter_refuses_every_socket_but_unix_ones_and_foreign_calls
     assert call(IO_URING_SETUP) == "errno 13", "io_uring makes sockets without socket()"
     assert call(socket_nr | 0x40000000, 2) == "errno 13", "x32"
     assert call(socket_nr, AF_UNIX, a=0x40000003) == "errno 13", "i386's calls on x86_64"
+
+
+@pytest.mark.parametrize("mode", CONFINED)
+def test_a_team_folder_not_granted_and_runs_on_another_disk_are_hidden_wherever_they_are(tmp_path, mode):
+    """Outside the machine's private folders a path is readable as the system is: the team's folders
+    this agent is not granted (folders_hidden) and the workspace's runs/ linked to another disk must
+    be hidden by name. A command run under `sandbox: none` shows each is there to read."""
+    needs(mode)
+    if not os.access("/var/cache", os.W_OK):
+        pytest.skip("/var/cache is not writable here")
+    import shutil
+    import tempfile
+
+    elsewhere = Path(tempfile.mkdtemp(prefix="hermes-sup-test-", dir="/var/cache"))
+    try:
+        (elsewhere / "theirs").mkdir()
+        (elsewhere / "theirs" / "notes.txt").write_text("THEIR-NOTES\n")
+        (elsewhere / "runs" / "tasks" / "t1" / "work").mkdir(parents=True)
+        (elsewhere / "runs" / "other").mkdir()
+        (elsewhere / "runs" / "other" / "state.json").write_text("OTHERS-STATE\n")
+        ws = tmp_path / "ws"
+        ws.mkdir()
+        (ws / "runs").symlink_to(elsewhere / "runs")
+        command = f"echo RAN; cat {elsewhere}/theirs/notes.txt {elsewhere}/runs/other/state.json"
+
+        def run_in(sandbox_mode: str) -> str:
+            ctx = ToolContext(scratch=ws / "runs" / "tasks" / "t1" / "work", stop=threading.Event(),
+                              settings={"sandbox": sandbox_mode, "folders_hidden": [str(elsewhere / "theirs")]},
+                              grants=("shell",), workspace=ws)
+            return run(ctx, command)
+
+        assert "THEIR-NOTES" in run_in("none") and "OTHERS-STATE" in run_in("none")
+        out = run_in(mode)
+        assert "RAN" in out and "THEIR-NOTES" not in out and "OTHERS-STATE" not in out, out
+    finally:
+        shutil.rmtree(elsewhere, ignore_errors=True)

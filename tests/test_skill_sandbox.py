@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -78,6 +80,24 @@ KEYS = ("write_own", "write_rw", "write_ro", "write_outside", "write_runs", "rea
 
 @pytest.fixture
 def place(tmp_path, monkeypatch):
+    return make_place(tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def place_outside(monkeypatch):
+    """The same, outside every folder the sandbox hides by itself (/tmp, /home...): what is not
+    given must be hidden by name there."""
+    root = Path("/var/cache")
+    if not os.access(root, os.W_OK):
+        pytest.skip("/var/cache is not writable here")
+    folder = Path(tempfile.mkdtemp(prefix="hermes-sup-test-", dir=root))
+    try:
+        yield make_place(folder, monkeypatch)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def make_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-AGENTS-OWN")
     ws = tmp_path / "ws"
     (ws / "runs" / "tasks" / "t1" / "work").mkdir(parents=True)
@@ -124,6 +144,14 @@ def probe(place: Path, mode: str, tool: str, port: int) -> dict:
 # are written with fs.write, every grant read with fs.read, the network reached with network alone.
 ALLOWED = {"probe_write": {"write_own", "write_rw", "read_ro"}, "probe_read": {"read_ro"},
            "probe_net": {"connect"}, "probe_write_only": {"write_own", "write_rw"}}
+
+
+@pytest.mark.parametrize("tool", sorted(ALLOWED))
+@pytest.mark.parametrize("mode", CONFINED)
+def test_outside_the_private_folders_a_grant_not_given_is_hidden_too(place_outside, mode, tool, listener):
+    needs(mode)
+    # "outside" is no grant there, just a folder of the system, which is shown read-only.
+    assert set(probe(place_outside, mode, tool, listener)) == ALLOWED[tool] | {"read_outside"}
 
 
 @pytest.mark.parametrize("tool", sorted(ALLOWED))
