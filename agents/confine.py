@@ -7,7 +7,7 @@ of its own in the task's folder. It is a child subreaper: what the command leave
 and double forks included, becomes its child and is killed when the command ends, or when this process
 is told to stop (SIGTERM, SIGHUP, SIGINT; SIGKILL too when its parent, the agent, dies). It never runs
 the command unconfined: exit status 126 and the reason when Landlock cannot be had.
-SPEC is JSON: {writable, readable, shown, hidden: [path, ...], network: bool, own: the task's folder}.
+SPEC is JSON: {writable, readable, shown, hidden: [path, ...], network: bool}.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 
 from . import landlock, seccomp
 
@@ -63,6 +65,17 @@ def rules(spec: dict, hidden: list[str]) -> list[tuple[str, int]]:
             + [(os.devnull, landlock.WRITE_FILE | landlock.TRUNCATE)])
 
 
+def remove(folder: str) -> None:
+    """`folder` and all the command left in it, however deep (Python 3.11's rmtree recurses, and a
+    command may leave a tree thousands of folders deep)."""
+    try:
+        shutil.rmtree(folder, ignore_errors=True)
+    except RecursionError:
+        with contextlib.suppress(OSError):
+            subprocess.run(["rm", "-rf", "--one-file-system", "--", folder], stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=False)
+
+
 def drop_capabilities() -> None:
     """Run by root, the command keeps no capability (raw sockets, mounts, modules...): the bounding set
     emptied and root's gain of capabilities at exec switched off, for good."""
@@ -81,9 +94,9 @@ def main(argv: list[str]) -> int:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    # The command's own temporary folder, in its task's folder (writable to it even where that is not).
-    tmp = os.path.join(spec.get("own") or spec["writable"][0], f".tmp-{os.getpid()}-{os.urandom(4).hex()}")
-    os.mkdir(tmp, 0o700)
+    # The command's own temporary folder, in the machine's (hidden from every other command, and never
+    # a leftover in a task's folder that the command may not write).
+    tmp = tempfile.mkdtemp(prefix="hermes-sup-cmd-", dir="/tmp" if os.path.isdir("/tmp") else None)
     spec["writable"] = [*spec["writable"], tmp]
     try:
         # Both layers' rules are read now: once restricted, this process cannot list / any more.
@@ -97,7 +110,7 @@ def main(argv: list[str]) -> int:
 
         def stop(signum: int, _frame: object) -> None:
             kill_all()
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove(tmp)
             os._exit(128 + signum)
 
         for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
@@ -124,7 +137,7 @@ def main(argv: list[str]) -> int:
         kill_all()
         return 128 - status if status < 0 else status
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove(tmp)
 
 
 if __name__ == "__main__":

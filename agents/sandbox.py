@@ -45,7 +45,6 @@ class Confinement:
     shown: tuple[Path, ...] = ()               # under a hidden folder, shown read-only (the interpreter)
     network: bool = False
     env: Mapping[str, str] = field(default_factory=dict)
-    own: Path | None = None                    # the task's folder (the launcher's temporary folder is in it)
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -83,7 +82,7 @@ def plan(cwd: Path, task_folder: Path, grants: Iterable[tuple[Path, bool]], *, w
                     and not (workspace is not None and _inside(Path(p), workspace) and not _venv(Path(p), workspace))}
                    | {Path(p) for p in library})
     return Confinement(cwd=cwd, writable=tuple(writable), readable=tuple(readable), hidden=tuple(hidden),
-                       shown=tuple(shown), network=network, env=dict(env), own=task_folder)
+                       shown=tuple(shown), network=network, env=dict(env))
 
 
 def inner_env(conf: Confinement, tmp: str) -> dict[str, str]:
@@ -133,7 +132,7 @@ def launcher_argv(conf: Confinement, argv: Sequence[str]) -> list[str]:
     """The Landlock launcher's command line for `argv` under `conf` (pure)."""
     spec = {"writable": [str(p) for p in conf.writable], "readable": [str(p) for p in conf.readable],
             "shown": [str(p) for p in conf.shown], "hidden": [str(p) for p in conf.hidden],
-            "network": conf.network, "own": str(conf.own or conf.writable[0])}
+            "network": conf.network}
     return [sys.executable, "-P", "-m", "hermes_sup.agents.confine", json.dumps(spec), "--", *argv]
 
 

@@ -23,6 +23,7 @@ import os
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -70,14 +71,19 @@ def _package_files() -> tuple[tuple[str, Path], ...]:
 
 
 def library(runs: Path) -> Path:
-    """The folder holding the copy of our package (made once per version of the code, by whichever
-    process comes first; a finished copy is never changed)."""
+    """The folder holding the copy of our package: made once per version of the code, by whichever
+    process comes first, looked over before every use (intact) and made again when it changed."""
     files = [(where, path.read_bytes()) for where, path in _package_files()]
     key = digest(b"".join(where.encode() + b"\0" + digest(data).encode() for where, data in files))[:16]
     final = runs / ".skillrun" / key
-    if (final / "hermes_sup" / "agents" / "skillrun.py").is_file():
+    if intact(final, [where for where, _ in files]):
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
+    if os.path.lexists(final):  # changed since it was made (a chmod under Landlock): set aside, made again
+        aside = final.parent / f".broken-{key}-{os.urandom(4).hex()}"
+        with contextlib.suppress(OSError):
+            os.rename(final, aside)
+            shutil.rmtree(aside, ignore_errors=True)
     temporary = Path(tempfile.mkdtemp(prefix=".new-", dir=final.parent))
     try:
         (temporary / "hermes_sup").mkdir()
@@ -88,6 +94,10 @@ def library(runs: Path) -> Path:
         # Compiled now: the copy is read-only to the calls, which would otherwise compile every module
         # they import, every time (a third of a call's cost).
         compileall.compile_dir(temporary, quiet=2, workers=1)
+        for root, _, names in os.walk(temporary):  # whatever the umask: what intact() expects
+            os.chmod(root, 0o755)
+            for name in names:
+                os.chmod(os.path.join(root, name), 0o644)
         try:
             os.rename(temporary, final)
         except OSError:
@@ -134,6 +144,27 @@ def check(path: Path, data: bytes, runs: Path, environ: dict[str, str],
                                       f"{tail[0][:200]}".strip()}
     problem = verdict_problem(verdict)
     return {"ok": False, "error": f"its check's verdict does not hold: {problem}"} if problem else verdict
+
+
+def intact(folder: Path, expected: list[str]) -> bool:
+    """Whether the copy in `folder` is as it was made: every module there, everything in it ours, a
+    real file or folder, readable by us and writable by nobody else. Confined commands cannot write
+    it, but under Landlock they can change modes: a folder made unreadable would break every later
+    call, and one made writable to all would let another user of the machine put code in it."""
+    uid = os.geteuid()
+    try:
+        if not all((folder / where).is_file() for where in expected):
+            return False
+        for root, folders, files in os.walk(folder):
+            for path in [root, *(os.path.join(root, name) for name in (*folders, *files))]:
+                info = os.lstat(path)
+                kind_ok = (stat.S_ISDIR(info.st_mode) and info.st_mode & 0o500 == 0o500) \
+                    or (stat.S_ISREG(info.st_mode) and info.st_mode & 0o400)
+                if not kind_ok or info.st_uid != uid or info.st_mode & 0o022:
+                    return False
+    except OSError:
+        return False
+    return True
 
 
 def proxies(name: str, path: Path, checked: str, declared: list[dict[str, Any]], runs: Path) -> list[Tool]:

@@ -137,6 +137,7 @@ def probe(place: Path, mode: str, tool: str, port: int) -> dict:
     seen = json.loads(box.call(ctx, tool, {"place": str(place), "port": port}))
     assert seen["pid"] != os.getpid(), "the skill ran in the agent's process"
     assert seen["key"] is None, "the agent's key reached the skill"
+    assert not list(ctx.scratch.glob(".tmp-*")), "the Landlock launcher's temporary folder is not the task's"
     return {key: seen[key] for key in KEYS if seen[key]}
 
 
@@ -261,3 +262,15 @@ def test_a_call_that_misuses_its_pipe_is_ended_and_never_holds_the_agent(place, 
     with pytest.raises(ToolError, match=message):
         box.call(ctx, tool, {})
     assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize("mode", [0o000, 0o777])
+def test_a_copy_of_our_code_whose_modes_were_changed_is_made_again(place, mode):
+    """Under Landlock a command may change modes where it may not write: the copy made unreadable
+    broke every later call for good, made writable to all it would take another user's code."""
+    box, ctx = setup(place, "auto", llm=lambda tier, prompt: "fine")
+    assert box.call(ctx, "ask", {"prompt": "x"}) == "fine"
+    (copy,) = (place / "ws" / "runs" / ".skillrun").iterdir()
+    (copy / "hermes_sup" / "agents").chmod(mode)
+    assert box.call(ctx, "ask", {"prompt": "x"}) == "fine"
+    assert (copy / "hermes_sup" / "agents").stat().st_mode & 0o777 == 0o755
