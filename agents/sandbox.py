@@ -7,7 +7,8 @@ sockets), the home folders, or other processes' temporary files; without the `ne
 has no network. Under bubblewrap it runs in namespaces of its own (mounts, pids, network, ipc), so what
 it starts, `setsid` and double forks included, dies with it; under Landlock a launcher
 (agents/confine.py) gives up those rights and, as a child subreaper, kills what the command left behind
-(with seccomp taking every socket but unix ones; named unix sockets and chmod stay: `doctor` says so).
+(with seccomp taking every socket, named unix ones too, from a command without `network`; chmod
+stays, and with `network` named unix sockets do: `doctor` says so).
 The plan is data (`Confinement`), the argument lists pure functions of it.
 """
 
@@ -172,8 +173,9 @@ def choose(mode: str, bwrap: tuple[str | None, str], abi: int) -> tuple[str, str
         return "bubblewrap", ""
     landlock_why = "the kernel has no Landlock" if abi < 1 else ""
     if mode in ("auto", "landlock") and abi >= 1:
-        gaps = ["named unix sockets stay reachable, and modes, owners and times of files (chmod, chown, touch) "
-                "can be changed wherever the user may"]
+        gaps = ["with the network capability named unix sockets are reachable too (the supervisor's, a "
+                "docker.sock), and modes, owners and times of files (chmod, chown, touch) can be changed wherever "
+                "the user may"]
         if abi < 6:
             gaps.append("a command can signal its launcher and so leave processes behind (Landlock ABI < 6)")
         return "landlock", f"Landlock ABI {abi}" + (f" ({why_not})" if mode == "auto" and why_not else "") \

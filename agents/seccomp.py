@@ -1,7 +1,9 @@
-"""A seccomp filter that takes the network from a process and all it starts: `socket()` of any family
-but AF_UNIX is refused (EACCES), and so is io_uring, which creates sockets without that call. What
-Landlock's TCP rule misses (UDP, MPTCP, raw and netlink sockets) is covered; used by the Landlock
-launcher (agents/confine.py) for a command without the `network` capability.
+"""A seccomp filter that takes the network from a process and all it starts: `socket()` of every
+family is refused (EACCES), and so is io_uring, which creates sockets without that call. What
+Landlock's TCP rule misses (UDP, MPTCP, raw and netlink sockets) is covered, and so are named unix
+sockets, which Landlock cannot hide (the supervisor's control socket, a docker.sock); socketpair(),
+which reaches nothing outside (asyncio's self-pipe), stays. Used by the Landlock launcher
+(agents/confine.py) for a command without the `network` capability.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
 _LD_ABS, _JEQ, _JGE, _RET = 0x20, 0x15, 0x35, 0x06
 _ALLOW, _ERRNO = 0x7FFF0000, 0x00050000
 _X32 = 0x40000000  # x86_64's x32 calls: the same numbers with this bit, refused whole
-AF_UNIX = 1
 IO_URING_SETUP = 425
 # machine -> (AUDIT_ARCH_*, the number of socket())
 ARCHES = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198)}
@@ -31,21 +32,18 @@ class _Program(ctypes.Structure):
 
 def program(arch: int, socket_nr: int) -> list[tuple[int, int, int, int]]:
     """The filter as (code, jt, jf, k) rows (pure): a call of another architecture (i386's int 0x80
-    on x86_64) or an x32 call is refused whole; socket() but for AF_UNIX, and io_uring_setup, refused;
-    everything else allowed."""
+    on x86_64) or an x32 call is refused whole; socket() and io_uring_setup refused; everything else
+    allowed."""
     deny = (_RET, 0, 0, _ERRNO | errno.EACCES)
     return [
         (_LD_ABS, 0, 0, 4),                  # 0: arch
-        (_JEQ, 0, 8, arch),                  # 1: another architecture -> 10
+        (_JEQ, 0, 5, arch),                  # 1: another architecture -> 7
         (_LD_ABS, 0, 0, 0),                  # 2: the call's number
-        (_JGE, 6, 0, _X32),                  # 3: x32 -> 10
+        (_JGE, 3, 0, _X32),                  # 3: x32 -> 7
         (_JEQ, 2, 0, socket_nr),             # 4: socket() -> 7
-        (_JEQ, 4, 0, IO_URING_SETUP),        # 5: io_uring -> 10
+        (_JEQ, 1, 0, IO_URING_SETUP),        # 5: io_uring -> 7
         (_RET, 0, 0, _ALLOW),                # 6
-        (_LD_ABS, 0, 0, 16),                 # 7: socket()'s family (args[0], its low word)
-        (_JEQ, 0, 1, AF_UNIX),               # 8: AF_UNIX -> 9, else -> 10
-        (_RET, 0, 0, _ALLOW),                # 9
-        deny,                                # 10
+        deny,                                # 7
     ]
 
 

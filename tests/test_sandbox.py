@@ -234,8 +234,10 @@ def test_landlock_reads_are_everything_but_the_hidden_folders():
     assert roots == ["/home/u/code", "/home/u/wsx", "/home/v", "/usr"], "wsx is not inside ws"
 
 
-def test_the_seccomp_filter_refuses_every_socket_but_unix_ones_and_foreign_calls():
-    from hermes_sup.agents.seccomp import AF_UNIX, ARCHES, IO_URING_SETUP, program
+def test_the_seccomp_filter_refuses_every_socket_and_foreign_calls():
+    from hermes_sup.agents.seccomp import ARCHES, IO_URING_SETUP, program
+
+    AF_UNIX, SOCKETPAIR = 1, 53
 
     def verdict(rows, data: dict[int, int]) -> str:  # a classic BPF machine over seccomp_data's words
         pc, acc = 0, 0
@@ -252,7 +254,8 @@ def test_the_seccomp_filter_refuses_every_socket_but_unix_ones_and_foreign_calls
     arch, socket_nr = ARCHES["x86_64"]
     rows = program(arch, socket_nr)
     call = lambda nr, family=0, a=arch: verdict(rows, {4: a, 0: nr, 16: family})  # noqa: E731
-    assert call(socket_nr, AF_UNIX) == "allow" and call(0) == "allow" and call(59) == "allow"
+    assert call(0) == "allow" and call(59) == "allow" and call(SOCKETPAIR, AF_UNIX) == "allow"
+    assert call(socket_nr, AF_UNIX) == "errno 13", "a named unix socket: the control socket, a docker.sock"
     assert call(socket_nr, 2) == call(socket_nr, 10) == call(socket_nr, 16) == "errno 13", "inet, inet6, netlink"
     assert call(IO_URING_SETUP) == "errno 13", "io_uring makes sockets without socket()"
     assert call(socket_nr | 0x40000000, 2) == "errno 13", "x32"
@@ -293,3 +296,23 @@ def test_a_team_folder_not_granted_and_runs_on_another_disk_are_hidden_wherever_
         assert "RAN" in out and "THEIR-NOTES" not in out and "OTHERS-STATE" not in out, out
     finally:
         shutil.rmtree(elsewhere, ignore_errors=True)
+
+
+@pytest.mark.parametrize("mode", [*CONFINED, "none"])
+def test_a_named_unix_socket_is_out_of_reach_without_the_network_capability(place, mode):
+    """The supervisor's control socket (runs/sockets/) or a docker.sock: under Landlock a command
+    reached them (Landlock cannot hide a socket from connect), and could ask the team to stop."""
+    needs(mode)
+    (place / "ws" / "runs" / "sockets").mkdir()
+    path = place / "ws" / "runs" / "sockets" / "control.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen(4)
+    server.settimeout(0.5)
+    probe = (f"{sys.executable} -c \"import socket\ns = socket.socket(socket.AF_UNIX)\n"
+             f"try: s.connect({str(path)!r}); print('UNIX-CONNECTED')\nexcept OSError as exc: print('UNIX', exc)\n\"")
+    try:
+        out = run(context(place, mode), probe)
+        assert ("UNIX-CONNECTED" in out) == (mode == "none"), out
+    finally:
+        server.close()
