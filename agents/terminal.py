@@ -206,6 +206,9 @@ def command_for(settings: Mapping[str, Any], capabilities: Collection[str], work
     # A version manager's shims (pyenv, rbenv, asdf: ROOT/shims) run ROOT's own programs.
     interpreter += [os.path.dirname(p) for p in interpreter if os.path.basename(p) == "shims"]
     interpreter += [os.path.realpath(p) for p in shown]
+    # Where this Python finds its packages (a .pth may add folders outside its prefix): what a skill's
+    # call and a command's own `python` import from, shown read-only (never the workspace: plan()).
+    interpreter += [os.path.realpath(p) for p in sys.path if p and os.path.isabs(p) and os.path.isdir(p)]
     grants = grants_of(settings)
     # A worktree's files are its tree; git there reads the repository's own .git (read-only: the
     # commit is the agent's, at done, never a command's).

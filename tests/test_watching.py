@@ -47,7 +47,7 @@ def test_watchdogs_shutdown_race_is_not_printed_but_its_real_warnings_are():
     # Stopping an inotify observer while an event arrives makes watchdog log SHUTDOWN_RACE at ERROR;
     # with no logging set up, Python printed it on the stderr of `task wait` (seen in a README run).
     # It is harmless (the watch is being stopped), so the board drops that record and nothing else.
-    script = ("import logging, hermes_sup.kanban\n"
+    script = ("import logging, hermes_sup.kanban.watch\n"  # where the board's watches come from
               "log = logging.getLogger('watchdog.observers.inotify')\n"
               f"log.error({SHUTDOWN_RACE!r})\n"
               "log.warning('Inotify queue overflowed; filesystem events were lost')\n")
