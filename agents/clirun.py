@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from . import sandbox
-from .terminal import Output, _communicate, _kill_group, clean_env, command_for, withheld
+from .terminal import Output, clean_env, command_for, communicate, kill_group, withheld
 from .tools import ToolContext
 
 PLACEHOLDERS = ("prompt", "task_id", "workdir")
@@ -137,11 +137,11 @@ def work(ctx: ToolContext, prompt: str, capabilities: Sequence[str]) -> Verdict:
     output = Output()
     stopped = timed_out = False
     try:
-        timed_out = _communicate(proc, ctx, max_runtime, output)
+        timed_out = communicate(proc, ctx, max_runtime, output)
     except InterruptedError:  # a cancel, or the agent stopping
         stopped = True
     finally:
-        _kill_group(proc)  # a grandchild left running goes too (the sandbox's pid namespace or launcher)
+        kill_group(proc)  # a grandchild left running goes too (the sandbox's pid namespace or launcher)
         assert proc.stdout is not None
         proc.stdout.close()
         proc.wait()

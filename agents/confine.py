@@ -1,9 +1,10 @@
 """The Landlock launcher of a confined command: `python -P -m hermes_sup.agents.confine SPEC -- ARGV`.
 
-Where bubblewrap is missing (agents/sandbox.py), this process gives up, for itself and all it starts,
-every read but of the system, the grants and the interpreter's folders, every write but in the task's
-folder and the `rw` grants, and without `network` TCP; then runs the command with a temporary folder
-of its own in the task's folder. It is a child subreaper: what the command leaves running, `setsid`
+Where bubblewrap is missing (agents/sandbox.py), the command this process starts gives up, for itself
+and all it starts, every read but of the system, the grants and the interpreter's folders, every write
+but in the task's folder and the `rw` grants, and without `network` every socket; it runs with a
+temporary folder of its own, which this process (left unrestricted, out of the command's reach)
+removes after. It is a child subreaper: what the command leaves running, `setsid`
 and double forks included, becomes its child and is killed when the command ends, or when this process
 is told to stop (SIGTERM, SIGHUP, SIGINT; SIGKILL too when its parent, the agent, dies). It never runs
 the command unconfined: exit status 126 and the reason when Landlock cannot be had.
@@ -99,14 +100,11 @@ def main(argv: list[str]) -> int:
     tmp = tempfile.mkdtemp(prefix="hermes-sup-cmd-", dir="/tmp" if os.path.isdir("/tmp") else None)
     spec["writable"] = [*spec["writable"], tmp]
     try:
-        # Both layers' rules are read now: once restricted, this process cannot list / any more.
-        inner = rules(spec, [*spec["hidden"], "/proc"])
-        how = landlock.restrict(rules(spec, spec["hidden"]), reads=True, network=bool(spec["network"]))
-        if how == "landlock" and not spec["network"]:
-            how = "landlock" if seccomp.no_network() == "seccomp" else seccomp.no_network()
-        if how != "landlock":
-            print(f"refused: the command cannot be confined ({how})", file=sys.stderr)
-            return CANNOT_CONFINE
+        # Both layers' rules are read now, here: once restricted, a process cannot list / any more.
+        # This launcher stays unrestricted, so that it can remove the temporary folder after; the
+        # command cannot reach it (Landlock allows no ptrace of a less confined process, and the inner
+        # layer's scope no signal to it).
+        outer, inner = rules(spec, spec["hidden"]), rules(spec, [*spec["hidden"], "/proc"])
 
         def stop(signum: int, _frame: object) -> None:
             kill_all()
@@ -124,6 +122,12 @@ def main(argv: list[str]) -> int:
             try:
                 for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
                     signal.signal(signum, signal.SIG_DFL)
+                how = landlock.restrict(outer, reads=True, network=bool(spec["network"]))
+                if how == "landlock" and not spec["network"]:
+                    how = "landlock" if seccomp.no_network() == "seccomp" else seccomp.no_network()
+                if how != "landlock":
+                    print(f"refused: the command cannot be confined ({how})", file=sys.stderr)
+                    os._exit(CANNOT_CONFINE)
                 # A layer of the command's own: it cannot signal this launcher (which kills what it
                 # leaves), nor read /proc, which without a pid namespace shows the agent's keys.
                 if landlock.restrict(inner, reads=True, writes=False, network=True) != "landlock":

@@ -22,7 +22,6 @@ import json
 import os
 import selectors
 import shutil
-import signal
 import stat
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from . import sandbox
-from .terminal import KILL_GRACE, STOP_SIGNALS, clean_env, command_for, died_of, withheld
+from .terminal import STOP_SIGNALS, clean_env, command_for, died_of, kill_group, withheld
 from .tools import Tool, ToolContext, ToolError
 
 CALL_TIMEOUT = 600.0   # of the call's own work; time spent waiting on the model is not counted
@@ -345,13 +344,7 @@ def _model(ctx: ToolContext, asked: Any) -> dict[str, str]:
 
 def _end(proc: subprocess.Popen[bytes]) -> None:
     """The call's process and whatever it started are gone, its pipes closed."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=KILL_GRACE)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    kill_group(proc)
     proc.wait()
     for pipe in (proc.stdin, proc.stdout, proc.stderr):
         if pipe is not None:

@@ -252,9 +252,9 @@ def terminal(ctx: ToolContext, args: dict[str, Any]) -> str:
                             process_group=0, close_fds=True)
     output = Output()
     try:
-        timed_out = _communicate(proc, ctx, timeout, output)
+        timed_out = communicate(proc, ctx, timeout, output)
     finally:
-        _kill_group(proc)  # what the command left running in the background goes with it
+        kill_group(proc)  # what the command left running in the background goes with it
         assert proc.stdout is not None
         proc.stdout.close()
         proc.wait()
@@ -321,18 +321,18 @@ def _watch_background(proc: subprocess.Popen[bytes], stop: threading.Event, time
                 if time.monotonic() - flushed >= LOG_FLUSH:
                     log.flush()
                     flushed = time.monotonic()
-            _kill_group(proc)  # what it left running goes with it, as in the foreground
+            kill_group(proc)  # what it left running goes with it, as in the foreground
             if open_:
                 _drain(selector, fd, log)
             log.flush()
     finally:
-        _kill_group(proc)  # also when reading failed: a command never outlives its watcher
+        kill_group(proc)  # also when reading failed: a command never outlives its watcher
         proc.stdout.close()
         os.close(log.fd)
         proc.wait()
 
 
-def _communicate(proc: subprocess.Popen[bytes], ctx: ToolContext, timeout: float, output: Output) -> bool:
+def communicate(proc: subprocess.Popen[bytes], ctx: ToolContext, timeout: float, output: Output) -> bool:
     """Collect the command's output into `output` until it has ended; whether it ran out of time.
     Waits in short slices so that a stop request (SIGTERM to the agent) ends the command too."""
     assert proc.stdout is not None
@@ -345,10 +345,10 @@ def _communicate(proc: subprocess.Popen[bytes], ctx: ToolContext, timeout: float
             # Looked at before every read: a command that never stops writing (`yes`) is ended by a
             # stop or its timeout all the same.
             if ctx.stop.is_set():
-                _kill_group(proc)
+                kill_group(proc)
                 raise InterruptedError
             if time.monotonic() >= deadline:  # the command, or something holding its output, still runs
-                _kill_group(proc)
+                kill_group(proc)
                 if open_:
                     _drain(selector, fd, output)
                 return True
@@ -395,7 +395,7 @@ def _stopped_by_us(ctx: ToolContext, returncode: int | None) -> bool:
     return died_of(returncode) in STOP_SIGNALS and ctx.stop.wait(STOP_GRACE)
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
     """Stop the command and its process group. The command's first process is asked first: the
     Landlock launcher then kills what left the group (`setsid`), which becomes its child."""
     if proc.poll() is None:

@@ -16,6 +16,16 @@ from hermes_sup.kanban import Board, TaskNotFound
 from .conftest import CLI, ROOT, wait_until
 from .llm_server import ScriptedLLM, openai_reply
 
+
+def finished(board: Board, task_id: str) -> dict | None:
+    """The task once it has ended, else None (None too before the planner has made it)."""
+    try:
+        doc = board.get(task_id)
+    except TaskNotFound:
+        return None
+    return doc if doc["status"] in ("done", "failed", "blocked") else None
+
+
 FINDINGS = ("12% above the model's forecast", "1.1 degrees C", "0.3 tonnes of carbon", "91% of the lithium")
 
 
@@ -30,14 +40,7 @@ def test_the_research_example_reads_its_papers_into_a_report_offline(tmp_path, u
     papers = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (ws / "papers").iterdir()}
     up(ws)
     board = Board(ws / "kanban")
-    def finished(task_id: str):
-        try:
-            doc = board.get(task_id)
-        except TaskNotFound:  # the planner has not made it yet
-            return None
-        return doc if doc["status"] in ("done", "failed", "blocked") else None
-
-    review = wait_until(lambda: finished("review-digest"), timeout=120)
+    review = wait_until(lambda: finished(board, "review-digest"), timeout=120)
     assert review["status"] == "done", review.get("error")
     gathered = json.dumps(review["result"])
     assert all(finding in gathered for finding in FINDINGS), gathered
@@ -128,15 +131,7 @@ def test_the_research_example_with_a_model_plans_reads_and_reports(tmp_path, up)
         (ws / "hermes.yaml").write_text(provider + config)
         up(ws)
         board = Board(ws / "kanban")
-
-        def finished(task_id: str):
-            try:
-                doc = board.get(task_id)
-            except TaskNotFound:  # the planner has not made it yet
-                return None
-            return doc if doc["status"] in ("done", "failed", "blocked") else None
-
-        review = wait_until(lambda: finished("review-report"), timeout=120)
+        review = wait_until(lambda: finished(board, "review-report"), timeout=120)
     assert review["status"] == "done", review.get("error")
     report = (ws / "report" / "report.md").read_text()
     assert all(finding in report for finding in FINDINGS), report

@@ -10,10 +10,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
-from hermes_sup.agents.clirun import argv_problem, fill, judge
+from hermes_sup.agents.clirun import RESULT_FILE, _result, argv_problem, fill, judge, work
+from hermes_sup.agents.tools import ToolContext
 from hermes_sup.kanban import Board, TaskNotFound
 from hermes_sup.supervisor.workspace import ConfigError, load_config
 
@@ -66,6 +68,7 @@ defaults:
 agents:
   - name: cli
     count: 2
+    roles: [work]                # an agent with roles takes role-less tasks too: every task here has one
     runtime: command
     argv: {argv}
   - name: quick
@@ -94,9 +97,10 @@ def ended(board: Board, task_id: str) -> dict | None:
 def test_a_cli_worker_is_done_failed_bounded_and_leaves_nothing(team):
     ws, board = team
     mark = marked_sleep()
-    tasks = {"plain": {"title": "say hi"}, "fails": {"title": "FAIL please", "max_attempts": 1},
-             "result": {"title": "RESULT in a file"}, "floods": {"title": "FLOOD the output"},
-             "spawns": {"title": f"GRANDCHILD {mark} stays?"},
+    work = {"role": "work"}
+    tasks = {"plain": {"title": "say hi", **work}, "fails": {"title": "FAIL please", "max_attempts": 1, **work},
+             "result": {"title": "RESULT in a file", **work}, "floods": {"title": "FLOOD the output", **work},
+             "spawns": {"title": f"GRANDCHILD {mark} stays?", **work},
              "too-long": {"title": "HANG for ever", "role": "quick", "max_attempts": 1},
              "named": {"title": "say hi with a key", "role": "quick"}}
     for task_id, fields in tasks.items():
@@ -125,7 +129,7 @@ def test_a_cli_worker_is_done_failed_bounded_and_leaves_nothing(team):
 @pytest.mark.parametrize("how", ["HANG", "STUBBORN HANG"])
 def test_a_cancel_stops_the_cli_within_a_second_or_two(team, how):
     ws, board = team
-    board.add({"id": "hangs", "title": f"{how} here"})
+    board.add({"id": "hangs", "title": f"{how} here", "role": "work"})
     wait_until(lambda: running("Task hangs:"), timeout=60)
     cancelled = time.monotonic()
     done = subprocess.run([*CLI, "-w", str(ws), "task", "cancel", "hangs"], capture_output=True, text=True, cwd=ROOT)
@@ -137,9 +141,11 @@ def test_a_cancel_stops_the_cli_within_a_second_or_two(team, how):
 
 def test_a_killed_cli_agent_gives_its_task_back_and_the_next_attempt_finishes_it(team):
     _, board = team
-    board.add({"id": "once", "title": "HANG-ONCE then answer"})
+    board.add({"id": "once", "title": "HANG-ONCE then answer", "role": "work", "max_attempts": 2})
     wait_until(lambda: running("Task once:"), timeout=60)
-    os.kill(board.get("once")["claim"]["pid"], signal.SIGKILL)
+    doc = board.get("once")
+    assert doc["claim"], doc
+    os.kill(doc["claim"]["pid"], signal.SIGKILL)
     doc = wait_until(lambda: ended(board, "once"), timeout=120)
     assert doc["status"] == "done" and "answer to once" in doc["result"]["answer"]
     assert doc["attempts"] == 2, "the killed run was an attempt; the next one finished it"
@@ -157,6 +163,7 @@ def test_each_placeholder_is_one_argument_whatever_the_task_holds():
 
 @pytest.mark.parametrize("argv, problem", [
     ([], "non-empty list"), ("codex exec", "non-empty list"), (["codex", ""], "non-empty list"),
+    (["codex", "a\0b"], "non-empty list"),
     (["codex", "{prmpt}"], "names {prmpt}; the placeholders are {prompt}, {task_id}, {workdir}"),
     (["codex", "{prompt"], "brace that is not closed"), (["{prompt}"], "start with the program itself"),
     (["codex", "{prompt.__class__}"], "names {prompt.__class__}"),
@@ -174,6 +181,7 @@ def test_a_run_is_judged_by_its_exit_and_its_output():
     assert failed.kind == "failed" and failed.reason.startswith("codex exited with status 2")
     assert "l49" in failed.reason and "l29" not in failed.reason
     assert judge(0, "", None, **{**kwargs, "stopped": True}).kind == "interrupted"
+    assert judge(1, "oops", None, **kwargs).kind == judge(-15, "", None, **kwargs).kind == "failed"
     assert "longer than max_runtime (60 s)" in judge(None, "", None, **{**kwargs, "timed_out": True}).reason
 
 
@@ -206,3 +214,34 @@ def test_doctor_says_how_a_cli_agent_is_confined_and_names_no_agent_that_runs_no
     checks = [c for c in json.loads(done.stdout)["checks"] if c["name"].startswith("sandbox")]
     assert [c["name"] for c in checks] == ["sandbox: auto (cli)"]
     assert checks[0]["level"] in ("ok", "warn") and "confined by" in checks[0]["detail"]
+
+
+# -- the shell around the decisions, without a supervisor ------------------------------------------
+
+def direct(tmp_path, argv: list[str], mode: str = "none") -> tuple[ToolContext, dict]:
+    (tmp_path / "work").mkdir(exist_ok=True)
+    ctx = ToolContext(scratch=tmp_path / "work", stop=threading.Event(), task={"id": "t1"},
+                      settings={"sandbox": mode, "runtime": {"kind": "command", "argv": argv, "max_runtime": 30}})
+    return ctx, {}
+
+
+def test_a_stop_gives_the_task_back_and_never_spends_its_attempt(tmp_path):
+    """A stop (down, a restart) is not the task's failure: the run is interrupted, not failed."""
+    ctx, _ = direct(tmp_path, ["sleep", "30"])
+    threading.Timer(0.5, ctx.stop.set).start()
+    started = time.monotonic()
+    assert work(ctx, "p", ()).kind == "interrupted"
+    assert time.monotonic() - started < 5
+
+
+def test_only_this_runs_result_file_is_its_result_and_never_through_a_link_or_a_fifo(tmp_path):
+    ctx, _ = direct(tmp_path, ["sh", "-c", "echo from stdout"])
+    (ctx.scratch / RESULT_FILE).write_text("stale, from an earlier attempt")
+    assert work(ctx, "p", ()).result["answer"] == "from stdout\n"
+    (tmp_path / "secret.txt").write_text("SECRET")
+    link = ctx.scratch / "link"
+    link.symlink_to(tmp_path / "secret.txt")
+    assert _result(link) is None, "a link the CLI left pointing anywhere the agent can read"
+    os.mkfifo(ctx.scratch / "fifo")
+    started = time.monotonic()
+    assert _result(ctx.scratch / "fifo") is None and time.monotonic() - started < 1

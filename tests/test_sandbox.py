@@ -260,6 +260,7 @@ def test_the_seccomp_filter_refuses_every_socket_and_foreign_calls():
     assert call(IO_URING_SETUP) == "errno 13", "io_uring makes sockets without socket()"
     assert call(socket_nr | 0x40000000, 2) == "errno 13", "x32"
     assert call(socket_nr, AF_UNIX, a=0x40000003) == "errno 13", "i386's calls on x86_64"
+    assert call(0, a=0x40000003) == call(102, 2, a=0x40000003) == "errno 13", "any i386 call (socketcall: 102)"
 
 
 @pytest.mark.parametrize("mode", CONFINED)
@@ -316,3 +317,20 @@ def test_a_named_unix_socket_is_out_of_reach_without_the_network_capability(plac
         assert ("UNIX-CONNECTED" in out) == (mode == "none"), out
     finally:
         server.close()
+
+
+def test_what_is_concealed_is_hidden_unless_it_is_given():
+    conf = plan(Path("/w/t"), Path("/w/t"), [(Path("/data/app"), True)], workspace=None, network=False, env={},
+                private=(), conceal=[Path("/data/app"), Path("/w/t"), Path("/data/other"), Path("rel")])
+    assert Path("/data/other") in conf.hidden
+    assert not {Path("/data/app"), Path("/w/t"), Path("rel")} & set(conf.hidden), "given, its own, or not a path"
+
+
+@pytest.mark.parametrize("mode", CONFINED)
+def test_a_commands_temporary_folder_is_its_own_outside_the_task_and_gone_after(place, mode):
+    needs(mode)
+    ctx = context(place, mode)
+    out = run(ctx, "mkdir -p $TMPDIR/a/b && echo TMP=$TMPDIR")
+    tmp = out.split("TMP=")[1].strip()
+    assert not Path(tmp).is_relative_to(ctx.scratch) and not list(ctx.scratch.glob("*tmp*"))
+    assert not os.path.exists(tmp) or mode == "bubblewrap", "the launcher removes it"  # bwrap's is a tmpfs

@@ -137,7 +137,7 @@ def probe(place: Path, mode: str, tool: str, port: int) -> dict:
     seen = json.loads(box.call(ctx, tool, {"place": str(place), "port": port}))
     assert seen["pid"] != os.getpid(), "the skill ran in the agent's process"
     assert seen["key"] is None, "the agent's key reached the skill"
-    assert not list(ctx.scratch.glob(".tmp-*")), "the Landlock launcher's temporary folder is not the task's"
+    assert not list(ctx.scratch.glob("*tmp*")), "the Landlock launcher's temporary folder is not the task's"
     return {key: seen[key] for key in KEYS if seen[key]}
 
 
@@ -237,13 +237,19 @@ def fake_stop(ctx, args):
     raise InterruptedError
 
 
+def huge(ctx, args):
+    ctx.llm.__self__.out.write("x" * (3 << 20))  # no end of line: the agent must not keep it all
+    ctx.llm.__self__.out.flush()
+    time.sleep(600)
+
+
 def deep(ctx, args):
     ctx.llm.__self__.out.write("[" * 200_000 + "]" * 200_000 + "\\n")
     ctx.llm.__self__.out.flush()
     time.sleep(600)
 
 
-for name, handler in (("flood_asks", flood_asks), ("fake_stop", fake_stop), ("deep", deep)):
+for name, handler in (("flood_asks", flood_asks), ("fake_stop", fake_stop), ("deep", deep), ("huge", huge)):
     register(Tool(name, "Misuse the pipe.", handler))
 '''
 
@@ -252,6 +258,7 @@ for name, handler in (("flood_asks", flood_asks), ("fake_stop", fake_stop), ("de
     ("flood_asks", "asked the model again before reading its answer"),
     ("fake_stop", "said it was stopped, and no stop was asked"),
     ("deep", "answered something unreadable"),
+    ("huge", "larger than 2 MiB"),
 ])
 def test_a_call_that_misuses_its_pipe_is_ended_and_never_holds_the_agent(place, tool, message):
     """A child asking for answers it never read blocked the agent's thread in a write for good, past
@@ -274,3 +281,14 @@ def test_a_copy_of_our_code_whose_modes_were_changed_is_made_again(place, mode):
     (copy / "hermes_sup" / "agents").chmod(mode)
     assert box.call(ctx, "ask", {"prompt": "x"}) == "fine"
     assert (copy / "hermes_sup" / "agents").stat().st_mode & 0o777 == 0o755
+
+
+def test_a_call_is_denied_the_grants_its_capabilities_do_not_name_and_only_those():
+    from hermes_sup.agents.skillproc import rights, withheld_folders
+
+    settings = {"folders": {"rw": {"path": "/d/rw", "mode": "rw"}, "ro": {"path": "/d/ro", "mode": "ro"},
+                            "app": {"path": "/d/app", "mode": "rw", "tree": "/w/runs/tasks/t/trees/app"}}}
+    assert withheld_folders(settings, rights(settings, ("fs.read", "fs.write"))) == [Path("/d/app")]
+    assert withheld_folders(settings, rights(settings, ("fs.read",))) == [Path("/d/app")]
+    assert withheld_folders(settings, rights(settings, ())) == sorted(
+        Path(p) for p in ("/d/rw", "/d/ro", "/d/app", "/w/runs/tasks/t/trees/app"))

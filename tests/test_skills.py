@@ -351,3 +351,14 @@ def test_a_verdict_the_skill_forged_is_taken_only_for_what_an_honest_one_could_s
     assert forger.state == "rejected" and "its check's verdict does not hold" in forger.error, forger.error
     tools, notes = skills.tools_for(None)
     assert list(tools) == ["double"] and len(notes) == 1
+
+
+def test_a_verdict_that_names_a_tool_twice_or_rejects_without_a_reason_does_not_hold():
+    from hermes_sup.agents.skillcheck import verdict_problem
+
+    ok = {"ok": True, "v": 2, "doc": "", "tools": [HONEST]}
+    assert verdict_problem(ok) == ""
+    assert verdict_problem({**ok, "tools": [HONEST, HONEST]}) == "tool fine twice"
+    assert verdict_problem({"ok": False}) == verdict_problem({"ok": False, "error": 3}) == \
+        "a rejection without a reason"
+    assert verdict_problem({"ok": False, "error": "x"}) == ""
