@@ -93,10 +93,10 @@ def library(runs: Path) -> Path:
         # Compiled now: the copy is read-only to the calls, which would otherwise compile every module
         # they import, every time (a third of a call's cost).
         compileall.compile_dir(temporary, quiet=2, workers=1)
-        for root, _, names in os.walk(temporary):  # whatever the umask: what intact() expects
-            os.chmod(root, 0o755)
+        for root, _, names in os.walk(temporary):  # whatever the umask: ours alone, as all of runs/ is
+            os.chmod(root, 0o700)
             for name in names:
-                os.chmod(os.path.join(root, name), 0o644)
+                os.chmod(os.path.join(root, name), 0o600)
         try:
             os.rename(temporary, final)
         except OSError:
@@ -147,7 +147,7 @@ def check(path: Path, data: bytes, runs: Path, environ: dict[str, str],
 
 def intact(folder: Path, expected: list[str]) -> bool:
     """Whether the copy in `folder` is as it was made: every module there, everything in it ours, a
-    real file or folder, readable by us and writable by nobody else. Confined commands cannot write
+    real file or folder, readable by us and by nobody else. Confined commands cannot write
     it, but under Landlock they can change modes: a folder made unreadable would break every later
     call, and one made writable to all would let another user of the machine put code in it."""
     uid = os.geteuid()
@@ -159,7 +159,7 @@ def intact(folder: Path, expected: list[str]) -> bool:
                 info = os.lstat(path)
                 kind_ok = (stat.S_ISDIR(info.st_mode) and info.st_mode & 0o500 == 0o500) \
                     or (stat.S_ISREG(info.st_mode) and info.st_mode & 0o400)
-                if not kind_ok or info.st_uid != uid or info.st_mode & 0o022:
+                if not kind_ok or info.st_uid != uid or info.st_mode & 0o077:
                     return False
     except OSError:
         return False

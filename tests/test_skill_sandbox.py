@@ -280,7 +280,7 @@ def test_a_copy_of_our_code_whose_modes_were_changed_is_made_again(place, mode):
     (copy,) = (place / "ws" / "runs" / ".skillrun").iterdir()
     (copy / "hermes_sup" / "agents").chmod(mode)
     assert box.call(ctx, "ask", {"prompt": "x"}) == "fine"
-    assert (copy / "hermes_sup" / "agents").stat().st_mode & 0o777 == 0o755
+    assert (copy / "hermes_sup" / "agents").stat().st_mode & 0o777 == 0o700
 
 
 def test_a_call_is_denied_the_grants_its_capabilities_do_not_name_and_only_those():
