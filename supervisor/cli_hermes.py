@@ -71,10 +71,9 @@ def _indent_of(lines: list[str], start: int, end: int, default: str) -> str:
     return default
 
 
-def _add(lines: list[str], key: str, rendered: list[str], *, replace: bool = False) -> list[str]:
+def _add(lines: list[str], key: str, rendered: list[str]) -> list[str]:
     """`lines` with `rendered` (the block's items) added at the end of top-level `key`'s block, in its
-    indentation; the key is added at the end of the file when absent, and its block replaced with
-    `replace` (pure)."""
+    indentation; the key is added at the end of the file when absent (pure)."""
     from .hermes_import import HermesImportError
 
     blocks = _blocks(lines)
@@ -82,8 +81,6 @@ def _add(lines: list[str], key: str, rendered: list[str], *, replace: bool = Fal
         return [*lines, f"{key}:", *(f"  {line}" for line in rendered)]
     start, end = blocks[key]
     inline = TOP_KEY.match(lines[start]).group(2).split("#")[0].strip()  # type: ignore[union-attr]
-    if replace:
-        return [*lines[:start], f"{key}:", *(f"  {line}" for line in rendered), *lines[end:]]
     if inline in ("[]", "{}", "null", "~"):  # empty, on one line: becomes a block
         return [*lines[:start], f"{key}:", *(f"  {line}" for line in rendered), *lines[start + 1:]]
     if inline:
@@ -95,12 +92,10 @@ def _add(lines: list[str], key: str, rendered: list[str], *, replace: bool = Fal
 
 
 def new_config_text(text: str, plan: Plan) -> str:
-    """hermes.yaml's text with the plan's agent, providers and tiers added (pure)."""
+    """hermes.yaml's text with the plan's agent and providers added (pure)."""
     lines = text.splitlines()
     if plan.providers:
         lines = _add(lines, "providers", _dump(plan.providers))
-    if plan.tiers is not None:
-        lines = _add(lines, "tiers", _dump(plan.tiers), replace=True)
     if plan.mcp_servers:
         lines = _add(lines, "mcp_servers", _dump(plan.mcp_servers))
     lines = _add(lines, "agents", _dump([plan.entry]))
@@ -112,8 +107,6 @@ def expected(before: dict[str, Any], plan: Plan) -> dict[str, Any]:
     after = dict(before)
     if plan.providers:
         after["providers"] = {**(before.get("providers") or {}), **plan.providers}
-    if plan.tiers is not None:
-        after["tiers"] = plan.tiers
     if plan.mcp_servers:
         after["mcp_servers"] = {**(before.get("mcp_servers") or {}), **plan.mcp_servers}
     after["agents"] = [*(before.get("agents") or []), plan.entry]
@@ -186,11 +179,14 @@ def apply(root: Path, plan: Plan, config_text: str) -> list[str]:
     stages: list[Path] = []
     try:
         if plan.memories:
-            runs.mkdir(exist_ok=True)
+            # Private, as Hermes keeps them (0600 in 0700) and as all of runs/ is, under any umask.
+            for folder in (runs, runs / plan.name, memory_dir):
+                folder.mkdir(mode=0o700, exist_ok=True)
+                os.chmod(folder, 0o700)
             stage = _staged(runs, list(plan.memories.items()), "memory")
             stages.append(stage)
-            memory_dir.mkdir(parents=True, exist_ok=True)
             for name in plan.memories:
+                os.chmod(stage / name, 0o600)
                 os.replace(stage / name, memory_dir / name)
                 moved.append(memory_dir / name)
                 written.append(f"runs/{plan.name}/memory/{name}")
@@ -284,7 +280,7 @@ def import_hermes(ctx: click.Context, path: Path, name: str | None, dry_run: boo
     finally:
         if board is not None:
             board.close()
-    document = {"agent": plan.name, "dry_run": dry_run, "providers": plan.providers, "tiers": plan.tiers,
+    document = {"agent": plan.name, "dry_run": dry_run, "providers": plan.providers,
                 "carried_over": plan.notes, "not_carried_over": plan.not_carried, "warnings": plan.warnings,
                 "written": written}
     if as_json:

@@ -247,7 +247,6 @@ class Plan:
     name: str
     entry: dict[str, Any]
     providers: dict[str, dict[str, Any]]
-    tiers: dict[str, list[str]] | None       # set when the file's tiers are replaced
     memories: dict[str, bytes]
     skills: list[tuple[str, bytes]]
     notes: list[str]                          # what was carried over, said to the user
@@ -336,16 +335,10 @@ def make_plan(profile: Profile, name: str, current: dict[str, Any]) -> Plan:
             entry["capabilities"].append("shell")
         if any("url" in spec for spec in servers.values()):
             entry["capabilities"].append("network")
-    tiers = None
     chain = list(providers)
-    current_tiers = current.get("tiers") or {}
-    only_auto = all(value in (["auto"], []) for key, value in current_tiers.items() if key != "__line__")
-    if chain and only_auto:  # the team has not chosen models: the profile's become the team's
-        tiers = {tier: [*chain, "auto"] for tier in ("cheap", "standard", "premium")}
-        notes.append(f"tiers: every tier (the whole team's) now tries {', '.join(chain)}, then auto; they were all "
-                     "auto")
-    elif chain:
-        not_carried.append({"what": "tiers", "why": f"hermes.yaml's tiers serve the whole team and were left as they "
-                            f"are: to have this agent use {', '.join(chain)}, name them in the tier of its tasks"})
-    return Plan(name, entry, providers, tiers, profile.memories, profile.skills, notes, not_carried, warnings,
+    if chain:  # its own models, as in Hermes: the team's tiers stay the team's
+        entry["providers"] = chain
+        notes.append(f"providers: the agent's own chain {', '.join(chain)} serves all its model calls, whatever "
+                     "the tier (the team's tiers are unchanged)")
+    return Plan(name, entry, providers, profile.memories, profile.skills, notes, not_carried, warnings,
                 servers)

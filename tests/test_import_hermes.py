@@ -66,7 +66,12 @@ def test_a_hermes_profile_becomes_an_agent(ws, profile):
     nested.mkdir()
     (nested / "SKILL.md").write_text("---\nname: live-odds\ndescription: Odds now.\n---\nBody.\n")
     before = (ws / "hermes.yaml").read_text()
-    result = invoke(ws, str(profile), "--name", "ada", "--json")
+    (ws / "hermes.yaml.before").write_text(before)
+    old_umask = os.umask(0)  # a lax umask: the import makes the memory private itself
+    try:
+        result = invoke(ws, str(profile), "--name", "ada", "--json")
+    finally:
+        os.umask(old_umask)
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     config = load_config(ws / "hermes.yaml")
@@ -79,13 +84,17 @@ def test_a_hermes_profile_becomes_an_agent(ws, profile):
                                           "api_key_env": "OPENROUTER_API_KEY"}
     assert config["providers"]["ada-fallback-1"] == {"kind": "anthropic", "model": "claude-sonnet-4-5",
                                                      "api_key_env": "ANTHROPIC_API_KEY"}
-    assert config["tiers"]["standard"] == ["ada", "ada-fallback-1", "auto"]
+    assert agent["providers"] == ["ada", "ada-fallback-1"], "the profile's own chain, the mystery one left out"
+    assert config["tiers"] == load_config(ws / "hermes.yaml.before")["tiers"], "the team's tiers are left alone"
     after = (ws / "hermes.yaml").read_text()
     assert [line for line in before.splitlines() if line.startswith("#")] == \
         [line for line in after.splitlines() if line.startswith("#")], "the user's comments are kept"
     assert "  - name: worker" in after
     for name in ("MEMORY.md", "USER.md"):
         assert (ws / "runs/ada/memory" / name).read_bytes() == (FIXTURES / "memories" / name).read_bytes()
+        assert (ws / "runs/ada/memory" / name).stat().st_mode & 0o777 == 0o600, "private, as Hermes keeps it"
+    for folder in ("runs", "runs/ada", "runs/ada/memory"):
+        assert (ws / folder).stat().st_mode & 0o777 == 0o700, folder
     listed = {skill.name for skill in Skills(ws, bundled=ws / "none").catalog()}
     assert {"polymarket", "nano-pdf"} <= listed
     assert (ws / "skills/research/polymarket/references/api-endpoints.md").is_file()
@@ -372,3 +381,26 @@ mcp_servers:
     assert "holds a secret" in left["MCP server keyed"] and "holds a secret" in left["MCP server userinfo"]
     assert "keyed" not in config["mcp_servers"] and "abc123" not in (ws / "hermes.yaml").read_text()
     assert "ghp_written_as_a_value" not in (ws / "hermes.yaml").read_text() + result.output
+
+
+def test_each_imported_profile_keeps_its_own_model_and_the_team_tiers_stay(ws, tmp_path):
+    """Two profiles, a coder and a researcher on different models: each agent is served by its own
+    (the import once made the first profile's model every tier's, so the researcher's tasks were
+    answered by the coder's model)."""
+    homes = {}
+    for name, model in (("coder", "coder-model"), ("researcher", "research-model")):
+        home = homes[name] = tmp_path / "profiles" / name
+        home.mkdir(parents=True)
+        (home / "config.yaml").write_text(f"model:\n  default: {model}\n  provider: custom\n"
+                                          f"  base_url: http://127.0.0.1:9/{name}/v1\n")
+    tiers = load_config(ws / "hermes.yaml")["tiers"]
+    for name, home in homes.items():
+        result = invoke(ws, str(home))
+        assert result.exit_code == 0, result.output
+        assert f"providers: the agent's own chain {name} serves all its model calls" in result.output
+    config = load_config(ws / "hermes.yaml")
+    agents = {agent["name"]: agent for agent in config["agents"]}
+    assert agents["coder"]["providers"] == ["coder"] and agents["researcher"]["providers"] == ["researcher"]
+    assert config["providers"]["researcher"]["model"] == "research-model"
+    assert config["providers"]["coder"]["model"] == "coder-model"
+    assert config["tiers"] == tiers
