@@ -92,12 +92,14 @@ def _add(lines: list[str], key: str, rendered: list[str]) -> list[str]:
 
 
 def new_config_text(text: str, plan: Plan) -> str:
-    """hermes.yaml's text with the plan's agent and providers added (pure)."""
+    """hermes.yaml's text with the plan's agent, providers, MCP servers and schedules added (pure)."""
     lines = text.splitlines()
     if plan.providers:
         lines = _add(lines, "providers", _dump(plan.providers))
     if plan.mcp_servers:
         lines = _add(lines, "mcp_servers", _dump(plan.mcp_servers))
+    if plan.schedules:
+        lines = _add(lines, "schedules", _dump(plan.schedules))
     lines = _add(lines, "agents", _dump([plan.entry]))
     return "\n".join(lines) + "\n"
 
@@ -109,6 +111,8 @@ def expected(before: dict[str, Any], plan: Plan) -> dict[str, Any]:
         after["providers"] = {**(before.get("providers") or {}), **plan.providers}
     if plan.mcp_servers:
         after["mcp_servers"] = {**(before.get("mcp_servers") or {}), **plan.mcp_servers}
+    if plan.schedules:
+        after["schedules"] = [*(before.get("schedules") or []), *plan.schedules]
     after["agents"] = [*(before.get("agents") or []), plan.entry]
     return after
 
@@ -280,7 +284,7 @@ def import_hermes(ctx: click.Context, path: Path, name: str | None, dry_run: boo
     finally:
         if board is not None:
             board.close()
-    document = {"agent": plan.name, "dry_run": dry_run, "providers": plan.providers,
+    document = {"agent": plan.name, "dry_run": dry_run, "providers": plan.providers, "schedules": plan.schedules,
                 "carried_over": plan.notes, "not_carried_over": plan.not_carried, "warnings": plan.warnings,
                 "written": written}
     if as_json:

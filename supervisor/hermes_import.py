@@ -14,12 +14,14 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from hermes_sup.agents.memory import FILES, HERMES_LIMITS, beyond_hermes, limits_problem, parse
 from hermes_sup.kanban.parse import PlainYamlError, load_plain
 
+from .hermes_cron import carry_jobs, offset_of, read_jobs
 from .hermes_mcp import carry
 
 MAX_CONFIG = 1 << 20
@@ -48,7 +50,6 @@ PROVIDERS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
 NOT_CARRIED = {
     "gateway": "messaging gateways (Telegram, Discord, Slack, ...): hermes-sup has none; its agents take work "
                "from the board (hermes-sup task add, or a file dropped in kanban/inbox/)",
-    "cron": "scheduled jobs: hermes-sup has no scheduler; add tasks from your own cron with hermes-sup task add",
     "sessions": "conversation history: Hermes' chat sessions have no counterpart; each task starts a fresh "
                 "conversation, and the memory files carry the facts",
     "kanban": "Hermes' kanban.db: its tasks are not moved onto this board (add them with hermes-sup task add)",
@@ -120,6 +121,7 @@ class Profile:
     skills: list[tuple[str, bytes]]            # path under skills/ -> bytes
     skipped: list[str] = field(default_factory=list)  # what was found and left out, and why
     present: list[str] = field(default_factory=list)  # NOT_CARRIED keys found
+    jobs: list[dict[str, Any]] = field(default_factory=list)  # cron/jobs.json's
 
 
 def _skill_files(root: Path) -> tuple[list[tuple[str, bytes]], list[str]]:
@@ -179,13 +181,22 @@ def read_profile(path: Path) -> Profile:
     present = []
     if any(key in config for key in GATEWAY_KEYS) or (path / "gateway").exists() or (path / "gateway.json").exists():
         present.append("gateway")
-    for key, names in (("cron", ("cron",)), ("sessions", ("sessions", "state.db")), ("kanban", ("kanban.db",
-                                                                                               "kanban"))):
+    for key, names in (("sessions", ("sessions", "state.db")), ("kanban", ("kanban.db", "kanban"))):
         if any((path / name).exists() for name in names):
             present.append(key)
-    present += [key for key in ("plugins",) if config.get(key)]
+    plugins = config.get("plugins")
+    if isinstance(plugins, dict) and plugins.get("enabled"):  # an empty allow-list enables none
+        present.append("plugins")
+    if (path / "cron").is_symlink():
+        raise HermesImportError(f"cron/ ({path / 'cron'}) is a symlink; it is not followed: copy the folder itself "
+                                "into the profile")
+    try:
+        jobs = read_jobs(path / "cron" / "jobs.json", read_bounded)
+    except ValueError as exc:
+        raise HermesImportError(str(exc)) from None
     return Profile(path, config, env_names(_text(env, ".env")) if env is not None else [],
-                   _text(soul, "SOUL.md").strip() if soul is not None else None, memories, skills, skipped, present)
+                   _text(soul, "SOUL.md").strip() if soul is not None else None, memories, skills, skipped, present,
+                   jobs)
 
 
 # -- the plan (pure) --------------------------------------------------------------------------------
@@ -253,6 +264,7 @@ class Plan:
     not_carried: list[dict[str, str]]         # {what, why}
     warnings: list[str]
     mcp_servers: dict[str, Any] = field(default_factory=dict)
+    schedules: list[dict[str, Any]] = field(default_factory=list)
 
 
 def agent_name(requested: str | None, profile: Path) -> str:
@@ -264,7 +276,7 @@ def agent_name(requested: str | None, profile: Path) -> str:
     return name
 
 
-def make_plan(profile: Profile, name: str, current: dict[str, Any]) -> Plan:
+def make_plan(profile: Profile, name: str, current: dict[str, Any], now: datetime | None = None) -> Plan:
     """The agent, providers and files the profile becomes, given the workspace's hermes.yaml as
     parsed (pure). Refuses a name already taken, by an agent or a provider."""
     agents = [a for a in current.get("agents") or [] if isinstance(a, dict)]
@@ -274,6 +286,8 @@ def make_plan(profile: Profile, name: str, current: dict[str, Any]) -> Plan:
         raise HermesImportError(f"hermes.yaml already has an agent named {name}; import under another name with "
                                 "--name (nothing was changed)")
     existing_providers = set(current.get("providers") or {})
+    now = now or datetime.now(UTC)
+    schedules: list[dict[str, Any]] = []
     notes: list[str] = []
     warnings: list[str] = []
     not_carried = [{"what": key, "why": NOT_CARRIED[key]} for key in profile.present]
@@ -340,5 +354,18 @@ def make_plan(profile: Profile, name: str, current: dict[str, Any]) -> Plan:
         entry["providers"] = chain
         notes.append(f"providers: the agent's own chain {', '.join(chain)} serves all its model calls, whatever "
                      "the tier (the team's tiers are unchanged)")
+    if profile.jobs:
+        taken = {str(s.get("name")) for s in current.get("schedules") or [] if isinstance(s, dict)}
+        try:
+            zone, offset = offset_of(profile.config.get("timezone") if isinstance(profile.config.get("timezone"),
+                                                                                   str) else None, now)
+        except ValueError as exc:
+            zone, offset = str(profile.config.get("timezone")), None
+            not_carried += [{"what": f"cron job {job.get('name') or job.get('id')}", "why": f"{exc}"}
+                            for job in profile.jobs]
+        if offset is not None:
+            schedules, cron_notes, cron_left = carry_jobs(profile.jobs, zone, offset, taken)
+            notes += cron_notes
+            not_carried += cron_left
     return Plan(name, entry, providers, profile.memories, profile.skills, notes, not_carried, warnings,
-                servers)
+                servers, schedules)

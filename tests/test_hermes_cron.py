@@ -1,0 +1,118 @@
+"""Hermes Agent's cron jobs become hermes.yaml schedules (jobs.json written by hermes-agent 0.19.0's own
+cron.jobs.create_job, in Asia/Kolkata); what cannot run at the same times in UTC is named, never moved."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hermes_sup.supervisor.cli import main
+from hermes_sup.supervisor.hermes_cron import carry_jobs, in_utc, interval_cron
+from hermes_sup.supervisor.schedules import cron_error
+from hermes_sup.supervisor.workspace import load_config
+
+JOBS = Path(__file__).resolve().parent / "fixtures" / "hermes" / "cron" / "jobs.json"
+
+
+@pytest.mark.parametrize("minutes, cron", [
+    (1, "* * * * *"), (5, "*/5 * * * *"), (30, "*/30 * * * *"), (60, "0 * * * *"), (120, "0 */2 * * *"),
+    (480, "0 */8 * * *"), (1440, "0 0 * * *"), (45, None), (90, None), (7 * 60, None), (2880, None), (0, None),
+])
+def test_an_interval_becomes_a_cron_step_only_when_it_repeats_exactly(minutes, cron):
+    assert interval_cron(minutes) == cron
+    if cron:
+        assert cron_error(cron) is None
+
+
+@pytest.mark.parametrize("expr, offset, utc", [
+    ("0 9 * * 1-5", 330, "30 3 * * 1-5"),        # Kolkata, same day
+    ("15 8,20 * * *", -300, "15 1,13 * * *"),   # New York in winter: 20:15 is 01:15 the next day, every day
+    ("0 2 * * 1", 330, None),                   # Monday 02:00 in Kolkata is Sunday in UTC
+    ("0 23 1 * *", -60, None),                  # the 1st at 23:00 is the 2nd in UTC
+    ("*/10 9 * * *", 60, None),                 # not a fixed minute
+    ("0 9 * * *", 0, "0 9 * * *"),
+    ("0 9-17 * * *", 120, None),                # a range of hours is not moved
+])
+def test_a_cron_in_another_zone_moves_only_when_its_days_stay(expr, offset, utc):
+    assert in_utc(expr, offset) == utc
+
+
+def test_the_jobs_hermes_wrote_become_schedules_and_the_rest_are_named():
+    jobs = json.loads(JOBS.read_text())["jobs"]
+    schedules, notes, left = carry_jobs(jobs, "Asia/Kolkata", 330, {"hermes-queue-check"})
+    by_title = {s["task"]["title"]: s for s in schedules}
+    assert set(by_title) == {"morning digest", "queue check", "skilled"}
+    assert by_title["morning digest"]["cron"] == "30 3 * * 1-5"
+    assert by_title["morning digest"]["task"] == {"title": "morning digest", "body": "Summarise the overnight alerts"}
+    assert by_title["queue check"]["cron"] == "*/30 * * * *"
+    assert by_title["queue check"]["name"] == "hermes-queue-check-2", "a name taken is not reused"
+    assert by_title["skilled"]["cron"] == "0 */2 * * *"
+    assert by_title["skilled"]["task"]["meta"] == {"hermes": {"skills": ["arxiv"]}}
+    assert any("repeats for good here (Hermes ran it 5 times)" in note for note in notes)
+    assert any("Hermes' 0 9 * * 1-5 in Asia/Kolkata" in note for note in notes)
+    why = {item["what"]: item["why"] for item in left}
+    assert set(why) == {"cron job odd interval", "cron job one off", "cron job paused job", "cron job monday 2am"}
+    assert "every 45 minutes" in why["cron job odd interval"]
+    assert "no same-day equivalent in UTC" in why["cron job monday 2am"]
+    assert "paused" in why["cron job paused job"] and "a one-off" in why["cron job one off"]
+
+
+def test_import_hermes_writes_the_schedules_and_up_would_take_them(tmp_path: Path):
+    assert CliRunner().invoke(main, ["init", str(tmp_path / "ws")]).exit_code == 0
+    home = tmp_path / "home"
+    (home / "cron").mkdir(parents=True)
+    shutil.copy(JOBS, home / "cron" / "jobs.json")
+    (home / "config.yaml").write_text("timezone: Asia/Kolkata\n")
+    result = CliRunner().invoke(main, ["-w", str(tmp_path / "ws"), "import-hermes", str(home), "--name", "ops"])
+    assert result.exit_code == 0, result.output
+    assert "schedule hermes-morning-digest: 30 3 * * 1-5 (UTC), Hermes' 0 9 * * 1-5 in Asia/Kolkata" in result.output
+    assert "cron job monday 2am: its cron '0 2 * * 1' in Asia/Kolkata has no same-day equivalent" in result.output
+    assert "hermes-sup has no scheduler" not in result.output
+    config = load_config(tmp_path / "ws" / "hermes.yaml")
+    names = [s["name"] for s in config["schedules"]]
+    assert names[-3:] == ["hermes-morning-digest", "hermes-queue-check", "hermes-skilled"]
+
+
+def test_an_empty_cron_folder_and_an_empty_plugin_list_are_not_said_to_be_left_behind(tmp_path: Path):
+    assert CliRunner().invoke(main, ["init", str(tmp_path / "ws")]).exit_code == 0
+    home = tmp_path / "home"
+    (home / "cron" / "output").mkdir(parents=True)
+    (home / "config.yaml").write_text("plugins:\n  enabled: []\n  disabled: [x]\n")
+    result = CliRunner().invoke(main, ["-w", str(tmp_path / "ws"), "import-hermes", str(home), "--name", "quiet",
+                                       "--json"])
+    assert result.exit_code == 0, result.output
+    left = {item["what"] for item in json.loads(result.output)["not_carried_over"]}
+    assert left == {"shell and delegation"}
+
+
+def test_a_damaged_jobs_file_is_refused_before_anything_is_written(tmp_path: Path):
+    assert CliRunner().invoke(main, ["init", str(tmp_path / "ws")]).exit_code == 0
+    home = tmp_path / "home"
+    (home / "cron").mkdir(parents=True)
+    (home / "cron" / "jobs.json").write_text("{not json")
+    before = (tmp_path / "ws" / "hermes.yaml").read_bytes()
+    result = CliRunner().invoke(main, ["-w", str(tmp_path / "ws"), "import-hermes", str(home), "--name", "x"])
+    assert result.exit_code == 1 and "cron/jobs.json is not JSON" in result.output
+    assert "Traceback" not in result.output
+    assert (tmp_path / "ws" / "hermes.yaml").read_bytes() == before
+
+
+def test_the_machines_zone_is_hermes_default(monkeypatch):
+    from hermes_sup.supervisor.hermes_cron import offset_of
+
+    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    import time
+    time.tzset()
+    try:
+        zone, offset = offset_of(None, datetime(2026, 11, 27, tzinfo=UTC))
+        assert offset == 330 and "this machine's zone" in zone
+        assert offset_of("Europe/Berlin", datetime(2026, 7, 1, tzinfo=UTC))[1] == 120
+        with pytest.raises(ValueError):
+            offset_of("Mars/Olympus", datetime(2026, 7, 1, tzinfo=UTC))
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
