@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: up test test-latest lock lint bench real-smoke clean chromium postgres-server bubblewrap
+.PHONY: up test test-latest lock lint bench real-smoke clean chromium postgres-server bubblewrap hermes-agent
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,21 +51,34 @@ chromium:
 bubblewrap:
 	@sh .ci/apt-install bwrap bubblewrap "the terminal's sandbox and its tests"
 
-test: $(VENV)/.installed-test chromium postgres-server bubblewrap
-	HERMES_SUP_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -q
+# Hermes Agent's own CLI, for the tests of `runtime: hermes` (tests/test_runtime_hermes.py): from PyPI,
+# in a virtual environment of its own (it is the user's program, not our dependency), at the releases
+# recorded in constraints-hermes.txt.
+HERMES_VENV = .venv-hermes
+HERMES_LOCK = constraints-hermes.txt
+$(HERMES_VENV)/.installed: $(HERMES_LOCK)
+	rm -rf $(HERMES_VENV)
+	$(PYTHON) -m venv $(HERMES_VENV)
+	$(HERMES_VENV)/bin/python -m pip install --quiet -c $(HERMES_LOCK) pip
+	$(HERMES_VENV)/bin/python -m pip install --quiet -c $(HERMES_LOCK) hermes-agent
+	touch $@
+hermes-agent: $(HERMES_VENV)/.installed
+
+test: $(VENV)/.installed-test chromium postgres-server bubblewrap hermes-agent
+	HERMES_SUP_CHROMIUM=$(CHROMIUM) HERMES_SUP_HERMES=$(CURDIR)/$(HERMES_VENV)/bin/hermes $(BIN)/python -m pytest -q
 
 # By hand, never in CI: the whole suite on the newest releases within pyproject.toml's ranges, in a
 # virtual environment of its own, so that drift is found on our schedule, not CI's. When it passes,
 # `make lock` records those releases.
 LATEST = .venv-latest
-test-latest: chromium postgres-server bubblewrap
+test-latest: chromium postgres-server bubblewrap hermes-agent
 	rm -rf $(LATEST)
 	$(PYTHON) -m venv $(LATEST)
 	$(LATEST)/bin/python -m pip install --quiet --upgrade pip
 	$(LATEST)/bin/python -m pip install --quiet --upgrade -e '.[test]'
 	$(LATEST)/bin/python -m pip download --quiet --no-deps -d $(LATEST)/wheelhouse openai-agents supervisor
 	$(LATEST)/bin/python -m pip list --format=freeze
-	HERMES_SUP_CHROMIUM=$(CHROMIUM) $(LATEST)/bin/python -m pytest -q
+	HERMES_SUP_CHROMIUM=$(CHROMIUM) HERMES_SUP_HERMES=$(CURDIR)/$(HERMES_VENV)/bin/hermes $(LATEST)/bin/python -m pytest -q
 
 # Records the newest releases within pyproject.toml's ranges as constraints.txt (review its diff,
 # then run `make test` before committing it).

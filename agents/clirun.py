@@ -104,36 +104,38 @@ def workdir_for(ctx: ToolContext) -> Path:
     return Path(trees[0][1]) if trees else Path(ctx.scratch)
 
 
-def work(ctx: ToolContext, prompt: str, capabilities: Sequence[str]) -> Verdict:
-    """Run the agent's CLI (`ctx.settings["runtime"]`) for the task in `ctx` and judge it. The CLI's
-    environment is the agent's without any credential (as a terminal command's) but those `env_from`
-    names, plus HERMES_SUP_TASK_ID and HERMES_SUP_RESULT; it runs confined to the task's folder and
-    the grants (with the network only when the agent has `network`)."""
+@dataclass(frozen=True)
+class Run:
+    """How a CLI's run for one task ended: what judge() and hermesrun.judge() decide from."""
+    returncode: int | None
+    output: str
+    stopped: bool
+    timed_out: bool
+    seconds: float
+    problem: str = ""  # it could not be started (or confined): the reason
+
+
+def run(ctx: ToolContext, argv: list[str], env: dict[str, str], capabilities: Sequence[str], max_runtime: float,
+        *, shown: Sequence[str] = (), writable: Sequence[Path] = ()) -> Run:
+    """Run `argv` for the task in `ctx`: in its worktree or folder (workdir_for), confined as a
+    `terminal` command with the grants, the files `shown` readable and the folders `writable` too; its
+    environment the agent's without any credential plus `env`. A cancel or a stop ends it and all it
+    started (SIGTERM, then SIGKILL), and so does `max_runtime`."""
     from .files import root_of
 
-    settings = ctx.settings
-    runtime = settings.get("runtime") or {}
-    own = root_of(ctx)
-    workdir = workdir_for(ctx)
-    max_runtime = float(runtime.get("max_runtime") or DEFAULT_MAX_RUNTIME)
-    task_id = str((ctx.task or {}).get("id"))
-    result_path = own / RESULT_FILE
-    result_path.unlink(missing_ok=True)  # an earlier attempt's is not this one's
-    argv = fill(runtime["argv"], {"prompt": prompt, "task_id": task_id, "workdir": str(workdir)})
-    # The CLI's own keys only as hermes.yaml names them (env_from: {ITS_NAME: OUR_VARIABLE}).
-    given = {name: os.environ.get(ours, "") for name, ours in (runtime.get("env_from") or {}).items()}
-    env = {**clean_env(os.environ, withheld(settings)), **given, "HERMES_SUP_TASK_ID": task_id,
-           "HERMES_SUP_RESULT": str(result_path)}
+    own, workdir = root_of(ctx), workdir_for(ctx)
+    env = {**clean_env(os.environ, withheld(ctx.settings)), **env}
     try:
-        argv, env = command_for(settings, capabilities, ctx.workspace, workdir, own, env, argv)
+        confined, env = command_for(ctx.settings, capabilities, ctx.workspace, workdir, own, env, argv, shown=shown,
+                                    extra=[(path, True) for path in writable])
     except sandbox.SandboxRefused as exc:
-        return Verdict("failed", {}, str(exc))
+        return Run(None, "", False, False, 0.0, str(exc))
     started = time.monotonic()
     try:
-        proc = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(confined, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, process_group=0, close_fds=True)
     except OSError as exc:
-        return Verdict("failed", {}, f"{runtime['argv'][0]} could not be started: {exc.strerror or exc}")
+        return Run(None, "", False, False, 0.0, f"{argv[0]} could not be started: {exc.strerror or exc}")
     output = Output()
     stopped = timed_out = False
     try:
@@ -145,11 +147,34 @@ def work(ctx: ToolContext, prompt: str, capabilities: Sequence[str]) -> Verdict:
         assert proc.stdout is not None
         proc.stdout.close()
         proc.wait()
-    result = _result(result_path) if proc.returncode == 0 and not stopped else None
-    verdict = judge(proc.returncode, output.text(), result, stopped=stopped, timed_out=timed_out,
+    return Run(proc.returncode, output.text(), stopped, timed_out, round(time.monotonic() - started, 2))
+
+
+def work(ctx: ToolContext, prompt: str, capabilities: Sequence[str]) -> Verdict:
+    """Run the agent's CLI (`ctx.settings["runtime"]`, kind command) for the task in `ctx` and judge
+    it. Its environment holds those `env_from` names, HERMES_SUP_TASK_ID and HERMES_SUP_RESULT."""
+    from .files import root_of
+
+    runtime = ctx.settings.get("runtime") or {}
+    max_runtime = float(runtime.get("max_runtime") or DEFAULT_MAX_RUNTIME)
+    task_id = str((ctx.task or {}).get("id"))
+    result_path = root_of(ctx) / RESULT_FILE
+    result_path.unlink(missing_ok=True)  # an earlier attempt's is not this one's
+    argv = fill(runtime["argv"], {"prompt": prompt, "task_id": task_id, "workdir": str(workdir_for(ctx))})
+    env = {**given_env(runtime), "HERMES_SUP_TASK_ID": task_id, "HERMES_SUP_RESULT": str(result_path)}
+    ran = run(ctx, argv, env, capabilities, max_runtime)
+    if ran.problem:
+        return Verdict("failed", {}, ran.problem)
+    result = _result(result_path) if ran.returncode == 0 and not ran.stopped else None
+    verdict = judge(ran.returncode, ran.output, result, stopped=ran.stopped, timed_out=ran.timed_out,
                     max_runtime=max_runtime, program=os.path.basename(runtime["argv"][0]))
-    return Verdict(verdict.kind, {**verdict.result, "seconds": round(time.monotonic() - started, 2)}
+    return Verdict(verdict.kind, {**verdict.result, "seconds": ran.seconds}
                    if verdict.kind == "done" else verdict.result, verdict.reason)
+
+
+def given_env(runtime: Mapping[str, Any]) -> dict[str, str]:
+    """The CLI's own keys, only as hermes.yaml names them (env_from: {ITS_NAME: OUR_VARIABLE})."""
+    return {name: os.environ.get(ours, "") for name, ours in (runtime.get("env_from") or {}).items()}
 
 
 def _result(path: Path) -> str | None:

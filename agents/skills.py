@@ -9,8 +9,9 @@ and why. An instruction skill (the format Hermes Agent and Claude use: YAML fron
 `name` and `description`, then a Markdown body) is listed by name and description in the system
 prompt and read on demand with `skill_view`, with the files beside it (`references/`, `templates/`,
 `scripts/`) read by `skill_view` with `file_path`, never outside the skill's folder. Instruction
-skills are found as Hermes lays them out too, `skills/<category>/<name>/SKILL.md`, and one whose
-`platforms` leaves out this system is not offered.
+skills are found as Hermes finds them, at any depth (`skills/<category>/<name>/SKILL.md`,
+`skills/mlops/inference/llama-cpp/SKILL.md`), and one whose `platforms` leaves out this system is
+not offered.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ CHECK_TIMEOUT = 10.0
 CHECK_ENV = ("PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH")
 PLATFORMS = {"macos": "darwin", "linux": "linux", "windows": "win32"}  # Hermes' names, sys.platform's
 MAX_LINKED_BYTES = 1_000_000
+MAX_DEPTH = 8  # folders below skills/ looked into for a SKILL.md
+SUPPORT_FOLDERS = {"references", "templates", "assets", "scripts"}
+NOT_SKILLS = {"node_modules", "venv", "site-packages"}
 
 
 @dataclass
@@ -108,6 +112,22 @@ def check_in_process_of_its_own(path: Path, runs: Path, data: bytes | None = Non
     return skillproc.check(path, data, runs, check_env(os.environ, ""), CHECK_TIMEOUT)
 
 
+def instruction_folders(root: Path) -> list[tuple[str, ...]]:
+    """The folders under `root` that hold a SKILL.md, as path parts, at any depth up to MAX_DEPTH:
+    never through a symlink, nor into hidden or `_` folders (.git, .hub, .archive, .history,
+    __pycache__), nor into a skill's own references/, templates/, assets/ or scripts/ (Hermes'
+    support folders may hold archived SKILL.md files that are no skills)."""
+    found: list[tuple[str, ...]] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        parts = Path(dirpath).relative_to(root).parts
+        holds = "SKILL.md" in filenames and bool(parts)
+        if holds:
+            found.append(parts)
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith((".", "_")) and d not in NOT_SKILLS
+                             and not (holds and d in SUPPORT_FOLDERS) and len(parts) < MAX_DEPTH)
+    return found
+
+
 class Skills:
     """The skills of one workspace: discovery, validation (cached by digest), loading, versions."""
 
@@ -127,16 +147,16 @@ class Skills:
             if not folder.is_dir() or (source == "workspace" and folder.resolve() == self.bundled.resolve()):
                 continue  # the repository's own workspace: its skills/ is the bundled one
             for entry in sorted(folder.iterdir()):
-                if entry.name.startswith((".", "_")):
-                    continue
-                if entry.suffix == ".py" and entry.is_file() and SKILL_NAME.fullmatch(entry.stem):
+                if not entry.name.startswith((".", "_")) and entry.suffix == ".py" and entry.is_file() \
+                        and SKILL_NAME.fullmatch(entry.stem):
                     found[entry.stem] = ("python", entry, source, "")
-                elif entry.is_dir() and (entry / "SKILL.md").is_file():
-                    found[entry.name] = ("instructions", entry / "SKILL.md", source, "")
-                elif entry.is_dir() and not entry.is_symlink():  # a category folder, as Hermes has them
-                    for inner in sorted(entry.iterdir()):
-                        if not inner.name.startswith((".", "_")) and inner.is_dir() and (inner / "SKILL.md").is_file():
-                            found.setdefault(inner.name, ("instructions", inner / "SKILL.md", source, entry.name))
+            # Instruction skills at any depth, as Hermes finds them (mlops/inference/llama-cpp): the
+            # shallowest of a name wins, then the first by path.
+            for relative in sorted(instruction_folders(folder), key=lambda parts: (len(parts), parts)):
+                if relative[-1] in found and found[relative[-1]][2] == source:
+                    continue
+                found[relative[-1]] = ("instructions", folder.joinpath(*relative) / "SKILL.md", source,
+                                       relative[0] if len(relative) > 1 else "")
         return found
 
     def names(self) -> set[str]:

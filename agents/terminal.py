@@ -195,10 +195,12 @@ def confined_command(ctx: ToolContext, cwd: Path, env: dict[str, str],
 def command_for(settings: Mapping[str, Any], capabilities: Collection[str], workspace: Path | None, cwd: Path,
                 own: Path, env: dict[str, str], argv: list[str], shown: Collection[str] = (),
                 library: Collection[Path] = (), own_writable: bool = True,
-                conceal: Collection[Path] = ()) -> tuple[list[str], dict[str, str]]:
+                conceal: Collection[Path] = (), extra: Collection[tuple[Path, bool]] = ()
+                ) -> tuple[list[str], dict[str, str]]:
     """`argv` confined to its `own` folder and the folders `settings` grant (a terminal command's, an
     MCP server's, a skill tool's), with the files `shown` readable (and sandbox.plan's `library` and
-    `own_writable`); SandboxRefused when the agent's `sandbox` cannot be had here."""
+    `own_writable`), and the `extra` folders (path, writable) as the grants are; SandboxRefused when
+    the agent's `sandbox` cannot be had here."""
     from .grants import grants_of
 
     interpreter = [os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)] + [
@@ -213,6 +215,7 @@ def command_for(settings: Mapping[str, Any], capabilities: Collection[str], work
     # A worktree's files are its tree; git there reads the repository's own .git (read-only: the
     # commit is the agent's, at done, never a command's).
     folders = [(g.root, g.writable) for g in grants] + [(g.path / ".git", False) for g in grants if g.tree]
+    folders += [(Path(os.path.realpath(path)), writable) for path, writable in extra]
     # Hidden wherever they are: the team's folders not granted here, and the workspace's runs/ and
     # kanban/ where a link puts them outside it (folders.py allows runs/ on another disk).
     hidden = [*conceal, *(Path(p) for p in settings.get("folders_hidden") or () if isinstance(p, str))]

@@ -32,6 +32,7 @@ from hermes_sup.kanban.task import now_iso
 from . import (
     builtins,  # noqa: F401 - registers the built-in tools
     clirun,
+    hermesrun,
     mcpservers,
     sandbox,
     worktrees,
@@ -601,11 +602,17 @@ class Agent:
                 self._halt = None
 
     def _work(self, doc: dict[str, Any], halt: threading.Event) -> None:
-        if not doc.get("steps") and self.config.get("runtime"):  # runtime: command (agents/clirun.py)
-            verdict = clirun.work(self.context(doc, halt), task_prompt(doc, self.inputs(doc)), self.capabilities)
+        runtime = self.config.get("runtime")
+        if not doc.get("steps") and runtime:  # runtime: command or hermes (agents/clirun.py, hermesrun.py)
+            prompt = task_prompt(doc, self.inputs(doc))
+            if runtime.get("kind") == "hermes":
+                verdict = self._hermes(doc, hermesrun.work(self.context(doc, halt), prompt, self.capabilities))
+            else:
+                verdict = clirun.work(self.context(doc, halt), prompt, self.capabilities)
             if verdict.kind == "interrupted":
                 raise InterruptedError
-            self._close(doc["id"], doc["claim"]["token"], verdict.kind, verdict.result, verdict.reason)
+            question = verdict.reason if verdict.kind == "blocked" else None
+            self._close(doc["id"], doc["claim"]["token"], verdict.kind, verdict.result, verdict.reason, question)
             return
         if not doc.get("steps"):
             self.think(doc, self.toolbox(), halt)
@@ -625,6 +632,19 @@ class Agent:
             return
         self._close(task_id, token, outcome.kind, {"steps": outcome.results}, outcome.reason, outcome.question,
                     outcome.permanent)
+
+    def _hermes(self, doc: dict[str, Any], outcome: hermesrun.Outcome) -> clirun.Verdict:
+        """A Hermes run's comments onto the task and its usage into the LLM-call log; its verdict."""
+        for text in outcome.comments:
+            with contextlib.suppress(BoardError):
+                self.board.comment(doc["id"], text, by=self.name)
+        if outcome.usage is not None:
+            journal = Journal(self.workdir / "llm_calls.jsonl")
+            try:
+                journal.append(outcome.usage)
+            finally:
+                journal.close()
+        return outcome.verdict
 
     def _only_task_closed(self) -> bool:
         try:
@@ -654,7 +674,11 @@ class Agent:
         runtime = self.config.get("runtime") or {}
         if "shell" not in self.capabilities and not runtime:
             return ""
-        cli = f"; runtime: command ({os.path.basename(str(runtime['argv'][0]))})" if runtime else ""
+        cli = ""
+        if runtime.get("kind") == "hermes":
+            cli = f"; runtime: hermes (profile {runtime.get('profile')}, {runtime.get('profile_dir')})"
+        elif runtime:
+            cli = f"; runtime: command ({os.path.basename(str(runtime['argv'][0]))})"
         try:
             kind, gaps = sandbox.how(str(self.config.get("sandbox") or "auto"))
         except sandbox.SandboxRefused as exc:

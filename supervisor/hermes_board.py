@@ -16,7 +16,6 @@ import re
 import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
 from hermes_sup.kanban.task import TaskError, normalize, now_iso
 
@@ -51,12 +50,17 @@ def read_board(path: Path) -> tuple[list[dict[str, Any]], list[tuple[str, str]],
         raise HermesImportError(f"--board: {path} is larger than {MAX_DB >> 20} MiB")
     import sqlite3  # only --board needs it, not every command
 
+    from ..agents.hermesrun import open_hostile
+
     try:
-        conn = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=5)
-    except sqlite3.Error as exc:
-        raise HermesImportError(f"--board: {path} cannot be opened: {exc}") from None
+        conn = open_hostile(path, ("tasks", "task_links", "task_comments"), seconds=READ_SECONDS,
+                            max_value=MAX_VALUE)
+    except ValueError as exc:
+        raise HermesImportError(f"--board: {path}: {exc}; a Hermes kanban.db holds tables only (nothing was "
+                                "changed)") from None
+    except sqlite3.Error as exc:  # the sqlite_master read is the first that looks inside
+        raise HermesImportError(f"--board: {path} is not a Hermes kanban database, or is damaged: {exc}") from None
     try:
-        _defuse(conn, path)
         marks = ",".join("?" * len(OPEN))
         tasks = conn.execute(f"SELECT id, title, body, assignee, status, priority, tenant FROM tasks "
                              f"WHERE status IN ({marks}) ORDER BY created_at, id LIMIT {MAX_TASKS + 1}",
@@ -74,24 +78,6 @@ def read_board(path: Path) -> tuple[list[dict[str, Any]], list[tuple[str, str]],
     keys = ("id", "title", "body", "assignee", "status", "priority", "tenant")
     return ([dict(zip(keys, row, strict=True)) for row in tasks], [(str(p), str(c)) for p, c in links],
             [(str(t), str(a), str(b)) for t, a, b in comments])
-
-
-def _defuse(conn: sqlite3.Connection, path: Path) -> None:
-    """A database file is code as well as data: its tables must be tables (a view runs a query of the
-    file's choosing, endless if it likes), reads stop after READ_SECONDS, and no value may be larger
-    than MAX_VALUE (a generated column can make one of a gigabyte)."""
-    import sqlite3
-    import time
-
-    kinds = dict(conn.execute("SELECT lower(name), type FROM sqlite_master WHERE lower(name) IN "
-                              "('tasks', 'task_links', 'task_comments')").fetchall())  # names ignore case
-    for name in ("tasks", "task_links", "task_comments"):
-        if kinds.get(name, "table") != "table":
-            raise HermesImportError(f"--board: {path}: {name} is a {kinds[name]}, not a table; a Hermes kanban.db "
-                                    "holds tables only (nothing was changed)")
-    deadline = time.monotonic() + READ_SECONDS
-    conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
-    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE)
 
 
 def board_id(hermes_id: str) -> str:

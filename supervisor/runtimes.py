@@ -1,40 +1,51 @@
-"""How an agent works, as hermes.yaml says it: its `runtime` (the built-in loop, or `command`: any agent
-CLI, one run per task, agents/clirun.py) and the built-in loop's own provider chain (`providers`);
-their checks with file:line, and what the agent is told of them."""
+"""How an agent works, as hermes.yaml says it: its `runtime` (the built-in loop; `command`: any agent
+CLI, one run per task, agents/clirun.py; `hermes`: Hermes Agent's CLI on a profile of its own,
+agents/hermesrun.py) and the built-in loop's own provider chain (`providers`); their checks with
+file:line, and what the agent is told of them."""
 
 from __future__ import annotations
 
+import os
+import re
+from pathlib import Path
 from typing import Any
 
 from ..agents.clirun import DEFAULT_MAX_RUNTIME, argv_problem
 from .mcpconfig import VARIABLE
 
-RUNTIMES = ("builtin", "command")
-RUNTIME_KEYS = ("runtime", "argv", "max_runtime", "env_from", "providers")
+RUNTIMES = ("builtin", "command", "hermes")
+RUNTIME_KEYS = ("runtime", "argv", "max_runtime", "env_from", "profile", "hermes_home", "program", "providers")
+# Which keys each CLI runtime takes (the built-in loop none of them, but `providers`).
+CLI_KEYS = {"command": ("argv", "max_runtime", "env_from"),
+            "hermes": ("profile", "hermes_home", "program", "max_runtime", "env_from")}
+PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 MAX_RUNTIME = 7 * 86400.0
 
 
 def check_runtime(agent: dict[str, Any], where: str, fail: Any) -> None:
-    """An agent's `runtime`, `argv`, `max_runtime` and `env_from`: a CLI named whole, placeholders
-    known, a bound in seconds, secrets by variable name; the last three only with `runtime: command`."""
+    """An agent's `runtime` and the keys of its CLI: `command`'s argv (a CLI named whole, placeholders
+    known), `hermes`' profile (a folder that is there), and for both a bound in seconds and secrets by
+    variable name; each key only with the runtime that takes it."""
     runtime = agent.get("runtime", "builtin")
-    if runtime == "hermes":
-        raise fail(agent, f"{where}: runtime 'hermes' is not supported yet; run Hermes Agent's CLI as any agent CLI: "
-                          "runtime: command, argv: [hermes, chat, -q, '{prompt}']")
     if runtime not in RUNTIMES:
         raise fail(agent, f"{where}: 'runtime' must be one of {', '.join(RUNTIMES)} (command: any agent CLI, one run "
-                          f"per task, with 'argv'), got {runtime!r}")
-    if runtime != "command":
-        extra = [key for key in RUNTIME_KEYS[1:-1] if key in agent]
-        if extra:
-            raise fail(agent, f"{where}: '{extra[0]}' is for runtime: command")
+                          f"per task, with 'argv'; hermes: Hermes Agent's CLI, with 'profile'), got {runtime!r}")
+    allowed = CLI_KEYS.get(runtime, ())
+    extra = [key for key in RUNTIME_KEYS[1:-1] if key in agent and key not in allowed]
+    if extra:
+        users = [name for name, keys in CLI_KEYS.items() if extra[0] in keys]
+        raise fail(agent, f"{where}: '{extra[0]}' is for runtime: {' or '.join(users)}")
+    if runtime == "builtin":
         return
     if "providers" in agent:
-        raise fail(agent, f"{where}: 'providers' is for the built-in loop; a runtime: command agent's CLI picks its "
+        raise fail(agent, f"{where}: 'providers' is for the built-in loop; a runtime: {runtime} agent's CLI picks its "
                           "own model")
-    problem = argv_problem(agent.get("argv"))
-    if problem:
-        raise fail(agent, f"{where}: {problem}")
+    if runtime == "command":
+        problem = argv_problem(agent.get("argv"))
+        if problem:
+            raise fail(agent, f"{where}: {problem}")
+    else:
+        _check_hermes(agent, where, fail)
     bound = agent.get("max_runtime", DEFAULT_MAX_RUNTIME)
     if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not 0 < bound <= MAX_RUNTIME:
         raise fail(agent, f"{where}: 'max_runtime' must be a number of seconds > 0 and at most {MAX_RUNTIME:,.0f} "
@@ -44,6 +55,38 @@ def check_runtime(agent: dict[str, Any], where: str, fail: Any) -> None:
                                               and VARIABLE.fullmatch(v) for k, v in named.items() if k != "__line__"):
         raise fail(agent, f"{where}: 'env_from' must map the CLI's variable names to the names of ours that hold "
                           "their values (a key stays out of hermes.yaml: env_from: {OPENAI_API_KEY: CODEX_KEY})")
+
+
+def profile_dir(agent: dict[str, Any], environ: dict[str, str] | None = None) -> Path:
+    """The Hermes profile folder a `runtime: hermes` agent works with (pure over `environ`): `profile`
+    as a path when it is one, else `<hermes_home>/profiles/NAME` (`default`: the home itself, as
+    Hermes has it), the home being `hermes_home`, else $HERMES_HOME, else ~/.hermes."""
+    environ = dict(os.environ) if environ is None else environ
+    profile = str(agent.get("profile"))
+    if os.sep in profile or profile.startswith("~"):
+        return Path(os.path.expanduser(profile)).absolute()
+    home = agent.get("hermes_home") or environ.get("HERMES_HOME") or os.path.join(
+        environ.get("HOME") or os.path.expanduser("~"), ".hermes")
+    home_path = Path(os.path.expanduser(str(home))).absolute()
+    return home_path if profile == "default" else home_path / "profiles" / profile
+
+
+def _check_hermes(agent: dict[str, Any], where: str, fail: Any) -> None:
+    profile = agent.get("profile")
+    if not isinstance(profile, str) or not profile or "\0" in profile or not (
+            PROFILE_NAME.fullmatch(profile) or os.sep in profile or profile.startswith("~")):
+        raise fail(agent, f"{where}: runtime: hermes needs 'profile': a Hermes profile's name (as in hermes -p NAME; "
+                          "default: the home's own) or its folder")
+    for key in ("hermes_home", "program"):
+        if key in agent and (not isinstance(agent[key], str) or not agent[key] or "\0" in agent[key]):
+            raise fail(agent, f"{where}: '{key}' must be a path (or, for program, a name found on PATH)")
+    folder = profile_dir(agent)
+    if not folder.is_dir():
+        raise fail(agent, f"{where}: Hermes profile folder {folder} does not exist (make it with hermes profile "
+                          f"create {profile}, or name the home with hermes_home)")
+    if "network" not in (agent.get("capabilities") or []):
+        raise fail(agent, f"{where}: runtime: hermes needs the 'network' capability: Hermes calls its model over "
+                          "HTTP (add network to the agent's capabilities)")
 
 
 def check_chain(agent: dict[str, Any], providers: Any, where: str, fail: Any) -> None:
@@ -63,8 +106,9 @@ def check_chain(agent: dict[str, Any], providers: Any, where: str, fail: Any) ->
 
 
 def check_budgeted(raw: dict[str, Any], fail: Any) -> None:
-    """A `command` agent under a budget is refused: a CLI's tokens and cost are not measured, so a cap
-    (the team's, the agent's own, a task's max_cost) could not hold it and would say it does."""
+    """A CLI agent under a budget is refused: a `command` CLI's tokens and cost are not measured, and
+    a Hermes run's are only once it has ended, so a cap (the team's, the agent's own, a task's
+    max_cost) could not hold either and would say it does."""
     budgets = raw.get("budgets")
     if not isinstance(budgets, dict) or not any(k != "__line__" and v for k, v in budgets.items()):
         return
@@ -73,12 +117,21 @@ def check_budgeted(raw: dict[str, Any], fail: Any) -> None:
             raise fail(agent, f"agent {agent.get('name')}: a runtime: command agent's spend is not measured (its CLI "
                               "reports no tokens to hermes-sup), so the budgets in hermes.yaml could not hold it; "
                               "remove budgets, or run this CLI's team in a workspace of its own")
+        if isinstance(agent, dict) and agent.get("runtime") == "hermes":
+            raise fail(agent, f"agent {agent.get('name')}: a runtime: hermes agent's spend is known only after each "
+                              "run (its usage file), so the budgets in hermes.yaml could not stop it within a run; "
+                              "remove budgets (hermes-sup usage still counts its tokens), or run it in a workspace "
+                              "of its own")
 
 
 def runtime_of(agent: dict[str, Any]) -> dict[str, Any]:
     """What the agent process is told of its runtime (checked already): nothing for the built-in loop."""
-    if agent.get("runtime", "builtin") != "command":
+    kind = agent.get("runtime", "builtin")
+    if kind == "builtin":
         return {}
-    return {"runtime": {"kind": "command", "argv": list(agent["argv"]),
-                        "max_runtime": float(agent.get("max_runtime", DEFAULT_MAX_RUNTIME)),
-                        "env_from": {k: v for k, v in (agent.get("env_from") or {}).items() if k != "__line__"}}}
+    common = {"max_runtime": float(agent.get("max_runtime", DEFAULT_MAX_RUNTIME)),
+              "env_from": {k: v for k, v in (agent.get("env_from") or {}).items() if k != "__line__"}}
+    if kind == "hermes":
+        return {"runtime": {"kind": "hermes", "profile": str(agent["profile"]), "profile_dir": str(profile_dir(agent)),
+                            "program": str(agent.get("program") or "hermes"), **common}}
+    return {"runtime": {"kind": "command", "argv": list(agent["argv"]), **common}}

@@ -1,0 +1,275 @@
+"""`runtime: hermes` (agents/hermesrun.py) against the real Hermes Agent CLI (hermes-agent from PyPI,
+installed by `make test` in .venv-hermes at the releases of constraints-hermes.txt), on a profile of
+its own pointed at the suite's scripted model server: a Hermes worker and a built-in one share the
+board; Hermes' own kanban tools block the task on a question and comment on it; its usage reaches
+`hermes-sup usage`; a SIGKILLed Hermes costs an attempt, not the task; a cancel ends it at once. Then
+the decisions, pure, and the config's refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from hermes_sup.agents.clirun import Run
+from hermes_sup.agents.hermesrun import judge, read_bridge, usage_record
+from hermes_sup.kanban import Board, TaskNotFound
+from hermes_sup.supervisor.workspace import ConfigError, load_config
+
+from .conftest import CLI, ROOT, running, wait_until
+from .llm_server import ScriptedLLM, openai_reply
+
+KEY = "sk-hermes-worker-0123456789"
+
+
+def hermes_program() -> str:
+    """The Hermes CLI `make test` installed; a run without make skips, a missing one under make fails."""
+    given = os.environ.get("HERMES_SUP_HERMES")
+    program = given or str(ROOT / ".venv-hermes" / "bin" / "hermes")
+    if not os.access(program, os.X_OK):
+        if given:
+            pytest.fail(f"HERMES_SUP_HERMES names {given}, which is not there: make hermes-agent installs it")
+        pytest.skip("Hermes Agent's CLI is not installed: make hermes-agent (make test does)")
+    return program
+
+
+def responder(api: str, body: dict) -> dict:
+    """Answers by what the conversation holds, as the model a Hermes worker talks to."""
+    messages = body.get("messages") or []
+    text = json.dumps(messages)
+    last = messages[-1] if messages else {}
+    if "SLOW-ZQ" in text and last.get("role") != "tool":
+        return {**openai_reply("slow answer"), "delay": 60}
+    if "ASK-ZQ" in text:
+        tools = [m for m in messages if m.get("role") == "tool"]
+        if not tools:
+            hermes_id = re.search(r"t_[0-9a-f]{8}", text)
+            return openai_reply(None, [("kanban_comment", {"task_id": hermes_id.group(0) if hermes_id else "",
+                                                           "body": "read the brief; one thing is unclear"})])
+        if len(tools) == 1:
+            return openai_reply(None, [("kanban_block", {"reason": "Which region should the report cover?"})])
+        return openai_reply("blocked on a question")
+    if "LOOP-ZQ" in text:
+        return openai_reply("plain answer from the built-in loop")
+    return openai_reply("hello from hermes", prompt=321, completion=12)
+
+
+@pytest.fixture
+def team(tmp_path, up):
+    program = hermes_program()
+    llm = ScriptedLLM(responder).__enter__()
+    profile = tmp_path / "hermes-home" / "profiles" / "worker"
+    profile.mkdir(parents=True)
+    (profile / "config.yaml").write_text(f"""\
+model:
+  default: scripted
+  provider: local
+  context_length: 131072
+providers:
+  local:
+    name: local
+    base_url: {llm.url}/v1
+    key_env: WORKER_MODEL_KEY
+    default_model: scripted
+security:
+  tirith_enabled: false
+  allow_lazy_installs: false
+""")
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    (ws / "hermes.yaml").write_text(f"""\
+providers:
+  scripted: {{kind: openai, base_url: "{llm.url}/v1", model: scripted-gpt, api_key_env: SCRIPTED_KEY}}
+tiers: {{cheap: [scripted], standard: [scripted], premium: [scripted]}}
+defaults:
+  restart: {{policy: always, backoff: {{initial: 0.1, max: 0.5}}}}
+  stop_timeout: 5
+agents:
+  - name: herm
+    roles: [hermes]
+    runtime: hermes
+    profile: worker
+    hermes_home: {tmp_path / "hermes-home"}
+    program: {program}
+    capabilities: [network]
+    env_from: {{WORKER_MODEL_KEY: SUPERVISORS_WORKER_KEY}}
+  - name: plain
+    roles: [plain]
+""")
+    (ws / ".env").write_text("SCRIPTED_KEY=sk-scripted\n")
+    os.environ["SUPERVISORS_WORKER_KEY"] = KEY
+    try:
+        up(ws)
+    finally:
+        del os.environ["SUPERVISORS_WORKER_KEY"]
+    yield ws, Board(ws / "kanban"), llm, profile
+    llm.__exit__(None, None, None)
+
+
+def ended(board: Board, task_id: str) -> dict | None:
+    try:
+        doc = board.get(task_id)
+    except TaskNotFound:
+        return None
+    return doc if doc["status"] in ("done", "failed", "blocked", "cancelled") else None
+
+
+def test_a_hermes_worker_and_a_built_in_one_share_the_board(team):
+    ws, board, llm, profile = team
+    board.add({"id": "greet", "title": "Say hello to the team", "role": "hermes"})
+    board.add({"id": "brief", "title": "ASK-ZQ about the report", "role": "hermes"})
+    board.add({"id": "local", "title": "a LOOP-ZQ task", "role": "plain"})
+    docs = {task_id: wait_until(lambda t=task_id: ended(board, t), timeout=150)
+            for task_id in ("greet", "brief", "local")}
+    assert docs["greet"]["status"] == "done", docs["greet"]
+    assert docs["greet"]["result"]["answer"].strip() == "hello from hermes"
+    assert docs["greet"]["history"][-1]["by"] == "herm", docs["greet"]["history"]
+    assert docs["local"]["status"] == "done" and docs["local"]["history"][-1]["by"] == "plain"
+    assert docs["local"]["result"]["answer"] == "plain answer from the built-in loop"
+    # Hermes' own kanban_block and kanban_comment, through the bridge, on this board:
+    brief = docs["brief"]
+    assert brief["status"] == "blocked", brief
+    assert brief["question"] == "Which region should the report cover?"
+    assert any(c["text"] == "read the brief; one thing is unclear" and c["by"] == "herm"
+               for c in brief.get("comments") or []), brief.get("comments")
+    # The worker's key came from env_from, to the model and nowhere in hermes.yaml:
+    hermes_calls = [r for r in llm.requests if "Say hello to the team" in json.dumps(r["body"])]
+    assert hermes_calls and all(r["headers"]["authorization"] == f"Bearer {KEY}" for r in hermes_calls)
+    assert KEY not in (ws / "hermes.yaml").read_text()
+    assert (profile / "state.db").exists(), "Hermes ran on its own profile"
+    usage = subprocess.run([*CLI, "-w", str(ws), "usage", "--json"], capture_output=True, text=True, cwd=ROOT)
+    assert usage.returncode == 0, usage.stderr
+    herm = json.loads(usage.stdout)["agents"]["herm"]
+    assert herm["tokens_in"] >= 321 and herm["tokens_out"] >= 12, herm
+    assert herm["unpriced_calls"] >= 1, "Hermes knew no price for the scripted model: unpriced, never free"
+    assert "; runtime: hermes (profile worker" in (ws / "runs" / "herm" / "agent.log").read_text()
+
+
+def test_a_sigkilled_hermes_costs_an_attempt_and_a_cancel_ends_it_at_once(team):
+    ws, board, llm, _ = team
+    board.add({"id": "slow", "title": "SLOW-ZQ work", "role": "hermes", "max_attempts": 3})
+    pids = wait_until(lambda: running("Task slow:"), timeout=90)
+    wait_until(lambda: any("SLOW-ZQ" in json.dumps(r["body"]) for r in llm.requests), timeout=90)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    doc = wait_until(lambda: board.get("slow")["attempts"] >= 2 and board.get("slow")["status"] == "doing"
+                     and board.get("slow"), timeout=90)
+    assert "hermes exited with status" in doc["history"][-2]["note"] or any(
+        "hermes exited with status" in (h.get("note") or "") for h in doc["history"]), doc["history"]
+    wait_until(lambda: running("Task slow:"), timeout=90)
+    cancelled = time.monotonic()
+    done = subprocess.run([*CLI, "-w", str(ws), "task", "cancel", "slow"], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    wait_until(lambda: not running("Task slow:"), timeout=10)
+    assert time.monotonic() - cancelled < 4.0
+    assert board.get("slow")["status"] == "cancelled"
+
+
+# -- the decisions, pure -------------------------------------------------------------------------------
+
+def ran(returncode: int | None = 0, output: str = "answer\n", **kw) -> Run:
+    return Run(returncode, output, kw.get("stopped", False), kw.get("timed_out", False), 1.5)
+
+
+def test_a_hermes_run_is_judged_by_its_board_and_usage_file_not_its_exit_alone():
+    assert judge(ran(), {"completed": True, "failed": False}, None, max_runtime=60).kind == "done"
+    failed = judge(ran(0, "HTTP 400: bad request\n"), {"completed": False, "failed": True}, None, max_runtime=60)
+    assert failed.kind == "failed" and "HTTP 400" in failed.reason, "-z exits 0 when the model failed"
+    blocked = judge(ran(), None, {"status": "blocked", "reason": "Which one?"}, max_runtime=60)
+    assert (blocked.kind, blocked.reason) == ("blocked", "Which one?")
+    done = judge(ran(), None, {"status": "done", "summary": "wrote the report"}, max_runtime=60)
+    assert done.result["answer"] == "wrote the report" and done.result["output"] == "answer\n"
+    assert judge(ran(-9, ""), None, None, max_runtime=60).reason == "hermes exited with status -9 and printed nothing"
+    assert judge(ran(stopped=True), None, None, max_runtime=60).kind == "interrupted"
+    assert "max_runtime (60 s)" in judge(ran(timed_out=True), None, None, max_runtime=60).reason
+    assert judge(ran(0, "  \n"), None, None, max_runtime=60).kind == "failed"
+
+
+def test_a_usage_file_of_odd_values_gives_counts_and_never_a_free_unknown_cost():
+    record = usage_record("t", "worker", {"input_tokens": 10, "output_tokens": "9", "cache_read_tokens": -1,
+                                          "estimated_cost_usd": 0.0, "cost_status": "unknown", "api_calls": True},
+                          2.0, False)
+    assert (record["tokens_in"], record["tokens_out"], record["tokens_cached"], record["calls"]) == (10, 0, 0, 0)
+    assert record["cost_usd"] is None, "an unknown cost is unpriced, not $0"
+    priced = usage_record("t", "worker", {"estimated_cost_usd": 0.25, "cost_status": "estimated"}, 2.0, True)
+    assert priced["cost_usd"] == 0.25 and priced["outcome"] == "error" and priced["provider"] == "hermes:worker"
+
+
+def test_a_bridge_file_the_cli_made_hostile_is_read_as_nothing(tmp_path):
+    import sqlite3
+
+    db = tmp_path / "k.db"
+    conn = sqlite3.connect(db)
+    conn.executescript("CREATE TABLE t0 (x); CREATE VIEW tasks AS WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL "
+                       "SELECT n+1 FROM r) SELECT n AS id, 'done' AS status, NULL AS result FROM r;"
+                       "CREATE TABLE task_runs (id, task_id, outcome, summary); CREATE TABLE task_comments "
+                       "(id, task_id, body); CREATE TABLE task_events (id, task_id, kind, payload);")
+    conn.close()
+    started = time.monotonic()
+    assert read_bridge(db, "t_1", 1) == (None, [])
+    assert time.monotonic() - started < 5
+    (tmp_path / "link.db").symlink_to(db)
+    assert read_bridge(tmp_path / "link.db", "t_1", 1) == (None, [])
+    os.mkfifo(tmp_path / "fifo.db")
+    assert read_bridge(tmp_path / "fifo.db", "t_1", 1) == (None, [])
+
+
+def config_error(tmp_path: Path, agent: str, extra: str = "") -> str:
+    (tmp_path / "hermes.yaml").write_text(f"{extra}agents:\n  - {agent}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(tmp_path / "hermes.yaml")
+    return str(caught.value)
+
+
+def test_a_hermes_agent_is_refused_with_file_and_line_when_it_cannot_run(tmp_path):
+    home = tmp_path / "home"
+    (home / "profiles" / "worker").mkdir(parents=True)
+    base = f"{{name: h, runtime: hermes, hermes_home: '{home}', capabilities: [network]"
+    assert "needs 'profile'" in config_error(tmp_path, base + "}")
+    assert "hermes.yaml:2" in config_error(tmp_path, base + "}")
+    assert "profile folder" in config_error(tmp_path, base + ", profile: nobody}")
+    assert "'network' capability" in config_error(
+        tmp_path, f"{{name: h, runtime: hermes, hermes_home: '{home}', profile: worker}}")
+    assert "'argv' is for runtime: command" in config_error(tmp_path, base + ", profile: worker, argv: [x]}")
+    assert "'profile' is for runtime: hermes" in config_error(tmp_path, "{name: c, runtime: command, argv: [x], "
+                                                                        "profile: worker}")
+    assert "spend is known only after each run" in config_error(
+        tmp_path, base + ", profile: worker}", extra="budgets: {team: {per_day: 1}}\n")
+    other = base.replace("name: h,", "name: h2,")
+    (tmp_path / "hermes.yaml").write_text(f"agents:\n  - {base}, profile: worker}}\n  - {other}, profile: default}}\n")
+    config = load_config(tmp_path / "hermes.yaml")
+    assert [a["profile"] for a in config["agents"]] == ["worker", "default"]
+    from hermes_sup.supervisor.runtimes import profile_dir
+
+    assert profile_dir(config["agents"][0]) == home / "profiles" / "worker"
+    assert profile_dir(config["agents"][1]) == home, "default: the home itself, as Hermes has it"
+    assert profile_dir({"profile": "w"}, {"HERMES_HOME": "/h"}) == Path("/h/profiles/w")
+    assert profile_dir({"profile": "w"}, {"HOME": "/u"}) == Path("/u/.hermes/profiles/w")
+
+
+def test_the_bridge_is_read_back_and_tasks_made_there_are_named_not_dropped(tmp_path):
+    import sqlite3
+
+    db = tmp_path / "k.db"
+    conn = sqlite3.connect(db)
+    conn.executescript("""
+        CREATE TABLE tasks (id TEXT, title TEXT, status TEXT, result TEXT);
+        CREATE TABLE task_runs (id INTEGER, task_id TEXT, outcome TEXT, summary TEXT);
+        CREATE TABLE task_comments (id INTEGER, task_id TEXT, author TEXT, body TEXT);
+        CREATE TABLE task_events (id INTEGER, task_id TEXT, kind TEXT, payload TEXT);
+        INSERT INTO tasks VALUES ('t_1', 'ours', 'done', NULL), ('t_2', 'Write the tests', 'ready', NULL);
+        INSERT INTO task_runs VALUES (1, 't_1', 'completed', 'wrote it'), (2, 't_1', 'completed', 'another run');
+        INSERT INTO task_comments VALUES (1, 't_1', 'w', 'first'), (2, 't_2', 'w', 'not ours'), (3, 't_1', 'w', '  ');
+    """)
+    conn.commit()
+    conn.close()
+    state, comments = read_bridge(db, "t_1", 1)
+    assert state == {"status": "done", "result": None, "summary": "wrote it", "reason": "wrote it"}
+    assert comments[0] == "first" and len(comments) == 2
+    assert comments[1].startswith("Hermes created 1 task(s) on its own board, not carried") and \
+        comments[1].endswith("Write the tests")
