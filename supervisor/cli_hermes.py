@@ -219,23 +219,37 @@ def apply(root: Path, plan: Plan, config_text: str) -> list[str]:
     return written
 
 
+def board_file(path: Path) -> Path:
+    """The kanban.db of a Hermes home or profile: Hermes keeps one board for all its profiles, at the
+    home's root (~/.hermes/kanban.db), so a profile without one of its own has its home's."""
+    own = path / "kanban.db"
+    resolved = path.resolve()
+    if not os.path.lexists(own) and resolved.parent.name == "profiles":
+        return resolved.parent.parent / "kanban.db"
+    return own
+
+
 def board_plan(board: BoardStore, path: Path, plan: Plan, current: dict[str, Any]) -> list[dict[str, Any]]:
     """The tasks --board adds, checked against the board before anything is written; the plan's
     notes say what they are."""
     from .hermes_board import board_tasks, conflicts, read_board
     from .hermes_import import HermesImportError
 
-    rows, links, comments = read_board(path / "kanban.db")
+    rows, links, comments = read_board(board_file(path))
     # A Hermes assignee is a profile name: this profile's is its folder's (the home's is "default").
     own = path.resolve().name if path.resolve().parent.name == "profiles" else "default"
     agents = {str(a.get("name")): str(a.get("name")) for a in current.get("agents") or [] if isinstance(a, dict)}
-    tasks, notes = board_tasks(rows, links, comments, {**agents, own: plan.name})
+    tasks, notes = board_tasks(rows, links, comments, {**agents, **({own: plan.name} if plan.name else {})})
     taken = conflicts(board, tasks)
     if taken:
         raise HermesImportError(f"--board: the board already has tasks {', '.join(taken[:5])} that are not "
                                 "Hermes' (nothing was changed)")
     plan.not_carried = [item for item in plan.not_carried if item["what"] != "kanban"]
-    plan.notes.append(f"board: {len(tasks)} open tasks of kanban.db, in todo (claims do not carry over)")
+    waiting = sum(1 for task in tasks if task.get("status") == "blocked")
+    plan.notes.append(f"board: {len(tasks)} open tasks of {board_file(path)}, in todo (claims do not carry over; "
+                      "a one-way copy: neither board sees the other's changes from now on)"
+                      + (f", {waiting} of them blocked: they wait on Hermes' board (triage, scheduled, blocked, "
+                         "review); a comment on each says for what" if waiting else ""))
     plan.warnings += notes
     return tasks
 
@@ -245,16 +259,18 @@ def board_plan(board: BoardStore, path: Path, plan: Plan, current: dict[str, Any
 @click.option("--name", help="the new agent's name (default: the profile folder's name)")
 @click.option("--dry-run", is_flag=True, help="say what would be done, write nothing")
 @click.option("--board", "with_board", is_flag=True, help="also put the open tasks of its kanban.db on the board")
+@click.option("--board-only", is_flag=True, help="only put the open tasks of its kanban.db on the board (the home's, "
+              "which Hermes shares between its profiles), adding no agent")
 @json_option
 @click.pass_context
 @handled
 def import_hermes(ctx: click.Context, path: Path, name: str | None, dry_run: bool, with_board: bool,
-                  as_json: bool) -> None:
+                  board_only: bool, as_json: bool) -> None:
     """Make a Hermes Agent home or profile (config.yaml, .env key names, SOUL.md, memories/, skills/)
     an agent of hermes.yaml, and say what could not be carried over."""
     # Imported here: the other commands do not pay for them.
     from .hermes_board import add_tasks
-    from .hermes_import import HermesImportError, agent_name, make_plan, read_profile
+    from .hermes_import import HermesImportError, Plan, agent_name, make_plan, read_profile
 
     ws = workspace_of(ctx)
     config_path = ws.config_path
@@ -265,15 +281,22 @@ def import_hermes(ctx: click.Context, path: Path, name: str | None, dry_run: boo
     except UnicodeDecodeError:
         raise Failure(f"{config_path} is not UTF-8 text", 2) from None
     board = None
+    with_board = with_board or board_only
     try:
-        profile = read_profile(path)
-        current = parse_plain(text)
-        plan = make_plan(profile, agent_name(name, path), current)
-        new_text = checked_config(config_path, text, plan)
+        if board_only:  # the board alone: no profile is read, hermes.yaml is left as it is
+            if not path.is_dir():
+                raise HermesImportError(f"{path} is not a folder (a Hermes home such as ~/.hermes)")
+            current = parse_plain(text)
+            plan = Plan("", {}, {}, {}, [], [], [], [])
+        else:
+            profile = read_profile(path)  # the profile's problems first, then hermes.yaml's
+            current = parse_plain(text)
+            plan = make_plan(profile, agent_name(name, path), current)
+            new_text = checked_config(config_path, text, plan)
         if with_board:
             board = open_workspace_board(ws)
             tasks = board_plan(board, path, plan, current)
-        written = [] if dry_run else apply(ws.root, plan, new_text)
+        written = [] if dry_run or board_only else apply(ws.root, plan, new_text)
         if with_board and not dry_run:
             added, there = add_tasks(board, tasks)
             written.append(f"board: {len(added)} tasks added" + (f", {len(there)} already there" if there else ""))
@@ -284,19 +307,20 @@ def import_hermes(ctx: click.Context, path: Path, name: str | None, dry_run: boo
     finally:
         if board is not None:
             board.close()
-    document = {"agent": plan.name, "dry_run": dry_run, "providers": plan.providers, "schedules": plan.schedules,
-                "carried_over": plan.notes, "not_carried_over": plan.not_carried, "warnings": plan.warnings,
-                "written": written}
+    document = {"agent": plan.name or None, "dry_run": dry_run, "providers": plan.providers,
+                "schedules": plan.schedules, "carried_over": plan.notes, "not_carried_over": plan.not_carried,
+                "warnings": plan.warnings, "written": written}
     if as_json:
         emit_json(document)
         return
-    lines = [f"{'would import' if dry_run else 'imported'} {path} as agent {plan.name}",
+    lines = [f"{'would import' if dry_run else 'imported'} {path} as agent {plan.name}" if plan.name else
+             f"{'would import' if dry_run else 'imported'} the board of {path} (no agent added)",
              *(f"  {note}" for note in plan.notes),
              *(f"  {item}" if item.startswith("skipped") else f"  wrote {item}" for item in written),
              *(f"warning: {warning}" for warning in plan.warnings)]
     if plan.not_carried:
         lines += ["not carried over:", *(f"  {item['what']}: {item['why']}" for item in plan.not_carried)]
-    if not dry_run:
+    if not dry_run and plan.name:
         lines.append("hermes-sup reload (or up) starts it")
     for line in lines:
         out.print(literal(line), highlight=False, soft_wrap=True)

@@ -4,8 +4,9 @@ The database is opened read-only, never through a symlink, and bounded; what is 
 task fields (pure), all validated before the first is added. Each task gets an id derived from its
 Hermes id (`hermes-<id>`), so running the import again adds only what is missing; its Hermes
 parents that are open too become its `depends_on`, its comments a section of its body, and its
-Hermes id, status and tenant are kept in `meta.hermes`. Claims do not carry over: every task starts
-in todo here.
+Hermes id, status and tenant are kept in `meta.hermes`. Claims do not carry over: an open task starts
+in todo here, and one that waits on Hermes' board for something outside it (triage, scheduled,
+blocked, review) is blocked here with a comment saying on what.
 """
 
 from __future__ import annotations
@@ -30,6 +31,18 @@ MAX_COMMENTS = 50_000
 MAX_VALUE = 16 << 20  # bytes of one value read from kanban.db
 READ_SECONDS = 60.0  # for all of kanban.db's reads
 OPEN = ("triage", "todo", "scheduled", "ready", "running", "blocked", "review")
+# Hermes' statuses that wait for something outside the board: blocked here, saying what on Hermes'.
+WAITING = {
+    "triage": "in triage on Hermes' board: it waits for a person to specify it",
+    "scheduled": "scheduled on Hermes' board: it waits for its time or an automation to release it",
+    "blocked": "blocked on Hermes' board",
+    "review": "in review on Hermes' board: its work waits for a person's review",
+}
+PER_TASK = ("skills", "max_runtime_seconds", "model_override", "max_retries")
+
+
+def _tables(conn: sqlite3.Connection) -> set[str]:
+    return {str(row[0]) for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
 
 
 def _rows(conn: sqlite3.Connection, sql: str, limit: int) -> list[tuple[Any, ...]]:
@@ -53,7 +66,7 @@ def read_board(path: Path) -> tuple[list[dict[str, Any]], list[tuple[str, str]],
     from ..agents.hermesrun import open_hostile
 
     try:
-        conn = open_hostile(path, ("tasks", "task_links", "task_comments"), seconds=READ_SECONDS,
+        conn = open_hostile(path, ("tasks", "task_links", "task_comments", "task_runs"), seconds=READ_SECONDS,
                             max_value=MAX_VALUE)
     except ValueError as exc:
         raise HermesImportError(f"--board: {path}: {exc}; a Hermes kanban.db holds tables only (nothing was "
@@ -62,9 +75,15 @@ def read_board(path: Path) -> tuple[list[dict[str, Any]], list[tuple[str, str]],
         raise HermesImportError(f"--board: {path} is not a Hermes kanban database, or is damaged: {exc}") from None
     try:
         marks = ",".join("?" * len(OPEN))
-        tasks = conn.execute(f"SELECT id, title, body, assignee, status, priority, tenant FROM tasks "
+        columns = {str(row[1]) for row in conn.execute("PRAGMA table_info(tasks)")}
+        # Columns Hermes added over its releases: read where the file has them.
+        keys = ("id", "title", "body", "assignee", "status", "priority", "tenant",
+                *(c for c in PER_TASK if c in columns))
+        tasks = conn.execute(f"SELECT {', '.join(keys)} FROM tasks "
                              f"WHERE status IN ({marks}) ORDER BY created_at, id LIMIT {MAX_TASKS + 1}",
                              OPEN).fetchall()
+        reasons = dict(_rows(conn, "SELECT task_id, summary FROM task_runs WHERE summary IS NOT NULL ORDER BY id",
+                             MAX_TASKS * 10)) if "task_runs" in _tables(conn) else {}
         links = _rows(conn, "SELECT parent_id, child_id FROM task_links", MAX_TASKS * 10)
         comments = _rows(conn, "SELECT task_id, author, body FROM task_comments ORDER BY id", MAX_COMMENTS)
     except sqlite3.Error as exc:
@@ -75,8 +94,11 @@ def read_board(path: Path) -> tuple[list[dict[str, Any]], list[tuple[str, str]],
         raise HermesImportError(f"--board: more than {MAX_TASKS:,} open tasks; move them in parts by hand")
     if len(comments) > MAX_COMMENTS:
         raise HermesImportError(f"--board: more than {MAX_COMMENTS:,} comments")
-    keys = ("id", "title", "body", "assignee", "status", "priority", "tenant")
-    return ([dict(zip(keys, row, strict=True)) for row in tasks], [(str(p), str(c)) for p, c in links],
+    rows = [dict(zip(keys, row, strict=True)) for row in tasks]
+    for row in rows:
+        if isinstance(reasons.get(row["id"]), str):
+            row["reason"] = reasons[row["id"]]
+    return (rows, [(str(p), str(c)) for p, c in links],
             [(str(t), str(a), str(b)) for t, a, b in comments])
 
 
@@ -109,11 +131,23 @@ def board_tasks(tasks: list[dict[str, Any]], links: list[tuple[str, str]], comme
         body = str(task.get("body") or "")
         if said.get(hermes_id):
             body = (body + "\n\nComments on Hermes' board:\n" + "\n".join(said[hermes_id])).strip()
+        kept, told = per_task(task)
+        if kept.get("skills"):
+            body = (body + "\n\nSkills to read first: " + ", ".join(kept["skills"])).strip()
         entry: dict[str, Any] = {
             "id": ids[hermes_id], "title": str(task.get("title") or hermes_id)[:500], "body": body,
             "priority": int(task["priority"]) if isinstance(task.get("priority"), int) else 0,
             "depends_on": parents.get(hermes_id, []),
-            "meta": {"hermes": {key: task[key] for key in ("id", "status", "tenant") if task.get(key) is not None}}}
+            "meta": {"hermes": {**{key: task[key] for key in ("id", "status", "tenant") if task.get(key) is not None},
+                                **kept}}}
+        if isinstance(kept.get("max_retries"), int):
+            entry["max_attempts"] = kept["max_retries"]  # Hermes gives up after that many failures, as we do
+        waiting = WAITING.get(str(task.get("status")))
+        if waiting:
+            entry["status"] = "blocked"
+            reason = task.get("reason") if isinstance(task.get("reason"), str) else ""
+            entry["meta"]["hermes"]["why"] = f"{waiting}" + (f": {reason[:2000]}" if reason else "")
+        notes += [f"Hermes task {hermes_id}: {line}" for line in told]
         if task.get("assignee") and str(task["assignee"]) in agents:
             entry["assignee"] = agents[str(task["assignee"])]
         fields.append(entry)
@@ -140,6 +174,33 @@ def board_tasks(tasks: list[dict[str, Any]], links: list[tuple[str, str]], comme
     return placed, notes
 
 
+def per_task(task: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A Hermes task's own settings that carry over (skills named in the body, max_retries as
+    max_attempts) and the ones kept in meta.hermes only, each said (pure)."""
+    kept: dict[str, Any] = {}
+    said: list[str] = []
+    raw = task.get("skills")
+    if isinstance(raw, str) and raw.strip():
+        import json
+
+        try:
+            names = json.loads(raw)
+        except ValueError:
+            names = None
+        if isinstance(names, list) and all(isinstance(n, str) for n in names) and names:
+            kept["skills"] = [n[:100] for n in names[:20]]
+    retries = task.get("max_retries")
+    if isinstance(retries, int) and not isinstance(retries, bool) and 1 <= retries <= 100:
+        kept["max_retries"] = retries
+    for key, what in (("max_runtime_seconds", "a run's time limit"), ("model_override", "a model of its own")):
+        value = task.get(key)
+        if isinstance(value, (int, str)) and not isinstance(value, bool) and str(value).strip():
+            kept[key] = value if isinstance(value, int) else value[:200]
+            said.append(f"{key} {kept[key]} ({what}) is kept in meta.hermes, not acted on: set it on the agent "
+                        "that takes the task (max_runtime, providers)")
+    return kept, said
+
+
 def conflicts(board: Any, fields: list[dict[str, Any]]) -> list[str]:
     """The ids taken on the board by a task that is not the same Hermes task (checked before anything
     is written); a task an earlier import added is not one."""
@@ -156,7 +217,7 @@ def conflicts(board: Any, fields: list[dict[str, Any]]) -> list[str]:
 
 def add_tasks(board: Any, fields: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
     """Put the tasks on the board: (added, already there from an earlier import)."""
-    from hermes_sup.kanban import TaskNotFound
+    from hermes_sup.kanban import BoardError, TaskNotFound
 
     added, there = [], []
     for entry in fields:
@@ -164,6 +225,11 @@ def add_tasks(board: Any, fields: list[dict[str, Any]]) -> tuple[list[str], list
             board.get(entry["id"])
         except TaskNotFound:
             board.add(entry, by="import-hermes")
+            why = entry["meta"]["hermes"].get("why")
+            if why:  # blocked from the start, never claimed in between; the comment says why
+                with contextlib.suppress(BoardError):
+                    board.comment(entry["id"], f"{why} (unblock it with hermes-sup task unblock {entry['id']} when "
+                                  "it may be worked)", by="import-hermes")
             added.append(entry["id"])
         else:
             there.append(entry["id"])

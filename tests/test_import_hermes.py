@@ -404,3 +404,58 @@ def test_each_imported_profile_keeps_its_own_model_and_the_team_tiers_stay(ws, t
     assert config["providers"]["researcher"]["model"] == "research-model"
     assert config["providers"]["coder"]["model"] == "coder-model"
     assert config["tiers"] == tiers
+
+
+def test_board_keeps_what_hermes_tasks_wait_for_and_their_own_settings(ws, profile):
+    """A Hermes board (written by hermes-agent 0.19.0's kanban_db) with a task in each waiting status:
+    none of them becomes workable here, each says why; skills, max_retries carry, the rest is named."""
+    from hermes_sup.kanban import Board
+
+    shutil.copy(FIXTURES / "kanban-statuses.db", profile / "kanban.db")
+    result = invoke(ws, str(profile), "--name", "ada", "--board", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert any("4 of them blocked" in note for note in report["carried_over"]), report["carried_over"]
+    assert any("model_override claude-sonnet-4-5 (a model of its own) is kept in meta.hermes, not acted on" in w
+               for w in report["warnings"])
+    board = Board(ws / "kanban")
+    try:
+        tasks = {doc["meta"]["hermes"]["id"]: doc for doc in board.list().tasks}
+    finally:
+        board.close()
+    status = {hermes_id: doc["status"] for hermes_id, doc in tasks.items()}
+    assert status == {"t_983b505b": "blocked", "t_aa7809ef": "blocked", "t_b5441ebc": "blocked",
+                      "t_2a144230": "todo", "t_e4d549bc": "blocked"}, "a triaged task waits for a person"
+    said = {hermes_id: " ".join(c["text"] for c in doc.get("comments") or []) for hermes_id, doc in tasks.items()}
+    assert "in triage on Hermes' board: it waits for a person to specify it" in said["t_983b505b"]
+    assert "scheduled on Hermes' board" in said["t_aa7809ef"] and "waits for the nightly window" in said["t_aa7809ef"]
+    assert "blocked on Hermes' board: Which output format: CSV or JSON?" in said["t_b5441ebc"]
+    assert "in review on Hermes' board" in said["t_e4d549bc"] and said["t_2a144230"] == ""
+    answer = tasks["t_b5441ebc"]
+    assert answer["max_attempts"] == 2 and answer["body"].endswith("Skills to read first: csv-tools, arxiv")
+    assert answer["meta"]["hermes"]["max_runtime_seconds"] == 900
+
+
+def test_a_profile_has_its_homes_board_which_board_only_imports_once_without_an_agent(ws, tmp_path):
+    """Hermes keeps one kanban.db at the home's root for all its profiles: --board on a profile reads
+    it; --board-only adds its tasks and no agent; a second import adds nothing new."""
+    from hermes_sup.kanban import Board
+
+    home = tmp_path / "home"
+    (home / "profiles" / "coder").mkdir(parents=True)
+    shutil.copy(FIXTURES / "kanban.db", home / "kanban.db")
+    before = (ws / "hermes.yaml").read_text()
+    result = invoke(ws, str(home), "--board-only")
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"imported the board of {home} (no agent added)")
+    assert "a one-way copy" in result.output and "board: 3 tasks added" in result.output
+    assert (ws / "hermes.yaml").read_text() == before
+    result = invoke(ws, str(home / "profiles" / "coder"), "--board", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["agent"] == "coder" and report["written"][-1] == "board: 0 tasks added, 3 already there"
+    board = Board(ws / "kanban")
+    try:
+        assert len(board.list().tasks) == 3
+    finally:
+        board.close()
