@@ -64,8 +64,11 @@ $(HERMES_VENV)/.installed: $(HERMES_LOCK)
 	touch $@
 hermes-agent: $(HERMES_VENV)/.installed
 
+# Two test processes (pytest-xdist): most tests wait on processes they started, so two share a
+# 2-core machine well (the suite took 23.5 min in one process, about 15 in two). JOBS=1 for one.
+JOBS ?= 2
 test: $(VENV)/.installed-test chromium postgres-server bubblewrap hermes-agent
-	HERMES_SUP_CHROMIUM=$(CHROMIUM) HERMES_SUP_HERMES=$(CURDIR)/$(HERMES_VENV)/bin/hermes $(BIN)/python -m pytest -q
+	HERMES_SUP_CHROMIUM=$(CHROMIUM) HERMES_SUP_HERMES=$(CURDIR)/$(HERMES_VENV)/bin/hermes $(BIN)/python -m pytest -q -n $(JOBS)
 
 # By hand, never in CI: the whole suite on the newest releases within pyproject.toml's ranges, in a
 # virtual environment of its own, so that drift is found on our schedule, not CI's. When it passes,
@@ -78,7 +81,7 @@ test-latest: chromium postgres-server bubblewrap hermes-agent
 	$(LATEST)/bin/python -m pip install --quiet --upgrade -e '.[test]'
 	$(LATEST)/bin/python -m pip download --quiet --no-deps -d $(LATEST)/wheelhouse openai-agents supervisor
 	$(LATEST)/bin/python -m pip list --format=freeze
-	HERMES_SUP_CHROMIUM=$(CHROMIUM) HERMES_SUP_HERMES=$(CURDIR)/$(HERMES_VENV)/bin/hermes $(LATEST)/bin/python -m pytest -q
+	HERMES_SUP_CHROMIUM=$(CHROMIUM) HERMES_SUP_HERMES=$(CURDIR)/$(HERMES_VENV)/bin/hermes $(LATEST)/bin/python -m pytest -q -n $(JOBS)
 
 # Records the newest releases within pyproject.toml's ranges as constraints.txt (review its diff,
 # then run `make test` before committing it).
