@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from hermes_sup.agents.memory import FILES, HERMES_LIMITS, beyond_hermes, limits_problem, parse
+from hermes_sup.agents.routing import LOOPBACK_HOSTS
 from hermes_sup.kanban.parse import PlainYamlError, load_plain
 
 from .hermes_cron import carry_jobs, offset_of, read_jobs
@@ -94,15 +96,16 @@ def _text(data: bytes, what: str) -> str:
         raise HermesImportError(f"{what} is not UTF-8 text (byte {exc.start})") from None
 
 
-def load_config(text: str) -> dict[str, Any]:
+def load_config(text: str, what: str = "config.yaml") -> dict[str, Any]:
     try:
-        data = load_plain(text, "config.yaml")
+        data = load_plain(text, what)
     except PlainYamlError as exc:
         raise HermesImportError(str(exc)) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise HermesImportError("config.yaml must be a mapping (model:, fallback_providers:, ...)")
+        raise HermesImportError(f"{what} must be a mapping" + (" (model:, fallback_providers:, ...)"
+                                                               if what == "config.yaml" else ""))
     return data
 
 
@@ -122,6 +125,7 @@ class Profile:
     skipped: list[str] = field(default_factory=list)  # what was found and left out, and why
     present: list[str] = field(default_factory=list)  # NOT_CARRIED keys found
     jobs: list[dict[str, Any]] = field(default_factory=list)  # cron/jobs.json's
+    description: str = ""  # profile.yaml's: what the profile is good for
 
 
 def _skill_files(root: Path) -> tuple[list[tuple[str, bytes]], list[str]]:
@@ -194,9 +198,11 @@ def read_profile(path: Path) -> Profile:
         jobs = read_jobs(path / "cron" / "jobs.json", read_bounded)
     except ValueError as exc:
         raise HermesImportError(str(exc)) from None
+    meta = read_bounded(path / "profile.yaml", MAX_SOUL, "profile.yaml")
+    described = load_config(_text(meta, "profile.yaml"), "profile.yaml").get("description") if meta else None
     return Profile(path, config, env_names(_text(env, ".env")) if env is not None else [],
                    _text(soul, "SOUL.md").strip() if soul is not None else None, memories, skills, skipped, present,
-                   jobs)
+                   jobs, described.strip()[:1000] if isinstance(described, str) else "")
 
 
 # -- the plan (pure) --------------------------------------------------------------------------------
@@ -223,6 +229,55 @@ def models_of(config: dict[str, Any]) -> list[dict[str, str]]:
     return chain
 
 
+def _norm(name: Any) -> str:
+    return str(name or "").strip().lower().replace(" ", "-").removeprefix("custom:")
+
+
+def custom_providers(config: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """The profile's own named providers, by their normalised names (pure): Hermes' `providers:`
+    mapping (by key and by `name`; `enabled: false` left out) and the `custom_providers:` list that
+    `hermes model` writes, as {base_url, key_env?, model?}."""
+    found: dict[str, dict[str, str]] = {}
+
+    def add(names: list[Any], entry: dict[str, Any], model_key: str) -> None:
+        url = entry.get("api") or entry.get("url") or entry.get("base_url")
+        if not isinstance(url, str) or not url.strip():
+            return
+        spec = {"base_url": url.strip()}
+        for key, value in (("key_env", entry.get("key_env")), ("model", entry.get(model_key))):
+            if isinstance(value, str) and value.strip():
+                spec[key] = value.strip()
+        for name in names:
+            if _norm(name):
+                found.setdefault(_norm(name), spec)
+
+    providers = config.get("providers")
+    if isinstance(providers, dict):
+        for key, entry in providers.items():
+            if isinstance(entry, dict) and entry.get("enabled") is not False:
+                add([key, entry.get("name")], entry, "default_model")
+    listed = config.get("custom_providers")
+    if isinstance(listed, list):
+        for entry in listed:
+            if isinstance(entry, dict):
+                add([entry.get("name"), entry.get("provider_key")], entry, "model")
+    return found
+
+
+def with_custom(chain: list[dict[str, str]], config: dict[str, Any]) -> list[dict[str, str]]:
+    """The chain with each entry that names one of the profile's own providers given its address,
+    key variable and (when the entry has none) default model (pure)."""
+    own = custom_providers(config)
+    filled = []
+    for entry in chain:
+        custom = own.get(_norm(entry.get("provider"))) if not entry.get("base_url") else None
+        if custom and _norm(entry.get("provider")) not in PROVIDERS:
+            entry = {**entry, "base_url": custom["base_url"], "custom": "yes",
+                     **({"key_env": custom["key_env"]} if "key_env" in custom else {})}
+        filled.append(entry)
+    return filled
+
+
 def provider_spec(entry: dict[str, str], env: list[str]) -> tuple[dict[str, Any] | None, str]:
     """hermes.yaml's provider for one Hermes model entry, and a note; None when it cannot be carried
     over (pure)."""
@@ -240,6 +295,14 @@ def provider_spec(entry: dict[str, str], env: list[str]) -> tuple[dict[str, Any]
     key = next((name for name in keys if name in env), keys[0] if keys else None)
     elsewhere = bool(entry.get("base_url")) and entry["base_url"].rstrip("/") != (base_url or "").rstrip("/")
     note = f"{entry['model']} ({provider or 'custom'})"
+    if entry.get("custom"):
+        note = f"{entry['model']} (the profile's own provider {provider} at {entry['base_url']})"
+        named = entry.get("key_env")
+        if named and urlsplit(entry["base_url"]).hostname in LOOPBACK_HOSTS:
+            key, elsewhere = named, False  # a server on this machine: the key goes nowhere else
+        elif named:
+            note += (f": its key variable {named} is left out, as the address is not on this machine (add "
+                     f"api_key_env: {named} to the provider by hand if that address is yours)")
     if key and elsewhere:
         # The profile's address with this workspace's key for the provider: a hostile profile would
         # have the team's key (and, first in every tier, its tasks) sent wherever it says.
@@ -292,7 +355,7 @@ def make_plan(profile: Profile, name: str, current: dict[str, Any], now: datetim
     warnings: list[str] = []
     not_carried = [{"what": key, "why": NOT_CARRIED[key]} for key in profile.present]
     providers: dict[str, dict[str, Any]] = {}
-    for index, model in enumerate(models_of(profile.config)):
+    for index, model in enumerate(with_custom(models_of(profile.config), profile.config)):
         spec, note = provider_spec(model, profile.env)
         if spec is None:
             not_carried.append({"what": "model", "why": note})
@@ -308,6 +371,26 @@ def make_plan(profile: Profile, name: str, current: dict[str, Any], now: datetim
             warnings.append("config.yaml holds an api_key value: it was not copied; put the key in the workspace's "
                             ".env and name it with api_key_env")
             break
+    model = profile.config.get("model")
+    window = model.get("context_length") if isinstance(model, dict) else None
+    if providers and isinstance(window, int) and not isinstance(window, bool):
+        first = next(iter(providers))
+        if 1_000 <= window <= 10_000_000:
+            providers[first]["context_window"] = window
+            notes.append(f"provider {first}: context_window {window:,} (model.context_length)")
+        else:
+            not_carried.append({"what": "model.context_length", "why": f"{window} is no context window hermes-sup "
+                                "takes (1,000 to 10,000,000 tokens)"})
+    display = profile.config.get("display")
+    personality = display.get("personality") if isinstance(display, dict) else None
+    if isinstance(personality, str) and personality.strip() and personality.strip().lower() not in ("default",
+                                                                                                      "none"):
+        not_carried.append({"what": f"display.personality {personality.strip()[:60]}",
+                            "why": "Hermes' personality presets have no counterpart here: write the tone you want "
+                                   "into the agent's identity (its SOUL.md, carried over as identity)"})
+    if profile.description:
+        notes.append(f"description (profile.yaml): {profile.description[:200]!r}: hermes-sup routes tasks by "
+                     "roles; give the agent roles that say it")
     entry: dict[str, Any] = {"name": name, "capabilities": ["fs.read", "fs.write", "memory", "kanban", "skills"],
                              "toolsets": ["files", "memory", "board", "skills", "kanban"]}
     if profile.soul:

@@ -459,3 +459,37 @@ def test_a_profile_has_its_homes_board_which_board_only_imports_once_without_an_
         assert len(board.list().tasks) == 3
     finally:
         board.close()
+
+
+def test_a_profiles_own_provider_its_context_and_what_it_says_of_itself_carry_over(ws, tmp_path):
+    """Hermes' named custom providers (the providers: mapping, and the custom_providers: list that
+    `hermes model` writes) got no model at all; model.context_length, display.personality and
+    profile.yaml's description are carried or named."""
+    home = tmp_path / "profiles" / "labs"
+    home.mkdir(parents=True)
+    (home / "config.yaml").write_text("""\
+model: {default: qwen2.5-7b, provider: labbox, context_length: 32768}
+fallback_providers:
+  - {provider: custom:remote, model: big-model}
+providers:
+  labbox: {name: Lab Box, base_url: "http://127.0.0.1:8080/v1", key_env: LABBOX_KEY, default_model: qwen2.5-7b}
+  off: {base_url: "http://127.0.0.1:9/v1", enabled: false}
+custom_providers:
+  - {name: remote, base_url: "https://llm.example.org/v1", key_env: OPENAI_API_KEY}
+display: {personality: kawaii}
+""")
+    (home / "profile.yaml").write_text("description: Runs experiments on the lab's GPU box.\n")
+    result = invoke(ws, str(home), "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    config = load_config(ws / "hermes.yaml")
+    assert config["providers"]["labs"] == {"kind": "openai", "model": "qwen2.5-7b",
+                                           "base_url": "http://127.0.0.1:8080/v1", "api_key_env": "LABBOX_KEY",
+                                           "context_window": 32768}
+    assert config["providers"]["labs-fallback-1"] == {"kind": "openai", "model": "big-model",
+                                                      "base_url": "https://llm.example.org/v1"}, \
+        "a key variable is never sent to an address off this machine that the profile chose"
+    assert any("its key variable OPENAI_API_KEY is left out" in n for n in report["carried_over"])
+    assert any("Runs experiments on the lab's GPU box." in n for n in report["carried_over"])
+    assert "display.personality kawaii" in {item["what"] for item in report["not_carried_over"]}
+    assert config["agents"][-1]["providers"] == ["labs", "labs-fallback-1"]
