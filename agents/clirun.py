@@ -116,9 +116,10 @@ class Run:
 
 
 def run(ctx: ToolContext, argv: list[str], env: dict[str, str], capabilities: Sequence[str], max_runtime: float,
-        *, shown: Sequence[str] = (), writable: Sequence[Path] = ()) -> Run:
+        *, shown: Sequence[str] = (), writable: Sequence[Path] = (), conceal: Sequence[Path] = ()) -> Run:
     """Run `argv` for the task in `ctx`: in its worktree or folder (workdir_for), confined as a
-    `terminal` command with the grants, the files `shown` readable and the folders `writable` too; its
+    `terminal` command with the grants, the files `shown` readable, the folders `writable` too and
+    `conceal` hidden (inside those); its
     environment the agent's without any credential plus `env`. A cancel or a stop ends it and all it
     started (SIGTERM, then SIGKILL), and so does `max_runtime`."""
     from .files import root_of
@@ -127,7 +128,7 @@ def run(ctx: ToolContext, argv: list[str], env: dict[str, str], capabilities: Se
     env = {**clean_env(os.environ, withheld(ctx.settings)), **env}
     try:
         confined, env = command_for(ctx.settings, capabilities, ctx.workspace, workdir, own, env, argv, shown=shown,
-                                    extra=[(path, True) for path in writable])
+                                    extra=[(path, True) for path in writable], conceal=conceal)
     except sandbox.SandboxRefused as exc:
         return Run(None, "", False, False, 0.0, str(exc))
     started = time.monotonic()

@@ -15,18 +15,21 @@ LLM-call log, so `usage` counts a Hermes run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import sqlite3
+import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 from ..kanban.task import now_iso
+from . import sandbox
 from .clirun import DEFAULT_MAX_RUNTIME, REASON_LINES, Run, Verdict, given_env, run, workdir_for
 from .logline import say
 from .tools import ToolContext
@@ -38,6 +41,7 @@ MAX_USAGE_BYTES = 64 * 1024
 MAX_BRIDGE_BYTES = 64 << 20
 MAX_VALUE = 1 << 20
 MAX_COMMENTS = 200
+MAX_QUESTION = 4000  # characters of a block's reason, the task's question
 BRIDGE_SECONDS = 60.0
 READ_SECONDS = 5.0
 CLAIMER = "hermes-sup"
@@ -73,12 +77,9 @@ def program_of(runtime: Mapping[str, Any], path: str | None) -> str | None:
 
 def python_of(program: str) -> str | None:
     """The Python a console script runs with (its `#!` line), which has Hermes' packages; None when
-    the program is no Python script (a wrapper: then there is no bridge)."""
-    try:
-        with open(program, "rb") as handle:
-            first = handle.readline(4096)
-    except OSError:
-        return None
+    the program is no Python script (a wrapper: then there is no bridge). Read without blocking: a
+    FIFO in its place would hold the agent."""
+    first = _read_regular(os.path.realpath(program), 4096).split(b"\n", 1)[0]
     if not first.startswith(b"#!"):
         return None
     interpreter = first[2:].decode("utf-8", "replace").strip().split(" ")[0]
@@ -137,57 +138,113 @@ def usage_record(task_id: str, profile: str, usage: Mapping[str, Any], seconds: 
             "calls": count("api_calls"), "runtime": "hermes"}
 
 
-def read_json(path: Path, limit: int) -> dict[str, Any] | None:
-    """A small JSON object the CLI wrote, or None: never through a link, never a FIFO, bounded."""
+def _read_regular(path: str | Path, limit: int) -> bytes:
+    """At most `limit` bytes of a regular file, b"" for anything else: never through a link, never
+    blocking on a FIFO."""
+    import stat
+
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
-        return None
+        return b""
     try:
-        import stat
-
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = os.read(fd, limit + 1)
+            return b""
+        chunks, left = [], limit
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def read_json(path: Path, limit: int) -> dict[str, Any] | None:
+    """A small JSON object the CLI wrote, or None: never through a link, never a FIFO, bounded."""
+    data = _read_regular(path, limit + 1)
+    if not data or len(data) > limit:
+        return None
     try:
-        value = json.loads(data[:limit].decode("utf-8", "replace"))
-    except ValueError:
+        value = json.loads(data.decode("utf-8", "replace"))
+    except (ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
 
 
 def open_hostile(path: Path, tables: Sequence[str], *, seconds: float = READ_SECONDS,
-                 max_value: int = MAX_VALUE) -> sqlite3.Connection:
+                 max_value: int = MAX_VALUE, readonly: bool = True) -> sqlite3.Connection:
     """A read-only connection to an SQLite file someone else wrote: `tables` must be tables (a view
     runs a query of the file's choosing, endless if it likes), reads stop after `seconds`, and no
     value may be larger than `max_value` (a generated column can make one of a gigabyte).
     sqlite3.Error (or ValueError naming the table that is no table) when it is not so."""
-    conn = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=5)
+    # A private copy (private_copy) is opened read-write, so that SQLite may read its -wal.
+    conn = sqlite3.connect(f"file:{quote(str(path))}?mode={'ro' if readonly else 'rw'}", uri=True, timeout=5)
     try:
+        deadline = time.monotonic() + seconds
+        conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max_value)
         marks = ",".join("?" * len(tables))
         kinds = dict(conn.execute(f"SELECT lower(name), type FROM sqlite_master WHERE lower(name) IN ({marks})",
                                   [t.lower() for t in tables]).fetchall())
         for name in tables:
             if kinds.get(name.lower(), "table") != "table":
                 raise ValueError(f"{name} is a {kinds[name.lower()]}, not a table")
-        deadline = time.monotonic() + seconds
-        conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
-        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max_value)
     except BaseException:
         conn.close()
         raise
     return conn
 
 
+@contextlib.contextmanager
+def private_copy(path: Path, limit: int) -> Iterator[Path | None]:
+    """A copy of an SQLite file someone else may write (and of its -wal, where a killed writer left
+    its last changes), in a folder of our own, for as long as it is read; None when the file is no
+    regular file within `limit`. SQLite is never pointed at theirs: a FIFO at its -journal would
+    block the reader in open(), and a file swapped mid-read would be read half old, half new."""
+    with tempfile.TemporaryDirectory(prefix="hermes-sup-sqlite-") as folder:
+        copy = Path(folder) / "copy.db"
+        if not _copy_regular(path, copy, limit):
+            yield None
+            return
+        if not _copy_regular(Path(f"{path}-wal"), Path(f"{copy}-wal"), limit):
+            Path(f"{copy}-wal").unlink(missing_ok=True)
+        yield copy
+
+
+def _copy_regular(source: Path, target: Path, limit: int) -> bool:
+    """Copy a regular file of at most `limit` bytes (never through a link, never from a FIFO) to
+    `target`, in pieces; False when it is not one."""
+    import stat
+
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        copied = 0
+        with open(target, "wb") as out:
+            while chunk := os.read(fd, 1 << 20):
+                copied += len(chunk)
+                if copied > limit:
+                    return False
+                out.write(chunk)
+        return copied > 0
+    finally:
+        os.close(fd)
+
+
 def read_bridge(path: Path, task_id: str, run_id: Any) -> tuple[dict[str, Any] | None, list[str]]:
     """(the task's state on the bridge board: status, reason, summary, result; the worker's comments)
     or (None, []) when the file cannot be read as one."""
+    with private_copy(path, MAX_BRIDGE_BYTES) as copy:
+        return _read_bridge(copy, task_id, run_id) if copy is not None else (None, [])
+
+
+def _read_bridge(path: Path, task_id: str, run_id: Any) -> tuple[dict[str, Any] | None, list[str]]:
     try:
-        if not path.is_file() or path.is_symlink() or path.stat().st_size > MAX_BRIDGE_BYTES:
-            return None, []
-        conn = open_hostile(path, ("tasks", "task_runs", "task_comments", "task_events"))
+        conn = open_hostile(path, ("tasks", "task_runs", "task_comments", "task_events"), readonly=False)
     except (OSError, sqlite3.Error, ValueError):
         return None, []
     try:
@@ -213,8 +270,8 @@ def read_bridge(path: Path, task_id: str, run_id: Any) -> tuple[dict[str, Any] |
         except ValueError:
             reason = None
     summary = runs[1] if runs and isinstance(runs[1], str) else None
-    state = {"status": str(row[0]), "result": row[1] if isinstance(row[1], str) else None,
-             "summary": summary, "reason": reason if isinstance(reason, str) else summary}
+    state = {"status": str(row[0])[:40], "result": row[1] if isinstance(row[1], str) else None,
+             "summary": summary, "reason": (reason if isinstance(reason, str) else summary or "")[:MAX_QUESTION]}
     said = [str(body)[:8000] for (body,) in comments if isinstance(body, str) and body.strip()]
     if created:  # kanban_create on the one-task board: said, never dropped without a word
         titles = [str(title)[:200] for (title,) in created[:20]]
@@ -236,18 +293,32 @@ def work(ctx: ToolContext, prompt: str, capabilities: Sequence[str]) -> Outcome:
     if program is None:
         return Outcome(Verdict("failed", {}, f"the Hermes CLI {runtime.get('program') or 'hermes'!r} is not on "
                                              "PATH; install hermes-agent, or name it with program: in hermes.yaml"))
-    profile_dir = Path(str(runtime["profile_dir"]))
+    profile_dir = Path(os.path.realpath(str(runtime["profile_dir"])))
     workdir = workdir_for(ctx)
     shown, writable = [venv_of(program)], [profile_dir]
+    inside = [p for p in (os.path.realpath(program), venv_of(program)) if Path(p) == profile_dir
+              or profile_dir in Path(p).parents]
+    if inside:  # a run could rewrite the code every profile's runs use (checked at load too; PATH may differ)
+        return Outcome(Verdict("failed", {}, f"the Hermes CLI ({inside[0]}) is inside the profile folder "
+                                             f"{profile_dir}, which its runs may write: install it elsewhere, or "
+                                             "name it with program"))
+    # The home's own profile (`default`) holds the others: its runs do not see them. Landlock cannot
+    # take a folder back from inside a writable one, so there such a run is refused.
+    conceal = [profile_dir / "profiles"] if (profile_dir / "profiles").is_dir() else []
+    if conceal and sandbox.how(str(ctx.settings.get("sandbox") or "auto"))[0] not in ("bubblewrap", "none"):
+        return Outcome(Verdict("failed", {}, f"the profile folder {profile_dir} holds other profiles (profiles/), "
+                                             "which this machine's sandbox (Landlock) cannot keep from its runs: "
+                                             "use a profile of its own (hermes profile create), or bubblewrap"))
     env = {**given_env(runtime), "HERMES_HOME": str(profile_dir), "HERMES_PROFILE": str(runtime.get("profile")),
            "HERMES_SUP_TASK_ID": task_id, "TERMINAL_CWD": str(workdir),
            # No pip installs at run time (a confined run could not make them, and they are no task's).
            "HERMES_DISABLE_LAZY_INSTALLS": "1"}
+    own.mkdir(parents=True, exist_ok=True, mode=0o700)
     usage_path, db = own / USAGE_FILE, own / BRIDGE_DB
-    for stale in (usage_path, db, Path(f"{db}-wal"), Path(f"{db}-shm"), own / BRIDGE_INPUT):
+    for stale in (usage_path, db, *(Path(f"{db}-{end}") for end in ("wal", "shm", "journal")), own / BRIDGE_INPUT):
         stale.unlink(missing_ok=True)  # an earlier attempt's are not this one's
     bridge = _bridge(ctx, program, db, str(task.get("title") or task_id), prompt, str(runtime.get("profile")),
-                     capabilities, shown, writable)
+                     capabilities, shown, writable, conceal)
     if ctx.stop.is_set():
         return Outcome(Verdict("interrupted", {}))
     if bridge is None:
@@ -262,7 +333,7 @@ def work(ctx: ToolContext, prompt: str, capabilities: Sequence[str]) -> Outcome:
                     "HERMES_KANBAN_RUN_ID": str(bridge["run"]), "HERMES_KANBAN_CLAIM_LOCK": str(bridge["lock"]),
                     "HERMES_KANBAN_WORKSPACE": str(workdir)})
     argv = [program, "-z", prompt, "--usage-file", str(usage_path)]
-    ran = run(ctx, argv, env, capabilities, max_runtime, shown=shown, writable=writable)
+    ran = run(ctx, argv, env, capabilities, max_runtime, shown=shown, writable=writable, conceal=conceal)
     if ran.problem:
         return Outcome(Verdict("failed", {}, ran.problem))
     usage = read_json(usage_path, MAX_USAGE_BYTES)
@@ -275,7 +346,8 @@ def work(ctx: ToolContext, prompt: str, capabilities: Sequence[str]) -> Outcome:
 
 
 def _bridge(ctx: ToolContext, program: str, db: Path, title: str, body: str, profile: str,
-            capabilities: Sequence[str], shown: list[str], writable: list[Path]) -> dict[str, Any] | None:
+            capabilities: Sequence[str], shown: list[str], writable: list[Path], conceal: list[Path]
+            ) -> dict[str, Any] | None:
     """The one-task board file made by Hermes' own code, as {task, run, lock}, or None when this CLI
     has no Python of its own to make it with (the run then goes without Hermes' board tools)."""
     from .files import root_of
@@ -287,7 +359,7 @@ def _bridge(ctx: ToolContext, program: str, db: Path, title: str, body: str, pro
     spec.write_text(json.dumps({"db": str(db), "title": title[:500], "body": body, "assignee": profile,
                                 "claimer": CLAIMER}), encoding="utf-8")
     made = run(ctx, [python, "-I", "-c", SETUP, str(spec)], {"HERMES_HOME": str(writable[0])}, capabilities,
-               BRIDGE_SECONDS, shown=shown, writable=writable)
+               BRIDGE_SECONDS, shown=shown, writable=writable, conceal=conceal)
     spec.unlink(missing_ok=True)
     if made.returncode != 0 or made.stopped:
         return None

@@ -24,6 +24,20 @@ def _inside(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
 
 
+def forbidden(where: Path, workspace: Path) -> str:
+    """Why a resolved folder may not be given to an agent to write or read, or "": it holds the
+    workspace (its .env, hermes.yaml, runs/, kanban/), or lies in runs/, kanban/ or skills/ (as
+    written, and where they lead: runs/ may be a link to another disk)."""
+    root = workspace.resolve()
+    if _inside(root, where):
+        return "holds this workspace (its .env, hermes.yaml, runs/ and kanban/), which no agent may be granted"
+    own = {path for name in OWN for path in (root / name, (root / name).resolve())}
+    for state in sorted(own):
+        if _inside(where, state):
+            return f"is in this workspace's {state.name}/, which no agent may be granted"
+    return ""
+
+
 def check_folders(raw: dict[str, Any], workspace: Path, fail: Callable[[Any, str], Exception]) -> None:
     """Check `folders:` and every agent's `folders` (and `defaults.folders`); each folder's `path` is
     replaced by its resolved absolute path. Raises what `fail` makes, at the line of the problem."""
@@ -32,9 +46,6 @@ def check_folders(raw: dict[str, Any], workspace: Path, fail: Callable[[Any, str
         folders = {}
     if not isinstance(folders, dict):
         raise fail(raw, "'folders' must be a mapping of names to {path, mode}")
-    root = workspace.resolve()
-    # As written and where they lead: runs/ may be a link to another disk.
-    own = {path for name in OWN for path in (root / name, (root / name).resolve())}
     for name, spec in folders.items():
         if name == "__line__":
             continue
@@ -56,13 +67,9 @@ def check_folders(raw: dict[str, Any], workspace: Path, fail: Callable[[Any, str
             raise fail(spec, f"folder {name}: {path} does not exist")
         if not where.is_dir():
             raise fail(spec, f"folder {name}: {path} is not a folder")
-        if _inside(root, where):
-            raise fail(spec, f"folder {name}: {path} holds this workspace (its .env, hermes.yaml, runs/ and "
-                             "kanban/), which no agent may be granted")
-        for state in sorted(own):
-            if _inside(where, state):
-                raise fail(spec, f"folder {name}: {path} is in this workspace's {state.name}/, which no agent "
-                                 "may be granted")
+        problem = forbidden(where, workspace)
+        if problem:
+            raise fail(spec, f"folder {name}: {path} {problem}")
         spec["path"] = str(where)
         spec.setdefault("mode", "ro")
         _check_worktree(name, spec, path, where, fail)

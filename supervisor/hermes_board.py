@@ -41,33 +41,15 @@ WAITING = {
 PER_TASK = ("skills", "max_runtime_seconds", "model_override", "max_retries")
 
 
-def _tables(conn: sqlite3.Connection) -> set[str]:
-    return {str(row[0]) for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-
-
-def _rows(conn: sqlite3.Connection, sql: str, limit: int) -> list[tuple[Any, ...]]:
-    return conn.execute(f"{sql} LIMIT {limit + 1}").fetchall()
-
-
-def read_board(path: Path) -> tuple[list[dict[str, Any]], list[tuple[str, str]], list[tuple[str, str, str]]]:
-    """(open tasks, links parent -> child, comments task/author/body) of a Hermes kanban.db."""
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        raise HermesImportError(f"--board: no kanban.db in the profile ({path})") from None
-    if stat.S_ISLNK(info.st_mode):
-        raise HermesImportError(f"--board: {path} is a symlink; it is not followed")
-    if not stat.S_ISREG(info.st_mode):
-        raise HermesImportError(f"--board: {path} is not a regular file")
-    if info.st_size > MAX_DB:
-        raise HermesImportError(f"--board: {path} is larger than {MAX_DB >> 20} MiB")
-    import sqlite3  # only --board needs it, not every command
+def _read_tables(copy: Path, path: Path) -> tuple[list[dict[str, Any]], list[Any], list[Any], dict[Any, Any]]:
+    """kanban.db's open tasks (the columns this file has), links, comments and the runs' reasons."""
+    import sqlite3
 
     from ..agents.hermesrun import open_hostile
 
     try:
-        conn = open_hostile(path, ("tasks", "task_links", "task_comments", "task_runs"), seconds=READ_SECONDS,
-                            max_value=MAX_VALUE)
+        conn = open_hostile(copy, ("tasks", "task_links", "task_comments", "task_runs"), seconds=READ_SECONDS,
+                            max_value=MAX_VALUE, readonly=False)
     except ValueError as exc:
         raise HermesImportError(f"--board: {path}: {exc}; a Hermes kanban.db holds tables only (nothing was "
                                 "changed)") from None
@@ -90,11 +72,41 @@ def read_board(path: Path) -> tuple[list[dict[str, Any]], list[tuple[str, str]],
         raise HermesImportError(f"--board: {path} is not a Hermes kanban database, or is damaged: {exc}") from None
     finally:
         conn.close()
+    return [dict(zip(keys, row, strict=True)) for row in tasks], links, comments, reasons
+
+
+def _tables(conn: sqlite3.Connection) -> set[str]:
+    return {str(row[0]) for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+def _rows(conn: sqlite3.Connection, sql: str, limit: int) -> list[tuple[Any, ...]]:
+    return conn.execute(f"{sql} LIMIT {limit + 1}").fetchall()
+
+
+def read_board(path: Path) -> tuple[list[dict[str, Any]], list[tuple[str, str]], list[tuple[str, str, str]]]:
+    """(open tasks, links parent -> child, comments task/author/body) of a Hermes kanban.db."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        raise HermesImportError(f"--board: no kanban.db in the profile ({path})") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise HermesImportError(f"--board: {path} is a symlink; it is not followed")
+    if not stat.S_ISREG(info.st_mode):
+        raise HermesImportError(f"--board: {path} is not a regular file")
+    if info.st_size > MAX_DB:
+        raise HermesImportError(f"--board: {path} is larger than {MAX_DB >> 20} MiB")
+    from ..agents.hermesrun import private_copy
+
+    # Read from a copy of our own: a FIFO planted at its -journal would hold the import in open().
+    with private_copy(path, MAX_DB) as copy:
+        if copy is None:
+            raise HermesImportError(f"--board: {path} could not be copied to be read (changed while read?)")
+        tasks, links, comments, reasons = _read_tables(copy, path)
     if len(tasks) > MAX_TASKS:
         raise HermesImportError(f"--board: more than {MAX_TASKS:,} open tasks; move them in parts by hand")
     if len(comments) > MAX_COMMENTS:
         raise HermesImportError(f"--board: more than {MAX_COMMENTS:,} comments")
-    rows = [dict(zip(keys, row, strict=True)) for row in tasks]
+    rows = tasks
     for row in rows:
         if isinstance(reasons.get(row["id"]), str):
             row["reason"] = reasons[row["id"]]

@@ -21,7 +21,7 @@ from .schedules import cron_error
 
 MAX_JOBS_FILE = 4 << 20
 UTC_NAMES = {"utc", "etc/utc", "gmt", "etc/gmt", "z", "zulu", "universal", "etc/universal"}
-NUMBER = re.compile(r"\d{1,2}")
+NUMBER = re.compile(r"[0-9]{1,2}")
 
 
 def jobs_in(data: bytes) -> list[dict[str, Any]]:
@@ -73,8 +73,10 @@ def in_utc(expr: str, offset: int) -> str | None:
     if len(fields) != 5 or not NUMBER.fullmatch(fields[0]) or not all(NUMBER.fullmatch(h)
                                                                      for h in fields[1].split(",")):
         return None
-    minute = int(fields[0])
-    moved = [(int(hour) * 60 + minute - offset) for hour in fields[1].split(",")]
+    minute, hours = int(fields[0]), [int(hour) for hour in fields[1].split(",")]
+    if minute > 59 or any(hour > 23 for hour in hours):
+        return None  # no time of day: moving it would make one
+    moved = [hour * 60 + minute - offset for hour in hours]
     if fields[2:] != ["*", "*", "*"] and any(m // 1440 != 0 for m in moved):
         return None
     minutes = sorted({m % 1440 for m in moved})
@@ -168,3 +170,5 @@ def read_jobs(path: Path, read_bounded: Any) -> list[dict[str, Any]]:
         return jobs_in(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"cron/jobs.json is not JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError("cron/jobs.json is nested too deeply to be Hermes' jobs") from None

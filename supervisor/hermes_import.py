@@ -57,7 +57,25 @@ NOT_CARRIED = {
     "kanban": "Hermes' kanban.db: its tasks are not moved onto this board (add them with hermes-sup task add)",
     "plugins": "plugins: hermes-sup loads Python skills instead (skills/NAME.py)",
 }
-GATEWAY_KEYS = ("gateway", "platforms", "platform_toolsets", "telegram", "discord", "slack", "whatsapp", "signal",
+# Hermes toolset -> (the toolsets here, the capabilities they need); a toolset of Hermes' missing here
+# has no counterpart and is named. Composites resolve to their parts (toolsets.py in hermes-agent).
+TOOLSET_MAP: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "file": (("files",), ("fs.read", "fs.write")),
+    "terminal": (("terminal",), ("shell",)),
+    "memory": (("memory",), ("memory",)),
+    "skills": (("skills",), ("skills",)),
+    "delegation": (("delegation",), ("delegate",)),
+    "kanban": (("kanban", "board"), ("kanban",)),
+    "clarify": (("board",), ()),
+}
+COMPOSITES = {"hermes-cli": ("file", "terminal", "memory", "skills", "delegation", "clarify", "web", "browser",
+                             "vision", "image_gen", "tts", "todo", "session_search", "code_execution", "cronjob"),
+              "coding": ("file", "terminal", "skills", "memory", "delegation", "clarify", "web", "browser", "vision",
+                         "todo", "session_search", "code_execution"),
+              "safe": ("web", "vision", "image_gen")}
+DEFAULT_TOOLSETS = ["files", "memory", "board", "skills", "kanban"]
+DEFAULT_CAPABILITIES = ["fs.read", "fs.write", "memory", "kanban", "skills"]
+GATEWAY_KEYS = ("gateway", "platforms", "telegram", "discord", "slack", "whatsapp", "signal",
                 "matrix", "email", "sms")
 
 
@@ -330,6 +348,36 @@ class Plan:
     schedules: list[dict[str, Any]] = field(default_factory=list)
 
 
+def toolsets_of(config: dict[str, Any]) -> tuple[list[str], list[str], list[dict[str, str]]] | None:
+    """(toolsets, capabilities, what has no counterpart) of the Hermes toolsets the profile's CLI
+    uses (`platform_toolsets.cli`, else `toolsets`), or None when it names none or only Hermes'
+    default set (pure). `shell` and `delegate` are granted when the profile used them: the import
+    carries the profile's rights, no more."""
+    platforms = config.get("platform_toolsets")
+    chosen = platforms.get("cli") if isinstance(platforms, dict) else None
+    if chosen is None:
+        chosen = config.get("toolsets")
+    if not isinstance(chosen, list) or not chosen or chosen == ["hermes-cli"]:
+        return None
+    names: list[str] = []
+    for item in chosen:
+        if isinstance(item, str):
+            names += COMPOSITES.get(item.strip(), (item.strip(),))
+    toolsets: list[str] = []
+    capabilities: list[str] = []
+    missing: list[str] = []
+    for name in dict.fromkeys(names):
+        mapped = TOOLSET_MAP.get(name)
+        if mapped is None:
+            missing.append(name)
+            continue
+        toolsets += [t for t in mapped[0] if t not in toolsets]
+        capabilities += [c for c in mapped[1] if c not in capabilities]
+    left = [{"what": f"toolset {name[:60]}", "why": "Hermes' toolset has no counterpart here (an MCP server may give "
+             "its tools: mcp_servers in hermes.yaml)"} for name in missing]
+    return toolsets, capabilities, left
+
+
 def agent_name(requested: str | None, profile: Path) -> str:
     """The new agent's name: --name, else the profile's folder name (`.hermes`: hermes) (pure)."""
     name = requested or profile.resolve().name.lstrip(".") or "hermes"
@@ -391,8 +439,14 @@ def make_plan(profile: Profile, name: str, current: dict[str, Any], now: datetim
     if profile.description:
         notes.append(f"description (profile.yaml): {profile.description[:200]!r}: hermes-sup routes tasks by "
                      "roles; give the agent roles that say it")
-    entry: dict[str, Any] = {"name": name, "capabilities": ["fs.read", "fs.write", "memory", "kanban", "skills"],
-                             "toolsets": ["files", "memory", "board", "skills", "kanban"]}
+    entry: dict[str, Any] = {"name": name, "capabilities": list(DEFAULT_CAPABILITIES),
+                             "toolsets": list(DEFAULT_TOOLSETS)}
+    mapped = toolsets_of(profile.config)
+    if mapped is not None:
+        entry["toolsets"], entry["capabilities"], left = mapped
+        not_carried += left
+        notes.append(f"toolsets: {', '.join(entry['toolsets']) or 'none'} (capabilities "
+                     f"{', '.join(entry['capabilities']) or 'none'}), from the profile's CLI toolsets")
     if profile.soul:
         entry["identity"] = profile.soul
         notes.append(f"identity: SOUL.md ({len(profile.soul):,} characters)")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -80,13 +81,50 @@ def _check_hermes(agent: dict[str, Any], where: str, fail: Any) -> None:
     for key in ("hermes_home", "program"):
         if key in agent and (not isinstance(agent[key], str) or not agent[key] or "\0" in agent[key]):
             raise fail(agent, f"{where}: '{key}' must be a path (or, for program, a name found on PATH)")
-    folder = profile_dir(agent)
-    if not folder.is_dir():
-        raise fail(agent, f"{where}: Hermes profile folder {folder} does not exist (make it with hermes profile "
-                          f"create {profile}, or name the home with hermes_home)")
     if "network" not in (agent.get("capabilities") or []):
         raise fail(agent, f"{where}: runtime: hermes needs the 'network' capability: Hermes calls its model over "
                           "HTTP (add network to the agent's capabilities)")
+
+
+def check_profiles(raw: dict[str, Any], workspace: Path, fail: Any) -> None:
+    """The Hermes profile folders of `runtime: hermes` agents, which their CLI may write: each one
+    there, none holding the workspace or inside its runs/, kanban/ or skills/, no two entries' one
+    inside the other (the `default` profile is the home, which holds the others: its run does not
+    see profiles/), and the CLI's own installation outside it (a run could rewrite the code every
+    profile runs). A relative `hermes_home` or profile path is the workspace's; both are written
+    back resolved."""
+    from .folders import _inside, forbidden
+
+    seen: list[tuple[str, Path]] = []
+    for agent in raw.get("agents") or []:
+        if not isinstance(agent, dict) or agent.get("runtime") != "hermes":
+            continue
+        where = f"agent {agent.get('name')}"
+        for key in ("hermes_home", "profile"):
+            value = agent.get(key)
+            if isinstance(value, str) and (key == "hermes_home" or os.sep in value or value.startswith("~")):
+                agent[key] = str((workspace / os.path.expanduser(value)).resolve())
+        folder = profile_dir(agent).resolve()
+        if not folder.is_dir():
+            raise fail(agent, f"{where}: Hermes profile folder {folder} does not exist (make it with hermes profile "
+                              f"create {agent.get('profile')}, or name the home with hermes_home)")
+        problem = forbidden(folder, workspace)
+        if problem:
+            raise fail(agent, f"{where}: Hermes profile folder {folder} {problem}")
+        for other, other_folder in seen:
+            inner, outer = (folder, other_folder) if _inside(folder, other_folder) else (other_folder, folder)
+            if not _inside(inner, outer) or (inner != outer and _inside(inner, outer / "profiles")):
+                continue  # apart, or a profile of the home the other runs on (its runs do not see profiles/)
+            same = "is agent " + other + "'s too" if folder == other_folder else \
+                f"and agent {other}'s ({other_folder}) are one inside the other"
+            raise fail(agent, f"{where}: Hermes profile folder {folder} {same}; each entry needs a profile of its "
+                              "own, which its runs may write (count: N shares one)")
+        seen.append((str(agent.get("name")), folder))
+        program = shutil.which(str(agent.get("program") or "hermes"))
+        if program and _inside(Path(os.path.realpath(program)), folder):
+            raise fail(agent, f"{where}: the Hermes CLI {os.path.realpath(program)} is inside the profile folder "
+                              f"{folder}, which each run may write: install it elsewhere (pipx, a venv) or name it "
+                              "with program")
 
 
 def check_chain(agent: dict[str, Any], providers: Any, where: str, fail: Any) -> None:

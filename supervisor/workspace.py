@@ -30,7 +30,7 @@ from ..agents.sandbox import MODES as SANDBOX_MODES
 from .alerts import check_alerts
 from .folders import check_folders
 from .mcpconfig import check_mcp_servers
-from .runtimes import RUNTIME_KEYS, check_budgeted, check_chain, check_runtime
+from .runtimes import RUNTIME_KEYS, check_budgeted, check_chain, check_profiles, check_runtime
 from .schedules import check_schedules
 
 CONFIG_NAME = "hermes.yaml"
@@ -273,6 +273,7 @@ def load_config(path: Path, *, skills: Callable[[], Collection[str]] | None = No
     check_budgeted(raw, fail)
     _check_skills(agents, fail, skills or (lambda: skill_names(path.parent)))
     check_folders(raw, path.parent, fail)
+    check_profiles(raw, path.parent, fail)
     check_mcp_servers(raw, fail)
     return _strip_lines(raw)
 

@@ -36,6 +36,8 @@ def test_an_interval_becomes_a_cron_step_only_when_it_repeats_exactly(minutes, c
     ("*/10 9 * * *", 60, None),                 # not a fixed minute
     ("0 9 * * *", 0, "0 9 * * *"),
     ("0 9-17 * * *", 120, None),                # a range of hours is not moved
+    ("0 99 * * *", 60, None), ("75 3 * * *", 60, None),  # no time of day: never folded into one
+    ("0 \u0669 * * *", 60, None),                # an Arabic-Indic nine is no cron digit
 ])
 def test_a_cron_in_another_zone_moves_only_when_its_days_stay(expr, offset, utc):
     assert in_utc(expr, offset) == utc
@@ -89,14 +91,16 @@ def test_an_empty_cron_folder_and_an_empty_plugin_list_are_not_said_to_be_left_b
     assert left == {"shell and delegation"}
 
 
-def test_a_damaged_jobs_file_is_refused_before_anything_is_written(tmp_path: Path):
+@pytest.mark.parametrize("content, message", [("{not json", "cron/jobs.json is not JSON"),
+                                              ("[" * 100_000, "nested too deeply")])
+def test_a_damaged_jobs_file_is_refused_before_anything_is_written(tmp_path: Path, content, message):
     assert CliRunner().invoke(main, ["init", str(tmp_path / "ws")]).exit_code == 0
     home = tmp_path / "home"
     (home / "cron").mkdir(parents=True)
-    (home / "cron" / "jobs.json").write_text("{not json")
+    (home / "cron" / "jobs.json").write_text(content)
     before = (tmp_path / "ws" / "hermes.yaml").read_bytes()
     result = CliRunner().invoke(main, ["-w", str(tmp_path / "ws"), "import-hermes", str(home), "--name", "x"])
-    assert result.exit_code == 1 and "cron/jobs.json is not JSON" in result.output
+    assert result.exit_code == 1 and message in result.output
     assert "Traceback" not in result.output
     assert (tmp_path / "ws" / "hermes.yaml").read_bytes() == before
 

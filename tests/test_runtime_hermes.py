@@ -240,6 +240,18 @@ def test_a_hermes_agent_is_refused_with_file_and_line_when_it_cannot_run(tmp_pat
                                                                         "profile: worker}")
     assert "spend is known only after each run" in config_error(
         tmp_path, base + ", profile: worker}", extra="budgets: {team: {per_day: 1}}\n")
+    twice = f"agents:\n  - {base}, profile: worker}}\n  - {base.replace('name: h,', 'name: h3,')}, profile: worker}}\n"
+    (tmp_path / "hermes.yaml").write_text(twice)
+    with pytest.raises(ConfigError, match="is agent h's too"):
+        load_config(tmp_path / "hermes.yaml")
+    (home / "profiles" / "worker" / "deeper").mkdir()
+    nested = base.replace("name: h,", "name: h4,") + f", profile: '{home}/profiles/worker/deeper'}}"
+    (tmp_path / "hermes.yaml").write_text(f"agents:\n  - {base}, profile: worker}}\n  - {nested}\n")
+    with pytest.raises(ConfigError, match="are one inside the other"):
+        load_config(tmp_path / "hermes.yaml")
+    (tmp_path / "hermes.yaml").write_text(f"agents:\n  - {base}, profile: '{tmp_path}'}}\n")
+    with pytest.raises(ConfigError, match="holds this workspace"):
+        load_config(tmp_path / "hermes.yaml")
     other = base.replace("name: h,", "name: h2,")
     (tmp_path / "hermes.yaml").write_text(f"agents:\n  - {base}, profile: worker}}\n  - {other}, profile: default}}\n")
     config = load_config(tmp_path / "hermes.yaml")
@@ -273,3 +285,96 @@ def test_the_bridge_is_read_back_and_tasks_made_there_are_named_not_dropped(tmp_
     assert comments[0] == "first" and len(comments) == 2
     assert comments[1].startswith("Hermes created 1 task(s) on its own board, not carried") and \
         comments[1].endswith("Write the tests")
+
+
+# -- what the confined CLI may leave behind (an attacker's review found each) -------------------------
+
+FAKE_HERMES = """#!{python}
+import os, sys
+usage = sys.argv[sys.argv.index("--usage-file") + 1]
+home = os.environ["HERMES_HOME"]
+try:
+    with open(os.path.join(home, "profiles", "worker", "config.yaml"), "a") as handle:
+        handle.write("# planted by the default profile's run\\n")
+    print("planted")
+except OSError as exc:
+    print("could not plant:", exc.strerror)
+db = os.environ.get("HERMES_KANBAN_DB")
+if db and "FIFO" in sys.argv[2]:
+    os.mkfifo(db + "-journal")
+open(usage, "w").write('{{"completed": true, "failed": false, "input_tokens": 5}}')
+"""
+
+
+def fake_hermes(tmp_path: Path, mode: str):
+    """A stand-in for the hermes program (the real one's Python, so the bridge is made for real) that
+    does what a hostile run could: write into the home's other profiles, plant a FIFO by the bridge."""
+    import sys
+    import threading
+
+    from hermes_sup.agents import hermesrun, sandbox
+    from hermes_sup.agents.tools import ToolContext
+
+    from .test_sandbox import needs
+
+    needs(mode)
+    real = hermes_program()
+    program = tmp_path / "cli" / "bin" / "hermes"  # its installation, cli/, shown read-only
+    program.parent.mkdir(parents=True)
+    program.write_text(FAKE_HERMES.format(python=hermesrun.python_of(real) or sys.executable))
+    program.chmod(0o755)
+    home = tmp_path / "home"
+    (home / "profiles" / "worker").mkdir(parents=True)
+    (home / "profiles" / "worker" / "config.yaml").write_text("model: x\n")
+    ctx = ToolContext(scratch=tmp_path / "work", stop=threading.Event(), task={"id": "t1", "title": "t"},
+                      agent="h", settings={"sandbox": mode, "runtime": {
+                          "kind": "hermes", "profile": "default", "profile_dir": str(home), "program": str(program),
+                          "max_runtime": 60}})
+    assert sandbox.how(mode)[0] == mode
+    return ctx, home
+
+
+def test_the_default_profiles_run_cannot_write_the_other_profiles(tmp_path):
+    from hermes_sup.agents.hermesrun import work
+
+    ctx, home = fake_hermes(tmp_path, "bubblewrap")
+    outcome = work(ctx, "NOTHING to do", ["network"])
+    assert outcome.verdict.kind == "done", outcome.verdict
+    assert "could not plant" in outcome.verdict.result["answer"]
+    assert (home / "profiles" / "worker" / "config.yaml").read_text() == "model: x\n"
+
+
+def test_under_landlock_the_default_profile_with_others_beside_it_is_refused(tmp_path):
+    from hermes_sup.agents.hermesrun import work
+
+    ctx, home = fake_hermes(tmp_path, "landlock")
+    outcome = work(ctx, "NOTHING to do", ["network"])
+    assert outcome.verdict.kind == "failed" and "cannot keep from its runs" in outcome.verdict.reason
+    assert (home / "profiles" / "worker" / "config.yaml").read_text() == "model: x\n"
+
+
+def test_a_fifo_left_by_the_bridge_board_never_holds_the_agent(tmp_path):
+    import threading
+
+    from hermes_sup.agents.hermesrun import work
+
+    ctx, _ = fake_hermes(tmp_path, "bubblewrap")
+    outcomes = []
+    worker = threading.Thread(target=lambda: outcomes.append(work(ctx, "FIFO please", ["network"])), daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), "the agent blocked in open() on the FIFO the run left at the -journal"
+    assert outcomes[0].verdict.kind == "done"
+
+
+def test_a_program_that_is_a_fifo_is_no_python_script(tmp_path):
+    import threading
+
+    from hermes_sup.agents.hermesrun import python_of
+
+    os.mkfifo(tmp_path / "hermes")
+    found = []
+    reader = threading.Thread(target=lambda: found.append(python_of(str(tmp_path / "hermes"))), daemon=True)
+    reader.start()
+    reader.join(5)
+    assert not reader.is_alive() and found == [None]
