@@ -130,6 +130,23 @@ REGISTRY: dict[str, Tool] = {}
 _collecting: list[list[Tool]] = []
 
 
+# Tools Hermes Agent's workers call that have no counterpart here, and what to do instead: a call is
+# refused with this, never with a bare "unknown tool".
+HERMES_ONLY = {
+    "todo": "keep the plan in your answer, or in a file of your task folder (write_file)",
+    "process": "run a long command with terminal and background: true (its output goes to a log file in your "
+               "task folder); there is no process control beyond that",
+    "execute_code": "run the code with terminal (python3 -c ..., or a file you wrote)",
+    "kanban_unblock": "a task blocked for a person waits for one (they answer it: hermes-sup task answer)",
+    "kanban_link": "a task's dependencies are set when it is made: kanban_create with parents",
+    "kanban_attach": "write the file into your task folder (write_file) and name it in your result",
+    "kanban_attach_url": "name the URL in your result or a comment (kanban_comment)",
+    "kanban_attachments": "the task's files are in your task folder: search_files lists them",
+    "session_search": "earlier conversations are not kept across tasks; what lasts is memory (the memory tool)",
+    "clarify": "ask a person with ask_human (the task waits for the answer)",
+}
+
+
 def register(tool: Tool) -> Tool:
     """Add a tool. While a skill file is being loaded, its tools are collected for it instead of
     going into the shared registry."""
@@ -283,6 +300,8 @@ class Toolbox:
         tool = self.get(name)
         if tool is None:
             known = sorted(n for n, t in self.tools().items() if self.allowed(t))
+            if name in HERMES_ONLY:  # a Hermes Agent prompt or skill that names it: say what to use here
+                raise Refused(f"{name} is Hermes Agent's tool and has no counterpart here: {HERMES_ONLY[name]}")
             raise Refused(f"unknown tool {name!r}; this agent's tools are: {', '.join(known)}")
         missing = [capability for capability in tool.capabilities if capability not in self.grants]
         if missing:

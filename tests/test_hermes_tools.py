@@ -21,7 +21,16 @@ from hermes_sup.agents.memory import Memories
 from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig
 from hermes_sup.agents.steps import StepRun
 from hermes_sup.agents.terminal import BACKGROUND_LOG_KEEP, BackgroundLog, _watch_background
-from hermes_sup.agents.tools import REGISTRY, Finished, NeedsPerson, Refused, Toolbox, ToolContext, ToolError
+from hermes_sup.agents.tools import (
+    HERMES_ONLY,
+    REGISTRY,
+    Finished,
+    NeedsPerson,
+    Refused,
+    Toolbox,
+    ToolContext,
+    ToolError,
+)
 from hermes_sup.kanban import Board
 
 from .conftest import CLI, ROOT, marked_sleep, running, wait_until
@@ -461,3 +470,18 @@ def test_a_patch_that_cannot_write_one_of_its_files_writes_none(tmp_path):
                  patch=f"*** Begin Patch\n*** Update File: a.txt\n-one\n+ONE\n{second}*** End Patch")
         assert (ctx.scratch / "a.txt").read_text() == "one\n"
         assert (ctx.scratch / "c.txt").read_text() == "a file\n"
+
+
+@pytest.mark.parametrize("name", sorted(HERMES_ONLY))
+def test_a_hermes_tool_left_out_is_refused_naming_what_to_use_here(name):
+    """A Hermes prompt or skill that calls a tool of Hermes' that has no counterpart gets told what to
+    do instead, not a bare unknown tool."""
+    box = Toolbox(grants=ALL, toolsets=tuple({t.toolset for t in REGISTRY.values()}))
+    with pytest.raises(Refused) as refused:
+        box.check(name, {})
+    assert str(refused.value).startswith(f"{name} is Hermes Agent's tool and has no counterpart here: ")
+    assert str(refused.value).endswith(HERMES_ONLY[name])
+
+
+def test_every_left_out_hermes_tool_has_its_counterpart_said():
+    assert set(HERMES_ONLY) >= LEFT_OUT and not set(HERMES_ONLY) & set(REGISTRY)
