@@ -201,7 +201,10 @@ def read_profile(path: Path) -> Profile:
     elif (path / "skills").is_dir():
         skills, skipped = _skill_files(path / "skills")
     present = []
-    if any(key in config for key in GATEWAY_KEYS) or (path / "gateway").exists() or (path / "gateway.json").exists():
+    platforms = config.get("platform_toolsets")
+    messaging = isinstance(platforms, dict) and any(key != "cli" for key in platforms)
+    if messaging or any(key in config for key in GATEWAY_KEYS) or (path / "gateway").exists() \
+            or (path / "gateway.json").exists():
         present.append("gateway")
     for key, names in (("sessions", ("sessions", "state.db")), ("kanban", ("kanban.db", "kanban"))):
         if any((path / name).exists() for name in names):
@@ -472,8 +475,9 @@ def make_plan(profile: Profile, name: str, current: dict[str, Any], now: datetim
     if profile.env:
         notes.append(f"keys named in .env: {', '.join(profile.env)} (values are never copied: put the ones you need "
                      "in the workspace's .env)")
-    not_carried.append({"what": "shell and delegation", "why": "not granted by default: add shell and delegate to "
-                        "the agent's capabilities (and terminal, delegation to its toolsets) to give them"})
+    if mapped is None:
+        not_carried.append({"what": "shell and delegation", "why": "not granted by default: add shell and delegate "
+                            "to the agent's capabilities (and terminal, delegation to its toolsets) to give them"})
     servers, mcp_notes, mcp_left = carry(profile.config, set(current.get("mcp_servers") or {}) - {"__line__"})
     notes += mcp_notes
     not_carried += mcp_left

@@ -493,3 +493,24 @@ display: {personality: kawaii}
     assert any("Runs experiments on the lab's GPU box." in n for n in report["carried_over"])
     assert "display.personality kawaii" in {item["what"] for item in report["not_carried_over"]}
     assert config["agents"][-1]["providers"] == ["labs", "labs-fallback-1"]
+
+
+def test_the_profiles_cli_toolsets_become_its_toolsets_and_capabilities(ws, tmp_path):
+    """platform_toolsets were said to be messaging gateways and dropped, every agent got the same fixed
+    toolsets: each of Hermes' toolsets maps to its counterpart here, or is named as having none."""
+    home = tmp_path / "profiles" / "coder"
+    home.mkdir(parents=True)
+    (home / "config.yaml").write_text("platform_toolsets:\n  cli: [file, terminal, web, todo, clarify]\n"
+                                      "  telegram: [web]\n")
+    result = invoke(ws, str(home), "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    agent = load_config(ws / "hermes.yaml")["agents"][-1]
+    assert agent["toolsets"] == ["files", "terminal", "board"]
+    assert agent["capabilities"] == ["fs.read", "fs.write", "shell"], "the profile's rights, no more"
+    left = {item["what"] for item in report["not_carried_over"]}
+    assert {"toolset web", "toolset todo"} <= left and "gateway" in left, "telegram's toolsets are a gateway's"
+    (home / "config.yaml").write_text("toolsets: [hermes-cli]\n")
+    result = invoke(ws, str(home), "--name", "plain", "--json")
+    agent = load_config(ws / "hermes.yaml")["agents"][-1]
+    assert agent["toolsets"] == ["files", "memory", "board", "skills", "kanban"], "Hermes' default: ours"
