@@ -391,6 +391,9 @@ def skill_view(ctx: ToolContext, args: dict[str, Any]) -> str:
 def skill_manage(ctx: ToolContext, args: dict[str, Any]) -> str:
     skills, name, action = _skills(ctx), args["name"], args["action"]
     by = ctx.agent or "agent"
+    found = skills._found().get(name)
+    if _instructions(action, args, found):  # Hermes' actions, on SKILL.md skills (agents/skillfiles.py)
+        return _manage_instructions(skills, action, name, args, by)
     if action == "create":
         if (skills.folder / f"{name}.py").exists():
             raise ToolError(f"skill {name} exists; patch it instead")
@@ -418,6 +421,44 @@ def skill_manage(ctx: ToolContext, args: dict[str, Any]) -> str:
     return f"rolled skill {name} back to version {version} ({skill.state})"
 
 
+def _instructions(action: str, args: dict[str, Any], found: tuple[str, Path, str] | None) -> bool:
+    """Whether a skill_manage call is about an instruction skill (pure): Hermes' own actions, a
+    SKILL.md given as content, a category, a name only an instruction skill may have, or one that is."""
+    content = args.get("content")
+    return (action in ("edit", "delete", "write_file", "remove_file") or "category" in args
+            or (isinstance(content, str) and content.lstrip("\ufeff").startswith("---"))
+            or not SKILL_NAME.fullmatch(str(args.get("name"))) or (found is not None and found[0] == "instructions"))
+
+
+def _manage_instructions(skills: Skills, action: str, name: str, args: dict[str, Any], by: str) -> str:
+    from .skillfiles import InstructionSkills
+
+    managed = InstructionSkills(skills.folder, lambda wanted: skills._found().get(wanted))
+    skills.folder.mkdir(parents=True, exist_ok=True)
+
+    def need(*keys: str) -> list[Any]:
+        missing = [key for key in keys if not isinstance(args.get(key), str)]
+        if missing:
+            raise ToolError(f"{action} needs {' and '.join(missing)}")
+        return [args[key] for key in keys]
+
+    if action == "create":
+        return managed.create(name, *need("content"), args.get("category"), by=by)
+    if action == "edit":
+        return managed.edit(name, *need("content"), by=by)
+    if action == "patch":
+        old, new = need("old_string", "new_string")
+        return managed.patch(name, old, new, args.get("file_path"), bool(args.get("replace_all")), by=by)
+    if action == "write_file":
+        return managed.write_file(name, *need("file_path", "file_content"), by=by)
+    if action == "remove_file":
+        return managed.remove_file(name, *need("file_path"), by=by)
+    if action == "delete":
+        absorbed = args.get("absorbed_into")
+        return managed.delete(name, absorbed if isinstance(absorbed, str) and absorbed else None, by=by)
+    return managed.rollback(name, args.get("version"), by=by)
+
+
 register(Tool("skills_list", "List the skills: name, kind, category, description, whether valid, and their tools.",
               skills_list, {"type": "object", "properties": {
                   "category": {"type": "string", "description": "only the skills of this category"}},
@@ -431,12 +472,18 @@ register(Tool("skill_view", "Read a skill: the instructions of an instruction sk
                   "required": ["name"], "additionalProperties": False},
               capabilities=("skills",), idempotent=True, toolset="skills"))
 # A skill is code the agents run in their own processes, so writing one takes the trust of `shell`.
-register(Tool("skill_manage", "Create a Python skill (a file that registers tools), patch it, or roll it back to "
-              "an earlier version. A new version is validated first; a failing one changes nothing.", skill_manage,
+register(Tool("skill_manage", "Create, change or roll back a skill: a Python skill (a file that registers tools) "
+              "or an instruction skill (a SKILL.md: front matter with name and description, then instructions; "
+              "files beside it under references/, templates/, scripts/, assets/). Every change is checked first and "
+              "the previous version kept.", skill_manage,
               {"type": "object", "properties": {
-                  "action": {"type": "string", "enum": ["create", "patch", "rollback"]},
+                  "action": {"type": "string", "enum": ["create", "patch", "edit", "delete", "write_file",
+                                                        "remove_file", "rollback"]},
                   "name": {"type": "string", "minLength": 1}, "content": {"type": "string"},
                   "old_string": {"type": "string"}, "new_string": {"type": "string"},
-                  "version": {"type": "integer", "minimum": 1}, "note": {"type": "string"}},
+                  "version": {"type": "integer", "minimum": 1}, "note": {"type": "string"},
+                  "category": {"type": "string"}, "file_path": {"type": "string"},
+                  "file_content": {"type": "string"}},
                   "required": ["action", "name"], "additionalProperties": False},
+              hidden={"replace_all": {"type": "boolean"}, "absorbed_into": {"type": "string"}},
               capabilities=("skills", "shell"), toolset="skills"))
