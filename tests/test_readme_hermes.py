@@ -61,3 +61,31 @@ def test_coming_from_hermes_agent_as_written(tmp_path: Path):
 
     agents = {agent["name"]: agent for agent in load_config(ws / "hermes.yaml")["agents"]}
     assert agents["ada"]["providers"] == ["ada"] and "coder" in agents
+
+
+def test_running_other_agents_configs_load_as_written(tmp_path: Path):
+    """The section's hermes.yaml examples load as they are (what a config names of this machine, a
+    granted folder and Hermes' home, made by the test)."""
+    import yaml
+    from hermes_sup.supervisor.workspace import load_config
+
+    text = (ROOT / "README.md").read_text()
+    start = text.index("## Running other agents")
+    section = text[start:text.index("\n## ", start + 5)]
+    blocks = re.findall(r"```yaml\n(.*?)```", section, re.S)
+    assert len(blocks) == 2
+    (tmp_path / "app").mkdir()
+    subprocess.run(["git", "init", "-q", str(tmp_path / "app")], check=True)
+    subprocess.run(["git", "-C", str(tmp_path / "app"), "commit", "-q", "--allow-empty", "-m", "start"], check=True,
+                   env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                        "GIT_COMMITTER_EMAIL": "t@t"})
+    home = tmp_path / "srv-hermes"
+    (home / "profiles" / "research").mkdir(parents=True)
+    for block in blocks:
+        written = block.replace("/srv/hermes", str(home)).replace("/opt/hermes/bin/hermes", hermes_program())
+        data = yaml.safe_load(written)
+        assert data["agents"], written
+        extra = f"folders: {{app: {{path: '{tmp_path / 'app'}', mode: rw, worktree: true}}}}\n"
+        (tmp_path / "hermes.yaml").write_text(extra + written)
+        config = load_config(tmp_path / "hermes.yaml")
+        assert config["agents"][0]["runtime"] in ("command", "hermes")
