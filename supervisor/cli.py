@@ -687,6 +687,9 @@ def usage(ctx: click.Context, as_json: bool) -> None:
             ws.runs_path, config.get("budgets"), time.time(), board=config.get("board"),
             host=config.get("host")) if config.get("budgets") else ([], [])
         notes += ledger_notes
+        notes += [f"agent {agent['name']} runs a CLI (runtime: command) that reports no tokens or cost: its runs "
+                  "are not in these figures" for agent in config.get("agents") or []
+                  if agent.get("runtime") == "command"]
     except (ConfigError, LedgerError) as exc:
         budgets = []
         notes.append(f"budgets not shown: {exc}")

@@ -124,6 +124,10 @@ def test_a_cli_worker_is_done_failed_bounded_and_leaves_nothing(team):
     assert "ran longer than max_runtime (3 s)" in docs["too-long"]["history"][-1]["note"]
     wait_until(lambda: not running("Task too-long:"), timeout=10)
     assert "; runtime: command (python" in (ws / "runs" / "quick" / "agent.log").read_text()
+    usage = subprocess.run([*CLI, "-w", str(ws), "usage", "--json"], capture_output=True, text=True, cwd=ROOT)
+    notes = json.loads(usage.stdout)["notes"]
+    assert "agent quick runs a CLI (runtime: command) that reports no tokens or cost: its runs are not in these " \
+           "figures" in notes, "usage says what it cannot count"
 
 
 @pytest.mark.parametrize("how", ["HANG", "STUBBORN HANG"])

@@ -135,6 +135,33 @@ def test_instruction_skills_are_listed_and_read_on_demand(workspace):
     assert front_matter("no front matter") == ({}, "no front matter")
 
 
+def test_instruction_skills_are_found_at_any_depth_hermes_finds_them(workspace, tmp_path):
+    """Hermes' bundled set has skills three levels deep (mlops/inference/llama-cpp): they were copied
+    and never found. Not found: a skill's own references/ (archived SKILL.md files), hidden folders,
+    links, and anything past the depth bound."""
+    root = workspace / "skills"
+
+    def skill(relative: str, name: str) -> None:
+        (root / relative).mkdir(parents=True, exist_ok=True)
+        (root / relative / "SKILL.md").write_text(f"---\nname: {name}\ndescription: {name} things.\n---\nDo.\n")
+
+    skill("mlops/inference/llama-cpp", "llama-cpp")
+    skill("research/polymarket", "polymarket")
+    skill("research/polymarket/live-odds", "live-odds")      # a skill inside a skill
+    skill("research/polymarket/references/old", "old")       # an archived one, in a skill's references/
+    skill(".archive/gone", "gone")
+    skill("a/b/c/d/e/f/g/h/i/too-deep", "too-deep")
+    outside = tmp_path / "elsewhere"
+    (outside / "linked").mkdir(parents=True)
+    (outside / "linked" / "SKILL.md").write_text("---\nname: linked\ndescription: x\n---\nx\n")
+    (root / "mlops" / "linked").symlink_to(outside / "linked")
+    (root / "loop").mkdir()
+    (root / "loop" / "again").symlink_to(root / "loop")
+    found = {skill.name: skill for skill in Skills(workspace, bundled=workspace / "none").catalog()}
+    assert set(found) == {"llama-cpp", "polymarket", "live-odds"}
+    assert found["llama-cpp"].category == "mlops" and found["live-odds"].category == "research"
+
+
 def test_the_bundled_skills_validate(tmp_path):
     from hermes_sup.agents.skills import check_in_process_of_its_own
 
