@@ -23,7 +23,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,10 +131,13 @@ def instruction_folders(root: Path) -> list[tuple[str, ...]]:
 class Skills:
     """The skills of one workspace: discovery, validation (cached by digest), loading, versions."""
 
-    def __init__(self, workspace: Path, bundled: Path = BUNDLED) -> None:
+    def __init__(self, workspace: Path, bundled: Path = BUNDLED, listed: Iterable[str] = ()) -> None:
         self.folder = workspace / "skills"
         self.bundled = bundled
         self.verdicts_path = workspace / "runs" / "skills.json"
+        # The agent's `skills:`. When it names instruction skills, those are the instruction skills
+        # it sees (a Hermes profile's own, as the import sets them); else it sees them all.
+        self.listed = frozenset(listed)
 
     # -- discovery --------------------------------------------------------------------------------
 
@@ -182,8 +185,12 @@ class Skills:
         return verdicts[key]
 
     def catalog(self) -> list[Skill]:
+        found = sorted(self._found_in_categories().items())
+        instructions = {name for name, (kind, *_) in found if kind == "instructions"} & self.listed
+        if instructions:
+            found = [(name, entry) for name, entry in found if entry[0] != "instructions" or name in instructions]
         skills = []
-        for name, (kind, path, source, category) in sorted(self._found_in_categories().items()):
+        for name, (kind, path, source, category) in found:
             try:
                 data = path.read_bytes()
             except OSError as exc:

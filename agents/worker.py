@@ -113,7 +113,7 @@ class Agent:
         self.scratch = workdir / "scratch"
         self.scratch.mkdir(parents=True, exist_ok=True)
         self.board = open_board(workspace, config.get("board"), host=config.get("host"))
-        self.skills = Skills(workspace)
+        self.skills = Skills(workspace, listed=config.get("skills") or ())
         self.delegator = Delegator(board=self.board, workspace=workspace, workdir=workdir, config=config)
         self.mcp = mcpservers.Hub(config.get("mcp_servers") or {}, self._mcp_command)
         self.notifier = Notifier(os.environ.get(NOTIFY_ENV), self.name)

@@ -142,7 +142,7 @@ def checked_config(config_path: Path, text: str, plan: Plan) -> str:
         try:
             # The copy sits in a temp folder with no skills/ beside it: the skills it may name are the
             # workspace's (and the bundled ones), as `up` finds them; the imported agent names none.
-            load_config(candidate, skills=lambda: skill_names(config_path.parent))
+            load_config(candidate, skills=lambda: skill_names(config_path.parent) | set(plan.entry.get("skills") or ()))
         except ConfigError as exc:
             raise HermesImportError(f"hermes.yaml would not be valid after the import: "
                                     f"{str(exc).replace(str(candidate), CONFIG_NAME)}; nothing was changed") from None

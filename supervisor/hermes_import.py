@@ -381,6 +381,19 @@ def toolsets_of(config: dict[str, Any]) -> tuple[list[str], list[str], list[dict
     return toolsets, capabilities, left
 
 
+def skill_names_of(files: list[tuple[str, bytes]]) -> list[str]:
+    """The instruction skills among a profile's skill files, by name (their folder's), as hermes-sup
+    finds them: not an archived SKILL.md in a skill's references/, templates/, scripts/, assets/ (pure)."""
+    from hermes_sup.agents.skills import SUPPORT_FOLDERS
+
+    names = set()
+    for path, _ in files:
+        parts = path.split("/")
+        if parts[-1] == "SKILL.md" and len(parts) >= 2 and not set(parts[:-2]) & SUPPORT_FOLDERS:
+            names.add(parts[-2])
+    return sorted(names)
+
+
 def agent_name(requested: str | None, profile: Path) -> str:
     """The new agent's name: --name, else the profile's folder name (`.hermes`: hermes) (pure)."""
     name = requested or profile.resolve().name.lstrip(".") or "hermes"
@@ -468,9 +481,12 @@ def make_plan(profile: Profile, name: str, current: dict[str, Any], now: datetim
         if flag and len(data.decode("utf-8")) > limit:
             warnings.append(f"{flag}; it is copied as it is, and the agent will have to remove entries before it "
                             "can add one")
-    if profile.skills:
-        count = len({path.rsplit("/SKILL.md", 1)[0] for path, _ in profile.skills if path.endswith("SKILL.md")})
-        notes.append(f"skills: {count} copied into the workspace's skills/ (shared by the team)")
+    names = skill_names_of(profile.skills)
+    if names:
+        # Hermes keeps skills per profile: the agent's own are the ones it sees (agents/skills.py).
+        entry["skills"] = names
+        notes.append(f"skills: {len(names)} copied into the workspace's skills/, and the agent's skills: are "
+                     "these (it sees no other instruction skill; agents without a skills: list see them all)")
     warnings += [f"not copied: {what}" for what in profile.skipped]
     if profile.env:
         notes.append(f"keys named in .env: {', '.join(profile.env)} (values are never copied: put the ones you need "

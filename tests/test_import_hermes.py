@@ -97,6 +97,7 @@ def test_a_hermes_profile_becomes_an_agent(ws, profile):
         assert (ws / folder).stat().st_mode & 0o777 == 0o700, folder
     listed = {skill.name for skill in Skills(ws, bundled=ws / "none").catalog()}
     assert {"polymarket", "nano-pdf"} <= listed
+    assert agent["skills"] == ["apple-notes", "live-odds", "nano-pdf", "polymarket"], "its own, as Hermes keeps them"
     assert (ws / "skills/research/polymarket/references/api-endpoints.md").is_file()
     assert (ws / "skills/research/polymarket/live-odds/SKILL.md").read_text().endswith("Body.\n")
     not_carried = {item["what"] for item in report["not_carried_over"]}

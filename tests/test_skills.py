@@ -162,6 +162,21 @@ def test_instruction_skills_are_found_at_any_depth_hermes_finds_them(workspace, 
     assert found["llama-cpp"].category == "mlops" and found["live-odds"].category == "research"
 
 
+def test_an_agent_that_lists_instruction_skills_sees_those_alone(workspace):
+    """A Hermes profile's skills are its own: the import lists them in the agent's skills:, and such an
+    agent is shown no other instruction skill; one that lists only Python skills sees them all."""
+    for name in ("mine", "theirs"):
+        (workspace / "skills" / name).mkdir()
+        (workspace / "skills" / name / "SKILL.md").write_text(f"---\nname: {name}\ndescription: {name}.\n---\nx\n")
+    names = {s.name for s in Skills(workspace, bundled=workspace / "none", listed=["mine"]).catalog()}
+    assert names == {"mine"}
+    ctx = ctx_for(workspace, Skills(workspace, bundled=workspace / "none", listed=["mine"]))
+    with pytest.raises(ToolError, match="no skill named 'theirs'"):
+        Toolbox(grants=("skills",)).call(ctx, "skill_view", {"name": "theirs"})
+    every = {s.name for s in Skills(workspace, bundled=workspace / "none", listed=["data_tools"]).catalog()}
+    assert {"mine", "theirs"} <= every
+
+
 def test_the_bundled_skills_validate(tmp_path):
     from hermes_sup.agents.skills import check_in_process_of_its_own
 
