@@ -195,7 +195,7 @@ def test_a_run_is_judged_by_its_exit_and_its_output():
     ("runtime: command\n    argv: [codex, '{promt}']", "'argv' item '{promt}' names {promt}"),
     ("argv: [codex]", "'argv' is for runtime: command"),
     ("runtime: command\n    argv: [codex]\n    max_runtime: 0", "'max_runtime' must be a number of seconds > 0"),
-    ("runtime: hermes", "runtime 'hermes' is not supported yet"),
+    ("runtime: hermes", "runtime: hermes needs 'profile'"),
     ("runtime: command\n    argv: [codex]\n    env_from: {OPENAI_API_KEY: sk-123}", "'env_from' must map"),
     ("env_from: {A: B}", "'env_from' is for runtime: command"),
     ("runtime: command\n    argv: [codex]\nbudgets: {tasks: {max_cost: 1}}",
