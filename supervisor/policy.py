@@ -73,10 +73,14 @@ def decide(
     returncode: int | None,
     uptime: float,
     rng: random.Random,
+    crashed: bool | None = None,
+    how: str | None = None,
 ) -> Decision:
-    """What to do when a child exits on its own (not stopped by us: that is never restarted)."""
-    how = describe_exit(returncode)
-    crashed = returncode != 0
+    """What to do when a child exits on its own, or was killed as hung or over its memory (`crashed`
+    True, whatever its status; `how`: its exit as the reason says it). A child stopped by the
+    operator, `down` or a reload is never decided here."""
+    how = how or describe_exit(returncode)
+    crashed = returncode != 0 if crashed is None else crashed
     if spec.policy == "never" or (spec.policy == "on-failure" and not crashed):
         return Decision("stop", reason=f"{how}; restart policy {spec.policy}", history=history)
     streak = 0 if uptime >= spec.reset_after else history.streak

@@ -51,8 +51,9 @@ from .control import (
     recv_datagram,
 )
 from .control import request as request  # the CLI's entry point, kept importable from here
+from .exits import State, Why, event, on_exit
 from .ingestwarn import IngestWarnings, team_of
-from .policy import RestartHistory, cleared, decide, decide_failed_start, describe_exit, loop_gap
+from .policy import RestartHistory, cleared, decide_failed_start, loop_gap
 from .procs import (
     MARKER_ENV,
     Marker,
@@ -160,7 +161,9 @@ class Supervisor:
         self.board.announce_host(functools.partial(published_agents, self.runs))
         # What it says, and the operator's commands, are also events of the board's stream (supevents.py).
         self.events = SupervisorEvents(self.board.append_event, lambda: self.known)
-        self.say = self.events.recording(self.say)
+        self._print = self.say  # a line alone: the board's own news, the operator's (recorded from its answer)
+        self.tell = self.events.telling(self._print)  # a line and the events it was rendered from
+        self.say = self.events.recording(self._print)  # a line, recorded as a note
         self.alerts = AlertSender(self.board, rules_of(config), str(ws.root), self.say)
         self.selector = selectors.DefaultSelector()
         self.rng = random.Random()
@@ -224,12 +227,16 @@ class Supervisor:
             decision = decide_failed_start(child.spec.restart, child.history, now=time.monotonic(),
                                            error=error, err=err, rng=self.rng)
             child.history, child.last_exit = decision.history, f"could not start: {error}"
+            name = child.spec.name
             if decision.action == "fatal":
-                child.state, child.restart_at = "fatal", None
-                self.say(f"{child.spec.name}: FATAL: {decision.reason}")
+                child.state, child.restart_at = State.FATAL, None
+                line = f"{name}: FATAL: {decision.reason}"
+                self.tell(line, [event("fatal", name, line, reason=decision.reason)])
             else:
-                child.state, child.restart_at = "backoff", time.monotonic() + decision.delay
-                self.say(f"{child.spec.name}: {decision.reason}")
+                child.state, child.restart_at = State.BACKOFF, time.monotonic() + decision.delay
+                line = f"{name}: {decision.reason}"
+                self.tell(line, [event("start_failed", name, line, delay=round(decision.delay, 2),
+                                       reason=f"could not start: {error}")])
             self._dirty = True
 
     def _abandon_spawn(self, child: Child) -> None:
@@ -272,7 +279,8 @@ class Supervisor:
         child.restart_at = child.stop_deadline = None
         child.stopping_for, child.task = "", None
         self._dirty = True
-        self.say(f"{spec.name}: started (pid {child.pid})")
+        line = f"{spec.name}: started (pid {child.pid})"
+        self.tell(line, [event("started", spec.name, line, pid=child.pid)])
 
     def _spawn(self, spec: ChildSpec, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path | None]:
         """Start the agent's process in a session of its own and, in cgroup mode, in its own cgroup
@@ -381,7 +389,8 @@ class Supervisor:
         child.restarts = int(info.get("restarts") or 0)
         child.task = info.get("task")
         self._dirty = True
-        self.say(f"{child.spec.name}: adopted the running agent (pid {pid})")
+        line = f"{child.spec.name}: adopted the running agent (pid {pid})"
+        self.tell(line, [event("adopted", child.spec.name, line, pid=pid)])
 
     def _take_over(self, previous: dict[str, Any]) -> set[str]:
         """Adopt the agents of a previous supervisor that are still alive: the same process (pid and
@@ -441,43 +450,21 @@ class Supervisor:
         # No grandchild outlives its agent (a shell command it started, a delegated child, say).
         self._kill_leftovers(child, pid)
         now = time.monotonic()
-        uptime = now - child.started
-        why = child.stopping_for
-        child.last_exit = describe_exit(returncode) + (f" ({why})" if why else "")
+        why = Why(child.stopping_for)
         child.proc, child.task, child.stop_deadline = None, None, None
         # A crashed agent's claim goes back to todo at once; one that stopped cleanly released it.
         # On the board thread: the loop never waits for the board lock.
         self.boardwork.recover()
         self._dirty = True
-        if why == "stop" and child.spec.name not in self.held:  # started again while it was stopping
-            self.say(f"{child.spec.name}: {child.last_exit}; starting again")
+        decided = on_exit(child.spec.name, child.spec.restart, child.history, why, returncode, now=now,
+                          uptime=now - child.started, held=child.spec.name in self.held, rng=self.rng)
+        child.history, child.last_exit = decided.history, decided.last_exit
+        self.tell(decided.line, decided.events)
+        if decided.state is State.STARTING:
+            child.restarts += int(decided.restarted)
             self.start(child)
             return
-        if why in ("down", "remove", "stop"):
-            child.state = "stopped"
-            self.say(f"{child.spec.name}: stopped, {child.last_exit}")
-            return
-        if why in ("restart", "reload"):
-            child.restarts += 1
-            self.say(f"{child.spec.name}: {child.last_exit}; restarting")
-            self.start(child)
-            return
-        decision = decide(child.spec.restart, child.history, now=now,
-                          returncode=returncode if not why else -signal.SIGKILL, uptime=uptime, rng=self.rng)
-        child.history = decision.history
-        if decision.action == "fatal":
-            child.state = "fatal"
-            self.say(f"{child.spec.name}: FATAL: {decision.reason}")
-        elif decision.action == "stop":
-            child.state = "stopped"
-            self.say(f"{child.spec.name}: {decision.reason}")
-        elif decision.delay <= 0:
-            child.restarts += 1
-            self.say(f"{child.spec.name}: {decision.reason}")
-            self.start(child)
-        else:
-            child.state, child.restart_at = "backoff", now + decision.delay
-            self.say(f"{child.spec.name}: {decision.reason}")
+        child.state, child.restart_at = decided.state, decided.restart_at
 
     # -- events -----------------------------------------------------------------------------------
 
@@ -516,17 +503,19 @@ class Supervisor:
         pending, self.signals = self.signals, []
         for signum in pending:
             if signum == signal.SIGHUP:
-                self.say(self.reload()["message"])
+                answer = self.reload()
+                self.tell(answer["message"], [event("reload" if answer["ok"] else "reload_refused", None,
+                                                    answer["message"])])
             else:
                 self.shutdown(f"{signal.Signals(signum).name}")
 
     def _on_board_messages(self) -> None:
         for line in self.boardwork.drain():
-            self.say(line)
+            self._print(line)  # the board's own news (a claim given back): its event is in the stream already
 
     def _on_ingest_warnings(self) -> None:
         for line in self.ingest_warnings.drain():
-            self.say(line)
+            self.tell(line, [event("warning", None, line)])
 
     def command(self, request: dict[str, Any]) -> dict[str, Any]:
         cmd = request.get("cmd")
@@ -591,7 +580,7 @@ class Supervisor:
         else:
             child.state, child.restart_at, child.stopping_for = "stopped", None, ""
             return f"{name}: stopped (not running); stays stopped until `hermes-sup start {name}`"
-        self.say(f"{name}: stopping by hand; stays stopped until `hermes-sup start {name}`")
+        self._print(f"{name}: stopping by hand; stays stopped until `hermes-sup start {name}`")  # event: its answer
         return f"{name}: stopping; stays stopped until `hermes-sup start {name}`"
 
     def _release(self, child: Child) -> str:
@@ -604,7 +593,7 @@ class Supervisor:
         if child.alive():
             return f"{name}: already {child.state}"
         child.history = cleared(child.history)  # a start by hand begins a fresh run, as from fatal
-        self.say(f"{name}: started by hand" + ("" if was_held else f" (it was {child.state})"))
+        self._print(f"{name}: started by hand" + ("" if was_held else f" (it was {child.state})"))  # the same
         self.start(child)
         return f"{name}: starting"
 
@@ -697,12 +686,14 @@ class Supervisor:
                 child.restarts += 1
                 self.start(child)
             if child.stop_deadline is not None and now >= child.stop_deadline and child.alive():
-                self.say(f"{child.spec.name}: did not stop within {child.spec.stop_timeout:g} s; SIGKILL")
+                line = f"{child.spec.name}: did not stop within {child.spec.stop_timeout:g} s; SIGKILL"
+                self.tell(line, [event("killed", child.spec.name, line, pid=child.pid)])
                 self._signal_group(child, signal.SIGKILL)
                 child.stop_deadline = None
             if child.state in ("starting", "running") and now - child.last_beat > child.spec.heartbeat_timeout:
                 what = "never reported ready" if child.state == "starting" else "stopped heart-beating"
-                self.say(f"{child.spec.name}: {what} for {child.spec.heartbeat_timeout:g} s; killing it")
+                line = f"{child.spec.name}: {what} for {child.spec.heartbeat_timeout:g} s; killing it"
+                self.tell(line, [event("hung", child.spec.name, line, pid=child.pid)])
                 self.stop(child, "hang", kill=True)
         if now >= self._next_rss:
             self._next_rss = now + RSS_CHECK_INTERVAL
@@ -715,7 +706,8 @@ class Supervisor:
                         self._proc_trouble(exc)
                         continue
                     if rss > limit:
-                        self.say(f"{child.spec.name}: uses {rss:.0f} MB, over max_rss_mb {limit:g}; restarting it")
+                        line = f"{child.spec.name}: uses {rss:.0f} MB, over max_rss_mb {limit:g}; restarting it"
+                        self.tell(line, [event("over_memory", child.spec.name, line, pid=child.pid)])
                         self.stop(child, "memory")
 
     # -- state ------------------------------------------------------------------------------------
@@ -750,7 +742,8 @@ class Supervisor:
         self.boardwork.recover()
         for name, child in self.children.items():
             if name in self.held:
-                self.say(f"{name}: stopped by hand; not started (`hermes-sup start {name}` starts it)")
+                line = f"{name}: stopped by hand; not started (`hermes-sup start {name}` starts it)"
+                self.tell(line, [event("held", name, line)])
             elif name not in adopted:
                 self.start(child)
         self.save()

@@ -6,7 +6,6 @@ killed mid-stream resumes with --since over both kinds, missing none and repeati
 from __future__ import annotations
 
 import json
-import random
 import signal
 import statistics
 import subprocess
@@ -18,8 +17,8 @@ from pathlib import Path
 from hermes_sup.kanban import Board
 from hermes_sup.kanban.events import append_record, decode_event, read_since
 from hermes_sup.supervisor.cli_events import event_line
-from hermes_sup.supervisor.policy import RestartHistory, RestartSpec, decide, describe_exit
-from hermes_sup.supervisor.supevents import classify, command_event
+from hermes_sup.supervisor.policy import describe_exit
+from hermes_sup.supervisor.supevents import command_event, note
 
 from .conftest import supervisor_state, wait_until
 from .test_events import Stream, hermes, log_records, make_ws
@@ -28,43 +27,15 @@ FAKE = Path(__file__).resolve().parent / "fake_agent.py"
 AT = "2026-01-01T00:00:00Z"
 
 
-def events_of(line: str) -> list[tuple[str, dict]]:
-    return [(r["event"], r) for r in classify(line, {"w-1", "w"}, AT)]
+# -- what the supervisor records (pure) ------------------------------------------------------------------
 
-
-# -- what a line means (pure) -------------------------------------------------------------------------
-
-def test_each_line_the_supervisor_says_about_an_agent_is_its_event_with_pid_code_signal_and_delay():
-    killed = decide(RestartSpec(), RestartHistory(streak=1, crashes=(1.0,)), now=2.0, returncode=-9, uptime=1.0,
-                    rng=random.Random(1))
-    assert [name for name, _ in events_of(f"w-1: {killed.reason}")] == ["exited", "restarting"]
-    (_, exited), (_, restarting) = events_of(f"w-1: {killed.reason}")
-    assert exited["signal"] == "SIGKILL" and exited["agent"] == "w-1" and "code" not in exited and "delay" not in exited
-    assert restarting["delay"] == float(killed.reason.rsplit(" ", 2)[1]) > 0
-    assert exited["note"] == f"w-1: {killed.reason}" and exited["kind"] == "supervisor" and exited["at"] == AT
-    fatal = decide(RestartSpec(max_restarts=0), RestartHistory(), now=1.0, returncode=3, uptime=0.1,
-                   rng=random.Random(1))
-    [(name, record)] = events_of(f"w: FATAL: {fatal.reason}")
-    assert name == "fatal" and record["code"] == "3"
-    assert events_of("w: started (pid 4242)")[0][1]["pid"] == 4242
-    assert [n for n, _ in events_of(f"w: stopped, {describe_exit(-15)} (down)")] == ["exited"]
-    assert [n for n, _ in events_of(f"w: {describe_exit(0)} (restart); restarting")] == ["exited", "restarting"]
-    assert [n for n, _ in events_of(f"w: {describe_exit(0)} (stop); starting again")] == ["exited", "restarting"]
-    assert [n for n, _ in events_of("w: exited with status 0; restart policy on-failure")] == ["exited"]
-    assert [n for n, _ in events_of("w: stopped heart-beating for 30 s; killing it")] == ["hung"]
-    assert [n for n, _ in events_of("w: could not start: No such file; retry in 0.50 s")] == ["start_failed"]
-    # Said, but recorded from the command's answer (one event per command, not two).
-    assert events_of("w: stopping by hand; stays stopped until `hermes-sup start w`") == []
-    assert events_of("w: started by hand (it was fatal)") == []
-    # Told by the board already: not twice in the stream.
-    assert events_of("board: t-1 back to todo (its agent died)") == []
-    assert events_of("rejected drop.json: not JSON") == []
-    # Nothing said is lost: an unknown line, or one about no agent of the team, is a note.
-    assert events_of("w: something new") == [("note", {"at": AT, "kind": "supervisor", "event": "note",
-                                                       "agent": "w", "note": "w: something new"})]
-    assert events_of("stranger: started (pid 1)")[0][1]["agent"] is None
-    assert [n for n, _ in events_of("reload refused, the team is unchanged: x")] == ["reload_refused"]
-    assert [n for n, _ in events_of("reload: started w")] == ["reload"]
+def test_a_line_with_no_event_of_its_own_is_a_note_about_the_agent_it_starts_with():
+    assert note("w: cannot use its cgroup (EPERM); process group only", {"w-1", "w"}, AT) == {
+        "at": AT, "kind": "supervisor", "event": "note", "agent": "w",
+        "note": "w: cannot use its cgroup (EPERM); process group only"}
+    assert note("stranger: started (pid 1)", {"w"}, AT)["agent"] is None
+    assert note("supervisor: stopped", {"w"}, AT)["agent"] is None
+    assert len(note("w: " + "x" * 5000, {"w"}, AT)["note"]) == 2000
 
 
 def test_operator_commands_are_events_with_their_answer():
