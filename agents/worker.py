@@ -72,6 +72,8 @@ NO_PROVIDER = "no LLM provider available"
 # at most once a minute, see _resolve_auto).
 OFFLINE_RECHECK = 5.0
 WORKSPACE_ENV = "HERMES_SUP_WORKSPACE"
+# The pid of the supervisor that starts the agent (as its child): see Worker._owned.
+SUPERVISOR_ENV = "HERMES_SUP_SUPERVISOR_PID"
 # How often the holder of a task looks whether it still holds it (a cancel, a move by hand, a
 # reclaim), and how many looks in a row must say no: work stops within CLAIM_CHECK * CLAIM_LOOKS,
 # plus the moment a tool or a model call takes to notice.
@@ -148,6 +150,9 @@ class Agent:
         self._lock = threading.Lock()
         self._log_lock = threading.Lock()
         self._orphaned_since: float | None = None
+        # The supervisor that started us (we are its child until it dies and we are reparented).
+        spawner = os.environ.get(SUPERVISOR_ENV, "")
+        self._spawner = int(spawner) if spawner.isdigit() else 0
 
     # -- signals and heartbeat --------------------------------------------------------------------
 
@@ -182,9 +187,13 @@ class Agent:
                 self.board.renew(task["id"], task["claim"]["token"])
 
     def _owned(self) -> bool:
-        """Whether the supervisor we heart-beat to runs this very process: its state names our pid. A
-        supervisor started after ours died binds the same socket; if it did not adopt us (it runs another
-        process for our name) our heartbeats reach it but keep nobody informed, and we must leave."""
+        """Whether the supervisor we heart-beat to runs this very process. While the supervisor that
+        started us is alive we are its child, whatever its state file says yet (busy starting 255 other
+        agents, it writes it late). Once reparented, a supervisor started after ours died binds the
+        same socket: if its state does not name our pid (it runs another process for our name) our
+        heartbeats reach it but keep nobody informed, and we must leave."""
+        if self._spawner > 1 and os.getppid() == self._spawner:
+            return True
         try:
             state = json.loads((self.workspace / "runs" / "supervisor.json").read_text())  # the supervisor's STATE_FILE
             return state["agents"][self.name]["pid"] == os.getpid()

@@ -30,7 +30,7 @@ from typing import Any
 
 import psutil
 from hermes_sup.agents.notify import NOTIFY_ENV, parse
-from hermes_sup.agents.worker import AGENT_ENV, WORKSPACE_ENV
+from hermes_sup.agents.worker import AGENT_ENV, SUPERVISOR_ENV, WORKSPACE_ENV
 from hermes_sup.kanban.backends import open_board
 from hermes_sup.kanban.liveness import holder_alive, start_time
 from hermes_sup.kanban.task import now_iso
@@ -265,6 +265,7 @@ class Supervisor:
             **os.environ, **dict(spec.env),
             AGENT_ENV: json.dumps(spec.agent_config()), WORKSPACE_ENV: str(self.ws.root),
             NOTIFY_ENV: str(self.notify_path), "PYTHONUNBUFFERED": "1", MARKER_ENV: marker_value(marker),
+            SUPERVISOR_ENV: str(os.getpid()),
         }
         for name in self.alerts.env_names():
             env.pop(name, None)

@@ -73,9 +73,10 @@ def test_an_up_after_a_crash_before_the_state_was_saved_runs_one_process_per_age
     assert len(instances(ws, "worker")) == 1
 
 
-def test_an_agent_leaves_when_the_supervisor_it_reaches_does_not_run_it(tmp_path):
-    # A supervisor that started after ours died binds the same notify socket: our heartbeats reach it,
-    # but if it runs another process for our name, nobody supervises us and we must leave.
+def _lone_agent(tmp_path: Path, *, orphaned: bool) -> tuple[Path, Path, socket.socket, psutil.Process]:
+    """An agent heart-beating to a notify socket of the test's: started by this process (as by a
+    supervisor still alive), or `orphaned` through a shell that exits at once (as when its supervisor
+    died: it is reparented)."""
     ws = tmp_path / "ws"
     subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
     runs = ws / "runs"
@@ -88,22 +89,56 @@ def test_an_agent_leaves_when_the_supervisor_it_reaches_does_not_run_it(tmp_path
               "llm": {"providers": {}, "tiers": {"cheap": [], "standard": [], "premium": []}}}
     env = {**os.environ, "HERMES_SUP_AGENT": json.dumps(config), "HERMES_SUP_WORKSPACE": str(ws),
            "HERMES_SUP_NOTIFY": str(runs / "notify.sock")}
-    log = open(workdir / "agent.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-P", "-m", "hermes_sup.agents", "run"], cwd=workdir, env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
+    argv = [sys.executable, "-P", "-m", "hermes_sup.agents", "run"]
+    if not orphaned:  # its supervisor: this process, alive throughout
+        env["HERMES_SUP_SUPERVISOR_PID"] = str(os.getpid())
+    with open(workdir / "agent.log", "wb") as log:
+        if orphaned:
+            # Its supervisor: a shell that exits at once, leaving it to be reparented.
+            shell = subprocess.run(["/bin/sh", "-c", 'HERMES_SUP_SUPERVISOR_PID=$$ "$@" </dev/null >>agent.log 2>&1 &'
+                                    ' echo $!', "sh", *argv],
+                                   cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=log, check=True, text=True,
+                                   timeout=30)
+            proc = psutil.Process(int(shell.stdout.strip()))
+        else:
+            proc = psutil.Process(subprocess.Popen(argv, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                   stdin=subprocess.DEVNULL).pid)
+    return runs, workdir, listener, proc
+
+
+def test_an_agent_leaves_when_the_supervisor_it_reaches_does_not_run_it(tmp_path):
+    # A supervisor that started after ours died binds the same notify socket: our heartbeats reach it,
+    # but if it runs another process for our name, nobody supervises us and we must leave.
+    runs, workdir, listener, proc = _lone_agent(tmp_path, orphaned=True)
     try:
         (runs / "supervisor.json").write_text(json.dumps({"agents": {"worker": {"pid": proc.pid}}}))
         wait_until(lambda: listener.recv(4096), timeout=30)  # it heart-beats
-        with pytest.raises(subprocess.TimeoutExpired):
+        with pytest.raises(psutil.TimeoutExpired):
             proc.wait(timeout=3)  # six times the grace: it stays while its supervisor runs it
         (runs / "supervisor.json").write_text(json.dumps({"agents": {"worker": {"pid": 1}}}))
         assert proc.wait(timeout=20) == 0
         assert "stopped (no supervisor for 0.5 s)" in (workdir / "agent.log").read_text()
     finally:
-        if proc.poll() is None:
+        with contextlib.suppress(psutil.Error):
             proc.kill()
-            proc.wait()
-        log.close()
+        listener.close()
+
+
+def test_an_agent_stays_while_the_supervisor_that_started_it_runs_however_late_it_says_so(tmp_path):
+    """256 agents on 2 cores: the supervisor, busy starting the others, wrote its state file late, and
+    half the team stopped itself ("no supervisor for 30 s", exit 0, never restarted). An agent whose
+    parent is still the supervisor that started it is that supervisor's, whatever the file says yet."""
+    runs, workdir, listener, proc = _lone_agent(tmp_path, orphaned=False)
+    try:
+        (runs / "supervisor.json").write_text(json.dumps({"agents": {}}))  # not written since it started
+        wait_until(lambda: listener.recv(4096), timeout=30)
+        with pytest.raises(psutil.TimeoutExpired):
+            proc.wait(timeout=3)  # six times the grace
+        assert "no supervisor" not in (workdir / "agent.log").read_text()
+    finally:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+            proc.wait(timeout=10)
         listener.close()
 
 
