@@ -14,6 +14,9 @@ import socket
 from collections.abc import Iterator
 
 NOTIFY_ENV = "HERMES_SUP_NOTIFY"
+# The agent's exit status when it stopped itself, having heard from no supervisor for orphan_grace: a
+# supervisor alive to see it (busy, its socket away) restarts it and says so (supervisor/exits.py).
+ORPHANED = 3
 # sun_path holds 108 bytes with its terminating NUL: a socket deeper than that is reached through its folder.
 SUN_PATH_MAX = 107
 

@@ -47,7 +47,7 @@ from .ledger import BudgetGate, BudgetReached, Ledger, open_ledger
 from .logline import say, short
 from .loop import TaskLoop, ToolUse, interruptible, llm_record, task_prompt
 from .memory import Memories
-from .notify import NOTIFY_ENV, Notifier
+from .notify import NOTIFY_ENV, ORPHANED, Notifier
 from .providers import (
     BREAKERS_FILE,
     Attempt,
@@ -150,6 +150,7 @@ class Agent:
         self._lock = threading.Lock()
         self._log_lock = threading.Lock()
         self._orphaned_since: float | None = None
+        self.orphaned = False  # it stops because it heard from no supervisor: exit status ORPHANED
         # The supervisor that started us (we are its child until it dies and we are reparented).
         spawner = os.environ.get(SUPERVISOR_ENV, "")
         self._spawner = int(spawner) if spawner.isdigit() else 0
@@ -178,6 +179,7 @@ class Agent:
         elif self._orphaned_since is None:
             self._orphaned_since = now
         elif now - self._orphaned_since >= self.orphan_grace:
+            self.orphaned = True
             self.request_stop(f"no supervisor for {self.orphan_grace:g} s")
         self.write_state("working" if task else "idle")
         self.rotate_log()
@@ -741,7 +743,7 @@ class Agent:
         if self.ledger is not None:
             self.ledger.close()
         self.board.close()
-        return 0
+        return ORPHANED if self.orphaned else 0
 
 
 def main() -> int:

@@ -33,7 +33,8 @@ from hermes_sup.kanban.events import AGENT_EVENTS
 from hermes_sup.kanban.redact import remember
 from hermes_sup.kanban.task import now_iso
 
-ALERTS = ("agent_fatal", "task_failed", "task_blocked", "budget_reached", "provider_down", "provider_up")
+ALERTS = ("agent_fatal", "agent_orphaned", "task_failed", "task_blocked", "budget_reached", "provider_down",
+          "provider_up")
 ALERT_KEYS = ("webhook_env", "secret_env", "on")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 SIGNATURE_HEADER = "X-Hermes-Sup-Signature"
@@ -103,8 +104,8 @@ def alert_for(record: Mapping[str, Any]) -> str | None:
     if kind == "board":
         return {"failed": "task_failed", "blocked": "task_blocked"}.get(str(record.get("to")))
     event = record.get("event")
-    if kind == "supervisor" and event == "fatal":
-        return "agent_fatal"
+    if kind == "supervisor" and event in ("fatal", "orphaned"):
+        return f"agent_{event}"
     if kind == "agent" and event in AGENT_EVENTS:
         return str(event)
     return None

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from ..agents.notify import ORPHANED
 from .policy import RestartHistory, RestartSpec, decide, describe_exit
 
 
@@ -91,16 +92,21 @@ def on_exit(name: str, spec: RestartSpec, history: RestartHistory, why: Why, ret
                     restarted=True)
     decision = decide(spec, history, now=now, returncode=returncode, uptime=uptime, rng=rng,
                       crashed=True if why else None, how=last)
+    # It stopped itself, having heard from no supervisor while this one lived: said, and alerted.
+    orphaned = (event("orphaned", name, f"{name}: stopped itself, having heard from no supervisor (its heartbeats "
+                                        "did not reach this one); it counts as a crash",
+                      reason="no supervisor"),) if not why and returncode == ORPHANED else ()
     if decision.action == "fatal":
         line = f"{name}: FATAL: {decision.reason}"
         return Exit(State.FATAL, decision.history, last, line,
-                    (event("fatal", name, line, **ended, why=why.value or None, reason=decision.reason),))
+                    (*orphaned, event("fatal", name, line, **ended, why=why.value or None, reason=decision.reason)))
     line = f"{name}: {decision.reason}"
     exited = event("exited", name, line, **ended, why=why.value or None)
     if decision.action == "stop":
-        return Exit(State.STOPPED, decision.history, last, line, (exited,))
+        return Exit(State.STOPPED, decision.history, last, line, (*orphaned, exited))
     delay = round(decision.delay, 2)  # as the line says it
     restarting = event("restarting", name, line, delay=delay)
     if decision.delay <= 0:
-        return Exit(State.STARTING, decision.history, last, line, (exited, restarting), restarted=True)
-    return Exit(State.BACKOFF, decision.history, last, line, (exited, restarting), restart_at=now + decision.delay)
+        return Exit(State.STARTING, decision.history, last, line, (*orphaned, exited, restarting), restarted=True)
+    return Exit(State.BACKOFF, decision.history, last, line, (*orphaned, exited, restarting),
+                restart_at=now + decision.delay)

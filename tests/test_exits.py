@@ -101,3 +101,13 @@ def test_how_an_exit_is_told():
     assert exit_of(Why.NONE, None).line.startswith("w: vanished")
     with pytest.raises(ValueError):
         Why("rebooted")  # the reasons are a closed set
+
+
+def test_an_agent_that_stopped_itself_for_no_supervisor_is_a_crash_said_and_alerted():
+    from hermes_sup.agents.notify import ORPHANED
+
+    decided = exit_of(Why.NONE, ORPHANED)
+    assert decided.state is State.STARTING and decided.restarted, "a clean-looking exit it is not"
+    assert names(decided) == ["orphaned", "exited", "restarting"]
+    assert alert_for({**decided.events[0], "at": "2026-01-01T00:00:00Z"}) == "agent_orphaned"
+    assert names(exit_of(Why.STOP, ORPHANED, held=True)) == ["exited"], "stopped by a person: no such event"

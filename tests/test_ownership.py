@@ -404,3 +404,26 @@ def test_stop_all_never_signals_a_pid_that_names_another_process_than_the_one_fo
     finally:
         innocent.kill()
         innocent.wait()
+
+
+def test_an_agent_that_stopped_for_no_supervisor_while_it_lived_is_restarted_and_said(tmp_path, up):
+    """The supervisor's socket away for longer than orphan_grace (as when its heartbeats do not reach a
+    busy supervisor): the agent stops itself, with a status of its own, and the supervisor that lives
+    restarts it and says so in an event (an alert's too), never a quiet "stopped"."""
+    ws = make_ws(tmp_path, "- name: worker\n", defaults="orphan_grace: 1\nheartbeat_timeout: 30")
+    up(ws)
+    first = wait_until(lambda: agent(ws, "worker").get("state") == "running" and agent(ws, "worker")["pid"],
+                       timeout=60)
+    sock = ws / "runs" / "sockets" / "notify.sock"
+    os.rename(sock, sock.with_name("notify.away"))
+    try:
+        wait_until(lambda: gone(first), timeout=30)
+    finally:
+        os.rename(sock.with_name("notify.away"), sock)
+    wait_until(lambda: agent(ws, "worker").get("state") == "running" and agent(ws, "worker")["pid"] != first,
+               timeout=60)
+    log = (ws / "kanban" / "events.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in log if '"supervisor"' in line]
+    said = [(r["event"], r.get("code")) for r in records if r.get("agent") == "worker"]
+    assert ("orphaned", None) in said and ("exited", "3") in said, said
+    assert "stopped (no supervisor for 1 s)" in (ws / "runs" / "worker" / "agent.log").read_text()
