@@ -291,10 +291,11 @@ def describe(found: ProviderConfig | None, ports: tuple[tuple[int, str], ...] = 
 
 
 def provider_configs(config: Mapping[str, Any]) -> dict[str, ProviderConfig]:
-    """The named providers of hermes.yaml (`auto` is resolved separately, when needed)."""
+    """The named providers of hermes.yaml (`auto` is resolved separately, when needed; `offline` is
+    no model at all: a tier of it serves only tasks with steps)."""
     out = {}
     for name, spec in (config.get("providers") or {}).items():
-        if not isinstance(spec, Mapping) or spec.get("kind") == "auto":
+        if not isinstance(spec, Mapping) or spec.get("kind") in ("auto", "offline"):
             continue
         out[name] = ProviderConfig(
             name=name, kind=str(spec.get("kind", "openai")), model=str(spec.get("model", "")),

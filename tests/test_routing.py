@@ -21,6 +21,7 @@ from hermes_sup.agents.routing import (
     describe,
     keep_auto,
     probe_models,
+    provider_configs,
     resolve_auto,
     task_tier,
 )
@@ -207,3 +208,31 @@ def test_a_local_server_waits_longer_for_an_answer_than_a_cloud_api():
     assert configs["cloud"].timeout == configs["remote"].timeout == CLOUD_TIMEOUT
     found = resolve_auto({}, lambda url: ["m"], ports=((8080, "llama.cpp"),), owners=OURS)
     assert found is not None and found.timeout == LOCAL_TIMEOUT, "auto's local server too"
+
+
+def test_a_provider_of_kind_offline_is_no_model_and_no_crash(tmp_path, up):
+    """`kind: offline` passed validation and then every agent crashed at start (KeyError 'offline')
+    and crash-looped: it is a provider of no model, so its team runs steps tasks and nothing else."""
+    import subprocess
+
+    from hermes_sup.kanban import Board
+
+    from .conftest import CLI, ROOT, wait_until
+
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    (ws / "hermes.yaml").write_text("providers:\n  none: {kind: offline}\n"
+                                    "tiers: {cheap: [none], standard: [none], premium: [none]}\n"
+                                    "agents:\n  - name: worker\n")
+    assert provider_configs({"providers": {"none": {"kind": "offline"}}}) == {}
+    board = Board(ws / "kanban")
+    try:
+        board.add({"id": "steps", "title": "write it", "steps": [{"tool": "write_file",
+                                                                  "args": {"path": "out.txt", "content": "ok"}}]})
+        up(ws)
+        done = wait_until(lambda: board.get("steps")["status"] in ("done", "failed") and board.get("steps"),
+                          timeout=60)
+        assert done["status"] == "done", done
+        assert "KeyError" not in (ws / "runs" / "worker" / "agent.log").read_text()
+    finally:
+        board.close()
