@@ -135,8 +135,11 @@ def check_chain(agent: dict[str, Any], providers: Any, where: str, fail: Any) ->
     chain = agent["providers"]
     known = {*(providers if isinstance(providers, dict) else {}), "auto", "offline"} - {"__line__"}
     if not isinstance(chain, list) or not chain or not all(isinstance(name, str) for name in chain):
+        from .workspace import BOOLEAN_WORD
+
+        said = BOOLEAN_WORD if isinstance(chain, list) and any(isinstance(n, bool) for n in chain) else ""
         raise fail(agent, f"{where}: 'providers' must be a list of provider names, tried in order (its own chain; "
-                          "the tiers stay the team's)")
+                          f"the tiers stay the team's){said}")
     unknown = [name for name in chain if name not in known]
     if unknown:
         raise fail(agent, f"{where}: 'providers' names {unknown[0]!r}, which is no provider of hermes.yaml "

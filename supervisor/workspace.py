@@ -432,6 +432,8 @@ def _check_providers(raw: dict[str, Any], fail: Any) -> None:
     for name, spec in providers.items():
         if name == "__line__":
             continue
+        if isinstance(name, bool):
+            raise fail(providers, f"a provider's name is {str(name).lower()}{BOOLEAN_WORD}")
         if not isinstance(spec, dict):
             raise fail(providers, f"provider {name}: must be a mapping with a 'kind'")
         if "api_key" in spec:
@@ -467,10 +469,16 @@ def _check_providers(raw: dict[str, Any], fail: Any) -> None:
         if tier not in TIERS[1:]:
             raise fail(tiers, f"unknown tier {tier!r}; tiers are {', '.join(TIERS[1:])}")
         if not isinstance(chain, list) or not all(isinstance(item, str) for item in chain):
-            raise fail(tiers, f"tier {tier}: must be a list of provider names")
+            said = BOOLEAN_WORD if isinstance(chain, list) and any(isinstance(i, bool) for i in chain) else ""
+            raise fail(tiers, f"tier {tier}: must be a list of provider names{said}")
         for item in chain:
             if item not in known:
                 raise fail(tiers, f"tier {tier}: no provider named {item!r} (providers: {', '.join(sorted(known))})")
+
+
+# What a name YAML took for a boolean gets said: `tiers: {cheap: [off]}` is [false] to YAML.
+BOOLEAN_WORD = (" (YAML reads an unquoted off, no, false, on, yes or true as true or false, not as a name: "
+                "put such a name in quotes, 'off')")
 
 
 def _check_tools(node: dict[str, Any], where: str, fail: Any) -> None:

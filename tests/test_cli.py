@@ -275,6 +275,13 @@ def test_board_watch_redraws_on_change_events_and_draws_a_burst_once_settled(ws)
         ("agents:\n  - name: a\n    count: 10000\n", "hermes.yaml:2: agent a: 'count' must be a whole number from 1"),
         ("agents:\n  - name: ../../x\n", "hermes.yaml:2: agent name '../../x' must be"),
         ("agents:\n  - name: a\n    skills: [nope]\n", "hermes.yaml:2: agent a: skills: no skill named 'nope'"),
+        # YAML reads an unquoted off/no/on/yes as a boolean: the refusal says so and how to quote it.
+        ("providers:\n  off: {kind: offline}\nagents:\n  - name: a\n",
+         "a provider's name is false (YAML reads an unquoted off, no, false, on, yes or true"),
+        ("providers:\n  'off': {kind: offline}\ntiers: {cheap: [off]}\nagents:\n  - name: a\n",
+         "tier cheap: must be a list of provider names (YAML reads an unquoted off"),
+        ("providers:\n  'no': {kind: offline}\nagents:\n  - name: a\n    providers: [no]\n",
+         "put such a name in quotes, 'off'"),
     ],
 )
 def test_up_refuses_a_bad_team_at_once_and_starts_nothing(ws, text, message):
