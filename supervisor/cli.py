@@ -434,20 +434,47 @@ def _detach(ws: Workspace, agents_csv: str | None, dashboard_port: int | None = 
     with open(ws.runs_path / "supervisor.log", "ab") as log:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, close_fds=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    stall = Stall(DETACH_STALL, time.monotonic())
+    while True:
         if proc.poll() is not None:
             err.print(literal(f"hermes-sup: the supervisor exited with status {proc.returncode}; "
                               f"see {ws.runs_path}/supervisor.log"))
             return 1
         state = read_supervisor_state(ws)
-        agents = state.get("agents") or {}
-        if state.get("pid") == proc.pid and agents and all(a["state"] != "starting" for a in agents.values()):
+        agents = state.get("agents") or {} if state.get("pid") == proc.pid else {}
+        if agents and all(a["state"] != "starting" for a in agents.values()):
             out.print(render.status_table(status_rows(state, ws.runs_path)))
             return 0 if all(a["state"] == "running" or a["held"] for a in agents.values()) else 1
+        if stall.stalled(ready_progress(agents), time.monotonic()):
+            ready = ready_progress(agents)[0]
+            err.print(f"hermes-sup: agents did not all report ready: none more for {DETACH_STALL:g} s ({ready} of "
+                      f"{len(agents)} ready); see `hermes-sup status`")
+            return 1
         time.sleep(0.05)
-    err.print("hermes-sup: agents did not all report ready within 60 s; see `hermes-sup status`")
-    return 1
+
+
+DETACH_STALL = 60.0
+
+
+def ready_progress(agents: dict[str, Any]) -> tuple[int, int]:
+    """How far a team has come up (pure): (agents past starting, agents with a process)."""
+    return (sum(1 for a in agents.values() if a.get("state") != "starting"),
+            sum(1 for a in agents.values() if a.get("pid")))
+
+
+class Stall:
+    """Whether a wait has stalled: no change in what it watches for `seconds` (pure: the clock is
+    given). 256 agents on 2 cores take minutes to start; a minute with none more started or
+    ready is a stall, however long the whole takes."""
+
+    def __init__(self, seconds: float, now: float) -> None:
+        self.seconds, self.since, self.seen = seconds, now, None
+
+    def stalled(self, seen: object, now: float) -> bool:
+        if seen != self.seen:
+            self.seen, self.since = seen, now
+            return False
+        return now - self.since > self.seconds
 
 
 class LogTail:

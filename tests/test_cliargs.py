@@ -232,3 +232,18 @@ def test_an_answer_trickled_on_the_control_socket_does_not_hold_status(ws):
         thread.join(timeout=10)
     assert took < 20, f"status waited {took:.0f} s for a trickled answer"  # its own limit is 5 s
     assert result.exit_code == 1 and "did not come in time" in result.output, (result.output, result.exception)
+
+
+def test_up_detach_waits_as_long_as_agents_keep_coming_up_and_no_longer():
+    """256 agents on 2 cores took more than the fixed 60 s `up --detach` waited: it now waits while one
+    more agent starts or becomes ready at least once a minute, and gives up after a minute of none."""
+    from hermes_sup.supervisor.cli import Stall, ready_progress
+
+    stall = Stall(60.0, now=0.0)
+    agents = {f"a{i}": {"state": "starting", "pid": None} for i in range(256)}
+    for i, name in enumerate(agents):  # one more agent ready every 50 s: over three and a half hours
+        agents[name] = {"state": "running", "pid": 1000 + i}
+        assert not stall.stalled(ready_progress(agents), now=50.0 * (i + 1))
+    assert not stall.stalled(ready_progress(agents), now=50.0 * 256 + 60.0)
+    assert stall.stalled(ready_progress(agents), now=50.0 * 256 + 60.1), "a minute of nothing is a stall"
+    assert ready_progress({"a": {"state": "starting", "pid": 5}, "b": {"state": "backoff"}}) == (1, 1)
