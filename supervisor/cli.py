@@ -442,7 +442,7 @@ def _detach(ws: Workspace, agents_csv: str | None, dashboard_port: int | None = 
             return 1
         state = read_supervisor_state(ws)
         agents = state.get("agents") or {} if state.get("pid") == proc.pid else {}
-        if agents and all(a["state"] != "starting" for a in agents.values()):
+        if agents and all(a["state"] not in ("starting", "queued") for a in agents.values()):
             out.print(render.status_table(status_rows(state, ws.runs_path)))
             return 0 if all(a["state"] == "running" or a["held"] for a in agents.values()) else 1
         if stall.stalled(ready_progress(agents), time.monotonic()):
@@ -458,7 +458,7 @@ DETACH_STALL = 60.0
 
 def ready_progress(agents: dict[str, Any]) -> tuple[int, int]:
     """How far a team has come up (pure): (agents past starting, agents with a process)."""
-    return (sum(1 for a in agents.values() if a.get("state") != "starting"),
+    return (sum(1 for a in agents.values() if a.get("state") not in ("starting", "queued")),
             sum(1 for a in agents.values() if a.get("pid")))
 
 

@@ -33,6 +33,7 @@ class Why(StrEnum):
 
 class State(StrEnum):
     """An agent's state, as `status` and the dashboard show it."""
+    QUEUED = "queued"    # waiting for its turn to start (at most START_AT_ONCE start together)
     STARTING = "starting"
     RUNNING = "running"
     BACKOFF = "backoff"

@@ -361,8 +361,8 @@ def log_lines(entry: dict[str, Any]) -> list[str]:
     return lines
 
 
-AGENT_STYLE = {"running": "green", "starting": "cyan", "backoff": "yellow", "fatal": "bold red", "stopping": "yellow",
-               "stopped": "dim"}
+AGENT_STYLE = {"running": "green", "starting": "cyan", "queued": "cyan", "backoff": "yellow", "fatal": "bold red",
+               "stopping": "yellow", "stopped": "dim"}
 
 
 def status_table(rows: list[dict[str, Any]]) -> Table:

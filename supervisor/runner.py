@@ -75,6 +75,8 @@ from .supevents import SupervisorEvents
 from .workspace import ConfigError, Workspace, load_config, private_dir
 
 STATE_FILE = SUPERVISOR_FILE
+# Agents starting at once (the rest queued): an agent's start is mostly Python's imports, on one core.
+START_AT_ONCE = max(4, 2 * (os.cpu_count() or 1))
 RSS_CHECK_INTERVAL = 5.0
 SCAN_RETRY = 2.0  # seconds between sweeps for what exited agents left, while /proc cannot be read whole
 # While agents are judged on their heartbeats the loop turns at least this often, so that a turn
@@ -358,7 +360,7 @@ class Supervisor:
         child.stopping_for = why
         if not child.alive():
             child.restart_at = None
-            if child.state in ("backoff", "starting", "running"):
+            if child.state in ("queued", "backoff", "starting", "running"):
                 child.state = "stopped"
             self._dirty = True
             return
@@ -678,8 +680,23 @@ class Supervisor:
             if child.state in ("starting", "running"):
                 child.last_beat += gap
 
+    def _start_queued(self) -> None:
+        """Start queued agents while fewer than START_AT_ONCE are starting: 256 agents started at once
+        on 2 cores took minutes to import, and some were killed as never ready before they could be;
+        one at a time per ready one, each gets the machine its ready time assumes."""
+        if self.shutting_down:
+            return
+        starting = sum(1 for child in self.children.values() if child.state == State.STARTING)
+        for child in self.children.values():
+            if starting >= START_AT_ONCE:
+                return
+            if child.state == State.QUEUED:
+                self.start(child)
+                starting += child.state == State.STARTING
+
     def _due(self, now: float) -> None:
         self.control.expire(now)
+        self._start_queued()
         if self._sweep_at is not None and now >= self._sweep_at:
             self._sweep_strays()
         for child in list(self.children.values()):
@@ -746,7 +763,8 @@ class Supervisor:
                 line = f"{name}: stopped by hand; not started (`hermes-sup start {name}` starts it)"
                 self.tell(line, [event("held", name, line)])
             elif name not in adopted:
-                self.start(child)
+                child.state = State.QUEUED  # started in turn (_start_queued): a few at a time, each in its time
+        self._start_queued()
         self.save()
         self._last_woke = time.monotonic()
         while True:

@@ -51,6 +51,11 @@ def main(mode: str) -> None:
         while True:
             notifier.send(WATCHDOG=1)
             time.sleep(0.2)
+    if mode == "ready-when":  # starting (no word to the supervisor) until the test makes the file
+        while not Path(sys.argv[2]).exists():
+            time.sleep(0.05)
+        notifier.send(READY=1)
+        mode = "beat"
     if mode == "beat":
         while True:
             notifier.send(WATCHDOG=1)

@@ -485,3 +485,21 @@ def test_a_key_added_to_dot_env_starts_the_waiting_tasks_without_a_restart(tmp_p
         for path in [*(ws / "runs").rglob("*"), *(ws / "kanban").rglob("*")]:
             if path.is_file():
                 assert b"sk-test-123" not in path.read_bytes(), f"the key was written to {path}"
+
+
+def test_a_large_team_starts_a_few_at_a_time_each_after_one_is_ready(tmp_path, up):
+    """256 agents started at once on 2 cores took minutes to import and some were killed as never
+    ready: at most START_AT_ONCE start together, the next when one reports ready, and every one is
+    running in the end."""
+    from hermes_sup.supervisor.runner import START_AT_ONCE
+
+    count = START_AT_ONCE + 3
+    release = tmp_path / "release"
+    command = f"[{sys.executable}, {FAKE}, ready-when, {release}]"
+    ws = make_ws(tmp_path, f"- name: w\n  count: {count}\n  command: {command}\n", defaults="heartbeat_timeout: 120")
+    up(ws)
+    states = wait_until(lambda: (s := [a["state"] for a in state(ws).get("agents", {}).values()])
+                        and s.count("starting") == START_AT_ONCE and s.count("queued") == 3 and s, timeout=60)
+    assert len(states) == count
+    release.touch()  # every started one reports ready: the queued ones start in turn
+    wait_until(lambda: [a["state"] for a in state(ws).get("agents", {}).values()] == ["running"] * count, timeout=120)
