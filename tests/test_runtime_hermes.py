@@ -378,3 +378,114 @@ def test_a_program_that_is_a_fifo_is_no_python_script(tmp_path):
     reader.start()
     reader.join(5)
     assert not reader.is_alive() and found == [None]
+
+
+# -- what a mutation check found unguarded -------------------------------------------------------------
+
+def test_the_cli_inside_its_writable_profile_folder_is_refused_at_load_and_at_run(tmp_path):
+    from hermes_sup.agents.hermesrun import work
+
+    from .test_sandbox import needs
+
+    home = tmp_path / "home"
+    inside = home / "hermes-agent" / "venv" / "bin"  # where Hermes' own installer puts it: ~/.hermes/hermes-agent
+    inside.mkdir(parents=True)
+    program = inside / "hermes"
+    program.write_text("#!/bin/sh\necho hi\n")
+    program.chmod(0o755)
+    (tmp_path / "hermes.yaml").write_text(f"agents:\n  - {{name: h, runtime: hermes, hermes_home: '{home}', "
+                                          f"profile: default, program: '{program}', capabilities: [network]}}\n")
+    with pytest.raises(ConfigError, match=r"hermes.yaml:2: .*is inside the profile folder"):
+        load_config(tmp_path / "hermes.yaml")
+    needs("bubblewrap")
+    import threading
+
+    from hermes_sup.agents.tools import ToolContext
+
+    ctx = ToolContext(scratch=tmp_path / "work", stop=threading.Event(), task={"id": "t1"}, agent="h",
+                      settings={"sandbox": "bubblewrap", "runtime": {
+                          "kind": "hermes", "profile": "default", "profile_dir": str(home), "program": str(program)}})
+    outcome = work(ctx, "p", ["network"])
+    assert outcome.verdict.kind == "failed" and "is inside the profile folder" in outcome.verdict.reason
+
+
+def test_links_and_oversized_files_the_cli_left_are_read_as_nothing(tmp_path):
+    from hermes_sup.agents.hermesrun import open_hostile, private_copy, read_json
+
+    good = tmp_path / "usage.json"
+    good.write_text('{"completed": true, "input_tokens": 5}')
+    (tmp_path / "link.json").symlink_to(good)
+    assert read_json(good, 1000) == {"completed": True, "input_tokens": 5}
+    assert read_json(tmp_path / "link.json", 1000) is None, "a link is not followed"
+    assert read_json(good, 10) is None, "over its bound"
+    import sqlite3
+
+    db = tmp_path / "real.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE tasks (id)")
+    (tmp_path / "linked.db").symlink_to(db)
+    with private_copy(tmp_path / "linked.db", 1 << 20) as copy:
+        assert copy is None
+    with private_copy(db, 10) as copy:
+        assert copy is None, "over its bound"
+    with private_copy(db, 1 << 20) as copy:
+        assert copy is not None and copy != db
+        conn = open_hostile(copy, ("tasks",), seconds=0.0)
+        with pytest.raises(sqlite3.OperationalError):  # the deadline holds from the first query on
+            conn.execute("WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT count(*) FROM r")
+        conn.close()
+
+
+def test_a_run_is_judged_by_its_own_run_and_files_only():
+    assert judge(ran(), {"completed": False}, None, max_runtime=60).kind == "failed"
+    done = judge(ran(), None, {"status": "done", "summary": "the summary", "result": "the result"}, max_runtime=60)
+    assert done.result["answer"] == "the summary"
+    assert usage_record("t", "p", {"estimated_cost_usd": 0.5}, 1.0, False)["cost_usd"] is None, "no cost_status"
+    assert usage_record("t", "p", {"estimated_cost_usd": -1, "cost_status": "estimated"}, 1.0, False)["cost_usd"] \
+        is None
+
+
+def test_the_bridge_reads_its_own_runs_summary_and_cuts_a_long_question(tmp_path):
+    import sqlite3
+
+    db = tmp_path / "k.db"
+    with sqlite3.connect(db) as conn:
+        conn.executescript("""
+            CREATE TABLE tasks (id TEXT, title TEXT, status TEXT, result TEXT);
+            CREATE TABLE task_runs (id INTEGER, task_id TEXT, outcome TEXT, summary TEXT);
+            CREATE TABLE task_comments (id INTEGER, task_id TEXT, author TEXT, body TEXT);
+            CREATE TABLE task_events (id INTEGER, task_id TEXT, kind TEXT, payload TEXT);
+            INSERT INTO tasks VALUES ('t_1', 'ours', 'blocked', NULL);
+            INSERT INTO task_runs VALUES (1, 't_1', 'blocked', 'ours'), (7, 't_1', 'completed', 'another run');
+        """)
+        conn.execute("INSERT INTO task_events VALUES (1, 't_1', 'blocked', ?)", (json.dumps({"reason": "q" * 5000}),))
+    state, _ = read_bridge(db, "t_1", 1)
+    assert state["summary"] == "ours" and len(state["reason"]) == 4000
+
+
+def test_a_stale_usage_file_and_a_stopped_run_leave_no_record(tmp_path):
+    """An earlier attempt's usage file saying failed does not fail this one; a stopped run's usage is
+    not recorded (its task goes back)."""
+    import threading
+
+    from hermes_sup.agents.hermesrun import USAGE_FILE, work
+    from hermes_sup.agents.tools import ToolContext
+
+    from .test_sandbox import needs
+
+    needs("bubblewrap")
+    cli = tmp_path / "cli" / "bin"
+    cli.mkdir(parents=True)
+    program = cli / "hermes"
+    program.write_text("#!/bin/sh\nsleep \"${SLEEP:-0}\"\necho answered\n")
+    program.chmod(0o755)
+    home = tmp_path / "home"
+    home.mkdir()
+    work_dir = tmp_path / "work"
+    work_dir.mkdir()
+    (work_dir / USAGE_FILE).write_text('{"failed": true}')
+    ctx = ToolContext(scratch=work_dir, stop=threading.Event(), task={"id": "t1"}, agent="h",
+                      settings={"sandbox": "bubblewrap", "runtime": {
+                          "kind": "hermes", "profile": "default", "profile_dir": str(home), "program": str(program)}})
+    outcome = work(ctx, "p", ["network"])
+    assert outcome.verdict.kind == "done" and outcome.usage is None, outcome

@@ -122,3 +122,73 @@ def test_the_checks_alone():
     assert "not closed" in frontmatter_problem("---\nname: x\n")
     assert path_problem("SKILL.md") == path_problem("deploy-checks/SKILL.md") == path_problem("assets/a.png") == ""
     assert path_problem("x\0y") and path_problem("") and path_problem(None)
+
+
+# -- what a mutation check found unguarded -------------------------------------------------------------
+
+def test_a_category_that_is_a_link_is_never_written_through(place, tmp_path):
+    root, _, ctx = place
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root / "skills" / "devops").symlink_to(outside)
+    with pytest.raises(ToolError, match="not a folder of skills/"):
+        manage(ctx, action="create", name="deploy-checks", content=SKILL, category="devops")
+    assert list(outside.iterdir()) == []
+
+
+def test_a_rollback_goes_where_the_skill_was_never_where_its_log_points(place, tmp_path):
+    import json
+
+    root, _, ctx = place
+    manage(ctx, action="create", name="deploy-checks", content=SKILL, category="devops")
+    manage(ctx, action="delete", name="deploy-checks")
+    log = root / "skills/.history/instructions/deploy-checks/log.jsonl"
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    records[-1]["folder"] = "../../outside/deploy-checks"  # a log edited to lead out of skills/
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    manage(ctx, action="rollback", name="deploy-checks")
+    assert (root / "skills/deploy-checks/SKILL.md").read_text() == SKILL
+    assert not (tmp_path / "outside").exists()
+    manage(ctx, action="delete", name="deploy-checks")
+    (root / "skills/devops").rmdir()
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    records[-1]["folder"] = "devops/deploy-checks"
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    (root / "skills/devops").symlink_to(outside)  # and a category replaced by a link since
+    with pytest.raises(ToolError, match="not a folder of skills/"):
+        manage(ctx, action="rollback", name="deploy-checks")
+    assert list(outside.iterdir()) == []
+
+
+def test_patches_edits_and_files_are_checked_as_a_create_is(place):
+    root, _, ctx = place
+    manage(ctx, action="create", name="deploy-checks", content=SKILL + "2. Run the tests.\n")
+    folder = root / "skills/deploy-checks"
+    before = (folder / "SKILL.md").read_text()
+    with pytest.raises(ToolError, match="must include 'description'"):
+        manage(ctx, action="patch", name="deploy-checks", old_string="description: What to check before a deploy.\n",
+               new_string="")
+    with pytest.raises(ToolError, match="occurs 2 times"):
+        manage(ctx, action="patch", name="deploy-checks", old_string="Run the tests.", new_string="Run make test.")
+    assert "2 place(s)" in manage(ctx, action="patch", name="deploy-checks", old_string="Run the tests.",
+                                  new_string="Run make test.", replace_all=True)
+    assert (folder / "SKILL.md").read_text() != before
+    with pytest.raises(ToolError, match="over 1,048,576 bytes"):
+        manage(ctx, action="write_file", name="deploy-checks", file_path="assets/big.bin",
+               file_content="x" * (1 << 20) + "x")
+    with pytest.raises(ToolError, match="description is over 1024"):
+        manage(ctx, action="edit", name="deploy-checks", content=SKILL.replace("What to check before a deploy.",
+                                                                               "d" * 1025))
+    with pytest.raises(ToolError, match="delete the skill instead"):
+        manage(ctx, action="remove_file", name="deploy-checks", file_path="SKILL.md")
+    with pytest.raises(ToolError, match="absorbed_into names no skill"):
+        manage(ctx, action="delete", name="deploy-checks", absorbed_into="nosuch")
+    with pytest.raises(ToolError, match=r"no version 99; kept: 1"):
+        manage(ctx, action="rollback", name="deploy-checks", version=99)
+    patched = (folder / "SKILL.md").read_text()
+    manage(ctx, action="rollback", name="deploy-checks")  # the patch undone
+    assert (folder / "SKILL.md").read_text() == before
+    manage(ctx, action="rollback", name="deploy-checks", version=2)  # and the rollback itself, kept as 2
+    assert (folder / "SKILL.md").read_text() == patched
