@@ -120,3 +120,31 @@ def test_the_machines_zone_is_hermes_default(monkeypatch):
     finally:
         monkeypatch.delenv("TZ")
         time.tzset()
+
+
+def test_jobs_that_cannot_be_schedules_are_named_and_names_never_collide():
+    base = {"prompt": "p", "schedule": {"kind": "cron", "expr": "0 9 * * *"}}
+    jobs = [{**base, "name": "x"}, {**base, "name": "x"}, {**base, "name": "x"},
+            {**base, "name": "paused", "state": "paused"}, {**base, "name": "scripted", "script": "run.sh"},
+            {**base, "name": "bad", "schedule": {"kind": "cron", "expr": "0 9 * * 8"}},
+            {**base, "name": "quarter", "schedule": {"kind": "cron", "expr": "*/15 * * * *"}}]
+    schedules, _, left = carry_jobs(jobs, "UTC", 0, set())
+    assert [s["name"] for s in schedules] == ["hermes-x", "hermes-x-2", "hermes-x-3", "hermes-quarter"]
+    assert schedules[-1]["cron"] == "*/15 * * * *", "in UTC already: carried unchanged"
+    why = {item["what"]: item["why"] for item in left}
+    assert "paused" in why["cron job paused"] and "script" in why["cron job scripted"]
+    assert "no same-day equivalent" in why["cron job bad"]
+    from hermes_sup.supervisor.hermes_cron import offset_of
+
+    assert offset_of("Z", datetime(2026, 1, 1, tzinfo=UTC)) == ("Z", 0)
+
+
+def test_a_cron_folder_that_is_a_link_is_not_followed(tmp_path: Path):
+    assert CliRunner().invoke(main, ["init", str(tmp_path / "ws")]).exit_code == 0
+    home = tmp_path / "home"
+    home.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    shutil.copy(JOBS, tmp_path / "elsewhere" / "jobs.json")
+    (home / "cron").symlink_to(tmp_path / "elsewhere")
+    result = CliRunner().invoke(main, ["-w", str(tmp_path / "ws"), "import-hermes", str(home), "--name", "x"])
+    assert result.exit_code == 1 and "cron/" in result.output and "is a symlink" in result.output

@@ -515,3 +515,17 @@ def test_the_profiles_cli_toolsets_become_its_toolsets_and_capabilities(ws, tmp_
     result = invoke(ws, str(home), "--name", "plain", "--json")
     agent = load_config(ws / "hermes.yaml")["agents"][-1]
     assert agent["toolsets"] == ["files", "memory", "board", "skills", "kanban"], "Hermes' default: ours"
+
+
+def test_board_reads_a_copy_a_fifo_beside_the_users_kanban_db_never_holds_it(ws, profile):
+    import threading
+
+    shutil.copy(FIXTURES / "kanban.db", profile / "kanban.db")
+    os.mkfifo(profile / "kanban.db-journal")
+    results = []
+    worker = threading.Thread(target=lambda: results.append(invoke(ws, str(profile), "--name", "ada", "--board")),
+                              daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), "the import blocked in open() on the FIFO beside kanban.db"
+    assert results[0].exit_code == 0, results[0].output

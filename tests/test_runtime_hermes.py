@@ -489,3 +489,20 @@ def test_a_stale_usage_file_and_a_stopped_run_leave_no_record(tmp_path):
                           "kind": "hermes", "profile": "default", "profile_dir": str(home), "program": str(program)}})
     outcome = work(ctx, "p", ["network"])
     assert outcome.verdict.kind == "done" and outcome.usage is None, outcome
+
+
+def test_a_relative_profile_is_the_workspaces_and_odd_names_are_refused(tmp_path, monkeypatch):
+    (tmp_path / "profiles" / "mine").mkdir(parents=True)
+    (tmp_path / "hermes.yaml").write_text("agents:\n  - {name: h, runtime: hermes, profile: profiles/mine, "
+                                          "capabilities: [network]}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # not the supervisor's folder: the workspace's
+    from hermes_sup.supervisor.runtimes import profile_dir
+
+    assert profile_dir(load_config(tmp_path / "hermes.yaml")["agents"][0]) == tmp_path / "profiles" / "mine"
+    for bad in ("'..'", "''", "5"):
+        (tmp_path / "hermes.yaml").write_text(f"agents:\n  - {{name: h, runtime: hermes, profile: {bad}, "
+                                              "capabilities: [network]}\n")
+        with pytest.raises(ConfigError, match="needs 'profile'"):
+            load_config(tmp_path / "hermes.yaml")
