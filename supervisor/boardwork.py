@@ -1,4 +1,5 @@
-"""The supervisor's board work (giving dead agents' claims back) on a thread of its own.
+"""The supervisor's board work (giving dead agents' claims back, and ingesting drops while no agent
+runs to) on a thread of its own.
 
 The board lock can be held by any process of the user (a `board` command paused with Ctrl-Z, a
 stalled disk), and the event loop must never wait for it: an agent's exit would go unhandled while
@@ -8,6 +9,7 @@ while it cannot, and hands its messages back through a pipe the loop watches.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 from hermes_sup.kanban import BoardStore
@@ -25,11 +27,20 @@ class BoardWork(LoopThread):
         self.board = board
         self.retry_every = retry_every
         self._wanted = threading.Event()
+        self._recover = threading.Event()
+        self._ingest = threading.Event()
         self._failing = False
         self.start()
 
     def recover(self) -> None:
         """Ask for a recovery of dead claims (requests made before it runs are merged into one)."""
+        self._recover.set()
+        self._wanted.set()
+
+    def ingest(self) -> None:
+        """Ask for the drops in inbox/ to be made tasks: agents ingest them while they wait for work;
+        with none running (all stopped by hand, fatal, or still queued to start), the supervisor does."""
+        self._ingest.set()
         self._wanted.set()
 
     def _wake_thread(self) -> None:
@@ -41,6 +52,13 @@ class BoardWork(LoopThread):
             if self._stopping.is_set():
                 return
             self._wanted.clear()
+            if self._ingest.is_set():
+                self._ingest.clear()
+                with contextlib.suppress(Exception):  # a board that cannot ingest now: asked again soon
+                    self.board.ingest()
+            if not self._recover.is_set():
+                continue
+            self._recover.clear()
             try:
                 recovered = self.board.recover()
             except Exception as exc:  # a BoardError, a full disk, a damaged file: retried
@@ -48,6 +66,7 @@ class BoardWork(LoopThread):
                     self._failing = True
                     self._post(f"board: cannot recover claims now ({exc}); agents are still supervised, "
                                f"retrying every {self.retry_every:g} s")
+                self._recover.set()
                 self._wanted.set()
                 self._stopping.wait(self.retry_every)
                 continue

@@ -77,6 +77,7 @@ from .workspace import ConfigError, Workspace, load_config, private_dir
 STATE_FILE = SUPERVISOR_FILE
 # Agents starting at once (the rest queued): an agent's start is mostly Python's imports, on one core.
 START_AT_ONCE = max(4, 2 * (os.cpu_count() or 1))
+INGEST_EVERY = 1.0  # seconds between the supervisor's looks at inbox/ while no agent runs
 RSS_CHECK_INTERVAL = 5.0
 SCAN_RETRY = 2.0  # seconds between sweeps for what exited agents left, while /proc cannot be read whole
 # While agents are judged on their heartbeats the loop turns at least this often, so that a turn
@@ -173,6 +174,7 @@ class Supervisor:
         self.signals: list[int] = []
         self._dirty = True
         self._next_rss = 0.0
+        self._next_ingest = 0.0
         self.started_at = now_iso()
         self.containment = cgroups.detect(ws.root)
         self.state_writer = StateWriter(self.runs / STATE_FILE, self.say)
@@ -656,6 +658,8 @@ class Supervisor:
                      self._sweep_at):
             if when is not None:
                 soonest = min(soonest, when)
+        if not any(child.state == State.RUNNING for child in self.children.values()):
+            soonest = min(soonest, self._next_ingest)
         for child in self.children.values():
             if child.restart_at is not None:
                 soonest = min(soonest, child.restart_at)
@@ -697,6 +701,10 @@ class Supervisor:
     def _due(self, now: float) -> None:
         self.control.expire(now)
         self._start_queued()
+        if now >= self._next_ingest and not self.shutting_down:
+            self._next_ingest = now + INGEST_EVERY
+            if not any(child.state == State.RUNNING for child in self.children.values()):
+                self.boardwork.ingest()  # no agent waits for work to ingest the drops: the supervisor does
         if self._sweep_at is not None and now >= self._sweep_at:
             self._sweep_strays()
         for child in list(self.children.values()):

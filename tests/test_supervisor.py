@@ -503,3 +503,20 @@ def test_a_large_team_starts_a_few_at_a_time_each_after_one_is_ready(tmp_path, u
     assert len(states) == count
     release.touch()  # every started one reports ready: the queued ones start in turn
     wait_until(lambda: [a["state"] for a in state(ws).get("agents", {}).values()] == ["running"] * count, timeout=120)
+
+
+def test_a_running_supervisor_ingests_drops_while_no_agent_runs(tmp_path, up):
+    """The contract says a running supervisor ingests the inbox; agents did it while they waited for
+    work, so with every agent stopped by hand (or fatal, or queued) a drop stayed in inbox/."""
+    ws = make_ws(tmp_path, "- name: worker\n")
+    up(ws)
+    wait_until(lambda: agent(ws, "worker").get("state") == "running", timeout=60)
+    assert hermes(ws, "stop", "worker").returncode == 0
+    wait_until(lambda: agent(ws, "worker").get("state") == "stopped", timeout=60)
+    (ws / "kanban" / "inbox" / "later.json").write_text('{"id": "later", "title": "for when someone is back"}')
+    board = Board(ws / "kanban")
+    try:
+        assert wait_until(lambda: (ws / "kanban" / "todo" / "later.json").exists(), timeout=30)
+        assert board.get("later")["status"] == "todo"
+    finally:
+        board.close()
