@@ -4,6 +4,7 @@ damaged task files aside, as every board command does."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -198,6 +199,69 @@ def mcp_checks(config: dict[str, Any], workspace: Path) -> list[Check]:
     return checks
 
 
+AGENT_MB = 70  # an agent's resident memory, about (the dashboard's agent table): a Python with its imports
+FDS_PER_AGENT = 4  # the supervisor's descriptors per agent: its pidfd, its log while starting, its cgroup
+
+
+def machine_checks(agents: int, inotify: dict[str, int | None], *, folders: int,
+                   machine: dict[str, int | None]) -> list[Check]:
+    """The machine's limits judged against a team of `agents` (pure): each agent watches the board
+    (an inotify instance, a watch per folder of it), the supervisor holds descriptors per agent and
+    reads every agent's heartbeats from one datagram queue, and each agent is a process of about
+    AGENT_MB. Each limit too low is named with what raises it; `machine`: nofile (the soft limit),
+    dgram_qlen, available_mb."""
+    if agents <= 0:
+        return []
+    checks = []
+    needs = [
+        ("inotify instances", inotify.get("max_user_instances"), agents + 2,
+         "sysctl -w fs.inotify.max_user_instances={need} (agents past it poll the board instead: slower)"),
+        ("inotify watches", inotify.get("max_user_watches"), agents * (folders + 1) + 100,
+         "sysctl -w fs.inotify.max_user_watches={need}"),
+        ("open files", machine.get("nofile"), 64 + FDS_PER_AGENT * agents,
+         "ulimit -n {need} (or LimitNOFILE= in a systemd unit) before hermes-sup up"),
+        ("heartbeat queue", machine.get("dgram_qlen"), min(agents, 512),
+         "sysctl -w net.unix.max_dgram_qlen={need} (a heartbeat that finds it full is dropped, and a busy "
+         "supervisor may take a live agent for hung)"),
+        ("memory", machine.get("available_mb"), agents * AGENT_MB,
+         "fewer agents, or more memory: each agent is a process of about " + f"{AGENT_MB} MB"),
+    ]
+    for name, have, need, how in needs:
+        if have is None:
+            continue
+        if have < need:
+            checks.append(_check(f"limits: {name}", "warn", f"{have:,} for {agents} agents, which need about "
+                                                            f"{need:,}: {how.format(need=need)}"))
+        else:
+            checks.append(_check(f"limits: {name}", "ok", f"{have:,} (about {need:,} for {agents} agents)"))
+    return checks
+
+
+def machine_limits() -> dict[str, int | None]:
+    """This machine's limits that machine_checks judges (None: not known here)."""
+    import resource
+
+    found: dict[str, int | None] = {"nofile": None, "dgram_qlen": None, "available_mb": None}
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    found["nofile"] = None if soft == resource.RLIM_INFINITY else int(soft)
+    with contextlib.suppress(OSError, ValueError):
+        found["dgram_qlen"] = int(Path("/proc/sys/net/unix/max_dgram_qlen").read_text().strip())
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        line = next(line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemAvailable:"))
+        found["available_mb"] = int(line.split()[1]) // 1024
+    return found
+
+
+def _folders(root: Path, bound: int = 1000) -> int:
+    """The folders of the board (each a watch of every agent's), counted up to `bound`."""
+    count = 0
+    for _dirpath, dirnames, _files in os.walk(root):
+        count += len(dirnames)
+        if count >= bound:
+            break
+    return count + 1
+
+
 def run_checks(ws: Workspace) -> list[Check]:
     checks: list[Check] = []
     config: dict[str, Any] = {}
@@ -291,6 +355,8 @@ def run_checks(ws: Workspace) -> list[Check]:
         watches = limits.get("max_user_watches")
         level = "warn" if watches is not None and watches < 8192 else "ok"
         checks.append(_check("inotify limits", level, ", ".join(f"{key}={value}" for key, value in limits.items())))
+        team = len(build_specs(config, ws.root)) if config else 0
+        checks += machine_checks(team, limits, folders=_folders(board.root), machine=machine_limits())
 
         ingest = board.ingest().as_dict()
         listing = board.list()

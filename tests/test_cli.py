@@ -429,3 +429,25 @@ def test_piped_output_is_never_hard_wrapped(tmp_path):
     assert len(lines) == 2, lines
     assert lines[0].startswith(f"workspace ready in {root}: created hermes.yaml")
     assert lines[1].startswith(f"next: cd {root} && hermes-sup up")
+
+
+def test_doctor_judges_the_machines_limits_against_the_team_and_names_what_raises_them():
+    """A 256-agent team on this machine's defaults (128 inotify instances, a heartbeat queue of 10):
+    each limit too low is named with the setting that raises it; a small team passes them all."""
+    from hermes_sup.supervisor.doctor import machine_checks
+
+    inotify = {"max_user_instances": 128, "max_user_watches": 192536}
+    machine = {"nofile": 1024, "dgram_qlen": 10, "available_mb": 8000}
+    checks = {c["name"]: c for c in machine_checks(256, inotify, folders=12, machine=machine)}
+    assert checks["limits: inotify instances"]["level"] == "warn"
+    assert "sysctl -w fs.inotify.max_user_instances=258" in checks["limits: inotify instances"]["detail"]
+    assert checks["limits: inotify watches"]["level"] == "ok"
+    assert "ulimit -n 1088" in checks["limits: open files"]["detail"], "1,024, the usual default, is too few"
+    assert checks["limits: heartbeat queue"]["level"] == "warn"
+    assert "net.unix.max_dgram_qlen=256" in checks["limits: heartbeat queue"]["detail"]
+    assert checks["limits: memory"]["level"] == "warn" and "17,920" in checks["limits: memory"]["detail"]
+    small = machine_checks(3, inotify, folders=12, machine=machine)
+    assert [c["level"] for c in small] == ["ok"] * 5
+    assert machine_checks(0, inotify, folders=12, machine=machine) == []
+    unknown = machine_checks(3, {}, folders=12, machine={"nofile": None, "dgram_qlen": None, "available_mb": None})
+    assert unknown == []
