@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 from hermes_sup.agents.clirun import Run
 from hermes_sup.agents.hermesrun import judge, read_bridge, usage_record
-from hermes_sup.kanban import Board, TaskNotFound
+from hermes_sup.kanban import Board
 from hermes_sup.supervisor.workspace import ConfigError, load_config
 
 from .conftest import CLI, ROOT, running, wait_until
 from .llm_server import ScriptedLLM, openai_reply
+from .test_runtime_command import ended
 
 KEY = "sk-hermes-worker-0123456789"
 
@@ -109,14 +110,6 @@ agents:
         del os.environ["SUPERVISORS_WORKER_KEY"]
     yield ws, Board(ws / "kanban"), llm, profile
     llm.__exit__(None, None, None)
-
-
-def ended(board: Board, task_id: str) -> dict | None:
-    try:
-        doc = board.get(task_id)
-    except TaskNotFound:
-        return None
-    return doc if doc["status"] in ("done", "failed", "blocked", "cancelled") else None
 
 
 def test_a_hermes_worker_and_a_built_in_one_share_the_board(team):
