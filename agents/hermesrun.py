@@ -30,6 +30,7 @@ from urllib.parse import quote
 
 from ..kanban.task import now_iso
 from . import sandbox
+from .budget import price
 from .clirun import DEFAULT_MAX_RUNTIME, REASON_LINES, Run, Verdict, given_env, run, workdir_for
 from .logline import say
 from .tools import ToolContext
@@ -119,10 +120,11 @@ def judge(ran: Run, usage: dict[str, Any] | None, board: dict[str, Any] | None, 
     return Verdict("done", {"answer": ran.output, "seconds": ran.seconds})
 
 
-def usage_record(task_id: str, profile: str, usage: Mapping[str, Any], seconds: float, failed: bool
-                 ) -> dict[str, Any]:
+def usage_record(task_id: str, profile: str, usage: Mapping[str, Any], seconds: float, failed: bool,
+                 prices: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The LLM-call log's record of one Hermes run, all its model calls in one (pure): tokens as Hermes
-    counted them, its cost when it knew it (else unpriced, never free)."""
+    counted them; its cost by hermes.yaml's `prices` when they name its model, else Hermes' own
+    estimate when it had one, else unpriced (never free)."""
     def count(key: str) -> int:
         value = usage.get(key)
         return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**12 else 0
@@ -130,12 +132,23 @@ def usage_record(task_id: str, profile: str, usage: Mapping[str, Any], seconds: 
     cost = usage.get("estimated_cost_usd")
     known = usage.get("cost_status") not in (None, "unknown") and isinstance(cost, (int, float)) \
         and not isinstance(cost, bool) and 0 <= cost < 1e6
-    return {"at": now_iso(), "task": task_id, "provider": f"hermes:{profile}",
-            "model": str(usage.get("model") or "-")[:200], "outcome": "error" if failed else "ok",
-            "latency_s": seconds, "error": "the Hermes run failed" if failed else None,
-            "tokens_in": count("input_tokens"), "tokens_out": count("output_tokens"),
-            "tokens_cached": count("cache_read_tokens"), "cost_usd": float(cost) if known else None,
+    model = str(usage.get("model") or "-")[:200]
+    tokens = Tokens(count("input_tokens"), count("output_tokens"), count("cache_read_tokens"))
+    ours = price(prices or {}, model, tokens)
+    return {"at": now_iso(), "task": task_id, "provider": f"hermes:{profile}", "model": model,
+            "outcome": "error" if failed else "ok", "latency_s": seconds,
+            "error": "the Hermes run failed" if failed else None, "tokens_in": tokens.input,
+            "tokens_out": tokens.output, "tokens_cached": tokens.cached,
+            "cost_usd": ours if ours is not None else float(cost) if known else None,
             "calls": count("api_calls"), "runtime": "hermes"}
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """A run's tokens, as budget.price reads a call's usage."""
+    input: int
+    output: int
+    cached: int
 
 
 def _read_regular(path: str | Path, limit: int) -> bytes:
@@ -280,7 +293,8 @@ def _read_bridge(path: Path, task_id: str, run_id: Any) -> tuple[dict[str, Any] 
     return state, said
 
 
-def work(ctx: ToolContext, prompt: str, capabilities: Sequence[str]) -> Outcome:
+def work(ctx: ToolContext, prompt: str, capabilities: Sequence[str],
+         prices: Mapping[str, Any] | None = None) -> Outcome:
     """Run Hermes' CLI for the task in `ctx` (`ctx.settings["runtime"]`, kind hermes) and judge it."""
     from .files import root_of
 
@@ -341,7 +355,8 @@ def work(ctx: ToolContext, prompt: str, capabilities: Sequence[str]) -> Outcome:
     verdict = judge(ran, usage, state, max_runtime=max_runtime)
     record = None
     if usage is not None and not ran.stopped:
-        record = usage_record(task_id, str(runtime.get("profile")), usage, ran.seconds, verdict.kind == "failed")
+        record = usage_record(task_id, str(runtime.get("profile")), usage, ran.seconds, verdict.kind == "failed",
+                              prices)
     return Outcome(verdict, comments, record)
 
 

@@ -344,6 +344,22 @@ class BudgetGate:
             raise BudgetReached(found, worst)
         return found
 
+    def open_run(self) -> Hold:
+        """A hold for a run whose cost is known only once it has ended (an agent CLI's, runtime:
+        hermes): nothing reserved, refused (BudgetReached) once a cap is already reached; settled
+        with settle_amount. A cap is then never overshot by more than the runs in flight."""
+        found = self.ledger.reserve(agent=self.agent, task=self.task, amount=0.0,
+                                    check=lambda entries, now: decide(entries, self.caps, agent=self.agent,
+                                                                      task=self.task, task_limit=self.task_limit,
+                                                                      worst=0.0, now=now))
+        if isinstance(found, Refusal):
+            raise BudgetReached(found, 0.0)
+        return found
+
+    def settle_amount(self, hold: Hold, amount: float) -> None:
+        with contextlib.suppress(Exception):  # as settle: counted as reserved, never lost
+            self.ledger.settle(hold, amount)
+
     def settle(self, hold: Hold | None, model: str, usage: Any) -> None:
         """Settle with the call's real cost as `usage` prices it; a model the price table does not
         know (a server naming another model than asked) keeps its reserved worst case."""

@@ -532,6 +532,10 @@ class Agent:
             if left > 0:
                 return reason, min(left, OFFLINE_RECHECK)  # .env is looked at again meanwhile
             self._paused = None
+        return self._budget_waiting()
+
+    def _budget_waiting(self) -> tuple[str, float] | None:
+        """Why tasks wait for a budget cap now (every runtime's: a CLI's runs are spend too), or None."""
         if self._budget_wait is not None:
             gate, worst = self._budget_wait
             try:
@@ -617,7 +621,19 @@ class Agent:
         if not doc.get("steps") and runtime:  # runtime: command or hermes (agents/clirun.py, hermesrun.py)
             prompt = task_prompt(doc, self.inputs(doc))
             if runtime.get("kind") == "hermes":
-                verdict = self._hermes(doc, hermesrun.work(self.context(doc, halt), prompt, self.capabilities))
+                gate = self.gate(doc)
+                try:
+                    hold = gate.open_run() if gate is not None else None
+                except BudgetReached as reached:
+                    assert gate is not None
+                    self._budget_reached(doc["id"], doc["claim"]["token"], gate, reached)
+                    return
+                outcome = hermesrun.work(self.context(doc, halt), prompt, self.capabilities,
+                                         prices=self.llm.get("prices") or {})
+                if gate is not None and hold is not None:
+                    spent = (outcome.usage or {}).get("cost_usd")
+                    gate.settle_amount(hold, float(spent) if isinstance(spent, (int, float)) else 0.0)
+                verdict = self._hermes(doc, outcome)
             else:
                 verdict = clirun.work(self.context(doc, halt), prompt, self.capabilities)
             if verdict.kind == "interrupted":
@@ -712,7 +728,8 @@ class Agent:
                 break
             # Without an LLM provider (none configured, or every one refusing connections) only
             # tasks with steps can be done; the others wait in todo, saying why, until one is there.
-            waiting = None if self.config.get("runtime") else self._waiting_reason()  # a CLI needs no provider
+            # A CLI needs no provider of ours, but its runs are spend under budgets too.
+            waiting = self._budget_waiting() if self.config.get("runtime") else self._waiting_reason()
             if self.waiting != (waiting[0] if waiting else ""):  # said in state.json at once: see kanban/why.py
                 self.waiting = waiting[0] if waiting else ""
                 self.write_state("idle")

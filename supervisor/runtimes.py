@@ -147,9 +147,10 @@ def check_chain(agent: dict[str, Any], providers: Any, where: str, fail: Any) ->
 
 
 def check_budgeted(raw: dict[str, Any], fail: Any) -> None:
-    """A CLI agent under a budget is refused: a `command` CLI's tokens and cost are not measured, and
-    a Hermes run's are only once it has ended, so a cap (the team's, the agent's own, a task's
-    max_cost) could not hold either and would say it does."""
+    """A `command` agent under a budget is refused: its CLI's tokens and cost are not measured, so a
+    cap (the team's, the agent's own, a task's max_cost) could not hold it and would say it does. A
+    Hermes run's are, once it has ended (agents/worker.py: a run starts only while no cap is reached,
+    and its cost is settled after)."""
     budgets = raw.get("budgets")
     if not isinstance(budgets, dict) or not any(k != "__line__" and v for k, v in budgets.items()):
         return
@@ -158,11 +159,7 @@ def check_budgeted(raw: dict[str, Any], fail: Any) -> None:
             raise fail(agent, f"agent {agent.get('name')}: a runtime: command agent's spend is not measured (its CLI "
                               "reports no tokens to hermes-sup), so the budgets in hermes.yaml could not hold it; "
                               "remove budgets, or run this CLI's team in a workspace of its own")
-        if isinstance(agent, dict) and agent.get("runtime") == "hermes":
-            raise fail(agent, f"agent {agent.get('name')}: a runtime: hermes agent's spend is known only after each "
-                              "run (its usage file), so the budgets in hermes.yaml could not stop it within a run; "
-                              "remove budgets (hermes-sup usage still counts its tokens), or run it in a workspace "
-                              "of its own")
+
 
 
 def runtime_of(agent: dict[str, Any]) -> dict[str, Any]:

@@ -231,8 +231,6 @@ def test_a_hermes_agent_is_refused_with_file_and_line_when_it_cannot_run(tmp_pat
     assert "'argv' is for runtime: command" in config_error(tmp_path, base + ", profile: worker, argv: [x]}")
     assert "'profile' is for runtime: hermes" in config_error(tmp_path, "{name: c, runtime: command, argv: [x], "
                                                                         "profile: worker}")
-    assert "spend is known only after each run" in config_error(
-        tmp_path, base + ", profile: worker}", extra="budgets: {team: {per_day: 1}}\n")
     twice = f"agents:\n  - {base}, profile: worker}}\n  - {base.replace('name: h,', 'name: h3,')}, profile: worker}}\n"
     (tmp_path / "hermes.yaml").write_text(twice)
     with pytest.raises(ConfigError, match="is agent h's too"):
@@ -499,3 +497,42 @@ def test_a_relative_profile_is_the_workspaces_and_odd_names_are_refused(tmp_path
                                               "capabilities: [network]}\n")
         with pytest.raises(ConfigError, match="needs 'profile'"):
             load_config(tmp_path / "hermes.yaml")
+
+
+def test_hermes_runs_are_spend_a_budget_holds(tmp_path, up):
+    """A Hermes run's cost is known when it ends (its usage file; priced by hermes.yaml's prices when
+    they name its model): a run starts only while no cap is reached, and its cost is settled after,
+    so the cap is overshot by no more than the runs in flight, and the next task waits, saying why.
+    The CLI here is a stand-in that writes the usage file a real run does (its shape is the real
+    one's: test_a_hermes_worker_and_a_built_in_one_share_the_board)."""
+    import subprocess
+
+    cli = tmp_path / "cli" / "bin"
+    cli.mkdir(parents=True)
+    program = cli / "hermes"
+    program.write_text('#!/bin/sh\nwhile [ "$1" != "--usage-file" ]; do shift; done\n'
+                       'printf \'{"completed": true, "failed": false, "model": "priced-model", "input_tokens": '
+                       '100000, "output_tokens": 0, "api_calls": 1}\' > "$2"\necho answered\n')
+    program.chmod(0o755)
+    home = tmp_path / "hermes-home"
+    home.mkdir()
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    (ws / "hermes.yaml").write_text(f"""\
+budgets: {{team: {{per_day: 0.5}}}}
+prices: {{priced-model: {{input: 3.0, output: 15.0}}}}
+agents:
+  - {{name: herm, runtime: hermes, profile: default, hermes_home: '{home}', program: '{program}',
+     capabilities: [network], sandbox: none}}
+""")
+    board = Board(ws / "kanban")
+    for task_id in ("one", "two", "three"):
+        board.add({"id": task_id, "title": f"task {task_id}", "priority": {"one": 3, "two": 2, "three": 1}[task_id]})
+    up(ws)
+    wait_until(lambda: board.get("one")["status"] == "done" and board.get("two")["status"] == "done", timeout=90)
+    waiting = wait_until(lambda: "budget reached" in (board.get("three").get("waiting") or "")
+                         and board.get("three"), timeout=60)
+    assert waiting["status"] == "todo", "two runs of $0.30 spent $0.60: the third waits for the next day"
+    usage = json.loads(subprocess.run([*CLI, "-w", str(ws), "usage", "--json"], capture_output=True, text=True,
+                                      cwd=ROOT).stdout)
+    assert usage["total"]["cost_usd"] == 0.6 and usage["budgets"][0]["spent"] == 0.6, usage
