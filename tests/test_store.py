@@ -305,3 +305,15 @@ def test_every_board_module_is_small_documented_and_on_the_readme_map():
         assert len(text.splitlines()) <= 400, f"kanban/{path.name} has {len(text.splitlines())} lines"
         if path.name != "__init__.py":
             assert f"| `{path.name}` |" in architecture, f"kanban/{path.name} is not on the README's map"
+
+
+def test_the_agents_never_import_the_supervisor():
+    """The runtime sits below the supervisor: the supervisor starts agents and imports their names
+    (AGENT_ENV, ORPHANED), never the other way (an agent importing the supervisor would drag the
+    process supervisor, the CLI and the dashboard into every agent)."""
+    problems = []
+    for path in sorted((REPO / "agents").rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        problems += [f"{path.relative_to(REPO)}:{line} imports {module}" for line, module in _imported(path, tree)
+                     if module == "hermes_sup.supervisor" or module.startswith("hermes_sup.supervisor.")]
+    assert problems == []
