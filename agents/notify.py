@@ -16,7 +16,8 @@ from collections.abc import Iterator
 NOTIFY_ENV = "HERMES_SUP_NOTIFY"
 # The agent's exit status when it stopped itself, having heard from no supervisor for orphan_grace: a
 # supervisor alive to see it (busy, its socket away) restarts it and says so (supervisor/exits.py).
-ORPHANED = 3
+# sysexits' EX_TEMPFAIL ("try again later"): not a status a crash is likely to have.
+ORPHANED = 75
 # sun_path holds 108 bytes with its terminating NUL: a socket deeper than that is reached through its folder.
 SUN_PATH_MAX = 107
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from hermes_sup.agents.notify import ORPHANED
 from hermes_sup.kanban import Board
 from hermes_sup.kanban.liveness import start_time
 from hermes_sup.supervisor import cgroups
@@ -116,7 +117,7 @@ def test_an_agent_leaves_when_the_supervisor_it_reaches_does_not_run_it(tmp_path
         with pytest.raises(psutil.TimeoutExpired):
             proc.wait(timeout=3)  # six times the grace: it stays while its supervisor runs it
         (runs / "supervisor.json").write_text(json.dumps({"agents": {"worker": {"pid": 1}}}))
-        assert proc.wait(timeout=20) == 3, "ORPHANED: a supervisor that lived would restart it"
+        assert proc.wait(timeout=20) == ORPHANED, "a supervisor that lived would restart it"
         assert "stopped (no supervisor for 0.5 s)" in (workdir / "agent.log").read_text()
     finally:
         with contextlib.suppress(psutil.Error):
@@ -425,5 +426,5 @@ def test_an_agent_that_stopped_for_no_supervisor_while_it_lived_is_restarted_and
     log = (ws / "kanban" / "events.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in log if '"supervisor"' in line]
     said = [(r["event"], r.get("code")) for r in records if r.get("agent") == "worker"]
-    assert ("orphaned", None) in said and ("exited", "3") in said, said
+    assert ("orphaned", None) in said and ("exited", str(ORPHANED)) in said, said
     assert "stopped (no supervisor for 1 s)" in (ws / "runs" / "worker" / "agent.log").read_text()
