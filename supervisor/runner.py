@@ -32,6 +32,7 @@ import psutil
 from hermes_sup.agents.notify import NOTIFY_ENV, parse
 from hermes_sup.agents.worker import AGENT_ENV, SUPERVISOR_ENV, WORKSPACE_ENV
 from hermes_sup.kanban.backends import open_board
+from hermes_sup.kanban.fsio import read_bytes_nofollow
 from hermes_sup.kanban.liveness import holder_alive, start_time
 from hermes_sup.kanban.task import now_iso
 
@@ -717,6 +718,8 @@ class Supervisor:
                 self._signal_group(child, signal.SIGKILL)
                 child.stop_deadline = None
             if child.state in ("starting", "running") and now - child.last_beat > child.spec.heartbeat_timeout:
+                if self._beat_written(child, now):
+                    continue  # its heartbeats were dropped (a full notify queue), not missed
                 what = "never reported ready" if child.state == "starting" else "stopped heart-beating"
                 line = f"{child.spec.name}: {what} for {child.spec.heartbeat_timeout:g} s; killing it"
                 self.tell(line, [event("hung", child.spec.name, line, pid=child.pid)])
@@ -737,6 +740,26 @@ class Supervisor:
                         self.stop(child, "memory")
 
     # -- state ------------------------------------------------------------------------------------
+
+    def _beat_written(self, child: Child, now: float) -> bool:
+        """Whether the agent's own state file says it beat within heartbeat_timeout: its heartbeat
+        thread writes it at every beat, as it sends the datagram. A notify queue of 10 (Linux's
+        default net.unix.max_dgram_qlen) overflows while a supervisor of 256 agents is busy, and a
+        dropped heartbeat is not a hung agent: 390 live agents of a 256-agent team were killed so.
+        Credits the beat (and a starting agent is then running: it is up)."""
+        path = child.spec.workdir / "state.json"
+        try:
+            written = os.stat(path, follow_symlinks=False)
+            data = json.loads(read_bytes_nofollow(path, limit=64 * 1024) or b"{}")
+        except (OSError, ValueError):
+            return False
+        age = time.time() - written.st_mtime
+        if not isinstance(data, dict) or data.get("pid") != child.pid or not 0 <= age < child.spec.heartbeat_timeout:
+            return False
+        child.last_beat = now - age
+        if child.state == State.STARTING:
+            child.state, self._dirty = State.RUNNING, True
+        return True
 
     def snapshot(self) -> dict[str, Any]:
         return {

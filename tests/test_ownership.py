@@ -428,3 +428,23 @@ def test_an_agent_that_stopped_for_no_supervisor_while_it_lived_is_restarted_and
     said = [(r["event"], r.get("code")) for r in records if r.get("agent") == "worker"]
     assert ("orphaned", None) in said and ("exited", str(ORPHANED)) in said, said
     assert "stopped (no supervisor for 1 s)" in (ws / "runs" / "worker" / "agent.log").read_text()
+
+
+def test_heartbeats_the_full_notify_queue_dropped_are_not_a_hung_agent(tmp_path, up):
+    """The notify queue holds 10 datagrams by default; a supervisor of 256 agents, busy, had them
+    overflow and killed 390 live agents as hung. An agent's heartbeat thread writes its state file at
+    every beat as well: a supervisor that hears nothing looks there before it kills."""
+    ws = make_ws(tmp_path, "- name: worker\n", defaults="orphan_grace: 600\nheartbeat_timeout: 2")
+    up(ws)
+    first = wait_until(lambda: agent(ws, "worker").get("state") == "running" and agent(ws, "worker")["pid"],
+                       timeout=60)
+    sock = ws / "runs" / "sockets" / "notify.sock"
+    os.rename(sock, sock.with_name("notify.away"))  # every heartbeat from now on is lost
+    try:
+        with pytest.raises(AssertionError):  # three times heartbeat_timeout: it is not killed
+            wait_until(lambda: gone(first), timeout=6)
+    finally:
+        os.rename(sock.with_name("notify.away"), sock)
+    assert agent(ws, "worker")["pid"] == first
+    records = [json.loads(line) for line in (ws / "kanban" / "events.jsonl").read_text().splitlines()]
+    assert not [r for r in records if r.get("event") == "hung"]
