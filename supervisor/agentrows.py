@@ -4,18 +4,16 @@ table, and on a shared board every other host's as its supervisor published it w
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import psutil
 from hermes_sup.kanban.liveness import holder_alive
 
 from .cliargs import sane_state
-from .procs import tree_rss_mb
+from .procs import trees_rss_mb
 from .statefile import SUPERVISOR_FILE, read_state, supervisor_alive
 
 MAX_TEXT = 200  # characters of a name, state, task or exit another host published
@@ -43,13 +41,14 @@ def heartbeat(runs: Path, name: str, pid: object) -> str | None:
 def agent_rows(state: dict[str, Any], alive: bool, runs: Path, host: str) -> list[dict[str, Any]]:
     """Per agent of this host: host, pid, state, restarts, current task, rss, last exit, heartbeat time."""
     rows = []
-    for name, agent in (state.get("agents") or {}).items():
+    agents = state.get("agents") or {}
+    live = {name: agent["pid"] for name, agent in agents.items() if alive and agent.get("pid")
+            and holder_alive(agent["pid"], agent.get("pid_started"), None) is True}
+    memory = trees_rss_mb(live.values()) if live else {}  # one scan of the process table for them all
+    for name, agent in agents.items():
         pid = agent.get("pid")
-        running = alive and bool(pid) and holder_alive(pid, agent.get("pid_started"), None) is True
-        rss = None
-        if running:
-            with contextlib.suppress(psutil.Error):
-                rss = round(tree_rss_mb(pid), 1)
+        running = name in live
+        rss = round(memory[pid], 1) if running else None
         rows.append({"name": name, "host": host, "pid": pid if running else None,
                      "state": agent.get("state") if alive else "not running",
                      "restarts": agent.get("restarts"), "task": agent.get("task") if alive else None,

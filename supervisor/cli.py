@@ -47,7 +47,7 @@ from .cliargs import (
 from .control import CONTROL_SOCKET, SOCKET_DIR, request
 from .ingestwarn import recent_rejections
 from .interrupt import interruptible
-from .procs import tree_rss_mb
+from .procs import tree_rss_mb, trees_rss_mb
 from .spec import build_specs
 from .statefile import SUPERVISOR_FILE, read_state, supervisor_alive
 from .sweep import LOCK_FILE, sweep
@@ -526,16 +526,20 @@ def status_rows(state: dict[str, Any], runs: Path) -> list[dict[str, Any]]:
     """Per agent: name, pid, state, restarts, uptime, task, rss, cpu, last exit (live from psutil),
     and its delegated children. CPU is sampled over one short interval for all agents together."""
     rows, live = [], []
-    for name, agent in (state.get("agents") or {}).items():
+    agents = state.get("agents") or {}
+    alive = {name: agent["pid"] for name, agent in agents.items()
+             if agent.get("pid") and holder_alive(agent["pid"], agent.get("pid_started"), None)}
+    memory = trees_rss_mb(alive.values())  # one scan of the process table for every agent
+    for name, agent in agents.items():
         row = {"name": name, **{k: agent.get(k) for k in ("pid", "state", "restarts", "task", "last_exit", "held")},
                "uptime_s": None, "rss_mb": None, "cpu_percent": None, "children": []}
-        pid = agent.get("pid")
-        if pid and holder_alive(pid, agent.get("pid_started"), None):
+        pid = alive.get(name)
+        if pid:
             row["children"] = live_children(runs, name)
             with contextlib.suppress(psutil.Error):
                 proc = psutil.Process(pid)
                 row["uptime_s"] = round(time.time() - proc.create_time(), 1)
-                row["rss_mb"] = round(tree_rss_mb(pid), 1)
+                row["rss_mb"] = round(memory[pid], 1)
                 proc.cpu_percent(None)  # starts the sample
                 live.append((row, proc))
         rows.append(row)

@@ -216,13 +216,29 @@ def stop_all(procs: Iterable[Marked], timeout: float) -> int:
 
 def tree_rss_mb(pid: int) -> float:
     """The resident memory of a process and everything it started, in MB (0 if it is gone)."""
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return 0.0
-    total = 0
-    for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            total += proc.memory_info().rss
-    return total / (1 << 20)
+    return trees_rss_mb([pid])[pid]
+
+
+def trees_rss_mb(pids: Iterable[int]) -> dict[int, float]:
+    """tree_rss_mb of each of `pids`, from one scan of the process table: psutil's children() scans
+    it once per call, and `status` of 256 agents took 6.6 s so (the supervisor's memory check too)."""
+    wanted = list(pids)
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for proc in psutil.process_iter(["ppid", "memory_info"]):
+        info = proc.info
+        children.setdefault(info.get("ppid") or 0, []).append(proc.pid)
+        memory = info.get("memory_info")
+        rss[proc.pid] = memory.rss if memory is not None else 0
+    found = {}
+    for pid in wanted:
+        total, stack, seen = 0, [pid] if pid in rss else [], set()
+        while stack:
+            current = stack.pop()
+            if current in seen:
+                continue
+            seen.add(current)
+            total += rss.get(current, 0)
+            stack += children.get(current, [])
+        found[pid] = total / (1 << 20)
+    return found

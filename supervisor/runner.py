@@ -66,7 +66,7 @@ from .procs import (
     new_marker,
     stop_all,
     strays,
-    tree_rss_mb,
+    trees_rss_mb,
 )
 from .schedules import Scheduler, schedules_of
 from .spec import ChildSpec, build_specs, describe_reload, plan_reload
@@ -726,18 +726,19 @@ class Supervisor:
                 self.stop(child, "hang", kill=True)
         if now >= self._next_rss:
             self._next_rss = now + RSS_CHECK_INTERVAL
-            for child in self.children.values():
-                limit = child.spec.max_rss_mb
-                if limit and child.state in ("starting", "running") and child.pid:
-                    try:
-                        rss = tree_rss_mb(child.pid)
-                    except OSError as exc:  # no descriptors to read it: looked at again next interval
-                        self._proc_trouble(exc)
-                        continue
-                    if rss > limit:
-                        line = f"{child.spec.name}: uses {rss:.0f} MB, over max_rss_mb {limit:g}; restarting it"
-                        self.tell(line, [event("over_memory", child.spec.name, line, pid=child.pid)])
-                        self.stop(child, "memory")
+            limited = [child for child in self.children.values()
+                       if child.spec.max_rss_mb and child.state in ("starting", "running") and child.pid]
+            try:
+                memory = trees_rss_mb(child.pid for child in limited) if limited else {}
+            except OSError as exc:  # no descriptors to read it: looked at again next interval
+                self._proc_trouble(exc)
+                limited = []
+            for child in limited:
+                limit, rss = child.spec.max_rss_mb, memory.get(child.pid or 0, 0.0)
+                if rss > limit:
+                    line = f"{child.spec.name}: uses {rss:.0f} MB, over max_rss_mb {limit:g}; restarting it"
+                    self.tell(line, [event("over_memory", child.spec.name, line, pid=child.pid)])
+                    self.stop(child, "memory")
 
     # -- state ------------------------------------------------------------------------------------
 

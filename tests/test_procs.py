@@ -54,3 +54,36 @@ def test_an_agent_cgroup_name_is_one_safe_folder_whatever_the_agent_is_called(na
     folder = agent_name(name)
     assert "/" not in folder and not folder.startswith(".") and len(folder) <= 49
     assert agent_name(name) == folder and (name == "x" or agent_name(name + "x") != folder)
+
+
+def test_each_agents_tree_memory_comes_from_one_scan_and_matches_its_processes():
+    """`status` of 256 agents took 6.6 s: each agent's tree memory scanned the process table once.
+    One scan now serves every agent, with the same figures: the process and all it started."""
+    import subprocess
+
+    import psutil
+    from hermes_sup.supervisor.procs import tree_rss_mb, trees_rss_mb
+
+    trees = [subprocess.Popen(["/bin/sh", "-c", "sleep 300 & sleep 300 & wait"]) for _ in range(2)]
+    try:
+        def expected(pid: int) -> float:
+            root = psutil.Process(pid)
+            procs = [root, *root.children(recursive=True)]
+            return sum(p.memory_info().rss for p in procs) / (1 << 20)
+
+        import time
+        deadline = time.monotonic() + 10
+        while any(len(psutil.Process(t.pid).children()) < 2 for t in trees) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        found = trees_rss_mb(t.pid for t in trees)
+        for tree in trees:
+            # sh and its two sleeps, about 1.7 MB each: within a tenth of a MB, so one left out shows
+            assert abs(found[tree.pid] - expected(tree.pid)) < 0.1, (found, expected(tree.pid))
+        assert tree_rss_mb(trees[0].pid) == pytest.approx(found[trees[0].pid], abs=0.1)
+        assert trees_rss_mb([999_999_999]) == {999_999_999: 0.0}
+    finally:
+        for tree in trees:
+            for child in psutil.Process(tree.pid).children(recursive=True):
+                child.kill()
+            tree.kill()
+            tree.wait()
