@@ -6,13 +6,12 @@ notify socket), a command from the CLI (the control socket), a signal (through s
 select timeout is the next deadline (a backoff ending, a heartbeat overdue, a stop timing out), so
 an idle supervisor sleeps (while agents are judged on heartbeats, never longer than a second, so
 that a turn far longer than its wait shows the supervisor itself was stopped). What to do on an
-exit is decided by `policy.decide`.
+exit is decided by `exits.on_exit` (over `policy.decide`); an agent as kept is a `child.Child`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import json
 import os
@@ -20,11 +19,9 @@ import random
 import selectors
 import signal
 import socket
-import stat
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +30,13 @@ from hermes_sup.agents.notify import NOTIFY_ENV, parse
 from hermes_sup.agents.worker import AGENT_ENV, SUPERVISOR_ENV, WORKSPACE_ENV
 from hermes_sup.kanban.backends import open_board
 from hermes_sup.kanban.fsio import read_bytes_nofollow
-from hermes_sup.kanban.liveness import holder_alive, start_time
+from hermes_sup.kanban.liveness import start_time
 from hermes_sup.kanban.task import now_iso
 
 from . import cgroups
 from .alerts import AlertSender, exposed, rules_of
 from .boardwork import BoardWork
+from .child import Child, published_agents
 from .cliargs import sane_state
 from .control import (
     CONTROL_SOCKET,
@@ -54,7 +52,7 @@ from .control import (
 from .control import request as request  # the CLI's entry point, kept importable from here
 from .exits import State, Why, event, on_exit
 from .ingestwarn import IngestWarnings, team_of
-from .policy import RestartHistory, cleared, decide_failed_start, loop_gap
+from .policy import cleared, decide_failed_start, loop_gap
 from .procs import (
     MARKER_ENV,
     Marker,
@@ -69,6 +67,7 @@ from .procs import (
     trees_rss_mb,
 )
 from .schedules import Scheduler, schedules_of
+from .sessions import open_log, process_age, signal_session
 from .spec import ChildSpec, build_specs, describe_reload, plan_reload
 from .statefile import SUPERVISOR_FILE, StateWriter, quiet, read_state
 from .steer import agent_groups, held_from, targets
@@ -89,52 +88,6 @@ NOTIFY_BATCH = 256  # datagrams read per wake-up: a flood of them cannot hold th
 BOARD_LOCK_WAIT = 2.0  # the board thread's wait for the lock before it retries later
 # Once `down` began, a restart or reload would start an agent nobody stops: the supervisor would never end.
 STOPPING = "the supervisor is stopping the team; nothing is started now"
-
-
-@dataclass
-class Child:
-    spec: ChildSpec
-    state: str = "stopped"  # starting, running, backoff, fatal, stopping, stopped
-    proc: subprocess.Popen[bytes] | None = None
-    pidfd: int | None = None
-    pid_started: float | None = None
-    started: float = 0.0
-    started_at: str = ""
-    last_beat: float = 0.0
-    restarts: int = 0
-    history: RestartHistory = field(default_factory=RestartHistory)
-    restart_at: float | None = None
-    stop_deadline: float | None = None
-    stopping_for: str = ""
-    last_exit: str = ""
-    task: str | None = None
-    adopted: int | None = None  # pid of an agent a previous supervisor started (not our child)
-    marker: Marker | None = None  # what its processes carry in their environment (procs.py)
-    cgroup: Path | None = None  # its own cgroup, in cgroup mode
-    # The names of the environment it was started with (None: not known), to see whether it holds a
-    # variable that was withheld from the agents only after it started (see _withhold_secrets).
-    env_names: frozenset[str] | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else self.adopted
-
-    def alive(self) -> bool:
-        if self.proc is not None:
-            return self.proc.poll() is None
-        if self.adopted is None:
-            return False
-        try:
-            return holder_alive(self.adopted, self.pid_started, None) is True
-        except OSError:  # /proc unreadable (no descriptors): its pidfd has not reported an exit yet
-            return self.pidfd is not None
-
-
-def published_agents(runs: Path) -> list[dict[str, Any]]:
-    """This host's agents as its heartbeat publishes them on a shared board (agentrows.py)."""
-    from .agentrows import published  # it reads supervisor.json as this module names it
-
-    return published(runs)
 
 
 class Supervisor:
@@ -390,7 +343,7 @@ class Supervisor:
         self.selector.register(child.pidfd, selectors.EVENT_READ, lambda c=child: self._on_exit(c))
         now = time.monotonic()
         child.state, child.last_beat = "running", now
-        child.started = now - _age(pid)
+        child.started = now - process_age(pid)
         child.started_at = info.get("started_at") or now_iso()
         child.restarts = int(info.get("restarts") or 0)
         child.task = info.get("task")
@@ -833,61 +786,6 @@ class Supervisor:
             cgroups.remove(self.containment.base)
         self.say("supervisor: stopped")
         return 0
-
-
-def open_log(path: Path, say: Callable[[str], None]) -> int:
-    """A descriptor appending to an agent's log. The agent owns its folder, so what is found there is
-    checked: a FIFO would block the loop in open() (or the agent on a full pipe) and a symlink would
-    send the output elsewhere; anything but a regular file is set aside and a fresh log begun."""
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    try:
-        fd = os.open(path, flags, 0o644)
-    except OSError as exc:
-        if exc.errno not in (errno.ELOOP, errno.ENXIO):  # a symlink; a FIFO nobody reads
-            raise
-    else:
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            return fd
-        os.close(fd)
-    aside = path.with_name(f"{path.name}.suspect-{time.time_ns()}")
-    os.rename(path, aside)
-    say(f"{path.parent.name}: {path.name} was not a regular file; set aside as {aside.name}")
-    return os.open(path, flags | os.O_EXCL, 0o644)
-
-
-def _age(pid: int) -> float:
-    try:
-        return max(0.0, time.time() - psutil.Process(pid).create_time())
-    except (psutil.Error, OSError):  # OSError: no descriptors left to read /proc
-        return 0.0
-
-
-def session_groups(sid: int) -> set[int]:
-    """The process groups of session `sid`: an agent leads its session, and what it starts in a
-    group of its own (a terminal command, a delegated child) stays in that session."""
-    groups = {sid}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:  # out of descriptors, say: the agent's own group still gets the signal
-        return groups
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as handle:
-                fields = handle.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if len(fields) > 4 and int(fields[3]) == sid:  # after the name: state, ppid, pgrp, session
-            groups.add(int(fields[2]))
-    return groups
-
-
-def signal_session(sid: int, signum: int) -> None:
-    """Signal every process group of an agent's session (the group of the agent itself first)."""
-    for group in sorted(session_groups(sid), key=lambda g: g != sid):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(group, signum)
 
 
 def _with_stop_timeout(spec: ChildSpec, seconds: float) -> ChildSpec:
