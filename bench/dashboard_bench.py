@@ -45,7 +45,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hermes_sup.supervisor.workspace import find_workspace, open_workspace_board  # noqa: E402
+from hermes_sup.supervisor.config.workspace import find_workspace, open_workspace_board  # noqa: E402
 
 DSN_ENV = "HERMES_SUP_BENCH_DASHBOARD_DSN"
 

@@ -109,7 +109,7 @@ def cause(doc: dict[str, Any], check: Check | None, ws: Path, steps_only: bool) 
 def calls(ws: Path) -> list[dict[str, Any]]:
     """Every model call once, as `usage` counts them: a call's start record (logged before it is
     made) counts only when no outcome of it was logged, as an interrupted call."""
-    from hermes_sup.supervisor.usage import settle_calls
+    from hermes_sup.supervisor.governance.usage import settle_calls
 
     found = []
     for path in sorted((ws / "runs").glob("**/llm_calls.jsonl")):

@@ -12,8 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 
-from hermes_sup.kanban import BoardStore
-
+from ..kanban import BoardStore
 from .loopthread import LoopThread
 
 RETRY_EVERY = 2.0  # seconds between attempts while the board cannot be changed

@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban.liveness import holder_alive
-
+from ..kanban.liveness import holder_alive
 from .policy import RestartHistory
 from .procs import Marker
 from .spec import ChildSpec
@@ -56,6 +55,6 @@ class Child:
 
 def published_agents(runs: Path) -> list[dict[str, Any]]:
     """This host's agents as its heartbeat publishes them on a shared board (agentrows.py)."""
-    from .agentrows import published  # it reads supervisor.json as this module names it
+    from .views.agentrows import published  # it reads supervisor.json as this module names it
 
     return published(runs)

@@ -11,8 +11,9 @@ import sys
 from typing import Any
 
 import click
-from hermes_sup.kanban.parse import load_json
-from hermes_sup.kanban.task import MAX_BYTES, TaskError
+
+from ..kanban.parse import load_json
+from ..kanban.task import MAX_BYTES, TaskError
 
 
 class UsageError(Exception):

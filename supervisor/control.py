@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.agents.notify import unix_address
+from ..agents.notify import unix_address
 
 SOCKET_DIR = "sockets"
 NOTIFY_SOCKET = "notify.sock"

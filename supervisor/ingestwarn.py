@@ -17,10 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban import BoardError, BoardStore
-from hermes_sup.kanban.task import STATUSES, is_valid_id
-from hermes_sup.kanban.why import Member, Team, claim_warnings
-
+from ..kanban import BoardError, BoardStore
+from ..kanban.task import STATUSES, is_valid_id
+from ..kanban.why import Member, Team, claim_warnings
 from .loopthread import LoopThread
 
 POLL = 0.5  # seconds between looks at events.jsonl's size

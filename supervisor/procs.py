@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-from hermes_sup.kanban.liveness import START_TIME_TOLERANCE, start_time
+
+from ..kanban.liveness import START_TIME_TOLERANCE, start_time
 
 MARKER_ENV = "HERMES_SUP_INSTANCE"
 # What a scan of /proc can run out of: then it saw only part of the processes, which is not "none".

@@ -26,18 +26,18 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from hermes_sup.agents.notify import NOTIFY_ENV, parse
-from hermes_sup.agents.worker import AGENT_ENV, SUPERVISOR_ENV, WORKSPACE_ENV
-from hermes_sup.kanban.backends import open_board
-from hermes_sup.kanban.fsio import read_bytes_nofollow
-from hermes_sup.kanban.liveness import start_time
-from hermes_sup.kanban.task import now_iso
 
+from ..agents.notify import NOTIFY_ENV, parse
+from ..agents.worker import AGENT_ENV, SUPERVISOR_ENV, WORKSPACE_ENV
+from ..kanban.backends import open_board
+from ..kanban.fsio import read_bytes_nofollow
+from ..kanban.liveness import start_time
+from ..kanban.task import now_iso
 from . import cgroups
-from .alerts import AlertSender, exposed, rules_of
 from .boardwork import BoardWork
 from .child import Child, published_agents
 from .cliargs import sane_state
+from .config.workspace import ConfigError, Workspace, load_config, private_dir
 from .control import (
     CONTROL_SOCKET,
     NOTIFY_SOCKET,
@@ -51,6 +51,8 @@ from .control import (
 )
 from .control import request as request  # the CLI's entry point, kept importable from here
 from .exits import State, Why, event, on_exit
+from .governance.alerts import AlertSender, exposed, rules_of
+from .governance.schedules import Scheduler, schedules_of
 from .ingestwarn import IngestWarnings, team_of
 from .policy import cleared, decide_failed_start, loop_gap
 from .procs import (
@@ -66,13 +68,11 @@ from .procs import (
     strays,
     trees_rss_mb,
 )
-from .schedules import Scheduler, schedules_of
 from .sessions import open_log, process_age, signal_session
 from .spec import ChildSpec, build_specs, describe_reload, plan_reload
 from .statefile import SUPERVISOR_FILE, StateWriter, quiet, read_state
 from .steer import agent_groups, held_from, targets
 from .supevents import SupervisorEvents
-from .workspace import ConfigError, Workspace, load_config, private_dir
 
 STATE_FILE = SUPERVISOR_FILE
 # Agents starting at once (the rest queued): an agent's start is mostly Python's imports, on one core.

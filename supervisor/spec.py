@@ -13,10 +13,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .folders import granted, not_granted
-from .mcpconfig import granted_servers
+from .config.folders import granted, not_granted
+from .config.mcpconfig import granted_servers
+from .config.runtimes import runtime_of
 from .policy import RestartSpec
-from .runtimes import runtime_of
 
 DEFAULTS: dict[str, Any] = {
     "restart": {"policy": "on-failure", "backoff": {"initial": 0.5, "max": 30.0}, "max_restarts": 5, "window": 60.0,

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban.fsio import write_json_atomic
-from hermes_sup.kanban.liveness import holder_alive
+from ..kanban.fsio import write_json_atomic
+from ..kanban.liveness import holder_alive
 
 SUPERVISOR_FILE = "supervisor.json"  # in runs/: the supervisor's pid, start time and its agents
 RETRY_EVERY = 2.0  # seconds between attempts while writes fail

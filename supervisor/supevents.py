@@ -15,7 +15,7 @@ import contextlib
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
-from hermes_sup.kanban.task import now_iso
+from ..kanban.task import now_iso
 
 NOTE_CHARS = 2000  # a line is the supervisor's own, but it may quote a task or a path at length
 COMMANDS = ("stop", "start", "restart", "reload")

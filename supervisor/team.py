@@ -12,12 +12,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban import BoardError, BoardStore
-from hermes_sup.kanban.fsio import read_bytes_nofollow
-from hermes_sup.kanban.why import Member, Team, Waiting, claim_warnings, why_waiting
-
+from ..kanban import BoardError, BoardStore
+from ..kanban.fsio import read_bytes_nofollow
+from ..kanban.why import Member, Team, Waiting, claim_warnings, why_waiting
+from .config.workspace import ConfigError, Workspace, load_config
 from .spec import build_specs
-from .workspace import ConfigError, Workspace, load_config
 
 # An agent's waiting reason is a line of its own making; longer is not a reason but a damaged file.
 MAX_REASON = 500

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from hermes_sup.agents.routing import chain_for
 from hermes_sup.kanban import Board, TaskNotFound
-from hermes_sup.supervisor.workspace import ConfigError, load_config
+from hermes_sup.supervisor.config.workspace import ConfigError, load_config
 
 from .conftest import CLI, ROOT, wait_until
 from .llm_server import ScriptedLLM, openai_reply

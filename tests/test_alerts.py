@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 from hermes_sup.kanban import Board
 from hermes_sup.kanban.events import agent_event, append_record, decode_event, read_since
-from hermes_sup.supervisor.alerts import (
+from hermes_sup.supervisor.config.workspace import ConfigError, load_config
+from hermes_sup.supervisor.governance.alerts import (
     SIGNATURE_HEADER,
     alert_body,
     alert_for,
@@ -32,7 +33,6 @@ from hermes_sup.supervisor.alerts import (
     signature,
     worth_retrying,
 )
-from hermes_sup.supervisor.workspace import ConfigError, load_config
 
 from .conftest import gone, supervisor_state, wait_until
 from .test_events import hermes, make_ws

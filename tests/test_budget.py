@@ -29,7 +29,7 @@ from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig, complete
 from hermes_sup.agents.translate import Usage
 from hermes_sup.kanban import Board
 from hermes_sup.kanban.why import BUDGET_REACHED
-from hermes_sup.supervisor.workspace import ConfigError, load_config
+from hermes_sup.supervisor.config.workspace import ConfigError, load_config
 
 from .conftest import CLI, ROOT, wait_until
 from .llm_server import ScriptedLLM, openai_reply

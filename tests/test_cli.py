@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from hermes_sup.agents.routing import resolve_auto
 from hermes_sup.kanban import Board
 from hermes_sup.supervisor.cli import main
-from hermes_sup.supervisor.workspace import ConfigError, find_workspace, load_config
+from hermes_sup.supervisor.config.workspace import ConfigError, find_workspace, load_config
 
 from .conftest import CLI, gone, wait_until
 
@@ -227,7 +227,7 @@ def test_doctor_shows_what_auto_found_and_never_a_key(ws, monkeypatch):
     for name in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "OPENROUTER_API_KEY"):
         monkeypatch.delenv(name, raising=False)
     # No local server probing here: the machine running the tests may have one.
-    monkeypatch.setattr("hermes_sup.supervisor.doctor.resolve_auto", functools.partial(resolve_auto, ports=()))
+    monkeypatch.setattr("hermes_sup.supervisor.config.doctor.resolve_auto", functools.partial(resolve_auto, ports=()))
     checks = {c["name"]: c for c in run_json(ws, "doctor")["checks"]}
     assert checks["provider auto"]["level"] == "warn" and checks["provider auto"]["detail"].startswith("offline")
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-very-secret-value")
@@ -242,7 +242,7 @@ def test_board_watch_redraws_on_change_events_and_draws_a_burst_once_settled(ws)
     import threading
 
     from hermes_sup.kanban import Board
-    from hermes_sup.supervisor.cli import SAFETY_RESCAN
+    from hermes_sup.supervisor.cli.board import SAFETY_RESCAN
 
     proc = subprocess.Popen([*CLI, "-w", str(ws), "board", "--watch", "--json"],
                             stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent)
@@ -361,7 +361,7 @@ def test_logs_follow_prints_new_lines_and_ends_cleanly_on_ctrl_c_or_sigterm(ws, 
 
 def test_task_show_prints_a_models_answer_as_its_lines_and_steps_one_a_line(ws):
     from hermes_sup.kanban import Board
-    from hermes_sup.supervisor.render import result_text
+    from hermes_sup.supervisor.views.render import result_text
 
     board = Board(ws / "kanban")
     board.add({"id": "guide", "title": "Write the guide"})
@@ -397,7 +397,7 @@ def test_up_with_agents_naming_no_agent_is_refused_and_starts_nothing(ws, names)
 
 
 def test_init_scaffolds_where_every_command_looks_for_the_workspace(tmp_path, monkeypatch):
-    from hermes_sup.supervisor.cli import init_root
+    from hermes_sup.supervisor.cli.setup import init_root
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -434,7 +434,7 @@ def test_piped_output_is_never_hard_wrapped(tmp_path):
 def test_doctor_judges_the_machines_limits_against_the_team_and_names_what_raises_them():
     """A 256-agent team on this machine's defaults (128 inotify instances, a heartbeat queue of 10):
     each limit too low is named with the setting that raises it; a small team passes them all."""
-    from hermes_sup.supervisor.doctor import machine_checks
+    from hermes_sup.supervisor.config.doctor import machine_checks
 
     inotify = {"max_user_instances": 128, "max_user_watches": 192536}
     machine = {"nofile": 1024, "dgram_qlen": 10, "available_mb": 8000}

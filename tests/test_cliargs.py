@@ -237,7 +237,7 @@ def test_an_answer_trickled_on_the_control_socket_does_not_hold_status(ws):
 def test_up_detach_waits_as_long_as_agents_keep_coming_up_and_no_longer():
     """256 agents on 2 cores took more than the fixed 60 s `up --detach` waited: it now waits while one
     more agent starts or becomes ready at least once a minute, and gives up after a minute of none."""
-    from hermes_sup.supervisor.cli import Stall, ready_progress
+    from hermes_sup.supervisor.cli.run import Stall, ready_progress
 
     stall = Stall(60.0, now=0.0)
     agents = {f"a{i}": {"state": "starting", "pid": None} for i in range(256)}

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hermes_sup.supervisor.config.workspace import private_dir
 from hermes_sup.supervisor.control import ControlServer, down_timeout, parse_request, peer_allowed
-from hermes_sup.supervisor.workspace import private_dir
 
 
 def test_only_our_own_user_or_root_may_talk_to_the_supervisor():

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 from hermes_sup.kanban import Board
+from hermes_sup.supervisor.config.workspace import find_workspace
 from hermes_sup.supervisor.dashboard import security, sse
 from hermes_sup.supervisor.dashboard.app import Server, Settings
-from hermes_sup.supervisor.workspace import find_workspace
 
 from .conftest import CLI, ROOT, gone, stop_process, supervisor_state, wait_until
 
@@ -729,7 +729,7 @@ def test_stop_and_start_an_agent_from_the_page(page, team) -> None:
 def test_recent_events_read_as_the_events_command_prints_them(page, team) -> None:
     """A supervisor's events (an agent stopped and started by a person) in their own words, not
     squeezed into a transition's `FROM -> TO by WHO` (which read `worker-1 - -> - by - ...`)."""
-    from hermes_sup.supervisor.render import event_line
+    from hermes_sup.supervisor.views.render import event_line
     from playwright.sync_api import expect
 
     ws, _url = team

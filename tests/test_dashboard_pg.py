@@ -18,9 +18,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from hermes_sup.supervisor.config.workspace import find_workspace, open_workspace_board
 from hermes_sup.supervisor.dashboard import sse, views
 from hermes_sup.supervisor.dashboard.app import Server, Settings
-from hermes_sup.supervisor.workspace import find_workspace, open_workspace_board
 
 from . import pgserver
 from .conftest import CLI, ROOT, stop_process, supervisor_state, wait_until

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 from hermes_sup.kanban import Board
+from hermes_sup.supervisor.config.workspace import find_workspace
 from hermes_sup.supervisor.dashboard.app import Dashboard, Server, Settings
-from hermes_sup.supervisor.workspace import find_workspace
 
 from .conftest import wait_until
 from .test_dashboard import Stream, browser, card_in, init, served  # noqa: F401 (fixtures)

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hermes_sup.supervisor.config.workspace import find_workspace
 from hermes_sup.supervisor.dashboard.app import Server, Settings
 from hermes_sup.supervisor.dashboard.slowclients import DeadlineH11Protocol
-from hermes_sup.supervisor.workspace import find_workspace
 
 from .conftest import wait_until
 from .test_dashboard import init

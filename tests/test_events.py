@@ -12,15 +12,8 @@ from pathlib import Path
 
 import pytest
 from hermes_sup.kanban import Board
-from hermes_sup.kanban.events import (
-    MAX_EVENT_LINE,
-    CursorError,
-    check_cursor,
-    decode_event,
-    parse_cursor,
-    read_since,
-)
-from hermes_sup.supervisor.cli_events import event_line
+from hermes_sup.kanban.events import MAX_EVENT_LINE, CursorError, check_cursor, decode_event, parse_cursor, read_since
+from hermes_sup.supervisor.cli.events import event_line
 
 from .conftest import CLI, supervisor_state, wait_until
 

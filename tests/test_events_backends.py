@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from hermes_sup.kanban import Board
 from hermes_sup.kanban.pg.store import PgStore
-from hermes_sup.supervisor.cli_events import print_since
+from hermes_sup.supervisor.cli.events import print_since
 
 from . import pgserver
 from .pgserver import PgServer

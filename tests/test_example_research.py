@@ -67,7 +67,7 @@ def test_a_made_pdf_gives_its_text_back_as_written():
 
     from hermes_sup.agents import builtins  # noqa: F401 - registered before: not into the collection below
     from hermes_sup.agents.tools import collecting
-    from hermes_sup.supervisor.pdfmake import pdf
+    from hermes_sup.supervisor.config.pdfmake import pdf
 
     with collecting():  # the skill's tool is registered there, not among the built-ins
         pdf_pages = runpy.run_path(str(ROOT / "skills" / "extract_text.py"))["pdf_pages"]

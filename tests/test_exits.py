@@ -7,8 +7,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from hermes_sup.supervisor.alerts import alert_for
 from hermes_sup.supervisor.exits import State, Why, exit_fields, on_exit
+from hermes_sup.supervisor.governance.alerts import alert_for
 from hermes_sup.supervisor.policy import RestartHistory, RestartSpec
 
 SPEC = RestartSpec(policy="on-failure", initial=0.5, max=30.0, max_restarts=2, window=60.0, reset_after=30.0)

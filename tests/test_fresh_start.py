@@ -128,7 +128,7 @@ def test_a_person_retrying_a_failed_task_gets_a_new_conversation_and_the_log_kee
 
 
 def test_prune_removes_the_conversations_of_a_finished_tasks_earlier_attempts(tmp_path):
-    from hermes_sup.supervisor.prune import task_paths
+    from hermes_sup.supervisor.upkeep.prune import task_paths
 
     folder = tmp_path / "runs" / "doer" / "transcripts"
     folder.mkdir(parents=True)

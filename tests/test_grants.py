@@ -17,8 +17,8 @@ from hermes_sup.agents.grants import Grant, GrantRefused, describe, grants_of, p
 from hermes_sup.agents.steps import step_folders
 from hermes_sup.agents.tools import CAPABILITIES, REGISTRY, Toolbox, ToolContext, ToolError
 from hermes_sup.kanban import Board
+from hermes_sup.supervisor.config.workspace import ConfigError, load_config
 from hermes_sup.supervisor.spec import build_specs
-from hermes_sup.supervisor.workspace import ConfigError, load_config
 
 from .conftest import wait_until
 from .llm_server import ScriptedLLM, openai_reply

@@ -158,8 +158,8 @@ def test_skill_view_serves_nothing_outside_the_skills_folder(tmp_path):
 
 def test_memory_limits_are_set_in_hermes_yaml_and_reach_the_agent(tmp_path):
     from hermes_sup.agents.worker import Agent
+    from hermes_sup.supervisor.config.workspace import ConfigError, load_config
     from hermes_sup.supervisor.spec import build_specs
-    from hermes_sup.supervisor.workspace import ConfigError, load_config
 
     path = tmp_path / "hermes.yaml"
     path.write_text("defaults:\n  memory: {memory_char_limit: 4000}\n"

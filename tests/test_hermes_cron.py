@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from hermes_sup.supervisor.cli import main
-from hermes_sup.supervisor.hermes_cron import carry_jobs, in_utc, interval_cron
-from hermes_sup.supervisor.schedules import cron_error
-from hermes_sup.supervisor.workspace import load_config
+from hermes_sup.supervisor.config.workspace import load_config
+from hermes_sup.supervisor.governance.schedules import cron_error
+from hermes_sup.supervisor.hermes.cron import carry_jobs, in_utc, interval_cron
 
 JOBS = Path(__file__).resolve().parent / "fixtures" / "hermes" / "cron" / "jobs.json"
 
@@ -106,7 +106,7 @@ def test_a_damaged_jobs_file_is_refused_before_anything_is_written(tmp_path: Pat
 
 
 def test_the_machines_zone_is_hermes_default(monkeypatch):
-    from hermes_sup.supervisor.hermes_cron import offset_of
+    from hermes_sup.supervisor.hermes.cron import offset_of
 
     monkeypatch.setenv("TZ", "Asia/Kolkata")
     import time
@@ -134,7 +134,7 @@ def test_jobs_that_cannot_be_schedules_are_named_and_names_never_collide():
     why = {item["what"]: item["why"] for item in left}
     assert "paused" in why["cron job paused"] and "script" in why["cron job scripted"]
     assert "no same-day equivalent" in why["cron job bad"]
-    from hermes_sup.supervisor.hermes_cron import offset_of
+    from hermes_sup.supervisor.hermes.cron import offset_of
 
     assert offset_of("Z", datetime(2026, 1, 1, tzinfo=UTC)) == ("Z", 0)
 

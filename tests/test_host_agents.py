@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hermes_sup.kanban import Board
 from hermes_sup.kanban.liveness import start_time
-from hermes_sup.supervisor.agentrows import published, remote_rows, seconds_since
+from hermes_sup.supervisor.views.agentrows import published, remote_rows, seconds_since
 
 from .conftest import wait_until
 from .test_pg_store import Factory, make_store, schema  # noqa: F401 (fixtures)
@@ -138,7 +138,7 @@ def test_a_summary_too_big_for_any_team_is_not_read_by_every_page_every_second(
 def test_the_panel_shows_a_bounded_number_of_other_hosts_agents() -> None:
     """Anyone with the database can make up hosts: 200 of them publishing 500 agents each put 100,000
     rows into every picture of every page. The panel takes MAX_REMOTE_ROWS of them at most."""
-    from hermes_sup.supervisor.agentrows import MAX_REMOTE_ROWS
+    from hermes_sup.supervisor.views.agentrows import MAX_REMOTE_ROWS
 
     hosts = [{"host": f"fake-{n:03}", "age": 1.0, "silent": False,
               "agents": [{**AGENT, "name": f"a{i}"} for i in range(500)]} for n in range(200)]

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from hermes_sup.agents.skills import Skills
-from hermes_sup.supervisor import cli_hermes
+from hermes_sup.supervisor.cli import hermes as cli_hermes
 from hermes_sup.supervisor.cli import main
-from hermes_sup.supervisor.workspace import load_config
+from hermes_sup.supervisor.config.workspace import load_config
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hermes"
 SECRETS = ("sk-or-v1-0123456789abcdef", "sk-ant-api03-fedcba9876543210")

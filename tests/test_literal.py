@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from hermes_sup.kanban import Board
-from hermes_sup.supervisor import render
 from hermes_sup.supervisor.cli import main
 from hermes_sup.supervisor.cliargs import json_text
+from hermes_sup.supervisor.views import render
 from rich.console import Console
 
 from .conftest import CLI, wait_until
@@ -76,7 +76,7 @@ def ws(tmp_path: Path) -> Path:
 @pytest.fixture(autouse=True)
 def wide(monkeypatch: pytest.MonkeyPatch) -> None:
     """Wide enough that no table folds the text a test looks for."""
-    from hermes_sup.supervisor import cli as module
+    from hermes_sup.supervisor.cli import common as module
 
     for console in (module.out, module.err):
         monkeypatch.setattr(console, "width", 1000)
@@ -167,7 +167,7 @@ def test_up_prints_a_claim_by_an_agent_named_markup_and_hostile_log_lines_and_ke
 
 
 def test_a_control_character_in_hermes_yaml_is_refused_with_its_line(tmp_path):
-    from hermes_sup.supervisor.workspace import ConfigError, load_config
+    from hermes_sup.supervisor.config.workspace import ConfigError, load_config
 
     path = tmp_path / "hermes.yaml"
     path.write_text("agents:\n  - name: a\n    identity: \"x\x1b]0;pwned\"\n")

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from hermes_sup.agents.logline import call_line, model_line, short, stamp
 from hermes_sup.kanban import Board
-from hermes_sup.supervisor import render
-from hermes_sup.supervisor.cli_logs import SinceFilter, parse_since
+from hermes_sup.supervisor.cli.logs import SinceFilter, parse_since
+from hermes_sup.supervisor.views import render
 
 from .conftest import CLI, wait_until
 from .test_supervisor import hermes, llm_workspace, make_ws
@@ -54,7 +54,7 @@ def test_stamp_is_utc_to_the_second_and_read_back():
 
 
 def test_agent_colour_is_stable_across_processes_and_never_red():
-    code = "from hermes_sup.supervisor.render import agent_colour; print(agent_colour('worker-1'))"
+    code = "from hermes_sup.supervisor.views.render import agent_colour; print(agent_colour('worker-1'))"
     seen = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": seed}).stdout.strip() for seed in ("1", "2", "3")}
     assert seen == {render.agent_colour("worker-1")}
@@ -234,7 +234,7 @@ def test_a_rejected_drop_shows_at_once_in_ups_stream_and_in_board_and_board_watc
 
 
 def test_event_stamps_and_rejection_lines_for_logs():
-    from hermes_sup.supervisor.cli_logs import event_stamp, rejection_lines
+    from hermes_sup.supervisor.cli.logs import event_stamp, rejection_lines
 
     assert event_stamp("2026-11-22T17:58:30.123456Z", 0) == "2026-11-22T17:58:30Z"
     assert event_stamp("forged\nline", 0) == event_stamp(None, 0) == "1970-01-01T00:00:00Z"

@@ -197,7 +197,7 @@ def test_a_team_on_a_server_with_these_quirks_fails_and_notes_tasks_for_their_re
 
 
 def test_doctor_tool_use_lines_from_saved_documents():
-    from hermes_sup.supervisor.doctor import tool_use_checks_from
+    from hermes_sup.supervisor.config.doctor import tool_use_checks_from
 
     saved = {"a": {"providers": {"dropper": {"offered": 4, "called": 0, "warned": True},
                                  "caller": {"offered": 4, "called": 1, "warned": True},

@@ -21,7 +21,7 @@ from hermes_sup.agents.mcpservers import Hub, text_of, tool_name, wanted
 from hermes_sup.agents.terminal import clean_env, command_for
 from hermes_sup.agents.tools import ToolError
 from hermes_sup.kanban import Board
-from hermes_sup.supervisor.workspace import ConfigError, load_config
+from hermes_sup.supervisor.config.workspace import ConfigError, load_config
 
 from .conftest import CLI, ROOT, running, wait_until
 

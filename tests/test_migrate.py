@@ -17,13 +17,7 @@ import pytest
 from hermes_sup.kanban import Board
 from hermes_sup.kanban.liveness import start_time
 from hermes_sup.kanban.task import normalize
-from hermes_sup.supervisor.migrate import (
-    event_row,
-    marker_offset,
-    marker_record,
-    plan_migration,
-    stored_form,
-)
+from hermes_sup.supervisor.upkeep.migrate import event_row, marker_offset, marker_record, plan_migration, stored_form
 from psycopg.conninfo import make_conninfo
 
 from . import pgserver

@@ -111,7 +111,7 @@ def test_under_any_umask_no_state_file_is_readable_by_others(tmp_path, umask):
 
 
 def test_doctor_warns_of_a_key_file_others_may_read(tmp_path):
-    from hermes_sup.supervisor.doctor import env_file_exposure
+    from hermes_sup.supervisor.config.doctor import env_file_exposure
 
     ws = tmp_path / "ws"
     subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)

@@ -15,8 +15,8 @@ from hermes_sup.agents.memory import MemoryFile
 from hermes_sup.agents.offer import FILE_CUE, calls_for, offered, task_text
 from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig
 from hermes_sup.agents.tools import Toolbox, ToolContext
+from hermes_sup.supervisor.config.workspace import ConfigError, load_config
 from hermes_sup.supervisor.spec import build_specs
-from hermes_sup.supervisor.workspace import ConfigError, load_config
 
 from .llm_server import ScriptedLLM, openai_reply
 

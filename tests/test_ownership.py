@@ -20,9 +20,9 @@ from hermes_sup.agents.notify import ORPHANED
 from hermes_sup.kanban import Board
 from hermes_sup.kanban.liveness import start_time
 from hermes_sup.supervisor import cgroups
+from hermes_sup.supervisor.config.workspace import Workspace, load_config
 from hermes_sup.supervisor.procs import MARKER_ENV, Marked, Marker, marked, marker_value, stop_all
 from hermes_sup.supervisor.runner import Supervisor
-from hermes_sup.supervisor.workspace import Workspace, load_config
 
 from .conftest import CLI, ROOT, gone, wait_until
 from .test_supervisor import FAKE, agent, hermes, make_ws, state

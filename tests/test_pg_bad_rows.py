@@ -110,8 +110,8 @@ def test_events_follow_keeps_following_past_a_bad_row(pg_ws: Path, database: str
 
 def test_the_dashboard_answers_its_picture_and_stream_past_a_bad_row(pg_ws: Path, database: str,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from hermes_sup.supervisor.config.workspace import find_workspace
     from hermes_sup.supervisor.dashboard.app import Server, Settings
-    from hermes_sup.supervisor.workspace import find_workspace
 
     from .test_dashboard import Stream as Page
     from .test_dashboard import event_of
@@ -208,8 +208,8 @@ def test_a_task_row_that_is_no_task_is_listed_as_damaged_and_breaks_no_reader(
     """`board` (every host's), the dashboard's picture and `task show` read every row: one whose
     depends_on is a number raised TypeError out of each. Each such row is listed as damaged, as the
     file board lists a task file it cannot read; a claim sets it aside; the good task is unharmed."""
+    from hermes_sup.supervisor.config.workspace import find_workspace
     from hermes_sup.supervisor.dashboard.app import Server, Settings
-    from hermes_sup.supervisor.workspace import find_workspace
 
     ok(hermes(pg_ws, "task", "add", "Good", "--id", "good"))
     with psycopg.connect(database, autocommit=True) as conn:
@@ -253,8 +253,8 @@ def test_a_heartbeat_or_a_lease_at_infinity_breaks_no_reader(pg_ws: Path, databa
     agents panel lost every other host, doctor called the database broken), and a lease at infinity
     reached the page as `Infinity`, no JSON (/api/snapshot 500, `task show --json` unparsable)."""
     from hermes_sup.kanban.pg.store import PgStore
+    from hermes_sup.supervisor.config.workspace import find_workspace
     from hermes_sup.supervisor.dashboard.app import Server, Settings
-    from hermes_sup.supervisor.workspace import find_workspace
 
     def strict(text: str) -> object:
         return json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} is no JSON"))

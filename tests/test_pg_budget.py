@@ -19,7 +19,7 @@ import pytest
 from hermes_sup.agents.budget import Caps, decide
 from hermes_sup.agents.ledger import FileLedger, LedgerError, open_ledger, read_spend, read_spend_noted
 from hermes_sup.kanban.pg import open_store
-from hermes_sup.supervisor.usage import team_records
+from hermes_sup.supervisor.governance.usage import team_records
 from psycopg.conninfo import make_conninfo
 
 from . import pgserver
@@ -422,8 +422,8 @@ def test_usage_on_postgres_creates_no_ledger_and_says_there_is_none_yet(tmp_path
     spend = read_spend_noted(tmp_path, {"backend": "postgres", "dsn_env": DSN_ENV})
     assert spend.entries == [] and len(spend.notes) == 1
     # Nor does the dashboard looking for changes of spend while a page is open.
+    from hermes_sup.supervisor.config.workspace import Workspace
     from hermes_sup.supervisor.dashboard.views import LedgerVersion
-    from hermes_sup.supervisor.workspace import Workspace
     version = LedgerVersion(Workspace(ws))
     try:
         assert version() == version()
@@ -526,7 +526,7 @@ def test_amounts_near_the_largest_float_another_host_wrote_sum_to_a_finite_spend
     database's sum failed every reservation of every host (an error, not a refusal), and across groups
     the spend was infinity, which no page's JSON takes. An amount counts at most MAX_AMOUNT."""
     from hermes_sup.agents.ledger_pg import MAX_AMOUNT
-    from hermes_sup.supervisor.usage import budget_standing
+    from hermes_sup.supervisor.governance.usage import budget_standing
 
     ledger = open_ledger(tmp_path, {"backend": "postgres", "dsn_env": DSN_ENV}, host="box-a",
                          environ={DSN_ENV: database})

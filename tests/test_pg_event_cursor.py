@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from hermes_sup.kanban.pg import sql, stream
 from hermes_sup.kanban.pg.store import PgStore
-from hermes_sup.supervisor.cli_events import print_since
+from hermes_sup.supervisor.cli.events import print_since
 
 from . import pgserver
 from .conftest import wait_until

@@ -25,7 +25,7 @@ from hermes_sup.kanban.journal import FileTaskJournal
 from hermes_sup.kanban.pg.journal import PgTaskJournal, attempt_name, next_free
 from hermes_sup.kanban.pg.store import PgStore
 from hermes_sup.kanban.redact import remember
-from hermes_sup.supervisor import taskrecords
+from hermes_sup.supervisor.views import taskrecords
 
 from . import pgserver
 from .llm_server import ScriptedLLM, error_reply, openai_reply
@@ -265,7 +265,7 @@ def test_prune_removes_finished_tasks_journal_rows_but_their_model_calls(make_st
     """`prune` on PostgreSQL: a finished task's transcript and tool-call rows go (the database is where
     they take room), its model-call rows (what `usage` counts), its document and every other task's
     rows stay; a dry run removes nothing."""
-    from hermes_sup.supervisor.prune import prune
+    from hermes_sup.supervisor.upkeep.prune import prune
 
     store = make_store()
     ids = {status: store.add({"id": f"{status}-task", "title": status, "priority": 9 - n})["id"]

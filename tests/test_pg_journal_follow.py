@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 from hermes_sup.kanban.pg.store import PgStore
-from hermes_sup.supervisor import taskrecords
+from hermes_sup.supervisor.views import taskrecords
 
 from .pgserver import PgServer
 from .test_pg_journal import Factory, make_store  # noqa: F401 (make_store: a fixture)

@@ -11,8 +11,8 @@ from pathlib import Path
 import filelock
 import pytest
 from hermes_sup.kanban import Board, doccache
-from hermes_sup.supervisor.prune import finished_before, journal_keep, parse_age, prune
 from hermes_sup.supervisor.sweep import LOCK_FILE
+from hermes_sup.supervisor.upkeep.prune import finished_before, journal_keep, parse_age, prune
 
 from .conftest import CLI, ROOT
 

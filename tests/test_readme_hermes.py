@@ -57,7 +57,7 @@ def test_coming_from_hermes_agent_as_written(tmp_path: Path):
         assert done.returncode == 0, f"{line}\n{done.stdout}{done.stderr}"
         for text in quoted:
             assert text in done.stdout, f"{line}: {text!r} not in\n{done.stdout}"
-    from hermes_sup.supervisor.workspace import load_config
+    from hermes_sup.supervisor.config.workspace import load_config
 
     agents = {agent["name"]: agent for agent in load_config(ws / "hermes.yaml")["agents"]}
     assert agents["ada"]["providers"] == ["ada"] and "coder" in agents
@@ -67,7 +67,7 @@ def test_running_other_agents_configs_load_as_written(tmp_path: Path):
     """The section's hermes.yaml examples load as they are (what a config names of this machine, a
     granted folder and Hermes' home, made by the test)."""
     import yaml
-    from hermes_sup.supervisor.workspace import load_config
+    from hermes_sup.supervisor.config.workspace import load_config
 
     text = (ROOT / "README.md").read_text()
     start = text.index("## Running other agents")

@@ -17,7 +17,7 @@ import pytest
 from hermes_sup.agents.clirun import RESULT_FILE, _result, argv_problem, fill, judge, work
 from hermes_sup.agents.tools import ToolContext
 from hermes_sup.kanban import Board, TaskNotFound
-from hermes_sup.supervisor.workspace import ConfigError, load_config
+from hermes_sup.supervisor.config.workspace import ConfigError, load_config
 
 from .conftest import CLI, ROOT, marked_sleep, running, wait_until
 

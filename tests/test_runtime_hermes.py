@@ -19,7 +19,7 @@ import pytest
 from hermes_sup.agents.clirun import Run
 from hermes_sup.agents.hermesrun import judge, read_bridge, usage_record
 from hermes_sup.kanban import Board
-from hermes_sup.supervisor.workspace import ConfigError, load_config
+from hermes_sup.supervisor.config.workspace import ConfigError, load_config
 
 from .conftest import CLI, ROOT, running, wait_until
 from .llm_server import ScriptedLLM, openai_reply
@@ -247,7 +247,7 @@ def test_a_hermes_agent_is_refused_with_file_and_line_when_it_cannot_run(tmp_pat
     (tmp_path / "hermes.yaml").write_text(f"agents:\n  - {base}, profile: worker}}\n  - {other}, profile: default}}\n")
     config = load_config(tmp_path / "hermes.yaml")
     assert [a["profile"] for a in config["agents"]] == ["worker", "default"]
-    from hermes_sup.supervisor.runtimes import profile_dir
+    from hermes_sup.supervisor.config.runtimes import profile_dir
 
     assert profile_dir(config["agents"][0]) == home / "profiles" / "worker"
     assert profile_dir(config["agents"][1]) == home, "default: the home itself, as Hermes has it"
@@ -489,7 +489,7 @@ def test_a_relative_profile_is_the_workspaces_and_odd_names_are_refused(tmp_path
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)  # not the supervisor's folder: the workspace's
-    from hermes_sup.supervisor.runtimes import profile_dir
+    from hermes_sup.supervisor.config.runtimes import profile_dir
 
     assert profile_dir(load_config(tmp_path / "hermes.yaml")["agents"][0]) == tmp_path / "profiles" / "mine"
     for bad in ("'..'", "''", "5"):

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 from hermes_sup.kanban import Board
-from hermes_sup.supervisor.schedules import (
+from hermes_sup.supervisor.config.workspace import ConfigError, load_config
+from hermes_sup.supervisor.governance.schedules import (
     CLOCK_ENV,
     STATE_FILE,
     Schedule,
@@ -21,7 +22,6 @@ from hermes_sup.supervisor.schedules import (
     listing,
     task_id,
 )
-from hermes_sup.supervisor.workspace import ConfigError, load_config
 
 from .conftest import CLI, ROOT, wait_until
 

@@ -16,9 +16,10 @@ from click.testing import CliRunner
 from hermes_sup.kanban import Board
 from hermes_sup.kanban.prefix import UnknownTaskId, resolve_id, resolve_task_id
 from hermes_sup.kanban.task import MAX_BYTES
-from hermes_sup.supervisor import cli_steer, render
 from hermes_sup.supervisor.cli import main
+from hermes_sup.supervisor.cli import steer as cli_steer
 from hermes_sup.supervisor.steer import agent_groups, held_from, targets
+from hermes_sup.supervisor.views import render
 
 from .conftest import CLI, gone, supervisor_state, wait_until
 

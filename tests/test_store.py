@@ -14,7 +14,7 @@ from hermes_sup.kanban.backends import BoardConfigError, check_board_config, che
 from hermes_sup.kanban.board import Board
 from hermes_sup.kanban.store import BoardStore
 from hermes_sup.supervisor.cli import main
-from hermes_sup.supervisor.workspace import ConfigError, load_config
+from hermes_sup.supervisor.config.workspace import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parent.parent
 # Every package that uses a board without being one: they reach it through the protocol alone.

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from hermes_sup.kanban import Board
 from hermes_sup.kanban.events import append_record, decode_event, read_since
-from hermes_sup.supervisor.cli_events import event_line
+from hermes_sup.supervisor.cli.events import event_line
 from hermes_sup.supervisor.policy import describe_exit
 from hermes_sup.supervisor.supevents import command_event, note
 

@@ -96,7 +96,7 @@ def test_the_listing_is_bounded_and_never_follows_a_link(tmp_path):
 
 
 def test_no_agent_may_be_named_like_the_folder_of_the_tasks(tmp_path):
-    from hermes_sup.supervisor.workspace import ConfigError, load_config
+    from hermes_sup.supervisor.config.workspace import ConfigError, load_config
 
     path = tmp_path / "hermes.yaml"
     path.write_text("agents:\n  - name: tasks\n")

@@ -101,8 +101,8 @@ def test_a_unique_prefix_names_its_task_wherever_the_board_keeps_it(workspace) -
 
 def test_the_dashboards_actions_resolve_a_prefix_through_the_board(workspace, monkeypatch) -> None:
     """The page's task view and actions take an id as the CLI does: the same refusal, the same task."""
+    from hermes_sup.supervisor.config.workspace import find_workspace
     from hermes_sup.supervisor.dashboard.app import Server, Settings
-    from hermes_sup.supervisor.workspace import find_workspace
 
     from .conftest import wait_until
     from .test_dashboard import post

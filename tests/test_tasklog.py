@@ -12,8 +12,8 @@ import threading
 from pathlib import Path
 
 from hermes_sup.kanban import Board
-from hermes_sup.supervisor import render, taskrecords
-from hermes_sup.supervisor.taskrecords import Raw, Source
+from hermes_sup.supervisor.views import render, taskrecords
+from hermes_sup.supervisor.views.taskrecords import Raw, Source
 
 from .conftest import CLI, wait_until
 from .test_supervisor import ROOT, hermes, llm_workspace

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from hermes_sup.agents.loop import price
 from hermes_sup.agents.translate import Usage
 from hermes_sup.supervisor.cli import main
-from hermes_sup.supervisor.usage import summarize
+from hermes_sup.supervisor.governance.usage import summarize
 
 PRICES = {"claude-x": {"input": 3.0, "output": 15.0, "cached": 0.3}, "cheap": {"input": 0.1, "output": 0.4}}
 
@@ -93,7 +93,7 @@ def test_a_started_call_counts_once_and_as_interrupted_only_when_it_never_ended(
 def test_a_model_call_row_of_odd_shape_from_another_host_is_counted_and_breaks_no_summary():
     """The board database's llm rows are written by any host (or anyone with the database): a task
     or a call id that is an object, not text, made `usage` (every host's) fail with a TypeError."""
-    from hermes_sup.supervisor.usage import team_records
+    from hermes_sup.supervisor.governance.usage import team_records
 
     rows = [{"agent": "evil", "entry": {"task": {"a": 1}, "outcome": "ok", "tokens_in": 5, "cost_usd": 0.5}},
             {"agent": "evil", "entry": {"task": ["t"], "outcome": "started", "call": {"x": 1},

@@ -10,8 +10,9 @@ import subprocess
 from pathlib import Path
 
 from hermes_sup.kanban import Board
-from hermes_sup.supervisor import render, team
-from hermes_sup.supervisor.workspace import Workspace
+from hermes_sup.supervisor import team
+from hermes_sup.supervisor.config.workspace import Workspace
+from hermes_sup.supervisor.views import render
 from rich.console import Console
 
 from .conftest import CLI, ROOT, supervisor_state, wait_until

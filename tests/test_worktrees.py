@@ -18,7 +18,7 @@ from hermes_sup.agents import (
 )
 from hermes_sup.agents.tools import Toolbox, ToolContext
 from hermes_sup.kanban import Board
-from hermes_sup.supervisor.workspace import ConfigError, load_config
+from hermes_sup.supervisor.config.workspace import ConfigError, load_config
 
 from .conftest import CLI, ROOT, wait_until
 
@@ -168,8 +168,8 @@ def test_two_agents_edit_the_same_file_on_two_branches_and_a_killed_holders_task
                                       capture_output=True, text=True, check=True).stdout)["worktrees"]["app"]
     assert shown["branch"] == f"hermes-sup/{first['id']}" and shown["commits"][0].endswith(" Say one")
     assert shown["diffstat"] == "1 file changed, 1 insertion(+), 1 deletion(-)"
+    from hermes_sup.supervisor.config.workspace import Workspace
     from hermes_sup.supervisor.dashboard.views import task_document
-    from hermes_sup.supervisor.workspace import Workspace
 
     assert task_document(board, Workspace(ws), first["id"])["worktrees"]["app"] == shown, "the dashboard's too"
     text = subprocess.run([*CLI, "-w", str(ws), "task", "show", first["id"]], cwd=ROOT, capture_output=True,
@@ -206,7 +206,7 @@ def test_a_worktree_that_cannot_be_made_fails_the_task_with_the_reason(tmp_path)
 
 
 def test_prune_removes_a_finished_tasks_tree_and_keeps_its_branch(tmp_path):
-    from hermes_sup.supervisor.prune import prune
+    from hermes_sup.supervisor.upkeep.prune import prune
 
     repo = make_repo(tmp_path / "app")
     runs = tmp_path / "ws" / "runs"

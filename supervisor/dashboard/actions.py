@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from hermes_sup.kanban import BoardStore
-from hermes_sup.kanban.prefix import resolve_task_id
-
+from ...kanban import BoardStore
+from ...kanban.prefix import resolve_task_id
 from ..cliargs import MAX_PRIORITY
+from ..config.workspace import Workspace
 from ..runner import request
-from ..workspace import Workspace
 
 BY = "dashboard"
 AGENT_COMMANDS = frozenset({"restart", "stop", "start"})

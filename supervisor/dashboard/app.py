@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
-from hermes_sup.kanban import BoardError, TaskError
-from hermes_sup.kanban.errors import InvalidTransition, TaskNotFound
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -28,8 +26,10 @@ from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from .. import taskrecords
-from ..workspace import Workspace, board_settings, open_workspace_board
+from ...kanban import BoardError, TaskError
+from ...kanban.errors import InvalidTransition, TaskNotFound
+from ..config.workspace import Workspace, board_settings, open_workspace_board
+from ..views import taskrecords
 from . import actions, follow, security, slowclients, views
 from .picture import COLUMN_LIMIT
 from .sse import Hub, StreamEnd
@@ -223,7 +223,7 @@ class Dashboard:
 
     async def task(self, request: Request) -> Response:
         task_id = request.path_params["task_id"]
-        from hermes_sup.kanban.prefix import resolve_task_id
+        from ...kanban.prefix import resolve_task_id
 
         def read() -> dict[str, Any]:
             return views.task_document(self.board, self.ws, resolve_task_id(self.board, task_id))
@@ -231,7 +231,7 @@ class Dashboard:
         return JSONResponse(await self.call(read), headers=HEADERS)
 
     async def task_log(self, request: Request) -> Response:
-        from hermes_sup.kanban.prefix import resolve_task_id
+        from ...kanban.prefix import resolve_task_id
 
         found = await self.call(resolve_task_id, self.board, request.path_params["task_id"])
 

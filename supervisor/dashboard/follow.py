@@ -17,9 +17,8 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban import BoardError, TaskError
-
-from .. import render, taskrecords
+from ...kanban import BoardError, TaskError
+from ..views import render, taskrecords
 from .sse import KEEPALIVE, frame
 
 FOLLOW_INTERVAL = 0.25  # as `task log -f`

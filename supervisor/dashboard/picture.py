@@ -7,9 +7,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from hermes_sup.kanban.why import Team
-
-from .. import render, team
+from ...kanban.why import Team
+from .. import team
+from ..views import render
 
 # Cards each column ships: a board of thousands of tasks is a picture of at most 600 cards, each
 # with why it waits, whatever the board holds; the column's count stays whole.

@@ -34,11 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.agents.ledger import LEDGER_FILE
-from hermes_sup.agents.providers import BREAKERS_FILE
-from hermes_sup.kanban import BoardError, BoardStore
-from hermes_sup.kanban.events import CursorError, parse_cursor
-
+from ...agents.ledger import LEDGER_FILE
+from ...agents.providers import BREAKERS_FILE
+from ...kanban import BoardError, BoardStore
+from ...kanban.events import CursorError, parse_cursor
 from ..statefile import SUPERVISOR_FILE
 from .picture import serialize
 

@@ -15,15 +15,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.agents import worktrees
-from hermes_sup.agents.ledger import LedgerError, open_reader
-from hermes_sup.kanban import BoardError, BoardStore
-from hermes_sup.kanban.backends import DEFAULT_BACKEND, check_board_config
-
-from .. import agentrows, render, taskrecords, team
-from ..doctor import breaker_states
-from ..usage import budget_standing, open_board_model_calls, summarize, team_calls
-from ..workspace import ConfigError, Workspace, load_config
+from ...agents import worktrees
+from ...agents.ledger import LedgerError, open_reader
+from ...kanban import BoardError, BoardStore
+from ...kanban.backends import DEFAULT_BACKEND, check_board_config
+from .. import team
+from ..config.doctor import breaker_states
+from ..config.workspace import ConfigError, Workspace, load_config
+from ..governance.usage import budget_standing, open_board_model_calls, summarize, team_calls
+from ..views import agentrows, render, taskrecords
 from .picture import COLUMN_LIMIT, board_columns, shipped_costs
 
 HOST = socket.gethostname()

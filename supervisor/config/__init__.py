@@ -1,0 +1,1 @@
+"""The workspace and its hermes.yaml: finding, loading, checking; granted folders, MCP servers, runtimes, doctor."""
