@@ -35,7 +35,7 @@ class Child:
     marker: Marker | None = None  # what its processes carry in their environment (procs.py)
     cgroup: Path | None = None  # its own cgroup, in cgroup mode
     # The names of the environment it was started with (None: not known), to see whether it holds a
-    # variable that was withheld from the agents only after it started (see _withhold_secrets).
+    # variable that was withheld from the agents only after it started (see operator.Operator.withhold_secrets).
     env_names: frozenset[str] | None = None
 
     @property
