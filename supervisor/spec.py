@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..agents.tools import DEFAULT_CAPABILITIES
 from .config.folders import granted, not_granted
 from .config.mcpconfig import granted_servers
 from .config.runtimes import runtime_of
@@ -28,7 +29,7 @@ DEFAULTS: dict[str, Any] = {
     "log_max_mb": 10.0,
     "log_keep": 3,
 }
-DEFAULT_CAPABILITIES = ("fs.read", "fs.write", "memory", "kanban")
+
 
 
 @dataclass(frozen=True)

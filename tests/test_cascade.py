@@ -266,7 +266,7 @@ def test_with_verify_a_confident_answer_stands_only_if_the_verifier_says_yes(ver
 
 def test_task_log_shows_each_routing_decision_and_keeps_a_hostile_one_to_text():
     from hermes_sup.supervisor.views.render import log_lines
-    from hermes_sup.supervisor.views.taskrecords import model_entry
+    from hermes_sup.supervisor.views.timeline import model_entry
 
     record = {"at": "2026-11-22T18:00:00Z", "provider": "small", "model": "cheap-model", "outcome": "ok",
               "tokens_in": 10, "tokens_out": 2, "latency_s": 0.1, "cost_usd": 0.0,

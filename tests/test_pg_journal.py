@@ -25,7 +25,7 @@ from hermes_sup.kanban.journal import FileTaskJournal
 from hermes_sup.kanban.pg.journal import PgTaskJournal, attempt_name, next_free
 from hermes_sup.kanban.pg.store import PgStore
 from hermes_sup.kanban.redact import remember
-from hermes_sup.supervisor.views import taskrecords
+from hermes_sup.supervisor.views import taskrecords, timeline
 
 from . import pgserver
 from .llm_server import ScriptedLLM, error_reply, openai_reply
@@ -96,9 +96,9 @@ def test_a_model_call_logged_in_the_agents_file_and_in_the_database_is_shown_onc
     gatherer.poll()  # the agent's file has it, the database not yet
     in_db.append({"seq": 1, "kind": "llm", "agent": "w1", "name": "", "entry": record})
     gatherer.poll()
-    models = [e for e in taskrecords.merge(gatherer.all()) if e["kind"] == "model"]
+    models = [e for e in timeline.merge(gatherer.all()) if e["kind"] == "model"]
     assert [(e["agent"], e["provider"]) for e in models] == [("w1", "p")]
-    assert len([e for e in taskrecords.merge(taskrecords.gather(tmp_path, "t-1", rows)[0])
+    assert len([e for e in timeline.merge(taskrecords.gather(tmp_path, "t-1", rows)[0])
                 if e["kind"] == "model"]) == 1
 
 

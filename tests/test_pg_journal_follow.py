@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 from hermes_sup.kanban.pg.store import PgStore
-from hermes_sup.supervisor.views import taskrecords
+from hermes_sup.supervisor.views import taskrecords, timeline
 
 from .pgserver import PgServer
 from .test_pg_journal import Factory, make_store  # noqa: F401 (make_store: a fixture)
@@ -48,7 +48,7 @@ def test_a_followed_journal_reads_only_new_rows_and_shows_what_a_whole_read_show
         assert followed.rewritten == whole.rewritten
         followed.rewritten.clear()
         whole.rewritten.clear()
-        assert taskrecords.merge_keyed(followed.all()) == taskrecords.merge_keyed(whole.all())
+        assert timeline.merge_keyed(followed.all()) == timeline.merge_keyed(whole.all())
         return counted.rows - before
 
     def message(text: str) -> None:
@@ -78,7 +78,7 @@ def test_a_followed_journal_reads_only_new_rows_and_shows_what_a_whole_read_show
     assert poll() == 0 + 8
     message("after")
     assert poll() == 1
-    assert [e.get("content") for e in taskrecords.merge(followed.all()) if e["kind"] == "message"] == \
+    assert [e.get("content") for e in timeline.merge(followed.all()) if e["kind"] == "message"] == \
         ["summary", "after"]
 
     # A row whose seq was taken before another's, committed after it: not missed.
@@ -92,6 +92,6 @@ def test_a_followed_journal_reads_only_new_rows_and_shows_what_a_whole_read_show
         assert poll() == 1
         late.commit()
     poll()
-    shown = [e["call_id"] for e in taskrecords.merge(followed.all()) if e["kind"] == "tool"]
+    shown = [e["call_id"] for e in timeline.merge(followed.all()) if e["kind"] == "tool"]
     assert sorted(shown) == ["c", "cc", "ccc", "late"]
     assert sum(poll() for _ in range(5)) == 0

@@ -233,7 +233,7 @@ def test_builtin_toolsets_are_the_ones_the_tools_belong_to():
     for module in ("builtins", "delegation", "skills", "terminal"):  # importing one registers its tools
         importlib.import_module(f"hermes_sup.agents.{module}")
     from hermes_sup.agents.tools import REGISTRY
-    from hermes_sup.supervisor.config.workspace import BUILTIN_TOOLSETS
+    from hermes_sup.supervisor.config.checks import BUILTIN_TOOLSETS
 
     # mcp: the tools of the agent's MCP servers, made when it connects them (agents/mcpservers.py)
     assert {tool.toolset for tool in REGISTRY.values()} == set(BUILTIN_TOOLSETS) - {"mcp"}

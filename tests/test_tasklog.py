@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 from hermes_sup.kanban import Board
-from hermes_sup.supervisor.views import render, taskrecords
+from hermes_sup.supervisor.views import render, taskrecords, timeline
 from hermes_sup.supervisor.views.taskrecords import Raw, Source
 
 from .conftest import CLI, wait_until
@@ -72,7 +72,7 @@ def test_a_reclaimed_task_is_merged_in_time_order_each_record_once_under_the_age
         raw("a", "tool", a_tools),
         raw("a", "message", [SYSTEM, USER, ASKS, RESULT]),
     ]
-    entries = taskrecords.merge(raws)
+    entries = timeline.merge(raws)
     assert [describe(e) for e in entries] == [
         ("a", "system"), ("a", "user"), ("a", "model", "01"), ("a", "assistant"),
         ("a", "tool", "started"), ("a", "tool", "done"), ("a", "tool"), ("a", "model", "04"),
@@ -86,7 +86,7 @@ def test_an_assistant_message_follows_the_model_call_that_answered_it_not_a_late
     raws = [raw("a", "model", [model(1), model(5)]),
             raw("a", "tool", [started(2, "c1"), done(3, "c1")]),
             raw("a", "message", [SYSTEM, USER, ASKS, RESULT, ANSWER])]
-    kinds = [describe(e) for e in taskrecords.merge(raws)]
+    kinds = [describe(e) for e in timeline.merge(raws)]
     assert kinds.index(("a", "assistant")) == kinds.index(("a", "model", "01")) + 1
     assert kinds[-2:] == [("a", "model", "05"), ("a", "assistant")]
 
@@ -98,7 +98,7 @@ def test_the_overview_names_models_files_and_cost_with_unpriced_calls_apart():
                               started(6, "c2", tool="patch", args={"path": "bad.txt"}),
                               done(7, "c2", tool="patch", outcome="error"),
                               started(8, "c3", tool="read_file", args={"path": "in.txt"}), done(9, "c3", "read_file")])]
-    found = taskrecords.overview(taskrecords.merge(raws))
+    found = timeline.overview(timeline.merge(raws))
     assert found["models"] == [{"provider": "p", "model": "m", "calls": 1}, {"provider": "q", "model": "m", "calls": 1}]
     assert found["files"] == [{"agent": "a", "path": "out/report.md", "tool": "write_file"}]
     assert found["cost"]["cost_usd"] == 0.25 and found["cost"]["unpriced_calls"] == 1
@@ -313,21 +313,21 @@ def test_a_tool_record_copied_to_the_next_holder_is_shown_under_the_holder_that_
             raw("ann", "model", [model(8)])]
     doc = {"history": [{"at": at(0), "by": "cli", "to": "todo"}, {"at": at(0), "by": "zed", "to": "doing"},
                        {"at": at(5), "by": "zed", "to": "todo"}, {"at": at(6), "by": "ann", "to": "doing"}]}
-    entries = taskrecords.merge(raws, taskrecords.claims(doc))
+    entries = timeline.merge(raws, timeline.claims(doc))
     assert [(e["agent"], e["kind"]) for e in entries] == [("zed", "model"), ("zed", "tool"), ("zed", "tool"),
                                                           ("ann", "model")]
-    assert taskrecords.overview(entries)["files"] == [{"agent": "zed", "path": "a.txt", "tool": "write_file"}]
+    assert timeline.overview(entries)["files"] == [{"agent": "zed", "path": "a.txt", "tool": "write_file"}]
 
 
 def test_a_call_that_never_ended_is_shown_interrupted_but_not_while_following_its_agents_last_record():
     start = {"at": "2026-01-01T00:00:00Z", "task": "t", "call": "c1", "outcome": "started", "provider": "p",
              "model": "m", "prompt_estimate": 42}
     raws = [raw("a", "model", [start])]
-    [entry] = taskrecords.merge(raws)
+    [entry] = timeline.merge(raws)
     assert (entry["outcome"], entry["tokens_in"], entry["estimated"]) == ("interrupted", 42, True)
-    assert taskrecords.merge_keyed(raws, open_calls=False) == []  # maybe still under way
+    assert timeline.merge_keyed(raws, open_calls=False) == []  # maybe still under way
     later = {**start, "call": "c2", "outcome": "ok", "at": "2026-01-01T00:01:00Z", "tokens_in": 5}
-    following = taskrecords.merge_keyed([raw("a", "model", [start, later])], open_calls=False)
+    following = timeline.merge_keyed([raw("a", "model", [start, later])], open_calls=False)
     assert [e["outcome"] for _, e in following] == ["interrupted", "ok"]  # its agent went on: it never ended
     ended = {**start, "outcome": "ok", "tokens_in": 5}
-    assert [e["outcome"] for e in taskrecords.merge([raw("a", "model", [start, ended])])] == ["ok"]
+    assert [e["outcome"] for e in timeline.merge([raw("a", "model", [start, ended])])] == ["ok"]

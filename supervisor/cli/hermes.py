@@ -24,14 +24,8 @@ from ...kanban import BoardStore
 from ...kanban.fsio import write_atomic
 from ...kanban.parse import PlainYamlError, load_plain
 from ..cliargs import emit_json
-from ..config.workspace import (
-    CONFIG_NAME,
-    MAX_CONFIG_BYTES,
-    ConfigError,
-    load_config,
-    open_workspace_board,
-    skill_names,
-)
+from ..config.checks import skill_names
+from ..config.workspace import CONFIG_NAME, MAX_CONFIG_BYTES, ConfigError, load_config, open_workspace_board
 from .common import Failure, command, handled, json_option, literal, out, workspace_of
 
 if TYPE_CHECKING:

@@ -12,15 +12,8 @@ from rich.text import Text
 from ..cliargs import (
     emit_json,
 )
-from ..config.workspace import (
-    EXAMPLE_NAMES,
-    WORKSPACE_ENV,
-    Workspace,
-    keep_out_of_git,
-    open_workspace_board,
-    private_dir,
-    scaffold,
-)
+from ..config.scaffold import EXAMPLE_NAMES, keep_out_of_git, scaffold
+from ..config.workspace import WORKSPACE_ENV, Workspace, open_workspace_board, private_dir
 from .common import Failure, command, handled, json_option, literal, out, visible, workspace_of
 
 # -- workspace --------------------------------------------------------------------------------------

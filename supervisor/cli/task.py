@@ -19,7 +19,7 @@ from ...kanban.prefix import resolve_task_id
 from ...kanban.task import TIERS
 from .. import team
 from ..cliargs import MAX_PRIORITY, emit_json, parse_steps
-from ..views import render, taskrecords
+from ..views import render, taskrecords, timeline
 from .board import team_now
 from .common import err, group, handled, json_option, literal, open_board, out, refreshed, workspace_of
 
@@ -107,9 +107,9 @@ def task_show(ctx: click.Context, task_id: str, transcript: bool, as_json: bool)
         doc = board.get(resolve_task_id(board, task_id))
         doc = team.with_reason(doc, team.explain(board, doc, team_now(ctx)))
         raws, notes = taskrecords.gather(workspace_of(ctx).runs_path, doc["id"], taskrecords.board_rows(board))
-    entries = taskrecords.merge(raws, taskrecords.claims(doc))
+    entries = timeline.merge(raws, timeline.claims(doc))
     runs = workspace_of(ctx).runs_path
-    doc = {**doc, **taskrecords.overview(entries), "folder": task_files(runs, doc["id"]),
+    doc = {**doc, **timeline.overview(entries), "folder": task_files(runs, doc["id"]),
            "worktrees": {name: worktrees.summary(rec) for name, rec in worktrees.records(runs, doc["id"]).items()}}
     if as_json:
         emit_json({**doc, **({"transcript": entries} if transcript else {}), "notes": notes})

@@ -17,7 +17,7 @@ from ...kanban import BoardError, BoardStore, TaskError
 from ...kanban.prefix import resolve_task_id
 from ..cliargs import json_text
 from ..interrupt import interruptible
-from ..views import render, taskrecords
+from ..views import render, taskrecords, timeline
 from .common import command, err, handled, literal, open_board, refreshed, workspace_of
 
 # The journals are plain files the agents append to: read again this often while following (the
@@ -30,7 +30,7 @@ class Printer:
 
     def __init__(self, as_json: bool) -> None:
         self.as_json = as_json
-        self.printed: set[taskrecords.Key] = set()
+        self.printed: set[timeline.Key] = set()
 
     def skip(self, gatherer: taskrecords.Gatherer) -> None:
         """A transcript rewritten (compressed) since the last poll: what it holds now was shown."""
@@ -39,7 +39,7 @@ class Printer:
             self.printed.update(("message", source.agent, index) for index in range(count))
         gatherer.rewritten.clear()
 
-    def show(self, keyed: list[tuple[taskrecords.Key, dict[str, Any]]]) -> None:
+    def show(self, keyed: list[tuple[timeline.Key, dict[str, Any]]]) -> None:
         for key, entry in keyed:
             if key in self.printed:
                 continue
@@ -64,14 +64,14 @@ def follow(board: BoardStore, gatherer: taskrecords.Gatherer, printer: Printer, 
             time.sleep(interval)
             printer.note(gatherer.poll())
             printer.skip(gatherer)
-            printer.show(taskrecords.merge_keyed(gatherer.all(), held(board, gatherer.task_id), open_calls=False))
+            printer.show(timeline.merge_keyed(gatherer.all(), held(board, gatherer.task_id), open_calls=False))
 
 
 def held(board: BoardStore, task_id: str) -> list[tuple[str, str]]:
     """Who held the task when (a record copied to the next holder is shown under the one that wrote
     it); nothing if the task cannot be read now (removed or being rewritten): the log goes on."""
     try:
-        return taskrecords.claims(board.get(task_id))
+        return timeline.claims(board.get(task_id))
     except (BoardError, TaskError):
         return []
 
@@ -94,7 +94,7 @@ def task_log(ctx: click.Context, task_id: str, following: bool, as_json: bool) -
         printer = Printer(as_json)
         printer.note(gatherer.poll())
         gatherer.rewritten.clear()
-        printer.show(taskrecords.merge_keyed(gatherer.all(), held(board, found), open_calls=not following))
+        printer.show(timeline.merge_keyed(gatherer.all(), held(board, found), open_calls=not following))
         if not printer.printed and not as_json:  # an empty output would read as a failure to look
             printer.note([f"no records of {found} yet: no agent has worked on it"])
         if following:

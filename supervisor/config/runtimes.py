@@ -135,7 +135,7 @@ def check_chain(agent: dict[str, Any], providers: Any, where: str, fail: Any) ->
     chain = agent["providers"]
     known = {*(providers if isinstance(providers, dict) else {}), "auto", "offline"} - {"__line__"}
     if not isinstance(chain, list) or not chain or not all(isinstance(name, str) for name in chain):
-        from .workspace import BOOLEAN_WORD
+        from .checks import BOOLEAN_WORD
 
         said = BOOLEAN_WORD if isinstance(chain, list) and any(isinstance(n, bool) for n in chain) else ""
         raise fail(agent, f"{where}: 'providers' must be a list of provider names, tried in order (its own chain; "

@@ -29,7 +29,7 @@ from starlette.staticfiles import StaticFiles
 from ...kanban import BoardError, TaskError
 from ...kanban.errors import InvalidTransition, TaskNotFound
 from ..config.workspace import Workspace, board_settings, open_workspace_board
-from ..views import taskrecords
+from ..views import taskrecords, timeline
 from . import actions, follow, security, slowclients, views
 from .picture import COLUMN_LIMIT
 from .sse import Hub, StreamEnd
@@ -237,7 +237,7 @@ class Dashboard:
 
         def claims() -> list[tuple[str, str]]:
             with self.lock:
-                return taskrecords.claims(self.board.get(found))
+                return timeline.claims(self.board.get(found))
 
         end = StreamEnd(self.board)  # looked at every FOLLOW_INTERVAL: the events lock only on a change
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ...kanban import BoardError, TaskError
-from ..views import render, taskrecords
+from ..views import render, taskrecords, timeline
 from .sse import KEEPALIVE, frame
 
 FOLLOW_INTERVAL = 0.25  # as `task log -f`
@@ -33,7 +33,7 @@ async def task_log(runs: Path, task_id: str, claims: Callable[[], list[tuple[str
     journal the board keeps in its database (PostgreSQL: every host's agents write there), if any,
     and `marks` what its rows are (only the new ones are read, when they changed)."""
     gatherer = taskrecords.Gatherer(runs, task_id, rows, marks)
-    printed: set[taskrecords.Key] = set()
+    printed: set[timeline.Key] = set()
     held: list[tuple[str, str]] = []
     seen_end: Any = UNREAD
     first, quiet = True, 0.0
@@ -56,7 +56,7 @@ async def task_log(runs: Path, task_id: str, claims: Callable[[], list[tuple[str
             with contextlib.suppress(BoardError, TaskError):
                 held = await asyncio.to_thread(claims)
         sent = False
-        for key, entry in taskrecords.merge_keyed(gatherer.all(), held):
+        for key, entry in timeline.merge_keyed(gatherer.all(), held):
             if key in printed:
                 continue
             printed.add(key)

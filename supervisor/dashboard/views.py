@@ -23,7 +23,7 @@ from .. import team
 from ..config.doctor import breaker_states
 from ..config.workspace import ConfigError, Workspace, load_config
 from ..governance.usage import budget_standing, open_board_model_calls, summarize, team_calls
-from ..views import agentrows, render, taskrecords
+from ..views import agentrows, render, taskrecords, timeline
 from .picture import COLUMN_LIMIT, board_columns, shipped_costs
 
 HOST = socket.gethostname()
@@ -181,9 +181,9 @@ def task_document(board: BoardStore, ws: Workspace, task_id: str) -> dict[str, A
     doc = board.get(task_id)
     doc = team.with_reason(doc, team.explain(board, doc, team.load_team(ws, state, alive)))
     raws, notes = taskrecords.gather(ws.runs_path, doc["id"], taskrecords.board_rows(board))
-    entries = taskrecords.merge(raws, taskrecords.claims(doc))
+    entries = timeline.merge(raws, timeline.claims(doc))
     # As `task log` prints them (the page and the terminal agree); the newest part of a long log.
     lines = [line for entry in entries for line in render.log_lines(entry)]
     trees = {name: worktrees.summary(record) for name, record in worktrees.records(ws.runs_path, doc["id"]).items()}
-    return {**doc, **taskrecords.overview(entries), "log": lines[-MAX_LOG_LINES:],
+    return {**doc, **timeline.overview(entries), "log": lines[-MAX_LOG_LINES:],
             "log_cut": max(0, len(lines) - MAX_LOG_LINES), "notes": notes, "worktrees": trees}

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from ...agents.memory import FILES, HERMES_LIMITS, beyond_hermes, limits_problem, parse
 from ...agents.routing import LOOPBACK_HOSTS
+from ...agents.tools import DEFAULT_CAPABILITIES
 from ...kanban.parse import PlainYamlError, load_plain
 from .cron import carry_jobs, offset_of, read_jobs
 from .mcp import carry
@@ -73,7 +74,8 @@ COMPOSITES = {"hermes-cli": ("file", "terminal", "memory", "skills", "delegation
                          "todo", "session_search", "code_execution"),
               "safe": ("web", "vision", "image_gen")}
 DEFAULT_TOOLSETS = ["files", "memory", "board", "skills", "kanban"]
-DEFAULT_CAPABILITIES = ["fs.read", "fs.write", "memory", "kanban", "skills"]
+# The default capabilities and `skills`: a Hermes profile uses its skills (skill_view, skill_manage).
+IMPORTED_CAPABILITIES = [*DEFAULT_CAPABILITIES, "skills"]
 GATEWAY_KEYS = ("gateway", "platforms", "telegram", "discord", "slack", "whatsapp", "signal",
                 "matrix", "email", "sms")
 
@@ -454,7 +456,7 @@ def make_plan(profile: Profile, name: str, current: dict[str, Any], now: datetim
     if profile.description:
         notes.append(f"description (profile.yaml): {profile.description[:200]!r}: hermes-sup routes tasks by "
                      "roles; give the agent roles that say it")
-    entry: dict[str, Any] = {"name": name, "capabilities": list(DEFAULT_CAPABILITIES),
+    entry: dict[str, Any] = {"name": name, "capabilities": list(IMPORTED_CAPABILITIES),
                              "toolsets": list(DEFAULT_TOOLSETS)}
     mapped = toolsets_of(profile.config)
     if mapped is not None:
