@@ -11,7 +11,7 @@ from typing import Any
 
 from hermes_sup.kanban.task import is_valid_id
 
-TASKS_DIR = "tasks"     # under runs/; an agent may not be named so (see supervisor/workspace.py)
+TASKS_DIR = "tasks"     # under runs/; an agent may not be named so (see supervisor/config/checks.py)
 WORK_DIR = "work"
 MAX_LISTED = 200        # files `task show` lists; the count of the rest is given
 MAX_WALKED = 10_000     # entries looked at while listing: a folder of a million files is not read whole

@@ -1,12 +1,12 @@
-"""Process supervision, the `hermes-sup` command line, and the workspace (hermes.yaml).
+"""The process supervisor, with the command line, the dashboard and the workspace around it.
 
-`workspace` finds and scaffolds workspaces and reads their config; `spec` turns it into child specs;
-`policy` decides restarts (pure); `runner` is the event loop that keeps the agents alive, with
-`control` (its sockets and control protocol), `boardwork` (board work off the loop), `ingestwarn`
-(its warning about dropped tasks no agent could claim), `statefile`
-(supervisor.json, never fatal), `procs` and `cgroups` (which processes are an agent's, and stopping
-them all), `sweep` (what a dead supervisor left); `cli` is the command line, `cliargs` checks its
-arguments, `render` draws the board and tables (user text literally), `team` reads the team for
-"why is it not moving" (kanban/why.py), `usage` and `doctor` are
-their commands. May import `kanban` and `agents`.
+This folder is the supervisor itself: `runner` (the event loop that keeps each agent a live
+subprocess) composed of `operator` (the CLI's requests), `watchdog` (heartbeats, memory) and
+`leftovers` (adoption, stray sweeps); `exits` and `policy` decide what an exit means and whether to
+restart (pure); `spec` turns hermes.yaml into child specs; `control`, `statefile`, `procs`,
+`cgroups`, `sessions`, `sweep`, `boardwork`, `ingestwarn`, `supevents` and `steer` are its edges.
+Subpackages: `cli/` (the command line), `dashboard/` (the web dashboard), `config/` (the workspace
+and hermes.yaml's checks), `governance/` (alerts, schedules, usage and budgets), `hermes/` (carrying
+a Hermes Agent home over), `upkeep/` (prune, migrate), `views/` (text and records shared by the
+CLI and the dashboard). May import `kanban` and `agents`; they never import it.
 """

@@ -1,4 +1,4 @@
-"""Granted folders (agents/grants.py, supervisor/folders.py): the file tools reach a folder of the
+"""Granted folders (agents/grants.py, supervisor/config/folders.py): the file tools reach a folder of the
 user's machine hermes.yaml grants an agent, by its absolute path or NAME/..., read-only where it says
 so, never outside it (`..`, symlinks, a swapped folder); a task's steps get no folder their maker
 lacked; hermes.yaml's `folders:` is checked with file:line; and end to end, an agent process served

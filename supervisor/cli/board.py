@@ -27,7 +27,7 @@ from .common import group, handled, json_option, open_board, out, read_superviso
 # -- the board --------------------------------------------------------------------------------------
 
 class BoardGroup(JsonUsageGroup, JsonUsageCommand):
-    """`board` shows the board itself, and has subcommands (`board migrate`, cli_migrate.py)."""
+    """`board` shows the board itself, and has subcommands (`board migrate`, cli/migrate.py)."""
 
 
 @group("board", cls=BoardGroup, invoke_without_command=True)

@@ -75,7 +75,7 @@ def _indent_of(lines: list[str], start: int, end: int, default: str) -> str:
 def _add(lines: list[str], key: str, rendered: list[str]) -> list[str]:
     """`lines` with `rendered` (the block's items) added at the end of top-level `key`'s block, in its
     indentation; the key is added at the end of the file when absent (pure)."""
-    from ..hermes.importer import HermesImportError
+    from ..hermes.profile import HermesImportError
 
     blocks = _blocks(lines)
     if key not in blocks:
@@ -120,7 +120,7 @@ def expected(before: dict[str, Any], plan: Plan) -> dict[str, Any]:
 
 def checked_config(config_path: Path, text: str, plan: Plan) -> str:
     """The new hermes.yaml text, once parsed back and checked as `hermes-sup up` would."""
-    from ..hermes.importer import HermesImportError
+    from ..hermes.profile import HermesImportError
 
     try:
         before = parse_plain(text)
@@ -168,7 +168,7 @@ def top_folders(folders: set[str]) -> list[str]:
 def apply(root: Path, plan: Plan, config_text: str) -> list[str]:
     """Write the plan: memory and skills moved in from staging folders, hermes.yaml last. Returns
     what was written; on a failure, what was moved in is taken out again."""
-    from ..hermes.importer import HermesImportError
+    from ..hermes.profile import HermesImportError
 
     runs = root / "runs"
     memory_dir = runs / plan.name / "memory"
@@ -234,7 +234,7 @@ def board_plan(board: BoardStore, path: Path, plan: Plan, current: dict[str, Any
     """The tasks --board adds, checked against the board before anything is written; the plan's
     notes say what they are."""
     from ..hermes.board import board_tasks, conflicts, read_board
-    from ..hermes.importer import HermesImportError
+    from ..hermes.profile import HermesImportError
 
     rows, links, comments = read_board(board_file(path))
     # A Hermes assignee is a profile name: this profile's is its folder's (the home's is "default").
@@ -271,7 +271,8 @@ def import_hermes(ctx: click.Context, path: Path, name: str | None, dry_run: boo
     an agent of hermes.yaml, and say what could not be carried over."""
     # Imported here: the other commands do not pay for them.
     from ..hermes.board import add_tasks
-    from ..hermes.importer import HermesImportError, Plan, agent_name, make_plan, read_profile
+    from ..hermes.importer import Plan, agent_name, make_plan
+    from ..hermes.profile import HermesImportError, read_profile
 
     ws = workspace_of(ctx)
     config_path = ws.config_path

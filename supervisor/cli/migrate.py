@@ -1,7 +1,7 @@
 """`hermes-sup board migrate --to postgres`: copy the workspace's file board onto a PostgreSQL board.
 
 Registered on the `board` group when cli.py imports this module (at its end). The decisions are
-supervisor/migrate.py's (pure); the copy is one transaction of kanban/pg/bulk.py. The file board is
+supervisor/upkeep/migrate.py's (pure); the copy is one transaction of kanban/pg/bulk.py. The file board is
 read under its lock and left as it was: the copy is a copy, and going back is switching hermes.yaml.
 """
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...kanban.task import TaskError, normalize, now_iso
-from .importer import HermesImportError
+from .profile import HermesImportError
 
 if TYPE_CHECKING:
     import sqlite3

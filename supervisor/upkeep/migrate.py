@@ -1,6 +1,6 @@
 """What `hermes-sup board migrate --to postgres` copies, skips or refuses: pure decisions over plain data.
 
-The command (cli_migrate.py) reads the file board and the PostgreSQL board's tasks with the same
+The command (cli/migrate.py) reads the file board and the PostgreSQL board's tasks with the same
 ids; `plan_migration` says, without touching either, which tasks are copied, which are already
 there with the same content (skipped: a second run is a no-op), and what refuses the whole copy
 (an id with other content on the target, a task still held, a task file that cannot be read, a

@@ -328,7 +328,7 @@ def route_text(route: dict[str, Any]) -> str:
 
 
 def log_lines(entry: dict[str, Any]) -> list[str]:
-    """One entry of a task's log (see supervisor/taskrecords.py) as lines for a terminal, user and
+    """One entry of a task's log (see supervisor/views/timeline.py) as lines for a terminal, user and
     model text made visible, never markup (pure)."""
     head = f"{_clock(entry.get('at'))} {entry.get('agent')}"
     kind = entry.get("kind")
