@@ -115,7 +115,11 @@ def joiner(path: Path) -> tuple[int, Callable[[], None]]:
     The function only writes prepared bytes to an open fd: nothing that could wait on a lock after fork."""
     path.mkdir(exist_ok=True)
     fd = os.open(path / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
-    return fd, lambda: os.write(fd, b"0")  # "0": the writing process itself
+
+    def join() -> None:
+        os.write(fd, b"0")  # "0": the writing process itself
+
+    return fd, join
 
 
 def populated(path: Path) -> bool:

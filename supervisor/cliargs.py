@@ -117,7 +117,7 @@ def sane_state(raw: Any) -> dict[str, Any]:
         state["pid"], state["pid_started"] = raw["pid"], float(raw["pid_started"])
     if isinstance(raw.get("held"), list):  # the agents a person stopped (`hermes-sup stop`)
         state["held"] = [name for name in raw["held"][:MAX_AGENTS] if isinstance(name, str)]
-    agents = raw.get("agents") if isinstance(raw.get("agents"), dict) else {}
+    agents = raw["agents"] if isinstance(raw.get("agents"), dict) else {}
     state["agents"] = {str(name): {
         "pid": pid_or_none(agent.get("pid")), "pid_started": _seconds(agent.get("pid_started")),
         "state": _text(agent.get("state")), "task": _text(agent.get("task")),

@@ -48,7 +48,8 @@ def load_team(ws: Workspace, state: Mapping[str, Any], alive: bool) -> Team | No
     agents = agents if isinstance(agents, Mapping) else {}
     members = []
     for spec in specs:
-        info = agents.get(spec.name) if isinstance(agents.get(spec.name), Mapping) else {}
+        found = agents.get(spec.name)
+        info: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
         live = info.get("state") in ("running", "starting")
         members.append(Member(
             name=spec.name, roles=spec.roles, tier=spec.tier,

@@ -48,12 +48,12 @@ class Watchdog:
         limited = [child for child in self.sup.children.values()
                    if child.spec.max_rss_mb and child.state in ("starting", "running") and child.pid]
         try:
-            memory = trees_rss_mb(child.pid for child in limited) if limited else {}
+            memory = trees_rss_mb(child.pid or 0 for child in limited) if limited else {}
         except OSError as exc:  # no descriptors to read it: looked at again next interval
             self.sup.leftovers.proc_trouble(exc)
             limited = []
         for child in limited:
-            limit, rss = child.spec.max_rss_mb, memory.get(child.pid or 0, 0.0)
+            limit, rss = child.spec.max_rss_mb or 0.0, memory.get(child.pid or 0, 0.0)
             if rss > limit:
                 line = f"{child.spec.name}: uses {rss:.0f} MB, over max_rss_mb {limit:g}; restarting it"
                 self.sup.tell(line, [event("over_memory", child.spec.name, line, pid=child.pid)])
