@@ -16,7 +16,7 @@ from enum import StrEnum
 from typing import Any
 
 from ..agents.notify import ORPHANED
-from .policy import RestartHistory, RestartSpec, decide, describe_exit
+from .policy import RestartHistory, RestartSpec, decide, decide_failed_start, describe_exit
 
 
 class Why(StrEnum):
@@ -98,7 +98,7 @@ def on_exit(name: str, spec: RestartSpec, history: RestartHistory, why: Why, ret
                                         "did not reach this one); it counts as a crash",
                       reason="no supervisor"),) if not why and returncode == ORPHANED else ()
     if decision.action == "fatal":
-        line = f"{name}: FATAL: {decision.reason}"
+        line = fatal_line(name, decision.reason)
         return Exit(State.FATAL, decision.history, last, line,
                     (*orphaned, event("fatal", name, line, **ended, why=why.value or None, reason=decision.reason)))
     line = f"{name}: {decision.reason}"
@@ -110,4 +110,24 @@ def on_exit(name: str, spec: RestartSpec, history: RestartHistory, why: Why, ret
     if decision.delay <= 0:
         return Exit(State.STARTING, decision.history, last, line, (*orphaned, exited, restarting), restarted=True)
     return Exit(State.BACKOFF, decision.history, last, line, (*orphaned, exited, restarting),
+                restart_at=now + decision.delay)
+
+
+def fatal_line(name: str, reason: str) -> str:
+    """The log line of an agent given up on: what people and their log filters look for."""
+    return f"{name}: FATAL: {reason}"
+
+
+def on_failed_start(name: str, spec: RestartSpec, history: RestartHistory, error: str, err: int | None, *,
+                    now: float, rng: random.Random) -> Exit:
+    """What to do when agent `name` could not even be started (`error`, with its errno `err`): a
+    failed start of that agent, retried with backoff or fatal, never an error of the supervisor."""
+    decision = decide_failed_start(spec, history, now=now, error=error, err=err, rng=rng)
+    last = f"could not start: {error}"
+    if decision.action == "fatal":
+        line = fatal_line(name, decision.reason)
+        return Exit(State.FATAL, decision.history, last, line, (event("fatal", name, line, reason=decision.reason),))
+    line = f"{name}: {decision.reason}"
+    return Exit(State.BACKOFF, decision.history, last, line,
+                (event("start_failed", name, line, delay=round(decision.delay, 2), reason=last),),
                 restart_at=now + decision.delay)

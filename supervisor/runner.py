@@ -50,13 +50,12 @@ from .control import (
     recv_datagram,
 )
 from .control import request as request  # the CLI's entry point, kept importable from here
-from .exits import State, Why, event, on_exit
+from .exits import State, Why, event, on_exit, on_failed_start
 from .governance.alerts import AlertSender, rules_of
 from .governance.schedules import Scheduler, schedules_of
 from .ingestwarn import IngestWarnings, team_of
 from .leftovers import Leftovers
 from .operator import Operator
-from .policy import decide_failed_start
 from .procs import (
     MARKER_ENV,
     marker_value,
@@ -169,19 +168,11 @@ class Supervisor:
             self._abandon_spawn(child)
             err = exc.errno if isinstance(exc, OSError) else None
             error = f"{exc.strerror or exc}" if isinstance(exc, OSError) else str(exc)
-            decision = decide_failed_start(child.spec.restart, child.history, now=time.monotonic(),
-                                           error=error, err=err, rng=self.rng)
-            child.history, child.last_exit = decision.history, f"could not start: {error}"
-            name = child.spec.name
-            if decision.action == "fatal":
-                child.state, child.restart_at = State.FATAL, None
-                line = f"{name}: FATAL: {decision.reason}"
-                self.tell(line, [event("fatal", name, line, reason=decision.reason)])
-            else:
-                child.state, child.restart_at = State.BACKOFF, time.monotonic() + decision.delay
-                line = f"{name}: {decision.reason}"
-                self.tell(line, [event("start_failed", name, line, delay=round(decision.delay, 2),
-                                       reason=f"could not start: {error}")])
+            decided = on_failed_start(child.spec.name, child.spec.restart, child.history, error, err,
+                                      now=time.monotonic(), rng=self.rng)
+            child.history, child.last_exit = decided.history, decided.last_exit
+            child.state, child.restart_at = decided.state, decided.restart_at
+            self.tell(decided.line, list(decided.events))
             self.dirty = True
 
     def _abandon_spawn(self, child: Child) -> None:

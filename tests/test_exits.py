@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from hermes_sup.supervisor.exits import State, Why, exit_fields, on_exit
+from hermes_sup.supervisor.exits import State, Why, exit_fields, on_exit, on_failed_start
 from hermes_sup.supervisor.governance.alerts import alert_for
 from hermes_sup.supervisor.policy import RestartHistory, RestartSpec
 
@@ -111,3 +111,30 @@ def test_an_agent_that_stopped_itself_for_no_supervisor_is_a_crash_said_and_aler
     assert names(decided) == ["orphaned", "exited", "restarting"]
     assert alert_for({**decided.events[0], "at": "2026-01-01T00:00:00Z"}) == "agent_orphaned"
     assert names(exit_of(Why.STOP, ORPHANED, held=True)) == ["exited"], "stopped by a person: no such event"
+
+
+def test_a_start_that_fails_backs_off_then_is_fatal_and_both_are_records_the_alert_reads():
+    rng = random.Random(1)
+    first = on_failed_start("w", SPEC, FRESH, "No such file or directory", 2, now=100.0, rng=rng)
+    assert first.state is State.BACKOFF and first.restart_at == pytest.approx(100.0 + first.events[0]["delay"])
+    assert first.events == ({"kind": "supervisor", "event": "start_failed", "agent": "w",
+                             "delay": first.events[0]["delay"], "reason": "could not start: No such file or directory",
+                             "note": first.line},)
+    assert first.last_exit == "could not start: No such file or directory"
+    history = first.history
+    for now in (101.0, 102.0):
+        decided = on_failed_start("w", SPEC, history, "No such file or directory", 2, now=now, rng=rng)
+        history = decided.history
+    assert decided.state is State.FATAL and decided.restart_at is None
+    assert decided.line.startswith("w: FATAL: could not start: No such file or directory; 3 failures")
+    [fatal] = decided.events
+    assert fatal["event"] == "fatal" and fatal["note"] == decided.line
+    assert alert_for({**fatal, "at": "2026-01-01T00:00:00Z"}) is not None
+
+
+def test_a_shortage_of_descriptors_backs_off_without_ever_being_fatal():
+    history = FRESH
+    for now in range(100, 120):
+        decided = on_failed_start("w", SPEC, history, "Too many open files", 24, now=float(now), rng=random.Random(1))
+        history = decided.history
+        assert decided.state is State.BACKOFF
