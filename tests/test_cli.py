@@ -451,3 +451,12 @@ def test_doctor_judges_the_machines_limits_against_the_team_and_names_what_raise
     assert machine_checks(0, inotify, folders=12, machine=machine) == []
     unknown = machine_checks(3, {}, folders=12, machine={"nofile": None, "dgram_qlen": None, "available_mb": None})
     assert unknown == []
+
+
+@pytest.mark.parametrize("args", [["task", "add", ""], ["task", "add", "x", "--id", "My_Task"],
+                                  ["task", "add", "   "]])
+def test_task_fields_no_board_would_take_are_a_usage_error_before_the_board_opens(ws, args):
+    result = CliRunner().invoke(main, ["-w", str(ws), *args, "--json"])
+    assert result.exit_code == 2
+    assert json.loads(result.stdout)["exit_code"] == 2
+    assert Board(ws / "kanban").list().tasks == [], "nothing was added"

@@ -16,12 +16,12 @@ from ...agents import worktrees
 from ...agents.taskdir import list_files, work_folder
 from ...kanban import STATUSES, BoardStore
 from ...kanban.prefix import resolve_task_id
-from ...kanban.task import TIERS
+from ...kanban.task import TIERS, TaskError, normalize, now_iso, slugify
 from .. import team
 from ..cliargs import MAX_PRIORITY, emit_json, parse_steps
 from ..views import render, taskrecords, timeline
 from .board import team_now
-from .common import err, group, handled, json_option, literal, open_board, out, refreshed, workspace_of
+from .common import Failure, err, group, handled, json_option, literal, open_board, out, refreshed, workspace_of
 
 
 @group()
@@ -57,6 +57,10 @@ def task_add(ctx: click.Context, title: str, body: str, priority: int, assignee:
         fields["id"] = task_id
     if steps_json:
         fields["steps"] = parse_steps(steps_json)
+    try:  # fields a person typed that no board would take are a usage error (2), found before the board opens
+        normalize(fields, default_id=task_id or slugify(title) or "task", now=now_iso(), by="cli", note="")
+    except TaskError as exc:
+        raise Failure(str(exc), 2) from None
     with open_board(ctx) as board:
         refreshed(board)
         doc = board.add(fields, by="cli")
