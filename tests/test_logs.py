@@ -287,3 +287,38 @@ def test_steps_log_blocked_with_the_question_and_released_when_the_agent_stops(t
     said = [line.split(": ", 1)[1] for line in log_of(ws, "runner").splitlines() if re.match(f"{STAMP} runner: ", line)]
     assert f"blocked {asks['id']}: question: which branch?" in said, said
     assert any(re.fullmatch(rf"released {slow['id']}: stopping \(.+\)", line) for line in said), said
+
+
+@pytest.mark.parametrize(("no_color", "coloured"), [(None, True), ("1", False)])
+def test_logs_at_a_terminal_colour_the_names_unless_no_color_is_set(tmp_path, no_color, coloured):
+    import pty
+
+    ws = make_ws(tmp_path, "- name: alpha\n")
+    (ws / "runs" / "alpha").mkdir(parents=True, exist_ok=True)
+    (ws / "runs" / "alpha" / "agent.log").write_text(f"{stamp(time.time())} alpha: hello\n")
+    env = {key: value for key, value in os.environ.items() if key not in ("NO_COLOR", "TERM")}
+    env["TERM"] = "xterm"
+    if no_color is not None:
+        env["NO_COLOR"] = no_color
+    main, other = pty.openpty()
+    try:
+        done = subprocess.run([*CLI, "-w", str(ws), "logs"], stdout=other, stderr=subprocess.PIPE, env=env,
+                              timeout=60)
+        os.close(other)
+        other = -1
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(main, 4096)
+            except OSError:  # EIO: the terminal's other end is closed and everything was read
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(main)
+        if other != -1:
+            os.close(other)
+    assert done.returncode == 0, done.stderr
+    assert b"hello" in seen
+    assert (b"\x1b[" in seen) is coloured, seen

@@ -104,11 +104,11 @@ def last_lines(path: Path, count: int | None) -> tuple[list[bytes], int] | None:
 
 class Printer:
     """Prints agents' log lines, one output line each (never wrapped: click writes them whole), the
-    name coloured per agent at a terminal and plain when piped or written to a file."""
+    name coloured per agent at a terminal (not under NO_COLOR) and plain when piped or written to a file."""
 
     def __init__(self, names: list[str], since: float | None) -> None:
         self.width = max((len(name) for name in names), default=0)
-        self.colour = sys.stdout.isatty()
+        self.colour = render.colour_wanted(sys.stdout)
         self.filters = {name: SinceFilter(since) for name in names}
 
     def print(self, name: str, raw: bytes | str) -> None:

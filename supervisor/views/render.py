@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import calendar
 import json
+import os
 import re
 import time
 import zlib
@@ -455,6 +456,16 @@ def skills_table(rows: list[dict[str, Any]]) -> Table:
 AGENT_COLOURS = ("cyan", "yellow", "green", "magenta", "blue",
                  "bright_cyan", "bright_yellow", "bright_green", "bright_magenta", "bright_blue")
 _STAMPED = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ) (.*)", re.DOTALL)
+
+
+def colour_wanted(stream: Any) -> bool:
+    """Whether to colour what goes to `stream`: a terminal, unless NO_COLOR is set (no-color.org) or the
+    terminal is dumb; what is piped or written to a file stays plain."""
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):  # closed, or no file at all
+        return False
+    return bool(tty) and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
 
 
 def agent_colour(name: str) -> str:
