@@ -26,6 +26,7 @@ from . import (
     run,
     schedules,
     setup,
+    shell,
     skills,
     steer,
     task,
@@ -53,6 +54,7 @@ for _command in (
     run.up, run.status, run.restart, run.reload, run.down, steer.stop, steer.start,
     task.task, board.board_cmd, events.events, logs.logs, usage.usage, skills.skills,
     schedules.schedules, dashboard.dashboard, hermes.import_hermes, prune.prune_command,
+    shell.completion, shell.systemd_unit,
 ):
     main.add_command(_command)
 main.add_command(run.status, "ps")  # the same command: same options, same output
