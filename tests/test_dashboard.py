@@ -870,3 +870,16 @@ def test_recent_events_look_back_a_bounded_window_whatever_precedes_the_end(tmp_
         counting = Counting(board)
         assert views.recent_events(counting) == []  # the real one is too far back to be looked for
         assert counting.read <= 2 * views.MAX_RECENT_WINDOW
+
+
+def test_up_detach_with_the_dashboards_port_taken_says_why_on_the_terminal(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([*CLI, "-w", str(ws), "up", "--detach", "--dashboard", "--dashboard-port", str(port)],
+                              capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 1
+    assert f"error: dashboard: cannot listen on 127.0.0.1:{port}" in done.stderr, done.stderr
+    assert "supervisor.log" in done.stderr

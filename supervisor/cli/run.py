@@ -151,11 +151,14 @@ def _detach(ws: Workspace, agents_csv: str | None, dashboard_port: int | None = 
     if dashboard_port is not None:
         command += ["--dashboard", "--dashboard-port", str(dashboard_port)]
     with open(ws.runs_path / "supervisor.log", "ab") as log:
+        start = log.tell()
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, close_fds=True)
     stall = Stall(DETACH_STALL, time.monotonic())
     while True:
         if proc.poll() is not None:
+            for line in errors_since(ws.runs_path / "supervisor.log", start):  # why, here: not only in the log
+                err.print(literal(line, one_line=True), highlight=False)
             err.print(literal(f"hermes-sup: the supervisor exited with status {proc.returncode}; "
                               f"see {ws.runs_path}/supervisor.log"))
             return 1
@@ -173,6 +176,23 @@ def _detach(ws: Workspace, agents_csv: str | None, dashboard_port: int | None = 
 
 
 DETACH_STALL = 60.0
+ERRORS_READ = 64 * 1024  # of the log a failed detached start wrote: its error lines are near its end
+
+
+def errors_since(log: Path, offset: int) -> list[str]:
+    """The `error:` lines a detached supervisor wrote to its log after `offset` (bounded; an unreadable
+    log gives none: the caller still names the file)."""
+    if not is_regular(log):  # a FIFO put in its place would block this read
+        return []
+    try:
+        with open(log, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            handle.seek(max(offset, size - ERRORS_READ))
+            data = handle.read(ERRORS_READ)
+    except OSError:
+        return []
+    lines = data.decode("utf-8", "replace").splitlines()
+    return [line for line in lines if line.startswith("error:")][-5:]
 
 
 def ready_progress(agents: dict[str, Any]) -> tuple[int, int]:
