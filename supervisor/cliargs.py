@@ -8,6 +8,7 @@ import json
 import math
 import re
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -137,9 +138,24 @@ def emit_json(document: Any) -> None:
     click.echo(json_text(document, indent))
 
 
+def _workspace_given(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
+    if value is not None:
+        ctx.ensure_object(dict)["workspace"] = value
+
+
+WORKSPACE_HELP = "Workspace folder (else $HERMES_SUP_WORKSPACE, else the current folder upward)."
+
+
 class JsonUsageCommand(click.Command):
     """A command whose usage errors (a bad option value, a missing argument) are also one JSON
-    document on stdout when --json was asked for: a script parsing stdout gets the error, not nothing."""
+    document on stdout when --json was asked for: a script parsing stdout gets the error, not nothing.
+    It also takes -w/--workspace after its name (`hermes-sup status -w DIR`), as people type it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not any(param.name == "workspace" for param in self.params):
+            self.params.append(click.Option(["-w", "--workspace"], type=click.Path(file_okay=False, path_type=Path),
+                                            expose_value=False, callback=_workspace_given, help=WORKSPACE_HELP))
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         options = args[:args.index("--")] if "--" in args else args

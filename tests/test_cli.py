@@ -88,7 +88,7 @@ def test_errors_are_messages_with_exit_codes_not_tracebacks(ws):
     assert json.loads(result.stdout) == {"error": f"no task 'no-such-task' on the board {ws / 'kanban'}",
                                          "exit_code": 2}
     code, output = run(ws, "task", "add", "x", "--id", "Bad Id")
-    assert code == 1 and "is not a safe file name" in output
+    assert code == 2 and "is not a safe file name" in output  # a usage error (issue 29), no board failure
     code, output = run(ws, "task", "retry", run_json(ws, "task", "add", "y")["id"])
     assert code == 1 and "retry takes a blocked, failed or cancelled task" in output
     code, output = run(ws, "task", "move", "x", "doing")
@@ -460,3 +460,15 @@ def test_task_fields_no_board_would_take_are_a_usage_error_before_the_board_open
     assert result.exit_code == 2
     assert json.loads(result.stdout)["exit_code"] == 2
     assert Board(ws / "kanban").list().tasks == [], "nothing was added"
+
+
+def test_the_workspace_may_be_given_after_the_command_too(ws, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no workspace here: only -w can name it
+    monkeypatch.delenv("HERMES_SUP_WORKSPACE", raising=False)
+    added = CliRunner().invoke(main, ["task", "add", "after", "-w", str(ws), "--json"])
+    assert added.exit_code == 0, added.output
+    listed = CliRunner().invoke(main, ["task", "list", "--json", "--workspace", str(ws)])
+    assert [t["title"] for t in json.loads(listed.stdout)["tasks"]] == ["after"]
+    # after the command it wins over one given before it, as the later of two options does
+    board = CliRunner().invoke(main, ["-w", str(tmp_path / "nowhere"), "board", "-w", str(ws), "--json"])
+    assert board.exit_code == 0 and json.loads(board.stdout)["counts"]["todo"] == 1
