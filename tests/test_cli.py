@@ -472,3 +472,12 @@ def test_the_workspace_may_be_given_after_the_command_too(ws, tmp_path, monkeypa
     # after the command it wins over one given before it, as the later of two options does
     board = CliRunner().invoke(main, ["-w", str(tmp_path / "nowhere"), "board", "-w", str(ws), "--json"])
     assert board.exit_code == 0 and json.loads(board.stdout)["counts"]["todo"] == 1
+
+
+def test_a_table_piped_to_another_program_is_one_line_a_row(ws):
+    title = "A very long title that goes on " * 6
+    doc = run_json(ws, "task", "add", title)
+    code, output = run(ws, "task", "list")  # CliRunner's output is no terminal: as `task list | cat`
+    assert code == 0
+    [row] = [line for line in output.splitlines() if doc["id"] in line]
+    assert title.strip() in row

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.text import Text
 
 from ...kanban import BoardError, BoardStore, TaskError
@@ -40,6 +40,16 @@ F = TypeVar("F", bound=Callable[..., Any])
 out = Console(soft_wrap=False, markup=False, emoji=False)  # panels fit the width; a message passes soft_wrap=True
 err = Console(stderr=True, soft_wrap=True, markup=False, emoji=False)  # one line per message for grep
 literal, visible = render.literal, render.visible
+PIPED_WIDTH = 100_000  # a table piped to another program: as wide as its rows, never folded into more lines
+
+
+# What `out` prints piped: a console's width caps every print's, so a wide one of its own.
+piped = Console(soft_wrap=False, markup=False, emoji=False, width=PIPED_WIDTH)
+
+
+def print_table(table: RenderableType) -> None:
+    """A table on stdout: fitted to a terminal; piped or in a file, one line a row (`ps | cat`, grep)."""
+    (out if out.is_terminal else piped).print(table)
 
 
 class Failure(Exception):

@@ -48,6 +48,7 @@ from .common import (
     literal,
     open_board,
     out,
+    print_table,
     read_supervisor_state,
     visible,
     workspace_of,
@@ -165,7 +166,7 @@ def _detach(ws: Workspace, agents_csv: str | None, dashboard_port: int | None = 
         state = read_supervisor_state(ws)
         agents = state.get("agents") or {} if state.get("pid") == proc.pid else {}
         if agents and all(a["state"] not in ("starting", "queued") for a in agents.values()):
-            out.print(render.status_table(status_rows(state, ws.runs_path)))
+            print_table(render.status_table(status_rows(state, ws.runs_path)))
             return 0 if all(a["state"] == "running" or a["held"] for a in agents.values()) else 1
         if stall.stalled(ready_progress(agents), time.monotonic()):
             ready = ready_progress(agents)[0]
@@ -335,7 +336,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
     else:
         out.print(literal(f"hermes-sup running (pid {state.get('pid')}) in {ws.root}"))
     if rows:
-        out.print(render.status_table(rows))
+        print_table(render.status_table(rows))
 
 
 def _ask(ctx: click.Context, payload: dict[str, Any], as_json: bool) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from ..cliargs import (
     emit_json,
 )
 from ..views import render
-from .common import Failure, group, handled, json_option, literal, out, workspace_of
+from .common import Failure, group, handled, json_option, literal, out, print_table, workspace_of
 
 
 @group()
@@ -39,7 +39,7 @@ def skills_list(ctx: click.Context, as_json: bool) -> None:
     if not rows:
         out.print("no skills (drop a .py file or a folder with a SKILL.md into skills/)")
         return
-    out.print(render.skills_table(rows))
+    print_table(render.skills_table(rows))
 
 
 @skills.command("history")

@@ -21,7 +21,19 @@ from .. import team
 from ..cliargs import MAX_PRIORITY, emit_json, parse_steps
 from ..views import render, taskrecords, timeline
 from .board import team_now
-from .common import Failure, err, group, handled, json_option, literal, open_board, out, refreshed, workspace_of
+from .common import (
+    Failure,
+    err,
+    group,
+    handled,
+    json_option,
+    literal,
+    open_board,
+    out,
+    print_table,
+    refreshed,
+    workspace_of,
+)
 
 
 @group()
@@ -89,7 +101,7 @@ def task_list(ctx: click.Context, status: str | None, as_json: bool) -> None:
         return
     render.print_ingest(err, ingest)
     if listing.tasks:
-        out.print(render.task_table(listing.tasks))
+        print_table(render.task_table(listing.tasks))
     else:
         out.print("no tasks" + (f" in {status}" if status else ""))
     for item in listing.damaged:

@@ -18,7 +18,7 @@ from ..config.workspace import (
 )
 from ..governance.usage import board_model_calls, budget_standing_noted, summarize, team_calls
 from ..views import render
-from .common import command, err, handled, json_option, literal, open_board, out, workspace_of
+from .common import command, err, handled, json_option, literal, open_board, out, print_table, workspace_of
 
 
 @command()
@@ -50,14 +50,14 @@ def usage(ctx: click.Context, as_json: bool) -> None:
     for note in notes:
         err.print(Text.assemble(("note:", "yellow"), " ", literal(note)))
     if budgets:
-        out.print(render.budget_table(budgets))
+        print_table(render.budget_table(budgets))
     total = summary["total"]
     if not total["calls"]:
         out.print("no LLM calls yet")
         return
-    out.print(render.usage_table("agent", summary["agents"]))
-    out.print(render.usage_table("provider (model)", summary["providers"]))
-    out.print(render.usage_table("task", summary["tasks"]))
+    print_table(render.usage_table("agent", summary["agents"]))
+    print_table(render.usage_table("provider (model)", summary["providers"]))
+    print_table(render.usage_table("task", summary["tasks"]))
     unpriced = f" ({total['unpriced_calls']} calls unpriced: add their models to `prices`)" \
         if total["unpriced_calls"] else ""
     about = "~" if total["estimated_calls"] else ""
