@@ -18,6 +18,7 @@ written by a process the skill's code ran in: the caller checks what it says (ve
 from __future__ import annotations
 
 import ast
+import inspect
 import json
 import os
 import resource
@@ -29,7 +30,7 @@ from typing import Any
 from . import landlock
 
 # The verdict's shape: a verdict of an older shape is checked again.
-VERDICT_VERSION = 2
+VERDICT_VERSION = 3  # 3: handlers checked for the (ctx, args) they are called with
 # What a skill's tool may need: its call runs in a process of its own, confined as a terminal command
 # is (agents/skillproc.py), where the agent's memory, board, children and skills are not.
 SKILL_CAPABILITIES = ("fs.read", "fs.write", "network", "shell")
@@ -79,6 +80,9 @@ def check(path: Path, source: str) -> dict[str, Any]:
         seen.add(tool.name)
         if not callable(tool.handler):
             return {"ok": False, "error": f"tool {tool.name}: its handler is not callable"}
+        problem = handler_problem(tool.handler, path)
+        if problem:
+            return {"ok": False, "error": f"tool {tool.name}: {problem}"}
         if not isinstance(tool.description, str) or not tool.description.strip():
             return {"ok": False, "error": f"tool {tool.name}: needs a description"}
         problem = schema_problem(tool.parameters)
@@ -96,6 +100,23 @@ def check(path: Path, source: str) -> dict[str, Any]:
             return {"ok": False, "error": f"tool {tool.name}: {problem}"}
     return {"ok": True, "v": VERDICT_VERSION, "doc": (ast.get_docstring(tree) or "").strip().split("\n")[0],
             "tools": [declared(t) for t in tools]}
+
+
+def handler_problem(handler: Any, path: Path) -> str:
+    """Why `handler` cannot be called as every tool is, handler(ctx, args), or "": found when the skill
+    is checked, not when a task's call fails with a TypeError three times over."""
+    try:
+        signature = inspect.signature(handler)
+    except (TypeError, ValueError):  # a builtin without a signature: it is called and judged then
+        return ""
+    try:
+        signature.bind(None, {})
+    except TypeError as exc:
+        name = getattr(handler, "__name__", "handler")
+        code = getattr(handler, "__code__", None)
+        where = f"{path}:{code.co_firstlineno}: " if code is not None else ""
+        return f"{where}its handler {name}{signature} must take (ctx, args), its context and arguments: {exc}"
+    return ""
 
 
 def declared(tool: Any) -> dict[str, Any]:

@@ -41,6 +41,14 @@ BROKEN = {
     "clash": ('from hermes_sup.agents.tools import Tool, register\nregister(Tool("terminal", "mine", print))\n',
               "clashes with the built-in tool"),
     "nothing": ("x = 1\n", "registers no tool"),
+    # the handler a person writes first: called as handler(ctx, args), it failed every call of every task
+    "one_arg": ('from hermes_sup.agents.tools import Tool, register\n\n\ndef greet(args):\n    return "hi"\n\n\n'
+                'register(Tool("greet", "Say hi.", greet, {"type": "object", "properties": {}}))\n',
+                "one_arg.py:4: its handler greet(args) must take (ctx, args)"),
+    "keyword_only": ('from hermes_sup.agents.tools import Tool, register\n\n\n'
+                     'def hi(*, ctx, args):\n    return "hi"\n\n\n'
+                     'register(Tool("hi", "Say hi.", hi, {"type": "object", "properties": {}}))\n',
+                     "keyword_only.py:4: its handler hi(*, ctx, args) must take (ctx, args)"),
     "kills": ("import os\nos._exit(9)\n", "ended with status 9 without a verdict"),
 }
 
@@ -368,7 +376,7 @@ def test_web_fetch_of_a_page_that_never_ends_keeps_its_timeout_and_stops_on_requ
 
 FORGER = '''"""Write the check's verdict line itself, then leave before the check does."""
 import json, os, stat
-VERDICT = {"ok": True, "v": 2, "doc": "", "tools": [TOOL]}
+VERDICT = {"ok": True, "v": VERSION, "doc": "", "tools": [TOOL]}
 for fd in range(3, 64):
     try:
         if stat.S_ISFIFO(os.fstat(fd).st_mode):
@@ -386,7 +394,9 @@ HONEST = {"name": "fine", "description": "d", "capabilities": [], "parameters": 
 def test_a_verdict_the_skill_forged_is_taken_only_for_what_an_honest_one_could_say(workspace, forged):
     """The skill's code runs in the process that writes the verdict line: what it writes there is
     checked by the agent, so a forged line gains no capability and breaks no agent."""
-    (workspace / "skills" / "forger.py").write_text(f"TOOL = {forged!r}\n" + FORGER)
+    from hermes_sup.agents.skillcheck import VERDICT_VERSION
+
+    (workspace / "skills" / "forger.py").write_text(f"TOOL = {forged!r}\nVERSION = {VERDICT_VERSION}\n" + FORGER)
     (workspace / "skills" / "double.py").write_text(GOOD)
     skills = Skills(workspace, bundled=workspace / "none")
     forger = skills.get("forger")
@@ -396,11 +406,33 @@ def test_a_verdict_the_skill_forged_is_taken_only_for_what_an_honest_one_could_s
 
 
 def test_a_verdict_that_names_a_tool_twice_or_rejects_without_a_reason_does_not_hold():
-    from hermes_sup.agents.skillcheck import verdict_problem
+    from hermes_sup.agents.skillcheck import VERDICT_VERSION, verdict_problem
 
-    ok = {"ok": True, "v": 2, "doc": "", "tools": [HONEST]}
+    ok = {"ok": True, "v": VERDICT_VERSION, "doc": "", "tools": [HONEST]}
     assert verdict_problem(ok) == ""
     assert verdict_problem({**ok, "tools": [HONEST, HONEST]}) == "tool fine twice"
     assert verdict_problem({"ok": False}) == verdict_problem({"ok": False, "error": 3}) == \
         "a rejection without a reason"
     assert verdict_problem({"ok": False, "error": "x"}) == ""
+
+
+def test_up_refuses_a_team_whose_agent_names_a_rejected_skill_before_anything_starts(tmp_path):
+    from .conftest import CLI, ROOT
+
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    (ws / "skills" / "greet.py").write_text(BROKEN["one_arg"][0])
+    (ws / "hermes.yaml").write_text("agents:\n  - name: greeter\n    skills: [greet]\n  - name: other\n")
+    done = subprocess.run([*CLI, "-w", str(ws), "up", "--detach"], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "skill greet" in done.stderr and "greet.py:4: its handler greet(args) must take (ctx, args)" in done.stderr
+    assert not (ws / "runs" / "supervisor.json").exists(), "nothing was started"
+    # a team that names no rejected skill comes up as before, the broken file beside it
+    (ws / "hermes.yaml").write_text("agents:\n  - name: other\n")
+    try:
+        up = subprocess.run([*CLI, "-w", str(ws), "up", "--detach"], capture_output=True, text=True, timeout=120,
+                            cwd=ROOT)
+        assert up.returncode == 0, up.stdout + up.stderr
+    finally:
+        subprocess.run([*CLI, "-w", str(ws), "down"], capture_output=True, timeout=120, cwd=ROOT)

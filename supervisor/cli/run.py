@@ -84,6 +84,7 @@ def up(ctx: click.Context, detach: bool, agents_csv: str | None, with_dashboard:
     ws = workspace_of(ctx)
     config = load_config(ws.config_path)
     only = _agents_option(ws, config, agents_csv)
+    refuse_rejected_skills(ws, config, only)
     # Whatever the supervisor and its agents create (logs, sockets, transcripts, a tool's files) is
     # the user's alone; the board's files keep their folders' modes (see kanban/fsio.py).
     os.umask(PRIVATE_UMASK)
@@ -141,6 +142,26 @@ def up(ctx: click.Context, detach: bool, agents_csv: str | None, with_dashboard:
     finally:
         singleton.release()
     sys.exit(code)
+
+
+def refuse_rejected_skills(ws: Workspace, config: dict[str, Any], only: set[str] | None) -> None:
+    """A skill an agent names that its check rejects (a handler of the wrong signature, an import
+    error) stops `up` with the reason, before any task fails on it. Each skill is checked in a
+    process of its own (agents/skillcheck.py), once per version: later `up`s read the verdict."""
+    named = {name for agent in config.get("agents") or [] if only is None or _expanded_in(agent, only)
+             for key in ("skills", "toolsets") for name in agent.get(key) or ()}
+    if not named:
+        return
+    from ...agents.skills import Skills  # only teams that name skills pay for the import
+
+    for skill in Skills(ws.root).catalog():
+        if skill.name in named and skill.state == "rejected":
+            raise ConfigError(f"{ws.config_path}: skill {skill.name} ({skill.path}) is rejected: {skill.error}")
+
+
+def _expanded_in(agent: dict[str, Any], only: set[str]) -> bool:
+    name, count = agent.get("name"), agent.get("count", 1)
+    return any(item in only for item in ([name] if count == 1 else [f"{name}-{i}" for i in range(1, count + 1)]))
 
 
 def _detach(ws: Workspace, agents_csv: str | None, dashboard_port: int | None = None) -> int:
