@@ -1,14 +1,15 @@
-"""`skills list|history|rollback`: the workspace's skills, their versions and rolling one back."""
+"""`skills list|new|history|rollback`: the workspace's skills, a new one, their versions and rolling one back."""
 
 from __future__ import annotations
 
+import shlex
+import sys
 from typing import Any
 
 import click
 
-from ..cliargs import (
-    emit_json,
-)
+from ..cliargs import emit_json
+from ..config.skillnew import KINDS, create, files_for
 from ..views import render
 from .common import Failure, group, handled, json_option, literal, out, print_table, workspace_of
 
@@ -40,6 +41,37 @@ def skills_list(ctx: click.Context, as_json: bool) -> None:
         out.print("no skills (drop a .py file or a folder with a SKILL.md into skills/)")
         return
     print_table(render.skills_table(rows))
+
+
+@skills.command("new")
+@click.argument("name")
+@click.option("--kind", type=click.Choice(KINDS), default="python", show_default=True,
+              help="python: a tool the agents call (and its test); instructions: a SKILL.md the agents read.")
+@json_option
+@click.pass_context
+@handled
+def skills_new(ctx: click.Context, name: str, kind: str, as_json: bool) -> None:
+    """Start a skill named NAME that works as written: skills/NAME.py and tests/test_NAME.py, or
+    skills/NAME/SKILL.md; then edit it, and name it in an agent's `skills:` in hermes.yaml."""
+    found = _skills(ctx, name)
+    if name in found.names():
+        raise Failure(f"a skill named {name} exists already (`hermes-sup skills list`); choose another name")
+    root = workspace_of(ctx).root
+    try:
+        written = create(root, files_for(name, kind))
+    except FileExistsError as exc:
+        raise Failure(f"{root / str(exc)} exists already; nothing was written") from None
+    if as_json:
+        emit_json({"skill": name, "kind": kind, "files": written})
+        return
+    for relative in written:
+        out.print(literal(f"created {relative}"), highlight=False)
+    steps = [f"edit {written[0]}"]
+    if kind == "python":
+        steps.append(f"{shlex.quote(sys.executable)} {written[1]}   (its test, with hermes-sup's Python)")
+    steps += ["hermes-sup skills list   (checked as the agents will load it)",
+              f"add it to an agent in hermes.yaml:  skills: [{name}]"]
+    out.print("next:\n" + "\n".join(f"  {step}" for step in steps), highlight=False)
 
 
 @skills.command("history")
