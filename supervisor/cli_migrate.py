@@ -15,6 +15,7 @@ from typing import Any
 import click
 from hermes_sup.kanban import BoardError, BoardStore
 from hermes_sup.kanban.backends import DEFAULT_DSN_ENV, ENV_NAME
+from hermes_sup.kanban.pg import dsn_not_set
 from hermes_sup.kanban.task import STATUSES
 from rich.text import Text
 
@@ -64,8 +65,8 @@ def migrate_command(ctx: click.Context, target: str, dsn_env: str, dry_run: bool
                       "command line)", 2)
     dsn = os.environ.get(dsn_env)
     if not dsn:
-        raise Failure(f"${dsn_env} is not set: put the PostgreSQL connection string (DSN) in that environment "
-                      "variable (or name another with --dsn-env)", 2)
+        raise Failure(dsn_not_set(dsn_env, "put the PostgreSQL connection string (DSN) in that environment "
+                                  "variable (or name another with --dsn-env)", on_board=False), 2)
     try:
         from hermes_sup.kanban.pg import check_dsn, open_store
         from hermes_sup.kanban.pg.bulk import importing

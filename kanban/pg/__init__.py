@@ -35,6 +35,14 @@ def boot_id() -> str:
         return "unknown-boot"
 
 
+def dsn_not_set(dsn_env: str, remedy: str = "put the connection string (DSN) in that environment variable, never in "
+                "hermes.yaml", *, on_board: bool = True) -> str:
+    """What to say when the DSN's environment variable `dsn_env` is unset or empty (pure): the board,
+    the budget ledger and `migrate` say it in one wording, each with its own `remedy`."""
+    where = "the board is on PostgreSQL, but " if on_board else ""
+    return f"{where}${dsn_env} is not set: {remedy}"
+
+
 def check_dsn(dsn: str, dsn_env: str) -> None:
     """Refuse a connection string that does not parse, with a message of our own: the parser's
     quotes the part it could not read, which may be the password (`password=half pw-...`)."""
@@ -60,8 +68,7 @@ def open_store(config: Mapping[str, Any], *, host: str | None = None, environ: M
         raise BoardConfigError("board.dsn_env must be the name of an environment variable")
     dsn = environ.get(dsn_env)
     if not dsn:
-        raise BoardConfigError(f"the board is on PostgreSQL, but ${dsn_env} is not set: put the connection string "
-                         "(DSN) in that environment variable, never in hermes.yaml")
+        raise BoardConfigError(dsn_not_set(dsn_env))
     check_dsn(dsn, dsn_env)
     try:
         from .store import PgStore
@@ -84,4 +91,4 @@ def _open(folder: Path, section: Mapping[str, Any], *, lock_timeout: float, host
 
 register("postgres", _open)
 
-__all__ = ["DEFAULT_DSN_ENV", "boot_id", "check_dsn", "open_store"]
+__all__ = ["DEFAULT_DSN_ENV", "boot_id", "check_dsn", "dsn_not_set", "open_store"]
