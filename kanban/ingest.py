@@ -13,7 +13,6 @@ import errno
 import hashlib
 import os
 import stat
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,56 +123,26 @@ class IngestMixin:
         """Turn finished files in inbox/ into tasks; reject what cannot be one."""
         report = IngestReport()
         self._check_links(("inbox", "rejected", ".ingested"))  # type: ignore[attr-defined]
-        for drop in self._ready(report):
+        found, waiting = drops.ready(self.root, self.watcher.is_complete)
+        report.waiting.extend(waiting)
+        for path in found:
             try:
-                read = read_drop(drop.path)
+                read = read_drop(path)
                 if read is None:
                     continue
                 with self._locked():  # type: ignore[attr-defined]
-                    self._ingest_one(drop.path, read, report)
+                    self._ingest_one(path, read, report)
             except OSError as exc:
                 # A file the board cannot move must not stop the drops after it: they are taken
                 # oldest first, so it would fail first on every pass. It is tried again next time
                 # (a task already written for it is found by its fingerprint, never made twice).
-                name = f"inbox/{safe_name(drop.path.name)}"
+                name = f"inbox/{safe_name(path.name)}"
                 reason = f"could not be taken: {exc.strerror or exc}; it is tried again on the next ingest"
                 report.failed.append({"file": name, "reason": reason})
                 note = f"{name} {reason}"
                 if note not in self.problems:
                     self.problems.append(note)
         return report
-
-    def _ready(self, report: IngestReport) -> list[drops.Drop]:
-        """The drops finished being written; the others are listed as waiting."""
-        candidates = drops.scan(self.root)
-        if not candidates:
-            return []
-        writers: set[tuple[int, int]] | None = None
-        writers_read = False
-        ready: list[drops.Drop] = []
-        now = time.time()
-        for drop in candidates:
-            try:
-                st = os.lstat(drop.path)
-            except FileNotFoundError:
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                ready.append(drop)  # symlinks, folders, devices: rejected at once
-                continue
-            hinted = self.watcher.is_complete(drop.path, st.st_mtime_ns)
-            is_task = drops.is_task_file(drop.path.name)
-            has_writer: bool | None = False
-            if is_task and not hinted:
-                if not writers_read:
-                    writers, writers_read = drops.open_writers(self.root), True
-                has_writer = None if writers is None else (st.st_dev, st.st_ino) in writers
-            state = drops.decide(is_task_type=is_task, hinted_complete=hinted, has_writer=has_writer,
-                                 quiet_for=now - st.st_mtime)
-            if state == "wait":
-                report.waiting.append(f"inbox/{safe_name(drop.path.name)}")
-            else:
-                ready.append(drop)
-        return ready
 
     def _reject(self, path: Path, reason: str, report: IngestReport) -> None:
         # The dropped file's name may be anything but "/" and NUL: it is shown and reused only

@@ -15,12 +15,13 @@ from watchdog.events import FileCreatedEvent, FileModifiedEvent, FileMovedEvent,
 
 from .base import ALLOW_NETWORK_FS_ENV, TaskDoc
 from .events import CursorRead, append_record, check_cursor, log_marker, read_since
+from .waitloop import recover_due
+from .waitloop import wait_for_work as wait_loop
 from .watch import ChangeSignal
 
 # How long a waiting claimer sleeps between rescans when no event wakes it.
 RESCAN_INTERVAL = 2.0
 POLL_INTERVAL = 1.0
-RECOVER_INTERVAL = 2.0
 # A waiting claimer sweeps dead writers' temp files (a listing of every status folder) this rarely.
 SWEEP_INTERVAL = 60.0
 LOG_EVENTS = (FileModifiedEvent, FileCreatedEvent, FileMovedEvent)
@@ -123,28 +124,18 @@ class WaitingMixin:
         process to make progress. Sleeps on watcher events, never a busy poll.
         """
         self.start_watching()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            seen = self.signal.generation
+
+        def look_after() -> None:
             self.ingest()
-            if time.monotonic() - self._last_recover >= RECOVER_INTERVAL:
-                self.recover(sweep=time.monotonic() - self._last_sweep >= SWEEP_INTERVAL)
-            if stop is not None and stop.is_set():
-                return None
-            doc = self.claim(agent, roles=roles, lease=lease, steps_only=steps_only, assigned_only=assigned_only)
-            if doc is not None:
-                return doc
-            if stop is not None and stop.is_set():
-                return None
-            nap = RESCAN_INTERVAL if self.watcher.mode == "inotify" else POLL_INTERVAL
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                nap = min(nap, remaining)
-            self.signal.wait(seen, nap)
+            now = time.monotonic()
+            if recover_due(self._last_recover, now):
+                self.recover(sweep=recover_due(self._last_sweep, now, SWEEP_INTERVAL))
 
-
+        return wait_loop(self.signal, look_after=look_after,
+                         claim=lambda: self.claim(agent, roles=roles, lease=lease, steps_only=steps_only,
+                                                  assigned_only=assigned_only),
+                         nap=lambda: RESCAN_INTERVAL if self.watcher.mode == "inotify" else POLL_INTERVAL,
+                         timeout=timeout, stop=stop)
 
 
 def _log_end(path: Path) -> int:

@@ -25,6 +25,7 @@ from psycopg.types.json import Jsonb, set_json_loads
 
 from .. import rules
 from ..base import COMMENT_RESERVE, MAX_DOCUMENT_BYTES
+from ..drops import ready as ready_drops
 from ..errors import BoardError, ClaimLost, InvalidTransition, TaskNotFound
 from ..faults import fault
 from ..fsio import safe_name
@@ -32,6 +33,8 @@ from ..ingest import IngestReport, identity_of, read_drop
 from ..liveness import holder_alive, start_time
 from ..reads import Listing, listed_fields
 from ..task import MAX_BYTES, STATUSES, TaskError, find_cycle, is_valid_id, normalize, slugify
+from ..waitloop import recover_due
+from ..waitloop import wait_for_work as wait_loop
 from ..watch import ChangeSignal
 from . import drops, sql
 from .ids import TaskIdsMixin
@@ -47,7 +50,6 @@ TaskDoc = dict[str, Any]
 DEFAULT_LEASE = 60.0
 DEFAULT_HOST_TIMEOUT = 30.0
 POLL_INTERVAL = 1.0
-RECOVER_INTERVAL = 2.0
 SWEEPER = "sweeper"
 MAX_PUBLISHED = 500  # agents of one host published with its heartbeat (a team is far smaller)
 MAX_HOSTS = 200  # hosts host_agents reads
@@ -610,7 +612,7 @@ class PgStore(StreamMixin, TaskIdsMixin):
         if self.drop_root is None:
             return report  # a store without a host folder (a tool, a test) has no inbox
         drops.ensure_layout(self.drop_root)
-        found, report.waiting = drops.ready(self.drop_root)
+        found, report.waiting = ready_drops(self.drop_root)
         for path in found:
             try:
                 read = read_drop(path)
@@ -689,37 +691,20 @@ class PgStore(StreamMixin, TaskIdsMixin):
         """Claim a task, waiting for one (ingesting this host's drops and recovering dead claims
         meanwhile); None on timeout or when `stop` is set. Woken by NOTIFY,
         and polling about once a second (jittered, so hosts do not poll in step) in case one is lost."""
-        listener = self.listener()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            seen = listener.generation
-            if stop is not None and stop.is_set():
-                return None
-            try:
-                # Drops into this host's inbox/ land on the shared board with no other process
-                # needed (a listing of one folder per round; the file board does it per wake-up).
-                self.ingest()
-                if time.monotonic() - self._last_recover >= RECOVER_INTERVAL:
-                    self.recover()
-                doc = self.claim(agent, roles=roles, lease=lease, steps_only=steps_only,
-                                 assigned_only=assigned_only)
-            except BoardError:
-                # The server restarted or the connection dropped: a waiter waits on (the next
-                # round reconnects); any other error is the caller's.
-                if not self._connection_lost():
-                    raise
-                doc = None
-            if doc is not None:
-                return doc
-            if stop is not None and stop.is_set():
-                return None
-            nap = POLL_INTERVAL * random.uniform(0.8, 1.2)
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                nap = min(nap, remaining)
-            listener.wait(seen, nap)
+        def look_after() -> None:
+            # Drops into this host's inbox/ land on the shared board with no other process
+            # needed (a listing of one folder per round; the file board does it per wake-up).
+            self.ingest()
+            if recover_due(self._last_recover, time.monotonic()):
+                self.recover()
+
+        # The server restarted or the connection dropped: a waiter waits on (the next round
+        # reconnects); any other error is the caller's.
+        return wait_loop(self.listener(), look_after=look_after,
+                         claim=lambda: self.claim(agent, roles=roles, lease=lease, steps_only=steps_only,
+                                                  assigned_only=assigned_only),
+                         nap=lambda: POLL_INTERVAL * random.uniform(0.8, 1.2), timeout=timeout, stop=stop,
+                         tolerate=lambda exc: self._connection_lost())
 
 
 def _check_text(text: object, what: str) -> None:
