@@ -6,7 +6,9 @@ migrations and returns a `PgStore`. Modules: `schema` (tables, migrations), `sql
 `rules` (pure row/document rules), `listen` (LISTEN wake-ups), `drops` (the host's inbox/ folders),
 `journal` (a task's journal as rows of the database), `stream` (the event stream, watching, health),
 `ids` (the task ids a prefix is resolved against), `retry` (a verb run again after a restart), `bulk`
-(a migration's copy) and `store` (the verbs).
+(a migration's copy), `conn` (the store's connection), `claims` (claims and the holder's verbs),
+`journalrows` (the journal verbs), `hosts` (heartbeats and recovery) and `store` (the other verbs,
+and PgStore assembled).
 """
 
 from __future__ import annotations

@@ -17,8 +17,7 @@ from psycopg.types.json import Jsonb
 
 from ..errors import BoardError
 from . import sql
-from .rules import row_to_doc
-from .store import row_params
+from .rules import row_params, row_to_doc
 
 if TYPE_CHECKING:
     import psycopg

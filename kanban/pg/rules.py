@@ -9,6 +9,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from psycopg.types.json import Jsonb
+
+from ..errors import BoardError
 from ..redact import scrub
 from ..task import TaskError, check_document
 
@@ -118,3 +121,21 @@ def storable(value: Any) -> Any:
                 if isinstance(child, (dict, list)):
                     stack.append(child)
     return clean(root)
+
+
+def readable(row: dict[str, Any]) -> TaskDoc:
+    """The task document of a row; a BoardError naming the task when it is no task (written by hand:
+    rules.unreadable), never a TypeError from the depths of a verb."""
+    why = unreadable(row)
+    if why is not None:
+        raise BoardError(f"task {row['id']}: {why}")
+    return row_to_doc(row)
+
+
+def row_params(doc: TaskDoc) -> dict[str, Any]:
+    """A task document as the parameters of its row: the columns, and the rest in `document`."""
+    return {"id": doc["id"], "status": doc["status"], "role": doc.get("role"), "assignee": doc.get("assignee"),
+            "priority": doc.get("priority", 0), "has_steps": bool(doc.get("steps")),
+            "has_deps": bool(doc.get("depends_on")), "attempts": doc.get("attempts", 0),
+            "max_attempts": doc["max_attempts"], "claims": doc.get("claims", 0),
+            "document": Jsonb(document_part(doc))}
