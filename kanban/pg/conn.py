@@ -56,8 +56,8 @@ class Connection:
                 yield self._conn
             except psycopg.Error as exc:
                 error = self._error(exc, "answer")
-                error.sqlstate = exc.sqlstate  # type: ignore[attr-defined]
-                error.ended_by_server = exc.sqlstate in ENDED_BY_SERVER  # type: ignore[attr-defined]
+                error.sqlstate = exc.sqlstate
+                error.ended_by_server = exc.sqlstate in ENDED_BY_SERVER
                 raise error from None
 
     def _connection_lost(self) -> bool:
