@@ -25,6 +25,7 @@ from filelock import FileLock
 from hermes_sup.kanban.backends import DEFAULT_BACKEND, check_board_config
 from hermes_sup.kanban.errors import BoardError
 from hermes_sup.kanban.liveness import HOST, holder_alive, start_time
+from hermes_sup.kanban.pg import dsn_not_set
 
 from .budget import Caps, Entry, Refusal, decide, is_amount, price, utc_day, worst_cost
 
@@ -212,8 +213,7 @@ def _open_postgres(workspace: Path, section: Mapping[str, Any], host: str | None
     dsn_env = str(section["dsn_env"])
     dsn = environ.get(dsn_env)
     if not dsn:
-        raise LedgerError(f"the board is on PostgreSQL, but ${dsn_env} is not set: the budget ledger is in "
-                          "the board's database")
+        raise LedgerError(dsn_not_set(dsn_env, "the budget ledger is in the board's database"))
     try:
         from .ledger_pg import PgLedger
     except ImportError:

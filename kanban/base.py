@@ -1,4 +1,4 @@
-"""The file board's foundation: its folder checked and laid out, its one lock, task files read unfollowed."""
+"""The file board's folder: checked and laid out, its one lock, its event log, task files read unfollowed."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import errno
 import json
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, TypeVar
 
-from . import fsinfo
+from . import fsinfo, reads
 from .errors import BoardError, BoardLocked, Damaged, TaskNotFound
-from .events import EventTail, event
+from .events import event
 from .fsio import (
     AppendLog,
     read_bytes_nofollow,
@@ -32,6 +32,7 @@ from .task import (
 from .watch import BoardWatcher, ChangeSignal
 
 TaskDoc = dict[str, Any]
+_T = TypeVar("_T")
 
 DEFAULT_LEASE = 60.0
 ALLOW_NETWORK_FS_ENV = "HERMES_SUP_ALLOW_NETWORK_FS"
@@ -46,8 +47,13 @@ ERROR_SUFFIX = ".error.txt"
 FOLDERS = (*STATUSES, "inbox", "rejected", ".pending", ".ingested")
 
 
-class BoardBase:
-    """The file board's state, folder layout, lock and reads of single task files (the parts every other part uses)."""
+class Folder:
+    """The board's folder and what every other part of the board uses: its layout, its lock, its
+    event log, where each task is (the index) and reads of single task files.
+
+    The first locked section of a process finishes what a killed one left half done: `Board` gives
+    the transaction core's repair as `on_first_lock` before anything takes the lock.
+    """
 
     def __init__(
         self,
@@ -55,14 +61,13 @@ class BoardBase:
         *,
         create: bool = True,
         allow_network_fs: bool | None = None,
-        lease: float = DEFAULT_LEASE,
         lock_timeout: float = 60.0,
     ) -> None:
         self.root = Path(root).absolute()
         if not self.root.is_dir():
             if not create:
                 raise BoardError(f"no board at {self.root}")
-            self.root.mkdir(parents=True, mode=0o755)  # see _ensure_layout
+            self.root.mkdir(parents=True, mode=0o755)  # see ensure_layout
         mount = fsinfo.filesystem_of(self.root)
         self.fs_type = mount.fstype if mount else "unknown"
         self.network_fs = fsinfo.is_network(self.fs_type)
@@ -74,27 +79,22 @@ class BoardBase:
                 f"exclusion across its clients and it sends no change events. Put the board on a local disk, "
                 f"or set {ALLOW_NETWORK_FS_ENV}=1 if only this machine uses it."
             )
-        self.lease = lease
         self.events_path = self.root / "events.jsonl"
         self.problems: list[str] = []
-        self._log = AppendLog(self.events_path)
-        self._flock = BoardLock(self.root / ".lock", lock_timeout)
-        self._tlock = threading.RLock()
-        self._depth = 0
+        self.log = AppendLog(self.events_path)
+        self.flock = BoardLock(self.root / ".lock", lock_timeout)
+        self.tlock = threading.RLock()
+        self.depth = 0
         self._finished_once = False
-        self._index = BoardIndex()
-        self._tail = EventTail(self.events_path)
-        self._indexed_at: float | None = None
-        self._last_recover = 0.0
-        self._last_sweep = 0.0
-        self._noted: dict[str, tuple[str | None, str | None]] = {}  # mark_waiting's last note, per version
+        self.on_first_lock: Callable[[], None] = lambda: None
+        # Where each task is, and the todo candidates in claim order; kept current by the claims.
+        self.index = BoardIndex()
         self.signal = ChangeSignal()
         self.watcher = BoardWatcher(self.root, self.signal)
-        self._ensure_layout()
 
     # -- layout and locking -------------------------------------------------------------------
 
-    def _check_links(self, names: Iterable[str] = (*FOLDERS, ".lock", "events.jsonl")) -> None:
+    def check_links(self, names: Iterable[str] = (*FOLDERS, ".lock", "events.jsonl")) -> None:
         """Refuse to work through a symlink planted in place of one of the board's folders or files."""
         for name in names:
             path = self.root / name
@@ -105,8 +105,8 @@ class BoardBase:
             if name in FOLDERS and path.exists() and not path.is_dir():
                 raise BoardError(f"{path} is not a folder; the board keeps its {name}/ tasks there. Move it away.")
 
-    def _ensure_layout(self) -> None:
-        self._check_links()
+    def ensure_layout(self) -> None:
+        self.check_links()
         existing = self.events_path.exists()
         for name in FOLDERS:
             folder = self.root / name
@@ -119,51 +119,85 @@ class BoardBase:
                 # Never silently: a status folder that vanished took its tasks with it.
                 note = f"status folder {name}/ was missing and has been recreated empty"
                 self.problems.append(note)
-                with self._locked():
-                    self._log.append(event(now_iso(), f"{name}/", None, None, "board", note))
+                with self.locked():
+                    self.log.append(event(now_iso(), f"{name}/", None, None, "board", note))
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        with self._tlock:
+    def locked(self) -> Iterator[None]:
+        with self.tlock:
             # Re-entrant: a section may call a verb that locks again (add looks up dependencies
             # with get). flock is not counted, so only the outermost section takes and drops it.
-            if self._depth == 0:
+            if self.depth == 0:
                 try:
-                    self._flock.acquire()
+                    self.flock.acquire()
                 except LockTimeout as exc:
                     raise BoardLocked(f"the board lock {exc}; is a board process stopped while holding it?") from None
-            self._depth += 1
+            self.depth += 1
             try:
-                if self._depth == 1 and not self._finished_once:
+                if self.depth == 1 and not self._finished_once:
                     self._finished_once = True
-                    self._finish_interrupted()
+                    self.on_first_lock()
                 yield
             finally:
-                self._depth -= 1
-                if self._depth == 0:
-                    self._flock.release()
+                self.depth -= 1
+                if self.depth == 0:
+                    self.flock.release()
 
-    def _path(self, status: str, task_id: str) -> Path:
+    def path(self, status: str, task_id: str) -> Path:
         # Every task file name passes here, and a caller's id may be hostile ("../../x", from a
         # tool call or the command line): only a valid id names a file, and only inside the board.
         if not is_valid_id(task_id):
             raise TaskNotFound(f"{_short_text(task_id)} is not a task id")
         return self.root / status / f"{task_id}.json"
 
+    def consistent(self, scan: Callable[[], _T]) -> _T:
+        """`scan`'s result from a moment when no task moved. Folders are scanned one after
+        another, and a task moved meanwhile is missed (it left a folder not scanned yet for one
+        already scanned) or seen twice. Every move is made under the lock and changes the
+        board's generation, so a lock-free scan is kept when the lock was free as it began and the
+        generation is the same after it; otherwise the scan is repeated under the lock."""
+        for _attempt in range(3):
+            try:
+                before = self._idle_generation()
+            except OSError:
+                # A reader who may not open the lock file (a board another user owns) cannot
+                # hold off movers; a generation unchanged across the scan is all it can check.
+                before = reads.generation(self.root)
+            if before is None:
+                continue  # a move may be under way right now
+            result = scan()
+            if reads.generation(self.root) == before:
+                return result
+        try:
+            with self.locked():
+                return scan()
+        except (BoardLocked, PermissionError):
+            # Held for the whole wait by a stopped or stuck process (nothing moves meanwhile), or
+            # a lock file this reader may not open.
+            return scan()
+
+    def _idle_generation(self) -> reads.Generation | None:
+        """The generation, read while holding the lock if it is free (never waiting for it), or
+        None if another process holds it: a move begun before the read, but not finished, would
+        otherwise go unseen."""
+        with self.tlock:
+            if self.depth:
+                return reads.generation(self.root)  # this thread holds the lock: nothing moves
+            if not self.flock.try_acquire():
+                return None
+            try:
+                return reads.generation(self.root)
+            finally:
+                self.flock.release()
+
     def close(self) -> None:
         self.watcher.stop()
-        self._log.close()
-        self._flock.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        self.log.close()
+        self.flock.close()
 
     # -- reading --------------------------------------------------------------------------------
 
-    def _raw(self, path: Path) -> bytes:
+    def raw(self, path: Path) -> bytes:
         """A task file's bytes; Damaged if it is a symlink, not a regular file, or oversized
         (never followed, never read without bound: a link to /dev/zero or a FIFO is planted easily)."""
         try:
@@ -180,10 +214,10 @@ class BoardBase:
             raise Damaged(f"it is larger than {MAX_DOCUMENT_BYTES} bytes")
         return data
 
-    def _read(self, path: Path) -> TaskDoc:
-        return self._parse(self._raw(path), path.stem)
+    def read(self, path: Path) -> TaskDoc:
+        return self.parse(self.raw(path), path.stem)
 
-    def _parse(self, data: bytes, file_id: str | None = None) -> TaskDoc:
+    def parse(self, data: bytes, file_id: str | None = None) -> TaskDoc:
         try:
             doc = json.loads(data)
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:
@@ -193,30 +227,25 @@ class BoardBase:
         except TaskError as exc:
             raise Damaged(str(exc)) from exc
 
-    def _locate(self, task_id: str) -> tuple[str, Path] | None:
-        hint = self._index.status.get(task_id)
+    def locate(self, task_id: str) -> tuple[str, Path] | None:
+        hint = self.index.status.get(task_id)
         order = [hint] if hint else []
         order += [status for status in STATUSES if status != hint]
         for status in order:
-            path = self._path(status, task_id)
+            path = self.path(status, task_id)
             if os.path.lexists(path):
                 return status, path
         return None
 
-    def _missing(self, task_id: str) -> TaskNotFound:
+    def missing(self, task_id: str) -> TaskNotFound:
         return TaskNotFound(f"no task '{task_id}' on the board {self.root}")
 
-    def _locate_or_raise(self, task_id: str) -> tuple[str, Path]:
+    def locate_or_raise(self, task_id: str) -> tuple[str, Path]:
         """Where the task is (called under the lock, where nothing moves); TaskNotFound if nowhere."""
-        found = self._locate(task_id)
+        found = self.locate(task_id)
         if found is None:
-            raise self._missing(task_id)
+            raise self.missing(task_id)
         return found
-
-    def _finish_interrupted(self, *, sweep: bool = True) -> None:
-        """Finish what a killed process left half done; the transaction core (txn.py) defines it."""
-        raise NotImplementedError
-
 
 
 def _bounded(data: bytes, task_id: str) -> bytes:

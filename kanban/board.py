@@ -1,21 +1,25 @@
-"""The filesystem board: `Board` assembles the file backend and holds the verbs no part owns.
+"""The filesystem board: `Board` composes the file backend's parts and holds the verbs no part owns.
 
-Those verbs: reads, add, recovery and hand moves.
+Those verbs: reads, add, recovery, hand moves and waiting for work.
 
-Its parts, each a module: `base` (folder, lock, reading one file), `txn` (the transaction core, alone
-moving a task between folders), `claims` (index, reservation, holder's verbs), `notes` (comments, answers,
-waiting notes), `waiting` (watcher, wait_for_work, event cursor) and `ingest` (drops to tasks).
+Its parts, each an object with the state it owns, each a module: `base.Folder` (the folder, its
+lock and event log, reading one file), `txn.Transactions` (the transaction core, alone moving a task
+between folders), `claims.Claims` (index kept current, reservation, holder's verbs), `notes.Notes`
+(comments, answers, waiting notes) and `ingest.Ingester` (drops to tasks); `waiting` holds what
+waiting needs of the folder (watcher, the log's own watch, health).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Self
 
-from . import reads, rules
+from . import reads, rules, waiting
 from .base import (  # noqa: F401 (the board's settings, named here as before the split)
     ALLOW_NETWORK_FS_ENV,
     COMMENT_RESERVE,
@@ -23,19 +27,28 @@ from .base import (  # noqa: F401 (the board's settings, named here as before th
     ERROR_SUFFIX,
     FOLDERS,
     MAX_DOCUMENT_BYTES,
+    Folder,
     TaskDoc,
     _short_text,
 )
 from .claims import Claims
-from .errors import BoardError, BoardLocked, Damaged, TaskNotFound
-from .events import event
+from .errors import BoardError, Damaged, TaskNotFound
+from .events import (
+    CursorRead,
+    append_record,
+    check_cursor,
+    event,
+    log_marker,
+    read_since,
+)
 from .fsio import (
     write_json_atomic,
 )
-from .ingest import IngestMixin
+from .ingest import Ingester, IngestReport
 from .journal import FileTaskJournal
 from .liveness import stale_reason
-from .notes import NotesMixin
+from .lock import BoardLock
+from .notes import Notes
 from .reads import Listing
 from .task import (
     STATUSES,
@@ -46,13 +59,99 @@ from .task import (
     now_iso,
     slugify,
 )
-from .waiting import WaitingMixin
+from .txn import Transactions
+from .waitloop import recover_due
+from .waitloop import wait_for_work as wait_loop
 
-_T = TypeVar("_T")
 
-
-class Board(IngestMixin, NotesMixin, WaitingMixin, Claims):
+class Board:
     """A Kanban board in a folder. Safe to use from several processes and threads at once."""
+
+    def __init__(self, root: str | os.PathLike[str], *, create: bool = True, allow_network_fs: bool | None = None,
+                 lease: float = DEFAULT_LEASE, lock_timeout: float = 60.0) -> None:
+        self.disk = Folder(root, create=create, allow_network_fs=allow_network_fs, lock_timeout=lock_timeout)
+        self.txn = Transactions(self.disk)
+        # Before anything takes the lock: the first locked section finishes what a killed process left.
+        self.disk.on_first_lock = self.txn.finish_interrupted
+        self.txn.prepare = self._prepare
+        self.claims = Claims(self.disk, self.txn, lease)
+        self.notes = Notes(self.disk, self.txn, self.claims)
+        self.ingester = Ingester(self.disk, self.txn, self._check_new)
+        self.root = self.disk.root
+        self.fs_type = self.disk.fs_type
+        self.network_fs = self.disk.network_fs
+        self.lease = lease
+        self.events_path = self.disk.events_path
+        self.problems = self.disk.problems
+        self.signal = self.disk.signal
+        self.watcher = self.disk.watcher
+        self._last_recover = 0.0  # monotonic time of the last recover
+        self.disk.ensure_layout()
+
+    def close(self) -> None:
+        self.disk.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # The parts' own verbs, as the protocol (kanban/store.py) names them.
+
+    def claim(self, agent: str, *, roles: Iterable[str] = (), lease: float | None = None,
+              pid: int | None = None, steps_only: bool = False, assigned_only: bool = False) -> TaskDoc | None:
+        return self.claims.claim(agent, roles=roles, lease=lease, pid=pid, steps_only=steps_only,
+                                 assigned_only=assigned_only)
+
+    def renew(self, task_id: str, token: int, lease: float | None = None) -> TaskDoc:
+        return self.claims.renew(task_id, token, lease)
+
+    def complete(self, task_id: str, token: int, result: Any = None) -> TaskDoc:
+        return self.claims.complete(task_id, token, result)
+
+    def fail(self, task_id: str, token: int, error: str, *, permanent: bool = False) -> TaskDoc:
+        return self.claims.fail(task_id, token, error, permanent=permanent)
+
+    def block(self, task_id: str, token: int, reason: str, *, question: str | None = None) -> TaskDoc:
+        return self.claims.block(task_id, token, reason, question=question)
+
+    def release(self, task_id: str, token: int, note: str = "released", *, count_attempt: bool = False) -> TaskDoc:
+        return self.claims.release(task_id, token, note, count_attempt=count_attempt)
+
+    def mark_waiting(self, reason: str | None, *, needs_llm: bool = True, agent: str | None = None,
+                     roles: Iterable[str] = ()) -> int:
+        return self.notes.mark_waiting(reason, needs_llm=needs_llm, agent=agent, roles=roles)
+
+    def comment(self, task_id: str, text: str, *, by: str = "cli", wait: float = 5.0) -> TaskDoc:
+        return self.notes.comment(task_id, text, by=by, wait=wait)
+
+    def answer(self, task_id: str, text: str, *, by: str = "cli") -> TaskDoc:
+        return self.notes.answer(task_id, text, by=by)
+
+    def ingest(self) -> IngestReport:
+        return self.ingester.ingest()
+
+    def quarantine_damaged(self, damaged: Iterable[dict[str, str]]) -> list[str]:
+        return self.txn.quarantine_damaged(damaged)
+
+    # Reached into by tests and bench/board_bench.py, under the names they had before the parts.
+
+    def _locked(self) -> AbstractContextManager[None]:
+        return self.disk.locked()
+
+    @property
+    def _flock(self) -> BoardLock:
+        return self.disk.flock
+
+    def _read(self, path: Path) -> TaskDoc:
+        return self.disk.read(path)
+
+    def _refresh_index(self) -> None:
+        self.claims.refresh_index()
+
+    def _prepare(self, folder: str, new: TaskDoc) -> Path:
+        return self.txn.write_new(folder, new)
 
     def get(self, task_id: str) -> TaskDoc:
         """The task's current document: a lock-free read (files are only ever replaced whole), and
@@ -64,22 +163,22 @@ class Board(IngestMixin, NotesMixin, WaitingMixin, Claims):
             raise TaskNotFound(f"{_short_text(task_id)} is not a task id")
         found = self._get_once(task_id)
         if found is None or _misplaced(*found):
-            with self._locked():
+            with self.disk.locked():
                 found = self._get_once(task_id)
                 if found is not None and _misplaced(*found):
-                    found = found[0], self._adopt_hand_move(*found)
+                    found = found[0], self.txn.adopt_hand_move(*found)
         if found is None:
-            raise self._missing(task_id)
+            raise self.disk.missing(task_id)
         return found[1]
 
     def _get_once(self, task_id: str) -> tuple[str, TaskDoc] | None:
         """The task's folder and document, or None."""
         for _attempt in range(5):
-            found = self._locate(task_id)
+            found = self.disk.locate(task_id)
             if found is None:
                 return None
             try:
-                return found[0], self._read(found[1])
+                return found[0], self.disk.read(found[1])
             except FileNotFoundError:
                 continue  # moved between the look-up and the read
             except Damaged as exc:
@@ -98,67 +197,27 @@ class Board(IngestMixin, NotesMixin, WaitingMixin, Claims):
     def _list(self, status: str | None, *, fields: bool) -> Listing:
         if status is not None and status not in STATUSES:
             raise BoardError(f"unknown status '{status}'; statuses are {', '.join(STATUSES)}")
-        listing = self._consistent(lambda: reads.scan(self.root, status, self._read, fields=fields))
+        listing = self.disk.consistent(lambda: reads.scan(self.root, status, self.disk.read, fields=fields))
         if listing.misplaced:
-            # Files a person moved with `mv`: their folder is the intent (see _adopt_hand_move).
-            with self._locked():
+            # Files a person moved with `mv`: their folder is the intent (see Transactions.adopt_hand_move).
+            with self.disk.locked():
                 for folder, task_id in listing.misplaced:
                     try:
-                        doc = self._read(self._path(folder, task_id))
+                        doc = self.disk.read(self.disk.path(folder, task_id))
                     except (FileNotFoundError, Damaged):
                         continue
                     if _misplaced(folder, doc):
-                        self._adopt_hand_move(folder, doc)
-            listing = self._consistent(lambda: reads.scan(self.root, status, self._read, fields=fields))
+                        self.txn.adopt_hand_move(folder, doc)
+            listing = self.disk.consistent(lambda: reads.scan(self.root, status, self.disk.read, fields=fields))
         return listing
 
     def counts(self) -> dict[str, int]:
         """How many tasks each status folder holds, each task counted once."""
-        return self._consistent(lambda: reads.count(self.root))
+        return self.disk.consistent(lambda: reads.count(self.root))
 
     def task_ids(self) -> list[str]:
         """The id of every task file in the status folders, sorted, as of one moment (names only)."""
-        return sorted(self._consistent(lambda: reads.ids(self.root)))
-
-    def _consistent(self, scan: Callable[[], _T]) -> _T:
-        """`scan`'s result from a moment when no task moved. Folders are scanned one after
-        another, and a task moved meanwhile is missed (it left a folder not scanned yet for one
-        already scanned) or seen twice. Every move is made under the lock and changes the
-        board's generation, so a lock-free scan is kept when the lock was free as it began and the
-        generation is the same after it; otherwise the scan is repeated under the lock."""
-        for _attempt in range(3):
-            try:
-                before = self._idle_generation()
-            except OSError:
-                # A reader who may not open the lock file (a board another user owns) cannot
-                # hold off movers; a generation unchanged across the scan is all it can check.
-                before = reads.generation(self.root)
-            if before is None:
-                continue  # a move may be under way right now
-            result = scan()
-            if reads.generation(self.root) == before:
-                return result
-        try:
-            with self._locked():
-                return scan()
-        except (BoardLocked, PermissionError):
-            # Held for the whole wait by a stopped or stuck process (nothing moves meanwhile), or
-            # a lock file this reader may not open.
-            return scan()
-
-    def _idle_generation(self) -> reads.Generation | None:
-        """The generation, read while holding the lock if it is free (never waiting for it), or
-        None if another process holds it: a move begun before the read, but not finished, would
-        otherwise go unseen."""
-        with self._tlock:
-            if self._depth:
-                return reads.generation(self.root)  # this thread holds the lock: nothing moves
-            if not self._flock.try_acquire():
-                return None
-            try:
-                return reads.generation(self.root)
-            finally:
-                self._flock.release()
+        return sorted(self.disk.consistent(lambda: reads.ids(self.root)))
 
     # -- adding ---------------------------------------------------------------------------------
 
@@ -177,17 +236,17 @@ class Board(IngestMixin, NotesMixin, WaitingMixin, Claims):
         """Validate `fields` (as in a dropped file) and put the task on the board."""
         now = now_iso()
         title = fields.get("title") if isinstance(fields.get("title"), str) else "task"
-        with self._locked():
+        with self.disk.locked():
             for _attempt in range(20):
                 default_id = f"{slugify(title)}-{os.urandom(3).hex()}"
                 doc = normalize(fields, default_id=default_id, now=now, by=by, note="added")
-                if self._locate(doc["id"]) is None:
+                if self.disk.locate(doc["id"]) is None:
                     break
                 if "id" in fields:
                     raise TaskError(f"a task with id '{doc['id']}' already exists")
             self._check_new(doc)
-            write_json_atomic(self._path(doc["status"], doc["id"]), doc)
-            self._log.append(event(now, doc["id"], None, doc["status"], by, "added"))
+            write_json_atomic(self.disk.path(doc["status"], doc["id"]), doc)
+            self.disk.log.append(event(now, doc["id"], None, doc["status"], by, "added"))
         return doc
 
     # -- recovery -------------------------------------------------------------------------------
@@ -197,21 +256,21 @@ class Board(IngestMixin, NotesMixin, WaitingMixin, Claims):
         failed once they used up max_attempts; finish interrupted transitions; sweep stale temp files."""
         recovered = []
         now = time.time()
-        swept = self._last_sweep
-        with self._locked():
+        swept = self.txn.last_sweep
+        with self.disk.locked():
             self._last_recover = time.monotonic()
-            # A board's first locked section finishes and sweeps (see _locked): when this one was
+            # A board's first locked section finishes and sweeps (see Folder.locked): when this one was
             # it, a second pass would list every status folder again to find nothing new.
-            if self._last_sweep == swept:
-                self._finish_interrupted(sweep=sweep)
-            for path, doc in self._documents("doing"):
+            if self.txn.last_sweep == swept:
+                self.txn.finish_interrupted(sweep=sweep)
+            for path, doc in self.txn.documents("doing"):
                 if doc["status"] != "doing":
-                    self._roll_forward(path, doc)
+                    self.txn.roll_forward(path, doc)
                     continue
                 reason = stale_reason(doc.get("claim"), now)
                 if reason is None:
                     continue
-                new = self._commit("doing", rules.recovered(doc, reason, now=now_iso()))
+                new = self.txn.commit("doing", rules.recovered(doc, reason, now=now_iso()))
                 recovered.append({"task": doc["id"], "to": new["status"], "reason": reason})
         return recovered
 
@@ -219,9 +278,9 @@ class Board(IngestMixin, NotesMixin, WaitingMixin, Claims):
 
     def move(self, task_id: str, to: str, *, by: str = "cli", note: str = "") -> TaskDoc:
         rules.check_move_target(to)
-        with self._locked():
-            folder, path = self._locate_or_raise(task_id)
-            return self._commit(folder, rules.moved(self._read(path), to, by=by, now=now_iso(), note=note))
+        with self.disk.locked():
+            folder, path = self.disk.locate_or_raise(task_id)
+            return self.txn.commit(folder, rules.moved(self.disk.read(path), to, by=by, now=now_iso(), note=note))
 
     def cancel(self, task_id: str, *, by: str = "cli") -> TaskDoc:
         rules.check_cancel(self.get(task_id))
@@ -230,6 +289,73 @@ class Board(IngestMixin, NotesMixin, WaitingMixin, Claims):
     def retry(self, task_id: str, *, by: str = "cli") -> TaskDoc:
         rules.check_retry(self.get(task_id))
         return self.move(task_id, "todo", by=by, note="retry (attempts reset)")
+
+    # -- waiting and the event log ---------------------------------------------------------------
+
+    @property
+    def watch_mode(self) -> str:
+        return self.watcher.mode
+
+    def health(self) -> list[tuple[str, str, str]]:
+        """The filesystem and change-notification checks doctor prints."""
+        return waiting.health(self.disk)
+
+    def start_watching(self) -> None:
+        waiting.start_watching(self.disk)
+
+    def watch_events(self) -> Callable[[], None] | None:
+        return waiting.watch_log(self.events_path, self.signal)
+
+    def wake(self) -> None:
+        """Wake every thread of this process waiting in wait_for_work (to stop it, say)."""
+        self.signal.bump()
+
+    def wait_for_work(self, agent: str, *, roles: Iterable[str] = (), timeout: float | None = None,
+                      lease: float | None = None, stop: threading.Event | None = None,
+                      steps_only: bool = False, assigned_only: bool = False) -> TaskDoc | None:
+        """Claim a task, waiting for one to become eligible; None on timeout or when `stop` is set.
+
+        Drops are ingested and dead claims recovered while waiting, so a board needs no other
+        process to make progress. Sleeps on watcher events, never a busy poll.
+        """
+        self.start_watching()
+
+        def look_after() -> None:
+            self.ingest()
+            now = time.monotonic()
+            if recover_due(self._last_recover, now):
+                self.recover(sweep=recover_due(self.txn.last_sweep, now, waiting.SWEEP_INTERVAL))
+
+        return wait_loop(self.signal, look_after=look_after,
+                         claim=lambda: self.claim(agent, roles=roles, lease=lease, steps_only=steps_only,
+                                                  assigned_only=assigned_only),
+                         nap=lambda: waiting.nap(self.disk), timeout=timeout, stop=stop)
+
+    def events_since(self, cursor: int, *, max_events: int = 10_000, inode: int | None = None) -> CursorRead:
+        return read_since(self.events_path, cursor, max_events, inode=inode)
+
+    def events_end(self) -> int:
+        return waiting.log_end(self.events_path)
+
+    def events_marker(self) -> Any:
+        return log_marker(self.events_path)
+
+    def check_cursor(self, cursor: int) -> None:
+        check_cursor(self.events_path, cursor)
+
+    def append_event(self, record: dict[str, Any]) -> None:
+        append_record(self.events_path, record)
+
+    def exclusive(self) -> AbstractContextManager[None]:
+        return self.disk.locked()
+
+    def announce_host(self, agents: Callable[[], list[dict[str, Any]]] | None = None) -> None:
+        pass  # one host's board: a dead supervisor's agents are seen by pid, not by heartbeat
+
+    def host_agents(self) -> list[dict[str, Any]]:
+        return []  # one host's board: its agents are the workspace's (runs/supervisor.json)
+
+    # -- journals --------------------------------------------------------------------------------
 
     def task_journal(self, task_id: str, token: int, agent: str, workdir: Path) -> Any:
         """The task's journal in the agent's folder: one host's agents are the only readers, and a

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from . import rules
-from .base import TaskDoc, _read_or_none
+from .base import Folder, TaskDoc, _read_or_none
 from .errors import BoardError, ClaimLost, Damaged
+from .events import EventTail
 from .faults import fault
 from .fsio import (
     write_json_atomic,
@@ -21,51 +22,59 @@ from .task import (
     STATUSES,
     now_iso,
 )
-from .txn import Transactions, _owner_text, _reservation_done, _reservation_started, _unlink_marker
+from .txn import Transactions, _owner_text, _unlink_marker
 
 # A claim that finds nothing rescans the folders if the index is older than this.
 RESYNC_AFTER = 2.0
 
 
-class Claims(Transactions):
-    """The claim index, the pick and its reservation, the claim's commit, and the holder's fenced verbs."""
+class Claims:
+    """The claim index kept current, the pick and its reservation, the claim's commit, and the holder's fenced verbs."""
+
+    def __init__(self, disk: Folder, txn: Transactions, lease: float) -> None:
+        self.disk = disk
+        self.txn = txn
+        self.lease = lease
+        # The event log read so far: the index follows the transitions appended since.
+        self.tail = EventTail(disk.events_path)
+        self.indexed_at: float | None = None  # monotonic time of the last full rescan
 
     # -- the index ------------------------------------------------------------------------------
 
-    def _load_todo(self, task_id: str) -> TaskDoc | None:
+    def load_todo(self, task_id: str) -> TaskDoc | None:
         try:
-            return self._read(self._path("todo", task_id))
+            return self.disk.read(self.disk.path("todo", task_id))
         except (FileNotFoundError, Damaged):
             return None
 
-    def _rescan(self) -> None:
-        self._tail.seek_end()
-        self._index.clear()
+    def rescan(self) -> None:
+        self.tail.seek_end()
+        self.disk.index.clear()
         for status in STATUSES:
             if status == "todo":
                 continue
             with contextlib.suppress(FileNotFoundError):
-                for entry in os.scandir(self.root / status):
+                for entry in os.scandir(self.disk.root / status):
                     if entry.name.endswith(".json") and not entry.name.startswith("."):
-                        self._index.set_status(entry.name[:-5], status)
-        for _path, doc in self._documents("todo"):
+                        self.disk.index.set_status(entry.name[:-5], status)
+        for _path, doc in self.txn.documents("todo"):
             if doc["status"] != "todo":
-                doc = self._adopt_hand_move("todo", doc)
+                doc = self.txn.adopt_hand_move("todo", doc)
             if doc["status"] == "todo":
-                self._index.put_todo(doc)
-        self._indexed_at = time.monotonic()
-        self.signal.full_rescan_due = False
+                self.disk.index.put_todo(doc)
+        self.indexed_at = time.monotonic()
+        self.disk.signal.full_rescan_due = False
 
-    def _refresh_index(self) -> None:
-        if self._indexed_at is None or self.signal.full_rescan_due:
-            self._rescan()
+    def refresh_index(self) -> None:
+        if self.indexed_at is None or self.disk.signal.full_rescan_due:
+            self.rescan()
         else:
-            self._index.apply_events(self._tail.read_new(), self._load_todo)
+            self.disk.index.apply_events(self.tail.read_new(), self.load_todo)
 
     # -- claiming -------------------------------------------------------------------------------
 
     def _done_on_disk(self, task_id: str) -> bool:
-        return self._path("done", task_id).exists()
+        return self.disk.path("done", task_id).exists()
 
     def claim(self, agent: str, *, roles: Iterable[str] = (), lease: float | None = None,
               pid: int | None = None, steps_only: bool = False, assigned_only: bool = False) -> TaskDoc | None:
@@ -82,17 +91,17 @@ class Claims(Transactions):
         roles = tuple(roles)
         for _attempt in range(20):
             picked = None
-            with self._tlock:
-                if self._indexed_at is not None and not self.signal.full_rescan_due:
-                    self._index.apply_events(self._tail.read_new(), self._load_todo)
+            with self.disk.tlock:
+                if self.indexed_at is not None and not self.disk.signal.full_rescan_due:
+                    self.disk.index.apply_events(self.tail.read_new(), self.load_todo)
                     picked = self._reserve(agent, roles, steps_only, assigned_only, locked=False)
             if picked is None:
-                with self._locked():
-                    self._refresh_index()
+                with self.disk.locked():
+                    self.refresh_index()
                     picked = self._reserve(agent, roles, steps_only, assigned_only, locked=True)
-                    if picked is None and self._indexed_at is not None and \
-                            time.monotonic() - self._indexed_at > RESYNC_AFTER:
-                        self._rescan()
+                    if picked is None and self.indexed_at is not None and \
+                            time.monotonic() - self.indexed_at > RESYNC_AFTER:
+                        self.rescan()
                         picked = self._reserve(agent, roles, steps_only, assigned_only, locked=True)
             if picked is None:
                 return None
@@ -102,19 +111,19 @@ class Claims(Transactions):
             committed: TaskDoc | None = None
             try:
                 new = self._claimed(doc, agent, lease, pid)
-                prepared = self._prepare("todo", new)
-                keeper = self._keep_old("todo", doc["id"])
+                prepared = self.txn.prepare("todo", new)
+                keeper = self.txn.keep_old("todo", doc["id"])
                 fault("prepared")
-                with self._locked():
+                with self.disk.locked():
                     # A person may have changed the task while it was reserved; then choose again.
-                    if _read_or_none(self._path("todo", doc["id"])) == raw:
-                        committed, prepared = self._commit("todo", new, prepared, reserved=True), None
+                    if _read_or_none(self.disk.path("todo", doc["id"])) == raw:
+                        committed, prepared = self.txn.commit("todo", new, prepared, reserved=True), None
             finally:
-                _unlink_marker(self._marker(doc["id"]))
+                _unlink_marker(self.txn.marker(doc["id"]))
                 for leftover in (prepared, keeper):
                     if leftover is not None:
                         leftover.unlink(missing_ok=True)
-                _reservation_done(doc["id"])
+                self.txn.reservations.done(doc["id"])
             if committed is not None:
                 return committed
         raise BoardError("could not claim a task: every pick was changed by hand before the claim finished")
@@ -123,7 +132,7 @@ class Claims(Transactions):
                  locked: bool) -> tuple[bytes, TaskDoc] | None:
         """Pick the best eligible task and reserve it for this process. Without the lock
         (`locked=False`) a task that needs repair (moved by hand, damaged) is only skipped."""
-        index = self._index
+        index = self.disk.index
 
         def indexed_done(dep: str) -> bool:
             return index.status.get(dep) == "done"
@@ -133,25 +142,25 @@ class Claims(Transactions):
             if not rules.eligible(meta, agent, roles, indexed_done, steps_only=steps_only,
                                   assigned_only=assigned_only, has_steps=meta["has_steps"]):
                 continue
-            path = self._path("todo", task_id)
+            path = self.disk.path("todo", task_id)
             try:
-                raw = self._raw(path)
-                doc = self._parse(raw, task_id)
+                raw = self.disk.raw(path)
+                doc = self.disk.parse(raw, task_id)
             except FileNotFoundError:
                 index.forget(task_id)
                 continue
             except Damaged as exc:
                 if locked:
-                    self._quarantine(path, str(exc))
+                    self.txn.quarantine(path, str(exc))
                 continue
             if doc["status"] != "todo":
                 if not locked:
                     continue
-                doc = self._adopt_hand_move("todo", doc)
+                doc = self.txn.adopt_hand_move("todo", doc)
                 if doc["status"] != "todo":
                     index.set_status(task_id, doc["status"])
                     continue
-                raw = self._raw(path)
+                raw = self.disk.raw(path)
             if not rules.eligible(doc, agent, roles, self._done_on_disk, steps_only=steps_only,
                                   assigned_only=assigned_only):
                 index.put_todo(doc)
@@ -161,8 +170,8 @@ class Claims(Transactions):
             # Reserved; another claimer may have committed this task just before. Not a guard (the
             # check under the lock in claim() is): this only spares preparing a document in vain.
             if _read_or_none(path) != raw:
-                _unlink_marker(self._marker(task_id))
-                _reservation_done(task_id)
+                _unlink_marker(self.txn.marker(task_id))
+                self.txn.reservations.done(task_id)
                 continue
             # Out of this process's candidates now; the commit's event (or a rescan) settles it.
             index.set_status(task_id, "doing")
@@ -173,18 +182,18 @@ class Claims(Transactions):
         """Create the task's marker exclusively; False if someone else holds it. Under the lock, a
         marker over a second old whose writer is dead (a claimer killed after reserving) is cleared
         so it cannot hide the task until the next recover()."""
-        marker = self._marker(task_id)
+        marker = self.txn.marker(task_id)
         for _try in range(2):
-            _reservation_started(task_id)
+            self.txn.reservations.started(task_id)
             try:
                 # A symlink is created with its target in one step, and exclusively: a marker
                 # is never seen without the owner it names, even if its claimer is killed.
                 os.symlink(_owner_text(), marker)
             except FileExistsError:
-                _reservation_done(task_id)
+                self.txn.reservations.done(task_id)
                 if not locked or not self._stale_marker(marker):
                     return False
-                self._finish_interrupted(sweep=False)
+                self.txn.finish_interrupted(sweep=False)
                 continue
             fault("marked")
             return True
@@ -195,7 +204,7 @@ class Claims(Transactions):
             age = time.time() - marker.lstat().st_mtime
         except FileNotFoundError:
             return True
-        return age >= 1.0 and not self._marker_is_live(marker)
+        return age >= 1.0 and not self.txn.marker_is_live(marker)
 
     def _claimed(self, doc: TaskDoc, agent: str, lease: float | None, pid: int | None) -> TaskDoc:
         pid = os.getpid() if pid is None else pid
@@ -207,11 +216,11 @@ class Claims(Transactions):
 
     def _held(self, task_id: str, token: int) -> TaskDoc:
         """The document of a task held in doing/ by `token`, else ClaimLost."""
-        path = self._path("doing", task_id)
+        path = self.disk.path("doing", task_id)
         try:
-            doc = self._read(path)
+            doc = self.disk.read(path)
         except FileNotFoundError:
-            found = self._locate(task_id)
+            found = self.disk.locate(task_id)
             where = f"it is in {found[0]}/" if found else "it is no longer on the board"
             raise ClaimLost(f"task {task_id} is not held by token {token}: {where}") from None
         claim = doc.get("claim") or {}
@@ -222,13 +231,13 @@ class Claims(Transactions):
 
     def renew(self, task_id: str, token: int, lease: float | None = None) -> TaskDoc:
         lease = self.lease if lease is None else lease
-        with self._locked():
+        with self.disk.locked():
             doc = self._held(task_id, token)
             now = time.time()
             claim = dict(doc["claim"], lease_until=_iso_at(now + lease), lease_until_ts=now + lease)
             new = dict(doc, claim=claim)
             # Not a transition: no event, and a lost renewal only shortens the lease, so no fsync.
-            write_json_atomic(self._path("doing", task_id), new, fsync=False)
+            write_json_atomic(self.disk.path("doing", task_id), new, fsync=False)
             return new
 
     def _finish(self, task_id: str, token: int, end: Callable[[TaskDoc], TaskDoc]) -> TaskDoc:
@@ -236,27 +245,27 @@ class Claims(Transactions):
         written and fsync'd before the lock is taken; under the lock it is committed if the task is
         still exactly as it was read, and built again from the current file if not (a renewal in
         between, say)."""
-        path = self._path("doing", task_id)
+        path = self.disk.path("doing", task_id)
         raw = _read_or_none(path)
         prepared: Path | None = None
         keeper: Path | None = None
         new: TaskDoc | None = None
         if raw is not None:
             with contextlib.suppress(Damaged):
-                doc = self._parse(raw, task_id)
+                doc = self.disk.parse(raw, task_id)
                 if rules.held_by(doc, token):
                     new = end(doc)
-                    prepared = self._prepare("doing", new)
-                    keeper = self._keep_old("doing", task_id)
+                    prepared = self.txn.prepare("doing", new)
+                    keeper = self.txn.keep_old("doing", task_id)
                     fault("prepared")
         try:
-            with self._locked():
+            with self.disk.locked():
                 if prepared is None or new is None or _read_or_none(path) != raw:
                     if prepared is not None:
                         prepared.unlink(missing_ok=True)
                         prepared = None
                     new = end(self._held(task_id, token))
-                committed, prepared = self._commit("doing", new, prepared), None
+                committed, prepared = self.txn.commit("doing", new, prepared), None
                 return committed
         finally:
             for leftover in (prepared, keeper):

@@ -13,9 +13,13 @@ and rename it produce names that are skipped here until the rename.
 from __future__ import annotations
 
 import os
+import stat
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .fsio import safe_name
 from .parse import EXTENSIONS
 
 # Temp and backup names of editors, browsers, rsync and download tools.
@@ -87,6 +91,43 @@ def decide(*, is_task_type: bool, hinted_complete: bool, has_writer: bool | None
     if has_writer is None:
         return "ready" if quiet_for >= QUIET_FALLBACK else "wait"
     return "wait" if has_writer else "ready"
+
+
+def ready(root: Path, hinted: Callable[[Path, int], bool] | None = None) -> tuple[list[Path], list[str]]:
+    """The drops in `root`/inbox finished being written, oldest first, and those still being
+    written (as inbox/NAME), by `decide`: the rule of every backend. `hinted(path, mtime_ns)` says a
+    watcher saw the file complete (the file board's); without it, only writers and quiet time tell."""
+    candidates = scan(root)
+    found: list[Path] = []
+    waiting: list[str] = []
+    if not candidates:
+        return found, waiting
+    writers: set[tuple[int, int]] | None = None
+    writers_read = False
+    now = time.time()
+    for drop in candidates:
+        try:
+            st = os.lstat(drop.path)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            found.append(drop.path)  # symlinks, folders, devices: rejected at once
+            continue
+        complete = hinted is not None and hinted(drop.path, st.st_mtime_ns)
+        is_task = is_task_file(drop.path.name)
+        has_writer: bool | None = False
+        if is_task and not complete:
+            # One pass over /proc for all the drops, and only when one needs it.
+            if not writers_read:
+                writers, writers_read = open_writers(root), True
+            has_writer = None if writers is None else (st.st_dev, st.st_ino) in writers
+        state = decide(is_task_type=is_task, hinted_complete=complete, has_writer=has_writer,
+                       quiet_for=now - st.st_mtime)
+        if state == "wait":
+            waiting.append(f"inbox/{safe_name(drop.path.name)}")
+        else:
+            found.append(drop.path)
+    return found, waiting
 
 
 def open_writers(root: Path) -> set[tuple[int, int]] | None:

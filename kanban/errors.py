@@ -6,6 +6,11 @@ from __future__ import annotations
 class BoardError(Exception):
     """A board operation that cannot be done; the message says why."""
 
+    # A database board's error carries the driver's SQLSTATE, and whether the server had ended the
+    # connection before the statement ran (then the verb is run again: kanban/pg/retry.py).
+    sqlstate: str | None = None
+    ended_by_server: bool = False
+
 
 class BoardLocked(BoardError):
     """The board lock stayed held by another process for the whole wait."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .fsio import mode_for, read_complete_lines, scrub
+from .fsio import append_line, open_log, read_complete_lines, record_line
 
 
 def event(at: str, task: str, src: str | None, dst: str | None, by: str, note: str = "") -> dict[str, Any]:
@@ -162,16 +162,10 @@ def append_record(path: Path, record: dict[str, Any]) -> None:
     and the cursor (an offset) stays monotonic. A torn last line (its writer killed mid-write) is
     closed first, as the board's own appends do; racing one of those at worst adds a blank line,
     which readers skip. Raises OSError (a full disk): the caller decides what that costs."""
-    line = (scrub(json.dumps(record, ensure_ascii=False, separators=(",", ":"))) + "\n").encode(
-        "utf-8", "backslashreplace")
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    line = record_line(record)
+    fd = open_log(path)
     try:
-        info = os.fstat(fd)
-        if not info.st_size and info.st_uid == os.getuid():
-            os.fchmod(fd, mode_for(path.parent))
-        if info.st_size and os.pread(fd, 1, info.st_size - 1) != b"\n":
-            line = b"\n" + line
-        os.write(fd, line)
+        append_line(fd, path.parent, line)
     finally:
         os.close(fd)
 

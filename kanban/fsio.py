@@ -140,6 +140,29 @@ def read_fd(fd: int, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def record_line(record: dict[str, Any]) -> bytes:
+    """One record as a line of a JSONL log: compact, scrubbed of known secrets, newline-terminated."""
+    return (scrub(json.dumps(record, ensure_ascii=False, separators=(",", ":"))) + "\n").encode(
+        "utf-8", "backslashreplace")
+
+
+def open_log(path: Path) -> int:
+    """A descriptor for appending to the log at `path` (created if missing, never through a symlink)."""
+    return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+
+
+def append_line(fd: int, folder: Path, line: bytes) -> None:
+    """Append `line` with one write(2) to the log open at `fd`, closing first a torn last line (its
+    writer killed mid-write), so that it is never glued to the new one. A log just created gets
+    the mode its `folder` says (mode_for), not the umask's."""
+    info = os.fstat(fd)
+    if not info.st_size and info.st_uid == os.getuid():
+        os.fchmod(fd, mode_for(folder))
+    if info.st_size and os.pread(fd, 1, info.st_size - 1) != b"\n":
+        line = b"\n" + line
+    os.write(fd, line)
+
+
 class AppendLog:
     """An append-only JSONL file, one record per write(2), the descriptor kept open between appends.
 
@@ -160,19 +183,12 @@ class AppendLog:
             except FileNotFoundError:
                 pass
             self.close()
-        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        self._fd = open_log(self.path)
         return self._fd
 
     def append(self, record: dict[str, Any]) -> None:
-        line = scrub(json.dumps(record, ensure_ascii=False, separators=(",", ":"))) + "\n"
-        fd = self._descriptor()
-        info = os.fstat(fd)
-        size = info.st_size
-        if not size and info.st_uid == os.getuid():  # just created: as its folder says (mode_for)
-            os.fchmod(fd, mode_for(self.path.parent))
-        if size and os.pread(fd, 1, size - 1) != b"\n":
-            line = "\n" + line
-        os.write(fd, line.encode("utf-8", "backslashreplace"))
+        line = record_line(record)
+        append_line(self._descriptor(), self.path.parent, line)
 
     def close(self) -> None:
         fd, self._fd = self._fd, None

@@ -1,4 +1,4 @@
-"""Ingest, mixed into Board: finished files in inbox/ become tasks, what cannot be one goes to rejected/.
+"""Ingest: finished files in inbox/ become tasks, what cannot be one goes to rejected/.
 
 Every dropped file is hostile until parsed. Reading and parsing it (up to 1 MiB, of YAML say) is
 done before the board lock is taken; under the lock the file is checked to be the one that was
@@ -13,10 +13,10 @@ import errno
 import hashlib
 import os
 import stat
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import drops
 from .errors import Damaged
@@ -25,6 +25,10 @@ from .faults import fault
 from .fsio import read_bytes_nofollow, safe_name, unique_path, write_json_atomic
 from .parse import parse_task_file
 from .task import MAX_BYTES, TaskError, normalize, now_iso, slugify
+
+if TYPE_CHECKING:
+    from .base import Folder
+    from .txn import Transactions
 
 TaskDoc = dict[str, Any]
 
@@ -112,78 +116,49 @@ def read_drop(path: Path) -> DropRead | None:
     return read
 
 
-class IngestMixin:
-    """Board's ingest verbs; they use the board's lock, log, look-ups and set-aside."""
+class Ingester:
+    """The board's ingest: drops in its folder's inbox/ made into tasks through its transaction core."""
 
-    root: Path
-    watcher: Any
-    problems: list[str]
-    _log: Any
+    def __init__(self, disk: Folder, txn: Transactions, check_new: Callable[[TaskDoc], None]) -> None:
+        self.disk = disk
+        self.txn = txn
+        # The board's check of a new task against the others (a dependency cycle, say).
+        self.check_new = check_new
 
     def ingest(self) -> IngestReport:
         """Turn finished files in inbox/ into tasks; reject what cannot be one."""
         report = IngestReport()
-        self._check_links(("inbox", "rejected", ".ingested"))  # type: ignore[attr-defined]
-        for drop in self._ready(report):
+        self.disk.check_links(("inbox", "rejected", ".ingested"))
+        found, waiting = drops.ready(self.disk.root, self.disk.watcher.is_complete)
+        report.waiting.extend(waiting)
+        for path in found:
             try:
-                read = read_drop(drop.path)
+                read = read_drop(path)
                 if read is None:
                     continue
-                with self._locked():  # type: ignore[attr-defined]
-                    self._ingest_one(drop.path, read, report)
+                with self.disk.locked():
+                    self._ingest_one(path, read, report)
             except OSError as exc:
                 # A file the board cannot move must not stop the drops after it: they are taken
                 # oldest first, so it would fail first on every pass. It is tried again next time
                 # (a task already written for it is found by its fingerprint, never made twice).
-                name = f"inbox/{safe_name(drop.path.name)}"
+                name = f"inbox/{safe_name(path.name)}"
                 reason = f"could not be taken: {exc.strerror or exc}; it is tried again on the next ingest"
                 report.failed.append({"file": name, "reason": reason})
                 note = f"{name} {reason}"
-                if note not in self.problems:
-                    self.problems.append(note)
+                if note not in self.disk.problems:
+                    self.disk.problems.append(note)
         return report
-
-    def _ready(self, report: IngestReport) -> list[drops.Drop]:
-        """The drops finished being written; the others are listed as waiting."""
-        candidates = drops.scan(self.root)
-        if not candidates:
-            return []
-        writers: set[tuple[int, int]] | None = None
-        writers_read = False
-        ready: list[drops.Drop] = []
-        now = time.time()
-        for drop in candidates:
-            try:
-                st = os.lstat(drop.path)
-            except FileNotFoundError:
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                ready.append(drop)  # symlinks, folders, devices: rejected at once
-                continue
-            hinted = self.watcher.is_complete(drop.path, st.st_mtime_ns)
-            is_task = drops.is_task_file(drop.path.name)
-            has_writer: bool | None = False
-            if is_task and not hinted:
-                if not writers_read:
-                    writers, writers_read = drops.open_writers(self.root), True
-                has_writer = None if writers is None else (st.st_dev, st.st_ino) in writers
-            state = drops.decide(is_task_type=is_task, hinted_complete=hinted, has_writer=has_writer,
-                                 quiet_for=now - st.st_mtime)
-            if state == "wait":
-                report.waiting.append(f"inbox/{safe_name(drop.path.name)}")
-            else:
-                ready.append(drop)
-        return ready
 
     def _reject(self, path: Path, reason: str, report: IngestReport) -> None:
         # The dropped file's name may be anything but "/" and NUL: it is shown and reused only
         # made safe (UTF-8, no control characters, short enough for ".error.txt").
         name = safe_name(path.name)
         rel = f"inbox/{name}"
-        dest = self._set_aside(path, name, f"{rel} was rejected on {now_iso()}: {reason}\n"  # type: ignore[attr-defined]
+        dest = self.txn.set_aside(path, name, f"{rel} was rejected on {now_iso()}: {reason}\n"
                                            "Fix the file and drop it into inbox/ again.\n")
-        self.watcher.forget(path)
-        self._log.append(event(now_iso(), name, "inbox", "rejected", "ingest", reason))
+        self.disk.watcher.forget(path)
+        self.disk.log.append(event(now_iso(), name, "inbox", "rejected", "ingest", reason))
         report.rejected.append({"file": rel, "moved_to": f"rejected/{dest.name}", "reason": reason})
 
     def _ingest_one(self, path: Path, read: DropRead, report: IngestReport) -> None:
@@ -202,31 +177,32 @@ class IngestMixin:
             return self._reject(path, read.reason or "cannot be read as a task", report)
         doc, rel = read.doc, f"inbox/{path.name}"
         try:
-            found = self._locate(doc["id"])  # type: ignore[attr-defined]
+            found = self.disk.locate(doc["id"])
             if found is not None:
-                existing = self._read(found[1])  # type: ignore[attr-defined]
+                existing = self.disk.read(found[1])
                 if (existing.get("source") or {}).get("fingerprint") == read.fp:
                     # This very file was ingested by a process that died before moving it away.
                     first = existing["history"][0] if existing["history"] else {}
-                    if first and not self._event_logged(first.get("at"), existing["id"]):  # type: ignore[attr-defined]
-                        self._log.append(event(str(first.get("at")), existing["id"], "inbox", first.get("to"),
+                    if first and not self.txn.event_logged(first.get("at"), existing["id"]):
+                        self.disk.log.append(event(str(first.get("at")), existing["id"], "inbox", first.get("to"),
                                                "ingest", str(first.get("note") or "")))
                     self._archive(path, existing["id"])
                     report.ingested.append(existing["id"])
                     return None
                 raise TaskError(f"a task with id '{doc['id']}' already exists (in {found[0]}/)")
-            self._check_new(doc)  # type: ignore[attr-defined]
+            self.check_new(doc)
         except (TaskError, Damaged) as exc:
             return self._reject(path, str(exc), report)
         doc["source"] = {"file": rel, "fingerprint": read.fp}
-        write_json_atomic(self._path(doc["status"], doc["id"]), doc)  # type: ignore[attr-defined]
+        write_json_atomic(self.disk.path(doc["status"], doc["id"]), doc)
         fault("ingest-written")
-        self._log.append(event(doc["created_at"], doc["id"], "inbox", doc["status"], "ingest", f"ingested from {rel}"))
+        self.disk.log.append(event(doc["created_at"], doc["id"], "inbox", doc["status"], "ingest",
+                                   f"ingested from {rel}"))
         self._archive(path, doc["id"])
         report.ingested.append(doc["id"])
         return None
 
     def _archive(self, path: Path, task_id: str) -> None:
         # The user's file is kept, not deleted: the task's `source` names it.
-        os.rename(path, unique_path(self.root / ".ingested", f"{task_id}--{safe_name(path.name)}"))
-        self.watcher.forget(path)
+        os.rename(path, unique_path(self.disk.root / ".ingested", f"{task_id}--{safe_name(path.name)}"))
+        self.disk.watcher.forget(path)

@@ -1,4 +1,4 @@
-"""Comments and waiting notes (no transition) and answers to a blocked task's question, mixed into Board."""
+"""Comments and waiting notes (no transition) and answers to a blocked task's question."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import time
 from collections.abc import Iterable
 
 from . import base, rules
-from .base import COMMENT_RESERVE, TaskDoc
+from .base import COMMENT_RESERVE, Folder, TaskDoc
+from .claims import Claims
 from .errors import Damaged, InvalidTransition
 from .fsio import (
     dumps,
@@ -18,10 +19,17 @@ from .task import (
     TaskError,
     now_iso,
 )
+from .txn import Transactions
 
 
-class NotesMixin:
-    """Board's comment, answer and waiting-note verbs; they use the board's lock, index and commit."""
+class Notes:
+    """The board's comment, answer and waiting-note verbs, through its transaction core and claim index."""
+
+    def __init__(self, disk: Folder, txn: Transactions, claims: Claims) -> None:
+        self.disk = disk
+        self.txn = txn
+        self.claims = claims
+        self.noted: dict[str, tuple[str | None, str | None]] = {}  # mark_waiting's last note, per version
 
     def mark_waiting(self, reason: str | None, *, needs_llm: bool = True, agent: str | None = None,
                      roles: Iterable[str] = ()) -> int:
@@ -30,34 +38,34 @@ class NotesMixin:
         from the in-memory index and this board remembers what it noted, so a call reads only the
         tasks new to it: agents call this after every task. With `agent` (and its `roles`), only the
         tasks it could claim now are noted: its provider is no reason for a task it could not take."""
-        with self._locked():
-            self._refresh_index()
+        with self.disk.locked():
+            self.claims.refresh_index()
         roles = tuple(roles)
-        index = self._index
+        index = self.disk.index
 
         def indexed_done(dep: str) -> bool:
             return index.status.get(dep) == "done"
 
         # A note stands for the task as it was: any transition changes updated_at, a note does not.
-        candidates = [meta["id"] for meta in self._index.todo_in_order()
+        candidates = [meta["id"] for meta in self.disk.index.todo_in_order()
                       if not (needs_llm and meta["has_steps"])
                       and (agent is None or rules.can_claim(meta, agent, roles, indexed_done))
-                      and self._noted.get(meta["id"]) != (reason, meta["updated_at"])]
+                      and self.noted.get(meta["id"]) != (reason, meta["updated_at"])]
         changed = 0
         for task_id in candidates:
-            with self._locked():
-                path = self._path("todo", task_id)
+            with self.disk.locked():
+                path = self.disk.path("todo", task_id)
                 try:
-                    current = self._read(path)
+                    current = self.disk.read(path)
                 except (FileNotFoundError, Damaged):
                     continue
-                if current["status"] != "todo" or self._has_marker(task_id):
+                if current["status"] != "todo" or self.txn.has_marker(task_id):
                     continue
                 if current.get("waiting") != reason:
                     noted = {k: v for k, v in current.items() if k != "waiting"}
                     write_json_atomic(path, {**noted, "waiting": reason} if reason else noted, fsync=False)
                     changed += 1
-                self._noted[task_id] = (reason, current.get("updated_at"))
+                self.noted[task_id] = (reason, current.get("updated_at"))
         return changed
 
     def comment(self, task_id: str, text: str, *, by: str = "cli", wait: float = 5.0) -> TaskDoc:
@@ -71,10 +79,10 @@ class NotesMixin:
             raise TaskError(f"the comment is {size} bytes; the limit for a comment is {MAX_BYTES} bytes (1 MiB)")
         deadline = time.monotonic() + wait
         while True:
-            with self._locked():
-                found = self._locate_or_raise(task_id)
-                if not self._has_marker(task_id):
-                    doc = self._read(found[1])
+            with self.disk.locked():
+                found = self.disk.locate_or_raise(task_id)
+                if not self.txn.has_marker(task_id):
+                    doc = self.disk.read(found[1])
                     entry = {"at": now_iso(), "by": by, "text": text}
                     new = {**doc, "comments": [*(doc.get("comments") or []), entry]}
                     data = dumps(new)
@@ -98,6 +106,6 @@ class NotesMixin:
         size = len(text.encode("utf-8", "backslashreplace"))
         if size > MAX_BYTES:
             raise TaskError(f"the answer is {size} bytes; the limit for an answer is {MAX_BYTES} bytes (1 MiB)")
-        with self._locked():
-            folder, path = self._locate_or_raise(task_id)
-            return self._commit(folder, rules.answered(self._read(path), text, by=by, now=now_iso()))
+        with self.disk.locked():
+            folder, path = self.disk.locate_or_raise(task_id)
+            return self.txn.commit(folder, rules.answered(self.disk.read(path), text, by=by, now=now_iso()))

@@ -6,7 +6,9 @@ migrations and returns a `PgStore`. Modules: `schema` (tables, migrations), `sql
 `rules` (pure row/document rules), `listen` (LISTEN wake-ups), `drops` (the host's inbox/ folders),
 `journal` (a task's journal as rows of the database), `stream` (the event stream, watching, health),
 `ids` (the task ids a prefix is resolved against), `retry` (a verb run again after a restart), `bulk`
-(a migration's copy) and `store` (the verbs).
+(a migration's copy), `conn` (the store's connection), `claims` (claims and the holder's verbs),
+`journalrows` (the journal verbs), `hosts` (heartbeats and recovery) and `store` (the other verbs,
+and PgStore assembled).
 """
 
 from __future__ import annotations
@@ -35,6 +37,14 @@ def boot_id() -> str:
         return "unknown-boot"
 
 
+def dsn_not_set(dsn_env: str, remedy: str = "put the connection string (DSN) in that environment variable, never in "
+                "hermes.yaml", *, on_board: bool = True) -> str:
+    """What to say when the DSN's environment variable `dsn_env` is unset or empty (pure): the board,
+    the budget ledger and `migrate` say it in one wording, each with its own `remedy`."""
+    where = "the board is on PostgreSQL, but " if on_board else ""
+    return f"{where}${dsn_env} is not set: {remedy}"
+
+
 def check_dsn(dsn: str, dsn_env: str) -> None:
     """Refuse a connection string that does not parse, with a message of our own: the parser's
     quotes the part it could not read, which may be the password (`password=half pw-...`)."""
@@ -60,8 +70,7 @@ def open_store(config: Mapping[str, Any], *, host: str | None = None, environ: M
         raise BoardConfigError("board.dsn_env must be the name of an environment variable")
     dsn = environ.get(dsn_env)
     if not dsn:
-        raise BoardConfigError(f"the board is on PostgreSQL, but ${dsn_env} is not set: put the connection string "
-                         "(DSN) in that environment variable, never in hermes.yaml")
+        raise BoardConfigError(dsn_not_set(dsn_env))
     check_dsn(dsn, dsn_env)
     try:
         from .store import PgStore
@@ -84,4 +93,4 @@ def _open(folder: Path, section: Mapping[str, Any], *, lock_timeout: float, host
 
 register("postgres", _open)
 
-__all__ = ["DEFAULT_DSN_ENV", "boot_id", "check_dsn", "open_store"]
+__all__ = ["DEFAULT_DSN_ENV", "boot_id", "check_dsn", "dsn_not_set", "open_store"]

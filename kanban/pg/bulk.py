@@ -17,8 +17,8 @@ from psycopg.types.json import Jsonb
 
 from ..errors import BoardError
 from . import sql
+from .rows import row_params
 from .rules import row_to_doc
-from .store import row_params
 
 if TYPE_CHECKING:
     import psycopg

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import stat
-import time
 from pathlib import Path
 
-from .. import drops
 from ..errors import BoardError
 from ..fsio import create_exclusive, safe_name, unique_path
 from ..task import now_iso
@@ -32,37 +29,6 @@ def ensure_layout(root: Path) -> None:
         if path.is_symlink():
             raise BoardError(f"{path} is a symlink; the board's drop folders must be real folders")
         path.mkdir(exist_ok=True)
-
-
-def ready(root: Path) -> tuple[list[Path], list[str]]:
-    """The drops in `root`/inbox finished being written, oldest first, and the names still being
-    written (the file board's rule, kanban/drops.decide, without a watcher's hint)."""
-    found: list[Path] = []
-    waiting: list[str] = []
-    writers: set[tuple[int, int]] | None = None
-    writers_read = False
-    now = time.time()
-    for drop in drops.scan(root):
-        try:
-            st = os.lstat(drop.path)
-        except FileNotFoundError:
-            continue
-        if not stat.S_ISREG(st.st_mode):
-            found.append(drop.path)  # symlinks, folders, devices: rejected at once
-            continue
-        is_task = drops.is_task_file(drop.path.name)
-        has_writer: bool | None = False
-        if is_task:
-            if not writers_read:
-                writers, writers_read = drops.open_writers(root), True
-            has_writer = None if writers is None else (st.st_dev, st.st_ino) in writers
-        state = drops.decide(is_task_type=is_task, hinted_complete=False, has_writer=has_writer,
-                             quiet_for=now - st.st_mtime)
-        if state == "wait":
-            waiting.append(f"inbox/{safe_name(drop.path.name)}")
-        else:
-            found.append(drop.path)
-    return found, waiting
 
 
 def set_aside(root: Path, path: Path, reason: str) -> Path:

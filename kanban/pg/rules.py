@@ -9,6 +9,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import BoardError
 from ..redact import scrub
 from ..task import TaskError, check_document
 
@@ -118,3 +119,12 @@ def storable(value: Any) -> Any:
                 if isinstance(child, (dict, list)):
                     stack.append(child)
     return clean(root)
+
+
+def readable(row: dict[str, Any]) -> TaskDoc:
+    """The task document of a row; a BoardError naming the task when it is no task (written by hand:
+    rules.unreadable), never a TypeError from the depths of a verb."""
+    why = unreadable(row)
+    if why is not None:
+        raise BoardError(f"task {row['id']}: {why}")
+    return row_to_doc(row)

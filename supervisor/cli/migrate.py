@@ -17,6 +17,7 @@ from rich.text import Text
 
 from ...kanban import BoardError, BoardStore
 from ...kanban.backends import DEFAULT_DSN_ENV, ENV_NAME
+from ...kanban.pg import dsn_not_set
 from ...kanban.task import STATUSES
 from ..cliargs import emit_json
 from ..config.workspace import Workspace, board_settings, open_workspace_board
@@ -54,8 +55,8 @@ def migrate_command(ctx: click.Context, target: str, dsn_env: str, dry_run: bool
                       "command line)", 2)
     dsn = os.environ.get(dsn_env)
     if not dsn:
-        raise Failure(f"${dsn_env} is not set: put the PostgreSQL connection string (DSN) in that environment "
-                      "variable (or name another with --dsn-env)", 2)
+        raise Failure(dsn_not_set(dsn_env, "put the PostgreSQL connection string (DSN) in that environment "
+                                  "variable (or name another with --dsn-env)", on_board=False), 2)
     try:
         from ...kanban.pg import check_dsn, open_store
         from ...kanban.pg.bulk import importing
