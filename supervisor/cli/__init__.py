@@ -16,7 +16,6 @@ import click
 from ..cliargs import JsonUsageGroup
 from ..config.workspace import SHARED_UMASK
 from . import (
-    board,
     dashboard,
     events,
     hermes,
@@ -33,6 +32,7 @@ from . import (
     tasklog,
     usage,
 )
+from .board import board_cmd  # the module is not imported as `board`: that name means the board here
 
 
 @click.group(cls=JsonUsageGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -52,7 +52,7 @@ def main(ctx: click.Context, workspace: Path | None) -> None:
 for _command in (
     setup.init, setup.doctor,
     run.up, run.status, run.restart, run.reload, run.down, steer.stop, steer.start,
-    task.task, board.board_cmd, events.events, logs.logs, usage.usage, skills.skills,
+    task.task, board_cmd, events.events, logs.logs, usage.usage, skills.skills,
     schedules.schedules, dashboard.dashboard, hermes.import_hermes, prune.prune_command,
     shell.completion, shell.systemd_unit,
 ):
@@ -60,4 +60,4 @@ for _command in (
 main.add_command(run.status, "ps")  # the same command: same options, same output
 for _command in (tasklog.task_log, steer.task_wait, steer.task_comment):
     task.task.add_command(_command)
-board.board_cmd.add_command(migrate.migrate_command)
+board_cmd.add_command(migrate.migrate_command)
