@@ -80,7 +80,8 @@ SUMMARIZE = ("Summarize the work below for the agent that will continue it: what
 
 
 @dataclass(frozen=True)
-class Outcome:
+class LoopOutcome:
+    """How the model's loop ended a task: the task's next status and what goes with it."""
     kind: str  # done, failed, blocked, waiting (for an unreachable provider: not the task's fault)
     text: str
     question: str | None = None  # blocked by ask_human: what it asks a person
@@ -666,7 +667,7 @@ class TaskLoop:
         except OSError as exc:
             self.notes.append(f"cannot save {TOOL_USE_FILE}: {exc}")
 
-    def run(self) -> Outcome:
+    def run(self) -> LoopOutcome:
         self._spent_before()
         messages = self.resume()
         callable_tools = self.toolbox.callable()
@@ -690,11 +691,11 @@ class TaskLoop:
                                            + [m.get("content") for m in messages[-len(pending):]])
                     recent = [*recent[-(STUCK_REPEATS - 1):], signature]
                     if len(recent) == STUCK_REPEATS and len(set(recent)) == 1:
-                        return Outcome("failed", f"stuck: the same tool call returned the same result "
+                        return LoopOutcome("failed", f"stuck: the same tool call returned the same result "
                                                  f"{STUCK_REPEATS} times in a row")
                 if awaits_continuation(messages):
                     if len(answer_pieces(messages)) > MAX_CONTINUATIONS:
-                        return Outcome("failed", f"the answer was cut at max_tokens {len(answer_pieces(messages))} "
+                        return LoopOutcome("failed", f"the answer was cut at max_tokens {len(answer_pieces(messages))} "
                                                  "times in a row; raise the provider's max_tokens",
                                        warnings=tuple(self.warnings))
                     self._append(messages, {"role": "user", "content": CONTINUE})
@@ -702,7 +703,7 @@ class TaskLoop:
                     raise InterruptedError
                 ceiling = self.over_ceiling()
                 if ceiling:
-                    return Outcome("failed", ceiling)
+                    return LoopOutcome("failed", ceiling)
                 completion = self._call_model(messages, tools)
                 message = {**text_tool_calls(completion.message, known), "turn": uuid.uuid4().hex[:12]}
                 if len(message.get("tool_calls") or ()) > MAX_CALLS_PER_ANSWER:
@@ -720,7 +721,7 @@ class TaskLoop:
                     if filled_context(completion.usage.input, completion.usage.output, window):
                         # The rest has no room: asked to continue, the model would overflow the context.
                         self._append(messages, message)
-                        return Outcome("failed", f"the answer filled the model's whole context ({used:,} of "
+                        return LoopOutcome("failed", f"the answer filled the model's whole context ({used:,} of "
                                                  f"{window:,} tokens) and cannot be continued",
                                        warnings=tuple(self.warnings))
                     message["cut"] = True  # in the transcript, so a resumed loop asks for the rest too
@@ -740,22 +741,22 @@ class TaskLoop:
                     what, detail, ask = wrong
                     asked = reasks(messages)
                     if asked >= MAX_REASKS:
-                        return Outcome("failed", f"{what} {asked + 1} times in a row{detail}",
+                        return LoopOutcome("failed", f"{what} {asked + 1} times in a row{detail}",
                                        warnings=tuple(self.warnings))
                     self.notes.append(f"{what}{detail}; asked again ({asked + 1} of {MAX_REASKS})")
                     self._append(messages, {"role": "user", "content": ask})
                     continue
-                return Outcome("done", answer, warnings=tuple(self.warnings))
+                return LoopOutcome("done", answer, warnings=tuple(self.warnings))
         except NeedsPerson as question:
-            return Outcome("blocked", str(question), question=str(question))
+            return LoopOutcome("blocked", str(question), question=str(question))
         except Finished as end:  # kanban_complete: Hermes' way to end a task
-            return Outcome("done", end.summary, warnings=tuple(self.warnings))
+            return LoopOutcome("done", end.summary, warnings=tuple(self.warnings))
         except BudgetReached as exc:
-            return Outcome("budget", str(exc), retry_at=exc.refusal.until, budget=exc)
+            return LoopOutcome("budget", str(exc), retry_at=exc.refusal.until, budget=exc)
         except ProviderError as exc:
             if exc.kind == "unreachable":
-                return Outcome("waiting", str(exc), retry_at=exc.retry_at)
-            return Outcome("failed", str(exc))
+                return LoopOutcome("waiting", str(exc), retry_at=exc.retry_at)
+            return LoopOutcome("failed", str(exc))
         finally:
             self.journal.close()
-        return Outcome("failed", f"no final answer after {self.max_iterations} model turns")
+        return LoopOutcome("failed", f"no final answer after {self.max_iterations} model turns")

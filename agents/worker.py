@@ -28,6 +28,7 @@ from hermes_sup.kanban.events import agent_event
 from hermes_sup.kanban.fsio import write_json_atomic
 from hermes_sup.kanban.journal import Journal
 from hermes_sup.kanban.task import now_iso
+from hermes_sup.kanban.why import NO_PROVIDER
 
 from . import (
     builtins,  # noqa: F401 - registers the built-in tools
@@ -43,6 +44,7 @@ from .cascade import Cascade, cascade_policy, cascades
 from .delegation import Delegator, watch_parent
 from .grants import describe, grants_of
 from .keys import ENV_FILE, KeyFile, key_names
+from .launchenv import AGENT_ENV, SUPERVISOR_ENV, WORKSPACE_ENV
 from .ledger import BudgetGate, BudgetReached, Ledger, open_ledger
 from .logline import say, short
 from .loop import TaskLoop, ToolUse, interruptible, llm_record, task_prompt
@@ -66,14 +68,9 @@ from .taskdir import ensure_work_folder
 from .terminal import clean_env, command_for, withheld
 from .tools import DEFAULT_CAPABILITIES, Toolbox, ToolContext, ToolError
 
-AGENT_ENV = "HERMES_SUP_AGENT"
-NO_PROVIDER = "no LLM provider available"
 # How often an agent without a provider looks again: a stat of .env (a new local server is looked for
 # at most once a minute, see _resolve_auto).
 OFFLINE_RECHECK = 5.0
-WORKSPACE_ENV = "HERMES_SUP_WORKSPACE"
-# The pid of the supervisor that starts the agent (as its child): see Worker._owned.
-SUPERVISOR_ENV = "HERMES_SUP_SUPERVISOR_PID"
 # How often the holder of a task looks whether it still holds it (a cancel, a move by hand, a
 # reclaim), and how many looks in a row must say no: work stops within CLAIM_CHECK * CLAIM_LOOKS,
 # plus the moment a tool or a model call takes to notice.
@@ -660,7 +657,7 @@ class Agent:
         self._close(task_id, token, outcome.kind, {"steps": outcome.results}, outcome.reason, outcome.question,
                     outcome.permanent)
 
-    def _hermes(self, doc: dict[str, Any], outcome: hermesrun.Outcome) -> clirun.Verdict:
+    def _hermes(self, doc: dict[str, Any], outcome: hermesrun.HermesRunResult) -> clirun.Verdict:
         """A Hermes run's comments onto the task and its usage into the LLM-call log; its verdict."""
         for text in outcome.comments:
             with contextlib.suppress(BoardError):
