@@ -8,7 +8,7 @@ only if its tool is idempotent, and otherwise the model is told it was interrupt
 
 The loop always ends the task one way or another: a final answer completes it, `ask_human` blocks
 it with the question (a person's answer becomes that call's result when the task is taken again),
-providers that cannot serve now (refused, rate limited: see providers.ProviderHealth) give it back
+providers that cannot serve now (refused, rate limited: see health.ProviderHealth) give it back
 to wait for them, and everything else (the model stuck, the iteration limit, every provider
 failing) fails it with the reason. It never leaves the task to a "complete" tool the model might
 forget to call. A stop, or the task taken away, ends it between any two calls and cuts a model
@@ -54,10 +54,11 @@ from .conversation import (
     repeats,
     unanswered,
 )
+from .fallback import Attempt, complete_with_fallback
 from .ledger import BudgetReached
 from .logline import call_line, model_line, say
 from .offer import offered, task_text
-from .providers import Attempt, Provider, ProviderError, abort, complete_with_fallback
+from .providers import Provider, ProviderError, abort
 from .sizing import filled_context
 from .textcalls import unreadable_call
 from .tools import Finished, NeedsPerson, Refused, Toolbox, ToolContext, ToolError

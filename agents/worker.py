@@ -42,7 +42,9 @@ from .breaker import Breaker, label
 from .budget import Refusal, caps_from, task_cap
 from .cascade import Cascade, cascade_policy, cascades
 from .delegation import Delegator, watch_parent
+from .fallback import Attempt, complete_with_fallback
 from .grants import describe, grants_of
+from .health import BREAKERS_FILE, ProviderHealth
 from .keys import ENV_FILE, KeyFile, key_names
 from .launchenv import AGENT_ENV, SUPERVISOR_ENV, WORKSPACE_ENV
 from .ledger import BudgetGate, BudgetReached, Ledger, open_ledger
@@ -50,17 +52,7 @@ from .logline import say, short
 from .loop import TaskLoop, ToolUse, interruptible, llm_record, task_prompt
 from .memory import Memories
 from .notify import NOTIFY_ENV, ORPHANED, Notifier
-from .providers import (
-    BREAKERS_FILE,
-    Attempt,
-    Provider,
-    ProviderConfig,
-    ProviderError,
-    ProviderHealth,
-    abort,
-    complete_with_fallback,
-    make_provider,
-)
+from .providers import Provider, ProviderConfig, ProviderError, abort, make_provider
 from .routing import chain_for, keep_auto, resolve_auto, task_tier
 from .skills import Skills, prompt_block
 from .steps import StepRun, step_folders, step_grants

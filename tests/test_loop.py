@@ -490,7 +490,7 @@ def test_a_tools_own_model_calls_are_logged_and_count_against_the_tasks_ceiling(
     """A tool that asks a model (the summarize skill) spent for the task with no record of it: not
     in the LLM-call log (`usage` never saw it), not against max_tokens or max_cost, so a model (or
     a task's steps) could spend without bound through it."""
-    from hermes_sup.agents.providers import complete_with_fallback
+    from hermes_sup.agents.fallback import complete_with_fallback
 
     provider = OpenAIProvider(ProviderConfig(name="scripted", kind="openai", model="m", base_url=f"{llm.url}/v1"))
 

@@ -14,15 +14,9 @@ from pathlib import Path
 
 import pytest
 from hermes_sup.agents import builtins  # noqa: F401 - registers the built-in tools
-from hermes_sup.agents.providers import (
-    CooldownPolicy,
-    OpenAIProvider,
-    ProviderConfig,
-    ProviderError,
-    ProviderHealth,
-    complete_with_fallback,
-    cooldown_delay,
-)
+from hermes_sup.agents.fallback import complete_with_fallback
+from hermes_sup.agents.health import CooldownPolicy, ProviderHealth
+from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig, ProviderError, cooldown_delay
 from hermes_sup.agents.terminal import died_of
 from hermes_sup.agents.tools import Toolbox, ToolContext, run_step
 from hermes_sup.kanban import Board
