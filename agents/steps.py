@@ -28,11 +28,10 @@ from typing import Any
 
 from hermes_sup.kanban.faults import fault
 from hermes_sup.kanban.journal import FileTaskJournal, TaskJournal
-from hermes_sup.kanban.task import now_iso
 
 from .conversation import holders
+from .durable import ASKS, answer_since, call_done, call_started
 from .logline import call_line, say
-from .loop import ASKS, MAX_RESULT_CHARS, answer_since
 from .tools import Finished, NeedsPerson, Refused, Toolbox, ToolContext, ToolError, run_step
 
 TURN = "steps"
@@ -189,9 +188,8 @@ class StepRun:
                     f"check whether it took effect, then `hermes-sup task retry {self.task['id']}` runs it again "
                     f"(or cancel the task)"))
             started = time.monotonic()
-            self.log.append_tool_call({"at": now_iso(), "task": self.task["id"], "turn": TURN, "call_id": call_id,
-                             "tool": name, "args": step.get("args") if isinstance(step, dict) else None,
-                             "status": "started"})
+            self.log.append_tool_call(call_started(self.task["id"], TURN, call_id, name,
+                                                   step.get("args") if isinstance(step, dict) else None))
             fault("step-started")
             try:
                 value = run_step(self.ctx, step, self.toolbox)
@@ -217,11 +215,9 @@ class StepRun:
         text = value if isinstance(value, str) else repr(value)
         say(self.agent, call_line(self.task["id"], call_id.replace("-", " "), name, args, outcome,
                                   time.monotonic() - started, text))
-        self.log.append_tool_call({"at": now_iso(), "task": self.task["id"], "turn": TURN, "call_id": call_id,
-                                   "tool": name,
-                         "status": "done", "outcome": outcome, "result": text[:MAX_RESULT_CHARS],
-                         **({"value": value} if not isinstance(value, str) and _plain(value) else {}),
-                         "is_error": outcome != "ok", "duration_s": round(time.monotonic() - started, 3)})
+        kept = {"value": value} if not isinstance(value, str) and _plain(value) else None
+        self.log.append_tool_call(call_done(self.task["id"], TURN, call_id, name, outcome, text,
+                                            time.monotonic() - started, kept))
 
 
 def _plain(value: Any) -> bool:

@@ -45,20 +45,24 @@ from .delegation import Delegator, watch_parent
 from .fallback import Attempt, complete_with_fallback
 from .grants import describe, grants_of
 from .health import BREAKERS_FILE, ProviderHealth
+from .interrupt import interruptible
 from .keys import ENV_FILE, KeyFile, key_names
 from .launchenv import AGENT_ENV, SUPERVISOR_ENV, WORKSPACE_ENV
 from .ledger import BudgetGate, BudgetReached, Ledger, open_ledger
 from .logline import say, short
-from .loop import TaskLoop, ToolUse, interruptible, llm_record, task_prompt
+from .loop import Brief, Limits, Models, TaskLoop, Workplace
 from .memory import Memories
 from .notify import NOTIFY_ENV, ORPHANED, Notifier
+from .prompts import task_prompt
 from .providers import Provider, ProviderConfig, ProviderError, abort, make_provider
 from .routing import chain_for, keep_auto, resolve_auto, task_tier
 from .skills import Skills, prompt_block
+from .spend import llm_record
 from .steps import StepRun, step_folders, step_grants
 from .taskdir import ensure_work_folder
 from .terminal import clean_env, command_for, withheld
 from .tools import DEFAULT_CAPABILITIES, Toolbox, ToolContext, ToolError
+from .tooluse import ToolUse
 
 # How often an agent without a provider looks again: a stat of .env (a new local server is looked for
 # at most once a minute, see _resolve_auto).
@@ -434,16 +438,14 @@ class Agent:
         ctx = self.context(doc, halt)
         # The same for every task of the agent (a prefix cache keeps it), but for a worktree's path.
         extra = "\n\n".join(part for part in (extra, describe(grants_of(ctx.settings))) if part)
-        loop = TaskLoop(task=doc, chain=chain, workdir=self.workdir, ctx=ctx, toolbox=toolbox,
-                        identity=str(self.config.get("identity") or ""), prompt_extra=extra,
-                        prices=self.llm.get("prices") or {},
-                        max_iterations=int(self.config.get("max_iterations") or 60),
-                        max_tokens=self.config.get("max_tokens"), max_cost=self.config.get("max_cost"),
-                        summarizer=self.chain("cheap") or chain, on_step=self._on_step, agent=self.name,
-                        inputs=self.inputs(doc), complete=complete,
-                        tool_use=self._tool_use, offer_tools=str(self.config.get("offer_tools") or "task"),
-                        journal=self.board.task_journal(task_id, token, self.name,
-                                                                                 self.workdir))
+        models = Models(chain, complete, summarizer=self.chain("cheap") or chain)
+        brief = Brief(str(self.config.get("identity") or ""), extra, self.inputs(doc),
+                      str(self.config.get("offer_tools") or "task"))
+        place = Workplace(self.workdir, self.name, self.board.task_journal(task_id, token, self.name, self.workdir),
+                          on_step=self._on_step, tool_use=self._tool_use)
+        limits = Limits(int(self.config.get("max_iterations") or 60), self.config.get("max_tokens"),
+                        self.config.get("max_cost"), self.llm.get("prices") or {})
+        loop = TaskLoop(doc, ctx, toolbox, models, place, brief=brief, limits=limits)
         try:
             outcome = loop.run()
         except InterruptedError:
