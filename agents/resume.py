@@ -82,3 +82,25 @@ class Transcript:
             self.notes.append(f"transcript {self.journal.label}: skipped "
                               f"{len(read.records) - len(messages)} record(s) that are not messages")
         return messages, why
+
+
+ATTEMPT_INFIX = ".attempt-"
+TRANSCRIPT_SUFFIX = ".jsonl"
+
+
+def set_aside_attempt(name: str, task_id: str | None = None) -> int | None:
+    """The attempt whose conversation a transcript named `<task>.attempt-N.jsonl` holds (the name
+    kanban/journal.attempt_transcript gives it when a new conversation starts), or None for any
+    other name (pure); with `task_id`, only a transcript of that task."""
+    if task_id is None:
+        _, found, rest = name.partition(ATTEMPT_INFIX)
+    else:
+        found, rest = (ATTEMPT_INFIX, name[len(task_id) + len(ATTEMPT_INFIX):]) if name.startswith(
+            task_id + ATTEMPT_INFIX) else ("", "")
+    number = rest.removesuffix(TRANSCRIPT_SUFFIX)
+    if not found or number == rest or not number.isdigit():
+        return None
+    try:
+        return int(number)
+    except ValueError:  # digits that int() does not read (superscripts): no name of ours
+        return None

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hermes_sup.agents.resume import set_aside_attempt
 from hermes_sup.kanban import BoardError, BoardStore
 
 from .usage import ended_calls, settle_call, summarize
@@ -193,7 +194,7 @@ def board_rows(board: BoardStore) -> JournalRows:
 def shown_transcript(name: str, task_id: str) -> bool:
     """Whether a transcript's name is the task's current one or an earlier attempt's: those are
     shown, a copy kept when one was replaced (compressed, taken over) is not (pure)."""
-    return name == f"{task_id}.jsonl" or (name.startswith(f"{task_id}.attempt-")
+    return name == f"{task_id}.jsonl" or (set_aside_attempt(name, task_id) is not None
                                           and _attempt_of(name) < ATTEMPT_LAST)
 
 
@@ -409,9 +410,8 @@ ATTEMPT_LAST = 1 << 62  # the order of a task's current transcript, after every 
 
 def _attempt_of(name: str) -> int:
     """The attempt a set-aside transcript (`<task>.attempt-N.jsonl`) holds; ATTEMPT_LAST for the current one."""
-    _, found, rest = name.partition(".attempt-")
-    number = rest.removesuffix(".jsonl")
-    return int(number) if found and number.isdigit() and len(number) < 18 else ATTEMPT_LAST
+    number = set_aside_attempt(name)
+    return number if number is not None and number < 10 ** 17 else ATTEMPT_LAST
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -539,7 +539,8 @@ def merge_keyed(raws: list[Raw], held: Sequence[tuple[str, str]] = (),
             anchors.append(anchor)
             previous = anchor
             # An earlier attempt's transcript numbers its messages from 0 too: its name keeps them apart.
-            where: int | str = index if ".attempt-" not in raw.source.path.name else f"{raw.source.path.name}#{index}"
+            where: int | str = index if set_aside_attempt(raw.source.path.name) is None else \
+                f"{raw.source.path.name}#{index}"
             keyed.append((anchor, 1, seq, ("message", raw.source.agent, where), entry))
             seq += 1
         if _attempt_of(raw.source.path.name) < ATTEMPT_LAST and anchors:
