@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hermes_sup.kanban.journal import TaskJournal
-from hermes_sup.kanban.task import now_iso
+from ..kanban.journal import TaskJournal
+from ..kanban.task import now_iso
 
 ASK_HUMAN = "ask_human"
 ASKS = (ASK_HUMAN, "kanban_block")  # the calls that block the task; a person's answer is their result

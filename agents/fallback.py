@@ -11,8 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hermes_sup.kanban.redact import known, redact
-
+from ..kanban.redact import known, redact
 from .breaker import OPEN
 from .health import COUNTED, ProviderHealth, retry_label
 from .providers import COOL_DOWN, NEXT_PROVIDER, RETRY_SAME, Provider, ProviderError

@@ -9,8 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hermes_sup.kanban.fsio import write_json_atomic
-
+from ..kanban.fsio import write_json_atomic
 from .breaker import (
     Breaker,
     BreakerPolicy,

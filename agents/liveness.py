@@ -11,9 +11,9 @@ import sys
 import threading
 import time
 
-from hermes_sup.kanban import ClaimLost
-from hermes_sup.kanban.fsio import write_json_atomic
-from hermes_sup.kanban.task import now_iso
+from ..kanban import ClaimLost
+from ..kanban.fsio import write_json_atomic
+from ..kanban.task import now_iso
 
 
 class Liveness:

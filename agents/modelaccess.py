@@ -11,12 +11,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hermes_sup.kanban import ClaimLost
-from hermes_sup.kanban.events import agent_event
-from hermes_sup.kanban.journal import Journal
-from hermes_sup.kanban.task import now_iso
-from hermes_sup.kanban.why import NO_PROVIDER
-
+from ..kanban import ClaimLost
+from ..kanban.events import agent_event
+from ..kanban.journal import Journal
+from ..kanban.task import now_iso
+from ..kanban.why import NO_PROVIDER
 from .breaker import Breaker, label
 from .budget import Refusal, task_cap
 from .fallback import Attempt, complete_with_fallback

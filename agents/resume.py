@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from hermes_sup.kanban.journal import Read, TaskJournal
-
+from ..kanban.journal import Read, TaskJournal
 from .conversation import ROLES, begun_since_restart, fresh_start, holders
 from .translate import Message
 

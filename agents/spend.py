@@ -6,9 +6,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from hermes_sup.kanban.journal import TaskJournal
-from hermes_sup.kanban.task import now_iso
-
+from ..kanban.journal import TaskJournal
+from ..kanban.task import now_iso
 from .budget import is_amount, logged_count, price
 from .fallback import Attempt
 from .providers import Provider

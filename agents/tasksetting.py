@@ -9,8 +9,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban import BoardError
-
+from ..kanban import BoardError
 from . import mcpservers, worktrees
 from .logline import say
 from .taskdir import ensure_work_folder

@@ -7,9 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban.fsio import write_json_atomic
-from hermes_sup.kanban.task import now_iso
-
+from ..kanban.fsio import write_json_atomic
+from ..kanban.task import now_iso
 from .translate import Message
 
 IGNORED_AFTER = 3  # tool-offered answers in prose, none with a tool call, before a provider is suspected
