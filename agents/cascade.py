@@ -21,7 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .providers import Attempt, Provider, ProviderError, complete_with_fallback
+from .fallback import Attempt, complete_with_fallback
+from .providers import Provider, ProviderError
 from .translate import Completion, Message, text_tool_calls
 
 ASK_CONFIDENCE = ("When you give your final answer (not a tool call), end it with one last line "

@@ -11,7 +11,7 @@ from typing import Any
 
 from hermes_sup.kanban.journal import holder_name
 
-from .translate import Message
+from .translate import Message, text_tool_calls
 
 # An answer that reached max_tokens is cut mid-way: the model is asked for the rest this many times.
 MAX_CONTINUATIONS = 3
@@ -188,3 +188,15 @@ def awaits_continuation(messages: list[Message]) -> bool:
     """Whether the conversation ends with a cut answer whose rest was not asked for yet."""
     last = messages[-1] if messages else {}
     return last.get("role") == "assistant" and bool(last.get("cut")) and not last.get("tool_calls")
+
+
+def calls_across_cuts(message: Message, cut: list[str], known: set[str]) -> Message:
+    """`message`, the rest of the answers `cut` at max_tokens before it, with the tool calls they
+    write together as text (pure): a call a local model writes as text may be longer than its
+    max_tokens (a whole file for write_file), and no piece of it alone is a call. Their text is in
+    the cut answers already; unchanged when they write no call."""
+    if message.get("tool_calls") or not cut:
+        return message
+    whole = text_tool_calls({"role": "assistant", "content": "".join(cut) + str(message.get("content") or "")},
+                            known)
+    return {**message, "content": None, "tool_calls": whole["tool_calls"]} if whole.get("tool_calls") else message

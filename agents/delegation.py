@@ -29,11 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from hermes_sup.kanban.liveness import start_time
+from hermes_sup.kanban.task import TERMINAL
 
+from .launchenv import AGENT_ENV, WORKSPACE_ENV
+from .notify import NOTIFY_ENV
 from .offer import DELEGATING
 from .tools import Tool, ToolContext, ToolError, register
 
-TERMINAL = ("done", "failed", "cancelled")
 # Subtasks one delegate_task call may hand out: each is a task on the board and a child process, and
 # a hostile or confused model must not fan out thousands with one call.
 MAX_BATCH = 16
@@ -139,7 +141,8 @@ def watch_parent(parent_pid: int, on_gone: Callable[[str], None]) -> None:
 
 
 @dataclass
-class Child:
+class ChildProcess:
+    """A child agent this agent started for one delegated task: its process, and when it began."""
     name: str
     task: str
     proc: subprocess.Popen[bytes]
@@ -157,7 +160,7 @@ class Delegator:
         self.config = config
         self.limits = Limits.from_config(config)
         self.slots = threading.BoundedSemaphore(self.limits.max_concurrent)
-        self.children: dict[str, Child] = {}
+        self.children: dict[str, ChildProcess] = {}
         self._lock = threading.Lock()
 
     def visible(self) -> list[dict[str, Any]]:
@@ -194,7 +197,7 @@ class Delegator:
                              by=self.config["name"])
         return doc, name
 
-    def start(self, ctx: ToolContext, args: dict[str, Any], *, block: bool) -> Child | None:
+    def start(self, ctx: ToolContext, args: dict[str, Any], *, block: bool) -> ChildProcess | None:
         """Start the child for a delegation unless its task is closed or its child runs; with
         `block` False, only when a concurrency slot is free now."""
         doc, name = self.ensure_task(ctx, args)
@@ -210,8 +213,8 @@ class Delegator:
         folder.mkdir(parents=True, exist_ok=True)
         config = child_config(self.config, name, doc["id"], self.limits, args.get("toolsets"), ctx.grants)
         config["folders"] = ctx.settings.get("folders") or {}  # what the delegating call may use, no more
-        env = {**os.environ, "HERMES_SUP_AGENT": json.dumps(config), "HERMES_SUP_WORKSPACE": str(self.workspace)}
-        env.pop("HERMES_SUP_NOTIFY", None)
+        env = {**os.environ, AGENT_ENV: json.dumps(config), WORKSPACE_ENV: str(self.workspace)}
+        env.pop(NOTIFY_ENV, None)
         log = open(folder / "agent.log", "ab")  # noqa: SIM115 - handed to the child
         try:
             proc = subprocess.Popen([sys.executable, "-P", "-m", "hermes_sup.agents", "run"], cwd=folder, env=env,
@@ -222,7 +225,7 @@ class Delegator:
             raise
         finally:
             log.close()
-        child = Child(name, doc["id"], proc)
+        child = ChildProcess(name, doc["id"], proc)
         with contextlib.suppress(OSError):  # out of descriptors: then `status` does not list it
             child.pid_started = start_time(proc.pid)
         with self._lock:
@@ -238,7 +241,7 @@ class Delegator:
             if child is not None:
                 self._reap(child, stopping=ctx.stop.is_set())
 
-    def _wait(self, ctx: ToolContext, task_id: str, child: Child | None) -> str:
+    def _wait(self, ctx: ToolContext, task_id: str, child: ChildProcess | None) -> str:
         deadline = time.monotonic() + self.limits.timeout
         while True:
             doc = self.board.get(task_id)
@@ -267,7 +270,7 @@ class Delegator:
             else:
                 time.sleep(0.1)
 
-    def _reap(self, child: Child, *, stopping: bool) -> None:
+    def _reap(self, child: ChildProcess, *, stopping: bool) -> None:
         if child.proc.poll() is None:
             # The child leaves by itself once its task is closed; a stop request ends it now.
             with contextlib.suppress(subprocess.TimeoutExpired):

@@ -19,8 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban.fsio import read_fd
-from hermes_sup.kanban.redact import scrub_bytes
+from hermes_sup.kanban.fsio import read_fd, write_atomic_at
 
 from . import v4a
 from .grants import GrantRefused, Place, grants_of, place
@@ -108,6 +107,16 @@ def _text(target: Path, shown: str) -> str:
 
 
 def _bytes(target: Path, shown: str) -> bytes:
+    data = read_nofollow(target, shown, MAX_FILE_BYTES)
+    if len(data) > MAX_FILE_BYTES:
+        raise ToolError(f"{shown} is larger than {MAX_FILE_BYTES >> 20} MiB, more than the file tools read; "
+                        "look at parts of it with the terminal (head, tail, grep)")
+    return data
+
+
+def read_nofollow(target: Path, shown: str, limit: int) -> bytes:
+    """Up to `limit` + 1 bytes of the regular file at `target` (a resolved path), reached without
+    following a symlink anywhere on its path: one swapped in since it was resolved is refused."""
     folder, name = _folder(target, shown)
     try:
         # Non-blocking: a FIFO planted under the name must not hang the agent (it is refused below).
@@ -126,38 +135,17 @@ def _bytes(target: Path, shown: str) -> bytes:
             raise ToolError(f"{shown} is a folder; search_files lists what is in it")
         if not stat.S_ISREG(mode):
             raise ToolError(f"{shown} is not a regular file")
-        data = read_fd(fd, MAX_FILE_BYTES)
+        return read_fd(fd, limit)
     finally:
         os.close(fd)
-    if len(data) > MAX_FILE_BYTES:
-        raise ToolError(f"{shown} is larger than {MAX_FILE_BYTES >> 20} MiB, more than the file tools read; "
-                        "look at parts of it with the terminal (head, tail, grep)")
-    return data
 
 
 def _write(target: Path, text: str, shown: str) -> None:
-    """Replace the file atomically: a temp file in its folder's descriptor, renamed over the name (a
-    symlink there is replaced, never written through)."""
+    """Replace the file atomically, in its folder's descriptor (a symlink there is replaced, never
+    written through)."""
     folder, name = _folder(target, shown, create=True)
     try:
-        # Its bytes, not characters, bounded: a temp name past NAME_MAX would fail a name that is not.
-        stem = name.encode("utf-8", "ignore")[:100].decode("utf-8", "ignore")
-        tmp = f".{stem}.{os.getpid()}.{os.urandom(3).hex()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder)
-        try:
-            try:
-                # As the board writes: the folder's read bits, write for the owner only, whatever the umask.
-                os.fchmod(fd, stat.S_IMODE(os.fstat(folder).st_mode) & 0o644 | 0o600)
-                view = memoryview(scrub_bytes(text.encode("utf-8")))  # no key this process knows reaches a file
-                while view:
-                    view = view[os.write(fd, view):]
-            finally:
-                os.close(fd)
-            os.rename(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=folder)  # a full disk or a folder in the way leaves no temp file
-            raise
+        write_atomic_at(folder, name, text.encode("utf-8"), fsync=False)
     except IsADirectoryError:
         raise ToolError(f"{shown} is a folder, so it cannot be written as a file") from None
     finally:

@@ -62,7 +62,7 @@ print(json.dumps({"task": tid, "run": task.current_run_id, "lock": task.claim_lo
 
 
 @dataclass(frozen=True)
-class Outcome:
+class HermesRunResult:
     """What a Hermes run makes of its task: the verdict, the comments it wrote on Hermes' board, and
     its usage as an LLM-call record (None when the CLI wrote none)."""
     verdict: Verdict
@@ -294,7 +294,7 @@ def _read_bridge(path: Path, task_id: str, run_id: Any) -> tuple[dict[str, Any] 
 
 
 def work(ctx: ToolContext, prompt: str, capabilities: Sequence[str],
-         prices: Mapping[str, Any] | None = None) -> Outcome:
+         prices: Mapping[str, Any] | None = None) -> HermesRunResult:
     """Run Hermes' CLI for the task in `ctx` (`ctx.settings["runtime"]`, kind hermes) and judge it."""
     from .files import root_of
 
@@ -305,24 +305,26 @@ def work(ctx: ToolContext, prompt: str, capabilities: Sequence[str],
     own = root_of(ctx)
     program = program_of(runtime, os.environ.get("PATH"))
     if program is None:
-        return Outcome(Verdict("failed", {}, f"the Hermes CLI {runtime.get('program') or 'hermes'!r} is not on "
-                                             "PATH; install hermes-agent, or name it with program: in hermes.yaml"))
+        return HermesRunResult(Verdict("failed", {}, f"the Hermes CLI {runtime.get('program') or 'hermes'!r} is "
+                                                     "not on PATH; install hermes-agent, or name it with program: in "
+                                                     "hermes.yaml"))
     profile_dir = Path(os.path.realpath(str(runtime["profile_dir"])))
     workdir = workdir_for(ctx)
     shown, writable = [venv_of(program)], [profile_dir]
     inside = [p for p in (os.path.realpath(program), venv_of(program)) if Path(p) == profile_dir
               or profile_dir in Path(p).parents]
     if inside:  # a run could rewrite the code every profile's runs use (checked at load too; PATH may differ)
-        return Outcome(Verdict("failed", {}, f"the Hermes CLI ({inside[0]}) is inside the profile folder "
-                                             f"{profile_dir}, which its runs may write: install it elsewhere, or "
-                                             "name it with program"))
+        return HermesRunResult(Verdict("failed", {}, f"the Hermes CLI ({inside[0]}) is inside the profile folder "
+                                                     f"{profile_dir}, which its runs may write: install it elsewhere, "
+                                                     "or name it with program"))
     # The home's own profile (`default`) holds the others: its runs do not see them. Landlock cannot
     # take a folder back from inside a writable one, so there such a run is refused.
     conceal = [profile_dir / "profiles"] if (profile_dir / "profiles").is_dir() else []
     if conceal and sandbox.how(str(ctx.settings.get("sandbox") or "auto"))[0] not in ("bubblewrap", "none"):
-        return Outcome(Verdict("failed", {}, f"the profile folder {profile_dir} holds other profiles (profiles/), "
-                                             "which this machine's sandbox (Landlock) cannot keep from its runs: "
-                                             "use a profile of its own (hermes profile create), or bubblewrap"))
+        return HermesRunResult(Verdict("failed", {}, f"the profile folder {profile_dir} holds other profiles "
+                                                     "(profiles/), which this machine's sandbox (Landlock) cannot keep "
+                                                     "from its runs: use a profile of its own (hermes profile create), "
+                                                     "or bubblewrap"))
     env = {**given_env(runtime), "HERMES_HOME": str(profile_dir), "HERMES_PROFILE": str(runtime.get("profile")),
            "HERMES_SUP_TASK_ID": task_id, "TERMINAL_CWD": str(workdir),
            # No pip installs at run time (a confined run could not make them, and they are no task's).
@@ -334,7 +336,7 @@ def work(ctx: ToolContext, prompt: str, capabilities: Sequence[str],
     bridge = _bridge(ctx, program, db, str(task.get("title") or task_id), prompt, str(runtime.get("profile")),
                      capabilities, shown, writable, conceal)
     if ctx.stop.is_set():
-        return Outcome(Verdict("interrupted", {}))
+        return HermesRunResult(Verdict("interrupted", {}))
     if bridge is None:
         say(ctx.agent, f"{task_id}: Hermes' board file could not be made with {program}'s Python; the run goes "
                        "without its kanban tools (its answer is the result)", error=True)
@@ -349,7 +351,7 @@ def work(ctx: ToolContext, prompt: str, capabilities: Sequence[str],
     argv = [program, "-z", prompt, "--usage-file", str(usage_path)]
     ran = run(ctx, argv, env, capabilities, max_runtime, shown=shown, writable=writable, conceal=conceal)
     if ran.problem:
-        return Outcome(Verdict("failed", {}, ran.problem))
+        return HermesRunResult(Verdict("failed", {}, ran.problem))
     usage = read_json(usage_path, MAX_USAGE_BYTES)
     state, comments = read_bridge(db, bridge["task"], bridge["run"]) if bridge else (None, [])
     verdict = judge(ran, usage, state, max_runtime=max_runtime)
@@ -357,7 +359,7 @@ def work(ctx: ToolContext, prompt: str, capabilities: Sequence[str],
     if usage is not None and not ran.stopped:
         record = usage_record(task_id, str(runtime.get("profile")), usage, ran.seconds, verdict.kind == "failed",
                               prices)
-    return Outcome(verdict, comments, record)
+    return HermesRunResult(verdict, comments, record)
 
 
 def _bridge(ctx: ToolContext, program: str, db: Path, title: str, body: str, profile: str,

@@ -8,7 +8,7 @@ only if its tool is idempotent, and otherwise the model is told it was interrupt
 
 The loop always ends the task one way or another: a final answer completes it, `ask_human` blocks
 it with the question (a person's answer becomes that call's result when the task is taken again),
-providers that cannot serve now (refused, rate limited: see providers.ProviderHealth) give it back
+providers that cannot serve now (refused, rate limited: see health.ProviderHealth) give it back
 to wait for them, and everything else (the model stuck, the iteration limit, every provider
 failing) fails it with the reason. It never leaves the task to a "complete" tool the model might
 forget to call. A stop, or the task taken away, ends it between any two calls and cuts a model
@@ -19,68 +19,69 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from hermes_sup.kanban.faults import fault
-from hermes_sup.kanban.fsio import write_json_atomic
-from hermes_sup.kanban.journal import FileTaskJournal, Read, TaskJournal
+from hermes_sup.kanban.journal import FileTaskJournal, TaskJournal
 from hermes_sup.kanban.parse import load_json
-from hermes_sup.kanban.task import now_iso
 
-from .budget import is_amount, logged_count
 from .budget import price as price  # re-exported: callers knew it from here
+from .compress import (
+    COMPRESS_AT,
+    KEEP_RECENT,
+    SUMMARIZE,
+    middle_to_summarize,
+    prompt_estimate,
+    render_for_summary,
+    window_of,
+)
 from .conversation import (
     CONTINUE,
     MAX_CONTINUATIONS,
     MAX_REASKS,
     REASK,
-    ROLES,
     UNREADABLE,
     answer_pieces,
     awaits_continuation,
-    begun_since_restart,
     called,
+    calls_across_cuts,
     fresh_note,
-    fresh_start,
-    holders,
     reasks,
     repeats,
     unanswered,
 )
+from .durable import ASKS, MAX_RESULT_CHARS, answer_since, call_done, call_started, logged_calls
+from .fallback import Attempt, complete_with_fallback
+from .interrupt import interruptible
 from .ledger import BudgetReached
 from .logline import call_line, model_line, say
 from .offer import offered, task_text
-from .providers import Attempt, Provider, ProviderError, abort, complete_with_fallback
+from .prompts import system_prompt, task_prompt
+from .providers import Provider, ProviderError, abort
+from .resume import Transcript
 from .sizing import filled_context
+from .spend import Spend, llm_record, started_record
 from .textcalls import unreadable_call
 from .tools import Finished, NeedsPerson, Refused, Toolbox, ToolContext, ToolError
+from .tooluse import TOOL_USE_FILE as TOOL_USE_FILE  # re-exported: `doctor` reads it from here
+from .tooluse import ToolUse, watch_answer
 from .translate import Message, text_tool_calls
 
 MAX_ITERATIONS = 60
 MAX_CALLS_PER_ANSWER = 10  # tool calls run of one answer; a model's parallel calls are fewer
-ASK_HUMAN = "ask_human"
-ASKS = (ASK_HUMAN, "kanban_block")  # the calls that block the task; a person's answer is their result
 STUCK_REPEATS = 3
-MAX_RESULT_CHARS = 20_000
-INPUT_CHARS = 8_000       # of each dependency's result in the task's first message, and of each comment
-COMMENT_CHARS = 32_000    # of all the comments in it (the latest are kept)
-COMPRESS_AT = 0.8  # of the model's context window
 DEFAULT_WINDOW = 128_000  # a chain without providers: nothing is called anyway
-KEEP_RECENT = 6    # messages kept verbatim at the end when the middle is summarized
-SUMMARIZE = ("Summarize the work below for the agent that will continue it: what was found, what was done "
-             "(files written, commands run), what failed, and what is left. Be concise and keep names, paths "
-             "and numbers exact.")
 
 
 @dataclass(frozen=True)
-class Outcome:
+class LoopOutcome:
+    """How the model's loop ended a task: the task's next status and what goes with it."""
     kind: str  # done, failed, blocked, waiting (for an unreachable provider: not the task's fault)
     text: str
     question: str | None = None  # blocked by ask_human: what it asks a person
@@ -89,304 +90,93 @@ class Outcome:
     budget: BudgetReached | None = None  # kind "budget": the cap a call would have crossed (nothing was sent)
 
 
-IGNORED_AFTER = 3  # tool-offered answers in prose, none with a tool call, before a provider is suspected
-TOOL_USE_FILE = "tool_use.json"  # runs/<agent>/: each provider's ToolUse, for `doctor`
+@dataclass(frozen=True)
+class Models:
+    """Who answers a task's calls: the provider chain, the call through it (complete_with_fallback,
+    or a routing strategy's), and the chain that summarizes when the conversation outgrows the window."""
+    chain: list[Provider]
+    complete: Callable[..., Any] = complete_with_fallback
+    summarizer: list[Provider] | None = None  # None: the chain itself
+    context_window: int | None = None  # None: the chain's smallest, as its servers report it
+    keep_recent: int = KEEP_RECENT  # messages kept verbatim when the middle is summarized
 
 
-@dataclass
-class ToolUse:
-    """How a provider has answered the calls that offered it tools (kept per provider for as long
-    as the agent runs): a server that drops the tools (llama.cpp without a tool-capable template)
-    never answers with a call."""
-    offered: int = 0
-    called: int = 0
-    warned: bool = False
+@dataclass(frozen=True)
+class Brief:
+    """What the model is told beside the task: who it is, the agent's extra prompt (skills, granted
+    folders), the results of the tasks this one depends on, and which tools are offered."""
+    identity: str = ""
+    prompt_extra: str = ""
+    inputs: list[dict[str, Any]] | None = None
+    offer_tools: str = "task"
 
 
-def ignores_tools(use: ToolUse, answer: str, known: set[str], after: int = IGNORED_AFTER) -> tuple[str, bool] | None:
-    """Why a provider seems to drop the tools it is offered, and whether that is sure enough to say
-    on the task, or None (pure). Suspect: it never answered an offer with a tool call, and now
-    answers in prose that names one of the tools (sure), or has so answered `after` offers in a row
-    (a hint only: a task may need no tool)."""
-    if use.called or not use.offered:
-        return None
-    named = sorted(name for name in known if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", answer))
-    if named:
-        return (f"the model answered in prose that names the tool {named[0]} instead of calling it, and has not "
-                f"called a tool in {use.offered} answer(s) that offered tools: its server may be dropping the tools "
-                "(a chat template without tool support?)", True)
-    if use.offered >= after:
-        return (f"no tool call in {use.offered} answers that offered tools: if its tasks need tools, its server may "
-                "be dropping them (a chat template without tool support?)", False)
-    return None
+@dataclass(frozen=True)
+class Limits:
+    """What bounds a task's loop: its model turns, and its tokens and cost (None: no ceiling) at `prices`."""
+    max_iterations: int = MAX_ITERATIONS
+    max_tokens: int | None = None
+    max_cost: float | None = None
+    prices: dict[str, Any] | None = None
 
 
-def tool_use_document(tool_use: dict[str, ToolUse]) -> dict[str, Any]:
-    """What the agent saves of its providers' tool use for `doctor` (pure)."""
-    return {"saved_at": now_iso(), "providers": {name: {"offered": use.offered, "called": use.called,
-                                                        "warned": use.warned} for name, use in tool_use.items()}}
-
-
-def answer_since(task: dict[str, Any], moment: str) -> str | None:
-    """The answer a person gave (`task answer`) to the task's question after `moment`, as the one
-    who asked sees it, or None (pure). The latest answer wins."""
-    answers = [c for c in task.get("comments") or [] if isinstance(c, dict) and c.get("answers")
-               and isinstance(c.get("text"), str) and str(c.get("at") or "") > moment]
-    if not answers:
-        return None
-    last = answers[-1]
-    return f"{last.get('by', 'a person')} answered: {last['text']}"
-
-
-def llm_record(task_id: str, attempt: Attempt, prices: dict[str, Any]) -> dict[str, Any]:
-    """One model call as the LLM-call log keeps it (pure)."""
-    usage = attempt.completion.usage if attempt.completion else None
-    model = (attempt.completion.model if attempt.completion and attempt.completion.model else attempt.model)
-    return {"at": now_iso(), "task": task_id, "provider": attempt.provider, "model": model,
-            "outcome": attempt.outcome, "latency_s": round(attempt.latency, 3), "error": attempt.error or None,
-            "tokens_in": usage.input if usage else 0, "tokens_out": usage.output if usage else 0,
-            "tokens_cached": usage.cached if usage else 0, "cost_usd": price(prices, model, usage) if usage else 0.0,
-            **({"estimated": True} if usage and usage.estimated else {}),
-            **({"route": attempt.route} if attempt.route else {})}
-
-
-def started_record(task_id: str, call_id: str, chain: list[Provider], prompt_estimate: int) -> dict[str, Any]:
-    """The LLM-call log's record of a call about to be made (pure); its outcome records carry the
-    same `call`. No token fields: a reader that does not pair them counts it as nothing spent."""
-    first = chain[0].config if chain else None
-    return {"at": now_iso(), "task": task_id, "call": call_id, "outcome": "started",
-            "provider": first.name if first else "-", "model": first.model if first else "-",
-            "prompt_estimate": prompt_estimate}
-
-
-def system_prompt(identity: str, skills_block: str = "") -> str:
-    """The system message: what stays the same across an agent's calls and tasks, and across the
-    agents of one entry. A server renders the tool definitions right after it, so a prefix cache
-    reuses both; what changes (memory, the task) comes in the first user message, after them."""
-    parts = [identity.strip() or "You are an agent on a team. Work the task you are given.",
-             "Use the tools when they help. When the task is done, answer with the result as your final "
-             "message, without calling a tool. If you cannot go on without a person, call ask_human."]
-    parts += [skills_block] if skills_block else []
-    return "\n\n".join(parts)
-
-
-def task_prompt(task: dict[str, Any], inputs: list[dict[str, Any]] | None = None) -> str:
-    """The task as the model first sees it: title, body, the results of the tasks it depends on
-    (how work planned on the board flows from one agent to the next), and people's comments."""
-    body = (task.get("body") or "").strip()
-    parts = [f"Task {task['id']}: {task['title']}" + (f"\n\n{body}" if body else "")]
-    if inputs:
-        parts.append("Results of the tasks this one depends on:")
-        for dep in inputs:
-            result = dep.get("result")
-            if isinstance(result, dict) and set(result) == {"answer"}:
-                result = result["answer"]
-            text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
-            parts.append(f"## {dep['id']}: {dep.get('title', '')}\n{text[:INPUT_CHARS]}")
-    comments = [c for c in task.get("comments") or [] if isinstance(c, dict) and isinstance(c.get("text"), str)
-                and c["text"]]
-    if comments:
-        parts.append("Comments on this task:\n" + comment_block(comments))
-    return "\n\n".join(parts)
-
-
-def comment_block(comments: list[dict[str, Any]]) -> str:
-    """The latest comments, each cut to INPUT_CHARS and together to COMMENT_CHARS (pure). Anyone
-    with `kanban` may comment on any task, up to tens of MiB: all of it in the first message would
-    make every call of the task fail, or cost what a prompt that size costs, at every attempt."""
-    shown: list[str] = []
-    used = 0
-    for comment in reversed(comments):
-        text = comment["text"]
-        line = f"- {comment.get('by', '?')}: {text[:INPUT_CHARS]}" + (
-            f" [... {len(text) - INPUT_CHARS:,} characters cut]" if len(text) > INPUT_CHARS else "")
-        if shown and used + len(line) > COMMENT_CHARS:
-            break
-        shown.append(line)
-        used += len(line)
-    left_out = len(comments) - len(shown)
-    return "\n".join(([f"[{left_out} earlier comment(s) left out]"] if left_out else []) + shown[::-1])
-
-
-def _dollars(amount: float) -> str:
-    """$0.00011 rather than $0.0001: small amounts keep their significant digits."""
-    return "$" + (f"{amount:.6f}".rstrip("0").rstrip(".") or "0")
-
-
-def estimate_tokens(messages: list[Message]) -> int:
-    """A pessimistic token count (3 characters a token) of a conversation, for deciding when to
-    compress; the provider's own count only arrives after the call."""
-    return sum(len(json.dumps(message, ensure_ascii=False)) for message in messages) // 3
-
-
-def middle_to_summarize(messages: list[Message], keep_recent: int = KEEP_RECENT) -> tuple[int, int] | None:
-    """The slice [start, end) to replace by a summary: after the system prompt and the task, before
-    the last `keep_recent` messages, with its end moved back so that a tool result is never kept
-    without the call it answers. None when there is too little to gain."""
-    start = 2
-    end = len(messages) - keep_recent
-    while end > start and messages[end]["role"] == "tool":
-        end -= 1
-    return (start, end) if end - start >= 2 else None
-
-
-def render_for_summary(messages: list[Message]) -> str:
-    lines = []
-    for message in messages:
-        if message["role"] == "tool":
-            lines.append(f"[result of {message.get('tool_call_id')}] {message.get('content')}")
-            continue
-        if message.get("content"):
-            lines.append(f"[{message['role']}] {message['content']}")
-        for call in message.get("tool_calls") or []:
-            lines.append(f"[call {call['id']}] {call['function']['name']}({call['function'].get('arguments')})")
-    return "\n".join(lines)
-
-
-T = TypeVar("T")
-
-
-def interruptible(call: Callable[[], T], stop: threading.Event, poll: float = 0.1,
-                  on_stop: Callable[[], None] = lambda: None) -> T:
-    """Run `call` on a daemon thread and wait for it or for `stop`, whichever comes first.
-
-    A model call can take minutes, longer than the supervisor's stop_timeout; a stop request
-    should not wait for it, and need not: its answer is not yet in the transcript, so the resumed
-    task simply asks again. `on_stop` cuts the call's request (a model must not go on generating
-    for a cancelled task); the abandoned thread then ends, or dies with the process."""
-    box: dict[str, Any] = {}
-    finished = threading.Event()
-
-    def target() -> None:
-        try:
-            box["value"] = call()
-        except BaseException as exc:  # handed to the waiting thread as it is
-            box["error"] = exc
-        finally:
-            finished.set()
-
-    threading.Thread(target=target, name="llm-call", daemon=True).start()
-    while not finished.wait(poll):
-        if stop.is_set():
-            on_stop()
-            raise InterruptedError
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
-def calls_across_cuts(message: Message, cut: list[str], known: set[str]) -> Message:
-    """`message`, the rest of the answers `cut` at max_tokens before it, with the tool calls they
-    write together as text (pure): a call a local model writes as text may be longer than its
-    max_tokens (a whole file for write_file), and no piece of it alone is a call. Their text is in
-    the cut answers already; unchanged when they write no call."""
-    if message.get("tool_calls") or not cut:
-        return message
-    whole = text_tool_calls({"role": "assistant", "content": "".join(cut) + str(message.get("content") or "")},
-                            known)
-    return {**message, "content": None, "tool_calls": whole["tool_calls"]} if whole.get("tool_calls") else message
-
-
-def prompt_estimate(messages: list[Message], tools: list[dict[str, Any]] | None) -> int:
-    """The estimated tokens of a call's prompt: the conversation and the tool definitions sent with it."""
-    return estimate_tokens(messages) + estimate_tokens(tools or [])
-
-
-def _window_of(provider: Provider) -> int:
-    """A provider's context window, as its server reports it when it can (OpenAIProvider.context_window)."""
-    measured = getattr(provider, "context_window", None)
-    return measured() if callable(measured) else provider.config.context_window
-
-
-def _cost(value: Any) -> float:
-    """A cost as logged; 0.0 for anything but a finite amount of at least 0 (see logged_count)."""
-    return float(value) if is_amount(value) else 0.0
+@dataclass(frozen=True)
+class Workplace:
+    """The agent working the task and where its records are kept: its working directory, and the
+    task's journal there (or on the board's database)."""
+    workdir: Path
+    agent: str = ""
+    journal: TaskJournal | None = None  # None: the files of `workdir`
+    on_step: Callable[[int], None] = lambda step: None
+    tool_use: dict[str, ToolUse] | None = None  # each provider's, kept by the agent across its tasks
 
 
 class TaskLoop:
-    def __init__(self, *, task: dict[str, Any], chain: list[Provider], workdir: Path, ctx: ToolContext,
-                 toolbox: Toolbox, identity: str = "", prompt_extra: str = "", max_iterations: int = MAX_ITERATIONS,
-                 complete: Callable[..., Any] = complete_with_fallback,
-                 prices: dict[str, Any] | None = None, max_tokens: int | None = None,
-                 max_cost: float | None = None, context_window: int | None = None,
-                 summarizer: list[Provider] | None = None, keep_recent: int = KEEP_RECENT,
-                 on_step: Callable[[int], None] = lambda step: None, agent: str = "",
-                 inputs: list[dict[str, Any]] | None = None, tool_use: dict[str, ToolUse] | None = None,
-                 journal: TaskJournal | None = None, offer_tools: str = "task") -> None:
+    """The model's loop over one task (see the module's docstring). What it holds is in parts: the
+    conversation (Transcript), the spend against the ceilings (Spend), and the tool calls, logged
+    as started and done (durable.py, as a task's steps log theirs)."""
+
+    def __init__(self, task: dict[str, Any], ctx: ToolContext, toolbox: Toolbox, models: Models,
+                 place: Workplace, *, brief: Brief = Brief(), limits: Limits = Limits()) -> None:
         self.task = task
-        self.offer_tools = offer_tools
-        self.tool_use = tool_use if tool_use is not None else {}
+        self.models = models
+        self.chain = models.chain
+        self.summarizer = models.summarizer or models.chain
+        self.complete = models.complete
+        self.context_window = models.context_window
+        self.keep_recent = models.keep_recent
+        self.brief = brief
+        self.max_iterations = limits.max_iterations
+        self.prices = limits.prices or {}
+        self.spend = Spend(limits.max_tokens, limits.max_cost)
+        self.agent = place.agent
+        self.workdir = place.workdir
+        self.on_step = place.on_step
+        self.tool_use = place.tool_use if place.tool_use is not None else {}
+        self.journal: TaskJournal = place.journal if place.journal is not None else FileTaskJournal(
+            place.workdir, task["id"])
+        self.transcript = Transcript(task, place.agent, self.journal)
+        self.notes = self.transcript.notes
         self.warnings: list[str] = []
         self._answered_by = ""
-        self.inputs = inputs
-        # Other agents' working directories sit beside ours: a task reclaimed from one of them
-        # continues its conversation, and what they spent on it counts against the ceilings.
-        self.earlier, self.others = holders(task, agent)
-        self.prices = prices or {}
-        self.max_tokens = max_tokens
-        self.max_cost = max_cost
-        self.context_window = context_window
-        self.summarizer = summarizer or chain
-        self.keep_recent = keep_recent
-        self.on_step = on_step
-        self.agent = agent
-        self.spent_tokens = 0
-        self.spent_cost = 0.0
-        self.chain = chain
         # A tool that asks a model (the summarize skill) spends for this task too: its calls are
         # logged and counted against the task's ceilings like the loop's own (see Agent.ask_model).
         asked = ctx.llm
         self.ctx = ctx if asked is None else dataclasses.replace(
             ctx, llm=lambda tier, prompt: asked(tier, prompt, log=self._log_llm))  # type: ignore[call-arg]
         self.toolbox = toolbox
-        self.prompt_extra = prompt_extra
-        self.identity = identity
-        self.max_iterations = max_iterations
-        self.complete = complete
-        self.workdir = workdir
-        self.journal: TaskJournal = journal if journal is not None else FileTaskJournal(workdir, task["id"])
-        self.notes: list[str] = []
         self._log_lock = threading.Lock()
         self._interrupted = False
         self._call_id = ""  # the model call under way: its start record and its outcomes share it
 
+    @property
+    def spent_tokens(self) -> int:
+        return self.spend.tokens
+
     # -- state ------------------------------------------------------------------------------------
 
     def _append(self, messages: list[Message], message: Message) -> None:
-        self.journal.append_message(message)
-        messages.append(message)
-
-    def continue_conversation(self) -> None:
-        """Continue the conversation this claim takes over: the transcript written last among those
-        of the holders since the conversation last started afresh (a holder may have died before
-        writing anything, however many in a row). Every one of those holders' tool-call records is
-        taken in first, so a call completed by any of them is never run again here."""
-        for holder in reversed(self.earlier):
-            if holder != self.agent:
-                self.journal.take_tool_calls(holder, ("turn", "call_id", "status"))
-        for holder in self.journal.newest_transcripts(self.earlier):
-            theirs = self.journal.holder_transcript(holder)
-            if not theirs.records or not begun_since_restart(self.task, theirs.records):
-                continue
-            if holder == self.agent:
-                return  # ours is the latest: it goes on
-            self.take_over(holder, theirs)
-            return
-        mine = self.journal.transcript().records
-        if mine and (self.agent not in self.earlier or not begun_since_restart(self.task, mine)):
-            # None since the last fresh start: a transcript of ours predates it, and it ended badly.
-            kept = self.journal.set_aside_attempt(max(1, int(self.task.get("claims") or 1) - 1))
-            if kept:
-                self.notes.append(f"started afresh; an older conversation of ours is kept as {kept}")
-
-    def take_over(self, previous: str, theirs: Read) -> None:
-        """Continue the conversation of another agent: copy its transcript (ours, from an older
-        attempt, is set aside); its journal is only read. The calls its model asked for and that did
-        not run to the end there are answered, not run."""
-        self.notes += [f"{previous}: {note}" for note in theirs.notes]
-        self.journal.replace_transcript(theirs.records)
-        self._refuse_handed_over_calls(previous, [r for r in theirs.records if r.get("role") in ROLES])
-        self.notes.append(f"continued the conversation of {previous} ({len(theirs.records)} messages)")
+        self.transcript.append(messages, message)
 
     def _refuse_handed_over_calls(self, previous: str, messages: list[Message]) -> None:
         """Answer, without running them, the calls the other agent's model asked for and that did not
@@ -400,7 +190,7 @@ class TaskLoop:
         turn, pending = unanswered(messages)
         if not pending:
             return
-        done, started = self._logged_calls(turn)
+        done, started = logged_calls(self.journal, turn)
         for call in pending:
             name = str(call["function"].get("name"))
             if call["id"] in done or (name in ASKS and call["id"] in started):
@@ -415,29 +205,15 @@ class TaskLoop:
             self._record(messages, turn, call["id"], name, text, "refused", time.monotonic())
 
     def resume(self) -> list[Message]:
-        """The conversation so far, from the transcript; a new one if there is none, or if the
-        previous attempt failed or a person retried the task (its conversation is set aside: replayed
-        it would end the same way, at a growing price)."""
-        why = fresh_start(self.task)
-        if why is not None:
-            # Named by the claim that made it (claims never reset, unlike attempts after a retry).
-            kept = self.journal.set_aside_attempt(max(1, int(self.task.get("claims") or 1) - 1))
-            if kept:
-                self.notes.append(f"started afresh; the previous conversation is kept as {kept}")
-        elif self.earlier:
-            self.continue_conversation()
-        read = self.journal.transcript()
-        self.notes += read.notes
-        # A record that is no message (hand-edited, damaged) is left out, not sent on every call.
-        messages = [record for record in read.records if record.get("role") in ROLES]
-        if len(messages) != len(read.records):
-            self.notes.append(f"transcript {self.journal.label}: skipped "
-                              f"{len(read.records) - len(messages)} record(s) that are not messages")
+        """The conversation so far (see Transcript.resume); a new one, with the task's first
+        message, when it starts afresh."""
+        messages, why = self.transcript.resume(self._refuse_handed_over_calls)
         if not messages:
             memory = self.ctx.memory.prompt_block() if self.ctx.memory is not None else ""
-            for message in ({"role": "system", "content": system_prompt(self.identity, self.prompt_extra)},
+            brief = self.brief
+            for message in ({"role": "system", "content": system_prompt(brief.identity, brief.prompt_extra)},
                             {"role": "user", "content": (f"{memory}\n\n" if memory else "")
-                             + task_prompt(self.task, self.inputs) + (fresh_note(why) if why is not None else "")}):
+                             + task_prompt(self.task, brief.inputs) + (fresh_note(why) if why is not None else "")}):
                 self._append(messages, message)
         return messages
 
@@ -454,23 +230,7 @@ class TaskLoop:
         record = {**llm_record(self.task["id"], attempt, self.prices), "call": self._call_id}
         self.journal.append_llm_call(record)
         say(self.agent or "agent", model_line(record))
-        self.spent_tokens += record["tokens_in"] + record["tokens_out"]
-        self.spent_cost += record["cost_usd"] or 0.0
-
-    def _spent_before(self) -> None:
-        """What earlier attempts at this task cost, ours and other agents': a ceiling holds across
-        restarts and reclaims."""
-        for record in self.journal.llm_calls(self.others):
-            if record.get("task") == self.task["id"]:
-                self.spent_tokens += logged_count(record.get("tokens_in")) + logged_count(record.get("tokens_out"))
-                self.spent_cost += _cost(record.get("cost_usd"))
-
-    def over_ceiling(self) -> str | None:
-        if self.max_tokens is not None and self.spent_tokens > self.max_tokens:
-            return f"token ceiling: {self.spent_tokens:,} tokens used, the limit is {self.max_tokens:,} (max_tokens)"
-        if self.max_cost is not None and self.spent_cost > self.max_cost:
-            return f"cost ceiling: {_dollars(self.spent_cost)} spent, the limit is {_dollars(self.max_cost)} (max_cost)"
-        return None
+        self.spend.add(record)
 
     # -- compression ----------------------------------------------------------------------------
 
@@ -494,33 +254,18 @@ class TaskLoop:
 
     # -- tools ------------------------------------------------------------------------------------
 
-    def _logged_calls(self, turn: str) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-        """The calls of a turn logged as done (their records) and as started (when)."""
-        done, started = {}, {}
-        for record in self.journal.tool_calls():
-            if str(record.get("turn")) != turn:
-                continue
-            if record.get("status") == "done":
-                done[record["call_id"]] = record
-            elif record.get("status") == "started":
-                started[record["call_id"]] = str(record.get("at") or "")
-        return done, started
-
     def _record(self, messages: list[Message], turn: str, call_id: str, name: str, text: str, outcome: str,
                 started_at: float, args: Any = None) -> None:
         text = text[:MAX_RESULT_CHARS]
-        is_error = outcome != "ok"
         duration = time.monotonic() - started_at
-        self.journal.append_tool_call({"at": now_iso(), "task": self.task["id"], "turn": turn, "call_id": call_id,
-                                       "tool": name, "status": "done", "outcome": outcome, "result": text,
-                                       "is_error": is_error, "duration_s": round(duration, 3)})
+        self.journal.append_tool_call(call_done(self.task["id"], turn, call_id, name, outcome, text, duration))
         say(self.agent or "agent", call_line(self.task["id"], "tool", name, args, outcome, duration, text))
         fault("tool-done")  # the result is logged, not yet in the transcript
         self._append(messages, {"role": "tool", "tool_call_id": call_id, "content": text,
-                                **({"is_error": True} if is_error else {})})
+                                **({"is_error": True} if outcome != "ok" else {})})
 
     def run_calls(self, messages: list[Message], turn: str, calls: list[dict[str, Any]]) -> None:
-        done, started = self._logged_calls(turn)
+        done, started = logged_calls(self.journal, turn)
         parsed: dict[str, Any] = {}
         for call in calls:
             try:
@@ -575,8 +320,7 @@ class TaskLoop:
                 self._record(messages, turn, call_id, name, f"not run: the same call as {again[call_id]} earlier "
                              "in this answer; its result stands for both", "refused", started_at, args)
                 continue
-            self.journal.append_tool_call({"at": now_iso(), "task": self.task["id"], "turn": turn,
-                                           "call_id": call_id, "tool": name, "args": args, "status": "started"})
+            self.journal.append_tool_call(call_started(self.task["id"], turn, call_id, name, args))
             try:
                 result = self.toolbox.call(self.ctx, name, args)
                 text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
@@ -617,7 +361,7 @@ class TaskLoop:
         any of them may be the one that answers."""
         if self.context_window is not None:
             return self.context_window
-        return min((_window_of(provider) for provider in self.chain), default=DEFAULT_WINDOW)
+        return min((window_of(provider) for provider in self.chain), default=DEFAULT_WINDOW)
 
     def answer_window(self) -> int:
         """The context window of the provider that gave the last answer (whether that answer filled
@@ -626,7 +370,7 @@ class TaskLoop:
         if self.context_window is None:
             for provider in self.chain:
                 if provider.config.name == self._answered_by:
-                    return _window_of(provider)
+                    return window_of(provider)
         return self.window()
 
     def _call_model(self, messages: list[Message], tools: list[dict[str, Any]]) -> Any:
@@ -647,33 +391,19 @@ class TaskLoop:
             return self._complete(self.chain, messages, tools or None)
 
     def _watch_tool_use(self, message: Message, known: set[str]) -> None:
-        """Count the answer to a tool-offered call for the provider that gave it, and say so (the
-        agent's log, and the task when sure) when that provider seems to drop the tools."""
         name = self._answered_by or (self.chain[0].config.name if self.chain else "-")
-        use = self.tool_use.setdefault(name, ToolUse())
-        use.offered += 1
-        if message.get("tool_calls"):
-            use.called += 1
-        elif (found := ignores_tools(use, str(message.get("content") or ""), known)) is not None:
-            why, sure = found
-            if not use.warned:
-                use.warned = True
-                self.notes.append(f"provider {name}: {why}")
-            if sure:
-                self.warnings.append(f"provider {name}: {why}")
-        try:  # beside the breakers, where `doctor` reads it; the task goes on without it
-            write_json_atomic(self.workdir / TOOL_USE_FILE, tool_use_document(self.tool_use))
-        except OSError as exc:
-            self.notes.append(f"cannot save {TOOL_USE_FILE}: {exc}")
+        notes, warnings = watch_answer(self.tool_use, name, message, known, self.workdir / TOOL_USE_FILE)
+        self.notes += notes
+        self.warnings += warnings
 
-    def run(self) -> Outcome:
-        self._spent_before()
+    def run(self) -> LoopOutcome:
+        self.spend.count_before(self.journal, self.transcript.others, self.task["id"])
         messages = self.resume()
         callable_tools = self.toolbox.callable()
         known = set(callable_tools)  # a text call names any of them, offered or not
         cues = {name: tool.cues for name, tool in callable_tools.items()}
-        text = task_text(self.task, self.inputs, self.identity, self.prompt_extra)
-        names = offered(cues, text, called(messages), self.offer_tools)
+        text = task_text(self.task, self.brief.inputs, self.brief.identity, self.brief.prompt_extra)
+        names = offered(cues, text, called(messages), self.brief.offer_tools)
         tools = self.toolbox.schemas(names)
         recent: list[str] = []
         try:
@@ -684,25 +414,25 @@ class TaskLoop:
                     self.run_calls(messages, turn, pending)
                     if any(c["function"]["name"] in known and c["function"]["name"] not in names for c in pending):
                         # Called without being offered: offered from now on, its arguments shown.
-                        names = offered(cues, text, called(messages), self.offer_tools)
+                        names = offered(cues, text, called(messages), self.brief.offer_tools)
                         tools = self.toolbox.schemas(names)
                     signature = json.dumps([[c["function"]["name"], c["function"]["arguments"]] for c in pending]
                                            + [m.get("content") for m in messages[-len(pending):]])
                     recent = [*recent[-(STUCK_REPEATS - 1):], signature]
                     if len(recent) == STUCK_REPEATS and len(set(recent)) == 1:
-                        return Outcome("failed", f"stuck: the same tool call returned the same result "
+                        return LoopOutcome("failed", f"stuck: the same tool call returned the same result "
                                                  f"{STUCK_REPEATS} times in a row")
                 if awaits_continuation(messages):
                     if len(answer_pieces(messages)) > MAX_CONTINUATIONS:
-                        return Outcome("failed", f"the answer was cut at max_tokens {len(answer_pieces(messages))} "
+                        return LoopOutcome("failed", f"the answer was cut at max_tokens {len(answer_pieces(messages))} "
                                                  "times in a row; raise the provider's max_tokens",
                                        warnings=tuple(self.warnings))
                     self._append(messages, {"role": "user", "content": CONTINUE})
                 if self.ctx.stop.is_set():
                     raise InterruptedError
-                ceiling = self.over_ceiling()
+                ceiling = self.spend.over_ceiling()
                 if ceiling:
-                    return Outcome("failed", ceiling)
+                    return LoopOutcome("failed", ceiling)
                 completion = self._call_model(messages, tools)
                 message = {**text_tool_calls(completion.message, known), "turn": uuid.uuid4().hex[:12]}
                 if len(message.get("tool_calls") or ()) > MAX_CALLS_PER_ANSWER:
@@ -720,7 +450,7 @@ class TaskLoop:
                     if filled_context(completion.usage.input, completion.usage.output, window):
                         # The rest has no room: asked to continue, the model would overflow the context.
                         self._append(messages, message)
-                        return Outcome("failed", f"the answer filled the model's whole context ({used:,} of "
+                        return LoopOutcome("failed", f"the answer filled the model's whole context ({used:,} of "
                                                  f"{window:,} tokens) and cannot be continued",
                                        warnings=tuple(self.warnings))
                     message["cut"] = True  # in the transcript, so a resumed loop asks for the rest too
@@ -740,22 +470,22 @@ class TaskLoop:
                     what, detail, ask = wrong
                     asked = reasks(messages)
                     if asked >= MAX_REASKS:
-                        return Outcome("failed", f"{what} {asked + 1} times in a row{detail}",
+                        return LoopOutcome("failed", f"{what} {asked + 1} times in a row{detail}",
                                        warnings=tuple(self.warnings))
                     self.notes.append(f"{what}{detail}; asked again ({asked + 1} of {MAX_REASKS})")
                     self._append(messages, {"role": "user", "content": ask})
                     continue
-                return Outcome("done", answer, warnings=tuple(self.warnings))
+                return LoopOutcome("done", answer, warnings=tuple(self.warnings))
         except NeedsPerson as question:
-            return Outcome("blocked", str(question), question=str(question))
+            return LoopOutcome("blocked", str(question), question=str(question))
         except Finished as end:  # kanban_complete: Hermes' way to end a task
-            return Outcome("done", end.summary, warnings=tuple(self.warnings))
+            return LoopOutcome("done", end.summary, warnings=tuple(self.warnings))
         except BudgetReached as exc:
-            return Outcome("budget", str(exc), retry_at=exc.refusal.until, budget=exc)
+            return LoopOutcome("budget", str(exc), retry_at=exc.refusal.until, budget=exc)
         except ProviderError as exc:
             if exc.kind == "unreachable":
-                return Outcome("waiting", str(exc), retry_at=exc.retry_at)
-            return Outcome("failed", str(exc))
+                return LoopOutcome("waiting", str(exc), retry_at=exc.retry_at)
+            return LoopOutcome("failed", str(exc))
         finally:
             self.journal.close()
-        return Outcome("failed", f"no final answer after {self.max_iterations} model turns")
+        return LoopOutcome("failed", f"no final answer after {self.max_iterations} model turns")

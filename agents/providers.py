@@ -1,4 +1,4 @@
-"""LLM providers behind one interface, and the fallback chain that calls them.
+"""LLM providers behind one interface (the fallback chain that calls them is agents/fallback.py).
 
 `openai` covers OpenAI and every OpenAI-compatible server (OpenRouter, Ollama, LM Studio, vLLM,
 llama.cpp) through `base_url`; `anthropic` uses Anthropic's SDK. Each SDK is imported when a
@@ -20,40 +20,23 @@ of is a `bad_response`, and nothing but a ProviderError (or a stop's Interrupted
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib
-import json
 import os
-import random
 import re
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
-from hermes_sup.kanban.fsio import write_json_atomic
 from hermes_sup.kanban.redact import known, redact, remember
 
-from .breaker import (
-    OPEN,
-    Breaker,
-    BreakerPolicy,
-    admit,
-    answered,
-    as_dict,
-    blocked,
-    failed,
-    label,
-    outage_event,
-    released,
-)
 from .breaker import cooldown_delay as cooldown_delay  # re-exported: callers knew it from here
+from .health import BREAKERS_FILE as BREAKERS_FILE  # re-exported: `doctor` and the dashboard read it from here
 from .sizing import CONTEXT_RECHECK, context_from_error, probe_context, prompt_tokens, size_max_tokens
 from .streams import assemble_anthropic, assemble_openai
-from .translate import Completion, Message, Usage, from_anthropic, from_openai, to_anthropic, to_openai
+from .translate import Completion, Message, from_anthropic, from_openai, to_anthropic, to_openai
 
 RETRY_SAME = frozenset({"rate_limit", "server", "truncated", "bad_response"})
 NEXT_PROVIDER = frozenset({"timeout", "unavailable", "auth", "quota", "misconfigured"})
@@ -430,262 +413,3 @@ KINDS: dict[str, Callable[[ProviderConfig], Provider]] = {"openai": OpenAIProvid
 
 def make_provider(config: ProviderConfig) -> Provider:
     return KINDS[config.kind](config)
-
-
-# -- the fallback chain -------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    retries: int = 2            # extra attempts on the same provider for rate limits and server errors
-    initial: float = 0.5
-    max_delay: float = 8.0
-    max_retry_after: float = 30.0  # a longer retry-after moves on to the next provider instead
-
-
-def next_step(error: ProviderError, attempt: int, policy: RetryPolicy, rng: random.Random) -> tuple[str, float]:
-    """After a failed attempt (1-based) on a provider: ("retry", delay), ("next", 0) or ("raise", 0)."""
-    if error.kind in RETRY_SAME and attempt <= policy.retries:
-        if error.retry_after is not None:
-            if error.retry_after > policy.max_retry_after:
-                return "next", 0.0
-            return "retry", error.retry_after
-        base = min(policy.max_delay, policy.initial * 2 ** (attempt - 1))
-        return "retry", base / 2 + rng.uniform(0, base / 2)
-    if error.kind in RETRY_SAME or error.kind in NEXT_PROVIDER:
-        return "next", 0.0
-    return "raise", 0.0
-
-
-# The cooldown's policy was the breaker's before the breaker had a state machine of its own.
-CooldownPolicy = BreakerPolicy
-DEFAULT_BREAKER = BreakerPolicy()
-# Failures that open a breaker only at `threshold` in a row: the provider answered badly or late,
-# which one call cannot tell from a bad moment.
-COUNTED = {"timeout": "timing out", "server": "failing (server errors)", "truncated": "cutting its answers",
-           "bad_response": "answering what cannot be read"}
-BREAKERS_FILE = "providers.json"  # in the agent's working directory, for doctor
-
-
-def retry_label(moment: float) -> str:
-    return label(moment)
-
-
-class ProviderHealth:
-    """The circuit breakers of an agent's providers (see breaker.py), shared by its threads, and
-    saved to `path` (atomically, on every change of state) for `doctor` to show. A task never spends
-    an attempt on an open breaker: the chain skips that provider, and a chain with nothing else to
-    try ends in an "unreachable" error that gives the task back."""
-
-    def __init__(self, policy: BreakerPolicy = DEFAULT_BREAKER, clock: Callable[[], float] = time.time,
-                 rng: random.Random | None = None, path: Path | None = None,
-                 on_outage: Callable[[str, str, Breaker], None] | None = None) -> None:
-        self.policy = policy
-        # Told (provider, "provider_down" | "provider_up", breaker) when an outage starts or ends.
-        self.on_outage = on_outage
-        self.clock = clock
-        self.rng = rng or random.Random()
-        self.path = path
-        self.breakers: dict[str, Breaker] = {}
-        self._lock = threading.Lock()
-        if path is not None:
-            self._save()  # a fresh start (or a new key): no stale open breaker left for doctor
-
-    def _set(self, name: str, breaker: Breaker) -> Breaker:
-        before = self.breakers.get(name, Breaker())
-        if before != breaker:
-            self.breakers[name] = breaker
-            self._save()
-            event = outage_event(before, breaker)
-            if event and self.on_outage is not None:
-                with contextlib.suppress(Exception):  # telling of an outage must never stop a call
-                    self.on_outage(name, event, breaker)
-        return breaker
-
-    def _save(self) -> None:
-        if self.path is None:
-            return
-        with contextlib.suppress(OSError):  # doctor's view must never stop a call
-            write_json_atomic(self.path, {"saved_at": label(self.clock()), "breakers": {
-                name: as_dict(breaker) for name, breaker in sorted(self.breakers.items())}}, fsync=False)
-
-    def admit(self, name: str) -> tuple[float, str] | None:
-        """None when a call to `name` may go out now (a half-open breaker's one probe included),
-        else until when it may not and why."""
-        with self._lock:
-            now = self.clock()
-            breaker, allowed = admit(self.breakers.get(name, Breaker()), now, self.policy)
-            self._set(name, breaker)
-            return None if allowed else blocked(breaker, now, self.policy) or (now, breaker.why)
-
-    def failed(self, name: str, why: str, *, at_once: bool, at_least: float = 0.0) -> Breaker:
-        with self._lock:
-            return self._set(name, failed(self.breakers.get(name, Breaker()), self.clock(), self.policy,
-                                          self.rng.random(), why=why, at_once=at_once, at_least=at_least))
-
-    def refused(self, name: str, why: str = "unreachable", at_least: float = 0.0) -> float:
-        """Note a refusal that opens the breaker at once; returns when the provider may be tried
-        again: after its cooldown, and never before `at_least` seconds (a retry-after)."""
-        return self.failed(name, why, at_once=True, at_least=at_least).until
-
-    def answered(self, name: str) -> None:
-        with self._lock:
-            self._set(name, answered(self.breakers.get(name, Breaker())))
-
-    def release(self, name: str) -> None:
-        """A call (maybe the probe) ended without a verdict: stopped by us."""
-        with self._lock:
-            self._set(name, released(self.breakers.get(name, Breaker()), self.clock()))
-
-    def cooling(self, name: str) -> tuple[float, str] | None:
-        """When a provider may be tried again and why not now, or None when it may be tried now."""
-        with self._lock:
-            return blocked(self.breakers.get(name, Breaker()), self.clock(), self.policy)
-
-
-CHARS_PER_TOKEN = 4  # the usual rule of thumb for English text and code with BPE tokenizers
-
-
-def estimate_usage(messages: list[Message], tools: list[dict[str, Any]] | None, answer: Message) -> Usage:
-    """Tokens of a call whose server reported none (many local servers send no usage in a stream),
-    estimated as characters / 4 of what was sent and of the answer, and marked as estimated (pure)."""
-    def size(value: Any) -> int:
-        return len(json.dumps(value, ensure_ascii=False, default=str))
-
-    return Usage(input=(size(to_openai(messages)) + (size(tools) if tools else 0)) // CHARS_PER_TOKEN,
-                 output=size({key: answer.get(key) for key in ("content", "tool_calls") if answer.get(key)})
-                 // CHARS_PER_TOKEN, estimated=True)
-
-
-# Bytes of the request per token, taken low on purpose: a budget reserves the prompt's worst case,
-# and English BPE runs near 4 characters a token, other scripts near one character (2 to 3 bytes).
-WORST_BYTES_PER_TOKEN = 2
-
-
-def worst_prompt_tokens(messages: list[Message], tools: list[dict[str, Any]] | None) -> int:
-    """An upper estimate of a request's prompt tokens, for a budget's reservation (pure)."""
-    sent = json.dumps(to_openai(messages), ensure_ascii=False, default=str) + (json.dumps(tools) if tools else "")
-    return len(sent.encode("utf-8", "replace")) // WORST_BYTES_PER_TOKEN + 1
-
-
-def _max_tokens(provider: Provider, messages: list[Message], tools: list[dict[str, Any]] | None) -> int:
-    sized = getattr(provider, "_max_tokens", None)
-    return int(sized(messages, tools)) if callable(sized) else int(provider.config.max_tokens)
-
-
-@dataclass
-class Attempt:
-    provider: str
-    model: str
-    outcome: str  # ok, or the error kind
-    latency: float
-    completion: Completion | None = None
-    error: str = ""
-    route: dict[str, Any] | None = None  # a routing strategy's decision on this call (see cascade.py)
-
-
-def complete_with_fallback(
-    chain: list[Provider], messages: list[Message], tools: list[dict[str, Any]] | None, *,
-    policy: RetryPolicy = RetryPolicy(), log: Callable[[Attempt], None] = lambda attempt: None,
-    sleep: Callable[[float], None] = time.sleep, rng: random.Random | None = None,
-    stop: threading.Event | None = None, health: ProviderHealth | None = None, budget: Any = None,
-) -> Completion:
-    """Call the chain in order until one provider answers; every attempt goes to `log`. Once `stop`
-    is set no further attempt is made (InterruptedError): a stopped or cancelled task spends nothing.
-    With `health`, a provider whose breaker is open is skipped, and each provider's outcome is told
-    to its breaker; when every provider's breaker is open the error's kind is "unreachable" (not the
-    task's fault: it waits, "provider X down until T") with the moment the first may be tried again.
-    With `budget` (a BudgetGate, agents/ledger.py) each attempt first reserves its worst case and
-    settles its real cost after; a cap it would cross raises BudgetReached before anything is sent."""
-    rng = rng or random.Random()
-    errors: list[str] = []
-    refused: dict[str, tuple[float, str]] = {}  # provider -> when it may be tried again, and why not now
-    if stop is not None:
-        sleep = stop.wait
-    for provider in chain:
-        name = provider.config.name
-        cooling = health.admit(name) if health is not None else None
-        if cooling is not None:
-            refused[name] = cooling
-            errors.append(f"{name}: {cooling[1]}, down until {retry_label(cooling[0])}")
-            continue
-        try:
-            return _attempts(provider, messages, tools, policy, log, sleep, rng, stop, health, refused, errors,
-                             budget)
-        except _NextProvider:
-            continue
-        except InterruptedError:
-            if health is not None:
-                health.release(name)  # a probe stopped by us says nothing about the provider
-            raise
-    if chain and {provider.config.name for provider in chain} <= set(refused):
-        retry_at = min(until for until, _why in refused.values())
-        said = "; ".join(f"provider {name} down until {retry_label(until)} ({why})"
-                         for name, (until, why) in refused.items())
-        raise ProviderError("unreachable", said, retry_at=retry_at)
-    raise ProviderError("exhausted", "every provider failed: " + "; ".join(errors) if errors else "no provider")
-
-
-class _NextProvider(Exception):
-    """This provider is done with for this call: the chain moves on."""
-
-
-def _attempts(provider: Provider, messages: list[Message], tools: list[dict[str, Any]] | None, policy: RetryPolicy,
-              log: Callable[[Attempt], None], sleep: Callable[[float], Any], rng: random.Random,
-              stop: threading.Event | None, health: ProviderHealth | None, refused: dict[str, tuple[float, str]],
-              errors: list[str], budget: Any = None) -> Completion:
-    """One provider's attempts at a call, with the retries `policy` allows, its breaker told of the outcome."""
-    name = provider.config.name
-    attempt = 0
-    while True:
-        attempt += 1
-        if stop is not None and stop.is_set():
-            raise InterruptedError
-        options: dict[str, Any] = {"stop": stop} if stop is not None else {}
-        hold = None
-        if budget is not None:  # the call asks for at most the max_tokens its reservation priced
-            options["max_tokens"] = _max_tokens(provider, messages, tools)
-            hold = budget.reserve(provider.config.model, worst_prompt_tokens(messages, tools), options["max_tokens"])
-        started = time.monotonic()
-        answered = False
-        try:
-            try:
-                completion = provider.complete(messages, tools, **options)
-                answered = True
-            except (ProviderError, InterruptedError):  # as they are: not a bad_response
-                raise
-            except Exception as exc:  # a provider's own bug: logged and classified, never the agent's crash
-                raise ProviderError("bad_response", redact(f"{name}: {type(exc).__name__}: {exc}", known())[:500],
-                                    provider=name) from None
-            finally:
-                # Any way out but an answer gives the reservation back, whatever was raised (an
-                # interrupt, a BaseException a library lets through): a live process's hold counts
-                # against the caps until it ends.
-                if budget is not None and not answered:
-                    budget.release(hold)
-        except ProviderError as error:
-            if stop is not None and stop.is_set():
-                raise InterruptedError from None  # the error is our own abort
-            log(Attempt(name, provider.config.model, error.kind, time.monotonic() - started, error=str(error)))
-            action, delay = next_step(error, attempt, policy, rng)
-            if health is not None and action == "next" and (error.kind in COOL_DOWN or error.kind in COUNTED):
-                why = COOL_DOWN.get(error.kind) or COUNTED[error.kind]
-                breaker = health.failed(name, why, at_once=error.kind in COOL_DOWN, at_least=error.retry_after or 0.0)
-                if breaker.state == OPEN:
-                    refused[name] = (breaker.until, why)
-            if action == "raise":
-                if health is not None:
-                    health.answered(name)  # a request refused on its merits: the provider is there
-                raise
-            if action == "retry":
-                sleep(delay)
-                continue
-            errors.append(str(error))
-            raise _NextProvider from None
-        if not completion.usage.input and not completion.usage.output:
-            completion = dataclasses.replace(completion, usage=estimate_usage(messages, tools, completion.message))
-        if budget is not None:
-            budget.settle(hold, completion.model or provider.config.model, completion.usage)
-        log(Attempt(name, provider.config.model, "ok", time.monotonic() - started, completion=completion))
-        if health is not None:
-            health.answered(name)
-        return completion

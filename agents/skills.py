@@ -35,6 +35,7 @@ from hermes_sup.kanban.parse import load_yaml
 from hermes_sup.kanban.task import now_iso
 
 from . import skillproc
+from .files import read_nofollow
 from .skillcheck import verdict_problem
 from .terminal import SECRET_NAMES
 from .tools import Tool, ToolContext, ToolError, register
@@ -312,7 +313,8 @@ def on_this_platform(platforms: Any, current: str = sys.platform) -> bool:
 
 def linked_file(folder: Path, relative: object) -> Path:
     """The file `relative` names inside a skill's folder, or ToolError: absolute paths, `..` and
-    symlinks leading out of the folder are refused (the path is resolved at the moment of use)."""
+    symlinks leading out of the folder are refused; the file is then read without following a link
+    (files.read_nofollow), so one swapped in since is refused too."""
     if not isinstance(relative, str) or not relative.strip():
         raise ToolError("file_path must be a non-empty path inside the skill's folder")
     if os.path.isabs(relative) or relative.startswith("~"):
@@ -377,8 +379,7 @@ def skill_view(ctx: ToolContext, args: dict[str, Any]) -> str:
         if skill.kind != "instructions":
             raise ToolError(f"skill {skill.name} is a Python file: it has no linked files")
         target = linked_file(skill.path.parent, args["file_path"])
-        with open(target, "rb") as handle:
-            data = handle.read(MAX_LINKED_BYTES + 1)
+        data = read_nofollow(target, args["file_path"], MAX_LINKED_BYTES)
         if len(data) > MAX_LINKED_BYTES:
             raise ToolError(f"{args['file_path']} is larger than {MAX_LINKED_BYTES:,} bytes")
         try:

@@ -28,11 +28,10 @@ from typing import Any
 
 from hermes_sup.kanban.faults import fault
 from hermes_sup.kanban.journal import FileTaskJournal, TaskJournal
-from hermes_sup.kanban.task import now_iso
 
 from .conversation import holders
+from .durable import ASKS, answer_since, call_done, call_started
 from .logline import call_line, say
-from .loop import ASKS, MAX_RESULT_CHARS, answer_since
 from .tools import Finished, NeedsPerson, Refused, Toolbox, ToolContext, ToolError, run_step
 
 TURN = "steps"
@@ -133,7 +132,8 @@ def retried_since(task: dict[str, Any], moment: str) -> bool:
 
 
 @dataclass
-class Outcome:
+class StepsOutcome:
+    """How running a task's steps ended: the task's next status, and the results of the steps done."""
     kind: str  # done, failed, blocked
     results: list[Any] = field(default_factory=list)
     reason: str = ""
@@ -161,7 +161,7 @@ class StepRun:
             self.log.take_tool_calls(holder, ("turn", "call_id", "status", "at"))
         return self.log.tool_calls()
 
-    def run(self) -> Outcome:
+    def run(self) -> StepsOutcome:
         """Run the steps not yet done; InterruptedError when the agent is asked to stop."""
         seen = progress(self._records(), self.task["id"])
         results: list[Any] = []
@@ -183,44 +183,41 @@ class StepRun:
                 continue
             if call_id in seen.started and not (tool and tool.idempotent) and not retried_since(
                     self.task, seen.started[call_id]):
-                return Outcome("blocked", results, (
+                return StepsOutcome("blocked", results, (
                     f"step {index + 1} ({name}) was running when the agent stopped, and it is not safe to repeat: "
                     f"check whether it took effect, then `hermes-sup task retry {self.task['id']}` runs it again "
                     f"(or cancel the task)"))
             started = time.monotonic()
-            self.log.append_tool_call({"at": now_iso(), "task": self.task["id"], "turn": TURN, "call_id": call_id,
-                             "tool": name, "args": step.get("args") if isinstance(step, dict) else None,
-                             "status": "started"})
+            self.log.append_tool_call(call_started(self.task["id"], TURN, call_id, name,
+                                                   step.get("args") if isinstance(step, dict) else None))
             fault("step-started")
             try:
                 value = run_step(self.ctx, step, self.toolbox)
             except NeedsPerson as question:  # stays started: the answer, once given, is its result
-                return Outcome("blocked", results, f"step {index + 1} asks: {question}", question=str(question))
+                return StepsOutcome("blocked", results, f"step {index + 1} asks: {question}", question=str(question))
             except Finished as end:  # kanban_complete as a step: the plan ends here, done
                 self._done(call_id, name, end.summary, "ok", started, step.get("args"))
-                return Outcome("done", [*results, end.summary])
+                return StepsOutcome("done", [*results, end.summary])
             except ToolError as exc:
                 if self.ctx.stop.is_set():
                     raise InterruptedError from None
                 self._done(call_id, name, f"error: {exc}", "error", started, step.get("args"))
                 # A refused step (unknown tool, a capability the agent lacks, bad arguments) is
                 # refused again on every attempt: the task fails now, not after max_attempts.
-                return Outcome("failed", results, f"step {index + 1} ({name}): {exc}",
+                return StepsOutcome("failed", results, f"step {index + 1} ({name}): {exc}",
                                permanent=isinstance(exc, Refused))
             self._done(call_id, name, value, "ok", started, step.get("args"))
             fault("step-done")
             results.append(value)
-        return Outcome("done", results)
+        return StepsOutcome("done", results)
 
     def _done(self, call_id: str, name: str, value: Any, outcome: str, started: float, args: Any = None) -> None:
         text = value if isinstance(value, str) else repr(value)
         say(self.agent, call_line(self.task["id"], call_id.replace("-", " "), name, args, outcome,
                                   time.monotonic() - started, text))
-        self.log.append_tool_call({"at": now_iso(), "task": self.task["id"], "turn": TURN, "call_id": call_id,
-                                   "tool": name,
-                         "status": "done", "outcome": outcome, "result": text[:MAX_RESULT_CHARS],
-                         **({"value": value} if not isinstance(value, str) and _plain(value) else {}),
-                         "is_error": outcome != "ok", "duration_s": round(time.monotonic() - started, 3)})
+        kept = {"value": value} if not isinstance(value, str) and _plain(value) else None
+        self.log.append_tool_call(call_done(self.task["id"], TURN, call_id, name, outcome, text,
+                                            time.monotonic() - started, kept))
 
 
 def _plain(value: Any) -> bool:

@@ -31,7 +31,7 @@ class Usage:
     output: int = 0
     cached: int = 0       # prompt tokens read from the provider's cache
     cache_write: int = 0  # prompt tokens written to it (Anthropic)
-    estimated: bool = False  # the server reported none: see providers.estimate_usage
+    estimated: bool = False  # the server reported none: see fallback.estimate_usage
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,8 @@ import dataclasses
 import functools
 import json
 import os
-import signal
 import sys
 import threading
-import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -24,10 +22,7 @@ from typing import Any
 
 from hermes_sup.kanban import BoardError, ClaimLost, TaskNotFound
 from hermes_sup.kanban.backends import open_board
-from hermes_sup.kanban.events import agent_event
-from hermes_sup.kanban.fsio import write_json_atomic
 from hermes_sup.kanban.journal import Journal
-from hermes_sup.kanban.task import now_iso
 
 from . import (
     builtins,  # noqa: F401 - registers the built-in tools
@@ -37,50 +32,38 @@ from . import (
     sandbox,
     worktrees,
 )
-from .breaker import Breaker, label
-from .budget import Refusal, caps_from, task_cap
+from .budget import caps_from
 from .cascade import Cascade, cascade_policy, cascades
 from .delegation import Delegator, watch_parent
+from .fallback import complete_with_fallback
 from .grants import describe, grants_of
+from .health import BREAKERS_FILE, ProviderHealth
 from .keys import ENV_FILE, KeyFile, key_names
+from .launchenv import AGENT_ENV, SUPERVISOR_ENV, WORKSPACE_ENV
 from .ledger import BudgetGate, BudgetReached, Ledger, open_ledger
+from .liveness import Liveness
 from .logline import say, short
-from .loop import TaskLoop, ToolUse, interruptible, llm_record, task_prompt
+from .loop import Brief, Limits, Models, TaskLoop, Workplace
 from .memory import Memories
+from .modelaccess import BUDGET_UNKNOWN as BUDGET_UNKNOWN  # re-exported: callers knew these from here
+from .modelaccess import NO_PROVIDER as NO_PROVIDER
+from .modelaccess import OFFLINE_RECHECK as OFFLINE_RECHECK
+from .modelaccess import ModelAccess
 from .notify import NOTIFY_ENV, ORPHANED, Notifier
-from .providers import (
-    BREAKERS_FILE,
-    Attempt,
-    Provider,
-    ProviderConfig,
-    ProviderError,
-    ProviderHealth,
-    abort,
-    complete_with_fallback,
-    make_provider,
-)
-from .routing import chain_for, keep_auto, resolve_auto, task_tier
+from .prompts import task_prompt
+from .providers import Provider, ProviderConfig
+from .routing import task_tier
 from .skills import Skills, prompt_block
 from .steps import StepRun, step_folders, step_grants
-from .taskdir import ensure_work_folder
-from .terminal import clean_env, command_for, withheld
-from .tools import DEFAULT_CAPABILITIES, Toolbox, ToolContext, ToolError
+from .tasksetting import TaskSetting
+from .tools import DEFAULT_CAPABILITIES, Toolbox
+from .tooluse import ToolUse
 
-AGENT_ENV = "HERMES_SUP_AGENT"
-NO_PROVIDER = "no LLM provider available"
-# How often an agent without a provider looks again: a stat of .env (a new local server is looked for
-# at most once a minute, see _resolve_auto).
-OFFLINE_RECHECK = 5.0
-WORKSPACE_ENV = "HERMES_SUP_WORKSPACE"
-# The pid of the supervisor that starts the agent (as its child): see Worker._owned.
-SUPERVISOR_ENV = "HERMES_SUP_SUPERVISOR_PID"
 # How often the holder of a task looks whether it still holds it (a cancel, a move by hand, a
 # reclaim), and how many looks in a row must say no: work stops within CLAIM_CHECK * CLAIM_LOOKS,
 # plus the moment a tool or a model call takes to notice.
 CLAIM_CHECK = 0.15
 CLAIM_LOOKS = 2
-# Why LLM tasks wait while a cap was reached and the ledger cannot say whether it still is.
-BUDGET_UNKNOWN = "budget reached: the budget ledger cannot be read, so LLM tasks wait"
 
 
 def claim_gone(doc: dict[str, Any] | None, token: int) -> str | None:
@@ -97,7 +80,10 @@ def claim_gone(doc: dict[str, Any] | None, token: int) -> str | None:
                                                       if doc.get("history") else "")
 
 
-class Agent:
+class Agent(Liveness, ModelAccess, TaskSetting):
+    """One agent process: the state its parts share, and the loop that claims a task, works it and
+    closes it."""
+
     def __init__(self, config: dict[str, Any], workspace: Path, workdir: Path) -> None:
         self.config = config
         self.name: str = config["name"]
@@ -155,279 +141,10 @@ class Agent:
         spawner = os.environ.get(SUPERVISOR_ENV, "")
         self._spawner = int(spawner) if spawner.isdigit() else 0
 
-    # -- signals and heartbeat --------------------------------------------------------------------
-
-    def request_stop(self, why: str) -> None:
-        if not self.stop.is_set():
-            self.why_stopping = why
-            self.stop.set()
-            with self._lock:
-                if self._halt is not None:
-                    self._halt.set()
-            self.board.wake()
-
-    def beat(self) -> None:
-        with self._lock:
-            task = self.current
-        if self.parent_pid is not None:
-            delivered = os.getppid() == self.parent_pid  # a child answers to its parent agent, not the supervisor
-        else:
-            delivered = self.notifier.send(WATCHDOG=1, TASK=task["id"] if task else "-") and self._owned()
-        now = time.monotonic()
-        if delivered:
-            self._orphaned_since = None
-        elif self._orphaned_since is None:
-            self._orphaned_since = now
-        elif now - self._orphaned_since >= self.orphan_grace:
-            self.orphaned = True
-            self.request_stop(f"no supervisor for {self.orphan_grace:g} s")
-        self.write_state("working" if task else "idle")
-        self.rotate_log()
-        if task is not None:
-            # If the task was taken back, the step in flight finds out when it closes the task.
-            with contextlib.suppress(ClaimLost):
-                self.board.renew(task["id"], task["claim"]["token"])
-
-    def _owned(self) -> bool:
-        """Whether the supervisor we heart-beat to runs this very process. While the supervisor that
-        started us is alive we are its child, whatever its state file says yet (busy starting 255 other
-        agents, it writes it late). Once reparented, a supervisor started after ours died binds the
-        same socket: if its state does not name our pid (it runs another process for our name) our
-        heartbeats reach it but keep nobody informed, and we must leave."""
-        if self._spawner > 1 and os.getppid() == self._spawner:
-            return True
-        try:
-            state = json.loads((self.workspace / "runs" / "supervisor.json").read_text())  # the supervisor's STATE_FILE
-            return state["agents"][self.name]["pid"] == os.getpid()
-        except (OSError, ValueError, KeyError, TypeError):
-            return False
-
-    def rotate_log(self) -> None:
-        """Rotate our own log by size: the writer rotating is the one way no line is lost or
-        written to a file nobody reads. agent.log -> agent.log.1 -> ... -> agent.log.<keep>."""
-        with self._log_lock:
-            self._rotate_log()
-
-    def _rotate_log(self) -> None:
-        path = self.workdir / "agent.log"
-        try:
-            current = os.fstat(1)
-            if current.st_size < self.log_max_bytes or os.stat(path).st_ino != current.st_ino:
-                return
-        except OSError:
-            return  # stdout is not our log file (started by hand), or it is gone
-        sys.stdout.flush()
-        sys.stderr.flush()
-        for index in range(self.log_keep - 1, 0, -1):
-            older = path.with_name(f"agent.log.{index}")
-            if older.exists():
-                os.replace(older, path.with_name(f"agent.log.{index + 1}"))
-        if self.log_keep > 0:
-            os.replace(path, path.with_name("agent.log.1"))
-        else:
-            path.unlink(missing_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
-
-    def write_state(self, status: str) -> None:
-        with self._lock:
-            task = self.current
-        write_json_atomic(self.workdir / "state.json", {
-            "name": self.name, "pid": os.getpid(), "status": status, "task": task["id"] if task else None,
-            "step": self.step if task else None, "provider": self.provider, "waiting": self.waiting,
-            "heartbeat": now_iso(),
-            "children": self.delegator.visible(),
-        }, fsync=False)
-
-    def _heartbeat_loop(self) -> None:
-        while not self.stop.wait(self.interval):
-            self.beat()
-
-    # -- providers --------------------------------------------------------------------------------
-
-    def _resolve_auto(self) -> ProviderConfig | None:
-        # Probing local ports costs up to a few seconds; remember the answer for a while (a server
-        # started later is found within seconds, a busy one's model learnt, without a restart).
-        now = time.monotonic()
-        if self._auto is None or now - self._auto[0] > keep_auto(self._auto[1]):
-            said: list[str] = []
-            found = resolve_auto(os.environ, config=self.llm, notes=said)
-            if said != self._auto_said:  # which server auto adopted, or passed over, once per change
-                self._auto_said = said
-                for line in said:
-                    say(self.name, f"{line}")
-            self._auto = (now, found)
-        return self._auto[1]
-
-    def _outage(self, provider: str, event: str, breaker: Breaker) -> None:
-        """A provider went down or came back: say it in the events stream (alerts, the dashboard)."""
-        until = label(breaker.until) if event == "provider_down" else None
-        self.board.append_event(agent_event(now_iso(), self.name, event, breaker.why, provider=provider,
-                                            until=until))
-        say(self.name, f"provider {provider} " + (f"down until {until} ({breaker.why})" if until else "up again"))
-
-    def chain(self, tier: str) -> list[Provider]:
-        configs = chain_for(tier, self.llm, self._resolve_auto, os.environ)
-        chain = []
-        for config in configs:
-            if config.name not in self._providers or self._providers[config.name].config != config:
-                self._providers[config.name] = make_provider(config)
-            chain.append(self._providers[config.name])
-        return chain
-
-    def has_llm(self) -> bool:
-        if self.keys.refresh():  # a key was added to (or taken out of) .env: look again
-            self._providers.clear()
-            self._auto = None
-            # A new key may be what an open breaker lacked.
-            self.health = ProviderHealth(path=self.workdir / BREAKERS_FILE, on_outage=self._outage)
-            self._paused = None
-        chain = self.chain(task_tier({}, self.tier))
-        self.provider = chain[0].config.name if chain else "offline"
-        return bool(chain)
-
     # -- work -----------------------------------------------------------------------------------
 
     def _on_step(self, step: int) -> None:
         self.step = step
-
-    def toolbox(self, grants: tuple[str, ...] | None = None, whose: str = "this agent") -> Toolbox:
-        """This agent's tools for the next task, with `grants` (default: its capabilities): the
-        built-ins and the skills it enables, looked up again for every task so a skill dropped into
-        skills/ is picked up without a restart. With `skills` granted every valid skill may be used;
-        otherwise the ones the agent's config lists."""
-        grants = self.capabilities if grants is None else grants
-        enabled = None if "skills" in grants else set(self.config.get("skills") or ())
-        extra, notes = self.skills.tools_for(enabled)
-        for note in notes:
-            say(self.name, f"{note}")
-        return Toolbox(grants=grants, toolsets=self.toolsets, extra={**extra, **self.mcp.tools()}, whose=whose)
-
-    def _start_mcp(self) -> None:
-        """Start the MCP servers granted to this agent and wait (bounded) for their first tool list."""
-        if not self.mcp.servers:
-            return
-        self.mcp.start().wait_ready()
-        for server in self.mcp.servers.values():
-            say(self.name, f"mcp {server.name}: " + (f"{len(server.tools)} tool(s)" if server.session is not None
-                                                     else f"not connected ({server.error or 'starting'})"))
-            for note in server.notes:
-                say(self.name, f"mcp {server.name}: {note}")
-
-    def _mcp_command(self, name: str, spec: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
-        """A stdio MCP server's command line, confined as the terminal is, in its own folder; a
-        worktree's repository read-only to it (its tasks' trees are theirs). Its `env_from` values
-        come from this process's environment, by name."""
-        folder = mcpservers.server_folder(self.workdir, name)
-        folders = {key: {**spec_, "mode": "ro"} if spec_.get("worktree") else spec_
-                   for key, spec_ in (self.config.get("folders") or {}).items()}
-        env = clean_env(os.environ, withheld(self.config))
-        env.update({key: str(value) for key, value in (spec.get("env") or {}).items()})
-        env.update({key: os.environ.get(var, "") for key, var in (spec.get("env_from") or {}).items()})
-        argv = [str(spec["command"]), *(str(arg) for arg in spec.get("args") or ())]
-        return command_for({**self.config, "folders": folders}, self.capabilities, self.workspace, folder, folder,
-                           env, argv, shown=mcpservers.named_files(argv))
-
-    def gate(self, doc: dict[str, Any] | None) -> BudgetGate | None:
-        """The budget gate for a task's calls (None when hermes.yaml sets no budgets)."""
-        if self.ledger is None:
-            return None
-        doc = doc or {}
-        return BudgetGate(self.ledger, self.caps, agent=self.name, task=str(doc.get("id") or "-"),
-                          task_limit=task_cap(self.caps, doc.get("meta")) if doc else None,
-                          prices=self.llm.get("prices") or {})
-
-    def ask_model(self, tier: str, prompt: str, stop: threading.Event | None = None, *, task: str = "-",
-                  log: Callable[[Attempt], None] | None = None) -> str:
-        """One model call for a tool (a summarize skill, say), on a tier's chain; abandoned (and
-        its request aborted) when `stop` is set. Every attempt is logged for `task` in the LLM-call
-        log (by `log`, the task loop's, which also counts it against the task's ceilings): a tool's
-        spending is spending, never invisible to `usage`."""
-        chain = self.chain(tier) or self.chain(task_tier({}, self.tier))
-        if not chain:
-            raise ToolError(NO_PROVIDER)
-        halt = stop or self.stop
-        if log is None:  # a task's steps: no loop to count it, the log has it all the same
-            log = functools.partial(self._log_tool_call, task)
-        try:
-            completion = interruptible(lambda: complete_with_fallback(
-                chain, [{"role": "user", "content": prompt}], None, stop=halt, health=self.health, log=log,
-                budget=self.gate(self.current if task != "-" else None)), halt,
-                on_stop=lambda: abort(chain))
-        except ProviderError as exc:
-            raise ToolError(str(exc)) from None
-        return completion.message.get("content") or ""
-
-    def _log_tool_call(self, task: str, attempt: Attempt) -> None:
-        journal = Journal(self.workdir / "llm_calls.jsonl")
-        try:
-            journal.append(llm_record(task, attempt, self.llm.get("prices") or {}))
-        finally:
-            journal.close()
-
-    def context(self, doc: dict[str, Any], halt: threading.Event | None = None,
-                grants: tuple[str, ...] | None = None) -> ToolContext:
-        stop = halt or self.stop
-        return ToolContext(scratch=self.task_folder(doc), stop=stop, memory=self.memory, board=self.board,
-                           agent=self.name, task=doc, llm=lambda tier, prompt, log=None: self.ask_model(
-                               tier, prompt, stop, task=str(doc.get("id")), log=log),
-                           settings={**self.config, "folders": self._folders(self.config.get("folders"), doc)},
-                           services={"skills": self.skills, "delegation": self.delegator},
-                           grants=self.capabilities if grants is None else grants, workspace=self.workspace)
-
-    def _folders(self, folders: Any, doc: dict[str, Any]) -> dict[str, Any]:
-        """The agent's folders as this task's tools see them: a worktree folder leads to its tree."""
-        try:
-            return worktrees.attach(folders or {}, self.workspace / "runs", str(doc.get("id")))
-        except ValueError:  # not a task id: no tree, and the folder itself is not offered instead
-            return {name: spec for name, spec in (folders or {}).items() if not spec.get("worktree")}
-
-    def _trees(self, doc: dict[str, Any]) -> None:
-        """Make this task's worktrees that are missing (WorktreeError says why one cannot be)."""
-        own = worktrees.tree_of(self.workspace / "runs", str(doc["id"]), "x").parent
-        for spec in self._folders(self.config.get("folders"), doc).values():
-            if spec.get("tree") and Path(spec["tree"]).parent == own:
-                worktrees.ensure(Path(spec["path"]), Path(spec["tree"]), str(doc["id"]), spec.get("base"))
-
-    def _commit_trees(self, task_id: str) -> None:
-        """Commit what the task changed in each of its worktrees, with its title; a failure is said on
-        the task (its changes stay in the tree, which prune keeps until told)."""
-        made = worktrees.records(self.workspace / "runs", task_id)
-        if not made:
-            return
-        title = task_id
-        with contextlib.suppress(BoardError):
-            title = str(self.board.get(task_id).get("title") or task_id)
-        for name, record in made.items():
-            tree = worktrees.tree_of(self.workspace / "runs", task_id, name)
-            try:
-                commit = worktrees.commit(tree, record, f"{title}\n\nhermes-sup task {task_id}", self.name)
-                say(self.name, f"{task_id}: {name}: " + (f"committed {commit[:12]} to {worktrees.branch_of(task_id)}"
-                                                         if commit else "nothing to commit"))
-            except worktrees.WorktreeError as exc:
-                with contextlib.suppress(BoardError):
-                    self.board.comment(task_id, f"the changes in {tree} were not committed: {exc}", by=self.name)
-
-    def task_folder(self, doc: dict[str, Any]) -> Path:
-        """Where the tools work on this task: its own folder under runs/tasks/, the same for whoever
-        holds it, so a take-over or a retry finds the files the conversation names. Only the task's id
-        (a checked name) places it: no other field of a task points the tools anywhere. A folder that
-        cannot be made (a symlink on the way) leaves the agent's own scratch folder, and says why."""
-        try:
-            return ensure_work_folder(self.workspace / "runs", str(doc.get("id")))
-        except (OSError, ValueError) as exc:
-            say(self.name, f"working in {self.scratch}, not in the task's own folder: {exc}")
-            return self.scratch
-
-    def inputs(self, doc: dict[str, Any]) -> list[dict[str, Any]]:
-        """The tasks this one depends on, for their results."""
-        found = []
-        for dep in doc.get("depends_on") or []:
-            with contextlib.suppress(BoardError):
-                found.append(self.board.get(dep))
-        return found
 
     def think(self, doc: dict[str, Any], toolbox: Toolbox, halt: threading.Event) -> None:
         """Work a task with the LLM loop and close it by its outcome."""
@@ -445,16 +162,14 @@ class Agent:
         ctx = self.context(doc, halt)
         # The same for every task of the agent (a prefix cache keeps it), but for a worktree's path.
         extra = "\n\n".join(part for part in (extra, describe(grants_of(ctx.settings))) if part)
-        loop = TaskLoop(task=doc, chain=chain, workdir=self.workdir, ctx=ctx, toolbox=toolbox,
-                        identity=str(self.config.get("identity") or ""), prompt_extra=extra,
-                        prices=self.llm.get("prices") or {},
-                        max_iterations=int(self.config.get("max_iterations") or 60),
-                        max_tokens=self.config.get("max_tokens"), max_cost=self.config.get("max_cost"),
-                        summarizer=self.chain("cheap") or chain, on_step=self._on_step, agent=self.name,
-                        inputs=self.inputs(doc), complete=complete,
-                        tool_use=self._tool_use, offer_tools=str(self.config.get("offer_tools") or "task"),
-                        journal=self.board.task_journal(task_id, token, self.name,
-                                                                                 self.workdir))
+        models = Models(chain, complete, summarizer=self.chain("cheap") or chain)
+        brief = Brief(str(self.config.get("identity") or ""), extra, self.inputs(doc),
+                      str(self.config.get("offer_tools") or "task"))
+        place = Workplace(self.workdir, self.name, self.board.task_journal(task_id, token, self.name, self.workdir),
+                          on_step=self._on_step, tool_use=self._tool_use)
+        limits = Limits(int(self.config.get("max_iterations") or 60), self.config.get("max_tokens"),
+                        self.config.get("max_cost"), self.llm.get("prices") or {})
+        loop = TaskLoop(doc, ctx, toolbox, models, place, brief=brief, limits=limits)
         try:
             outcome = loop.run()
         except InterruptedError:
@@ -494,58 +209,6 @@ class Agent:
                 say(self.name, f"failed {task_id}: {short(reason)}")
         except ClaimLost as exc:
             say(self.name, f"lost task {task_id}: {exc}", error=True)
-
-    def _wait_for_provider(self, task_id: str, token: int, reason: str, retry_at: float | None) -> None:
-        """Every provider refused its connection: the task goes back to todo with its attempt (a
-        server that is not there is not the task's fault), and LLM tasks wait, saying why, until the
-        first provider may be tried again."""
-        self._paused = (retry_at if retry_at is not None else time.time() + OFFLINE_RECHECK, reason)
-        with contextlib.suppress(ClaimLost):
-            self.board.release(task_id, token, f"released: {reason}")
-            say(self.name, f"released {task_id}: {short(reason)}; it goes back to todo")
-
-    def _budget_reached(self, task_id: str, token: int, gate: BudgetGate, reached: BudgetReached) -> None:
-        """A call would have crossed a cap. Its task's own ceiling blocks it for a person (no other
-        agent could do better); a team or agent cap gives it back to todo, its attempt not spent, and
-        LLM tasks wait, saying why, until the next UTC day, room freed, or `reload` raising the cap."""
-        refusal: Refusal = reached.refusal
-        with contextlib.suppress(Exception):  # the event is news; the task's way back to todo comes first
-            if gate.announce(refusal):
-                self.board.append_event(agent_event(now_iso(), self.name, "budget_reached", refusal.text(),
-                                                    until=label(refusal.until) if refusal.until is not None else None))
-        if refusal.scope.startswith("task "):
-            self._close(task_id, token, "blocked", {}, f"{refusal.text()} (raise it in hermes.yaml budgets.tasks or "
-                                                      "the task's meta.max_cost, then `hermes-sup task retry`)")
-            return
-        self._budget_wait = (self.gate(None) or gate, reached.worst)
-        with contextlib.suppress(ClaimLost):
-            self.board.release(task_id, token, f"released: {refusal.text()}")
-            say(self.name, f"released {task_id}: {short(refusal.text())}; it goes back to todo")
-
-    def _waiting_reason(self) -> tuple[str, float] | None:
-        """Why LLM tasks are left in todo now, and for how long at most, or None when they are not."""
-        if not self.has_llm():
-            return NO_PROVIDER, OFFLINE_RECHECK
-        if self._paused is not None:
-            until, reason = self._paused
-            left = until - time.time()
-            if left > 0:
-                return reason, min(left, OFFLINE_RECHECK)  # .env is looked at again meanwhile
-            self._paused = None
-        return self._budget_waiting()
-
-    def _budget_waiting(self) -> tuple[str, float] | None:
-        """Why tasks wait for a budget cap now (every runtime's: a CLI's runs are spend too), or None."""
-        if self._budget_wait is not None:
-            gate, worst = self._budget_wait
-            try:
-                refusal = gate.blocked(worst)
-            except Exception as exc:  # a ledger database gone: still waiting, and saying why
-                return f"{BUDGET_UNKNOWN} ({short(str(exc))})", OFFLINE_RECHECK
-            if refusal is not None:
-                return refusal.text(), OFFLINE_RECHECK
-            self._budget_wait = None
-        return None
 
     def _interrupted(self, task_id: str, token: int) -> None:
         """Work on a task stopped part-way: by our own stop (the task is given back, the attempt not
@@ -660,7 +323,7 @@ class Agent:
         self._close(task_id, token, outcome.kind, {"steps": outcome.results}, outcome.reason, outcome.question,
                     outcome.permanent)
 
-    def _hermes(self, doc: dict[str, Any], outcome: hermesrun.Outcome) -> clirun.Verdict:
+    def _hermes(self, doc: dict[str, Any], outcome: hermesrun.HermesRunResult) -> clirun.Verdict:
         """A Hermes run's comments onto the task and its usage into the LLM-call log; its verdict."""
         for text in outcome.comments:
             with contextlib.suppress(BoardError):
@@ -678,23 +341,6 @@ class Agent:
             return self.board.get(str(self.only_task))["status"] not in ("todo", "doing")
         except BoardError:
             return True
-
-    def _watch_signals(self) -> None:
-        # A signal handler must not take locks (Event.set does): it only writes the signal
-        # number to a pipe, and this thread turns it into a stop request.
-        read_end, write_end = os.pipe2(os.O_CLOEXEC)
-        os.set_blocking(write_end, False)
-        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: None)
-
-        def wait_for_signal() -> None:
-            while True:
-                data = os.read(read_end, 16)
-                if data:
-                    self.request_stop(signal.Signals(data[-1]).name)
-
-        threading.Thread(target=wait_for_signal, name="signals", daemon=True).start()
 
     def _commands(self) -> str:
         """How the terminal runs commands here, for the first line of the log (agents/sandbox.py)."""

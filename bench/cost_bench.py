@@ -41,14 +41,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from hermes_sup.agents.cascade import VERIFY, Cascade, CascadePolicy  # noqa: E402
-from hermes_sup.agents.loop import price, system_prompt  # noqa: E402
-from hermes_sup.agents.providers import (  # noqa: E402
-    Attempt,
-    OpenAIProvider,
-    ProviderConfig,
-    ProviderError,
-    complete_with_fallback,
-)
+from hermes_sup.agents.fallback import Attempt, complete_with_fallback  # noqa: E402
+from hermes_sup.agents.loop import price  # noqa: E402
+from hermes_sup.agents.prompts import system_prompt  # noqa: E402
+from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig, ProviderError  # noqa: E402
 from hermes_sup.agents.routing import ESCALATION, SHORT_TASK, task_tier  # noqa: E402
 
 from tests.llm_server import ScriptedLLM, openai_reply  # noqa: E402

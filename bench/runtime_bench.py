@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from hermes_sup.agents import builtins  # noqa: E402, F401 - registers the built-in tools
-from hermes_sup.agents.loop import TaskLoop  # noqa: E402
+from hermes_sup.agents.loop import Brief, Models, TaskLoop, Workplace  # noqa: E402
 from hermes_sup.agents.memory import Memories  # noqa: E402
 from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig  # noqa: E402
 from hermes_sup.agents.tools import Toolbox, ToolContext  # noqa: E402
@@ -89,8 +89,8 @@ def loop_overhead(turns: int, base: Path) -> tuple[list[float], float]:
         ctx = ToolContext(scratch=scratch, stop=threading.Event(), memory=Memories(base / "loop"))
         provider = OpenAIProvider(ProviderConfig(name="s", kind="openai", model="m", base_url=f"{llm.url}/v1"))
         provider._connect()  # the SDK import is start-up, not a turn
-        loop = TaskLoop(task={"id": "bench", "title": "ten turns"}, chain=[provider], workdir=base / "loop", ctx=ctx,
-                        toolbox=Toolbox())
+        loop = TaskLoop({"id": "bench", "title": "ten turns"}, ctx, Toolbox(), Models([provider]),
+                        Workplace(base / "loop"))
         original = llm.httpd.RequestHandlerClass.do_POST
         server_time: list[float] = []
 
@@ -135,8 +135,8 @@ def shared_across_agents(base: Path) -> tuple[int, int]:
             if memory:
                 ctx.memory.change("add", content=memory)
             provider = OpenAIProvider(ProviderConfig(name="s", kind="openai", model="m", base_url=f"{llm.url}/v1"))
-            TaskLoop(task={"id": f"t-{name}", "title": f"A task for {name}"}, chain=[provider], workdir=base / name,
-                     ctx=ctx, toolbox=Toolbox(), identity="You are a worker.", agent=name).run()
+            TaskLoop({"id": f"t-{name}", "title": f"A task for {name}"}, ctx, Toolbox(), Models([provider]),
+                     Workplace(base / name, name), brief=Brief("You are a worker.")).run()
         first, second = (rendered(request["body"]) for request in llm.requests)
     return len(os.path.commonprefix([first, second])) // 4, len(second) // 4  # noqa: RUF071 - bytes, as caches
 

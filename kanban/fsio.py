@@ -8,6 +8,7 @@ last component: anyone who can write into the board's folders could plant one.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -89,9 +90,7 @@ def write_temp(dest: Path, data: bytes, *, fsync: bool = True) -> Path:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         os.fchmod(fd, mode_for(dest.parent))  # not the umask's say: 000 would make it world-writable
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        write_all(fd, data)
         if fsync:
             os.fsync(fd)
     except BaseException:
@@ -113,6 +112,35 @@ def write_atomic(dest: Path, data: bytes, *, fsync: bool = True) -> None:
 
 def write_json_atomic(dest: Path, doc: Any, *, fsync: bool = True) -> None:
     write_atomic(dest, dumps(doc), fsync=fsync)
+
+
+def write_atomic_at(folder: int, name: str, data: bytes, *, fsync: bool = True) -> None:
+    """write_atomic for the file `name` in the folder open as descriptor `folder` (an agent's file
+    tools reach it without following a symlink on the way): a symlink at `name` is replaced, never
+    written through."""
+    # Its bytes, not characters, bounded: a temp name past NAME_MAX would fail a name that is not.
+    stem = name.encode("utf-8", "ignore")[:100].decode("utf-8", "ignore")
+    tmp = f".{stem}.{os.getpid()}.{os.urandom(3).hex()}{TMP_SUFFIX}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder)
+    try:
+        try:
+            os.fchmod(fd, _mode_of(os.fstat(folder).st_mode))
+            write_all(fd, scrub_bytes(data))  # no key this process knows reaches a file
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=folder)  # a full disk or a folder in the way leaves no temp file
+        raise
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def read_bytes_nofollow(path: Path, limit: int) -> bytes:
@@ -235,6 +263,10 @@ def mode_for(folder: Path) -> int:
     world-writable 0777 still 0644). The board's folders are 0755, so a team's humans can read it;
     an agent's state under runs/ (0700) stays private."""
     try:
-        return stat.S_IMODE(os.stat(folder).st_mode) & 0o644 | 0o600
+        return _mode_of(os.stat(folder).st_mode)
     except OSError:
         return 0o600
+
+
+def _mode_of(folder_mode: int) -> int:
+    return stat.S_IMODE(folder_mode) & 0o644 | 0o600

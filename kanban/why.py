@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# The agents' own words for "no provider at all" (agents/worker.py NO_PROVIDER; kanban never imports
-# agents, a test holds the two equal).
+# The agents' own words for "no provider at all": agents/worker.py says it with this one (kanban
+# never imports agents).
 NO_PROVIDER = "no LLM provider available"
 # Supervisor states of an agent that is (or is about to be) taking tasks.
 LIVE_STATES = frozenset({"running", "starting"})

@@ -26,14 +26,9 @@ from hermes_sup.agents.breaker import (
     released,
     saved_states,
 )
-from hermes_sup.agents.providers import (
-    BREAKERS_FILE,
-    OpenAIProvider,
-    ProviderConfig,
-    ProviderError,
-    ProviderHealth,
-    complete_with_fallback,
-)
+from hermes_sup.agents.fallback import complete_with_fallback
+from hermes_sup.agents.health import ProviderHealth
+from hermes_sup.agents.providers import BREAKERS_FILE, OpenAIProvider, ProviderConfig, ProviderError
 from hermes_sup.kanban import Board
 
 from .conftest import CLI, ROOT, wait_until

@@ -24,8 +24,9 @@ from hermes_sup.agents.budget import (
     task_cap,
     worst_cost,
 )
+from hermes_sup.agents.fallback import complete_with_fallback
 from hermes_sup.agents.ledger import BudgetGate, BudgetReached, FileLedger, fold, read_entries
-from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig, complete_with_fallback
+from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig
 from hermes_sup.agents.translate import Usage
 from hermes_sup.kanban import Board
 from hermes_sup.kanban.why import BUDGET_REACHED

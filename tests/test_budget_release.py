@@ -14,9 +14,10 @@ from typing import Any
 import psycopg
 import pytest
 from hermes_sup.agents.budget import Caps, decide
+from hermes_sup.agents.fallback import complete_with_fallback
 from hermes_sup.agents.ledger import BudgetGate, FileLedger, Hold, Ledger
 from hermes_sup.agents.ledger_pg import PgLedger
-from hermes_sup.agents.providers import ProviderConfig, ProviderError, complete_with_fallback
+from hermes_sup.agents.providers import ProviderConfig, ProviderError
 from hermes_sup.agents.translate import Completion, Message
 
 from .pgserver import PgServer

@@ -19,9 +19,9 @@ from hermes_sup.agents.cascade import (
     with_confidence_ask,
     without_confidence,
 )
-from hermes_sup.agents.loop import llm_record
 from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig
 from hermes_sup.agents.routespec import routing_error
+from hermes_sup.agents.spend import llm_record
 from hermes_sup.kanban import Board
 from hermes_sup.supervisor.config.workspace import ConfigError, load_config
 

@@ -20,6 +20,7 @@ from hermes_sup.kanban.task import normalize
 
 from .conftest import gone, wait_until
 from .llm_server import ScriptedLLM, openai_reply
+from .loops import task_loop
 from .test_work_faults import hermes, make_ws, supervisor
 
 NOW = "2026-01-01T00:00:00Z"
@@ -68,8 +69,8 @@ def make_loop(llm, tmp_path, task: dict, name: str = "alice", **kwargs) -> TaskL
     scratch.mkdir(parents=True, exist_ok=True)
     ctx = ToolContext(scratch=scratch, stop=threading.Event(), memory=MemoryFile(tmp_path / name / "MEMORY.md"))
     provider = OpenAIProvider(ProviderConfig(name="scripted", kind="openai", model="m", base_url=f"{llm.url}/v1"))
-    return TaskLoop(task=task, chain=[provider], workdir=tmp_path / name, ctx=ctx,
-                    toolbox=Toolbox(grants=("fs.read", "fs.write", "memory", "kanban")), agent=name, **kwargs)
+    return task_loop(task=task, chain=[provider], workdir=tmp_path / name, ctx=ctx,
+                     toolbox=Toolbox(grants=("fs.read", "fs.write", "memory", "kanban")), agent=name, **kwargs)
 
 
 def test_the_attempt_after_one_that_ran_out_of_turns_starts_a_new_conversation_with_a_note(llm, tmp_path):

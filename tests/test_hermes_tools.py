@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from hermes_sup.agents import builtins  # noqa: F401 - registers the tools
 from hermes_sup.agents.delegation import MAX_BATCH, batch, delegate_task, start_early
-from hermes_sup.agents.loop import TaskLoop
 from hermes_sup.agents.memory import Memories
 from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig
 from hermes_sup.agents.steps import StepRun
@@ -35,6 +34,7 @@ from hermes_sup.kanban import Board
 
 from .conftest import CLI, ROOT, marked_sleep, running, wait_until
 from .llm_server import ScriptedLLM, openai_reply
+from .loops import task_loop
 
 SCHEMAS: dict[str, Any] = json.loads((Path(__file__).parent / "fixtures/hermes/tool_schemas.json").read_text())
 # Hermes' orchestrator tools that move other agents' tasks: left out on purpose (agents/kanban_tools.py).
@@ -324,8 +324,8 @@ def test_kanban_complete_ends_a_models_task_done_and_kanban_block_blocks_it(llm,
 
     def run(name: str, doc: dict = task) -> Any:
         ctx = ctx_for(tmp_path / name, doc, board=board)
-        return TaskLoop(task=doc, chain=[provider], workdir=tmp_path / name, ctx=ctx, agent=name,
-                        toolbox=Toolbox(grants=ALL, toolsets=("board", "kanban"))).run()
+        return task_loop(task=doc, chain=[provider], workdir=tmp_path / name, ctx=ctx, agent=name,
+                         toolbox=Toolbox(grants=ALL, toolsets=("board", "kanban"))).run()
 
     llm.script("openai", openai_reply(tool_calls=[("kanban_complete", {"summary": "Reported.", "task_id": "t-1"})]))
     outcome = run("a")

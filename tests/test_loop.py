@@ -11,12 +11,14 @@ import threading
 import pytest
 from hermes_sup.agents import builtins  # noqa: F401 - registers the built-in tools
 from hermes_sup.agents.conversation import REASK, UNREADABLE, reasks
-from hermes_sup.agents.loop import TaskLoop, task_prompt
+from hermes_sup.agents.loop import TaskLoop
 from hermes_sup.agents.memory import MemoryFile
+from hermes_sup.agents.prompts import task_prompt
 from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig
 from hermes_sup.agents.tools import REGISTRY, Tool, Toolbox, ToolContext, register
 
 from .llm_server import ScriptedLLM, error_reply, openai_reply
+from .loops import task_loop
 
 CAPS = ("fs.read", "fs.write", "memory", "kanban", "test")
 TASK = {"id": "t-1", "title": "Count and report", "body": "Use the tools."}
@@ -51,9 +53,9 @@ def make_loop(llm, tmp_path, name: str = "agent", task: dict | None = None, **kw
     scratch.mkdir(parents=True, exist_ok=True)
     ctx = ToolContext(scratch=scratch, stop=threading.Event(), memory=MemoryFile(tmp_path / name / "MEMORY.md"))
     provider = OpenAIProvider(ProviderConfig(name="scripted", kind="openai", model="m", base_url=f"{llm.url}/v1"))
-    return TaskLoop(task=task or TASK, chain=[provider], workdir=tmp_path / name, ctx=ctx,
-                    toolbox=Toolbox(grants=CAPS),
-                    agent=name, **kwargs)
+    return task_loop(task=task or TASK, chain=[provider], workdir=tmp_path / name, ctx=ctx,
+                     toolbox=Toolbox(grants=CAPS),
+                     agent=name, **kwargs)
 
 
 def tool_log(tmp_path, name: str = "agent") -> list[dict]:
@@ -257,7 +259,7 @@ def test_the_iteration_limit_fails_the_task(llm, tmp_path):
 
 
 def test_the_fixed_prompt_overhead_stays_small():
-    from hermes_sup.agents.loop import system_prompt
+    from hermes_sup.agents.prompts import system_prompt
 
     text = system_prompt("", "") + json.dumps(Toolbox().schemas())
     # 3 characters per token is a pessimistic estimate for English and JSON; the target is 3,000.
@@ -265,7 +267,7 @@ def test_the_fixed_prompt_overhead_stays_small():
 
 
 def test_the_cut_never_separates_a_tool_result_from_its_call():
-    from hermes_sup.agents.loop import middle_to_summarize
+    from hermes_sup.agents.compress import middle_to_summarize
 
     convo = [{"role": "system"}, {"role": "user"},
              {"role": "assistant"}, {"role": "tool"}, {"role": "assistant"}, {"role": "tool"}, {"role": "tool"},
@@ -359,8 +361,8 @@ def test_memory_written_under_one_provider_is_in_the_prompt_under_another(llm, t
     ctx = ToolContext(scratch=scratch, stop=threading.Event(), memory=MemoryFile(tmp_path / "agent" / "MEMORY.md"))
     cloud = AnthropicProvider(ProviderConfig(name="cloud", kind="anthropic", model="c", base_url=llm.url,
                                              api_key="k"))
-    later = TaskLoop(task={"id": "t-2", "title": "Where is the deploy key?"}, chain=[cloud],
-                     workdir=tmp_path / "agent", ctx=ctx, toolbox=Toolbox(grants=CAPS))
+    later = task_loop(task={"id": "t-2", "title": "Where is the deploy key?"}, chain=[cloud],
+                      workdir=tmp_path / "agent", ctx=ctx, toolbox=Toolbox(grants=CAPS))
     assert later.run().text == "vault/ops"
     sent = llm.requests[-1]["body"]
     assert "The deploy key lives in vault/ops." in str(sent["messages"][0]["content"]), "memory comes with the task"
@@ -490,7 +492,7 @@ def test_a_tools_own_model_calls_are_logged_and_count_against_the_tasks_ceiling(
     """A tool that asks a model (the summarize skill) spent for the task with no record of it: not
     in the LLM-call log (`usage` never saw it), not against max_tokens or max_cost, so a model (or
     a task's steps) could spend without bound through it."""
-    from hermes_sup.agents.providers import complete_with_fallback
+    from hermes_sup.agents.fallback import complete_with_fallback
 
     provider = OpenAIProvider(ProviderConfig(name="scripted", kind="openai", model="m", base_url=f"{llm.url}/v1"))
 
@@ -506,8 +508,8 @@ def test_a_tools_own_model_calls_are_logged_and_count_against_the_tasks_ceiling(
         scratch = tmp_path / "agent" / "scratch"
         scratch.mkdir(parents=True)
         ctx = ToolContext(scratch=scratch, stop=threading.Event(), llm=ask)
-        outcome = TaskLoop(task=TASK, chain=[provider], workdir=tmp_path / "agent", ctx=ctx,
-                           toolbox=Toolbox(grants=CAPS), agent="agent", max_tokens=1000).run()
+        outcome = task_loop(task=TASK, chain=[provider], workdir=tmp_path / "agent", ctx=ctx,
+                            toolbox=Toolbox(grants=CAPS), agent="agent", max_tokens=1000).run()
     finally:
         REGISTRY.pop("ask_cheap")
     assert (outcome.kind, outcome.text) == (

@@ -12,14 +12,16 @@ import subprocess
 import threading
 
 from hermes_sup.agents import builtins  # noqa: F401 - registers the built-in tools
-from hermes_sup.agents.loop import IGNORED_AFTER, TaskLoop, ToolUse, ignores_tools
+from hermes_sup.agents.loop import TaskLoop
 from hermes_sup.agents.memory import MemoryFile
 from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig
 from hermes_sup.agents.tools import Toolbox, ToolContext
+from hermes_sup.agents.tooluse import IGNORED_AFTER, ToolUse, ignores_tools
 from hermes_sup.kanban.board import Board
 
 from .conftest import CLI, gone, wait_until
 from .llm_server import ScriptedLLM, openai_reply
+from .loops import task_loop
 from .test_supervisor import ROOT, agent
 
 CAPS = ("fs.read", "fs.write", "memory", "kanban")
@@ -33,8 +35,8 @@ def make_loop(llm: ScriptedLLM, tmp_path, *, stream: bool = True, base: str = "/
     ctx = ToolContext(scratch=scratch, stop=threading.Event(), memory=MemoryFile(tmp_path / "agent" / "MEMORY.md"))
     chain = kwargs.pop("chain", None) or [OpenAIProvider(ProviderConfig(
         name="local", kind="openai", model="m", base_url=f"{llm.url}{base}", timeout=5, stream=stream))]
-    return TaskLoop(task=TASK, chain=chain, workdir=tmp_path / "agent", ctx=ctx, toolbox=Toolbox(grants=CAPS),
-                    agent="agent", **kwargs)
+    return task_loop(task=TASK, chain=chain, workdir=tmp_path / "agent", ctx=ctx, toolbox=Toolbox(grants=CAPS),
+                     agent="agent", **kwargs)
 
 
 def calls_log(tmp_path, *, starts: bool = False) -> list[dict]:

@@ -19,6 +19,7 @@ from hermes_sup.supervisor.config.workspace import ConfigError, load_config
 from hermes_sup.supervisor.spec import build_specs
 
 from .llm_server import ScriptedLLM, openai_reply
+from .loops import task_loop
 
 DEFAULT_OFFER = {name: tool.cues for name, tool in Toolbox().callable().items()}
 
@@ -84,8 +85,8 @@ def run_loop(llm, tmp_path, title: str, **kwargs) -> TaskLoop:
     scratch.mkdir(parents=True, exist_ok=True)
     ctx = ToolContext(scratch=scratch, stop=threading.Event(), memory=MemoryFile(tmp_path / "agent" / "MEMORY.md"))
     provider = OpenAIProvider(ProviderConfig(name="scripted", kind="openai", model="m", base_url=f"{llm.url}/v1"))
-    loop = TaskLoop(task={"id": "t-1", "title": title}, chain=[provider], workdir=tmp_path / "agent", ctx=ctx,
-                    toolbox=Toolbox(), agent="agent", **kwargs)
+    loop = task_loop(task={"id": "t-1", "title": title}, chain=[provider], workdir=tmp_path / "agent", ctx=ctx,
+                     toolbox=Toolbox(), agent="agent", **kwargs)
     loop.outcome = loop.run()
     return loop
 

@@ -29,6 +29,7 @@ from hermes_sup.supervisor.views import taskrecords, timeline
 
 from . import pgserver
 from .llm_server import ScriptedLLM, error_reply, openai_reply
+from .loops import task_loop
 from .pgserver import PgServer
 
 Factory = Callable[..., PgStore]
@@ -197,9 +198,9 @@ def make_loop(llm: ScriptedLLM, store: PgStore, task: dict[str, Any], agent: str
     scratch.mkdir(parents=True, exist_ok=True)
     ctx = ToolContext(scratch=scratch, stop=threading.Event(), memory=MemoryFile(workdir / "MEMORY.md"))
     provider = OpenAIProvider(ProviderConfig(name="scripted", kind="openai", model="m", base_url=f"{llm.url}/v1"))
-    return TaskLoop(task=task, chain=[provider], workdir=workdir, ctx=ctx, agent=agent,
-                    toolbox=Toolbox(grants=("fs.read", "fs.write", "memory", "kanban")),
-                    journal=store.task_journal(task["id"], task["claim"]["token"], agent, workdir), **kwargs)
+    return task_loop(task=task, chain=[provider], workdir=workdir, ctx=ctx, agent=agent,
+                     toolbox=Toolbox(grants=("fs.read", "fs.write", "memory", "kanban")),
+                     journal=store.task_journal(task["id"], task["claim"]["token"], agent, workdir), **kwargs)
 
 
 def test_a_conversation_resumes_on_another_host_without_running_its_tool_call_again(

@@ -10,15 +10,13 @@ import subprocess
 import sys
 
 import pytest
+from hermes_sup.agents.fallback import RetryPolicy, complete_with_fallback, next_step
 from hermes_sup.agents.providers import (
     AnthropicProvider,
     OpenAIProvider,
     ProviderConfig,
     ProviderError,
-    RetryPolicy,
     classify,
-    complete_with_fallback,
-    next_step,
     stream_error,
 )
 

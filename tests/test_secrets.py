@@ -12,9 +12,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hermes_sup.agents.fallback import complete_with_fallback
 from hermes_sup.agents.keys import KeyFile
 from hermes_sup.agents.notify import ORPHANED
-from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig, ProviderError, complete_with_fallback
+from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig, ProviderError
 from hermes_sup.kanban import Board, redact
 from hermes_sup.kanban.fsio import AppendLog, write_atomic, write_json_atomic
 from hermes_sup.kanban.journal import Journal

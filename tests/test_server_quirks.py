@@ -8,15 +8,9 @@ from __future__ import annotations
 import os
 
 import pytest
-from hermes_sup.agents.providers import (
-    AnthropicProvider,
-    OpenAIProvider,
-    ProviderConfig,
-    ProviderError,
-    ProviderHealth,
-    RetryPolicy,
-    complete_with_fallback,
-)
+from hermes_sup.agents.fallback import RetryPolicy, complete_with_fallback
+from hermes_sup.agents.health import ProviderHealth
+from hermes_sup.agents.providers import AnthropicProvider, OpenAIProvider, ProviderConfig, ProviderError
 
 from .llm_server import ScriptedLLM, anthropic_reply, openai_reply
 from .test_providers import MESSAGES, TOOLS, anthropic_at, openai_at

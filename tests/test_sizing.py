@@ -145,10 +145,10 @@ def test_a_server_silent_about_its_context_is_asked_again_later_not_every_call()
 def test_compression_keeps_the_conversation_within_the_context_the_server_reports(tmp_path):
     # hermes.yaml names a local llama.cpp without context_window: a 128k default would let the
     # conversation grow until the 4k server refuses it; its own n_ctx is the window instead.
-    from hermes_sup.agents.loop import TaskLoop
     from hermes_sup.agents.memory import MemoryFile
     from hermes_sup.agents.tools import Toolbox, ToolContext
 
+    from .loops import task_loop
     from .test_loop import CAPS, TASK
 
     with ScriptedLLM(context=4096) as llm:
@@ -158,8 +158,8 @@ def test_compression_keeps_the_conversation_within_the_context_the_server_report
         scratch.mkdir(parents=True)
         (scratch / "big.txt").write_text("x" * 12_000)  # ~4,000 tokens: more than 80% of 4,096
         ctx = ToolContext(scratch=scratch, stop=threading.Event(), memory=MemoryFile(tmp_path / "MEMORY.md"))
-        loop = TaskLoop(task=TASK, chain=[provider], workdir=tmp_path / "agent", ctx=ctx,
-                        toolbox=Toolbox(grants=CAPS), agent="agent", keep_recent=2)
+        loop = task_loop(task=TASK, chain=[provider], workdir=tmp_path / "agent", ctx=ctx,
+                         toolbox=Toolbox(grants=CAPS), agent="agent", keep_recent=2)
         llm.script("openai", openai_reply(tool_calls=[("read_file", {"path": "big.txt"})]),
                    openai_reply(tool_calls=[("wait", {"seconds": 0})]),
                    openai_reply("Read a big file full of x."),  # the summarizer's answer

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from hermes_sup.agents import offer
-from hermes_sup.agents.providers import CHARS_PER_TOKEN
+from hermes_sup.agents.fallback import CHARS_PER_TOKEN
 from hermes_sup.agents.worker import Agent
 
 # Measured (characters / 4): 1,085 tokens before the descriptions were shortened, 1,041 after (9 tools);

@@ -14,15 +14,9 @@ from pathlib import Path
 
 import pytest
 from hermes_sup.agents import builtins  # noqa: F401 - registers the built-in tools
-from hermes_sup.agents.providers import (
-    CooldownPolicy,
-    OpenAIProvider,
-    ProviderConfig,
-    ProviderError,
-    ProviderHealth,
-    complete_with_fallback,
-    cooldown_delay,
-)
+from hermes_sup.agents.fallback import complete_with_fallback
+from hermes_sup.agents.health import CooldownPolicy, ProviderHealth
+from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig, ProviderError, cooldown_delay
 from hermes_sup.agents.terminal import died_of
 from hermes_sup.agents.tools import Toolbox, ToolContext, run_step
 from hermes_sup.kanban import Board
@@ -427,7 +421,7 @@ def test_whether_a_claim_is_still_held():
 
 
 def test_the_answer_a_question_gets_is_the_latest_one_given_after_it_was_asked():
-    from hermes_sup.agents.loop import answer_since
+    from hermes_sup.agents.durable import answer_since
 
     task = {"comments": [{"at": "2026-01-01T00:00:01.000000Z", "by": "ana", "text": "old", "answers": "Q?"},
                          {"at": "2026-01-01T00:00:05.000000Z", "by": "bo", "text": "a comment"},

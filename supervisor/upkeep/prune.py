@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ...agents import worktrees
+from ...agents.resume import set_aside_attempt
 from ...agents.taskdir import folder_bytes, task_root
 from ...kanban import BoardStore
 from ...kanban.task import is_valid_id
@@ -81,9 +82,8 @@ def task_paths(runs: Path, task_id: str) -> list[Path]:
             continue
         for name, plain in names:
             rest = name.removeprefix(f"{task_id}.jsonl")
-            attempt = name.removeprefix(f"{task_id}.attempt-").removesuffix(".jsonl")  # an earlier attempt's
             if plain and ((rest != name and (rest in ("", ".damaged") or (rest[:1] == "." and rest[1:].isdigit())))
-                          or (attempt != name and attempt.isdigit() and name.endswith(".jsonl"))):
+                          or set_aside_attempt(name, task_id) is not None):  # an earlier attempt's
                 found.append(folder / "transcripts" / name)
     root = task_root(runs, task_id)
     if root.exists() or root.is_symlink():

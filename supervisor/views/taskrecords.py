@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...agents.resume import set_aside_attempt
 from ...kanban import BoardError, BoardStore
 
 LLM_LOG = "llm_calls.jsonl"
@@ -190,7 +191,7 @@ def board_rows(board: BoardStore) -> JournalRows:
 def shown_transcript(name: str, task_id: str) -> bool:
     """Whether a transcript's name is the task's current one or an earlier attempt's: those are
     shown, a copy kept when one was replaced (compressed, taken over) is not (pure)."""
-    return name == f"{task_id}.jsonl" or (name.startswith(f"{task_id}.attempt-")
+    return name == f"{task_id}.jsonl" or (set_aside_attempt(name, task_id) is not None
                                           and attempt_of(name) < ATTEMPT_LAST)
 
 
@@ -338,6 +339,5 @@ ATTEMPT_LAST = 1 << 62  # the order of a task's current transcript, after every 
 
 def attempt_of(name: str) -> int:
     """The attempt a set-aside transcript (`<task>.attempt-N.jsonl`) holds; ATTEMPT_LAST for the current one."""
-    _, found, rest = name.partition(".attempt-")
-    number = rest.removesuffix(".jsonl")
-    return int(number) if found and number.isdigit() and len(number) < 18 else ATTEMPT_LAST
+    number = set_aside_attempt(name)
+    return number if number is not None and number < 10 ** 17 else ATTEMPT_LAST
