@@ -2,8 +2,7 @@
 
 import sys
 
-from hermes_sup.kanban.redact import ScrubbingStream
-
+from ..kanban.redact import ScrubbingStream
 from .worker import main
 
 if __name__ == "__main__":

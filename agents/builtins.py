@@ -83,7 +83,7 @@ def _same_key(board: Any, key: str) -> dict[str, Any] | None:
 
 
 def kanban_create(ctx: ToolContext, args: dict[str, Any]) -> str:
-    from hermes_sup.kanban import BoardError, TaskError, TaskNotFound
+    from ..kanban import BoardError, TaskError, TaskNotFound
 
     fields = hermes_fields(args)
     fields["meta"] = created_by(ctx)
@@ -110,7 +110,7 @@ def kanban_create(ctx: ToolContext, args: dict[str, Any]) -> str:
 
 
 def kanban_comment(ctx: ToolContext, args: dict[str, Any]) -> str:
-    from hermes_sup.kanban import BoardError, TaskError
+    from ..kanban import BoardError, TaskError
 
     try:
         text = args.get("body", args.get("text"))  # body: Hermes' name; text: this board's

@@ -9,8 +9,7 @@ import json
 import re
 from typing import Any
 
-from hermes_sup.kanban.journal import holder_name
-
+from ..kanban.journal import holder_name
 from .translate import Message, text_tool_calls
 
 # An answer that reached max_tokens is cut mid-way: the model is asked for the rest this many times.

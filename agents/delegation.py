@@ -28,9 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban.liveness import start_time
-from hermes_sup.kanban.task import TERMINAL
-
+from ..kanban.liveness import start_time
+from ..kanban.task import TERMINAL
 from .launchenv import AGENT_ENV, WORKSPACE_ENV
 from .notify import NOTIFY_ENV
 from .offer import DELEGATING
@@ -172,7 +171,7 @@ class Delegator:
         return child_config(self.config, "-", "-", self.limits, args.get("toolsets"), ctx.grants)["capabilities"]
 
     def ensure_task(self, ctx: ToolContext, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
-        from hermes_sup.kanban import TaskNotFound
+        from ..kanban import TaskNotFound
 
         if int(self.config.get("depth", 0)) + 1 > self.limits.max_depth:
             raise ToolError(f"refused: delegation depth limit reached ({self.limits.max_depth})")
@@ -298,7 +297,7 @@ class Delegator:
     def cancel_subtasks(self, parent_task: str, why: str) -> list[str]:
         """Cancel the open subtasks of a cancelled task (after its children were stopped): each is
         assigned to a child that will never run again, and would wait in todo forever."""
-        from hermes_sup.kanban import BoardError
+        from ..kanban import BoardError
 
         cancelled = []
         for task_id in open_subtasks(self.board.list().tasks, parent_task):

@@ -19,8 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban.fsio import read_fd, write_atomic_at
-
+from ..kanban.fsio import read_fd, write_atomic_at
 from . import v4a
 from .grants import GrantRefused, Place, grants_of, place
 from .offer import FILE_WORK

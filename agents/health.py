@@ -10,18 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..kanban.fsio import write_json_atomic
-from .breaker import (
-    Breaker,
-    BreakerPolicy,
-    admit,
-    answered,
-    as_dict,
-    blocked,
-    failed,
-    label,
-    outage_event,
-    released,
-)
+from .breaker import Breaker, BreakerPolicy, admit, answered, as_dict, blocked, failed, label, outage_event, released
 
 # The cooldown's policy was the breaker's before the breaker had a state machine of its own.
 CooldownPolicy = BreakerPolicy

@@ -15,8 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hermes_sup.kanban.redact import scrub
-
+from ..kanban.redact import scrub
 from .tools import Finished, NeedsPerson, Tool, ToolContext, ToolError, register
 
 # Hermes' statuses and this board's: a Hermes prompt filtering on `running` means `doing` here.
@@ -64,7 +63,7 @@ def task_view(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def kanban_show(ctx: ToolContext, args: dict[str, Any]) -> str:
-    from hermes_sup.kanban import BoardError, TaskNotFound
+    from ..kanban import BoardError, TaskNotFound
 
     task_id = args.get("task_id") or (ctx.task or {}).get("id")
     if not task_id:
@@ -77,7 +76,7 @@ def kanban_show(ctx: ToolContext, args: dict[str, Any]) -> str:
 
 
 def kanban_list(ctx: ToolContext, args: dict[str, Any]) -> str:
-    from hermes_sup.kanban import BoardError
+    from ..kanban import BoardError
 
     status = STATUS_FROM_HERMES[args["status"]] if args.get("status") else None
     try:
@@ -97,7 +96,7 @@ def kanban_list(ctx: ToolContext, args: dict[str, Any]) -> str:
 
 def kanban_complete(ctx: ToolContext, args: dict[str, Any]) -> str:
     """Ends the task in hand as done, with the summary as its result."""
-    from hermes_sup.kanban import BoardError, TaskNotFound
+    from ..kanban import BoardError, TaskNotFound
 
     mine = own_task(ctx, args, "kanban_complete")
     phantom = []
@@ -135,7 +134,7 @@ def kanban_heartbeat(ctx: ToolContext, args: dict[str, Any]) -> str:
     own_task(ctx, args, "kanban_heartbeat")
     # The agent's process sends its heartbeats itself while a tool runs; a note is kept as a comment.
     if args.get("note"):
-        from hermes_sup.kanban import BoardError, TaskError
+        from ..kanban import BoardError, TaskError
 
         try:
             board_of(ctx).comment(ctx.task["id"], f"progress: {args['note']}", by=ctx.agent or "agent")  # type: ignore[index]

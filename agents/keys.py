@@ -15,8 +15,7 @@ from collections.abc import Iterable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban.redact import remember
-
+from ..kanban.redact import remember
 from .routing import KEYED, provider_configs
 
 ENV_FILE = ".env"

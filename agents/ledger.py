@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from filelock import FileLock
-from hermes_sup.kanban.backends import DEFAULT_BACKEND, check_board_config
-from hermes_sup.kanban.errors import BoardError
-from hermes_sup.kanban.liveness import HOST, holder_alive, start_time
-from hermes_sup.kanban.pg import dsn_not_set
 
+from ..kanban.backends import DEFAULT_BACKEND, check_board_config
+from ..kanban.errors import BoardError
+from ..kanban.liveness import HOST, holder_alive, start_time
+from ..kanban.pg import dsn_not_set
 from .budget import Caps, Entry, Refusal, decide, is_amount, price, utc_day, worst_cost
 
 if TYPE_CHECKING:
@@ -219,7 +219,7 @@ def _open_postgres(workspace: Path, section: Mapping[str, Any], host: str | None
     except ImportError:
         raise LedgerError("the budget ledger on a PostgreSQL board needs psycopg 3: "
                           "pip install 'hermes-sup[postgres]'") from None
-    from hermes_sup.kanban.pg import check_dsn
+    from ..kanban.pg import check_dsn
     try:
         check_dsn(dsn, dsn_env)
     except BoardError as exc:

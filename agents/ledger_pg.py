@@ -28,11 +28,11 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import psycopg
-from hermes_sup.kanban.liveness import HOST, holder_alive, start_time
-from hermes_sup.kanban.pg import boot_id
-from hermes_sup.kanban.pg.schema import check_schema_name
-from hermes_sup.kanban.pg.store import redact_dsn
 
+from ..kanban.liveness import HOST, holder_alive, start_time
+from ..kanban.pg import boot_id
+from ..kanban.pg.schema import check_schema_name
+from ..kanban.pg.store import redact_dsn
 from .budget import Entry, Refusal, utc_day
 from .ledger import Check, Hold, LedgerError
 

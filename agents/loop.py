@@ -27,10 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban.faults import fault
-from hermes_sup.kanban.journal import FileTaskJournal, TaskJournal
-from hermes_sup.kanban.parse import load_json
-
+from ..kanban.faults import fault
+from ..kanban.journal import FileTaskJournal, TaskJournal
+from ..kanban.parse import load_json
 from .budget import price as price  # re-exported: callers knew it from here
 from .compress import (
     COMPRESS_AT,

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban.fsio import write_atomic
+from ..kanban.fsio import write_atomic
 
 SEPARATOR = "§"
 DELIMITER = f"\n{SEPARATOR}\n"

@@ -30,8 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hermes_sup.kanban.redact import known, redact, remember
-
+from ..kanban.redact import known, redact, remember
 from .breaker import cooldown_delay as cooldown_delay  # re-exported: callers knew it from here
 from .health import BREAKERS_FILE as BREAKERS_FILE  # re-exported: `doctor` and the dashboard read it from here
 from .sizing import CONTEXT_RECHECK, context_from_error, probe_context, prompt_tokens, size_max_tokens

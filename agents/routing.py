@@ -26,8 +26,7 @@ import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from hermes_sup.kanban.parse import load_json
-
+from ..kanban.parse import load_json
 from .providers import ProviderConfig
 
 KEYED = (

@@ -12,7 +12,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hermes_sup.kanban.parse import load_json
+from ..kanban.parse import load_json
 
 DEFAULT_MAX_TOKENS = 4096      # what a cloud API is asked for when nothing is known
 # A local server that tells no context: its model may have 4k in all, which 4,096 answer tokens fill

@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from hermes_sup.kanban.fsio import write_atomic, write_json_atomic
-from hermes_sup.kanban.journal import Journal
-from hermes_sup.kanban.parse import load_yaml
-from hermes_sup.kanban.task import now_iso
 
+from ..kanban.fsio import write_atomic, write_json_atomic
+from ..kanban.journal import Journal
+from ..kanban.parse import load_yaml
+from ..kanban.task import now_iso
 from . import skillproc
 from .files import read_nofollow
 from .skillcheck import verdict_problem

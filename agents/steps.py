@@ -26,9 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban.faults import fault
-from hermes_sup.kanban.journal import FileTaskJournal, TaskJournal
-
+from ..kanban.faults import fault
+from ..kanban.journal import FileTaskJournal, TaskJournal
 from .conversation import holders
 from .durable import ASKS, answer_since, call_done, call_started
 from .logline import call_line, say

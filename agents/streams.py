@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from hermes_sup.kanban.parse import load_json
+from ..kanban.parse import load_json
 
 
 def assemble_openai(chunks: Iterable[dict[str, Any]]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban.task import is_valid_id
+from ..kanban.task import is_valid_id
 
 TASKS_DIR = "tasks"     # under runs/; an agent may not be named so (see supervisor/config/checks.py)
 WORK_DIR = "work"

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban.redact import scrub
+from ..kanban.redact import scrub
 
 CAPABILITIES = ("fs.read", "fs.write", "shell", "network", "memory", "delegate", "skills", "kanban")
 DEFAULT_CAPABILITIES = ("fs.read", "fs.write", "memory", "kanban")

@@ -17,8 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from hermes_sup.kanban.parse import load_json
-
+from ..kanban.parse import load_json
 from .textcalls import text_tool_calls as text_tool_calls  # re-exported: callers knew it from here
 
 Message = dict[str, Any]

@@ -20,10 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hermes_sup.kanban import BoardError, ClaimLost, TaskNotFound
-from hermes_sup.kanban.backends import open_board
-from hermes_sup.kanban.journal import Journal
-
+from ..kanban import BoardError, ClaimLost, TaskNotFound
+from ..kanban.backends import open_board
+from ..kanban.journal import Journal
 from . import (
     builtins,  # noqa: F401 - registers the built-in tools
     clirun,

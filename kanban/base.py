@@ -14,21 +14,10 @@ from typing import Any, TypeVar
 from . import fsinfo, reads
 from .errors import BoardError, BoardLocked, Damaged, TaskNotFound
 from .events import event
-from .fsio import (
-    AppendLog,
-    read_bytes_nofollow,
-    safe_name,
-)
+from .fsio import AppendLog, read_bytes_nofollow, safe_name
 from .index import BoardIndex
 from .lock import BoardLock, LockTimeout
-from .task import (
-    MAX_BYTES,
-    STATUSES,
-    TaskError,
-    check_document,
-    is_valid_id,
-    now_iso,
-)
+from .task import MAX_BYTES, STATUSES, TaskError, check_document, is_valid_id, now_iso
 from .watch import BoardWatcher, ChangeSignal
 
 TaskDoc = dict[str, Any]

@@ -33,32 +33,15 @@ from .base import (  # noqa: F401 (the board's settings, named here as before th
 )
 from .claims import Claims
 from .errors import BoardError, Damaged, TaskNotFound
-from .events import (
-    CursorRead,
-    append_record,
-    check_cursor,
-    event,
-    log_marker,
-    read_since,
-)
-from .fsio import (
-    write_json_atomic,
-)
+from .events import CursorRead, append_record, check_cursor, event, log_marker, read_since
+from .fsio import write_json_atomic
 from .ingest import Ingester, IngestReport
 from .journal import FileTaskJournal
 from .liveness import stale_reason
 from .lock import BoardLock
 from .notes import Notes
 from .reads import Listing
-from .task import (
-    STATUSES,
-    TaskError,
-    find_cycle,
-    is_valid_id,
-    normalize,
-    now_iso,
-    slugify,
-)
+from .task import STATUSES, TaskError, find_cycle, is_valid_id, normalize, now_iso, slugify
 from .txn import Transactions
 from .waitloop import recover_due
 from .waitloop import wait_for_work as wait_loop

@@ -14,14 +14,9 @@ from .base import Folder, TaskDoc, _read_or_none
 from .errors import BoardError, ClaimLost, Damaged
 from .events import EventTail
 from .faults import fault
-from .fsio import (
-    write_json_atomic,
-)
+from .fsio import write_json_atomic
 from .liveness import HOST, start_time
-from .task import (
-    STATUSES,
-    now_iso,
-)
+from .task import STATUSES, now_iso
 from .txn import Transactions, _owner_text, _unlink_marker
 
 # A claim that finds nothing rescans the folders if the index is older than this.

@@ -9,16 +9,8 @@ from . import base, rules
 from .base import COMMENT_RESERVE, Folder, TaskDoc
 from .claims import Claims
 from .errors import Damaged, InvalidTransition
-from .fsio import (
-    dumps,
-    write_atomic,
-    write_json_atomic,
-)
-from .task import (
-    MAX_BYTES,
-    TaskError,
-    now_iso,
-)
+from .fsio import dumps, write_atomic, write_json_atomic
+from .task import MAX_BYTES, TaskError, now_iso
 from .txn import Transactions
 
 

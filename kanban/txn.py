@@ -41,12 +41,7 @@ from pathlib import Path
 import psutil
 
 from . import doccache, rules
-from .base import (
-    ERROR_SUFFIX,
-    Folder,
-    TaskDoc,
-    _bounded,
-)
+from .base import ERROR_SUFFIX, Folder, TaskDoc, _bounded
 from .errors import BoardError, Damaged
 from .events import event
 from .faults import fault
@@ -61,11 +56,7 @@ from .fsio import (
     write_temp,
 )
 from .liveness import HOST, holder_alive, start_time
-from .task import (
-    STATUSES,
-    is_valid_id,
-    now_iso,
-)
+from .task import STATUSES, is_valid_id, now_iso
 
 # A temp file whose writer is alive is left alone unless it is older than this.
 STALE_TMP_AGE = 600.0

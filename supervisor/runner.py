@@ -56,11 +56,7 @@ from .governance.schedules import Scheduler, schedules_of
 from .ingestwarn import IngestWarnings, team_of
 from .leftovers import Leftovers
 from .operator import Operator
-from .procs import (
-    MARKER_ENV,
-    marker_value,
-    new_marker,
-)
+from .procs import MARKER_ENV, marker_value, new_marker
 from .sessions import open_log, signal_session
 from .spec import ChildSpec, build_specs
 from .statefile import SUPERVISOR_FILE, StateWriter, quiet, read_state

@@ -12,12 +12,7 @@ from ...kanban import BoardStore
 from ...kanban.doccache import collector_paused
 from ...kanban.why import Team
 from .. import team
-from ..cliargs import (
-    JsonUsageCommand,
-    JsonUsageGroup,
-    emit_json,
-    json_text,
-)
+from ..cliargs import JsonUsageCommand, JsonUsageGroup, emit_json, json_text
 from ..ingestwarn import recent_rejections
 from ..interrupt import interruptible
 from ..statefile import supervisor_alive

@@ -16,20 +16,8 @@ from rich.text import Text
 
 from ...kanban import BoardError, BoardStore, TaskError
 from ...kanban.prefix import UnknownTaskId
-from ..cliargs import (
-    JsonUsageCommand,
-    JsonUsageGroup,
-    UsageError,
-    emit_json,
-    not_utf8,
-    sane_state,
-)
-from ..config.workspace import (
-    ConfigError,
-    Workspace,
-    find_workspace,
-    open_workspace_board,
-)
+from ..cliargs import JsonUsageCommand, JsonUsageGroup, UsageError, emit_json, not_utf8, sane_state
+from ..config.workspace import ConfigError, Workspace, find_workspace, open_workspace_board
 from ..statefile import SUPERVISOR_FILE, read_state
 from ..views import render
 

@@ -19,19 +19,8 @@ from rich.text import Text
 
 from ...kanban.fsio import read_complete_lines
 from ...kanban.liveness import holder_alive
-from ..cliargs import (
-    Seconds,
-    emit_json,
-    sane_children,
-    sane_state,
-)
-from ..config.workspace import (
-    PRIVATE_UMASK,
-    ConfigError,
-    Workspace,
-    load_config,
-    private_dir,
-)
+from ..cliargs import Seconds, emit_json, sane_children, sane_state
+from ..config.workspace import PRIVATE_UMASK, ConfigError, Workspace, load_config, private_dir
 from ..control import CONTROL_SOCKET, SOCKET_DIR, request
 from ..procs import tree_rss_mb, trees_rss_mb
 from ..spec import build_specs

@@ -9,9 +9,7 @@ from pathlib import Path
 import click
 from rich.text import Text
 
-from ..cliargs import (
-    emit_json,
-)
+from ..cliargs import emit_json
 from ..config.scaffold import EXAMPLE_NAMES, keep_out_of_git, scaffold
 from ..config.workspace import WORKSPACE_ENV, Workspace, open_workspace_board, private_dir
 from .common import Failure, command, handled, json_option, literal, out, visible, workspace_of

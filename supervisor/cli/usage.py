@@ -8,14 +8,8 @@ import click
 from rich.text import Text
 
 from ...agents.ledger import LedgerError
-from ..cliargs import (
-    emit_json,
-)
-from ..config.workspace import (
-    ConfigError,
-    board_settings,
-    load_config,
-)
+from ..cliargs import emit_json
+from ..config.workspace import ConfigError, board_settings, load_config
 from ..governance.usage import board_model_calls, budget_standing_noted, summarize, team_calls
 from ..views import render
 from .common import command, err, handled, json_option, literal, open_board, out, print_table, workspace_of

@@ -22,10 +22,7 @@ from ...agents.routing import LOOPBACK_HOSTS
 from ...agents.tools import DEFAULT_CAPABILITIES
 from .cron import carry_jobs, offset_of
 from .mcp import carry
-from .profile import (
-    HermesImportError,
-    Profile,
-)
+from .profile import HermesImportError, Profile
 
 AGENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
