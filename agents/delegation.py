@@ -31,6 +31,7 @@ from typing import Any
 from hermes_sup.kanban.liveness import start_time
 
 from .offer import DELEGATING
+from .telemetry import trace_meta
 from .tools import Tool, ToolContext, ToolError, register
 
 TERMINAL = ("done", "failed", "cancelled")
@@ -190,7 +191,7 @@ class Delegator:
                               "assignee": name, "tier": self.limits.tier,
                               "meta": {"parent": {"task": parent_task, "agent": self.config["name"]},
                                        "created_by": self.config["name"],
-                                       "capabilities": list(self._grants(ctx, args))}},
+                                       "capabilities": list(self._grants(ctx, args)), **trace_meta()}},
                              by=self.config["name"])
         return doc, name
 

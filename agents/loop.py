@@ -59,6 +59,7 @@ from .logline import call_line, model_line, say
 from .offer import offered, task_text
 from .providers import Attempt, Provider, ProviderError, abort, complete_with_fallback
 from .sizing import filled_context
+from .telemetry import active as telemetry
 from .textcalls import unreadable_call
 from .tools import Finished, NeedsPerson, Refused, Toolbox, ToolContext, ToolError
 from .translate import Message, text_tool_calls
@@ -453,6 +454,7 @@ class TaskLoop:
     def _write_llm_record(self, attempt: Attempt) -> None:
         record = {**llm_record(self.task["id"], attempt, self.prices), "call": self._call_id}
         self.journal.append_llm_call(record)
+        telemetry().model_call(record, attempt)
         say(self.agent or "agent", model_line(record))
         self.spent_tokens += record["tokens_in"] + record["tokens_out"]
         self.spent_cost += record["cost_usd"] or 0.0
@@ -515,6 +517,7 @@ class TaskLoop:
                                        "tool": name, "status": "done", "outcome": outcome, "result": text,
                                        "is_error": is_error, "duration_s": round(duration, 3)})
         say(self.agent or "agent", call_line(self.task["id"], "tool", name, args, outcome, duration, text))
+        telemetry().tool_call(name, call_id, outcome, duration, args, text)
         fault("tool-done")  # the result is logged, not yet in the transcript
         self._append(messages, {"role": "tool", "tool_call_id": call_id, "content": text,
                                 **({"is_error": True} if is_error else {})})
@@ -600,6 +603,7 @@ class TaskLoop:
         # `usage` and `task log` show a start without an outcome as interrupted, tokens estimated.
         self._call_id = uuid.uuid4().hex[:16]
         self.journal.append_llm_call(started_record(self.task["id"], self._call_id, chain, prompt_tokens))
+        telemetry().prompt(messages)
         try:
             return interruptible(lambda: self.complete(chain, messages, tools, log=self._log_llm, stop=self.ctx.stop),
                                  self.ctx.stop, on_stop=lambda: abort(chain))

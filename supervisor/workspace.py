@@ -30,6 +30,7 @@ from ..agents.sandbox import MODES as SANDBOX_MODES
 from .alerts import check_alerts
 from .folders import check_folders
 from .mcpconfig import check_mcp_servers
+from .metrics import check_observability
 from .runtimes import RUNTIME_KEYS, check_budgeted, check_chain, check_profiles, check_runtime
 from .schedules import check_schedules
 
@@ -142,7 +143,7 @@ def _strip_lines(value: Any) -> Any:
 
 
 TOP_KEYS = ("providers", "tiers", "defaults", "agents", "prices", "board", "host", "schedules", "routing", "alerts",
-            "budgets", "folders", "mcp_servers")
+            "budgets", "folders", "mcp_servers", "telemetry", "metrics")
 DEFAULT_KEYS = ("restart", "stop_timeout", "heartbeat_timeout", "orphan_grace", "max_rss_mb", "log_max_mb",
                 "log_keep", "max_iterations", "max_tokens", "max_cost", "terminal", "delegation", "memory",
                 "offer_tools", "folders", "sandbox", "mcp_servers")
@@ -250,6 +251,7 @@ def load_config(path: Path, *, skills: Callable[[], Collection[str]] | None = No
         raise fail(raw.get("routing") if isinstance(raw.get("routing"), dict) else raw, wrong)
     check_alerts(raw, fail)
     check_budgets(raw, fail)
+    check_observability(raw, fail)
     agents = raw.get("agents") or []
     if not isinstance(agents, list):
         raise fail(raw, "'agents' must be a list")
