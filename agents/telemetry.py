@@ -82,7 +82,7 @@ def task_attributes(task: Mapping[str, Any], *, agent: str, host: str) -> dict[s
     """A task attempt's span attributes (pure): ids and counts, the title cut short, no body."""
     return {"hermes.task.id": str(task.get("id")), "hermes.task.title": cut(str(task.get("title") or ""), TITLE_CHARS),
             "hermes.task.role": str(task.get("role") or ""), "hermes.agent": agent, "hermes.host": host,
-            "hermes.task.attempt": int(task.get("attempts") or 0) + 1,
+            "hermes.task.attempt": int(task.get("attempts") or 1),  # counted at the claim
             "hermes.task.claim": int(task.get("claims") or 1)}
 
 
