@@ -177,6 +177,13 @@ class Telemetry:
         endpoint = endpoint_of(settings, env)
         if endpoint is None:
             return Telemetry()
+        try:
+            import opentelemetry.exporter.otlp.proto.http.trace_exporter
+            import opentelemetry.sdk.trace  # noqa: F401
+        except ImportError as exc:  # configured, not installed: the agent works on and says why nothing goes out
+            say(agent, f"telemetry: nothing is exported to {endpoint}: {exc.name or exc} is not installed "
+                       "(pip install 'hermes-sup[telemetry]')", error=True)
+            return Telemetry()
         return Tracing(endpoint, agent=agent, workspace=workspace, host=host or socket.gethostname(),
                        content=bool((settings or {}).get("content")), env=env,
                        kinds={name: str((spec or {}).get("kind") or "") for name, spec in (providers or {}).items()})
