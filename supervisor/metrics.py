@@ -57,14 +57,15 @@ def task_times(task: Mapping[str, Any]) -> tuple[float | None, float | None]:
     """A task's claim latency (from its creation to its first claim) and duration (from its last
     claim to the close that followed it), in seconds, each None when it has none yet (pure)."""
     created = _moment(task.get("created_at"))
-    claims = [(entry, _moment(entry.get("at"))) for entry in task.get("history") or []
+    history = task.get("history") if isinstance(task.get("history"), list) else []
+    claims = [(entry, _moment(entry.get("at"))) for entry in history
               if isinstance(entry, dict) and entry.get("to") == "doing"]
     first = claims[0][1] if claims else None
     latency = first - created if first is not None and created is not None else None
     duration = None
     if claims and task.get("status") in FINISHED:
         last = claims[-1][1]
-        ends = [_moment(entry.get("at")) for entry in task.get("history") or []
+        ends = [_moment(entry.get("at")) for entry in history
                 if isinstance(entry, dict) and entry.get("to") == task.get("status")]
         if last is not None and ends and ends[-1] is not None and ends[-1] >= last:
             duration = ends[-1] - last
@@ -85,7 +86,7 @@ def gather(ws: Any, board: Any, host: str) -> dict[str, Any]:
 
     state, alive = agentrows.supervisor_state(ws.runs_path)
     agents = agentrows.agent_rows(state, alive, ws.runs_path, host)
-    listing = board.list_fields()
+    listing = board.list()  # the histories (list_fields counts them only); the file board's doccache keeps it cheap
     times = [task_times(task) for task in listing.tasks]
     records, _notes = usage.team_calls(ws.runs_path, lambda: usage.open_board_model_calls(board))
     budgets, _note = views.budget_rows(ws, time.time())
