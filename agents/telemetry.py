@@ -11,7 +11,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -116,6 +116,22 @@ def tool_attributes(name: str, call_id: str, outcome: str, duration: float) -> d
     return attributes
 
 
+QUIET_EVENTS = ("note",)  # what the supervisor says without an event of its own: its log has it
+
+
+def event_attributes(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A supervisor event's attributes (pure): which, for which agent, why; its line redacted and cut."""
+    attributes: dict[str, Any] = {"hermes.event": str(record.get("event")),
+                                  "hermes.agent": str(record.get("agent") or "")}
+    for key in ("why", "code", "signal", "reason", "delay", "state"):
+        value = record.get(key)
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool) and value != "":
+            attributes[f"hermes.{key}"] = value
+    if record.get("note"):
+        attributes["hermes.note"] = cut(scrub(str(record["note"])), 500)
+    return attributes
+
+
 def content(value: Any) -> str:
     """A prompt, an answer or a tool's arguments as exported with `content: true` (pure but for the
     keys this process knows): keys redacted as in every other text, cut to CONTENT_CHARS."""
@@ -167,6 +183,9 @@ class Telemetry:
         """What a task made during the current attempt carries in `meta` to join its trace."""
         return {}
 
+    def event(self, record: Mapping[str, Any]) -> None:
+        """A supervisor event (exited, restarting, fatal, ...), exported as a span of its own."""
+
     def close(self) -> None:
         pass
 
@@ -190,6 +209,18 @@ class Telemetry:
 
 
 _active: Telemetry = Telemetry()
+
+
+def exporting(append: Callable[[dict[str, Any]], None], telemetry: Telemetry) -> Callable[[dict[str, Any]], None]:
+    """The supervisor's `append` of its events to the board, each also exported when telemetry is on."""
+    if not telemetry.enabled:
+        return append
+
+    def both(record: dict[str, Any]) -> None:
+        append(record)  # the board first: an export never costs the event its place in the log
+        telemetry.event(record)
+
+    return both
 
 
 def install(telemetry: Telemetry) -> Telemetry:
@@ -390,6 +421,19 @@ class Tracing(Telemetry):
         carrier: dict[str, str] = {}
         TraceContextTextMapPropagator().inject(carrier, context=self._context)
         return carrier
+
+    def event(self, record: Mapping[str, Any]) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        name = str(record.get("event"))
+        if name in QUIET_EVENTS:
+            return
+        attributes = event_attributes(record)
+        span = self.tracer.start_span(f"supervisor {name}", attributes=attributes)
+        span.add_event(name, attributes)
+        if name == "fatal" or record.get("why") in ("hang", "memory"):
+            span.set_status(Status(StatusCode.ERROR, name))
+        span.end()
 
     def close(self) -> None:
         """Export what is left (each batch bounded by the export timeout) and say what was dropped."""

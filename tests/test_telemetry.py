@@ -310,3 +310,23 @@ def test_attributes_are_pure_and_cut():
     assert model["error.type"] == "rate_limited" and model["gen_ai.provider.name"] == "p"
     assert "gen_ai.response.finish_reasons" not in model
     assert json.dumps(telemetry.tool_attributes("t", "c", "refused", 0.5))
+
+
+def test_the_supervisor_exports_an_agents_exit_and_restart_on_the_same_resource(tmp_path, up, receiver):
+    from .conftest import supervisor_state
+
+    with ScriptedLLM() as llm:
+        ws = workspace(tmp_path, llm, receiver.url)
+        up(ws)
+        wait_until(lambda: (supervisor_state(ws).get("agents") or {}).get("thinker", {}).get("state") == "running",
+                   timeout=30)
+        pid = supervisor_state(ws)["agents"]["thinker"]["pid"]
+        os.kill(pid, 9)
+        restarting = wait_until(lambda: receiver.named("supervisor restarting"), timeout=30)[0]
+        exited = receiver.named("supervisor exited")[0]
+    assert exited["attributes"]["hermes.agent"] == "thinker" and exited["attributes"]["hermes.signal"] == "SIGKILL"
+    assert restarting["attributes"]["hermes.event"] == "restarting"
+    resource = restarting["resource"]
+    assert resource["service.name"] == "hermes-sup" and resource["hermes.workspace"] == str(ws)
+    assert resource["host.name"] == socket.gethostname()
+    assert not receiver.named("supervisor note"), "the supervisor's chatter stays in its log"
