@@ -192,3 +192,64 @@ def route(dash: Any) -> Any:
         return Response(body, media_type=kind, headers={"Cache-Control": "no-store"})
 
     return Route("/metrics", metrics)
+
+
+class MetricsServer:
+    """/metrics alone, for a team without the dashboard (`metrics: {port}`): the dashboard's Guard in
+    front of it, so the same access rules hold (loopback and the same user, no token)."""
+
+    def __init__(self, ws: Any, host: str, port: int) -> None:
+        import socket
+        import threading
+
+        import uvicorn
+        from starlette.applications import Starlette
+
+        from .dashboard.app import Guard, Settings, bind
+        from .dashboard.security import check_bind
+        from .workspace import board_settings, open_workspace_board
+
+        check_bind(host, None, None)  # BindError: beyond loopback it would need a token, which metrics: has not
+        self.ws, self.lock = ws, threading.Lock()
+        self.sock = bind(host, port)
+        self.port = self.sock.getsockname()[1]
+        self.board = open_workspace_board(ws)
+        self.host = board_settings(ws)[1] or socket.gethostname()  # this host's name on the board
+        app = Guard(Starlette(routes=[route(self)]), Settings(host=host, port=self.port))  # type: ignore[arg-type]
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                                    server_header=False, timeout_graceful_shutdown=2))
+        self._thread = threading.Thread(target=self._run, name="metrics", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.server.run(sockets=[self.sock])
+        finally:
+            self.sock.close()
+            self.board.close()
+
+    def start_thread(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout=5)
+
+
+def serve_metrics(ws: Any, config: Mapping[str, Any], say: Callable[[str], None]) -> MetricsServer | None:
+    """The metrics server hermes.yaml's `metrics: {port}` asks for, started, or None when it asks for none."""
+    section = config.get("metrics") or {}
+    if section.get("port") is None:
+        return None
+    from .cli import Failure
+    from .dashboard.security import BindError
+
+    host = str(section.get("host") or "127.0.0.1")
+    try:
+        server = MetricsServer(ws, host, int(section["port"]))
+    except BindError as exc:
+        raise Failure(f"metrics: {exc}", 2) from None
+    except OSError as exc:
+        raise Failure(f"metrics: cannot listen on {host}:{section['port']}: {exc.strerror or exc}") from None
+    server.start_thread()
+    say(f"metrics: http://{f'[{host}]' if ':' in host else host}:{server.port}/metrics")
+    return server

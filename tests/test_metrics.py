@@ -167,3 +167,19 @@ def test_task_times_and_buckets_are_pure():
     assert metrics.task_times({"status": "done", "history": 3}) == (None, None), "a listing's history count"
     rows, total = metrics.buckets([0.2, 3.0, 9000.0], (1.0, 5.0))
     assert rows == [("1.0", 1.0), ("5.0", 2.0), ("+Inf", 3.0)] and total == 9003.2
+
+
+def test_metrics_port_serves_a_team_without_the_dashboard(tmp_path, up):
+    port = free_port()
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    (ws / "hermes.yaml").write_text(f"metrics: {{port: {port}}}\nagents:\n  - name: idle\n")
+    Board(ws / "kanban").add({"title": "nobody takes this", "role": "nobody"})
+    up(ws)
+    said = wait_until(lambda: f"metrics: http://127.0.0.1:{port}/metrics" in (tmp_path / "up.log").read_text(),
+                      timeout=30)
+    assert said
+    status, body = get(f"http://127.0.0.1:{port}/metrics")
+    assert status == 200 and 'hermes_sup_tasks{status="todo"} 1.0' in body
+    assert get(f"http://127.0.0.1:{port}/")[0] == 404, "metrics alone, not the dashboard"
+    assert get(f"http://127.0.0.1:{port}/metrics", headers={"Host": f"attacker.example:{port}"})[0] in (403, 421)
