@@ -260,6 +260,7 @@ class Tracing(Telemetry):
         # agent says it once, with the count, instead.
         logging.getLogger("opentelemetry.exporter.otlp.proto.http").setLevel(logging.CRITICAL)
         logging.getLogger("opentelemetry.exporter.otlp_common").setLevel(logging.CRITICAL)
+        logging.getLogger("opentelemetry.sdk._shared_internal").setLevel(logging.CRITICAL)  # "Queue full": counted
         self.endpoint, self.agent, self.host, self.content, self.kinds = endpoint, agent, host, content, kinds
         self._lock = threading.Lock()
         self.ended = 0
