@@ -33,6 +33,8 @@ from hermes_sup.kanban.events import AGENT_EVENTS
 from hermes_sup.kanban.redact import remember
 from hermes_sup.kanban.task import now_iso
 
+from .metrics import track_reader
+
 ALERTS = ("agent_fatal", "agent_orphaned", "task_failed", "task_blocked", "budget_reached", "provider_down",
           "provider_up")
 ALERT_KEYS = ("webhook_env", "secret_env", "on")
@@ -244,6 +246,7 @@ class AlertSender:
         self._secrets()
         self.cursor = self._end()  # what happened before this supervisor was alerted on then
         self._inode: int | None = None
+        track_reader("alerts", lambda: (self.cursor, self._inode) if self._thread.is_alive() else None)  # /metrics
 
     def _end(self) -> int:
         try:

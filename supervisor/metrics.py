@@ -37,6 +37,29 @@ def check_observability(raw: Mapping[str, Any], fail: Callable[[Any, str], Excep
 
 # -- what is measured: plain data, read at scrape time -------------------------------------------
 
+# The event readers of this process (the supervisor's alert sender), by name: each one's cursor and
+# the log's inode it read (None while it is not reading). Told here by the reader, read at a scrape.
+_readers: dict[str, Callable[[], tuple[int, int | None] | None]] = {}
+BEHIND_MAX = 10_000  # events counted behind a reader at most: a scrape reads no more of the log
+
+
+def track_reader(name: str, position: Callable[[], tuple[int, int | None] | None]) -> None:
+    _readers[name] = position
+
+
+def readers_behind(board: Any) -> dict[str, int]:
+    """How many events each reader of this process has yet to read (at most BEHIND_MAX)."""
+    behind = {}
+    for name, position in list(_readers.items()):
+        where = position()
+        if where is None:
+            continue
+        try:
+            behind[name] = len(board.events_since(where[0], max_events=BEHIND_MAX, inode=where[1]).events)
+        except Exception:  # a log being rotated, a database away: that reader is left out of this scrape
+            continue
+    return behind
+
 CLAIM_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 DURATION_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0)
 FINISHED = ("done", "failed", "blocked", "cancelled")
@@ -94,7 +117,8 @@ def gather(ws: Any, board: Any, host: str) -> dict[str, Any]:
             "claim_latency": [latency for latency, _ in times if latency is not None],
             "duration": [duration for _, duration in times if duration is not None],
             "calls": usage.settle_calls(records), "budgets": budgets,
-            "breakers": doctor.breaker_states(ws.runs_path, time.time()), "supervisor": alive}
+            "breakers": doctor.breaker_states(ws.runs_path, time.time()), "supervisor": alive,
+            "behind": readers_behind(board)}
 
 
 def families(data: Mapping[str, Any]) -> list[Any]:
@@ -159,8 +183,12 @@ def families(data: Mapping[str, Any]) -> list[Any]:
                                  labels=["agent", "provider", "level"])
     for name, provider, level, _words in data["breakers"]:
         breakers.add_metric([str(name), str(provider), str(level)], 1.0)
+    behind = GaugeMetricFamily("hermes_sup_events_behind", "Events of the board's log a reader of this process "
+                               f"has yet to read (at most {BEHIND_MAX})", labels=["reader"])
+    for name, count in sorted(data.get("behind", {}).items()):
+        behind.add_metric([name], float(count))
     return [up, states, agent, restarts, tasks, latency, duration, calls, tokens, cost, budget_spent, budget_limit,
-            breakers]
+            breakers, behind]
 
 
 def exposition(data: Mapping[str, Any]) -> tuple[bytes, str]:

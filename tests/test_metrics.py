@@ -169,11 +169,17 @@ def test_task_times_and_buckets_are_pure():
     assert rows == [("1.0", 1.0), ("5.0", 2.0), ("+Inf", 3.0)] and total == 9003.2
 
 
-def test_metrics_port_serves_a_team_without_the_dashboard(tmp_path, up):
+def test_metrics_port_serves_a_team_without_the_dashboard(tmp_path, up, monkeypatch):
     port = free_port()
     ws = tmp_path / "ws"
     subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
-    (ws / "hermes.yaml").write_text(f"metrics: {{port: {port}}}\nagents:\n  - name: idle\n")
+    # An alert rule starts the supervisor's event reader (its webhook is never called: no agent dies).
+    monkeypatch.setenv("HERMES_SUP_TEST_HOOK", "http://127.0.0.1:9/hook")
+    monkeypatch.setenv("HERMES_SUP_TEST_HOOK_SECRET", "s" * 32)
+    (ws / "hermes.yaml").write_text(f"metrics: {{port: {port}}}\n"
+                                    "alerts:\n  - {webhook_env: HERMES_SUP_TEST_HOOK,"
+                                    " secret_env: HERMES_SUP_TEST_HOOK_SECRET, 'on': [agent_fatal]}\n"
+                                    "agents:\n  - name: idle\n")
     Board(ws / "kanban").add({"title": "nobody takes this", "role": "nobody"})
     up(ws)
     said = wait_until(lambda: f"metrics: http://127.0.0.1:{port}/metrics" in (tmp_path / "up.log").read_text(),
@@ -181,5 +187,25 @@ def test_metrics_port_serves_a_team_without_the_dashboard(tmp_path, up):
     assert said
     status, body = get(f"http://127.0.0.1:{port}/metrics")
     assert status == 200 and 'hermes_sup_tasks{status="todo"} 1.0' in body
+    caught_up = 'hermes_sup_events_behind{reader="alerts"} 0.0'
+    assert wait_until(lambda: caught_up in get(f"http://127.0.0.1:{port}/metrics")[1], timeout=30)
     assert get(f"http://127.0.0.1:{port}/")[0] == 404, "metrics alone, not the dashboard"
     assert get(f"http://127.0.0.1:{port}/metrics", headers={"Host": f"attacker.example:{port}"})[0] in (403, 421)
+
+
+def test_events_behind_counts_what_a_reader_has_yet_to_read(tmp_path):
+    board = Board(tmp_path / "kanban")
+    start = board.events_end()
+    for n in range(3):
+        board.add({"title": f"t{n}"})
+    position: list[tuple[int, int | None] | None] = [(start, None)]
+    metrics.track_reader("test-reader", lambda: position[0])
+    try:
+        assert metrics.readers_behind(board)["test-reader"] == 3
+        read = board.events_since(start)
+        position[0] = (read.cursor, read.inode)
+        assert metrics.readers_behind(board)["test-reader"] == 0
+        position[0] = None
+        assert "test-reader" not in metrics.readers_behind(board), "a reader not reading is left out"
+    finally:
+        metrics._readers.pop("test-reader")
