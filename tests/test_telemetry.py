@@ -86,6 +86,11 @@ class Receiver:
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
 
+    def agents_spans(self) -> list[dict[str, Any]]:
+        """The agents' spans (the supervisor's events are spans of their own, each its own trace)."""
+        with self.lock:
+            return [span for span in self.spans if span["resource"].get("hermes.agent") != "supervisor"]
+
     def named(self, prefix: str) -> list[dict[str, Any]]:
         with self.lock:
             return [span for span in self.spans if span["name"].startswith(prefix)]
@@ -143,7 +148,7 @@ def test_one_task_is_one_trace_with_its_model_and_tool_calls_under_it(tmp_path, 
     assert len(tops) == 1
     top = tops[0]
     spans = [span for span in receiver.spans if span["trace"] == top["trace"]]
-    assert len({span["trace"] for span in receiver.spans}) == 1, "one task, one trace"
+    assert len({span["trace"] for span in receiver.agents_spans()}) == 1, "one task, one trace"
     assert top["parent"] == "", "the attempt is the trace's root"
     chats = sorted((s for s in spans if s["name"].startswith("chat ")), key=lambda s: s["start"])
     tools = [s for s in spans if s["name"].startswith("execute_tool ")]
@@ -193,7 +198,7 @@ def test_a_delegated_childs_attempt_joins_its_parents_trace(tmp_path, up, receiv
     assert child_span["attributes"]["hermes.agent"].startswith("thinker.sub-")
     delegation = next(s for s in receiver.spans if s["name"] == "execute_tool delegate_task")
     assert delegation["parent"] == parent_span["id"]
-    assert len({span["trace"] for span in receiver.spans}) == 1
+    assert len({span["trace"] for span in receiver.agents_spans()}) == 1
 
 
 def test_without_a_collector_the_agent_works_on_and_says_how_many_spans_it_dropped(tmp_path, up):
