@@ -132,7 +132,7 @@ def finished(board: Board, task_id: str) -> dict[str, Any] | None:
     return doc if doc["status"] in ("done", "failed", "blocked") else None
 
 
-def test_one_task_is_one_trace_with_its_model_and_tool_calls_under_it(tmp_path, up, receiver):
+def test_one_task_is_one_trace_with_its_model_and_tool_calls_under_it(tmp_path, receiver, up):
     with ScriptedLLM() as llm:
         ws = workspace(tmp_path, llm, receiver.url)
         llm.script("openai", openai_reply(tool_calls=[("write_file", {"path": "a.txt", "content": SECRET})],
@@ -179,7 +179,7 @@ def test_one_task_is_one_trace_with_its_model_and_tool_calls_under_it(tmp_path, 
                    for key in span["attributes"])
 
 
-def test_a_delegated_childs_attempt_joins_its_parents_trace(tmp_path, up, receiver):
+def test_a_delegated_childs_attempt_joins_its_parents_trace(tmp_path, receiver, up):
     with ScriptedLLM() as llm:
         ws = workspace(tmp_path, llm, receiver.url, "    capabilities: [fs.read, fs.write, memory, kanban, delegate]\n")
         llm.script("openai", openai_reply(tool_calls=[("delegate_task", {"goal": "Add 2 and 3"})]),
@@ -317,7 +317,7 @@ def test_attributes_are_pure_and_cut():
     assert json.dumps(telemetry.tool_attributes("t", "c", "refused", 0.5))
 
 
-def test_the_supervisor_exports_an_agents_exit_and_restart_on_the_same_resource(tmp_path, up, receiver):
+def test_the_supervisor_exports_an_agents_exit_and_restart_on_the_same_resource(tmp_path, receiver, up):
     from .conftest import supervisor_state
 
     with ScriptedLLM() as llm:
@@ -335,3 +335,17 @@ def test_the_supervisor_exports_an_agents_exit_and_restart_on_the_same_resource(
     assert resource["service.name"] == "hermes-sup" and resource["hermes.workspace"] == str(ws)
     assert resource["host.name"] == socket.gethostname()
     assert not receiver.named("supervisor note"), "the supervisor's chatter stays in its log"
+
+
+def test_the_standard_otel_variables_configure_it_without_hermes_yaml(tmp_path, receiver, up, monkeypatch):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    with ScriptedLLM() as llm:
+        ws = workspace(tmp_path, llm, None)
+        llm.script("openai", openai_reply("Done."))
+        board = Board(ws / "kanban")
+        task = board.add({"title": "Say done"})
+        up(ws)
+        assert wait_until(lambda: finished(board, task["id"]), timeout=60)["status"] == "done"
+        top = wait_until(lambda: receiver.named("task "), timeout=30)[0]
+    assert top["attributes"]["hermes.task.id"] == task["id"]
+    assert [s["parent"] for s in receiver.named("chat ")] == [top["id"]]
