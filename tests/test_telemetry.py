@@ -349,3 +349,61 @@ def test_the_standard_otel_variables_configure_it_without_hermes_yaml(tmp_path, 
         top = wait_until(lambda: receiver.named("task "), timeout=30)[0]
     assert top["attributes"]["hermes.task.id"] == task["id"]
     assert [s["parent"] for s in receiver.named("chat ")] == [top["id"]]
+
+
+PG_DSN_ENV = "HERMES_SUP_TELEMETRY_TEST_DSN"
+
+
+@pytest.fixture
+def database(pg_server) -> Iterator[str]:
+    from . import pgserver
+
+    with pgserver.fresh_database(pg_server, "telemetry", "pw-telemetry-test") as dsn:
+        yield dsn
+
+
+def test_a_task_made_on_one_host_joins_its_makers_trace_on_another_host_of_a_postgres_board(
+        tmp_path, receiver, up, database, monkeypatch):
+    from hermes_sup.kanban.backends import open_board
+
+    monkeypatch.setenv(PG_DSN_ENV, database)
+
+    def responder(api: str, body: dict[str, Any]) -> dict[str, Any]:
+        messages = body["messages"]
+        if "Help with the sum" in str(messages[1].get("content")):
+            return openai_reply("4")  # the helper, on box-b
+        if messages[-1]["role"] == "tool":
+            return openai_reply("Asked for help.")
+        return openai_reply(tool_calls=[("kanban_create", {"title": "Help with the sum", "role": "help"})])
+
+    with ScriptedLLM(responder=responder) as llm:
+        hosts = {}
+        for host, agent in (("box-a", "lead"), ("box-b", "helper")):
+            ws = tmp_path / host
+            subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+            (ws / "hermes.yaml").write_text(
+                f"providers:\n  scripted: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
+                "tiers: {cheap: [scripted], standard: [scripted], premium: [scripted]}\n"
+                f"telemetry: {{otlp_endpoint: '{receiver.url}'}}\n"
+                f"board: {{backend: postgres, dsn_env: {PG_DSN_ENV}}}\nhost: {host}\n"
+                f"agents:\n  - name: {agent}\n    roles: [{'lead' if agent == 'lead' else 'help'}]\n"
+                "    offer_tools: all\n")
+            hosts[host] = ws
+        board = open_board(hosts["box-a"], {"backend": "postgres", "dsn_env": PG_DSN_ENV}, host="box-a")
+        try:
+            task = board.add({"title": "Lead the work", "role": "lead"})
+            up(hosts["box-a"])
+            up(hosts["box-b"])
+            assert wait_until(lambda: finished(board, task["id"]), timeout=60)["status"] == "done"
+            made = wait_until(lambda: [d for d in board.list().tasks
+                                       if (d.get("meta") or {}).get("created_by_task") == task["id"]
+                                       and d["status"] == "done"], timeout=60)[0]
+        finally:
+            board.close()
+        tops = wait_until(lambda: len(receiver.named("task ")) == 2 and receiver.named("task "), timeout=30)
+    lead = next(s for s in tops if s["attributes"]["hermes.task.id"] == task["id"])
+    helper = next(s for s in tops if s["attributes"]["hermes.task.id"] == made["id"])
+    assert (lead["resource"]["host.name"], helper["resource"]["host.name"]) == ("box-a", "box-b")
+    assert helper["attributes"]["hermes.agent"] == "helper"
+    assert helper["trace"] == lead["trace"] and helper["parent"] == lead["id"], \
+        "the task made on box-a carries the trace to box-b's agent through the database"
