@@ -240,6 +240,24 @@ def trace_meta() -> dict[str, Any]:
     return {TRACE_FIELD: carrier} if carrier else {}
 
 
+def _never_raises(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A hook that cannot fail the agent's work: telemetry is a bystander. What went wrong is said
+    once in the agent's log; the span is lost."""
+    def guarded(self: Tracing, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as exc:
+            if not self._broken:
+                self._broken = True
+                say(self.agent, f"telemetry: {method.__name__} failed, its span is lost: {type(exc).__name__}: {exc}",
+                    error=True)
+            return {} if method.__name__ == "carrier" else None
+
+    guarded.__name__ = method.__name__
+    guarded.__doc__ = method.__doc__
+    return guarded
+
+
 class Tracing(Telemetry):
     """Spans exported by the OpenTelemetry SDK: batched on its own thread (an agent never waits for
     the collector), each batch given EXPORT_TIMEOUT, a batch the collector did not take counted as
@@ -266,6 +284,7 @@ class Tracing(Telemetry):
         self.ended = 0
         self.exported = 0
         self._failing = False
+        self._broken = False  # a hook failed once (said once; see _never_raises)
         self._context: Any = None  # the current attempt's span as a parent context
         self._span: Any = None
         self._outcome = ""
@@ -342,8 +361,25 @@ class Tracing(Telemetry):
 
     @contextlib.contextmanager
     def task_span(self, task: Mapping[str, Any]) -> Iterator[None]:
+        span = self._start_attempt(task)
+        if span is None:  # could not be made (said): the work goes on without it
+            yield
+            return
+        try:
+            yield
+        except BaseException as exc:
+            self._outcome = "error"
+            span.record_exception(exc)
+            raise
+        finally:
+            self._end_attempt(span)
+
+    @_never_raises
+    def _start_attempt(self, task: Mapping[str, Any]) -> Any:
+        """The span of a task's attempt, started: its trace the parent's (meta.trace) or the task's own,
+        its id derived from its claim, linked to the attempt before."""
         from opentelemetry import trace
-        from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlags
+        from opentelemetry.trace import Link, SpanContext, TraceFlags
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         task_id = str(task.get("id"))
@@ -361,22 +397,22 @@ class Tracing(Telemetry):
         span = self.tracer.start_span(f"task {task_id}", context=parent if joined else None,
                                       attributes=task_attributes(task, agent=self.agent, host=self.host), links=links)
         self._span, self._context, self._outcome = span, trace.set_span_in_context(span), "interrupted"
-        try:
-            yield
-        except BaseException as exc:
-            self._outcome = "error"
-            span.record_exception(exc)
-            raise
-        finally:
-            span.set_attribute("hermes.task.outcome", self._outcome)
-            if self._outcome in ("failed", "error"):
-                span.set_status(Status(StatusCode.ERROR, self._outcome))
-            span.end()
-            self._span = self._context = self._prompt = None
+        return span
+
+    @_never_raises
+    def _end_attempt(self, span: Any) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        self._span = self._context = self._prompt = None
+        span.set_attribute("hermes.task.outcome", self._outcome)
+        if self._outcome in ("failed", "error"):
+            span.set_status(Status(StatusCode.ERROR, self._outcome))
+        span.end()
 
     def outcome(self, kind: str) -> None:
         self._outcome = kind
 
+    @_never_raises
     def prompt(self, messages: Any) -> None:
         if self.content:
             self._prompt = list(messages)
@@ -393,6 +429,7 @@ class Tracing(Telemetry):
             span.set_status(Status(StatusCode.ERROR))
         span.end(end_time=end)
 
+    @_never_raises
     def model_call(self, record: Mapping[str, Any], attempt: Any) -> None:
         completion = getattr(attempt, "completion", None)
         attributes = model_attributes(record, provider_kind=self.kinds.get(str(record.get("provider")), ""),
@@ -406,6 +443,7 @@ class Tracing(Telemetry):
         self._child(f"chat {attributes['gen_ai.request.model']}", attributes, float(record.get("latency_s") or 0.0),
                     record.get("outcome") != "ok")
 
+    @_never_raises
     def tool_call(self, name: str, call_id: str, outcome: str, duration: float, args: Any = None,
                   result: str = "") -> None:
         attributes = tool_attributes(name, call_id, outcome, duration)
@@ -414,6 +452,7 @@ class Tracing(Telemetry):
             attributes["gen_ai.tool.call.result"] = content(result)
         self._child(f"execute_tool {name}", attributes, duration, outcome != "ok")
 
+    @_never_raises
     def carrier(self) -> dict[str, Any]:
         if self._context is None:
             return {}
@@ -423,6 +462,7 @@ class Tracing(Telemetry):
         TraceContextTextMapPropagator().inject(carrier, context=self._context)
         return carrier
 
+    @_never_raises
     def event(self, record: Mapping[str, Any]) -> None:
         from opentelemetry.trace import Status, StatusCode
 

@@ -407,3 +407,18 @@ def test_a_task_made_on_one_host_joins_its_makers_trace_on_another_host_of_a_pos
     assert helper["attributes"]["hermes.agent"] == "helper"
     assert helper["trace"] == lead["trace"] and helper["parent"] == lead["id"], \
         "the task made on box-a carries the trace to box-b's agent through the database"
+
+
+def test_a_hook_that_fails_never_fails_the_work_and_says_so_once(receiver, capsys):
+    tracing = telemetry.Telemetry.from_settings({"otlp_endpoint": receiver.url}, {}, agent="a", workspace="/w")
+    try:
+        with tracing.task_span({"id": "t-3", "title": "t", "claims": 1}):
+            for _ in range(2):  # a record no log would hold: tokens that are no number
+                tracing.model_call({"provider": "p", "model": "m", "outcome": "ok", "tokens_in": "many"}, None)
+            tracing.outcome("done")
+    finally:
+        tracing.close()
+    said = capsys.readouterr().err
+    assert said.count("telemetry: model_call failed, its span is lost: ValueError") == 1
+    assert [s["attributes"]["hermes.task.outcome"] for s in receiver.named("task ")] == ["done"]
+    assert not receiver.named("chat ")
