@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: up test test-latest lock lint bench real-smoke clean chromium postgres-server bubblewrap hermes-agent
+.PHONY: up test test-latest lock lint bench real-smoke clean chromium postgres-server bubblewrap prometheus hermes-agent
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,10 @@ chromium:
 bubblewrap:
 	@sh .ci/apt-install bwrap bubblewrap "the terminal's sandbox and its tests"
 
+# tests/test_metrics.py scrapes a running team's /metrics with Debian's Prometheus server.
+prometheus:
+	@sh .ci/apt-install prometheus prometheus "the metrics tests"
+
 # Hermes Agent's own CLI, for the tests of `runtime: hermes` (tests/test_runtime_hermes.py): from PyPI,
 # in a virtual environment of its own (it is the user's program, not our dependency), at the releases
 # recorded in constraints-hermes.txt.
@@ -67,14 +71,14 @@ hermes-agent: $(HERMES_VENV)/.installed
 # Two test processes (pytest-xdist): most tests wait on processes they started, so two share a
 # 2-core machine well (the suite took 23.5 min in one process, about 15 in two). JOBS=1 for one.
 JOBS ?= 2
-test: $(VENV)/.installed-test chromium postgres-server bubblewrap hermes-agent
+test: $(VENV)/.installed-test chromium postgres-server bubblewrap prometheus hermes-agent
 	HERMES_SUP_CHROMIUM=$(CHROMIUM) HERMES_SUP_HERMES=$(CURDIR)/$(HERMES_VENV)/bin/hermes $(BIN)/python -m pytest -q -n $(JOBS)
 
 # By hand, never in CI: the whole suite on the newest releases within pyproject.toml's ranges, in a
 # virtual environment of its own, so that drift is found on our schedule, not CI's. When it passes,
 # `make lock` records those releases.
 LATEST = .venv-latest
-test-latest: chromium postgres-server bubblewrap hermes-agent
+test-latest: chromium postgres-server bubblewrap prometheus hermes-agent
 	rm -rf $(LATEST)
 	$(PYTHON) -m venv $(LATEST)
 	$(LATEST)/bin/python -m pip install --quiet --upgrade pip

@@ -10,6 +10,7 @@ from typing import Any
 from . import delegation, files, kanban_tools, skills, terminal  # noqa: F401 - they register their tools
 from .grants import grants_of
 from .offer import ASKING, COMMENTING, PLANNING, WAITING
+from .telemetry import trace_meta
 from .tools import NeedsPerson, Tool, ToolContext, ToolError, register
 
 
@@ -86,7 +87,7 @@ def kanban_create(ctx: ToolContext, args: dict[str, Any]) -> str:
     from ..kanban import BoardError, TaskError, TaskNotFound
 
     fields = hermes_fields(args)
-    fields["meta"] = created_by(ctx)
+    fields["meta"] = {**created_by(ctx), **trace_meta()}  # trace_meta: the new task joins this attempt's trace
     board = kanban_tools.board_of(ctx)
     note = kanban_tools.ignored(args, HERMES_CREATE_IGNORED)
     if args.get("idempotency_key"):

@@ -33,6 +33,7 @@ from ..kanban.task import TERMINAL
 from .launchenv import AGENT_ENV, WORKSPACE_ENV
 from .notify import NOTIFY_ENV
 from .offer import DELEGATING
+from .telemetry import trace_meta
 from .tools import Tool, ToolContext, ToolError, register
 
 # Subtasks one delegate_task call may hand out: each is a task on the board and a child process, and
@@ -192,7 +193,7 @@ class Delegator:
                               "assignee": name, "tier": self.limits.tier,
                               "meta": {"parent": {"task": parent_task, "agent": self.config["name"]},
                                        "created_by": self.config["name"],
-                                       "capabilities": list(self._grants(ctx, args))}},
+                                       "capabilities": list(self._grants(ctx, args)), **trace_meta()}},
                              by=self.config["name"])
         return doc, name
 

@@ -66,6 +66,7 @@ from .providers import Provider, ProviderError, abort
 from .resume import Transcript
 from .sizing import filled_context
 from .spend import Spend, llm_record, started_record
+from .telemetry import active as telemetry
 from .textcalls import unreadable_call
 from .tools import Finished, NeedsPerson, Refused, Toolbox, ToolContext, ToolError
 from .tooluse import TOOL_USE_FILE as TOOL_USE_FILE  # re-exported: `doctor` reads it from here
@@ -228,6 +229,7 @@ class TaskLoop:
     def _write_llm_record(self, attempt: Attempt) -> None:
         record = {**llm_record(self.task["id"], attempt, self.prices), "call": self._call_id}
         self.journal.append_llm_call(record)
+        telemetry().model_call(record, attempt)
         say(self.agent or "agent", model_line(record))
         self.spend.add(record)
 
@@ -259,6 +261,7 @@ class TaskLoop:
         duration = time.monotonic() - started_at
         self.journal.append_tool_call(call_done(self.task["id"], turn, call_id, name, outcome, text, duration))
         say(self.agent or "agent", call_line(self.task["id"], "tool", name, args, outcome, duration, text))
+        telemetry().tool_call(name, call_id, outcome, duration, args, text)
         fault("tool-done")  # the result is logged, not yet in the transcript
         self._append(messages, {"role": "tool", "tool_call_id": call_id, "content": text,
                                 **({"is_error": True} if outcome != "ok" else {})})
@@ -343,6 +346,7 @@ class TaskLoop:
         # `usage` and `task log` show a start without an outcome as interrupted, tokens estimated.
         self._call_id = uuid.uuid4().hex[:16]
         self.journal.append_llm_call(started_record(self.task["id"], self._call_id, chain, prompt_tokens))
+        telemetry().prompt(messages)
         try:
             return interruptible(lambda: self.complete(chain, messages, tools, log=self._log_llm, stop=self.ctx.stop),
                                  self.ctx.stop, on_stop=lambda: abort(chain))

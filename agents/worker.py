@@ -55,6 +55,7 @@ from .routing import task_tier
 from .skills import Skills, prompt_block
 from .steps import StepRun, step_folders, step_grants
 from .tasksetting import TaskSetting
+from .telemetry import Telemetry, install
 from .tools import DEFAULT_CAPABILITIES, Toolbox
 from .tooluse import ToolUse
 
@@ -139,6 +140,9 @@ class Agent(Liveness, ModelAccess, TaskSetting):
         # The supervisor that started us (we are its child until it dies and we are reparented).
         spawner = os.environ.get(SUPERVISOR_ENV, "")
         self._spawner = int(spawner) if spawner.isdigit() else 0
+        self.telemetry = install(Telemetry.from_settings(config.get("telemetry"), os.environ, agent=self.name,
+                                                         workspace=str(workspace), host=config.get("host"),
+                                                         providers=self.llm.get("providers")))
 
     # -- work -----------------------------------------------------------------------------------
 
@@ -191,6 +195,7 @@ class Agent(Liveness, ModelAccess, TaskSetting):
                question: str | None = None, permanent: bool = False) -> None:
         """Close a worked task by its outcome: done with `result`, else blocked or failed for `reason`;
         blocked on a `question` until a person answers it."""
+        self.telemetry.outcome(kind)
         try:
             if kind == "done":
                 self._commit_trees(task_id)
@@ -391,7 +396,8 @@ class Agent(Liveness, ModelAccess, TaskSetting):
             self.notifier.send(TASK=doc["id"])  # at once, not at the next heartbeat
             say(self.name, f"claimed {doc['id']} ({short(doc['title'])})")
             try:
-                self.work(doc)
+                with self.telemetry.task_span(doc):
+                    self.work(doc)
             finally:
                 with self._lock:
                     self.current = None
@@ -405,6 +411,7 @@ class Agent(Liveness, ModelAccess, TaskSetting):
         if self.ledger is not None:
             self.ledger.close()
         self.board.close()
+        self.telemetry.close()
         return ORPHANED if self.orphaned else 0
 
 

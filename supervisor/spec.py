@@ -138,7 +138,9 @@ def build_specs(config: dict[str, Any], root: Path, *, python: str = sys.executa
                                   "folders_hidden": not_granted(config, defaults, entry),
                                   "mcp_servers": granted_servers(config, defaults, entry),
                                   **runtime_of(entry)}, sort_keys=True),
-                board=json.dumps({"board": config.get("board") or {}, "host": config.get("host")}, sort_keys=True),
+                board=json.dumps({"board": config.get("board") or {}, "host": config.get("host"),
+                                  **({"telemetry": config["telemetry"]} if config.get("telemetry") else {})},
+                                 sort_keys=True),
             )
             specs.append(_with_digest(spec))
     return specs

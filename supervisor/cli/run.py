@@ -101,6 +101,7 @@ def up(ctx: click.Context, detach: bool, agents_csv: str | None, with_dashboard:
     live = out.is_terminal
     console = out if live else err
     # Imported here: the runner brings the agent runtime along, which no other command needs.
+    from ..dashboard.metrics import serve_metrics
     from ..runner import Supervisor
 
     try:
@@ -116,6 +117,7 @@ def up(ctx: click.Context, detach: bool, agents_csv: str | None, with_dashboard:
             web = dashboard_server(ws, "127.0.0.1", dashboard_port, None)
             web.start_thread()
             supervisor.say(f"dashboard: {url_of('127.0.0.1', web.port)}")
+        web = web or serve_metrics(ws, config, supervisor.say)  # metrics: {port}, for a team without the dashboard
         if live:
             from rich.live import Live
 

@@ -6,7 +6,7 @@ import math
 import os
 import re
 import shutil
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ from ...agents.memory import limits_problem
 from ...agents.offer import MODES as OFFER_MODES
 from ...agents.sandbox import MODES as SANDBOX_MODES
 from ...agents.taskdir import TASKS_DIR
+from ...agents.telemetry import check_settings as telemetry_problem
 from ...agents.tools import CAPABILITIES
 from ...kanban.task import TIERS
 from .runtimes import RUNTIME_KEYS, check_chain, check_runtime
@@ -30,7 +31,7 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 TOP_KEYS = ("providers", "tiers", "defaults", "agents", "prices", "board", "host", "schedules", "routing", "alerts",
-            "budgets", "folders", "mcp_servers")
+            "budgets", "folders", "mcp_servers", "telemetry", "metrics")
 DEFAULT_KEYS = ("restart", "stop_timeout", "heartbeat_timeout", "orphan_grace", "max_rss_mb", "log_max_mb",
                 "log_keep", "max_iterations", "max_tokens", "max_cost", "terminal", "delegation", "memory",
                 "offer_tools", "folders", "sandbox", "mcp_servers")
@@ -310,3 +311,27 @@ def check_settings(node: dict[str, Any], where: str, fail: Any) -> None:
                 raise fail(backoff, f"{where}: 'backoff.{key}' must be a number of seconds >= 0{UP_TO_A_DAY}")
         if _number(backoff.get("initial")) and _number(backoff.get("max")) and backoff["initial"] > backoff["max"]:
             raise fail(backoff, f"{where}: 'backoff.initial' is larger than 'backoff.max'")
+
+
+METRICS_KEYS = ("port", "host")
+
+
+def check_observability(raw: Mapping[str, Any], fail: Callable[[Any, str], Exception]) -> None:
+    """hermes.yaml's `telemetry:` (agents/telemetry.py) and `metrics:` (dashboard/metrics.py) sections."""
+    section = raw.get("telemetry")
+    wrong = telemetry_problem(section)
+    if wrong is not None:
+        raise fail(section if isinstance(section, dict) else raw, wrong)
+    metrics = raw.get("metrics")
+    if metrics is None:
+        return
+    if not isinstance(metrics, dict):
+        raise fail(raw, "'metrics' must be a mapping (port, host)")
+    for key in metrics:
+        if key != "__line__" and key not in METRICS_KEYS:
+            raise fail(metrics, f"unknown key 'metrics.{key}'; expected one of {', '.join(METRICS_KEYS)}")
+    port = metrics.get("port")
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535):
+        raise fail(metrics, "'metrics.port' must be a port number (0 to 65535)")
+    if "host" in metrics and not isinstance(metrics["host"], str):
+        raise fail(metrics, "'metrics.host' must be an address to listen on")

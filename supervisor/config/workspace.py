@@ -26,6 +26,7 @@ from .checks import (
     DEFAULT_KEYS,
     TOP_KEYS,
     check_agent,
+    check_observability,
     check_prices,
     check_providers,
     check_settings,
@@ -199,6 +200,7 @@ def load_config(path: Path, *, skills: Callable[[], Collection[str]] | None = No
         raise fail(raw.get("routing") if isinstance(raw.get("routing"), dict) else raw, wrong)
     check_alerts(raw, fail)
     check_budgets(raw, fail)
+    check_observability(raw, fail)
     agents = raw.get("agents") or []
     if not isinstance(agents, list):
         raise fail(raw, "'agents' must be a list")

@@ -30,7 +30,7 @@ from ...kanban import BoardError, TaskError
 from ...kanban.errors import InvalidTransition, TaskNotFound
 from ..config.workspace import Workspace, board_settings, open_workspace_board
 from ..views import taskrecords, timeline
-from . import actions, follow, security, slowclients, views
+from . import actions, follow, metrics, security, slowclients, views
 from .picture import COLUMN_LIMIT
 from .sse import Hub, StreamEnd
 
@@ -305,6 +305,7 @@ def create_app(ws: Workspace, settings: Settings) -> tuple[Guard, Dashboard]:
         Route("/api/task/{task_id:str}/{command:str}", dash.change, methods=["POST"]),
         Route("/api/agent/{agent:str}/{command:str}", dash.agent, methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
+        metrics.route(dash),  # /metrics, for Prometheus
     ]
     handlers: dict[Any, Any] = {HTTPException: _http_error, actions.ActionError: _action_error,
                                 BoardError: _board_error, TaskError: _board_error, Exception: _unexpected}

@@ -32,6 +32,7 @@ from ...kanban import BoardStore
 from ...kanban.events import AGENT_EVENTS
 from ...kanban.redact import remember
 from ...kanban.task import now_iso
+from ..readers import track_reader
 
 ALERTS = ("agent_fatal", "agent_orphaned", "task_failed", "task_blocked", "budget_reached", "provider_down",
           "provider_up")
@@ -244,6 +245,7 @@ class AlertSender:
         self._secrets()
         self.cursor = self._end()  # what happened before this supervisor was alerted on then
         self._inode: int | None = None
+        track_reader("alerts", lambda: (self.cursor, self._inode) if self._thread.is_alive() else None)  # /metrics
 
     def _end(self) -> int:
         try:

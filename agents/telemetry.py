@@ -1,0 +1,487 @@
+"""OpenTelemetry traces of an agent's work (a span per task attempt, model call and tool call), over OTLP/HTTP
+when configured."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..kanban.redact import scrub
+from .logline import say
+
+TRACE_FIELD = "trace"  # in a task's `meta`: the W3C trace context of the attempt that made it (a delegation)
+TITLE_CHARS = 80
+CONTENT_CHARS = 8_000  # of a prompt or an answer, exported only with `telemetry: {content: true}`
+EXPORT_TIMEOUT = 5.0  # seconds per batch (retries included): a collector that is away costs the exit no more
+ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
+TRACES_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+TRACES_PATH = "/v1/traces"
+SETTINGS_KEYS = ("otlp_endpoint", "content")
+
+
+# -- pure: settings and attributes ---------------------------------------------------------------
+
+def check_settings(section: Any) -> str | None:
+    """What is wrong with hermes.yaml's `telemetry:` section, or None (pure)."""
+    if section is None:
+        return None
+    if not isinstance(section, dict):
+        return "'telemetry' must be a mapping (otlp_endpoint, content)"
+    for key in section:
+        if key != "__line__" and key not in SETTINGS_KEYS:
+            return f"unknown key 'telemetry.{key}'; expected one of {', '.join(SETTINGS_KEYS)}"
+    endpoint = section.get("otlp_endpoint")
+    if endpoint is not None:
+        parts = urlsplit(str(endpoint))
+        if not isinstance(endpoint, str) or parts.scheme not in ("http", "https") or not parts.netloc:
+            return "'telemetry.otlp_endpoint' must be an http(s) URL (the collector's OTLP/HTTP address)"
+    if "content" in section and not isinstance(section["content"], bool):
+        return "'telemetry.content' must be true or false"
+    return None
+
+
+def traces_url(base: str) -> str:
+    """A collector's base address as the URL its traces go to (pure): /v1/traces is added unless the
+    address names a path already (as OTEL_EXPORTER_OTLP_ENDPOINT's base and a signal's full URL)."""
+    path = urlsplit(base).path
+    return base if path not in ("", "/") else base.rstrip("/") + TRACES_PATH
+
+
+def endpoint_of(settings: Mapping[str, Any] | None, env: Mapping[str, str]) -> str | None:
+    """Where this process's traces go, or None for nowhere (pure): hermes.yaml's otlp_endpoint, else
+    the standard OTEL_EXPORTER_OTLP_* variables; OTEL_SDK_DISABLED or OTEL_TRACES_EXPORTER=none turn it off."""
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    if env.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
+        return None
+    configured = (settings or {}).get("otlp_endpoint")
+    if configured:
+        return traces_url(str(configured))
+    if env.get(TRACES_ENDPOINT_ENV):
+        return env[TRACES_ENDPOINT_ENV]  # a signal's URL is taken as it is (the OTLP exporter spec)
+    if env.get(ENDPOINT_ENV):
+        return env[ENDPOINT_ENV].rstrip("/") + TRACES_PATH
+    return None
+
+
+def cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def task_attributes(task: Mapping[str, Any], *, agent: str, host: str) -> dict[str, Any]:
+    """A task attempt's span attributes (pure): ids and counts, the title cut short, no body."""
+    return {"hermes.task.id": str(task.get("id")), "hermes.task.title": cut(str(task.get("title") or ""), TITLE_CHARS),
+            "hermes.task.role": str(task.get("role") or ""), "hermes.agent": agent, "hermes.host": host,
+            "hermes.task.attempt": int(task.get("attempts") or 1),  # counted at the claim
+            "hermes.task.claim": int(task.get("claims") or 1)}
+
+
+def model_attributes(record: Mapping[str, Any], *, provider_kind: str, requested: str,
+                     finish: str | None) -> dict[str, Any]:
+    """A model call's span attributes (pure), GenAI semantic conventions; cost is ours (hermes.*).
+    `record` is the LLM-call log's record of the call (agents/loop.py llm_record)."""
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "chat", "gen_ai.provider.name": provider_kind or str(record.get("provider")),
+        "gen_ai.request.model": requested, "gen_ai.response.model": str(record.get("model") or requested),
+        "gen_ai.usage.input_tokens": int(record.get("tokens_in") or 0),
+        "gen_ai.usage.output_tokens": int(record.get("tokens_out") or 0),
+        "hermes.provider": str(record.get("provider")), "hermes.outcome": str(record.get("outcome")),
+        "hermes.cost_usd": float(record.get("cost_usd") or 0.0)}
+    if finish:
+        attributes["gen_ai.response.finish_reasons"] = [finish]
+    if record.get("outcome") != "ok":
+        attributes["error.type"] = str(record.get("outcome"))
+    if record.get("estimated"):
+        attributes["hermes.usage.estimated"] = True
+    return attributes
+
+
+def tool_attributes(name: str, call_id: str, outcome: str, duration: float) -> dict[str, Any]:
+    """A tool call's span attributes (pure), GenAI semantic conventions."""
+    attributes: dict[str, Any] = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name,
+                                  "gen_ai.tool.call.id": call_id, "hermes.tool.outcome": outcome,
+                                  "hermes.tool.duration_s": round(duration, 6)}
+    if outcome != "ok":
+        attributes["error.type"] = outcome
+    return attributes
+
+
+QUIET_EVENTS = ("note",)  # what the supervisor says without an event of its own: its log has it
+
+
+def event_attributes(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A supervisor event's attributes (pure): which, for which agent, why; its line redacted and cut."""
+    attributes: dict[str, Any] = {"hermes.event": str(record.get("event")),
+                                  "hermes.agent": str(record.get("agent") or "")}
+    for key in ("why", "code", "signal", "reason", "delay", "state"):
+        value = record.get(key)
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool) and value != "":
+            attributes[f"hermes.{key}"] = value
+    if record.get("note"):
+        attributes["hermes.note"] = cut(scrub(str(record["note"])), 500)
+    return attributes
+
+
+def content(value: Any) -> str:
+    """A prompt, an answer or a tool's arguments as exported with `content: true` (pure but for the
+    keys this process knows): keys redacted as in every other text, cut to CONTENT_CHARS."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return cut(scrub(text), CONTENT_CHARS)
+
+
+def root_trace_id(task: Mapping[str, Any]) -> int:
+    """The trace of a task no other task's attempt made (pure): from its id and creation time, so
+    every attempt at it, on any host, lands in the same trace."""
+    digest = hashlib.sha256(f"hermes-sup trace\0{task.get('id')}\0{task.get('created_at')}".encode()).digest()
+    return int.from_bytes(digest[:16], "big") or 1
+
+
+def attempt_span_id(trace_id: int, task_id: str, claim: int) -> int:
+    """The span id of a task's attempt by its claim number (pure): the next attempt can link to the
+    one it continues without anything written to the task."""
+    digest = hashlib.sha256(f"hermes-sup span\0{trace_id:032x}\0{task_id}\0{claim}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") or 1
+
+
+# -- the process's telemetry ---------------------------------------------------------------------
+
+class Telemetry:
+    """No telemetry: what an agent without configuration holds. Every hook is a no-op, nothing of
+    OpenTelemetry is imported."""
+
+    enabled = False
+    dropped = 0
+
+    @contextlib.contextmanager
+    def task_span(self, task: Mapping[str, Any]) -> Iterator[None]:
+        yield
+
+    def outcome(self, kind: str) -> None:
+        pass
+
+    def prompt(self, messages: Any) -> None:
+        pass
+
+    def model_call(self, record: Mapping[str, Any], attempt: Any) -> None:
+        pass
+
+    def tool_call(self, name: str, call_id: str, outcome: str, duration: float, args: Any = None,
+                  result: str = "") -> None:
+        pass
+
+    def carrier(self) -> dict[str, Any]:
+        """What a task made during the current attempt carries in `meta` to join its trace."""
+        return {}
+
+    def event(self, record: Mapping[str, Any]) -> None:
+        """A supervisor event (exited, restarting, fatal, ...), exported as a span of its own."""
+
+    def close(self) -> None:
+        pass
+
+    @staticmethod
+    def from_settings(settings: Mapping[str, Any] | None, env: Mapping[str, str], *, agent: str, workspace: str,
+                      host: str | None = None, providers: Mapping[str, Any] | None = None) -> Telemetry:
+        """The process's telemetry: exporting to the configured collector, or the no-op one."""
+        endpoint = endpoint_of(settings, env)
+        if endpoint is None:
+            return Telemetry()
+        try:
+            import opentelemetry.exporter.otlp.proto.http.trace_exporter
+            import opentelemetry.sdk.trace  # noqa: F401
+        except ImportError as exc:  # configured, not installed: the agent works on and says why nothing goes out
+            say(agent, f"telemetry: nothing is exported to {endpoint}: {exc.name or exc} is not installed "
+                       "(pip install 'hermes-sup[telemetry]')", error=True)
+            return Telemetry()
+        return Tracing(endpoint, agent=agent, workspace=workspace, host=host or socket.gethostname(),
+                       content=bool((settings or {}).get("content")), env=env,
+                       kinds={name: str((spec or {}).get("kind") or "") for name, spec in (providers or {}).items()})
+
+
+_active: Telemetry = Telemetry()
+
+
+def exporting(append: Callable[[dict[str, Any]], None], telemetry: Telemetry) -> Callable[[dict[str, Any]], None]:
+    """The supervisor's `append` of its events to the board, each also exported when telemetry is on."""
+    if not telemetry.enabled:
+        return append
+
+    def both(record: dict[str, Any]) -> None:
+        append(record)  # the board first: an export never costs the event its place in the log
+        telemetry.event(record)
+
+    return both
+
+
+def install(telemetry: Telemetry) -> Telemetry:
+    """Make `telemetry` the process's (one agent a process): the delegation tool reads it."""
+    global _active
+    _active = telemetry
+    return telemetry
+
+
+def active() -> Telemetry:
+    return _active
+
+
+def trace_meta() -> dict[str, Any]:
+    """`meta` entries for a task made now (a delegation) so that its spans join this attempt's trace."""
+    carrier = _active.carrier()
+    return {TRACE_FIELD: carrier} if carrier else {}
+
+
+def _never_raises(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A hook that cannot fail the agent's work: telemetry is a bystander. What went wrong is said
+    once in the agent's log; the span is lost."""
+    def guarded(self: Tracing, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as exc:
+            if not self._broken:
+                self._broken = True
+                say(self.agent, f"telemetry: {method.__name__} failed, its span is lost: {type(exc).__name__}: {exc}",
+                    error=True)
+            return {} if method.__name__ == "carrier" else None
+
+    guarded.__name__ = method.__name__
+    guarded.__doc__ = method.__doc__
+    return guarded
+
+
+class Tracing(Telemetry):
+    """Spans exported by the OpenTelemetry SDK: batched on its own thread (an agent never waits for
+    the collector), each batch given EXPORT_TIMEOUT, a batch the collector did not take counted as
+    dropped and said in the agent's log."""
+
+    enabled = True
+
+    def __init__(self, endpoint: str, *, agent: str, workspace: str, host: str, content: bool,
+                 env: Mapping[str, str], kinds: Mapping[str, str]) -> None:
+        # Imported here: an agent without telemetry configured loads none of it.
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+        from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+        # The exporter's own warnings would repeat at every batch while the collector is away; the
+        # agent says it once, with the count, instead.
+        logging.getLogger("opentelemetry.exporter.otlp.proto.http").setLevel(logging.CRITICAL)
+        logging.getLogger("opentelemetry.exporter.otlp_common").setLevel(logging.CRITICAL)
+        logging.getLogger("opentelemetry.sdk._shared_internal").setLevel(logging.CRITICAL)  # "Queue full": counted
+        self.endpoint, self.agent, self.host, self.content, self.kinds = endpoint, agent, host, content, kinds
+        self._lock = threading.Lock()
+        self.ended = 0
+        self.exported = 0
+        self._failing = False
+        self._broken = False  # a hook failed once (said once; see _never_raises)
+        self._context: Any = None  # the current attempt's span as a parent context
+        self._span: Any = None
+        self._outcome = ""
+        self._prompt: Any = None
+        tracing = self
+
+        class Pinned(RandomIdGenerator):
+            """Random ids but for a task attempt's span, whose trace and span ids are derived (see
+            root_trace_id, attempt_span_id) and set just before it starts."""
+
+            def __init__(self) -> None:
+                self.pin = threading.local()
+
+            def generate_span_id(self) -> int:
+                pinned = getattr(self.pin, "span", None)
+                self.pin.span = None
+                return pinned or super().generate_span_id()
+
+            def generate_trace_id(self) -> int:
+                pinned = getattr(self.pin, "trace", None)
+                self.pin.trace = None
+                return pinned or super().generate_trace_id()
+
+        class Counting(SpanExporter):
+            """The OTLP exporter, its outcomes counted: what did not reach the collector is dropped."""
+
+            def __init__(self, inner: Any) -> None:
+                self.inner = inner
+
+            def export(self, spans: Any) -> Any:
+                result = self.inner.export(spans)
+                tracing._exported(len(spans), result == SpanExportResult.SUCCESS)
+                return result
+
+            def shutdown(self) -> None:
+                self.inner.shutdown()
+
+            def force_flush(self, timeout_millis: int = 30000) -> bool:
+                return self.inner.force_flush(timeout_millis)
+
+        class Ending(BatchSpanProcessor):
+            def on_end(self, span: Any) -> None:
+                with tracing._lock:
+                    tracing.ended += 1
+                super().on_end(span)
+
+        timeout = None if env.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") or env.get("OTEL_EXPORTER_OTLP_TIMEOUT") \
+            else EXPORT_TIMEOUT
+        self._ids = Pinned()
+        resource = Resource.create({"service.name": "hermes-sup", "hermes.workspace": workspace, "host.name": host,
+                                    "hermes.agent": agent, "service.instance.id": f"{host}/{agent}/{os.getpid()}"})
+        self.provider = TracerProvider(resource=resource, id_generator=self._ids)
+        self.provider.add_span_processor(Ending(Counting(OTLPSpanExporter(endpoint=endpoint, timeout=timeout)),
+                                                schedule_delay_millis=500))
+        self.tracer = self.provider.get_tracer("hermes_sup.agents")
+
+    @property
+    def dropped(self) -> int:  # type: ignore[override]
+        with self._lock:
+            return self.ended - self.exported
+
+    def _exported(self, count: int, ok: bool) -> None:
+        with self._lock:
+            if ok:
+                self.exported += count
+            was, self._failing = self._failing, not ok
+            dropped = self.ended - self.exported
+        if not ok and not was:
+            say(self.agent, f"telemetry: the collector at {self.endpoint} did not take {count} span(s); "
+                            "spans are dropped while it is away")
+        elif ok and was:
+            say(self.agent, f"telemetry: the collector at {self.endpoint} takes spans again "
+                            f"({dropped} dropped so far)")
+
+    @contextlib.contextmanager
+    def task_span(self, task: Mapping[str, Any]) -> Iterator[None]:
+        span = self._start_attempt(task)
+        if span is None:  # could not be made (said): the work goes on without it
+            yield
+            return
+        try:
+            yield
+        except BaseException as exc:
+            self._outcome = "error"
+            span.record_exception(exc)
+            raise
+        finally:
+            self._end_attempt(span)
+
+    @_never_raises
+    def _start_attempt(self, task: Mapping[str, Any]) -> Any:
+        """The span of a task's attempt, started: its trace the parent's (meta.trace) or the task's own,
+        its id derived from its claim, linked to the attempt before."""
+        from opentelemetry import trace
+        from opentelemetry.trace import Link, SpanContext, TraceFlags
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        task_id = str(task.get("id"))
+        carried = ((task.get("meta") or {}) if isinstance(task.get("meta"), dict) else {}).get(TRACE_FIELD)
+        parent = TraceContextTextMapPropagator().extract(carried) if isinstance(carried, dict) else None
+        parent_span = trace.get_current_span(parent).get_span_context() if parent is not None else None
+        trace_id = parent_span.trace_id if parent_span and parent_span.is_valid else root_trace_id(task)
+        claim = int(task.get("claims") or 1)
+        links = [Link(SpanContext(trace_id, attempt_span_id(trace_id, task_id, claim - 1), is_remote=True,
+                                  trace_flags=TraceFlags(TraceFlags.SAMPLED)), {"hermes.link": "continues"})] \
+            if claim > 1 else []
+        joined = parent_span is not None and parent_span.is_valid
+        self._ids.pin.trace = None if joined else trace_id  # a joined trace is the parent's: no id is generated
+        self._ids.pin.span = attempt_span_id(trace_id, task_id, claim)
+        span = self.tracer.start_span(f"task {task_id}", context=parent if joined else None,
+                                      attributes=task_attributes(task, agent=self.agent, host=self.host), links=links)
+        self._span, self._context, self._outcome = span, trace.set_span_in_context(span), "interrupted"
+        return span
+
+    @_never_raises
+    def _end_attempt(self, span: Any) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        self._span = self._context = self._prompt = None
+        span.set_attribute("hermes.task.outcome", self._outcome)
+        if self._outcome in ("failed", "error"):
+            span.set_status(Status(StatusCode.ERROR, self._outcome))
+        span.end()
+
+    def outcome(self, kind: str) -> None:
+        self._outcome = kind
+
+    @_never_raises
+    def prompt(self, messages: Any) -> None:
+        if self.content:
+            self._prompt = list(messages)
+
+    def _child(self, name: str, attributes: dict[str, Any], duration: float, error: bool) -> None:
+        """A span under the current attempt's, ended now, begun `duration` seconds ago: the hooks
+        are called once the call is over (its record written), so the loop wraps nothing."""
+        from opentelemetry.trace import Status, StatusCode
+
+        end = time.time_ns()
+        span = self.tracer.start_span(name, context=self._context, attributes=attributes,
+                                      start_time=end - int(max(duration, 0.0) * 1e9))
+        if error:
+            span.set_status(Status(StatusCode.ERROR))
+        span.end(end_time=end)
+
+    @_never_raises
+    def model_call(self, record: Mapping[str, Any], attempt: Any) -> None:
+        completion = getattr(attempt, "completion", None)
+        attributes = model_attributes(record, provider_kind=self.kinds.get(str(record.get("provider")), ""),
+                                      requested=str(getattr(attempt, "model", "") or record.get("model")),
+                                      finish=getattr(completion, "stop", None) if completion is not None else None)
+        if self.content:
+            if self._prompt is not None:
+                attributes["gen_ai.input.messages"] = content(self._prompt)
+            if completion is not None:
+                attributes["gen_ai.output.messages"] = content([completion.message])
+        self._child(f"chat {attributes['gen_ai.request.model']}", attributes, float(record.get("latency_s") or 0.0),
+                    record.get("outcome") != "ok")
+
+    @_never_raises
+    def tool_call(self, name: str, call_id: str, outcome: str, duration: float, args: Any = None,
+                  result: str = "") -> None:
+        attributes = tool_attributes(name, call_id, outcome, duration)
+        if self.content:
+            attributes["gen_ai.tool.call.arguments"] = content(args if args is not None else {})
+            attributes["gen_ai.tool.call.result"] = content(result)
+        self._child(f"execute_tool {name}", attributes, duration, outcome != "ok")
+
+    @_never_raises
+    def carrier(self) -> dict[str, Any]:
+        if self._context is None:
+            return {}
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        carrier: dict[str, str] = {}
+        TraceContextTextMapPropagator().inject(carrier, context=self._context)
+        return carrier
+
+    @_never_raises
+    def event(self, record: Mapping[str, Any]) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        name = str(record.get("event"))
+        if name in QUIET_EVENTS:
+            return
+        attributes = event_attributes(record)
+        span = self.tracer.start_span(f"supervisor {name}", attributes=attributes)
+        span.add_event(name, attributes)
+        if name == "fatal" or record.get("why") in ("hang", "memory"):
+            span.set_status(Status(StatusCode.ERROR, name))
+        span.end()
+
+    def close(self) -> None:
+        """Export what is left (each batch bounded by the export timeout) and say what was dropped."""
+        self.provider.shutdown()
+        with self._lock:
+            ended, dropped = self.ended, self.ended - self.exported
+        if dropped:
+            say(self.agent, f"telemetry: {dropped} of {ended} span(s) dropped: the collector at {self.endpoint} "
+                            "did not take them")
+        else:
+            say(self.agent, f"telemetry: {ended} span(s) exported to {self.endpoint}")

@@ -1,0 +1,424 @@
+"""Traces: a real team's agents export over the real OTLP/HTTP exporter to a receiver in the test that
+decodes the protobuf (opentelemetry-proto): the shape of a task's trace, its GenAI attributes, no
+content by default, a delegated child in its parent's trace, and an agent that works on and counts
+what it dropped while no collector listens."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hermes_sup.agents import telemetry
+from hermes_sup.kanban import Board
+from hermes_sup.supervisor.config.workspace import ConfigError, load_config
+
+from .conftest import CLI, ROOT, wait_until
+from .llm_server import ScriptedLLM, openai_reply
+
+SECRET = "PROMPT-TEXT-7f3a"  # in a task's body: never in what is exported without `content: true`
+
+
+def _value(any_value: Any) -> Any:
+    kind = any_value.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(item) for item in any_value.array_value.values]
+    return getattr(any_value, kind) if kind else None
+
+
+class Receiver:
+    """An OTLP/HTTP traces receiver on 127.0.0.1: each POST to /v1/traces decoded as the collector's
+    ExportTraceServiceRequest, its spans kept flat with their resource's attributes."""
+
+    def __init__(self) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+            ExportTraceServiceResponse,
+        )
+
+        self.spans: list[dict[str, Any]] = []
+        self.bodies: list[bytes] = []
+        self.paths: list[str] = []
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                flat = []
+                for resource_spans in request.resource_spans:
+                    resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
+                    for scope_spans in resource_spans.scope_spans:
+                        for span in scope_spans.spans:
+                            flat.append({
+                                "name": span.name, "trace": span.trace_id.hex(), "id": span.span_id.hex(),
+                                "parent": span.parent_span_id.hex(), "resource": resource,
+                                "attributes": {a.key: _value(a.value) for a in span.attributes},
+                                "links": [(link.trace_id.hex(), link.span_id.hex()) for link in span.links],
+                                "start": span.start_time_unix_nano, "end": span.end_time_unix_nano,
+                                "status": span.status.code})
+                with receiver.lock:
+                    receiver.bodies.append(body)
+                    receiver.paths.append(self.path)
+                    receiver.spans += flat
+                reply = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def agents_spans(self) -> list[dict[str, Any]]:
+        """The agents' spans (the supervisor's events are spans of their own, each its own trace)."""
+        with self.lock:
+            return [span for span in self.spans if span["resource"].get("hermes.agent") != "supervisor"]
+
+    def named(self, prefix: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [span for span in self.spans if span["name"].startswith(prefix)]
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    found = Receiver()
+    yield found
+    found.close()
+
+
+@pytest.fixture(autouse=True)
+def no_otel_from_the_shell(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A collector the shell names must not receive a test's spans, nor decide whether there are any."""
+    for name in list(os.environ):
+        if name.startswith("OTEL_"):
+            monkeypatch.delenv(name)
+
+
+def workspace(tmp_path: Path, llm: ScriptedLLM, endpoint: str | None, agent: str = "") -> Path:
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    (ws / "hermes.yaml").write_text(
+        f"providers:\n  scripted: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
+        "tiers: {cheap: [scripted], standard: [scripted], premium: [scripted]}\n"
+        + (f"telemetry: {{otlp_endpoint: '{endpoint}'}}\n" if endpoint else "")
+        + "defaults:\n  stop_timeout: 20\n"
+        + f"agents:\n  - name: thinker\n{agent}")
+    return ws
+
+
+def finished(board: Board, task_id: str) -> dict[str, Any] | None:
+    doc = board.get(task_id)
+    return doc if doc["status"] in ("done", "failed", "blocked") else None
+
+
+def test_one_task_is_one_trace_with_its_model_and_tool_calls_under_it(tmp_path, receiver, up):
+    with ScriptedLLM() as llm:
+        ws = workspace(tmp_path, llm, receiver.url)
+        llm.script("openai", openai_reply(tool_calls=[("write_file", {"path": "a.txt", "content": SECRET})],
+                                          prompt=120, completion=15),
+                   openai_reply("Wrote it.", prompt=160, completion=4))
+        board = Board(ws / "kanban")
+        task = board.add({"title": "Write a note " + "x" * 200, "body": f"Write {SECRET} to a.txt"})
+        up(ws)
+        assert wait_until(lambda: finished(board, task["id"]), timeout=60)["status"] == "done"
+        # Order by events: the attempt's span ends after the task's close, and is exported after it.
+        tops = wait_until(lambda: receiver.named("task "), timeout=30)
+    assert receiver.paths and set(receiver.paths) == {"/v1/traces"}
+    assert len(tops) == 1
+    top = tops[0]
+    spans = [span for span in receiver.spans if span["trace"] == top["trace"]]
+    assert len({span["trace"] for span in receiver.agents_spans()}) == 1, "one task, one trace"
+    assert top["parent"] == "", "the attempt is the trace's root"
+    chats = sorted((s for s in spans if s["name"].startswith("chat ")), key=lambda s: s["start"])
+    tools = [s for s in spans if s["name"].startswith("execute_tool ")]
+    assert len(chats) == 2 and len(tools) == 1 and len(spans) == 4
+    assert {s["parent"] for s in chats + tools} == {top["id"]}, "model and tool calls are children of the attempt"
+    assert chats[0]["end"] <= tools[0]["start"] + 1_000_000 and tools[0]["end"] <= chats[1]["start"] + 1_000_000
+    assert top["start"] <= chats[0]["start"] and chats[1]["end"] <= top["end"]
+    attrs = top["attributes"]
+    assert attrs["hermes.task.id"] == task["id"] and attrs["hermes.agent"] == "thinker"
+    assert attrs["hermes.task.outcome"] == "done" and attrs["hermes.task.attempt"] == 1
+    assert len(attrs["hermes.task.title"]) <= telemetry.TITLE_CHARS and attrs["hermes.task.title"].startswith("Write a")
+    assert attrs["hermes.host"] == socket.gethostname()
+    first = chats[0]["attributes"]
+    assert first["gen_ai.operation.name"] == "chat" and first["gen_ai.provider.name"] == "openai"
+    assert first["gen_ai.request.model"] == "m" and first["gen_ai.response.model"] == "scripted-gpt"
+    assert (first["gen_ai.usage.input_tokens"], first["gen_ai.usage.output_tokens"]) == (120, 15)
+    assert first["gen_ai.response.finish_reasons"] == ["tool_calls"]
+    assert chats[1]["attributes"]["gen_ai.response.finish_reasons"] == ["stop"]
+    assert "hermes.cost_usd" in first and first["hermes.outcome"] == "ok"
+    tool = tools[0]["attributes"]
+    assert tool["gen_ai.tool.name"] == "write_file" and tool["hermes.tool.outcome"] == "ok"
+    assert tool["gen_ai.operation.name"] == "execute_tool" and tool["hermes.tool.duration_s"] >= 0
+    resource = top["resource"]
+    assert resource["service.name"] == "hermes-sup" and resource["hermes.workspace"] == str(ws)
+    assert resource["host.name"] == socket.gethostname()
+    assert all(SECRET.encode() not in body for body in receiver.bodies), "no prompt or tool content by default"
+    assert not any(key.startswith(("gen_ai.input", "gen_ai.output", "gen_ai.tool.call.arg")) for span in spans
+                   for key in span["attributes"])
+
+
+def test_a_delegated_childs_attempt_joins_its_parents_trace(tmp_path, receiver, up):
+    with ScriptedLLM() as llm:
+        ws = workspace(tmp_path, llm, receiver.url, "    capabilities: [fs.read, fs.write, memory, kanban, delegate]\n")
+        llm.script("openai", openai_reply(tool_calls=[("delegate_task", {"goal": "Add 2 and 3"})]),
+                   openai_reply("5"), openai_reply("The helper says 5."))
+        board = Board(ws / "kanban")
+        task = board.add({"title": "compute with help"})
+        up(ws)
+        assert wait_until(lambda: finished(board, task["id"]), timeout=60)["status"] == "done"
+        tops = wait_until(lambda: len(receiver.named("task ")) == 2 and receiver.named("task "), timeout=30)
+    child = next(d for d in board.list().tasks if (d.get("meta") or {}).get("parent"))
+    parent_span = next(s for s in tops if s["attributes"]["hermes.task.id"] == task["id"])
+    child_span = next(s for s in tops if s["attributes"]["hermes.task.id"] == child["id"])
+    assert child["meta"][telemetry.TRACE_FIELD]["traceparent"].split("-")[1:3] == \
+        [parent_span["trace"], parent_span["id"]], "the trace context travels in the task document"
+    assert child_span["trace"] == parent_span["trace"] and child_span["parent"] == parent_span["id"]
+    assert child_span["attributes"]["hermes.agent"].startswith("thinker.sub-")
+    delegation = next(s for s in receiver.spans if s["name"] == "execute_tool delegate_task")
+    assert delegation["parent"] == parent_span["id"]
+    assert len({span["trace"] for span in receiver.agents_spans()}) == 1
+
+
+def test_without_a_collector_the_agent_works_on_and_says_how_many_spans_it_dropped(tmp_path, up):
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with ScriptedLLM() as llm:
+        ws = workspace(tmp_path, llm, f"http://127.0.0.1:{port}")
+        llm.script("openai", openai_reply(tool_calls=[("write_file", {"path": "a.txt", "content": "1"})]),
+                   openai_reply("Wrote it."))
+        board = Board(ws / "kanban")
+        task = board.add({"title": "Write a note"})
+        up(ws)
+        assert wait_until(lambda: finished(board, task["id"]), timeout=60)["status"] == "done"
+        stopped = subprocess.run([*CLI, "-w", str(ws), "down", "--timeout", "30"], capture_output=True, text=True,
+                                 timeout=60, cwd=ROOT)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    log = (ws / "runs/thinker/agent.log").read_text()
+    assert f"telemetry: 4 of 4 span(s) dropped: the collector at http://127.0.0.1:{port}/v1/traces" in log, log
+    assert "did not take" in log and "Traceback" not in log
+
+
+def test_a_resumed_attempt_links_to_the_one_it_continues(receiver):
+    tracing = telemetry.Telemetry.from_settings({"otlp_endpoint": receiver.url}, {}, agent="a", workspace="/w")
+    doc = {"id": "t-1", "title": "t", "created_at": "2026-01-01T00:00:00Z", "claims": 1, "attempts": 0}
+    try:
+        with tracing.task_span(doc):
+            pass
+        with tracing.task_span({**doc, "claims": 2}):
+            tracing.outcome("done")
+    finally:
+        tracing.close()
+    first, second = sorted(receiver.named("task "), key=lambda s: s["attributes"]["hermes.task.claim"])
+    assert first["trace"] == second["trace"], "every attempt at a task is in one trace"
+    assert second["links"] == [(first["trace"], first["id"])]
+    assert first["attributes"]["hermes.task.outcome"] == "interrupted"
+    assert second["attributes"]["hermes.task.outcome"] == "done"
+
+
+def test_content_is_exported_only_when_asked_and_redacted(receiver, monkeypatch):
+    from hermes_sup.agents.fallback import Attempt
+    from hermes_sup.agents.translate import Completion, Usage
+    from hermes_sup.kanban import redact
+
+    monkeypatch.setattr(redact, "_known", ())
+    redact.remember(["sk-live-1234567890abcdef"])
+    tracing = telemetry.Telemetry.from_settings({"otlp_endpoint": receiver.url, "content": True}, {}, agent="a",
+                                                workspace="/w")
+    try:
+        with tracing.task_span({"id": "t-2", "title": "t", "claims": 1}):
+            tracing.prompt([{"role": "user", "content": "my key is sk-live-1234567890abcdef"}])
+            completion = Completion(message={"role": "assistant", "content": "ok"}, usage=Usage(10, 2), stop="stop",
+                                    model="m")
+            tracing.model_call({"provider": "p", "model": "m", "outcome": "ok", "tokens_in": 10, "tokens_out": 2,
+                                "latency_s": 0.2}, Attempt("p", "m", "ok", 0.2, completion))
+    finally:
+        tracing.close()
+    chat = receiver.named("chat ")[0]["attributes"]
+    sent = chat["gen_ai.input.messages"]
+    assert "my key is" in sent and "sk-live-1234567890abcdef" not in sent
+    assert '"ok"' in chat["gen_ai.output.messages"]
+
+
+def test_unconfigured_nothing_is_exported_and_nothing_imported():
+    script = ("import sys, os\n"
+              "from hermes_sup.agents import worker, loop\n"
+              "from hermes_sup.agents.telemetry import Telemetry\n"
+              "t = Telemetry.from_settings(None, {}, agent='a', workspace='/w')\n"
+              "with t.task_span({'id': 'x'}):\n"
+              "    t.tool_call('read_file', 'c', 'ok', 0.1)\n"
+              "t.close()\n"
+              "loaded = sorted(m for m in sys.modules if m.startswith(('opentelemetry', 'prometheus')))\n"
+              "print(type(t).__name__, loaded)")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60,
+                         cwd=ROOT, check=True).stdout
+    assert out.strip() == "Telemetry []"
+
+
+def test_where_spans_go():
+    assert telemetry.endpoint_of(None, {}) is None
+    assert telemetry.endpoint_of({"otlp_endpoint": "http://c:4318"}, {}) == "http://c:4318/v1/traces"
+    assert telemetry.endpoint_of({"otlp_endpoint": "http://c:4318/custom"}, {}) == "http://c:4318/custom"
+    assert telemetry.endpoint_of({}, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318/"}) == "http://c:4318/v1/traces"
+    assert telemetry.endpoint_of({}, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c/x"}) == "http://c/x"
+    assert telemetry.endpoint_of({"otlp_endpoint": "http://c"}, {"OTEL_SDK_DISABLED": "true"}) is None
+    assert telemetry.endpoint_of({}, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c", "OTEL_TRACES_EXPORTER": "none"}) \
+        is None
+
+
+@pytest.mark.parametrize("section, line, message", [
+    ("telemetry: {endpoint: 'http://c'}", 3, "unknown key 'telemetry.endpoint'"),
+    ("telemetry: {otlp_endpoint: 'c:4318'}", 3, "'telemetry.otlp_endpoint' must be an http(s) URL"),
+    ("telemetry: {content: 'yes'}", 3, "'telemetry.content' must be true or false"),
+    ("telemetry: [http://c]", 1, "'telemetry' must be a mapping"),  # a scalar or list has no line: the file's
+    ("metrics: {port: 'x'}", 3, "'metrics.port' must be a port number"),
+    ("metrics: {path: /m}", 3, "unknown key 'metrics.path'"),
+])
+def test_telemetry_and_metrics_settings_that_cannot_be_are_refused_with_file_and_line(tmp_path, section, line,
+                                                                                       message):
+    path = tmp_path / "hermes.yaml"
+    path.write_text(f"agents:\n  - name: a\n{section}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, skills=lambda: ())
+    assert f"{path}:{line}: {message}" in str(info.value)
+
+
+def test_attributes_are_pure_and_cut():
+    attrs = telemetry.task_attributes({"id": "t", "title": "y" * 500, "claims": 3, "attempts": 1}, agent="a",
+                                      host="h")
+    assert len(attrs["hermes.task.title"]) == telemetry.TITLE_CHARS and attrs["hermes.task.claim"] == 3
+    model = telemetry.model_attributes({"provider": "p", "model": "m2", "outcome": "rate_limited", "tokens_in": 0},
+                                       provider_kind="", requested="m", finish=None)
+    assert model["error.type"] == "rate_limited" and model["gen_ai.provider.name"] == "p"
+    assert "gen_ai.response.finish_reasons" not in model
+    assert json.dumps(telemetry.tool_attributes("t", "c", "refused", 0.5))
+
+
+def test_the_supervisor_exports_an_agents_exit_and_restart_on_the_same_resource(tmp_path, receiver, up):
+    from .conftest import supervisor_state
+
+    with ScriptedLLM() as llm:
+        ws = workspace(tmp_path, llm, receiver.url)
+        up(ws)
+        wait_until(lambda: (supervisor_state(ws).get("agents") or {}).get("thinker", {}).get("state") == "running",
+                   timeout=30)
+        pid = supervisor_state(ws)["agents"]["thinker"]["pid"]
+        os.kill(pid, 9)
+        restarting = wait_until(lambda: receiver.named("supervisor restarting"), timeout=30)[0]
+        exited = receiver.named("supervisor exited")[0]
+    assert exited["attributes"]["hermes.agent"] == "thinker" and exited["attributes"]["hermes.signal"] == "SIGKILL"
+    assert restarting["attributes"]["hermes.event"] == "restarting"
+    resource = restarting["resource"]
+    assert resource["service.name"] == "hermes-sup" and resource["hermes.workspace"] == str(ws)
+    assert resource["host.name"] == socket.gethostname()
+    assert not receiver.named("supervisor note"), "the supervisor's chatter stays in its log"
+
+
+def test_the_standard_otel_variables_configure_it_without_hermes_yaml(tmp_path, receiver, up, monkeypatch):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    with ScriptedLLM() as llm:
+        ws = workspace(tmp_path, llm, None)
+        llm.script("openai", openai_reply("Done."))
+        board = Board(ws / "kanban")
+        task = board.add({"title": "Say done"})
+        up(ws)
+        assert wait_until(lambda: finished(board, task["id"]), timeout=60)["status"] == "done"
+        top = wait_until(lambda: receiver.named("task "), timeout=30)[0]
+    assert top["attributes"]["hermes.task.id"] == task["id"]
+    assert [s["parent"] for s in receiver.named("chat ")] == [top["id"]]
+
+
+PG_DSN_ENV = "HERMES_SUP_TELEMETRY_TEST_DSN"
+
+
+@pytest.fixture
+def database(pg_server) -> Iterator[str]:
+    from . import pgserver
+
+    with pgserver.fresh_database(pg_server, "telemetry", "pw-telemetry-test") as dsn:
+        yield dsn
+
+
+def test_a_task_made_on_one_host_joins_its_makers_trace_on_another_host_of_a_postgres_board(
+        tmp_path, receiver, up, database, monkeypatch):
+    from hermes_sup.kanban.backends import open_board
+
+    monkeypatch.setenv(PG_DSN_ENV, database)
+
+    def responder(api: str, body: dict[str, Any]) -> dict[str, Any]:
+        messages = body["messages"]
+        if "Help with the sum" in str(messages[1].get("content")):
+            return openai_reply("4")  # the helper, on box-b
+        if messages[-1]["role"] == "tool":
+            return openai_reply("Asked for help.")
+        return openai_reply(tool_calls=[("kanban_create", {"title": "Help with the sum", "role": "help"})])
+
+    with ScriptedLLM(responder=responder) as llm:
+        hosts = {}
+        for host, agent in (("box-a", "lead"), ("box-b", "helper")):
+            ws = tmp_path / host
+            subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+            (ws / "hermes.yaml").write_text(
+                f"providers:\n  scripted: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
+                "tiers: {cheap: [scripted], standard: [scripted], premium: [scripted]}\n"
+                f"telemetry: {{otlp_endpoint: '{receiver.url}'}}\n"
+                f"board: {{backend: postgres, dsn_env: {PG_DSN_ENV}}}\nhost: {host}\n"
+                f"agents:\n  - name: {agent}\n    roles: [{'lead' if agent == 'lead' else 'help'}]\n"
+                "    offer_tools: all\n")
+            hosts[host] = ws
+        board = open_board(hosts["box-a"], {"backend": "postgres", "dsn_env": PG_DSN_ENV}, host="box-a")
+        try:
+            task = board.add({"title": "Lead the work", "role": "lead"})
+            up(hosts["box-a"])
+            up(hosts["box-b"])
+            assert wait_until(lambda: finished(board, task["id"]), timeout=60)["status"] == "done"
+            made = wait_until(lambda: [d for d in board.list().tasks
+                                       if (d.get("meta") or {}).get("created_by_task") == task["id"]
+                                       and d["status"] == "done"], timeout=60)[0]
+        finally:
+            board.close()
+        tops = wait_until(lambda: len(receiver.named("task ")) == 2 and receiver.named("task "), timeout=30)
+    lead = next(s for s in tops if s["attributes"]["hermes.task.id"] == task["id"])
+    helper = next(s for s in tops if s["attributes"]["hermes.task.id"] == made["id"])
+    assert (lead["resource"]["host.name"], helper["resource"]["host.name"]) == ("box-a", "box-b")
+    assert helper["attributes"]["hermes.agent"] == "helper"
+    assert helper["trace"] == lead["trace"] and helper["parent"] == lead["id"], \
+        "the task made on box-a carries the trace to box-b's agent through the database"
+
+
+def test_a_hook_that_fails_never_fails_the_work_and_says_so_once(receiver, capsys):
+    tracing = telemetry.Telemetry.from_settings({"otlp_endpoint": receiver.url}, {}, agent="a", workspace="/w")
+    try:
+        with tracing.task_span({"id": "t-3", "title": "t", "claims": 1}):
+            for _ in range(2):  # a record no log would hold: tokens that are no number
+                tracing.model_call({"provider": "p", "model": "m", "outcome": "ok", "tokens_in": "many"}, None)
+            tracing.outcome("done")
+    finally:
+        tracing.close()
+    said = capsys.readouterr().err
+    assert said.count("telemetry: model_call failed, its span is lost: ValueError") == 1
+    assert [s["attributes"]["hermes.task.outcome"] for s in receiver.named("task ")] == ["done"]
+    assert not receiver.named("chat ")
