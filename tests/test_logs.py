@@ -16,7 +16,7 @@ import pytest
 from hermes_sup.agents.logline import call_line, model_line, short, stamp
 from hermes_sup.kanban import Board
 from hermes_sup.supervisor.cli.logs import SinceFilter, parse_since
-from hermes_sup.supervisor.views import render
+from hermes_sup.supervisor.views import logtext
 
 from .conftest import CLI, wait_until
 from .test_supervisor import hermes, llm_workspace, make_ws
@@ -49,16 +49,16 @@ def test_call_and_model_lines_say_name_args_outcome_and_duration():
 
 def test_stamp_is_utc_to_the_second_and_read_back():
     assert stamp(86400 * 365) == "1971-01-01T00:00:00Z"
-    assert render.line_time(f"{stamp(1_800_000_000)} a: b") == 1_800_000_000
-    assert render.line_time("Traceback (most recent call last):") is None
+    assert logtext.line_time(f"{stamp(1_800_000_000)} a: b") == 1_800_000_000
+    assert logtext.line_time("Traceback (most recent call last):") is None
 
 
 def test_agent_colour_is_stable_across_processes_and_never_red():
-    code = "from hermes_sup.supervisor.views.render import agent_colour; print(agent_colour('worker-1'))"
+    code = "from hermes_sup.supervisor.views.logtext import agent_colour; print(agent_colour('worker-1'))"
     seen = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": seed}).stdout.strip() for seed in ("1", "2", "3")}
-    assert seen == {render.agent_colour("worker-1")}
-    colours = {render.agent_colour(f"agent-{i}") for i in range(40)}
+    assert seen == {logtext.agent_colour("worker-1")}
+    colours = {logtext.agent_colour(f"agent-{i}") for i in range(40)}
     assert len(colours) > 3 and not any("red" in colour for colour in colours)
 
 
@@ -84,9 +84,9 @@ def test_since_filter_keeps_a_traceback_with_its_line():
 
 
 def test_log_text_drops_the_agents_own_name_only():
-    assert render.log_text("w", f"{stamp(0)} w: claimed x") == "1970-01-01T00:00:00Z claimed x"
-    assert render.log_text("w", f"{stamp(0)} other: hi") == "1970-01-01T00:00:00Z other: hi"
-    assert render.log_text("w", "w: plain\x1b") == "w: plain\\x1b"
+    assert logtext.log_text("w", f"{stamp(0)} w: claimed x") == "1970-01-01T00:00:00Z claimed x"
+    assert logtext.log_text("w", f"{stamp(0)} other: hi") == "1970-01-01T00:00:00Z other: hi"
+    assert logtext.log_text("w", "w: plain\x1b") == "w: plain\\x1b"
 
 
 # -- with real teams --------------------------------------------------------------------------------

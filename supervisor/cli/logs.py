@@ -23,7 +23,7 @@ from ..config.workspace import load_config
 from ..ingestwarn import recent_rejections, rejections
 from ..interrupt import interruptible
 from ..spec import build_specs
-from ..views import render
+from ..views import logtext, render
 from .common import Failure, command, err, handled, is_regular, literal, workspace_of
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
@@ -71,7 +71,7 @@ class SinceFilter:
     def keep(self, line: str) -> bool:
         if self.since is None:
             return True
-        written = render.line_time(line)
+        written = logtext.line_time(line)
         if written is not None:
             self.keeping = written >= self.since
         return self.keeping
@@ -108,7 +108,7 @@ class Printer:
 
     def __init__(self, names: list[str], since: float | None) -> None:
         self.width = max((len(name) for name in names), default=0)
-        self.colour = render.colour_wanted(sys.stdout)
+        self.colour = logtext.colour_wanted(sys.stdout)
         self.filters = {name: SinceFilter(since) for name in names}
 
     def print(self, name: str, raw: bytes | str) -> None:
@@ -117,8 +117,8 @@ class Printer:
             return
         prefix = render.visible(f"{name:<{self.width}}")
         if self.colour:
-            prefix = click.style(prefix, fg=render.agent_colour(name))
-        click.echo(f"{prefix} | {render.log_text(name, line)}")
+            prefix = click.style(prefix, fg=logtext.agent_colour(name))
+        click.echo(f"{prefix} | {logtext.log_text(name, line)}")
 
 
 @command()

@@ -26,7 +26,7 @@ from ..procs import tree_rss_mb, trees_rss_mb
 from ..spec import build_specs
 from ..statefile import read_state, supervisor_alive
 from ..sweep import LOCK_FILE, sweep
-from ..views import render
+from ..views import logtext, render
 from .common import (
     Failure,
     command,
@@ -262,8 +262,8 @@ class LogTail:
                 continue
             lines, self.offsets[name] = read_complete_lines(child.spec.workdir / "agent.log", self.offsets.get(name, 0))
             for line in lines:
-                self.console.print(Text.assemble((visible(f"{name:<{width}}"), render.agent_colour(name)), " | ",
-                                                 render.log_text(name, line.decode("utf-8", "replace"))),
+                self.console.print(Text.assemble((visible(f"{name:<{width}}"), logtext.agent_colour(name)), " | ",
+                                                 logtext.log_text(name, line.decode("utf-8", "replace"))),
                                    highlight=False, soft_wrap=True)  # a log line stays one line
 
 
