@@ -24,8 +24,14 @@ and the rules every command shares, are in [Commands](commands.md); exit codes i
 """
 
 
+def _prose(text: str) -> str:
+    """Help text as Markdown prose: a `<` outside backticks is shown, never taken as an HTML tag."""
+    parts = text.split("`")
+    return "`".join(part.replace("<", "&lt;") if i % 2 == 0 else part for i, part in enumerate(parts))
+
+
 def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+    return _prose(" ".join(text.split())).replace("|", "\\|")
 
 
 def _help(text: str) -> list[str]:
@@ -37,7 +43,7 @@ def _help(text: str) -> list[str]:
         if rows and rows[0].strip() == "\b":
             lines += ["```text", *rows[1:], "```", ""]
         elif rows:
-            lines += [*rows, ""]
+            lines += [*map(_prose, rows), ""]
     return lines
 
 
@@ -73,7 +79,8 @@ def _section(command: click.Command, ctx: click.Context) -> list[str]:
     if records:
         lines += ["| option | what it does |", "|---|---|"]
         for names, help_text in records:
-            lines.append(f"| `{_cell(names)}` | {_cell(help_text) or ' '} |")
+            flag = " ".join(names.split())  # in backticks: a pipe there is no column's edge
+            lines.append(f"| `{flag}` | {_cell(help_text) or ' '} |")
         lines.append("")
     if isinstance(command, click.Group):
         subs = [name for name in command.list_commands(ctx)
