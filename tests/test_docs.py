@@ -93,3 +93,11 @@ def test_your_first_team_as_written(tmp_path: Path) -> None:
 @pytest.mark.timeout(600)
 def test_your_first_skill_as_written(tmp_path: Path) -> None:
     assert run_as_written("tutorials/first-skill.md", tmp_path) >= 8
+
+
+def test_the_readme_is_a_front_page_whose_links_lead_somewhere() -> None:
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    for target in re.findall(r"\]\((?!https?:)([^)#]+)", text):
+        assert (ROOT / target).exists(), target
+    assert "CONTRACT" not in text and "pip install hermes-sup" not in text
