@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: up test test-latest lock lint bench real-smoke clean chromium postgres-server bubblewrap prometheus hermes-agent
+.PHONY: up test test-latest lock lint bench real-smoke clean chromium postgres-server bubblewrap prometheus hermes-agent docs docs-build
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,15 @@ $(VENV)/.installed-test: pyproject.toml $(LOCK) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -c $(LOCK) --no-build-isolation -e '.[test]'
 	$(BIN)/python -m pip download --quiet --no-deps -c $(LOCK) -d $(VENV)/wheelhouse openai-agents supervisor
 	touch $(VENV)/.installed $@
+
+# The documentation site (mkdocs.yml, docs/): `make docs` serves it on http://127.0.0.1:8000/ and
+# rebuilds it as pages change; `make docs-build` writes it to site/, strict (a broken link fails it).
+# The reference of every command and option is generated from the CLI by docs_tools/cli_reference.py.
+docs: $(VENV)/.installed-test
+	$(BIN)/mkdocs serve
+
+docs-build: $(VENV)/.installed-test
+	$(BIN)/mkdocs build --strict
 
 # On a board that never held a task (a fresh clone), the example tasks are dropped in first.
 up: $(VENV)/.installed

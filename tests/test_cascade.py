@@ -62,7 +62,7 @@ def test_the_check_accepts_valid_calls_and_confident_answers_and_escalates_the_r
     ("0.7", 0.7, True), ("70%", 0.7, True), ("0.85", 0.85, True), ("1", 1.0, True), ("0", 0.0, True),
     ("0.6999", 0.7, False), ("69%", 0.7, False), ("0.84", 0.85, False), ("0.99", 1.0, False)])
 def test_a_confidence_exactly_at_min_confidence_is_kept_and_just_below_escalates(reported, minimum, accepted):
-    # "At least min_confidence" (README, Routing strategies): the boundary itself is kept.
+    # "At least min_confidence" (docs/explanation/llm-providers.md, Routing strategies): the boundary itself is kept.
     kept, why = judge({"role": "assistant", "content": f"It is 42.\nconfidence: {reported}"}, None, minimum)
     assert kept is accepted, why
     assert why == (f"confidence {confidence('confidence: ' + reported):g}" if accepted

@@ -1,4 +1,5 @@
-"""`hermes-sup init --example research`, run as the README's walkthrough runs it: offline, the digest's
+"""`hermes-sup init --example research`, run as the docs' walkthrough runs it
+(docs/how-to/folders-and-mcp.md): offline, the digest's
 steps read two PDFs and two Markdown papers from a read-only folder into report/, and a review gathers
 every finding; the LLM task waits for a provider; the papers are never written. Then the LLM task with
 a (scripted) model: the planner splits the reading, the readers' extract_text calls (a skill: run

@@ -321,7 +321,8 @@ def test_a_memories_folder_that_is_a_symlink_is_not_followed(ws, profile, tmp_pa
 
 @pytest.mark.parametrize("dry_run", [False, True])
 def test_a_team_whose_agents_name_bundled_and_workspace_skills_takes_an_import(tmp_path, profile, dry_run):
-    # The README's path: `init --example` (workers with the bundled data_tools and summarize), a skill
+    # The docs' path (docs/how-to/from-hermes-agent.md): `init --example` (workers with the bundled
+    # data_tools and summarize), a skill
     # of the workspace's own named too, then import-hermes. The check of the new hermes.yaml must know
     # the skills `up` knows; it once knew none, and refused every team that named a skill.
     team = tmp_path / "team"

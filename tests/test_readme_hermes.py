@@ -1,4 +1,5 @@
-"""The README's "Coming from Hermes Agent", run as written: its shell lines in order, in a workspace
+"""The docs' "Coming from Hermes Agent" (docs/how-to/from-hermes-agent.md, once a section of the
+README), run as written: its shell lines in order, in a workspace
 of the test's, with HOME a folder of the test's whose ~/.hermes the real Hermes Agent CLI made
 (`hermes profile create coder`, `hermes kanban create ...`, hermes-agent from .venv-hermes). What a
 line's comment quotes must be in what it printed."""
@@ -14,13 +15,12 @@ from pathlib import Path
 from .conftest import ROOT
 from .test_runtime_hermes import hermes_program
 
-SECTION = "## Coming from Hermes Agent"
+PAGE = ROOT / "docs" / "how-to" / "from-hermes-agent.md"  # the section, a page of its own
+OTHER_AGENTS = ROOT / "docs" / "how-to" / "other-runtimes.md"  # the README's "Running other agents"
 
 
 def readme_lines() -> list[tuple[str, list[str]]]:
-    text = (ROOT / "README.md").read_text()
-    start = text.index(SECTION)
-    section = text[start:text.index("\n## ", start + len(SECTION))]
+    section = PAGE.read_text()
     found = []
     for block in re.findall(r"```sh\n(.*?)```", section, re.S):
         for line in block.splitlines():
@@ -69,9 +69,7 @@ def test_running_other_agents_configs_load_as_written(tmp_path: Path):
     import yaml
     from hermes_sup.supervisor.config.workspace import load_config
 
-    text = (ROOT / "README.md").read_text()
-    start = text.index("## Running other agents")
-    section = text[start:text.index("\n## ", start + 5)]
+    section = OTHER_AGENTS.read_text()
     blocks = re.findall(r"```yaml\n(.*?)```", section, re.S)
     assert len(blocks) == 2
     (tmp_path / "app").mkdir()

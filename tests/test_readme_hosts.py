@@ -1,5 +1,6 @@
-"""The README's "Running a team on several machines", run as written: its shell lines in order against the
-suite's PostgreSQL server (a database of its own instead of the README's /tmp/pg server), its
+"""The docs' "Run a team on several machines" (docs/how-to/postgres-hosts.md, once the README's
+"Running a team on several machines"), run as written: its shell lines in order against the
+suite's PostgreSQL server (a database of its own instead of the page's /tmp/pg server), its
 workspaces under the test's temp dir instead of /tmp. What a line's comment quotes must be in what
 the line printed; a comment that starts with "after" is waited for (the line run again until then)."""
 
@@ -19,17 +20,15 @@ from . import pgserver
 from .pgserver import PgServer
 
 REPO = Path(__file__).resolve().parent.parent
-SECTION = "## Running a team on several machines"
+PAGE = REPO / "docs" / "how-to" / "postgres-hosts.md"  # the section, a page of its own
 DSN_ENV = "HERMES_SUP_PG_DSN"
 WAIT = 90.0  # for a line whose comment says "after ...", on a loaded machine
 
 
 def readme_lines() -> list[tuple[str, list[str], bool]]:
     """The section's shell lines (continuations joined), each with the texts its comment quotes and
-    whether it is waited for (pure but for reading the README)."""
-    text = (REPO / "README.md").read_text()
-    start = text.index(SECTION)
-    section = text[start:text.index("\n## ", start + len(SECTION))]
+    whether it is waited for (pure but for reading the page)."""
+    section = PAGE.read_text()
     found = []
     for block in re.findall(r"```sh\n(.*?)```", section, re.S):
         for line in block.replace("\\\n", " ").splitlines():
@@ -69,7 +68,7 @@ def test_running_a_team_on_several_machines_as_written(database: str, tmp_path: 
     try:
         for command, quoted, waited in readme_lines():
             if "$PGBIN" in command or command.startswith("PGBIN=") or command.startswith(f"export {DSN_ENV}="):
-                continue  # the README's own server: the suite's server stands in for it
+                continue  # the page's own server: the suite's server stands in for it
             for readme_path, here in boxes.items():
                 command = command.replace(readme_path, here)
             deadline = time.monotonic() + (WAIT if waited else 0)

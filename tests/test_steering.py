@@ -392,7 +392,8 @@ def test_task_wait_exits_by_how_the_task_ended_and_ids_take_prefixes(tmp_path, u
 
 
 def test_wait_notes_a_stopped_team_only_when_the_task_has_yet_to_end(tmp_path):
-    # In a README run, `task wait` on a task already done said "waiting for a change by hand" and
+    # In a run of docs/how-to/watch-and-steer.md (then the README),
+    # `task wait` on a task already done said "waiting for a change by hand" and
     # returned at once: the note is for a wait that depends on someone else, not for this.
     ws = tmp_path / "ws"
     assert CliRunner().invoke(main, ["init", str(ws)]).exit_code == 0

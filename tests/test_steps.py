@@ -145,7 +145,8 @@ def test_a_step_beyond_the_makers_rights_is_refused_and_says_whose_rights_they_a
 def test_the_operators_other_ways_of_adding_a_task_are_a_persons_too():
     # The dashboard's "add a task" (an authenticated user of this machine) and a schedule of
     # hermes.yaml (written by the operator) made tasks whose steps ran with no rights at all: the
-    # README's own schedule with a write_file step failed at once with "needs the fs.write capability".
+    # docs' own schedule (docs/how-to/schedules.md, then the README's)
+    # with a write_file step failed at once with "needs the fs.write capability".
     assert step_grants(CODER, made_by("dashboard")) == (CODER, "this agent")
     assert step_grants(CODER, made_by("schedule every-minute")) == (CODER, "this agent")
     assert step_grants(CODER, made_by("dashboard", capabilities=["fs.read"]))[0] == ("fs.read",)

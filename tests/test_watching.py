@@ -1,5 +1,6 @@
-"""What the README's "Watching and steering a team" leans on beyond events and alerts: `up -d` as in
-compose (and again when the team runs: said, exit 0), and the read commands staying light (they do
+"""What the docs' "Watching and steering a team" (docs/how-to/watch-and-steer.md) leans on beyond
+events and alerts: `up -d` as in compose (and again when the team runs: said, exit 0), and the read
+commands staying light (they do
 not import the agent runtime, the providers or an HTTP client, which were most of their time)."""
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ SHUTDOWN_RACE = "InotifyEmitter.queue_events() called when the thread is inactiv
 
 def test_watchdogs_shutdown_race_is_not_printed_but_its_real_warnings_are():
     # Stopping an inotify observer while an event arrives makes watchdog log SHUTDOWN_RACE at ERROR;
-    # with no logging set up, Python printed it on the stderr of `task wait` (seen in a README run).
+    # with no logging set up, Python printed it on the stderr of `task wait` (seen in a run of that walkthrough).
     # It is harmless (the watch is being stopped), so the board drops that record and nothing else.
     script = ("import logging, hermes_sup.kanban.watch\n"  # where the board's watches come from
               "log = logging.getLogger('watchdog.observers.inotify')\n"

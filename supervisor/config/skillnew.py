@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...agents.tools import Tool, ToolContext, ToolError, register
+from hermes_sup.agents.tools import Tool, ToolContext, ToolError, register
 
 
 def {name}(ctx: ToolContext, args: dict[str, Any]) -> str:
@@ -48,7 +48,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from ...agents.tools import ToolContext, ToolError
+from hermes_sup.agents.tools import ToolContext, ToolError
 
 SKILL = Path(__file__).resolve().parents[1] / "skills" / "{name}.py"
 

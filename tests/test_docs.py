@@ -1,0 +1,103 @@
+"""The documentation site: `mkdocs build --strict` succeeds (every page in the nav, no link that leads
+nowhere, the command reference generated from the CLI), and the tutorials "Your first team" and "Your
+first skill" run as written: their shell lines in order, in a folder of the test's, each exiting 0
+and printing what its comment quotes."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT
+
+BIN = Path(sys.executable).parent
+
+
+def test_the_site_builds_strict(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    reference = (site / "reference" / "cli" / "index.html").read_text()
+    for command in ("hermes-sup task add", "hermes-sup skills new", "hermes-sup systemd-unit", "--max-attempts"):
+        assert command in reference, command
+
+
+def test_the_command_reference_names_every_command() -> None:
+    import click
+
+    sys.path.insert(0, str(ROOT / "docs_tools"))
+    try:
+        import cli_reference
+    finally:
+        sys.path.remove(str(ROOT / "docs_tools"))
+    from hermes_sup.supervisor.cli import main
+
+    page = cli_reference.markdown()
+    ctx = click.Context(main, info_name="hermes-sup")
+    for name in main.list_commands(ctx):
+        assert f"`hermes-sup {name}`" in page, name
+
+
+def page_lines(page: str) -> list[tuple[str, list[str]]]:
+    """The page's shell lines, each with the texts its comment quotes."""
+    found = []
+    for block in re.findall(r"```sh\n(.*?)```", (ROOT / "docs" / page).read_text(), re.S):
+        for line in block.splitlines():
+            command, _, comment = line.partition(" # ")
+            if command.strip():
+                found.append((command.strip(), re.findall(r'"([^"]*)"', comment)))
+    return found
+
+
+def _flat(text: str) -> str:
+    # Rich wraps at 80 columns when piped: compare words, not line breaks.
+    return " ".join(text.split())
+
+
+def run_as_written(page: str, tmp_path: Path) -> int:
+    env = {key: value for key, value in os.environ.items() if key != "HERMES_SUP_WORKSPACE"}
+    env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"
+    cwd = tmp_path
+    ran = 0
+    try:
+        for command, quoted in page_lines(page):
+            if command.startswith("cd "):
+                cwd = cwd / command[3:].strip()
+                continue
+            result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env,
+                                    timeout=240, cwd=cwd)
+            printed = _flat(result.stdout + result.stderr)
+            assert result.returncode == 0, (command, printed)
+            assert "Traceback" not in printed, (command, printed)
+            missing = [text for text in quoted if _flat(text) not in printed]
+            assert not missing, (command, missing, printed)
+            ran += 1
+    finally:
+        if (cwd / "hermes.yaml").exists():
+            subprocess.run([str(BIN / "hermes-sup"), "-w", str(cwd), "down", "--timeout", "10"],
+                           capture_output=True, env=env, timeout=60, check=False)
+    return ran
+
+
+@pytest.mark.timeout(600)
+def test_your_first_team_as_written(tmp_path: Path) -> None:
+    assert run_as_written("tutorials/first-team.md", tmp_path) >= 12
+
+
+@pytest.mark.timeout(600)
+def test_your_first_skill_as_written(tmp_path: Path) -> None:
+    assert run_as_written("tutorials/first-skill.md", tmp_path) >= 8
+
+
+def test_the_readme_is_a_front_page_whose_links_lead_somewhere() -> None:
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    for target in re.findall(r"\]\((?!https?:)([^)#]+)", text):
+        assert (ROOT / target).exists(), target
+    assert "CONTRACT" not in text and "pip install hermes-sup" not in text
