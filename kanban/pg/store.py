@@ -8,6 +8,7 @@ elsewhere changes nothing.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 import os
@@ -162,7 +163,7 @@ class PgStore(ClaimsMixin, JournalRowsMixin, HostsMixin, StreamMixin, TaskIdsMix
         return {status: found.get(status, 0) for status in STATUSES}
     # -- adding -------------------------------------------------------------------------------
 
-    def _deps_of(self, cur: psycopg.Cursor[Any]) -> Callable[[str], list[str]]:
+    def _deps_of(self, cur: psycopg.Cursor[Any]) -> Callable[[str], builtins.list[str]]:
         def deps_of(task_id: str) -> list[str]:
             cur.execute("SELECT depends_on FROM dependencies WHERE task_id = %s", (task_id,))
             return [row["depends_on"] for row in cur.fetchall()]
