@@ -219,7 +219,8 @@ class Board:
     def add(self, fields: dict[str, Any], *, by: str = "cli") -> TaskDoc:
         """Validate `fields` (as in a dropped file) and put the task on the board."""
         now = now_iso()
-        title = fields.get("title") if isinstance(fields.get("title"), str) else "task"
+        title = fields.get("title")
+        title = title if isinstance(title, str) else "task"
         with self.disk.locked():
             for _attempt in range(20):
                 default_id = f"{slugify(title)}-{os.urandom(3).hex()}"

@@ -11,6 +11,7 @@ from psycopg.types.json import Jsonb
 from . import sql
 from .journal import PgTaskJournal
 from .retry import again
+from .rows import one
 from .rules import storable
 from .storebase import StoreBase
 
@@ -87,7 +88,7 @@ class JournalRowsMixin(StoreBase):
         ids = [task_id for task_id in task_ids if isinstance(task_id, str)]
         with self._tx() as cur:
             finished = [row["id"] for row in cur.execute(sql.JOURNAL_PRUNABLE, {"ids": ids}).fetchall()]
-            size = cur.execute(sql.JOURNAL_PRUNE_SIZE, {"ids": finished}).fetchone()
+            size = one(cur.execute(sql.JOURNAL_PRUNE_SIZE, {"ids": finished}))
             if not dry_run and size["rows"]:
                 cur.execute(sql.JOURNAL_PRUNE, {"ids": finished})
         return {"tasks": int(size["tasks"]), "rows": int(size["rows"]), "bytes": int(size["bytes"])}

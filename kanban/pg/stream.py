@@ -16,6 +16,7 @@ from psycopg.types.json import Jsonb
 from ..errors import BoardError
 from ..events import MAX_EVENT_LINE, CursorError, CursorRead, event_fields
 from . import sql
+from .rows import one
 from .rules import storable
 from .storebase import StoreBase
 
@@ -45,13 +46,13 @@ class StreamMixin(StoreBase):
         lock = {"lock": sql.EVENTS_LOCK}
         try:
             with self._tx() as cur:
-                if cur.execute(sql.EVENTS_TRY, lock).fetchone()["got"]:  # no writer in flight: the usual case
-                    return int(cur.execute(sql.EVENTS_NEWEST).fetchone()["newest"])
+                if one(cur.execute(sql.EVENTS_TRY, lock))["got"]:  # no writer in flight: the usual case
+                    return int(one(cur.execute(sql.EVENTS_NEWEST))["newest"])
                 # Writers that come after a queued reader queue behind it: none may wait on a stuck one.
-                if cur.execute(sql.EVENTS_STUCK, {**lock, "secs": STUCK_AFTER}).fetchone()["stuck"]:
+                if one(cur.execute(sql.EVENTS_STUCK, {**lock, "secs": STUCK_AFTER}))["stuck"]:
                     return None
                 cur.execute(f"SET LOCAL lock_timeout = '{int(EVENTS_WAIT * 1000)}ms'")
-                return int(cur.execute(sql.EVENTS_BOUND, lock).fetchone()["bound"])
+                return int(one(cur.execute(sql.EVENTS_BOUND, lock))["bound"])
         except BoardError as exc:
             if getattr(exc, "sqlstate", None) == LOCK_NOT_AVAILABLE:
                 return None
@@ -89,19 +90,19 @@ class StreamMixin(StoreBase):
             raise BoardError(f"the board database ({self.dsn_env}) has a transition that has not ended for "
                              f"{EVENTS_WAIT:g} s; try again")
         with self._locked() as conn:  # a new snapshot, taken after every writer below `bound` ended
-            return int(conn.execute(sql.EVENTS_LAST, {"bound": bound}).fetchone()["last"])
+            return int(one(conn.execute(sql.EVENTS_LAST, {"bound": bound}))["last"])
 
     def events_marker(self) -> Any:
         """The cursor sequence's last value, one statement and no lock (events_end takes the events
         lock exclusively, which writers queue behind): what a reader looking often looks at first."""
         with self._locked() as conn:
-            row = conn.execute(sql.EVENTS_MARKER).fetchone()
+            row = one(conn.execute(sql.EVENTS_MARKER))
         return row["seq"], row["last"], row["started"]
 
     def check_cursor(self, cursor: int) -> None:
         # No wait for the writers in flight: a cursor one of them took is one to resume from.
         with self._locked() as conn:
-            newest = int(conn.execute(sql.EVENTS_NEWEST).fetchone()["newest"])
+            newest = int(one(conn.execute(sql.EVENTS_NEWEST))["newest"])
         if not resumable(cursor, newest):
             raise CursorError(f"cursor {cursor} is past the newest event of this board ({newest}): it "
                               "comes from another board or one that was recreated")
@@ -159,7 +160,7 @@ class StreamMixin(StoreBase):
         """The database and wake-up checks doctor prints; never the DSN."""
         try:
             with self._locked() as conn:
-                version = conn.execute("SHOW server_version").fetchone()["server_version"]
+                version = one(conn.execute("SHOW server_version"))["server_version"]
                 # Compared, not subtracted: `now() - heartbeat` fails on a heartbeat written as infinity.
                 hosts = conn.execute("SELECT host_id, heartbeat < now() - make_interval(secs => %s::float8) "
                                      "AS silent FROM hosts ORDER BY host_id", (self.host_timeout,)).fetchall()
