@@ -11,6 +11,7 @@ waiting needs of the folder (watcher, the log's own watch, health).
 
 from __future__ import annotations
 
+import builtins
 import os
 import threading
 import time
@@ -198,13 +199,13 @@ class Board:
         """How many tasks each status folder holds, each task counted once."""
         return self.disk.consistent(lambda: reads.count(self.root))
 
-    def task_ids(self) -> list[str]:
+    def task_ids(self) -> builtins.list[str]:
         """The id of every task file in the status folders, sorted, as of one moment (names only)."""
         return sorted(self.disk.consistent(lambda: reads.ids(self.root)))
 
     # -- adding ---------------------------------------------------------------------------------
 
-    def _deps_of(self, task_id: str) -> list[str]:
+    def _deps_of(self, task_id: str) -> builtins.list[str]:
         try:
             return list(self.get(task_id).get("depends_on") or ())
         except BoardError:
@@ -218,7 +219,8 @@ class Board:
     def add(self, fields: dict[str, Any], *, by: str = "cli") -> TaskDoc:
         """Validate `fields` (as in a dropped file) and put the task on the board."""
         now = now_iso()
-        title = fields.get("title") if isinstance(fields.get("title"), str) else "task"
+        title = fields.get("title")
+        title = title if isinstance(title, str) else "task"
         with self.disk.locked():
             for _attempt in range(20):
                 default_id = f"{slugify(title)}-{os.urandom(3).hex()}"
@@ -234,7 +236,7 @@ class Board:
 
     # -- recovery -------------------------------------------------------------------------------
 
-    def recover(self, *, sweep: bool = True) -> list[dict[str, str]]:
+    def recover(self, *, sweep: bool = True) -> builtins.list[dict[str, str]]:
         """Return tasks whose holder died or whose lease ran out to todo (attempts kept), or to
         failed once they used up max_attempts; finish interrupted transitions; sweep stale temp files."""
         recovered = []
@@ -279,7 +281,7 @@ class Board:
     def watch_mode(self) -> str:
         return self.watcher.mode
 
-    def health(self) -> list[tuple[str, str, str]]:
+    def health(self) -> builtins.list[tuple[str, str, str]]:
         """The filesystem and change-notification checks doctor prints."""
         return waiting.health(self.disk)
 
@@ -332,10 +334,10 @@ class Board:
     def exclusive(self) -> AbstractContextManager[None]:
         return self.disk.locked()
 
-    def announce_host(self, agents: Callable[[], list[dict[str, Any]]] | None = None) -> None:
+    def announce_host(self, agents: Callable[[], builtins.list[dict[str, Any]]] | None = None) -> None:
         pass  # one host's board: a dead supervisor's agents are seen by pid, not by heartbeat
 
-    def host_agents(self) -> list[dict[str, Any]]:
+    def host_agents(self) -> builtins.list[dict[str, Any]]:
         return []  # one host's board: its agents are the workspace's (runs/supervisor.json)
 
     # -- journals --------------------------------------------------------------------------------
@@ -346,11 +348,11 @@ class Board:
         return FileTaskJournal(Path(workdir), task_id)
 
     def journal_rows(self, task_id: str | None, kind: str, *, agents: Iterable[str] | None = None,
-                     name: str | None = None, after: int = 0) -> list[dict[str, Any]] | None:
+                     name: str | None = None, after: int = 0) -> builtins.list[dict[str, Any]] | None:
         """None: the file board keeps no journal rows; its journals are the agents' files."""
         return None
 
-    def journal_marks(self, task_id: str) -> list[dict[str, Any]] | None:
+    def journal_marks(self, task_id: str) -> builtins.list[dict[str, Any]] | None:
         """None: no journal rows (a follower reads the agents' files by offset)."""
         return None
 

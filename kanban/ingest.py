@@ -183,8 +183,9 @@ class Ingester:
                 if (existing.get("source") or {}).get("fingerprint") == read.fp:
                     # This very file was ingested by a process that died before moving it away.
                     first = existing["history"][0] if existing["history"] else {}
-                    if first and not self.txn.event_logged(first.get("at"), existing["id"]):
-                        self.disk.log.append(event(str(first.get("at")), existing["id"], "inbox", first.get("to"),
+                    at = str(first.get("at"))  # looked for as it is written
+                    if first and not self.txn.event_logged(at, existing["id"]):
+                        self.disk.log.append(event(at, existing["id"], "inbox", first.get("to"),
                                                "ingest", str(first.get("note") or "")))
                     self._archive(path, existing["id"])
                     report.ingested.append(existing["id"])

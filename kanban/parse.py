@@ -91,7 +91,7 @@ def load_json(text: str) -> Any:
 if yaml.__with_libyaml__:
     from yaml._yaml import CParser
 
-    class _Loader(Composer, CParser, SafeConstructor, Resolver):  # type: ignore[misc]
+    class _Loader(Composer, CParser, SafeConstructor, Resolver):
         """libyaml's parser, for speed (pure Python takes seconds per MiB of YAML, which an agent's
         ingest waits out), with Python's composer: libyaml's own recurses without a limit and
         crashes the process (a segfault at 100,000 levels)."""
@@ -102,7 +102,7 @@ if yaml.__with_libyaml__:
             Resolver.__init__(self)
             Composer.__init__(self)
 else:  # pragma: no cover - PyYAML built without libyaml
-    _Loader = yaml.SafeLoader  # type: ignore[misc]
+    _Loader = yaml.SafeLoader  # type: ignore[misc]  # one name, one of two classes: mypy sees only the first
 
 
 class PlainLoader(_Loader):
@@ -124,14 +124,14 @@ class PlainLoader(_Loader):
                 None, None, f"aliases (*{event.anchor}) are not allowed in {self.source}; write the value out",
                 event.start_mark)
         if not self.check_event(yaml.SequenceStartEvent, yaml.MappingStartEvent):
-            return super().compose_node(parent, index)  # type: ignore[no-untyped-call]
+            return super().compose_node(parent, index)
         if self._depth >= self.max_depth:
             raise ComposerError(
                 None, None, f"the data is nested more than {self.max_depth} levels deep",
                 self.peek_event().start_mark)
         self._depth += 1
         try:
-            return super().compose_node(parent, index)  # type: ignore[no-untyped-call]
+            return super().compose_node(parent, index)
         finally:
             self._depth -= 1
 
@@ -140,13 +140,13 @@ class PlainLoader(_Loader):
         for key_node, _value in node.value:
             if not isinstance(key_node, ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
                 continue  # an unhashable key is refused by construct_mapping, with its line
-            key = self.construct_object(key_node)  # type: ignore[no-untyped-call]
+            key = self.construct_object(key_node)
             if key in seen:
                 raise ConstructorError(
                     None, None, f"duplicate key {key!r} (first on line {seen[key]}); a second one would "
                                 "silently replace the first", key_node.start_mark)
             seen[key] = key_node.start_mark.line + 1
-        return self.construct_mapping(node, deep=True)  # type: ignore[no-untyped-call,no-any-return]
+        return self.construct_mapping(node, deep=True)
 
 
 def _refuse(what: str, *, quoted_is_text: bool = False) -> Any:
@@ -165,18 +165,18 @@ def _yaml_int(loader: SafeConstructor, node: Node) -> int:
     if digits > MAX_INT_DIGITS:
         raise ConstructorError(None, None, f"an integer of {digits} digits; integers here have at most "
                                            f"{MAX_INT_DIGITS} digits", node.start_mark)
-    return loader.construct_yaml_int(node)  # type: ignore[no-untyped-call,no-any-return]
+    return loader.construct_yaml_int(node)
 
 
 def _yaml_float(loader: SafeConstructor, node: Node) -> float:
-    value = loader.construct_yaml_float(node)  # type: ignore[no-untyped-call]
+    value = loader.construct_yaml_float(node)
     if not math.isfinite(value):
         raise ConstructorError(None, None, f"{node.value} is not a finite number", node.start_mark)
-    return value  # type: ignore[no-any-return]
+    return value
 
 
 PlainLoader.add_constructor("tag:yaml.org,2002:map",
-                            lambda loader, node: loader.construct_plain_mapping(node))  # type: ignore[attr-defined]
+                            lambda loader, node: loader.construct_plain_mapping(node))
 PlainLoader.add_constructor("tag:yaml.org,2002:int", _yaml_int)
 PlainLoader.add_constructor("tag:yaml.org,2002:float", _yaml_float)
 PlainLoader.add_constructor("tag:yaml.org,2002:timestamp", _refuse("a date or time", quoted_is_text=True))

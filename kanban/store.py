@@ -18,6 +18,7 @@ waiting notes are not transitions: they write no event.
 
 from __future__ import annotations
 
+import builtins
 import threading
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
@@ -91,13 +92,13 @@ class BoardStore(Protocol):
         """How many tasks each status holds (every status present, 0 included), each counted once."""
         ...
 
-    def task_ids(self) -> list[str]:
+    def task_ids(self) -> builtins.list[str]:
         """The id of every task on the board, in every status, each once and sorted, as of one moment:
         what naming a task by a prefix of its id is resolved against (`kanban.prefix`). Names only,
         no document read, so a task whose document is damaged is among them."""
         ...
 
-    def quarantine_damaged(self, damaged: Iterable[dict[str, str]]) -> list[str]:
+    def quarantine_damaged(self, damaged: Iterable[dict[str, str]]) -> builtins.list[str]:
         """Re-check the damaged entries a `list` found, atomically per task; move the still damaged
         aside to rejected/. Returns the names they were moved to."""
         ...
@@ -198,7 +199,7 @@ class BoardStore(Protocol):
         ...
 
     def journal_rows(self, task_id: str | None, kind: str, *, agents: Iterable[str] | None = None,
-                     name: str | None = None, after: int = 0) -> list[dict[str, Any]] | None:
+                     name: str | None = None, after: int = 0) -> builtins.list[dict[str, Any]] | None:
         """The journal rows this board keeps of a task (None: of every task), for readers on any host
         (`task log`, `usage`): those of one `kind` (message, tool, llm), of `agents` (None: every
         agent's), for messages of one transcript `name`, and with a seq above `after` (a follower
@@ -209,7 +210,7 @@ class BoardStore(Protocol):
         journal is the agents' files, read there), so a reader tells "kept elsewhere" from "nothing yet"."""
         ...
 
-    def journal_marks(self, task_id: str) -> list[dict[str, Any]] | None:
+    def journal_marks(self, task_id: str) -> builtins.list[dict[str, Any]] | None:
         """What the task's journal rows are now, without reading them: per kind, agent and transcript
         name, {kind, agent, name, rows (how many), last (the newest seq)}, in one read. A follower
         that holds rows whose marks are these holds them all; any other change (a transcript set
@@ -233,7 +234,7 @@ class BoardStore(Protocol):
         no valid task goes to rejected/ beside its reason. Never raises for a drop's content."""
         ...
 
-    def recover(self, *, sweep: bool = True) -> list[dict[str, str]]:
+    def recover(self, *, sweep: bool = True) -> builtins.list[dict[str, str]]:
         """Return held tasks whose holder died or whose lease ran out to todo (or failed once
         max_attempts is used up), finish interrupted transitions, and with `sweep` remove dead
         writers' leftovers. Returns {task, to, reason} per recovered task."""
@@ -264,7 +265,7 @@ class BoardStore(Protocol):
         """Raise events.CursorError unless `cursor` is one this board's log can continue from."""
         ...
 
-    def announce_host(self, agents: Callable[[], list[dict[str, Any]]] | None = None) -> None:
+    def announce_host(self, agents: Callable[[], builtins.list[dict[str, Any]]] | None = None) -> None:
         """Say, from now until close(), that this host's supervisor is alive, so that other hosts
         take its tasks back only once it falls silent (PostgreSQL: the hosts row heartbeats from a
         thread, every sixth of host_timeout, by the database's clock), and with each heartbeat what
@@ -273,7 +274,7 @@ class BoardStore(Protocol):
         supervisor, never by an agent. A single-host backend does nothing."""
         ...
 
-    def host_agents(self) -> list[dict[str, Any]]:
+    def host_agents(self) -> builtins.list[dict[str, Any]]:
         """Every host of a shared board as its last heartbeat left it: {host, heartbeat (ISO, the
         board's clock), age (seconds since it), silent (heartbeat older than host_timeout), agents
         (what its announce_host published, or None)}, by host. A single-host backend returns []: its

@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeGuard
 
 STATUSES = ("todo", "doing", "blocked", "done", "failed", "cancelled")
 TERMINAL = frozenset({"done", "failed", "cancelled"})
@@ -50,7 +50,7 @@ def now_iso(clock: Callable[[], datetime] | None = None) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def is_valid_id(value: object) -> bool:
+def is_valid_id(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and ID_RE.fullmatch(value) is not None
 
 

@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from watchdog.events import (
     DirCreatedEvent,
@@ -24,6 +25,9 @@ from watchdog.events import (
     FileSystemEvent,
     FileSystemEventHandler,
 )
+
+if TYPE_CHECKING:  # imported where it starts, as the inotify observer is
+    from watchdog.observers.api import BaseObserver
 
 BURST_RESCAN_DELAY = 0.25
 # Only what says a task file arrived or left. Directory-modified events are left out: they repeat
@@ -100,7 +104,7 @@ class BoardWatcher:
         self.signal = signal
         self.mode = "off"
         self.reason = ""
-        self._observer = None
+        self._observer: BaseObserver | None = None
         self._complete: dict[str, int] = {}
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None

@@ -17,7 +17,7 @@ from psycopg.types.json import Jsonb
 
 from ..errors import BoardError
 from . import sql
-from .rows import row_params
+from .rows import one, row_params
 from .rules import row_to_doc
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ class Target:
 
     def now(self) -> str:
         """The database's clock, as the board writes times."""
-        return str(self._cur.execute(f"SELECT {sql.NOW_ISO} AS now").fetchone()["now"])
+        return str(one(self._cur.execute(f"SELECT {sql.NOW_ISO} AS now"))["now"])
 
     def existing(self, ids: Sequence[str]) -> dict[str, TaskDoc]:
         """The documents of the tasks among `ids` the board already holds."""

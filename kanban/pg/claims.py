@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 
@@ -18,20 +18,18 @@ from . import sql
 from .retry import again
 from .rows import row_params
 from .rules import readable, row_to_doc, storable, unreadable
-
-if TYPE_CHECKING:
-    from .store import PgStore
+from .storebase import StoreBase
 
 TaskDoc = dict[str, Any]
 
 MAX_SET_ASIDE = 20  # unreadable rows one claim fails before it gives up until the next
 
 
-class ClaimsMixin:
+class ClaimsMixin(StoreBase):
     """The BoardStore verbs claim, renew, complete, fail, block and release, for PgStore."""
 
     @again
-    def claim(self: PgStore, agent: str, *, roles: Iterable[str] = (), lease: float | None = None,
+    def claim(self, agent: str, *, roles: Iterable[str] = (), lease: float | None = None,
               pid: int | None = None, steps_only: bool = False, assigned_only: bool = False) -> TaskDoc | None:
         """Claim the best eligible task for `agent`, or None; its claim.token fences every later write."""
         pid = os.getpid() if pid is None else pid
@@ -52,17 +50,17 @@ class ClaimsMixin:
                 self._set_aside(cur, row, agent, f"set aside at its claim by {agent}: {why}")
         return None  # the rest waits for the next claim
 
-    def _set_aside(self: PgStore, cur: psycopg.Cursor[Any], row: dict[str, Any], by: str, note: str) -> None:
+    def _set_aside(self, cur: psycopg.Cursor[Any], row: dict[str, Any], by: str, note: str) -> None:
         """Fail a held row that is no task (rules.unreadable), its run ended, with its event."""
         cur.execute(sql.SET_ASIDE, {"id": row["id"], "why": note})
         self._event(cur, {"id": row["id"], "src": "doing", "dst": "failed", "by": by, "note": note})
         cur.execute(sql.END_RUN, {"outcome": "failed", "token": row["fence"]})
 
-    def _event(self: PgStore, cur: psycopg.Cursor[Any], values: dict[str, Any]) -> None:
+    def _event(self, cur: psycopg.Cursor[Any], values: dict[str, Any]) -> None:
         cur.execute(sql.EVENTS_LOCK_SHARED, {"lock": sql.EVENTS_LOCK})
         cur.execute(sql.EVENT, values)
 
-    def _lost(self: PgStore, cur: psycopg.Cursor[Any], task_id: str, token: int) -> ClaimLost:
+    def _lost(self, cur: psycopg.Cursor[Any], task_id: str, token: int) -> ClaimLost:
         row = cur.execute("SELECT status, lease_owner, fence FROM tasks WHERE id = %s", (task_id,)).fetchone()
         if row is None:
             return ClaimLost(f"task {task_id} is not held by token {token}: it is no longer on the board")
@@ -71,7 +69,7 @@ class ClaimsMixin:
                              f"with token {row['fence']}")
         return ClaimLost(f"task {task_id} is not held by token {token}: it is {row['status']}")
 
-    def _write(self: PgStore, cur: psycopg.Cursor[Any], new: TaskDoc, *, outcome_token: int | None) -> TaskDoc:
+    def _write(self, cur: psycopg.Cursor[Any], new: TaskDoc, *, outcome_token: int | None) -> TaskDoc:
         """Store `new` (a document leaving or outside doing) with its event, on a row the caller
         locked in this transaction after checking its fence; the document as stored."""
         new = storable(new)
@@ -94,7 +92,7 @@ class ClaimsMixin:
         return new
 
     @again
-    def _end(self: PgStore, task_id: str, token: int, end: Callable[[TaskDoc, str], TaskDoc]) -> TaskDoc:
+    def _end(self, task_id: str, token: int, end: Callable[[TaskDoc, str], TaskDoc]) -> TaskDoc:
         """End the claim `token` holds with the rule `end(doc, now)` (kanban/rules.py), now by the database's clock."""
         with self._tx() as cur:
             row = cur.execute(sql.HELD, {"id": task_id, "token": token}).fetchone()
@@ -103,7 +101,7 @@ class ClaimsMixin:
             return self._write(cur, end(readable(row), row["now_iso"]), outcome_token=token)
 
     @again
-    def renew(self: PgStore, task_id: str, token: int, lease: float | None = None) -> TaskDoc:
+    def renew(self, task_id: str, token: int, lease: float | None = None) -> TaskDoc:
         with self._tx() as cur:
             row = cur.execute(sql.RENEW, {"id": task_id, "token": token,
                                           "lease": self.lease if lease is None else float(lease)}).fetchone()
@@ -111,24 +109,24 @@ class ClaimsMixin:
                 raise self._lost(cur, task_id, token)
         return readable(row)
 
-    def complete(self: PgStore, task_id: str, token: int, result: Any = None) -> TaskDoc:
+    def complete(self, task_id: str, token: int, result: Any = None) -> TaskDoc:
         return self._end(task_id, token, lambda doc, now: rules.ended(doc, "done", "completed", now=now, result=result,
                                                                        error=None))
 
-    def fail(self: PgStore, task_id: str, token: int, error: str, *, permanent: bool = False) -> TaskDoc:
+    def fail(self, task_id: str, token: int, error: str, *, permanent: bool = False) -> TaskDoc:
         if permanent:
             return self._end(task_id, token, lambda doc, now: rules.ended(
                 doc, "failed", f"cannot succeed, not retried: {error}", now=now, error=error))
         return self._end(task_id, token, lambda doc, now: rules.failed_attempt(doc, error, now=now))
 
-    def block(self: PgStore, task_id: str, token: int, reason: str, *, question: str | None = None) -> TaskDoc:
+    def block(self, task_id: str, token: int, reason: str, *, question: str | None = None) -> TaskDoc:
         if question is None:
             return self._end(task_id, token, lambda doc, now: rules.ended(doc, "blocked", reason, now=now,
                                                                            error=reason))
         return self._end(task_id, token, lambda doc, now: rules.ended(
             doc, "blocked", reason, now=now, give_back_attempt=True, error=reason, question=question))
 
-    def release(self: PgStore, task_id: str, token: int, note: str = "released", *,
+    def release(self, task_id: str, token: int, note: str = "released", *,
                 count_attempt: bool = False) -> TaskDoc:
         return self._end(task_id, token, lambda doc, now: rules.ended(doc, "todo", note, now=now,
                                                                        give_back_attempt=not count_attempt))

@@ -7,7 +7,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from psycopg.types.json import Jsonb
 
@@ -17,9 +17,7 @@ from ..liveness import holder_alive
 from . import sql
 from .retry import again
 from .rules import row_to_doc, storable, unreadable
-
-if TYPE_CHECKING:
-    from .store import PgStore
+from .storebase import StoreBase
 
 SWEEPER = "sweeper"
 MAX_PUBLISHED = 500  # agents of one host published with its heartbeat (a team is far smaller)
@@ -29,21 +27,21 @@ MAX_HOSTS = 200  # hosts host_agents reads
 MAX_SUMMARY_BYTES = 1 << 20
 
 
-class HostsMixin:
+class HostsMixin(StoreBase):
     """The BoardStore verbs heartbeat, announce_host, host_agents and recover, for PgStore."""
 
-    def heartbeat(self: PgStore) -> None:
+    def heartbeat(self) -> None:
         """Say this host is alive (by the database's clock), and what its supervisor says of its
         agents; written by the supervisor, never an agent."""
         self._beat(self._published())
 
     @again
-    def _beat(self: PgStore, agents: list[Any] | None) -> None:
+    def _beat(self, agents: list[Any] | None) -> None:
         with self._locked() as conn:
             conn.execute(sql.HEARTBEAT, {"host": self.host, "boot": self.boot_id,
                                          "agents": None if agents is None else Jsonb(agents)})
 
-    def _published(self: PgStore) -> list[Any] | None:
+    def _published(self) -> list[Any] | None:
         """What announce_host's `agents` says now, stored as jsonb takes it; None when it says
         nothing or fails: the heartbeat (which keeps this host's tasks) never waits on it."""
         source = self._agents
@@ -55,18 +53,18 @@ class HostsMixin:
         except Exception:  # anything: a host that stops beating would lose its tasks
             return None
 
-    def announce_host(self: PgStore, agents: Callable[[], list[dict[str, Any]]] | None = None) -> None:
+    def announce_host(self, agents: Callable[[], list[dict[str, Any]]] | None = None) -> None:
         self._agents = agents
         self.start_heartbeat()
 
     @again
-    def host_agents(self: PgStore) -> list[dict[str, Any]]:
+    def host_agents(self) -> list[dict[str, Any]]:
         with self._locked() as conn:
             rows = conn.execute(sql.HOST_AGENTS, {"host_timeout": self.host_timeout, "limit": MAX_HOSTS,
                                                   "max_bytes": MAX_SUMMARY_BYTES}).fetchall()
         return [dict(row) for row in rows]
 
-    def start_heartbeat(self: PgStore, interval: float | None = None) -> None:
+    def start_heartbeat(self, interval: float | None = None) -> None:
         """Heartbeat from a thread until close(), every `interval` (a sixth of host_timeout)."""
         interval = self.host_timeout / 6 if interval is None else interval
         self.heartbeat()
@@ -79,7 +77,7 @@ class HostsMixin:
         self._heartbeat = threading.Thread(target=beat, name="board-heartbeat", daemon=True)
         self._heartbeat.start()
 
-    def _elected(self: PgStore) -> bool:
+    def _elected(self) -> bool:
         """Whether this store is the sweeper: a lease row, so a dead sweeper's turn passes on by itself."""
         holder = f"{self.host}/{self.boot_id}/{os.getpid()}/{id(self)}"
         with self._locked() as conn:
@@ -87,7 +85,7 @@ class HostsMixin:
                                                 "secs": min(self.host_timeout, 10.0)}).fetchone()
         return row is not None
 
-    def _take_back(self: PgStore, task_id: str, token: int, reason: str, *, check_stale: bool) -> str | None:
+    def _take_back(self, task_id: str, token: int, reason: str, *, check_stale: bool) -> str | None:
         """Return a stale claim to todo (or failed), fenced and, for a sweep, re-checked under the row lock."""
         with self._tx() as cur:
             query = sql.STALE_HELD if check_stale else sql.HELD
@@ -103,7 +101,7 @@ class HostsMixin:
             self._write(cur, new, outcome_token=token)
         return new["status"]
 
-    def recover(self: PgStore, *, sweep: bool = True) -> list[dict[str, str]]:
+    def recover(self, *, sweep: bool = True) -> list[dict[str, str]]:
         """Take back claims whose holder on this host died (at once), and, when this store is the
         elected sweeper, claims whose lease expired or whose host went silent for host_timeout."""
         self._last_recover = time.monotonic()

@@ -5,19 +5,15 @@ workspace was migrated from, which are not this board's."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .retry import again
-
-if TYPE_CHECKING:
-    from .store import PgStore
+from .storebase import StoreBase
 
 
-class TaskIdsMixin:
+class TaskIdsMixin(StoreBase):
     """The BoardStore verb `task_ids`, for PgStore."""
 
     @again
-    def task_ids(self: PgStore) -> list[str]:
+    def task_ids(self) -> list[str]:
         # One statement, one snapshot: every task in every status, as of one moment. Sorted here, by
         # code point as the file board sorts, whatever the database's collation.
         with self._locked() as conn:

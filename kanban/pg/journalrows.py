@@ -4,24 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from psycopg.types.json import Jsonb
 
 from . import sql
 from .journal import PgTaskJournal
 from .retry import again
+from .rows import one
 from .rules import storable
-
-if TYPE_CHECKING:
-    from .store import PgStore
+from .storebase import StoreBase
 
 
-class JournalRowsMixin:
+class JournalRowsMixin(StoreBase):
     """The BoardStore verbs of a task's journal (journal_*, task_journal), for PgStore."""
 
     @again
-    def journal(self: PgStore, task_id: str) -> list[dict[str, Any]]:
+    def journal(self, task_id: str) -> list[dict[str, Any]]:
         """Every journal entry of a task, of all its attempts, in the order written."""
         with self._locked() as conn:
             rows = conn.execute("SELECT seq, fence, entry FROM journal WHERE task_id = %s ORDER BY seq",
@@ -29,7 +28,7 @@ class JournalRowsMixin:
         return [dict(row) for row in rows]
 
     @again
-    def journal_append(self: PgStore, task_id: str, token: int, entry: Any) -> int:
+    def journal_append(self, task_id: str, token: int, entry: Any) -> int:
         """Append to the task's journal while `token` holds it; ClaimLost once it does not."""
         with self._tx() as cur:
             row = cur.execute(sql.JOURNAL_APPEND, {"id": task_id, "token": token,
@@ -39,7 +38,7 @@ class JournalRowsMixin:
         return int(row["seq"])
 
     @again
-    def journal_rows(self: PgStore, task_id: str | None, kind: str, *, agents: Iterable[str] | None = None,
+    def journal_rows(self, task_id: str | None, kind: str, *, agents: Iterable[str] | None = None,
                      name: str | None = None, after: int = 0) -> list[dict[str, Any]]:
         """A task's (None: every task's) journal rows of one kind (message, tool, llm), of `agents`
         (None: every agent's) and, for messages, of one transcript `name`, with a seq above `after`,
@@ -51,14 +50,14 @@ class JournalRowsMixin:
         return [dict(row) for row in rows]
 
     @again
-    def journal_marks(self: PgStore, task_id: str) -> list[dict[str, Any]]:
+    def journal_marks(self, task_id: str) -> list[dict[str, Any]]:
         """Per kind, agent and name of the task's journal rows: {kind, agent, name, rows, last}, one
         statement, no entry read. Never None: this board keeps the journal."""
         with self._locked() as conn:
             return [dict(row) for row in conn.execute(sql.JOURNAL_MARKS, {"id": task_id}).fetchall()]
 
     @again
-    def journal_write(self: PgStore, task_id: str, token: int, *, kind: str, agent: str, name: str = "",
+    def journal_write(self, task_id: str, token: int, *, kind: str, agent: str, name: str = "",
                       entries: Sequence[Any] = (), set_aside: Callable[[set[str]], str] | None = None) -> str | None:
         """In one transaction fenced by `token` (ClaimLost once it no longer holds the task): with
         `set_aside`, move `agent`'s rows of transcript `name` to the name it picks from the names
@@ -83,17 +82,17 @@ class JournalRowsMixin:
         return moved
 
     @again
-    def journal_prune(self: PgStore, task_ids: Iterable[str], *, dry_run: bool = False) -> dict[str, int]:
+    def journal_prune(self, task_ids: Iterable[str], *, dry_run: bool = False) -> dict[str, int]:
         """The finished tasks' journal rows but their model calls, removed in one transaction that
         holds those tasks finished (sql.JOURNAL_PRUNABLE); {tasks, rows, bytes}."""
         ids = [task_id for task_id in task_ids if isinstance(task_id, str)]
         with self._tx() as cur:
             finished = [row["id"] for row in cur.execute(sql.JOURNAL_PRUNABLE, {"ids": ids}).fetchall()]
-            size = cur.execute(sql.JOURNAL_PRUNE_SIZE, {"ids": finished}).fetchone()
+            size = one(cur.execute(sql.JOURNAL_PRUNE_SIZE, {"ids": finished}))
             if not dry_run and size["rows"]:
                 cur.execute(sql.JOURNAL_PRUNE, {"ids": finished})
         return {"tasks": int(size["tasks"]), "rows": int(size["rows"]), "bytes": int(size["bytes"])}
 
-    def task_journal(self: PgStore, task_id: str, token: int, agent: str, workdir: Path) -> Any:
+    def task_journal(self, task_id: str, token: int, agent: str, workdir: Path) -> Any:
         """The task's journal in this database, fenced by `token` (kanban/pg/journal.py)."""
         return PgTaskJournal(self, task_id, token, agent, Path(workdir))

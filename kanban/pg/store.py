@@ -8,6 +8,7 @@ elsewhere changes nothing.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 import os
@@ -41,7 +42,7 @@ from .ids import TaskIdsMixin
 from .journalrows import JournalRowsMixin
 from .listen import CHANNEL, Listener
 from .retry import again
-from .rows import row_params
+from .rows import one, row_params
 from .rules import document_part, landed_at, readable, row_to_doc, storable, unreadable
 from .schema import check_schema_name, migrate
 from .stream import StreamMixin
@@ -162,7 +163,7 @@ class PgStore(ClaimsMixin, JournalRowsMixin, HostsMixin, StreamMixin, TaskIdsMix
         return {status: found.get(status, 0) for status in STATUSES}
     # -- adding -------------------------------------------------------------------------------
 
-    def _deps_of(self, cur: psycopg.Cursor[Any]) -> Callable[[str], list[str]]:
+    def _deps_of(self, cur: psycopg.Cursor[Any]) -> Callable[[str], builtins.list[str]]:
         def deps_of(task_id: str) -> list[str]:
             cur.execute("SELECT depends_on FROM dependencies WHERE task_id = %s", (task_id,))
             return [row["depends_on"] for row in cur.fetchall()]
@@ -170,9 +171,10 @@ class PgStore(ClaimsMixin, JournalRowsMixin, HostsMixin, StreamMixin, TaskIdsMix
 
     def add(self, fields: dict[str, Any], *, by: str = "cli") -> TaskDoc:
         """Validate `fields` (as in a dropped file) and put the task on the board."""
-        title = fields.get("title") if isinstance(fields.get("title"), str) else "task"
+        title = fields.get("title")
+        title = title if isinstance(title, str) else "task"
         with self._tx() as cur:
-            now = cur.execute(f"SELECT {sql.NOW_ISO} AS now").fetchone()["now"]
+            now = one(cur.execute(f"SELECT {sql.NOW_ISO} AS now"))["now"]
             doc = normalize(fields, default_id=f"{slugify(title)}-{os.urandom(3).hex()}", now=now, by=by,
                             note="added")
             return self._insert(cur, doc, fixed_id="id" in fields, src=None, by=by, note="added")
@@ -321,7 +323,7 @@ class PgStore(ClaimsMixin, JournalRowsMixin, HostsMixin, StreamMixin, TaskIdsMix
                 row = cur.execute("SELECT document->'source'->>'fingerprint' AS fp FROM tasks WHERE id = %s",
                                   (doc["id"],)).fetchone()
                 if row is None:
-                    now = cur.execute(f"SELECT {sql.NOW_ISO} AS now").fetchone()["now"]
+                    now = one(cur.execute(f"SELECT {sql.NOW_ISO} AS now"))["now"]
                     self._insert(cur, landed_at(doc, now), fixed_id=True, src="inbox", by="ingest",
                                  note=f"ingested from {rel}")
                 elif row["fp"] != read.fp:

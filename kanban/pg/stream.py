@@ -9,18 +9,16 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from psycopg.types.json import Jsonb
 
 from ..errors import BoardError
 from ..events import MAX_EVENT_LINE, CursorError, CursorRead, event_fields
-from ..watch import ChangeSignal
 from . import sql
+from .rows import one
 from .rules import storable
-
-if TYPE_CHECKING:
-    from .store import PgStore
+from .storebase import StoreBase
 
 # How long an events reader waits for the transitions in flight to end.
 EVENTS_WAIT = 5.0
@@ -35,16 +33,12 @@ LISTEN_READY_WAIT = 5.0
 BAD_ROWS = "row(s) of the board database's events table"
 
 
-class StreamMixin:
+class StreamMixin(StoreBase):
     """The BoardStore verbs of the event stream, watching and health, for PgStore."""
-
-    signal: ChangeSignal
-    problems: list[str]
-    _watching: bool
 
     # -- the event stream ------------------------------------------------------------------------
 
-    def _events_bound(self: PgStore) -> int | None:
+    def _events_bound(self) -> int | None:
         """The newest cursor the sequence gave, once its transaction and every smaller one's ended:
         everything up to it that will ever be readable is readable now. None while a writer stuck
         before its commit holds the reader off for longer than EVENTS_WAIT, or has been silent in its
@@ -52,19 +46,19 @@ class StreamMixin:
         lock = {"lock": sql.EVENTS_LOCK}
         try:
             with self._tx() as cur:
-                if cur.execute(sql.EVENTS_TRY, lock).fetchone()["got"]:  # no writer in flight: the usual case
-                    return int(cur.execute(sql.EVENTS_NEWEST).fetchone()["newest"])
+                if one(cur.execute(sql.EVENTS_TRY, lock))["got"]:  # no writer in flight: the usual case
+                    return int(one(cur.execute(sql.EVENTS_NEWEST))["newest"])
                 # Writers that come after a queued reader queue behind it: none may wait on a stuck one.
-                if cur.execute(sql.EVENTS_STUCK, {**lock, "secs": STUCK_AFTER}).fetchone()["stuck"]:
+                if one(cur.execute(sql.EVENTS_STUCK, {**lock, "secs": STUCK_AFTER}))["stuck"]:
                     return None
                 cur.execute(f"SET LOCAL lock_timeout = '{int(EVENTS_WAIT * 1000)}ms'")
-                return int(cur.execute(sql.EVENTS_BOUND, lock).fetchone()["bound"])
+                return int(one(cur.execute(sql.EVENTS_BOUND, lock))["bound"])
         except BoardError as exc:
             if getattr(exc, "sqlstate", None) == LOCK_NOT_AVAILABLE:
                 return None
             raise
 
-    def events_since(self: PgStore, cursor: int, *, max_events: int = 10_000, inode: int | None = None) -> CursorRead:
+    def events_since(self, cursor: int, *, max_events: int = 10_000, inode: int | None = None) -> CursorRead:
         """The events after `cursor`, oldest first, each with its own cursor (the one to resume from).
         A cursor the sequence never gave (another board's, or one from before the schema was
         recreated) is read from the start (`restarted`); any other waits, however far it is ahead
@@ -88,7 +82,7 @@ class StreamMixin:
         return CursorRead(found, end, len(read) - len(found), restarted=restarted, why=why,
                           bad_what=BAD_ROWS)
 
-    def events_end(self: PgStore) -> int:
+    def events_end(self) -> int:
         """The newest committed event's cursor. Not the sequence's: that may be a rolled-back writer's,
         and a crash of the server can give it again to an event a reader resuming there would skip."""
         bound = self._events_bound()
@@ -96,24 +90,24 @@ class StreamMixin:
             raise BoardError(f"the board database ({self.dsn_env}) has a transition that has not ended for "
                              f"{EVENTS_WAIT:g} s; try again")
         with self._locked() as conn:  # a new snapshot, taken after every writer below `bound` ended
-            return int(conn.execute(sql.EVENTS_LAST, {"bound": bound}).fetchone()["last"])
+            return int(one(conn.execute(sql.EVENTS_LAST, {"bound": bound}))["last"])
 
-    def events_marker(self: PgStore) -> Any:
+    def events_marker(self) -> Any:
         """The cursor sequence's last value, one statement and no lock (events_end takes the events
         lock exclusively, which writers queue behind): what a reader looking often looks at first."""
         with self._locked() as conn:
-            row = conn.execute(sql.EVENTS_MARKER).fetchone()
+            row = one(conn.execute(sql.EVENTS_MARKER))
         return row["seq"], row["last"], row["started"]
 
-    def check_cursor(self: PgStore, cursor: int) -> None:
+    def check_cursor(self, cursor: int) -> None:
         # No wait for the writers in flight: a cursor one of them took is one to resume from.
         with self._locked() as conn:
-            newest = int(conn.execute(sql.EVENTS_NEWEST).fetchone()["newest"])
+            newest = int(one(conn.execute(sql.EVENTS_NEWEST))["newest"])
         if not resumable(cursor, newest):
             raise CursorError(f"cursor {cursor} is past the newest event of this board ({newest}): it "
                               "comes from another board or one that was recreated")
 
-    def append_event(self: PgStore, record: dict[str, Any]) -> None:
+    def append_event(self, record: dict[str, Any]) -> None:
         """Store the record whole (jsonb) with the next cursor. A record that cannot be stored is
         an OSError, as a full disk is for the file board: the caller decides what that costs."""
         if not isinstance(record, dict):
@@ -130,7 +124,7 @@ class StreamMixin:
         except BoardError as exc:
             raise OSError(str(exc)) from None
 
-    def watch_events(self: PgStore) -> Callable[[], None] | None:
+    def watch_events(self) -> Callable[[], None] | None:
         # Transitions notify only when they can free work (a NOTIFY per event would halve the
         # commit rate): a follower of the stream reads it on a timer instead.
         return None
@@ -138,35 +132,35 @@ class StreamMixin:
     # -- watching and health ---------------------------------------------------------------------
 
     @property
-    def watch_mode(self: PgStore) -> str:
+    def watch_mode(self) -> str:
         # LISTEN wakes claimers at once, but only for work: other changes are seen by polling.
         return "polling" if self._watching else "off"
 
-    def start_watching(self: PgStore) -> None:
+    def start_watching(self) -> None:
         self.listener()
         self._watching = True
 
     @contextlib.contextmanager
-    def _exclusive(self: PgStore) -> Iterator[None]:
+    def _exclusive(self) -> Iterator[None]:
         # EXCLUSIVE mode lets readers through and holds off every write of every host; this
         # process's own verbs run inside the transaction (a savepoint each) on the same connection.
         with self._tx() as cur:
             cur.execute("LOCK TABLE tasks IN EXCLUSIVE MODE")
             yield
 
-    def exclusive(self: PgStore) -> contextlib.AbstractContextManager[None]:
+    def exclusive(self) -> contextlib.AbstractContextManager[None]:
         return self._exclusive()
 
-    def quarantine_damaged(self: PgStore, damaged: Any) -> list[str]:
+    def quarantine_damaged(self, damaged: Any) -> list[str]:
         # A damaged row (written by hand: rules.unreadable) stays where it is, listed as damaged each
         # time: there is no rejected/ folder to move it to, and another host may still mean to mend it.
         return []
 
-    def health(self: PgStore) -> list[tuple[str, str, str]]:
+    def health(self) -> list[tuple[str, str, str]]:
         """The database and wake-up checks doctor prints; never the DSN."""
         try:
             with self._locked() as conn:
-                version = conn.execute("SHOW server_version").fetchone()["server_version"]
+                version = one(conn.execute("SHOW server_version"))["server_version"]
                 # Compared, not subtracted: `now() - heartbeat` fails on a heartbeat written as infinity.
                 hosts = conn.execute("SELECT host_id, heartbeat < now() - make_interval(secs => %s::float8) "
                                      "AS silent FROM hosts ORDER BY host_id", (self.host_timeout,)).fetchall()
