@@ -5,6 +5,7 @@ and printing what its comment quotes."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -101,3 +102,47 @@ def test_the_readme_is_a_front_page_whose_links_lead_somewhere() -> None:
     for target in re.findall(r"\]\((?!https?:)([^)#]+)", text):
         assert (ROOT / target).exists(), target
     assert "CONTRACT" not in text and "pip install hermes-sup" not in text
+
+
+def test_a_local_prometheus_scrapes_a_team_as_the_telemetry_page_says(tmp_path: Path) -> None:
+    """docs/how-to/telemetry.md's block run as one script beside a team served with its dashboard:
+    Prometheus' answer holds the team's tasks. Only the two ports differ: free ones of this machine."""
+    import json
+    import signal
+    import socket
+
+    from .conftest import CLI
+
+    page = (ROOT / "docs" / "how-to" / "telemetry.md").read_text()
+    section = page[page.index("## A local Prometheus scraping a team"):]
+    [script] = re.findall(r"```sh\n(.*?)```", section, re.S)[:1]
+    ports = []
+    for _ in range(2):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+    script = script.replace("127.0.0.1:8765", f"127.0.0.1:{ports[0]}")
+    script = script.replace("127.0.0.1:9090", f"127.0.0.1:{ports[1]}")
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT, timeout=120)
+    subprocess.run([*CLI, "-w", str(ws), "task", "add", "Counted"], check=True, capture_output=True, cwd=ROOT,
+                   timeout=120)
+    up = subprocess.run([*CLI, "-w", str(ws), "up", "--detach", "--dashboard", "--dashboard-port", str(ports[0])],
+                        capture_output=True, text=True, cwd=ROOT, timeout=180)
+    shell = None
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        # Into files, not pipes: the prometheus the script leaves running holds its output open.
+        with open(tmp_path / "out", "w") as out_file, open(tmp_path / "err", "w") as err_file:
+            shell = subprocess.Popen(["bash", "-c", script], cwd=ws, stdout=out_file, stderr=err_file,
+                                     start_new_session=True)
+            assert shell.wait(timeout=120) == 0, (tmp_path / "err").read_text()
+        out = (tmp_path / "out").read_text()
+        answer = json.loads(out.strip().splitlines()[-1])
+        assert answer["status"] == "success" and answer["data"]["result"], answer
+        assert sum(float(sample["value"][1]) for sample in answer["data"]["result"]) == 1, answer  # "Counted"
+    finally:
+        if shell is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(shell.pid, signal.SIGKILL)  # the script's prometheus, left running as the page says
+        subprocess.run([*CLI, "-w", str(ws), "down"], capture_output=True, cwd=ROOT, timeout=120)
