@@ -188,7 +188,7 @@ def test_every_provider_failing_says_so(llm):
 
 
 def test_importing_the_provider_layer_imports_no_sdk():
-    code = "import sys, agents.providers; print('openai' in sys.modules, 'anthropic' in sys.modules)"
+    code = "import sys, hermes_sup.agents.providers; print('openai' in sys.modules, 'anthropic' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["False", "False"]
 
