@@ -218,7 +218,7 @@ def _open_postgres(workspace: Path, section: Mapping[str, Any], host: str | None
         from .ledger_pg import PgLedger
     except ImportError:
         raise LedgerError("the budget ledger on a PostgreSQL board needs psycopg 3: "
-                          "pip install 'hermes-sup[postgres]'") from None
+                          "pip install 'psycopg[binary]>=3.1' (the postgres extra)") from None
     from ..kanban.pg import check_dsn
     try:
         check_dsn(dsn, dsn_env)

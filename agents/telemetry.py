@@ -200,7 +200,8 @@ class Telemetry:
             import opentelemetry.sdk.trace  # noqa: F401
         except ImportError as exc:  # configured, not installed: the agent works on and says why nothing goes out
             say(agent, f"telemetry: nothing is exported to {endpoint}: {exc.name or exc} is not installed "
-                       "(pip install 'hermes-sup[telemetry]')", error=True)
+                       "(the telemetry extra: pip install 'opentelemetry-sdk>=1.45' "
+                       "'opentelemetry-exporter-otlp-proto-http>=1.45')", error=True)
             return Telemetry()
         return Tracing(endpoint, agent=agent, workspace=workspace, host=host or socket.gethostname(),
                        content=bool((settings or {}).get("content")), env=env,

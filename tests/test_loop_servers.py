@@ -122,7 +122,7 @@ def test_doctor_warns_of_a_provider_that_dropped_every_tool_it_was_offered(tmp_p
         doctor = [subprocess.run([*CLI, "-w", str(ws), "doctor", *flag], capture_output=True, text=True,
                                  timeout=60, cwd=ROOT) for flag in ((), ("--json",))]
     expected = ("agent: provider local: never returned a tool call in 1 calls with tools offered: "
-                "its chat template may not support tools; see README")
+                "its chat template may not support tools; see docs/explanation/llm-providers.md")
     checks = {c["name"]: c for c in json.loads(doctor[1].stdout)["checks"]}
     assert (checks["tools local"]["level"], checks["tools local"]["detail"]) == ("warn", expected)
     assert f"warn tools local: {expected}" in " ".join(doctor[0].stdout.split())  # text wraps long lines

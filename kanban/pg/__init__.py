@@ -22,6 +22,9 @@ from typing import TYPE_CHECKING, Any
 from ..backends import BoardConfigError, register
 from ..errors import BoardError
 
+# Said wherever the board is asked of an installation without the postgres extra.
+NEEDS_PSYCOPG = "the PostgreSQL board needs psycopg 3: pip install 'psycopg[binary]>=3.1' (the postgres extra)"
+
 if TYPE_CHECKING:
     from .store import PgStore
 
@@ -51,7 +54,7 @@ def check_dsn(dsn: str, dsn_env: str) -> None:
     try:
         from psycopg.conninfo import conninfo_to_dict
     except ImportError:
-        raise BoardConfigError("the PostgreSQL board needs psycopg 3: pip install 'hermes-sup[postgres]'") from None
+        raise BoardConfigError(NEEDS_PSYCOPG) from None
     try:
         conninfo_to_dict(dsn)
     except Exception:
@@ -75,7 +78,7 @@ def open_store(config: Mapping[str, Any], *, host: str | None = None, environ: M
     try:
         from .store import PgStore
     except ImportError:
-        raise BoardConfigError("the PostgreSQL board needs psycopg 3: pip install 'hermes-sup[postgres]'") from None
+        raise BoardConfigError(NEEDS_PSYCOPG) from None
     try:
         return PgStore(dsn, dsn_env=f"${dsn_env}", schema=config.get("schema") or "hermes_sup",
                        host=host or socket.gethostname(), boot_id=str(config.get("boot_id") or boot_id()),

@@ -17,7 +17,7 @@ from rich.text import Text
 
 from ...kanban import BoardError, BoardStore
 from ...kanban.backends import DEFAULT_DSN_ENV, ENV_NAME
-from ...kanban.pg import dsn_not_set
+from ...kanban.pg import NEEDS_PSYCOPG, dsn_not_set
 from ...kanban.task import STATUSES
 from ..cliargs import emit_json
 from ..config.workspace import Workspace, board_settings, open_workspace_board
@@ -62,7 +62,7 @@ def migrate_command(ctx: click.Context, target: str, dsn_env: str, dry_run: bool
         from ...kanban.pg.bulk import importing
         from ...kanban.pg.store import redact_dsn
     except ImportError:
-        raise Failure("the PostgreSQL board needs psycopg 3: pip install 'hermes-sup[postgres]'", 2) from None
+        raise Failure(NEEDS_PSYCOPG, 2) from None
     try:
         check_dsn(dsn, dsn_env)
     except BoardError as exc:

@@ -108,7 +108,8 @@ def tool_use_checks_from(saved: dict[str, Any]) -> list[Check]:
             checks.append(_check(f"tools {str(provider)[:80]}", "warn", (
                 f"{agent}: provider {str(provider)[:80]}: never returned a tool call in "
                 f"{logged_count(use.get('offered'))} "
-                "calls with tools offered: its chat template may not support tools; see README")))
+                "calls with tools offered: its chat template may not support tools; "
+                "see docs/explanation/llm-providers.md")))
     return checks
 
 
