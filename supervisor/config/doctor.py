@@ -10,6 +10,8 @@ import os
 import shutil
 import stat
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -262,18 +264,31 @@ def _folders(root: Path, bound: int = 1000) -> int:
     return count + 1
 
 
-def run_checks(ws: Workspace) -> list[Check]:
-    checks: list[Check] = []
-    config: dict[str, Any] = {}
+@dataclass
+class Seen:
+    """What the checks share, filled in as they run: the config once read, the environment the agents
+    will see, and the board once open. `stop` ends the run (a board that cannot be opened)."""
+    ws: Workspace
+    config: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    board: Any = None
+    stop: bool = False
+
+
+def config_checks(seen: Seen) -> list[Check]:
     try:
-        config = load_config(ws.config_path)
-        names = [spec.name for spec in build_specs(config, ws.root)]  # as status names them (count: N)
-        checks.append(_check("config", "ok", f"{ws.config_path} ({len(names)} agent{'s' if len(names) != 1 else ''}: "
-                                             f"{', '.join(names)})"))
-        checks += sandbox_checks(build_specs(config, ws.root))
-        checks += mcp_checks(config, ws.root)
+        seen.config = load_config(seen.ws.config_path)
+        names = [spec.name for spec in build_specs(seen.config, seen.ws.root)]  # as status names them (count: N)
+        return [_check("config", "ok", f"{seen.ws.config_path} ({len(names)} agent{'s' if len(names) != 1 else ''}: "
+                                       f"{', '.join(names)})"),
+                *sandbox_checks(build_specs(seen.config, seen.ws.root)), *mcp_checks(seen.config, seen.ws.root)]
     except ConfigError as exc:
-        checks.append(_check("config", "error", str(exc)))
+        return [_check("config", "error", str(exc))]
+
+
+def folder_checks(seen: Seen) -> list[Check]:
+    checks = []
+    config = seen.config
     for name, spec in sorted((config.get("folders") or {}).items()):
         users = [a["name"] for a in config.get("agents") or [] if name in (a.get("folders", (
             config.get("defaults") or {}).get("folders")) or [])]
@@ -281,24 +296,32 @@ def run_checks(ws: Workspace) -> list[Check]:
                              f"{spec['path']} ({spec.get('mode', 'ro')}"
                              + (f", a git worktree per task from {spec.get('base') or 'HEAD'}" if spec.get("worktree")
                                 else "") + f"), granted to {', '.join(users) if users else 'no agent'}"))
+    return checks
 
+
+def credential_checks(seen: Seen) -> list[Check]:
     # What the agents will see: this environment, filled in from the workspace's .env (see agents/keys.py).
-    names = key_names(config)
-    env: dict[str, str] = dict(os.environ)
-    KeyFile(ws.root / ENV_FILE, names, env).refresh()
-    present = [name for name in AUTO_KEYS if env.get(name)]
-    from_file = [name for name in sorted(names) if env.get(name) and not os.environ.get(name)]
-    checks.append(_check(
+    names = key_names(seen.config)
+    seen.env = dict(os.environ)
+    KeyFile(seen.ws.root / ENV_FILE, names, seen.env).refresh()
+    present = [name for name in AUTO_KEYS if seen.env.get(name)]
+    from_file = [name for name in sorted(names) if seen.env.get(name) and not os.environ.get(name)]
+    checks = [_check(
         "credentials", "ok" if present else "info",
         (f"set: {', '.join(present)}" if present else
          f"none of {', '.join(AUTO_KEYS)} is set; the auto provider will look for a local server, then run offline")
         + (f" ({', '.join(from_file)} from {ENV_FILE})" if from_file else ""),
-    ))
-    exposed = env_file_exposure(ws.root / ENV_FILE)
+    )]
+    exposed = env_file_exposure(seen.ws.root / ENV_FILE)
     if exposed:
         checks.append(_check("key file", "warn", exposed))
+    return checks
+
+
+def auto_checks(seen: Seen) -> list[Check]:
+    checks = []
     said: list[str] = []  # the servers auto passed over, then what it settled on
-    found = resolve_auto(env, config=config, notes=said)
+    found = resolve_auto(seen.env, config=seen.config, notes=said)
     if found is None:
         checks.append(_check("provider auto", "warn", said[-1].replace("auto is offline", "offline", 1)
                              + "; only tasks with steps will run"))
@@ -311,8 +334,13 @@ def run_checks(ws: Workspace) -> list[Check]:
             checks.append(_check("provider auto", "ok", f"{found.name}: {found.kind}, model {found.model} ({where})"))
     for note in said[:-1]:
         checks.append(_check("auto passed over", "warn", note))
-    for name, provider in provider_configs(config).items():
-        if provider.api_key_env and not env.get(provider.api_key_env):
+    return checks
+
+
+def provider_checks(seen: Seen) -> list[Check]:
+    checks = []
+    for name, provider in provider_configs(seen.config).items():
+        if provider.api_key_env and not seen.env.get(provider.api_key_env):
             checks.append(_check(f"provider {name}", "info",
                                  f"${provider.api_key_env} is not set; left out of its tiers"))
         elif not provider.base_url:
@@ -332,21 +360,28 @@ def run_checks(ws: Workspace) -> list[Check]:
                 checks.append(_check(f"provider {name}", "ok", f"{where}: reachable"))
                 if provider.sized or provider.window_probed:
                     checks.append(context_check(name, provider, probe_context(provider.base_url, provider.model)))
+    return checks
 
-    checks += breaker_checks(ws.runs_path)
-    checks += tool_use_checks(ws.runs_path)
 
-    containment = detect(ws.root, keep=False)  # as a supervisor started from here would find it
-    checks.append(_check("process containment", "ok" if containment.mode == "cgroup" else "info", containment.detail))
+def containment_checks(seen: Seen) -> list[Check]:
+    containment = detect(seen.ws.root, keep=False)  # as a supervisor started from here would find it
+    return [_check("process containment", "ok" if containment.mode == "cgroup" else "info", containment.detail)]
 
+
+def board_open_checks(seen: Seen) -> list[Check]:
     try:
-        board = open_workspace_board(ws)
+        seen.board = open_workspace_board(seen.ws)
     except ConfigError as exc:  # a board section no installed backend opens: a config error (exit 2)
-        checks.append(_check(BOARD_CONFIG, "error", str(exc)))
-        return checks
+        seen.stop = True
+        return [_check(BOARD_CONFIG, "error", str(exc))]
     except BoardError as exc:
-        checks.append(_check("board", "error", str(exc)))
-        return checks
+        seen.stop = True
+        return [_check("board", "error", str(exc))]
+    return []
+
+
+def board_checks(seen: Seen) -> list[Check]:
+    board, checks = seen.board, []
     with board:
         for what, level, detail in board.health():
             checks.append(_check(what, level, detail))
@@ -355,7 +390,7 @@ def run_checks(ws: Workspace) -> list[Check]:
         watches = limits.get("max_user_watches")
         level = "warn" if watches is not None and watches < 8192 else "ok"
         checks.append(_check("inotify limits", level, ", ".join(f"{key}={value}" for key, value in limits.items())))
-        team = len(build_specs(config, ws.root)) if config else 0
+        team = len(build_specs(seen.config, seen.ws.root)) if seen.config else 0
         checks += machine_checks(team, limits, folders=_folders(board.root), machine=machine_limits())
 
         ingest = board.ingest().as_dict()
@@ -387,10 +422,31 @@ def run_checks(ws: Workspace) -> list[Check]:
             cursor = batch.cursor
         if bad:
             checks.append(_check("events", "warn", f"{bad} unreadable {what or 'event(s)'} skipped"))
+    return checks
 
-    free, total = disk_free(ws.root)
+
+def disk_checks(seen: Seen) -> list[Check]:
+    free, total = disk_free(seen.ws.root)
     level = "error" if free < 100 << 20 else "warn" if free < 1 << 30 else "ok"
-    checks.append(_check("disk", level, f"{free / (1 << 30):.1f} GiB free of {total / (1 << 30):.1f} GiB"))
+    checks = [_check("disk", level, f"{free / (1 << 30):.1f} GiB free of {total / (1 << 30):.1f} GiB")]
     if shutil.which("hermes-sup") is None:
         checks.append(_check("path", "info", "hermes-sup is not on PATH (run it from the virtualenv)"))
+    return checks
+
+
+# Doctor's checks, in the order they run and are shown: each reads what the ones before it saw.
+CHECKS: tuple[Callable[[Seen], list[Check]], ...] = (
+    config_checks, folder_checks, credential_checks, auto_checks, provider_checks,
+    lambda seen: breaker_checks(seen.ws.runs_path), lambda seen: tool_use_checks(seen.ws.runs_path),
+    containment_checks, board_open_checks, board_checks, disk_checks,
+)
+
+
+def run_checks(ws: Workspace) -> list[Check]:
+    seen = Seen(ws)
+    checks: list[Check] = []
+    for check in CHECKS:
+        checks += check(seen)
+        if seen.stop:
+            break
     return checks
