@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Self
 
-from . import reads, rules, waiting
+from . import handmoves, reads, rules, waiting
 from .base import (  # noqa: F401 (the board's settings, named here as before the split)
     ALLOW_NETWORK_FS_ENV,
     COMMENT_RESERVE,
@@ -268,12 +268,10 @@ class Board:
             return self.txn.commit(folder, rules.moved(self.disk.read(path), to, by=by, now=now_iso(), note=note))
 
     def cancel(self, task_id: str, *, by: str = "cli") -> TaskDoc:
-        rules.check_cancel(self.get(task_id))
-        return self.move(task_id, "cancelled", by=by, note="cancelled")
+        return handmoves.cancel(self, task_id, by)
 
     def retry(self, task_id: str, *, by: str = "cli") -> TaskDoc:
-        rules.check_retry(self.get(task_id))
-        return self.move(task_id, "todo", by=by, note="retry (attempts reset)")
+        return handmoves.retry(self, task_id, by)
 
     # -- waiting and the event log ---------------------------------------------------------------
 

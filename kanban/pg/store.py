@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from .. import rules
+from .. import handmoves, rules
 from ..base import COMMENT_RESERVE, MAX_DOCUMENT_BYTES
 from ..drops import ready as ready_drops
 from ..errors import BoardError, InvalidTransition, TaskNotFound
@@ -220,12 +220,10 @@ class PgStore(ClaimsMixin, JournalRowsMixin, HostsMixin, StreamMixin, TaskIdsMix
             return self._write(cur, new, outcome_token=row["fence"] if doc.get("claim") else None)
 
     def cancel(self, task_id: str, *, by: str = "cli") -> TaskDoc:
-        rules.check_cancel(self.get(task_id))
-        return self.move(task_id, "cancelled", by=by, note="cancelled")
+        return handmoves.cancel(self, task_id, by)
 
     def retry(self, task_id: str, *, by: str = "cli") -> TaskDoc:
-        rules.check_retry(self.get(task_id))
-        return self.move(task_id, "todo", by=by, note="retry (attempts reset)")
+        return handmoves.retry(self, task_id, by)
 
     @again
     def answer(self, task_id: str, text: str, *, by: str = "cli") -> TaskDoc:
