@@ -422,3 +422,45 @@ def test_a_hook_that_fails_never_fails_the_work_and_says_so_once(receiver, capsy
     assert said.count("telemetry: model_call failed, its span is lost: ValueError") == 1
     assert [s["attributes"]["hermes.task.outcome"] for s in receiver.named("task ")] == ["done"]
     assert not receiver.named("chat ")
+
+
+def test_a_collectors_password_in_its_address_is_never_said_in_the_agents_log(receiver, capsys):
+    with_password = receiver.url.replace("http://", "http://user:hunter2-otlp-pass@") + "/v1/traces?token=tk-9f8e7d"
+    tracing = telemetry.Telemetry.from_settings({}, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": with_password},
+                                                agent="a", workspace="/w")
+    with tracing.task_span({"id": "t-4", "title": "t", "claims": 1}):
+        tracing.outcome("done")
+    tracing.close()
+    said = capsys.readouterr().out
+    assert "span(s) exported to http://127.0.0.1:" in said
+    assert "hunter2-otlp-pass" not in said and "tk-9f8e7d" not in said and "user" not in said
+    assert telemetry.shown("https://u:p@c.example:4318/v1/traces?k=v") == "https://c.example:4318/v1/traces"
+
+
+def test_a_hostile_task_or_answer_inflates_no_span_and_a_known_key_in_a_title_is_redacted(receiver, monkeypatch,
+                                                                                         capsys):
+    from hermes_sup.kanban import redact
+
+    monkeypatch.setattr(redact, "_known", ())
+    redact.remember(["sk-live-1234567890abcdef"])
+    tracing = telemetry.Telemetry.from_settings({"otlp_endpoint": receiver.url}, {}, agent="a", workspace="/w")
+    forged = [{"traceparent": 123}, {"traceparent": ["00-" + "a" * 32 + "-" + "b" * 16 + "-01"]}, "x",
+              {"traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01", "tracestate": "k=" + "v" * 100_000}]
+    try:
+        for index, trace in enumerate(forged):
+            with tracing.task_span({"id": f"t-{index}", "title": "use sk-live-1234567890abcdef now", "claims": 1,
+                                    "role": "r" * 100_000, "meta": {"trace": trace}}):
+                tracing.tool_call("n" * 100_000, "c" * 100_000, "refused", 0.1)
+                tracing.outcome("done")
+    finally:
+        tracing.close()
+    assert "failed" not in capsys.readouterr().err, "a forged meta.trace costs no span"
+    tasks = receiver.named("task ")
+    assert len(tasks) == len(forged)
+    for span in tasks:
+        assert span["attributes"]["hermes.task.title"] == "use [redacted] now"
+        assert len(span["attributes"]["hermes.task.role"]) <= telemetry.NAME_CHARS
+    for span in receiver.named("execute_tool "):
+        assert len(span["name"]) <= telemetry.NAME_CHARS + 20
+        assert len(span["attributes"]["gen_ai.tool.name"]) <= telemetry.NAME_CHARS
+        assert len(span["attributes"]["gen_ai.tool.call.id"]) <= telemetry.NAME_CHARS
