@@ -362,6 +362,7 @@ class Tracing(Telemetry):
 
         timeout = None if env.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") or env.get("OTEL_EXPORTER_OTLP_TIMEOUT") \
             else EXPORT_TIMEOUT
+        self._close_within = EXPORT_TIMEOUT + 1.0 if timeout is not None else None  # the variables': theirs
         self._ids = Pinned()
         resource = Resource.create({"service.name": "hermes-sup", "hermes.workspace": workspace, "host.name": host,
                                     "hermes.agent": agent, "service.instance.id": f"{host}/{agent}/{os.getpid()}"})
@@ -508,8 +509,13 @@ class Tracing(Telemetry):
         span.end()
 
     def close(self) -> None:
-        """Export what is left (each batch bounded by the export timeout) and say what was dropped."""
-        self.provider.shutdown()
+        """Export what is left, for EXPORT_TIMEOUT at most in all (the SDK's shutdown drains every batch
+        queued, each given the export timeout, and waits up to 30 s: past an agent's stop_timeout a
+        collector that takes connections and never answers would have it killed), and say what was
+        dropped. What is still on its way then is dropped: the export thread dies with the process."""
+        closing = threading.Thread(target=self.provider.shutdown, name="telemetry-close", daemon=True)
+        closing.start()
+        closing.join(self._close_within)
         with self._lock:
             ended, dropped = self.ended, self.ended - self.exported
         if dropped:

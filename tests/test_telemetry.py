@@ -464,3 +464,25 @@ def test_a_hostile_task_or_answer_inflates_no_span_and_a_known_key_in_a_title_is
         assert len(span["name"]) <= telemetry.NAME_CHARS + 20
         assert len(span["attributes"]["gen_ai.tool.name"]) <= telemetry.NAME_CHARS
         assert len(span["attributes"]["gen_ai.tool.call.id"]) <= telemetry.NAME_CHARS
+
+
+def test_a_collector_that_takes_connections_and_never_answers_costs_the_exit_the_export_timeout_at_most(capsys):
+    import time
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)  # the kernel completes the connections; nothing ever answers them
+    try:
+        tracing = telemetry.Telemetry.from_settings({"otlp_endpoint": f"http://127.0.0.1:{silent.getsockname()[1]}"},
+                                                    {}, agent="a", workspace="/w")
+        with tracing.task_span({"id": "t-5", "title": "t", "claims": 1}):
+            for index in range(2000):  # a few batches queued: the SDK's shutdown gave each the export timeout
+                tracing.tool_call("read_file", str(index), "ok", 0.01)
+        started = time.monotonic()
+        tracing.close()
+        took = time.monotonic() - started
+    finally:
+        silent.close()
+    # The default stop_timeout is 10 s: an exit slower than that is a SIGKILL.
+    assert took < telemetry.EXPORT_TIMEOUT + 3, f"close took {took:.1f} s"
+    assert "span(s) dropped" in capsys.readouterr().out
