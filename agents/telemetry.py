@@ -99,8 +99,14 @@ def task_attributes(task: Mapping[str, Any], *, agent: str, host: str) -> dict[s
     return {"hermes.task.id": name(task.get("id")),
             "hermes.task.title": cut(scrub(str(task.get("title") or "")), TITLE_CHARS),
             "hermes.task.role": name(task.get("role") or ""), "hermes.agent": agent, "hermes.host": host,
-            "hermes.task.attempt": int(task.get("attempts") or 1),  # counted at the claim
-            "hermes.task.claim": int(task.get("claims") or 1)}
+            "hermes.task.attempt": count(task.get("attempts")),  # counted at the claim
+            "hermes.task.claim": count(task.get("claims"))}
+
+
+def count(value: Any) -> int:
+    """A task's count of attempts or claims as a span carries it (pure): 1 for none, at most an int64
+    (OTLP's integer: a larger one fails to encode, with a traceback in the agent's log each export)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 63 else 1
 
 
 def model_attributes(record: Mapping[str, Any], *, provider_kind: str, requested: str,

@@ -486,3 +486,14 @@ def test_a_collector_that_takes_connections_and_never_answers_costs_the_exit_the
     # The default stop_timeout is 10 s: an exit slower than that is a SIGKILL.
     assert took < telemetry.EXPORT_TIMEOUT + 3, f"close took {took:.1f} s"
     assert "span(s) dropped" in capsys.readouterr().out
+
+
+def test_a_count_past_an_int64_in_a_tasks_file_costs_no_traceback_in_the_log(receiver, caplog):
+    # The OTLP encoder logs "Failed to encode key ..." with a traceback (the agent's log: its stderr).
+    tracing = telemetry.Telemetry.from_settings({"otlp_endpoint": receiver.url}, {}, agent="a", workspace="/w")
+    with tracing.task_span({"id": "t-6", "title": "t", "claims": 1, "attempts": 10**30}):
+        tracing.outcome("done")
+    tracing.close()
+    assert not [record for record in caplog.records if "encode" in record.getMessage()]
+    [span] = receiver.named("task ")
+    assert span["attributes"]["hermes.task.attempt"] == 1
