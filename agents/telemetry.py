@@ -103,6 +103,12 @@ def task_attributes(task: Mapping[str, Any], *, agent: str, host: str) -> dict[s
             "hermes.task.claim": count(task.get("claims"))}
 
 
+def tokens(value: Any) -> int:
+    """A call's tokens as a span carries them (pure): the provider's answer said them, as anything;
+    0 for what is no count an int64 holds."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63 else 0
+
+
 def count(value: Any) -> int:
     """A task's count of attempts or claims as a span carries it (pure): 1 for none, at most an int64
     (OTLP's integer: a larger one fails to encode, with a traceback in the agent's log each export)."""
@@ -116,8 +122,8 @@ def model_attributes(record: Mapping[str, Any], *, provider_kind: str, requested
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": "chat", "gen_ai.provider.name": provider_kind or name(record.get("provider")),
         "gen_ai.request.model": name(requested), "gen_ai.response.model": name(record.get("model") or requested),
-        "gen_ai.usage.input_tokens": int(record.get("tokens_in") or 0),
-        "gen_ai.usage.output_tokens": int(record.get("tokens_out") or 0),
+        "gen_ai.usage.input_tokens": tokens(record.get("tokens_in")),
+        "gen_ai.usage.output_tokens": tokens(record.get("tokens_out")),
         "hermes.provider": name(record.get("provider")), "hermes.outcome": name(record.get("outcome")),
         "hermes.cost_usd": float(record.get("cost_usd") or 0.0)}
     if finish:

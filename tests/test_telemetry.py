@@ -413,8 +413,8 @@ def test_a_hook_that_fails_never_fails_the_work_and_says_so_once(receiver, capsy
     tracing = telemetry.Telemetry.from_settings({"otlp_endpoint": receiver.url}, {}, agent="a", workspace="/w")
     try:
         with tracing.task_span({"id": "t-3", "title": "t", "claims": 1}):
-            for _ in range(2):  # a record no log would hold: tokens that are no number
-                tracing.model_call({"provider": "p", "model": "m", "outcome": "ok", "tokens_in": "many"}, None)
+            for _ in range(2):  # a record no log would hold: a latency that is no number
+                tracing.model_call({"provider": "p", "model": "m", "outcome": "ok", "latency_s": "slow"}, None)
             tracing.outcome("done")
     finally:
         tracing.close()
@@ -497,3 +497,18 @@ def test_a_count_past_an_int64_in_a_tasks_file_costs_no_traceback_in_the_log(rec
     assert not [record for record in caplog.records if "encode" in record.getMessage()]
     [span] = receiver.named("task ")
     assert span["attributes"]["hermes.task.attempt"] == 1
+
+
+def test_a_providers_token_counts_of_any_size_or_kind_cost_no_model_span(receiver, caplog, capsys):
+    from hermes_sup.agents.fallback import Attempt
+
+    tracing = telemetry.Telemetry.from_settings({"otlp_endpoint": receiver.url}, {}, agent="a", workspace="/w")
+    with tracing.task_span({"id": "t-7", "title": "t", "claims": 1}):
+        for tokens_in in (10**30, "many", [1]):  # as a provider's answer said them
+            tracing.model_call({"provider": "p", "model": "m", "outcome": "ok", "tokens_in": tokens_in,
+                                "tokens_out": 2, "latency_s": 0.1}, Attempt("p", "m", "ok", 0.1))
+        tracing.outcome("done")
+    tracing.close()
+    assert "failed" not in capsys.readouterr().err
+    assert not [record for record in caplog.records if "encode" in record.getMessage()]
+    assert [s["attributes"]["gen_ai.usage.input_tokens"] for s in receiver.named("chat ")] == [0, 0, 0]
