@@ -20,6 +20,9 @@ from .logline import say
 
 TRACE_FIELD = "trace"  # in a task's `meta`: the W3C trace context of the attempt that made it (a delegation)
 TITLE_CHARS = 80
+NAME_CHARS = 200  # of a name or an id a span carries: a tool's name, a call's id, a model's, a role (a model's
+# answer or a task's file may hold any text; a span is not where it lands whole)
+CARRIER_CHARS = 512  # of each W3C trace-context header a task's meta.trace carries (traceparent's own cap)
 CONTENT_CHARS = 8_000  # of a prompt or an answer, exported only with `telemetry: {content: true}`
 EXPORT_TIMEOUT = 5.0  # seconds per batch (retries included): a collector that is away costs the exit no more
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
@@ -73,16 +76,43 @@ def endpoint_of(settings: Mapping[str, Any] | None, env: Mapping[str, str]) -> s
     return None
 
 
+def shown(endpoint: str) -> str:
+    """A collector's address as the agent's log says it (pure): without the user and password its
+    URL may hold (basic auth) nor its query, which are credentials, not where it is."""
+    parts = urlsplit(endpoint)
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=host, query="", fragment="").geturl()
+
+
 def cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
+def name(value: Any) -> str:
+    """A name or an id as a span carries it (pure but for the keys this process knows): cut, redacted."""
+    return cut(scrub(str(value)), NAME_CHARS)
+
+
 def task_attributes(task: Mapping[str, Any], *, agent: str, host: str) -> dict[str, Any]:
-    """A task attempt's span attributes (pure): ids and counts, the title cut short, no body."""
-    return {"hermes.task.id": str(task.get("id")), "hermes.task.title": cut(str(task.get("title") or ""), TITLE_CHARS),
-            "hermes.task.role": str(task.get("role") or ""), "hermes.agent": agent, "hermes.host": host,
-            "hermes.task.attempt": int(task.get("attempts") or 1),  # counted at the claim
-            "hermes.task.claim": int(task.get("claims") or 1)}
+    """A task attempt's span attributes (pure but for the keys this process knows): ids and counts, the
+    title cut short and redacted, no body."""
+    return {"hermes.task.id": name(task.get("id")),
+            "hermes.task.title": cut(scrub(str(task.get("title") or "")), TITLE_CHARS),
+            "hermes.task.role": name(task.get("role") or ""), "hermes.agent": agent, "hermes.host": host,
+            "hermes.task.attempt": count(task.get("attempts")),  # counted at the claim
+            "hermes.task.claim": count(task.get("claims"))}
+
+
+def tokens(value: Any) -> int:
+    """A call's tokens as a span carries them (pure): the provider's answer said them, as anything;
+    0 for what is no count an int64 holds."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63 else 0
+
+
+def count(value: Any) -> int:
+    """A task's count of attempts or claims as a span carries it (pure): 1 for none, at most an int64
+    (OTLP's integer: a larger one fails to encode, with a traceback in the agent's log each export)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 63 else 1
 
 
 def model_attributes(record: Mapping[str, Any], *, provider_kind: str, requested: str,
@@ -90,25 +120,26 @@ def model_attributes(record: Mapping[str, Any], *, provider_kind: str, requested
     """A model call's span attributes (pure), GenAI semantic conventions; cost is ours (hermes.*).
     `record` is the LLM-call log's record of the call (agents/loop.py llm_record)."""
     attributes: dict[str, Any] = {
-        "gen_ai.operation.name": "chat", "gen_ai.provider.name": provider_kind or str(record.get("provider")),
-        "gen_ai.request.model": requested, "gen_ai.response.model": str(record.get("model") or requested),
-        "gen_ai.usage.input_tokens": int(record.get("tokens_in") or 0),
-        "gen_ai.usage.output_tokens": int(record.get("tokens_out") or 0),
-        "hermes.provider": str(record.get("provider")), "hermes.outcome": str(record.get("outcome")),
+        "gen_ai.operation.name": "chat", "gen_ai.provider.name": provider_kind or name(record.get("provider")),
+        "gen_ai.request.model": name(requested), "gen_ai.response.model": name(record.get("model") or requested),
+        "gen_ai.usage.input_tokens": tokens(record.get("tokens_in")),
+        "gen_ai.usage.output_tokens": tokens(record.get("tokens_out")),
+        "hermes.provider": name(record.get("provider")), "hermes.outcome": name(record.get("outcome")),
         "hermes.cost_usd": float(record.get("cost_usd") or 0.0)}
     if finish:
         attributes["gen_ai.response.finish_reasons"] = [finish]
     if record.get("outcome") != "ok":
-        attributes["error.type"] = str(record.get("outcome"))
+        attributes["error.type"] = name(record.get("outcome"))
     if record.get("estimated"):
         attributes["hermes.usage.estimated"] = True
     return attributes
 
 
-def tool_attributes(name: str, call_id: str, outcome: str, duration: float) -> dict[str, Any]:
-    """A tool call's span attributes (pure), GenAI semantic conventions."""
-    attributes: dict[str, Any] = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name,
-                                  "gen_ai.tool.call.id": call_id, "hermes.tool.outcome": outcome,
+def tool_attributes(tool: str, call_id: str, outcome: str, duration: float) -> dict[str, Any]:
+    """A tool call's span attributes (pure but for the keys this process knows), GenAI semantic
+    conventions; the name and id are the model's words, cut."""
+    attributes: dict[str, Any] = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name(tool),
+                                  "gen_ai.tool.call.id": name(call_id), "hermes.tool.outcome": outcome,
                                   "hermes.tool.duration_s": round(duration, 6)}
     if outcome != "ok":
         attributes["error.type"] = outcome
@@ -125,7 +156,7 @@ def event_attributes(record: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("why", "code", "signal", "reason", "delay", "state"):
         value = record.get(key)
         if isinstance(value, (str, int, float)) and not isinstance(value, bool) and value != "":
-            attributes[f"hermes.{key}"] = value
+            attributes[f"hermes.{key}"] = cut(scrub(value), 500) if isinstance(value, str) else value
     if record.get("note"):
         attributes["hermes.note"] = cut(scrub(str(record["note"])), 500)
     return attributes
@@ -136,6 +167,17 @@ def content(value: Any) -> str:
     keys this process knows): keys redacted as in every other text, cut to CONTENT_CHARS."""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
     return cut(scrub(text), CONTENT_CHARS)
+
+
+def carrier_of(task: Mapping[str, Any]) -> dict[str, str]:
+    """The W3C trace context a task's meta.trace carries, as a propagator takes it (pure): string
+    headers of a sane length only; a task's file may hold anything there, which is then no parent."""
+    meta = task.get("meta")
+    carried = meta.get(TRACE_FIELD) if isinstance(meta, dict) else None
+    if not isinstance(carried, dict):
+        return {}
+    return {key: value for key, value in carried.items()
+            if key in ("traceparent", "tracestate") and isinstance(value, str) and len(value) <= CARRIER_CHARS}
 
 
 def root_trace_id(task: Mapping[str, Any]) -> int:
@@ -199,7 +241,7 @@ class Telemetry:
             import opentelemetry.exporter.otlp.proto.http.trace_exporter
             import opentelemetry.sdk.trace  # noqa: F401
         except ImportError as exc:  # configured, not installed: the agent works on and says why nothing goes out
-            say(agent, f"telemetry: nothing is exported to {endpoint}: {exc.name or exc} is not installed "
+            say(agent, f"telemetry: nothing is exported to {shown(endpoint)}: {exc.name or exc} is not installed "
                        "(the telemetry extra: pip install 'opentelemetry-sdk>=1.45' "
                        "'opentelemetry-exporter-otlp-proto-http>=1.45')", error=True)
             return Telemetry()
@@ -279,7 +321,7 @@ class Tracing(Telemetry):
         logging.getLogger("opentelemetry.exporter.otlp.proto.http").setLevel(logging.CRITICAL)
         logging.getLogger("opentelemetry.exporter.otlp_common").setLevel(logging.CRITICAL)
         logging.getLogger("opentelemetry.sdk._shared_internal").setLevel(logging.CRITICAL)  # "Queue full": counted
-        self.endpoint, self.agent, self.host, self.content, self.kinds = endpoint, agent, host, content, kinds
+        self.endpoint, self.agent, self.host, self.content, self.kinds = shown(endpoint), agent, host, content, kinds
         self._lock = threading.Lock()
         self.ended = 0
         self.exported = 0
@@ -333,6 +375,7 @@ class Tracing(Telemetry):
 
         timeout = None if env.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") or env.get("OTEL_EXPORTER_OTLP_TIMEOUT") \
             else EXPORT_TIMEOUT
+        self._close_within = EXPORT_TIMEOUT + 1.0 if timeout is not None else None  # the variables': theirs
         self._ids = Pinned()
         resource = Resource.create({"service.name": "hermes-sup", "hermes.workspace": workspace, "host.name": host,
                                     "hermes.agent": agent, "service.instance.id": f"{host}/{agent}/{os.getpid()}"})
@@ -383,8 +426,10 @@ class Tracing(Telemetry):
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         task_id = str(task.get("id"))
-        carried = ((task.get("meta") or {}) if isinstance(task.get("meta"), dict) else {}).get(TRACE_FIELD)
-        parent = TraceContextTextMapPropagator().extract(carried) if isinstance(carried, dict) else None
+        parent = None
+        carried = carrier_of(task)
+        if carried:
+            parent = TraceContextTextMapPropagator().extract(carried)
         parent_span = trace.get_current_span(parent).get_span_context() if parent is not None else None
         trace_id = parent_span.trace_id if parent_span and parent_span.is_valid else root_trace_id(task)
         claim = int(task.get("claims") or 1)
@@ -394,7 +439,7 @@ class Tracing(Telemetry):
         joined = parent_span is not None and parent_span.is_valid
         self._ids.pin.trace = None if joined else trace_id  # a joined trace is the parent's: no id is generated
         self._ids.pin.span = attempt_span_id(trace_id, task_id, claim)
-        span = self.tracer.start_span(f"task {task_id}", context=parent if joined else None,
+        span = self.tracer.start_span(f"task {name(task_id)}", context=parent if joined else None,
                                       attributes=task_attributes(task, agent=self.agent, host=self.host), links=links)
         self._span, self._context, self._outcome = span, trace.set_span_in_context(span), "interrupted"
         return span
@@ -450,7 +495,7 @@ class Tracing(Telemetry):
         if self.content:
             attributes["gen_ai.tool.call.arguments"] = content(args if args is not None else {})
             attributes["gen_ai.tool.call.result"] = content(result)
-        self._child(f"execute_tool {name}", attributes, duration, outcome != "ok")
+        self._child(f"execute_tool {attributes['gen_ai.tool.name']}", attributes, duration, outcome != "ok")
 
     @_never_raises
     def carrier(self) -> dict[str, Any]:
@@ -477,8 +522,13 @@ class Tracing(Telemetry):
         span.end()
 
     def close(self) -> None:
-        """Export what is left (each batch bounded by the export timeout) and say what was dropped."""
-        self.provider.shutdown()
+        """Export what is left, for EXPORT_TIMEOUT at most in all (the SDK's shutdown drains every batch
+        queued, each given the export timeout, and waits up to 30 s: past an agent's stop_timeout a
+        collector that takes connections and never answers would have it killed), and say what was
+        dropped. What is still on its way then is dropped: the export thread dies with the process."""
+        closing = threading.Thread(target=self.provider.shutdown, name="telemetry-close", daemon=True)
+        closing.start()
+        closing.join(self._close_within)
         with self._lock:
             ended, dropped = self.ended, self.ended - self.exported
         if dropped:

@@ -65,10 +65,17 @@ def denied(command: str, approved: tuple[str, ...] = ()) -> str | None:
     return None
 
 
+# The agent's OTLP exporter's settings (agents/telemetry.py): its headers are where a collector's key
+# goes (`x-honeycomb-team=...`, `Authorization=Bearer ...`), its endpoint may hold a user and password.
+OTLP_SECRETS = re.compile(r"^OTEL_EXPORTER_OTLP_(\w+_)?(HEADERS|ENDPOINT)$", re.IGNORECASE)
+
+
 def clean_env(env: Mapping[str, str], keys: Collection[str] = ()) -> dict[str, str]:
     """The environment without anything that looks like a credential, nor the variables the
-    agent's providers take their keys from (`keys`, which may be named anyhow) (pure)."""
-    return {key: value for key, value in env.items() if not SECRET_NAMES.search(key) and key not in keys}
+    agent's providers take their keys from (`keys`, which may be named anyhow), nor the agent's
+    collector's headers and address (pure)."""
+    return {key: value for key, value in env.items()
+            if not SECRET_NAMES.search(key) and key not in keys and not OTLP_SECRETS.match(key)}
 
 
 def withheld(settings: Mapping[str, Any]) -> set[str]:

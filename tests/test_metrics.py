@@ -210,3 +210,14 @@ def test_events_behind_counts_what_a_reader_has_yet_to_read(tmp_path):
         assert "test-reader" not in readers.readers_behind(board), "a reader not reading is left out"
     finally:
         readers._readers.pop("test-reader")
+
+
+def test_a_model_name_a_provider_answered_with_is_a_label_of_bounded_length():
+    # The LLM-call log keeps the model a provider's answer names, as it came.
+    data = {"supervisor": True, "agents": [], "counts": {}, "claim_latency": [], "duration": [], "budgets": [],
+            "breakers": [], "behind": {},
+            "calls": [("a", {"provider": "p", "model": "m" * 1_000_000, "outcome": "ok", "tokens_in": 3,
+                             "cost_usd": 0.5})]}
+    body, _kind = metrics.exposition(data)
+    assert len(body) < 20_000
+    assert f'model="{"m" * (metrics.LABEL_CHARS - 1)}…"' in body.decode()

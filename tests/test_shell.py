@@ -100,3 +100,14 @@ def test_the_units_command_runs_the_team_its_reload_is_sighup_and_its_stop_is_si
         if main.poll() is None:
             os.killpg(main.pid, signal.SIGKILL)
             main.wait()
+
+
+@pytest.mark.parametrize("name", ["team\\x2f..\\x2fother", "team\\"])
+def test_a_folder_with_a_backslash_is_refused_as_systemd_would_read_another_path_or_directive(tmp_path, name):
+    # systemd unescapes C escapes in ExecStart even within quotes (-w '/x/team\x2f..\x2fother' runs the
+    # team of /x/other) and joins the next line to one that ends with a backslash (no ExecStart left).
+    ws = make_ws(tmp_path / name, "- name: worker\n")
+    done = subprocess.run([*CLI, "-w", str(ws), "systemd-unit"], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT)
+    assert done.returncode != 0 and "backslash" in done.stderr, done.stdout
+    assert "ExecStart" not in done.stdout

@@ -69,3 +69,21 @@ def test_nothing_is_written_over_and_a_bad_name_is_a_usage_error(tmp_path):
     linked = hermes(ws, "skills", "new", "other")
     assert linked.returncode == 1 and "nothing was written" in linked.stderr
     assert target.read_text() == "kept\n" and not (ws / "skills" / "other.py").exists()
+
+
+def test_a_skills_or_tests_folder_that_is_a_link_out_of_the_workspace_is_refused(tmp_path):
+    ws = workspace(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    if (ws / "tests").exists():
+        (ws / "tests").rmdir()
+    os.symlink(outside, ws / "tests")  # tests/ put there as a link to a folder elsewhere
+    linked = hermes(ws, "skills", "new", "shout")
+    assert linked.returncode == 1 and "symbolic link" in linked.stderr and "nothing was written" in linked.stderr
+    assert list(outside.iterdir()) == [] and not (ws / "skills" / "shout.py").exists()
+    (ws / "tests").unlink()
+    os.rename(ws / "skills", ws / "skills-real")
+    os.symlink(outside, ws / "skills")
+    linked = hermes(ws, "skills", "new", "notes", "--kind", "instructions")
+    assert linked.returncode == 1 and "symbolic link" in linked.stderr
+    assert list(outside.iterdir()) == []

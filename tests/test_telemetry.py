@@ -413,8 +413,8 @@ def test_a_hook_that_fails_never_fails_the_work_and_says_so_once(receiver, capsy
     tracing = telemetry.Telemetry.from_settings({"otlp_endpoint": receiver.url}, {}, agent="a", workspace="/w")
     try:
         with tracing.task_span({"id": "t-3", "title": "t", "claims": 1}):
-            for _ in range(2):  # a record no log would hold: tokens that are no number
-                tracing.model_call({"provider": "p", "model": "m", "outcome": "ok", "tokens_in": "many"}, None)
+            for _ in range(2):  # a record no log would hold: a latency that is no number
+                tracing.model_call({"provider": "p", "model": "m", "outcome": "ok", "latency_s": "slow"}, None)
             tracing.outcome("done")
     finally:
         tracing.close()
@@ -422,3 +422,93 @@ def test_a_hook_that_fails_never_fails_the_work_and_says_so_once(receiver, capsy
     assert said.count("telemetry: model_call failed, its span is lost: ValueError") == 1
     assert [s["attributes"]["hermes.task.outcome"] for s in receiver.named("task ")] == ["done"]
     assert not receiver.named("chat ")
+
+
+def test_a_collectors_password_in_its_address_is_never_said_in_the_agents_log(receiver, capsys):
+    with_password = receiver.url.replace("http://", "http://user:hunter2-otlp-pass@") + "/v1/traces?token=tk-9f8e7d"
+    tracing = telemetry.Telemetry.from_settings({}, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": with_password},
+                                                agent="a", workspace="/w")
+    with tracing.task_span({"id": "t-4", "title": "t", "claims": 1}):
+        tracing.outcome("done")
+    tracing.close()
+    said = capsys.readouterr().out
+    assert "span(s) exported to http://127.0.0.1:" in said
+    assert "hunter2-otlp-pass" not in said and "tk-9f8e7d" not in said and "user" not in said
+    assert telemetry.shown("https://u:p@c.example:4318/v1/traces?k=v") == "https://c.example:4318/v1/traces"
+
+
+def test_a_hostile_task_or_answer_inflates_no_span_and_a_known_key_in_a_title_is_redacted(receiver, monkeypatch,
+                                                                                         capsys):
+    from hermes_sup.kanban import redact
+
+    monkeypatch.setattr(redact, "_known", ())
+    redact.remember(["sk-live-1234567890abcdef"])
+    tracing = telemetry.Telemetry.from_settings({"otlp_endpoint": receiver.url}, {}, agent="a", workspace="/w")
+    forged = [{"traceparent": 123}, {"traceparent": ["00-" + "a" * 32 + "-" + "b" * 16 + "-01"]}, "x",
+              {"traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01", "tracestate": "k=" + "v" * 100_000}]
+    try:
+        for index, trace in enumerate(forged):
+            with tracing.task_span({"id": f"t-{index}", "title": "use sk-live-1234567890abcdef now", "claims": 1,
+                                    "role": "r" * 100_000, "meta": {"trace": trace}}):
+                tracing.tool_call("n" * 100_000, "c" * 100_000, "refused", 0.1)
+                tracing.outcome("done")
+    finally:
+        tracing.close()
+    assert "failed" not in capsys.readouterr().err, "a forged meta.trace costs no span"
+    tasks = receiver.named("task ")
+    assert len(tasks) == len(forged)
+    for span in tasks:
+        assert span["attributes"]["hermes.task.title"] == "use [redacted] now"
+        assert len(span["attributes"]["hermes.task.role"]) <= telemetry.NAME_CHARS
+    for span in receiver.named("execute_tool "):
+        assert len(span["name"]) <= telemetry.NAME_CHARS + 20
+        assert len(span["attributes"]["gen_ai.tool.name"]) <= telemetry.NAME_CHARS
+        assert len(span["attributes"]["gen_ai.tool.call.id"]) <= telemetry.NAME_CHARS
+
+
+def test_a_collector_that_takes_connections_and_never_answers_costs_the_exit_the_export_timeout_at_most(capsys):
+    import time
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)  # the kernel completes the connections; nothing ever answers them
+    try:
+        tracing = telemetry.Telemetry.from_settings({"otlp_endpoint": f"http://127.0.0.1:{silent.getsockname()[1]}"},
+                                                    {}, agent="a", workspace="/w")
+        with tracing.task_span({"id": "t-5", "title": "t", "claims": 1}):
+            for index in range(2000):  # a few batches queued: the SDK's shutdown gave each the export timeout
+                tracing.tool_call("read_file", str(index), "ok", 0.01)
+        started = time.monotonic()
+        tracing.close()
+        took = time.monotonic() - started
+    finally:
+        silent.close()
+    # The default stop_timeout is 10 s: an exit slower than that is a SIGKILL.
+    assert took < telemetry.EXPORT_TIMEOUT + 3, f"close took {took:.1f} s"
+    assert "span(s) dropped" in capsys.readouterr().out
+
+
+def test_a_count_past_an_int64_in_a_tasks_file_costs_no_traceback_in_the_log(receiver, caplog):
+    # The OTLP encoder logs "Failed to encode key ..." with a traceback (the agent's log: its stderr).
+    tracing = telemetry.Telemetry.from_settings({"otlp_endpoint": receiver.url}, {}, agent="a", workspace="/w")
+    with tracing.task_span({"id": "t-6", "title": "t", "claims": 1, "attempts": 10**30}):
+        tracing.outcome("done")
+    tracing.close()
+    assert not [record for record in caplog.records if "encode" in record.getMessage()]
+    [span] = receiver.named("task ")
+    assert span["attributes"]["hermes.task.attempt"] == 1
+
+
+def test_a_providers_token_counts_of_any_size_or_kind_cost_no_model_span(receiver, caplog, capsys):
+    from hermes_sup.agents.fallback import Attempt
+
+    tracing = telemetry.Telemetry.from_settings({"otlp_endpoint": receiver.url}, {}, agent="a", workspace="/w")
+    with tracing.task_span({"id": "t-7", "title": "t", "claims": 1}):
+        for tokens_in in (10**30, "many", [1]):  # as a provider's answer said them
+            tracing.model_call({"provider": "p", "model": "m", "outcome": "ok", "tokens_in": tokens_in,
+                                "tokens_out": 2, "latency_s": 0.1}, Attempt("p", "m", "ok", 0.1))
+        tracing.outcome("done")
+    tracing.close()
+    assert "failed" not in capsys.readouterr().err
+    assert not [record for record in caplog.records if "encode" in record.getMessage()]
+    assert [s["attributes"]["gen_ai.usage.input_tokens"] for s in receiver.named("chat ")] == [0, 0, 0]

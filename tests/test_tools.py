@@ -268,6 +268,19 @@ def test_terminal_runs_in_the_folder_without_keys(ctx, monkeypatch):
     assert clean_env({"ACME_CREDS": "x", "HOME": "/h"}, {"ACME_CREDS"}) == {"HOME": "/h"}
 
 
+def test_terminal_never_sees_the_collectors_headers_or_address(ctx, monkeypatch):
+    # Where an OTLP collector's key goes (the standard variables telemetry reads), and its address,
+    # which may hold a user and password: a command, whose output the model and the transcript get,
+    # has no use for either.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-honeycomb-team=hc-must-not-leak")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "authorization=Bearer bearer-must-not-leak")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "https://u:pw-must-not-leak@otlp.example")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "https://u:pw2-must-not-leak@otlp.example/v1/traces")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "kept")
+    out = call(ctx, "terminal", command="env")
+    assert "must-not-leak" not in out and "OTEL_SERVICE_NAME=kept" in out
+
+
 def test_terminal_never_sees_a_providers_key_whatever_its_variable_is_called(ctx, monkeypatch):
     monkeypatch.setenv("ACME_CREDS", "acme-must-not-leak")
     llm = {"providers": {"acme": {"kind": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m",

@@ -91,6 +91,12 @@ def systemd_unit(ctx: click.Context) -> None:
     ws = workspace_of(ctx)
     if any(char in str(ws.root.resolve()) for char in "\n\r"):
         raise Failure(f"{ws.root!r}: a folder whose path holds a line break cannot be named in a unit file")
+    if "\\" in str(ws.root.resolve()):
+        # systemd reads a backslash as an escape in ExecStart (`\x2f` is a `/`: `-w` would name another
+        # folder than WorkingDirectory) and, at the end of a line, as a continuation (the next
+        # directive joins the value): no spelling of it means the same in every directive.
+        raise Failure(f"{ws.root!r}: a folder whose path holds a backslash cannot be named in a unit file "
+                      "(systemd reads it as an escape)")
     specs = build_specs(load_config(ws.config_path), ws.root)
     slowest = max((spec.stop_timeout for spec in specs), default=10.0)
     click.echo(unit_text(ws.root.resolve(), program_argv(), slowest), nl=False)

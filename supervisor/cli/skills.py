@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from ..cliargs import emit_json
-from ..config.skillnew import KINDS, create, files_for
+from ..config.skillnew import KINDS, LinkedFolder, create, files_for
 from ..views import render
 from .common import Failure, group, handled, json_option, literal, out, print_table, workspace_of
 
@@ -61,6 +61,9 @@ def skills_new(ctx: click.Context, name: str, kind: str, as_json: bool) -> None:
         written = create(root, files_for(name, kind))
     except FileExistsError as exc:
         raise Failure(f"{root / str(exc)} exists already; nothing was written") from None
+    except LinkedFolder as exc:
+        raise Failure(f"{root / str(exc)} is a symbolic link: a new skill's files are written in the workspace "
+                      "only; nothing was written") from None
     if as_json:
         emit_json({"skill": name, "kind": kind, "files": written})
         return

@@ -102,10 +102,28 @@ def files_for(name: str, kind: str) -> dict[str, str]:
     return {f"skills/{name}/SKILL.md": INSTRUCTIONS.format(name=name)}
 
 
+class LinkedFolder(Exception):
+    """A folder a new skill's file would be written in is a symbolic link (the relative path is the message)."""
+
+
+def linked_folder(root: Path, relative: str) -> str | None:
+    """The first folder of `relative` under `root` that is a symbolic link, relative, or None: a link
+    put there (skills/ or tests/ pointing out of the workspace) would take the file elsewhere."""
+    parts = Path(relative).parts[:-1]
+    for depth in range(1, len(parts) + 1):
+        if os.path.islink(root.joinpath(*parts[:depth])):
+            return str(Path(*parts[:depth]))
+    return None
+
+
 def create(root: Path, files: dict[str, str]) -> list[str]:
-    """Write `files` under `root`, none over an existing one (O_EXCL: nor through a link put there);
-    FileExistsError names the first that exists, before anything is written."""
+    """Write `files` under `root`, none over an existing one (O_EXCL: nor through a link put there,
+    in place of the file or of a folder on its way: LinkedFolder); FileExistsError names the first
+    that exists, before anything is written."""
     for relative in files:
+        linked = linked_folder(root, relative)
+        if linked is not None:
+            raise LinkedFolder(linked)
         if os.path.lexists(root / relative):
             raise FileExistsError(relative)
     written = []

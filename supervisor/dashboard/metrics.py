@@ -14,6 +14,7 @@ from ..readers import BEHIND_MAX, readers_behind
 CLAIM_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 DURATION_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0)
 FINISHED = ("done", "failed", "blocked", "cancelled")
+LABEL_CHARS = 200  # of a label value read from a file a model's answer wrote (an LLM-call record's model)
 
 # -- what is measured: plain data, read at scrape time -------------------------------------------
 
@@ -26,6 +27,13 @@ def _moment(value: Any) -> float | None:
     except ValueError:
         return None
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+def label(value: Any) -> str:
+    """A value as a label carries it (pure): text, cut. A provider answers with the model's name it
+    likes, which the LLM-call log keeps as it came: a megabyte of it is no label for every scrape."""
+    text = str(value)
+    return text if len(text) <= LABEL_CHARS else text[:LABEL_CHARS - 1] + "…"
 
 
 def task_times(task: Mapping[str, Any]) -> tuple[float | None, float | None]:
@@ -111,8 +119,8 @@ def families(data: Mapping[str, Any]) -> list[Any]:
     used: dict[tuple[str, str, str], float] = {}
     spent: dict[tuple[str, str], float] = {}
     for _agent, record in data["calls"]:
-        key = (str(record.get("provider")), str(record.get("model")))
-        outcome = str(record.get("outcome"))
+        key = (label(record.get("provider")), label(record.get("model")))
+        outcome = label(record.get("outcome"))
         counted[(*key, outcome)] = counted.get((*key, outcome), 0.0) + 1
         for kind, field in (("input", "tokens_in"), ("output", "tokens_out"), ("cached", "tokens_cached")):
             value = record.get(field)
@@ -136,7 +144,7 @@ def families(data: Mapping[str, Any]) -> list[Any]:
     breakers = GaugeMetricFamily("hermes_sup_breaker", "1 for each provider breaker of each agent, by level",
                                  labels=["agent", "provider", "level"])
     for name, provider, level, _words in data["breakers"]:
-        breakers.add_metric([str(name), str(provider), str(level)], 1.0)
+        breakers.add_metric([label(name), label(provider), label(level)], 1.0)
     behind = GaugeMetricFamily("hermes_sup_events_behind", "Events of the board's log a reader of this process "
                                f"has yet to read (at most {BEHIND_MAX})", labels=["reader"])
     for name, count in sorted(data.get("behind", {}).items()):
