@@ -13,8 +13,8 @@ from typing import Any
 from ...agents.memory import limits_problem
 from ...agents.offer import MODES as OFFER_MODES
 from ...agents.sandbox import MODES as SANDBOX_MODES
+from ...agents.spans import check_settings as telemetry_problem
 from ...agents.taskdir import TASKS_DIR
-from ...agents.telemetry import check_settings as telemetry_problem
 from ...agents.tools import CAPABILITIES
 from ...kanban.task import TIERS
 from .runtimes import RUNTIME_KEYS, check_chain, check_runtime
