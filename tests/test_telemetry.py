@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hermes_sup.agents import spans, telemetry
+from hermes_sup.agents import spans as span_rules
+from hermes_sup.agents import telemetry
 from hermes_sup.kanban import Board
 from hermes_sup.supervisor.config.workspace import ConfigError, load_config
 
@@ -159,7 +160,7 @@ def test_one_task_is_one_trace_with_its_model_and_tool_calls_under_it(tmp_path, 
     attrs = top["attributes"]
     assert attrs["hermes.task.id"] == task["id"] and attrs["hermes.agent"] == "thinker"
     assert attrs["hermes.task.outcome"] == "done" and attrs["hermes.task.attempt"] == 1
-    assert len(attrs["hermes.task.title"]) <= spans.TITLE_CHARS and attrs["hermes.task.title"].startswith("Write a")
+    assert len(attrs["hermes.task.title"]) <= span_rules.TITLE_CHARS and attrs["hermes.task.title"].startswith("Write a")
     assert attrs["hermes.host"] == socket.gethostname()
     first = chats[0]["attributes"]
     assert first["gen_ai.operation.name"] == "chat" and first["gen_ai.provider.name"] == "openai"
@@ -309,7 +310,7 @@ def test_telemetry_and_metrics_settings_that_cannot_be_are_refused_with_file_and
 def test_attributes_are_pure_and_cut():
     attrs = telemetry.task_attributes({"id": "t", "title": "y" * 500, "claims": 3, "attempts": 1}, agent="a",
                                       host="h")
-    assert len(attrs["hermes.task.title"]) == spans.TITLE_CHARS and attrs["hermes.task.claim"] == 3
+    assert len(attrs["hermes.task.title"]) == span_rules.TITLE_CHARS and attrs["hermes.task.claim"] == 3
     model = telemetry.model_attributes({"provider": "p", "model": "m2", "outcome": "rate_limited", "tokens_in": 0},
                                        provider_kind="", requested="m", finish=None)
     assert model["error.type"] == "rate_limited" and model["gen_ai.provider.name"] == "p"
@@ -459,11 +460,11 @@ def test_a_hostile_task_or_answer_inflates_no_span_and_a_known_key_in_a_title_is
     assert len(tasks) == len(forged)
     for span in tasks:
         assert span["attributes"]["hermes.task.title"] == "use [redacted] now"
-        assert len(span["attributes"]["hermes.task.role"]) <= spans.NAME_CHARS
+        assert len(span["attributes"]["hermes.task.role"]) <= span_rules.NAME_CHARS
     for span in receiver.named("execute_tool "):
-        assert len(span["name"]) <= spans.NAME_CHARS + 20
-        assert len(span["attributes"]["gen_ai.tool.name"]) <= spans.NAME_CHARS
-        assert len(span["attributes"]["gen_ai.tool.call.id"]) <= spans.NAME_CHARS
+        assert len(span["name"]) <= span_rules.NAME_CHARS + 20
+        assert len(span["attributes"]["gen_ai.tool.name"]) <= span_rules.NAME_CHARS
+        assert len(span["attributes"]["gen_ai.tool.call.id"]) <= span_rules.NAME_CHARS
 
 
 def test_a_collector_that_takes_connections_and_never_answers_costs_the_exit_the_export_timeout_at_most(capsys):
