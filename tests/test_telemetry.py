@@ -160,7 +160,8 @@ def test_one_task_is_one_trace_with_its_model_and_tool_calls_under_it(tmp_path, 
     attrs = top["attributes"]
     assert attrs["hermes.task.id"] == task["id"] and attrs["hermes.agent"] == "thinker"
     assert attrs["hermes.task.outcome"] == "done" and attrs["hermes.task.attempt"] == 1
-    assert len(attrs["hermes.task.title"]) <= span_rules.TITLE_CHARS and attrs["hermes.task.title"].startswith("Write a")
+    assert len(attrs["hermes.task.title"]) <= span_rules.TITLE_CHARS
+    assert attrs["hermes.task.title"].startswith("Write a")
     assert attrs["hermes.host"] == socket.gethostname()
     first = chats[0]["attributes"]
     assert first["gen_ai.operation.name"] == "chat" and first["gen_ai.provider.name"] == "openai"
