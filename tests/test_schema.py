@@ -95,3 +95,9 @@ def test_init_writes_the_modeline_and_the_schema_beside_it(tmp_path: Path, examp
     assert config.read_text().splitlines()[0] == MODELINE
     assert json.loads((tmp_path / "w" / SCHEMA_FILE).read_text()) == json_schema()
     load_config(config)
+
+
+def test_the_repositorys_schema_file_is_the_schema_printed_now() -> None:
+    # The repository's hermes.yaml points editors at it: regenerate with `hermes-sup schema > hermes.schema.json`.
+    assert json.loads((ROOT / SCHEMA_FILE).read_text()) == json_schema()
+    assert (ROOT / "hermes.yaml").read_text().splitlines()[0] == MODELINE

@@ -82,15 +82,14 @@ DELEGATION = Field("delegation", "mapping", "How an agent hands part of its task
 SETTINGS = (
     RESTART,
     _seconds("stop_timeout", "Seconds an agent gets to stop after SIGTERM before it is killed.", 10.0),
-    _seconds("heartbeat_timeout", "Seconds without a heartbeat after which an agent counts as hung and is "
-             "restarted.", 60.0),
-    _seconds("orphan_grace", "Seconds a task claimed by an agent that is gone waits before it is freed.", 30.0,
+    _seconds("heartbeat_timeout", "Seconds of silence after which an agent is killed and restarted.", 60.0),
+    _seconds("orphan_grace", "How long, in seconds, agents keep working without a supervisor.", 30.0,
              zero=True),
-    Field("max_rss_mb", "number", "The most memory, in MB, an agent may use before it is restarted (null: no "
-          "limit).", 1024.0, null=True, says="a number > 0 or null"),
-    Field("log_max_mb", "number", "The size, in MB, at which an agent's log is rotated.", 10.0, says="a number > 0"),
+    Field("max_rss_mb", "number", "Memory, in MB, of the agent's whole process tree, checked every 5 s (null: "
+          "no limit).", 1024.0, null=True, says="a number > 0 or null"),
+    Field("log_max_mb", "number", "The size, in MB, at which agent.log is rotated.", 10.0, says="a number > 0"),
     Field("log_keep", "whole", "How many rotated logs are kept.", 3, low=0, high=MAX_LOG_KEEP),
-    Field("max_iterations", "whole", "The most model calls one task may take.", 60, low=1, high=MAX_WHOLE,
+    Field("max_iterations", "whole", "The loop's turns per task.", 60, low=1, high=MAX_WHOLE,
           null=True, says=f"a whole number > 0 up to {MAX_WHOLE:,} (or absent)"),
     Field("max_tokens", "whole", "The most tokens one task may spend.", low=1, high=MAX_WHOLE, null=True,
           says=f"a whole number > 0 up to {MAX_WHOLE:,} (or absent)"),
@@ -120,12 +119,15 @@ AGENT = Field("agent", "mapping", "One agent, or `count` alike ones.", fields=(
     Field("capabilities", "names", f"What it may do, drawn from {', '.join(CAPABILITIES)}.", choices=CAPABILITIES,
           checked=False),
     Field("count", "whole", "How many alike agents run (named NAME-1, NAME-2, ...).", 1, low=1, high=MAX_COUNT),
-    Field("provider", "text", "A provider for this agent alone.", checked=False),
+    Field("provider", "text", "Accepted for older files and not read: an agent's own chain is `providers`.",
+          checked=False),
     Field("env", "mapping", "Environment variables set for the agent.", checked=False),
     *SETTINGS,
-    Field("identity", "text", "Who the agent is, said to the model before each task.", null=True),
-    Field("toolsets", "names", "The toolsets (built-in or skills) it is offered; null: all.", null=True),
-    Field("command", "names", "A program to run instead of the built-in agent, as a list of arguments.",
+    Field("identity", "text", "Its identity, in its system prompt.", null=True),
+    Field("toolsets", "names", "Narrows the tools offered to these toolsets (built-in ones or skills' names); "
+          "null: all.", null=True),
+    Field("command", "names", "The program to run instead of the built-in agent, with its arguments (a path "
+          "relative to runs/<agent>/, or a name on PATH).",
           checked=False),
     Field("runtime", "choice", "builtin: the built-in loop; command: any agent CLI, one run per task; hermes: "
           "Hermes Agent's CLI.", "builtin", choices=RUNTIMES, checked=False),

@@ -16,7 +16,7 @@ REQUIRED = {"hermes.yaml": ["agents"], "agent": ["name"]}
 
 def json_schema() -> dict[str, Any]:
     """hermes.yaml's JSON Schema (draft 2020-12), made from the schema."""
-    return {"$schema": DIALECT, "title": "hermes.yaml", **_node(TOP)}
+    return {"$schema": DIALECT, "title": "hermes.yaml", **_node(TOP), "type": "object"}
 
 
 def json_text() -> str:
