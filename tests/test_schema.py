@@ -30,6 +30,11 @@ EXAMPLES = [ROOT / "examples" / "hermes.yaml", ROOT / "examples" / "research" / 
      ":3: defaults: unknown key 'restart.polcy' (did you mean 'policy'?)"),
     ("metrics: {prot: 9}\nagents: [{name: a}]\n", ":1: unknown key 'metrics.prot' (did you mean 'port'?)"),
     ("agents:\n  - name: a\n    zzz: 1\n", ":2: unknown agent key 'zzz'; expected one of name, roles"),
+    ("tiers:\n  chepa: [auto]\nagents: [{name: a}]\n", ":2: unknown tier 'chepa' (did you mean 'cheap'?)"),
+    ("providers:\n  x: {kind: antropic, model: m}\nagents: [{name: a}]\n",
+     ":2: provider x: unknown kind 'antropic' (did you mean 'anthropic'?)"),
+    ("prices:\n  m: {inptu: 1}\nagents: [{name: a}]\n",
+     ":2: price of m: must be a mapping with input, output and cached (unknown key 'inptu' (did you mean 'input'?))"),
 ])
 def test_unknown_keys_say_the_key_they_are_closest_to(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "hermes.yaml"

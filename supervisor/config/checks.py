@@ -17,6 +17,7 @@ from ...kanban.task import TIERS
 from .runtimes import check_chain, check_runtime
 from .schema import (
     AGENT,
+    PRICE,
     PROVIDER,
     PROVIDER_KINDS,
     RESTART,
@@ -26,6 +27,7 @@ from .schema import (
     check_keys,
     check_values,
     finite,
+    near,
 )
 
 # One path component under runs/ that cannot be one of the supervisor's own files there
@@ -98,7 +100,8 @@ def check_agent(agent: dict[str, Any], raw_providers: Any, fail: Any) -> None:
         raise fail(agent, f"agent name {name!r} is taken: runs/{TASKS_DIR}/ holds the tasks' working folders")
     check_settings(agent, f"agent {name}", fail, AGENT.fields)
     if agent.get("tier", "auto") not in TIERS:
-        raise fail(agent, f"agent {name}: unknown tier {agent.get('tier')!r}; tiers are {', '.join(TIERS)}")
+        raise fail(agent, f"agent {name}: unknown tier {agent.get('tier')!r}{near(agent.get('tier'), TIERS)}; "
+                          f"tiers are {', '.join(TIERS)}")
     capabilities = agent.get("capabilities", [])
     if not isinstance(capabilities, list) or any(c not in CAPABILITIES for c in capabilities):
         raise fail(agent, f"agent {name}: 'capabilities' must be a list drawn from {', '.join(CAPABILITIES)}")
@@ -116,6 +119,7 @@ def check_agent(agent: dict[str, Any], raw_providers: Any, fail: Any) -> None:
                                            for part in command)):
         raise fail(agent, f"agent {name}: 'command' must be a non-empty list of non-empty strings")
 
+
 def check_prices(raw: dict[str, Any], fail: Any) -> None:
     """Dollars per million tokens: a NaN price would make every cost NaN, and a NaN cost never
     reaches a task's max_cost."""
@@ -125,8 +129,10 @@ def check_prices(raw: dict[str, Any], fail: Any) -> None:
     for model, entry in prices.items():
         if model == "__line__":
             continue
-        if not isinstance(entry, dict) or any(k not in ("input", "output", "cached", "__line__") for k in entry):
-            raise fail(prices, f"price of {model}: must be a mapping with input, output and cached")
+        other = [key for key in entry if key not in (*PRICE.names(), "__line__")] if isinstance(entry, dict) else []
+        if not isinstance(entry, dict) or other:
+            said = f" (unknown key '{other[0]}'{near(other[0], PRICE.names())})" if other else ""
+            raise fail(prices, f"price of {model}: must be a mapping with input, output and cached{said}")
         for key, value in entry.items():
             if key != "__line__" and (not finite(value) or value < 0):
                 raise fail(entry, f"price of {model}: '{key}' must be a number of dollars >= 0, got {value!r}")
@@ -150,10 +156,16 @@ def check_providers(raw: dict[str, Any], fail: Any) -> None:
         check_keys(spec, PROVIDER, fail, where=f"provider {name}")
         kind = spec.get("kind", "openai")
         if kind not in PROVIDER_KINDS:
-            raise fail(spec, f"provider {name}: unknown kind {kind!r}; kinds are {', '.join(PROVIDER_KINDS)}")
+            raise fail(spec, f"provider {name}: unknown kind {kind!r}{near(kind, PROVIDER_KINDS)}; kinds are "
+                             f"{', '.join(PROVIDER_KINDS)}")
         if kind in ("openai", "anthropic") and (not isinstance(spec.get("model"), str) or not spec["model"]):
             raise fail(spec, f"provider {name}: kind {kind} needs a 'model'")
         check_values(spec, PROVIDER.fields, fail, where=f"provider {name}")
+    check_tiers(raw, providers, fail)
+
+
+def check_tiers(raw: dict[str, Any], providers: dict[str, Any], fail: Any) -> None:
+    """`tiers`: each a chain of the names of providers that exist (`auto` and `offline` always do)."""
     tiers = raw.get("tiers") or {}
     if not isinstance(tiers, dict):
         raise fail(raw, "'tiers' must be a mapping of tier names to lists of providers")
@@ -162,13 +174,14 @@ def check_providers(raw: dict[str, Any], fail: Any) -> None:
         if tier == "__line__":
             continue
         if tier not in TIERS[1:]:
-            raise fail(tiers, f"unknown tier {tier!r}; tiers are {', '.join(TIERS[1:])}")
+            raise fail(tiers, f"unknown tier {tier!r}{near(tier, TIERS[1:])}; tiers are {', '.join(TIERS[1:])}")
         if not isinstance(chain, list) or not all(isinstance(item, str) for item in chain):
             said = BOOLEAN_WORD if isinstance(chain, list) and any(isinstance(i, bool) for i in chain) else ""
             raise fail(tiers, f"tier {tier}: must be a list of provider names{said}")
         for item in chain:
             if item not in known:
-                raise fail(tiers, f"tier {tier}: no provider named {item!r} (providers: {', '.join(sorted(known))})")
+                raise fail(tiers, f"tier {tier}: no provider named {item!r}{near(item, tuple(sorted(known)))} "
+                                  f"(providers: {', '.join(sorted(known))})")
 
 
 # What a name YAML took for a boolean gets said: `tiers: {cheap: [off]}` is [false] to YAML.
