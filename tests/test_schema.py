@@ -29,6 +29,8 @@ EXAMPLES = [ROOT / "examples" / "hermes.yaml", ROOT / "examples" / "research" / 
     ("defaults:\n  restart:\n    polcy: never\nagents: [{name: a}]\n",
      ":3: defaults: unknown key 'restart.polcy' (did you mean 'policy'?)"),
     ("metrics: {prot: 9}\nagents: [{name: a}]\n", ":1: unknown key 'metrics.prot' (did you mean 'port'?)"),
+    ("telemetry:\n  otlp_endpiont: http://x\nagents: [{name: a}]\n",
+     ":2: unknown key 'telemetry.otlp_endpiont' (did you mean 'otlp_endpoint'?)"),
     ("agents:\n  - name: a\n    zzz: 1\n", ":2: unknown agent key 'zzz'; expected one of name, roles"),
     ("tiers:\n  chepa: [auto]\nagents: [{name: a}]\n", ":2: unknown tier 'chepa' (did you mean 'cheap'?)"),
     ("providers:\n  x: {kind: antropic, model: m}\nagents: [{name: a}]\n",
@@ -106,3 +108,14 @@ def test_the_repositorys_schema_file_is_the_schema_printed_now() -> None:
     # The repository's hermes.yaml points editors at it: regenerate with `hermes-sup schema > hermes.schema.json`.
     assert json.loads((ROOT / SCHEMA_FILE).read_text()) == json_schema()
     assert (ROOT / "hermes.yaml").read_text().splitlines()[0] == MODELINE
+
+
+def test_the_schema_names_the_keys_the_hand_written_checkers_take() -> None:
+    # Sections whose values agents/ and kanban/ still check: their key lists and the schema's must not drift.
+    from hermes_sup.agents.telemetry import SETTINGS_KEYS
+    from hermes_sup.kanban.backends import SECTION_KEYS
+    from hermes_sup.supervisor.config.runtimes import RUNTIME_KEYS
+
+    assert TOP.field("telemetry").names() == SETTINGS_KEYS
+    assert set(TOP.field("board").names()) == {key for keys in SECTION_KEYS.values() for key in keys}
+    assert set(RUNTIME_KEYS) <= set(AGENT.names())

@@ -214,6 +214,8 @@ def check_settings(node: dict[str, Any], where: str, fail: Any, fields: tuple[Fi
 def check_observability(raw: Mapping[str, Any], fail: Callable[[Any, str], Exception]) -> None:
     """hermes.yaml's `telemetry:` (agents/telemetry.py) and `metrics:` (dashboard/metrics.py) sections."""
     section = raw.get("telemetry")
+    if isinstance(section, dict):  # here first for 'did you mean'; agents/telemetry.py checks the values
+        check_keys(section, TOP.field("telemetry"), fail, prefix="telemetry.")
     wrong = telemetry_problem(section)
     if wrong is not None:
         raise fail(section if isinstance(section, dict) else raw, wrong)
