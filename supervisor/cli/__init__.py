@@ -24,6 +24,7 @@ from . import (
     prune,
     run,
     schedules,
+    schema,
     setup,
     shell,
     skills,
@@ -53,7 +54,7 @@ for _command in (
     setup.init, setup.doctor,
     run.up, run.status, run.restart, run.reload, run.down, steer.stop, steer.start,
     task.task, board_cmd, events.events, logs.logs, usage.usage, skills.skills,
-    schedules.schedules, dashboard.dashboard, hermes.import_hermes, prune.prune_command,
+    schedules.schedules, schema.schema_command, dashboard.dashboard, hermes.import_hermes, prune.prune_command,
     shell.completion, shell.systemd_unit,
 ):
     main.add_command(_command)

@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .schemadoc import MODELINE, SCHEMA_FILE, json_text
 from .workspace import CONFIG_NAME
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BOARD_FOLDERS = ("inbox", "todo", "doing", "blocked", "done", "failed", "cancelled", "rejected")
 
-EXAMPLE_CONFIG = """\
+EXAMPLE_CONFIG = MODELINE + """
 # A hermes-sup team. `hermes-sup up` in this folder runs it.
 # With no API key and no local model server, the `auto` provider falls back to `offline`:
 # tasks that carry `steps` still run, the others wait in todo until a provider is available.
@@ -51,8 +52,13 @@ def scaffold(root: Path, example: bool | str = False) -> list[str]:
     source = EXAMPLES / "research" if example == "research" else EXAMPLES
     config = root / CONFIG_NAME
     if not config.exists():
-        config.write_text((source / CONFIG_NAME).read_text() if example else EXAMPLE_CONFIG)
+        text = (source / CONFIG_NAME).read_text() if example else EXAMPLE_CONFIG
+        # The first line points YAML-aware editors at the JSON Schema written beside it.
+        config.write_text(text if text.startswith(MODELINE) else f"{MODELINE}\n{text}")
         created.append(CONFIG_NAME)
+    if not (root / SCHEMA_FILE).exists():
+        (root / SCHEMA_FILE).write_text(json_text())
+        created.append(SCHEMA_FILE)
     if example == "research":
         created += _papers(root, source / "papers")
     for folder in [*(f"kanban/{name}" for name in BOARD_FOLDERS), "skills", "runs"]:

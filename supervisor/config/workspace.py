@@ -23,8 +23,6 @@ from ...kanban.parse import PlainLoader
 from ..governance.alerts import check_alerts
 from ..governance.schedules import check_schedules
 from .checks import (
-    DEFAULT_KEYS,
-    TOP_KEYS,
     check_agent,
     check_observability,
     check_prices,
@@ -37,6 +35,7 @@ from .checks import (
 from .folders import check_folders
 from .mcpconfig import check_mcp_servers
 from .runtimes import check_budgeted, check_profiles
+from .schema import TOP, check_keys
 
 CONFIG_NAME = "hermes.yaml"
 WORKSPACE_ENV = "HERMES_SUP_WORKSPACE"
@@ -181,15 +180,11 @@ def load_config(path: Path, *, skills: Callable[[], Collection[str]] | None = No
         line = node.get("__line__", 1) if isinstance(node, dict) else 1
         return ConfigError(f"{path}:{line}: {message}")
 
-    for key in raw:
-        if key != "__line__" and key not in TOP_KEYS:
-            raise fail(raw, f"unknown key '{key}'; expected one of {', '.join(TOP_KEYS)}")
+    check_keys(raw, TOP, fail)
     defaults = raw.get("defaults") or {}
     if not isinstance(defaults, dict):
         raise fail(raw, "'defaults' must be a mapping")
-    for key in defaults:
-        if key != "__line__" and key not in DEFAULT_KEYS:
-            raise fail(defaults, f"unknown key 'defaults.{key}'; expected one of {', '.join(DEFAULT_KEYS)}")
+    check_keys(defaults, TOP.field("defaults"), fail, prefix="defaults.")
     check_settings(defaults, "defaults", fail)
     _board_settings(raw, path)
     check_providers(raw, fail)
