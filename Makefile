@@ -80,7 +80,12 @@ hermes-agent: $(HERMES_VENV)/.installed
 # Two test processes (pytest-xdist): most tests wait on processes they started, so two share a
 # 2-core machine well (the suite took 23.5 min in one process, about 15 in two). JOBS=1 for one.
 JOBS ?= 2
+# An editable install leaves the package's bytecode uncompiled, and where PYTHONDONTWRITEBYTECODE is
+# set (as on CI's machines) every agent and command the suite starts compiled it again: compiling it
+# once here takes a third off the CPU time of the processes the suite starts.
+PACKAGES = agents kanban supervisor
 test: $(VENV)/.installed-test chromium postgres-server bubblewrap prometheus hermes-agent
+	$(BIN)/python -m compileall -q $(PACKAGES) > /dev/null
 	HERMES_SUP_CHROMIUM=$(CHROMIUM) HERMES_SUP_HERMES=$(CURDIR)/$(HERMES_VENV)/bin/hermes $(BIN)/python -m pytest -q -n $(JOBS)
 
 # By hand, never in CI: the whole suite on the newest releases within pyproject.toml's ranges, in a
@@ -94,6 +99,7 @@ test-latest: chromium postgres-server bubblewrap prometheus hermes-agent
 	$(LATEST)/bin/python -m pip install --quiet --upgrade -e '.[test]'
 	$(LATEST)/bin/python -m pip download --quiet --no-deps -d $(LATEST)/wheelhouse openai-agents supervisor
 	$(LATEST)/bin/python -m pip list --format=freeze
+	$(LATEST)/bin/python -m compileall -q $(PACKAGES) > /dev/null
 	HERMES_SUP_CHROMIUM=$(CHROMIUM) HERMES_SUP_HERMES=$(CURDIR)/$(HERMES_VENV)/bin/hermes $(LATEST)/bin/python -m pytest -q -n $(JOBS)
 
 # Records the newest releases within pyproject.toml's ranges as constraints.txt (review its diff,
