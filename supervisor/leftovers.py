@@ -30,12 +30,18 @@ class Leftovers:
         self.sweep_at: float | None = None  # when to look again for what exited agents left running
         self.scan_failing = False
 
-    def kill_leftovers(self, child: Child, pid: int | None) -> None:
-        """No process an agent started outlives it: what is left in its cgroup, in its session's
-        process groups, or carries its marker (having left both, with setsid in process-group mode)."""
+    def kill_cgroup(self, child: Child) -> None:
+        """What is left in an exited agent's cgroup goes before anything else: its replacement joins
+        the same cgroup, and nothing it started may share that with the new instance."""
         if child.cgroup is not None:
             cgroups.kill(child.cgroup)
-        if pid is not None:
+
+    def kill_leftovers(self, pid: int | None) -> None:
+        """No process an exited agent (`pid`) started outlives it: what is left in its session's
+        process groups, or carries its marker (having left both, with setsid in process-group mode).
+        Called once its replacement runs, so that two scans of /proc are not on the restart path; a
+        replacement that got the very pid back is a session of its own, never signalled here."""
+        if pid is not None and all(c.pid != pid for c in self.sup.children.values() if c.pidfd is not None):
             signal_session(pid, signal.SIGKILL)
         self.sweep_strays()
 

@@ -279,8 +279,7 @@ class Supervisor:
         self.selector.unregister(child.pidfd)
         os.close(child.pidfd)
         child.pidfd = None
-        # No grandchild outlives its agent (a shell command it started, a delegated child, say).
-        self.leftovers.kill_leftovers(child, pid)
+        self.leftovers.kill_cgroup(child)
         now = time.monotonic()
         why = Why(child.stopping_for)
         child.proc, child.task, child.stop_deadline = None, None, None
@@ -295,8 +294,10 @@ class Supervisor:
         if decided.state is State.STARTING:
             child.restarts += int(decided.restarted)
             self.start(child)
-            return
-        child.state, child.restart_at = decided.state, decided.restart_at
+        else:
+            child.state, child.restart_at = decided.state, decided.restart_at
+        # No grandchild outlives its agent (a shell command it started, a delegated child, say).
+        self.leftovers.kill_leftovers(pid)
 
 
     def _on_notify(self) -> None:
