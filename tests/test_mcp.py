@@ -150,10 +150,12 @@ def http_server():
         """Add two numbers."""
         return a + b
 
+    released = threading.Event()  # set at teardown: a call still sleeping would hold the server's exit
+
     @server.tool()
     def slow(seconds: float) -> str:
         """Take a while."""
-        time.sleep(seconds)
+        released.wait(seconds)
         return "slept"
 
     app = server.streamable_http_app()
@@ -173,6 +175,7 @@ def http_server():
     thread.start()
     wait_until(lambda: web.started, timeout=30)
     yield f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
+    released.set()
     web.should_exit = True
     thread.join(timeout=10)
 

@@ -364,7 +364,8 @@ def test_a_restart_or_reload_asked_while_down_runs_starts_nothing(tmp_path, up):
 
 
 def test_what_an_adopted_agent_started_dies_with_it(tmp_path, up):
-    ws = make_ws(tmp_path, f"- name: stubborn\n  command: [{sys.executable}, {FAKE}, ignore-term]\n")
+    # It ignores SIGTERM: a short stop_timeout, or the teardown waits out the default one.
+    ws = make_ws(tmp_path, f"- name: stubborn\n  stop_timeout: 1\n  command: [{sys.executable}, {FAKE}, ignore-term]\n")
     first = up(ws)
     wait_until(lambda: agent(ws, "stubborn").get("state") == "running", timeout=30)
     log = ws / "runs" / "stubborn" / "agent.log"
