@@ -63,6 +63,12 @@ def test_watch_and_steer_as_written(tmp_path: Path) -> None:
         return text.replace("<that pid>", str(_holders_pid(cwd, "slow-job"))) if "<that pid>" in text else text
 
     assert run_as_written("how-to/watch-and-steer.md", tmp_path, fill=fill) >= 25
+    runs = tmp_path / "steer-team" / "runs"
+    calls = [json.loads(line) for log in runs.glob("*/tool_calls.jsonl") for line in log.read_text().splitlines()]
+    started = {(call["call_id"], call["at"]) for call in calls
+               if call.get("task") == "slow-job" and call["status"] == "started"}
+    # What the page says of it: the file written is not written again, the wait cut short is waited again.
+    assert sorted(call_id for call_id, _ in started) == ["step-1", "step-2", "step-2", "step-3"], started
 
 
 @pytest.mark.timeout(300)
