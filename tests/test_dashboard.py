@@ -752,10 +752,11 @@ def test_recent_events_read_as_the_events_command_prints_them(page, team) -> Non
 def test_up_detach_serves_the_dashboard_until_down(tmp_path: Path) -> None:
     ws = make_workspace(tmp_path)
     try:
-        cli(ws, "up", "--detach", "--dashboard", "--dashboard-port", "0", timeout=120)
+        up = cli(ws, "up", "--detach", "--dashboard", "--dashboard-port", "0", timeout=120)
         said = re.compile(r"dashboard: http://127\.0\.0\.1:(\d+)/")
         port = int(wait_until(lambda: (said.findall((ws / "runs" / "supervisor.log").read_text()) or [None])[0],
                               timeout=60))
+        assert f"dashboard: http://127.0.0.1:{port}/" in up.stderr, "the port chosen, said where it was asked for"
         with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
             sock.sendall(f"GET /api/snapshot HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode())
             reply = b""

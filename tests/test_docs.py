@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import ROOT
-
-BIN = Path(sys.executable).parent
+from .docrun import run_as_written
 
 
 def test_the_site_builds_strict(tmp_path: Path) -> None:
@@ -43,47 +42,6 @@ def test_the_command_reference_names_every_command() -> None:
     ctx = click.Context(main, info_name="hermes-sup")
     for name in main.list_commands(ctx):
         assert f"`hermes-sup {name}`" in page, name
-
-
-def page_lines(page: str) -> list[tuple[str, list[str]]]:
-    """The page's shell lines, each with the texts its comment quotes."""
-    found = []
-    for block in re.findall(r"```sh\n(.*?)```", (ROOT / "docs" / page).read_text(), re.S):
-        for line in block.splitlines():
-            command, _, comment = line.partition(" # ")
-            if command.strip():
-                found.append((command.strip(), re.findall(r'"([^"]*)"', comment)))
-    return found
-
-
-def _flat(text: str) -> str:
-    # Rich wraps at 80 columns when piped: compare words, not line breaks.
-    return " ".join(text.split())
-
-
-def run_as_written(page: str, tmp_path: Path) -> int:
-    env = {key: value for key, value in os.environ.items() if key != "HERMES_SUP_WORKSPACE"}
-    env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"
-    cwd = tmp_path
-    ran = 0
-    try:
-        for command, quoted in page_lines(page):
-            if command.startswith("cd "):
-                cwd = cwd / command[3:].strip()
-                continue
-            result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env,
-                                    timeout=240, cwd=cwd)
-            printed = _flat(result.stdout + result.stderr)
-            assert result.returncode == 0, (command, printed)
-            assert "Traceback" not in printed, (command, printed)
-            missing = [text for text in quoted if _flat(text) not in printed]
-            assert not missing, (command, missing, printed)
-            ran += 1
-    finally:
-        if (cwd / "hermes.yaml").exists():
-            subprocess.run([str(BIN / "hermes-sup"), "-w", str(cwd), "down", "--timeout", "10"],
-                           capture_output=True, env=env, timeout=60, check=False)
-    return ran
 
 
 @pytest.mark.timeout(600)

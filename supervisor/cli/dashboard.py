@@ -6,12 +6,14 @@ serves the same beside the team through dashboard_server.
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 import click
 
 from ..config.workspace import Workspace
 from ..dashboard.picture import COLUMN_LIMIT
+from ..interrupt import interruptible
 from .common import Failure, command, err, handled, literal, workspace_of
 
 if TYPE_CHECKING:  # the web stack is imported only by the commands that serve it
@@ -59,4 +61,8 @@ def dashboard(ctx: click.Context, host: str, port: int, token_env: str | None, c
     ws = workspace_of(ctx)
     server = dashboard_server(ws, host, port, token_env, column_limit)
     err.print(literal(f"dashboard: {url_of(host, server.port)} (Ctrl-C stops)"), highlight=False)
-    server.run()
+    interruptible()
+    # uvicorn shuts down on Ctrl-C, then raises it again: the stop asked for, not a failure (exit 0,
+    # as `events -f` and the other commands that run until Ctrl-C).
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -170,7 +171,8 @@ def _detach(ws: Workspace, agents_csv: str | None, dashboard_port: int | None = 
     stall = Stall(DETACH_STALL, time.monotonic())
     while True:
         if proc.poll() is not None:
-            for line in errors_since(ws.runs_path / "supervisor.log", start):  # why, here: not only in the log
+            # Why, here: not only in the log.
+            for line in lines_since(ws.runs_path / "supervisor.log", start, ERROR_LINE):
                 err.print(literal(line, one_line=True), highlight=False)
             err.print(literal(f"hermes-sup: the supervisor exited with status {proc.returncode}; "
                               f"see {ws.runs_path}/supervisor.log"))
@@ -179,6 +181,10 @@ def _detach(ws: Workspace, agents_csv: str | None, dashboard_port: int | None = 
         agents = state.get("agents") or {} if state.get("pid") == proc.pid else {}
         if agents and all(a["state"] not in ("starting", "queued") for a in agents.values()):
             print_table(render.status_table(status_rows(state, ws.runs_path)))
+            # The dashboard's address (its port chosen by the system with 0) is said in the log
+            # before any agent starts; the user asked for it here.
+            for line in lines_since(ws.runs_path / "supervisor.log", start, DASHBOARD_LINE)[-1:]:
+                err.print(literal(line[line.index("dashboard: "):], one_line=True), highlight=False)
             return 0 if all(a["state"] == "running" or a["held"] for a in agents.values()) else 1
         if stall.stalled(ready_progress(agents), time.monotonic()):
             ready = ready_progress(agents)[0]
@@ -190,11 +196,13 @@ def _detach(ws: Workspace, agents_csv: str | None, dashboard_port: int | None = 
 
 DETACH_STALL = 60.0
 ERRORS_READ = 64 * 1024  # of the log a failed detached start wrote: its error lines are near its end
+ERROR_LINE = re.compile(r"error:")
+DASHBOARD_LINE = re.compile(r"\d\d:\d\d:\d\d dashboard: http://")
 
 
-def errors_since(log: Path, offset: int) -> list[str]:
-    """The `error:` lines a detached supervisor wrote to its log after `offset` (bounded; an unreadable
-    log gives none: the caller still names the file)."""
+def lines_since(log: Path, offset: int, kind: re.Pattern[str]) -> list[str]:
+    """The lines starting with `kind` a detached supervisor wrote to its log after `offset` (the last
+    five; bounded; an unreadable log gives none: the caller still names the file)."""
     if not is_regular(log):  # a FIFO put in its place would block this read
         return []
     try:
@@ -205,7 +213,7 @@ def errors_since(log: Path, offset: int) -> list[str]:
     except OSError:
         return []
     lines = data.decode("utf-8", "replace").splitlines()
-    return [line for line in lines if line.startswith("error:")][-5:]
+    return [line for line in lines if kind.match(line)][-5:]
 
 
 def ready_progress(agents: dict[str, Any]) -> tuple[int, int]:
