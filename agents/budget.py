@@ -1,4 +1,4 @@
-"""Hard budgets (hermes.yaml `budgets:`): the caps, their check at load, and the pure decision whether
+"""Hard budgets (hermes.yaml `budgets:`, whose schema checks it at load): the caps and the pure decision whether
 a model call of a given worst-case cost may be reserved against the spend the ledger holds.
 
 Nothing here does I/O: the ledger (agents/ledger.py) hands over its entries, a clock hands over
@@ -9,13 +9,9 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-BUDGET_KEYS = ("team", "agents", "tasks")
-CAP_KEYS = ("per_day", "total")
-TASK_KEYS = ("max_cost",)
 
 
 def logged_count(value: Any) -> int:
@@ -27,42 +23,6 @@ def logged_count(value: Any) -> int:
 def is_amount(value: Any) -> bool:
     """A money amount as a cap, a hold or a logged cost may be: a finite number of at least 0."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
-
-
-def _check_caps(node: Any, where: str, keys: tuple[str, ...], fail: Callable[[Any, str], Exception],
-                parent: Any) -> None:
-    if not isinstance(node, dict):
-        raise fail(parent, f"budgets: '{where}' must be a mapping of {', '.join(keys)} (USD)")
-    for key, value in node.items():
-        if key == "__line__":
-            continue
-        if key not in keys:
-            raise fail(node, f"budgets: unknown key '{where}.{key}'; expected one of {', '.join(keys)}")
-        if not is_amount(value):
-            raise fail(node, f"budgets: '{where}.{key}' must be a number of dollars, 0 or more")
-
-
-def check_budgets(raw: Mapping[str, Any], fail: Callable[[Any, str], Exception]) -> None:
-    """Raise fail(node, message) (file:line) for the first problem of `budgets:`."""
-    budgets = raw.get("budgets")
-    if budgets is None:
-        return
-    if not isinstance(budgets, dict):
-        raise fail(raw, "'budgets' must be a mapping of team, agents, tasks")
-    for key in budgets:
-        if key != "__line__" and key not in BUDGET_KEYS:
-            raise fail(budgets, f"budgets: unknown key '{key}'; expected one of {', '.join(BUDGET_KEYS)}")
-    if budgets.get("team") is not None:
-        _check_caps(budgets["team"], "team", CAP_KEYS, fail, budgets)
-    if budgets.get("tasks") is not None:
-        _check_caps(budgets["tasks"], "tasks", TASK_KEYS, fail, budgets)
-    agents = budgets.get("agents")
-    if agents is not None:
-        if not isinstance(agents, dict):
-            raise fail(budgets, "budgets: 'agents' must map agent names to {per_day, total}")
-        for name, caps in agents.items():
-            if name != "__line__":
-                _check_caps(caps, f"agents.{name}", CAP_KEYS, fail, agents)
 
 
 @dataclass(frozen=True)

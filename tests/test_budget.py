@@ -126,11 +126,11 @@ BASE = "agents:\n  - name: worker\n"
 
 @pytest.mark.parametrize(("text", "line", "said"), [
     ("budgets: 5\n", 1, "'budgets' must be a mapping"),  # a scalar has no line of its own: the file's top
-    ("budgets:\n  team: {per_day: -1}\n", 4, "'team.per_day' must be a number of dollars"),
-    ("budgets:\n  team:\n    weekly: 3\n", 5, "unknown key 'team.weekly'"),
-    ("budgets:\n  agents:\n    worker: {per_day: lots}\n", 5, "'agents.worker.per_day' must be a number"),
-    ("budgets:\n  tasks: {max_cost: true}\n", 4, "'tasks.max_cost' must be a number"),
-    ("budgets:\n  teams: {}\n", 4, "unknown key 'teams'"),
+    ("budgets:\n  team: {per_day: -1}\n", 4, "'budgets.team.per_day' must be a number of dollars"),
+    ("budgets:\n  team:\n    weekly: 3\n", 5, "unknown key 'budgets.team.weekly'"),
+    ("budgets:\n  agents:\n    worker: {per_day: lots}\n", 5, "'budgets.agents.worker.per_day' must be a number"),
+    ("budgets:\n  tasks: {max_cost: true}\n", 4, "'budgets.tasks.max_cost' must be a number"),
+    ("budgets:\n  teams: {}\n", 4, "unknown key 'budgets.teams' (did you mean 'team'?)"),
 ])
 def test_a_bad_budget_is_refused_at_load_with_its_file_and_line(tmp_path, text, line, said):
     path = tmp_path / "hermes.yaml"

@@ -20,7 +20,6 @@ from hermes_sup.agents.cascade import (
     without_confidence,
 )
 from hermes_sup.agents.providers import OpenAIProvider, ProviderConfig
-from hermes_sup.agents.routespec import routing_error
 from hermes_sup.agents.spend import llm_record
 from hermes_sup.kanban import Board
 from hermes_sup.supervisor.config.workspace import ConfigError, load_config
@@ -79,16 +78,22 @@ def test_the_confidence_line_is_asked_of_the_cheap_tier_and_taken_out_of_an_acce
 
 
 @pytest.mark.parametrize(("spec", "words"), [
-    ({"strategy": "cheapest"}, "routing strategy 'cheapest' is unknown"),
-    ({"strategy": "cascade", "cheap": "tiny"}, "'routing.cheap' must be a tier"),
-    ({"strategy": "cascade", "min_confidence": 1.5}, "'routing.min_confidence' must be a number from 0 to 1"),
-    ({"strategy": "cascade", "min_confidence": float("nan")}, "must be a number from 0 to 1"),
-    ({"strategy": "cascade", "verifier": True}, "unknown key 'routing.verifier'"),
-    ({"strategy": "cascade", "verify": "yes"}, "'routing.verify' must be true or false"),
-    ([], "'routing' must be a mapping"),
+    ("{strategy: cheapest}", "'routing.strategy' must be one of tiers, cascade, got 'cheapest'"),
+    ("{strategy: cascade, cheap: tiny}", "'routing.cheap' must be one of cheap, standard, premium"),
+    ("{strategy: cascade, min_confidence: 1.5}", "'routing.min_confidence' must be a number from 0 to 1"),
+    ("{strategy: cascade, min_confidence: -0.1}", "must be a number from 0 to 1, got -0.1"),
+    ("{strategy: cascade, min_confidence: true}", "must be a number from 0 to 1"),
+    ("{strategy: cascade, verifier: true}", "unknown key 'routing.verifier' (did you mean 'verify'?)"),
+    ("{strategy: cascade, verify: 'yes'}", "'routing.verify' must be true or false"),
+    ("{strategy: null}", "'routing.strategy' must be one of"),
+    ("[]", "'routing' must be a mapping"),
 ])
-def test_a_wrong_routing_is_named(spec, words):
-    assert words in routing_error(spec)
+def test_a_wrong_routing_is_named(tmp_path, spec, words):
+    path = tmp_path / "hermes.yaml"
+    path.write_text(f"agents:\n  - name: w\nrouting: {spec}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert words in str(info.value), str(info.value)
 
 
 def test_routing_is_checked_at_load_with_its_line(tmp_path):

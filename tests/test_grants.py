@@ -179,7 +179,7 @@ def write_config(ws: Path, folders: str, agent: str = "    folders: [docs]\n") -
     ("  docs: {path: skills}\n", "", ":2: folder docs: skills is in this workspace's skills/"),
     ("  docs: {path: elsewhere/runs/a}\n", "", ":2: folder docs: elsewhere/runs/a is in this workspace's runs/"),
     ("  docs: {path: kanban/todo}\n", "", ":2: folder docs: kanban/todo is in this workspace's kanban/"),
-    ("  docs: {path: data, mode: write}\n", "", ":2: folder docs: 'mode' must be ro or rw"),
+    ("  docs: {path: data, mode: write}\n", "", ":2: folder docs: 'mode' must be one of ro, rw, got 'write'"),
     ("  docs: {path: data, worktree: true}\n", "", ":2: folder docs: worktree: true needs mode: rw"),
     ("  docs: {path: data, mode: rw, worktree: true}\n", "", ":2: folder docs: worktree: true, but data is not a git "
                                                             "repository"),

@@ -228,7 +228,7 @@ def test_without_its_header_a_server_is_not_connected_and_says_so(http_server, h
     ("  t: {url: 'http://127.0.0.1:1/mcp', headers: {Authorization: x}}\n", "", "headers_env"),
     ("  t: {url: 'ftp://x/mcp'}\n", "", r"must be an http\(s\) URL"),
     ("  t: {command: x, env_from: {TOKEN: 'not a name'}}\n", "", "names of environment variables"),
-    ("  t: {command: x, tools: {only: [a]}}\n", "", "'tools' must be"),
+    ("  t: {command: x, tools: {only: [a]}}\n", "", "MCP server t: unknown key 'tools.only'"),
     ("  T!: {command: x}\n", "", "MCP server name"),
     ("  t: {command: x}\n", "    mcp_servers: [other]\n", "no MCP server named 'other'"),
 ])

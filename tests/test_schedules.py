@@ -105,7 +105,7 @@ def config_error(tmp_path: Path, schedules: str) -> str:
      "schedule r: task: unknown field 'colour'"),
     ('  - {name: r, cron: "* * * * *", task: {title: R, id: mine}}\n', 5, "the task's 'id' is set by the schedule"),
     ('  - {name: r, cron: "* * * * *"}\n', 5, "'task' must be a mapping"),
-    ('  - {name: r, cron: "* * * * *", task: {title: R}, every: 5}\n', 5, "unknown schedule key 'every'"),
+    ('  - {name: r, cron: "* * * * *", task: {title: R}, every: 5}\n', 5, "schedules: unknown key 'every'"),
     ("  name: r\n", 5, "'schedules' must be a list"),
 ])
 def test_a_wrong_schedule_is_refused_at_load_with_file_and_line(tmp_path, schedules, line, words):

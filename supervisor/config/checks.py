@@ -212,17 +212,9 @@ def check_settings(node: dict[str, Any], where: str, fail: Any, fields: tuple[Fi
 
 
 def check_observability(raw: Mapping[str, Any], fail: Callable[[Any, str], Exception]) -> None:
-    """hermes.yaml's `telemetry:` (agents/telemetry.py) and `metrics:` (dashboard/metrics.py) sections."""
+    """hermes.yaml's `telemetry:` collector address (agents/telemetry.py), after check_sections took
+    its keys and types from the schema: that it is an http(s) URL."""
     section = raw.get("telemetry")
-    if isinstance(section, dict):  # here first for 'did you mean'; agents/telemetry.py checks the values
-        check_keys(section, TOP.field("telemetry"), fail, prefix="telemetry.")
     wrong = telemetry_problem(section)
     if wrong is not None:
         raise fail(section if isinstance(section, dict) else raw, wrong)
-    metrics = raw.get("metrics")
-    if metrics is None:
-        return
-    if not isinstance(metrics, dict):
-        raise fail(raw, "'metrics' must be a mapping (port, host)")
-    check_keys(metrics, TOP.field("metrics"), fail, prefix="metrics.")
-    check_values(metrics, TOP.field("metrics").fields, fail, prefix="metrics.")

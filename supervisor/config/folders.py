@@ -10,10 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ...agents.grants import MODES
 from ...agents.worktrees import WorktreeError, git
 
-FOLDER_KEYS = ("path", "mode", "worktree", "base")
 NAME_CHARS = 64
 # The workspace's own state: an agent granted it would reach every agent's transcripts and the board,
 # or edit every agent's skills. The workspace itself holds .env (the keys) and hermes.yaml (the grants).
@@ -39,26 +37,18 @@ def forbidden(where: Path, workspace: Path) -> str:
 
 
 def check_folders(raw: dict[str, Any], workspace: Path, fail: Callable[[Any, str], Exception]) -> None:
-    """Check `folders:` and every agent's `folders` (and `defaults.folders`); each folder's `path` is
-    replaced by its resolved absolute path. Raises what `fail` makes, at the line of the problem."""
+    """Check `folders:` and every agent's `folders` (and `defaults.folders`), after their schema
+    (config/schema.py: the keys, mode, worktree's and base's types): names, paths and worktrees. Each
+    folder's `path` is replaced by its resolved absolute path. Raises what `fail` makes, at the line."""
     folders = raw.get("folders")
     if folders is None:
         folders = {}
-    if not isinstance(folders, dict):
-        raise fail(raw, "'folders' must be a mapping of names to {path, mode}")
     for name, spec in folders.items():
         if name == "__line__":
             continue
         if not isinstance(name, str) or not name or len(name) > NAME_CHARS or not all(
                 c.isalnum() or c in "-_" for c in name):
             raise fail(folders, f"folder name {name!r} must be 1 to {NAME_CHARS} letters, digits, '-' or '_'")
-        if not isinstance(spec, dict):
-            raise fail(folders, f"folder {name}: must be a mapping with path and mode")
-        unknown = [key for key in spec if key != "__line__" and key not in FOLDER_KEYS]
-        if unknown:
-            raise fail(spec, f"folder {name}: unknown key '{unknown[0]}'; expected one of {', '.join(FOLDER_KEYS)}")
-        if spec.get("mode", "ro") not in MODES:
-            raise fail(spec, f"folder {name}: 'mode' must be ro or rw, got {spec.get('mode')!r}")
         path = spec.get("path")
         if not isinstance(path, str) or not path.strip() or "\0" in path:
             raise fail(spec, f"folder {name}: 'path' must be the path of a folder")
@@ -108,8 +98,6 @@ def _check_worktree(name: str, spec: dict[str, Any], path: str, where: Path,
         raise fail(spec, f"folder {name}: 'base' is the branch a task's worktree starts from; it needs worktree: true")
     if not spec.get("worktree"):
         return
-    if spec["worktree"] is not True:
-        raise fail(spec, f"folder {name}: 'worktree' must be true or false, got {spec['worktree']!r}")
     if spec["mode"] != "rw":
         raise fail(spec, f"folder {name}: worktree: true needs mode: rw (a task commits its changes to its branch)")
     base = spec.get("base")

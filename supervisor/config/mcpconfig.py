@@ -12,8 +12,6 @@ from urllib.parse import parse_qsl, urlsplit
 
 from .folders import check_granted
 
-SERVER_KEYS = ("command", "args", "env", "env_from", "url", "headers_env", "enabled", "timeout",
-               "connect_timeout", "tools")
 NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # A value in `env` under such a name is a secret written into hermes.yaml: refused, env_from it.
@@ -47,12 +45,11 @@ def secret_in(server: dict[str, Any]) -> str | None:
 
 
 def check_mcp_servers(raw: dict[str, Any], fail: Callable[[Any, str], Exception]) -> None:
-    """Check `mcp_servers:` and the agents' (and defaults') lists of them; raises what `fail` makes."""
+    """Check `mcp_servers:` and the agents' (and defaults') lists of them, after their schema; raises
+    what `fail` makes."""
     servers = raw.get("mcp_servers")
     if servers is None:
         servers = {}
-    if not isinstance(servers, dict):
-        raise fail(raw, "'mcp_servers' must be a mapping of names to servers ({command, args} or {url})")
     for name, spec in servers.items():
         if name == "__line__":
             continue
@@ -70,14 +67,10 @@ def check_mcp_servers(raw: dict[str, Any], fail: Callable[[Any, str], Exception]
     check_granted(raw, "mcp_servers", servers, "MCP server", fail)
 
 
-def _check_server(name: str, spec: Any, fail: Callable[[Any, str], Exception]) -> None:
+def _check_server(name: str, spec: dict[str, Any], fail: Callable[[Any, str], Exception]) -> None:
+    """One server, after its schema (config/schema.py: its keys, enabled, timeouts, tools' keys): command
+    or url, the types the schema leaves to this check, and no secret written as a value."""
     where = f"MCP server {name}"
-    if not isinstance(spec, dict):
-        raise fail(spec, f"{where}: must be a mapping with command (and args) or url")
-    unknown = [key for key in spec if key != "__line__" and key not in SERVER_KEYS]
-    if unknown:
-        hint = " (a header's value is given by the variable holding it: headers_env)" if unknown[0] == "headers" else ""
-        raise fail(spec, f"{where}: unknown key '{unknown[0]}'{hint}; expected one of {', '.join(SERVER_KEYS)}")
     if ("command" in spec) == ("url" in spec):
         raise fail(spec, f"{where}: give either command (a stdio server) or url (streamable HTTP), not "
                          f"{'both' if 'command' in spec else 'neither'}")
@@ -110,17 +103,9 @@ def _check_server(name: str, spec: Any, fail: Callable[[Any, str], Exception]) -
         if not isinstance(mapping, dict) or not all(isinstance(v, str) and VARIABLE.fullmatch(v)
                                                     for k, v in mapping.items() if k != "__line__"):
             raise fail(spec, f"{where}: '{key}' must map names to the names of environment variables")
-    if not isinstance(spec.get("enabled", True), bool):
-        raise fail(spec, f"{where}: 'enabled' must be true or false")
-    for key in ("timeout", "connect_timeout"):
-        value = spec.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not 0 < value <= 3600):
-            raise fail(spec, f"{where}: '{key}' must be a number of seconds > 0 (at most 3600)")
     tools = spec.get("tools") or {}
-    if not isinstance(tools, dict) or any(k not in ("include", "exclude", "__line__") for k in tools) or not all(
-            isinstance(tools.get(k, []), list) and all(isinstance(t, str) for t in tools.get(k, []))
-            for k in ("include", "exclude")):
+    if not all(isinstance(tools.get(k, []), list) and all(isinstance(t, str) for t in tools.get(k, []))
+               for k in ("include", "exclude")):
         raise fail(spec, f"{where}: 'tools' must be {{include: [names], exclude: [names]}}")
 
 

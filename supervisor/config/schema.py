@@ -4,29 +4,39 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ...agents.grants import MODES as FOLDER_MODES
 from ...agents.offer import MODES as OFFER_MODES
 from ...agents.sandbox import MODES as SANDBOX_MODES
 from ...agents.tools import CAPABILITIES
 from ...kanban.task import TIERS
+from ..governance.alerts import ALERTS
+from ..governance.alerts import ENV_NAME as ALERT_ENV
+from ..governance.schedules import NAME as SCHEDULE_NAME
+from .mcpconfig import VARIABLE
 from .runtimes import MAX_RUNTIME, RUNTIMES
 
 MAX_COUNT = 64  # each agent is a Python process of its own: more than this is a typo, not a team
 MAX_LOG_KEEP = 100  # the agent renames each kept file on every rotation
 MAX_WHOLE = 10**9  # other whole numbers: far above any sane setting, and exact in JSON and floats
 MAX_SECONDS = 86_400  # every duration in hermes.yaml
+MAX_MCP_SECONDS = 3600  # an MCP server's timeouts
 PROVIDER_KINDS = ("openai", "anthropic", "auto", "offline")
+STRATEGIES = ("tiers", "cascade")  # routing: agents/cascade.py serves the second
 Fail = Callable[[Any, str], Exception]  # fail(mapping, message): the error at the mapping's line
 
 
 @dataclass(frozen=True)
 class Field:
     """One key of hermes.yaml. `kind` is seconds, number, whole, bool, text, choice, names (a list of
-    names), mapping (its keys in `fields`, or each value an `item`), list (each entry an `item`) or any.
-    `checked`: the schema checks the value; otherwise a hand-written checker does (the doc still says it)."""
+    names), scalar (text, a number or true/false), mapping (its keys in `fields`, or each value an `item`),
+    list (each entry an `item`) or any. `checked`: the schema checks the value; otherwise a hand-written
+    checker does (the doc still says it). `each`: how messages name an entry that is this item (`{key}`:
+    its name); without it, by its path."""
 
     name: str
     kind: str
@@ -41,6 +51,8 @@ class Field:
     fields: tuple[Field, ...] = ()
     item: Field | None = None
     checked: bool = True
+    pattern: str = ""  # text: the regular expression the whole value matches
+    each: str = ""
 
     def names(self) -> tuple[str, ...]:
         return tuple(field.name for field in self.fields)
@@ -49,8 +61,13 @@ class Field:
         return next(field for field in self.fields if field.name == name)
 
 
-def _seconds(name: str, doc: str, default: Any = None, *, zero: bool = False, high: float = MAX_SECONDS) -> Field:
-    return Field(name, "seconds", doc, default, low=0, high=high, zero=zero)
+def _seconds(name: str, doc: str, default: Any = None, *, zero: bool = False, high: float = MAX_SECONDS,
+             null: bool = False) -> Field:
+    return Field(name, "seconds", doc, default, low=0, high=high, zero=zero, null=null)
+
+
+def _dollars(name: str, doc: str) -> Field:
+    return Field(name, "number", doc, zero=True, says="a number of dollars, 0 or more")
 
 
 BACKOFF = Field("backoff", "mapping", "How long to wait before restarting a failed agent: doubling from `initial` "
@@ -101,12 +118,14 @@ SETTINGS = (
     Field("offer_tools", "choice", "Which tools the model is offered: task: those the task calls for; all: every "
           "tool.", "task", choices=OFFER_MODES,
           says=f"one of {', '.join(OFFER_MODES)} (task: the tools the task calls for; all: every tool)"),
-    Field("folders", "any", "Folders outside the workspace granted to the agent (read or write).", checked=False),
+    Field("folders", "names", "Folders outside the workspace granted to the agent, by their names in the "
+          "top-level `folders`.", says="a list of names of folders"),
     Field("sandbox", "choice", "How the agent's commands are confined: auto: bubblewrap, else Landlock; none: "
           "not at all.", "auto", choices=SANDBOX_MODES,
           says=f"one of {', '.join(SANDBOX_MODES)} (auto: bubblewrap, else Landlock; none: commands run with the "
                "agent's full rights)"),
-    Field("mcp_servers", "any", "The MCP servers whose tools the agent may call.", checked=False),
+    Field("mcp_servers", "names", "The MCP servers whose tools the agent may call, by their names in the "
+          "top-level `mcp_servers`.", says="a list of names of MCP servers"),
 )
 
 _NAMES = Field("item", "text", "A name.")
@@ -160,6 +179,82 @@ PRICE = Field("price", "mapping", "Dollars per million tokens of one model.", ch
     Field("cached", "number", "Dollars per million cached input tokens.", zero=True),
 ))
 
+# -- the sections whose checkers (governance/, folders.py, mcpconfig.py) judge what the schema cannot say --
+
+SCHEDULE = Field("schedule", "mapping", "One schedule: its task is added at each due time.", each="schedules",
+                 fields=(
+    Field("name", "text", "Its name (1 to 45 lower-case letters, digits or '-'), part of its tasks' ids "
+          "(sched-NAME-YYYYmmddHHMM).", pattern=SCHEDULE_NAME.pattern, checked=False),
+    Field("cron", "text", "When, as five cron fields in UTC (minute hour day-of-month month day-of-week), in "
+          "quotes.", checked=False),
+    Field("task", "mapping", "The task added, as a task file holds it (title, role, priority, ...), without id "
+          "or status.", checked=False),
+))
+ROUTING = Field("routing", "mapping", "How the calls of a task whose tier is auto are served.", fields=(
+    Field("strategy", "choice", "tiers: the chain of the agent's tier; cascade: the cheap tier first, the premium "
+          "one when its answer is unsure.", "tiers", choices=STRATEGIES),
+    Field("cheap", "choice", "cascade: the tier asked first.", "cheap", choices=TIERS[1:]),
+    Field("premium", "choice", "cascade: the tier an unsure answer goes up to.", "premium", choices=TIERS[1:]),
+    Field("min_confidence", "number", "cascade: the confidence, from 0 to 1, at or above which the cheap answer "
+          "is kept.", 0.7, zero=True, high=1, says="a number from 0 to 1"),
+    Field("verify", "bool", "cascade: whether a kept answer is also put to a cheap verifier call.", False),
+))
+ALERT = Field("alert", "mapping", "One webhook and the alerts it is sent.", each="alerts", fields=(
+    Field("webhook_env", "text", "The environment variable that holds the webhook's URL (never the URL itself).",
+          pattern=ALERT_ENV.pattern, checked=False),
+    Field("secret_env", "text", "The environment variable that holds the secret its POSTs are signed with "
+          "(HMAC-SHA256).", pattern=ALERT_ENV.pattern, checked=False),
+    Field("on", "names", "The alerts it is sent (at least one).", choices=ALERTS, low=1, checked=False),
+))
+_CAPS = (_dollars("per_day", "Dollars that may be spent per UTC day."),
+         _dollars("total", "Dollars that may be spent in all."))
+BUDGETS = Field("budgets", "mapping", "Hard caps, in dollars, checked before every model call.", fields=(
+    Field("team", "mapping", "The whole team's caps.", fields=_CAPS),
+    Field("agents", "mapping", "Each agent's caps, by its name in hermes.yaml (worker for worker-1, worker-2, ...).",
+          item=Field("caps", "mapping", "One agent's caps.", fields=_CAPS)),
+    Field("tasks", "mapping", "Every task's cap.", fields=(
+        _dollars("max_cost", "The most one task may spend (its own meta.max_cost may lower it, never raise it)."),)),
+))
+FOLDER = Field("folder", "mapping", "One folder and how agents granted it may use it.", each="folder {key}", fields=(
+    Field("path", "text", "Its path (~ and paths relative to the workspace allowed): a folder that exists, not "
+          "the workspace's own.", checked=False),
+    Field("mode", "choice", "ro: read only; rw: read and write.", "ro", choices=FOLDER_MODES),
+    Field("worktree", "bool", "mode rw, the top of a git checkout: each task works on a branch of its own, in a "
+          "worktree of its own.", False, null=True),
+    Field("base", "text", "worktree: the branch, tag or commit a task's branch starts from (null: HEAD).",
+          null=True),
+))
+_VARIABLES = Field("variable", "text", "The name of an environment variable.", pattern=VARIABLE.pattern)
+_SCALAR = Field("value", "scalar", "Text or a number.")
+MCP_SERVER = Field("MCP server", "mapping", "One MCP server: a program spoken to on stdio (command) or a "
+                   "streamable HTTP address (url), never both.", each="MCP server {key}", fields=(
+    Field("command", "text", "stdio: the program, a name on PATH or a path.", checked=False),
+    Field("args", "list", "stdio: its arguments (never a secret: env_from).", item=_SCALAR, checked=False),
+    Field("env", "mapping", "stdio: variables set for it (never a secret: env_from).", item=_SCALAR, checked=False),
+    Field("env_from", "mapping", "stdio: its variables, each given the value of the variable of ours it names.",
+          item=_VARIABLES, checked=False),
+    Field("url", "text", "HTTP: the server's http(s) address.", checked=False),
+    Field("headers_env", "mapping", "HTTP: headers, each given the value of the variable of ours it names.",
+          item=_VARIABLES, checked=False),
+    Field("enabled", "bool", "Whether its tools are offered at all.", True),
+    _seconds("timeout", "Seconds one tool call may take.", 120.0, high=MAX_MCP_SECONDS, null=True),
+    _seconds("connect_timeout", "Seconds starting it and listing its tools may take.", 30.0, high=MAX_MCP_SECONDS,
+             null=True),
+    Field("tools", "mapping", "Which of its tools are offered: only those `include` names (all if absent), less "
+          "those `exclude` names.", fields=(
+              Field("include", "names", "The only tools offered.", checked=False),
+              Field("exclude", "names", "Tools never offered.", checked=False))),
+))
+TELEMETRY = Field("telemetry", "mapping", "OpenTelemetry traces of tasks and model calls.", fields=(
+    Field("otlp_endpoint", "text", "The collector's OTLP/HTTP address (/v1/traces is added unless it has a path); "
+          "null: the OTEL_EXPORTER_OTLP_* variables decide.", null=True,
+          says="an http(s) URL (the collector's OTLP/HTTP address)"),
+    Field("content", "bool", "Whether prompts, answers and tool arguments are exported too (keys redacted).",
+          False),
+))
+
+# The top-level sections check_sections checks from the schema, before their own checkers.
+SECTIONS = ("schedules", "routing", "alerts", "budgets", "folders", "mcp_servers", "telemetry", "metrics")
 TOP = Field("hermes.yaml", "mapping", "A hermes-sup team.", fields=(
     Field("providers", "mapping", "The LLM providers, by name.", item=PROVIDER, checked=False),
     Field("tiers", "mapping", "Each tier's chain of provider names, tried in order.", checked=False, fields=tuple(
@@ -174,16 +269,13 @@ TOP = Field("hermes.yaml", "mapping", "A hermes-sup team.", fields=(
               Field("dsn_env", "text", "postgres: the environment variable holding the DSN.", "HERMES_SUP_PG_DSN"),
               _seconds("host_timeout", "postgres: seconds after which a silent host's tasks are freed.", 30.0))),
     Field("host", "text", "This host's name on a shared board (default: the hostname).", checked=False),
-    Field("schedules", "list", "Tasks created on a cron schedule.", checked=False),
-    Field("routing", "mapping", "How a task's tier picks its model (strategy: cascade and its settings).",
-          checked=False),
-    Field("alerts", "list", "Webhooks told of events such as an agent given up.", checked=False),
-    Field("budgets", "mapping", "Spending limits of the team and of each task.", checked=False),
-    Field("folders", "any", "Folders outside the workspace, by name, that agents may be granted.", checked=False),
-    Field("mcp_servers", "mapping", "MCP servers, by name, whose tools agents may call.", checked=False),
-    Field("telemetry", "mapping", "OpenTelemetry traces of tasks and model calls.", checked=False, fields=(
-        Field("otlp_endpoint", "text", "The collector's OTLP/HTTP address."),
-        Field("content", "bool", "Whether prompts and answers are exported too.", False))),
+    Field("schedules", "list", "Tasks created on a cron schedule.", item=SCHEDULE),
+    ROUTING,
+    Field("alerts", "list", "Webhooks told of events such as an agent given up.", item=ALERT),
+    BUDGETS,
+    Field("folders", "mapping", "Folders outside the workspace, by name, that agents may be granted.", item=FOLDER),
+    Field("mcp_servers", "mapping", "MCP servers, by name, whose tools agents may call.", item=MCP_SERVER),
+    TELEMETRY,
     Field("metrics", "mapping", "The Prometheus metrics endpoint.", fields=(
         Field("port", "whole", "The port it listens on (0: any free one).", low=0, high=65535, null=True,
               says="a port number (0 to 65535)"),
@@ -212,20 +304,56 @@ def check_keys(node: dict[Any, Any], field: Field, fail: Fail, *, unknown: str =
 def check_values(node: dict[Any, Any], fields: tuple[Field, ...], fail: Fail, *, where: str = "",
                  prefix: str = "") -> None:
     """The values of `node`'s keys that the schema checks (types, bounds, choices), and the keys of its
-    mappings that have keys of their own, each error at the line of the mapping that holds the key."""
+    mappings and of their entries, each error at the line of the mapping that holds the key."""
     for field in fields:
         if field.name not in node:
             continue
         value, label = node[field.name], f"{prefix}{field.name}"
-        if field.kind == "mapping" and field.fields and field.checked:
-            if value is None:
+        if field.kind in ("mapping", "list") and (field.fields or field.item is not None):
+            if not field.checked or value is None:
                 continue
-            if not isinstance(value, dict):
-                raise fail(node, f"{_lead(where)}'{label}' must be a mapping ({', '.join(field.names())})")
-            check_keys(value, field, fail, prefix=f"{label}.", where=where)
-            check_values(value, field.fields, fail, where=where, prefix=f"{label}.")
+            if not isinstance(value, dict if field.kind == "mapping" else list):
+                raise fail(value if isinstance(value, dict) else node,
+                           f"{_lead(where)}'{label}' must be {expected(field)}")
+            if field.fields:
+                check_keys(value, field, fail, prefix=f"{label}.", where=where)
+                check_values(value, field.fields, fail, where=where, prefix=f"{label}.")
+            else:
+                _check_entries(node, value, field, fail, where=where, label=label)
         elif field.checked and field.kind != "mapping" and not valid(field, value):
             raise fail(node, f"{_lead(where)}'{label}' must be {expected(field)}, got {value!r}")
+
+
+def _check_entries(node: dict[Any, Any], container: Any, field: Field, fail: Fail, *, where: str,
+                   label: str) -> None:
+    """Each entry of a mapping of names to items, or of a list of items: an item's keys and values
+    (named as its `each` says, else by its path), or a plain item's value."""
+    item = field.item
+    assert item is not None
+    pairs = container.items() if isinstance(container, dict) else enumerate(container, 1)
+    for key, entry in pairs:
+        if key == "__line__":
+            continue
+        lead, sub = (item.each.format(key=key), "") if item.each else (where, f"{label}.{key}.")
+        if not item.fields:
+            if item.checked and not valid(item, entry):
+                raise fail(container if isinstance(container, dict) else node,
+                           f"{_lead(where)}'{label}.{key}' must be {expected(item)}, got {entry!r}")
+        elif not isinstance(entry, dict):
+            said = (f"{_lead(lead)}must be" if item.each and isinstance(container, dict)
+                    else f"{_lead(where)}each entry of '{label}' must be" if isinstance(container, list)
+                    else f"{_lead(where)}'{label}.{key}' must be")
+            raise fail(container if isinstance(container, dict) else node,
+                       f"{said} a mapping ({', '.join(item.names())})")
+        else:
+            check_keys(entry, item, fail, prefix=sub, where=lead)
+            check_values(entry, item.fields, fail, where=lead, prefix=sub)
+
+
+def check_sections(raw: dict[Any, Any], fail: Fail) -> None:
+    """The keys and simple values of the top-level sections the schema describes whole; what it cannot
+    say (paths, cron, URLs, names, secrets) their own checkers judge after it."""
+    check_values(raw, tuple(field for field in TOP.fields if field.name in SECTIONS), fail)
 
 
 def valid(field: Field, value: Any) -> bool:
@@ -243,11 +371,15 @@ def valid(field: Field, value: Any) -> bool:
     if field.kind == "bool":
         return isinstance(value, bool)
     if field.kind == "text":
-        return isinstance(value, str)
+        return isinstance(value, str) and (not field.pattern or re.fullmatch(field.pattern, value) is not None)
     if field.kind == "choice":
         return value in field.choices
     if field.kind == "names":
-        return isinstance(value, list) and all(isinstance(item, str) and item for item in value)
+        return (isinstance(value, list) and len(value) >= (field.low or 0)
+                and all(isinstance(item, str) and item and (not field.choices or item in field.choices)
+                        for item in value))
+    if field.kind == "scalar":
+        return isinstance(value, (str, int, float))  # YAML's true and false too, as the checkers took them
     return True
 
 
@@ -258,14 +390,19 @@ def expected(field: Field) -> str:
     if field.kind == "seconds":
         return f"a number of seconds {'>=' if field.zero else '>'} 0 and at most {field.high:,.0f}"
     if field.kind == "number":
-        return f"a number {'>=' if field.zero else '>'} 0"
+        return f"a number {'>=' if field.zero else '>'} 0" + (f" and at most {field.high:g}" if field.high else "")
     if field.kind == "whole":
         return f"a whole number from {field.low:,.0f} to {field.high:,.0f}"
     if field.kind == "bool":
         return "true or false"
     if field.kind == "choice":
         return f"one of {', '.join(map(str, field.choices))}"
-    return {"text": "text", "names": "a list of names"}.get(field.kind, "a value")
+    if field.kind in ("mapping", "list") and field.item is not None:
+        shape = f"{{{', '.join(field.item.names())}}}" if field.item.fields else field.item.doc.lower().rstrip(".")
+        return f"a mapping of names to {shape}" if field.kind == "mapping" else f"a list of {shape}"
+    if field.kind == "mapping":
+        return f"a mapping ({', '.join(field.names())})"
+    return {"text": "text", "names": "a list of names", "scalar": "text or a number"}.get(field.kind, "a value")
 
 
 def finite(value: Any) -> bool:

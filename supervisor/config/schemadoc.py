@@ -11,7 +11,10 @@ DIALECT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_FILE = "hermes.schema.json"
 # The first line of hermes.yaml that points YAML-aware editors (yaml-language-server) at the schema beside it.
 MODELINE = f"# yaml-language-server: $schema=./{SCHEMA_FILE}"
-REQUIRED = {"hermes.yaml": ["agents"], "agent": ["name"]}
+REQUIRED = {"hermes.yaml": ["agents"], "agent": ["name"], "schedule": ["name", "cron", "task"],
+            "alert": ["webhook_env", "secret_env", "on"], "folder": ["path"]}
+# Keys of which an entry holds exactly one.
+ONE_OF = {"MCP server": ["command", "url"]}
 
 
 def json_schema() -> dict[str, Any]:
@@ -30,6 +33,8 @@ def _node(field: Field) -> dict[str, Any]:
         node["default"] = field.default
     if field.name in REQUIRED:
         node["required"] = REQUIRED[field.name]
+    if field.name in ONE_OF:
+        node["oneOf"] = [{"required": [key]} for key in ONE_OF[field.name]]
     # null stands for "absent" wherever the checks read a section or setting with `or {}` or allow it
     # outright, so an editor must not mark an empty `defaults:` as wrong.
     if field.null or field.kind in ("mapping", "list"):
@@ -52,12 +57,14 @@ def _shape(field: Field) -> dict[str, Any]:
     if kind == "bool":
         return {"type": "boolean"}
     if kind == "text":
-        return {"type": "string"}
+        return {"type": "string", **({"pattern": f"^(?:{field.pattern})$"} if field.pattern else {})}
+    if kind == "scalar":
+        return {"type": ["string", "number", "boolean"]}
     if kind == "choice":
         return {"enum": list(field.choices)}
     if kind == "names":
         items: dict[str, Any] = {"enum": list(field.choices)} if field.choices else {"type": "string", "minLength": 1}
-        return {"type": "array", "items": items}
+        return {"type": "array", "items": items, **({"minItems": int(field.low)} if field.low else {})}
     if kind == "mapping":
         shape: dict[str, Any] = {"type": "object"}
         if field.fields:
@@ -88,17 +95,18 @@ def kind_text(field: Field) -> str:
     if kind == "seconds":
         text = f"seconds, {'>= 0' if field.zero else '> 0'}, at most {field.high:,.0f}"
     elif kind == "number":
-        text = f"number {'>= 0' if field.zero else '> 0'}"
+        text = f"number {'>= 0' if field.zero else '> 0'}" + (f", at most {field.high:g}" if field.high else "")
     elif kind == "whole":
         text = f"whole number, {field.low:,.0f} to {field.high:,.0f}"
     elif kind == "choice":
         text = " \\| ".join(f"`{choice}`" for choice in field.choices)
     elif kind == "names":
-        text = "list of names"
+        text = "list of " + (", ".join(f"`{choice}`" for choice in field.choices) if field.choices else "names")
     elif kind == "mapping":
         text = "mapping"
     else:
-        text = {"bool": "true or false", "text": "text", "list": "list"}.get(kind, "see its section")
+        text = {"bool": "true or false", "text": "text", "list": "list", "scalar": "text or a number"}.get(
+            kind, "see its section")
     return f"{text}, or null" if field.null else text
 
 

@@ -15,12 +15,10 @@ from typing import Any
 
 import yaml
 
-from ...agents.budget import check_budgets
-from ...agents.routespec import routing_error
 from ...kanban import BoardError, BoardStore
 from ...kanban.backends import BoardConfigError, check_board_config, check_host, open_board
 from ...kanban.parse import PlainLoader
-from ..governance.alerts import check_alerts
+from ..governance.alerts import bare_on, check_alerts
 from ..governance.schedules import check_schedules
 from .checks import (
     check_agent,
@@ -35,7 +33,7 @@ from .checks import (
 from .folders import check_folders
 from .mcpconfig import check_mcp_servers
 from .runtimes import check_budgeted, check_profiles
-from .schema import TOP, check_keys
+from .schema import TOP, check_keys, check_sections
 
 CONFIG_NAME = "hermes.yaml"
 WORKSPACE_ENV = "HERMES_SUP_WORKSPACE"
@@ -181,6 +179,8 @@ def load_config(path: Path, *, skills: Callable[[], Collection[str]] | None = No
         return ConfigError(f"{path}:{line}: {message}")
 
     check_keys(raw, TOP, fail)
+    bare_on(raw)
+    check_sections(raw, fail)
     defaults = raw.get("defaults") or {}
     if not isinstance(defaults, dict):
         raise fail(raw, "'defaults' must be a mapping")
@@ -190,11 +190,7 @@ def load_config(path: Path, *, skills: Callable[[], Collection[str]] | None = No
     check_providers(raw, fail)
     check_prices(raw, fail)
     check_schedules(raw, fail)
-    wrong = routing_error(raw.get("routing"))
-    if wrong is not None:
-        raise fail(raw.get("routing") if isinstance(raw.get("routing"), dict) else raw, wrong)
     check_alerts(raw, fail)
-    check_budgets(raw, fail)
     check_observability(raw, fail)
     agents = raw.get("agents") or []
     if not isinstance(agents, list):

@@ -35,7 +35,6 @@ STATE_FILE = "schedules.json"  # in runs/
 CLOCK_ENV = "HERMES_SUP_SCHEDULE_CLOCK"
 TICK = 1.0  # seconds between looks at the clock
 NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,44}")  # sched-<name>-<12 digits> must be a task id (64 chars)
-SCHEDULE_KEYS = ("name", "cron", "task")
 STAMP = "%Y%m%d%H%M"
 CRON_FIELDS = 5  # minute hour day-of-month month day-of-week
 MAX_STATE_BYTES = 1 << 20
@@ -66,18 +65,11 @@ def cron_error(expression: str) -> str | None:
 
 
 def check_schedules(raw: Mapping[str, Any], fail: Callable[[Any, str], Exception]) -> None:
-    """`schedules:` of hermes.yaml: a list of {name, cron, task}; the task is checked as the board
-    checks a dropped one. `fail(node, message)` makes the file:line error."""
-    entries = raw.get("schedules") or []
-    if not isinstance(entries, list):
-        raise fail(entries if isinstance(entries, dict) else raw, "'schedules' must be a list of {name, cron, task}")
+    """`schedules:` of hermes.yaml, after its schema (config/schema.py: a list of mappings with known
+    keys): names, cron expressions, and the task, checked as the board checks a dropped one.
+    `fail(node, message)` makes the file:line error."""
     seen: set[str] = set()
-    for entry in entries:
-        if not isinstance(entry, dict):
-            raise fail(raw, "each entry of 'schedules' must be a mapping with name, cron and task")
-        for key in entry:
-            if key != "__line__" and key not in SCHEDULE_KEYS:
-                raise fail(entry, f"unknown schedule key '{key}'; expected one of {', '.join(SCHEDULE_KEYS)}")
+    for entry in raw.get("schedules") or []:
         name = entry.get("name")
         if not isinstance(name, str) or not NAME.fullmatch(name):
             raise fail(entry, f"schedule name {name!r} must be 1 to 45 lower-case letters, digits or '-', starting "
