@@ -437,6 +437,12 @@ def test_a_collectors_password_in_its_address_is_never_said_in_the_agents_log(re
     assert "span(s) exported to http://127.0.0.1:" in said
     assert "hunter2-otlp-pass" not in said and "tk-9f8e7d" not in said and "user" not in said
     assert telemetry.shown("https://u:p@c.example:4318/v1/traces?k=v") == "https://c.example:4318/v1/traces"
+    from hermes_sup.supervisor.suptelemetry import change_line, export_of
+
+    assert change_line(None, with_password).endswith("exported to http://127.0.0.1:" + receiver.url.rsplit(":", 1)[1]
+                                                     + "/v1/traces"), "a reload says where, never the credentials"
+    assert export_of({"telemetry": {"otlp_endpoint": "http://c", "content": True}}, {}) == \
+        export_of({"telemetry": {"otlp_endpoint": "http://c"}}, {}), "content changes no supervisor event"
 
 
 def test_a_hostile_task_or_answer_inflates_no_span_and_a_known_key_in_a_title_is_redacted(receiver, monkeypatch,
@@ -605,3 +611,50 @@ def test_a_step_done_by_an_earlier_attempt_is_not_run_again_and_gives_no_span(tm
     [step] = receiver.named("execute_tool ")
     assert step["attributes"]["gen_ai.tool.call.id"] == "step-2", "step 1's span is its own attempt's"
     assert step["parent"] == receiver.named("task ")[0]["id"]
+
+
+def test_a_reload_starts_keeps_stops_and_restarts_the_supervisors_export(tmp_path, receiver, up):
+    """The supervisor's own export follows hermes.yaml's `telemetry:` at each reload (the command and
+    SIGHUP); a broken section is refused, the team and the export as they were. Each reload is an
+    event of the supervisor's, exported when the export is on after it. Absence is shown by order:
+    one exporter sends in order, so had the export gone on, the reload that turned it off would reach
+    the collector before the last one, which names an agent added then."""
+    from .conftest import supervisor_state
+
+    with ScriptedLLM() as llm:
+        ws = workspace(tmp_path, llm, None)
+        config = ws / "hermes.yaml"
+        plain = config.read_text()
+        exporting = plain.replace("defaults:", f"telemetry: {{otlp_endpoint: '{receiver.url}'}}\ndefaults:")
+        proc = up(ws)
+        log = tmp_path / "up.log"
+        wait_until(lambda: (supervisor_state(ws).get("agents") or {}).get("thinker", {}).get("pid"), timeout=30)
+
+        def reloads(event: str = "reload") -> list[dict[str, Any]]:
+            return [s for s in receiver.named(f"supervisor {event}") if s["name"] == f"supervisor {event}"]
+
+        def reload(text: str) -> subprocess.CompletedProcess[str]:
+            config.write_text(text)
+            return subprocess.run([*CLI, "-w", str(ws), "reload"], capture_output=True, text=True, cwd=ROOT,
+                                  timeout=60)
+
+        assert reload(exporting).returncode == 0
+        wait_until(lambda: len(reloads()) == 1, timeout=30)
+        assert f"supervisor: telemetry: its events are exported to {receiver.url}/v1/traces" in log.read_text()
+        pid = supervisor_state(ws)["agents"]["thinker"]["pid"]
+        refused = reload(exporting.replace(receiver.url, "c:4318"))
+        assert refused.returncode == 2 and "reload refused, the team is unchanged" in refused.stderr
+        assert "'telemetry.otlp_endpoint' must be an http(s) URL" in refused.stderr, refused.stderr
+        wait_until(lambda: reloads("reload_refused"), timeout=30)  # exported: the refusal kept the export on
+        assert supervisor_state(ws)["agents"]["thinker"]["pid"] == pid
+        config.write_text(plain)
+        os.kill(proc.pid, 1)  # SIGHUP
+        wait_until(lambda: "supervisor: telemetry: its events are no longer exported" in log.read_text(), timeout=30)
+        assert reload(exporting + "  - name: helper\n").returncode == 0
+        last = wait_until(lambda: [s for s in reloads() if "helper" in s["attributes"].get("hermes.note", "")],
+                          timeout=30)
+        assert len(reloads()) == 2, "the reload that stopped the export was not exported"
+        assert last[0]["resource"]["service.name"] == "hermes-sup"
+        logged = [json.loads(line) for line in (ws / "kanban" / "events.jsonl").read_text().splitlines()]
+        assert [r["event"] for r in logged if r.get("event", "").startswith("reload")] == \
+            ["reload", "reload_refused", "reload", "reload"]
