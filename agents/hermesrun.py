@@ -10,7 +10,8 @@ _DB), so its kanban_show, kanban_comment, kanban_block and kanban_complete work 
 dispatcher. After the run that file is read (read-only, bounded: the CLI could have written
 anything there): a block becomes this task blocked on its question, a completion its summary, the
 comments this task's comments. The usage file's tokens and cost become one record of the agent's
-LLM-call log, so `usage` counts a Hermes run.
+LLM-call log, so `usage` counts a Hermes run, and with telemetry on one model-call span marked as
+the run's sum (agents/spans.py): hermes-sup learns nothing finer of its calls.
 """
 
 from __future__ import annotations

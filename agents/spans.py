@@ -124,6 +124,11 @@ def model_attributes(record: Mapping[str, Any], *, provider_kind: str, requested
         attributes["error.type"] = name(record.get("outcome"))
     if record.get("estimated"):
         attributes["hermes.usage.estimated"] = True
+    if record.get("runtime") == "hermes":
+        # One record for a whole Hermes run (agents/hermesrun.py usage_record): its model calls summed
+        # as its usage file counts them; their own times are unknown, the span's are the run's.
+        attributes.update({"hermes.runtime": "hermes", "hermes.usage.aggregate": True,
+                           "hermes.model_calls": tokens(record.get("calls")), "hermes.timing": "run"})
     return attributes
 
 

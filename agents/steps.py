@@ -31,6 +31,7 @@ from ..kanban.journal import FileTaskJournal, TaskJournal
 from .conversation import holders
 from .durable import ASKS, answer_since, call_done, call_started
 from .logline import call_line, say
+from .telemetry import active as telemetry
 from .tools import Finished, NeedsPerson, Refused, Toolbox, ToolContext, ToolError, run_step
 
 TURN = "steps"
@@ -212,11 +213,13 @@ class StepRun:
 
     def _done(self, call_id: str, name: str, value: Any, outcome: str, started: float, args: Any = None) -> None:
         text = value if isinstance(value, str) else repr(value)
-        say(self.agent, call_line(self.task["id"], call_id.replace("-", " "), name, args, outcome,
-                                  time.monotonic() - started, text))
+        duration = time.monotonic() - started
+        say(self.agent, call_line(self.task["id"], call_id.replace("-", " "), name, args, outcome, duration, text))
         kept = {"value": value} if not isinstance(value, str) and _plain(value) else None
-        self.log.append_tool_call(call_done(self.task["id"], TURN, call_id, name, outcome, text,
-                                            time.monotonic() - started, kept))
+        self.log.append_tool_call(call_done(self.task["id"], TURN, call_id, name, outcome, text, duration, kept))
+        # A tool-call span as the loop's, once the record is written; a step done by an earlier
+        # attempt is not run again (run() takes its result) and gives none: that attempt's span has it.
+        telemetry().tool_call(name, call_id, outcome, duration, args, text)
 
 
 def _plain(value: Any) -> bool:

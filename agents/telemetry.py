@@ -91,18 +91,6 @@ class Telemetry:
 _active: Telemetry = Telemetry()
 
 
-def exporting(append: Callable[[dict[str, Any]], None], telemetry: Telemetry) -> Callable[[dict[str, Any]], None]:
-    """The supervisor's `append` of its events to the board, each also exported when telemetry is on."""
-    if not telemetry.enabled:
-        return append
-
-    def both(record: dict[str, Any]) -> None:
-        append(record)  # the board first: an export never costs the event its place in the log
-        telemetry.event(record)
-
-    return both
-
-
 def install(telemetry: Telemetry) -> Telemetry:
     """Make `telemetry` the process's (one agent a process): the delegation tool reads it."""
     global _active

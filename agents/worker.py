@@ -328,7 +328,7 @@ class Agent(Liveness, ModelAccess, TaskSetting):
                     outcome.permanent)
 
     def _hermes(self, doc: dict[str, Any], outcome: hermesrun.HermesRunResult) -> clirun.Verdict:
-        """A Hermes run's comments onto the task and its usage into the LLM-call log; its verdict."""
+        """A Hermes run's comments onto the task, its usage into the LLM-call log and a span; its verdict."""
         for text in outcome.comments:
             with contextlib.suppress(BoardError):
                 self.board.comment(doc["id"], text, by=self.name)
@@ -338,6 +338,8 @@ class Agent(Liveness, ModelAccess, TaskSetting):
                 journal.append(outcome.usage)
             finally:
                 journal.close()
+            # What hermes-sup learns of the run's model calls is this one record: one span, so marked.
+            self.telemetry.model_call(outcome.usage, None)
         return outcome.verdict
 
     def _only_task_closed(self) -> bool:

@@ -21,6 +21,7 @@ from ..kanban import BoardError, BoardStore
 from ..kanban.task import STATUSES, is_valid_id
 from ..kanban.why import Member, Team, claim_warnings
 from .loopthread import LoopThread
+from .readers import track_reader
 
 POLL = 0.5  # seconds between looks at events.jsonl's size
 NAME_CHARS, REASON_CHARS = 120, 300
@@ -56,9 +57,17 @@ class IngestWarnings(LoopThread):
         self.poll = poll
         self._cursor = board.events_end()  # what was ingested before this supervisor started was judged then
         self._inode: int | None = None
+        self._untrack = track_reader("ingest-warnings",  # /metrics: how far behind the log it is
+                                     lambda: (self._cursor, self._inode) if self._thread.is_alive() else None)
         self.start()
 
     def _run(self) -> None:
+        try:
+            self._follow()
+        finally:
+            self._untrack()
+
+    def _follow(self) -> None:
         while not self._stopping.wait(self.poll):
             try:
                 batch = self.board.events_since(self._cursor, inode=self._inode)

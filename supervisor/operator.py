@@ -144,6 +144,9 @@ class Operator:
         self.sup.ingest_warnings.team = team_of(everyone)
         self.sup.scheduler.schedules = schedules_of(config)
         self.sup.alerts.reconfigure(rules_of(config))
+        changed = self.sup.telemetry.reconfigure(config)
+        if changed:
+            self.sup.say(changed)
         self.withhold_secrets()
         return {"ok": True, "message": describe_reload(plan),
                 "plan": {"start": plan.start, "stop": plan.stop, "restart": plan.restart, "keep": plan.keep}}

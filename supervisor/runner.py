@@ -30,7 +30,6 @@ from typing import Any
 import psutil
 
 from ..agents.notify import NOTIFY_ENV, parse
-from ..agents.telemetry import Telemetry, exporting
 from ..agents.worker import AGENT_ENV, SUPERVISOR_ENV, WORKSPACE_ENV
 from ..kanban.backends import open_board
 from ..kanban.liveness import start_time
@@ -63,6 +62,7 @@ from .spec import ChildSpec, build_specs
 from .statefile import SUPERVISOR_FILE, StateWriter, quiet, read_state
 from .steer import agent_groups, held_from
 from .supevents import SupervisorEvents
+from .suptelemetry import SupervisorTelemetry
 from .watchdog import Watchdog
 
 STATE_FILE = SUPERVISOR_FILE
@@ -104,9 +104,8 @@ class Supervisor:
         # loop's state, since the board's heartbeat thread reads them.
         self.board.announce_host(functools.partial(published_agents, self.runs))
         # What it says, and the operator's commands, are also events of the board's stream (supevents.py).
-        self.telemetry = Telemetry.from_settings(config.get("telemetry"), os.environ, agent="supervisor",
-                                                 workspace=str(ws.root), host=config.get("host"))
-        self.events = SupervisorEvents(exporting(self.board.append_event, self.telemetry), lambda: self.known)
+        self.telemetry = SupervisorTelemetry(config, str(ws.root))  # its events as spans; a reload remakes it
+        self.events = SupervisorEvents(self.telemetry.exporting(self.board.append_event), lambda: self.known)
         self._print = self.say  # a line alone: the board's own news, the operator's (recorded from its answer)
         self.tell = self.events.telling(self._print)  # a line and the events it was rendered from
         self.say = self.events.recording(self._print)  # a line, recorded as a note

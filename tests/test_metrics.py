@@ -152,6 +152,12 @@ def test_metrics_follow_the_dashboards_access_rules(team):
     status, body = get(f"{url}/metrics")
     assert status == 200 and "hermes_sup_tasks" in body and "# TYPE hermes_sup_task_claim_latency_seconds histogram" \
         in body
+    # A page's event stream is a reader of this process too: its place in the log is reported.
+    with urllib.request.urlopen(f"{url}/api/events", timeout=10) as stream:
+        assert stream.read(5) == b"retry"
+        streaming = 'hermes_sup_events_behind{reader="dashboard-streams"} 0.0'
+        assert wait_until(lambda: streaming in get(f"{url}/metrics")[1], timeout=15)
+    assert 'reader="ingest-warnings"' in get(f"{url}/metrics")[1], "the supervisor's own, as up --dashboard serves it"
     port = url.rsplit(":", 1)[1]
     refused, _ = get(f"{url}/metrics", headers={"Host": f"attacker.example:{port}"})
     assert refused in (403, 421), "a page of another site reaching 127.0.0.1 by DNS rebinding is refused"
@@ -188,8 +194,9 @@ def test_metrics_port_serves_a_team_without_the_dashboard(tmp_path, up, monkeypa
     assert said
     status, body = get(f"http://127.0.0.1:{port}/metrics")
     assert status == 200 and 'hermes_sup_tasks{status="todo"} 1.0' in body
-    caught_up = 'hermes_sup_events_behind{reader="alerts"} 0.0'
-    assert wait_until(lambda: caught_up in get(f"http://127.0.0.1:{port}/metrics")[1], timeout=30)
+    caught_up = [f'hermes_sup_events_behind{{reader="{name}"}} 0.0' for name in ("alerts", "ingest-warnings")]
+    assert wait_until(lambda: all(line in get(f"http://127.0.0.1:{port}/metrics")[1] for line in caught_up),
+                      timeout=30)
     assert get(f"http://127.0.0.1:{port}/")[0] == 404, "metrics alone, not the dashboard"
     assert get(f"http://127.0.0.1:{port}/metrics", headers={"Host": f"attacker.example:{port}"})[0] in (403, 421)
 
@@ -200,16 +207,26 @@ def test_events_behind_counts_what_a_reader_has_yet_to_read(tmp_path):
     for n in range(3):
         board.add({"title": f"t{n}"})
     position: list[tuple[int, int | None] | None] = [(start, None)]
-    readers.track_reader("test-reader", lambda: position[0])
+    untrack = readers.track_reader("alerts", lambda: position[0])
     try:
-        assert readers.readers_behind(board)["test-reader"] == 3
+        assert readers.readers_behind(board)["alerts"] == 3
         read = board.events_since(start)
         position[0] = (read.cursor, read.inode)
-        assert readers.readers_behind(board)["test-reader"] == 0
+        assert readers.readers_behind(board)["alerts"] == 0
         position[0] = None
-        assert "test-reader" not in readers.readers_behind(board), "a reader not reading is left out"
+        assert "alerts" not in readers.readers_behind(board), "a reader not reading is left out"
     finally:
-        readers._readers.pop("test-reader")
+        untrack()
+    # Readers that come and go (a stream per page) share one label: the one furthest behind is reported.
+    middle = board.events_since(start, max_events=1)
+    streams = [readers.track_reader("dashboard-streams", lambda at=at: at)
+               for at in [(read.cursor, read.inode)] * 50 + [(middle.cursor, middle.inode)]]
+    assert readers.readers_behind(board) == {"dashboard-streams": 2}
+    for untrack in streams:
+        untrack()
+    assert readers.readers_behind(board) == {}, "a stream that ended is no reader"
+    with pytest.raises(ValueError, match="unknown event reader"):
+        readers.track_reader("stream for client 10.0.0.7", lambda: None)  # a label value is one of a few names
 
 
 def test_a_model_name_a_provider_answered_with_is_a_label_of_bounded_length():

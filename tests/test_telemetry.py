@@ -437,6 +437,12 @@ def test_a_collectors_password_in_its_address_is_never_said_in_the_agents_log(re
     assert "span(s) exported to http://127.0.0.1:" in said
     assert "hunter2-otlp-pass" not in said and "tk-9f8e7d" not in said and "user" not in said
     assert telemetry.shown("https://u:p@c.example:4318/v1/traces?k=v") == "https://c.example:4318/v1/traces"
+    from hermes_sup.supervisor.suptelemetry import change_line, export_of
+
+    assert change_line(None, with_password).endswith("exported to http://127.0.0.1:" + receiver.url.rsplit(":", 1)[1]
+                                                     + "/v1/traces"), "a reload says where, never the credentials"
+    assert export_of({"telemetry": {"otlp_endpoint": "http://c", "content": True}}, {}) == \
+        export_of({"telemetry": {"otlp_endpoint": "http://c"}}, {}), "content changes no supervisor event"
 
 
 def test_a_hostile_task_or_answer_inflates_no_span_and_a_known_key_in_a_title_is_redacted(receiver, monkeypatch,
@@ -514,3 +520,141 @@ def test_a_providers_token_counts_of_any_size_or_kind_cost_no_model_span(receive
     assert "failed" not in capsys.readouterr().err
     assert not [record for record in caplog.records if "encode" in record.getMessage()]
     assert [s["attributes"]["gen_ai.usage.input_tokens"] for s in receiver.named("chat ")] == [0, 0, 0]
+
+
+HERMES_STAND_IN = ('#!/bin/sh\nwhile [ "$1" != "--usage-file" ]; do shift; done\n'
+                   'printf \'{"completed": true, "failed": false, "model": "hermes-model", "provider": "openrouter", '
+                   '"input_tokens": 1200, "output_tokens": 34, "api_calls": 3}\' > "$2"\necho answered\n')
+
+
+def test_steps_and_hermes_and_command_runtimes_trace_what_hermes_sup_knows_of_them(tmp_path, receiver, up):
+    """A task's steps give a tool-call span each, as the loop's; a Hermes run gives one model-call span
+    of its usage file (its calls summed, timed as the run: marked so); a command runtime's attempt
+    is all there is. The Hermes CLI is a stand-in writing the usage file a real run writes (its shape:
+    test_runtime_hermes.py's run of the real CLI)."""
+    program = tmp_path / "cli" / "bin" / "hermes"
+    program.parent.mkdir(parents=True)
+    program.write_text(HERMES_STAND_IN)
+    program.chmod(0o755)
+    (tmp_path / "hermes-home").mkdir()
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    (ws / "hermes.yaml").write_text(
+        f"telemetry: {{otlp_endpoint: '{receiver.url}'}}\n"
+        "agents:\n  - {name: stepper, roles: [steps]}\n"
+        f"  - {{name: herm, roles: [herm], runtime: hermes, profile: default, hermes_home: '{tmp_path}/hermes-home',"
+        f" program: '{program}', capabilities: [network], sandbox: none}}\n"
+        "  - {name: cmd, roles: [cmd], runtime: command, argv: [/bin/echo, 'did {task_id}'], sandbox: none}\n")
+    board = Board(ws / "kanban")
+    tasks = {"steps": board.add({"title": "two steps", "role": "steps", "max_attempts": 2, "steps": [
+                 {"tool": "write_file", "args": {"path": "a.txt", "content": "1"}},
+                 {"tool": "read_file", "args": {"path": "nowhere.txt"}}]}),
+             "herm": board.add({"title": "ask hermes", "role": "herm"}),
+             "cmd": board.add({"title": "run a cli", "role": "cmd"})}
+    up(ws)
+    for task in tasks.values():
+        wait_until(lambda t=task: board.get(t["id"])["status"] in ("done", "failed"), timeout=60)
+    tops = wait_until(lambda: len(receiver.named("task ")) == 4 and receiver.named("task "), timeout=30)
+    top = {(s["attributes"]["hermes.agent"], s["attributes"]["hermes.task.claim"]): s for s in tops}
+
+    def children(agent: str, claim: int = 1) -> list[dict[str, Any]]:
+        parent = top[agent, claim]
+        return sorted((s for s in receiver.agents_spans() if s["parent"] == parent["id"]), key=lambda s: s["start"])
+
+    steps = children("stepper")
+    assert [s["name"] for s in steps] == ["execute_tool write_file", "execute_tool read_file"]
+    assert [s["attributes"]["gen_ai.tool.call.id"] for s in steps] == ["step-1", "step-2"]
+    assert [s["attributes"]["hermes.tool.outcome"] for s in steps] == ["ok", "error"]
+    assert steps[1]["attributes"]["error.type"] == "error" and steps[1]["status"] == 2  # STATUS_CODE_ERROR
+    assert all(s["attributes"]["gen_ai.operation.name"] == "execute_tool" and s["attributes"]["hermes.tool.duration_s"]
+               >= 0 and s["trace"] == top["stepper", 1]["trace"] for s in steps)
+    # The second attempt takes step 1's result from the journal, runs step 2 again: its span alone.
+    assert [s["attributes"]["gen_ai.tool.call.id"] for s in children("stepper", 2)] == ["step-2"]
+    assert top["stepper", 2]["attributes"]["hermes.task.outcome"] == "failed"
+    [run] = children("herm")
+    attrs = run["attributes"]
+    assert run["name"] == "chat hermes-model" and attrs["gen_ai.request.model"] == "hermes-model"
+    assert (attrs["gen_ai.usage.input_tokens"], attrs["gen_ai.usage.output_tokens"]) == (1200, 34)
+    assert attrs["hermes.model_calls"] == 3 and attrs["hermes.usage.aggregate"] is True
+    assert attrs["hermes.timing"] == "run" and attrs["hermes.provider"] == "hermes:default"
+    assert top["herm", 1]["start"] <= run["start"] <= run["end"] <= top["herm", 1]["end"]
+    assert "gen_ai.response.finish_reasons" not in attrs, "Hermes' usage file says none: none is made up"
+    assert children("cmd") == [] and top["cmd", 1]["attributes"]["hermes.task.outcome"] == "done"
+
+
+def test_a_step_done_by_an_earlier_attempt_is_not_run_again_and_gives_no_span(tmp_path, receiver):
+    import threading
+
+    from hermes_sup.agents import builtins  # noqa: F401 - registers the built-in tools
+    from hermes_sup.agents.durable import call_done
+    from hermes_sup.agents.steps import TURN, StepRun
+    from hermes_sup.agents.tools import Toolbox, ToolContext
+    from hermes_sup.kanban.journal import FileTaskJournal
+
+    tracing = telemetry.install(telemetry.Telemetry.from_settings({"otlp_endpoint": receiver.url}, {}, agent="a",
+                                                                  workspace="/w"))
+    task = {"id": "t-8", "title": "t", "claims": 2, "history": [{"by": "cli"}], "steps": [
+        {"tool": "write_file", "args": {"path": "a.txt", "content": "1"}},
+        {"tool": "write_file", "args": {"path": "b.txt", "content": "2"}}]}
+    journal = FileTaskJournal(tmp_path, task["id"])
+    journal.append_tool_call(call_done(task["id"], TURN, "step-1", "write_file", "ok", "wrote a.txt", 0.1))
+    ctx = ToolContext(scratch=tmp_path / "work", stop=threading.Event(), task=task, agent="a")
+    try:
+        with tracing.task_span(task):
+            outcome = StepRun(task=task, workdir=tmp_path, ctx=ctx, toolbox=Toolbox(grants=("fs.read", "fs.write")),
+                              agent="a", journal=journal).run()
+            tracing.outcome(outcome.kind)
+    finally:
+        telemetry.install(telemetry.Telemetry())
+        tracing.close()
+    assert outcome.kind == "done" and not (tmp_path / "work" / "a.txt").exists()
+    [step] = receiver.named("execute_tool ")
+    assert step["attributes"]["gen_ai.tool.call.id"] == "step-2", "step 1's span is its own attempt's"
+    assert step["parent"] == receiver.named("task ")[0]["id"]
+
+
+def test_a_reload_starts_keeps_stops_and_restarts_the_supervisors_export(tmp_path, receiver, up):
+    """The supervisor's own export follows hermes.yaml's `telemetry:` at each reload (the command and
+    SIGHUP); a broken section is refused, the team and the export as they were. Each reload is an
+    event of the supervisor's, exported when the export is on after it. Absence is shown by order:
+    one exporter sends in order, so had the export gone on, the reload that turned it off would reach
+    the collector before the last one, which names an agent added then."""
+    from .conftest import supervisor_state
+
+    with ScriptedLLM() as llm:
+        ws = workspace(tmp_path, llm, None)
+        config = ws / "hermes.yaml"
+        plain = config.read_text()
+        exporting = plain.replace("defaults:", f"telemetry: {{otlp_endpoint: '{receiver.url}'}}\ndefaults:")
+        proc = up(ws)
+        log = tmp_path / "up.log"
+        wait_until(lambda: (supervisor_state(ws).get("agents") or {}).get("thinker", {}).get("pid"), timeout=30)
+
+        def reloads(event: str = "reload") -> list[dict[str, Any]]:
+            return [s for s in receiver.named(f"supervisor {event}") if s["name"] == f"supervisor {event}"]
+
+        def reload(text: str) -> subprocess.CompletedProcess[str]:
+            config.write_text(text)
+            return subprocess.run([*CLI, "-w", str(ws), "reload"], capture_output=True, text=True, cwd=ROOT,
+                                  timeout=60)
+
+        assert reload(exporting).returncode == 0
+        wait_until(lambda: len(reloads()) == 1, timeout=30)
+        assert f"supervisor: telemetry: its events are exported to {receiver.url}/v1/traces" in log.read_text()
+        pid = supervisor_state(ws)["agents"]["thinker"]["pid"]
+        refused = reload(exporting.replace(receiver.url, "c:4318"))
+        assert refused.returncode == 2 and "reload refused, the team is unchanged" in refused.stderr
+        assert "'telemetry.otlp_endpoint' must be an http(s) URL" in refused.stderr, refused.stderr
+        wait_until(lambda: reloads("reload_refused"), timeout=30)  # exported: the refusal kept the export on
+        assert supervisor_state(ws)["agents"]["thinker"]["pid"] == pid
+        config.write_text(plain)
+        os.kill(proc.pid, 1)  # SIGHUP
+        wait_until(lambda: "supervisor: telemetry: its events are no longer exported" in log.read_text(), timeout=30)
+        assert reload(exporting + "  - name: helper\n").returncode == 0
+        last = wait_until(lambda: [s for s in reloads() if "helper" in s["attributes"].get("hermes.note", "")],
+                          timeout=30)
+        assert len(reloads()) == 2, "the reload that stopped the export was not exported"
+        assert last[0]["resource"]["service.name"] == "hermes-sup"
+        logged = [json.loads(line) for line in (ws / "kanban" / "events.jsonl").read_text().splitlines()]
+        assert [r["event"] for r in logged if r.get("event", "").startswith("reload")] == \
+            ["reload", "reload_refused", "reload", "reload"]

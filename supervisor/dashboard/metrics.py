@@ -146,7 +146,8 @@ def families(data: Mapping[str, Any]) -> list[Any]:
     for name, provider, level, _words in data["breakers"]:
         breakers.add_metric([label(name), label(provider), label(level)], 1.0)
     behind = GaugeMetricFamily("hermes_sup_events_behind", "Events of the board's log a reader of this process "
-                               f"has yet to read (at most {BEHIND_MAX})", labels=["reader"])
+                               f"has yet to read (at most {BEHIND_MAX}; of a kind's readers, the one furthest behind)",
+                               labels=["reader"])
     for name, count in sorted(data.get("behind", {}).items()):
         behind.add_metric([name], float(count))
     return [up, states, agent, restarts, tasks, latency, duration, calls, tokens, cost, budget_spent, budget_limit,

@@ -38,6 +38,7 @@ from ...agents.ledger import LEDGER_FILE
 from ...agents.providers import BREAKERS_FILE
 from ...kanban import BoardError, BoardStore
 from ...kanban.events import CursorError, parse_cursor
+from ..readers import track_reader
 from ..statefile import SUPERVISOR_FILE
 from .picture import serialize
 
@@ -374,6 +375,8 @@ class Hub:
         """One client's frames: the events after its Last-Event-ID (if this log gave it), then the
         picture, then each new event and picture as they come, until the client goes."""
         self.join()
+        at: list[tuple[int, int | None]] = []  # where this stream has read to, for /metrics (readers.py)
+        untrack = track_reader("dashboard-streams", lambda: at[0] if at else None)
         try:
             yield f"retry: {RETRY_MS}\n\n".encode()
             cursor = await asyncio.to_thread(resume_cursor, last_event_id, self.board)
@@ -383,11 +386,13 @@ class Hub:
                     yield frame("reset", {"reason": "unknown Last-Event-ID: starting afresh"})
                 cursor = await asyncio.to_thread(self.board.events_end)
             else:
+                at[:] = [(cursor, inode)]
                 cursor, inode = await self._events_since(cursor, inode, out := [])
                 for chunk in out:
                     yield chunk
             shown: Picture | None = None
             while True:
+                at[:] = [(cursor, inode)]  # read and sent: a client slow to take its frames holds it here
                 seen = self._published.number
                 out = []
                 cursor, inode = await self._events_since(cursor, inode, out)
@@ -403,6 +408,7 @@ class Hub:
                 if not await self._published.wait(seen, KEEPALIVE):
                     yield b": keepalive\n\n"
         finally:
+            untrack()
             self.leave()
 
     async def _events_since(self, cursor: int, inode: int | None, out: list[bytes]) -> tuple[int, int | None]:

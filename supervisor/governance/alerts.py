@@ -244,7 +244,8 @@ class AlertSender:
         self._secrets()
         self.cursor = self._end()  # what happened before this supervisor was alerted on then
         self._inode: int | None = None
-        track_reader("alerts", lambda: (self.cursor, self._inode) if self._thread.is_alive() else None)  # /metrics
+        self._untrack = track_reader("alerts",  # /metrics
+                                     lambda: (self.cursor, self._inode) if self._thread.is_alive() else None)
 
     def _end(self) -> int:
         try:
@@ -261,6 +262,7 @@ class AlertSender:
         self._stopping.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
+        self._untrack()
 
     def reconfigure(self, rules: list[AlertRule]) -> None:
         self.rules = rules  # one assignment: the thread reads it whole
