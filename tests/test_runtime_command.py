@@ -144,9 +144,11 @@ def test_a_cancel_stops_the_cli_within_a_second_or_two(team, how):
 
 
 def test_a_killed_cli_agent_gives_its_task_back_and_the_next_attempt_finishes_it(team):
-    _, board = team
+    ws, board = team
     board.add({"id": "once", "title": "HANG-ONCE then answer", "role": "work", "max_attempts": 2})
     wait_until(lambda: running("Task once:"), timeout=60)
+    # Killed only once the CLI has left its mark: killed before, its next attempt would hang too.
+    wait_until(lambda: list(ws.rglob("hung-once")), timeout=30)
     doc = board.get("once")
     assert doc["claim"], doc
     os.kill(doc["claim"]["pid"], signal.SIGKILL)
