@@ -1,9 +1,9 @@
 """The fork server: a process that has imported the agent runtime once and forks agents on request.
 
-The supervisor starts it (`python -P -m hermes_sup.agents.forkserver FD PARENT`) with an environment
-holding no secret and one socket (a SOCK_SEQPACKET socketpair end, FD). It imports what
-`python -m hermes_sup.agents run` imports (and openai and anthropic, which an agent imports at its
-first model call), says it is ready, then answers requests: a JSON {argv, env, cwd} with the agent's
+The supervisor starts it (`python -P -m hermes_sup.agents.forkserver FD PARENT [SDK...]`) with an
+environment holding no secret and one socket (a SOCK_SEQPACKET socketpair end, FD). It imports what
+`python -m hermes_sup.agents run` imports (and the SDKs named, which an agent imports at its first
+model call), says it is ready, then answers requests: a JSON {argv, env, cwd} with the agent's
 log and, optionally, its cgroup.procs as descriptors. It double-forks: the middle process joins the
 cgroup (so the agent is born in it), forks the agent and exits at once, and the agent is reparented
 to the supervisor (a child subreaper), whose child it then is as if it had been exec'd. The reply is
@@ -24,8 +24,10 @@ import threading
 
 from .forkchild import become_agent, room
 
-# What `python -m hermes_sup.agents run` imports, and the SDKs an agent imports at its first model call.
-RUNTIME = ("hermes_sup.kanban.redact", "hermes_sup.agents.worker", "openai", "anthropic")
+# What `python -m hermes_sup.agents run` imports; the supervisor adds the SDKs its providers need
+# (an agent imports one at its first model call; openai takes half a second, anthropic over one).
+RUNTIME = ("hermes_sup.kanban.redact", "hermes_sup.agents.worker")
+SDKS = ("openai", "anthropic")
 MAX_REQUEST = 1 << 20
 _PR_SET_PDEATHSIG = 1
 
@@ -38,8 +40,8 @@ def _die_with(parent: int) -> None:
         os._exit(0)
 
 
-def _import_runtime() -> None:
-    for name in RUNTIME:
+def _import_runtime(sdks: list[str]) -> None:
+    for name in (*RUNTIME, *(sdk for sdk in sdks if sdk in SDKS)):
         with contextlib.suppress(ImportError):  # an SDK not installed: the agent imports it (or not) itself
             importlib.import_module(name)
 
@@ -109,7 +111,7 @@ def serve(sock: socket.socket) -> int:
 def main(argv: list[str]) -> int:
     fd, parent = int(argv[1]), int(argv[2])
     _die_with(parent)
-    _import_runtime()
+    _import_runtime(argv[3:])
     return serve(socket.socket(fileno=fd))
 
 

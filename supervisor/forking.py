@@ -39,6 +39,14 @@ def enabled(config: Mapping[str, Any], environ: Mapping[str, str]) -> bool:
     return config.get("fork_server") is True
 
 
+def sdks(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """The SDKs the fork server imports: those of the provider kinds hermes.yaml names (pure). `auto`
+    names none: which one it resolves to is the agent's to find out, and it imports that one itself."""
+    providers = config.get("providers") or {}
+    kinds = {spec.get("kind") for spec in providers.values() if isinstance(spec, Mapping)}
+    return tuple(sdk for sdk in ("openai", "anthropic") if sdk in kinds)
+
+
 def agent_argv(python: str) -> tuple[str, ...]:
     return (python, "-P", "-m", "hermes_sup.agents", "run")
 
@@ -131,8 +139,8 @@ class ForkServer:
     """The fork server process as the supervisor keeps it: started, ready, asked, lost, started again."""
 
     def __init__(self, selector: selectors.BaseSelector, say: Callable[[str], None], *,
-                 python: str = sys.executable) -> None:
-        self.selector, self.say, self.python = selector, say, python
+                 python: str = sys.executable, sdks: tuple[str, ...] = ()) -> None:
+        self.selector, self.say, self.python, self.sdks = selector, say, python, sdks
         self.proc: subprocess.Popen[bytes] | None = None
         self.sock: socket.socket | None = None
         self.env: dict[str, str] = {}
@@ -151,7 +159,8 @@ class ForkServer:
         self.env = server_env(environ)
         try:
             self.proc = subprocess.Popen(
-                [self.python, "-P", "-m", "hermes_sup.agents.forkserver", str(theirs.fileno()), str(os.getpid())],
+                [self.python, "-P", "-m", "hermes_sup.agents.forkserver", str(theirs.fileno()), str(os.getpid()),
+                 *self.sdks],
                 env=self.env, stdin=subprocess.DEVNULL, pass_fds=[theirs.fileno()], start_new_session=True,
                 cwd="/")
         except OSError as exc:

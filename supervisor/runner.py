@@ -51,7 +51,7 @@ from .control import (
 )
 from .control import request as request  # the CLI's entry point, kept importable from here
 from .exits import State, Why, event, on_exit, on_failed_start
-from .forking import Forked, ForkServer, become_subreaper, enabled, reap_orphans
+from .forking import Forked, ForkServer, become_subreaper, enabled, reap_orphans, sdks
 from .governance.alerts import AlertSender, rules_of
 from .governance.schedules import Scheduler, schedules_of
 from .ingestwarn import IngestWarnings, team_of
@@ -128,7 +128,7 @@ class Supervisor:
         self.watchdog = Watchdog(self)
         self._notify_refused = 0
         self.leftovers = Leftovers(self)
-        self.forks = ForkServer(self.selector, self.say) if enabled(config, os.environ) else None
+        self.forks = ForkServer(self.selector, self.say, sdks=sdks(config)) if enabled(config, os.environ) else None
 
 
     def _bind(self) -> None:
