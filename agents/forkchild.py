@@ -75,8 +75,9 @@ def _exit_code(code: Any) -> int:
     return 1
 
 
-def become_agent(request: dict[str, Any], log_fd: int, *, parent: int) -> NoReturn:
-    """Make this process the agent of `request` and run it; never returns (os._exit with its status)."""
+def become_agent(request: dict[str, Any], log_fd: int, go_fd: int, *, parent: int) -> NoReturn:
+    """Make this process the agent of `request` and run it once the supervisor says go (it knows our
+    pid then); never returns (os._exit with its status)."""
     try:
         env = {str(k): str(v) for k, v in request["env"].items()}
         argv = [str(arg) for arg in request["argv"]]
@@ -89,7 +90,13 @@ def become_agent(request: dict[str, Any], log_fd: int, *, parent: int) -> NoRetu
         os.environ.clear()
         os.environ.update(env)
         _show(env, argv)
-        os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # the server's socket, the other requests' fds
+        # Nothing of the server's is kept (its socket, its pipe to the middle process, whose end of
+        # file its reply waits for), then the supervisor's word is awaited.
+        os.closerange(3, go_fd)
+        os.closerange(go_fd + 1, os.sysconf("SC_OPEN_MAX"))
+        if os.read(go_fd, 1) != b"1":  # the supervisor gave up on this request: nobody would supervise us
+            os._exit(127)
+        os.close(go_fd)
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
         # The server installs no handler, so every disposition is a fresh interpreter's already.
         deadline = time.monotonic() + REPARENT_WAIT

@@ -3,8 +3,10 @@
 The supervisor starts it (`python -P -m hermes_sup.agents.forkserver FD PARENT [SDK...]`) with an
 environment holding no secret and one socket (a SOCK_SEQPACKET socketpair end, FD). It imports what
 `python -m hermes_sup.agents run` imports (and the SDKs named, which an agent imports at its first
-model call), says it is ready, then answers requests: a JSON {argv, env, cwd} with the agent's
-log and, optionally, its cgroup.procs as descriptors. It double-forks: the middle process joins the
+model call), says it is ready, then answers requests: a JSON {argv, env, cwd} with, as descriptors,
+the agent's log, the read end of a pipe the supervisor writes "go" to once it knows the agent's pid
+(an agent whose pid it never learnt, the server having timed out, reads end of file and exits before
+running anything) and, optionally, its cgroup.procs. It double-forks: the middle process joins the
 cgroup (so the agent is born in it), forks the agent and exits at once, and the agent is reparented
 to the supervisor (a child subreaper), whose child it then is as if it had been exec'd. The reply is
 {"pid": N} once the middle process has been reaped (so the reparenting has happened) or {"error": why}.
@@ -50,7 +52,7 @@ def spawn(request: dict[str, object], fds: list[int]) -> int:
     """Fork the agent of `request` and return its pid, once its middle process is reaped."""
     # A thread holding a lock at fork would leave the agent deadlocked on it: there must be none.
     assert threading.active_count() == 1, "the fork server runs no thread"
-    log_fd, cgroup_fd = fds[0], (fds[1] if request.get("cgroup") else None)
+    log_fd, go_fd, cgroup_fd = fds[0], fds[1], (fds[2] if request.get("cgroup") else None)
     read_end, write_end = os.pipe()
     middle = os.fork()
     if middle == 0:  # the middle process: never returns
@@ -62,7 +64,7 @@ def spawn(request: dict[str, object], fds: list[int]) -> int:
             me = os.getpid()
             agent = os.fork()
             if agent == 0:
-                become_agent(request, log_fd, parent=me)  # never returns
+                become_agent(request, log_fd, go_fd, parent=me)  # never returns
             os.write(write_end, str(agent).encode())
             status = 0
         except BaseException as exc:  # anything: said to the server, never returned from
@@ -90,7 +92,7 @@ def serve(sock: socket.socket) -> int:
                           "argv_room": argv_room}).encode())
     while True:
         try:
-            data, fds, _flags, _addr = socket.recv_fds(sock, MAX_REQUEST, 2)
+            data, fds, _flags, _addr = socket.recv_fds(sock, MAX_REQUEST, 3)
         except OSError:
             return 0
         if not data:  # the supervisor closed its end: `down`, or it is gone

@@ -212,13 +212,26 @@ class ForkServer:
         if self.sock is None or not self.ready or not forkable(argv, env, self.env, self.python, self.room):
             return None
         request = json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd, "cgroup": cgroup is not None})
+        # The agent runs nothing until we write "go": one we never learn the pid of reads end of file and exits.
+        go_read, go_write = os.pipe2(os.O_CLOEXEC)
         try:
-            socket.send_fds(self.sock, [request.encode()], [log] if cgroup is None else [log, cgroup])
+            try:
+                socket.send_fds(self.sock, [request.encode()], [log, go_read] + ([] if cgroup is None else [cgroup]))
+            finally:
+                os.close(go_read)
             ready, _, _ = select.select([self.sock], [], [], REPLY_WITHIN)
-            data = self.sock.recv(4096) if ready else None
+            pid = self._answer(self.sock.recv(4096) if ready else None)
+            if pid is not None:
+                os.write(go_write, b"1")
+            return pid
         except OSError as exc:
             self._lost(f"cannot be asked ({exc.strerror or exc})")
             return None
+        finally:
+            os.close(go_write)
+
+    def _answer(self, data: bytes | None) -> int | None:
+        """The pid in the server's reply, or None (the server then taken for lost, or its error said)."""
         if data is None:
             self._lost(f"did not answer within {REPLY_WITHIN:g} s")
             return None

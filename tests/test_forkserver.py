@@ -191,3 +191,40 @@ def test_what_is_forked_and_what_the_server_is_given():
     assert sdks({"providers": {"a": {"kind": "anthropic"}, "b": {"kind": "auto"}}}) == ("anthropic",)
     assert sdks({}) == ()
     assert block([b"A=1"], 8) == b"A=1\0\0\0\0\0" and block([b"A=1234"], 7) is None
+
+
+def test_a_forked_agent_runs_nothing_until_the_supervisor_says_go(tmp_path):
+    """The server alone, asked as the supervisor asks it: an agent whose pid the supervisor never
+    learnt (it gave up on the server) exits before running anything; one told to go runs the agent."""
+    import socket
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    server = subprocess.Popen([sys.executable, "-P", "-m", "hermes_sup.agents.forkserver", str(theirs.fileno()),
+                               str(os.getpid())], env=server_env(os.environ), pass_fds=[theirs.fileno()])
+    theirs.close()
+    try:
+        assert json.loads(ours.recv(4096))["ready"] is True
+        results = []
+        for go in (b"", b"1"):
+            log = tmp_path / f"log{len(go)}"
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            go_read, go_write = os.pipe()
+            request = {"argv": list(agent_argv(sys.executable)), "env": {"PATH": os.environ["PATH"], "MINE": "1"},
+                       "cwd": str(tmp_path), "cgroup": False}
+            socket.send_fds(ours, [json.dumps(request).encode()], [fd, go_read])
+            os.close(fd)
+            os.close(go_read)
+            pid = json.loads(ours.recv(4096))["pid"]
+            assert psutil.Process(pid).ppid() == os.getpid(), "reparented to the subreaper (here, the test)"
+            wait_until(lambda p=pid: environ(p).get("MINE") == "1", timeout=5)
+            held = sorted(os.readlink(f"/proc/{pid}/fd/{n}") for n in os.listdir(f"/proc/{pid}/fd"))
+            assert held == sorted([os.devnull, str(log), str(log), f"pipe:[{os.fstat(go_write).st_ino}]"]), held
+            assert os.getsid(pid) == pid
+            os.write(go_write, go)
+            os.close(go_write)
+            results.append((os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), log.read_text()))
+        assert results[0] == (127, ""), "never told to go: it ran nothing"
+        assert results[1][0] == 2 and "started outside a supervisor" in results[1][1], "told to go: the agent ran"
+    finally:
+        ours.close()
+        server.wait(timeout=10)
