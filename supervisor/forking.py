@@ -177,7 +177,9 @@ class ForkServer:
         return self.sock is not None and not self.ready and now < self.started + WARM_UP
 
     def deadline(self) -> float | None:
-        if self.sock is not None and not self.ready:
+        """When the loop must look at it next: the end of its warm-up (once: a server slower than that
+        must not keep the loop awake), or when it is started again."""
+        if self.warming(time.monotonic()):
             return self.started + WARM_UP
         return self.restart_at
 
