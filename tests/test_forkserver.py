@@ -228,3 +228,34 @@ def test_a_forked_agent_runs_nothing_until_the_supervisor_says_go(tmp_path):
     finally:
         ours.close()
         server.wait(timeout=10)
+
+
+def test_a_server_that_does_not_answer_is_given_up_and_started_again(monkeypatch, tmp_path):
+    """Asked in-process as the supervisor asks it: a stopped server costs the bound, then the agent is
+    exec'd (spawn says None), the server is killed and started again later."""
+    import selectors
+
+    from hermes_sup.supervisor import forking
+
+    monkeypatch.setattr(forking, "REPLY_WITHIN", 0.2)
+    said: list[str] = []
+    selector = selectors.DefaultSelector()
+    server = forking.ForkServer(selector, said.append)
+    server.start(os.environ)
+    try:
+        while not server.ready:
+            for key, _ in selector.select(10):
+                key.data()
+        stuck = server.pid
+        assert stuck is not None
+        os.kill(stuck, signal.SIGSTOP)
+        log = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        assert server.spawn(agent_argv(sys.executable), env, str(tmp_path), log, None) is None
+        os.close(log)
+        assert said[-1] == "supervisor: fork server did not answer within 0.2 s; agents start by exec until it is back"
+        assert server.proc is None and gone(stuck) and server.restart_at is not None
+        server.due(server.restart_at, os.environ)
+        assert server.pid not in (None, stuck), "started again"
+    finally:
+        server.close()
