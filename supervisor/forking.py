@@ -26,8 +26,9 @@ RESTART_FIRST, RESTART_MAX = 1.0, 60.0  # seconds before it is started again, do
 # What the server's environment keeps of the supervisor's: nothing secret, only what imports may read.
 KEPT = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "VIRTUAL_ENV",
                   "SSL_CERT_FILE", "SSL_CERT_DIR"})
-# Variables read when a Python starts, not later: an agent whose own differ from the server's is exec'd.
-AT_EXEC = ("PYTHON", "LD_")
+# Variables read when a Python starts (the interpreter's flags and paths, the dynamic loader, the C
+# locale), not later: an agent whose own differ from the server's is exec'd.
+AT_EXEC = ("PYTHON", "LD_", "LC_", "LANG")
 _PR_SET_CHILD_SUBREAPER = 36
 
 

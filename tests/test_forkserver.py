@@ -182,11 +182,12 @@ def test_what_is_forked_and_what_the_server_is_given():
     env = server_env({"PATH": "/bin", "OPENAI_API_KEY": "k", "HOOK_SECRET": "s", "LC_ALL": "C", "PYTHONPATH": "x"})
     assert set(env) == {"PATH", "LC_ALL", "PYTHONPATH", "PYTHONUNBUFFERED", ROOM_ENV}
     room = (4096, 4096)
-    agent_env = {"PATH": "/bin", "PYTHONPATH": "x", "PYTHONUNBUFFERED": "1", "OPENAI_API_KEY": "k"}
+    agent_env = {"PATH": "/bin", "LC_ALL": "C", "PYTHONPATH": "x", "PYTHONUNBUFFERED": "1", "OPENAI_API_KEY": "k"}
     assert forkable(agent_argv(python), agent_env, env, python, room)
     assert not forkable((python, "-m", "something"), agent_env, env, python, room), "a command runtime"
     assert not forkable(agent_argv(python), {**agent_env, "PYTHONPATH": "y"}, env, python, room)
     assert not forkable(agent_argv(python), {**agent_env, "LD_PRELOAD": "z"}, env, python, room)
+    assert not forkable(agent_argv(python), {**agent_env, "LANG": "de_DE.UTF-8"}, env, python, room)
     assert not forkable(agent_argv(python), {**agent_env, "BIG": "x" * 5000}, env, python, room)
     assert sdks({"providers": {"a": {"kind": "anthropic"}, "b": {"kind": "auto"}}}) == ("anthropic",)
     assert sdks({}) == ()
