@@ -202,7 +202,7 @@ class ForkServer:
         if not data:
             self._lost(why or "exited")
             return
-        with contextlib.suppress(ValueError, TypeError, KeyError):
+        with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
             message = json.loads(data)
             if message.get("ready"):
                 self.ready, self.deaths = True, 0
