@@ -9,6 +9,10 @@ installed into bench/.venv-supervisord on first use (never a dependency of herme
    first line, measured alone), "detect+delay" is the rest.
 2. Start 20 children until all have run their first line (and, for hermes-sup, reported ready).
 3. The supervisor's own idle CPU (percent of one core over --idle seconds) and RSS, 20 children.
+4. The agent runtime itself (`python -m hermes_sup.agents run`, not a `command` child), with the fork
+   server off and on: SIGKILL to the supervisor's `started` event (detect, decide, spawn) and to the
+   replacement's first heartbeat (its state `running`), over --kills kills; then each of 4 agents'
+   unique memory (USS) and RSS.
 
 Both supervisors restart at once here: hermes-sup because each kill hits an agent that has been
 up longer than `reset_after` (set to 0.2 s, so every kill is a healthy agent's first crash),
@@ -185,6 +189,69 @@ redirect_stderr=true
         self.proc.wait(timeout=60)
 
 
+# -- the agent runtime, with and without the fork server -------------------------------------------------
+
+class HermesAgents(Hermes):
+    """Real agents (the agent runtime), with the fork server on or off; an openai provider is named,
+    so the fork server imports that SDK (no call is ever made)."""
+
+    def __init__(self, base: Path, count: int, fork: bool) -> None:
+        self.ws = base / "hermes-ws"
+        subprocess.run([sys.executable, "-m", "hermes_sup.supervisor", "init", str(self.ws)], check=True,
+                       capture_output=True, cwd=ROOT)
+        agents = "".join(f"  - name: a{i:02d}\n" for i in range(count))
+        (self.ws / "hermes.yaml").write_text(
+            "providers:\n  local: {kind: openai, base_url: 'http://127.0.0.1:9/v1', model: m}\n"
+            "defaults:\n  restart: {policy: always, backoff: {initial: 0.5, max: 30}, max_restarts: 1000000,\n"
+            "            window: 1, reset_after: 0.2}\n  heartbeat_timeout: 60\n  max_rss_mb: null\n"
+            f"agents:\n{agents}")
+        self.env = {**os.environ, "HERMES_SUP_FORK_SERVER": "1" if fork else "0"}
+
+    def started_at(self, pid: int) -> float | None:
+        """When the supervisor said it started `pid` (its `started` event), in seconds since the epoch."""
+        from datetime import datetime
+
+        for line in reversed((self.ws / "kanban" / "events.jsonl").read_text().splitlines()):
+            event = json.loads(line)
+            if event.get("event") == "started" and event.get("pid") == pid:
+                return datetime.fromisoformat(event["at"].replace("Z", "+00:00")).timestamp()
+        return None
+
+
+def agent_restarts(fork: bool, base: Path, kills: int) -> dict[str, float]:
+    sup = HermesAgents(_folder(base, f"agents-{fork}"), 1, fork)
+    sup.start()
+    try:
+        wait_for(lambda: len(sup.running_pids()) == 1, 60, 0.01)
+        spawned, ready = [], []
+        for _ in range(kills):
+            time.sleep(0.3)  # longer than reset_after: each kill is a healthy agent's first crash
+            old = sup.running_pids()[0]
+            killed_at = time.time()
+            os.kill(old, signal.SIGKILL)
+            new = wait_for(lambda o=old: [p for p in sup.running_pids() if p != o], 30, 0.001)[0]
+            ready.append(time.time() - killed_at)
+            spawned.append(wait_for(lambda n=new: sup.started_at(n), 10) - killed_at)
+    finally:
+        sup.stop()
+    return {"kills": kills, "to_started_median_ms": 1000 * statistics.median(spawned),
+            "to_started_p99_ms": 1000 * pct(spawned, 0.99), "to_heartbeat_median_ms": 1000 * statistics.median(ready),
+            "to_heartbeat_p99_ms": 1000 * pct(ready, 0.99)}
+
+
+def agent_memory(fork: bool, base: Path, count: int = 4) -> dict[str, float]:
+    sup = HermesAgents(_folder(base, f"agents-mem-{fork}"), count, fork)
+    sup.start()
+    try:
+        wait_for(lambda: len(sup.running_pids()) == count, 60, 0.01)
+        time.sleep(2)  # past start-up
+        infos = [psutil.Process(pid).memory_full_info() for pid in sup.running_pids()]
+    finally:
+        sup.stop()
+    return {"agents": count, "uss_mb": [round(i.uss / (1 << 20), 1) for i in infos],
+            "rss_mb": [round(i.rss / (1 << 20), 1) for i in infos]}
+
+
 # -- measurements -----------------------------------------------------------------------------------
 
 def restart_latency(sup, kills: int) -> dict[str, float]:
@@ -233,37 +300,53 @@ def start_many(sup, count: int, idle: float) -> dict[str, float]:
             "idle_cpu_percent": cpu, "rss_mb": rss}
 
 
+def versus_supervisord(report: dict[str, object], base: Path, child: Path, args: argparse.Namespace) -> None:
+    """Parts 1 to 3: the same `command` child under both supervisors."""
+    spawn = child_startup(child)
+    report["child_startup_ms"] = spawn * 1000
+    print(f"child start-up alone (python to its first line): {spawn * 1000:.1f} ms median")
+    for cls in (Hermes, Supervisord):
+        lat = restart_latency(_fresh(cls, base, child, 1), args.kills)
+        lat["detect_plus_delay_median_ms"] = lat["median_ms"] - spawn * 1000
+        report[f"{cls.name}_restart"] = lat
+        extra = (f"; to first heartbeat: median {lat['to_heartbeat_median_ms']:.1f} ms, "
+                 f"p99 {lat['to_heartbeat_p99_ms']:.1f} ms" if "to_heartbeat_median_ms" in lat else "")
+        print(f"{cls.name}: SIGKILL to replacement running: median {lat['median_ms']:.1f} ms, "
+              f"p99 {lat['p99_ms']:.1f} ms over {args.kills} kills "
+              f"(detect+delay {lat['detect_plus_delay_median_ms']:.1f} ms, spawn {spawn * 1000:.1f} ms){extra}")
+    for cls in (Hermes, Supervisord):
+        many = start_many(_fresh(cls, base, child, 20), 20, args.idle)
+        report[f"{cls.name}_20"] = many
+        print(f"{cls.name}: 20 children: all running their first line after {many['all_first_line_s']:.2f} s, "
+              f"all 'running' after {many['all_running_s']:.2f} s; idle CPU {many['idle_cpu_percent']:.2f}% "
+              f"of a core over {args.idle:g} s; RSS {many['rss_mb']:.1f} MB")
+    h, s = report["hermes-sup_restart"], report["supervisord_restart"]
+    print(f"restart latency ratio hermes-sup / supervisord (medians): {h['median_ms'] / s['median_ms']:.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=200)
     parser.add_argument("--idle", type=float, default=60.0)
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--agents-only", action="store_true", help="only the agent runtime's figures (part 4)")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="hermes-supbench-"))
     child = base / "child.py"
     child.write_text(CHILD)
     report: dict[str, object] = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count()}
     try:
-        spawn = child_startup(child)
-        report["child_startup_ms"] = spawn * 1000
-        print(f"child start-up alone (python to its first line): {spawn * 1000:.1f} ms median")
-        for cls in (Hermes, Supervisord):
-            lat = restart_latency(_fresh(cls, base, child, 1), args.kills)
-            lat["detect_plus_delay_median_ms"] = lat["median_ms"] - spawn * 1000
-            report[f"{cls.name}_restart"] = lat
-            extra = (f"; to first heartbeat: median {lat['to_heartbeat_median_ms']:.1f} ms, "
-                     f"p99 {lat['to_heartbeat_p99_ms']:.1f} ms" if "to_heartbeat_median_ms" in lat else "")
-            print(f"{cls.name}: SIGKILL to replacement running: median {lat['median_ms']:.1f} ms, "
-                  f"p99 {lat['p99_ms']:.1f} ms over {args.kills} kills "
-                  f"(detect+delay {lat['detect_plus_delay_median_ms']:.1f} ms, spawn {spawn * 1000:.1f} ms){extra}")
-        for cls in (Hermes, Supervisord):
-            many = start_many(_fresh(cls, base, child, 20), 20, args.idle)
-            report[f"{cls.name}_20"] = many
-            print(f"{cls.name}: 20 children: all running their first line after {many['all_first_line_s']:.2f} s, "
-                  f"all 'running' after {many['all_running_s']:.2f} s; idle CPU {many['idle_cpu_percent']:.2f}% "
-                  f"of a core over {args.idle:g} s; RSS {many['rss_mb']:.1f} MB")
-        h, s = report["hermes-sup_restart"], report["supervisord_restart"]
-        print(f"restart latency ratio hermes-sup / supervisord (medians): {h['median_ms'] / s['median_ms']:.3f}")
+        if not args.agents_only:
+            versus_supervisord(report, base, child, args)
+        for fork in (False, True):
+            name = f"agent_runtime_fork_server_{'on' if fork else 'off'}"
+            lat = agent_restarts(fork, base, args.kills)
+            mem = agent_memory(fork, base)
+            report[name] = {**lat, **mem}
+            print(f"agent runtime, fork server {'on' if fork else 'off'}: SIGKILL to `started`: median "
+                  f"{lat['to_started_median_ms']:.1f} ms (p99 {lat['to_started_p99_ms']:.1f}); to first heartbeat: "
+                  f"median {lat['to_heartbeat_median_ms']:.1f} ms (p99 {lat['to_heartbeat_p99_ms']:.1f}) over "
+                  f"{args.kills} kills; 4 agents' USS {mem['uss_mb']} MB, RSS {mem['rss_mb']} MB")
     finally:
         shutil.rmtree(base, ignore_errors=True)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -272,10 +355,14 @@ def main() -> None:
     print(f"written to {path}")
 
 
-def _fresh(cls, base: Path, child: Path, count: int):
-    folder = base / f"{cls.name}-{count}-{time.monotonic_ns()}"
+def _folder(base: Path, name: str) -> Path:
+    folder = base / f"{name}-{time.monotonic_ns()}"
     folder.mkdir()
-    return cls(folder, child, count)
+    return folder
+
+
+def _fresh(cls, base: Path, child: Path, count: int):
+    return cls(_folder(base, f"{cls.name}-{count}"), child, count)
 
 
 if __name__ == "__main__":

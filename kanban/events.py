@@ -74,7 +74,7 @@ EVENT_FIELDS = ("at", "task", "from", "to", "by", "note")
 # The fields of the supervisor's and the alerts' events, text or null, and those that are numbers.
 KINDS = ("board", "supervisor", "alert", "agent")
 OTHER_TEXT = ("at", "kind", "agent", "event", "note", "code", "signal", "why", "reason", "alert", "for", "provider",
-              "until")
+              "until", "start")
 # What an agent reports beside its task transitions (its provider's circuit breaker, a budget cap),
 # for the stream and the alerts: the names alerts know them by.
 AGENT_EVENTS = ("provider_down", "provider_up", "budget_reached")

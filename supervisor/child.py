@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..kanban.liveness import holder_alive
+from .forking import Forked
 from .policy import RestartHistory
 from .procs import Marker
 from .spec import ChildSpec
@@ -18,7 +19,7 @@ from .spec import ChildSpec
 class Child:
     spec: ChildSpec
     state: str = "stopped"  # starting, running, backoff, fatal, stopping, stopped
-    proc: subprocess.Popen[bytes] | None = None
+    proc: subprocess.Popen[bytes] | Forked | None = None  # Forked: a fork of the fork server
     pidfd: int | None = None
     pid_started: float | None = None
     started: float = 0.0

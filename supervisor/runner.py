@@ -24,7 +24,6 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -51,14 +50,16 @@ from .control import (
 )
 from .control import request as request  # the CLI's entry point, kept importable from here
 from .exits import State, Why, event, on_exit, on_failed_start
+from .forking import Forked, ForkServer, become_subreaper, enabled, reap_orphans, sdks
 from .governance.alerts import AlertSender, rules_of
 from .governance.schedules import Scheduler, schedules_of
 from .ingestwarn import IngestWarnings, team_of
 from .leftovers import Leftovers
 from .operator import Operator
 from .procs import MARKER_ENV, marker_value, new_marker
-from .sessions import open_log, signal_session
-from .spec import ChildSpec, build_specs
+from .sessions import signal_session
+from .spawn import spawn
+from .spec import build_specs
 from .statefile import SUPERVISOR_FILE, StateWriter, quiet, read_state
 from .steer import agent_groups, held_from
 from .supevents import SupervisorEvents
@@ -126,6 +127,7 @@ class Supervisor:
         self.watchdog = Watchdog(self)
         self._notify_refused = 0
         self.leftovers = Leftovers(self)
+        self.forks = ForkServer(self.selector, self.say, sdks=sdks(config)) if enabled(config, os.environ) else None
 
 
     def _bind(self) -> None:
@@ -155,6 +157,12 @@ class Supervisor:
         signal.set_wakeup_fd(write_end)
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, lambda n, _f: self.signals.append(n))
+        if self.forks is not None and become_subreaper():  # forked agents, and orphans, become our children
+            signal.signal(signal.SIGCHLD, lambda _n, _f: None)  # only to wake the loop (set_wakeup_fd): reap
+            signal.siginterrupt(signal.SIGCHLD, False)
+        elif self.forks is not None:
+            self.say("supervisor: cannot be a child subreaper; agents start by exec")
+            self.forks = None
         self.selector.register(read_end, selectors.EVENT_READ, self._on_wakeup)
 
     def start(self, child: Child) -> None:
@@ -203,7 +211,7 @@ class Supervisor:
         }
         for name in self.alerts.env_names():
             env.pop(name, None)
-        child.proc, child.cgroup = self._spawn(spec, env)
+        child.proc, child.cgroup = spawn(spec, env, self.containment.base, self.forks, self.say)
         child.marker, child.env_names = marker, frozenset(env)
         child.pidfd = os.pidfd_open(child.proc.pid)
         self.selector.register(child.pidfd, selectors.EVENT_READ, lambda c=child: self._on_exit(c))
@@ -215,42 +223,8 @@ class Supervisor:
         child.stopping_for, child.task = "", None
         self.dirty = True
         line = f"{spec.name}: started (pid {child.pid})"
-        self.tell(line, [event("started", spec.name, line, pid=child.pid)])
-
-    def _spawn(self, spec: ChildSpec, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path | None]:
-        """Start the agent's process in a session of its own and, in cgroup mode, in its own cgroup
-        from its first instruction on (if joining it fails, in its session only, and say so)."""
-        fd, join, where = None, None, None
-        if self.containment.base is not None:
-            where = cgroups.agent_cgroup(self.containment.base, spec.name)
-            try:
-                fd, join = cgroups.joiner(where)
-            except OSError as exc:
-                self.say(f"{spec.name}: cannot use its cgroup ({exc.strerror}); process group only")
-                where = None
-        try:
-            # The agent writes to its own log file, never to a pipe we must drain.
-            log = open_log(spec.workdir / "agent.log", self.say)
-            try:
-                return subprocess.Popen(
-                    spec.argv, cwd=spec.workdir, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, preexec_fn=join,
-                ), where
-            finally:
-                os.close(log)
-        except subprocess.SubprocessError as exc:  # the preexec function failed: nothing was started
-            if join is None:
-                raise
-            self.say(f"{spec.name}: cannot join its cgroup ({exc}); process group only")
-        finally:
-            if fd is not None:
-                os.close(fd)
-        log = open_log(spec.workdir / "agent.log", self.say)
-        try:
-            return subprocess.Popen(spec.argv, cwd=spec.workdir, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True), None
-        finally:
-            os.close(log)
+        how = "fork" if isinstance(child.proc, Forked) else "exec"
+        self.tell(line, [event("started", spec.name, line, pid=child.pid, start=how)])
 
     def stop(self, child: Child, why: str, *, kill: bool = False) -> None:
         """SIGTERM the agent's process group (SIGKILL after stop_timeout), or SIGKILL at once."""
@@ -332,6 +306,8 @@ class Supervisor:
         with contextlib.suppress(BlockingIOError):
             os.read(self._wake_read, 512)
         pending, self.signals = self.signals, []
+        if self.forks is not None:  # a child of ours that is no agent's exited: an orphan reparented to us
+            reap_orphans({c.proc.pid for c in self.children.values() if c.proc} | {self.forks.pid or 0})
         for signum in pending:
             if signum == signal.SIGHUP:
                 answer = self.operator.reload()
@@ -360,7 +336,7 @@ class Supervisor:
     def _deadlines(self, now: float) -> float:
         soonest = now + 60.0
         for when in (self.control.next_deadline(), self.state_writer.retry_at if self.dirty else None,
-                     self.leftovers.sweep_at):
+                     self.leftovers.sweep_at, self.forks.deadline() if self.forks else None):
             if when is not None:
                 soonest = min(soonest, when)
         if not any(child.state == State.RUNNING for child in self.children.values()):
@@ -380,8 +356,8 @@ class Supervisor:
         """Start queued agents while fewer than START_AT_ONCE are starting: 256 agents started at once
         on 2 cores took minutes to import, and some were killed as never ready before they could be;
         one at a time per ready one, each gets the machine its ready time assumes."""
-        if self.shutting_down:
-            return
+        if self.shutting_down or (self.forks is not None and self.forks.warming(time.monotonic())):
+            return  # while the fork server imports (a second or two), it is faster to wait for it
         starting = sum(1 for child in self.children.values() if child.state == State.STARTING)
         for child in self.children.values():
             if starting >= START_AT_ONCE:
@@ -392,6 +368,8 @@ class Supervisor:
 
     def _due(self, now: float) -> None:
         self.control.expire(now)
+        if self.forks is not None and not self.shutting_down:
+            self.forks.due(now, os.environ)
         self._start_queued()
         if now >= self._next_ingest and not self.shutting_down:
             self._next_ingest = now + INGEST_EVERY
@@ -439,6 +417,8 @@ class Supervisor:
         self.say(f"supervisor: {self.containment.detail}")
         adopted = self.leftovers.take_over(previous)
         self.operator.withhold_secrets()
+        if self.forks is not None:
+            self.forks.start(os.environ)
         self.boardwork.recover()
         for name, child in self.children.items():
             if name in self.held:
@@ -466,6 +446,8 @@ class Supervisor:
             if self.shutting_down and all(child.pidfd is None for child in self.children.values()):
                 break
         self.save()
+        if self.forks is not None:
+            self.forks.close()
         self.alerts.stop(timeout=BOARD_LOCK_WAIT)
         self.control.close()
         self.notify_path.unlink(missing_ok=True)

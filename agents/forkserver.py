@@ -1,0 +1,121 @@
+"""The fork server: a process that has imported the agent runtime once and forks agents on request.
+
+The supervisor starts it (`python -P -m hermes_sup.agents.forkserver FD PARENT [SDK...]`) with an
+environment holding no secret and one socket (a SOCK_SEQPACKET socketpair end, FD). It imports what
+`python -m hermes_sup.agents run` imports (and the SDKs named, which an agent imports at its first
+model call), says it is ready, then answers requests: a JSON {argv, env, cwd} with, as descriptors,
+the agent's log, the read end of a pipe the supervisor writes "go" to once it knows the agent's pid
+(an agent whose pid it never learnt, the server having timed out, reads end of file and exits before
+running anything) and, optionally, its cgroup.procs. It double-forks: the middle process joins the
+cgroup (so the agent is born in it), forks the agent and exits at once, and the agent is reparented
+to the supervisor (a child subreaper), whose child it then is as if it had been exec'd. The reply is
+{"pid": N} once the middle process has been reaped (so the reparenting has happened) or {"error": why}.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+
+from .forkchild import become_agent, room
+
+# What `python -m hermes_sup.agents run` imports; the supervisor adds the SDKs its providers need
+# (an agent imports one at its first model call; openai takes half a second, anthropic over one).
+RUNTIME = ("hermes_sup.kanban.redact", "hermes_sup.agents.worker")
+SDKS = ("openai", "anthropic")
+MAX_REQUEST = 1 << 20
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with(parent: int) -> None:
+    """SIGKILL when the supervisor dies (its thread that started us, the loop's, ends with it)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # it died before the prctl: nobody would ever ask us anything
+        os._exit(0)
+
+
+def _import_runtime(sdks: list[str]) -> None:
+    for name in (*RUNTIME, *(sdk for sdk in sdks if sdk in SDKS)):
+        with contextlib.suppress(ImportError):  # an SDK not installed: the agent imports it (or not) itself
+            importlib.import_module(name)
+
+
+def spawn(request: dict[str, object], fds: list[int]) -> int:
+    """Fork the agent of `request` and return its pid, once its middle process is reaped."""
+    # A thread holding a lock at fork would leave the agent deadlocked on it: there must be none.
+    assert threading.active_count() == 1, "the fork server runs no thread"
+    log_fd, go_fd, cgroup_fd = fds[0], fds[1], (fds[2] if request.get("cgroup") else None)
+    read_end, write_end = os.pipe()
+    middle = os.fork()
+    if middle == 0:  # the middle process: never returns
+        status = 1
+        try:
+            os.close(read_end)
+            if cgroup_fd is not None:
+                os.write(cgroup_fd, b"0")  # "0": this process; what it forks is born in the cgroup
+            me = os.getpid()
+            agent = os.fork()
+            if agent == 0:
+                become_agent(request, log_fd, go_fd, parent=me)  # never returns
+            os.write(write_end, str(agent).encode())
+            status = 0
+        except BaseException as exc:  # anything: said to the server, never returned from
+            try:
+                os.write(write_end, b"E" + str(exc).encode(errors="replace")[:500])
+            finally:
+                os._exit(1)
+        os._exit(status)
+    os.close(write_end)
+    try:
+        os.waitpid(middle, 0)
+        answer = b""
+        while chunk := os.read(read_end, 4096):
+            answer += chunk
+    finally:
+        os.close(read_end)
+    if not answer.isdigit():
+        raise OSError(answer[1:].decode(errors="replace") or "the middle process died")
+    return int(answer)
+
+
+def serve(sock: socket.socket) -> int:
+    env_room, argv_room = room()
+    sock.send(json.dumps({"ready": True, "pid": os.getpid(), "env_room": env_room,
+                          "argv_room": argv_room}).encode())
+    while True:
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(sock, MAX_REQUEST, 3)
+        except OSError:
+            return 0
+        if not data:  # the supervisor closed its end: `down`, or it is gone
+            return 0
+        try:
+            reply: dict[str, object] = {"pid": spawn(json.loads(data), fds)}
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+            reply = {"error": str(exc)}
+        finally:
+            for fd in fds:
+                os.close(fd)
+        try:
+            sock.send(json.dumps(reply).encode())
+        except OSError:
+            return 0
+
+
+def main(argv: list[str]) -> int:
+    fd, parent = int(argv[1]), int(argv[2])
+    _die_with(parent)
+    _import_runtime(argv[3:])
+    return serve(socket.socket(fileno=fd))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,272 @@
+"""The supervisor's side of the fork server (agents/forkserver.py): starting and supervising it, asking
+it for an agent, and the Popen-like handle of a forked agent. Its death costs nothing but speed:
+agents are then started by exec, and it is started again later."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ..agents.forkchild import ROOM_BYTES, ROOM_ENV, block
+
+ENV = "HERMES_SUP_FORK_SERVER"  # 1 or 0: overrides hermes.yaml's fork_server (the suite runs with it on)
+REPLY_WITHIN = 2.0  # seconds for the server's answer; after that it is taken for dead
+WARM_UP = 10.0  # seconds `up` waits for the server's imports before starting agents by exec
+RESTART_FIRST, RESTART_MAX = 1.0, 60.0  # seconds before it is started again, doubling while it dies unready
+# What the server's environment keeps of the supervisor's: nothing secret, only what imports may read.
+KEPT = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "VIRTUAL_ENV",
+                  "SSL_CERT_FILE", "SSL_CERT_DIR"})
+# Variables read when a Python starts (the interpreter's flags and paths, the dynamic loader, the C
+# locale), not later: an agent whose own differ from the server's is exec'd.
+AT_EXEC = ("PYTHON", "LD_", "LC_", "LANG")
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def enabled(config: Mapping[str, Any], environ: Mapping[str, str]) -> bool:
+    """hermes.yaml's top-level `fork_server` (default off), overridden by $HERMES_SUP_FORK_SERVER (pure)."""
+    value = environ.get(ENV, "")
+    if value in ("0", "1"):
+        return value == "1"
+    return config.get("fork_server") is True
+
+
+def sdks(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """The SDKs the fork server imports: those of the provider kinds hermes.yaml names (pure). `auto`
+    names none: which one it resolves to is the agent's to find out, and it imports that one itself."""
+    providers = config.get("providers") or {}
+    kinds = {spec.get("kind") for spec in providers.values() if isinstance(spec, Mapping)}
+    return tuple(sdk for sdk in ("openai", "anthropic") if sdk in kinds)
+
+
+def agent_argv(python: str) -> tuple[str, ...]:
+    return (python, "-P", "-m", "hermes_sup.agents", "run")
+
+
+def server_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The fork server's environment: the few variables imports may read, none a secret (pure)."""
+    env = {k: v for k, v in environ.items() if k in KEPT or k.startswith(("LC_", "PYTHON", "LD_"))}
+    # Room in its environment block for an agent's, shown as the agent's /proc/<pid>/environ.
+    return {**env, "PYTHONUNBUFFERED": "1", ROOM_ENV: "x" * ROOM_BYTES}
+
+
+def forkable(argv: Sequence[str], env: Mapping[str, str], server: Mapping[str, str], python: str,
+             room: tuple[int, int]) -> bool:
+    """Whether an agent with `argv` and `env` can be forked from a server started with `server` (pure):
+    the agent runtime's argv, the same variables read at a Python's start, and room to show its own."""
+    if tuple(argv) != agent_argv(python):
+        return False
+    names = {k for k in (*env, *server) if k.startswith(AT_EXEC) and k != ROOM_ENV}
+    if any(env.get(k) != server.get(k) for k in names):
+        return False
+    return (block([os.fsencode(f"{k}={v}") for k, v in env.items()], room[0]) is not None
+            and block([os.fsencode(arg) for arg in argv], room[1]) is not None)
+
+
+def become_subreaper() -> bool:
+    """Make this process the reaper of its descendants' orphans (forked agents are reparented to it)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def children() -> set[int]:
+    """This process's children, from every thread's /proc children list."""
+    found: set[int] = set()
+    with contextlib.suppress(OSError):
+        for task in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError), open(f"/proc/self/task/{task}/children") as handle:
+                found.update(int(pid) for pid in handle.read().split())
+    return found
+
+
+def reap_orphans(known: set[int]) -> list[int]:
+    """Reap every exited child that is not one of `known` (orphans reparented to this subreaper);
+    a known child's status is its handle's to read, never taken here."""
+    reaped = []
+    for pid in children() - known:
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                reaped.append(pid)
+    return reaped
+
+
+class Forked:
+    """A forked agent as Child.proc uses a Popen: pid, poll(), wait(timeout), returncode."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def _reap(self, flags: int) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, flags)
+            except ChildProcessError:  # reaped elsewhere: its status is lost
+                self.returncode = 0
+            else:
+                if pid == self.pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def poll(self) -> int | None:
+        return self._reap(os.WNOHANG)
+
+    def wait(self, timeout: float | None = None) -> int:
+        if timeout is None:
+            code = self._reap(0)
+            assert code is not None
+            return code
+        deadline = time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(min(0.01, left))
+        return code
+
+
+class ForkServer:
+    """The fork server process as the supervisor keeps it: started, ready, asked, lost, started again."""
+
+    def __init__(self, selector: selectors.BaseSelector, say: Callable[[str], None], *,
+                 python: str = sys.executable, sdks: tuple[str, ...] = ()) -> None:
+        self.selector, self.say, self.python, self.sdks = selector, say, python, sdks
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.sock: socket.socket | None = None
+        self.env: dict[str, str] = {}
+        self.ready = False
+        self.room = (0, 0)
+        self.started = 0.0
+        self.restart_at: float | None = None
+        self.deaths = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def start(self, environ: Mapping[str, str]) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.env = server_env(environ)
+        try:
+            self.proc = subprocess.Popen(
+                [self.python, "-P", "-m", "hermes_sup.agents.forkserver", str(theirs.fileno()), str(os.getpid()),
+                 *self.sdks],
+                env=self.env, stdin=subprocess.DEVNULL, pass_fds=[theirs.fileno()], start_new_session=True,
+                cwd="/")
+        except OSError as exc:
+            ours.close()
+            self._lost(f"cannot start ({exc.strerror or exc})")
+            return
+        finally:
+            theirs.close()
+        self.sock, self.ready, self.started, self.restart_at = ours, False, time.monotonic(), None
+        self.selector.register(ours, selectors.EVENT_READ, self._on_message)
+
+    def warming(self, now: float) -> bool:
+        """Whether agents should wait for it a little (it was started, is importing, not for long yet)."""
+        return self.sock is not None and not self.ready and now < self.started + WARM_UP
+
+    def deadline(self) -> float | None:
+        """When the loop must look at it next: the end of its warm-up (once: a server slower than that
+        must not keep the loop awake), or when it is started again."""
+        if self.warming(time.monotonic()):
+            return self.started + WARM_UP
+        return self.restart_at
+
+    def due(self, now: float, environ: Mapping[str, str]) -> None:
+        if self.restart_at is not None and now >= self.restart_at:
+            self.start(environ)
+
+    def _on_message(self) -> None:
+        """What it says unasked: that it is ready, or (end of file) that it is gone."""
+        assert self.sock is not None
+        try:
+            data = self.sock.recv(4096, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            data, why = b"", exc.strerror
+        else:
+            why = "exited"
+        if not data:
+            self._lost(why or "exited")
+            return
+        with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
+            message = json.loads(data)
+            if message.get("ready"):
+                self.ready, self.deaths = True, 0
+                self.room = (int(message["env_room"]), int(message["argv_room"]))
+                self.say(f"supervisor: fork server ready (pid {self.pid})")
+
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, log: int,
+              cgroup: int | None) -> int | None:
+        """The pid of the agent it forked, reparented to us; None to start it by exec instead."""
+        if self.sock is None or not self.ready or not forkable(argv, env, self.env, self.python, self.room):
+            return None
+        request = json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd, "cgroup": cgroup is not None})
+        # The agent runs nothing until we write "go": one we never learn the pid of reads end of file and exits.
+        go_read, go_write = os.pipe2(os.O_CLOEXEC)
+        try:
+            try:
+                socket.send_fds(self.sock, [request.encode()], [log, go_read] + ([] if cgroup is None else [cgroup]))
+            finally:
+                os.close(go_read)
+            ready, _, _ = select.select([self.sock], [], [], REPLY_WITHIN)
+            pid = self._answer(self.sock.recv(4096) if ready else None)
+            if pid is not None:
+                os.write(go_write, b"1")
+            return pid
+        except OSError as exc:
+            self._lost(f"cannot be asked ({exc.strerror or exc})")
+            return None
+        finally:
+            os.close(go_write)
+
+    def _answer(self, data: bytes | None) -> int | None:
+        """The pid in the server's reply, or None (the server then taken for lost, or its error said)."""
+        if data is None:
+            self._lost(f"did not answer within {REPLY_WITHIN:g} s")
+            return None
+        try:
+            reply = json.loads(data) if data else None
+        except ValueError:
+            reply = None
+        if not isinstance(reply, dict):
+            self._lost("exited" if not data else "answered nonsense")
+            return None
+        if isinstance(reply.get("pid"), int) and reply["pid"] > 0:
+            return int(reply["pid"])
+        self.say(f"supervisor: the fork server could not fork an agent ({reply.get('error')}); started by exec")
+        return None
+
+    def _lost(self, why: str) -> None:
+        """It died or failed: agents start by exec until it is started again, later."""
+        self.say(f"supervisor: fork server {why}; agents start by exec until it is back")
+        self.close()
+        self.deaths += 1
+        self.restart_at = time.monotonic() + min(RESTART_MAX, RESTART_FIRST * 2 ** (self.deaths - 1))
+
+    def close(self) -> None:
+        """End it (at `down`, or once lost): its socket closed, then SIGKILL if it lingers."""
+        if self.sock is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(self.sock)
+            self.sock.close()
+            self.sock = None
+        self.ready = False
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+            self.proc = None

@@ -1,0 +1,56 @@
+"""Starting an agent's process: forked from the fork server where one is ready and the agent runs the
+agent runtime, else exec'd; either way in a session of its own and, in cgroup mode, its own cgroup
+from its first instruction on (if joining it fails, in its session only, and said so)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from . import cgroups
+from .forking import Forked, ForkServer
+from .sessions import open_log
+from .spec import ChildSpec
+
+Proc = subprocess.Popen[bytes] | Forked
+
+
+def spawn(spec: ChildSpec, env: dict[str, str], base: Path | None, forks: ForkServer | None,
+          say: Callable[[str], None]) -> tuple[Proc, Path | None]:
+    """The agent's new process and its cgroup (None: its session only). `base`: the workspace's cgroup."""
+    fd, join, where = None, None, None
+    if base is not None:
+        where = cgroups.agent_cgroup(base, spec.name)
+        try:
+            fd, join = cgroups.joiner(where)
+        except OSError as exc:
+            say(f"{spec.name}: cannot use its cgroup ({exc.strerror}); process group only")
+            where = None
+    try:
+        # The agent writes to its own log file, never to a pipe we must drain.
+        log = open_log(spec.workdir / "agent.log", say)
+        try:
+            pid = forks.spawn(spec.argv, env, str(spec.workdir), log, fd) if forks is not None else None
+            if pid is not None:
+                return Forked(pid), where
+            return subprocess.Popen(
+                spec.argv, cwd=spec.workdir, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, preexec_fn=join,
+            ), where
+        finally:
+            os.close(log)
+    except subprocess.SubprocessError as exc:  # the preexec function failed: nothing was started
+        if join is None:
+            raise
+        say(f"{spec.name}: cannot join its cgroup ({exc}); process group only")
+    finally:
+        if fd is not None:
+            os.close(fd)
+    log = open_log(spec.workdir / "agent.log", say)
+    try:
+        return subprocess.Popen(spec.argv, cwd=spec.workdir, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True), None
+    finally:
+        os.close(log)
