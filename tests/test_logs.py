@@ -92,7 +92,12 @@ def test_log_text_drops_the_agents_own_name_only():
 # -- with real teams --------------------------------------------------------------------------------
 
 def log_of(ws: Path, name: str) -> str:
-    return (ws / "runs" / name / "agent.log").read_text()
+    """The agent's log, or "" before it has one: `up` has returned once the supervisor runs, which
+    may be before it started the agent (with the fork server, once the server is ready)."""
+    try:
+        return (ws / "runs" / name / "agent.log").read_text()
+    except FileNotFoundError:
+        return ""
 
 
 def test_a_model_task_logs_claimed_each_model_and_tool_call_and_done(tmp_path, up):
