@@ -76,11 +76,16 @@ def block_commands(block: str) -> list[Command]:
     return commands
 
 
-def page_blocks(page: str) -> tuple[list[list[Command]], list[str]]:
-    """The page's shell blocks to run, and the reasons given for those not run (pure but for reading
-    the page)."""
+def page_blocks(page: str, section: str | None = None) -> tuple[list[list[Command]], list[str]]:
+    """The page's shell blocks to run (of its `section` alone, a heading line, when given), and the
+    reasons given for those not run (pure but for reading the page)."""
+    text = (ROOT / "docs" / page).read_text()
+    if section is not None:
+        text = text[text.index(f"\n{section}\n"):]
+        end = text.find("\n## ", len(section) + 2)
+        text = text if end < 0 else text[:end]
     run, reasons = [], []
-    for block in re.findall(r"```sh\n(.*?)```", (ROOT / "docs" / page).read_text(), re.S):
+    for block in re.findall(r"```sh\n(.*?)```", text, re.S):
         first = block.splitlines()[0].strip()
         if first.startswith(NOT_RUN):
             reasons.append(first[len(NOT_RUN):].strip())
@@ -125,7 +130,8 @@ def _running(ws: Path) -> bool:
 
 
 def run_as_written(page: str, tmp_path: Path, env: dict[str, str] | None = None,
-                   fill: Callable[[str, Path], str] = lambda text, cwd: text, cwd: Path | None = None) -> int:
+                   fill: Callable[[str, Path], str] = lambda text, cwd: text, cwd: Path | None = None,
+                   section: str | None = None) -> int:
     """Runs the page's blocks in `cwd` (else `tmp_path`; a `cd` carries on to the next command);
     `fill` rewrites a command and its quoted texts before it runs (a pid the page leaves to the
     reader, a port). Returns how many ran."""
@@ -134,7 +140,7 @@ def run_as_written(page: str, tmp_path: Path, env: dict[str, str] | None = None,
     # A wide terminal's: the board's columns wrap their cards' lines to fit the width, splitting a quote.
     env["COLUMNS"] = "200"
     cwd, ran, where = cwd or tmp_path, 0, tmp_path / ".cwd"
-    blocks, _ = page_blocks(page)
+    blocks, _ = page_blocks(page, section)
     try:
         for command in (command for block in blocks for command in block):
             # The shell's folder after the command, for the next one, as in a terminal.

@@ -72,6 +72,18 @@ def test_watch_and_steer_as_written(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(300)
+def test_the_readmes_five_minute_tour_as_written(tmp_path: Path) -> None:
+    """The README's tour, its kill -9 included: the worker's pid is the one a reader finds in `ps`."""
+    def fill(text: str, cwd: Path) -> str:
+        if "<pid of a worker>" not in text:
+            return text
+        agents = json.loads((cwd / "runs" / "supervisor.json").read_text())["agents"]
+        return text.replace("<pid of a worker>", str(agents["worker-1"]["pid"]))
+
+    assert run_as_written("../README.md", tmp_path, fill=fill, section="## A five-minute tour") >= 11
+
+
+@pytest.mark.timeout(300)
 def test_the_research_team_over_granted_folders_as_written(tmp_path: Path) -> None:
     assert run_as_written("how-to/folders-and-mcp.md", tmp_path) == 7
 

@@ -20,7 +20,7 @@ from hermes_sup.supervisor import cgroups
 from hermes_sup.supervisor.forking import ENV, agent_argv, enabled, forkable, sdks, server_env
 from hermes_sup.supervisor.procs import marked
 
-from .conftest import CLI, ROOT, gone, wait_until
+from .conftest import CLI, ROOT, gone, supervisor_state, wait_until
 
 # A `command` agent whose child leaves an orphan behind (reparented to the supervisor, a subreaper)
 # that exits a moment later: its zombie is the supervisor's to reap.
@@ -43,15 +43,8 @@ def started(ws: Path, name: str) -> list[dict]:
     return [e for e in events(ws) if e.get("event") == "started" and e.get("agent") == name]
 
 
-def state(ws: Path) -> dict:
-    try:
-        return json.loads((ws / "runs" / "supervisor.json").read_text())
-    except (FileNotFoundError, ValueError):
-        return {}
-
-
 def agent(ws: Path, name: str) -> dict:
-    return state(ws).get("agents", {}).get(name, {})
+    return supervisor_state(ws).get("agents", {}).get(name, {})
 
 
 def server_of(supervisor: int) -> int | None:
@@ -121,7 +114,7 @@ def test_forked_agents_work_alone_in_their_session_and_cgroup_and_a_killed_one_i
         server_env_ = environ(server)
         assert not any(name.endswith("_API_KEY") or name.endswith("_SECRET") for name in server_env_), server_env_
         assert server not in {p.pid for p in marked(ws)}, "the fork server is no agent's process"
-        assert server not in {a["pid"] for a in state(ws)["agents"].values()}
+        assert server not in {a["pid"] for a in supervisor_state(ws)["agents"].values()}
         base = cgroups.base_path(ws)
         for name, pid in pids.items():
             other = "beta" if name == "alpha" else "alpha"
