@@ -123,13 +123,14 @@ class Forked:
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.returncode: int | None = None
+        self.lost = False  # its status was reaped elsewhere: returncode is LOST_STATUS, not what it exited with
 
     def _reap(self, flags: int) -> int | None:
         if self.returncode is None:
             try:
                 pid, status = os.waitpid(self.pid, flags)
             except ChildProcessError:  # reaped elsewhere: its status is lost, so never taken for success
-                self.returncode = LOST_STATUS
+                self.returncode, self.lost = LOST_STATUS, True
             else:
                 if pid == self.pid:
                     self.returncode = os.waitstatus_to_exitcode(status)

@@ -249,6 +249,8 @@ class Supervisor:
         assert child.pidfd is not None
         pid = child.pid
         returncode = child.proc.wait() if child.proc is not None else None
+        if isinstance(child.proc, Forked) and child.proc.lost:  # reaped elsewhere: never taken for a clean exit
+            self.say(f"{child.spec.name}: its exit status was lost; taken as {returncode}")
         child.adopted = None
         self.selector.unregister(child.pidfd)
         os.close(child.pidfd)

@@ -219,7 +219,8 @@ def test_the_servers_nonsense_never_raises_and_a_lost_status_is_no_success():
     assert server.ready and server.deaths == 2, "ready resets no death count: a fork does"
     server.close()
     theirs.close()
-    assert Forked(os.getpid()).poll() == LOST_STATUS, "not our child: its status is lost, never 0"
+    lost = Forked(os.getpid())
+    assert lost.poll() == LOST_STATUS and lost.lost, "not our child: its status is lost, never 0"
 
 
 def _ask(sock, tmp_path: Path, name: str) -> tuple[int, int, Path]:
