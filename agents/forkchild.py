@@ -2,9 +2,11 @@
 
 Before any agent code runs it leads a session of its own, has the log as stdout and stderr and
 /dev/null as stdin, the agent's working directory and environment, no other descriptor, the default
-signal mask, and the supervisor as its parent. Its environment is also written over the block the
-kernel shows as /proc/<pid>/environ (and its argv over /proc/<pid>/cmdline): the supervisor finds an
-agent's processes by the marker there, and a forked process would otherwise show the server's.
+signal mask, and the supervisor as its parent. Its environment comes from the supervisor on the go
+pipe, after the go byte, never through the server (whose freed heap every later agent would inherit).
+It is also written over the block the kernel shows as /proc/<pid>/environ (and its argv over
+/proc/<pid>/cmdline): the supervisor finds an agent's processes by the marker there, and a forked
+process would otherwise show the server's.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import io
+import json
 import os
 import runpy
 import signal
@@ -19,6 +22,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Mapping
 from typing import Any, NoReturn
 
 # The variable the supervisor gives the fork server to make its environment block large enough to
@@ -26,6 +30,24 @@ from typing import Any, NoReturn
 ROOM_ENV = "HERMES_SUP_FORK_ROOM"
 ROOM_BYTES = 64 * 1024
 REPARENT_WAIT = 5.0  # seconds: the middle process exits at once, so this is only ever a bound
+GO = b"1"
+LENGTH_BYTES = 4  # the encoded environment's length after the go byte, big-endian
+
+
+def go_message(env: Mapping[str, str]) -> bytes:
+    """What the supervisor writes on the go pipe: the go byte, then the agent's environment (pure)."""
+    data = json.dumps(dict(env)).encode()
+    return GO + len(data).to_bytes(LENGTH_BYTES, "big") + data
+
+
+def _read_exactly(fd: int, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = os.read(fd, size - len(data))
+        if not chunk:
+            raise EOFError("the go pipe ended early")
+        data += chunk
+    return data
 
 
 def _blocks() -> tuple[int, int, int, int]:
@@ -47,16 +69,14 @@ def block(entries: list[bytes], size: int) -> bytes | None:
     return data.ljust(size, b"\0") if len(data) < size else None
 
 
-def _show(env: dict[str, str], argv: list[str]) -> None:
-    """Write the agent's environment and argv over the blocks the kernel shows for this process."""
+def _show(what: str, entries: list[bytes]) -> None:
+    """Write `entries` over the block the kernel shows for this process's "environment" or "argv"."""
     arg_start, arg_end, env_start, env_end = _blocks()
-    for start, end, entries in ((env_start, env_end, [os.fsencode(f"{k}={v}") for k, v in env.items()]),
-                                (arg_start, arg_end, [os.fsencode(arg) for arg in argv])):
-        data = block(entries, end - start)
-        if data is None:
-            raise OSError(f"the agent's {'argv' if start == arg_start else 'environment'} does not fit "
-                          f"in the fork server's ({end - start} bytes)")
-        ctypes.memmove(start, data, len(data))
+    start, end = (env_start, env_end) if what == "environment" else (arg_start, arg_end)
+    data = block(entries, end - start)
+    if data is None:
+        raise OSError(f"the agent's {what} does not fit in the fork server's ({end - start} bytes)")
+    ctypes.memmove(start, data, len(data))
 
 
 def _stream(fd: int, errors: str) -> io.TextIOWrapper:
@@ -79,7 +99,6 @@ def become_agent(request: dict[str, Any], log_fd: int, go_fd: int, *, parent: in
     """Make this process the agent of `request` and run it once the supervisor says go (it knows our
     pid then); never returns (os._exit with its status)."""
     try:
-        env = {str(k): str(v) for k, v in request["env"].items()}
         argv = [str(arg) for arg in request["argv"]]
         os.setsid()
         null = os.open(os.devnull, os.O_RDWR)
@@ -87,16 +106,19 @@ def become_agent(request: dict[str, Any], log_fd: int, go_fd: int, *, parent: in
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
         os.chdir(str(request["cwd"]))
-        os.environ.clear()
-        os.environ.update(env)
-        _show(env, argv)
+        _show("argv", [os.fsencode(arg) for arg in argv])  # at once: until then it looks like the server
         # Nothing of the server's is kept (its socket, its pipe to the middle process, whose end of
         # file its reply waits for), then the supervisor's word is awaited.
         os.closerange(3, go_fd)
         os.closerange(go_fd + 1, os.sysconf("SC_OPEN_MAX"))
-        if os.read(go_fd, 1) != b"1":  # the supervisor gave up on this request: nobody would supervise us
+        if os.read(go_fd, 1) != GO:  # the supervisor gave up on this request: nobody would supervise us
             os._exit(127)
+        size = int.from_bytes(_read_exactly(go_fd, LENGTH_BYTES), "big")
+        env = {str(k): str(v) for k, v in json.loads(_read_exactly(go_fd, size)).items()}
         os.close(go_fd)
+        os.environ.clear()
+        os.environ.update(env)
+        _show("environment", [os.fsencode(f"{k}={v}") for k, v in env.items()])
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
         # The server installs no handler, so every disposition is a fresh interpreter's already.
         deadline = time.monotonic() + REPARENT_WAIT

@@ -3,10 +3,12 @@
 The supervisor starts it (`python -P -m hermes_sup.agents.forkserver FD PARENT [SDK...]`) with an
 environment holding no secret and one socket (a SOCK_SEQPACKET socketpair end, FD). It imports what
 `python -m hermes_sup.agents run` imports (and the SDKs named, which an agent imports at its first
-model call), says it is ready, then answers requests: a JSON {argv, env, cwd} with, as descriptors,
-the agent's log, the read end of a pipe the supervisor writes "go" to once it knows the agent's pid
-(an agent whose pid it never learnt, the server having timed out, reads end of file and exits before
-running anything) and, optionally, its cgroup.procs. It double-forks: the middle process joins the
+model call), says it is ready, then answers requests: a JSON {argv, cwd, env_size, cgroup} with, as
+descriptors, the agent's log, the read end of a pipe the supervisor writes "go" and then the agent's
+environment to once it knows the agent's pid (an agent whose pid it never learnt, the server having
+timed out, reads end of file and exits before running anything) and, optionally, its cgroup.procs.
+The environment never passes through here: freed memory is not wiped, and every agent forked later
+is a copy of this process's memory. It double-forks: the middle process joins the
 cgroup (so the agent is born in it), forks the agent and exits at once, and the agent is reparented
 to the supervisor (a child subreaper), whose child it then is as if it had been exec'd. The reply is
 {"pid": N} once the middle process has been reaped (so the reparenting has happened) or {"error": why}.
@@ -46,6 +48,26 @@ def _import_runtime(sdks: list[str]) -> None:
     for name in (*RUNTIME, *(sdk for sdk in sdks if sdk in SDKS)):
         with contextlib.suppress(ImportError):  # an SDK not installed: the agent imports it (or not) itself
             importlib.import_module(name)
+
+
+def parse(data: bytes, fds: list[int], env_room: int) -> dict[str, object]:
+    """The request in `data`, checked; ValueError says what is wrong with it (pure)."""
+    try:
+        request = json.loads(data)
+    except Exception as exc:  # RecursionError too: a request nested too deep
+        raise ValueError(f"not a JSON request ({type(exc).__name__})") from None
+    if not isinstance(request, dict):
+        raise ValueError("a request is a JSON object")
+    argv, cwd, size = request.get("argv"), request.get("cwd"), request.get("env_size")
+    if not (isinstance(argv, list) and argv and all(isinstance(arg, str) for arg in argv)):
+        raise ValueError("argv must be a list of strings")
+    if not isinstance(cwd, str) or type(size) is not int:
+        raise ValueError("cwd must be a string and env_size an integer")
+    if size >= env_room:
+        raise ValueError(f"the agent's environment does not fit in the fork server's ({env_room} bytes)")
+    if len(fds) != (3 if request.get("cgroup") else 2):
+        raise ValueError(f"{len(fds)} descriptors sent")
+    return request
 
 
 def spawn(request: dict[str, object], fds: list[int]) -> int:
@@ -98,9 +120,9 @@ def serve(sock: socket.socket) -> int:
         if not data:  # the supervisor closed its end: `down`, or it is gone
             return 0
         try:
-            reply: dict[str, object] = {"pid": spawn(json.loads(data), fds)}
-        except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
-            reply = {"error": str(exc)}
+            reply: dict[str, object] = {"pid": spawn(parse(data, fds, env_room), fds)}
+        except Exception as exc:  # any: one bad request must not end the server
+            reply = {"error": str(exc)[:500]}
         finally:
             for fd in fds:
                 os.close(fd)

@@ -17,9 +17,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..agents.forkchild import ROOM_BYTES, ROOM_ENV, block
+from ..agents.forkchild import ROOM_BYTES, ROOM_ENV, block, go_message
 
 ENV = "HERMES_SUP_FORK_SERVER"  # 1 or 0: overrides hermes.yaml's fork_server (the suite runs with it on)
+MAX_REQUEST = 16 * 1024  # bytes: argv and cwd; the server reads up to 1 MiB, the socket sends far less
 REPLY_WITHIN = 2.0  # seconds for the server's answer; after that it is taken for dead
 WARM_UP = 10.0  # seconds `up` waits for the server's imports before starting agents by exec
 RESTART_FIRST, RESTART_MAX = 1.0, 60.0  # seconds before it is started again, doubling while it dies unready
@@ -30,6 +31,8 @@ KEPT = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "
 # locale), not later: an agent whose own differ from the server's is exec'd.
 AT_EXEC = ("PYTHON", "LD_", "LC_", "LANG")
 _PR_SET_CHILD_SUBREAPER = 36
+LOST_STATUS = 255  # the exit code of a forked agent whose status was reaped elsewhere (lost)
+CLOSE_WITHIN = 5.0  # seconds `close` waits for the killed server
 
 
 def enabled(config: Mapping[str, Any], environ: Mapping[str, str]) -> bool:
@@ -65,11 +68,18 @@ def forkable(argv: Sequence[str], env: Mapping[str, str], server: Mapping[str, s
     the agent runtime's argv, the same variables read at a Python's start, and room to show its own."""
     if tuple(argv) != agent_argv(python):
         return False
+    if any("\0" in text for pair in env.items() for text in pair):  # exec refuses it: a failed start
+        return False
     names = {k for k in (*env, *server) if k.startswith(AT_EXEC) and k != ROOM_ENV}
     if any(env.get(k) != server.get(k) for k in names):
         return False
     return (block([os.fsencode(f"{k}={v}") for k, v in env.items()], room[0]) is not None
             and block([os.fsencode(arg) for arg in argv], room[1]) is not None)
+
+
+def env_size(env: Mapping[str, str]) -> int:
+    """The bytes `env` takes as an environment block, NULs included (pure)."""
+    return sum(len(os.fsencode(f"{k}={v}")) + 1 for k, v in env.items())
 
 
 def become_subreaper() -> bool:
@@ -101,19 +111,26 @@ def reap_orphans(known: set[int]) -> list[int]:
     return reaped
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 class Forked:
     """A forked agent as Child.proc uses a Popen: pid, poll(), wait(timeout), returncode."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.returncode: int | None = None
+        self.lost = False  # its status was reaped elsewhere: returncode is LOST_STATUS, not what it exited with
 
     def _reap(self, flags: int) -> int | None:
         if self.returncode is None:
             try:
                 pid, status = os.waitpid(self.pid, flags)
-            except ChildProcessError:  # reaped elsewhere: its status is lost
-                self.returncode = 0
+            except ChildProcessError:  # reaped elsewhere: its status is lost, so never taken for success
+                self.returncode, self.lost = LOST_STATUS, True
             else:
                 if pid == self.pid:
                     self.returncode = os.waitstatus_to_exitcode(status)
@@ -202,11 +219,12 @@ class ForkServer:
         if not data:
             self._lost(why or "exited")
             return
-        with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
+        with contextlib.suppress(Exception):  # RecursionError too: nonsense is ignored, never raised
             message = json.loads(data)
             if message.get("ready"):
-                self.ready, self.deaths = True, 0
+                # Its death count is reset by a fork, not here: one dying after ready still backs off.
                 self.room = (int(message["env_room"]), int(message["argv_room"]))
+                self.ready = True
                 self.say(f"supervisor: fork server ready (pid {self.pid})")
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, log: int,
@@ -214,24 +232,34 @@ class ForkServer:
         """The pid of the agent it forked, reparented to us; None to start it by exec instead."""
         if self.sock is None or not self.ready or not forkable(argv, env, self.env, self.python, self.room):
             return None
-        request = json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd, "cgroup": cgroup is not None})
+        # The environment (keys included) never goes to the server: it would stay in its freed memory,
+        # which every agent forked later copies. It goes on the go pipe, straight to the agent.
+        request = json.dumps({"argv": list(argv), "cwd": cwd, "env_size": env_size(env),
+                              "cgroup": cgroup is not None}).encode()
+        if len(request) > MAX_REQUEST:
+            return None
         # The agent runs nothing until we write "go": one we never learn the pid of reads end of file and exits.
         go_read, go_write = os.pipe2(os.O_CLOEXEC)
         try:
             try:
-                socket.send_fds(self.sock, [request.encode()], [log, go_read] + ([] if cgroup is None else [cgroup]))
+                socket.send_fds(self.sock, [request], [log, go_read] + ([] if cgroup is None else [cgroup]))
             finally:
                 os.close(go_read)
             ready, _, _ = select.select([self.sock], [], [], REPLY_WITHIN)
             pid = self._answer(self.sock.recv(4096) if ready else None)
-            if pid is not None:
-                os.write(go_write, b"1")
-            return pid
         except OSError as exc:
+            os.close(go_write)
             self._lost(f"cannot be asked ({exc.strerror or exc})")
             return None
+        try:
+            if pid is not None:
+                self.deaths = 0
+                _write_all(go_write, go_message(env))
+        except BrokenPipeError:  # the agent exited before go (its log says why): its failed start, not the server's
+            self.say(f"supervisor: the agent forked as pid {pid} exited before it was told to go")
         finally:
             os.close(go_write)
+        return pid
 
     def _answer(self, data: bytes | None) -> int | None:
         """The pid in the server's reply, or None (the server then taken for lost, or its error said)."""
@@ -240,13 +268,14 @@ class ForkServer:
             return None
         try:
             reply = json.loads(data) if data else None
-        except ValueError:
+        except Exception:  # RecursionError too (a reply nested too deep): nonsense
             reply = None
         if not isinstance(reply, dict):
             self._lost("exited" if not data else "answered nonsense")
             return None
-        if isinstance(reply.get("pid"), int) and reply["pid"] > 0:
-            return int(reply["pid"])
+        pid = reply.get("pid")
+        if type(pid) is int and pid > 0:  # not a bool
+            return pid
         self.say(f"supervisor: the fork server could not fork an agent ({reply.get('error')}); started by exec")
         return None
 
@@ -266,7 +295,8 @@ class ForkServer:
             self.sock = None
         self.ready = False
         if self.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)  # its session and group: a middle process too
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=CLOSE_WITHIN)
             self.proc = None

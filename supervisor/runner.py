@@ -170,10 +170,11 @@ class Supervisor:
         failed start of that agent, retried with backoff, never an error of the supervisor."""
         try:
             self._start_now(child)
-        except (OSError, psutil.Error) as exc:
+        except (OSError, psutil.Error, ValueError) as exc:  # ValueError: a NUL in its argv or environment
             self._abandon_spawn(child)
             err = exc.errno if isinstance(exc, OSError) else None
-            error = f"{exc.strerror or exc}" if isinstance(exc, OSError) else str(exc)
+            error = (f"{exc.strerror or exc}" if isinstance(exc, OSError)
+                     else f"{exc} in its command or environment" if isinstance(exc, ValueError) else str(exc))
             decided = on_failed_start(child.spec.name, child.spec.restart, child.history, error, err,
                                       now=time.monotonic(), rng=self.rng)
             child.history, child.last_exit = decided.history, decided.last_exit
@@ -248,6 +249,8 @@ class Supervisor:
         assert child.pidfd is not None
         pid = child.pid
         returncode = child.proc.wait() if child.proc is not None else None
+        if isinstance(child.proc, Forked) and child.proc.lost:  # reaped elsewhere: never taken for a clean exit
+            self.say(f"{child.spec.name}: its exit status was lost; taken as {returncode}")
         child.adopted = None
         self.selector.unregister(child.pidfd)
         os.close(child.pidfd)

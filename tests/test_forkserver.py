@@ -185,12 +185,78 @@ def test_what_is_forked_and_what_the_server_is_given():
     assert sdks({"providers": {"a": {"kind": "anthropic"}, "b": {"kind": "auto"}}}) == ("anthropic",)
     assert sdks({}) == ()
     assert block([b"A=1"], 8) == b"A=1\0\0\0\0\0" and block([b"A=1234"], 7) is None
+    assert not forkable(agent_argv(python), {**agent_env, "BAD": "a\0b"}, env, python, room), "exec refuses it"
 
 
-def test_a_forked_agent_runs_nothing_until_the_supervisor_says_go(tmp_path):
-    """The server alone, asked as the supervisor asks it: an agent whose pid the supervisor never
-    learnt (it gave up on the server) exits before running anything; one told to go runs the agent."""
+def test_the_servers_nonsense_never_raises_and_a_lost_status_is_no_success():
+    import selectors
     import socket
+
+    from hermes_sup.supervisor.forking import LOST_STATUS, Forked, ForkServer
+
+    said: list[str] = []
+    server = ForkServer(selectors.DefaultSelector(), said.append)
+    deep = b"[" * 2000 + b"]" * 2000
+    for reply in (deep, b'{"pid": true}', b'{"pid": "12"}', b"[1]"):
+        assert server._answer(reply) is None, reply[:20]
+    assert server.deaths == 2 and said[0].endswith("answered nonsense; agents start by exec until it is back")
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    server.sock = ours
+    server.selector.register(ours, selectors.EVENT_READ)
+    for message in (deep, b'{"ready": true, "env_room": [[]]}'):
+        theirs.send(message)
+        server._on_message()
+    assert not server.ready
+    theirs.send(b'{"ready": true, "env_room": 10, "argv_room": 10}')
+    server._on_message()
+    assert server.ready and server.deaths == 2, "ready resets no death count: a fork does"
+    server.close()
+    theirs.close()
+    lost = Forked(os.getpid())
+    assert lost.poll() == LOST_STATUS and lost.lost, "not our child: its status is lost, never 0"
+
+
+def _ask(sock, tmp_path: Path, name: str) -> tuple[int, int, Path]:
+    """Ask the server for an agent as the supervisor does: its pid, the go pipe's write end, its log."""
+    import socket
+
+    log = tmp_path / name
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    go_read, go_write = os.pipe()
+    request = {"argv": list(agent_argv(sys.executable)), "cwd": str(tmp_path), "env_size": 100, "cgroup": False}
+    socket.send_fds(sock, [json.dumps(request).encode()], [fd, go_read])
+    os.close(fd)
+    os.close(go_read)
+    return json.loads(sock.recv(4096))["pid"], go_write, log
+
+
+def _memory(pid: int) -> bytes:
+    """What `pid` holds in its heap and anonymous mappings (read as its parent or root)."""
+    found = []
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", 0) as mem:
+        for line in maps:
+            fields = line.split()
+            if "r" not in fields[1] or (len(fields) > 5 and fields[5] != "[heap]"):
+                continue
+            low, high = (int(x, 16) for x in fields[0].split("-"))
+            try:
+                mem.seek(low)
+                found.append(mem.read(high - low))
+            except OSError:
+                continue
+    return b"".join(found)
+
+
+def test_a_forked_agent_runs_nothing_until_the_supervisor_says_go_and_its_env_never_passes_the_server(
+        tmp_path):
+    """The server alone, asked as the supervisor asks it: an agent whose pid the supervisor never
+    learnt (it gave up on the server) exits before running anything; one told to go gets its
+    environment then, from the supervisor, and runs the agent; no key it was given stays in the
+    server's memory or in that of an agent forked later; nonsense costs the server nothing."""
+    import secrets
+    import socket
+
+    from hermes_sup.agents.forkchild import go_message
 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     server = subprocess.Popen([sys.executable, "-P", "-m", "hermes_sup.agents.forkserver", str(theirs.fileno()),
@@ -198,35 +264,41 @@ def test_a_forked_agent_runs_nothing_until_the_supervisor_says_go(tmp_path):
     theirs.close()
     try:
         assert json.loads(ours.recv(4096))["ready"] is True
+        for nonsense in (b"[" * 2000 + b"]" * 2000, b"{}", b'{"argv": ["x"], "cwd": "/", "env_size": true}'):
+            socket.send_fds(ours, [nonsense], [0, 1])
+            assert "error" in json.loads(ours.recv(4096)), nonsense[:20]
+        secret = "sk-" + secrets.token_hex(16)
         results = []
-        for go in (b"", b"1"):
-            log = tmp_path / f"log{len(go)}"
-            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-            go_read, go_write = os.pipe()
-            request = {"argv": list(agent_argv(sys.executable)), "env": {"PATH": os.environ["PATH"], "MINE": "1"},
-                       "cwd": str(tmp_path), "cgroup": False}
-            socket.send_fds(ours, [json.dumps(request).encode()], [fd, go_read])
-            os.close(fd)
-            os.close(go_read)
-            pid = json.loads(ours.recv(4096))["pid"]
+        for go in (b"", go_message({"PATH": os.environ["PATH"], "MINE": "1", "OPENAI_API_KEY": secret})):
+            pid, go_write, log = _ask(ours, tmp_path, f"log{len(go)}")
             assert psutil.Process(pid).ppid() == os.getpid(), "reparented to the subreaper (here, the test)"
-            wait_until(lambda p=pid: environ(p).get("MINE") == "1", timeout=5)
-            held = sorted(os.readlink(f"/proc/{pid}/fd/{n}") for n in os.listdir(f"/proc/{pid}/fd"))
-            assert held == sorted([os.devnull, str(log), str(log), f"pipe:[{os.fstat(go_write).st_ino}]"]), held
+            expected = sorted([os.devnull, str(log), str(log), f"pipe:[{os.fstat(go_write).st_ino}]"])
+            wait_until(lambda p=pid, e=expected: sorted(os.readlink(f"/proc/{p}/fd/{n}")
+                                                         for n in os.listdir(f"/proc/{p}/fd")) == e, timeout=5)
             assert os.getsid(pid) == pid
+            assert "MINE" not in environ(pid), "its environment comes with go, not before"
             os.write(go_write, go)
             os.close(go_write)
             results.append((os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), log.read_text()))
         assert results[0] == (127, ""), "never told to go: it ran nothing"
         assert results[1][0] == 2 and "started outside a supervisor" in results[1][1], "told to go: the agent ran"
+        later, go_write, _log = _ask(ours, tmp_path, "later")
+        try:
+            for pid in (server.pid, later):
+                assert secret.encode() not in _memory(pid), f"the key is in the memory of {pid}"
+        finally:
+            os.close(go_write)
+            os.waitpid(later, 0)
     finally:
         ours.close()
         server.wait(timeout=10)
 
 
 def test_a_server_that_does_not_answer_is_given_up_and_started_again(monkeypatch, tmp_path):
-    """Asked in-process as the supervisor asks it: a stopped server costs the bound, then the agent is
-    exec'd (spawn says None), the server is killed and started again later."""
+    """Asked in-process as the supervisor asks it: an agent's key never reaches the server's memory or
+    a later agent's; one exiting before go is its own failed start; a stopped server costs the bound,
+    then the agent is exec'd (spawn says None), the server is killed and started again later."""
+    import secrets
     import selectors
 
     from hermes_sup.supervisor import forking
@@ -242,9 +314,28 @@ def test_a_server_that_does_not_answer_is_given_up_and_started_again(monkeypatch
                 key.data()
         stuck = server.pid
         assert stuck is not None
-        os.kill(stuck, signal.SIGSTOP)
         log = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        secret = "sk-" + secrets.token_hex(16)
+        forked = server.spawn(agent_argv(sys.executable), {**env, "OPENAI_API_KEY": secret}, str(tmp_path), log, None)
+        assert forked is not None and server.deaths == 0
+        assert os.waitstatus_to_exitcode(os.waitpid(forked, 0)[1]) == 2, "the agent ran, outside a supervisor"
+        later, go_write, _log = _ask(server.sock, tmp_path, "later")
+        try:
+            for pid in (stuck, later):  # the key went straight to the agent, never through the server
+                assert secret.encode() not in _memory(pid), f"the key is in the memory of {pid}"
+        finally:
+            os.close(go_write)
+            os.waitpid(later, 0)
+        gone_cwd = server.spawn(agent_argv(sys.executable), env, str(tmp_path / "missing"), log, None)
+        assert gone_cwd is not None and server.proc is not None and server.deaths == 0, \
+            "its failed start, not the server's"
+        assert os.waitstatus_to_exitcode(os.waitpid(gone_cwd, 0)[1]) == 127
+        # (whether it was gone before "go" was written, EPIPE, or after, it is the same failed start)
+        assert "FileNotFoundError" in (tmp_path / "log").read_text(), "its log says why"
+        nul = {**env, "BAD": "a\0b"}
+        assert server.spawn(agent_argv(sys.executable), nul, str(tmp_path), log, None) is None, "exec'd: refused"
+        os.kill(stuck, signal.SIGSTOP)
         assert server.spawn(agent_argv(sys.executable), env, str(tmp_path), log, None) is None
         os.close(log)
         assert said[-1] == "supervisor: fork server did not answer within 0.2 s; agents start by exec until it is back"
