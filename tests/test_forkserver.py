@@ -49,8 +49,11 @@ def agent(ws: Path, name: str) -> dict:
 
 def server_of(supervisor: int) -> int | None:
     for child in psutil.Process(supervisor).children():
-        if "hermes_sup.agents.forkserver" in child.cmdline():
-            return child.pid
+        try:
+            if "hermes_sup.agents.forkserver" in child.cmdline():
+                return child.pid
+        except psutil.Error:  # a child that exited while we looked (an agent, a reaped orphan)
+            continue
     return None
 
 
