@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .fsio import write_atomic
+from .logindex import task_records
 from .redact import scrub
 from .task import now_iso
 
@@ -72,10 +73,10 @@ class Journal:
     def take_task_records(self, source: Path, task_id: str, key: tuple[str, ...]) -> list[dict[str, Any]]:
         """A task's records here, after appending those of another agent's log (`source`) that are
         not here yet, telling records apart by the fields of `key`. The other log is only read."""
-        mine = [r for r in self.read().records if r.get("task") == task_id]
+        mine = task_records(self.path, task_id)
         have = {tuple(r.get(k) for k in key) for r in mine}
-        for record in Journal(source).read().records:
-            if record.get("task") == task_id and tuple(record.get(k) for k in key) not in have:
+        for record in task_records(source, task_id):
+            if tuple(record.get(k) for k in key) not in have:
                 self.append(record)
                 mine.append(record)
         return mine
@@ -261,7 +262,7 @@ class FileTaskJournal:
         return [holder for *_order, holder in sorted(found, reverse=True)]
 
     def tool_calls(self) -> list[dict[str, Any]]:
-        return [r for r in self._tools.read().records if r.get("task") == self.task_id]
+        return task_records(self._tools.path, self.task_id)
 
     def append_tool_call(self, record: dict[str, Any]) -> None:
         self._tools.append(record)
@@ -270,8 +271,8 @@ class FileTaskJournal:
         return self._tools.take_task_records(self._holder(holder) / "tool_calls.jsonl", self.task_id, key)
 
     def llm_calls(self, holders: Iterable[str] = ()) -> list[dict[str, Any]]:
-        logs = [self._llm, *(Journal(self._holder(name) / "llm_calls.jsonl") for name in holders)]
-        return [r for log in logs for r in log.read().records if r.get("task") == self.task_id]
+        logs = [self._llm.path, *(self._holder(name) / "llm_calls.jsonl" for name in holders)]
+        return [record for log in logs for record in task_records(log, self.task_id)]
 
     def append_llm_call(self, record: dict[str, Any]) -> None:
         self._llm.append(record)
