@@ -9,7 +9,7 @@ by hand or an event lost to a crash costs a rescan, never a wrong claim.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .rules import claim_order as sort_key
@@ -22,6 +22,7 @@ META_FIELDS = ("id", "status", "priority", "created_at", "updated_at", "assignee
 def meta_of(doc: dict[str, Any]) -> Meta:
     meta = {key: doc.get(key) for key in META_FIELDS}
     meta["has_steps"] = bool(doc.get("steps"))
+    meta["waiting"] = doc.get("waiting")  # a note, not a transition: as of when this task was read
     return meta
 
 
@@ -30,11 +31,16 @@ class BoardIndex:
         self.status: dict[str, str] = {}
         self._todo: list[tuple[tuple[int, str, str], str]] = []
         self._meta: dict[str, Meta] = {}
+        # What mark_waiting may change, so that it need not walk the whole backlog after every task.
+        self.plain: set[str] = set()  # todo tasks without steps (the ones a provider is needed for)
+        self.noted: set[str] = set()  # todo tasks that had a waiting note when read
 
     def clear(self) -> None:
         self.status.clear()
         self._todo.clear()
         self._meta.clear()
+        self.plain.clear()
+        self.noted.clear()
 
     def __len__(self) -> int:
         return len(self._todo)
@@ -45,15 +51,36 @@ class BoardIndex:
             self._drop_todo(task_id)
 
     def put_todo(self, doc: dict[str, Any]) -> None:
-        task_id = doc["id"]
-        self._drop_todo(task_id)
         meta = meta_of(doc)
+        self._keep(meta)
+        bisect.insort(self._todo, (sort_key(meta), meta["id"]))
+
+    def put_todos(self, metas: Iterable[Meta]) -> None:
+        """Add many todo tasks' metas (meta_of's) at once: one sort, not an insertion each."""
+        for meta in metas:
+            self._keep(meta)
+        self._todo = sorted((sort_key(meta), task_id) for task_id, meta in self._meta.items())
+
+    def _keep(self, meta: Meta) -> None:
+        task_id = meta["id"]
+        self._drop_todo(task_id)
         self._meta[task_id] = meta
         self.status[task_id] = "todo"
-        bisect.insort(self._todo, (sort_key(meta), task_id))
+        if not meta["has_steps"]:
+            self.plain.add(task_id)
+        if meta["waiting"] is not None:
+            self.noted.add(task_id)
+
+    def meta(self, task_id: str) -> Meta | None:
+        return self._meta.get(task_id)
+
+    def todo_ids(self) -> set[str]:
+        return set(self._meta)
 
     def _drop_todo(self, task_id: str) -> None:
         meta = self._meta.pop(task_id, None)
+        self.plain.discard(task_id)
+        self.noted.discard(task_id)
         if meta is None:
             return
         entry = (sort_key(meta), task_id)

@@ -27,8 +27,9 @@ class Notes:
                      roles: Iterable[str] = ()) -> int:
         """Say on each todo task (without `steps`, when `needs_llm`) why it is not being worked, or
         clear that note with None. Not a transition: no event, no history entry. Candidates come
-        from the in-memory index and this board remembers what it noted, so a call reads only the
-        tasks new to it: agents call this after every task. With `agent` (and its `roles`), only the
+        from the in-memory index (which knows which tasks have no steps and which had a note) and
+        this board remembers what it noted, so a call reads only tasks whose note it would change:
+        agents call this after every task. With `agent` (and its `roles`), only the
         tasks it could claim now are noted: its provider is no reason for a task it could not take."""
         with self.disk.locked():
             self.claims.refresh_index()
@@ -38,9 +39,17 @@ class Notes:
         def indexed_done(dep: str) -> bool:
             return index.status.get(dep) == "done"
 
+        # Only tasks whose note could change: those this call would note (without steps, when a
+        # provider is what is missing), and with no reason only those noted, as read or by us; a
+        # walk of the whole backlog after every task made each task cost more the longer it was.
+        for gone in [task_id for task_id in self.noted if index.meta(task_id) is None]:
+            del self.noted[gone]  # each once: it left todo (a task back in todo is read again)
+        pool = index.plain if needs_llm else index.todo_ids()
+        if reason is None:
+            pool = pool & (index.noted | {task_id for task_id, (said, _at) in self.noted.items() if said is not None})
         # A note stands for the task as it was: any transition changes updated_at, a note does not.
-        candidates = [meta["id"] for meta in self.disk.index.todo_in_order()
-                      if not (needs_llm and meta["has_steps"])
+        candidates = [meta["id"] for meta in map(index.meta, sorted(pool))
+                      if meta is not None
                       and (agent is None or rules.can_claim(meta, agent, roles, indexed_done))
                       and self.noted.get(meta["id"]) != (reason, meta["updated_at"])]
         changed = 0

@@ -315,25 +315,35 @@ class Transactions:
                     continue
         return moved
 
-    def documents(self, status: str) -> Iterator[tuple[Path, TaskDoc]]:
-        """Every readable task document in a status folder (under the lock); a damaged one is
-        moved aside as it is met."""
+    def entries(self, status: str) -> Iterator[os.DirEntry[str]]:
+        """The task files of a status folder, as listed (no temp, marker or hidden file)."""
         try:
             entries = list(os.scandir(self.disk.root / status))
         except FileNotFoundError:
             return
         for entry in entries:
-            if not entry.name.endswith(".json") or entry.name.startswith("."):
-                continue
+            if entry.name.endswith(".json") and not entry.name.startswith("."):
+                yield entry
+
+    def document(self, path: Path) -> TaskDoc | None:
+        """A task file's document (under the lock); None if it is gone or was damaged, which is
+        moved aside as it is met."""
+        try:
+            return self.disk.read(path)
+        except FileNotFoundError:
+            return None
+        except Damaged as exc:
+            self.quarantine(path, str(exc))
+            return None
+
+    def documents(self, status: str) -> Iterator[tuple[Path, TaskDoc]]:
+        """Every readable task document in a status folder (under the lock); a damaged one is
+        moved aside as it is met."""
+        for entry in self.entries(status):
             path = Path(entry.path)
-            try:
-                doc = self.disk.read(path)
-            except FileNotFoundError:
-                continue
-            except Damaged as exc:
-                self.quarantine(path, str(exc))
-                continue
-            yield path, doc
+            doc = self.document(path)
+            if doc is not None:
+                yield path, doc
 
 
 

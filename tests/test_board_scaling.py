@@ -1,0 +1,80 @@
+"""A task's board work reads what changed, never the whole backlog: counted reads, not timings."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hermes_sup.kanban import Board
+from hermes_sup.kanban.base import Folder
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The task files the board reads from here on, by name."""
+    seen: list[str] = []
+    real = Folder.read
+
+    def counting(self: Folder, path: Path) -> dict:
+        seen.append(path.name)
+        return real(self, path)
+
+    monkeypatch.setattr(Folder, "read", counting)
+    return seen
+
+
+def one_task_with_rescans(board: Board, agent: str) -> None:
+    """What an agent's loop does for one task while the watcher keeps asking for rescans."""
+    board.signal.bump(full=True)
+    board.mark_waiting("no provider", agent=agent)  # an agent without a model: notes plain tasks only
+    board.signal.bump(full=True)
+    doc = board.claim(agent)
+    assert doc is not None
+    board.complete(doc["id"], doc["claim"]["token"], {"ok": True})
+    board.signal.bump(full=True)
+    board.mark_waiting(None, agent=agent)
+
+
+@pytest.mark.parametrize("backlog", [50, 1000])
+def test_reads_per_task_do_not_grow_with_the_backlog(tmp_path: Path, reads: list[str], backlog: int,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from hermes_sup.kanban import claims
+    monkeypatch.setattr(claims, "RESCAN_SHARE", 0)  # every rescan the watcher asks for happens
+    board = Board(tmp_path / "kanban")
+    for i in range(backlog):
+        board.add({"title": f"t{i}", "steps": [{"tool": "write_file", "args": {"path": "a", "content": "x"}}]})
+    board.claim("warm-up")  # builds the index: every task read once
+    reads.clear()
+    for _ in range(5):
+        one_task_with_rescans(board, "a1")
+    # Each task: its claim and completion read it (and the one after it is looked at); a rescan
+    # reads only files changed since the last, and mark_waiting none (they all have steps).
+    assert len(reads) <= 5 * 8, (backlog, len(reads), sorted(set(reads))[:10])
+    board.close()
+
+
+def test_a_rescan_reads_again_a_task_changed_by_hand(tmp_path: Path, reads: list[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from hermes_sup.kanban import claims
+    monkeypatch.setattr(claims, "RESCAN_SHARE", 0)
+    board = Board(tmp_path / "kanban")
+    low = board.add({"title": "low", "priority": 1, "role": "work"})
+    high = board.add({"title": "to raise", "priority": 0, "role": "work"})
+    for i in range(20):
+        board.add({"title": f"filler {i}", "priority": 1, "role": "work"})
+    assert board.claim("warm-up", roles=["nobody"]) is None  # the index built, nothing claimed
+    path = board.root / "todo" / f"{high['id']}.json"
+    before = path.stat()
+    text = path.read_text()
+    assert '"priority":0' in text or '"priority": 0' in text
+    # Raised in place, the same size, its mtime set back: only the ctime (no one can set it) tells.
+    path.write_text(text.replace('"priority":0', '"priority":9').replace('"priority": 0', '"priority": 9'))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_size == before.st_size and path.stat().st_ino == before.st_ino
+    reads.clear()
+    board.signal.bump(full=True)
+    claimed = board.claim("a1", roles=["work"])
+    assert claimed is not None and claimed["id"] == high["id"], "the hand edit was not seen"
+    assert reads.count(f"{low['id']}.json") == 0, "an unchanged task was read again"
+    board.close()
