@@ -56,11 +56,15 @@ def test_a_runs_rows_give_a_call_each_named_timed_and_judged_as_hermes_records_t
 def test_the_flat_form_unanswered_calls_and_answers_to_nothing_are_still_calls():
     flat = ("assistant", None, None, json.dumps([{"name": "memory", "arguments": {"op": "add"}}]), None, T0 + 1)
     calls, _ = tool_calls([flat, answered(T0 + 2, "stray", "web_search", "Error: offline"),
-                           asked(T0 + 3, ("c9", "terminal", {"command": "sleep 100"}))], *RUN, content=True)
-    memory, stray, cut_off = calls
+                           asked(T0 + 3, ("c9", "terminal", {"command": "sleep 100"})),
+                           asked(T0 + 4, ("c9", "read_file", {"path": "a"})),
+                           answered(T0 + 5, "c9", "read_file", '{"content": "a"}')], *RUN, content=True)
+    memory, stray, cut_off, again = calls
     assert (memory.name, memory.outcome, memory.timing, memory.args) == ("memory", "unknown", "run", '{"op": "add"}')
     assert (stray.name, stray.outcome, stray.timing) == ("web_search", "error", "run")
     assert (cut_off.name, cut_off.outcome, (cut_off.start, cut_off.end)) == ("terminal", "unknown", RUN)
+    assert (again.name, again.outcome, again.start, again.end) == ("read_file", "ok", T0 + 4, T0 + 5), \
+        "an answer is the latest call's of its id, not an older one left unanswered"
 
 
 def test_hostile_rows_give_bounded_calls_or_none_and_never_raise():
@@ -78,14 +82,17 @@ def test_hostile_rows_give_bounded_calls_or_none_and_never_raise():
             ("tool", huge, "h", None, 7, float("inf")),
             ("tool", b"bytes", ["id"], None, None, True),
             asked(1e300, ("z", "terminal", {})),
-            answered(-1e300, "z", "terminal", '{"exit_code": 99999999999999999999}')]
+            answered(-1e300, "z", "terminal", '{"exit_code": 99999999999999999999}'),
+            asked(T0 - 1000, ("old", "terminal", {})), answered(T0 - 999, "old", "terminal", '{"exit_code": 0}')]
     calls, left_out = tool_calls(rows, *RUN, content=True)
     assert left_out == 0
-    assert [c.name for c in calls] == [hermestools.UNKNOWN, "x" * hermestools.MAX_ID, "unknown", "terminal"]
+    assert [c.name for c in calls] == [hermestools.UNKNOWN, "x" * hermestools.MAX_ID, "unknown", "terminal",
+                                       "terminal"]
     assert all(c.timing == "run" and (c.start, c.end) == RUN for c in calls), "no time outside the run is taken"
     assert len(calls[1].args) == hermestools.MAX_ARGS and len(calls[1].result) == hermestools.MAX_RESULT
     assert calls[1].outcome == "ok" and calls[2].outcome == "unknown"
     assert calls[3].outcome == "error", "a huge exit code is still not 0"
+    assert calls[4].outcome == "ok"
 
 
 def test_a_hundred_thousand_rows_give_at_most_max_spans_quickly():
@@ -112,7 +119,7 @@ def test_outcomes_are_hermes_own_structured_judgement():
 def test_the_runs_session_is_the_one_hermes_reported_else_the_only_one_begun_while_it_ran():
     mine, other = ("20261127_221922_e2d97b", "cli", None, T0 + 1), ("s-2", "cli", None, T0 + 2)
     assert match_session(mine[0], [other, mine], *RUN) == mine[0]
-    assert match_session("s-9", [other, mine], *RUN) is None, "a reported id the store lacks: no guess"
+    assert match_session("s-9", [mine], *RUN) is None, "a reported id the store lacks: no guess, even of the one"
     assert match_session(None, [mine], *RUN) == mine[0]
     assert match_session(None, [mine, other], *RUN) is None, "two begun while it ran: never a guess"
     assert match_session(None, [mine, ("s-3", "telegram", None, T0), ("s-4", "cli", mine[0], T0),
