@@ -11,7 +11,8 @@ dispatcher. After the run that file is read (read-only, bounded: the CLI could h
 anything there): a block becomes this task blocked on its question, a completion its summary, the
 comments this task's comments. The usage file's tokens and cost become one record of the agent's
 LLM-call log, so `usage` counts a Hermes run, and with telemetry on one model-call span marked as
-the run's sum (agents/spans.py): hermes-sup learns nothing finer of its calls.
+the run's sum (agents/spans.py): hermes-sup learns nothing finer of its model calls. Its tool calls
+are read from Hermes' session store after the run, for their spans (agents/hermestools.py).
 """
 
 from __future__ import annotations
@@ -69,6 +70,11 @@ class HermesRunResult:
     verdict: Verdict
     comments: list[str] = field(default_factory=list)
     usage: dict[str, Any] | None = None
+    # Where the run's tool calls can be read (agents/hermestools.py): the profile folder, the
+    # session id its usage file reported (anything, as written), the run's start and end (epoch s).
+    profile_dir: Path | None = None
+    session: Any = None
+    window: tuple[float, float] | None = None
 
 
 def program_of(runtime: Mapping[str, Any], path: str | None) -> str | None:
@@ -350,7 +356,9 @@ def work(ctx: ToolContext, prompt: str, capabilities: Sequence[str],
                     "HERMES_KANBAN_RUN_ID": str(bridge["run"]), "HERMES_KANBAN_CLAIM_LOCK": str(bridge["lock"]),
                     "HERMES_KANBAN_WORKSPACE": str(workdir)})
     argv = [program, "-z", prompt, "--usage-file", str(usage_path)]
+    began = time.time()
     ran = run(ctx, argv, env, capabilities, max_runtime, shown=shown, writable=writable, conceal=conceal)
+    window = (began, time.time())
     if ran.problem:
         return HermesRunResult(Verdict("failed", {}, ran.problem))
     usage = read_json(usage_path, MAX_USAGE_BYTES)
@@ -360,7 +368,7 @@ def work(ctx: ToolContext, prompt: str, capabilities: Sequence[str],
     if usage is not None and not ran.stopped:
         record = usage_record(task_id, str(runtime.get("profile")), usage, ran.seconds, verdict.kind == "failed",
                               prices)
-    return HermesRunResult(verdict, comments, record)
+    return HermesRunResult(verdict, comments, record, profile_dir, (usage or {}).get("session_id"), window)
 
 
 def _bridge(ctx: ToolContext, program: str, db: Path, title: str, body: str, profile: str,

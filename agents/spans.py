@@ -21,6 +21,7 @@ ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
 TRACES_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 TRACES_PATH = "/v1/traces"
 SETTINGS_KEYS = ("otlp_endpoint", "content")
+UNKNOWN_OUTCOME = "unknown"  # of a tool call whose result nobody recorded (a Hermes run ended during it): no error
 
 
 # -- pure: settings and attributes ---------------------------------------------------------------
@@ -138,7 +139,7 @@ def tool_attributes(tool: str, call_id: str, outcome: str, duration: float) -> d
     attributes: dict[str, Any] = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name(tool),
                                   "gen_ai.tool.call.id": name(call_id), "hermes.tool.outcome": outcome,
                                   "hermes.tool.duration_s": round(duration, 6)}
-    if outcome != "ok":
+    if outcome not in ("ok", UNKNOWN_OUTCOME):
         attributes["error.type"] = outcome
     return attributes
 

@@ -39,6 +39,7 @@ class Telemetry:
     OpenTelemetry is imported."""
 
     enabled = False
+    content = False  # prompts, answers, tool arguments and results exported (`telemetry: {content: true}`)
     dropped = 0
 
     @contextlib.contextmanager
@@ -55,8 +56,10 @@ class Telemetry:
         pass
 
     def tool_call(self, name: str, call_id: str, outcome: str, duration: float, args: Any = None,
-                  result: str = "") -> None:
-        pass
+                  result: str = "", *, at: tuple[float, float] | None = None,
+                  extra: Mapping[str, Any] | None = None) -> None:
+        """A tool call's span, ended now; or from `at`'s start to its end (epoch seconds) for a call
+        another program made and recorded (a Hermes run's), with `extra` attributes of ours."""
 
     def carrier(self) -> dict[str, Any]:
         """What a task made during the current attempt carries in `meta` to join its trace."""
@@ -288,12 +291,13 @@ class Tracing(Telemetry):
         if self.content:
             self._prompt = list(messages)
 
-    def _child(self, name: str, attributes: dict[str, Any], duration: float, error: bool) -> None:
-        """A span under the current attempt's, ended now, begun `duration` seconds ago: the hooks
-        are called once the call is over (its record written), so the loop wraps nothing."""
+    def _child(self, name: str, attributes: dict[str, Any], duration: float, error: bool,
+               end: int | None = None) -> None:
+        """A span under the current attempt's, ended now (or at `end`, ns), begun `duration` seconds
+        before: the hooks are called once the call is over (its record written), so the loop wraps nothing."""
         from opentelemetry.trace import Status, StatusCode
 
-        end = time.time_ns()
+        end = time.time_ns() if end is None else end
         span = self.tracer.start_span(name, context=self._context, attributes=attributes,
                                       start_time=end - int(max(duration, 0.0) * 1e9))
         if error:
@@ -316,12 +320,16 @@ class Tracing(Telemetry):
 
     @_never_raises
     def tool_call(self, name: str, call_id: str, outcome: str, duration: float, args: Any = None,
-                  result: str = "") -> None:
-        attributes = tool_attributes(name, call_id, outcome, duration)
+                  result: str = "", *, at: tuple[float, float] | None = None,
+                  extra: Mapping[str, Any] | None = None) -> None:
+        if at is not None:
+            duration = at[1] - at[0]
+        attributes = {**tool_attributes(name, call_id, outcome, duration), **(extra or {})}
         if self.content:
             attributes["gen_ai.tool.call.arguments"] = content(args if args is not None else {})
             attributes["gen_ai.tool.call.result"] = content(result)
-        self._child(f"execute_tool {attributes['gen_ai.tool.name']}", attributes, duration, outcome != "ok")
+        self._child(f"execute_tool {attributes['gen_ai.tool.name']}", attributes, duration,
+                    "error.type" in attributes, end=int(at[1] * 1e9) if at is not None else None)
 
     @_never_raises
     def carrier(self) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from . import (
     builtins,  # noqa: F401 - registers the built-in tools
     clirun,
     hermesrun,
+    hermestools,
     mcpservers,
     sandbox,
     worktrees,
@@ -340,7 +341,24 @@ class Agent(Liveness, ModelAccess, TaskSetting):
                 journal.close()
             # What hermes-sup learns of the run's model calls is this one record: one span, so marked.
             self.telemetry.model_call(outcome.usage, None)
+        if self.telemetry.enabled and outcome.profile_dir is not None and outcome.window is not None:
+            self._hermes_tools(doc, outcome.profile_dir, outcome.session, outcome.window)
         return outcome.verdict
+
+    def _hermes_tools(self, doc: dict[str, Any], profile_dir: Path, session: Any,
+                      window: tuple[float, float]) -> None:
+        """A span per tool call of the Hermes run, read from its session store; what kept them from
+        being read is said once, and the task goes on."""
+        try:
+            calls, problem = hermestools.read(profile_dir, session, *window, content=self.telemetry.content)
+        except Exception as exc:  # telemetry is a bystander: a store we did not foresee costs spans, not the task
+            calls, problem = [], f"{type(exc).__name__}: {exc}"
+        if problem:
+            say(self.name, f"{doc['id']}: telemetry: the Hermes run's tool calls are not all traced: {problem}")
+        for call in calls:
+            self.telemetry.tool_call(call.name, call.call_id, call.outcome, call.end - call.start, call.args,
+                                     call.result or "", at=(call.start, call.end),
+                                     extra={"hermes.runtime": "hermes", "hermes.timing": call.timing})
 
     def _only_task_closed(self) -> bool:
         try:

@@ -24,6 +24,7 @@ from hermes_sup.supervisor.config.workspace import ConfigError, load_config
 from .conftest import CLI, ROOT, running, wait_until
 from .llm_server import ScriptedLLM, openai_reply
 from .test_runtime_command import ended
+from .test_telemetry import receiver  # noqa: F401 - the fixture: an OTLP receiver decoding what it gets
 
 KEY = "sk-hermes-worker-0123456789"
 
@@ -53,7 +54,10 @@ def responder(api: str, body: dict) -> dict:
             return openai_reply(None, [("kanban_comment", {"task_id": hermes_id.group(0) if hermes_id else "",
                                                            "body": "read the brief; one thing is unclear"})])
         if len(tools) == 1:
-            return openai_reply(None, [("kanban_block", {"reason": "Which region should the report cover?"})])
+            reply = openai_reply(None, [("kanban_block", {"reason": "Which region should the report cover?"})])
+            # An id of its own: Hermes drops a call whose id an earlier one had, and the model would loop.
+            reply["json"]["choices"][0]["message"]["tool_calls"][0]["id"] = "call_block"
+            return reply
         return openai_reply("blocked on a question")
     if "LOOP-ZQ" in text:
         return openai_reply("plain answer from the built-in loop")
@@ -61,7 +65,7 @@ def responder(api: str, body: dict) -> dict:
 
 
 @pytest.fixture
-def team(tmp_path, up):
+def team(tmp_path, up, receiver):  # noqa: F811
     program = hermes_program()
     llm = ScriptedLLM(responder).__enter__()
     profile = tmp_path / "hermes-home" / "profiles" / "worker"
@@ -87,6 +91,7 @@ security:
 providers:
   scripted: {{kind: openai, base_url: "{llm.url}/v1", model: scripted-gpt, api_key_env: SCRIPTED_KEY}}
 tiers: {{cheap: [scripted], standard: [scripted], premium: [scripted]}}
+telemetry: {{otlp_endpoint: "{receiver.url}"}}
 defaults:
   restart: {{policy: always, backoff: {{initial: 0.1, max: 0.5}}}}
   stop_timeout: 5
@@ -112,7 +117,7 @@ agents:
     llm.__exit__(None, None, None)
 
 
-def test_a_hermes_worker_and_a_built_in_one_share_the_board(team):
+def test_a_hermes_worker_and_a_built_in_one_share_the_board(team, receiver):  # noqa: F811
     ws, board, llm, profile = team
     board.add({"id": "greet", "title": "Say hello to the team", "role": "hermes"})
     board.add({"id": "brief", "title": "ASK-ZQ about the report", "role": "hermes"})
@@ -140,7 +145,28 @@ def test_a_hermes_worker_and_a_built_in_one_share_the_board(team):
     herm = json.loads(usage.stdout)["agents"]["herm"]
     assert herm["tokens_in"] >= 321 and herm["tokens_out"] >= 12, herm
     assert herm["unpriced_calls"] >= 1, "Hermes knew no price for the scripted model: unpriced, never free"
-    assert "; runtime: hermes (profile worker" in (ws / "runs" / "herm" / "agent.log").read_text()
+    log = (ws / "runs" / "herm" / "agent.log").read_text()
+    assert "; runtime: hermes (profile worker" in log
+    # Its tool calls, read from Hermes' own session store: a span each under the attempt's, in its trace,
+    # timed by the store's rows within the run; none for the run that called no tool.
+    attempts = {s["attributes"]["hermes.task.id"]: s for s in wait_until(
+        lambda: len(receiver.named("task ")) >= 3 and receiver.named("task "), timeout=30)}
+
+    def tools_of(task_id: str) -> list[dict]:
+        return sorted((s for s in receiver.named("execute_tool ") if s["parent"] == attempts[task_id]["id"]),
+                      key=lambda s: s["start"])
+
+    tools = wait_until(lambda: len(tools_of("brief")) == 2 and tools_of("brief"), timeout=30)
+    assert [s["attributes"]["gen_ai.tool.name"] for s in tools] == ["kanban_comment", "kanban_block"]
+    assert [s["attributes"]["hermes.tool.outcome"] for s in tools] == ["ok", "ok"]
+    assert all(s["attributes"]["hermes.runtime"] == "hermes" and s["attributes"]["hermes.timing"] == "store"
+               and s["attributes"]["gen_ai.tool.call.id"] and s["trace"] == attempts["brief"]["trace"]
+               and attempts["brief"]["start"] < s["start"] <= s["end"] < attempts["brief"]["end"] for s in tools)
+    assert tools[0]["end"] <= tools[1]["start"], "the block was asked for once the comment was answered"
+    assert not any("gen_ai.tool.call.arguments" in s["attributes"] for s in tools), "content: false"
+    assert tools_of("greet") == [] and len([s for s in receiver.named("chat ")
+                                            if s["parent"] == attempts["greet"]["id"]]) == 1
+    assert "tool calls are not all traced" not in log
 
 
 def test_a_sigkilled_hermes_costs_an_attempt_and_a_cancel_ends_it_at_once(team):
