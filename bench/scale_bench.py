@@ -279,6 +279,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fork-server", choices=("on", "off"), help="override hermes.yaml's fork_server (off)")
     parser.add_argument("--fsync-seconds", type=float, help="length of each disk-rate probe (default 2; --quick 1)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="where the JSON is written")
+    parser.add_argument("--show", type=Path, metavar="JSON", help="print the table of a report written before; no run")
     args = parser.parse_args(argv)
     args.agents = args.agents or (QUICK_AGENTS if args.quick else FULL_AGENTS)
     args.backlogs = args.backlogs or (QUICK_BACKLOGS if args.quick else FULL_BACKLOGS)
@@ -315,6 +316,9 @@ def measure(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.show:
+        print(table(json.loads(args.show.read_text())))
+        return 0
     with interruptible():
         try:
             with contextlib.ExitStack() as stack:
