@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -133,6 +134,15 @@ class Run:
         self.huey: dict[tuple[int, int], list[float]] = {}
         self.board: dict[tuple[str, int, int], list[float]] = {}
         self.syscalls: dict[str, dict[str, float]] = {}
+        self.errors: list[str] = []  # cells that failed: the curve goes on without them
+
+    def attempt(self, what: str, action: Callable[[], object]) -> None:
+        """Run one cell's measurement; a failure is reported and kept, and the next cell runs."""
+        try:
+            action()
+        except Exception as exc:  # any failure of one cell (a stalled drain, a refused connection); Ctrl-C is not one
+            self.errors.append(f"{what}: {exc}")
+            log(f"FAILED {what}: {exc}")
 
     def folder(self, name: str) -> Path:
         path = self.base / f"{name}-{time.monotonic_ns()}"
@@ -143,7 +153,8 @@ class Run:
         from tests.pgserver import start_server
 
         log("starting a throw-away PostgreSQL server (tests/pgserver.py)")
-        self.server = start_server()
+        # Each agent holds about two connections, and the board alone one per claimer.
+        self.server = start_server(max_connections=max(200, 3 * max(self.args.agents) + 100))
         self.stack.callback(quietly("stopping the PostgreSQL server", self.server.stop))
         import psycopg
 
@@ -153,9 +164,13 @@ class Run:
     def huey_cells(self, rep: int) -> None:
         for agents in self.args.agents:
             for backlog in self.args.backlogs:
-                row = huey_rate(self.folder("huey"), agents, backlog, poll_interval(backlog))
-                self.huey.setdefault((agents, backlog), []).append(row["per_second"])
-                log(f"[{rep + 1}] huey, {agents} worker(s), {backlog} tasks: {row['per_second']:,.1f} tasks/s")
+                self.attempt(f"[{rep + 1}] huey, {agents} worker(s), {backlog} tasks",
+                             functools.partial(self.huey_cell, rep, agents, backlog))
+
+    def huey_cell(self, rep: int, agents: int, backlog: int) -> None:
+        row = huey_rate(self.folder("huey"), agents, backlog, poll_interval(backlog))
+        self.huey.setdefault((agents, backlog), []).append(row["per_second"])
+        log(f"[{rep + 1}] huey, {agents} worker(s), {backlog} tasks: {row['per_second']:,.1f} tasks/s")
 
     def team_cells(self, rep: int, backend: str, agents: int) -> None:
         with contextlib.ExitStack() as team_stack:
@@ -258,6 +273,7 @@ def table(report: dict[str, Any]) -> str:
         lines.append(f"syscalls per task, {backend}, {counts['agents']} agent(s), {counts['tasks']} tasks: "
                      + ", ".join(f"{name} {counts[name]:.1f}"
                                  for name in ("fsync", "fdatasync", "rename", "openat", "flock")))
+    lines += [f"FAILED {error}" for error in report.get("errors", [])]
     return "\n".join(lines)
 
 
@@ -305,9 +321,10 @@ def measure(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, 
         run.huey_cells(rep)
         for backend in args.backends:
             for agents in args.agents:
-                run.team_cells(rep, backend, agents)
+                run.attempt(f"[{rep + 1}] {backend}, {agents} agent(s)",
+                            functools.partial(run.team_cells, rep, backend, agents))
     report.update({"load_after": os.getloadavg(), "seconds": time.monotonic() - started, "cells": run.cells(),
-                   "syscalls": run.syscalls, "drains": run.rows,
+                   "syscalls": run.syscalls, "drains": run.rows, "errors": run.errors,
                    "huey": [{"workers": a, "backlog": b, "per_second": v} for (a, b), v in run.huey.items()],
                    "board_alone": [{"backend": k, "claimers": a, "backlog": b, "per_second": v}
                                    for (k, a, b), v in run.board.items()]})

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import psutil
 
+from bench.scale_wait import wait_drained
+
 HERE = Path(__file__).resolve().parent
 # Installed on first use, as supervisor_bench.py does with supervisord: huey is never a dependency of hermes-sup.
 HUEY_VENV = HERE / ".venv-huey"
@@ -108,11 +110,12 @@ class HueyDrain:
         stamp = self.folder / f"{prefix}stamp.json"
         producer = subprocess.Popen([str(self.python), str(self.folder / "producer.py"), str(count), prefix,
                                      str(stamp)], cwd=self.folder, env=self.env)
+        def producing() -> None:
+            if producer.poll() not in (None, 0):
+                raise RuntimeError(f"huey's producer exited {producer.returncode}")
+
         try:
-            while _done(self.out, prefix) < count:
-                if producer.poll() not in (None, 0):
-                    raise RuntimeError(f"huey's producer exited {producer.returncode}")
-                time.sleep(poll)
+            wait_drained(lambda: _done(self.out, prefix), count, poll, f"huey, {self.workers} worker(s)", producing)
             producer.wait(timeout=START_TIMEOUT)
         finally:
             if producer.poll() is None:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from bench.scale_team import Team
+from bench.scale_wait import wait_drained
 
 # rename(2) is reached as renameat or renameat2 by some libcs, so all three are counted as "rename".
 SYSCALLS = ("fsync", "fdatasync", "rename", "renameat", "renameat2", "openat", "flock")
@@ -38,8 +39,7 @@ def syscalls_per_task(team: Team, prefix: str, count: int, out: Path, poll: floa
         inbox = team.ws / "kanban" / "inbox"
         for path in staged:
             path.rename(inbox / path.name)
-        while team.done_count(prefix) < count:
-            time.sleep(poll)
+        wait_drained(lambda: team.done_count(prefix), count, poll, "the traced drain")
     finally:
         with contextlib.suppress(ProcessLookupError):
             tracer.send_signal(signal.SIGINT)  # detaches and writes its summary

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import psutil
 
+from bench.scale_wait import wait_drained
+
 ROOT = Path(__file__).resolve().parent.parent
 DSN_ENV = "HERMES_SUP_BENCH_PG_DSN"  # hermes.yaml names the variable; the DSN itself is never written down
 UP_TIMEOUT = 1800.0
-DRAIN_TIMEOUT = 3600.0
 
 # Offline agents take any task (no roles) and run its steps without a model.
 CONFIG = """\
@@ -130,11 +131,7 @@ class Team:
         first_drop = time.time()
         for path in staged:
             os.rename(path, inbox / path.name)
-        deadline = time.monotonic() + DRAIN_TIMEOUT
-        while self.done_count(prefix) < count:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.done_count(prefix)} of {count} tasks done after {DRAIN_TIMEOUT:g} s")
-            time.sleep(poll)
+        wait_drained(lambda: self.done_count(prefix), count, poll, f"{self.agents} agent(s)")
         wall = time.time() - first_drop
         cpu1 = supervisor.cpu_times()
         seconds = max(self.last_done_at(prefix) - first_drop, 1e-6)
