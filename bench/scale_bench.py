@@ -131,8 +131,9 @@ class Run:
         stack.callback(quietly("removing the temp dir", lambda: shutil.rmtree(self.base, ignore_errors=True)))
         self.server: Any = None
         self.rows: list[dict[str, Any]] = []  # one per drain of every repeat
-        self.huey: dict[tuple[int, int], list[float]] = {}
-        self.board: dict[tuple[str, int, int], list[float]] = {}
+        # The peers' rates by repeat, so a drain is set against the peers measured in its own repeat.
+        self.huey: dict[tuple[int, int], dict[int, float]] = {}
+        self.board: dict[tuple[str, int, int], dict[int, float]] = {}
         self.syscalls: dict[str, dict[str, float]] = {}
         self.errors: list[str] = []  # cells that failed: the curve goes on without them
 
@@ -169,7 +170,7 @@ class Run:
 
     def huey_cell(self, rep: int, agents: int, backlog: int) -> None:
         row = huey_rate(self.folder("huey"), agents, backlog, poll_interval(backlog))
-        self.huey.setdefault((agents, backlog), []).append(row["per_second"])
+        self.huey.setdefault((agents, backlog), {})[rep] = row["per_second"]
         log(f"[{rep + 1}] huey, {agents} worker(s), {backlog} tasks: {row['per_second']:,.1f} tasks/s")
 
     def team_cells(self, rep: int, backend: str, agents: int) -> None:
@@ -185,7 +186,7 @@ class Run:
                 self.trace(backend, team)
         for backlog in self.args.backlogs:
             rate = board_alone(backend, agents, backlog, self.folder("board"), self.server.dsn if dsn else None)
-            self.board.setdefault((backend, agents, backlog), []).append(rate)
+            self.board.setdefault((backend, agents, backlog), {})[rep] = rate
             log(f"[{rep + 1}] {backend} board alone, {agents} claimer(s), {backlog} tasks: {rate:,.1f} tasks/s")
 
     def drain(self, rep: int, backend: str, team: Team, up: float, backlog: int) -> dict[str, Any]:
@@ -219,19 +220,19 @@ class Run:
                             if (r["backend"], r["agents"], r["backlog"]) == (backend, agents, backlog)]
                     if not rows:
                         continue
-                    board = self.board.get((backend, agents, backlog), [])
-                    huey = self.huey.get((agents, backlog), [])
+                    board = self.board.get((backend, agents, backlog), {})
+                    huey = self.huey.get((agents, backlog), {})
                     out.append(summary(backend, agents, backlog, rows, board, huey))
         return out
 
 
-def summary(backend: str, agents: int, backlog: int, rows: list[dict[str, Any]], board: list[float],
-            huey: list[float]) -> dict[str, Any]:
+def summary(backend: str, agents: int, backlog: int, rows: list[dict[str, Any]], board: dict[int, float],
+            huey: dict[int, float]) -> dict[str, Any]:
     def med(key: str) -> float:
         return statistics.median(r[key] for r in rows)
 
-    def ratios(peers: list[float]) -> float | None:
-        pairs = list(zip((r["per_second"] for r in rows), peers, strict=False))
+    def ratios(peers: dict[int, float]) -> float | None:
+        pairs = [(r["per_second"], peers[r["rep"]]) for r in rows if r["rep"] in peers]
         return statistics.median(rate / peer for rate, peer in pairs) if pairs else None
 
     return {"backend": backend, "agents": agents, "backlog": backlog, "repeats": len(rows), "up_s": med("up_s"),
@@ -240,8 +241,8 @@ def summary(backend: str, agents: int, backlog: int, rows: list[dict[str, Any]],
             "ratio_disk_n": statistics.median(r["per_second"] / r["disk_n_per_s"] for r in rows),
             "ratio_board": ratios(board), "ratio_huey": ratios(huey),
             "disk_1_per_s": med("disk_1_per_s"), "disk_n_per_s": med("disk_n_per_s"),
-            "board_per_s": statistics.median(board) if board else None,
-            "huey_per_s": statistics.median(huey) if huey else None,
+            "board_per_s": statistics.median(board.values()) if board else None,
+            "huey_per_s": statistics.median(huey.values()) if huey else None,
             "supervisor_cpu_percent": med("supervisor_cpu_percent"), "agent_uss_mb": med("agent_uss_mb_mean"),
             "agent_uss_mb_max": med("agent_uss_mb_max")}
 
@@ -325,8 +326,9 @@ def measure(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, 
                             functools.partial(run.team_cells, rep, backend, agents))
     report.update({"load_after": os.getloadavg(), "seconds": time.monotonic() - started, "cells": run.cells(),
                    "syscalls": run.syscalls, "drains": run.rows, "errors": run.errors,
-                   "huey": [{"workers": a, "backlog": b, "per_second": v} for (a, b), v in run.huey.items()],
-                   "board_alone": [{"backend": k, "claimers": a, "backlog": b, "per_second": v}
+                   "huey": [{"workers": a, "backlog": b, "per_second": list(v.values())}
+                            for (a, b), v in run.huey.items()],
+                   "board_alone": [{"backend": k, "claimers": a, "backlog": b, "per_second": list(v.values())}
                                    for (k, a, b), v in run.board.items()]})
     return report
 
