@@ -56,6 +56,7 @@ class PgServer:
     base: Path
     port: int
     user: str | None  # the system user the server runs as, when it is not us (we are root)
+    max_connections: int = 200  # bench/scale_bench.py's 256 agents hold about two each
 
     @property
     def data(self) -> Path:
@@ -89,7 +90,7 @@ class PgServer:
 
     def _start(self) -> None:
         options = (f"-c listen_addresses='' -c port={self.port} -c unix_socket_directories='{self.base}' "
-                   "-c unix_socket_permissions=0700 -c max_connections=200 -c fsync=on")
+                   f"-c unix_socket_permissions=0700 -c max_connections={self.max_connections} -c fsync=on")
         self._check(self._run("pg_ctl", "-D", str(self.data), "-l", str(self.base / "server.log"), "-w",
                               "-t", str(START_TIMEOUT), "-o", options, "start"), "pg_ctl start")
 
@@ -124,7 +125,7 @@ def _kill_postmaster(data: Path) -> None:
         os.kill(pid, 9)
 
 
-def start_server() -> PgServer:
+def start_server(max_connections: int = 200) -> PgServer:
     """Start a fresh cluster, or raise PgServerError saying why it cannot be had."""
     bin_dir = find_bin_dir()
     if bin_dir is None:
@@ -142,7 +143,7 @@ def start_server() -> PgServer:
                                 "(initdb refuses root); install the `postgresql` package, which creates it") from None
         user = SERVER_USER
         os.chown(base, entry.pw_uid, entry.pw_gid)
-    server = PgServer(bin_dir, base, free_port(), user)
+    server = PgServer(bin_dir, base, free_port(), user, max_connections)
     reap(base)
     try:
         server.start()
