@@ -1,42 +1,36 @@
-"""Watching the board folder: a watchdog observer that wakes waiting claimers and the ingester.
+"""Watching the board folder: inotify on it and its top folders, waking waiting claimers and the ingester.
 
-Events are a wake-up, never the truth: watchdog drops the kernel's queue-overflow signal and can
-miss files created in a brand-new folder, so every wake-up is followed by a rescan, one more
-rescan runs shortly after each burst, and waiters also wake every few seconds on their own. If
-inotify cannot be had (its watch or instance limit reached) the watcher says so and waiters poll.
+Events are a wake-up, never the truth: the kernel's queue can overflow and a folder made anew
+can fill before it is watched, so both ask for a rescan, one more rescan runs shortly after each
+burst, and waiters also wake every few seconds on their own. The board's temp files, its
+bookkeeping and drops that ingest skips wake no one. If inotify cannot be had (its watch or
+instance limit reached) the watcher says so and waiters poll.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from watchdog.events import (
-    DirCreatedEvent,
-    DirMovedEvent,
-    FileClosedEvent,
-    FileCreatedEvent,
-    FileDeletedEvent,
-    FileMovedEvent,
-    FileSystemEvent,
-    FileSystemEventHandler,
+from .drops import skipped_name
+from .fsio import tmp_writer_pid
+from .inotify import (
+    IN_CLOSE_WRITE,
+    IN_CREATE,
+    IN_DELETE,
+    IN_ISDIR,
+    IN_MOVED_FROM,
+    IN_MOVED_TO,
+    Inotify,
 )
 
-if TYPE_CHECKING:  # imported where it starts, as the inotify observer is
-    from watchdog.observers.api import BaseObserver
-
 BURST_RESCAN_DELAY = 0.25
-# Only what says a task file arrived or left. Directory-modified events are left out: they repeat
-# the file events, and one fires each time any process closes the lock file after taking it, which
-# would wake every waiter on every lock.
-EVENT_KINDS: list[type[FileSystemEvent]] = [
-    FileCreatedEvent, FileMovedEvent, FileClosedEvent, FileDeletedEvent, DirCreatedEvent, DirMovedEvent,
-]
-# watchdog logs this at ERROR when an observer is stopped while its emitter reads one last event: a
+# watchdog (still watching for `task wait` and the dashboard) logs this at ERROR when an observer
+# is stopped while its emitter reads one last event: a
 # race in its shutdown, harmless (the watch is going away). With no logging set up, Python printed
 # it on a command's stderr; its other records (a queue overflow, say) still get through.
 SHUTDOWN_RACE = "InotifyEmitter.queue_events() called when the thread is inactive"
@@ -49,7 +43,9 @@ def _not_the_shutdown_race(record: logging.LogRecord) -> bool:
 logging.getLogger("watchdog.observers.inotify").addFilter(_not_the_shutdown_race)
 
 # Bookkeeping the board writes for itself; never a reason to wake anyone.
-QUIET_NAMES = frozenset({".lock", ".pending", ".ingested", "events.jsonl", ".doccache", ".doccache.fields"})
+INGEST_LOCK = ".ingest.lock"  # kanban/ingest.py's: one process ingests at a time
+QUIET_NAMES = frozenset({".lock", INGEST_LOCK, ".pending", ".ingested", "events.jsonl", ".doccache",
+                         ".doccache.fields"})
 
 
 def quiet(relative: str) -> bool:
@@ -80,22 +76,20 @@ class ChangeSignal:
             return self._cond.wait_for(lambda: self.generation != seen, timeout=max(0.0, timeout))
 
 
-class _Handler(FileSystemEventHandler):
-    def __init__(self, watcher: BoardWatcher) -> None:
-        self.watcher = watcher
+# What wakes a waiter: an entry that arrived (created, written and closed, renamed in) or left.
+FILE_EVENTS = IN_CREATE | IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE
+COMPLETE = IN_CLOSE_WRITE | IN_MOVED_TO  # a file renamed into place, or closed after writing
 
-    def on_any_event(self, event: FileSystemEvent) -> None:
-        if not isinstance(event, tuple(EVENT_KINDS)):
-            return
-        path = os.fsdecode(event.dest_path if isinstance(event, FileMovedEvent) and event.dest_path
-                           else event.src_path)
-        if quiet(os.path.relpath(path, self.watcher.root)):
-            return
-        # A file renamed into place, or closed after writing, is complete: the ingester need not
-        # wait for it to settle.
-        if isinstance(event, (FileMovedEvent, FileClosedEvent)) and not event.is_directory:
-            self.watcher.mark_complete(Path(path))
-        self.watcher.changed()
+
+def wakes(folder: str, name: str) -> bool:
+    """Whether a change to `name` in the board's top folder `folder` ("" for the board's own) can
+    matter to a waiter (pure): not the board's bookkeeping, nor a temp file the board writes before
+    renaming it into place, nor a drop that ingest skips (an editor's swap file, a partial download)."""
+    if folder == "":
+        return not quiet(name)
+    if folder == "inbox":
+        return not skipped_name(name)
+    return tmp_writer_pid(name) is None
 
 
 class BoardWatcher:
@@ -104,7 +98,8 @@ class BoardWatcher:
         self.signal = signal
         self.mode = "off"
         self.reason = ""
-        self._observer: BaseObserver | None = None
+        self._inotify: Inotify | None = None
+        self._thread: threading.Thread | None = None
         self._complete: dict[str, int] = {}
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
@@ -114,33 +109,79 @@ class BoardWatcher:
             self.mode, self.reason = "polling", why
             return
         try:
-            from watchdog.observers.inotify import InotifyObserver
-
-            observer = InotifyObserver(generate_full_events=True)
-            observer.schedule(_Handler(self), str(self.root), recursive=True, event_filter=EVENT_KINDS)
-            observer.daemon = True
-            observer.start()
+            inotify = Inotify()
         except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EMFILE):
-                limit = "watches" if exc.errno == errno.ENOSPC else "instances"
+            if exc.errno == errno.EMFILE:
                 self.mode = "polling"
-                self.reason = (f"inotify {limit} exhausted ({exc.strerror}); raise "
-                               f"fs.inotify.max_user_{limit} to get events back")
+                self.reason = (f"inotify instances exhausted ({exc.strerror}); raise "
+                               "fs.inotify.max_user_instances to get events back")
+                return
+            if exc.errno in (errno.ENOSYS, errno.EINVAL):
+                self.mode, self.reason = "polling", f"no inotify here ({exc.strerror})"
                 return
             raise
-        except ImportError as exc:  # not Linux: watchdog's inotify backend is unavailable
+        except AttributeError as exc:  # a libc without inotify (not Linux)
             self.mode, self.reason = "polling", f"no inotify on this platform ({exc})"
             return
-        self._observer = observer
+        try:
+            inotify.add(str(self.root), FILE_EVENTS)
+            for entry in os.scandir(self.root):
+                if entry.is_dir(follow_symlinks=False) and not quiet(entry.name):
+                    inotify.add(entry.path, FILE_EVENTS)
+        except OSError as exc:
+            inotify.close()
+            if exc.errno == errno.ENOSPC:
+                self.mode = "polling"
+                self.reason = (f"inotify watches exhausted ({exc.strerror}); raise "
+                               "fs.inotify.max_user_watches to get events back")
+                return
+            raise
+        self._inotify = inotify
+        self._thread = threading.Thread(target=self._read, args=(inotify,), name="board-watch", daemon=True)
+        self._thread.start()
         self.mode, self.reason = "inotify", ""
 
+    def _read(self, inotify: Inotify) -> None:
+        root = str(self.root)
+        while not inotify.closed:
+            woke = full = False
+            try:
+                for event in inotify.events(None):
+                    if not event.folder:  # the kernel's queue overflowed: events were lost
+                        woke = full = True
+                        continue
+                    top = "" if event.folder == root else os.path.basename(event.folder)
+                    if not event.name or not wakes(top, event.name):
+                        continue
+                    if top == "" and event.mask & IN_ISDIR and event.mask & (IN_CREATE | IN_MOVED_TO):
+                        # A folder made (or put back) after the start: watched from now on, and what
+                        # arrived in it before the watch is found by a rescan.
+                        with contextlib.suppress(OSError):
+                            inotify.add(os.path.join(root, event.name), FILE_EVENTS)
+                        full = True
+                    elif top and event.mask & COMPLETE and not event.mask & IN_ISDIR:
+                        self.mark_complete(Path(event.folder, event.name))
+                    woke = True
+            except OSError:
+                if inotify.closed:
+                    return
+                raise
+            if full:
+                self.signal.bump(full=True)
+            if woke:
+                self.changed()
+
     def stop(self) -> None:
-        observer, self._observer = self._observer, None
+        inotify, self._inotify = self._inotify, None
+        thread, self._thread = self._thread, None
         if self._timer is not None:
             self._timer.cancel()
-        if observer is not None:
-            observer.stop()
-            observer.join(timeout=5)
+        if inotify is not None:
+            inotify.shutdown()
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout=5)
+            if thread is None or not thread.is_alive():
+                inotify.close()
         self.mode = "off"
 
     def changed(self) -> None:

@@ -1,0 +1,129 @@
+"""A small inotify(7) reader over ctypes: a few folders, a few kinds of event, the kernel's overflow included.
+
+Why not watchdog's observer for the board: it spent 100 to 200 us of Python on each event (move
+pairing through a delayed queue, event objects, a dispatch thread), and every process that waits
+on the board pays it for every file any process writes there: with 16 agents, their watchers were
+half of what an idle agent did while others drained. It also drops the kernel's queue-overflow
+event, which this reader hands on (as `OVERFLOW`) so the board rescans.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import os
+import select
+import struct
+from collections.abc import Iterator
+from typing import NamedTuple
+
+IN_CLOSE_WRITE = 0x00000008
+IN_MOVED_FROM = 0x00000040
+IN_MOVED_TO = 0x00000080
+IN_CREATE = 0x00000100
+IN_DELETE = 0x00000200
+IN_DELETE_SELF = 0x00000400
+IN_Q_OVERFLOW = 0x00004000
+IN_IGNORED = 0x00008000
+IN_ONLYDIR = 0x01000000
+IN_ISDIR = 0x40000000
+IN_CLOEXEC = 0o2000000
+IN_NONBLOCK = 0o4000
+
+HEADER = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of NUL-padded name
+BUFFER = 64 * 1024
+
+_libc: ctypes.CDLL | None = None
+
+
+class Event(NamedTuple):
+    folder: str  # the watched folder's path ("" for an overflow)
+    name: str  # the entry's name in it ("" for the folder itself)
+    mask: int
+
+
+def libc() -> ctypes.CDLL:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    return _libc
+
+
+class Inotify:
+    """One inotify instance: `add(folder, mask)`, then `events(timeout)` as they come; `shutdown()`, `close()`."""
+
+    def __init__(self) -> None:
+        fd = libc().inotify_init1(IN_CLOEXEC | IN_NONBLOCK)
+        if fd < 0:
+            number = ctypes.get_errno()
+            raise OSError(number, os.strerror(number))
+        self.fd = fd
+        self._folders: dict[int, str] = {}
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._poll = select.poll()
+        self._poll.register(self.fd, select.POLLIN)
+        self._poll.register(self._wake_r, select.POLLIN)
+        self.closed = False
+        self._fds_open = True
+
+    def add(self, folder: str, mask: int) -> bool:
+        """Watch `folder` (not its subfolders); False if it is not (or no longer) a folder.
+        Raises OSError for the user's limit (ENOSPC: watches)."""
+        wd = libc().inotify_add_watch(self.fd, os.fsencode(folder), mask | IN_ONLYDIR)
+        if wd < 0:
+            number = ctypes.get_errno()
+            if number in (errno.ENOENT, errno.ENOTDIR):
+                return False
+            raise OSError(number, os.strerror(number), folder)
+        self._folders[wd] = folder
+        return True
+
+    def events(self, timeout: float | None) -> Iterator[Event]:
+        """The events that arrive within `timeout` seconds (None: until some do or `shutdown` is
+        called); nothing once shut down."""
+        if self.closed:
+            return
+        ready = self._poll.poll(None if timeout is None else int(timeout * 1000))
+        if self.closed or not ready:
+            return
+        try:
+            data = os.read(self.fd, BUFFER)
+        except BlockingIOError:
+            return
+        except OSError:
+            if self.closed:
+                return
+            raise
+        yield from self._parse(data)
+
+    def _parse(self, data: bytes) -> Iterator[Event]:
+        at = 0
+        while at + HEADER.size <= len(data):
+            wd, mask, _cookie, length = HEADER.unpack_from(data, at)
+            name = data[at + HEADER.size:at + HEADER.size + length].split(b"\0", 1)[0]
+            at += HEADER.size + length
+            if mask & IN_Q_OVERFLOW:
+                yield Event("", "", mask)
+                continue
+            folder = self._folders.get(wd)
+            if folder is None:
+                continue
+            if mask & IN_IGNORED:  # the folder went away (or its watch was removed)
+                del self._folders[wd]
+            yield Event(folder, os.fsdecode(name), mask)
+
+    def shutdown(self) -> None:
+        """Make a waiting `events` return, and every later one return nothing (from any thread)."""
+        self.closed = True
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+
+    def close(self) -> None:
+        """Release the descriptors: only once no thread is in `events` (after shutdown and a join)."""
+        self.closed = True
+        fds, self._fds_open = (self.fd, self._wake_r, self._wake_w) if self._fds_open else (), False
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)

@@ -1,0 +1,106 @@
+"""The board's inotify watch (what wakes a waiter, folders made later, the overflow); one ingester at a time."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import threading
+from pathlib import Path
+
+import pytest
+from hermes_sup.kanban import Board, inotify
+from hermes_sup.kanban.fsio import write_json_atomic
+from hermes_sup.kanban.lock import BoardLock
+from hermes_sup.kanban.watch import INGEST_LOCK, wakes
+
+from .conftest import wait_until
+
+
+def test_what_wakes_a_waiter() -> None:
+    assert wakes("inbox", "report.json") and wakes("todo", "t-1.json") and wakes("", "todo")
+    assert not wakes("inbox", ".report.json.swp") and not wakes("inbox", "report.json~")
+    assert not wakes("todo", f".t-1.json.{os.getpid()}.a1b2c3.tmp")  # the board's own atomic write
+    assert not wakes("", ".lock") and not wakes("", INGEST_LOCK) and not wakes("", "events.jsonl")
+
+
+def test_parse_hands_on_the_overflow_and_names() -> None:
+    watch = inotify.Inotify()
+    try:
+        watch._folders[3] = "/b/todo"
+        name = b"t-1.json\0\0\0\0"
+        data = (struct.pack("iIII", 3, inotify.IN_MOVED_TO, 0, len(name)) + name
+                + struct.pack("iIII", -1, inotify.IN_Q_OVERFLOW, 0, 0)
+                + struct.pack("iIII", 9, inotify.IN_CREATE, 0, 0))  # a watch not ours: nothing
+        assert list(watch._parse(data)) == [inotify.Event("/b/todo", "t-1.json", inotify.IN_MOVED_TO),
+                                            inotify.Event("", "", inotify.IN_Q_OVERFLOW)]
+    finally:
+        watch.close()
+
+
+def test_a_drop_wakes_the_board_and_its_temp_files_do_not(tmp_path: Path) -> None:
+    board = Board(tmp_path / "kanban")
+    board.start_watching()
+    try:
+        assert board.watch_mode == "inotify"
+        seen = board.signal.generation
+        # The board's own temp files (and a rename of one into another status folder's name
+        # would wake: only the temp file is tested here) wake no one.
+        write_json_atomic(board.root / "todo" / f".x.json.{os.getpid()}.abcdef.tmp", {"a": 1}, fsync=False)
+        (board.root / "inbox" / ".drop.json.swp").write_text("{}")
+        assert not board.signal.wait(seen, 0.3)
+        drop = board.root / "inbox" / "one.json"
+        tmp = board.root / "inbox" / ".one.json.part"
+        tmp.write_text(json.dumps({"title": "one"}))
+        os.rename(tmp, drop)
+        assert board.signal.wait(seen, 5), "a drop renamed into inbox/ woke no one"
+        wait_until(lambda: board.watcher.is_complete(drop, drop.stat().st_mtime_ns), timeout=5)
+    finally:
+        board.close()
+
+
+def test_a_status_folder_made_again_is_watched_and_rescanned(tmp_path: Path) -> None:
+    board = Board(tmp_path / "kanban")
+    board.start_watching()
+    try:
+        os.rmdir(board.root / "blocked")
+        seen = board.signal.generation
+        (board.root / "blocked").mkdir()
+        assert board.signal.wait(seen, 5)
+        wait_until(lambda: board.signal.full_rescan_due, timeout=5)
+        wait_until(lambda: board.watcher._timer is None, timeout=5)  # the burst's own rescan came
+        seen = board.signal.generation
+        (board.root / "blocked" / "t-9.json").write_text("{}")
+        assert board.signal.wait(seen, 5), "a file in the folder made again woke no one"
+    finally:
+        board.close()
+
+
+def test_one_ingester_at_a_time_and_no_drop_left_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    board = Board(tmp_path / "kanban")
+    inbox = board.root / "inbox"
+    (inbox / "first.json").write_text(json.dumps({"title": "first"}))
+    other = BoardLock(board.root / INGEST_LOCK, 5)  # another process's ingest (its own descriptor)
+    assert other.try_acquire()
+    assert board.ingest(wait=False).ingested == [], "ingested while another process was ingesting"
+    assert (inbox / "first.json").exists()
+    other.release()
+    other.close()
+
+    # A drop that comes while an ingest runs (its waker found the lock taken and went on) is taken
+    # by that ingest before it returns.
+    real = board.ingester._ingest_ready
+    late = threading.Event()
+
+    def ready_then_a_late_drop(report):  # type: ignore[no-untyped-def]
+        seen = real(report)
+        if not late.is_set():
+            late.set()
+            (inbox / "late.json").write_text(json.dumps({"title": "late"}))
+        return seen
+
+    monkeypatch.setattr(board.ingester, "_ingest_ready", ready_then_a_late_drop)
+    report = board.ingest(wait=False)
+    assert sorted(doc.split("-")[0] for doc in report.ingested) == ["first", "late"]
+    assert not [p for p in inbox.iterdir() if not p.name.startswith(".")]
+    board.close()
