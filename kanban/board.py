@@ -113,8 +113,8 @@ class Board:
     def answer(self, task_id: str, text: str, *, by: str = "cli") -> TaskDoc:
         return self.notes.answer(task_id, text, by=by)
 
-    def ingest(self) -> IngestReport:
-        return self.ingester.ingest()
+    def ingest(self, *, wait: bool = True) -> IngestReport:
+        return self.ingester.ingest(wait=wait)
 
     def quarantine_damaged(self, damaged: Iterable[dict[str, str]]) -> list[str]:
         return self.txn.quarantine_damaged(damaged)
@@ -304,7 +304,7 @@ class Board:
         self.start_watching()
 
         def look_after() -> None:
-            self.ingest()
+            self.ingest(wait=False)  # while another process ingests, it takes the drops
             now = time.monotonic()
             if recover_due(self._last_recover, now):
                 self.recover(sweep=recover_due(self.txn.last_sweep, now, waiting.SWEEP_INTERVAL))

@@ -37,7 +37,7 @@ class BoardLock:
         # A forked child shares its parent's open file description, and with it the parent's lock:
         # it must open its own.
         if self._fd is None or self._pid != os.getpid():
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
             self._pid = os.getpid()
         return self._fd
 
