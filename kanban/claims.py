@@ -98,6 +98,15 @@ class Claims:
         return self.disk.signal.full_rescan_due and \
             time.monotonic() - self.indexed_at >= RESCAN_SHARE * self.rescan_seconds
 
+    def catch_up(self) -> bool:
+        """Follow the event log without the board lock (the index is this process's own); False,
+        doing nothing, when a rescan is due, which needs the lock."""
+        with self.disk.tlock:
+            if self.rescan_due():
+                return False
+            self.disk.index.apply_events(self.tail.read_new(), self.load_todo)
+            return True
+
     def refresh_index(self) -> None:
         if self.rescan_due():
             self.rescan()
@@ -125,8 +134,7 @@ class Claims:
         for _attempt in range(20):
             picked = None
             with self.disk.tlock:
-                if not self.rescan_due():
-                    self.disk.index.apply_events(self.tail.read_new(), self.load_todo)
+                if self.catch_up():
                     picked = self._reserve(agent, roles, steps_only, assigned_only, locked=False)
             if picked is None:
                 with self.disk.locked():

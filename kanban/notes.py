@@ -31,8 +31,9 @@ class Notes:
         this board remembers what it noted, so a call reads only tasks whose note it would change:
         agents call this after every task. With `agent` (and its `roles`), only the
         tasks it could claim now are noted: its provider is no reason for a task it could not take."""
-        with self.disk.locked():
-            self.claims.refresh_index()
+        if not self.claims.catch_up():
+            with self.disk.locked():
+                self.claims.refresh_index()
         roles = tuple(roles)
         index = self.disk.index
 
