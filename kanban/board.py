@@ -301,7 +301,7 @@ class Board:
         Drops are ingested and dead claims recovered while waiting, so a board needs no other
         process to make progress. Sleeps on watcher events, never a busy poll.
         """
-        self.start_watching()
+        waiting.start_watching(self.disk, claims_only=True)
 
         def look_after() -> None:
             self.ingest(wait=False)  # while another process ingests, it takes the drops

@@ -73,10 +73,13 @@ def health(disk: Folder) -> list[tuple[str, str, str]]:
     return checks
 
 
-def start_watching(disk: Folder) -> None:
+def start_watching(disk: Folder, *, claims_only: bool = False) -> None:
+    """Start the watcher: with `claims_only` (a waiting claimer) only work arriving wakes it."""
     if disk.watcher.mode == "off":
-        disk.watcher.start(force_polling=disk.network_fs,
+        disk.watcher.start(force_polling=disk.network_fs, claims_only=claims_only,
                            why=f"no change events on a network filesystem ({disk.fs_type})")
+    elif not claims_only:
+        disk.watcher.widen()
 
 
 def nap(disk: Folder) -> float:

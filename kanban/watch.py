@@ -79,6 +79,11 @@ class ChangeSignal:
 # What wakes a waiter: an entry that arrived (created, written and closed, renamed in) or left.
 FILE_EVENTS = IN_CREATE | IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE
 COMPLETE = IN_CLOSE_WRITE | IN_MOVED_TO  # a file renamed into place, or closed after writing
+# A claimer waits for work to arrive: a drop, a task in todo, a dependency done. What leaves a
+# folder, and what arrives in the others (a claim into doing, a failure), never gives it work; with
+# 16 agents each task's moves woke all 16 about ten times.
+ARRIVALS = IN_CREATE | IN_CLOSE_WRITE | IN_MOVED_TO
+CLAIM_FOLDERS = ("inbox", "todo", "done")
 
 
 def wakes(folder: str, name: str) -> bool:
@@ -103,8 +108,33 @@ class BoardWatcher:
         self._complete: dict[str, int] = {}
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
+        self.claims_only = False
 
-    def start(self, *, force_polling: bool = False, why: str = "") -> None:
+    def _mask(self, name: str) -> int | None:
+        """The events watched in top folder `name` (None: not watched)."""
+        if quiet(name):
+            return None
+        if not self.claims_only:
+            return FILE_EVENTS
+        return ARRIVALS if name in CLAIM_FOLDERS else None
+
+    def _watch_folders(self, inotify: Inotify) -> None:
+        inotify.add(str(self.root), FILE_EVENTS if not self.claims_only else IN_CREATE | IN_MOVED_TO)
+        for entry in os.scandir(self.root):
+            mask = self._mask(entry.name)
+            if mask is not None and entry.is_dir(follow_symlinks=False):
+                inotify.add(entry.path, mask)
+
+    def widen(self) -> None:
+        """Watch every change, not only arrivals of work (a claimer's board asked for by a view)."""
+        if not self.claims_only:
+            return
+        self.claims_only = False
+        if self._inotify is not None:
+            with contextlib.suppress(OSError):
+                self._watch_folders(self._inotify)
+
+    def start(self, *, force_polling: bool = False, why: str = "", claims_only: bool = False) -> None:
         if force_polling:
             self.mode, self.reason = "polling", why
             return
@@ -123,11 +153,9 @@ class BoardWatcher:
         except AttributeError as exc:  # a libc without inotify (not Linux)
             self.mode, self.reason = "polling", f"no inotify on this platform ({exc})"
             return
+        self.claims_only = claims_only
         try:
-            inotify.add(str(self.root), FILE_EVENTS)
-            for entry in os.scandir(self.root):
-                if entry.is_dir(follow_symlinks=False) and not quiet(entry.name):
-                    inotify.add(entry.path, FILE_EVENTS)
+            self._watch_folders(inotify)
         except OSError as exc:
             inotify.close()
             if exc.errno == errno.ENOSPC:
@@ -156,10 +184,12 @@ class BoardWatcher:
                     if top == "" and event.mask & IN_ISDIR and event.mask & (IN_CREATE | IN_MOVED_TO):
                         # A folder made (or put back) after the start: watched from now on, and what
                         # arrived in it before the watch is found by a rescan.
-                        with contextlib.suppress(OSError):
-                            inotify.add(os.path.join(root, event.name), FILE_EVENTS)
+                        mask = self._mask(event.name)
+                        if mask is not None:
+                            with contextlib.suppress(OSError):
+                                inotify.add(os.path.join(root, event.name), mask)
                         full = True
-                    elif top and event.mask & COMPLETE and not event.mask & IN_ISDIR:
+                    elif top == "inbox" and event.mask & COMPLETE and not event.mask & IN_ISDIR:
                         self.mark_complete(Path(event.folder, event.name))
                     woke = True
             except OSError:

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from hermes_sup.kanban import Board, inotify
+from hermes_sup.kanban import Board, inotify, waiting
 from hermes_sup.kanban.fsio import write_json_atomic
 from hermes_sup.kanban.lock import BoardLock
 from hermes_sup.kanban.watch import INGEST_LOCK, wakes
@@ -104,3 +104,24 @@ def test_one_ingester_at_a_time_and_no_drop_left_behind(tmp_path: Path, monkeypa
     assert sorted(doc.split("-")[0] for doc in report.ingested) == ["first", "late"]
     assert not [p for p in inbox.iterdir() if not p.name.startswith(".")]
     board.close()
+
+
+def test_a_claimer_wakes_for_work_arriving_only_until_a_view_widens_the_watch(tmp_path: Path) -> None:
+    board = Board(tmp_path / "kanban")
+    first, second = board.add({"title": "one"}), board.add({"title": "two"})
+    one, two = board.claim("a1"), board.claim("a1")
+    assert one is not None and two is not None
+    waiting.start_watching(board.disk, claims_only=True)
+    try:
+        seen = board.signal.generation
+        board.fail(first["id"], one["claim"]["token"], "no", permanent=True)  # doing -> failed: no work arrived
+        assert not board.signal.wait(seen, 0.3), "a claimer woke for a task that failed"
+        board.add({"title": "new work"})
+        assert board.signal.wait(seen, 5), "a task arriving in todo woke no claimer"
+        wait_until(lambda: board.watcher._timer is None, timeout=5)
+        board.start_watching()  # a view of the board (the dashboard, board --watch) wants every change
+        seen = board.signal.generation
+        board.fail(second["id"], two["claim"]["token"], "no", permanent=True)
+        assert board.signal.wait(seen, 5), "a widened watch missed a task moving to failed"
+    finally:
+        board.close()
