@@ -25,6 +25,16 @@ RESYNC_AFTER = 2.0
 # A rescan the watcher asks for waits until this many times its last one's duration has passed.
 RESCAN_SHARE = 20
 Signature = tuple[int, int, int, int]
+# A reservation marker this old may be a dead claimer's: the locked path looks at its owner.
+STALE_MARKER_AGE = 1.0
+
+
+def _older_than(marker: Path, seconds: float) -> bool:
+    """The marker is at least `seconds` old, or gone (as good as stale: nothing holds the task)."""
+    try:
+        return time.time() - marker.lstat().st_mtime >= seconds
+    except FileNotFoundError:
+        return True
 
 
 class Claims:
@@ -38,6 +48,7 @@ class Claims:
         self.tail = EventTail(disk.events_path)
         self.indexed_at: float | None = None  # monotonic time of the last full rescan
         self.rescan_seconds = 0.0  # how long it took
+        self.needs_lock = False  # the lock-free pick skipped something only the locked path repairs
         self._todo_seen: dict[str, tuple[Signature, Meta]] = {}  # todo file name -> what it was, its meta
 
     # -- the index ------------------------------------------------------------------------------
@@ -132,10 +143,18 @@ class Claims:
         """
         roles = tuple(roles)
         for _attempt in range(20):
-            picked = None
+            picked, settled = None, False
             with self.disk.tlock:
                 if self.catch_up():
+                    self.needs_lock = False
                     picked = self._reserve(agent, roles, steps_only, assigned_only, locked=False)
+                    # Nothing here for us, and nothing the locked path would repair or find: a
+                    # claimer woken for work another took returns without the board lock (16
+                    # agents took it for every task, each to find nothing).
+                    settled = picked is None and not self.needs_lock and self.indexed_at is not None \
+                        and time.monotonic() - self.indexed_at <= RESYNC_AFTER
+            if settled:
+                return None
             if picked is None:
                 with self.disk.locked():
                     self.refresh_index()
@@ -193,9 +212,11 @@ class Claims:
             except Damaged as exc:
                 if locked:
                     self.txn.quarantine(path, str(exc))
+                self.needs_lock = True
                 continue
             if doc["status"] != "todo":
                 if not locked:
+                    self.needs_lock = True
                     continue
                 doc = self.txn.adopt_hand_move("todo", doc)
                 if doc["status"] != "todo":
@@ -232,7 +253,10 @@ class Claims:
                 os.symlink(_owner_text(), marker)
             except FileExistsError:
                 self.txn.reservations.done(task_id)
-                if not locked or not self._stale_marker(marker):
+                if not locked:
+                    self.needs_lock = self.needs_lock or _older_than(marker, STALE_MARKER_AGE)
+                    return False
+                if not self._stale_marker(marker):
                     return False
                 self.txn.finish_interrupted(sweep=False)
                 continue
@@ -241,11 +265,7 @@ class Claims:
         return False
 
     def _stale_marker(self, marker: Path) -> bool:
-        try:
-            age = time.time() - marker.lstat().st_mtime
-        except FileNotFoundError:
-            return True
-        return age >= 1.0 and not self.txn.marker_is_live(marker)
+        return _older_than(marker, STALE_MARKER_AGE) and not self.txn.marker_is_live(marker)
 
     def _claimed(self, doc: TaskDoc, agent: str, lease: float | None, pid: int | None) -> TaskDoc:
         pid = os.getpid() if pid is None else pid

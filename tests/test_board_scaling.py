@@ -78,3 +78,25 @@ def test_a_rescan_reads_again_a_task_changed_by_hand(tmp_path: Path, reads: list
     assert claimed is not None and claimed["id"] == high["id"], "the hand edit was not seen"
     assert reads.count(f"{low['id']}.json") == 0, "an unchanged task was read again"
     board.close()
+
+
+def test_a_claimer_that_finds_nothing_leaves_the_board_lock_alone(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from hermes_sup.kanban.lock import BoardLock
+    board = Board(tmp_path / "kanban")
+    board.add({"title": "for another role", "role": "writer"})
+    assert board.claim("a1", roles=["coder"]) is None  # the index is built (under the lock)
+    taken: list[int] = []
+    real = BoardLock.acquire
+    monkeypatch.setattr(BoardLock, "acquire", lambda self: (taken.append(1), real(self))[1])
+    for _ in range(10):  # woken again and again for work others took
+        assert board.claim("a1", roles=["coder"]) is None
+    assert taken == [], "a claim that found nothing took the board lock"
+    # Something only the locked path repairs (a damaged task file) sends it there once.
+    from hermes_sup.kanban import claims
+    monkeypatch.setattr(claims, "RESCAN_SHARE", 0)  # the watcher's rescan comes at once
+    (board.root / "todo" / "broken-1.json").write_text("{not json")
+    board.signal.bump(full=True)
+    assert board.claim("a1", roles=["coder"]) is None
+    assert taken and (board.root / "rejected").exists() and not (board.root / "todo" / "broken-1.json").exists()
+    board.close()
