@@ -14,6 +14,7 @@ the package's folders are the workspace's, and `kanban/` there is the board too.
 
 from __future__ import annotations
 
+import ast
 import compileall
 import contextlib
 import functools
@@ -27,11 +28,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from . import sandbox
-from .terminal import STOP_SIGNALS, clean_env, command_for, died_of, kill_group, withheld
+from .terminal import SECRET_NAMES, STOP_SIGNALS, clean_env, command_for, died_of, kill_group, withheld
 from .tools import Tool, ToolContext, ToolError
 
 CALL_TIMEOUT = 600.0   # of the call's own work; time spent waiting on the model is not counted
@@ -46,6 +48,31 @@ BOOT = ("import importlib, sys\n"
         "sys.path.insert(0, sys.argv[1])\n"
         "sys.exit(importlib.import_module(sys.argv[2]).main())\n")
 CHECK_TIMEOUT = 10.0
+CHECK_ENV = ("PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH")
+
+
+def check_env(environ: Mapping[str, str], home: str) -> dict[str, str]:
+    """The environment of a skill check (pure): an allow-list of harmless variables, never one
+    named like a credential, so neither a provider's key (whatever `api_key_env` calls it) nor any
+    other secret of the caller reaches the skill's code."""
+    kept = {key: value for key, value in environ.items()
+            if (key in CHECK_ENV or key.startswith("LC_")) and not SECRET_NAMES.search(key)}
+    return {**kept, "HOME": home, "TMPDIR": home, "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def check_in_process_of_its_own(path: Path, runs: Path, data: bytes | None = None) -> dict[str, Any]:
+    """The verdict on `path` (its bytes `data`, read once: what is checked is what will run): parsed
+    here (no code of the skill runs in this process), imported by agents.skillcheck in a confined
+    process of its own with no credential (agents/skillproc.check), bounded in time."""
+    try:
+        data = path.read_bytes() if data is None else data
+        ast.parse(data, filename=str(path))
+    except SyntaxError as exc:
+        return {"ok": False, "error": f"syntax error at line {exc.lineno}: {exc.msg}"}
+    except (OSError, ValueError) as exc:
+        return {"ok": False, "error": f"cannot be read: {exc}"}
+    return check(path, data, runs, check_env(os.environ, ""), CHECK_TIMEOUT)
+
 
 
 def digest(data: bytes) -> str:

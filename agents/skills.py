@@ -16,14 +16,13 @@ not offered.
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import hashlib
 import json
 import os
 import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,14 +36,12 @@ from ..kanban.task import now_iso
 from . import skillproc
 from .files import read_nofollow
 from .skillcheck import verdict_problem
-from .terminal import SECRET_NAMES
+from .skillproc import check_env, check_in_process_of_its_own  # noqa: F401  (the skill checks' entry points)
 from .tools import Tool, ToolContext, ToolError, register
 
 BUNDLED = Path(__file__).resolve().parent.parent / "skills"
 SKILL_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
-CHECK_TIMEOUT = 10.0
 # What a skill check inherits of its caller's environment; HOME and TMPDIR are its own folder.
-CHECK_ENV = ("PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH")
 PLATFORMS = {"macos": "darwin", "linux": "linux", "windows": "win32"}  # Hermes' names, sys.platform's
 MAX_LINKED_BYTES = 1_000_000
 MAX_DEPTH = 8  # folders below skills/ looked into for a SKILL.md
@@ -90,27 +87,13 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def check_env(environ: Mapping[str, str], home: str) -> dict[str, str]:
-    """The environment of a skill check (pure): an allow-list of harmless variables, never one
-    named like a credential, so neither a provider's key (whatever `api_key_env` calls it) nor any
-    other secret of the caller reaches the skill's code."""
-    kept = {key: value for key, value in environ.items()
-            if (key in CHECK_ENV or key.startswith("LC_")) and not SECRET_NAMES.search(key)}
-    return {**kept, "HOME": home, "TMPDIR": home, "PYTHONDONTWRITEBYTECODE": "1"}
-
-
-def check_in_process_of_its_own(path: Path, runs: Path, data: bytes | None = None) -> dict[str, Any]:
-    """The verdict on `path` (its bytes `data`, read once: what is checked is what will run): parsed
-    here (no code of the skill runs in this process), imported by agents.skillcheck in a confined
-    process of its own with no credential (agents/skillproc.check), bounded in time."""
+def file_signature(path: Path) -> tuple[int, ...] | None:
+    """What tells a file changed: its inode, size, mtime and ctime (which no one can set)."""
     try:
-        data = path.read_bytes() if data is None else data
-        ast.parse(data, filename=str(path))
-    except SyntaxError as exc:
-        return {"ok": False, "error": f"syntax error at line {exc.lineno}: {exc.msg}"}
-    except (OSError, ValueError) as exc:
-        return {"ok": False, "error": f"cannot be read: {exc}"}
-    return skillproc.check(path, data, runs, check_env(os.environ, ""), CHECK_TIMEOUT)
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def instruction_folders(root: Path) -> list[tuple[str, ...]]:
@@ -139,6 +122,9 @@ class Skills:
         # The agent's `skills:`. When it names instruction skills, those are the instruction skills
         # it sees (a Hermes profile's own, as the import sets them); else it sees them all.
         self.listed = frozenset(listed)
+        # The catalog as last read, and what its files were then: a task's toolbox read and parsed
+        # every skill file and the verdicts (a fifth of an offline agent's work per task).
+        self._memo: tuple[object, list[Skill]] | None = None
 
     # -- discovery --------------------------------------------------------------------------------
 
@@ -187,6 +173,10 @@ class Skills:
 
     def catalog(self) -> list[Skill]:
         found = sorted(self._found_in_categories().items())
+        key = (self.listed, [(name, entry, file_signature(entry[1])) for name, entry in found],
+               file_signature(self.verdicts_path))
+        if self._memo is not None and self._memo[0] == key:
+            return list(self._memo[1])
         instructions = {name for name, (kind, *_) in found if kind == "instructions"} & self.listed
         if instructions:
             found = [(name, entry) for name, entry in found if entry[0] != "instructions" or name in instructions]
@@ -212,7 +202,8 @@ class Skills:
             skills.append(Skill(name, kind, path, source, description=verdict.get("doc", ""),
                                 state="ok" if verdict.get("ok") else "rejected", error=verdict.get("error", ""),
                                 tools=verdict.get("tools") or [], digest=digest(data)))
-        return skills
+        self._memo = (key, skills)
+        return list(skills)
 
     def get(self, name: str) -> Skill:
         for skill in self.catalog():

@@ -55,9 +55,9 @@ BROKEN = {
 
 @pytest.fixture
 def workspace(tmp_path, monkeypatch):
-    from hermes_sup.agents import skills as skills_module
+    from hermes_sup.agents import skillproc
 
-    monkeypatch.setattr(skills_module, "CHECK_TIMEOUT", 3.0)  # bounds the looping skill's check
+    monkeypatch.setattr(skillproc, "CHECK_TIMEOUT", 3.0)  # bounds the looping skill's check
     (tmp_path / "skills").mkdir()
     return tmp_path
 
@@ -436,3 +436,22 @@ def test_up_refuses_a_team_whose_agent_names_a_rejected_skill_before_anything_st
         assert up.returncode == 0, up.stdout + up.stderr
     finally:
         subprocess.run([*CLI, "-w", str(ws), "down"], capture_output=True, timeout=120, cwd=ROOT)
+
+
+def test_the_catalog_is_read_again_only_when_a_skill_file_or_a_verdict_changed(workspace):
+    from hermes_sup.agents.skills import Skills
+
+    path = workspace / "skills" / "double.py"
+    path.write_text(GOOD)
+    skills = Skills(workspace)
+    skills.catalog()  # checks the skill: its verdict is written, so the next look reads again
+    first = skills.catalog()
+    assert [s.state for s in first if s.name == "double"] == ["ok"]
+    assert [id(s) for s in skills.catalog()] == [id(s) for s in first]  # remembered, nothing read again
+    # The same size, the mtime set back: only the ctime tells the file changed.
+    before = path.stat()
+    path.write_text(GOOD.replace('"Double n."', '"Dubble n."'))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    again = [s for s in skills.catalog() if s.name == "double"]
+    assert again[0] is not [s for s in first if s.name == "double"][0]
+    assert again[0].tools[0]["description"] == "Dubble n."
