@@ -453,5 +453,5 @@ def test_the_catalog_is_read_again_only_when_a_skill_file_or_a_verdict_changed(w
     path.write_text(GOOD.replace('"Double n."', '"Dubble n."'))
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
     again = [s for s in skills.catalog() if s.name == "double"]
-    assert again[0] is not [s for s in first if s.name == "double"][0]
+    assert again[0] is not next(s for s in first if s.name == "double")
     assert again[0].tools[0]["description"] == "Dubble n."
