@@ -53,6 +53,7 @@ class Folder:
         lock_timeout: float = 60.0,
     ) -> None:
         self.root = Path(root).absolute()
+        self._folders: dict[str, Path] = {}
         if not self.root.is_dir():
             if not create:
                 raise BoardError(f"no board at {self.root}")
@@ -137,7 +138,10 @@ class Folder:
         # tool call or the command line): only a valid id names a file, and only inside the board.
         if not is_valid_id(task_id):
             raise TaskNotFound(f"{_short_text(task_id)} is not a task id")
-        return self.root / status / f"{task_id}.json"
+        folder = self._folders.get(status)
+        if folder is None:  # one join a call, not two: pathlib's joins were a tenth of a task's work
+            folder = self._folders[status] = self.root / status
+        return folder / f"{task_id}.json"
 
     def consistent(self, scan: Callable[[], _T]) -> _T:
         """`scan`'s result from a moment when no task moved. Folders are scanned one after
