@@ -74,6 +74,7 @@ class Board:
 
     def close(self) -> None:
         self.disk.close()
+        self.ingester.turn.close()
 
     def __enter__(self) -> Self:
         return self

@@ -13,7 +13,6 @@ import errno
 import hashlib
 import os
 import stat
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,7 @@ from .errors import Damaged
 from .events import event
 from .faults import fault
 from .fsio import read_bytes_nofollow, safe_name, unique_path, write_json_atomic
-from .lock import BoardLock, LockTimeout
+from .ingestturn import SoleIngester
 from .parse import parse_task_file
 from .task import MAX_BYTES, TaskError, normalize, now_iso, slugify
 from .watch import INGEST_LOCK
@@ -34,7 +33,6 @@ if TYPE_CHECKING:
     from .txn import Transactions
 
 TaskDoc = dict[str, Any]
-MAX_ROUNDS = 10  # passes of one ingest while drops keep coming in as it works
 
 
 @dataclass
@@ -128,49 +126,15 @@ class Ingester:
         self.txn = txn
         # The board's check of a new task against the others (a dependency cycle, say).
         self.check_new = check_new
-        # One ingester at a time: every waiting agent woke for every drop and took the board lock
-        # to find it gone (16 agents: the drop's file read 16 times, the lock taken 16 times).
-        self.lock = BoardLock(disk.root / INGEST_LOCK, disk.flock.timeout)
-        self._thread_lock = threading.Lock()
+        self.turn = SoleIngester(disk.root, disk.flock.timeout)
 
     def ingest(self, *, wait: bool = True) -> IngestReport:
         """Turn finished files in inbox/ into tasks; reject what cannot be one. With `wait=False`
-        (a waiting claimer's round) nothing is done while another process ingests: it takes what is
-        there, and it looks again once done, so a drop that came meanwhile is not left behind."""
+        (a waiting claimer's round) nothing is done while another process ingests (ingestturn.py)."""
         report = IngestReport()
         self.disk.check_links(("inbox", "rejected", ".ingested", INGEST_LOCK))
-        for _round in range(MAX_ROUNDS):
-            if not self._thread_lock.acquire(blocking=wait):
-                return report
-            try:
-                taken = self._take(wait)
-                if taken is False:
-                    return report
-                try:
-                    seen = self._ingest_ready(report)
-                finally:
-                    if taken:
-                        self.lock.release()
-            finally:
-                self._thread_lock.release()
-            # Waiters that woke for a drop while this ran found the lock taken and went on.
-            if not {drop.path.name for drop in drops.scan(self.disk.root)} - seen:
-                break
+        self.turn.run(lambda: self._ingest_ready(report), wait=wait)
         return report
-
-    def _take(self, wait: bool) -> bool | None:
-        """The ingest lock: True taken, False another process has it; None when it cannot be had at
-        all (its file made a folder by hand, say): then ingest goes on without it, each drop still
-        taken under the board lock, as before there was one."""
-        try:
-            if wait:
-                self.lock.acquire()
-                return True
-            return self.lock.try_acquire()
-        except LockTimeout:
-            return None
-        except OSError:
-            return None
 
     def _ingest_ready(self, report: IngestReport) -> set[str]:
         """Ingest the drops that are ready; the names of those looked at."""

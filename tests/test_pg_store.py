@@ -647,6 +647,10 @@ def test_two_processes_of_a_host_ingesting_the_same_drops_make_each_task_once(ma
         return read
 
     monkeypatch.setattr(pgstore, "read_drop", read_in_step)
+    # One process of a host ingests at a time (kanban/ingestturn.py); where that turn cannot be had
+    # (its lock file unusable) both ingest at once, and each drop must still make one task.
+    from hermes_sup.kanban.ingestturn import SoleIngester
+    monkeypatch.setattr(SoleIngester, "_take", lambda self, wait: None)
     reports: list = []
     threads = [threading.Thread(target=lambda s=s: reports.append(s.ingest())) for s in stores]
     for thread in threads:
@@ -764,3 +768,20 @@ def test_a_person_acting_on_a_task_row_written_by_hand_gets_a_clear_error(
                 lambda: store.retry("t"), lambda: store.answer("t", "yes")):
         with pytest.raises(BoardError, match="task t: its document in the board database is not an object"):
             act()
+
+
+def test_a_waiting_claimer_leaves_the_drops_to_the_process_of_its_host_that_ingests(make_store: Factory,
+                                                                                    tmp_path: Path) -> None:
+    from hermes_sup.kanban.lock import BoardLock
+    from hermes_sup.kanban.watch import INGEST_LOCK
+
+    root = tmp_path / "kanban"
+    store = make_store(drop_root=root)
+    (root / "inbox" / "one.json").write_text(json.dumps({"id": "one", "title": "one"}))
+    other = BoardLock(root / INGEST_LOCK, 5)  # another agent of this host, ingesting
+    assert other.try_acquire()
+    assert store.ingest(wait=False).ingested == []
+    assert (root / "inbox" / "one.json").exists()
+    other.release()
+    other.close()
+    assert store.ingest(wait=False).ingested == ["one"]

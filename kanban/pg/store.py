@@ -29,6 +29,7 @@ from ..errors import BoardError, InvalidTransition, TaskNotFound
 from ..faults import fault
 from ..fsio import safe_name
 from ..ingest import IngestReport, identity_of, read_drop
+from ..ingestturn import SoleIngester
 from ..reads import Listing, listed_fields
 from ..task import MAX_BYTES, STATUSES, TaskError, find_cycle, is_valid_id, normalize, slugify
 from ..waitloop import recover_due
@@ -70,6 +71,7 @@ class PgStore(ClaimsMixin, JournalRowsMixin, HostsMixin, StreamMixin, TaskIdsMix
         # The protocol's local folder (inbox/, rejected/); a store opened without one (a tool, a
         # test) has none, and its `root` is None.
         self.root: Path = self.drop_root  # type: ignore[assignment]
+        self._turn = None if self.drop_root is None else SoleIngester(self.drop_root, 60.0)
         self.problems: list[str] = []
         self.signal = ChangeSignal()
         self._watching = False
@@ -117,6 +119,8 @@ class PgStore(ClaimsMixin, JournalRowsMixin, HostsMixin, StreamMixin, TaskIdsMix
             self._heartbeat.join(timeout=5)
             self._heartbeat = None
         self._disconnect()
+        if self._turn is not None:
+            self._turn.close()
 
     def __enter__(self) -> PgStore:
         return self
@@ -278,14 +282,22 @@ class PgStore(ClaimsMixin, JournalRowsMixin, HostsMixin, StreamMixin, TaskIdsMix
 
     # -- drops --------------------------------------------------------------------------------
 
-    def ingest(self) -> IngestReport:
+    def ingest(self, *, wait: bool = True) -> IngestReport:
         """Turn finished files in this host's inbox/ into tasks on the shared board; reject what
-        cannot be one into rejected/ with the reason (the file board's rules, kanban/ingest.py)."""
+        cannot be one into rejected/ with the reason (the file board's rules, kanban/ingest.py).
+        With `wait=False` (a waiting claimer's round) nothing is done while another process of this
+        host ingests (kanban/ingestturn.py)."""
         report = IngestReport()
-        if self.drop_root is None:
+        if self.drop_root is None or self._turn is None:
             return report  # a store without a host folder (a tool, a test) has no inbox
         drops.ensure_layout(self.drop_root)
-        found, report.waiting = ready_drops(self.drop_root)
+        self._turn.run(lambda: self._ingest_ready(report), wait=wait)
+        return report
+
+    def _ingest_ready(self, report: IngestReport) -> set[str]:
+        assert self.drop_root is not None
+        found, waiting = ready_drops(self.drop_root)
+        report.waiting.extend(waiting)
         for path in found:
             try:
                 read = read_drop(path)
@@ -297,7 +309,7 @@ class PgStore(ClaimsMixin, JournalRowsMixin, HostsMixin, StreamMixin, TaskIdsMix
                 report.failed.append({"file": f"inbox/{safe_name(path.name)}",
                                       "reason": f"could not be taken: {exc.strerror or exc}; it is tried again "
                                                 "on the next ingest"})
-        return report
+        return {path.name for path in found} | {name.removeprefix("inbox/") for name in waiting}
 
     def _ingest_one(self, path: Path, read: Any, report: IngestReport) -> None:
         assert self.drop_root is not None
@@ -367,7 +379,7 @@ class PgStore(ClaimsMixin, JournalRowsMixin, HostsMixin, StreamMixin, TaskIdsMix
         def look_after() -> None:
             # Drops into this host's inbox/ land on the shared board with no other process
             # needed (a listing of one folder per round; the file board does it per wake-up).
-            self.ingest()
+            self.ingest(wait=False)  # while another process of this host ingests, it takes the drops
             if recover_due(self._last_recover, time.monotonic()):
                 self.recover()
 
