@@ -19,7 +19,7 @@ from typing import Any
 
 from ..agents.forkchild import ROOM_BYTES, ROOM_ENV, block, go_message
 
-ENV = "HERMES_SUP_FORK_SERVER"  # 1 or 0: overrides hermes.yaml's fork_server (the suite runs with it on)
+ENV = "HERMES_SUP_FORK_SERVER"  # 1 or 0: overrides hermes.yaml's fork_server
 MAX_REQUEST = 16 * 1024  # bytes: argv and cwd; the server reads up to 1 MiB, the socket sends far less
 REPLY_WITHIN = 2.0  # seconds for the server's answer; after that it is taken for dead
 WARM_UP = 10.0  # seconds `up` waits for the server's imports before starting agents by exec
@@ -36,11 +36,12 @@ CLOSE_WITHIN = 5.0  # seconds `close` waits for the killed server
 
 
 def enabled(config: Mapping[str, Any], environ: Mapping[str, str]) -> bool:
-    """hermes.yaml's top-level `fork_server` (default off), overridden by $HERMES_SUP_FORK_SERVER (pure)."""
+    """hermes.yaml's top-level `fork_server` (default on: only `false` turns it off), overridden by
+    $HERMES_SUP_FORK_SERVER (pure)."""
     value = environ.get(ENV, "")
     if value in ("0", "1"):
         return value == "1"
-    return config.get("fork_server") is True
+    return config.get("fork_server") is not False
 
 
 def sdks(config: Mapping[str, Any]) -> tuple[str, ...]:

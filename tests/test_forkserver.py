@@ -185,7 +185,8 @@ def test_a_dead_fork_server_costs_only_speed(tmp_path, up, monkeypatch):
 
 def test_what_is_forked_and_what_the_server_is_given():
     python = sys.executable
-    assert enabled({}, {}) is False and enabled({"fork_server": True}, {}) is True
+    assert enabled({}, {}) is True and enabled({"fork_server": False}, {}) is False, "on unless turned off"
+    assert enabled({"fork_server": None}, {}) is True and enabled({"fork_server": True}, {}) is True
     assert enabled({"fork_server": True}, {ENV: "0"}) is False and enabled({}, {ENV: "1"}) is True
     env = server_env({"PATH": "/bin", "OPENAI_API_KEY": "k", "HOOK_SECRET": "s", "LC_ALL": "C", "PYTHONPATH": "x"})
     assert set(env) == {"PATH", "LC_ALL", "PYTHONPATH", "PYTHONUNBUFFERED", ROOM_ENV}
