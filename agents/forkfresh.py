@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import random
 import socket
 import sys
 import tempfile
@@ -26,12 +25,10 @@ def dumpable() -> None:
 
 def refresh() -> None:
     """Make what the server read once this agent's own: the time zone ($TZ), the temporary folder
-    ($TMPDIR), the host name, the SDKs' log switches, and the random generator's state (the server's
-    is every forked agent's otherwise: the same retry jitter in all of them). Run after sys.stderr is
-    the agent's log, where an SDK's log handler writes."""
+    ($TMPDIR), the host name and the SDKs' log switches. (`random` needs nothing: Python reseeds it in
+    every child of os.fork.) Run after sys.stderr is the agent's log, where an SDK's log handler writes."""
     time.tzset()
     tempfile.tempdir = None  # tempfile keeps the folder it found first
-    random.seed()  # from os.urandom, as at an interpreter's start
     liveness.HOST = socket.gethostname()
     for name in SDK_LOGS:
         module = sys.modules.get(name)

@@ -34,7 +34,9 @@ ORPHANER = ("import os, time\n"
             "os.wait(); time.sleep(300)\n")
 
 
-# Each agent's own provider key (its env in hermes.yaml overrides the supervisor's).
+# Each agent's own provider key (its env in hermes.yaml overrides the supervisor's). That none passes
+# through the server's memory is held by the tests that ask the server alone (below): here each later
+# request's strings reuse the freed blocks of the one before and would hide it.
 KEYS = {"alpha": "sk-alpha-" + "a" * 24, "beta": "sk-beta-" + "b" * 24}
 SUPERVISORS_KEY = "sk-supervisors-key"
 _KCMP_FILE = 0
@@ -167,9 +169,6 @@ def test_forked_agents_work_alone_in_their_session_and_cgroup_and_a_killed_one_i
             assert env["OPENAI_API_KEY"] == KEYS[name] and ROOM_ENV not in env
             block_ = Path(f"/proc/{pid}/environ").read_bytes()  # not under another name either
             assert KEYS[other].encode() not in block_ and SUPERVISORS_KEY.encode() not in block_
-            # Nor in its memory: the other's key went to the other alone, on its go pipe, never through
-            # the server whose memory each agent is a copy of (alpha and beta are forked one after the other).
-            assert KEYS[other].encode() not in _memory(pid), f"{other}'s key is in {name}'s memory"
             assert json.loads(env["HERMES_SUP_INSTANCE"])["agent"] == name
             assert psutil.Process(pid).cmdline()[:5] == list(agent_argv(sys.executable))
             assert os.getsid(pid) == pid and psutil.Process(pid).ppid() == sup
@@ -455,12 +454,13 @@ for n in range(2):
     if pid == 0:
         os.environ.update(TZ=f"ZN{'AB'[n]}-3", OPENAI_LOG="debug", ANTHROPIC_LOG="info", TMPDIR=sys.argv[2 + n])
         refresh()
+        drawn = random.random()  # first: the board's work below may draw too
         board.add({"id": f"t{n}", "title": "t", "role": f"r{n}"})
         claim = board.claim(f"a{n}", roles=[f"r{n}"])["claim"]
         os.write(write, json.dumps({
             "tz": time.tzname[0], "tmp": tempfile.gettempdir(), "host": liveness.HOST, "claimed_on": claim["host"],
             "openai": logging.getLogger("openai").level, "anthropic": logging.getLogger("anthropic").level,
-            "random": random.random()}).encode())
+            "random": drawn}).encode())
         os._exit(0)
     os.close(write)
     children.append((pid, read))
@@ -489,4 +489,4 @@ def test_a_forked_agent_reads_again_what_the_server_read_once(tmp_path):
         assert child["host"] == child["claimed_on"] == socket.gethostname(), "its claims say the host it runs on"
         assert (child["openai"], child["anthropic"]) == (logging.DEBUG, logging.INFO)
     draws = [child["random"] for child in result["children"]] + [result["parent"]]
-    assert len(set(draws)) == 3, "each forked agent draws its own random numbers"
+    assert len(set(draws)) == 3, "each forked agent draws its own random numbers (os.fork reseeds random)"
