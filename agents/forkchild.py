@@ -2,7 +2,8 @@
 
 Before any agent code runs it leads a session of its own, has the log as stdout and stderr and
 /dev/null as stdin, the agent's working directory and environment, no other descriptor, the default
-signal mask, and the supervisor as its parent. Its environment comes from the supervisor on the go
+signal mask, and the supervisor as its parent; once its environment has come, what a Python reads
+once at its start is read again from it (forkfresh.py). Its environment comes from the supervisor on the go
 pipe, after the go byte, never through the server (whose freed heap every later agent would inherit).
 It is also written over the block the kernel shows as /proc/<pid>/environ (and its argv over
 /proc/<pid>/cmdline): the supervisor finds an agent's processes by the marker there, and a forked
@@ -24,6 +25,8 @@ import time
 import traceback
 from collections.abc import Mapping
 from typing import Any, NoReturn
+
+from .forkfresh import dumpable, refresh
 
 # The variable the supervisor gives the fork server to make its environment block large enough to
 # hold an agent's environment once written over it (/proc/<pid>/environ shows that block).
@@ -100,6 +103,7 @@ def become_agent(request: dict[str, Any], log_fd: int, go_fd: int, *, parent: in
     pid then); never returns (os._exit with its status)."""
     try:
         argv = [str(arg) for arg in request["argv"]]
+        dumpable()  # first: until then /proc shows a root-owned process the supervisor cannot read
         os.setsid()
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)
@@ -130,6 +134,7 @@ def become_agent(request: dict[str, Any], log_fd: int, go_fd: int, *, parent: in
         sys.stderr = sys.__stderr__ = _stream(2, "backslashreplace")
         sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
         sys.argv = [argv[0], *argv[4:]]  # python -P -m hermes_sup.agents run: ["<...>/__main__.py", "run"]
+        refresh()
     except BaseException:  # nothing of the agent ran: say why in its log, and never return to the server
         try:
             traceback.print_exc()

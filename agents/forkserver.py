@@ -34,6 +34,7 @@ RUNTIME = ("hermes_sup.kanban.redact", "hermes_sup.agents.worker")
 SDKS = ("openai", "anthropic")
 MAX_REQUEST = 1 << 20
 _PR_SET_PDEATHSIG = 1
+_PR_SET_DUMPABLE = 4
 
 
 def _die_with(parent: int) -> None:
@@ -42,6 +43,13 @@ def _die_with(parent: int) -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:  # it died before the prctl: nobody would ever ask us anything
         os._exit(0)
+
+
+def _undumpable() -> None:
+    """No process of the user (an agent) may ptrace this one or write its memory: what it put there
+    would run in every agent forked later. Its children inherit it; a forked agent undoes it."""
+    if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        os._exit(1)  # refused: better no server (agents are exec'd) than one any agent may take over
 
 
 def _import_runtime(sdks: list[str]) -> None:
@@ -135,6 +143,7 @@ def serve(sock: socket.socket) -> int:
 def main(argv: list[str]) -> int:
     fd, parent = int(argv[1]), int(argv[2])
     _die_with(parent)
+    _undumpable()
     _import_runtime(argv[3:])
     return serve(socket.socket(fileno=fd))
 

@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from filelock import FileLock
 
+from ..kanban import liveness
 from ..kanban.backends import DEFAULT_BACKEND, check_board_config
 from ..kanban.errors import BoardError
-from ..kanban.liveness import HOST, holder_alive, start_time
+from ..kanban.liveness import holder_alive, start_time
 from ..kanban.pg import dsn_not_set
 from .budget import Caps, Entry, Refusal, decide, is_amount, price, utc_day, worst_cost
 
@@ -226,7 +227,7 @@ def _open_postgres(workspace: Path, section: Mapping[str, Any], host: str | None
         raise LedgerError(str(exc)) from None
     # The same schema and host name as the board's (kanban/pg open_store): a host judges the
     # liveness of its own holds only.
-    return PgLedger(dsn, schema=str(section.get("schema") or "hermes_sup"), host=host or HOST,
+    return PgLedger(dsn, schema=str(section.get("schema") or "hermes_sup"), host=host or liveness.HOST,
                     dsn_env=f"${dsn_env}", host_timeout=float(section["host_timeout"]), create=create)
 
 

@@ -29,7 +29,8 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from ..kanban.liveness import HOST, holder_alive, start_time
+from ..kanban import liveness
+from ..kanban.liveness import holder_alive, start_time
 from ..kanban.pg import boot_id
 from ..kanban.pg.schema import check_schema_name
 from ..kanban.pg.store import redact_dsn
@@ -50,7 +51,7 @@ _T = TypeVar("_T")
 
 
 class PgLedger:
-    def __init__(self, dsn: str, *, schema: str = "hermes_sup", host: str = HOST, dsn_env: str = "the DSN",
+    def __init__(self, dsn: str, *, schema: str = "hermes_sup", host: str | None = None, dsn_env: str = "the DSN",
                  host_timeout: float = 30.0, boot: str | None = None,
                  alive: Callable[[int, float | None, str | None], bool | None] = holder_alive,
                  create: bool = True) -> None:
@@ -58,7 +59,7 @@ class PgLedger:
         # A reader (`usage`) creates nothing: without the tables nobody has reserved, and it says so.
         self.create = create
         self.missing = False  # (a reader) the ledger's tables are not in the database yet
-        self.host, self.alive = host, alive
+        self.host, self.alive = host or liveness.HOST, alive  # read now: a forked agent sets its own
         self.host_timeout = float(host_timeout)
         self.boot = boot_id() if boot is None else boot
         self._hosts: str | None = None  # the board's hosts table, once seen (a ledger may have no board)

@@ -9,14 +9,14 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from . import rules
+from . import liveness, rules
 from .base import Folder, TaskDoc, _read_or_none
 from .errors import BoardError, ClaimLost, Damaged
 from .events import EventTail
 from .faults import fault
 from .fsio import write_json_atomic
 from .index import Meta, meta_of
-from .liveness import HOST, start_time
+from .liveness import start_time
 from .task import STATUSES, now_iso
 from .txn import Transactions, _owner_text, _unlink_marker
 
@@ -271,7 +271,7 @@ class Claims:
         pid = os.getpid() if pid is None else pid
         lease = self.lease if lease is None else lease
         now, at = time.time(), now_iso()
-        claim = {"agent": agent, "pid": pid, "pid_started": start_time(pid), "host": HOST, "claimed_at": at,
+        claim = {"agent": agent, "pid": pid, "pid_started": start_time(pid), "host": liveness.HOST, "claimed_at": at,
                  "lease_until": _iso_at(now + lease), "lease_until_ts": now + lease}
         return rules.claimed(doc, claim, now=at)
 

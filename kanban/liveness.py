@@ -12,6 +12,7 @@ import psutil
 
 from .rules import lease_expired
 
+# Read by attribute (liveness.HOST), never imported by name: a forked agent sets its own (agents/forkfresh.py).
 HOST = socket.gethostname()
 # psutil derives the start time from clock ticks since boot, so the same process reads the same
 # value each time; a small tolerance absorbs float rounding only.

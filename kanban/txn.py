@@ -40,7 +40,7 @@ from pathlib import Path
 
 import psutil
 
-from . import doccache, rules
+from . import doccache, liveness, rules
 from .base import ERROR_SUFFIX, Folder, TaskDoc, _bounded
 from .errors import BoardError, Damaged
 from .events import event
@@ -55,7 +55,7 @@ from .fsio import (
     write_json_atomic,
     write_temp,
 )
-from .liveness import HOST, holder_alive, start_time
+from .liveness import holder_alive, start_time
 from .task import STATUSES, is_valid_id, now_iso
 
 # A temp file whose writer is alive is left alone unless it is older than this.
@@ -158,7 +158,7 @@ class Transactions:
             return False
         if pid == os.getpid() and abs(started - _own_start_time()) < 0.05:
             return self.reservations.holds(path.name)
-        return holder_alive(pid, started, HOST) is not False
+        return holder_alive(pid, started, liveness.HOST) is not False
 
     def commit(self, folder: str, new: TaskDoc, prepared: Path | None = None, *, reserved: bool = False) -> TaskDoc:
         """Make `new` the task's state (under the lock). `prepared` is its fsync'd temp file, if

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..agents.forkchild import ROOM_BYTES, ROOM_ENV, block, go_message
 
-ENV = "HERMES_SUP_FORK_SERVER"  # 1 or 0: overrides hermes.yaml's fork_server (the suite runs with it on)
+ENV = "HERMES_SUP_FORK_SERVER"  # 1 or 0: overrides hermes.yaml's fork_server
 MAX_REQUEST = 16 * 1024  # bytes: argv and cwd; the server reads up to 1 MiB, the socket sends far less
 REPLY_WITHIN = 2.0  # seconds for the server's answer; after that it is taken for dead
 WARM_UP = 10.0  # seconds `up` waits for the server's imports before starting agents by exec
@@ -28,19 +28,31 @@ RESTART_FIRST, RESTART_MAX = 1.0, 60.0  # seconds before it is started again, do
 KEPT = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "VIRTUAL_ENV",
                   "SSL_CERT_FILE", "SSL_CERT_DIR"})
 # Variables read when a Python starts (the interpreter's flags and paths, the dynamic loader, the C
-# locale), not later: an agent whose own differ from the server's is exec'd.
+# locale), not later: an agent whose own differ from the server's is exec'd. HOME too: Python's start
+# finds the user's site-packages (on sys.path) from it.
 AT_EXEC = ("PYTHON", "LD_", "LC_", "LANG")
+AT_EXEC_NAMES = frozenset({"HOME"})
 _PR_SET_CHILD_SUBREAPER = 36
 LOST_STATUS = 255  # the exit code of a forked agent whose status was reaped elsewhere (lost)
 CLOSE_WITHIN = 5.0  # seconds `close` waits for the killed server
 
 
 def enabled(config: Mapping[str, Any], environ: Mapping[str, str]) -> bool:
-    """hermes.yaml's top-level `fork_server` (default off), overridden by $HERMES_SUP_FORK_SERVER (pure)."""
+    """hermes.yaml's top-level `fork_server` (default on: only `false` turns it off), overridden by
+    $HERMES_SUP_FORK_SERVER (pure)."""
     value = environ.get(ENV, "")
     if value in ("0", "1"):
         return value == "1"
-    return config.get("fork_server") is True
+    return config.get("fork_server") is not False
+
+
+def reload_note(at_up: bool, wanted: bool) -> str:
+    """What a reload says when hermes.yaml's fork_server no longer says what `up` read (pure): the
+    server is started or ended only by `up` and `down`."""
+    if at_up == wanted:
+        return ""
+    return (f"; fork_server is now {'on' if wanted else 'off'} in hermes.yaml but stays "
+            f"{'on' if at_up else 'off'} until the next `up`")
 
 
 def sdks(config: Mapping[str, Any]) -> tuple[str, ...]:
@@ -70,7 +82,7 @@ def forkable(argv: Sequence[str], env: Mapping[str, str], server: Mapping[str, s
         return False
     if any("\0" in text for pair in env.items() for text in pair):  # exec refuses it: a failed start
         return False
-    names = {k for k in (*env, *server) if k.startswith(AT_EXEC) and k != ROOM_ENV}
+    names = {k for k in (*env, *server) if (k.startswith(AT_EXEC) or k in AT_EXEC_NAMES) and k != ROOM_ENV}
     if any(env.get(k) != server.get(k) for k in names):
         return False
     return (block([os.fsencode(f"{k}={v}") for k, v in env.items()], room[0]) is not None

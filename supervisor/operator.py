@@ -3,12 +3,14 @@ changes in the team, and the answer the control socket sends back."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .child import Child
 from .config.workspace import ConfigError, load_config
 from .control import down_timeout
+from .forking import enabled, reload_note
 from .governance.alerts import exposed, rules_of
 from .governance.schedules import schedules_of
 from .ingestwarn import team_of
@@ -148,7 +150,8 @@ class Operator:
         if changed:
             self.sup.say(changed)
         self.withhold_secrets()
-        return {"ok": True, "message": describe_reload(plan),
+        note = reload_note(self.sup.fork_wanted, enabled(config, os.environ))
+        return {"ok": True, "message": describe_reload(plan) + note,
                 "plan": {"start": plan.start, "stop": plan.stop, "restart": plan.restart, "keep": plan.keep}}
 
     def withhold_secrets(self) -> None:

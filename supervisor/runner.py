@@ -127,7 +127,8 @@ class Supervisor:
         self.watchdog = Watchdog(self)
         self._notify_refused = 0
         self.leftovers = Leftovers(self)
-        self.forks = ForkServer(self.selector, self.say, sdks=sdks(config)) if enabled(config, os.environ) else None
+        self.fork_wanted = enabled(config, os.environ)  # read at `up` only: a reload says a change waits
+        self.forks = ForkServer(self.selector, self.say, sdks=sdks(config)) if self.fork_wanted else None
 
 
     def _bind(self) -> None:

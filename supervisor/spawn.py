@@ -32,7 +32,8 @@ def spawn(spec: ChildSpec, env: dict[str, str], base: Path | None, forks: ForkSe
         # The agent writes to its own log file, never to a pipe we must drain.
         log = open_log(spec.workdir / "agent.log", say)
         try:
-            pid = forks.spawn(spec.argv, env, str(spec.workdir), log, fd) if forks is not None else None
+            pid = (forks.spawn(spec.argv, env, str(spec.workdir), log, fd)
+                   if forks is not None and spec.forkable else None)
             if pid is not None:
                 return Forked(pid), where
             return subprocess.Popen(

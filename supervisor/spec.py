@@ -58,6 +58,12 @@ class ChildSpec:
     board: str = "{}"  # hermes.yaml's board section and host, as JSON (the agent opens the same board)
     digest: str = ""
 
+    @property
+    def forkable(self) -> bool:
+        """Whether the fork server may start it: the built-in loop's agents only. A `runtime:` agent's
+        work is another program it runs, which the server's imports would not speed up."""
+        return "runtime" not in json.loads(self.tools)
+
     def agent_config(self) -> dict[str, Any]:
         """What the agent process is told about itself (as JSON in its environment)."""
         return {

@@ -20,7 +20,8 @@ DEEP = "[" * 200 + "]" * 200  # past our limit (32), short of any YAML parser's 
 DEEPEST = "[" * 100_000 + "]" * 100_000  # past the parser's own limit too: refused, in its words
 
 
-def test_a_broken_reload_never_touches_the_running_team(tmp_path, up):
+def test_a_broken_reload_never_touches_the_running_team(tmp_path, up, monkeypatch):
+    monkeypatch.delenv("HERMES_SUP_FORK_SERVER", raising=False)  # hermes.yaml says whether it is on
     ws = make_ws(tmp_path, f"- name: keep\n  command: [{sys.executable}, {FAKE}, beat]\n")
     config = ws / "hermes.yaml"
     good = config.read_text()
@@ -64,6 +65,11 @@ def test_a_broken_reload_never_touches_the_running_team(tmp_path, up):
     config.write_text(good)
     done = hermes(ws, "reload", "--json")
     assert done.returncode == 0 and json.loads(done.stdout)["plan"]["keep"] == ["keep"], done.stderr
+    assert agent(ws, "keep")["pid"] == pid
+    config.write_text("fork_server: false\n" + good)  # read at `up` only: the reload says so
+    done = hermes(ws, "reload", "--json")
+    said = "fork_server is now off in hermes.yaml but stays on until the next `up`"
+    assert json.loads(done.stdout)["message"] == f"reload: nothing changed (keep unchanged); {said}"
     assert agent(ws, "keep")["pid"] == pid
 
 

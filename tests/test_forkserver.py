@@ -5,6 +5,7 @@ reparented to the supervisor is reaped."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ from hermes_sup.agents.forkchild import ROOM_ENV, block
 from hermes_sup.kanban import Board
 from hermes_sup.kanban.events import event_fields
 from hermes_sup.supervisor import cgroups
-from hermes_sup.supervisor.forking import ENV, agent_argv, enabled, forkable, sdks, server_env
+from hermes_sup.supervisor.forking import ENV, agent_argv, enabled, forkable, reload_note, sdks, server_env
 from hermes_sup.supervisor.procs import marked
 
 from .conftest import CLI, ROOT, gone, supervisor_state, wait_until
@@ -31,6 +32,15 @@ ORPHANER = ("import os, time\n"
             "        time.sleep(0.3); os._exit(0)\n"
             "    print('orphan', orphan, flush=True); os._exit(0)\n"
             "os.wait(); time.sleep(300)\n")
+
+
+# Each agent's own provider key (its env in hermes.yaml overrides the supervisor's). That none passes
+# through the server's memory is held by the tests that ask the server alone (below): here each later
+# request's strings reuse the freed blocks of the one before and would hide it.
+KEYS = {"alpha": "sk-alpha-" + "a" * 24, "beta": "sk-beta-" + "b" * 24}
+SUPERVISORS_KEY = "sk-supervisors-key"
+_KCMP_FILE = 0
+_SYS_KCMP = {"x86_64": 312, "aarch64": 272}
 
 
 def events(ws: Path) -> list[dict]:
@@ -87,6 +97,24 @@ def shared_kernel_objects(pid: int) -> set[str]:
     return found
 
 
+def same_open_files(a: int, b: int) -> list[tuple[str, str]]:
+    """The descriptors of `a` and of `b` that are one open file, whatever its kind (kcmp(2) KCMP_FILE,
+    the kernel's word: readlink cannot tell one eventfd or inotify instance from another)."""
+    import ctypes
+    import platform
+
+    syscall = ctypes.CDLL(None, use_errno=True).syscall
+    number = _SYS_KCMP[platform.machine()]
+    fds = {pid: [int(fd) for fd in os.listdir(f"/proc/{pid}/fd")] for pid in (a, b)}
+    shared = []
+    for fa in fds[a]:
+        for fb in fds[b]:
+            if syscall(number, a, b, _KCMP_FILE, fa, fb) == 0:  # -1: one closed while we looked
+                with contextlib.suppress(OSError):
+                    shared.append((os.readlink(f"/proc/{a}/fd/{fa}"), os.readlink(f"/proc/{b}/fd/{fb}")))
+    return shared
+
+
 def workspace(tmp_path: Path, llm_url: str) -> Path:
     ws = tmp_path / "ws"
     subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
@@ -96,8 +124,9 @@ def workspace(tmp_path: Path, llm_url: str) -> Path:
         "tiers: {cheap: [scripted], standard: [scripted], premium: [scripted]}\n"
         "defaults: {stop_timeout: 5}\n"
         "agents:\n"
-        "  - {name: alpha, roles: [think], env: {ALPHA_SECRET: alpha-only}}\n"
-        "  - {name: beta, roles: [other], env: {BETA_SECRET: beta-only}}\n"
+        f"  - {{name: alpha, roles: [think], env: {{ALPHA_SECRET: alpha-only, OPENAI_API_KEY: {KEYS['alpha']},"
+        " OPENAI_LOG: debug}}\n"
+        f"  - {{name: beta, roles: [other], env: {{BETA_SECRET: beta-only, OPENAI_API_KEY: {KEYS['beta']}}}}}\n"
         f"  - {{name: orphaner, roles: [none], command: [{sys.executable}, -c, {json.dumps(ORPHANER)}]}}\n")
     return ws
 
@@ -107,7 +136,7 @@ def test_forked_agents_work_alone_in_their_session_and_cgroup_and_a_killed_one_i
     from .llm_server import ScriptedLLM, openai_reply
 
     monkeypatch.setenv(ENV, "1")
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-supervisors-key")  # the agents get it; the fork server must not
+    monkeypatch.setenv("OPENAI_API_KEY", SUPERVISORS_KEY)  # each agent's own overrides it; the server gets none
     with ScriptedLLM() as llm:
         llm.script("openai", openai_reply(tool_calls=[("write_file", {"path": "a.txt", "content": "forked"})]),
                    openai_reply("Written."))
@@ -128,6 +157,8 @@ def test_forked_agents_work_alone_in_their_session_and_cgroup_and_a_killed_one_i
         assert server is not None
         server_env_ = environ(server)
         assert not any(name.endswith("_API_KEY") or name.endswith("_SECRET") for name in server_env_), server_env_
+        server_block = Path(f"/proc/{server}/environ").read_bytes()
+        assert not any(key.encode() in server_block for key in (*KEYS.values(), SUPERVISORS_KEY))
         assert server not in {p.pid for p in marked(ws)}, "the fork server is no agent's process"
         assert server not in {a["pid"] for a in supervisor_state(ws)["agents"].values()}
         base = cgroups.base_path(ws)
@@ -135,7 +166,9 @@ def test_forked_agents_work_alone_in_their_session_and_cgroup_and_a_killed_one_i
             other = "beta" if name == "alpha" else "alpha"
             env = environ(pid)  # what /proc shows is the agent's own environment, marker included
             assert env[f"{name.upper()}_SECRET"] == f"{name}-only" and f"{other.upper()}_SECRET" not in env
-            assert env["OPENAI_API_KEY"] == "sk-supervisors-key" and ROOM_ENV not in env
+            assert env["OPENAI_API_KEY"] == KEYS[name] and ROOM_ENV not in env
+            block_ = Path(f"/proc/{pid}/environ").read_bytes()  # not under another name either
+            assert KEYS[other].encode() not in block_ and SUPERVISORS_KEY.encode() not in block_
             assert json.loads(env["HERMES_SUP_INSTANCE"])["agent"] == name
             assert psutil.Process(pid).cmdline()[:5] == list(agent_argv(sys.executable))
             assert os.getsid(pid) == pid and psutil.Process(pid).ppid() == sup
@@ -146,6 +179,15 @@ def test_forked_agents_work_alone_in_their_session_and_cgroup_and_a_killed_one_i
                     f"/{cgroups.agent_name(name)}"), "born in its own cgroup"
         assert not shared_kernel_objects(pids["alpha"]) & shared_kernel_objects(pids["beta"])
         assert not shared_kernel_objects(server) & shared_kernel_objects(pids["alpha"])
+        # No open file at all in common between the agents, the server (its end of the socketpair,
+        # a request's descriptors) and the supervisor (the other end, the notify socket it binds, its
+        # own copies of a log): an agent's notify socket is its own, it only sends to the bound path,
+        # and its stdin, log and everything else were opened for it alone. So none is allowed.
+        for a, b in ((pids["alpha"], pids["beta"]), *((p, other) for p in pids.values() for other in (server, sup))):
+            assert not same_open_files(a, b), (a, b, same_open_files(a, b))
+        logged = (ws / "runs/alpha/agent.log").read_text()
+        assert "Sending HTTP Request: POST" in logged, "its own OPENAI_LOG, read again once forked"
+        assert KEYS["alpha"] not in logged
 
         log = ws / "runs/orphaner/agent.log"
         orphan = int(wait_until(lambda: (t := log.read_text()).startswith("orphan") and t.split()[1], timeout=10))
@@ -185,8 +227,11 @@ def test_a_dead_fork_server_costs_only_speed(tmp_path, up, monkeypatch):
 
 def test_what_is_forked_and_what_the_server_is_given():
     python = sys.executable
-    assert enabled({}, {}) is False and enabled({"fork_server": True}, {}) is True
+    assert enabled({}, {}) is True and enabled({"fork_server": False}, {}) is False, "on unless turned off"
+    assert enabled({"fork_server": None}, {}) is True and enabled({"fork_server": True}, {}) is True
     assert enabled({"fork_server": True}, {ENV: "0"}) is False and enabled({}, {ENV: "1"}) is True
+    assert reload_note(True, True) == reload_note(False, False) == ""
+    assert reload_note(False, True) == "; fork_server is now on in hermes.yaml but stays off until the next `up`"
     env = server_env({"PATH": "/bin", "OPENAI_API_KEY": "k", "HOOK_SECRET": "s", "LC_ALL": "C", "PYTHONPATH": "x"})
     assert set(env) == {"PATH", "LC_ALL", "PYTHONPATH", "PYTHONUNBUFFERED", ROOM_ENV}
     room = (4096, 4096)
@@ -196,6 +241,8 @@ def test_what_is_forked_and_what_the_server_is_given():
     assert not forkable(agent_argv(python), {**agent_env, "PYTHONPATH": "y"}, env, python, room)
     assert not forkable(agent_argv(python), {**agent_env, "LD_PRELOAD": "z"}, env, python, room)
     assert not forkable(agent_argv(python), {**agent_env, "LANG": "de_DE.UTF-8"}, env, python, room)
+    assert not forkable(agent_argv(python), {**agent_env, "HOME": "/elsewhere"}, env, python, room), "its site dir"
+    assert forkable(agent_argv(python), {**agent_env, "HOMEPAGE": "x"}, env, python, room)
     assert not forkable(agent_argv(python), {**agent_env, "BIG": "x" * 5000}, env, python, room)
     assert sdks({"providers": {"a": {"kind": "anthropic"}, "b": {"kind": "auto"}}}) == ("anthropic",)
     assert sdks({}) == ()
@@ -245,6 +292,32 @@ def _ask(sock, tmp_path: Path, name: str) -> tuple[int, int, Path]:
     return json.loads(sock.recv(4096))["pid"], go_write, log
 
 
+# Whether a process of the same user without CAP_SYS_PTRACE (as root: that capability dropped from
+# the effective set, kept permitted so the capability check still passes) may ptrace each pid: one
+# that is not dumpable refuses it (EPERM). The tracer exits at once, which detaches it.
+TRACER = r"""
+import ctypes, json, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+if os.geteuid() == 0:
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+    header, data = Header(0x20080522, 0), (Data * 2)()
+    assert libc.capget(ctypes.byref(header), data) == 0
+    data[0].effective &= ~(1 << 19)  # CAP_SYS_PTRACE
+    assert libc.capset(ctypes.byref(header), data) == 0, ctypes.get_errno()
+PTRACE_SEIZE = 0x4206
+print(json.dumps([libc.ptrace(PTRACE_SEIZE, int(pid), 0, 0) == 0 for pid in sys.argv[1:]]))
+"""
+
+
+def traceable_by_its_user(pids: list[int]) -> list[bool]:
+    done = subprocess.run([sys.executable, "-c", TRACER, *map(str, pids)], capture_output=True, text=True,
+                          timeout=30, check=True)
+    return json.loads(done.stdout)
+
+
 def _memory(pid: int) -> bytes:
     """What `pid` holds in its heap and anonymous mappings (read as its parent or root)."""
     found = []
@@ -292,6 +365,8 @@ def test_a_forked_agent_runs_nothing_until_the_supervisor_says_go_and_its_env_ne
                                                          for n in os.listdir(f"/proc/{p}/fd")) == e, timeout=5)
             assert os.getsid(pid) == pid
             assert "MINE" not in environ(pid), "its environment comes with go, not before"
+            assert traceable_by_its_user([server.pid, pid]) == [False, True], \
+                "no process of its user may ptrace the server; an agent is dumpable, as an exec'd one is"
             os.write(go_write, go)
             os.close(go_write)
             results.append((os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), log.read_text()))
@@ -359,3 +434,62 @@ def test_a_server_that_does_not_answer_is_given_up_and_started_again(monkeypatch
         assert server.pid not in (None, stuck), "started again"
     finally:
         server.close()
+
+
+# Forks two children as the fork server does, after imports that read the environment once (the
+# SDKs' log switches, tempfile's folder, the host name, random's state), then gives each its own
+# environment and runs what a forked agent runs once it has come (forkfresh.refresh).
+REFRESHED = r"""
+import ctypes, json, logging, os, random, sys, tempfile, time
+import anthropic, openai
+from hermes_sup.agents.forkfresh import refresh
+from hermes_sup.kanban import Board
+tempfile.gettempdir()
+board = Board(sys.argv[1])
+# The host renamed since the imports (in a UTS namespace of this process's own; root only).
+libc = ctypes.CDLL(None, use_errno=True)
+renamed = libc.unshare(0x04000000) == 0 and libc.sethostname(b"renamed-host", 12) == 0
+children = []
+for n in range(2):
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.environ.update(TZ=f"ZN{'AB'[n]}-3", OPENAI_LOG="debug", ANTHROPIC_LOG="info", TMPDIR=sys.argv[2 + n])
+        refresh()
+        drawn = random.random()  # first: the board's work below may draw too
+        board.add({"id": f"t{n}", "title": "t", "role": f"r{n}"})
+        claim = board.claim(f"a{n}", roles=[f"r{n}"])["claim"]
+        os.write(write, json.dumps({
+            "tz": time.tzname[0], "tmp": tempfile.gettempdir(), "renamed": renamed, "claimed_on": claim["host"],
+            "openai": logging.getLogger("openai").level, "anthropic": logging.getLogger("anthropic").level,
+            "random": drawn}).encode())
+        os._exit(0)
+    os.close(write)
+    children.append((pid, read))
+out = []
+for pid, read in children:
+    os.waitpid(pid, 0)
+    out.append(json.loads(os.read(read, 4096)))
+print(json.dumps({"children": out, "parent": random.random()}))
+"""
+
+
+def test_a_forked_agent_reads_again_what_the_server_read_once(tmp_path):
+    import logging
+    import socket
+
+    temps = [tmp_path / "tmp0", tmp_path / "tmp1"]
+    for temp in temps:
+        temp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("TZ", "OPENAI_LOG", "ANTHROPIC_LOG")}
+    done = subprocess.run([sys.executable, "-c", REFRESHED, str(tmp_path / "kanban"), *map(str, temps)],
+                          env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    for n, child in enumerate(result["children"]):
+        assert child["tz"] == f"ZN{'AB'[n]}" and child["tmp"] == str(temps[n])
+        assert child["claimed_on"] == ("renamed-host" if child["renamed"] else socket.gethostname()), \
+            "its claims say the host's name now, not at the server's imports"
+        assert (child["openai"], child["anthropic"]) == (logging.DEBUG, logging.INFO)
+    draws = [child["random"] for child in result["children"]] + [result["parent"]]
+    assert len(set(draws)) == 3, "each forked agent draws its own random numbers (os.fork reseeds random)"

@@ -17,6 +17,7 @@ import pytest
 from hermes_sup.agents.clirun import RESULT_FILE, _result, argv_problem, fill, judge, work
 from hermes_sup.agents.tools import ToolContext
 from hermes_sup.kanban import Board, TaskNotFound
+from hermes_sup.kanban.events import event_fields
 from hermes_sup.supervisor.config.workspace import ConfigError, load_config
 
 from .conftest import CLI, ROOT, marked_sleep, running, wait_until
@@ -124,6 +125,9 @@ def test_a_cli_worker_is_done_failed_bounded_and_leaves_nothing(team):
     assert "ran longer than max_runtime (3 s)" in docs["too-long"]["history"][-1]["note"]
     wait_until(lambda: not running("Task too-long:"), timeout=10)
     assert "; runtime: command (python" in (ws / "runs" / "quick" / "agent.log").read_text()
+    starts = [event_fields(json.loads(line)) or {} for line in (ws / "kanban/events.jsonl").read_text().splitlines()]
+    assert {e.get("start") for e in starts if e.get("event") == "started"} == {"exec"}, \
+        "a runtime: agent is exec'd, the fork server on or not"
     usage = subprocess.run([*CLI, "-w", str(ws), "usage", "--json"], capture_output=True, text=True, cwd=ROOT)
     notes = json.loads(usage.stdout)["notes"]
     assert "agent quick runs a CLI (runtime: command) that reports no tokens or cost: its runs are not in these " \

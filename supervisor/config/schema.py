@@ -270,7 +270,7 @@ TOP = Field("hermes.yaml", "mapping", "A hermes-sup team.", fields=(
               _seconds("host_timeout", "postgres: seconds after which a silent host's tasks are freed.", 30.0))),
     Field("host", "text", "This host's name on a shared board (default: the hostname).", checked=False),
     Field("fork_server", "bool", "Whether agents start as forks of a process that has imported the agent runtime "
-          "(faster restarts, shared memory; $HERMES_SUP_FORK_SERVER=1 or 0 overrides it).", False),
+          "(faster restarts, shared memory; $HERMES_SUP_FORK_SERVER=1 or 0 overrides it).", True),
     Field("schedules", "list", "Tasks created on a cron schedule.", item=SCHEDULE),
     ROUTING,
     Field("alerts", "list", "Webhooks told of events such as an agent given up.", item=ALERT),
