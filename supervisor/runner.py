@@ -56,6 +56,7 @@ from .governance.schedules import Scheduler, schedules_of
 from .ingestwarn import IngestWarnings, team_of
 from .leftovers import Leftovers
 from .operator import Operator
+from .policy import beats_only
 from .procs import MARKER_ENV, marker_value, new_marker
 from .sessions import signal_session
 from .spawn import spawn
@@ -432,15 +433,20 @@ class Supervisor:
         self._start_queued()
         self.save()
         self.watchdog.last_woke = time.monotonic()
+        soonest = self._deadlines(time.monotonic())
         while True:
             now = time.monotonic()
-            wait = max(0.0, self._deadlines(now) - now)
+            wait = max(0.0, soonest - now)
             ready = self.selector.select(wait)
+            woke = time.monotonic()
             # Before anything is judged: a turn far longer than its wait was time the supervisor
             # did not run (and select may then report nothing at all, though heartbeats wait).
-            self.watchdog.credit_gap(time.monotonic(), wait)
+            self.watchdog.credit_gap(woke, wait)
             for key, _events in ready:
                 key.data()
+            if beats_only([key.fd for key, _events in ready], self.notify.fileno(), dirty=self.dirty, now=woke,
+                          soonest=soonest):
+                continue
             self._due(time.monotonic())
             if self.dirty and self.state_writer.due(time.monotonic()):
                 self.save()
@@ -448,6 +454,7 @@ class Supervisor:
             # agent is alive: an agent reaped by a liveness check still has its exit to record.
             if self.shutting_down and all(child.pidfd is None for child in self.children.values()):
                 break
+            soonest = self._deadlines(time.monotonic())
         self.save()
         if self.forks is not None:
             self.forks.close()
