@@ -260,9 +260,6 @@ class Supervisor:
         now = time.monotonic()
         why = Why(child.stopping_for)
         child.proc, child.task, child.stop_deadline = None, None, None
-        # A crashed agent's claim goes back to todo at once; one that stopped cleanly released it.
-        # On the board thread: the loop never waits for the board lock.
-        self.boardwork.recover()
         self.dirty = True
         decided = on_exit(child.spec.name, child.spec.restart, child.history, why, returncode, now=now,
                           uptime=now - child.started, held=child.spec.name in self.held, rng=self.rng)
@@ -273,6 +270,11 @@ class Supervisor:
             self.start(child)
         else:
             child.state, child.restart_at = decided.state, decided.restart_at
+        # A crashed agent's claim goes back to todo at once (one that stopped cleanly released it), on
+        # the board thread: the loop never waits for the board lock. Asked once the replacement is
+        # started: the thread's scan of the board held the interpreter's lock for most of the
+        # restart's milliseconds when it ran beside it.
+        self.boardwork.recover()
         # No grandchild outlives its agent (a shell command it started, a delegated child, say).
         self.leftovers.kill_leftovers(pid)
 
