@@ -16,9 +16,9 @@ installed into bench/.venv-supervisord on first use (never a dependency of herme
    the supervisor's `exited` event, recorded just before it spawns), spawn (to its `started` event,
    the new process made) and first heartbeat (to `running`); then each of 4 agents' unique memory
    (USS) and RSS.
-5. 20 idle agents of the agent runtime (a provider configured, nothing on the board), fork server off
-   and on: the supervisor's CPU and the agents' (mean and highest per agent), percent of one core
-   over --idle seconds.
+5. 20 idle agents of the agent runtime (a provider configured, nothing on the board, the default
+   max_rss_mb and heartbeat_timeout), fork server off and on: the supervisor's CPU and the agents'
+   (mean and highest per agent), percent of one core over --idle seconds.
 
 Both supervisors restart at once here: hermes-sup because each kill hits an agent that has been
 up longer than `reset_after` (set to 0.2 s, so every kill is a healthy agent's first crash),
@@ -202,7 +202,7 @@ class HermesAgents(Hermes):
     """Real agents (the agent runtime), with the fork server on or off; an openai provider is named,
     so the fork server imports that SDK (no call is ever made)."""
 
-    def __init__(self, base: Path, count: int, fork: bool) -> None:
+    def __init__(self, base: Path, count: int, fork: bool, *, memory_limit: bool = False) -> None:
         self.ws = base / "hermes-ws"
         subprocess.run([sys.executable, "-m", "hermes_sup.supervisor", "init", str(self.ws)], check=True,
                        capture_output=True, cwd=ROOT)
@@ -212,8 +212,8 @@ class HermesAgents(Hermes):
         (self.ws / "hermes.yaml").write_text(
             "providers:\n  local: {kind: openai, base_url: 'http://127.0.0.1:9/v1', model: m}\n"
             "defaults:\n  restart: {policy: always, backoff: {initial: 0.5, max: 30}, max_restarts: 1000000,\n"
-            "            window: 1, reset_after: 0.2}\n  heartbeat_timeout: 60\n  max_rss_mb: null\n"
-            f"agents:\n{agents}")
+            "            window: 1, reset_after: 0.2}\n  heartbeat_timeout: 60\n"
+            + ("" if memory_limit else "  max_rss_mb: null\n") + f"agents:\n{agents}")
         self.env = {**os.environ, "HERMES_SUP_FORK_SERVER": "1" if fork else "0"}
 
     def restart_at(self, pid: int) -> tuple[float, float] | None:
@@ -284,7 +284,7 @@ def cpu_seconds(pid: int) -> float:
 
 def agents_idle(fork: bool, base: Path, count: int, idle: float) -> dict[str, float]:
     """The supervisor's CPU and each idle agent's (percent of one core) over `idle` seconds."""
-    sup = HermesAgents(_folder(base, f"agents-idle-{fork}"), count, fork)
+    sup = HermesAgents(_folder(base, f"agents-idle-{fork}"), count, fork, memory_limit=True)  # the default
     sup.start()
     try:
         wait_for(lambda: len(sup.running_pids()) == count, 120, 0.05)
