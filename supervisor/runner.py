@@ -5,7 +5,8 @@ a crash is seen the moment it happens, not at the next timer tick), a heartbeat 
 notify socket), a command from the CLI (the control socket), a signal (through set_wakeup_fd). The
 select timeout is the next deadline (a backoff ending, a heartbeat overdue, a stop timing out), so
 an idle supervisor sleeps (while agents are judged on heartbeats, never longer than a second, so
-that a turn far longer than its wait shows the supervisor itself was stopped). What to do on an
+that a turn far longer than its wait shows the supervisor itself was stopped), and a turn woken by
+heartbeats alone, before any deadline, judges nothing (`policy.beats_only`). What to do on an
 exit is decided by `exits.on_exit` (over `policy.decide`); an agent as kept is a `child.Child`. The loop
 composes `operator.Operator` (the CLI's requests), `watchdog.Watchdog` (heartbeats, memory, the loop's own
 gaps) and `leftovers.Leftovers` (adopting a previous supervisor's agents, sweeping strays).
