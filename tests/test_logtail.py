@@ -8,10 +8,9 @@ import os
 from pathlib import Path
 from types import SimpleNamespace
 
-from rich.console import Console
-
 from hermes_sup.kanban.fsio import write_json_atomic
 from hermes_sup.supervisor.cli.logtail import LogTail
+from rich.console import Console
 
 from .conftest import wait_until
 
