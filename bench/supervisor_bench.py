@@ -10,9 +10,15 @@ installed into bench/.venv-supervisord on first use (never a dependency of herme
 2. Start 20 children until all have run their first line (and, for hermes-sup, reported ready).
 3. The supervisor's own idle CPU (percent of one core over --idle seconds) and RSS, 20 children.
 4. The agent runtime itself (`python -m hermes_sup.agents run`, not a `command` child), with the fork
-   server off and on: SIGKILL to the supervisor's `started` event (detect, decide, spawn) and to the
-   replacement's first heartbeat (its state `running`), over --kills kills; then each of 4 agents'
-   unique memory (USS) and RSS.
+   server off and on: SIGKILL to the replacement's first heartbeat (its state `running` in
+   supervisor.json), over --kills kills, split into detect (SIGKILL to the process's exit, as a pidfd
+   of the bench's own sees it: the supervisor's pidfd becomes readable at the same moment), decide (to
+   the supervisor's `exited` event, recorded just before it spawns), spawn (to its `started` event,
+   the new process made) and first heartbeat (to `running`); then each of 4 agents' unique memory
+   (USS) and RSS.
+5. 20 idle agents of the agent runtime (a provider configured, nothing on the board, the default
+   max_rss_mb and heartbeat_timeout), fork server off and on: the supervisor's CPU and the agents'
+   (mean and highest per agent), percent of one core over --idle seconds.
 
 Both supervisors restart at once here: hermes-sup because each kill hits an agent that has been
 up longer than `reset_after` (set to 0.2 s, so every kill is a healthy agent's first crash),
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import shutil
 import signal
 import statistics
@@ -195,48 +202,104 @@ class HermesAgents(Hermes):
     """Real agents (the agent runtime), with the fork server on or off; an openai provider is named,
     so the fork server imports that SDK (no call is ever made)."""
 
-    def __init__(self, base: Path, count: int, fork: bool) -> None:
+    def __init__(self, base: Path, count: int, fork: bool, *, memory_limit: bool = False) -> None:
         self.ws = base / "hermes-ws"
         subprocess.run([sys.executable, "-m", "hermes_sup.supervisor", "init", str(self.ws)], check=True,
                        capture_output=True, cwd=ROOT)
-        agents = "".join(f"  - name: a{i:02d}\n" for i in range(count))
+        # Its own chain of the configured provider: an idle agent with a model to use, not one that
+        # looks for a server every few seconds because it has none (`auto` with no key is offline).
+        agents = "".join(f"  - name: a{i:02d}\n    providers: [local]\n" for i in range(count))
         (self.ws / "hermes.yaml").write_text(
             "providers:\n  local: {kind: openai, base_url: 'http://127.0.0.1:9/v1', model: m}\n"
             "defaults:\n  restart: {policy: always, backoff: {initial: 0.5, max: 30}, max_restarts: 1000000,\n"
-            "            window: 1, reset_after: 0.2}\n  heartbeat_timeout: 60\n  max_rss_mb: null\n"
-            f"agents:\n{agents}")
+            "            window: 1, reset_after: 0.2}\n  heartbeat_timeout: 60\n"
+            + ("" if memory_limit else "  max_rss_mb: null\n") + f"agents:\n{agents}")
         self.env = {**os.environ, "HERMES_SUP_FORK_SERVER": "1" if fork else "0"}
 
-    def started_at(self, pid: int) -> float | None:
-        """When the supervisor said it started `pid` (its `started` event), in seconds since the epoch."""
+    def restart_at(self, pid: int) -> tuple[float, float] | None:
+        """When the supervisor recorded the restart that started `pid`: its `exited` event (written
+        once the exit was seen and the restart decided, just before the spawn) and its `started`
+        event (once the new process was made), in seconds since the epoch (the board stamps `at` as
+        it appends each event)."""
         from datetime import datetime
 
-        for line in reversed((self.ws / "kanban" / "events.jsonl").read_text().splitlines()):
-            event = json.loads(line)
-            if event.get("event") == "started" and event.get("pid") == pid:
-                return datetime.fromisoformat(event["at"].replace("Z", "+00:00")).timestamp()
+        def at(event: dict) -> float:
+            return datetime.fromisoformat(event["at"].replace("Z", "+00:00")).timestamp()
+
+        events = [json.loads(line) for line in (self.ws / "kanban" / "events.jsonl").read_text().splitlines()]
+        for index in range(len(events) - 1, -1, -1):
+            if events[index].get("event") == "started" and events[index].get("pid") == pid:
+                exited = [e for e in events[:index] if e.get("event") == "exited"
+                          and e.get("agent") == events[index].get("agent")]
+                return (at(exited[-1]), at(events[index])) if exited else None
         return None
 
 
 def agent_restarts(fork: bool, base: Path, kills: int) -> dict[str, float]:
     sup = HermesAgents(_folder(base, f"agents-{fork}"), 1, fork)
     sup.start()
+    parts: dict[str, list[float]] = {"detect": [], "decide": [], "spawn": [], "heartbeat": [], "started": [],
+                                     "total": []}
     try:
         wait_for(lambda: len(sup.running_pids()) == 1, 60, 0.01)
-        spawned, ready = [], []
         for _ in range(kills):
             time.sleep(0.3)  # longer than reset_after: each kill is a healthy agent's first crash
             old = sup.running_pids()[0]
-            killed_at = time.time()
-            os.kill(old, signal.SIGKILL)
+            pidfd = os.pidfd_open(old)
+            try:
+                killed_at = time.time()
+                os.kill(old, signal.SIGKILL)
+                select.select([pidfd], [], [], 10)
+                gone_at = time.time()
+            finally:
+                os.close(pidfd)
             new = wait_for(lambda o=old: [p for p in sup.running_pids() if p != o], 30, 0.001)[0]
-            ready.append(time.time() - killed_at)
-            spawned.append(wait_for(lambda n=new: sup.started_at(n), 10) - killed_at)
+            ready_at = time.time()
+            exited_at, started_at = wait_for(lambda n=new: sup.restart_at(n), 10)
+            parts["detect"].append(gone_at - killed_at)
+            parts["decide"].append(exited_at - gone_at)
+            parts["spawn"].append(started_at - exited_at)
+            parts["heartbeat"].append(ready_at - started_at)
+            parts["started"].append(started_at - killed_at)
+            parts["total"].append(ready_at - killed_at)
     finally:
         sup.stop()
-    return {"kills": kills, "to_started_median_ms": 1000 * statistics.median(spawned),
-            "to_started_p99_ms": 1000 * pct(spawned, 0.99), "to_heartbeat_median_ms": 1000 * statistics.median(ready),
-            "to_heartbeat_p99_ms": 1000 * pct(ready, 0.99)}
+    out: dict[str, float] = {"kills": kills}
+    for part, values in parts.items():
+        out[f"{part}_median_ms"] = 1000 * statistics.median(values)
+        out[f"{part}_p99_ms"] = 1000 * pct(values, 0.99)
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time used by all threads of `pid`, in seconds: the scheduler's nanoseconds where Linux gives
+    them (/proc/PID/task/*/schedstat), since psutil's clock ticks (10 ms) are a third of what an idle
+    agent may use in 30 s."""
+    try:
+        return sum(int((task / "schedstat").read_text().split()[0])
+                   for task in Path(f"/proc/{pid}/task").iterdir()) / 1e9
+    except (OSError, ValueError, IndexError):
+        return sum(psutil.Process(pid).cpu_times()[:2])
+
+
+def agents_idle(fork: bool, base: Path, count: int, idle: float) -> dict[str, float]:
+    """The supervisor's CPU and each idle agent's (percent of one core) over `idle` seconds."""
+    sup = HermesAgents(_folder(base, f"agents-idle-{fork}"), count, fork, memory_limit=True)  # the default
+    sup.start()
+    try:
+        wait_for(lambda: len(sup.running_pids()) == count, 120, 0.05)
+        time.sleep(3)  # past start-up
+        pids = [sup.proc.pid, *sup.running_pids()]
+        before = [cpu_seconds(pid) for pid in pids]
+        started = time.monotonic()
+        time.sleep(idle)
+        elapsed = time.monotonic() - started
+        used = [(cpu_seconds(pid) - b) / elapsed * 100 for pid, b in zip(pids, before, strict=True)]
+    finally:
+        sup.stop()
+    agents = used[1:]
+    return {"agents": count, "supervisor_cpu_percent": used[0], "agent_cpu_percent_mean": sum(agents) / len(agents),
+            "agent_cpu_percent_max": max(agents), "load_average": os.getloadavg()[0]}
 
 
 def agent_memory(fork: bool, base: Path, count: int = 4) -> dict[str, float]:
@@ -329,7 +392,10 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=200)
     parser.add_argument("--idle", type=float, default=60.0)
     parser.add_argument("--out", type=Path, default=HERE / "results")
-    parser.add_argument("--agents-only", action="store_true", help="only the agent runtime's figures (part 4)")
+    parser.add_argument("--agents-only", action="store_true", help="only the agent runtime's figures (parts 4, 5)")
+    parser.add_argument("--fork", choices=("off", "on", "both"), default="both", help="the fork server in parts 4, 5")
+    parser.add_argument("--skip", action="append", default=[], choices=("restart", "memory", "idle"),
+                        help="leave out a part of the agent runtime's figures (repeatable)")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="hermes-supbench-"))
     child = base / "child.py"
@@ -338,15 +404,27 @@ def main() -> None:
     try:
         if not args.agents_only:
             versus_supervisord(report, base, child, args)
-        for fork in (False, True):
-            name = f"agent_runtime_fork_server_{'on' if fork else 'off'}"
-            lat = agent_restarts(fork, base, args.kills)
-            mem = agent_memory(fork, base)
-            report[name] = {**lat, **mem}
-            print(f"agent runtime, fork server {'on' if fork else 'off'}: SIGKILL to `started`: median "
-                  f"{lat['to_started_median_ms']:.1f} ms (p99 {lat['to_started_p99_ms']:.1f}); to first heartbeat: "
-                  f"median {lat['to_heartbeat_median_ms']:.1f} ms (p99 {lat['to_heartbeat_p99_ms']:.1f}) over "
-                  f"{args.kills} kills; 4 agents' USS {mem['uss_mb']} MB, RSS {mem['rss_mb']} MB")
+        for fork in {"off": (False,), "on": (True,), "both": (False, True)}[args.fork]:
+            on = "on" if fork else "off"
+            lat = agent_restarts(fork, base, args.kills) if "restart" not in args.skip else None
+            mem = agent_memory(fork, base) if "memory" not in args.skip else None
+            idle = agents_idle(fork, base, 20, args.idle) if "idle" not in args.skip else None
+            report[f"agent_runtime_fork_server_{on}"] = {**(lat or {}), **(mem or {}), "idle": idle}
+            if lat:
+                split = ", ".join(f"{part} {lat[f'{part}_median_ms']:.1f} (p99 {lat[f'{part}_p99_ms']:.1f})"
+                              for part in ("detect", "decide", "spawn", "heartbeat"))
+                print(f"agent runtime, fork server {on}: SIGKILL to `started`: median "
+                      f"{lat['started_median_ms']:.1f} ms (p99 {lat['started_p99_ms']:.1f}); to first heartbeat: "
+                      f"median {lat['total_median_ms']:.1f} ms (p99 {lat['total_p99_ms']:.1f})"
+                      f" over {args.kills} kills (load {os.getloadavg()[0]:.2f}); "
+                      f"split, ms: {split}")
+            if mem:
+                print(f"agent runtime, fork server {on}: 4 agents' USS {mem['uss_mb']} MB, RSS {mem['rss_mb']} MB")
+            if idle:
+                print(f"agent runtime, fork server {on}: 20 idle agents over {args.idle:g} s (load "
+                      f"{idle['load_average']:.2f}): supervisor {idle['supervisor_cpu_percent']:.3f}% of a core, "
+                      f"agents {idle['agent_cpu_percent_mean']:.3f}% each "
+                      f"(highest {idle['agent_cpu_percent_max']:.3f}%)")
     finally:
         shutil.rmtree(base, ignore_errors=True)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
 """The supervisor's word, at once, on a drop rejected and on a dropped task no agent could ever claim.
 
 Agents ingest the drops while the team runs, so the supervisor learns of a new task from the board's
-events: a thread tails events.jsonl (a stat every POLL seconds, the new lines only), reads each task
+events: a thread tails events.jsonl (woken by each append where the board can watch its log, else a
+look every POLL seconds; the new lines only), reads each task
 ingested since, judges it with kanban/why.py against the team the supervisor runs, and hands its
 lines back through a pipe the event loop watches (as boardwork.py does: the loop never waits for a
 board read). Anyone who can write the log can write a line there: only the task read from the board
@@ -23,7 +24,10 @@ from ..kanban.why import Member, Team, claim_warnings
 from .loopthread import LoopThread
 from .readers import track_reader
 
-POLL = 0.5  # seconds between looks at events.jsonl's size
+POLL = 0.5  # seconds between looks at events.jsonl's size where the board cannot watch it
+# Where it can, the log is read when an append wakes the thread, and this rarely besides: a wake-up
+# missed (inotify's queue overflowed) delays a warning, never loses it; an idle team wakes nobody.
+RECHECK_WATCHED = 30.0
 NAME_CHARS, REASON_CHARS = 120, 300
 
 
@@ -67,19 +71,32 @@ class IngestWarnings(LoopThread):
         finally:
             self._untrack()
 
+    def _wake_thread(self) -> None:
+        self.board.wake()  # it may be waiting on the board's signal
+
     def _follow(self) -> None:
-        while not self._stopping.wait(self.poll):
+        stop_watching = self.board.watch_events()
+        try:
+            self._read_on(self.poll if stop_watching is None else RECHECK_WATCHED)
+        finally:
+            if stop_watching is not None:
+                stop_watching()
+
+    def _read_on(self, recheck: float) -> None:
+        signal = self.board.signal
+        while not self._stopping.is_set():
+            seen = signal.generation
             try:
                 batch = self.board.events_since(self._cursor, inode=self._inode)
                 self._cursor, self._inode = batch.cursor, batch.inode
                 records = [record for _end, record in batch.events]
-                if not records:
-                    continue
                 for line in rejections(records):  # said at once: the drop is gone from inbox/
                     self._post(line)
                 self.check(ingested(records))
             except Exception as exc:  # a board read failing is no reason to stop warning later
                 self._post(f"board: could not check the tasks just ingested ({type(exc).__name__}: {exc})")
+            # An append made while the log was read has bumped the generation: no wait then.
+            signal.wait(seen, recheck)
 
     def check(self, task_ids: list[str]) -> None:
         team = self.team

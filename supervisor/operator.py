@@ -144,7 +144,7 @@ class Operator:
         self.sup.held &= self.sup.known
         self.sup.dirty = True
         self.sup.ingest_warnings.team = team_of(everyone)
-        self.sup.scheduler.schedules = schedules_of(config)
+        self.sup.scheduler.reconfigure(schedules_of(config))
         self.sup.alerts.reconfigure(rules_of(config))
         changed = self.sup.telemetry.reconfigure(config)
         if changed:

@@ -5,7 +5,8 @@ a crash is seen the moment it happens, not at the next timer tick), a heartbeat 
 notify socket), a command from the CLI (the control socket), a signal (through set_wakeup_fd). The
 select timeout is the next deadline (a backoff ending, a heartbeat overdue, a stop timing out), so
 an idle supervisor sleeps (while agents are judged on heartbeats, never longer than a second, so
-that a turn far longer than its wait shows the supervisor itself was stopped). What to do on an
+that a turn far longer than its wait shows the supervisor itself was stopped), and a turn woken by
+heartbeats alone, before any deadline, judges nothing (`policy.beats_only`). What to do on an
 exit is decided by `exits.on_exit` (over `policy.decide`); an agent as kept is a `child.Child`. The loop
 composes `operator.Operator` (the CLI's requests), `watchdog.Watchdog` (heartbeats, memory, the loop's own
 gaps) and `leftovers.Leftovers` (adopting a previous supervisor's agents, sweeping strays).
@@ -56,6 +57,7 @@ from .governance.schedules import Scheduler, schedules_of
 from .ingestwarn import IngestWarnings, team_of
 from .leftovers import Leftovers
 from .operator import Operator
+from .policy import beats_only
 from .procs import MARKER_ENV, marker_value, new_marker
 from .sessions import signal_session
 from .spawn import spawn
@@ -260,9 +262,6 @@ class Supervisor:
         now = time.monotonic()
         why = Why(child.stopping_for)
         child.proc, child.task, child.stop_deadline = None, None, None
-        # A crashed agent's claim goes back to todo at once; one that stopped cleanly released it.
-        # On the board thread: the loop never waits for the board lock.
-        self.boardwork.recover()
         self.dirty = True
         decided = on_exit(child.spec.name, child.spec.restart, child.history, why, returncode, now=now,
                           uptime=now - child.started, held=child.spec.name in self.held, rng=self.rng)
@@ -273,6 +272,11 @@ class Supervisor:
             self.start(child)
         else:
             child.state, child.restart_at = decided.state, decided.restart_at
+        # A crashed agent's claim goes back to todo at once (one that stopped cleanly released it), on
+        # the board thread: the loop never waits for the board lock. Asked once the replacement is
+        # started: the thread's scan of the board held the interpreter's lock for most of the
+        # restart's milliseconds when it ran beside it.
+        self.boardwork.recover()
         # No grandchild outlives its agent (a shell command it started, a delegated child, say).
         self.leftovers.kill_leftovers(pid)
 
@@ -433,15 +437,20 @@ class Supervisor:
         self._start_queued()
         self.save()
         self.watchdog.last_woke = time.monotonic()
+        soonest = self._deadlines(time.monotonic())
         while True:
             now = time.monotonic()
-            wait = max(0.0, self._deadlines(now) - now)
+            wait = max(0.0, soonest - now)
             ready = self.selector.select(wait)
+            woke = time.monotonic()
             # Before anything is judged: a turn far longer than its wait was time the supervisor
             # did not run (and select may then report nothing at all, though heartbeats wait).
-            self.watchdog.credit_gap(time.monotonic(), wait)
+            self.watchdog.credit_gap(woke, wait)
             for key, _events in ready:
                 key.data()
+            if beats_only([key.fd for key, _events in ready], self.notify.fileno(), dirty=self.dirty, now=woke,
+                          soonest=soonest):
+                continue
             self._due(time.monotonic())
             if self.dirty and self.state_writer.due(time.monotonic()):
                 self.save()
@@ -449,6 +458,7 @@ class Supervisor:
             # agent is alive: an agent reaped by a liveness check still has its exit to record.
             if self.shutting_down and all(child.pidfd is None for child in self.children.values()):
                 break
+            soonest = self._deadlines(time.monotonic())
         self.save()
         if self.forks is not None:
             self.forks.close()

@@ -10,6 +10,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..kanban.fsio import read_bytes_nofollow
+from . import cgroups
 from .child import Child
 from .exits import State, event
 from .policy import loop_gap
@@ -20,6 +21,20 @@ if TYPE_CHECKING:
 
 RSS_CHECK_INTERVAL = 5.0
 GAP_TOLERANCE = 1.0
+
+
+def tree_memory(children: list[Child]) -> dict[int, float]:
+    """Each agent's process tree's resident memory in MB, by its pid: from its cgroup where it has one,
+    else from one scan of the process table for those without."""
+    memory: dict[int, float] = {}
+    scan = []
+    for child in children:
+        rss = cgroups.rss_mb(child.cgroup) if child.cgroup is not None else None
+        if rss is None:
+            scan.append(child.pid or 0)
+        else:
+            memory[child.pid or 0] = rss
+    return {**memory, **(trees_rss_mb(scan) if scan else {})}
 
 
 class Watchdog:
@@ -48,7 +63,7 @@ class Watchdog:
         limited = [child for child in self.sup.children.values()
                    if child.spec.max_rss_mb and child.state in ("starting", "running") and child.pid]
         try:
-            memory = trees_rss_mb(child.pid or 0 for child in limited) if limited else {}
+            memory = tree_memory(limited)
         except OSError as exc:  # no descriptors to read it: looked at again next interval
             self.sup.leftovers.proc_trouble(exc)
             limited = []

@@ -117,3 +117,15 @@ def test_a_loop_turn_far_longer_than_its_wait_is_a_gap_in_the_supervisors_own_ti
     assert loop_gap(elapsed=1.8, expected=1.0, tolerance=1.0) == 0.0  # a busy turn, within tolerance
     assert loop_gap(elapsed=13.0, expected=1.0, tolerance=1.0) == 12.0  # SIGSTOPped for 12 s
     assert loop_gap(elapsed=12.0, expected=0.0, tolerance=1.0) == 12.0
+
+
+def test_a_turn_woken_by_heartbeats_alone_judges_nothing_until_a_deadline_or_a_change():
+    from hermes_sup.supervisor.policy import beats_only
+
+    notify = 7
+    assert beats_only([7], notify, dirty=False, now=10.0, soonest=11.0)  # a beat: nothing to judge
+    assert beats_only([7, 7], notify, dirty=False, now=10.0, soonest=11.0)
+    assert not beats_only([7], notify, dirty=False, now=11.0, soonest=11.0)  # a deadline came: judge
+    assert not beats_only([7], notify, dirty=True, now=10.0, soonest=11.0)  # an agent now running: write it
+    assert not beats_only([7, 9], notify, dirty=False, now=10.0, soonest=11.0)  # an exit, a command, a signal
+    assert not beats_only([], notify, dirty=False, now=10.0, soonest=11.0)  # a timeout is a deadline

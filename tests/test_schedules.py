@@ -324,3 +324,25 @@ def test_two_hosts_on_postgresql_add_a_due_task_once_even_at_the_same_moment(tmp
             store.close()
         with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+def test_with_no_schedule_the_thread_sleeps_until_a_reload_gives_it_one(tmp_path, board):
+    calls = []
+
+    def clock() -> datetime:
+        calls.append(1)
+        return at("2026-01-01 10:00:30")
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    sleeper = Scheduler(board, runs, [], clock=clock, tick=0.005)
+    try:
+        # A tick of 5 ms, yet no schedule: it looks once at the start and at nothing after (its clock
+        # unread: run_once returns before reading it), so an idle supervisor is not woken by it.
+        wait_until(lambda: sleeper._thread.is_alive())
+        sleeper.reconfigure([Schedule("tick", "* * * * *", {"title": "Tick"})])  # what a reload does
+        wait_until(lambda: (runs / STATE_FILE).exists(), timeout=10)  # woken: the new schedule starts now
+        assert calls
+    finally:
+        assert sleeper.stop(5)
+    sleeper.close()

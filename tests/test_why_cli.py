@@ -124,7 +124,8 @@ def test_the_supervisor_logs_a_warning_at_once_for_a_dropped_task_no_agent_could
     log = tmp_path / "up.log"
     expected = ("ingest: warning: lost: no agent can ever claim it: no agent has the role nobody "
                 "(roles of the team: code)")
-    wait_until(lambda: expected in " ".join(log.read_text().split()), timeout=30)
+    # Within half the ingest warnings' 30 s recheck: the append that ingested the drop woke them.
+    wait_until(lambda: expected in " ".join(log.read_text().split()), timeout=15)
     assert Board(ws / "kanban").get("lost")["status"] == "todo", "ingested all the same"
     assert "warning: fine" not in log.read_text()
     hermes(ws, "down")

@@ -8,17 +8,14 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import click
 import psutil
-from rich.console import Console
 from rich.text import Text
 
-from ...kanban.fsio import read_complete_lines
 from ...kanban.liveness import holder_alive
 from ..cliargs import Seconds, emit_json, sane_children, sane_state
 from ..config.workspace import PRIVATE_UMASK, ConfigError, Workspace, load_config, private_dir
@@ -27,7 +24,7 @@ from ..procs import tree_rss_mb, trees_rss_mb
 from ..spec import build_specs
 from ..statefile import read_state, supervisor_alive
 from ..sweep import LOCK_FILE, sweep
-from ..views import logtext, render
+from ..views import render
 from .common import (
     Failure,
     command,
@@ -40,9 +37,9 @@ from .common import (
     out,
     print_table,
     read_supervisor_state,
-    visible,
     workspace_of,
 )
+from .logtail import LogTail
 
 
 def _agents_option(ws: Workspace, config: dict[str, Any], csv: str | None) -> set[str] | None:
@@ -109,7 +106,7 @@ def up(ctx: click.Context, detach: bool, agents_csv: str | None, with_dashboard:
         supervisor = Supervisor(ws, config, only=only, say=lambda line: console.print(
             Text.assemble((time.strftime("%H:%M:%S"), "dim"), " ", literal(line)), highlight=False,
             soft_wrap=True))  # one line each, piped or not
-        tail = LogTail(supervisor.children, out)
+        tail = LogTail(supervisor.children, out, supervisor.runs)
         tail.start()
         web = None
         if with_dashboard:  # in a thread of this process: it ends with the supervisor, however that ends
@@ -235,44 +232,6 @@ class Stall:
             self.seen, self.since = seen, now
             return False
         return now - self.since > self.seconds
-
-
-class LogTail:
-    """Prints what the agents write to their logs, prefixed by name (foreground `up` only; a
-    display refresh on a short timer, not how crashes are found)."""
-
-    def __init__(self, children: dict[str, Any], console: Console) -> None:
-        self.children = children
-        self.console = console
-        self.offsets: dict[str, int] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="log-tail", daemon=True)
-
-    def start(self) -> None:
-        for name, child in self.children.items():
-            with contextlib.suppress(OSError):
-                self.offsets[name] = (child.spec.workdir / "agent.log").stat().st_size
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        self._drain()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            self._drain()
-
-    def _drain(self) -> None:
-        width = max((len(name) for name in self.children), default=0)
-        for name, child in list(self.children.items()):
-            if not is_regular(child.spec.workdir / "agent.log"):
-                continue
-            lines, self.offsets[name] = read_complete_lines(child.spec.workdir / "agent.log", self.offsets.get(name, 0))
-            for line in lines:
-                self.console.print(Text.assemble((visible(f"{name:<{width}}"), logtext.agent_colour(name)), " | ",
-                                                 logtext.log_text(name, line.decode("utf-8", "replace"))),
-                                   highlight=False, soft_wrap=True)  # a log line stays one line
 
 
 def live_children(runs: Path, name: str) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -200,10 +201,19 @@ class Scheduler(LoopThread):
         super().__init__()
         self.board = board
         self.path = runs / STATE_FILE
-        self.schedules = schedules  # replaced whole (one assignment) by the loop after a reload
+        self.schedules = schedules  # replaced whole (one assignment) by `reconfigure` after a reload
         self.clock = clock
         self.tick = tick
+        self._woken = threading.Event()
         self.start()
+
+    def reconfigure(self, schedules: list[Schedule]) -> None:
+        """A reload's schedules, looked at at once (the thread may be asleep for want of any)."""
+        self.schedules = schedules
+        self._woken.set()
+
+    def _wake_thread(self) -> None:
+        self._woken.set()
 
     def say(self, say: Callable[[str], None]) -> None:
         """Hand what the thread posted to the supervisor's `say` (its wake_fd is readable)."""
@@ -230,7 +240,10 @@ class Scheduler(LoopThread):
                 if kind != said:
                     self._post(f"schedules: could not add the due tasks ({type(exc).__name__}: {exc})")
                 said = kind
-            if self._stopping.wait(self.tick):
+            # With no schedule there is no clock to look at: it sleeps until a reload or the end.
+            self._woken.wait(self.tick if self.schedules else None)
+            self._woken.clear()
+            if self._stopping.is_set():
                 return
 
     def run_once(self) -> list[str]:
