@@ -1,4 +1,4 @@
-"""A small inotify(7) reader over ctypes: a few folders, a few kinds of event, the kernel's overflow included.
+"""Linux inotify(7) over ctypes: watches by path, the events read raw or by folder, the kernel's overflow included.
 
 Why not watchdog's observer for the board: it spent 100 to 200 us of Python on each event (move
 pairing through a delayed queue, event objects, a dispatch thread), and every process that waits
@@ -19,15 +19,18 @@ import struct
 from collections.abc import Iterator
 from typing import NamedTuple
 
+IN_MODIFY = 0x00000002
 IN_CLOSE_WRITE = 0x00000008
 IN_MOVED_FROM = 0x00000040
 IN_MOVED_TO = 0x00000080
 IN_CREATE = 0x00000100
 IN_DELETE = 0x00000200
 IN_DELETE_SELF = 0x00000400
+IN_MOVE_SELF = 0x00000800
 IN_Q_OVERFLOW = 0x00004000
 IN_IGNORED = 0x00008000
 IN_ONLYDIR = 0x01000000
+IN_DONT_FOLLOW = 0x02000000
 IN_ISDIR = 0x40000000
 IN_CLOEXEC = 0o2000000
 IN_NONBLOCK = 0o4000
@@ -51,8 +54,20 @@ def libc() -> ctypes.CDLL:
     return _libc
 
 
+def parse_events(data: bytes) -> list[tuple[int, int, str]]:
+    """The (watch, mask, name) of each event in a read of an inotify descriptor (pure)."""
+    events, at = [], 0
+    while at + HEADER.size <= len(data):
+        wd, mask, _cookie, length = HEADER.unpack_from(data, at)
+        name = data[at + HEADER.size:at + HEADER.size + length].split(b"\0", 1)[0]
+        at += HEADER.size + length
+        events.append((wd, mask, os.fsdecode(name)))
+    return events
+
+
 class Inotify:
-    """One inotify instance: `add(folder, mask)`, then `events(timeout)` as they come; `shutdown()`, `close()`."""
+    """One inotify instance: `watch_folder` then `events(timeout)` as they come, `shutdown()`, `close()`;
+    or `add` and `read` for a caller that selects on `fd` itself."""
 
     def __init__(self) -> None:
         fd = libc().inotify_init1(IN_CLOEXEC | IN_NONBLOCK)
@@ -68,17 +83,39 @@ class Inotify:
         self.closed = False
         self._fds_open = True
 
-    def add(self, folder: str, mask: int) -> bool:
-        """Watch `folder` (not its subfolders); False if it is not (or no longer) a folder.
-        Raises OSError for the user's limit (ENOSPC: watches)."""
-        wd = libc().inotify_add_watch(self.fd, os.fsencode(folder), mask | IN_ONLYDIR)
+    def add(self, path: str | os.PathLike[str], mask: int, *, folder: bool = True) -> int:
+        """Watch the folder (or file) `path`, never through a link, for `mask`; the watch's number
+        (the same for the same inode). Raises OSError (ENOENT: gone; ENOSPC: the user's watches)."""
+        wd = libc().inotify_add_watch(self.fd, os.fsencode(path),
+                                      mask | IN_DONT_FOLLOW | (IN_ONLYDIR if folder else 0))
         if wd < 0:
             number = ctypes.get_errno()
-            if number in (errno.ENOENT, errno.ENOTDIR):
+            raise OSError(number, os.strerror(number), os.fspath(path))
+        return int(wd)
+
+    def watch_folder(self, folder: str, mask: int) -> bool:
+        """Watch `folder` (not its subfolders), its events named by it in `events`; False if it is
+        not (or no longer) a folder."""
+        try:
+            wd = self.add(folder, mask)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                 return False
-            raise OSError(number, os.strerror(number), folder)
+            raise
         self._folders[wd] = folder
         return True
+
+    def remove(self, wd: int) -> None:
+        """Stop a watch (one already gone, with its file, is no error)."""
+        libc().inotify_rm_watch(self.fd, wd)
+
+    def read(self) -> list[tuple[int, int, str]]:
+        """The (watch, mask, name) of the events queued now, none if there are none (a caller that
+        selects on `fd` itself)."""
+        try:
+            return parse_events(os.read(self.fd, BUFFER))
+        except BlockingIOError:
+            return []
 
     def events(self, timeout: float | None) -> Iterator[Event]:
         """The events that arrive within `timeout` seconds (None: until some do or `shutdown` is
@@ -99,11 +136,7 @@ class Inotify:
         yield from self._parse(data)
 
     def _parse(self, data: bytes) -> Iterator[Event]:
-        at = 0
-        while at + HEADER.size <= len(data):
-            wd, mask, _cookie, length = HEADER.unpack_from(data, at)
-            name = data[at + HEADER.size:at + HEADER.size + length].split(b"\0", 1)[0]
-            at += HEADER.size + length
+        for wd, mask, name in parse_events(data):
             if mask & IN_Q_OVERFLOW:
                 yield Event("", "", mask)
                 continue
@@ -112,7 +145,7 @@ class Inotify:
                 continue
             if mask & IN_IGNORED:  # the folder went away (or its watch was removed)
                 del self._folders[wd]
-            yield Event(folder, os.fsdecode(name), mask)
+            yield Event(folder, name, mask)
 
     def shutdown(self) -> None:
         """Make a waiting `events` return, and every later one return nothing (from any thread)."""

@@ -119,11 +119,11 @@ class BoardWatcher:
         return ARRIVALS if name in CLAIM_FOLDERS else None
 
     def _watch_folders(self, inotify: Inotify) -> None:
-        inotify.add(str(self.root), FILE_EVENTS if not self.claims_only else IN_CREATE | IN_MOVED_TO)
+        inotify.watch_folder(str(self.root), FILE_EVENTS if not self.claims_only else IN_CREATE | IN_MOVED_TO)
         for entry in os.scandir(self.root):
             mask = self._mask(entry.name)
             if mask is not None and entry.is_dir(follow_symlinks=False):
-                inotify.add(entry.path, mask)
+                inotify.watch_folder(entry.path, mask)
 
     def widen(self) -> None:
         """Watch every change, not only arrivals of work (a claimer's board asked for by a view)."""
@@ -187,7 +187,7 @@ class BoardWatcher:
                         mask = self._mask(event.name)
                         if mask is not None:
                             with contextlib.suppress(OSError):
-                                inotify.add(os.path.join(root, event.name), mask)
+                                inotify.watch_folder(os.path.join(root, event.name), mask)
                         full = True
                     elif top == "inbox" and event.mask & COMPLETE and not event.mask & IN_ISDIR:
                         self.mark_complete(Path(event.folder, event.name))

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ...kanban.fsio import read_complete_lines
-from ..inotify import (
+from ...kanban.inotify import (
     IN_CREATE,
     IN_DELETE_SELF,
     IN_IGNORED,
