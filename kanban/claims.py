@@ -24,9 +24,19 @@ from .txn import Transactions, _owner_text, _unlink_marker
 RESYNC_AFTER = 2.0
 # A rescan the watcher asks for waits until this many times its last one's duration has passed.
 RESCAN_SHARE = 20
-Signature = tuple[int, int, int, int]
+Signature = tuple[int, int, int, int]  # inode, size, mtime and ctime (ns)
 # A reservation marker this old may be a dead claimer's: the locked path looks at its owner.
 STALE_MARKER_AGE = 1.0
+
+
+wall_ns = time.time_ns  # the clock the kernel stamps files with (a test moves it on)
+
+
+def _settled(ctime_ns: int, seen_at_ns: int) -> bool:
+    """Whether what was seen of a file at `seen_at_ns` still holds while its ctime stays `ctime_ns`:
+    only if it was seen a second after that change. The kernel stamps files with a coarse clock,
+    so two changes within one of its ticks can leave the same times (the listing cache's rule)."""
+    return seen_at_ns - ctime_ns >= 1_000_000_000
 
 
 def _older_than(marker: Path, seconds: float) -> bool:
@@ -49,7 +59,10 @@ class Claims:
         self.indexed_at: float | None = None  # monotonic time of the last full rescan
         self.rescan_seconds = 0.0  # how long it took
         self.needs_lock = False  # the lock-free pick skipped something only the locked path repairs
-        self._todo_seen: dict[str, tuple[Signature, Meta]] = {}  # todo file name -> what it was, its meta
+        # todo file name -> what it was, its meta, when it was read (wall clock, ns)
+        self._todo_seen: dict[str, tuple[Signature, Meta, int]] = {}
+        # status folder -> what it was, the task ids in it, when it was listed (wall clock, ns)
+        self._listed: dict[str, tuple[Signature, list[str], int]] = {}
 
     # -- the index ------------------------------------------------------------------------------
 
@@ -63,17 +76,14 @@ class Claims:
         """Rebuild the index from the folders. A todo file whose inode, size, mtime and ctime are
         those it had at the last rescan is not read again (a write of any kind changes its ctime,
         which no one can set), so a rescan costs a stat per waiting task, not a read and a parse."""
-        started = time.monotonic()
+        started, wall = time.monotonic(), wall_ns()
         self.tail.seek_end()
         self.disk.index.clear()
         for status in STATUSES:
-            if status == "todo":
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                for entry in os.scandir(self.disk.root / status):
-                    if entry.name.endswith(".json") and not entry.name.startswith("."):
-                        self.disk.index.set_status(entry.name[:-5], status)
-        seen: dict[str, tuple[Signature, Meta]] = {}
+            if status != "todo":
+                for task_id in self._listing(status, wall):
+                    self.disk.index.set_status(task_id, status)
+        seen: dict[str, tuple[Signature, Meta, int]] = {}
         for entry in self.txn.entries("todo"):
             try:
                 stat = entry.stat(follow_symlinks=False)
@@ -81,7 +91,7 @@ class Claims:
                 continue
             signature = (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
             known = self._todo_seen.get(entry.name)
-            if known is not None and known[0] == signature:
+            if known is not None and known[0] == signature and _settled(signature[3], known[2]):
                 seen[entry.name] = known
                 continue
             doc = self.txn.document(Path(entry.path))
@@ -92,12 +102,34 @@ class Claims:
                 if doc["status"] == "todo":  # rewritten in place: read again at the next rescan
                     self.disk.index.put_todo(doc)
                 continue
-            seen[entry.name] = (signature, meta_of(doc))
-        self.disk.index.put_todos(meta for _signature, meta in seen.values())
+            seen[entry.name] = (signature, meta_of(doc), wall)
+        self.disk.index.put_todos(entry[1] for entry in seen.values())
         self._todo_seen = seen
         self.indexed_at = time.monotonic()
         self.rescan_seconds = self.indexed_at - started
         self.disk.signal.full_rescan_due = False
+
+    def _listing(self, status: str, wall: int) -> list[str]:
+        """The task ids in a status folder; listed again only if the folder changed since (an entry
+        added, removed or renamed changes its mtime and ctime): done/ grows with every task, and
+        every waiting agent rescans every few seconds."""
+        folder = self.disk.root / status
+        try:
+            stat = os.stat(folder, follow_symlinks=False)
+        except OSError:
+            self._listed.pop(status, None)
+            return []
+        signature = (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+        known = self._listed.get(status)
+        if known is not None and known[0] == signature and _settled(signature[3], known[2]):
+            return known[1]
+        try:
+            ids = [entry.name[:-5] for entry in os.scandir(folder)
+                   if entry.name.endswith(".json") and not entry.name.startswith(".")]
+        except OSError:
+            ids = []
+        self._listed[status] = (signature, ids, wall)
+        return ids
 
     def rescan_due(self) -> bool:
         """The index was never built, or the watcher asked for a rescan and the last one is far

@@ -76,10 +76,12 @@ class Inotify:
             raise OSError(number, os.strerror(number))
         self.fd = fd
         self._folders: dict[int, str] = {}
-        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        # One descriptor to wake a waiting `events` (a pipe took two, and a supervisor short of
+        # descriptors starts fewer agents).
+        self._wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self._poll = select.poll()
         self._poll.register(self.fd, select.POLLIN)
-        self._poll.register(self._wake_r, select.POLLIN)
+        self._poll.register(self._wake, select.POLLIN)
         self.closed = False
         self._fds_open = True
 
@@ -151,12 +153,12 @@ class Inotify:
         """Make a waiting `events` return, and every later one return nothing (from any thread)."""
         self.closed = True
         with contextlib.suppress(OSError):
-            os.write(self._wake_w, b"x")
+            os.eventfd_write(self._wake, 1)
 
     def close(self) -> None:
         """Release the descriptors: only once no thread is in `events` (after shutdown and a join)."""
         self.closed = True
-        fds, self._fds_open = (self.fd, self._wake_r, self._wake_w) if self._fds_open else (), False
+        fds, self._fds_open = (self.fd, self._wake) if self._fds_open else (), False
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)

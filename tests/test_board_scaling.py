@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
 from hermes_sup.kanban import Board
 from hermes_sup.kanban.base import Folder
+
+from .conftest import wait_until
 
 
 @pytest.fixture
@@ -41,6 +44,9 @@ def test_reads_per_task_do_not_grow_with_the_backlog(tmp_path: Path, reads: list
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     from hermes_sup.kanban import claims
     monkeypatch.setattr(claims, "RESCAN_SHARE", 0)  # every rescan the watcher asks for happens
+    # Files changed less than a second before a rescan are read again (the kernel's clock is coarse):
+    # the backlog is as old as a real one by the time an agent drains it.
+    monkeypatch.setattr(claims, "wall_ns", lambda: time.time_ns() + 2_000_000_000)
     board = Board(tmp_path / "kanban")
     for i in range(backlog):
         board.add({"title": f"t{i}", "steps": [{"tool": "write_file", "args": {"path": "a", "content": "x"}}]})
@@ -63,9 +69,14 @@ def test_a_rescan_reads_again_a_task_changed_by_hand(tmp_path: Path, reads: list
     high = board.add({"title": "to raise", "priority": 0, "role": "work"})
     for i in range(20):
         board.add({"title": f"filler {i}", "priority": 1, "role": "work"})
+    monkeypatch.setattr(claims, "wall_ns", lambda: time.time_ns() + 2_000_000_000)  # all a second old
     assert board.claim("warm-up", roles=["nobody"]) is None  # the index built, nothing claimed
     path = board.root / "todo" / f"{high['id']}.json"
     before = path.stat()
+    probe = tmp_path / "tick"
+    # The edit below must fall in a later tick of the kernel's file clock than the task's creation
+    # (within one tick the times cannot tell two writes apart: then the rule above reads it again).
+    wait_until(lambda: (probe.write_text("x"), probe.stat().st_ctime_ns > before.st_ctime_ns)[1], timeout=5)
     text = path.read_text()
     assert '"priority":0' in text or '"priority": 0' in text
     # Raised in place, the same size, its mtime set back: only the ctime (no one can set it) tells.
@@ -99,4 +110,42 @@ def test_a_claimer_that_finds_nothing_leaves_the_board_lock_alone(tmp_path: Path
     board.signal.bump(full=True)
     assert board.claim("a1", roles=["coder"]) is None
     assert taken and (board.root / "rejected").exists() and not (board.root / "todo" / "broken-1.json").exists()
+    board.close()
+
+
+def test_a_rescan_lists_again_only_the_folders_that_changed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hermes_sup.kanban import claims
+    board = Board(tmp_path / "kanban")
+    for i in range(4):
+        board.add({"title": f"t{i}"})
+    for _ in range(2):
+        doc = board.claim("a1")
+        assert doc is not None
+        board.complete(doc["id"], doc["claim"]["token"], {"ok": True})
+    listed: list[str] = []
+    real = os.scandir
+
+    def counting(path):  # type: ignore[no-untyped-def]
+        listed.append(os.path.basename(os.fspath(path)))
+        return real(path)
+
+    monkeypatch.setattr(claims.os, "scandir", counting)
+    monkeypatch.setattr(claims, "wall_ns", lambda: time.time_ns() + 2_000_000_000)  # a second on
+    board.claims.rescan()
+    listed.clear()
+    board.claims.rescan()  # nothing changed: done/ (and the others) are not listed again
+    assert "done" not in listed
+    doc = board.claim("a1")
+    board.complete(doc["id"], doc["claim"]["token"], {"ok": True})
+    listed.clear()
+    board.claims.rescan()
+    assert "done" in listed and board.disk.index.status.get(doc["id"]) == "done"
+    # Within a second of a folder's change its times cannot tell a second change: listed again.
+    monkeypatch.setattr(claims, "wall_ns", time.time_ns)
+    doc = board.claim("a1")
+    board.complete(doc["id"], doc["claim"]["token"], {"ok": True})
+    board.claims.rescan()
+    listed.clear()
+    board.claims.rescan()
+    assert "done" in listed
     board.close()

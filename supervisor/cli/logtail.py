@@ -132,7 +132,10 @@ class LogTail:
             log = child.spec.workdir / LOG_NAME
             if not is_regular(log):
                 continue
-            lines, self.offsets[name] = read_complete_lines(log, self.offsets.get(name, 0))
+            try:
+                lines, self.offsets[name] = read_complete_lines(log, self.offsets.get(name, 0))
+            except OSError:  # out of descriptors, say: shown at the next look, never the end of the display
+                continue
             for line in lines:
                 self.console.print(Text.assemble((visible(f"{name:<{width}}"), logtext.agent_colour(name)), " | ",
                                                  logtext.log_text(name, line.decode("utf-8", "replace"))),
