@@ -215,10 +215,9 @@ def test_writing_the_cache_wakes_no_one(board, eager, monkeypatch):
     board.start_watching()
     if board.watch_mode != "inotify":
         pytest.skip("needs inotify")
-    seen: list[str] = []
-    complete = watch.BoardWatcher.mark_complete
-    monkeypatch.setattr(watch.BoardWatcher, "mark_complete",
-                        lambda self, path: seen.append(path.name) or complete(self, path))
+    seen: list[str] = []  # what the watch was woken by
+    judge = watch.wakes
+    monkeypatch.setattr(watch, "wakes", lambda top, name: (judge(top, name) and not seen.append(name)) or False)
     board.add({"title": "cached"})
     (board.root / Cache.name).unlink(missing_ok=True)
     listed(board)
