@@ -293,7 +293,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--syscalls", action="store_true",
                         help="strace -c the smallest team's agents over a small drain, per task")
     parser.add_argument("--syscall-tasks", type=int, default=200, help="tasks of the --syscalls drain")
-    parser.add_argument("--fork-server", choices=("on", "off"), help="override hermes.yaml's fork_server (off)")
+    parser.add_argument("--fork-server", choices=("on", "off"), help="override hermes.yaml's fork_server (default: on)")
     parser.add_argument("--fsync-seconds", type=float, help="length of each disk-rate probe (default 2; --quick 1)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="where the JSON is written")
     parser.add_argument("--show", type=Path, metavar="JSON", help="print the table of a report written before; no run")
