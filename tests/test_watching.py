@@ -25,9 +25,16 @@ def test_up_d_detaches_and_says_so_when_the_team_already_runs(tmp_path):
         assert pid and supervisor_state(ws)["agents"]["a"]["state"] == "running"
         again = hermes(ws, "up", "-d")
         assert again.returncode == 0 and f"already running in {ws} (pid {pid})" in again.stdout + again.stderr
+        with open(ws / "runs" / "a" / "agent.log", "a") as log:  # a line of the agent's
+            log.write("a line only the agent's log holds\n")
     finally:
         hermes(ws, "down")
         wait_until(lambda: not supervisor_state(ws).get("agents", {}).get("a", {}).get("pid"), timeout=60)
+    # A detached supervisor's log holds its own events, not a copy of every agent's lines (the
+    # foreground `up` shows those; here `hermes-sup logs` does).
+    kept = (ws / "runs" / "supervisor.log").read_text()
+    assert "supervisor:" in kept and "a line only the agent's log holds" not in kept
+    assert "a line only the agent's log holds" in hermes(ws, "logs", "a").stdout
 
 
 def test_the_read_commands_do_not_import_the_agent_runtime_or_an_http_client():

@@ -63,10 +63,11 @@ def _agents_option(ws: Workspace, config: dict[str, Any], csv: str | None) -> se
               help="Also serve the web dashboard on 127.0.0.1 (see `dashboard`).")
 @click.option("--dashboard-port", type=click.IntRange(0, 65535), default=8765, show_default=True,
               help="The dashboard's port with --dashboard.")
+@click.option("--detached", is_flag=True, hidden=True)  # the background supervisor --detach starts
 @click.pass_context
 @handled
 def up(ctx: click.Context, detach: bool, agents_csv: str | None, with_dashboard: bool = False,
-       dashboard_port: int = 8765) -> None:
+       dashboard_port: int = 8765, detached: bool = False) -> None:
     """Start the supervisor and the team (foreground: events and agent logs; Ctrl-C stops)."""
     ws = workspace_of(ctx)
     config = load_config(ws.config_path)
@@ -106,8 +107,11 @@ def up(ctx: click.Context, detach: bool, agents_csv: str | None, with_dashboard:
         supervisor = Supervisor(ws, config, only=only, say=lambda line: console.print(
             Text.assemble((time.strftime("%H:%M:%S"), "dim"), " ", literal(line)), highlight=False,
             soft_wrap=True))  # one line each, piped or not
-        tail = LogTail(supervisor.children, out, supervisor.runs)
-        tail.start()
+        # Detached, nobody reads the agents' lines in supervisor.log (each agent's own log has them,
+        # `hermes-sup logs` shows them): copying them there was half the supervisor's work in a drain.
+        tail = None if detached else LogTail(supervisor.children, out, supervisor.runs)
+        if tail is not None:
+            tail.start()
         web = None
         if with_dashboard:  # in a thread of this process: it ends with the supervisor, however that ends
             from .dashboard import dashboard_server, url_of
@@ -125,7 +129,8 @@ def up(ctx: click.Context, detach: bool, agents_csv: str | None, with_dashboard:
                 code = supervisor.serve()
         else:
             code = supervisor.serve()
-        tail.stop()
+        if tail is not None:
+            tail.stop()
         if web is not None:
             web.stop()
     finally:
@@ -156,7 +161,7 @@ def _expanded_in(agent: dict[str, Any], only: set[str]) -> bool:
 def _detach(ws: Workspace, agents_csv: str | None, dashboard_port: int | None = None) -> int:
     # -P: the workspace is the working directory, and its kanban/ board folder must not shadow
     # the kanban package.
-    command = [sys.executable, "-P", "-m", "hermes_sup.supervisor", "-w", str(ws.root), "up"]
+    command = [sys.executable, "-P", "-m", "hermes_sup.supervisor", "-w", str(ws.root), "up", "--detached"]
     if agents_csv:
         command += ["--agents", agents_csv]
     if dashboard_port is not None:
