@@ -62,7 +62,7 @@ from .procs import MARKER_ENV, marker_value, new_marker
 from .sessions import signal_session
 from .spawn import spawn
 from .spec import build_specs
-from .statefile import SUPERVISOR_FILE, StateWriter, quiet, read_state
+from .statefile import SUPERVISOR_FILE, StateWriter, quiet, read_state, task_write_at
 from .steer import agent_groups, held_from
 from .supevents import SupervisorEvents
 from .suptelemetry import SupervisorTelemetry
@@ -119,6 +119,7 @@ class Supervisor:
         self.shutting_down = False
         self.signals: list[int] = []
         self.dirty = True
+        self.task_write_at: float | None = None  # when a change of tasks alone is written (statefile.py)
         self._next_ingest = 0.0
         self.started_at = now_iso()
         self.containment = cgroups.detect(ws.root)
@@ -308,7 +309,9 @@ class Supervisor:
             if "TASK" in fields:
                 task = None if fields["TASK"] == "-" else fields["TASK"]
                 if task != child.task:
-                    child.task, self.dirty = task, True
+                    child.task = task
+                    if self.task_write_at is None:
+                        self.task_write_at = task_write_at(self.state_writer.written_at, time.monotonic())
 
     def _on_wakeup(self) -> None:
         with contextlib.suppress(BlockingIOError):
@@ -344,7 +347,7 @@ class Supervisor:
     def _deadlines(self, now: float) -> float:
         soonest = now + 60.0
         for when in (self.control.next_deadline(), self.state_writer.retry_at if self.dirty else None,
-                     self.leftovers.sweep_at, self.forks.deadline() if self.forks else None):
+                     self.task_write_at, self.leftovers.sweep_at, self.forks.deadline() if self.forks else None):
             if when is not None:
                 soonest = min(soonest, when)
         if not any(child.state == State.RUNNING for child in self.children.values()):
@@ -415,7 +418,7 @@ class Supervisor:
     def save(self) -> None:
         """Write the state file; while the disk refuses, the write stays pending and is retried."""
         if self.state_writer.write(self.snapshot(), time.monotonic()):
-            self.dirty = False
+            self.dirty, self.task_write_at = False, None
 
     def serve(self) -> int:
         # As sane as the CLI sees it: any process of the user (an agent) may have rewritten it.
@@ -448,11 +451,15 @@ class Supervisor:
             self.watchdog.credit_gap(woke, wait)
             for key, _events in ready:
                 key.data()
+            if self.task_write_at is not None:  # a task taken or finished in this turn: written on time
+                soonest = min(soonest, self.task_write_at)
             if beats_only([key.fd for key, _events in ready], self.notify.fileno(), dirty=self.dirty, now=woke,
                           soonest=soonest):
                 continue
             self._due(time.monotonic())
-            if self.dirty and self.state_writer.due(time.monotonic()):
+            now = time.monotonic()
+            if (self.dirty or (self.task_write_at is not None and now >= self.task_write_at)) \
+                    and self.state_writer.due(now):
                 self.save()
             # Done once every exit has been handled (its pidfd read and closed), not merely once no
             # agent is alive: an agent reaped by a liveness check still has its exit to record.

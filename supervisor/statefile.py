@@ -22,6 +22,10 @@ from ..kanban.liveness import holder_alive
 
 SUPERVISOR_FILE = "supervisor.json"  # in runs/: the supervisor's pid, start time and its agents
 RETRY_EVERY = 2.0  # seconds between attempts while writes fail
+# A change that is only an agent's current task (it took one, it finished one) is written at most
+# this often: in a drain each task's start and end rewrote the whole file twice, most of the
+# supervisor's CPU; anything else (a start, an exit, a state) is still written at once.
+TASK_WRITE_EVERY = 0.25
 STATE_MAX = 1 << 20  # a state file is a few KiB; a delegating agent's, with its children, well under this
 
 
@@ -48,6 +52,12 @@ def read_state(path: Path, limit: int = STATE_MAX) -> Any:
         return None
 
 
+def task_write_at(written_at: float, now: float, every: float = TASK_WRITE_EVERY) -> float:
+    """When a change that is only an agent's current task may be written (pure; monotonic times): at
+    once if the file was last written `every` seconds ago or longer, else that long after it."""
+    return max(now, written_at + every)
+
+
 class StateWriter:
     def __init__(self, path: Path, say: Callable[[str], None], *, retry_every: float = RETRY_EVERY) -> None:
         self.path = path
@@ -55,6 +65,7 @@ class StateWriter:
         self.retry_every = retry_every
         self.failing = False
         self.retry_at: float | None = None  # when a failed write may be tried again
+        self.written_at = float("-inf")  # when the last write succeeded (monotonic)
 
     def due(self, now: float) -> bool:
         """Whether a pending write may be tried now (at once normally, on the timer while failing)."""
@@ -72,6 +83,7 @@ class StateWriter:
                          f"supervised, retrying every {self.retry_every:g} s")
             return False
         self.retry_at = None
+        self.written_at = now
         if self.failing:
             self.failing = False
             self.say(f"supervisor: writing {self.path.name} works again")

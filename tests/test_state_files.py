@@ -212,3 +212,61 @@ def test_a_supervisor_adopts_its_agent_whatever_else_a_forged_supervisor_json_sa
     assert cli(ws, "down").returncode == 0
     assert second.wait(timeout=60) == 0
     assert gone(pid)
+
+
+def test_a_change_of_tasks_alone_is_written_at_most_so_often():
+    """Pure: the first task change after a quiet spell is written at once, later ones wait for the
+    interval since the last write, whatever else happened."""
+    from hermes_sup.supervisor.statefile import TASK_WRITE_EVERY, task_write_at
+
+    assert task_write_at(float("-inf"), 10.0) == 10.0
+    assert task_write_at(9.0, 10.0) == 10.0
+    assert task_write_at(9.9, 10.0) == pytest.approx(9.9 + TASK_WRITE_EVERY)
+
+
+def test_a_drain_does_not_rewrite_supervisor_json_at_each_task_and_its_last_word_is_written(tmp_path, up):
+    """Each task's start and end rewrote supervisor.json in full (two writes a task, most of the
+    supervisor's CPU in a drain); the writes are now bounded by time, and the last one, once the
+    tasks are done, still says no agent holds a task."""
+    import threading
+    import time
+
+    from hermes_sup.kanban import Board
+    from hermes_sup.kanban.inotify import IN_MOVED_TO, Inotify
+    from hermes_sup.supervisor.statefile import TASK_WRITE_EVERY
+
+    ws = tmp_path / "ws"
+    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    (ws / "hermes.yaml").write_text("providers:\n  none: {kind: offline}\n"
+                                    "tiers: {cheap: [none], standard: [none], premium: [none]}\n"
+                                    "agents:\n  - {name: w, count: 2}\n")
+    up(ws)
+    wait_until(lambda: all(a.get("state") == "running" for a in state(ws).get("agents", {}).values())
+               and len(state(ws).get("agents", {})) == 2, timeout=60)
+    tasks = 60
+    board = Board(ws / "kanban")
+    writes = Inotify()
+    seen: list[str] = []
+
+    def count() -> None:  # read at once: the kernel merges an unread event into the next identical one
+        while not writes.closed:
+            seen.extend(event.name for event in writes.events(None) if event.name == "supervisor.json")
+
+    reader = threading.Thread(target=count, daemon=True)
+    try:
+        writes.watch_folder(str(ws / "runs"), IN_MOVED_TO)
+        reader.start()
+        began = time.monotonic()
+        for n in range(tasks):
+            board.add({"id": f"t{n:03d}", "title": f"t {n}",
+                       "steps": [{"tool": "write_file", "args": {"path": "out.txt", "content": "x"}}]})
+        wait_until(lambda: len(board.list("done").tasks) == tasks, timeout=120)
+        took = time.monotonic() - began
+        wait_until(lambda: all(a.get("task") is None for a in state(ws)["agents"].values()), timeout=10)
+    finally:
+        writes.shutdown()
+        reader.join(timeout=5)
+        writes.close()
+        board.close()
+    # Without the bound: at least one write per task start or end, 2 * tasks in all.
+    assert 0 < len(seen) <= (took + 1.0) / TASK_WRITE_EVERY + 6 < 2 * tasks, (len(seen), took)
