@@ -310,10 +310,14 @@ class Board:
             if recover_due(self._last_recover, now):
                 self.recover(sweep=recover_due(self.txn.last_sweep, now, waiting.SWEEP_INTERVAL))
 
-        return wait_loop(self.signal, look_after=look_after,
-                         claim=lambda: self.claim(agent, roles=roles, lease=lease, steps_only=steps_only,
-                                                  assigned_only=assigned_only),
-                         nap=lambda: waiting.nap(self.disk), timeout=timeout, stop=stop)
+        self.disk.watcher.resume()
+        doc = wait_loop(self.signal, look_after=look_after,
+                        claim=lambda: self.claim(agent, roles=roles, lease=lease, steps_only=steps_only,
+                                                 assigned_only=assigned_only),
+                        nap=lambda: waiting.nap(self.disk), timeout=timeout, stop=stop)
+        if doc is not None:  # busy until it waits again: arrivals need not wake it (kanban/watch.py)
+            self.disk.watcher.pause()
+        return doc
 
     def events_since(self, cursor: int, *, max_events: int = 10_000, inode: int | None = None) -> CursorRead:
         return read_since(self.events_path, cursor, max_events, inode=inode)

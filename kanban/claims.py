@@ -22,9 +22,18 @@ from .txn import Transactions, _owner_text, _unlink_marker
 
 # A claim that finds nothing rescans the folders if the index is older than this.
 RESYNC_AFTER = 2.0
-# A rescan the watcher asks for waits until this many times its last one's duration has passed.
+# A rescan the watcher asks for waits until this many times its last one's duration has passed,
+# times the claimers the board has at work (rescan_interval).
 RESCAN_SHARE = 20
 Signature = tuple[int, int, int, int]  # inode, size, mtime and ctime (ns)
+
+
+def rescan_interval(took: float, claimers: int, share: float | None = None) -> float:
+    """Seconds between one process's rescans when the watcher keeps asking for them (pure): a
+    rescan holds the board lock, and with 16 agents each rescanning a twentieth of its time the
+    lock was held for rescans most of the time; the share is the board's, split among claimers."""
+    return (RESCAN_SHARE if share is None else share) * took * max(1, claimers)
+
 # A reservation marker this old may be a dead claimer's: the locked path looks at its owner.
 STALE_MARKER_AGE = 1.0
 
@@ -58,6 +67,7 @@ class Claims:
         self.tail = EventTail(disk.events_path)
         self.indexed_at: float | None = None  # monotonic time of the last full rescan
         self.rescan_seconds = 0.0  # how long it took
+        self.claimers = 1  # tasks in doing at the last rescan: each a claimer rescanning too
         self.needs_lock = False  # the lock-free pick skipped something only the locked path repairs
         # todo file name -> what it was, its meta, when it was read (wall clock, ns)
         self._todo_seen: dict[str, tuple[Signature, Meta, int]] = {}
@@ -107,6 +117,7 @@ class Claims:
         self._todo_seen = seen
         self.indexed_at = time.monotonic()
         self.rescan_seconds = self.indexed_at - started
+        self.claimers = max(1, sum(1 for state in self.disk.index.status.values() if state == "doing"))
         self.disk.signal.full_rescan_due = False
 
     def _listing(self, status: str, wall: int) -> list[str]:
@@ -133,13 +144,14 @@ class Claims:
 
     def rescan_due(self) -> bool:
         """The index was never built, or the watcher asked for a rescan and the last one is far
-        enough behind: rescans take at most 1/RESCAN_SHARE of the time however long the backlog
+        enough behind: rescans take at most 1/RESCAN_SHARE of the board's time however long the
+        backlog and however many agents, each rescanning under the board lock
         (every 0.25 s of a busy board, each agent read every waiting task: 2,000 of them made a
         task's board work 5 times that of 200)."""
         if self.indexed_at is None:
             return True
         return self.disk.signal.full_rescan_due and \
-            time.monotonic() - self.indexed_at >= RESCAN_SHARE * self.rescan_seconds
+            time.monotonic() - self.indexed_at >= rescan_interval(self.rescan_seconds, self.claimers)
 
     def catch_up(self) -> bool:
         """Follow the event log without the board lock (the index is this process's own); False,

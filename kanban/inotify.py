@@ -107,6 +107,10 @@ class Inotify:
         self._folders[wd] = folder
         return True
 
+    def folders(self) -> list[str]:
+        """The folders watched now."""
+        return list(self._folders.values())
+
     def remove(self, wd: int) -> None:
         """Stop a watch (one already gone, with its file, is no error)."""
         libc().inotify_rm_watch(self.fd, wd)

@@ -22,6 +22,7 @@ from .inotify import (
     IN_CLOSE_WRITE,
     IN_CREATE,
     IN_DELETE,
+    IN_DELETE_SELF,
     IN_ISDIR,
     IN_MOVED_FROM,
     IN_MOVED_TO,
@@ -84,6 +85,10 @@ COMPLETE = IN_CLOSE_WRITE | IN_MOVED_TO  # a file renamed into place, or closed 
 # 16 agents each task's moves woke all 16 about ten times.
 ARRIVALS = IN_CREATE | IN_CLOSE_WRITE | IN_MOVED_TO
 CLAIM_FOLDERS = ("inbox", "todo", "done")
+# A claimer busy with a task keeps its watches (their numbers too) but on an event that does not
+# happen to a board in use; the inbox stays watched, its events telling ingest a drop is complete.
+PAUSED_MASK = IN_DELETE_SELF
+ROOT_ARRIVALS = IN_CREATE | IN_MOVED_TO  # a claimer's watch on the board's own folder: new top folders
 
 
 def wakes(folder: str, name: str) -> bool:
@@ -109,6 +114,7 @@ class BoardWatcher:
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
         self.claims_only = False
+        self.paused = False
 
     def _mask(self, name: str) -> int | None:
         """The events watched in top folder `name` (None: not watched)."""
@@ -119,7 +125,7 @@ class BoardWatcher:
         return ARRIVALS if name in CLAIM_FOLDERS else None
 
     def _watch_folders(self, inotify: Inotify) -> None:
-        inotify.watch_folder(str(self.root), FILE_EVENTS if not self.claims_only else IN_CREATE | IN_MOVED_TO)
+        inotify.watch_folder(str(self.root), FILE_EVENTS if not self.claims_only else ROOT_ARRIVALS)
         for entry in os.scandir(self.root):
             mask = self._mask(entry.name)
             if mask is not None and entry.is_dir(follow_symlinks=False):
@@ -129,10 +135,36 @@ class BoardWatcher:
         """Watch every change, not only arrivals of work (a claimer's board asked for by a view)."""
         if not self.claims_only:
             return
-        self.claims_only = False
+        self.claims_only = self.paused = False
         if self._inotify is not None:
             with contextlib.suppress(OSError):
                 self._watch_folders(self._inotify)
+
+    def pause(self) -> None:
+        """A claimer took a task: until `resume`, work arriving wakes it no more (with 16 agents, each
+        task's ingest and completion woke all 16, each reading the events, while they were busy)."""
+        if self._inotify is not None and self.claims_only and not self.paused:
+            self.paused = True
+            self._remask(self._inotify)
+
+    def resume(self) -> None:
+        """A claimer waits again: watched as before, and a rescan asked for, since what arrived
+        meanwhile (a task moved in by hand) woke no one; the log's transitions are caught up anyway."""
+        if self._inotify is not None and self.paused:
+            self.paused = False
+            self._remask(self._inotify)
+            self.signal.bump(full=True)
+
+    def _remask(self, inotify: Inotify) -> None:
+        root = str(self.root)
+        for folder in list(inotify.folders()):
+            name = "" if folder == root else os.path.basename(folder)
+            if name == "inbox":
+                continue
+            mask = ROOT_ARRIVALS if name == "" else self._mask(name)
+            if mask is not None:
+                with contextlib.suppress(OSError):  # a folder gone meanwhile: its watch went with it
+                    inotify.add(folder, PAUSED_MASK if self.paused else mask)
 
     def start(self, *, force_polling: bool = False, why: str = "", claims_only: bool = False) -> None:
         if force_polling:

@@ -149,3 +149,27 @@ def test_a_rescan_lists_again_only_the_folders_that_changed(tmp_path: Path, monk
     board.claims.rescan()
     assert "done" in listed
     board.close()
+
+
+def test_rescans_share_the_board_among_its_claimers(tmp_path: Path) -> None:
+    """A rescan holds the board lock: with 16 agents each rescanning a twentieth of its own time, the
+    lock was held for rescans most of the time. The share is the board's, split among the claimers
+    it has at work (the tasks in doing at the last rescan)."""
+    from hermes_sup.kanban import claims
+
+    assert claims.rescan_interval(0.01, 1) == pytest.approx(claims.RESCAN_SHARE * 0.01)
+    assert claims.rescan_interval(0.01, 16) == pytest.approx(16 * claims.rescan_interval(0.01, 1))
+    assert claims.rescan_interval(0.01, 0) == claims.rescan_interval(0.01, 1)
+    board = Board(tmp_path / "kanban")
+    for i in range(6):
+        board.add({"title": f"t{i}"})
+    for i in range(4):
+        assert board.claim(f"a{i}") is not None
+    board.claims.rescan()
+    assert board.claims.claimers == 4
+    board.claims.indexed_at, board.claims.rescan_seconds = time.monotonic() - 0.5, 0.01  # 0.5 s ago, 10 ms
+    board.signal.full_rescan_due = True
+    assert not board.claims.rescan_due(), "due after a twentieth of the time though 4 claimers rescan too"
+    board.claims.indexed_at -= 0.5  # 1 s ago: past 20 * 10 ms * 4
+    assert board.claims.rescan_due()
+    board.close()

@@ -125,3 +125,44 @@ def test_a_claimer_wakes_for_work_arriving_only_until_a_view_widens_the_watch(tm
         assert board.signal.wait(seen, 5), "a widened watch missed a task moving to failed"
     finally:
         board.close()
+
+
+def watch_masks(board: Board) -> dict[str, int]:
+    """{top folder ("" for the board's own): the mask the kernel has for its watch}, read from this
+    process's /proc/self/fdinfo of the watcher's inotify descriptor."""
+    names = {os.stat(board.disk.root).st_ino: ""}
+    names.update({entry.inode(): entry.name for entry in os.scandir(board.disk.root) if entry.is_dir()})
+    fd = board.watcher._inotify.fd
+    masks = {}
+    for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines():
+        if line.startswith("inotify "):
+            fields = dict(part.split(":", 1) for part in line.split()[1:] if ":" in part)
+            masks[names.get(int(fields["ino"], 16), "?")] = int(fields["mask"], 16)
+    return masks
+
+
+def test_a_busy_claimer_is_woken_by_nothing_but_drops_and_misses_nothing_once_it_waits(tmp_path: Path) -> None:
+    """With 16 agents each task's ingest and completion woke all 16 while they worked; a claimer
+    that took a task keeps its watches on a mask nothing triggers (the inbox's excepted: its
+    events tell ingest a drop is complete) until it waits again."""
+    board, other = Board(tmp_path / "kanban"), Board(tmp_path / "kanban")
+    other.add({"title": "one"})
+    try:
+        assert board.wait_for_work("a1", timeout=5)["title"] == "one"
+        busy = watch_masks(board)
+        assert busy["todo"] == busy["done"] == busy[""] == inotify.IN_DELETE_SELF, busy
+        assert busy["inbox"] & inotify.IN_MOVED_TO and busy["inbox"] & inotify.IN_CLOSE_WRITE, busy
+        wait_until(lambda: board.watcher._timer is None, timeout=5)  # the claim's own burst is over
+        seen = board.signal.generation
+        other.add({"title": "two"})
+        assert not board.signal.wait(seen, 0.3), "a busy claimer woke for a task arriving in todo"
+        assert board.wait_for_work("a1", timeout=5)["title"] == "two", "what arrived while busy was missed"
+        assert board.wait_for_work("a1", timeout=0.2) is None  # nothing left: it waits, watching again
+        idle = watch_masks(board)
+        assert idle["todo"] & inotify.IN_MOVED_TO and idle["done"] & inotify.IN_MOVED_TO, idle
+        seen = board.signal.generation
+        other.add({"title": "three"})
+        assert board.signal.wait(seen, 5), "a waiting claimer missed a task arriving"
+    finally:
+        board.close()
+        other.close()
