@@ -246,43 +246,64 @@ class Claims:
             if not rules.eligible(meta, agent, roles, indexed_done, steps_only=steps_only,
                                   assigned_only=assigned_only, has_steps=meta["has_steps"]):
                 continue
-            path = self.disk.path("todo", task_id)
-            try:
-                raw = self.disk.raw(path)
-                doc = self.disk.parse(raw, task_id)
-            except FileNotFoundError:
-                index.forget(task_id)
+            # Without the lock the reservation comes first: with 16 agents each claim read and
+            # parsed the tasks the others had just reserved, only to find their markers.
+            if not locked and not self._try_reserve(task_id, locked=False):
                 continue
-            except Damaged as exc:
-                if locked:
-                    self.txn.quarantine(path, str(exc))
-                self.needs_lock = True
-                continue
-            if doc["status"] != "todo":
+            found = self._reserved_doc(task_id, agent, roles, steps_only, assigned_only, locked=locked)
+            if found is None:
                 if not locked:
-                    self.needs_lock = True
+                    self._release(task_id)
+                continue
+            raw, doc = found
+            if locked:
+                if not self._try_reserve(task_id, locked=True):
                     continue
-                doc = self.txn.adopt_hand_move("todo", doc)
-                if doc["status"] != "todo":
-                    index.set_status(task_id, doc["status"])
+                # Reserved; another claimer may have committed this task just before. Not a guard
+                # (the check under the lock in claim() is): this only spares preparing in vain.
+                if _read_or_none(self.disk.path("todo", task_id)) != raw:
+                    self._release(task_id)
                     continue
-                raw = self.disk.raw(path)
-            if not rules.eligible(doc, agent, roles, self._done_on_disk, steps_only=steps_only,
-                                  assigned_only=assigned_only):
-                index.put_todo(doc)
-                continue
-            if not self._try_reserve(task_id, locked=locked):
-                continue
-            # Reserved; another claimer may have committed this task just before. Not a guard (the
-            # check under the lock in claim() is): this only spares preparing a document in vain.
-            if _read_or_none(path) != raw:
-                _unlink_marker(self.txn.marker(task_id))
-                self.txn.reservations.done(task_id)
-                continue
             # Out of this process's candidates now; the commit's event (or a rescan) settles it.
             index.set_status(task_id, "doing")
             return raw, doc
         return None
+
+    def _reserved_doc(self, task_id: str, agent: str, roles: tuple[str, ...], steps_only: bool,
+                      assigned_only: bool, *, locked: bool) -> tuple[bytes, TaskDoc] | None:
+        """The task's bytes and document as todo/ has them, if it is there and `agent` may take it;
+        None otherwise (the index is told, and under the lock a damaged file is moved aside)."""
+        index = self.disk.index
+        path = self.disk.path("todo", task_id)
+        try:
+            raw = self.disk.raw(path)
+            doc = self.disk.parse(raw, task_id)
+        except FileNotFoundError:
+            index.forget(task_id)
+            return None
+        except Damaged as exc:
+            if locked:
+                self.txn.quarantine(path, str(exc))
+            self.needs_lock = True
+            return None
+        if doc["status"] != "todo":
+            if not locked:
+                self.needs_lock = True
+                return None
+            doc = self.txn.adopt_hand_move("todo", doc)
+            if doc["status"] != "todo":
+                index.set_status(task_id, doc["status"])
+                return None
+            raw = self.disk.raw(path)
+        if not rules.eligible(doc, agent, roles, self._done_on_disk, steps_only=steps_only,
+                              assigned_only=assigned_only):
+            index.put_todo(doc)
+            return None
+        return raw, doc
+
+    def _release(self, task_id: str) -> None:
+        _unlink_marker(self.txn.marker(task_id))
+        self.txn.reservations.done(task_id)
 
     def _try_reserve(self, task_id: str, *, locked: bool) -> bool:
         """Create the task's marker exclusively; False if someone else holds it. Under the lock, a

@@ -173,3 +173,31 @@ def test_rescans_share_the_board_among_its_claimers(tmp_path: Path) -> None:
     board.claims.indexed_at -= 0.5  # 1 s ago: past 20 * 10 ms * 4
     assert board.claims.rescan_due()
     board.close()
+
+
+def test_a_claim_does_not_read_the_tasks_others_have_reserved(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """With 16 agents each claim read and parsed the tasks the others had just reserved (their
+    markers made, their commits not yet seen) before finding the markers: it reserves first now."""
+    from hermes_sup.kanban.txn import _owner_text
+
+    reads: list[str] = []
+    real = Folder.raw
+
+    def counting(self: Folder, path: Path) -> bytes:
+        reads.append(path.name)
+        return real(self, path)
+
+    monkeypatch.setattr(Folder, "raw", counting)
+
+    board, other = Board(tmp_path / "kanban"), Board(tmp_path / "kanban")
+    ids = [board.add({"title": f"t{i}", "priority": 10 - i})["id"] for i in range(8)]
+    board.claim("warm-up-reader")  # builds this board's index; takes the first task
+    for task_id in ids[1:6]:  # five claimers of the other board's kind are mid-claim
+        os.symlink(_owner_text(), other.txn.marker(task_id))
+    reads.clear()
+    doc = board.claim("a1")
+    assert doc is not None and doc["id"] == ids[6], doc
+    assert not set(reads) & {f"{task_id}.json" for task_id in ids[1:6]}, reads
+    board.close()
+    other.close()
