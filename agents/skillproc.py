@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import compileall
 import contextlib
+import fcntl
 import functools
 import hashlib
 import json
@@ -28,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,31 @@ def _package_files() -> tuple[tuple[str, Path], ...]:
     return tuple(found)
 
 
+@contextlib.contextmanager
+def one_at_a_time(path: Path, timeout: float = CHECK_TIMEOUT + 5.0) -> Iterator[None]:
+    """Hold the flock on `path` (made if missing) for the block; a holder that keeps it past
+    `timeout` (stopped, or hostile: runs/ is the team's) is not waited for any longer. Waiters
+    look every 20 ms: what they wait for takes a second, and 255 of them may be waiting."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        yield
+        return
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.02)
+        yield
+    finally:
+        os.close(fd)  # the lock goes with the descriptor
+
+
 def library(runs: Path) -> Path:
     """The folder holding the copy of our package: made once per version of the code, by whichever
     process comes first, looked over before every use (intact) and made again when it changed."""
@@ -105,6 +131,15 @@ def library(runs: Path) -> Path:
     if intact(final, [where for where, _ in files]):
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
+    # The agents of a team starting together each made and compiled a copy, all but one in vain.
+    with one_at_a_time(runs / ".skillrun.lock"):
+        if intact(final, [where for where, _ in files]):
+            return final
+        return _make_library(final, key, files)
+
+
+def _make_library(final: Path, key: str, files: list[tuple[str, bytes]]) -> Path:
+    """Make the copy at `final` from `files`, compiled, in a temporary folder renamed into place."""
     if os.path.lexists(final):  # changed since it was made (a chmod under Landlock): set aside, made again
         aside = final.parent / f".broken-{key}-{os.urandom(4).hex()}"
         with contextlib.suppress(OSError):

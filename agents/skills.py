@@ -39,6 +39,8 @@ from .skillcheck import verdict_problem
 from .skillproc import check_env, check_in_process_of_its_own  # noqa: F401  (the skill checks' entry points)
 from .tools import Tool, ToolContext, ToolError, register
 
+VERDICTS_LOCK = ".skills.lock"  # beside runs/skills.json: one agent checks a skill at a time
+
 BUNDLED = Path(__file__).resolve().parent.parent / "skills"
 SKILL_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 # What a skill check inherits of its caller's environment; HOME and TMPDIR are its own folder.
@@ -163,12 +165,18 @@ class Skills:
 
     def verdict(self, path: Path, data: bytes) -> dict[str, Any]:
         key = digest(data)
-        verdicts = self._verdicts()
-        known = verdicts.get(key)
-        if verdict_problem(known):  # none yet, of an older shape, or written by something else
-            verdicts[key] = check_in_process_of_its_own(path, self.verdicts_path.parent, data)
-            self.verdicts_path.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(self.verdicts_path, verdicts, fsync=False)
+        known = self._verdicts().get(key)
+        if not verdict_problem(known):
+            return known
+        # None yet, of an older shape, or written by something else. A team's agents start
+        # together and each checked every skill in a process of its own (256 agents: minutes of
+        # CPU): one checks, the others wait and read its verdict, and no write loses another's.
+        self.verdicts_path.parent.mkdir(parents=True, exist_ok=True)
+        with skillproc.one_at_a_time(self.verdicts_path.with_name(VERDICTS_LOCK)):
+            verdicts = self._verdicts()
+            if verdict_problem(verdicts.get(key)):
+                verdicts[key] = check_in_process_of_its_own(path, self.verdicts_path.parent, data)
+                write_json_atomic(self.verdicts_path, verdicts, fsync=False)
         return verdicts[key]
 
     def catalog(self) -> list[Skill]:

@@ -455,3 +455,33 @@ def test_the_catalog_is_read_again_only_when_a_skill_file_or_a_verdict_changed(w
     again = [s for s in skills.catalog() if s.name == "double"]
     assert again[0] is not next(s for s in first if s.name == "double")
     assert again[0].tools[0]["description"] == "Dubble n."
+
+
+def test_agents_starting_together_check_a_skill_and_make_the_library_once(workspace, monkeypatch):
+    """A team's agents start together and each checked every skill in a process of its own and
+    made (and compiled) its own copy of the package for it: one does now, the others wait and read
+    its verdict, and none of their writes of skills.json loses another's."""
+    import hermes_sup.agents.skills as skills_module
+    from hermes_sup.agents import skillproc
+
+    (workspace / "skills" / "double.py").write_text(GOOD)
+    checks, copies = [], []
+    real_check, real_copy = skills_module.check_in_process_of_its_own, skillproc._make_library
+    monkeypatch.setattr(skills_module, "check_in_process_of_its_own",
+                        lambda *args: checks.append(1) or real_check(*args))
+    monkeypatch.setattr(skillproc, "_make_library", lambda *args: copies.append(1) or real_copy(*args))
+    start = threading.Barrier(4)
+    found: list[list] = []
+
+    def agent() -> None:
+        skills = Skills(workspace, bundled=workspace / "none")
+        start.wait()
+        found.append([(skill.name, skill.state) for skill in skills.catalog()])
+
+    agents = [threading.Thread(target=agent) for _ in range(4)]
+    for thread in agents:
+        thread.start()
+    for thread in agents:
+        thread.join(timeout=60)
+    assert found == [[("double", "ok")]] * 4, found
+    assert len(checks) == 1 and len(copies) == 1, (checks, copies)
