@@ -28,8 +28,17 @@ defaults:
   heartbeat_timeout: 120
   max_rss_mb: null
 agents:
-  - {name: a, count: COUNT}
 """
+MAX_COUNT = 64  # hermes.yaml's limit on one entry's count: larger teams are several entries
+
+
+def agents_yaml(agents: int) -> str:
+    """The agents: entries of a team of `agents` offline agents, 64 at most to an entry (pure)."""
+    entries, left, n = [], agents, 0
+    while left > 0:
+        entries.append(f"  - {{name: a{n}, count: {min(left, MAX_COUNT)}}}\n")
+        left, n = left - MAX_COUNT, n + 1
+    return "".join(entries)
 PG_CONFIG = f"board: {{backend: postgres, dsn_env: {DSN_ENV}, host_timeout: 60}}\nhost: bench\n"
 
 
@@ -53,7 +62,7 @@ class Team:
         if fork_server is not None:
             self.env["HERMES_SUP_FORK_SERVER"] = "1" if fork_server else "0"
         self._cli("init", str(ws), workspace=False)
-        text = CONFIG.replace("COUNT", str(agents)) + (PG_CONFIG if dsn is not None else "")
+        text = CONFIG + agents_yaml(agents) + (PG_CONFIG if dsn is not None else "")
         (ws / "hermes.yaml").write_text(text)
         self.stage = ws / "stage"  # drops are written here and renamed into inbox/: each appears whole
         self.stage.mkdir()
