@@ -86,7 +86,8 @@ COMPLETE = IN_CLOSE_WRITE | IN_MOVED_TO  # a file renamed into place, or closed 
 ARRIVALS = IN_CREATE | IN_CLOSE_WRITE | IN_MOVED_TO
 CLAIM_FOLDERS = ("inbox", "todo", "done")
 # A claimer busy with a task keeps its watches (their numbers too) but on an event that does not
-# happen to a board in use; the inbox stays watched, its events telling ingest a drop is complete.
+# happen to a board in use. Drops that arrive meanwhile have no event saying they are complete:
+# ingest then asks /proc whether anyone still writes them, once for all of them.
 PAUSED_MASK = IN_DELETE_SELF
 ROOT_ARRIVALS = IN_CREATE | IN_MOVED_TO  # a claimer's watch on the board's own folder: new top folders
 
@@ -142,7 +143,8 @@ class BoardWatcher:
 
     def pause(self) -> None:
         """A claimer took a task: until `resume`, work arriving wakes it no more (with 16 agents, each
-        task's ingest and completion woke all 16, each reading the events, while they were busy)."""
+        task's ingest and completion woke all 16, each reading the events, while they were busy; with
+        64, each drop woke all 64 three times)."""
         if self._inotify is not None and self.claims_only and not self.paused:
             self.paused = True
             self._remask(self._inotify)
@@ -159,8 +161,6 @@ class BoardWatcher:
         root = str(self.root)
         for folder in list(inotify.folders()):
             name = "" if folder == root else os.path.basename(folder)
-            if name == "inbox":
-                continue
             mask = ROOT_ARRIVALS if name == "" else self._mask(name)
             if mask is not None:
                 with contextlib.suppress(OSError):  # a folder gone meanwhile: its watch went with it
