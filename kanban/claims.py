@@ -153,6 +153,13 @@ class Claims:
         return self.disk.signal.full_rescan_due and \
             time.monotonic() - self.indexed_at >= rescan_interval(self.rescan_seconds, self.claimers)
 
+    def stale(self) -> bool:
+        """Whether a claim that finds nothing rescans (what polling may have missed: a task moved by
+        hand): the index is older than RESYNC_AFTER and than the board's share of rescans allows.
+        With 64 agents waiting, each fruitless look rescanned the backlog under the board lock."""
+        return self.indexed_at is None or time.monotonic() - self.indexed_at > max(
+            RESYNC_AFTER, rescan_interval(self.rescan_seconds, self.claimers))
+
     def catch_up(self) -> bool:
         """Follow the event log without the board lock (the index is this process's own); False,
         doing nothing, when a rescan is due, which needs the lock."""
@@ -195,16 +202,14 @@ class Claims:
                     # Nothing here for us, and nothing the locked path would repair or find: a
                     # claimer woken for work another took returns without the board lock (16
                     # agents took it for every task, each to find nothing).
-                    settled = picked is None and not self.needs_lock and self.indexed_at is not None \
-                        and time.monotonic() - self.indexed_at <= RESYNC_AFTER
+                    settled = picked is None and not self.needs_lock and not self.stale()
             if settled:
                 return None
             if picked is None:
                 with self.disk.locked():
                     self.refresh_index()
                     picked = self._reserve(agent, roles, steps_only, assigned_only, locked=True)
-                    if picked is None and self.indexed_at is not None and \
-                            time.monotonic() - self.indexed_at > RESYNC_AFTER:
+                    if picked is None and self.indexed_at is not None and self.stale():
                         self.rescan()
                         picked = self._reserve(agent, roles, steps_only, assigned_only, locked=True)
             if picked is None:

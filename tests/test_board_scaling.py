@@ -201,3 +201,68 @@ def test_a_claim_does_not_read_the_tasks_others_have_reserved(tmp_path: Path,
     assert not set(reads) & {f"{task_id}.json" for task_id in ids[1:6]}, reads
     board.close()
     other.close()
+
+
+def test_a_waiter_that_keeps_finding_nothing_looks_less_often_and_one_after_quiet_at_once() -> None:
+    """64 waiting agents each looked at every task arriving, all but one in vain, taking the time
+    the ingest of the next ones needed. Pure rule, then the loop with a board that changes all the
+    time and never has anything for this waiter."""
+    import threading
+
+    from hermes_sup.kanban.waitloop import LOOK_BACKOFF_MAX, look_delay, wait_for_work
+
+    assert look_delay(0) == 0.0
+    assert 0 < look_delay(1) < look_delay(2) < look_delay(5) <= LOOK_BACKOFF_MAX == look_delay(10_000)
+
+    class Busy:  # every wait ends with a change: the board never rests
+        generation = 0
+
+        def wait(self, seen: int, timeout: float) -> bool:
+            self.generation += 1
+            return True
+
+    looks: list[float] = []
+    began = time.monotonic()
+    assert wait_for_work(Busy(), look_after=lambda: None, claim=lambda: looks.append(time.monotonic()),
+                         nap=lambda: 5.0, timeout=0.6, stop=threading.Event()) is None
+    took = time.monotonic() - began
+    # Without the rule: a look per change, tens of thousands in 0.6 s.
+    assert len(looks) <= 8 + took / LOOK_BACKOFF_MAX, (len(looks), took)
+
+    class Then:  # six changes, a quiet spell, one change, then quiet
+        generation = 0
+        script = ["change"] * 6 + ["quiet", "change"]
+
+        def wait(self, seen: int, timeout: float) -> bool:
+            changed = (self.script.pop(0) if self.script else "quiet") == "change"
+            self.generation += changed
+            if not changed:
+                time.sleep(timeout)
+            return changed
+
+    looks.clear()
+    wait_for_work(Then(), look_after=lambda: None, claim=lambda: looks.append(time.monotonic()),
+                  nap=lambda: 0.01, timeout=0.5, stop=threading.Event())
+    # Looks 1-7: the first, then after each change, later and later; 8: after the quiet spell; 9:
+    # after the change that followed it, as soon as after a first fruitless look.
+    assert looks[6] - looks[5] >= look_delay(6) and looks[8] - looks[7] < look_delay(6), looks[:10]
+
+
+def test_a_fruitless_claim_rescans_no_sooner_than_the_boards_share_allows(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A claim that finds nothing rescanned whenever the index was over 2 s old: with 64 waiting
+    agents that was a rescan of the backlog under the board lock at nearly every look."""
+    from hermes_sup.kanban import claims
+
+    board = Board(tmp_path / "kanban")
+    board.add({"title": "not for a1", "role": "writer"})
+    assert board.claim("a1") is None
+    rescans: list[int] = []
+    real = claims.Claims.rescan
+    monkeypatch.setattr(claims.Claims, "rescan", lambda self: rescans.append(1) or real(self))
+    board.claims.claimers, board.claims.rescan_seconds = 8, 0.05  # 20 * 0.05 s * 8 = 8 s between rescans
+    board.claims.indexed_at = time.monotonic() - 3.0
+    assert board.claim("a1") is None and not rescans, "rescanned 3 s after the last, before the share allows"
+    board.claims.indexed_at = time.monotonic() - 9.0
+    assert board.claim("a1") is None and rescans, "never rescans"
+    board.close()
