@@ -43,6 +43,31 @@ def cgroup2_mount(mountinfo: str) -> Path | None:
     return None
 
 
+def cgroup2_options(mountinfo: str) -> set[str]:
+    """The cgroup v2 mount's options, the mount's and the filesystem's, from /proc/self/mountinfo (pure)."""
+    for line in mountinfo.splitlines():
+        before, sep, after = line.partition(" - ")
+        fields, theirs = before.split(), after.split()
+        if sep and theirs[:1] == ["cgroup2"] and len(fields) > 5:
+            return set(fields[5].split(",")) | set((theirs[2] if len(theirs) > 2 else "").split(","))
+    return set()
+
+
+def join_note(options: set[str], kernel: str) -> str:
+    """Why each agent's start is slower than it need be, or "" (pure; `kernel` as os.uname().release
+    says it). Moving a process into a cgroup takes a lock whose writers wait for an RCU grace period,
+    about 15 ms on a 2-core machine (most of a restart's time with the fork server) unless the
+    hierarchy favours such moves: Linux 6.0's favordynmods mount option."""
+    try:
+        major, minor = (int(part) for part in kernel.split(".")[:2])
+    except ValueError:
+        return ""
+    if "favordynmods" in options or (major, minor) < (6, 0):
+        return ""
+    return ("each agent's start and restart waits about 15 ms for the kernel as it joins its cgroup; "
+            "`mount -o remount,favordynmods <the cgroup2 mount>` (as root) removes that wait")
+
+
 def own_cgroup(proc_cgroup: str) -> str | None:
     """A process's cgroup v2 path from /proc/<pid>/cgroup (the "0::" line), if it has one (pure)."""
     for line in proc_cgroup.splitlines():

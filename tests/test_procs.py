@@ -44,6 +44,25 @@ def test_the_cgroup2_mount_is_found_in_mountinfo():
     assert cgroup2_mount("27 25 0:24 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n") is None
 
 
+def test_doctor_names_the_mount_option_that_spares_each_agent_start_a_grace_period():
+    """Joining a cgroup took about 15 ms of each restart on a 2-core machine (the kernel waits an RCU
+    grace period for its lock's writers), 0.07 ms with the hierarchy mounted favordynmods."""
+    from hermes_sup.supervisor.cgroups import cgroup2_options, join_note
+
+    plain = "26 25 0:23 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+    favoured = "30 1 0:26 / /sys/fs/cgroup rw,relatime - cgroup2 cgroup2 rw,nsdelegate,favordynmods\n"
+    assert cgroup2_options(plain) == {"rw", "nosuid", "nsdelegate"}
+    assert "favordynmods" in cgroup2_options(favoured)
+    assert cgroup2_options("27 25 0:24 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n") == set()
+    assert "favordynmods" in join_note(cgroup2_options(plain), "6.18.44-fc")
+    assert join_note(cgroup2_options(favoured), "6.1.0-13-amd64") == ""
+    assert join_note(cgroup2_options(plain), "5.15.0-91-generic") == "", "no such option before Linux 6.0"
+    assert join_note(cgroup2_options(plain), "weird") == ""
+    real = Path("/proc/self/mountinfo").read_text()
+    if cgroup2_mount(real) is not None:  # this machine's own line parses too
+        assert "rw" in cgroup2_options(real) or "ro" in cgroup2_options(real)
+
+
 def test_own_cgroup_is_the_unified_line():
     assert own_cgroup("4:memory:/x\n0::/user.slice/app.scope\n") == "/user.slice/app.scope"
     assert own_cgroup("4:memory:/x\n") is None

@@ -35,7 +35,7 @@ from ...kanban import BoardError
 from ...kanban.fsinfo import disk_free, inotify_limits
 from ...kanban.fsio import read_bytes_nofollow
 from ...kanban.parse import load_json
-from ..cgroups import detect
+from ..cgroups import cgroup2_options, detect, join_note
 from ..spec import build_specs
 from .workspace import ConfigError, Workspace, load_config, open_workspace_board
 
@@ -365,7 +365,13 @@ def provider_checks(seen: Seen) -> list[Check]:
 
 def containment_checks(seen: Seen) -> list[Check]:
     containment = detect(seen.ws.root, keep=False)  # as a supervisor started from here would find it
-    return [_check("process containment", "ok" if containment.mode == "cgroup" else "info", containment.detail)]
+    checks = [_check("process containment", "ok" if containment.mode == "cgroup" else "info", containment.detail)]
+    if containment.mode == "cgroup":
+        with contextlib.suppress(OSError):
+            note = join_note(cgroup2_options(Path("/proc/self/mountinfo").read_text()), os.uname().release)
+            if note:
+                checks.append(_check("cgroup joins", "info", note))
+    return checks
 
 
 def board_open_checks(seen: Seen) -> list[Check]:
