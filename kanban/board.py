@@ -46,6 +46,7 @@ from .task import STATUSES, TaskError, find_cycle, is_valid_id, normalize, now_i
 from .txn import Transactions
 from .waitloop import recover_due
 from .waitloop import wait_for_work as wait_loop
+from .watchslots import PASSIVE_NAP, WatchSlots
 
 
 class Board:
@@ -61,6 +62,7 @@ class Board:
         self.claims = Claims(self.disk, self.txn, lease)
         self.notes = Notes(self.disk, self.txn, self.claims)
         self.ingester = Ingester(self.disk, self.txn, self._check_new)
+        self.slots = WatchSlots(self.disk.root)
         self.root = self.disk.root
         self.fs_type = self.disk.fs_type
         self.network_fs = self.disk.network_fs
@@ -75,6 +77,7 @@ class Board:
     def close(self) -> None:
         self.disk.close()
         self.ingester.turn.close()
+        self.slots.close()
 
     def __enter__(self) -> Self:
         return self
@@ -310,11 +313,38 @@ class Board:
             if recover_due(self._last_recover, now):
                 self.recover(sweep=recover_due(self.txn.last_sweep, now, waiting.SWEEP_INTERVAL))
 
-        self.disk.watcher.resume()
-        doc = wait_loop(self.signal, look_after=look_after,
-                        claim=lambda: self.claim(agent, roles=roles, lease=lease, steps_only=steps_only,
-                                                 assigned_only=assigned_only),
-                        nap=lambda: waiting.nap(self.disk), timeout=timeout, stop=stop)
+        def ingest_only() -> None:
+            self.ingest(wait=False)
+
+        def claim() -> TaskDoc | None:
+            return self.claim(agent, roles=roles, lease=lease, steps_only=steps_only, assigned_only=assigned_only)
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if self.slots.take():  # one of the few that watch (kanban/watchslots.py)
+                self.disk.watcher.resume()
+                try:
+                    doc = wait_loop(self.signal, look_after=look_after, claim=claim,
+                                    nap=lambda: waiting.nap(self.disk), timeout=left, stop=stop)
+                finally:
+                    self.slots.give()
+                break
+            # Every slot taken: a look now and every PASSIVE_NAP, unwoken; dead claims and rescans
+            # are left to the waiters that hold one (256 agents each recovering and rescanning
+            # every 2 s took the board lock over a hundred times a second).
+            self.disk.watcher.pause()
+            doc = wait_loop(self.signal, look_after=ingest_only, nap=lambda: 0.0, timeout=0.0,
+                            claim=lambda: self.claims.claim(agent, roles=roles, lease=lease, steps_only=steps_only,
+                                                            assigned_only=assigned_only, lock_free=True),
+                            stop=stop)
+            if doc is not None or (stop is not None and stop.is_set()) or left == 0.0:
+                break
+            nap = PASSIVE_NAP if left is None else min(PASSIVE_NAP, left)
+            if stop is not None:
+                stop.wait(nap)
+            else:
+                time.sleep(nap)
         if doc is not None:  # busy until it waits again: arrivals need not wake it (kanban/watch.py)
             self.disk.watcher.pause()
         return doc

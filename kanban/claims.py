@@ -1,4 +1,4 @@
-"""Claims: the in-memory claim index, picking and reserving the best eligible task, and the holder's fenced verbs."""
+"""Claims: picking and reserving the best eligible task, the claim's commit, and the holder's fenced verbs."""
 
 from __future__ import annotations
 
@@ -11,41 +11,16 @@ from typing import Any
 
 from . import liveness, rules
 from .base import Folder, TaskDoc, _read_or_none
+from .claimindex import RESYNC_AFTER, ClaimIndex  # noqa: F401 (RESYNC_AFTER: named here as before)
 from .errors import BoardError, ClaimLost, Damaged
-from .events import EventTail
 from .faults import fault
 from .fsio import write_json_atomic
-from .index import Meta, meta_of
 from .liveness import start_time
-from .task import STATUSES, now_iso
+from .task import now_iso
 from .txn import Transactions, _owner_text, _unlink_marker
-
-# A claim that finds nothing rescans the folders if the index is older than this.
-RESYNC_AFTER = 2.0
-# A rescan the watcher asks for waits until this many times its last one's duration has passed,
-# times the claimers the board has at work (rescan_interval).
-RESCAN_SHARE = 20
-Signature = tuple[int, int, int, int]  # inode, size, mtime and ctime (ns)
-
-
-def rescan_interval(took: float, claimers: int, share: float | None = None) -> float:
-    """Seconds between one process's rescans when the watcher keeps asking for them (pure): a
-    rescan holds the board lock, and with 16 agents each rescanning a twentieth of its time the
-    lock was held for rescans most of the time; the share is the board's, split among claimers."""
-    return (RESCAN_SHARE if share is None else share) * took * max(1, claimers)
 
 # A reservation marker this old may be a dead claimer's: the locked path looks at its owner.
 STALE_MARKER_AGE = 1.0
-
-
-wall_ns = time.time_ns  # the clock the kernel stamps files with (a test moves it on)
-
-
-def _settled(ctime_ns: int, seen_at_ns: int) -> bool:
-    """Whether what was seen of a file at `seen_at_ns` still holds while its ctime stays `ctime_ns`:
-    only if it was seen a second after that change. The kernel stamps files with a coarse clock,
-    so two changes within one of its ticks can leave the same times (the listing cache's rule)."""
-    return seen_at_ns - ctime_ns >= 1_000_000_000
 
 
 def _older_than(marker: Path, seconds: float) -> bool:
@@ -56,124 +31,13 @@ def _older_than(marker: Path, seconds: float) -> bool:
         return True
 
 
-class Claims:
-    """The claim index kept current, the pick and its reservation, the claim's commit, and the holder's fenced verbs."""
+class Claims(ClaimIndex):
+    """The pick and its reservation, the claim's commit and the holder's fenced verbs (the index: claimindex.py)."""
 
     def __init__(self, disk: Folder, txn: Transactions, lease: float) -> None:
-        self.disk = disk
-        self.txn = txn
+        super().__init__(disk, txn)
         self.lease = lease
-        # The event log read so far: the index follows the transitions appended since.
-        self.tail = EventTail(disk.events_path)
-        self.indexed_at: float | None = None  # monotonic time of the last full rescan
-        self.rescan_seconds = 0.0  # how long it took
-        self.claimers = 1  # tasks in doing at the last rescan: each a claimer rescanning too
         self.needs_lock = False  # the lock-free pick skipped something only the locked path repairs
-        # todo file name -> what it was, its meta, when it was read (wall clock, ns)
-        self._todo_seen: dict[str, tuple[Signature, Meta, int]] = {}
-        # status folder -> what it was, the task ids in it, when it was listed (wall clock, ns)
-        self._listed: dict[str, tuple[Signature, list[str], int]] = {}
-
-    # -- the index ------------------------------------------------------------------------------
-
-    def load_todo(self, task_id: str) -> TaskDoc | None:
-        try:
-            return self.disk.read(self.disk.path("todo", task_id))
-        except (FileNotFoundError, Damaged):
-            return None
-
-    def rescan(self) -> None:
-        """Rebuild the index from the folders. A todo file whose inode, size, mtime and ctime are
-        those it had at the last rescan is not read again (a write of any kind changes its ctime,
-        which no one can set), so a rescan costs a stat per waiting task, not a read and a parse."""
-        started, wall = time.monotonic(), wall_ns()
-        self.tail.seek_end()
-        self.disk.index.clear()
-        for status in STATUSES:
-            if status != "todo":
-                for task_id in self._listing(status, wall):
-                    self.disk.index.set_status(task_id, status)
-        seen: dict[str, tuple[Signature, Meta, int]] = {}
-        for entry in self.txn.entries("todo"):
-            try:
-                stat = entry.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            signature = (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
-            known = self._todo_seen.get(entry.name)
-            if known is not None and known[0] == signature and _settled(signature[3], known[2]):
-                seen[entry.name] = known
-                continue
-            doc = self.txn.document(Path(entry.path))
-            if doc is None:
-                continue
-            if doc["status"] != "todo":
-                doc = self.txn.adopt_hand_move("todo", doc)
-                if doc["status"] == "todo":  # rewritten in place: read again at the next rescan
-                    self.disk.index.put_todo(doc)
-                continue
-            seen[entry.name] = (signature, meta_of(doc), wall)
-        self.disk.index.put_todos(entry[1] for entry in seen.values())
-        self._todo_seen = seen
-        self.indexed_at = time.monotonic()
-        self.rescan_seconds = self.indexed_at - started
-        self.claimers = max(1, sum(1 for state in self.disk.index.status.values() if state == "doing"))
-        self.disk.signal.full_rescan_due = False
-
-    def _listing(self, status: str, wall: int) -> list[str]:
-        """The task ids in a status folder; listed again only if the folder changed since (an entry
-        added, removed or renamed changes its mtime and ctime): done/ grows with every task, and
-        every waiting agent rescans every few seconds."""
-        folder = self.disk.root / status
-        try:
-            stat = os.stat(folder, follow_symlinks=False)
-        except OSError:
-            self._listed.pop(status, None)
-            return []
-        signature = (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
-        known = self._listed.get(status)
-        if known is not None and known[0] == signature and _settled(signature[3], known[2]):
-            return known[1]
-        try:
-            ids = [entry.name[:-5] for entry in os.scandir(folder)
-                   if entry.name.endswith(".json") and not entry.name.startswith(".")]
-        except OSError:
-            ids = []
-        self._listed[status] = (signature, ids, wall)
-        return ids
-
-    def rescan_due(self) -> bool:
-        """The index was never built, or the watcher asked for a rescan and the last one is far
-        enough behind: rescans take at most 1/RESCAN_SHARE of the board's time however long the
-        backlog and however many agents, each rescanning under the board lock
-        (every 0.25 s of a busy board, each agent read every waiting task: 2,000 of them made a
-        task's board work 5 times that of 200)."""
-        if self.indexed_at is None:
-            return True
-        return self.disk.signal.full_rescan_due and \
-            time.monotonic() - self.indexed_at >= rescan_interval(self.rescan_seconds, self.claimers)
-
-    def stale(self) -> bool:
-        """Whether a claim that finds nothing rescans (what polling may have missed: a task moved by
-        hand): the index is older than RESYNC_AFTER and than the board's share of rescans allows.
-        With 64 agents waiting, each fruitless look rescanned the backlog under the board lock."""
-        return self.indexed_at is None or time.monotonic() - self.indexed_at > max(
-            RESYNC_AFTER, rescan_interval(self.rescan_seconds, self.claimers))
-
-    def catch_up(self) -> bool:
-        """Follow the event log without the board lock (the index is this process's own); False,
-        doing nothing, when a rescan is due, which needs the lock."""
-        with self.disk.tlock:
-            if self.rescan_due():
-                return False
-            self.disk.index.apply_events(self.tail.read_new(), self.load_todo)
-            return True
-
-    def refresh_index(self) -> None:
-        if self.rescan_due():
-            self.rescan()
-        else:
-            self.disk.index.apply_events(self.tail.read_new(), self.load_todo)
 
     # -- claiming -------------------------------------------------------------------------------
 
@@ -181,7 +45,8 @@ class Claims:
         return self.disk.path("done", task_id).exists()
 
     def claim(self, agent: str, *, roles: Iterable[str] = (), lease: float | None = None,
-              pid: int | None = None, steps_only: bool = False, assigned_only: bool = False) -> TaskDoc | None:
+              pid: int | None = None, steps_only: bool = False, assigned_only: bool = False,
+              lock_free: bool = False) -> TaskDoc | None:
         """Claim the best eligible task for `agent`, or None. The returned document's
         claim.token must be presented to renew, complete, fail, block or release it.
 
@@ -191,6 +56,8 @@ class Claims:
         aside, and rescans the folders if the index is stale. `steps_only` takes only tasks that
         carry `steps` (an agent with no LLM provider can do nothing else); `assigned_only` only
         tasks assigned to `agent` (a delegated child takes its own task and nothing else).
+        `lock_free`: a look of a waiter without a watch slot (kanban/watchslots.py), which finds
+        nothing without the lock unless the index asks for a repair: the watching ones rescan.
         """
         roles = tuple(roles)
         for _attempt in range(20):
@@ -202,7 +69,7 @@ class Claims:
                     # Nothing here for us, and nothing the locked path would repair or find: a
                     # claimer woken for work another took returns without the board lock (16
                     # agents took it for every task, each to find nothing).
-                    settled = picked is None and not self.needs_lock and not self.stale()
+                    settled = picked is None and not self.needs_lock and (lock_free or not self.stale())
             if settled:
                 return None
             if picked is None:

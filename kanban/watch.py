@@ -45,7 +45,7 @@ logging.getLogger("watchdog.observers.inotify").addFilter(_not_the_shutdown_race
 
 # Bookkeeping the board writes for itself; never a reason to wake anyone.
 INGEST_LOCK = ".ingest.lock"  # kanban/ingest.py's: one process ingests at a time
-QUIET_NAMES = frozenset({".lock", INGEST_LOCK, ".pending", ".ingested", "events.jsonl", ".doccache",
+QUIET_NAMES = frozenset({".lock", INGEST_LOCK, ".pending", ".ingested", ".waiting", "events.jsonl", ".doccache",
                          ".doccache.fields"})
 
 

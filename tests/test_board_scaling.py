@@ -42,7 +42,7 @@ def one_task_with_rescans(board: Board, agent: str) -> None:
 @pytest.mark.parametrize("backlog", [50, 1000])
 def test_reads_per_task_do_not_grow_with_the_backlog(tmp_path: Path, reads: list[str], backlog: int,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from hermes_sup.kanban import claims
+    from hermes_sup.kanban import claimindex as claims
     monkeypatch.setattr(claims, "RESCAN_SHARE", 0)  # every rescan the watcher asks for happens
     # Files changed less than a second before a rescan are read again (the kernel's clock is coarse):
     # the backlog is as old as a real one by the time an agent drains it.
@@ -62,7 +62,7 @@ def test_reads_per_task_do_not_grow_with_the_backlog(tmp_path: Path, reads: list
 
 def test_a_rescan_reads_again_a_task_changed_by_hand(tmp_path: Path, reads: list[str],
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from hermes_sup.kanban import claims
+    from hermes_sup.kanban import claimindex as claims
     monkeypatch.setattr(claims, "RESCAN_SHARE", 0)
     board = Board(tmp_path / "kanban")
     low = board.add({"title": "low", "priority": 1, "role": "work"})
@@ -104,7 +104,7 @@ def test_a_claimer_that_finds_nothing_leaves_the_board_lock_alone(tmp_path: Path
         assert board.claim("a1", roles=["coder"]) is None
     assert taken == [], "a claim that found nothing took the board lock"
     # Something only the locked path repairs (a damaged task file) sends it there once.
-    from hermes_sup.kanban import claims
+    from hermes_sup.kanban import claimindex as claims
     monkeypatch.setattr(claims, "RESCAN_SHARE", 0)  # the watcher's rescan comes at once
     (board.root / "todo" / "broken-1.json").write_text("{not json")
     board.signal.bump(full=True)
@@ -114,7 +114,7 @@ def test_a_claimer_that_finds_nothing_leaves_the_board_lock_alone(tmp_path: Path
 
 
 def test_a_rescan_lists_again_only_the_folders_that_changed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from hermes_sup.kanban import claims
+    from hermes_sup.kanban import claimindex as claims
     board = Board(tmp_path / "kanban")
     for i in range(4):
         board.add({"title": f"t{i}"})
@@ -155,7 +155,7 @@ def test_rescans_share_the_board_among_its_claimers(tmp_path: Path) -> None:
     """A rescan holds the board lock: with 16 agents each rescanning a twentieth of its own time, the
     lock was held for rescans most of the time. The share is the board's, split among the claimers
     it has at work (the tasks in doing at the last rescan)."""
-    from hermes_sup.kanban import claims
+    from hermes_sup.kanban import claimindex as claims
 
     assert claims.rescan_interval(0.01, 1) == pytest.approx(claims.RESCAN_SHARE * 0.01)
     assert claims.rescan_interval(0.01, 16) == pytest.approx(16 * claims.rescan_interval(0.01, 1))
