@@ -46,7 +46,7 @@ from .task import STATUSES, TaskError, find_cycle, is_valid_id, normalize, now_i
 from .txn import Transactions
 from .waitloop import recover_due
 from .waitloop import wait_for_work as wait_loop
-from .watchslots import PASSIVE_NAP, WatchSlots
+from .watchslots import WatchSlots, wait_in_turn
 
 
 class Board:
@@ -319,32 +319,20 @@ class Board:
         def claim() -> TaskDoc | None:
             return self.claim(agent, roles=roles, lease=lease, steps_only=steps_only, assigned_only=assigned_only)
 
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if self.slots.take():  # one of the few that watch (kanban/watchslots.py)
-                self.disk.watcher.resume()
-                try:
-                    doc = wait_loop(self.signal, look_after=look_after, claim=claim,
-                                    nap=lambda: waiting.nap(self.disk), timeout=left, stop=stop)
-                finally:
-                    self.slots.give()
-                break
-            # Every slot taken: a look now and every PASSIVE_NAP, unwoken; dead claims and rescans
-            # are left to the waiters that hold one (256 agents each recovering and rescanning
-            # every 2 s took the board lock over a hundred times a second).
-            self.disk.watcher.pause()
-            doc = wait_loop(self.signal, look_after=ingest_only, nap=lambda: 0.0, timeout=0.0,
-                            claim=lambda: self.claims.claim(agent, roles=roles, lease=lease, steps_only=steps_only,
-                                                            assigned_only=assigned_only, lock_free=True),
-                            stop=stop)
-            if doc is not None or (stop is not None and stop.is_set()) or left == 0.0:
-                break
-            nap = PASSIVE_NAP if left is None else min(PASSIVE_NAP, left)
-            if stop is not None:
-                stop.wait(nap)
-            else:
-                time.sleep(nap)
+        def watching(left: float | None) -> TaskDoc | None:
+            self.disk.watcher.resume()
+            return wait_loop(self.signal, look_after=look_after, claim=claim, nap=lambda: waiting.nap(self.disk),
+                             timeout=left, stop=stop)
+
+        def looking() -> TaskDoc | None:
+            # Dead claims and rescans are left to the waiters that hold a slot: 256 agents each
+            # recovering and rescanning every 2 s took the board lock over a hundred times a second.
+            return wait_loop(self.signal, look_after=ingest_only, nap=lambda: 0.0, timeout=0.0, stop=stop,
+                             claim=lambda: self.claims.claim(agent, roles=roles, lease=lease, steps_only=steps_only,
+                                                             assigned_only=assigned_only, lock_free=True))
+
+        doc = wait_in_turn(self.slots, watching=watching, looking=looking, unwatched=self.disk.watcher.pause,
+                           timeout=timeout, stop=stop)
         if doc is not None:  # busy until it waits again: arrivals need not wake it (kanban/watch.py)
             self.disk.watcher.pause()
         return doc

@@ -15,7 +15,11 @@ import contextlib
 import fcntl
 import os
 import random
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 SLOTS_DIR = ".waiting"
 PASSIVE_NAP = 2.0
@@ -77,3 +81,31 @@ class WatchSlots:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self._fds = {}
+
+
+def wait_in_turn(slots: WatchSlots | None, *, watching: Callable[[float | None], Any],
+                 looking: Callable[[], Any], unwatched: Callable[[], None], timeout: float | None,
+                 stop: threading.Event | None, nap: float | None = None) -> Any:
+    """A waiter's turn at the board (both backends): with a slot (or without slots at all),
+    `watching(seconds left)` waits as a watcher does and its answer is returned; without one,
+    `unwatched()`, then `looking()` now and every `nap` seconds (PASSIVE_NAP), trying for a slot
+    before each look, until it finds something, `stop` is set or `timeout` passes (None then)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if slots is None or slots.take():
+            try:
+                return watching(left)
+            finally:
+                if slots is not None:
+                    slots.give()
+        unwatched()
+        found = looking()
+        if found is not None or (stop is not None and stop.is_set()) or left == 0.0:
+            return found
+        pause = PASSIVE_NAP if nap is None else nap
+        pause = pause if left is None else min(pause, left)
+        if stop is not None:
+            stop.wait(pause)
+        else:
+            time.sleep(pause)

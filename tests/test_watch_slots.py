@@ -49,7 +49,7 @@ def test_a_waiter_without_a_slot_is_unwoken_takes_no_lock_and_still_finds_its_ow
     slot, the first waiter watches; the second watches nothing and looks every PASSIVE_NAP without
     the board lock, and a task of its role only (the watcher cannot take it) is still claimed by it."""
     monkeypatch.setattr(watchslots, "SLOTS", 1)
-    monkeypatch.setattr("hermes_sup.kanban.board.PASSIVE_NAP", 0.3)
+    monkeypatch.setattr(watchslots, "PASSIVE_NAP", 0.3)
     root = tmp_path / "kanban"
     watcher, passive, dropper = Board(root), Board(root), Board(root)
     stop = threading.Event()
