@@ -12,12 +12,23 @@ from __future__ import annotations
 
 import fcntl
 import os
+import random
 import time
 from pathlib import Path
 
 # A waiter retries quickly at first (a section takes well under a millisecond) and backs off.
 FIRST_RETRY = 50e-6
 LONGEST_RETRY = 2e-3
+# One that has waited this long is in a queue of many (256 claimers building their index at once):
+# it retries at most every PATIENT_RETRY, jittered, or the waiters' polls took the holder's CPU.
+PATIENT_AFTER = 0.05
+PATIENT_RETRY = 0.02
+
+
+def retry_after(delay: float, waited: float) -> float:
+    """The next pause between tries of a waiter that paused `delay` and has waited `waited` (pure,
+    before jitter): doubling up to LONGEST_RETRY, then up to PATIENT_RETRY once it waited PATIENT_AFTER."""
+    return min(delay * 2, LONGEST_RETRY if waited < PATIENT_AFTER else PATIENT_RETRY)
 
 
 class LockTimeout(Exception):
@@ -43,17 +54,19 @@ class BoardLock:
 
     def acquire(self) -> None:
         fd = self._descriptor()
-        deadline = time.monotonic() + self.timeout
+        started = time.monotonic()
+        deadline = started + self.timeout
         delay = FIRST_RETRY
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 return
             except BlockingIOError:
-                if time.monotonic() >= deadline:
+                now = time.monotonic()
+                if now >= deadline:
                     raise LockTimeout(f"{self.path} stayed locked for {self.timeout:g} s") from None
-                time.sleep(delay)
-                delay = min(delay * 2, LONGEST_RETRY)
+                time.sleep(delay * random.uniform(0.5, 1.5) if delay > LONGEST_RETRY else delay)
+                delay = retry_after(delay, now - started)
 
     def try_acquire(self) -> bool:
         """Take the lock only if it is free this instant; never waits."""

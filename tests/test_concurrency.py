@@ -261,3 +261,41 @@ def test_the_board_lock_excludes_other_processes_no_comment_is_lost(board, tmp_p
     texts = [c["text"] for c in board.get(task["id"])["comments"]]
     assert sorted(texts) == sorted(f"p{n}-{i}" for n in range(4) for i in range(40)), \
         f"{160 - len(texts)} of 160 comments were lost"
+
+
+def test_a_long_wait_for_the_board_lock_polls_it_patiently(tmp_path):
+    """256 claimers building their index at once each retried the lock every 2 ms: their polls took
+    the holder's CPU and some gave up after 60 s. A waiter that has waited 50 ms retries at most every
+    20 ms (jittered); a short wait stays quick. Counted flock calls of a real waiting process."""
+    from hermes_sup.kanban.lock import LONGEST_RETRY, PATIENT_AFTER, PATIENT_RETRY, BoardLock, retry_after
+
+    assert retry_after(1e-3, 0.0) == LONGEST_RETRY
+    assert retry_after(LONGEST_RETRY, PATIENT_AFTER / 2) == LONGEST_RETRY
+    assert retry_after(LONGEST_RETRY, PATIENT_AFTER) == 2 * LONGEST_RETRY
+    assert retry_after(PATIENT_RETRY, 10.0) == PATIENT_RETRY
+    held = BoardLock(tmp_path / ".lock", timeout=5)
+    held.acquire()
+    waiter = subprocess.Popen([sys.executable, "-c", """
+import fcntl, sys, time
+from pathlib import Path
+from hermes_sup.kanban.lock import BoardLock
+calls = []
+real = fcntl.flock
+fcntl.flock = lambda *args: calls.append(1) or real(*args)
+lock = BoardLock(Path(sys.argv[1]), timeout=30)
+print("waiting", flush=True)
+started = time.monotonic()
+lock.acquire()
+print(len(calls), time.monotonic() - started, flush=True)
+""", str(tmp_path / ".lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert waiter.stdout.readline().strip() == "waiting"
+        time.sleep(1.5)  # the holder's section: long, as at the back of a queue of 256
+        held.release()
+        calls, waited = waiter.stdout.readline().split()
+        assert waiter.wait(timeout=10) == 0
+    finally:
+        waiter.kill()
+        held.close()
+    # Every 2 ms for 1.5 s is about 750 tries; patient, about 30 in the first 50 ms and 1 each 20 ms after.
+    assert int(calls) <= 30 + float(waited) / (PATIENT_RETRY / 2), (calls, waited)
