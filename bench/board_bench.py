@@ -61,8 +61,7 @@ def fill(root: Path, count: int) -> None:
 
 def claimer_main(root: str, go_file: str, out: str) -> None:
     board = Board(root)
-    with board._locked():  # build the claim index (one scan of 10,000 files) before the clock starts
-        board._refresh_index()
+    board.claims.catch_up()  # build the claim index (one lock-free scan of the backlog) before the clock starts
     Path(out + ".ready").touch()
     while not os.path.exists(go_file):
         time.sleep(0.001)

@@ -50,6 +50,7 @@ class ClaimIndex:
         self.indexed_at: float | None = None  # monotonic time of the last full rescan
         self.rescan_seconds = 0.0  # how long it took
         self.claimers = 1  # tasks in doing at the last rescan: each a claimer rescanning too
+        self.repair_due = False  # a lock-free rescan skipped what only a locked one repairs
         # todo file name -> what it was, its meta, when it was read (wall clock, ns)
         self._todo_seen: dict[str, tuple[Signature, Meta, int]] = {}
         # status folder -> what it was, the task ids in it, when it was listed (wall clock, ns)
@@ -61,10 +62,12 @@ class ClaimIndex:
         except (FileNotFoundError, Damaged):
             return None
 
-    def rescan(self) -> None:
+    def rescan(self, *, locked: bool = True) -> None:
         """Rebuild the index from the folders. A todo file whose inode, size, mtime and ctime are
         those it had at the last rescan is not read again (a write of any kind changes its ctime,
-        which no one can set), so a rescan costs a stat per waiting task, not a read and a parse."""
+        which no one can set), so a rescan costs a stat per waiting task, not a read and a parse.
+        Without the lock (`locked=False`: a process's first build) what needs a repair (a task
+        moved by hand, a damaged file) is only skipped, and the next locked look rescans."""
         started, wall = time.monotonic(), wall_ns()
         self.tail.seek_end()
         self.disk.index.clear()
@@ -83,10 +86,13 @@ class ClaimIndex:
             if known is not None and known[0] == signature and _settled(signature[3], known[2]):
                 seen[entry.name] = known
                 continue
-            doc = self.txn.document(Path(entry.path))
+            doc = self.txn.document(Path(entry.path)) if locked else self._read_lock_free(Path(entry.path))
             if doc is None:
                 continue
             if doc["status"] != "todo":
+                if not locked:
+                    self.repair_due = True
+                    continue
                 doc = self.txn.adopt_hand_move("todo", doc)
                 if doc["status"] == "todo":  # rewritten in place: read again at the next rescan
                     self.disk.index.put_todo(doc)
@@ -98,6 +104,17 @@ class ClaimIndex:
         self.rescan_seconds = self.indexed_at - started
         self.claimers = max(1, sum(1 for state in self.disk.index.status.values() if state == "doing"))
         self.disk.signal.full_rescan_due = False
+        if locked:
+            self.repair_due = False
+
+    def _read_lock_free(self, path: Path) -> TaskDoc | None:
+        try:
+            return self.disk.read(path)
+        except FileNotFoundError:
+            return None
+        except Damaged:  # moved aside by the next locked rescan
+            self.repair_due = True
+            return None
 
     def _listing(self, status: str, wall: int) -> list[str]:
         """The task ids in a status folder; listed again only if the folder changed since (an entry
@@ -127,7 +144,7 @@ class ClaimIndex:
         backlog and however many agents, each rescanning under the board lock
         (every 0.25 s of a busy board, each agent read every waiting task: 2,000 of them made a
         task's board work 5 times that of 200)."""
-        if self.indexed_at is None:
+        if self.indexed_at is None or self.repair_due:
             return True
         return self.disk.signal.full_rescan_due and \
             time.monotonic() - self.indexed_at >= rescan_interval(self.rescan_seconds, self.claimers)
@@ -143,6 +160,11 @@ class ClaimIndex:
         """Follow the event log without the board lock (the index is this process's own); False,
         doing nothing, when a rescan is due, which needs the lock."""
         with self.disk.tlock:
+            if self.indexed_at is None:
+                # The first build, without the lock: 256 agents starting on a backlog each built
+                # it under the lock, one after another, and some gave up waiting after 60 s.
+                self.rescan(locked=False)
+                return not self.repair_due
             if self.rescan_due():
                 return False
             self.disk.index.apply_events(self.tail.read_new(), self.load_todo)
