@@ -162,9 +162,11 @@ class ClaimIndex:
         with self.disk.tlock:
             if self.indexed_at is None:
                 # The first build, without the lock: 256 agents starting on a backlog each built
-                # it under the lock, one after another, and some gave up waiting after 60 s.
+                # it under the lock, one after another, and some gave up waiting after 60 s. The
+                # first look still takes the lock once (a board's first locked call finishes the
+                # transitions a killed process left), now a short hold.
                 self.rescan(locked=False)
-                return not self.repair_due
+                return False
             if self.rescan_due():
                 return False
             self.disk.index.apply_events(self.tail.read_new(), self.load_todo)

@@ -271,27 +271,33 @@ def test_a_fruitless_claim_rescans_no_sooner_than_the_boards_share_allows(tmp_pa
 def test_a_claimers_first_index_is_built_without_the_board_lock(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """256 agents starting on a backlog each built their index under the board lock, one after
-    another, and some gave up after 60 s. The first build reads the folders without it; only the
-    claim's commit takes it. A task moved by hand still gets its locked repair."""
+    another, and some gave up after 60 s. The first build reads the folders without it (the first
+    look still takes the lock once, briefly: a board's first locked call finishes what a killed
+    process left). A task moved by hand still gets its locked repair."""
+    from hermes_sup.kanban import claims
     from hermes_sup.kanban.lock import BoardLock
 
-    Board(tmp_path / "kanban").close()
     board = Board(tmp_path / "kanban")
     for i in range(50):
         board.add({"title": f"t{i}"})
     board.close()
-    takes: list[int] = []
-    real = BoardLock.acquire
-    monkeypatch.setattr(BoardLock, "acquire", lambda self: takes.append(1) or real(self))
+    held = {"now": False}
+    real_acquire, real_release = BoardLock.acquire, BoardLock.release
+    monkeypatch.setattr(BoardLock, "acquire", lambda self: real_acquire(self) or held.update(now=True))
+    monkeypatch.setattr(BoardLock, "release", lambda self: held.update(now=False) or real_release(self))
+    rescans: list[bool] = []
+    real_rescan = claims.Claims.rescan
+    monkeypatch.setattr(claims.Claims, "rescan",
+                        lambda self, **kw: rescans.append(held["now"]) or real_rescan(self, **kw))
     fresh = Board(tmp_path / "kanban")
     assert fresh.claim("a1") is not None
-    assert len(takes) == 1, f"the first claim took the board lock {len(takes)} times"
+    assert rescans == [False], f"the first claim's rescans, under the lock or not: {rescans}"
     # A document in todo/ that says another status (moved there by hand) is repaired under the lock.
-    done = fresh.list("todo").tasks[0]
-    path = tmp_path / "kanban" / "todo" / f"{done['id']}.json"
+    moved = fresh.list("todo").tasks[0]
+    path = tmp_path / "kanban" / "todo" / f"{moved['id']}.json"
     path.write_text(path.read_text().replace('"status": "todo"', '"status": "blocked"'))
     other = Board(tmp_path / "kanban")
     assert other.claim("a2") is not None
-    assert other.get(done["id"])["status"] in ("todo", "doing"), other.get(done["id"])
+    assert other.get(moved["id"])["status"] in ("todo", "doing"), other.get(moved["id"])
     fresh.close()
     other.close()
