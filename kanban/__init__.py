@@ -2,7 +2,7 @@
 
 Callers outside the package open a board with `backends.open_board` and use the `BoardStore` verbs;
 the README's "Architecture" section names every module in one line. Imports only the standard
-library, watchdog, psutil and pyyaml; never `supervisor` or `agents`.
+library, psutil and pyyaml; never `supervisor` or `agents`.
 """
 
 from __future__ import annotations

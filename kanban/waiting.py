@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from watchdog.events import (
-    FileCreatedEvent,
-    FileModifiedEvent,
-    FileMovedEvent,
-    FileSystemEvent,
-    FileSystemEventHandler,
-)
-
 from .base import ALLOW_NETWORK_FS_ENV, Folder
+from .inotify import IN_CREATE, IN_MODIFY, IN_MOVED_TO, Inotify
 from .watch import ChangeSignal
 
 # How long a waiting claimer sleeps between rescans when no event wakes it.
@@ -22,20 +16,12 @@ RESCAN_INTERVAL = 2.0
 POLL_INTERVAL = 1.0
 # A waiting claimer sweeps dead writers' temp files (a listing of every status folder) this rarely.
 SWEEP_INTERVAL = 60.0
-LOG_EVENTS = (FileModifiedEvent, FileCreatedEvent, FileMovedEvent)
-
-
-class _LogWritten(FileSystemEventHandler):
-    """Bumps the signal when the event log (and nothing else of its folder) is written."""
-
-    def __init__(self, name: str, signal: ChangeSignal) -> None:
-        self.name = name
-        self.signal = signal
-
-    def on_any_event(self, event: FileSystemEvent) -> None:
-        path = event.dest_path if isinstance(event, FileMovedEvent) and event.dest_path else event.src_path
-        if os.path.basename(os.fsdecode(path)) == self.name:
-            self.signal.bump()
+# What a follower of the log is woken by: an append, or a new log renamed or created in its place.
+LOG_CHANGES = IN_MODIFY | IN_CREATE | IN_MOVED_TO
+# After waking a follower, the watch lets appends gather this long (the kernel merges a file's
+# repeated IN_MODIFY): each task appends three lines, and a wake-up for each took the supervisor's
+# follower and watchdog's two threads through every one of them.
+LOG_SETTLE = 0.02
 
 
 def watch_log(events_path: Path, signal: ChangeSignal) -> Callable[[], None] | None:
@@ -43,18 +29,41 @@ def watch_log(events_path: Path, signal: ChangeSignal) -> Callable[[], None] | N
 
     The board's own watcher leaves the log out (its wake-ups are task files moving, which happens
     before the event is appended, and events that move no file would wake every waiting claimer
-    for nothing), so a follower of the stream gets a watch of its own."""
+    for nothing), so a follower of the stream gets a watch of its own: a thread on an inotify
+    instance of the log's folder, which bumps the signal for the log's own changes (and a lost
+    queue) at most once every LOG_SETTLE seconds."""
     try:
-        from watchdog.observers.inotify import InotifyObserver
-
-        observer = InotifyObserver()
-        observer.schedule(_LogWritten(events_path.name, signal), str(events_path.parent),
-                          recursive=False, event_filter=list(LOG_EVENTS))
-        observer.daemon = True
-        observer.start()
-    except (OSError, ImportError):
+        inotify = Inotify()
+    except OSError:
         return None
-    return observer.stop
+    try:
+        if not inotify.watch_folder(str(events_path.parent), LOG_CHANGES):
+            inotify.close()
+            return None
+    except OSError:
+        inotify.close()
+        return None
+    stopped = threading.Event()
+
+    def follow() -> None:
+        while not stopped.is_set():
+            # An overflow (folder "") may have lost the log's change: a bump costs a read.
+            if any(event.name == events_path.name or not event.folder for event in inotify.events(None)):
+                signal.bump()
+                stopped.wait(LOG_SETTLE)
+
+    thread = threading.Thread(target=follow, name="event-log-watch", daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        stopped.set()
+        inotify.shutdown()
+        if thread is not threading.current_thread():
+            thread.join(timeout=5)
+        if not thread.is_alive():
+            inotify.close()
+
+    return stop
 
 
 def health(disk: Folder) -> list[tuple[str, str, str]]:

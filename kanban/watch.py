@@ -30,7 +30,7 @@ from .inotify import (
 )
 
 BURST_RESCAN_DELAY = 0.25
-# watchdog (still watching for `task wait` and the dashboard) logs this at ERROR when an observer
+# watchdog (still watching for the dashboard's streams) logs this at ERROR when an observer
 # is stopped while its emitter reads one last event: a
 # race in its shutdown, harmless (the watch is going away). With no logging set up, Python printed
 # it on a command's stderr; its other records (a queue overflow, say) still get through.

@@ -5,14 +5,17 @@ printing none twice; hostile lines in the log are skipped without a crash."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
 from hermes_sup.kanban import Board
 from hermes_sup.kanban.events import MAX_EVENT_LINE, CursorError, check_cursor, decode_event, parse_cursor, read_since
+from hermes_sup.kanban.waiting import LOG_SETTLE
 from hermes_sup.supervisor.cli.events import event_line
 
 from .conftest import CLI, supervisor_state, wait_until
@@ -311,3 +314,41 @@ def reader_bytes(pid: int) -> int:
         if line.startswith("rchar:"):
             return int(line.split()[1])
     raise AssertionError("no rchar in /proc/PID/io")
+
+
+def test_a_follower_of_the_log_is_woken_by_its_appends_and_a_burst_of_them_wakes_it_a_few_times(tmp_path):
+    """The log's watch bumps its signal for the log's own appends, not for other files of the board's
+    folder; a burst of appends is gathered (each task appends three lines, and a follower woken for
+    each, the supervisor's among them, went through every one)."""
+    board = Board(tmp_path / "kanban")
+    signal = board.signal
+    bumps: list[bool] = []
+    bump = signal.bump
+
+    def counted(full: bool = False) -> None:  # the watch's wake-ups, counted as the watch makes them
+        bumps.append(full)
+        bump(full=full)
+    signal.bump = counted
+    board.events_path.touch()
+    stop = board.watch_events()
+    assert stop is not None
+    try:
+        for _write in range(20):
+            (tmp_path / "kanban" / "notes.txt").write_text("not the log")
+        assert not signal.wait(signal.generation, 0.3) and not bumps, "a write beside the log woke its follower"
+        with open(board.events_path, "a") as log:
+            log.write("{}\n")
+        wait_until(lambda: bumps, timeout=5)
+        bumps.clear()
+        started = time.monotonic()
+        with open(board.events_path, "a") as log:
+            for _line in range(300):
+                log.write("{}\n")
+                log.flush()
+                os.fsync(log.fileno())  # each append takes a while, as the board's own do
+        wait_until(lambda: bumps, timeout=5)
+        took = time.monotonic() - started
+        assert len(bumps) <= took / LOG_SETTLE + 2, f"300 appends in {took:.3f} s woke the follower {len(bumps)} times"
+    finally:
+        stop()
+        board.close()
