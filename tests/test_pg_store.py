@@ -393,10 +393,14 @@ def test_wait_for_work_wakes_on_notify_and_survives_a_killed_listen_connection(
     thread.join(timeout=15)
     assert len(got) == 2 and got[1] is not None and got[1]["id"] == "second"
 
-    # A dependency done wakes the waiter for the task that waited on it.
+    # A claimer at work listens no more (with 16 agents, every task's notification woke each
+    # one's connection and thread): work added meanwhile wakes nothing.
+    wait_until(lambda: not listener.listening, timeout=10)
     before = listener.generation
     adder.add({"id": "child", "title": "child", "depends_on": ["second"]})
-    wait_until(lambda: listener.generation > before, timeout=10)  # the add's own wake-up is spent
+    listener.wait(before, 0.5)
+    assert listener.generation == before, "a busy claimer's connection was woken by a notification"
+    # A dependency done wakes the waiter for the task that waited on it.
     found_nothing = threading.Event()
     claim = waiter.claim
 

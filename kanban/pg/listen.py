@@ -1,4 +1,4 @@
-"""Wake-ups for claimers: one dedicated LISTEN connection per store, reconnected when it drops.
+"""Wake-ups for claimers: one LISTEN connection per store, reconnected when it drops, listening while a claimer waits.
 
 A notification only shortens a wait; claimers also poll (jittered, about once a second), so a lost
 notification, a dropped connection or a pooler that forwards none never strands a task.
@@ -7,19 +7,34 @@ notification, a dropped connection or a pooler that forwards none never strands 
 from __future__ import annotations
 
 import contextlib
+import os
 import random
+import select
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from psycopg import pq
 
 from ..watch import ChangeSignal
 
 CHANNEL = "hermes_sup_work"
 RECONNECT_DELAY = (0.2, 2.0)
+# How long a resuming waiter waits for its LISTEN to be in place before it looks anyway (the
+# connection is down, say: its polls still find the work).
+RESUME_WAIT = 2.0
+# The thread sleeps on the connection's socket and its own wake-up descriptor; this is only how
+# often it looks at a connection that said nothing (an idle agent's thread sleeps, not polls).
+IDLE_LOOK = 30.0
 
 
 class Listener:
-    """A thread holding one LISTEN connection; `generation` grows with every notification."""
+    """A thread holding one LISTEN connection; `generation` grows with every notification.
+
+    `pause` has it UNLISTEN (a claimer at work, or one whose turn to watch has not come: with 16
+    agents, each listening connection and its thread woke for every task's notification) and
+    `resume` LISTEN again, returning once the LISTEN is in place so that the look that follows
+    misses nothing. Only the thread touches the connection."""
 
     def __init__(self, connect: Callable[[], Any], channel: str, *, signal: ChangeSignal | None = None) -> None:
         self._connect = connect
@@ -30,9 +45,12 @@ class Listener:
         self.connects = 0
         self.backend_pid: int | None = None
         self.last_error: str | None = None
+        self.listening = False  # as the server has it, set by the thread
+        self._wanted = True
         self._stop = threading.Event()
         self._conn: Any = None
         self._ready = threading.Event()
+        self._wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self._thread = threading.Thread(target=self._run, name="board-listen", daemon=True)
         self._thread.start()
 
@@ -52,6 +70,28 @@ class Listener:
         with self._cond:
             self._cond.wait_for(lambda: self.generation != seen or self._stop.is_set(), timeout)
 
+    def pause(self) -> None:
+        """Stop listening (soon: the thread's next turn); notifications meanwhile wake no one."""
+        with self._cond:
+            if not self._wanted:
+                return
+            self._wanted = False
+        self._poke()
+
+    def resume(self) -> None:
+        """Listen again, returning once the server has the LISTEN (or after RESUME_WAIT)."""
+        with self._cond:
+            self._wanted = True
+            if self.listening:
+                return
+        self._poke()
+        with self._cond:
+            self._cond.wait_for(lambda: self.listening or self._stop.is_set(), RESUME_WAIT)
+
+    def _poke(self) -> None:
+        with contextlib.suppress(OSError):
+            os.eventfd_write(self._wake, 1)
+
     def _run(self) -> None:
         delay = RECONNECT_DELAY[0]
         while not self._stop.is_set():
@@ -64,25 +104,57 @@ class Listener:
                 continue
             self._conn = conn
             try:
-                conn.execute(f'LISTEN "{self.channel}"')
                 self.backend_pid = conn.info.backend_pid
                 self.connects += 1
                 delay = RECONNECT_DELAY[0]
-                self._ready.set()
-                # Work may have been added while no connection listened.
-                self.bump()
-                while not self._stop.is_set():
-                    for _note in conn.notifies(timeout=1.0):
-                        self.bump()
+                self._serve(conn)
             except Exception as exc:  # the connection died (terminated, server restarted): reconnect
                 self.last_error = type(exc).__name__
             finally:
                 self._conn = None
+                with self._cond:
+                    self.listening = False
                 with contextlib.suppress(Exception):
                     conn.close()
             self.bump()
 
+    def _serve(self, conn: Any) -> None:
+        first = True
+        while not self._stop.is_set():
+            with self._cond:
+                wanted = self._wanted
+            if wanted != self.listening:
+                conn.execute(f'{"LISTEN" if wanted else "UNLISTEN"} "{self.channel}"')
+                with self._cond:
+                    self.listening = wanted
+                    self._cond.notify_all()
+                if wanted and first:
+                    first = False
+                    self._ready.set()
+                    self.bump()  # work may have been added while no connection listened
+            ready, _, _ = select.select([conn.fileno(), self._wake], [], [], IDLE_LOOK)
+            if self._wake in ready:
+                with contextlib.suppress(OSError):
+                    os.eventfd_read(self._wake)
+            if conn.fileno() in ready and not self._notified(conn):
+                raise ConnectionError("the listening connection was closed")
+
+    def _notified(self, conn: Any) -> bool:
+        """Take what the server sent; bump for notifications. False once the connection is gone."""
+        pgconn = conn.pgconn
+        pgconn.consume_input()  # raises once the server has gone
+        got = False
+        while pgconn.notifies() is not None:
+            got = True
+        if got and self.listening:
+            self.bump()
+        return pgconn.status == pq.ConnStatus.OK
+
     def close(self) -> None:
         self._stop.set()
+        self._poke()
         self.bump()
         self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            with contextlib.suppress(OSError):
+                os.close(self._wake)

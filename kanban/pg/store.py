@@ -393,6 +393,7 @@ class PgStore(ClaimsMixin, JournalRowsMixin, HostsMixin, StreamMixin, TaskIdsMix
         # The server restarted or the connection dropped: a waiter waits on (the next round
         # reconnects); any other error is the caller's.
         def watching(left: float | None) -> TaskDoc | None:
+            self.listener().resume()
             return wait_loop(self.listener(), look_after=look_after, claim=claim,
                              nap=lambda: POLL_INTERVAL * random.uniform(0.8, 1.2), timeout=left, stop=stop,
                              tolerate=lambda exc: self._connection_lost())
@@ -406,8 +407,17 @@ class PgStore(ClaimsMixin, JournalRowsMixin, HostsMixin, StreamMixin, TaskIdsMix
 
         # Only a few of this host's waiters listen (kanban/watchslots.py): 64 agents each woken by
         # every task's notification drained 21 tasks a second on 2 cores.
-        return wait_in_turn(self._slots, watching=watching, looking=looking, unwatched=lambda: None,
-                            timeout=timeout, stop=stop)
+        doc = wait_in_turn(self._slots, watching=watching, looking=looking, unwatched=self._stop_listening,
+                           timeout=timeout, stop=stop)
+        if doc is not None:  # busy until it waits again: each task's notification need not wake it
+            self._stop_listening()
+        return doc
+
+    def _stop_listening(self) -> None:
+        with self._lock:
+            listener = self._listener
+        if listener is not None:
+            listener.pause()
 
 def _check_text(text: object, what: str) -> None:
     if not isinstance(text, str):
