@@ -20,7 +20,6 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -36,19 +35,16 @@ from ..kanban.task import now_iso
 from . import skillproc
 from .files import read_nofollow
 from .skillcheck import verdict_problem
+from .skillfind import SKILL_NAME, SUPPORT_FOLDERS, Finder, file_signature  # noqa: F401  (SUPPORT_FOLDERS: the importer's)
 from .skillproc import check_env, check_in_process_of_its_own  # noqa: F401  (the skill checks' entry points)
 from .tools import Tool, ToolContext, ToolError, register
 
 VERDICTS_LOCK = ".skills.lock"  # beside runs/skills.json: one agent checks a skill at a time
 
 BUNDLED = Path(__file__).resolve().parent.parent / "skills"
-SKILL_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 # What a skill check inherits of its caller's environment; HOME and TMPDIR are its own folder.
 PLATFORMS = {"macos": "darwin", "linux": "linux", "windows": "win32"}  # Hermes' names, sys.platform's
 MAX_LINKED_BYTES = 1_000_000
-MAX_DEPTH = 8  # folders below skills/ looked into for a SKILL.md
-SUPPORT_FOLDERS = {"references", "templates", "assets", "scripts"}
-NOT_SKILLS = {"node_modules", "venv", "site-packages"}
 
 
 @dataclass
@@ -89,31 +85,6 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def file_signature(path: Path) -> tuple[int, ...] | None:
-    """What tells a file changed: its inode, size, mtime and ctime (which no one can set)."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def instruction_folders(root: Path) -> list[tuple[str, ...]]:
-    """The folders under `root` that hold a SKILL.md, as path parts, at any depth up to MAX_DEPTH:
-    never through a symlink, nor into hidden or `_` folders (.git, .hub, .archive, .history,
-    __pycache__), nor into a skill's own references/, templates/, assets/ or scripts/ (Hermes'
-    support folders may hold archived SKILL.md files that are no skills)."""
-    found: list[tuple[str, ...]] = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        parts = Path(dirpath).relative_to(root).parts
-        holds = "SKILL.md" in filenames and bool(parts)
-        if holds:
-            found.append(parts)
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith((".", "_")) and d not in NOT_SKILLS
-                             and not (holds and d in SUPPORT_FOLDERS) and len(parts) < MAX_DEPTH)
-    return found
-
-
 class Skills:
     """The skills of one workspace: discovery, validation (cached by digest), loading, versions."""
 
@@ -121,6 +92,7 @@ class Skills:
         self.folder = workspace / "skills"
         self.bundled = bundled
         self.verdicts_path = workspace / "runs" / "skills.json"
+        self._finder = Finder(bundled, self.folder)
         # The agent's `skills:`. When it names instruction skills, those are the instruction skills
         # it sees (a Hermes profile's own, as the import sets them); else it sees them all.
         self.listed = frozenset(listed)
@@ -134,22 +106,7 @@ class Skills:
         return {name: (kind, path, source) for name, (kind, path, source, _) in self._found_in_categories().items()}
 
     def _found_in_categories(self) -> dict[str, tuple[str, Path, str, str]]:
-        found: dict[str, tuple[str, Path, str, str]] = {}
-        for source, folder in (("bundled", self.bundled), ("workspace", self.folder)):  # workspace wins
-            if not folder.is_dir() or (source == "workspace" and folder.resolve() == self.bundled.resolve()):
-                continue  # the repository's own workspace: its skills/ is the bundled one
-            for entry in sorted(folder.iterdir()):
-                if not entry.name.startswith((".", "_")) and entry.suffix == ".py" and entry.is_file() \
-                        and SKILL_NAME.fullmatch(entry.stem):
-                    found[entry.stem] = ("python", entry, source, "")
-            # Instruction skills at any depth, as Hermes finds them (mlops/inference/llama-cpp): the
-            # shallowest of a name wins, then the first by path.
-            for relative in sorted(instruction_folders(folder), key=lambda parts: (len(parts), parts)):
-                if relative[-1] in found and found[relative[-1]][2] == source:
-                    continue
-                found[relative[-1]] = ("instructions", folder.joinpath(*relative) / "SKILL.md", source,
-                                       relative[0] if len(relative) > 1 else "")
-        return found
+        return self._finder.found()
 
     def names(self) -> set[str]:
         """The names of the skills present, from their file and folder names alone (nothing is read
