@@ -93,15 +93,19 @@ class Liveness:
         os.dup2(fd, 2)
         os.close(fd)
 
-    def write_state(self, status: str) -> None:
+    def write_state(self, status: str, *, if_changed: bool = False) -> None:
+        """Write state.json; with `if_changed`, only if it would say more than a newer heartbeat
+        time (after each task: the heartbeat rewrites it every few seconds anyway, and each write
+        is a new file, which ext4 makes dearer the more files were removed in the last minutes)."""
         with self._lock:
             task = self.current
-        write_json_atomic(self.workdir / "state.json", {
-            "name": self.name, "pid": os.getpid(), "status": status, "task": task["id"] if task else None,
-            "step": self.step if task else None, "provider": self.provider, "waiting": self.waiting,
-            "heartbeat": now_iso(),
-            "children": self.delegator.visible(),
-        }, fsync=False)
+        said = {"name": self.name, "pid": os.getpid(), "status": status, "task": task["id"] if task else None,
+                "step": self.step if task else None, "provider": self.provider, "waiting": self.waiting,
+                "children": self.delegator.visible()}
+        if if_changed and said == self._said:
+            return
+        self._said = said
+        write_json_atomic(self.workdir / "state.json", {**said, "heartbeat": now_iso()}, fsync=False)
 
     def _heartbeat_loop(self) -> None:
         while not self.stop.wait(self.interval):

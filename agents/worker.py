@@ -129,6 +129,7 @@ class Agent(Liveness, ModelAccess, TaskSetting):
         self._auto_said: list[str] = []
         self.keys = KeyFile(workspace / ENV_FILE, key_names(self.llm))
         self.step: int | None = None
+        self._said: dict[str, object] | None = None  # what state.json said last, its heartbeat aside
         self.provider = "offline"
         self.waiting: str | None = None  # why it leaves LLM tasks in todo ("" when it does not; None: not yet known)
         self.why_stopping = ""
@@ -422,7 +423,7 @@ class Agent(Liveness, ModelAccess, TaskSetting):
                 with self._lock:
                     self.current = None
                 self.notifier.send(TASK="-")
-            self.write_state("idle")
+            self.write_state("idle", if_changed=True)
             self.rotate_log()
         self.write_state("stopped")
         self.notifier.send(STOPPING=1)

@@ -34,6 +34,7 @@ COMMENT_RESERVE = 8 * MAX_BYTES
 ERROR_SUFFIX = ".error.txt"
 # The board's own folders and files: never a symlink, or the board would write where it points.
 FOLDERS = (*STATUSES, "inbox", "rejected", ".pending", ".ingested")
+PATHS_KEPT = 4096  # task file paths a board keeps made
 
 
 class Folder:
@@ -54,6 +55,7 @@ class Folder:
     ) -> None:
         self.root = Path(root).absolute()
         self._folders: dict[str, Path] = {}
+        self._paths: dict[tuple[str, str], Path] = {}
         if not self.root.is_dir():
             if not create:
                 raise BoardError(f"no board at {self.root}")
@@ -134,14 +136,22 @@ class Folder:
                     self.flock.release()
 
     def path(self, status: str, task_id: str) -> Path:
+        # Kept: pathlib's joins were a tenth of a task's work, and a task's file is named a dozen
+        # times. Only valid ids are kept, so a hit needs no check.
+        path = self._paths.get((status, task_id))
+        if path is not None:
+            return path
         # Every task file name passes here, and a caller's id may be hostile ("../../x", from a
         # tool call or the command line): only a valid id names a file, and only inside the board.
         if not is_valid_id(task_id):
             raise TaskNotFound(f"{_short_text(task_id)} is not a task id")
         folder = self._folders.get(status)
-        if folder is None:  # one join a call, not two: pathlib's joins were a tenth of a task's work
+        if folder is None:
             folder = self._folders[status] = self.root / status
-        return folder / f"{task_id}.json"
+        if len(self._paths) >= PATHS_KEPT:
+            self._paths.clear()
+        path = self._paths[(status, task_id)] = folder / f"{task_id}.json"
+        return path
 
     def consistent(self, scan: Callable[[], _T]) -> _T:
         """`scan`'s result from a moment when no task moved. Folders are scanned one after

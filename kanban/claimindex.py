@@ -16,8 +16,10 @@ from .txn import Transactions
 # A claim that finds nothing rescans the folders if the index is older than this.
 RESYNC_AFTER = 2.0
 # A rescan the watcher asks for waits until this many times its last one's duration has passed,
-# times the claimers the board has at work (rescan_interval).
-RESCAN_SHARE = 20
+# times the claimers the board has at work (rescan_interval). A fiftieth: at a twentieth, with one
+# agent draining, rescans (done/ listed again, a stat per waiting task) were a tenth of its Python;
+# what only a rescan finds (a task moved by hand) still waits at most seconds.
+RESCAN_SHARE = 50
 Signature = tuple[int, int, int, int]  # inode, size, mtime and ctime (ns)
 
 

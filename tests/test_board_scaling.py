@@ -167,10 +167,11 @@ def test_rescans_share_the_board_among_its_claimers(tmp_path: Path) -> None:
         assert board.claim(f"a{i}") is not None
     board.claims.rescan()
     assert board.claims.claimers == 4
-    board.claims.indexed_at, board.claims.rescan_seconds = time.monotonic() - 0.5, 0.01  # 0.5 s ago, 10 ms
+    alone = claims.rescan_interval(0.01, 1)  # the wait one claimer's 10 ms rescan asks for
+    board.claims.indexed_at, board.claims.rescan_seconds = time.monotonic() - 2 * alone, 0.01
     board.signal.full_rescan_due = True
-    assert not board.claims.rescan_due(), "due after a twentieth of the time though 4 claimers rescan too"
-    board.claims.indexed_at -= 0.5  # 1 s ago: past 20 * 10 ms * 4
+    assert not board.claims.rescan_due(), "due after one claimer's share of the time though 4 claimers rescan too"
+    board.claims.indexed_at -= 2.5 * alone  # past the share times the 4 claimers
     assert board.claims.rescan_due()
     board.close()
 
@@ -252,7 +253,7 @@ def test_a_fruitless_claim_rescans_no_sooner_than_the_boards_share_allows(tmp_pa
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A claim that finds nothing rescanned whenever the index was over 2 s old: with 64 waiting
     agents that was a rescan of the backlog under the board lock at nearly every look."""
-    from hermes_sup.kanban import claims
+    from hermes_sup.kanban import claimindex, claims
 
     board = Board(tmp_path / "kanban")
     board.add({"title": "not for a1", "role": "writer"})
@@ -260,10 +261,12 @@ def test_a_fruitless_claim_rescans_no_sooner_than_the_boards_share_allows(tmp_pa
     rescans: list[int] = []
     real = claims.Claims.rescan
     monkeypatch.setattr(claims.Claims, "rescan", lambda self: rescans.append(1) or real(self))
-    board.claims.claimers, board.claims.rescan_seconds = 8, 0.05  # 20 * 0.05 s * 8 = 8 s between rescans
-    board.claims.indexed_at = time.monotonic() - 3.0
+    board.claims.claimers, board.claims.rescan_seconds = 8, 0.05
+    interval = claimindex.rescan_interval(0.05, 8)  # the share times 50 ms times 8 claimers: over 2 s
+    assert interval > 2 * claimindex.RESYNC_AFTER
+    board.claims.indexed_at = time.monotonic() - 1.5 * claimindex.RESYNC_AFTER
     assert board.claim("a1") is None and not rescans, "rescanned 3 s after the last, before the share allows"
-    board.claims.indexed_at = time.monotonic() - 9.0
+    board.claims.indexed_at = time.monotonic() - interval - 1.0
     assert board.claim("a1") is None and rescans, "never rescans"
     board.close()
 

@@ -248,13 +248,21 @@ def test_a_drain_does_not_rewrite_supervisor_json_at_each_task_and_its_last_word
     writes = Inotify()
     seen: list[str] = []
 
+    agents_wrote: list[str] = []
+
     def count() -> None:  # read at once: the kernel merges an unread event into the next identical one
         while not writes.closed:
-            seen.extend(event.name for event in writes.events(None) if event.name == "supervisor.json")
+            for event in writes.events(None):
+                if event.name == "supervisor.json":
+                    seen.append(event.name)
+                elif event.name == "state.json":
+                    agents_wrote.append(event.folder)
 
     reader = threading.Thread(target=count, daemon=True)
     try:
         writes.watch_folder(str(ws / "runs"), IN_MOVED_TO)
+        for name in state(ws)["agents"]:
+            writes.watch_folder(str(ws / "runs" / name), IN_MOVED_TO)
         reader.start()
         began = time.monotonic()
         for n in range(tasks):
@@ -270,3 +278,6 @@ def test_a_drain_does_not_rewrite_supervisor_json_at_each_task_and_its_last_word
         board.close()
     # Without the bound: at least one write per task start or end, 2 * tasks in all.
     assert 0 < len(seen) <= (took + 1.0) / TASK_WRITE_EVERY + 6 < 2 * tasks, (len(seen), took)
+    # Nor does an agent write its state.json after each task when nothing but the heartbeat's time
+    # would change (the heartbeat writes it every 5 s here, a task in progress then shown).
+    assert len(agents_wrote) < tasks // 2, (len(agents_wrote), took)
