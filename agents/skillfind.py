@@ -53,6 +53,8 @@ def find(bundled: Path, folder: Path, walked: list[str]) -> Found:
     found: Found = {}
     for source, root in (("bundled", bundled), ("workspace", folder)):  # workspace wins
         walked.append(str(root))
+        if root.is_symlink():  # a skills/ that is a link: the folder it names is what changes
+            walked.append(os.path.realpath(root))
         if not root.is_dir() or (source == "workspace" and root.resolve() == bundled.resolve()):
             continue  # the repository's own workspace: its skills/ is the bundled one
         for entry in sorted(root.iterdir()):

@@ -138,7 +138,7 @@ class Folder:
     def path(self, status: str, task_id: str) -> Path:
         # Kept: pathlib's joins were a tenth of a task's work, and a task's file is named a dozen
         # times. Only valid ids are kept, so a hit needs no check.
-        path = self._paths.get((status, task_id))
+        path = self._paths.get((status, task_id)) if type(task_id) is str else None
         if path is not None:
             return path
         # Every task file name passes here, and a caller's id may be hostile ("../../x", from a

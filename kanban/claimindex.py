@@ -17,9 +17,10 @@ from .txn import Transactions
 RESYNC_AFTER = 2.0
 # A rescan the watcher asks for waits until this many times its last one's duration has passed,
 # times the claimers the board has at work (rescan_interval). A fiftieth: at a twentieth, with one
-# agent draining, rescans (done/ listed again, a stat per waiting task) were a tenth of its Python;
-# what only a rescan finds (a task moved by hand) still waits at most seconds.
+# agent draining, rescans (done/ listed again, a stat per waiting task) were a tenth of its Python.
 RESCAN_SHARE = 50
+# What only a rescan finds (a task moved by hand, what a lost inotify queue held) waits no longer.
+RESCAN_MAX_INTERVAL = 20.0
 Signature = tuple[int, int, int, int]  # inode, size, mtime and ctime (ns)
 
 
@@ -27,7 +28,7 @@ def rescan_interval(took: float, claimers: int, share: float | None = None) -> f
     """Seconds between one process's rescans when the watcher keeps asking for them (pure): a
     rescan holds the board lock, and with 16 agents each rescanning a twentieth of its time the
     lock was held for rescans most of the time; the share is the board's, split among claimers."""
-    return (RESCAN_SHARE if share is None else share) * took * max(1, claimers)
+    return min(RESCAN_MAX_INTERVAL, (RESCAN_SHARE if share is None else share) * took * max(1, claimers))
 
 
 wall_ns = time.time_ns  # the clock the kernel stamps files with (a test moves it on)

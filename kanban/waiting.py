@@ -34,7 +34,7 @@ def watch_log(events_path: Path, signal: ChangeSignal) -> Callable[[], None] | N
     queue) at most once every LOG_SETTLE seconds."""
     try:
         inotify = Inotify()
-    except OSError:
+    except (OSError, AttributeError):  # AttributeError: a libc without inotify
         return None
     try:
         if not inotify.watch_folder(str(events_path.parent), LOG_CHANGES):

@@ -160,6 +160,8 @@ def test_rescans_share_the_board_among_its_claimers(tmp_path: Path) -> None:
     assert claims.rescan_interval(0.01, 1) == pytest.approx(claims.RESCAN_SHARE * 0.01)
     assert claims.rescan_interval(0.01, 16) == pytest.approx(16 * claims.rescan_interval(0.01, 1))
     assert claims.rescan_interval(0.01, 0) == claims.rescan_interval(0.01, 1)
+    # However long a rescan and however many claimers, what only a rescan finds waits no longer.
+    assert claims.rescan_interval(1.0, 64) == claims.RESCAN_MAX_INTERVAL
     board = Board(tmp_path / "kanban")
     for i in range(6):
         board.add({"title": f"t{i}"})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -444,6 +445,28 @@ def test_dsn_comes_from_the_env_and_is_never_in_an_error(pg_server: PgServer, tm
         with admin(pg_server) as conn:
             conn.execute(f'DROP SCHEMA "{good.schema}" CASCADE')
         good.close()
+
+
+def test_a_listener_resumed_right_after_a_pause_is_listening_when_resume_returns(
+        make_store: Factory, pg_server: PgServer) -> None:
+    """A claim followed at once by the next wait (a task that fails at once): the UNLISTEN may be
+    under way when resume() comes, and resume() must not return before the LISTEN is back, nor
+    leave the thread asleep unlistened."""
+    waiter = make_store("waiter")
+    adder = make_store("adder")
+    listener = waiter.listener()
+    assert listener.wait_ready(10)
+    rng = random.Random(7)
+    for _round in range(200):
+        listener.pause()
+        time.sleep(rng.choice((0, 0, 0.0005, 0.001, 0.002)))  # at every point of the UNLISTEN
+        listener.resume()
+        assert listener.listening, "resume() returned before its LISTEN was in place"
+        time.sleep(0.005)  # an UNLISTEN that was under way would have ended by now
+        assert listener.listening, "a resume during an UNLISTEN left the listener unlistened"
+    before = listener.generation
+    adder.add({"id": "after-pauses", "title": "added once it listens again"})
+    wait_until(lambda: listener.generation > before, timeout=10)
 
 
 def test_wait_for_work_goes_on_across_a_server_restart(make_store: Factory, pg_server: PgServer) -> None:

@@ -62,3 +62,17 @@ def test_a_walk_is_kept_until_a_folder_it_walked_changes_and_never_while_a_chang
     walked = len(walks)
     assert set(finder.found()) == {"alpha", "beta"}
     assert len(walks) == walked
+
+
+def test_a_skills_folder_that_is_a_link_is_walked_again_when_the_folder_it_names_changes(
+        tmp_path: Path, walks: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    bundled, real, workspace = tmp_path / "bundled", tmp_path / "shared-skills", tmp_path / "skills"
+    bundled.mkdir()
+    real.mkdir()
+    workspace.symlink_to(real)
+    finder = Finder(bundled, workspace)
+    later(monkeypatch, 2)
+    assert finder.found() == {}
+    (real / "gamma.py").write_text("")
+    later(monkeypatch, 4)
+    assert set(finder.found()) == {"gamma"}, "a skill added through the link went unseen"

@@ -23,9 +23,6 @@ RECONNECT_DELAY = (0.2, 2.0)
 # How long a resuming waiter waits for its LISTEN to be in place before it looks anyway (the
 # connection is down, say: its polls still find the work).
 RESUME_WAIT = 2.0
-# The thread sleeps on the connection's socket and its own wake-up descriptor; this is only how
-# often it looks at a connection that said nothing (an idle agent's thread sleeps, not polls).
-IDLE_LOOK = 30.0
 
 
 class Listener:
@@ -46,6 +43,7 @@ class Listener:
         self.backend_pid: int | None = None
         self.last_error: str | None = None
         self.listening = False  # as the server has it, set by the thread
+        self._sending = True  # what the thread's last (or current) LISTEN/UNLISTEN asks for
         self._wanted = True
         self._stop = threading.Event()
         self._conn: Any = None
@@ -82,11 +80,15 @@ class Listener:
         """Listen again, returning once the server has the LISTEN (or after RESUME_WAIT)."""
         with self._cond:
             self._wanted = True
-            if self.listening:
+            if self._settled():
                 return
         self._poke()
         with self._cond:
-            self._cond.wait_for(lambda: self.listening or self._stop.is_set(), RESUME_WAIT)
+            self._cond.wait_for(lambda: self._settled() or self._stop.is_set(), RESUME_WAIT)
+
+    def _settled(self) -> bool:
+        # Listening, and no UNLISTEN under way: one sent just before a resume would end it.
+        return self.listening and self._sending
 
     def _poke(self) -> None:
         with contextlib.suppress(OSError):
@@ -117,13 +119,24 @@ class Listener:
                 with contextlib.suppress(Exception):
                     conn.close()
             self.bump()
+            self._stop.wait(RECONNECT_DELAY[0] * random.uniform(0.5, 1.5))  # never a tight loop
 
     def _serve(self, conn: Any) -> None:
         first = True
+        # Notifications that come while a LISTEN or UNLISTEN is sent are psycopg's to hand over:
+        # without a handler it would keep them all, for a notifies() never called.
+        conn.add_notify_handler(lambda _note: self.bump() if self.listening else None)
+        # poll, not select: a process with over 1,024 descriptors open is no reason to fail.
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLIN)
+        poller.register(self._wake, select.POLLIN)
         while not self._stop.is_set():
             with self._cond:
                 wanted = self._wanted
-            if wanted != self.listening:
+                changing = wanted != self.listening
+                if changing:
+                    self._sending = wanted
+            if changing:
                 conn.execute(f'{"LISTEN" if wanted else "UNLISTEN"} "{self.channel}"')
                 with self._cond:
                     self.listening = wanted
@@ -132,12 +145,13 @@ class Listener:
                     first = False
                     self._ready.set()
                     self.bump()  # work may have been added while no connection listened
-            ready, _, _ = select.select([conn.fileno(), self._wake], [], [], IDLE_LOOK)
-            if self._wake in ready:
-                with contextlib.suppress(OSError):
-                    os.eventfd_read(self._wake)
-            if conn.fileno() in ready and not self._notified(conn):
-                raise ConnectionError("the listening connection was closed")
+                continue  # a pause or resume asked for meanwhile is applied before it sleeps
+            for fd, _event in poller.poll(None):
+                if fd == self._wake:
+                    with contextlib.suppress(OSError):
+                        os.eventfd_read(self._wake)
+                elif not self._notified(conn):
+                    raise ConnectionError("the listening connection was closed")
 
     def _notified(self, conn: Any) -> bool:
         """Take what the server sent; bump for notifications. False once the connection is gone."""
