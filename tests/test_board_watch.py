@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import array
+import fcntl
 import json
 import os
 import struct
+import termios
 import threading
 from pathlib import Path
 
@@ -12,7 +15,7 @@ import pytest
 from hermes_sup.kanban import Board, inotify, waiting
 from hermes_sup.kanban.fsio import write_json_atomic
 from hermes_sup.kanban.lock import BoardLock
-from hermes_sup.kanban.watch import INGEST_LOCK, wakes
+from hermes_sup.kanban.watch import BURST_RESCAN_DELAY, INGEST_LOCK, wakes
 
 from .conftest import wait_until
 
@@ -146,6 +149,24 @@ def watch_masks(board: Board) -> dict[str, int]:
     return masks
 
 
+def settled(board: Board) -> int:
+    """The signal's generation once the watcher is quiet: no event queued in the kernel for it, no
+    burst timer, and no bump for twice a burst's delay (under load its thread may still be handling
+    what it read when the queue looks empty)."""
+    fd = board.watcher._inotify.fd
+
+    def queued() -> int:
+        pending = array.array("i", [0])
+        fcntl.ioctl(fd, termios.FIONREAD, pending)
+        return pending[0]
+    for _look in range(20):
+        seen = board.signal.generation
+        wait_until(lambda: queued() == 0 and board.watcher._timer is None, timeout=10)
+        if not board.signal.wait(seen, 2 * BURST_RESCAN_DELAY):
+            return seen
+    raise AssertionError("the watcher never went quiet")
+
+
 def test_a_busy_claimer_is_woken_by_nothing_but_drops_and_misses_nothing_once_it_waits(tmp_path: Path) -> None:
     """With 16 agents each task's ingest and completion woke all 16 while they worked, with 64 each
     drop woke all 64; a claimer that took a task keeps its watches on a mask nothing triggers
@@ -156,8 +177,7 @@ def test_a_busy_claimer_is_woken_by_nothing_but_drops_and_misses_nothing_once_it
         assert board.wait_for_work("a1", timeout=5)["title"] == "one"
         busy = watch_masks(board)
         assert busy["todo"] == busy["done"] == busy["inbox"] == busy[""] == inotify.IN_DELETE_SELF, busy
-        wait_until(lambda: board.watcher._timer is None, timeout=5)  # the claim's own burst is over
-        seen = board.signal.generation
+        seen = settled(board)  # what the claim itself stirred (its own rename into todo/) is over
         other.add({"title": "two"})
         write_json_atomic(board.disk.root / "inbox" / "three.json", {"title": "three"})
         assert not board.signal.wait(seen, 0.3), "a busy claimer woke for work arriving"

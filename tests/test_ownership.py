@@ -343,7 +343,9 @@ def test_a_restart_or_reload_asked_while_down_runs_starts_nothing(tmp_path, up):
     sup = up(ws)
     wait_until(lambda: agent(ws, "stubborn").get("state") == "running", timeout=30)
     first = agent(ws, "stubborn")["pid"]
-    down = subprocess.Popen([*CLI, "-w", str(ws), "down", "--timeout", "2"], stdout=subprocess.PIPE,
+    # The stop's window must outlast the two commands asked during it: on a loaded 2-core machine
+    # each CLI start took over a second, and with 2 s the second found the supervisor gone.
+    down = subprocess.Popen([*CLI, "-w", str(ws), "down", "--timeout", "10"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         wait_until(lambda: state(ws).get("shutting_down"), timeout=30)  # it ignores SIGTERM: still there
