@@ -170,8 +170,8 @@ class Agent(Liveness, ModelAccess, TaskSetting):
         models = Models(chain, complete, summarizer=self.chain("cheap") or chain)
         brief = Brief(str(self.config.get("identity") or ""), extra, self.inputs(doc),
                       str(self.config.get("offer_tools") or "task"))
-        place = Workplace(self.workdir, self.name, self.board.task_journal(task_id, token, self.name, self.workdir),
-                          on_step=self._on_step, tool_use=self._tool_use)
+        journal = self.board.task_journal(task_id, token, self.name, self.workdir)
+        place = Workplace(self.workdir, self.name, journal, on_step=self._on_step, tool_use=self._tool_use)
         limits = Limits(int(self.config.get("max_iterations") or 60), self.config.get("max_tokens"),
                         self.config.get("max_cost"), self.llm.get("prices") or {})
         loop = TaskLoop(doc, ctx, toolbox, models, place, brief=brief, limits=limits)
@@ -180,6 +180,8 @@ class Agent(Liveness, ModelAccess, TaskSetting):
         except InterruptedError:
             self._interrupted(task_id, token)
             return
+        finally:
+            journal.close()  # its logs' descriptors, kept open while the task is worked: one a task leaked
         for note in loop.notes:
             say(self.name, f"{note}")
         for warning in outcome.warnings:  # before the close: a person reading the result sees it
@@ -318,14 +320,16 @@ class Agent(Liveness, ModelAccess, TaskSetting):
         ctx = self.context(doc, halt, toolbox.grants)
         folders = self._folders(step_folders(self.config.get("folders") or {}, doc), doc)
         ctx = dataclasses.replace(ctx, settings={**ctx.settings, "folders": folders})
+        journal = self.board.task_journal(task_id, token, self.name, self.workdir)
         run = StepRun(task=doc, workdir=self.workdir, ctx=ctx, toolbox=toolbox,
-                      agent=self.name, on_step=self._on_step,
-                      journal=self.board.task_journal(task_id, token, self.name, self.workdir))
+                      agent=self.name, on_step=self._on_step, journal=journal)
         try:
             outcome = run.run()
         except InterruptedError:
             self._interrupted(task_id, token)
             return
+        finally:
+            journal.close()
         self._close(task_id, token, outcome.kind, {"steps": outcome.results}, outcome.reason, outcome.question,
                     outcome.permanent)
 
