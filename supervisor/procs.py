@@ -20,9 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from ..kanban.liveness import START_TIME_TOLERANCE, start_time
+from . import proctable
 
 MARKER_ENV = "HERMES_SUP_INSTANCE"
 # What a scan of /proc can run out of: then it saw only part of the processes, which is not "none".
@@ -221,25 +220,6 @@ def tree_rss_mb(pid: int) -> float:
 
 
 def trees_rss_mb(pids: Iterable[int]) -> dict[int, float]:
-    """tree_rss_mb of each of `pids`, from one scan of the process table: psutil's children() scans
+    """tree_rss_mb of each of `pids`, from one read of the process table: psutil's children() scans
     it once per call, and `status` of 256 agents took 6.6 s so (the supervisor's memory check too)."""
-    wanted = list(pids)
-    children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    for proc in psutil.process_iter(["ppid", "memory_info"]):
-        info = proc.info
-        children.setdefault(info.get("ppid") or 0, []).append(proc.pid)
-        memory = info.get("memory_info")
-        rss[proc.pid] = memory.rss if memory is not None else 0
-    found = {}
-    for pid in wanted:
-        total, stack, seen = 0, [pid] if pid in rss else [], set()
-        while stack:
-            current = stack.pop()
-            if current in seen:
-                continue
-            seen.add(current)
-            total += rss.get(current, 0)
-            stack += children.get(current, [])
-        found[pid] = total / (1 << 20)
-    return found
+    return proctable.trees_rss_mb(proctable.table(), pids)

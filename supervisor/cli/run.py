@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +16,11 @@ import click
 import psutil
 from rich.text import Text
 
-from ...kanban.liveness import holder_alive
+from .. import proctable
 from ..cliargs import Seconds, emit_json, sane_children, sane_state
 from ..config.workspace import PRIVATE_UMASK, ConfigError, Workspace, load_config, private_dir
 from ..control import CONTROL_SOCKET, SOCKET_DIR, request
-from ..procs import tree_rss_mb, trees_rss_mb
+from ..procs import tree_rss_mb
 from ..spec import build_specs
 from ..statefile import read_state, supervisor_alive
 from ..sweep import LOCK_FILE, sweep
@@ -239,39 +239,42 @@ class Stall:
         return now - self.since > self.seconds
 
 
-def live_children(runs: Path, name: str) -> list[dict[str, Any]]:
+def live_children(runs: Path, name: str, procs: Mapping[int, proctable.Proc]) -> list[dict[str, Any]]:
     """The delegated child agents an agent reports in its state.json that are still running: the same
     process, pid and start time, as the agent saw start (a pid alone may have been reused since)."""
     return [child for child in sane_children(read_state(runs / name / "state.json"))
-            if holder_alive(child["pid"], child["pid_started"], None) is True]
+            if proctable.alive(procs, child["pid"], child["pid_started"])]
 
 
 def status_rows(state: dict[str, Any], runs: Path) -> list[dict[str, Any]]:
-    """Per agent: name, pid, state, restarts, uptime, task, rss, cpu, last exit (live from psutil),
-    and its delegated children. CPU is sampled over one short interval for all agents together."""
-    rows, live = [], []
+    """Per agent: name, pid, state, restarts, uptime, task, rss, cpu, last exit (live from /proc),
+    and its delegated children. CPU is sampled over one short interval for all agents together;
+    everything else comes from one read of the process table (proctable.py)."""
+    procs = proctable.table()
+    now, began = time.time(), time.monotonic()
     agents = state.get("agents") or {}
     alive = {name: agent["pid"] for name, agent in agents.items()
-             if agent.get("pid") and holder_alive(agent["pid"], agent.get("pid_started"), None)}
-    memory = trees_rss_mb(alive.values())  # one scan of the process table for every agent
+             if agent.get("pid") and proctable.alive(procs, agent["pid"], agent.get("pid_started"))}
+    memory = proctable.trees_rss_mb(procs, alive.values())
+    rows = []
     for name, agent in agents.items():
         row = {"name": name, **{k: agent.get(k) for k in ("pid", "state", "restarts", "task", "last_exit", "held")},
                "uptime_s": None, "rss_mb": None, "cpu_percent": None, "children": []}
         pid = alive.get(name)
         if pid:
-            row["children"] = live_children(runs, name)
-            with contextlib.suppress(psutil.Error):
-                proc = psutil.Process(pid)
-                row["uptime_s"] = round(time.time() - proc.create_time(), 1)
-                row["rss_mb"] = round(memory[pid], 1)
-                proc.cpu_percent(None)  # starts the sample
-                live.append((row, proc))
+            row["children"] = live_children(runs, name, procs)
+            row["uptime_s"] = round(now - procs[pid].started, 1)
+            row["rss_mb"] = round(memory[pid], 1)
         rows.append(row)
-    if live:
-        time.sleep(0.1)
-        for row, proc in live:
-            with contextlib.suppress(psutil.Error):
-                row["cpu_percent"] = proc.cpu_percent(None)
+    if alive:
+        time.sleep(max(0.0, 0.1 - (time.monotonic() - began)))
+        elapsed = time.monotonic() - began
+        boot = psutil.boot_time()
+        for row in rows:
+            pid = alive.get(row["name"])
+            later = proctable.read(pid, boot) if pid else None
+            if pid and later is not None and later.started == procs[pid].started:
+                row["cpu_percent"] = round(100 * (later.cpu - procs[pid].cpu) / elapsed, 1)
     return rows
 
 
