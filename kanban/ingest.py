@@ -22,7 +22,7 @@ from . import drops
 from .errors import Damaged
 from .events import event
 from .faults import fault
-from .fsio import read_bytes_nofollow, safe_name, unique_path, write_json_atomic
+from .fsio import dumps, read_bytes_nofollow, safe_name, unique_path, write_json_atomic, write_temp
 from .ingestturn import SoleIngester
 from .parse import parse_task_file
 from .task import MAX_BYTES, TaskError, normalize, now_iso, slugify
@@ -141,12 +141,18 @@ class Ingester:
         found, waiting = drops.ready(self.disk.root, self.disk.watcher.is_complete)
         report.waiting.extend(waiting)
         for path in found:
+            prepared: Path | None = None
             try:
                 read = read_drop(path)
                 if read is None:
                     continue
+                # The new task's document is written and fsync'd before the lock, as a transition's
+                # is (txn.py): the lock is then held for renames alone, and the claimers and
+                # closers of the other agents are not kept waiting a flush per drop.
+                prepared = self._prepare(path, read)
                 with self.disk.locked():
-                    self._ingest_one(path, read, report)
+                    if self._ingest_one(path, read, report, prepared):
+                        prepared = None
             except OSError as exc:
                 # A file the board cannot move must not stop the drops after it: they are taken
                 # oldest first, so it would fail first on every pass. It is tried again next time
@@ -157,6 +163,9 @@ class Ingester:
                 note = f"{name} {reason}"
                 if note not in self.disk.problems:
                     self.disk.problems.append(note)
+            finally:
+                if prepared is not None:  # not taken: the drop was rejected, changed, or ingested before
+                    prepared.unlink(missing_ok=True)
         return {path.name for path in found} | {name.removeprefix("inbox/") for name in waiting}
 
     def _reject(self, path: Path, reason: str, report: IngestReport) -> None:
@@ -170,20 +179,31 @@ class Ingester:
         self.disk.log.append(event(now_iso(), name, "inbox", "rejected", "ingest", reason))
         report.rejected.append({"file": rel, "moved_to": f"rejected/{dest.name}", "reason": reason})
 
-    def _ingest_one(self, path: Path, read: DropRead, report: IngestReport) -> None:
-        """Under the lock: make the task `read` holds, or reject the file with its reason."""
+    def _prepare(self, path: Path, read: DropRead) -> Path | None:
+        """The task `read` would make, fsync'd to a temp file beside its place; None for a drop
+        that makes no task."""
+        if read.reason is not None or read.doc is None:
+            return None
+        read.doc["source"] = {"file": f"inbox/{path.name}", "fingerprint": read.fp}
+        return write_temp(self.disk.path(read.doc["status"], read.doc["id"]), dumps(read.doc))
+
+    def _ingest_one(self, path: Path, read: DropRead, report: IngestReport, prepared: Path | None = None) -> bool:
+        """Under the lock: make the task `read` holds (from `prepared`, its document written for
+        it, while the file is still the one read), or reject the file with its reason. Whether
+        `prepared` was taken."""
         try:
             now_identity = identity_of(os.lstat(path))
         except FileNotFoundError:
-            return  # another process ingested it first
+            return False  # another process ingested it first
         if now_identity != read.identity:
             # Replaced or rewritten since it was read: read it again (under the lock this time).
             again = read_drop(path)
             if again is None:
-                return
-            read = again
+                return False
+            read, prepared = again, None
         if read.reason is not None or read.doc is None:
-            return self._reject(path, read.reason or "cannot be read as a task", report)
+            self._reject(path, read.reason or "cannot be read as a task", report)
+            return False
         doc, rel = read.doc, f"inbox/{path.name}"
         try:
             found = self.disk.locate(doc["id"])
@@ -198,19 +218,24 @@ class Ingester:
                                                "ingest", str(first.get("note") or "")))
                     self._archive(path, existing["id"])
                     report.ingested.append(existing["id"])
-                    return None
+                    return False
                 raise TaskError(f"a task with id '{doc['id']}' already exists (in {found[0]}/)")
             self.check_new(doc)
         except (TaskError, Damaged) as exc:
-            return self._reject(path, str(exc), report)
+            self._reject(path, str(exc), report)
+            return False
         doc["source"] = {"file": rel, "fingerprint": read.fp}
-        write_json_atomic(self.disk.path(doc["status"], doc["id"]), doc)
+        dest = self.disk.path(doc["status"], doc["id"])
+        if prepared is not None:
+            os.rename(prepared, dest)
+        else:
+            write_json_atomic(dest, doc)
         fault("ingest-written")
         self.disk.log.append(event(doc["created_at"], doc["id"], "inbox", doc["status"], "ingest",
                                    f"ingested from {rel}"))
         self._archive(path, doc["id"])
         report.ingested.append(doc["id"])
-        return None
+        return prepared is not None
 
     def _archive(self, path: Path, task_id: str) -> None:
         # The user's file is kept, not deleted: the task's `source` names it.

@@ -317,3 +317,50 @@ def test_an_event_naming_a_path_instead_of_a_task_does_not_stop_claims(board):
         log.write('{"task": "../../etc/passwd", "to": "todo"}\n{"task": "Not An Id", "to": "done"}\n')
     doc = board.add({"title": "still claimable"})
     assert board.claim("a")["id"] == doc["id"]
+
+
+def test_a_drops_document_is_flushed_before_the_board_lock_and_a_drop_changed_meanwhile_wins(board, monkeypatch):
+    """Each drop's new document was written and fsync'd under the board lock: the other agents'
+    claims and closes waited a disk flush per drop while one agent ingested a backlog. It is now
+    flushed before the lock, as a transition's is; a drop rewritten between the read and the lock
+    is read again under it, and what lands is what it says then, with no temp file left behind."""
+    from hermes_sup.kanban import ingest
+    from hermes_sup.kanban.lock import BoardLock
+
+    held = {"now": False}
+    real_acquire, real_release = BoardLock.acquire, BoardLock.release
+
+    def acquire(self: BoardLock) -> None:
+        real_acquire(self)
+        held["now"] = held["now"] or self.path.name == ".lock"  # the board's lock, not the ingest turn
+
+    def release(self: BoardLock) -> None:
+        if self.path.name == ".lock":
+            held["now"] = False
+        real_release(self)
+
+    monkeypatch.setattr(BoardLock, "acquire", acquire)
+    monkeypatch.setattr(BoardLock, "release", release)
+    flushes: list[bool] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: flushes.append(held["now"]) or real_fsync(fd))
+    for n in range(5):
+        (board.root / "inbox" / f"t{n}.json").write_text(json.dumps({"id": f"t{n}", "title": f"first {n}"}))
+    real_read = ingest.read_drop
+    rewritten: list[str] = []
+
+    def read_then_rewrite(path):
+        read = real_read(path)
+        if path.name == "t3.json" and not rewritten:  # after its read, before its lock: an editor saves again
+            rewritten.append(path.name)
+            path.write_text(json.dumps({"id": "t3", "title": "second 3"}))
+        return read
+
+    monkeypatch.setattr(ingest, "read_drop", read_then_rewrite)
+    report = board.ingest()
+    assert sorted(report.ingested) == [f"t{n}" for n in range(5)], report
+    # One flush a drop before the lock, and one more, under it, for the drop read again there.
+    assert sorted(flushes) == [False] * 5 + [True], flushes
+    assert [board.get(f"t{n}")["title"] for n in range(5)] == ["first 0", "first 1", "first 2", "second 3", "first 4"]
+    assert board.get("t3")["source"]["file"] == "inbox/t3.json"
+    assert not [p.name for p in (board.root / "todo").iterdir() if p.name.startswith(".")], "a temp file was left"
