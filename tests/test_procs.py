@@ -144,7 +144,8 @@ def test_status_rows_say_each_agents_uptime_memory_and_cpu_from_one_read_of_the_
         rows = {row["name"]: row for row in status_rows(state, tmp_path)}
         for name, proc in (("busy", busy), ("idle", idle)):
             assert rows[name]["uptime_s"] == pytest.approx(time.time() - started[proc.pid], abs=1.0)
-            assert rows[name]["rss_mb"] == pytest.approx(psutil.Process(proc.pid).memory_info().rss / (1 << 20), abs=0.5)
+            rss = psutil.Process(proc.pid).memory_info().rss / (1 << 20)
+            assert rows[name]["rss_mb"] == pytest.approx(rss, abs=0.5)
         assert rows["busy"]["cpu_percent"] > 10 and rows["idle"]["cpu_percent"] < 5, rows
         for name in ("reused", "never"):
             assert (rows[name]["uptime_s"], rows[name]["rss_mb"], rows[name]["cpu_percent"]) == (None, None, None)
