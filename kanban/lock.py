@@ -46,20 +46,32 @@ class _Waiter:
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        self.pid = os.getpid()
         self.cond = threading.Condition(threading.Lock())
         self.wanted = self.given = self.blocked = self.closing = False
+        self.error: OSError | None = None
         self.thread = threading.Thread(target=self._run, name="board-lock-waiter", daemon=True)
         self.thread.start()
 
     def take(self, timeout: float) -> bool:
-        """Wait at most `timeout` s for the lock; whether it is now this descriptor's."""
+        """Wait at most `timeout` s for the lock; whether it is now this descriptor's. Raises what
+        flock raised in the thread (a descriptor it refuses), as a poll would have at once."""
         with self.cond:
-            self.wanted, self.given = True, False
+            self.wanted, self.given, self.error = True, False, None
             self.cond.notify_all()
-            got = self.cond.wait_for(lambda: self.given, timeout)
-            self.wanted = self.given = False  # given: the thread withdrew `wanted` as it gave
-            return got
+            try:
+                self.cond.wait_for(lambda: self.given or self.error is not None, timeout)
+            except BaseException:
+                # Interrupted (Ctrl-C, a signal handler's exception): a lock handed over meanwhile
+                # has no holder that knows it, so it is dropped, and the request withdrawn.
+                if self.given:
+                    fcntl.flock(self.fd, fcntl.LOCK_UN)
+                self.wanted = self.given = False
+                raise
+            got, error = self.given, self.error
+            self.wanted, self.given, self.error = False, False, None  # given: `wanted` was spent as it was
+        if error is not None:
+            raise error
+        return got
 
     def busy(self) -> bool:
         with self.cond:
@@ -83,8 +95,12 @@ class _Waiter:
             failed = False
             try:
                 fcntl.flock(self.fd, fcntl.LOCK_EX)
-            except OSError:
-                failed = True  # the caller times out; nothing is held
+            except OSError as exc:
+                failed = True  # nothing is held: the caller is told
+                with self.cond:
+                    if self.wanted:
+                        self.error = exc
+                        self.cond.notify_all()
             with self.cond:
                 self.blocked = False
                 if not failed and self.wanted and not self.closing:

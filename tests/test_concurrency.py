@@ -327,3 +327,35 @@ def test_a_waiter_that_timed_out_holds_nothing_and_waits_again_as_before(tmp_pat
     finally:
         for lock in (holder, gave_up, third):
             lock.close()
+
+
+def test_a_wait_for_the_board_lock_interrupted_by_a_signal_leaves_it_to_the_others(tmp_path):
+    """Ctrl-C in a long wait (a signal handler that raises) left the request standing: the waiting
+    thread then took the lock for a caller that had given up, and every other process was locked
+    out until this one exited. The request is withdrawn and a lock handed over meanwhile dropped."""
+    from hermes_sup.kanban.lock import BoardLock
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(*_args: object) -> None:
+        raise Interrupted
+
+    holder, victim, third = (BoardLock(tmp_path / ".lock", timeout=10) for _ in range(3))
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        holder.acquire()
+        signal.setitimer(signal.ITIMER_REAL, 0.2)  # well past the first 2 ms of polls: in the thread's hands
+        with pytest.raises(Interrupted):
+            victim.acquire()
+        holder.release()
+        assert wait_until(third.try_acquire, 5), "the lock stayed with a caller that gave up"
+        third.release()
+        victim.acquire()  # and the interrupted one waits again as before
+        assert not third.try_acquire()
+        victim.release()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        for lock in (holder, victim, third):
+            lock.close()
