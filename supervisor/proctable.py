@@ -25,7 +25,7 @@ class Proc:
     ppid: int
     started: float  # seconds since the epoch, as psutil's create_time() computes it
     cpu: float  # user + system seconds
-    rss: int  # bytes
+    rss: int  # bytes: the kernel's per-CPU approximate count (statm's is exact; off by a few hundred KB)
     zombie: bool
 
 
@@ -42,14 +42,15 @@ def parse_stat(pid: int, text: str, boot: float) -> Proc | None:
 
 
 def read(pid: int, boot: float | None = None) -> Proc | None:
-    """One process, or None if it is gone (or unreadable)."""
+    """One process, or None if it is gone. Any other failure (out of descriptors, say) is raised:
+    a table missing processes it could not read would undercount an agent's memory."""
     try:
         fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+    except (FileNotFoundError, ProcessLookupError):
         return None
     try:
         text = os.read(fd, 4096).decode("utf-8", "replace")
-    except OSError:
+    except ProcessLookupError:  # exited between the open and the read
         return None
     finally:
         os.close(fd)

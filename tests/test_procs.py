@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -153,3 +154,45 @@ def test_status_rows_say_each_agents_uptime_memory_and_cpu_from_one_read_of_the_
         for proc in (busy, idle):
             proc.kill()
             proc.wait()
+
+
+def test_status_rows_time_each_agents_cpu_over_its_own_interval(tmp_path, monkeypatch):
+    """The CPU sample's start was the table's read, but its clock started after the whole table was
+    read: a busy single-threaded agent showed 115-180 % where the scan took 100 ms. Timed per agent,
+    it stays at most one core's worth however long the table takes."""
+    import subprocess
+    import time
+
+    import psutil
+    from hermes_sup.supervisor import proctable
+    from hermes_sup.supervisor.cli.run import status_rows
+
+    real_table = proctable.table
+    monkeypatch.setattr(proctable, "table", lambda: (real_table(), time.sleep(0.3))[0])  # a slow scan
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        state = {"agents": {"busy": {"pid": busy.pid, "pid_started": psutil.Process(busy.pid).create_time(),
+                                     "state": "running"}}}
+        row = status_rows(state, tmp_path)[0]
+    finally:
+        busy.kill()
+        busy.wait()
+    assert 0 < row["cpu_percent"] <= 105, row
+
+
+def test_a_process_table_that_cannot_be_read_whole_says_so(monkeypatch):
+    """Out of descriptors, a process is not gone: the read fails loudly (the memory check then looks
+    again next time) rather than leaving the process out of its agent's memory."""
+    import errno
+
+    import pytest
+    from hermes_sup.supervisor import proctable
+
+    def no_descriptors(*_args: object, **_kwargs: object) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    assert proctable.read(os.getpid()) is not None
+    assert proctable.read(2**22 + 12345) is None  # no such process: gone
+    monkeypatch.setattr(proctable.os, "open", no_descriptors)
+    with pytest.raises(OSError):
+        proctable.read(os.getpid())

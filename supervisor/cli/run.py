@@ -251,7 +251,7 @@ def status_rows(state: dict[str, Any], runs: Path) -> list[dict[str, Any]]:
     and its delegated children. CPU is sampled over one short interval for all agents together;
     everything else comes from one read of the process table (proctable.py)."""
     procs = proctable.table()
-    now, began = time.time(), time.monotonic()
+    now = time.time()
     agents = state.get("agents") or {}
     alive = {name: agent["pid"] for name, agent in agents.items()
              if agent.get("pid") and proctable.alive(procs, agent["pid"], agent.get("pid_started"))}
@@ -267,14 +267,19 @@ def status_rows(state: dict[str, Any], runs: Path) -> list[dict[str, Any]]:
             row["rss_mb"] = round(memory[pid], 1)
         rows.append(row)
     if alive:
-        time.sleep(max(0.0, 0.1 - (time.monotonic() - began)))
-        elapsed = time.monotonic() - began
+        # Each agent's CPU over its own interval: read twice, each read timed (the table's scan of
+        # every process would otherwise count as part of the 0.1 s, and inflate the figure).
         boot = psutil.boot_time()
+        first = {pid: (time.monotonic(), proctable.read(pid, boot)) for pid in alive.values()}
+        time.sleep(0.1)
         for row in rows:
             pid = alive.get(row["name"])
-            later = proctable.read(pid, boot) if pid else None
-            if pid and later is not None and later.started == procs[pid].started:
-                row["cpu_percent"] = round(100 * (later.cpu - procs[pid].cpu) / elapsed, 1)
+            if pid is None:
+                continue
+            began_at, before = first[pid]
+            later, ended_at = proctable.read(pid, boot), time.monotonic()
+            if before is not None and later is not None and later.started == before.started:
+                row["cpu_percent"] = round(100 * (later.cpu - before.cpu) / (ended_at - began_at), 1)
     return rows
 
 
