@@ -34,6 +34,7 @@ from . import (
 )
 from .budget import caps_from
 from .cascade import Cascade, cascade_policy, cascades
+from .claimwatch import ClaimWatch
 from .delegation import Delegator, watch_parent
 from .fallback import complete_with_fallback
 from .grants import describe, grants_of
@@ -135,6 +136,7 @@ class Agent(Liveness, ModelAccess, TaskSetting):
         self.why_stopping = ""
         self.current: dict[str, Any] | None = None
         self._halt: threading.Event | None = None  # the current task's stop: ours, or the task taken away
+        self.claim_watch = ClaimWatch(self._claim_lost, lambda: CLAIM_CHECK, CLAIM_LOOKS)
         self._lock = threading.Lock()
         self._log_lock = threading.Lock()
         self._orphaned_since: float | None = None
@@ -248,27 +250,17 @@ class Agent(Liveness, ModelAccess, TaskSetting):
         except BoardError:
             return None  # a damaged file is not a cancel: look again
 
-    def _watch_claim(self, task_id: str, token: int, halt: threading.Event, finished: threading.Event) -> None:
-        """Set `halt` once the task is no longer ours, so that no further step, tool call or model
-        call is made for it."""
-        looks = 0
-        while not finished.wait(CLAIM_CHECK) and not halt.is_set():
-            looks = looks + 1 if self._claim_lost(task_id, token) else 0
-            if looks >= CLAIM_LOOKS:
-                halt.set()
-
     def work(self, doc: dict[str, Any]) -> None:
         task_id, token = doc["id"], doc["claim"]["token"]
-        halt, finished = threading.Event(), threading.Event()
+        halt = threading.Event()
         with self._lock:
             self._halt = halt
         if self.stop.is_set():
             halt.set()
-        threading.Thread(target=self._watch_claim, args=(task_id, token, halt, finished), name="claim",
-                         daemon=True).start()
         try:
-            self._trees(doc)
-            self._work(doc, halt)
+            with self.claim_watch.watching(task_id, token, halt):
+                self._trees(doc)
+                self._work(doc, halt)
         except worktrees.WorktreeError as exc:
             self._close(task_id, token, "failed", {}, f"its worktree could not be made: {exc}")
         except (InterruptedError, ClaimLost):  # ClaimLost: a fenced journal write found the task gone
@@ -280,7 +272,6 @@ class Agent(Liveness, ModelAccess, TaskSetting):
             self._close(task_id, token, "failed", {}, f"the agent could not work this task: "
                                                       f"{type(exc).__name__}: {exc}")
         finally:
-            finished.set()
             # The task is over: what its tools left running (a background terminal command) ends
             # with it, not with the agent, which goes on to tasks of other rights.
             halt.set()
@@ -433,6 +424,7 @@ class Agent(Liveness, ModelAccess, TaskSetting):
         self.notifier.send(STOPPING=1)
         say(self.name, f"stopped ({self.why_stopping})")
         self.mcp.close()
+        self.claim_watch.close()
         if self.ledger is not None:
             self.ledger.close()
         self.board.close()

@@ -1,0 +1,41 @@
+"""The agent's claim watcher: one thread for every task it works, halting a task whose claim is gone."""
+
+from __future__ import annotations
+
+import threading
+
+from hermes_sup.agents.claimwatch import ClaimWatch
+
+from .conftest import wait_until
+
+
+def test_a_task_whose_claim_is_gone_is_halted_and_the_next_one_is_watched_by_the_same_thread():
+    gone: set[str] = set()
+    asked: list[str] = []
+
+    def lost(task_id: str, token: int) -> bool:
+        asked.append(task_id)
+        return task_id in gone
+
+    watch = ClaimWatch(lost, lambda: 0.01, looks=2)
+    threads = threading.active_count()
+    try:
+        for n in range(20):
+            halt = threading.Event()
+            with watch.watching(f"t{n}", 1, halt):
+                wait_until(lambda n=n: asked.count(f"t{n}") >= 3, 5)  # looked at, and still held
+                assert not halt.is_set()
+                if n == 19:
+                    gone.add("t19")
+                    assert halt.wait(5), "a task whose claim is gone is halted"
+            assert threading.active_count() <= threads + 1, "one watcher thread for every task"
+        kept = threading.Event()
+        with watch.watching("t20", 1, kept):
+            wait_until(lambda: asked.count("t20") >= 3, 5)
+        gone.add("t20")  # taken away after its work ended: nothing of it is looked at any more
+        before = len(asked)
+        with watch.watching("t21", 1, threading.Event()):
+            wait_until(lambda: len(asked) >= before + 3, 5)
+        assert "t20" not in asked[before:] and not kept.is_set()
+    finally:
+        watch.close()
