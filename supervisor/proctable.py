@@ -8,7 +8,7 @@ its second on a busy 2-core machine. One read of /proc/<pid>/stat per process an
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import psutil
@@ -25,7 +25,7 @@ class Proc:
     ppid: int
     started: float  # seconds since the epoch, as psutil's create_time() computes it
     cpu: float  # user + system seconds
-    rss: int  # bytes: the kernel's per-CPU approximate count (statm's is exact; off by a few hundred KB)
+    rss: int  # bytes: the kernel's per-CPU approximate count (statm's, see resident(), is exact)
     zombie: bool
 
 
@@ -78,8 +78,25 @@ def alive(procs: Mapping[int, Proc], pid: object, started: object) -> bool:
     return not isinstance(started, (int, float)) or abs(proc.started - started) <= START_TIME_TOLERANCE
 
 
-def trees_rss_mb(procs: Mapping[int, Proc], pids: Iterable[int]) -> dict[int, float]:
-    """The resident memory of each of `pids` and everything it started, in MB (pure; 0 if gone)."""
+def resident(proc: Proc) -> int:
+    """A process's exact resident memory in bytes (/proc/PID/statm, read for the processes of the
+    trees asked about only); the stat line's approximate count if it is gone meanwhile."""
+    try:
+        fd = os.open(f"/proc/{proc.pid}/statm", os.O_RDONLY | os.O_CLOEXEC)
+    except (FileNotFoundError, ProcessLookupError):
+        return proc.rss
+    try:
+        return int(os.read(fd, 256).split()[1]) * PAGE
+    except (ProcessLookupError, IndexError, ValueError):
+        return proc.rss
+    finally:
+        os.close(fd)
+
+
+def trees_rss_mb(procs: Mapping[int, Proc], pids: Iterable[int],
+                 size: Callable[[Proc], int] = resident) -> dict[int, float]:
+    """The resident memory of each of `pids` and everything it started, in MB (0 if gone); pure
+    given `size`."""
     children: dict[int, list[int]] = {}
     for proc in procs.values():
         children.setdefault(proc.ppid, []).append(proc.pid)
@@ -91,7 +108,7 @@ def trees_rss_mb(procs: Mapping[int, Proc], pids: Iterable[int]) -> dict[int, fl
             if current in seen:
                 continue
             seen.add(current)
-            total += procs[current].rss
+            total += size(procs[current])
             stack += children.get(current, [])
         found[pid] = total / (1 << 20)
     return found

@@ -98,10 +98,9 @@ def test_each_agents_tree_memory_comes_from_one_scan_and_matches_its_processes()
             time.sleep(0.05)
         found = trees_rss_mb(t.pid for t in trees)
         for tree in trees:
-            # sh and its two sleeps, 1.4 to 1.7 MB each: within half a MB (/proc/PID/stat's count is
-            # the kernel's per-CPU approximation, statm's the exact sum), so one left out shows
-            assert abs(found[tree.pid] - expected(tree.pid)) < 0.5, (found, expected(tree.pid))
-        assert tree_rss_mb(trees[0].pid) == pytest.approx(found[trees[0].pid], abs=0.5)
+            # sh and its two sleeps, about 1.7 MB each: within a tenth of a MB, so one left out shows
+            assert abs(found[tree.pid] - expected(tree.pid)) < 0.1, (found, expected(tree.pid))
+        assert tree_rss_mb(trees[0].pid) == pytest.approx(found[trees[0].pid], abs=0.1)
         assert trees_rss_mb([999_999_999]) == {999_999_999: 0.0}
     finally:
         for tree in trees:
@@ -146,7 +145,7 @@ def test_status_rows_say_each_agents_uptime_memory_and_cpu_from_one_read_of_the_
         for name, proc in (("busy", busy), ("idle", idle)):
             assert rows[name]["uptime_s"] == pytest.approx(time.time() - started[proc.pid], abs=1.0)
             rss = psutil.Process(proc.pid).memory_info().rss / (1 << 20)
-            assert rows[name]["rss_mb"] == pytest.approx(rss, abs=0.5)
+            assert rows[name]["rss_mb"] == pytest.approx(rss, abs=0.1)
         assert rows["busy"]["cpu_percent"] > 10 and rows["idle"]["cpu_percent"] < 5, rows
         for name in ("reused", "never"):
             assert (rows[name]["uptime_s"], rows[name]["rss_mb"], rows[name]["cpu_percent"]) == (None, None, None)
@@ -177,7 +176,8 @@ def test_status_rows_time_each_agents_cpu_over_its_own_interval(tmp_path, monkey
     finally:
         busy.kill()
         busy.wait()
-    assert 0 < row["cpu_percent"] <= 105, row
+    # At most one core, give or take a clock tick (10 ms of a 0.1 s sample); 340 % before.
+    assert 0 <= row["cpu_percent"] <= 125, row
 
 
 def test_a_process_table_that_cannot_be_read_whole_says_so(monkeypatch):
