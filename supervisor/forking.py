@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..agents.forkchild import ROOM_BYTES, ROOM_ENV, block, go_message
+from .spec import RUNTIME_ARGS
 
 ENV = "HERMES_SUP_FORK_SERVER"  # 1 or 0: overrides hermes.yaml's fork_server
 MAX_REQUEST = 16 * 1024  # bytes: argv and cwd; the server reads up to 1 MiB, the socket sends far less
@@ -64,7 +65,7 @@ def sdks(config: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def agent_argv(python: str) -> tuple[str, ...]:
-    return (python, "-P", "-m", "hermes_sup.agents", "run")
+    return (python, *RUNTIME_ARGS)
 
 
 def server_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -201,6 +202,13 @@ class ForkServer:
             theirs.close()
         self.sock, self.ready, self.started, self.restart_at = ours, False, time.monotonic(), None
         self.selector.register(ours, selectors.EVENT_READ, self._on_message)
+
+    def wanted(self, environ: Mapping[str, str]) -> None:
+        """Start it if it never was: only once an agent of the built-in runtime is to start. A team of
+        `command` or `runtime:` agents, which it cannot speed up, never pays for its imports (about
+        0.7 s of CPU and 50 MB); one lost is started again by `due`, on its backoff."""
+        if self.sock is None and self.restart_at is None and self.deaths == 0:
+            self.start(environ)
 
     def warming(self, now: float) -> bool:
         """Whether agents should wait for it a little (it was started, is importing, not for long yet)."""

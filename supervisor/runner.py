@@ -216,6 +216,8 @@ class Supervisor:
         }
         for name in self.alerts.env_names():
             env.pop(name, None)
+        if self.forks is not None and spec.forkable:  # the first of its agents, started later (reload, `start`)
+            self.forks.wanted(os.environ)
         child.proc, child.cgroup = spawn(spec, env, self.containment.base, self.forks, self.say)
         child.marker, child.env_names = marker, frozenset(env)
         child.pidfd = os.pidfd_open(child.proc.pid)
@@ -428,8 +430,9 @@ class Supervisor:
         self.say(f"supervisor: {self.containment.detail}")
         adopted = self.leftovers.take_over(previous)
         self.operator.withhold_secrets()
-        if self.forks is not None:
-            self.forks.start(os.environ)
+        if self.forks is not None and any(child.spec.forkable for name, child in self.children.items()
+                                          if name not in self.held):
+            self.forks.wanted(os.environ)
         self.boardwork.recover()
         for name, child in self.children.items():
             if name in self.held:

@@ -19,6 +19,10 @@ from .config.mcpconfig import granted_servers
 from .config.runtimes import runtime_of
 from .policy import RestartSpec
 
+# The built-in runtime's arguments after the interpreter. -P: nothing in the agent's working directory
+# may shadow a package.
+RUNTIME_ARGS = ("-P", "-m", "hermes_sup.agents", "run")
+
 DEFAULTS: dict[str, Any] = {
     "restart": {"policy": "on-failure", "backoff": {"initial": 0.5, "max": 30.0}, "max_restarts": 5, "window": 60.0,
                 "reset_after": 30.0},
@@ -60,9 +64,10 @@ class ChildSpec:
 
     @property
     def forkable(self) -> bool:
-        """Whether the fork server may start it: the built-in loop's agents only. A `runtime:` agent's
-        work is another program it runs, which the server's imports would not speed up."""
-        return "runtime" not in json.loads(self.tools)
+        """Whether the fork server may start it: the built-in loop's agents only. A `command` agent is
+        another program, and a `runtime:` agent's work is one it runs: the server's imports would
+        speed up neither."""
+        return self.argv[1:] == RUNTIME_ARGS and "runtime" not in json.loads(self.tools)
 
     def agent_config(self) -> dict[str, Any]:
         """What the agent process is told about itself (as JSON in its environment)."""
@@ -107,8 +112,7 @@ def build_specs(config: dict[str, Any], root: Path, *, python: str = sys.executa
             rss = _merged(defaults, entry, "max_rss_mb")
             env = {str(k): str(v) for k, v in (entry.get("env") or {}).items()}
             command = entry.get("command")
-            # -P: nothing in the agent's working directory may shadow a package.
-            argv = tuple(command) if command else (python, "-P", "-m", "hermes_sup.agents", "run")
+            argv = tuple(command) if command else (python, *RUNTIME_ARGS)
             spec = ChildSpec(
                 name=name,
                 argv=argv,
