@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import errno
 import os
 import select
@@ -50,6 +49,8 @@ class Event(NamedTuple):
 def libc() -> ctypes.CDLL:
     global _libc
     if _libc is None:
+        import ctypes.util  # here, not at import: it costs every command that never watches a folder
+
         _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     return _libc
 

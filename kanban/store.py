@@ -23,12 +23,13 @@ import threading
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from .events import CursorRead
-from .ingest import IngestReport
-from .reads import Listing
-from .watch import ChangeSignal
+if TYPE_CHECKING:  # named in signatures only: a command that opens no board need not import them
+    from .events import CursorRead
+    from .ingest import IngestReport
+    from .reads import Listing
+    from .watch import ChangeSignal
 
 TaskDoc = dict[str, Any]
 Check = tuple[str, str, str]  # (what, level: ok|info|warn|error, detail), as doctor prints it

@@ -8,6 +8,7 @@ commands are registered here, in one place, and nothing imports in a circle.
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 
@@ -15,28 +16,54 @@ import click
 
 from ..cliargs import JsonUsageGroup
 from ..config.workspace import SHARED_UMASK
-from . import (
-    dashboard,
-    events,
-    hermes,
-    logs,
-    migrate,
-    prune,
-    run,
-    schedules,
-    schema,
-    setup,
-    shell,
-    skills,
-    steer,
-    task,
-    tasklog,
-    usage,
-)
-from .board import board_cmd  # the module is not imported as `board`: that name means the board here
+
+# Each command by name: its module in this package and the command's name there. A module is
+# imported when its command runs (or a help lists it), not at every start: `status` need not import
+# the dashboard, migration and everything else, which took a fifth of every command's start-up.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "init": ("setup", "init"), "doctor": ("setup", "doctor"),
+    "up": ("run", "up"), "status": ("run", "status"), "ps": ("run", "status"),  # ps: the same command
+    "restart": ("run", "restart"), "reload": ("run", "reload"), "down": ("run", "down"),
+    "stop": ("steer", "stop"), "start": ("steer", "start"),
+    "task": ("task", "task"), "board": ("board", "board_cmd"), "events": ("events", "events"),
+    "logs": ("logs", "logs"), "usage": ("usage", "usage"), "skills": ("skills", "skills"),
+    "schedules": ("schedules", "schedules"), "schema": ("schema", "schema_command"),
+    "dashboard": ("dashboard", "dashboard"), "import-hermes": ("hermes", "import_hermes"),
+    "prune": ("prune", "prune_command"), "completion": ("shell", "completion"),
+    "systemd-unit": ("shell", "systemd_unit"),
+}
+# Commands of a group that live in other modules, added to it when it is loaded.
+SUBCOMMANDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "task": (("tasklog", "task_log"), ("steer", "task_wait"), ("steer", "task_comment")),
+    "board": (("migrate", "migrate_command"),),
+}
 
 
-@click.group(cls=JsonUsageGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+def _load(module: str, name: str) -> click.Command:
+    command = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    assert isinstance(command, click.Command)
+    return command
+
+
+class Commands(JsonUsageGroup):
+    """The root group: loads a command's module the first time the command is asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            command = _load(*COMMANDS[cmd_name])
+            if isinstance(command, click.Group):
+                for sub in SUBCOMMANDS.get(cmd_name, ()):
+                    loaded = _load(*sub)
+                    if loaded.name not in command.commands:
+                        command.add_command(loaded)
+            self.add_command(command, cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("-w", "--workspace", type=click.Path(file_okay=False, path_type=Path),
               help="Workspace folder (else $HERMES_SUP_WORKSPACE, else the current folder upward).")
 @click.version_option(package_name="hermes-sup")
@@ -49,16 +76,3 @@ def main(ctx: click.Context, workspace: Path | None) -> None:
     ctx.ensure_object(dict)
     ctx.obj["workspace"] = workspace
 
-
-for _command in (
-    setup.init, setup.doctor,
-    run.up, run.status, run.restart, run.reload, run.down, steer.stop, steer.start,
-    task.task, board_cmd, events.events, logs.logs, usage.usage, skills.skills,
-    schedules.schedules, schema.schema_command, dashboard.dashboard, hermes.import_hermes, prune.prune_command,
-    shell.completion, shell.systemd_unit,
-):
-    main.add_command(_command)
-main.add_command(run.status, "ps")  # the same command: same options, same output
-for _command in (tasklog.task_log, steer.task_wait, steer.task_comment):
-    task.task.add_command(_command)
-board_cmd.add_command(migrate.migrate_command)
