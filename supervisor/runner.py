@@ -29,8 +29,8 @@ from typing import Any
 
 import psutil
 
+from ..agents.launchenv import AGENT_ENV, SUPERVISOR_ENV, WORKSPACE_ENV
 from ..agents.notify import NOTIFY_ENV, parse
-from ..agents.worker import AGENT_ENV, SUPERVISOR_ENV, WORKSPACE_ENV
 from ..kanban.backends import open_board
 from ..kanban.liveness import start_time
 from ..kanban.task import now_iso
