@@ -128,6 +128,16 @@ def decide_failed_start(spec: RestartSpec, history: RestartHistory, *, now: floa
     return Decision("restart", delay=delay, reason=f"could not start: {error}; retry in {delay:.2f} s", history=updated)
 
 
+def judge_every(heartbeat_timeout: float, *, least: float = 1.0) -> float:
+    """How long the loop may sleep while an agent with this heartbeat_timeout is judged on its
+    heartbeats (pure). The loop-gap check credits a stopped supervisor's time to within one sleep,
+    so a sleep of at most a quarter of the timeout (agents beat at least that often too) leaves an
+    agent whose beats were not read meanwhile judged on at most half its timeout (and the check's
+    tolerance); never under `least`. With the default 60 s, the idle loop turns every 15 s, not
+    every second."""
+    return max(least, heartbeat_timeout / 4)
+
+
 def loop_gap(*, elapsed: float, expected: float, tolerance: float) -> float:
     """Seconds the supervisor itself did not run (SIGSTOPped, starved, suspended) between two turns of
     its loop: how much longer than its wait a turn took, if clearly longer. That time is nobody's

@@ -4,8 +4,9 @@ Everything that happens arrives as an event on one selector: a child's exit (a p
 a crash is seen the moment it happens, not at the next timer tick), a heartbeat (a datagram on the
 notify socket), a command from the CLI (the control socket), a signal (through set_wakeup_fd). The
 select timeout is the next deadline (a backoff ending, a heartbeat overdue, a stop timing out), so
-an idle supervisor sleeps (while agents are judged on heartbeats, never longer than a second, so
-that a turn far longer than its wait shows the supervisor itself was stopped), and a turn woken by
+an idle supervisor sleeps (while agents are judged on heartbeats, never longer than a quarter of
+their heartbeat_timeout, so that a turn far longer than its wait shows the supervisor itself was
+stopped), and a turn woken by
 heartbeats alone, before any deadline, judges nothing (`policy.beats_only`). What to do on an
 exit is decided by `exits.on_exit` (over `policy.decide`); an agent as kept is a `child.Child`. The loop
 composes `operator.Operator` (the CLI's requests), `watchdog.Watchdog` (heartbeats, memory, the loop's own
@@ -57,7 +58,7 @@ from .governance.schedules import Scheduler, schedules_of
 from .ingestwarn import IngestWarnings, team_of
 from .leftovers import Leftovers
 from .operator import Operator
-from .policy import beats_only
+from .policy import beats_only, judge_every
 from .procs import MARKER_ENV, marker_value, new_marker
 from .sessions import signal_session
 from .spawn import spawn
@@ -72,8 +73,9 @@ STATE_FILE = SUPERVISOR_FILE
 # Agents starting at once (the rest queued): an agent's start is mostly Python's imports, on one core.
 START_AT_ONCE = max(4, 2 * (os.cpu_count() or 1))
 INGEST_EVERY = 1.0  # seconds between the supervisor's looks at inbox/ while no agent runs
-# While agents are judged on their heartbeats the loop turns at least this often, so that a turn
-# much longer than its wait can only mean the supervisor itself was not running (see loop_gap).
+# While agents are judged on their heartbeats the loop turns at least every judge_every(their
+# timeout), never more often than this, so that a turn much longer than its wait can only mean the
+# supervisor itself was not running (see loop_gap).
 LOOP_TICK = 1.0
 NOTIFY_BATCH = 256  # datagrams read per wake-up: a flood of them cannot hold the loop
 BOARD_LOCK_WAIT = 2.0  # the board thread's wait for the lock before it retries later
@@ -360,7 +362,8 @@ class Supervisor:
             if child.stop_deadline is not None:
                 soonest = min(soonest, child.stop_deadline)
             if child.state in ("starting", "running"):
-                soonest = min(soonest, child.last_beat + child.spec.heartbeat_timeout, now + LOOP_TICK)
+                soonest = min(soonest, child.last_beat + child.spec.heartbeat_timeout,
+                              now + judge_every(child.spec.heartbeat_timeout, least=LOOP_TICK))
                 if child.spec.max_rss_mb:
                     soonest = min(soonest, self.watchdog.next_rss)
         return soonest

@@ -119,6 +119,30 @@ def test_a_loop_turn_far_longer_than_its_wait_is_a_gap_in_the_supervisors_own_ti
     assert loop_gap(elapsed=12.0, expected=0.0, tolerance=1.0) == 12.0
 
 
+def test_the_loops_sleep_while_judging_never_lets_a_stopped_supervisor_kill_a_live_agent():
+    """A supervisor SIGSTOPped at any moment of a sleep, for any time, whose agents' heartbeats were
+    all dropped meanwhile: once continued, the silence it judges (time since the last beat it read,
+    less the gap it credits) stays under the timeout. The sleep is what bounds it: the stop's part
+    before the sleep would have ended is not seen as a gap."""
+    from hermes_sup.supervisor.policy import judge_every, loop_gap
+
+    for timeout in (3.0, 12.0, 60.0, 600.0):  # under 3 s, a busy turn's 1 s of tolerance is most of it
+        every = max(0.05, min(5.0, timeout / 4))  # agents/worker.py: an agent's beat interval
+        sleep = judge_every(timeout)
+        assert sleep >= 1.0
+        worst = 0.0
+        for late in (0.0, every / 2, every):  # the last beat read, this long before the turn
+            for at in (0.0, 0.3, 0.7, 0.99):  # the stop begins this far into the sleep
+                for stopped in (0.5, 2.0, sleep, 3 * timeout, 1000.0):
+                    woke = max(sleep, at * sleep + stopped)
+                    credited = loop_gap(elapsed=woke, expected=sleep, tolerance=1.0)
+                    worst = max(worst, late + woke - credited)
+        assert worst < timeout, (timeout, sleep, worst)
+        if timeout >= 12:
+            # a beat's interval, the sleep and the tolerance, and the idle loop turns that seldom
+            assert worst <= timeout / 2 + 1.0 and sleep == timeout / 4
+
+
 def test_a_turn_woken_by_heartbeats_alone_judges_nothing_until_a_deadline_or_a_change():
     from hermes_sup.supervisor.policy import beats_only
 
