@@ -110,8 +110,11 @@ def spawn() -> Iterator[Spawner]:
     spawner.cleanup()
 
 
-def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.01) -> object:
-    """Poll `predicate` until it is truthy; fail the test at the deadline."""
+def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.01,
+               longest: float = 0.05) -> object:
+    """Poll `predicate` until it is truthy; fail the test at the deadline. The pause between looks
+    grows from `interval` to `longest`: three test processes each polling a board or a state file
+    100 times a second through a minute-long wait took a core's share from the processes under test."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -120,6 +123,17 @@ def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval:
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout} s")
         time.sleep(interval)
+        interval = min(max(interval, longest), interval * 1.5)
+
+
+def init_workspace(ws: Path, *options: str) -> None:
+    """`hermes-sup init` as a test's set-up: the command itself, run in this process. As a process of
+    its own it cost a third of a second of CPU each, 300 times a run; `init`'s own tests run it so."""
+    from click.testing import CliRunner
+    from hermes_sup.supervisor.cli import main
+
+    done = CliRunner().invoke(main, ["init", *options, str(ws)])
+    assert done.exit_code == 0, (done.output, done.exception)
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 30.0) -> None:

@@ -4,14 +4,12 @@ refusals with file:line."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 from hermes_sup.agents.routing import chain_for
 from hermes_sup.kanban import Board, TaskNotFound
 from hermes_sup.supervisor.config.workspace import ConfigError, load_config
 
-from .conftest import CLI, ROOT, wait_until
+from .conftest import init_workspace, wait_until
 from .llm_server import ScriptedLLM, openai_reply
 
 
@@ -27,7 +25,7 @@ def test_an_agents_own_chain_serves_every_tier():
 
 def test_two_agents_answer_with_their_own_models(tmp_path, up):
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     with ScriptedLLM(responder=lambda api, body: openai_reply(f"lab answers {body['model']}")) as lab, \
             ScriptedLLM(responder=lambda api, body: openai_reply(f"cloud answers {body['model']}")) as cloud:
         (ws / "hermes.yaml").write_text(f"""\

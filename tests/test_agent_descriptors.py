@@ -5,12 +5,11 @@ task, until a long-running agent met its open-file limit."""
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 from hermes_sup.kanban import Board
 
-from .conftest import CLI, ROOT, supervisor_state, wait_until
+from .conftest import init_workspace, supervisor_state, wait_until
 from .llm_server import ScriptedLLM, openai_reply
 
 
@@ -27,7 +26,7 @@ def descriptors(pid: int) -> int:
 
 def test_an_agents_descriptors_stay_as_many_after_forty_tasks(tmp_path: Path, up) -> None:
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     with ScriptedLLM(responder=answer) as llm:
         (ws / "hermes.yaml").write_text(
             f"providers:\n  lab: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"

@@ -21,7 +21,7 @@ from hermes_sup.agents.routing import (
     resolve_auto,
 )
 
-from .conftest import CLI, wait_until
+from .conftest import CLI, init_workspace, wait_until
 from .llm_server import ScriptedLLM
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,7 +154,7 @@ def doctor(ws: Path, **env: str) -> dict[str, list[dict]]:
 def test_doctor_says_which_server_auto_found_and_which_it_passed_over(tmp_path, nobodys_server):
     port, uid = nobodys_server
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     with ScriptedLLM() as llm:
         checks = doctor(ws, **{AUTO_PORTS_ENV: f"{port},{llm.port}"})
         auto = checks["provider auto"][0]
@@ -172,7 +172,7 @@ def test_the_agent_log_says_which_server_auto_adopted(tmp_path):
     from .test_supervisor import state
 
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     (ws / "hermes.yaml").write_text("agents:\n  - name: solo\n")
     with ScriptedLLM() as llm:
         proc = subprocess.Popen([*CLI, "-w", str(ws), "up"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -207,7 +207,7 @@ def test_the_suite_sees_no_server_or_key_from_outside_it(tmp_path):
             assert resolve_auto({}) is not None, "without the fixture, auto adopts it (the test can fail)"
         assert resolve_auto(os.environ) is None
         ws = tmp_path / "ws"
-        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+        init_workspace(ws)
         checks = doctor(ws)
         assert checks["provider auto"][0]["detail"].startswith("offline"), checks["provider auto"]
     finally:

@@ -31,7 +31,7 @@ from hermes_sup.agents.health import ProviderHealth
 from hermes_sup.agents.providers import BREAKERS_FILE, OpenAIProvider, ProviderConfig, ProviderError
 from hermes_sup.kanban import Board
 
-from .conftest import CLI, ROOT, wait_until
+from .conftest import CLI, ROOT, init_workspace, wait_until
 from .llm_server import ScriptedLLM, error_reply, openai_reply
 
 POLICY = BreakerPolicy(base=5.0, cap=60.0, jitter=0.0, threshold=3, probe_timeout=30.0)
@@ -214,7 +214,7 @@ def test_a_rate_limit_with_retry_after_is_retried_as_before_without_opening_the_
 def test_tasks_wait_while_the_provider_is_down_then_get_done_when_it_comes_back(tmp_path, up):
     port = free_port()
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     (ws / "hermes.yaml").write_text(
         "defaults:\n  stop_timeout: 20\n  heartbeat_timeout: 30\n"
         f"providers:\n  flaky: {{kind: openai, base_url: 'http://127.0.0.1:{port}/v1', model: m, timeout: 10}}\n"

@@ -32,7 +32,7 @@ from hermes_sup.kanban import Board
 from hermes_sup.kanban.why import BUDGET_REACHED
 from hermes_sup.supervisor.config.workspace import ConfigError, load_config
 
-from .conftest import CLI, ROOT, wait_until
+from .conftest import CLI, ROOT, init_workspace, wait_until
 from .llm_server import ScriptedLLM, openai_reply
 
 NOON = dt.datetime(2026, 3, 4, 12, 0, tzinfo=dt.UTC).timestamp()
@@ -369,7 +369,7 @@ def test_a_team_stops_at_its_cap_says_why_and_finishes_when_reload_raises_it(tmp
 
     with ScriptedLLM(responder=answer) as llm:
         ws = tmp_path / "ws"
-        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+        init_workspace(ws)
         (ws / "hermes.yaml").write_text(team_yaml(llm.url, 0.35))  # room for three calls, not four
         board = Board(ws / "kanban")
         tasks = [board.add({"title": f"task {n}"}) for n in range(6)]
@@ -416,7 +416,7 @@ def test_a_team_stops_at_its_cap_says_why_and_finishes_when_reload_raises_it(tmp
 def test_a_task_over_its_own_ceiling_is_blocked_for_a_person_and_nothing_is_sent(tmp_path, up):
     with ScriptedLLM(responder=lambda api, body: openai_reply("done it", completion=100, model="m")) as llm:
         ws = tmp_path / "ws"
-        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+        init_workspace(ws)
         (ws / "hermes.yaml").write_text(team_yaml(llm.url, 5.0, count=1, tasks="  tasks: {max_cost: 1.0}\n"))
         board = Board(ws / "kanban")
         cheap = board.add({"title": "small", "meta": {"max_cost": 0.05}})  # below one call's worst case ($0.10)

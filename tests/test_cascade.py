@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 
 import pytest
 from hermes_sup.agents.cascade import (
@@ -24,7 +23,7 @@ from hermes_sup.agents.spend import llm_record
 from hermes_sup.kanban import Board
 from hermes_sup.supervisor.config.workspace import ConfigError, load_config
 
-from .conftest import CLI, ROOT, wait_until
+from .conftest import init_workspace, wait_until
 from .llm_server import ScriptedLLM, openai_reply
 
 TOOLS = [{"type": "function", "function": {"name": "write_file", "description": "write", "parameters": {
@@ -207,7 +206,7 @@ def test_a_team_routed_by_cascade_logs_each_decision(tmp_path, up):
 
     with ScriptedLLM(responder=respond) as llm:
         ws = tmp_path / "ws"
-        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+        init_workspace(ws)
         (ws / "hermes.yaml").write_text(
             "defaults:\n  stop_timeout: 20\n  heartbeat_timeout: 30\n"
             f"providers:\n  small: {{kind: openai, base_url: '{llm.url}/v1', model: cheap-model}}\n"

@@ -35,7 +35,7 @@ from hermes_sup.kanban import Board
 from hermes_sup.kanban.pg.store import PgStore
 
 from . import pgserver
-from .conftest import CLI, gone, stop_process, wait_until
+from .conftest import CLI, gone, init_workspace, stop_process, wait_until
 from .llm_server import ScriptedLLM, openai_reply
 from .pgserver import PgServer
 
@@ -128,7 +128,7 @@ def expected_steps(task_id: str) -> list[str]:
 
 def workspace(tmp_path: Path, llm: ScriptedLLM, board: str = "") -> Path:
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     (ws / "skills" / "tally.py").write_text(TALLY_SKILL)
     (tmp_path / "counts").mkdir()  # the skill runs confined: it writes where it is granted to
     (ws / "hermes.yaml").write_text(f"""\

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT
+from .conftest import ROOT, init_workspace
 from .docrun import run_as_written
 
 
@@ -82,7 +82,7 @@ def test_a_local_prometheus_scrapes_a_team_as_the_telemetry_page_says(tmp_path: 
     script = script.replace("127.0.0.1:8765", f"127.0.0.1:{ports[0]}")
     script = script.replace("127.0.0.1:9090", f"127.0.0.1:{ports[1]}")
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT, timeout=120)
+    init_workspace(ws)
     subprocess.run([*CLI, "-w", str(ws), "task", "add", "Counted"], check=True, capture_output=True, cwd=ROOT,
                    timeout=120)
     up = subprocess.run([*CLI, "-w", str(ws), "up", "--detach", "--dashboard", "--dashboard-port", str(ports[0])],

@@ -18,7 +18,7 @@ from hermes_sup.kanban.events import MAX_EVENT_LINE, CursorError, check_cursor, 
 from hermes_sup.kanban.waiting import LOG_SETTLE
 from hermes_sup.supervisor.cli.events import event_line
 
-from .conftest import CLI, supervisor_state, wait_until
+from .conftest import CLI, init_workspace, supervisor_state, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,7 +29,7 @@ def hermes(ws: Path, *args: str, timeout: float = 60) -> subprocess.CompletedPro
 
 def make_ws(tmp_path: Path, agents: str = "") -> Path:
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     if agents:
         (ws / "hermes.yaml").write_text("defaults:\n  stop_timeout: 5\n  heartbeat_timeout: 30\nagents:\n"
                                         + "".join(f"  {line}\n" for line in agents.splitlines()))

@@ -21,7 +21,7 @@ from hermes_sup.supervisor import cgroups
 from hermes_sup.supervisor.forking import ENV, agent_argv, enabled, forkable, reload_note, sdks, server_env
 from hermes_sup.supervisor.procs import marked
 
-from .conftest import CLI, ROOT, gone, supervisor_state, wait_until
+from .conftest import CLI, ROOT, gone, init_workspace, supervisor_state, wait_until
 
 # A `command` agent whose child leaves an orphan behind (reparented to the supervisor, a subreaper)
 # that exits a moment later: its zombie is the supervisor's to reap.
@@ -117,7 +117,7 @@ def same_open_files(a: int, b: int) -> list[tuple[str, str]]:
 
 def workspace(tmp_path: Path, llm_url: str) -> Path:
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     (ws / "hermes.yaml").write_text(
         "fork_server: true\n"
         f"providers:\n  scripted: {{kind: openai, base_url: '{llm_url}/v1', model: m}}\n"

@@ -32,7 +32,7 @@ from hermes_sup.agents.tools import (
 )
 from hermes_sup.kanban import Board
 
-from .conftest import CLI, ROOT, marked_sleep, running, wait_until
+from .conftest import init_workspace, marked_sleep, running, wait_until
 from .llm_server import ScriptedLLM, openai_reply
 from .loops import task_loop
 
@@ -394,7 +394,7 @@ def test_a_batch_is_bounded_before_anything_is_started():
 def test_a_hermes_batch_is_worked_by_child_agents_and_answered_in_order(tmp_path, up):
     with ScriptedLLM() as llm:
         ws = tmp_path / "ws"
-        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+        init_workspace(ws)
         (ws / "hermes.yaml").write_text(
             f"providers:\n  scripted: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
             "tiers: {cheap: [scripted], standard: [scripted], premium: [scripted]}\n"

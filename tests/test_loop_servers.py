@@ -19,7 +19,7 @@ from hermes_sup.agents.tools import Toolbox, ToolContext
 from hermes_sup.agents.tooluse import IGNORED_AFTER, ToolUse, ignores_tools
 from hermes_sup.kanban.board import Board
 
-from .conftest import CLI, gone, wait_until
+from .conftest import CLI, gone, init_workspace, wait_until
 from .llm_server import ScriptedLLM, openai_reply
 from .loops import task_loop
 from .test_supervisor import ROOT, agent
@@ -113,7 +113,7 @@ def test_a_server_that_drops_the_tools_is_named_in_the_log_and_on_the_task(tmp_p
 def test_doctor_warns_of_a_provider_that_dropped_every_tool_it_was_offered(tmp_path):
     """The agent's verdict outlives the task: saved beside its breakers, `doctor` shows it (text, --json)."""
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     with ScriptedLLM(quirks=("tools_ignored",)) as llm:
         (ws / "hermes.yaml").write_text(f"providers:\n  local: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
                                         "agents:\n  - name: agent\n")
@@ -175,7 +175,7 @@ def test_a_team_on_a_server_with_these_quirks_fails_and_notes_tasks_for_their_re
 
     with ScriptedLLM(respond, quirks=("tools_ignored", "no_stream_usage")) as llm:
         ws = tmp_path / "ws"
-        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+        init_workspace(ws)
         (ws / "hermes.yaml").write_text(
             f"providers:\n  local: {{kind: openai, base_url: '{llm.url}/v1', model: m, stream: true}}\n"
             "tiers: {cheap: [local], standard: [local], premium: [local]}\n"
@@ -218,7 +218,7 @@ def test_a_call_the_agent_did_not_survive_is_shown_interrupted_with_estimated_to
     retried call that answers is counted once."""
     with ScriptedLLM() as llm:
         ws = tmp_path / "ws"
-        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+        init_workspace(ws)
         (ws / "hermes.yaml").write_text(
             f"providers:\n  local: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
             "tiers: {cheap: [local], standard: [local], premium: [local]}\n"

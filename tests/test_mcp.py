@@ -23,7 +23,7 @@ from hermes_sup.agents.tools import ToolError
 from hermes_sup.kanban import Board
 from hermes_sup.supervisor.config.workspace import ConfigError, load_config
 
-from .conftest import CLI, ROOT, running, wait_until
+from .conftest import init_workspace, running, wait_until
 
 BIN = Path(sys.executable).parent
 
@@ -252,7 +252,7 @@ def test_plain_settings_are_not_taken_for_secrets(tmp_path):
 
 def test_an_agent_calls_an_mcp_tool_from_a_task_and_its_log_shows_the_call(tmp_path, up):
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     (ws / "hermes.yaml").write_text(
         f"mcp_servers:\n  time: {{command: {BIN / 'mcp-server-time'}, args: [--local-timezone, UTC]}}\n"
         "defaults:\n  stop_timeout: 5\n  heartbeat_timeout: 30\n"
@@ -275,7 +275,7 @@ def test_doctor_starts_each_server_and_lists_its_tools(tmp_path):
     from .test_auto_owner import doctor
 
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     (ws / "hermes.yaml").write_text(
         f"mcp_servers:\n  time: {{command: {BIN / 'mcp-server-time'}}}\n  broken: {{command: /nonexistent/server}}\n"
         "  idle: {command: x, enabled: false}\n"
@@ -344,7 +344,7 @@ def test_doctor_gives_a_server_neither_the_boards_dsn_nor_a_providers_key(tmp_pa
                       "@server.tool(name='leaked_' + ('_'.join(leaked) or 'nothing'))\n"
                       "def probe() -> str:\n    return 'x'\nserver.run()\n")
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     (ws / "hermes.yaml").write_text(
         f"providers:\n  p: {{kind: openai, base_url: 'http://127.0.0.1:9/v1', model: m, api_key_env: TEAM_KEY}}\n"
         f"mcp_servers:\n  env: {{command: {sys.executable}, args: [{script}]}}\nagents:\n  - name: a\n")

@@ -23,7 +23,7 @@ from hermes_sup.kanban import Board
 from hermes_sup.supervisor import readers
 from hermes_sup.supervisor.dashboard import metrics
 
-from .conftest import CLI, ROOT, supervisor_state, wait_until
+from .conftest import CLI, ROOT, init_workspace, supervisor_state, wait_until
 from .llm_server import ScriptedLLM, openai_reply
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
@@ -102,7 +102,7 @@ def team(tmp_path: Path) -> Iterator[tuple[Path, str]]:
 
     with ScriptedLLM(responder=lambda api, body: openai_reply("done it", prompt=50, completion=5)) as llm:
         ws = tmp_path / "ws"
-        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+        init_workspace(ws)
         (ws / "hermes.yaml").write_text(
             f"providers:\n  scripted: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
             "tiers: {cheap: [scripted], standard: [scripted], premium: [scripted]}\n"
@@ -179,7 +179,7 @@ def test_task_times_and_buckets_are_pure():
 def test_metrics_port_serves_a_team_without_the_dashboard(tmp_path, up, monkeypatch):
     port = free_port()
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     # An alert rule starts the supervisor's event reader (its webhook is never called: no agent dies).
     monkeypatch.setenv("HERMES_SUP_TEST_HOOK", "http://127.0.0.1:9/hook")
     monkeypatch.setenv("HERMES_SUP_TEST_HOOK_SECRET", "s" * 32)

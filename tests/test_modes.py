@@ -15,7 +15,7 @@ from hermes_sup.kanban import Board
 from hermes_sup.kanban.fsio import AppendLog, mode_for, write_json_atomic
 from hermes_sup.kanban.journal import Journal
 
-from .conftest import CLI, wait_until
+from .conftest import CLI, init_workspace, wait_until
 from .llm_server import ScriptedLLM, openai_reply
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,7 +114,7 @@ def test_doctor_warns_of_a_key_file_others_may_read(tmp_path):
     from hermes_sup.supervisor.config.doctor import env_file_exposure
 
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     env = ws / ".env"
     assert env_file_exposure(env) is None, "no key file, nothing to say"
     env.write_text("ANTHROPIC_API_KEY=sk-ant-0123456789\n")

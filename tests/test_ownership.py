@@ -24,7 +24,7 @@ from hermes_sup.supervisor.config.workspace import Workspace, load_config
 from hermes_sup.supervisor.procs import MARKER_ENV, Marked, Marker, marked, marker_value, stop_all
 from hermes_sup.supervisor.runner import Supervisor
 
-from .conftest import CLI, ROOT, gone, wait_until
+from .conftest import CLI, ROOT, gone, init_workspace, wait_until
 from .test_supervisor import FAKE, agent, hermes, make_ws, state
 
 BEAT = f"command: [{sys.executable}, {FAKE}, beat]"
@@ -79,7 +79,7 @@ def _lone_agent(tmp_path: Path, *, orphaned: bool) -> tuple[Path, Path, socket.s
     supervisor still alive), or `orphaned` through a shell that exits at once (as when its supervisor
     died: it is reparented)."""
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     runs = ws / "runs"
     workdir = runs / "worker"
     workdir.mkdir(parents=True)
@@ -291,7 +291,7 @@ def test_a_delegated_child_leaves_at_once_when_its_parent_dies(tmp_path):
     # No supervisor here to kill the parent's processes, and a grace far beyond the test: the child
     # must see for itself that its parent is gone (a restarted parent starts a child of its own).
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     board = Board(ws / "kanban")
     name = "boss.sub-1"
     task = board.add({"title": "the subtask", "assignee": name,
@@ -323,7 +323,7 @@ def test_a_delegated_child_leaves_at_once_when_its_parent_dies(tmp_path):
 @pytest.mark.parametrize("contained", [True, False], ids=["cgroup", "process-group"])
 def test_doctor_says_how_agents_are_contained(tmp_path, contained):
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     env = {**os.environ, cgroups.OFF_ENV: "" if contained else "1"}
     available = cgroups.detect(ws, keep=False)
     if contained and available.mode != "cgroup":

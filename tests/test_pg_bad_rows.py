@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from . import pgserver
-from .conftest import CLI, ROOT, supervisor_state, wait_until
+from .conftest import CLI, ROOT, init_workspace, supervisor_state, wait_until
 from .pgserver import PgServer
 from .test_alerts import hook  # noqa: F401 (a fixture)
 
@@ -43,7 +43,7 @@ def pg_ws(database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pat
     """A workspace whose board is the fresh database (the DSN in the environment, as a host has it)."""
     monkeypatch.setenv(DSN_ENV, database)
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT, timeout=120)
+    init_workspace(ws)
     with open(ws / "hermes.yaml", "a") as handle:
         handle.write(f"\nboard: {{backend: postgres, dsn_env: {DSN_ENV}}}\n")
     return ws

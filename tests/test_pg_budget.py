@@ -23,7 +23,7 @@ from hermes_sup.supervisor.governance.usage import team_records
 from psycopg.conninfo import make_conninfo
 
 from . import pgserver
-from .conftest import CLI, ROOT, wait_until
+from .conftest import CLI, ROOT, init_workspace, wait_until
 from .llm_server import ScriptedLLM, openai_reply
 from .pgserver import PgServer
 from .test_budget import LEFT, team_yaml
@@ -70,7 +70,7 @@ def test_two_hosts_share_one_budget_on_postgres_and_reload_resumes_them(database
             hosts = []
             for name in ("box-a", "box-b"):
                 ws = tmp_path / name
-                subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT, timeout=120)
+                init_workspace(ws)
                 (ws / "hermes.yaml").write_text(host_yaml(llm.url, 0.35, name))  # three calls fit, not four
                 hosts.append(ws)
             tasks = [store.add({"title": f"task {n}"})["id"] for n in range(6)]
@@ -206,7 +206,7 @@ def test_prune_keeps_the_ledger_on_either_board(tmp_path, database, monkeypatch)
     monkeypatch.setenv(DSN_ENV, database)
     for board in ("files", "postgres"):
         ws = tmp_path / board
-        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT, timeout=120)
+        init_workspace(ws)
         section = {"backend": "files"} if board == "files" else {"backend": "postgres", "dsn_env": DSN_ENV}
         yaml = "budgets:\n  team: {total: 1.0}\nagents:\n  - name: worker\n" + (
             f"board: {{backend: postgres, dsn_env: {DSN_ENV}}}\n" if board == "postgres" else "")
@@ -289,7 +289,7 @@ def test_usage_says_why_it_cannot_show_budgets_kept_in_a_database_it_cannot_reac
     """Not a silent $0 from a runs/ the agents never wrote: the spend is in the board's database."""
     monkeypatch.delenv(DSN_ENV, raising=False)
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT, timeout=120)
+    init_workspace(ws)
     (ws / "hermes.yaml").write_text("budgets:\n  team: {total: 1.0}\nagents:\n  - name: worker\n"
                                     f"board: {{backend: postgres, dsn_env: {DSN_ENV}}}\n")
     shown = cli(ws, "usage", "--json")
@@ -387,7 +387,7 @@ def test_usage_counts_todays_spend_by_the_databases_day(tmp_path, database, monk
     whatever this host's clock says."""
     monkeypatch.setenv(DSN_ENV, database)
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT, timeout=120)
+    init_workspace(ws)
     (ws / "hermes.yaml").write_text("budgets:\n  team: {per_day: 1.0}\nagents:\n  - name: worker\n"
                                     f"board: {{backend: postgres, dsn_env: {DSN_ENV}}}\n")
     ledger = open_ledger(ws, {"backend": "postgres", "dsn_env": DSN_ENV})
@@ -407,7 +407,7 @@ def test_usage_on_postgres_creates_no_ledger_and_says_there_is_none_yet(tmp_path
     and says why, and leaves the database without them."""
     monkeypatch.setenv(DSN_ENV, database)
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT, timeout=120)
+    init_workspace(ws)
     (ws / "hermes.yaml").write_text("budgets:\n  team: {total: 1.0}\nagents:\n  - name: worker\n"
                                     f"board: {{backend: postgres, dsn_env: {DSN_ENV}}}\n")
     shown = cli(ws, "usage", "--json")
@@ -450,7 +450,7 @@ def test_usage_on_either_host_counts_the_whole_teams_model_calls_each_once(tmp_p
     hosts = {}
     for name in ("box-a", "box-b"):
         ws = tmp_path / name
-        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT, timeout=120)
+        init_workspace(ws)
         (ws / "hermes.yaml").write_text(f"agents:\n  - name: worker\nboard: {{backend: postgres, dsn_env: {DSN_ENV}}}\n"
                                         f"host: {name}\n")
         hosts[name] = ws

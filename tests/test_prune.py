@@ -14,7 +14,7 @@ from hermes_sup.kanban import Board, doccache
 from hermes_sup.supervisor.sweep import LOCK_FILE
 from hermes_sup.supervisor.upkeep.prune import finished_before, journal_keep, parse_age, prune
 
-from .conftest import CLI, ROOT
+from .conftest import CLI, ROOT, init_workspace
 
 OLD = "2026-01-01T00:00:00.000000Z"
 TRANSCRIPT = '{"role":"user","content":"x"}\n'
@@ -99,7 +99,7 @@ def snapshot(root: Path) -> dict[str, bytes]:
 
 def test_prune_removes_what_finished_tasks_left_and_nothing_else(tmp_path):
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     ids = make_team_files(ws)
     before = snapshot(ws)
     dry = subprocess.run([*CLI, "-w", str(ws), "prune", "--older-than", "0s", "--dry-run", "--json"],
@@ -142,7 +142,7 @@ def test_prune_removes_what_finished_tasks_left_and_nothing_else(tmp_path):
 
 def test_a_task_finished_more_recently_than_the_age_is_kept(tmp_path):
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     make_team_files(ws)
     before = snapshot(ws)
     result = subprocess.run([*CLI, "-w", str(ws), "prune", "--older-than", "1d"], capture_output=True, text=True,
@@ -156,7 +156,7 @@ def test_a_task_finished_more_recently_than_the_age_is_kept(tmp_path):
 
 def test_while_the_team_runs_the_tool_logs_its_agents_append_to_are_left_whole(tmp_path):
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     make_team_files(ws)
     log = (ws / "runs/first/tool_calls.jsonl").read_bytes()
     supervisor = filelock.FileLock(str(ws / "runs" / LOCK_FILE))  # as `up` holds it
@@ -172,7 +172,7 @@ def test_while_the_team_runs_the_tool_logs_its_agents_append_to_are_left_whole(t
 
 def test_bad_input_is_a_clear_error(tmp_path):
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     result = subprocess.run([*CLI, "-w", str(ws), "prune", "--older-than", "soon"], capture_output=True, text=True,
                             timeout=60, cwd=ROOT)
     assert result.returncode == 2 and "Traceback" not in result.stderr

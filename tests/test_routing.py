@@ -26,6 +26,7 @@ from hermes_sup.agents.routing import (
     task_tier,
 )
 
+from .conftest import init_workspace
 from .llm_server import ScriptedLLM
 
 NOTHING = lambda url: None  # noqa: E731 - a probe that finds no server
@@ -213,14 +214,13 @@ def test_a_local_server_waits_longer_for_an_answer_than_a_cloud_api():
 def test_a_provider_of_kind_offline_is_no_model_and_no_crash(tmp_path, up):
     """`kind: offline` passed validation and then every agent crashed at start (KeyError 'offline')
     and crash-looped: it is a provider of no model, so its team runs steps tasks and nothing else."""
-    import subprocess
 
     from hermes_sup.kanban import Board
 
-    from .conftest import CLI, ROOT, wait_until
+    from .conftest import wait_until
 
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     (ws / "hermes.yaml").write_text("providers:\n  none: {kind: offline}\n"
                                     "tiers: {cheap: [none], standard: [none], premium: [none]}\n"
                                     "agents:\n  - name: worker\n")

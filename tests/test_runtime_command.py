@@ -20,7 +20,7 @@ from hermes_sup.kanban import Board, TaskNotFound
 from hermes_sup.kanban.events import event_fields
 from hermes_sup.supervisor.config.workspace import ConfigError, load_config
 
-from .conftest import CLI, ROOT, marked_sleep, running, wait_until
+from .conftest import CLI, ROOT, init_workspace, marked_sleep, running, wait_until
 
 FAKE_CLI = '''
 import os, signal, subprocess, sys, time
@@ -56,7 +56,7 @@ print(f"answer to {task_id}: key={os.environ.get('OPENAI_API_KEY', 'none')} "
 @pytest.fixture
 def team(tmp_path, up):
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "fake_cli.py").write_text(FAKE_CLI)
     argv = json.dumps([sys.executable, str(tmp_path / "bin" / "fake_cli.py"), "{prompt}", "{task_id}", "{workdir}"])
@@ -217,7 +217,7 @@ def test_a_runtime_that_cannot_work_is_refused_with_file_and_line(tmp_path, entr
 
 def test_doctor_says_how_a_cli_agent_is_confined_and_names_no_agent_that_runs_nothing(tmp_path):
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     (ws / "hermes.yaml").write_text("agents:\n  - name: cli\n    runtime: command\n    argv: [echo, '{prompt}']\n"
                                     "  - name: plain\n    capabilities: [fs.read]\n")
     done = subprocess.run([*CLI, "-w", str(ws), "doctor", "--json"], capture_output=True, text=True, cwd=ROOT)

@@ -21,7 +21,7 @@ from hermes_sup.agents.hermesrun import judge, read_bridge, usage_record
 from hermes_sup.kanban import Board
 from hermes_sup.supervisor.config.workspace import ConfigError, load_config
 
-from .conftest import CLI, ROOT, running, wait_until
+from .conftest import CLI, ROOT, init_workspace, running, wait_until
 from .llm_server import ScriptedLLM, openai_reply
 from .test_runtime_command import ended
 from .test_telemetry import receiver  # noqa: F401 - the fixture: an OTLP receiver decoding what it gets
@@ -86,7 +86,7 @@ security:
   allow_lazy_installs: false
 """)
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     (ws / "hermes.yaml").write_text(f"""\
 providers:
   scripted: {{kind: openai, base_url: "{llm.url}/v1", model: scripted-gpt, api_key_env: SCRIPTED_KEY}}
@@ -543,7 +543,7 @@ def test_hermes_runs_are_spend_a_budget_holds(tmp_path, up):
     home = tmp_path / "hermes-home"
     home.mkdir()
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     (ws / "hermes.yaml").write_text(f"""\
 budgets: {{team: {{per_day: 0.5}}}}
 prices: {{priced-model: {{input: 3.0, output: 15.0}}}}

@@ -23,7 +23,7 @@ from hermes_sup.supervisor.governance.schedules import (
     task_id,
 )
 
-from .conftest import CLI, ROOT, wait_until
+from .conftest import CLI, ROOT, init_workspace, wait_until
 
 
 def at(text: str) -> datetime:
@@ -222,7 +222,7 @@ def test_a_hostile_state_file_makes_the_schedule_start_now(tmp_path, board, cont
 
 def test_a_supervisor_adds_a_per_minute_schedules_tasks_as_its_clock_moves(tmp_path, up, monkeypatch):
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     (ws / "hermes.yaml").write_text(
         "defaults:\n  stop_timeout: 20\n  heartbeat_timeout: 30\n"
         "agents:\n  - name: worker\n    roles: [other]\n"

@@ -20,7 +20,7 @@ from hermes_sup.kanban import Board, redact
 from hermes_sup.kanban.fsio import AppendLog, write_atomic, write_json_atomic
 from hermes_sup.kanban.journal import Journal
 
-from .conftest import CLI, wait_until
+from .conftest import CLI, init_workspace, wait_until
 from .llm_server import ScriptedLLM, error_reply
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,7 +112,7 @@ def test_a_team_whose_provider_echoes_its_key_writes_it_nowhere_and_prints_it_no
     statuses = itertools.cycle([500, 401])
     with ScriptedLLM(lambda api, body: echo(next(statuses))) as llm:
         ws = tmp_path / "ws"
-        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+        init_workspace(ws)
         (ws / "hermes.yaml").write_text(
             f"providers:\n"
             f"  first: {{kind: openai, base_url: '{llm.url}/v1', model: m, api_key_env: HERMES_FILE_SECRET}}\n"
@@ -190,7 +190,7 @@ def test_a_key_a_provider_sends_is_one_this_process_redacts_everywhere(tmp_path)
 
 def test_a_new_workspace_keeps_its_keys_and_state_out_of_git(tmp_path):
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     (ws / ".env").write_text(f"OPENAI_API_KEY={FILE_KEY}\n")
     (ws / "runs" / "a").mkdir()
     (ws / "runs" / "a" / "llm_calls.jsonl").write_text("{}\n")
@@ -199,13 +199,13 @@ def test_a_new_workspace_keeps_its_keys_and_state_out_of_git(tmp_path):
                             capture_output=True, text=True, check=True).stdout
     assert "hermes.yaml" in listed and ".env" not in listed and "runs/" not in listed, listed
     (ws / ".gitignore").write_text("mine\n")
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     assert (ws / ".gitignore").read_text() == "mine\n", "a workspace's own .gitignore is kept"
 
 
 def test_an_agent_prints_no_key_to_its_log(tmp_path):
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     workdir = ws / "runs" / "agent"
     workdir.mkdir()
     # Its name carries the key, as anything it prints might: its log (stdout) must not.

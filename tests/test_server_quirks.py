@@ -12,6 +12,7 @@ from hermes_sup.agents.fallback import RetryPolicy, complete_with_fallback
 from hermes_sup.agents.health import ProviderHealth
 from hermes_sup.agents.providers import AnthropicProvider, OpenAIProvider, ProviderConfig, ProviderError
 
+from .conftest import init_workspace
 from .llm_server import ScriptedLLM, anthropic_reply, openai_reply
 from .test_providers import MESSAGES, TOOLS, anthropic_at, openai_at
 
@@ -232,7 +233,7 @@ def test_doctor_says_a_base_url_without_v1_is_misconfigured(tmp_path):
 
     with ScriptedLLM(quirks=("v1_only",)) as llm:
         ws = tmp_path / "ws"
-        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+        init_workspace(ws)
         (ws / "hermes.yaml").write_text(f"providers:\n  good: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
                                         f"  nov1: {{kind: openai, base_url: '{llm.url}', model: m}}\n"
                                         "agents:\n  - name: a\n")
@@ -253,7 +254,7 @@ def test_doctor_says_when_a_local_server_does_not_tell_its_context_and_how_to_se
 
     with ScriptedLLM() as silent, ScriptedLLM(context=4096) as telling:
         ws = tmp_path / "ws"
-        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+        init_workspace(ws)
         (ws / "hermes.yaml").write_text(
             f"providers:\n  silent: {{kind: openai, base_url: '{silent.url}/v1', model: m}}\n"
             f"  telling: {{kind: openai, base_url: '{telling.url}/v1', model: m}}\n"
@@ -289,7 +290,7 @@ def test_doctor_says_busy_for_a_server_slow_to_list_its_models_and_unreachable_f
         dead = free.getsockname()[1]
     with ScriptedLLM(slow_models=6.0) as llm:
         ws = tmp_path / "ws"
-        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+        init_workspace(ws)
         (ws / "hermes.yaml").write_text(f"providers:\n  slow: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
                                         f"  dead: {{kind: openai, base_url: 'http://127.0.0.1:{dead}/v1', model: m}}\n"
                                         "agents:\n  - name: a\n")

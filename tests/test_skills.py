@@ -18,7 +18,7 @@ from hermes_sup.agents import builtins  # noqa: F401 - registers the built-in to
 from hermes_sup.agents.skills import Skills, front_matter, prompt_block
 from hermes_sup.agents.tools import Toolbox, ToolContext, ToolError
 
-from .conftest import marked_sleep, running, wait_until
+from .conftest import init_workspace, marked_sleep, running, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 GOOD = '''"""Double a number."""
@@ -420,7 +420,7 @@ def test_up_refuses_a_team_whose_agent_names_a_rejected_skill_before_anything_st
     from .conftest import CLI, ROOT
 
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     (ws / "skills" / "greet.py").write_text(BROKEN["one_arg"][0])
     (ws / "hermes.yaml").write_text("agents:\n  - name: greeter\n    skills: [greet]\n  - name: other\n")
     done = subprocess.run([*CLI, "-w", str(ws), "up", "--detach"], capture_output=True, text=True, timeout=120,

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .conftest import CLI, ROOT
+from .conftest import CLI, ROOT, init_workspace
 
 
 def hermes(ws: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -19,7 +19,7 @@ def hermes(ws: Path, *args: str, timeout: float = 120) -> subprocess.CompletedPr
 
 def workspace(tmp_path: Path) -> Path:
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     return ws
 
 

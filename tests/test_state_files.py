@@ -18,7 +18,7 @@ import pytest
 from hermes_sup.supervisor.cliargs import sane_children
 from hermes_sup.supervisor.statefile import STATE_MAX, read_state
 
-from .conftest import CLI, gone, stop_process, wait_until
+from .conftest import CLI, gone, init_workspace, stop_process, wait_until
 from .test_supervisor import FAKE, ROOT, make_ws
 
 BEAT = f"command: [{sys.executable}, {FAKE}, beat]"
@@ -236,7 +236,7 @@ def test_a_drain_does_not_rewrite_supervisor_json_at_each_task_and_its_last_word
     from hermes_sup.supervisor.statefile import TASK_WRITE_EVERY
 
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     (ws / "hermes.yaml").write_text("providers:\n  none: {kind: offline}\n"
                                     "tiers: {cheap: [none], standard: [none], premium: [none]}\n"
                                     "agents:\n  - {name: w, count: 2}\n")

@@ -21,7 +21,7 @@ from hermes_sup.supervisor.cli import steer as cli_steer
 from hermes_sup.supervisor.steer import agent_groups, held_from, targets
 from hermes_sup.supervisor.views import render
 
-from .conftest import CLI, gone, supervisor_state, wait_until
+from .conftest import CLI, gone, init_workspace, supervisor_state, wait_until
 
 FAKE = Path(__file__).resolve().parent / "fake_agent.py"
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,7 +33,7 @@ def hermes(ws: Path, *args: str, timeout: float = 90) -> subprocess.CompletedPro
 
 def make_ws(tmp_path: Path, agents: str) -> Path:
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     (ws / "hermes.yaml").write_text("defaults:\n  stop_timeout: 5\n  heartbeat_timeout: 30\nagents:\n"
                                     + "".join(f"  {line}\n" for line in agents.splitlines()))
     return ws

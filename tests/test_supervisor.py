@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 from hermes_sup.kanban import Board
 
-from .conftest import CLI, gone, wait_until
+from .conftest import CLI, gone, init_workspace, wait_until
 
 FAKE = Path(__file__).resolve().parent / "fake_agent.py"
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,7 +28,7 @@ def hermes(ws: Path, *args: str, timeout: float = 60) -> subprocess.CompletedPro
 
 def make_ws(tmp_path: Path, agents: str, defaults: str = "") -> Path:
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     # A setting given in `defaults` replaces the base one: hermes.yaml refuses a key twice.
     given = {line.split(":", 1)[0] for line in defaults.splitlines()}
     base = [line for line in ("stop_timeout: 5", "heartbeat_timeout: 30") if line.split(":")[0] not in given]
@@ -41,7 +41,7 @@ def make_ws(tmp_path: Path, agents: str, defaults: str = "") -> Path:
 def llm_workspace(tmp_path: Path, llm, agent_settings: str = "") -> Path:
     """A workspace whose one agent, thinker, is served by the scripted LLM server on every tier."""
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     (ws / "hermes.yaml").write_text(
         f"providers:\n  scripted: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
         "tiers: {cheap: [scripted], standard: [scripted], premium: [scripted]}\n"
@@ -206,7 +206,7 @@ def test_orphaned_agents_release_their_claims_and_leave_after_the_grace(tmp_path
 
 def test_detach_status_logs_restart_and_down_from_another_shell(tmp_path):
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     # From inside the workspace, as a user would: its kanban/ folder must not shadow the package.
     run = {"capture_output": True, "text": True, "timeout": 90, "cwd": ws}
     exe = [str(Path(sys.executable).with_name("hermes-sup"))]

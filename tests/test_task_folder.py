@@ -12,7 +12,7 @@ import pytest
 from hermes_sup.agents.taskdir import ensure_work_folder, list_files, work_folder
 from hermes_sup.kanban import Board
 
-from .conftest import CLI, ROOT, gone, wait_until
+from .conftest import CLI, ROOT, gone, init_workspace, wait_until
 from .llm_server import ScriptedLLM, openai_reply
 from .test_supervisor import agent
 
@@ -20,7 +20,7 @@ from .test_supervisor import agent
 def test_an_agent_that_takes_over_a_task_finds_the_files_its_conversation_names(tmp_path, up):
     with ScriptedLLM() as llm:
         ws = tmp_path / "ws"
-        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+        init_workspace(ws)
         # Neither agent comes back once killed: the task can only go on with the other one.
         (ws / "hermes.yaml").write_text(
             f"providers:\n  scripted: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"

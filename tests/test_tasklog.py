@@ -16,7 +16,7 @@ from hermes_sup.kanban import Board
 from hermes_sup.supervisor.views import render, taskrecords, timeline
 from hermes_sup.supervisor.views.taskrecords import Raw, Source
 
-from .conftest import CLI, wait_until
+from .conftest import CLI, init_workspace, wait_until
 from .test_supervisor import ROOT, hermes, llm_workspace
 
 
@@ -267,7 +267,7 @@ def test_a_transcript_replaced_whole_is_read_again_from_its_start(tmp_path):
 
 def test_task_log_of_a_task_nobody_worked_on_says_so(tmp_path):
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     task = Board(ws / "kanban").add({"title": "idle"})
     shown = hermes(ws, "task", "log", task["id"][:6])  # a unique prefix is enough
     assert shown.returncode == 0 and shown.stdout == ""
@@ -280,7 +280,7 @@ def test_a_task_reclaimed_by_another_agent_shows_both_agents_records_once_in_ord
 
     with ScriptedLLM() as llm:
         ws = tmp_path / "ws"
-        subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+        init_workspace(ws)
         (ws / "hermes.yaml").write_text(
             f"providers:\n  scripted: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
             "tiers: {cheap: [scripted], standard: [scripted], premium: [scripted]}\n"

@@ -22,7 +22,7 @@ from hermes_sup.agents import telemetry
 from hermes_sup.kanban import Board
 from hermes_sup.supervisor.config.workspace import ConfigError, load_config
 
-from .conftest import CLI, ROOT, wait_until
+from .conftest import CLI, ROOT, init_workspace, wait_until
 from .llm_server import ScriptedLLM, openai_reply
 
 SECRET = "PROMPT-TEXT-7f3a"  # in a task's body: never in what is exported without `content: true`
@@ -118,7 +118,7 @@ def no_otel_from_the_shell(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def workspace(tmp_path: Path, llm: ScriptedLLM, endpoint: str | None, agent: str = "") -> Path:
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     (ws / "hermes.yaml").write_text(
         f"providers:\n  scripted: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
         "tiers: {cheap: [scripted], standard: [scripted], premium: [scripted]}\n"
@@ -382,7 +382,7 @@ def test_a_task_made_on_one_host_joins_its_makers_trace_on_another_host_of_a_pos
         hosts = {}
         for host, agent in (("box-a", "lead"), ("box-b", "helper")):
             ws = tmp_path / host
-            subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+            init_workspace(ws)
             (ws / "hermes.yaml").write_text(
                 f"providers:\n  scripted: {{kind: openai, base_url: '{llm.url}/v1', model: m}}\n"
                 "tiers: {cheap: [scripted], standard: [scripted], premium: [scripted]}\n"
@@ -538,7 +538,7 @@ def test_steps_and_hermes_and_command_runtimes_trace_what_hermes_sup_knows_of_th
     program.chmod(0o755)
     (tmp_path / "hermes-home").mkdir()
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     (ws / "hermes.yaml").write_text(
         f"telemetry: {{otlp_endpoint: '{receiver.url}'}}\n"
         "agents:\n  - {name: stepper, roles: [steps]}\n"

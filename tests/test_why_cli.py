@@ -15,7 +15,7 @@ from hermes_sup.supervisor.config.workspace import Workspace
 from hermes_sup.supervisor.views import render
 from rich.console import Console
 
-from .conftest import CLI, ROOT, supervisor_state, wait_until
+from .conftest import CLI, ROOT, init_workspace, supervisor_state, wait_until
 
 UNREACHABLE = "provider local down until 2026-11-22T18:00:00Z (unreachable)"
 
@@ -26,7 +26,7 @@ def hermes(ws: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def make_ws(tmp_path: Path, team: str) -> Path:
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     (ws / "hermes.yaml").write_text("defaults:\n  stop_timeout: 20\n  heartbeat_timeout: 30\n" + team)
     return ws
 

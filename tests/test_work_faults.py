@@ -21,7 +21,7 @@ from hermes_sup.agents.terminal import died_of
 from hermes_sup.agents.tools import Toolbox, ToolContext, run_step
 from hermes_sup.kanban import Board
 
-from .conftest import CLI, ROOT, gone, marked_sleep, running, wait_until
+from .conftest import CLI, ROOT, gone, init_workspace, marked_sleep, running, wait_until
 
 
 def hermes(ws: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -30,7 +30,7 @@ def hermes(ws: Path, *args: str, timeout: float = 60) -> subprocess.CompletedPro
 
 def make_ws(tmp_path: Path, text: str) -> Path:
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     (ws / "hermes.yaml").write_text("defaults:\n  stop_timeout: 20\n  heartbeat_timeout: 30\n" + text)
     return ws
 

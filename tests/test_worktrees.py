@@ -20,7 +20,7 @@ from hermes_sup.agents.tools import Toolbox, ToolContext
 from hermes_sup.kanban import Board
 from hermes_sup.supervisor.config.workspace import ConfigError, load_config
 
-from .conftest import CLI, ROOT, wait_until
+from .conftest import CLI, ROOT, init_workspace, wait_until
 
 IDENTITY = {"GIT_AUTHOR_NAME": "u", "GIT_AUTHOR_EMAIL": "u@x", "GIT_COMMITTER_NAME": "u", "GIT_COMMITTER_EMAIL": "u@x"}
 
@@ -136,7 +136,7 @@ def test_two_agents_edit_the_same_file_on_two_branches_and_a_killed_holders_task
     gate.mkdir()
     before = checkout_state(repo)
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     agent = "  - name: {}\n    capabilities: [fs.read, fs.write, shell]\n    folders: [app, gate]\n"
     (ws / "hermes.yaml").write_text(
         f"folders:\n  app: {{path: {repo}, mode: rw, worktree: true}}\n  gate: {{path: {gate}}}\n"
@@ -308,7 +308,7 @@ def test_an_mcp_server_gets_a_worktree_repository_read_only(tmp_path):
 
     repo = make_repo(tmp_path / "app")
     ws = tmp_path / "ws"
-    subprocess.run([*CLI, "init", str(ws)], check=True, capture_output=True, cwd=ROOT)
+    init_workspace(ws)
     folders = {"app": {"path": str(repo), "mode": "rw", "worktree": True, "base": None}}
     agent = Agent({"name": "a", "folders": folders, "capabilities": ["shell"], "sandbox": "bubblewrap"}, ws,
                   ws / "runs" / "a")
