@@ -19,7 +19,7 @@ from ...kanban.prefix import resolve_task_id
 from ...kanban.task import TIERS, TaskError, normalize, now_iso, slugify
 from .. import team
 from ..cliargs import MAX_PRIORITY, emit_json, parse_steps
-from ..views import render, taskrecords, timeline
+from ..views import render
 from .board import team_now
 from .common import (
     Failure,
@@ -118,6 +118,8 @@ def task_show(ctx: click.Context, task_id: str, transcript: bool, as_json: bool)
     """Show one task: its fields, result or error, the question it waits on, comments, history, why
     it is not moving, and from the agents' records the models that served it, the files it wrote and
     its cost so far."""
+    from ..views import taskrecords, timeline  # the records' readers and the cost tables: `show`'s alone
+
     with open_board(ctx) as board:
         refreshed(board)
         doc = board.get(resolve_task_id(board, task_id))
