@@ -16,6 +16,13 @@ from ..kanban.fsio import write_json_atomic
 from ..kanban.task import now_iso
 
 
+def beat_every(heartbeat_timeout: float, *, working: bool) -> float:
+    """Seconds between an agent's heartbeats (pure): at least four within heartbeat_timeout; every
+    5 s while it works (each beat renews its claim's lease), every 10 s while it waits (20 idle
+    agents' beats were most of an idle supervisor's CPU)."""
+    return max(0.05, min(5.0 if working else 10.0, heartbeat_timeout / 4))
+
+
 class Liveness:
     """An agent's heartbeat, state and log, and how it comes to stop (mixed into worker.Agent, whose state it uses)."""
 
@@ -108,7 +115,7 @@ class Liveness:
         write_json_atomic(self.workdir / "state.json", {**said, "heartbeat": now_iso()}, fsync=False)
 
     def _heartbeat_loop(self) -> None:
-        while not self.stop.wait(self.interval):
+        while not self.stop.wait(beat_every(self.heartbeat_timeout, working=self.current is not None)):
             self.beat()
 
     def _watch_signals(self) -> None:

@@ -96,7 +96,7 @@ class Agent(Liveness, ModelAccess, TaskSetting):
         self.parent_pid: int | None = config.get("parent_pid")
         self.workspace = workspace
         self.orphan_grace = float(config.get("orphan_grace", 30.0))
-        self.interval = max(0.05, min(5.0, float(config.get("heartbeat_timeout", 60.0)) / 4))
+        self.heartbeat_timeout = float(config.get("heartbeat_timeout", 60.0))
         self.log_max_bytes = int(float(config.get("log_max_mb", 10.0)) * (1 << 20))
         self.log_keep = int(config.get("log_keep", 3))
         self.workdir = workdir

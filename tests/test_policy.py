@@ -124,10 +124,12 @@ def test_the_loops_sleep_while_judging_never_lets_a_stopped_supervisor_kill_a_li
     all dropped meanwhile: once continued, the silence it judges (time since the last beat it read,
     less the gap it credits) stays under the timeout. The sleep is what bounds it: the stop's part
     before the sleep would have ended is not seen as a gap."""
+    from hermes_sup.agents.liveness import beat_every
     from hermes_sup.supervisor.policy import judge_every, loop_gap
 
+    assert (beat_every(60, working=True), beat_every(60, working=False), beat_every(8, working=False)) == (5, 10, 2)
     for timeout in (3.0, 12.0, 60.0, 600.0):  # under 3 s, a busy turn's 1 s of tolerance is most of it
-        every = max(0.05, min(5.0, timeout / 4))  # agents/worker.py: an agent's beat interval
+        every = max(beat_every(timeout, working=True), beat_every(timeout, working=False))
         sleep = judge_every(timeout)
         assert sleep >= 1.0
         worst = 0.0
