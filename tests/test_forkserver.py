@@ -21,7 +21,7 @@ from hermes_sup.supervisor import cgroups
 from hermes_sup.supervisor.forking import ENV, agent_argv, enabled, forkable, reload_note, sdks, server_env
 from hermes_sup.supervisor.procs import marked
 
-from .conftest import CLI, ROOT, gone, init_workspace, supervisor_state, wait_until
+from .conftest import ROOT, gone, init_workspace, supervisor_state, wait_until
 
 # A `command` agent whose child leaves an orphan behind (reparented to the supervisor, a subreaper)
 # that exits a moment later: its zombie is the supervisor's to reap.
@@ -223,30 +223,6 @@ def test_a_dead_fork_server_costs_only_speed(tmp_path, up, monkeypatch):
     again = server_of(sup)
     os.kill(sup, signal.SIGKILL)
     wait_until(lambda: gone(again), timeout=5)  # it dies with the supervisor (PR_SET_PDEATHSIG)
-
-
-def test_a_team_without_a_built_in_agent_starts_no_server_until_a_reload_adds_one(tmp_path, up, monkeypatch):
-    """The server speeds up only the built-in runtime's agents: a team of `command` agents never pays for
-    its imports; the first built-in agent a reload adds starts it, and that agent's restart is a fork."""
-    monkeypatch.setenv(ENV, "1")
-    ws = workspace(tmp_path, "http://127.0.0.1:9")
-    config = (ws / "hermes.yaml").read_text()
-    command_only = config.split("  - {name: alpha")[0] + config.split("\n")[-2] + "\n"
-    assert "orphaner" in command_only and "alpha" not in command_only
-    (ws / "hermes.yaml").write_text(command_only)
-    sup = up(ws).pid
-    wait_until(lambda: started(ws, "orphaner"), timeout=30)
-    assert server_of(sup) is None, "no agent it could fork: no fork server"
-    (ws / "hermes.yaml").write_text(config)
-    done = subprocess.run([*CLI, "-w", str(ws), "reload"], capture_output=True, text=True, cwd=ROOT, timeout=60)
-    assert done.returncode == 0, done.stderr
-    wait_until(lambda: sum("fork server ready" in (e.get("note") or "") for e in events(ws)) == 1, timeout=30)
-    assert server_of(sup) is not None
-    wait_until(lambda: agent(ws, "beta").get("state") == "running", timeout=30)
-    first = agent(ws, "beta")["pid"]
-    os.kill(first, signal.SIGKILL)
-    wait_until(lambda: len(started(ws, "beta")) == 2, timeout=10)
-    assert started(ws, "beta")[-1]["start"] == "fork", "once ready, the server forks the reload's agents"
 
 
 def test_what_is_forked_and_what_the_server_is_given():
