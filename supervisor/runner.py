@@ -350,11 +350,14 @@ class Supervisor:
 
     def _deadlines(self, now: float) -> float:
         soonest = now + 60.0
+        # While `down` runs, neither the inbox nor a fork server's restart is looked at (`_due`): as
+        # deadlines they would be past for good, and the loop would spin until the last agent exits.
+        forks = self.forks.deadline() if self.forks is not None and not self.shutting_down else None
         for when in (self.control.next_deadline(), self.state_writer.retry_at if self.dirty else None,
-                     self.task_write_at, self.leftovers.sweep_at, self.forks.deadline() if self.forks else None):
+                     self.task_write_at, self.leftovers.sweep_at, forks):
             if when is not None:
                 soonest = min(soonest, when)
-        if not any(child.state == State.RUNNING for child in self.children.values()):
+        if not self.shutting_down and not any(child.state == State.RUNNING for child in self.children.values()):
             soonest = min(soonest, self._next_ingest)
         for child in self.children.values():
             if child.restart_at is not None:

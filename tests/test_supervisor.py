@@ -126,9 +126,17 @@ def test_down_kills_an_agent_that_ignores_sigterm_and_its_grandchild(tmp_path, u
                                 timeout=10).split()[1])
     stubborn = agent(ws, "stubborn")["pid"]
     started = time.monotonic()
-    done = hermes(ws, "down", "--timeout", "1")
-    assert done.returncode == 0, done.stderr
-    assert time.monotonic() - started >= 1.0
+    down = subprocess.Popen([*CLI, "-w", str(ws), "down", "--timeout", "3"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    wait_until(lambda: agent(ws, "stubborn").get("state") == "stopping", timeout=10)
+    supervisor = psutil.Process(proc.pid)
+    before, at = sum(supervisor.cpu_times()[:2]), time.monotonic()
+    time.sleep(1.0)  # the supervisor waits out the agent's stop timeout: what it burns meanwhile is measured
+    spent = (sum(supervisor.cpu_times()[:2]) - before) / (time.monotonic() - at)
+    assert spent < 0.1, f"the supervisor used {spent:.0%} of a core while it waited for a stop"
+    _out, err = down.communicate(timeout=60)
+    assert down.returncode == 0, err
+    assert time.monotonic() - started >= 3.0
     assert proc.wait(timeout=10) == 0
     for pid in (stubborn, grandchild):
         assert gone(pid)
