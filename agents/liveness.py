@@ -115,8 +115,14 @@ class Liveness:
         write_json_atomic(self.workdir / "state.json", {**said, "heartbeat": now_iso()}, fsync=False)
 
     def _heartbeat_loop(self) -> None:
-        while not self.stop.wait(beat_every(self.heartbeat_timeout, working=self.current is not None)):
-            self.beat()
+        # Woken at the working pace, beating at the idle one only while idle: a task claimed during
+        # an idle wait has its lease renewed within the working interval, as before idle beats slowed.
+        last = time.monotonic()
+        while not self.stop.wait(beat_every(self.heartbeat_timeout, working=True)):
+            idle = beat_every(self.heartbeat_timeout, working=False)
+            if self.current is not None or time.monotonic() - last >= idle * 0.95:
+                self.beat()
+                last = time.monotonic()
 
     def _watch_signals(self) -> None:
         # A signal handler must not take locks (Event.set does): it only writes the signal

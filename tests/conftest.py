@@ -132,7 +132,12 @@ def init_workspace(ws: Path, *options: str) -> None:
     from click.testing import CliRunner
     from hermes_sup.supervisor.cli import main
 
-    done = CliRunner().invoke(main, ["init", *options, str(ws)])
+    umask = os.umask(0o022)  # the command narrows the process's umask: this process's is put back
+    os.umask(umask)
+    try:
+        done = CliRunner().invoke(main, ["init", *options, str(ws)])
+    finally:
+        os.umask(umask)
     assert done.exit_code == 0, (done.output, done.exception)
 
 
