@@ -6,12 +6,13 @@ environment holding no secret and one socket (a SOCK_SEQPACKET socketpair end, F
 model call), says it is ready, then answers requests: a JSON {argv, cwd, env_size, cgroup} with, as
 descriptors, the agent's log, the read end of a pipe the supervisor writes "go" and then the agent's
 environment to once it knows the agent's pid (an agent whose pid it never learnt, the server having
-timed out, reads end of file and exits before running anything) and, optionally, its cgroup.procs.
+timed out, reads end of file and exits before running anything) and, optionally, its cgroup's folder.
 The environment never passes through here: freed memory is not wiped, and every agent forked later
-is a copy of this process's memory. It double-forks: the middle process joins the
+is a copy of this process's memory. The agent is cloned as the supervisor's child, born in its cgroup
+(forkclone.py); where the kernel refuses that, the server double-forks: the middle process joins the
 cgroup (so the agent is born in it), forks the agent and exits at once, and the agent is reparented
 to the supervisor (a child subreaper), whose child it then is as if it had been exec'd. The reply is
-{"pid": N} once the middle process has been reaped (so the reparenting has happened) or {"error": why}.
+{"pid": N, "via": "clone3" or "fork"}, once the agent is the supervisor's child, or {"error": why}.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import sys
 import threading
 
 from .forkchild import become_agent, room
+from .forkclone import Unsupported, clone
 
 # What `python -m hermes_sup.agents run` imports; the supervisor adds the SDKs its providers need
 # (an agent imports one at its first model call; openai takes half a second, anthropic over one).
@@ -78,11 +80,41 @@ def parse(data: bytes, fds: list[int], env_room: int) -> dict[str, object]:
     return request
 
 
-def spawn(request: dict[str, object], fds: list[int]) -> int:
-    """Fork the agent of `request` and return its pid, once its middle process is reaped."""
+def spawn(request: dict[str, object], fds: list[int]) -> dict[str, object]:
+    """Fork the agent of `request`: the reply, once the agent is the supervisor's child."""
     # A thread holding a lock at fork would leave the agent deadlocked on it: there must be none.
     assert threading.active_count() == 1, "the fork server runs no thread"
     log_fd, go_fd, cgroup_fd = fds[0], fds[1], (fds[2] if request.get("cgroup") else None)
+    me = os.getpid()
+    try:
+        agent = clone(cgroup_fd)
+    except Unsupported:
+        agent = None
+    if agent == 0:
+        become_agent(request, log_fd, go_fd, parent=me)  # never returns
+    if agent is not None and not killed_at_birth(agent):
+        return {"pid": agent, "via": "clone3"}
+    return {"pid": _double_fork(request, log_fd, go_fd, cgroup_fd), "via": "fork"}
+
+
+def killed_at_birth(pid: int) -> bool:
+    """Whether the kernel killed the agent just cloned (a SIGKILL pending, or dead already): what Linux
+    6.18 does to a process cloned into a cgroup ever killed through cgroup.kill. Nothing else can have:
+    until the supervisor has our reply, the agent waits for its go and nobody knows its pid. Its zombie
+    is the supervisor's to reap, as any orphan's."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as handle:
+            fields = dict(line.split(b":", 1) for line in handle.read().splitlines() if b":" in line)
+    except OSError:
+        return True
+    sigkill = 1 << (signal.SIGKILL - 1)
+    pending = int(fields.get(b"SigPnd", b"0"), 16) | int(fields.get(b"ShdPnd", b"0"), 16)
+    return fields.get(b"State", b"").strip()[:1] in (b"Z", b"X") or bool(pending & sigkill)
+
+
+def _double_fork(request: dict[str, object], log_fd: int, go_fd: int, cgroup_fd: int | None) -> int:
+    """The agent forked by a middle process that joins its cgroup and exits: its pid, once the middle
+    process has been reaped (so the agent has been reparented)."""
     read_end, write_end = os.pipe()
     middle = os.fork()
     if middle == 0:  # the middle process: never returns
@@ -90,7 +122,9 @@ def spawn(request: dict[str, object], fds: list[int]) -> int:
         try:
             os.close(read_end)
             if cgroup_fd is not None:
-                os.write(cgroup_fd, b"0")  # "0": this process; what it forks is born in the cgroup
+                procs = os.open("cgroup.procs", os.O_WRONLY, dir_fd=cgroup_fd)
+                os.write(procs, b"0")  # "0": this process; what it forks is born in the cgroup
+                os.close(procs)
             me = os.getpid()
             agent = os.fork()
             if agent == 0:
@@ -127,8 +161,9 @@ def serve(sock: socket.socket) -> int:
             return 0
         if not data:  # the supervisor closed its end: `down`, or it is gone
             return 0
+        reply: dict[str, object]
         try:
-            reply: dict[str, object] = {"pid": spawn(parse(data, fds, env_room), fds)}
+            reply = spawn(parse(data, fds, env_room), fds)
         except Exception as exc:  # any: one bad request must not end the server
             reply = {"error": str(exc)[:500]}
         finally:

@@ -54,17 +54,19 @@ def cgroup2_options(mountinfo: str) -> set[str]:
 
 
 def join_note(options: set[str], kernel: str) -> str:
-    """Why each agent's start is slower than it need be, or "" (pure; `kernel` as os.uname().release
+    """Why each exec'd agent's start is slower than it need be, or "" (pure; `kernel` as os.uname().release
     says it). Moving a process into a cgroup takes a lock whose writers wait for an RCU grace period,
-    about 15 ms on a 2-core machine (most of a restart's time with the fork server) unless the
-    hierarchy favours such moves: Linux 6.0's favordynmods mount option."""
+    15-40 ms on a 2-core machine, unless the hierarchy favours such moves: Linux 6.0's favordynmods
+    mount option. A forked agent is born in its cgroup (clone3) and moves nowhere, unless the kernel
+    refuses clone3 (a seccomp profile)."""
     try:
         major, minor = (int(part) for part in kernel.split(".")[:2])
     except ValueError:
         return ""
     if "favordynmods" in options or (major, minor) < (6, 0):
         return ""
-    return ("each agent's start and restart waits about 15 ms for the kernel as it joins its cgroup; "
+    return ("each agent started by exec (or by the fork server where clone3 is refused) waits about 15 ms "
+            "for the kernel as it joins its cgroup; "
             "`mount -o remount,favordynmods <the cgroup2 mount>` (as root) removes that wait")
 
 
@@ -143,17 +145,28 @@ def agent_cgroup(base: Path, agent: str) -> Path:
     return base / agent_name(agent)
 
 
-def joiner(path: Path) -> tuple[int, Callable[[], None]]:
-    """An open cgroup.procs of `path` (created if need be) and the preexec function that moves the new
-    process into it before it runs anything: so not even its first fork escapes. The caller closes the fd.
-    The function only writes prepared bytes to an open fd: nothing that could wait on a lock after fork."""
+def joiner(path: Path) -> tuple[int, int, Callable[[], None]]:
+    """`path` (created if need be) open as a folder (what clone3 is born into), its cgroup.procs open,
+    and the preexec function that moves the new process into it before it runs anything: so not even
+    its first fork escapes. The caller closes both. The function only writes prepared bytes to an open
+    fd: nothing that could wait on a lock after fork."""
+    # An empty one is made anew: on some kernels (6.18) a process cloned into a cgroup that was ever
+    # killed through cgroup.kill is killed at birth (the fork server's clone3; forkclone.py). One still
+    # populated, by what its last agent left dying, is kept (the server then forks the slower way).
+    with contextlib.suppress(OSError):
+        path.rmdir()
     path.mkdir(exist_ok=True)
-    fd = os.open(path / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
+    folder = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = os.open("cgroup.procs", os.O_WRONLY | os.O_CLOEXEC, dir_fd=folder)
+    except OSError:
+        os.close(folder)
+        raise
 
     def join() -> None:
         os.write(fd, b"0")  # "0": the writing process itself
 
-    return fd, join
+    return folder, fd, join
 
 
 def populated(path: Path) -> bool:

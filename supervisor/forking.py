@@ -249,7 +249,7 @@ class ForkServer:
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, log: int,
               cgroup: int | None) -> int | None:
-        """The pid of the agent it forked, reparented to us; None to start it by exec instead."""
+        """The pid of the agent it forked, our child; None to start it by exec instead."""
         if self.sock is None or not self.ready or not forkable(argv, env, self.env, self.python, self.room):
             return None
         # The environment (keys included) never goes to the server: it would stay in its freed memory,

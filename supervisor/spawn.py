@@ -20,11 +20,11 @@ Proc = subprocess.Popen[bytes] | Forked
 def spawn(spec: ChildSpec, env: dict[str, str], base: Path | None, forks: ForkServer | None,
           say: Callable[[str], None]) -> tuple[Proc, Path | None]:
     """The agent's new process and its cgroup (None: its session only). `base`: the workspace's cgroup."""
-    fd, join, where = None, None, None
+    fd, folder, join, where = None, None, None, None
     if base is not None:
         where = cgroups.agent_cgroup(base, spec.name)
         try:
-            fd, join = cgroups.joiner(where)
+            folder, fd, join = cgroups.joiner(where)
         except OSError as exc:
             say(f"{spec.name}: cannot use its cgroup ({exc.strerror}); process group only")
             where = None
@@ -32,7 +32,7 @@ def spawn(spec: ChildSpec, env: dict[str, str], base: Path | None, forks: ForkSe
         # The agent writes to its own log file, never to a pipe we must drain.
         log = open_log(spec.workdir / "agent.log", say)
         try:
-            pid = (forks.spawn(spec.argv, env, str(spec.workdir), log, fd)
+            pid = (forks.spawn(spec.argv, env, str(spec.workdir), log, folder)
                    if forks is not None and spec.forkable else None)
             if pid is not None:
                 return Forked(pid), where
@@ -47,8 +47,9 @@ def spawn(spec: ChildSpec, env: dict[str, str], base: Path | None, forks: ForkSe
             raise
         say(f"{spec.name}: cannot join its cgroup ({exc}); process group only")
     finally:
-        if fd is not None:
-            os.close(fd)
+        for opened in (fd, folder):
+            if opened is not None:
+                os.close(opened)
     log = open_log(spec.workdir / "agent.log", say)
     try:
         return subprocess.Popen(spec.argv, cwd=spec.workdir, env=env, stdin=subprocess.DEVNULL, stdout=log,

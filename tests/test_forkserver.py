@@ -194,8 +194,8 @@ def test_forked_agents_work_alone_in_their_session_and_cgroup_and_a_killed_one_i
         wait_until(lambda: not psutil.pid_exists(orphan), timeout=5)  # exited and reaped: no zombie left
 
         os.kill(pids["alpha"], signal.SIGKILL)
-        wait_until(lambda: agent(ws, "alpha").get("restarts") == 1 and agent(ws, "alpha")["pid"] != pids["alpha"],
-                   timeout=10)
+        wait_until(lambda: agent(ws, "alpha").get("restarts") == 1 and agent(ws, "alpha")["pid"] != pids["alpha"]
+                   and agent(ws, "alpha")["state"] == "running", timeout=10)  # the new one runs, not killed at birth
         assert agent(ws, "alpha")["last_exit"].startswith("killed by SIGKILL"), "its status was the supervisor's"
         assert [e.get("start") for e in started(ws, "alpha")] == ["fork", "fork"]
         assert not zombies(sup)

@@ -1,0 +1,164 @@
+"""The fork server's fast fork with real processes and cgroups: an agent cloned (clone3) straight into
+its cgroup as the asker's own child; where the kernel kills what is cloned into a cgroup once killed,
+or a seccomp profile refuses clone3 (Docker's answers ENOSYS), the agent is still made, the slower way,
+born in its cgroup and running once told to go."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from hermes_sup.agents.forkchild import go_message
+from hermes_sup.supervisor import cgroups
+from hermes_sup.supervisor.forking import agent_argv, server_env
+
+# Starts the program in its argv under a seccomp filter that answers clone3 (435) with ENOSYS, as
+# Docker's default profile does; every other system call is allowed.
+NO_CLONE3 = r"""
+import ctypes, os, sys
+class Insn(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint32)]
+class Prog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Insn))]
+insns = (Insn * 4)(Insn(0x20, 0, 0, 0),                 # load the system call's number
+                   Insn(0x15, 0, 1, 435),               # clone3?
+                   Insn(0x06, 0, 0, 0x00050000 | 38),   # then fail with ENOSYS
+                   Insn(0x06, 0, 0, 0x7FFF0000))        # else allow
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+assert libc.prctl(22, 2, ctypes.byref(Prog(4, insns))) == 0, ctypes.get_errno()  # SECCOMP_MODE_FILTER
+os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
+"""
+
+
+@pytest.fixture
+def cgroup_base(tmp_path: Path) -> Iterator[Path]:
+    containment = cgroups.detect(tmp_path)
+    if containment.mode != "cgroup" or containment.base is None:
+        pytest.skip(f"cgroups are not available here: {containment.detail}")
+    try:
+        yield containment.base
+    finally:
+        for folder in [p for p in containment.base.iterdir() if p.is_dir()]:
+            cgroups.kill(folder)
+        cgroups.remove(containment.base, timeout=10)
+
+
+@contextlib.contextmanager
+def fork_server(*, clone3: bool = True) -> Iterator[socket.socket]:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    argv = ["-P", "-m", "hermes_sup.agents.forkserver", str(theirs.fileno()), str(os.getpid())]
+    argv = [sys.executable, *argv] if clone3 else [sys.executable, "-c", NO_CLONE3, *argv]
+    server = subprocess.Popen(argv, env=server_env(os.environ), pass_fds=[theirs.fileno()])
+    theirs.close()
+    try:
+        assert json.loads(ours.recv(4096))["ready"] is True
+        yield ours
+    finally:
+        ours.close()
+        server.wait(timeout=10)
+
+
+def ask(sock: socket.socket, tmp_path: Path, cgroup: Path | None) -> tuple[dict, int, Path]:
+    """Ask as the supervisor does: the reply, the go pipe's write end and the agent's log."""
+    log = tmp_path / f"log-{len(list(tmp_path.iterdir()))}"
+    fds = [os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)]
+    go_read, go_write = os.pipe()
+    fds.append(go_read)
+    if cgroup is not None:
+        fds.append(os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY))
+    request = {"argv": list(agent_argv(sys.executable)), "cwd": str(tmp_path), "env_size": 100,
+               "cgroup": cgroup is not None}
+    socket.send_fds(sock, [json.dumps(request).encode()], fds)
+    for fd in fds:
+        os.close(fd)
+    return json.loads(sock.recv(4096)), go_write, log
+
+
+def run_to_the_end(pid: int, go_write: int, log: Path) -> tuple[int, str]:
+    """Tell the agent to go (outside a supervisor, it says so and exits 2): its exit code and log."""
+    os.write(go_write, go_message({"PATH": os.environ["PATH"]}))
+    os.close(go_write)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), log.read_text()
+
+
+def cgroup_of(pid: int) -> str:
+    return Path(f"/proc/{pid}/cgroup").read_text().strip().rsplit("::", 1)[-1]
+
+
+def test_an_agent_is_cloned_as_the_askers_child_straight_into_its_cgroup(tmp_path, cgroup_base):
+    """No middle process: the asker (the supervisor; here the test) is the agent's parent at once,
+    and the agent is in its cgroup from its first instruction."""
+    folder = cgroup_base / "agent-a"
+    folder.mkdir()
+    with fork_server() as sock:
+        for where in (folder, None):
+            reply, go_write, log = ask(sock, tmp_path, where)
+            assert reply["via"] == "clone3", reply
+            pid = reply["pid"]
+            assert psutil.Process(pid).ppid() == os.getpid(), "the asker's child, not the server's"
+            if where is not None:
+                assert cgroup_of(pid).endswith("/agent-a"), "born in its cgroup"
+            code, logged = run_to_the_end(pid, go_write, log)
+            assert code == 2 and "started outside a supervisor" in logged, (code, logged)
+
+
+def test_a_cgroup_once_killed_still_gets_a_live_agent(tmp_path, cgroup_base):
+    """Linux 6.18 kills a process cloned into a cgroup that cgroup.kill was ever written to; the
+    server sees it killed at birth and forks the agent the slower way."""
+    folder = cgroup_base / "agent-b"
+    folder.mkdir()
+    (folder / "cgroup.kill").write_text("1")  # an earlier agent's leftovers were killed here
+    with fork_server() as sock:
+        reply, go_write, log = ask(sock, tmp_path, folder)
+        pid = reply["pid"]
+        assert psutil.Process(pid).ppid() == os.getpid()
+        assert cgroup_of(pid).endswith("/agent-b")
+        code, logged = run_to_the_end(pid, go_write, log)
+        assert code == 2 and "started outside a supervisor" in logged, (code, logged)
+
+
+def test_the_spawns_cgroup_is_made_anew_once_empty_so_the_clone_is_not_killed(tmp_path, cgroup_base):
+    """What the supervisor gives the server (cgroups.joiner): a killed agent cgroup, empty again, is
+    made anew, so the fast fork works for every restart and not only the first start."""
+    folder = cgroup_base / "agent-c"
+    folder.mkdir()
+    (folder / "cgroup.kill").write_text("1")
+    opened, procs, _join = cgroups.joiner(folder)
+    os.close(procs)
+    try:
+        with fork_server() as sock:
+            fds = [os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT), *os.pipe()]
+            request = {"argv": list(agent_argv(sys.executable)), "cwd": str(tmp_path), "env_size": 100,
+                       "cgroup": True}
+            socket.send_fds(sock, [json.dumps(request).encode()], [fds[0], fds[1], opened])
+            reply = json.loads(sock.recv(4096))
+            for fd in fds[:2]:
+                os.close(fd)
+            assert reply["via"] == "clone3", reply
+            assert cgroup_of(reply["pid"]).endswith("/agent-c")
+            os.close(fds[2])  # never told to go: it exits before running anything
+            assert os.waitstatus_to_exitcode(os.waitpid(reply["pid"], 0)[1]) == 127
+    finally:
+        os.close(opened)
+
+
+def test_where_clone3_is_refused_agents_are_still_forked_into_their_cgroup(tmp_path, cgroup_base):
+    folder = cgroup_base / "agent-d"
+    folder.mkdir()
+    with fork_server(clone3=False) as sock:
+        reply, go_write, log = ask(sock, tmp_path, folder)
+        assert reply["via"] == "fork", reply
+        pid = reply["pid"]
+        assert psutil.Process(pid).ppid() == os.getpid(), "reparented to the subreaper (here, the test)"
+        assert cgroup_of(pid).endswith("/agent-d")
+        code, logged = run_to_the_end(pid, go_write, log)
+        assert code == 2 and "started outside a supervisor" in logged, (code, logged)
