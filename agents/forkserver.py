@@ -1,12 +1,13 @@
 """The fork server: a process that has imported the agent runtime once and forks agents on request.
 
-The supervisor starts it (`python -P -m hermes_sup.agents.forkserver FD PARENT [SDK...]`) with an
+The supervisor starts it (`python -P -m hermes_sup.agents.forkserver FD PARENT [PRELOAD...]`) with an
 environment holding no secret and one socket (a SOCK_SEQPACKET socketpair end, FD). It imports what
-`python -m hermes_sup.agents run` imports (and the SDKs named, which an agent imports at its first
-model call), says it is ready, then answers requests: a JSON {argv, cwd, env_size, cgroup} with, as
-descriptors, the agent's log, the read end of a pipe the supervisor writes "go" and then the agent's
-environment to once it knows the agent's pid (an agent whose pid it never learnt, the server having
-timed out, reads end of file and exits before running anything) and, optionally, its cgroup's folder.
+`python -m hermes_sup.agents run` imports, the file board, and what is named (openai, anthropic:
+the SDKs an agent imports at its first model call; postgres: that board's backend), says it is
+ready, then answers requests: a JSON {argv, cwd, env_size, cgroup} with, as descriptors, the
+agent's log, the read end of a pipe the supervisor writes "go" and then the agent's environment to
+once it knows the agent's pid (an agent whose pid it never learnt, the server having timed out,
+reads end of file and exits before running anything) and, optionally, its cgroup's folder.
 The environment never passes through here: freed memory is not wiped, and every agent forked later
 is a copy of this process's memory. The agent is cloned as the supervisor's child, born in its cgroup
 (forkclone.py); where the kernel refuses that, the server double-forks: the middle process joins the
@@ -30,10 +31,12 @@ import threading
 from .forkchild import become_agent, room
 from .forkclone import Unsupported, clone
 
-# What `python -m hermes_sup.agents run` imports; the supervisor adds the SDKs its providers need
-# (an agent imports one at its first model call; openai takes half a second, anthropic over one).
-RUNTIME = ("hermes_sup.kanban.redact", "hermes_sup.agents.worker")
-SDKS = ("openai", "anthropic")
+# What `python -m hermes_sup.agents run` imports, and the file board it opens first thing (25 ms of a
+# forked agent's start otherwise); the supervisor adds the SDKs its providers need (an agent imports
+# one at its first model call; openai takes half a second, anthropic over one) and the PostgreSQL
+# board's backend if that is the board.
+RUNTIME = ("hermes_sup.kanban.redact", "hermes_sup.agents.worker", "hermes_sup.kanban.board")
+PRELOADS = {"openai": "openai", "anthropic": "anthropic", "postgres": "hermes_sup.kanban.pg"}
 MAX_REQUEST = 1 << 20
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
@@ -54,9 +57,9 @@ def _undumpable() -> None:
         os._exit(1)  # refused: better no server (agents are exec'd) than one any agent may take over
 
 
-def _import_runtime(sdks: list[str]) -> None:
-    for name in (*RUNTIME, *(sdk for sdk in sdks if sdk in SDKS)):
-        with contextlib.suppress(ImportError):  # an SDK not installed: the agent imports it (or not) itself
+def _import_runtime(preloads: list[str]) -> None:
+    for name in (*RUNTIME, *(PRELOADS[what] for what in preloads if what in PRELOADS)):
+        with contextlib.suppress(ImportError):  # one not installed: the agent imports it (or not) itself
             importlib.import_module(name)
 
 

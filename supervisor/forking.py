@@ -56,12 +56,16 @@ def reload_note(at_up: bool, wanted: bool) -> str:
             f"{'on' if at_up else 'off'} until the next `up`")
 
 
-def sdks(config: Mapping[str, Any]) -> tuple[str, ...]:
-    """The SDKs the fork server imports: those of the provider kinds hermes.yaml names (pure). `auto`
-    names none: which one it resolves to is the agent's to find out, and it imports that one itself."""
+def preloads(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """What the fork server imports beyond the runtime (pure): the SDKs of the provider kinds hermes.yaml
+    names, and the PostgreSQL board's backend if it is the board. `auto` names no SDK: which one it
+    resolves to is the agent's to find out, and it imports that one itself."""
     providers = config.get("providers") or {}
     kinds = {spec.get("kind") for spec in providers.values() if isinstance(spec, Mapping)}
-    return tuple(sdk for sdk in ("openai", "anthropic") if sdk in kinds)
+    board = config.get("board")
+    backend = board.get("backend") if isinstance(board, Mapping) else None
+    board_ = ("postgres",) if backend == "postgres" else ()
+    return (*(sdk for sdk in ("openai", "anthropic") if sdk in kinds), *board_)
 
 
 def agent_argv(python: str) -> tuple[str, ...]:
@@ -170,8 +174,8 @@ class ForkServer:
     """The fork server process as the supervisor keeps it: started, ready, asked, lost, started again."""
 
     def __init__(self, selector: selectors.BaseSelector, say: Callable[[str], None], *,
-                 python: str = sys.executable, sdks: tuple[str, ...] = ()) -> None:
-        self.selector, self.say, self.python, self.sdks = selector, say, python, sdks
+                 python: str = sys.executable, preloads: tuple[str, ...] = ()) -> None:
+        self.selector, self.say, self.python, self.preloads = selector, say, python, preloads
         self.proc: subprocess.Popen[bytes] | None = None
         self.sock: socket.socket | None = None
         self.env: dict[str, str] = {}
@@ -191,7 +195,7 @@ class ForkServer:
         try:
             self.proc = subprocess.Popen(
                 [self.python, "-P", "-m", "hermes_sup.agents.forkserver", str(theirs.fileno()), str(os.getpid()),
-                 *self.sdks],
+                 *self.preloads],
                 env=self.env, stdin=subprocess.DEVNULL, pass_fds=[theirs.fileno()], start_new_session=True,
                 cwd="/")
         except OSError as exc:

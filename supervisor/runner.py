@@ -52,7 +52,7 @@ from .control import (
 )
 from .control import request as request  # the CLI's entry point, kept importable from here
 from .exits import State, Why, event, on_exit, on_failed_start
-from .forking import Forked, ForkServer, become_subreaper, enabled, reap_orphans, sdks
+from .forking import Forked, ForkServer, become_subreaper, enabled, preloads, reap_orphans
 from .governance.alerts import AlertSender, rules_of
 from .governance.schedules import Scheduler, schedules_of
 from .ingestwarn import IngestWarnings, team_of
@@ -133,7 +133,7 @@ class Supervisor:
         self._notify_refused = 0
         self.leftovers = Leftovers(self)
         self.fork_wanted = enabled(config, os.environ)  # read at `up` only: a reload says a change waits
-        self.forks = ForkServer(self.selector, self.say, sdks=sdks(config)) if self.fork_wanted else None
+        self.forks = ForkServer(self.selector, self.say, preloads=preloads(config)) if self.fork_wanted else None
 
 
     def _bind(self) -> None:

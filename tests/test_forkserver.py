@@ -18,7 +18,7 @@ from hermes_sup.agents.forkchild import ROOM_ENV, block
 from hermes_sup.kanban import Board
 from hermes_sup.kanban.events import event_fields
 from hermes_sup.supervisor import cgroups
-from hermes_sup.supervisor.forking import ENV, agent_argv, enabled, forkable, reload_note, sdks, server_env
+from hermes_sup.supervisor.forking import ENV, agent_argv, enabled, forkable, preloads, reload_note, server_env
 from hermes_sup.supervisor.procs import marked
 
 from .conftest import ROOT, gone, init_workspace, supervisor_state, wait_until
@@ -244,8 +244,8 @@ def test_what_is_forked_and_what_the_server_is_given():
     assert not forkable(agent_argv(python), {**agent_env, "HOME": "/elsewhere"}, env, python, room), "its site dir"
     assert forkable(agent_argv(python), {**agent_env, "HOMEPAGE": "x"}, env, python, room)
     assert not forkable(agent_argv(python), {**agent_env, "BIG": "x" * 5000}, env, python, room)
-    assert sdks({"providers": {"a": {"kind": "anthropic"}, "b": {"kind": "auto"}}}) == ("anthropic",)
-    assert sdks({}) == ()
+    assert preloads({"providers": {"a": {"kind": "anthropic"}, "b": {"kind": "auto"}}}) == ("anthropic",)
+    assert preloads({"board": {"backend": "postgres"}}) == ("postgres",) and preloads({}) == ()
     assert block([b"A=1"], 8) == b"A=1\0\0\0\0\0" and block([b"A=1234"], 7) is None
     assert not forkable(agent_argv(python), {**agent_env, "BAD": "a\0b"}, env, python, room), "exec refuses it"
 
