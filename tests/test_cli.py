@@ -490,3 +490,16 @@ def test_the_command_line_imports_no_postgresql_driver_until_a_board_needs_it():
             "assert not [m for m in sys.modules if m.startswith('psycopg')], sorted(sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_status_imports_neither_the_config_checks_nor_the_agent_runtime(ws):
+    """`status` while 256 agents start competes with them for the cores: the config's checks, the
+    agent runtime's tools and the process specs (what `up` needs) are not imported for a look."""
+    code = ("import sys\nfrom hermes_sup.supervisor.cli import main\n"
+            "try:\n    main(['status', '--json'])\nexcept SystemExit as exc:\n    assert not exc.code, exc.code\n"
+            "loaded = [m for m in ('hermes_sup.supervisor.config.checks', 'hermes_sup.supervisor.spec',\n"
+            "                      'hermes_sup.agents.tools', 'hermes_sup.supervisor.cli.run') if m in sys.modules]\n"
+            "assert not loaded, loaded\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ws)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert '"agents"' in done.stdout

@@ -129,7 +129,7 @@ def test_status_rows_say_each_agents_uptime_memory_and_cpu_from_one_read_of_the_
     import time
 
     import psutil
-    from hermes_sup.supervisor.cli.run import status_rows
+    from hermes_sup.supervisor.cli.status import status_rows
 
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     idle = subprocess.Popen(["sleep", "300"])
@@ -164,7 +164,7 @@ def test_status_rows_time_each_agents_cpu_over_its_own_interval(tmp_path, monkey
 
     import psutil
     from hermes_sup.supervisor import proctable
-    from hermes_sup.supervisor.cli.run import status_rows
+    from hermes_sup.supervisor.cli.status import status_rows
 
     real_table = proctable.table
     monkeypatch.setattr(proctable, "table", lambda: (real_table(), time.sleep(0.3))[0])  # a slow scan

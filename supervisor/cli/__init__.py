@@ -22,7 +22,7 @@ from ..config.workspace import SHARED_UMASK
 # the dashboard, migration and everything else, which took a fifth of every command's start-up.
 COMMANDS: dict[str, tuple[str, str]] = {
     "init": ("setup", "init"), "doctor": ("setup", "doctor"),
-    "up": ("run", "up"), "status": ("run", "status"), "ps": ("run", "status"),  # ps: the same command
+    "up": ("run", "up"), "status": ("status", "status"), "ps": ("status", "status"),  # ps: the same command
     "restart": ("run", "restart"), "reload": ("run", "reload"), "down": ("run", "down"),
     "stop": ("steer", "stop"), "start": ("steer", "start"),
     "task": ("task", "task"), "board": ("board", "board_cmd"), "events": ("events", "events"),

@@ -18,22 +18,6 @@ import yaml
 from ...kanban import BoardError, BoardStore
 from ...kanban.backends import BoardConfigError, check_board_config, check_host, open_board
 from ...kanban.parse import PlainLoader
-from ..governance.alerts import bare_on, check_alerts
-from ..governance.schedules import check_schedules
-from .checks import (
-    check_agent,
-    check_observability,
-    check_prices,
-    check_providers,
-    check_settings,
-    check_skills,
-    runnable,
-    skill_names,
-)
-from .folders import check_folders
-from .mcpconfig import check_mcp_servers
-from .runtimes import check_budgeted, check_profiles
-from .schema import TOP, check_keys, check_sections
 
 CONFIG_NAME = "hermes.yaml"
 WORKSPACE_ENV = "HERMES_SUP_WORKSPACE"
@@ -172,6 +156,25 @@ def open_workspace_board(ws: Workspace, *, lock_timeout: float = 60.0) -> BoardS
 def load_config(path: Path, *, skills: Callable[[], Collection[str]] | None = None) -> dict[str, Any]:
     """Read and check hermes.yaml; ConfigError names file:line of the first problem. `skills` gives
     the names of the skills present (default: discovered beside the file, never run)."""
+    # Imported here: the checks (every section's, the runtimes', the alerts') cost a command that only
+    # reads state, such as `status` while a team starts, a sixth of its start-up.
+    from ..governance.alerts import bare_on, check_alerts
+    from ..governance.schedules import check_schedules
+    from .checks import (
+        check_agent,
+        check_observability,
+        check_prices,
+        check_providers,
+        check_settings,
+        check_skills,
+        runnable,
+        skill_names,
+    )
+    from .folders import check_folders
+    from .mcpconfig import check_mcp_servers
+    from .runtimes import check_budgeted, check_profiles
+    from .schema import TOP, check_keys, check_sections
+
     raw = _parse_config(path)
 
     def fail(node: Any, message: str) -> ConfigError:
