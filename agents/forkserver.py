@@ -13,7 +13,8 @@ is a copy of this process's memory. The agent is cloned as the supervisor's chil
 (forkclone.py); where the kernel refuses that, the server double-forks: the middle process joins the
 cgroup (so the agent is born in it), forks the agent and exits at once, and the agent is reparented
 to the supervisor (a child subreaper), whose child it then is as if it had been exec'd. The reply is
-{"pid": N, "via": "clone3" or "fork"}, once the agent is the supervisor's child, or {"error": why}.
+{"pid": N, "via": "clone3" or "fork"}, once the agent is the supervisor's child (and "killed_at_birth":
+the pid of a clone the kernel killed, whose zombie is the supervisor's to reap), or {"error": why}.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import sys
 import threading
 
 from .forkchild import become_agent, room
-from .forkclone import Unsupported, clone
+from .forkclone import KilledAtBirth, Unsupported, clone, probe
 
 # What `python -m hermes_sup.agents run` imports, and the file board it opens first thing (25 ms of a
 # forked agent's start otherwise); the supervisor adds the SDKs its providers need (an agent imports
@@ -84,36 +85,23 @@ def parse(data: bytes, fds: list[int], env_room: int) -> dict[str, object]:
     return request
 
 
-def spawn(request: dict[str, object], fds: list[int]) -> dict[str, object]:
-    """Fork the agent of `request`: the reply, once the agent is the supervisor's child."""
-    # A thread holding a lock at fork would leave the agent deadlocked on it: there must be none.
-    assert threading.active_count() == 1, "the fork server runs no thread"
+def spawn(request: dict[str, object], fds: list[int], tid_offset: int | None) -> dict[str, object]:
+    """Fork the agent of `request`: the reply, once the agent is the supervisor's child. `tid_offset`:
+    forkclone.probe's answer."""
+    # A thread holding a lock at fork would leave the agent deadlocked on it: there must be none (a
+    # native one included, which the threading module does not count).
+    if threading.active_count() != 1 or len(os.listdir("/proc/self/task")) != 1:
+        raise RuntimeError("the fork server runs a thread: it cannot fork safely")
     log_fd, go_fd, cgroup_fd = fds[0], fds[1], (fds[2] if request.get("cgroup") else None)
     me = os.getpid()
     try:
-        agent = clone(cgroup_fd)
-    except Unsupported:
-        agent = None
+        agent = clone(cgroup_fd, tid_offset)
+    except Unsupported as exc:
+        killed = {"killed_at_birth": exc.pid} if isinstance(exc, KilledAtBirth) else {}
+        return {"pid": _double_fork(request, log_fd, go_fd, cgroup_fd), "via": "fork", **killed}
     if agent == 0:
         become_agent(request, log_fd, go_fd, parent=me)  # never returns
-    if agent is not None and not killed_at_birth(agent):
-        return {"pid": agent, "via": "clone3"}
-    return {"pid": _double_fork(request, log_fd, go_fd, cgroup_fd), "via": "fork"}
-
-
-def killed_at_birth(pid: int) -> bool:
-    """Whether the kernel killed the agent just cloned (a SIGKILL pending, or dead already): what Linux
-    6.18 does to a process cloned into a cgroup ever killed through cgroup.kill. Nothing else can have:
-    until the supervisor has our reply, the agent waits for its go and nobody knows its pid. Its zombie
-    is the supervisor's to reap, as any orphan's."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as handle:
-            fields = dict(line.split(b":", 1) for line in handle.read().splitlines() if b":" in line)
-    except OSError:
-        return True
-    sigkill = 1 << (signal.SIGKILL - 1)
-    pending = int(fields.get(b"SigPnd", b"0"), 16) | int(fields.get(b"ShdPnd", b"0"), 16)
-    return fields.get(b"State", b"").strip()[:1] in (b"Z", b"X") or bool(pending & sigkill)
+    return {"pid": agent, "via": "clone3"}
 
 
 def _double_fork(request: dict[str, object], log_fd: int, go_fd: int, cgroup_fd: int | None) -> int:
@@ -154,7 +142,7 @@ def _double_fork(request: dict[str, object], log_fd: int, go_fd: int, cgroup_fd:
     return int(answer)
 
 
-def serve(sock: socket.socket) -> int:
+def serve(sock: socket.socket, tid_offset: int | None) -> int:
     env_room, argv_room = room()
     sock.send(json.dumps({"ready": True, "pid": os.getpid(), "env_room": env_room,
                           "argv_room": argv_room}).encode())
@@ -167,7 +155,7 @@ def serve(sock: socket.socket) -> int:
             return 0
         reply: dict[str, object]
         try:
-            reply = spawn(parse(data, fds, env_room), fds)
+            reply = spawn(parse(data, fds, env_room), fds, tid_offset)
         except Exception as exc:  # any: one bad request must not end the server
             reply = {"error": str(exc)[:500]}
         finally:
@@ -187,7 +175,7 @@ def main(argv: list[str]) -> int:
     # What the imports made is never collected in an agent: a collection there would walk (and so
     # copy) every page of it, which is about a sixth of each agent's own memory and 5 ms of its start.
     gc.freeze()
-    return serve(socket.socket(fileno=fd))
+    return serve(socket.socket(fileno=fd), probe())
 
 
 if __name__ == "__main__":

@@ -194,8 +194,9 @@ def test_forked_agents_work_alone_in_their_session_and_cgroup_and_a_killed_one_i
         wait_until(lambda: not psutil.pid_exists(orphan), timeout=5)  # exited and reaped: no zombie left
 
         os.kill(pids["alpha"], signal.SIGKILL)
-        wait_until(lambda: agent(ws, "alpha").get("restarts") == 1 and agent(ws, "alpha")["pid"] != pids["alpha"]
-                   and agent(ws, "alpha")["state"] == "running", timeout=10)  # the new one runs, not killed at birth
+        again = wait_until(lambda: (a := agent(ws, "alpha")).get("restarts") == 1 and a["pid"] != pids["alpha"]
+                           and a["pid"], timeout=10)  # then it runs (not killed at birth): it says ready
+        wait_until(lambda: f"alpha: ready (pid {again}," in (ws / "runs/alpha/agent.log").read_text(), timeout=10)
         assert agent(ws, "alpha")["last_exit"].startswith("killed by SIGKILL"), "its status was the supervisor's"
         assert [e.get("start") for e in started(ws, "alpha")] == ["fork", "fork"]
         assert not zombies(sup)
