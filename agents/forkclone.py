@@ -123,10 +123,13 @@ def clone(cgroup: int | None, tid_offset: int | None) -> int:
     _api.PyOS_BeforeFork()
     pid = _syscall(ctypes.c_long(_SYS_CLONE3), ctypes.byref(args), ctypes.c_size_t(ctypes.sizeof(args)))
     if pid == 0:
-        _api.PyOS_AfterFork_Child()
-        os.close(read_end)
-        os.write(write_end, b"1")
-        os.close(write_end)
+        try:  # first, so the server waits for our scheduling only (one thread: nothing to reset for it)
+            os.write(write_end, b"1")
+            _api.PyOS_AfterFork_Child()
+            os.close(read_end)
+            os.close(write_end)
+        except BaseException:  # never back into the server's loop, as a second server
+            os._exit(127)
         return 0
     error = ctypes.get_errno()
     _api.PyOS_AfterFork_Parent()
