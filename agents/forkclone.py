@@ -16,7 +16,6 @@ is asked to write it (CLONE_CHILD_SETTID) at the descriptor's field, found once 
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import os
@@ -33,8 +32,9 @@ _SYS_CLONE3 = {"x86_64": 435, "aarch64": 435, "i686": 435, "armv7l": 435, "riscv
                "s390x": 435}.get(os.uname().machine)
 # What the kernel answers when it does not know clone3 or these flags, or the struct's size (E2BIG).
 _REFUSED = frozenset({errno.ENOSYS, errno.EINVAL, errno.E2BIG, errno.EPERM})
-_DESCRIPTOR_SPAN = 4096  # bytes of the thread's descriptor searched for its thread id
+_DESCRIPTOR_SPAN = 1024  # bytes of the thread's descriptor searched for its thread id (720 on x86_64 glibc 2.36)
 ALIVE_WITHIN = 5.0  # seconds a new child has to say it runs; a bound only, it takes microseconds
+DEAD_WITHIN = 5.0  # seconds a SIGKILLed clone has to be gone; a bound only
 
 
 class Unsupported(OSError):
@@ -77,6 +77,14 @@ def _tid_at(offsets: list[int]) -> list[int]:
 
 
 def probe() -> int | None:
+    """`_probe`, None if it fails in any way (the server then forks the slower way, never dies of it)."""
+    try:
+        return _probe()
+    except Exception:
+        return None
+
+
+def _probe() -> int | None:
     """Where glibc keeps this thread's id in its descriptor, as an offset from pthread_self(), or None
     if it cannot be told (then `clone` refuses, and the server forks the slower way). The candidates
     are the ints equal to our thread id; the field is the one a child made by fork() finds its own
@@ -104,11 +112,13 @@ def probe() -> int | None:
 
 
 def clone(cgroup: int | None, tid_offset: int | None) -> int:
-    """Fork this process as os.fork() does (its at-fork hooks, the import lock, the interpreter's state
-    reset in the child, the thread id glibc keeps): 0 in the child, the child's pid in this process,
-    returned once the child runs. The child's parent is this process's parent; `cgroup`, an open
-    cgroup v2 folder, is the cgroup it is born in (None: ours). The exit signal is this process's own
-    (SIGCHLD, to our parent): clone3 takes none with CLONE_PARENT."""
+    """Fork this process as os.fork() does for Python (its at-fork hooks, the import lock, the
+    interpreter's state reset in the child) and glibc's thread id: 0 in the child, the child's pid in
+    this process, returned once the child runs. Unlike glibc's fork, C-level pthread_atfork handlers
+    do not run and robust mutexes are not registered again (the server uses neither). The child's
+    parent is this process's parent; `cgroup`, an open cgroup v2 folder, is the cgroup it is born in
+    (None: ours). The exit signal is this process's own (SIGCHLD, to our parent): clone3 takes none
+    with CLONE_PARENT."""
     if _SYS_CLONE3 is None:
         raise Unsupported(errno.ENOSYS, f"no clone3 number known for {os.uname().machine}")
     if tid_offset is None:
@@ -117,6 +127,9 @@ def clone(cgroup: int | None, tid_offset: int | None) -> int:
     flags = CLONE_PARENT | CLONE_PIDFD | CLONE_CHILD_SETTID | (CLONE_INTO_CGROUP if cgroup is not None else 0)
     args = _CloneArgs(flags=flags, pidfd=ctypes.addressof(pidfd), child_tid=_pthread_self() + tid_offset,
                       cgroup=cgroup if cgroup is not None else 0)
+    # No signal handler may run between the at-fork calls (a raise there would skip the parent's, or
+    # unwind the child into the server's loop): signals wait, blocked, until both sides are done.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
     # The child says it runs: one killed at birth never returns to user space, and only its exit
     # closes its end. Nothing in /proc is read (it may hide other processes: hidepid).
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
@@ -128,6 +141,7 @@ def clone(cgroup: int | None, tid_offset: int | None) -> int:
             _api.PyOS_AfterFork_Child()
             os.close(read_end)
             os.close(write_end)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         except BaseException:  # never back into the server's loop, as a second server
             os._exit(127)
         return 0
@@ -137,14 +151,28 @@ def clone(cgroup: int | None, tid_offset: int | None) -> int:
     try:
         if pid < 0:
             raise (Unsupported if error in _REFUSED else OSError)(error, os.strerror(error))
-        if not select.select([read_end], [], [], ALIVE_WITHIN)[0] or os.read(read_end, 1) != b"1":
-            # Killed at birth (its zombie is our parent's to reap) or, past the bound, not running: no
-            # process may ever run as this agent but the one the server answers with, so it goes.
-            with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(pidfd.value, signal.SIGKILL)
-            raise KilledAtBirth(pid)
-        return pid
+        if select.select([read_end], [], [], ALIVE_WITHIN)[0] and os.read(read_end, 1) == b"1":
+            return pid
+        _make_sure_dead(pid, pidfd.value, read_end)
+        raise KilledAtBirth(pid)
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.close(read_end)
         if pidfd.value >= 0:
             os.close(pidfd.value)
+
+
+def _make_sure_dead(pid: int, pidfd: int, read_end: int) -> None:
+    """A clone that did not say it runs (killed at birth, or slower than ALIVE_WITHIN) is killed and
+    seen gone (its end of the pipe closed) before the server forks a replacement: never two processes
+    for one agent. OSError (no fallback: the supervisor then gives the agent up) if that cannot be."""
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)  # a no-op on a dead one
+    except ProcessLookupError:
+        pass
+    except OSError as exc:
+        raise OSError(exc.errno, f"the agent cloned as pid {pid} did not run and cannot be killed") from None
+    while select.select([read_end], [], [], DEAD_WITHIN)[0]:
+        if not os.read(read_end, 1):
+            return
+    raise OSError(errno.ETIMEDOUT, f"the agent cloned as pid {pid} did not die of SIGKILL")

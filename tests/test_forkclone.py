@@ -221,3 +221,37 @@ def test_a_cloned_agent_is_to_glibc_and_python_what_a_forked_one_is():
     assert child["pid"] == child["native"] == parent["child"] and child["ppid"] == os.getpid()
     assert child["pthread_kill"] == "ok", "another thread can signal the main one: its thread id is its own"
     assert child["random"] != parent["random"], "Python's at-fork hooks ran (random reseeded)"
+
+
+# Clones given no time to say they run (ALIVE_WITHIN 0): each one the server gives up on is killed and
+# gone before clone returns, so no replacement could ever run beside it.
+IMPATIENT = r"""
+import json, os
+from hermes_sup.agents import forkclone
+forkclone.ALIVE_WITHIN = 0
+offset = forkclone.probe()
+outcomes = []
+while len(outcomes) < 200 and sum(kind == "killed" for kind, _ in outcomes) < 3:
+    try:
+        pid = forkclone.clone(None, offset)
+    except forkclone.KilledAtBirth as exc:
+        outcomes.append(("killed", exc.pid))
+        continue
+    if pid == 0:
+        os._exit(0)
+    outcomes.append(("ran", pid))
+print(json.dumps(outcomes), flush=True)
+"""
+
+
+def test_a_clone_given_up_on_is_killed_before_any_replacement():
+    if not fast_fork_here():
+        pytest.skip("no clone3 here")
+    done = subprocess.run([sys.executable, "-c", IMPATIENT], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    outcomes = json.loads(done.stdout)
+    codes = {kind: [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for k, pid in outcomes if k == kind]
+             for kind in ("killed", "ran")}
+    assert codes["killed"], "no clone was given up on: nothing tested"
+    assert set(codes["killed"]) == {-9}, codes
+    assert set(codes["ran"]) <= {0}, codes
