@@ -152,6 +152,15 @@ def stop_process(proc: subprocess.Popen, timeout: float = 30.0) -> None:
             proc.wait()
 
 
+def open_files(pid: int) -> list[str] | None:
+    """What `pid`'s descriptors point at, sorted; None while one closes as they are read (a process
+    closing its inherited descriptors, say): ask again."""
+    try:
+        return sorted(os.readlink(f"/proc/{pid}/fd/{n}") for n in os.listdir(f"/proc/{pid}/fd"))
+    except FileNotFoundError:
+        return None
+
+
 def gone(pid: int) -> bool:
     """True once `pid` has exited: an orphan reparented to this subreaper stays a zombie until the
     session's cleanup reaps it, and a zombie runs nothing."""

@@ -21,7 +21,7 @@ from hermes_sup.supervisor import cgroups
 from hermes_sup.supervisor.forking import ENV, agent_argv, enabled, forkable, preloads, reload_note, server_env
 from hermes_sup.supervisor.procs import marked
 
-from .conftest import ROOT, gone, init_workspace, supervisor_state, wait_until
+from .conftest import ROOT, gone, init_workspace, open_files, supervisor_state, wait_until
 
 # A `command` agent whose child leaves an orphan behind (reparented to the supervisor, a subreaper)
 # that exits a moment later: its zombie is the supervisor's to reap.
@@ -362,8 +362,7 @@ def test_a_forked_agent_runs_nothing_until_the_supervisor_says_go_and_its_env_ne
             pid, go_write, log = _ask(ours, tmp_path, f"log{len(go)}")
             assert psutil.Process(pid).ppid() == os.getpid(), "reparented to the subreaper (here, the test)"
             expected = sorted([os.devnull, str(log), str(log), f"pipe:[{os.fstat(go_write).st_ino}]"])
-            wait_until(lambda p=pid, e=expected: sorted(os.readlink(f"/proc/{p}/fd/{n}")
-                                                         for n in os.listdir(f"/proc/{p}/fd")) == e, timeout=5)
+            wait_until(lambda p=pid, e=expected: open_files(p) == e, timeout=5)  # the server's closed
             assert os.getsid(pid) == pid
             assert "MINE" not in environ(pid), "its environment comes with go, not before"
             assert traceable_by_its_user([server.pid, pid]) == [False, True], \
