@@ -414,7 +414,9 @@ def test_an_agent_that_stopped_for_no_supervisor_while_it_lived_is_restarted_and
     """The supervisor's socket away for longer than orphan_grace (as when its heartbeats do not reach a
     busy supervisor): the agent stops itself, with a status of its own, and the supervisor that lives
     restarts it and says so in an event (an alert's too), never a quiet "stopped"."""
-    ws = make_ws(tmp_path, "- name: worker\n", defaults="orphan_grace: 1\nheartbeat_timeout: 30")
+    # Beats every second (a quarter of heartbeat_timeout): the agent finds itself orphaned within seconds;
+    # the supervisor, hearing nothing, reads its state file and does not take it for hung.
+    ws = make_ws(tmp_path, "- name: worker\n", defaults="orphan_grace: 1\nheartbeat_timeout: 4")
     up(ws)
     first = wait_until(lambda: agent(ws, "worker").get("state") == "running" and agent(ws, "worker")["pid"],
                        timeout=60)

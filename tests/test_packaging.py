@@ -132,10 +132,13 @@ def test_installed_beside_openai_agents_and_supervisord_it_runs_the_example_team
 
 def test_no_module_imports_the_folders_by_their_repository_names() -> None:
     """In the repository the folders are importable as top-level names too (tests/ puts the checkout
-    on sys.path); installed they are not, and `agents`/`supervisor` are other projects' names."""
+    on sys.path); installed they are not, and `agents`/`supervisor` are other projects' names. Hidden
+    folders are not ours: the benches install supervisord (its package is `supervisor`) into
+    bench/.venv-supervisord."""
     pattern = re.compile(r"^\s*(from|import)\s+(agents|kanban|supervisor)\b", re.MULTILINE)
     offenders = [f"{path.relative_to(ROOT)}: {match.group(0).strip()}"
                  for folder in ("agents", "kanban", "supervisor", "skills", "tests", "bench")
                  for path in sorted((ROOT / folder).rglob("*.py"))
+                 if not any(part.startswith(".") for part in path.relative_to(ROOT).parts)
                  for match in pattern.finditer(path.read_text())]
     assert offenders == []

@@ -111,7 +111,7 @@ def answer_texts() -> st.SearchStrategy[str]:
     return st.lists(dumped | PIECES | st.text(alphabet=string.printable, max_size=12), max_size=8).map("".join)
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(content=answer_texts(), known=st.sets(st.sampled_from(["read_file", "terminal", "name", "x"])))
 def test_no_answer_makes_the_parser_raise(content, known):
     message = {"role": "assistant", "content": content}
