@@ -163,6 +163,11 @@ class Inotify:
     def close(self) -> None:
         """Release the descriptors: only once no thread is in `events` (after shutdown and a join)."""
         self.closed = True
+        if self._fds_open:
+            # A copy held by another process (an agent's supervisor holds its board watch's, see
+            # supervisor/held.py) outlives this close: it must watch nothing from now on.
+            for wd in list(self._folders):
+                self.remove(wd)
         fds, self._fds_open = (self.fd, self._wake) if self._fds_open else (), False
         for fd in fds:
             with contextlib.suppress(OSError):

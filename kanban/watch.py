@@ -14,6 +14,7 @@ import errno
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from .drops import skipped_name
@@ -121,6 +122,15 @@ class BoardWatcher:
         self._timer: threading.Timer | None = None
         self.claims_only = False
         self.paused = False
+        self._give: Callable[[int], object] | None = None
+
+    def hand_over(self, give: Callable[[int], object]) -> None:
+        """Give the descriptor of each inotify instance this watcher makes (the current one at once)
+        to `give`: an agent passes it to its supervisor, so that its death is not slowed by the
+        kernel's teardown of it (supervisor/held.py)."""
+        self._give = give
+        if self._inotify is not None:
+            give(self._inotify.fd)
 
     def _mask(self, name: str) -> int | None:
         """The events watched in top folder `name` (None: not watched)."""
@@ -204,6 +214,8 @@ class BoardWatcher:
                 return
             raise
         self._inotify = inotify
+        if self._give is not None:
+            self._give(inotify.fd)
         self._thread = threading.Thread(target=self._read, args=(inotify,), name="board-watch", daemon=True)
         self._thread.start()
         self.mode, self.reason = "inotify", ""

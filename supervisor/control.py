@@ -93,21 +93,22 @@ def enable_credentials(sock: socket.socket) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
 
 
-def recv_datagram(sock: socket.socket) -> tuple[bytes, int | None, int | None]:
-    """One datagram with its sender's pid and uid (None if the kernel attached none). Raises
-    BlockingIOError when none is waiting. File descriptors passed along are closed unused."""
-    data, ancdata, _flags, _addr = sock.recvmsg(NOTIFY_MAX, socket.CMSG_SPACE(_UCRED.size) + socket.CMSG_SPACE(64))
+def recv_datagram(sock: socket.socket) -> tuple[bytes, int | None, int | None, list[int]]:
+    """One datagram with its sender's pid and uid (None if the kernel attached none) and the file
+    descriptors it passed (close-on-exec; the caller owns them). Raises BlockingIOError when none is
+    waiting."""
+    data, ancdata, _flags, _addr = sock.recvmsg(NOTIFY_MAX, socket.CMSG_SPACE(_UCRED.size) + socket.CMSG_SPACE(64),
+                                                socket.MSG_CMSG_CLOEXEC)
     pid = uid = None
+    fds: list[int] = []
     for level, kind, payload in ancdata:
         if level != socket.SOL_SOCKET:
             continue
         if kind == socket.SCM_CREDENTIALS and len(payload) >= _UCRED.size:
             pid, uid, _gid = _UCRED.unpack(payload[:_UCRED.size])
         elif kind == socket.SCM_RIGHTS:
-            for (fd,) in struct.iter_unpack("i", payload[: len(payload) - len(payload) % 4]):
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-    return data, pid, uid
+            fds += [fd for (fd,) in struct.iter_unpack("i", payload[: len(payload) - len(payload) % 4])]
+    return data, pid, uid, fds
 
 
 # -- the server side -----------------------------------------------------------------------------

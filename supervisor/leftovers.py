@@ -13,6 +13,7 @@ from ..kanban.task import now_iso
 from . import cgroups
 from .child import Child
 from .exits import event
+from .held import Held
 from .procs import Marker, ScanIncomplete, environ_names, is_agent_process, marked, stop_all, strays
 from .sessions import process_age, signal_session
 
@@ -29,12 +30,15 @@ class Leftovers:
         self.sup = sup
         self.sweep_at: float | None = None  # when to look again for what exited agents left running
         self.scan_failing = False
+        self.held = Held()
 
-    def kill_cgroup(self, child: Child) -> None:
+    def exited(self, child: Child) -> None:
         """What is left in an exited agent's cgroup goes before anything else: its replacement joins
-        the same cgroup, and nothing it started may share that with the new instance."""
+        the same cgroup, and nothing it started may share that with the new instance. The inotify
+        instance held for it is closed (see held.py)."""
         if child.cgroup is not None:
             cgroups.kill(child.cgroup)
+        self.held.release(child.spec.name)
 
     def kill_leftovers(self, pid: int | None) -> None:
         """No process an exited agent (`pid`) started outlives it: what is left in its session's

@@ -263,7 +263,7 @@ class Supervisor:
         self.selector.unregister(child.pidfd)
         os.close(child.pidfd)
         child.pidfd = None
-        self.leftovers.kill_cgroup(child)
+        self.leftovers.exited(child)
         now = time.monotonic()
         why = Why(child.stopping_for)
         child.proc, child.task, child.stop_deadline = None, None, None
@@ -285,27 +285,27 @@ class Supervisor:
         # No grandchild outlives its agent (a shell command it started, a delegated child, say).
         self.leftovers.kill_leftovers(pid)
 
-
     def _on_notify(self) -> None:
         for _ in range(NOTIFY_BATCH):
             try:
-                data, sender, uid = recv_datagram(self.notify)
-            except BlockingIOError:
+                data, sender, uid, fds = recv_datagram(self.notify)
+            except OSError:  # BlockingIOError included: none is waiting
                 return
-            except OSError:
-                return
-            if uid is None or not peer_allowed(uid, os.geteuid()):
-                self._notify_refused += 1
-                if self._notify_refused == 1:
-                    self.say(f"supervisor: ignored a notify message from uid {uid} (not ours); "
-                             f"further ones are not logged")
-                continue
-            fields = parse(data)
-            child = self.children.get(fields.get("NAME", ""))
-            # The kernel's word on the sender, not the PID it wrote: a process of the agent's (a
-            # shell command it ran) cannot beat for it.
-            if child is None or child.pid is None or child.pid != sender or str(sender) != fields.get("PID"):
-                continue  # a stale message from a process we no longer run, or not from the agent
+            with self.leftovers.held.passed(fds) as passed:
+                if uid is None or not peer_allowed(uid, os.geteuid()):
+                    self._notify_refused += 1
+                    if self._notify_refused == 1:
+                        self.say(f"supervisor: ignored a notify message from uid {uid} (not ours); "
+                                 f"further ones are not logged")
+                    continue
+                fields = parse(data)
+                child = self.children.get(fields.get("NAME", ""))
+                # The kernel's word on the sender, not the PID it wrote: a process of the agent's (a
+                # shell command it ran) cannot beat for it.
+                if child is None or child.pid is None or child.pid != sender or str(sender) != fields.get("PID"):
+                    continue  # a stale message from a process we no longer run, or not from the agent
+                if fields.get("HOLD") == "inotify":
+                    passed.keep(child.spec.name)
             child.last_beat = time.monotonic()
             if ("READY" in fields or "WATCHDOG" in fields) and child.state == "starting":
                 child.state = "running"
@@ -346,7 +346,6 @@ class Supervisor:
         for child in self.children.values():
             if child.state != "stopping" or child.stopping_for != "down":
                 self.stop(child, "down")
-
 
     def _deadlines(self, now: float) -> float:
         soonest = now + 60.0
@@ -481,6 +480,7 @@ class Supervisor:
         self.alerts.stop(timeout=BOARD_LOCK_WAIT)
         self.control.close()
         self.notify_path.unlink(missing_ok=True)
+        self.leftovers.held.close_all()
         self.selector.unregister(self.boardwork.wake_fd)
         self.selector.unregister(self.ingest_warnings.wake_fd)
         self.scheduler.finish(self.selector, self.say, timeout=BOARD_LOCK_WAIT + 1.0)
