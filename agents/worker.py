@@ -107,8 +107,8 @@ class Agent(Liveness, ModelAccess, TaskSetting):
         self.delegator = Delegator(board=self.board, workspace=workspace, workdir=workdir, config=config)
         self.mcp = mcpservers.Hub(config.get("mcp_servers") or {}, self._mcp_command)
         self.notifier = Notifier(os.environ.get(NOTIFY_ENV), self.name)
-        if self.parent_pid is None and hasattr(self.board, "watcher"):  # a file board's agent of the supervisor's
-            self.board.watcher.hand_over(self.notifier.hold)
+        if self.parent_pid is None:  # an agent of the supervisor's, not a delegated child
+            self.board.hand_over_watch(self.notifier.hold)
         self.stop = threading.Event()
         self.tier = str(config.get("tier") or "auto")
         self.llm = config.get("llm") or {}

@@ -290,6 +290,9 @@ class Board:
     def start_watching(self) -> None:
         waiting.start_watching(self.disk)
 
+    def hand_over_watch(self, give: Callable[[int], object]) -> None:
+        self.watcher.hand_over(give)
+
     def watch_events(self) -> Callable[[], None] | None:
         return waiting.watch_log(self.events_path, self.signal)
 

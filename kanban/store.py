@@ -191,6 +191,12 @@ class BoardStore(Protocol):
         """Start noticing changes (bumping `signal`); idempotent."""
         ...
 
+    def hand_over_watch(self, give: Callable[[int], object]) -> None:
+        """Give the descriptor of each inotify instance the board watches with (the current one at
+        once) to `give`: an agent passes it to its supervisor to hold, so that its death is not
+        slowed by the kernel's teardown of it. A backend that watches no files gives nothing."""
+        ...
+
     def task_journal(self, task_id: str, token: int, agent: str, workdir: Path) -> Any:
         """Where `agent`, holding the task with `token`, keeps the task's journal (an
         `kanban.journal.TaskJournal`: its transcript, tool calls and model calls), and reads those

@@ -140,6 +140,9 @@ class StreamMixin(StoreBase):
         self.listener()
         self._watching = True
 
+    def hand_over_watch(self, give: Callable[[int], object]) -> None:
+        """LISTEN is a socket, closed at once at exit: nothing to give."""
+
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[None]:
         # EXCLUSIVE mode lets readers through and holds off every write of every host; this
