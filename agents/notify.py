@@ -11,7 +11,7 @@ import contextlib
 import errno
 import os
 import socket
-import struct
+import threading
 from collections.abc import Iterator
 
 NOTIFY_ENV = "HERMES_SUP_NOTIFY"
@@ -51,14 +51,16 @@ class Notifier:
         self.path = path
         self.name = name
         self._sock: socket.socket | None = None
+        self._making = threading.Lock()  # the heartbeat thread and the one that hands a watch over
 
     def send(self, **fields: object) -> bool:
         """Send NAME=..., PID=... and `fields`; True if a supervisor received it."""
         if not self.path:
             return False
-        if self._sock is None:
-            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-            self._sock.setblocking(False)
+        with self._making:
+            if self._sock is None:
+                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+                self._sock.setblocking(False)
         lines = [f"NAME={self.name}", f"PID={os.getpid()}"]
         lines += [f"{key.upper()}={value}" for key, value in fields.items()]
         try:
@@ -77,21 +79,10 @@ class Notifier:
             raise
 
     def hold(self, fd: int) -> bool:
-        """Pass our inotify instance `fd` to the supervisor to hold (supervisor/held.py): our death
-        then does not wait for the kernel's teardown of it. True if a supervisor received it; a
-        speed-up only, so nothing is retried."""
-        if not self.path:
-            return False
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
-            sock.setblocking(False)
-            message = f"NAME={self.name}\nPID={os.getpid()}\nHOLD=inotify".encode()
-            try:
-                with unix_address(self.path) as address:
-                    sock.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", fd))], 0,
-                                 address)
-            except OSError:
-                return False
-        return True
+        """Ask the supervisor to hold our inotify instance `fd` (it copies it out of this process,
+        see supervisor/held.py): our death then does not wait for the kernel's teardown of it.
+        True if a supervisor received the message; a speed-up only, so nothing is retried."""
+        return self.send(HOLD=fd)
 
     def close(self) -> None:
         if self._sock is not None:

@@ -88,27 +88,36 @@ def peer_uid(sock: socket.socket) -> int:
     return uid
 
 
+# SO_PASSRIGHTS (Linux 6.16; the generic value, x86 and arm64 alike): 0 has the kernel refuse a
+# datagram that would pass us descriptors, which the sender then gets EPERM for.
+_SO_PASSRIGHTS = 83
+
+
 def enable_credentials(sock: socket.socket) -> None:
-    """Have the kernel attach the sender's pid and uid to every datagram received on `sock`."""
+    """Have the kernel attach the sender's pid and uid to every datagram received on `sock`, and
+    refuse any that passes descriptors where it can: closing one can block (a socket lingering on
+    close), and nothing we read needs them."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+    with contextlib.suppress(OSError):  # an older kernel: what is passed is closed on receipt
+        sock.setsockopt(socket.SOL_SOCKET, _SO_PASSRIGHTS, 0)
 
 
-def recv_datagram(sock: socket.socket) -> tuple[bytes, int | None, int | None, list[int]]:
-    """One datagram with its sender's pid and uid (None if the kernel attached none) and the file
-    descriptors it passed (close-on-exec; the caller owns them). Raises BlockingIOError when none is
-    waiting."""
+def recv_datagram(sock: socket.socket) -> tuple[bytes, int | None, int | None]:
+    """One datagram with its sender's pid and uid (None if the kernel attached none). Raises
+    BlockingIOError when none is waiting. File descriptors passed along are closed unused."""
     data, ancdata, _flags, _addr = sock.recvmsg(NOTIFY_MAX, socket.CMSG_SPACE(_UCRED.size) + socket.CMSG_SPACE(64),
                                                 socket.MSG_CMSG_CLOEXEC)
     pid = uid = None
-    fds: list[int] = []
     for level, kind, payload in ancdata:
         if level != socket.SOL_SOCKET:
             continue
         if kind == socket.SCM_CREDENTIALS and len(payload) >= _UCRED.size:
             pid, uid, _gid = _UCRED.unpack(payload[:_UCRED.size])
         elif kind == socket.SCM_RIGHTS:
-            fds += [fd for (fd,) in struct.iter_unpack("i", payload[: len(payload) - len(payload) % 4])]
-    return data, pid, uid, fds
+            for (fd,) in struct.iter_unpack("i", payload[: len(payload) - len(payload) % 4]):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+    return data, pid, uid
 
 
 # -- the server side -----------------------------------------------------------------------------

@@ -288,24 +288,23 @@ class Supervisor:
     def _on_notify(self) -> None:
         for _ in range(NOTIFY_BATCH):
             try:
-                data, sender, uid, fds = recv_datagram(self.notify)
+                data, sender, uid = recv_datagram(self.notify)
             except OSError:  # BlockingIOError included: none is waiting
                 return
-            with self.leftovers.held.passed(fds) as passed:
-                if uid is None or not peer_allowed(uid, os.geteuid()):
-                    self._notify_refused += 1
-                    if self._notify_refused == 1:
-                        self.say(f"supervisor: ignored a notify message from uid {uid} (not ours); "
-                                 f"further ones are not logged")
-                    continue
-                fields = parse(data)
-                child = self.children.get(fields.get("NAME", ""))
-                # The kernel's word on the sender, not the PID it wrote: a process of the agent's (a
-                # shell command it ran) cannot beat for it.
-                if child is None or child.pid is None or child.pid != sender or str(sender) != fields.get("PID"):
-                    continue  # a stale message from a process we no longer run, or not from the agent
-                if fields.get("HOLD") == "inotify":
-                    passed.keep(child.spec.name)
+            if uid is None or not peer_allowed(uid, os.geteuid()):
+                self._notify_refused += 1
+                if self._notify_refused == 1:
+                    self.say(f"supervisor: ignored a notify message from uid {uid} (not ours); "
+                             f"further ones are not logged")
+                continue
+            fields = parse(data)
+            child = self.children.get(fields.get("NAME", ""))
+            # The kernel's word on the sender, not the PID it wrote: a process of the agent's (a
+            # shell command it ran) cannot beat for it.
+            if child is None or child.pid is None or child.pid != sender or str(sender) != fields.get("PID"):
+                continue  # a stale message from a process we no longer run, or not from the agent
+            if "HOLD" in fields and child.pidfd is not None:
+                self.leftovers.held.take(child.spec.name, child.pid, child.pidfd, fields["HOLD"])
             child.last_beat = time.monotonic()
             if ("READY" in fields or "WATCHDOG" in fields) and child.state == "starting":
                 child.state = "running"

@@ -4,13 +4,18 @@ agent closed its own."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
+import struct
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 from hermes_sup.kanban.inotify import IN_CREATE, IN_IGNORED, Inotify, parse_events
-from hermes_sup.supervisor.held import Held, is_inotify
+from hermes_sup.supervisor.held import Held
 
 from .conftest import gone, wait_until
 from .test_forkserver import same_open_files
@@ -18,8 +23,12 @@ from .test_supervisor import agent, hermes, make_ws
 
 
 def inotify_count(pid: int) -> int:
-    """How many inotify descriptors `pid` has open."""
-    return sum(os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:inotify" for fd in os.listdir(f"/proc/{pid}/fd"))
+    """How many inotify descriptors `pid` has open (one closed as they are read is not)."""
+    count = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(FileNotFoundError):
+            count += os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:inotify"
+    return count
 
 
 def held_copy(sup: int, worker: int) -> bool:
@@ -54,36 +63,74 @@ def test_the_supervisor_holds_each_agents_board_watch_once_however_often_it_rest
     wait_until(lambda: inotify_count(sup) == held - 1, timeout=30)  # stopped: none is held for it
 
 
-def test_only_one_inotify_instance_is_held_per_agent_and_anything_else_is_closed():
-    held = Held()
+def test_one_inotify_instance_is_copied_per_agent_process_and_nothing_else():
+    me, pidfd = os.getpid(), os.pidfd_open(os.getpid())
     first, second = Inotify(), Inotify()
     read, write = os.pipe()
+    other = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom hermes_sup.kanban.inotify import Inotify\n"
+                              "print(Inotify().fd, flush=True)\ntime.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    held = Held()
     try:
-        held.hold("worker", read)  # not an inotify instance: never kept
-        wait_until(lambda: closed(read), timeout=10)
-        kept = os.dup(first.fd)
-        held.hold("worker", kept)
-        assert not closed(kept) and is_inotify(kept)
-        held.hold("worker", os.dup(second.fd))  # the agent's new watch: the old copy goes
+        before = inotify_count(me)
+        for refused in (str(read), "a word", "-1", str(1 << 20)):  # not an inotify instance, not a descriptor
+            assert not held.take("worker", me, pidfd, refused)
+        assert held.take("worker", me, pidfd, str(first.fd))
+        kept = held.holding("worker")
+        assert kept is not None and ("anon_inode:inotify", "anon_inode:inotify") in same_open_files(me, me)
+        assert inotify_count(me) == before + 1
+        assert not held.take("worker", me, pidfd, str(second.fd)), "once per process"
+        assert held.holding("worker") == kept
+        number = other.stdout.readline().strip()
+        other_fd = os.pidfd_open(other.pid)
+        assert held.take("worker", other.pid, other_fd, number)  # the agent's next process: the old copy goes
         wait_until(lambda: closed(kept), timeout=10)
-        assert len(held) == 1
-        fds = [os.dup(first.fd), os.dup(second.fd)]
-        with held.passed(list(fds)) as passed:
-            passed.keep("other")  # two descriptors in one message: neither is kept
-        wait_until(lambda: all(closed(fd) for fd in fds), timeout=10)
-        assert len(held) == 1
-        held.close_all()
-        assert len(held) == 0
+        assert len(held) == 1 and held.holding("worker") != kept
         short = Held()
         short.room = 3  # every descriptor is past half the open-file limit: none is held
-        spare = os.dup(first.fd)
-        short.hold("worker", spare)
-        wait_until(lambda: closed(spare), timeout=10)
-        assert len(short) == 0
+        assert not short.take("worker", me, pidfd, str(first.fd)) and len(short) == 0
+        wait_until(lambda: inotify_count(me) == before + 1, timeout=10)  # its copy closed
+        held.close_all()
+        assert len(held) == 0 and inotify_count(me) == before
+        os.close(other_fd)
     finally:
+        other.kill()
+        other.wait()
         first.close()
         second.close()
-        os.close(write)
+        for fd in (read, write, pidfd):
+            os.close(fd)
+
+
+def test_the_notify_socket_keeps_no_descriptor_it_is_passed(tmp_path):
+    """Where the kernel can refuse them (SO_PASSRIGHTS, Linux 6.16) it does; elsewhere each is closed."""
+    from hermes_sup.supervisor.control import enable_credentials, recv_datagram
+
+    path = str(tmp_path / "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as server, \
+            socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+        server.bind(path)
+        enable_credentials(server)
+        try:
+            refusing = server.getsockopt(socket.SOL_SOCKET, 83) == 0  # SO_PASSRIGHTS
+            assert refusing, "the kernel can refuse descriptors: enable_credentials must ask it to"
+        except OSError:  # an older kernel
+            refusing = False
+        read, write = os.pipe()
+        try:
+            sender.sendmsg([b"NAME=x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", write))], 0, path)
+        except PermissionError:
+            assert refusing
+        else:
+            assert not refusing
+            os.close(write)
+            write = -1
+            data, pid, _uid = recv_datagram(server)
+            assert data == b"NAME=x" and pid == os.getpid()
+            assert os.read(read, 1) == b"", "the passed write end was closed: the pipe is at its end"
+        finally:
+            for fd in (read, write):
+                if fd >= 0:
+                    os.close(fd)
 
 
 def test_a_copy_of_a_closed_watch_watches_nothing():

@@ -203,6 +203,7 @@ def mcp_checks(config: dict[str, Any], workspace: Path) -> list[Check]:
 
 AGENT_MB = 70  # an agent's resident memory, about (the dashboard's agent table): a Python with its imports
 FDS_PER_AGENT = 4  # the supervisor's descriptors per agent: its pidfd, its log while starting, its cgroup
+# (the board watch it holds for an agent, supervisor/held.py, is not counted: none is held past half the limit)
 
 
 def machine_checks(agents: int, inotify: dict[str, int | None], *, folders: int,
