@@ -280,6 +280,9 @@ def test_hermes_yaml_board_error_names_file_and_line(ws):
 
 @pytest.mark.parametrize("command", [["up"], ["doctor"], ["task", "add", "x"], ["board"]])
 def test_a_backend_not_installed_exits_2_with_a_clear_error(ws, monkeypatch, command):
+    # Imported first: `doctor` imports it for the budget ledger, and a first import registers the
+    # backend again, into the registry patched below (the test failed when run on its own).
+    import hermes_sup.kanban.pg  # noqa: F401
     monkeypatch.setattr(backends, "_REGISTRY", {k: v for k, v in backends._REGISTRY.items() if k != "postgres"})
     monkeypatch.setitem(backends.PLUGINS, "postgres", "hermes_sup.kanban.no_such_backend_module")
     _configure(ws, "board:\n  backend: postgres\n")
