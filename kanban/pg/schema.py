@@ -129,6 +129,13 @@ ALTER TABLE hosts ADD COLUMN agents jsonb;
 -- board; vacuum after about 1,000 dead rows plus 1% instead, so the claim stays flat on a big board.
 ALTER TABLE tasks SET (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
 """),
+    (6, "the waiting tasks an LLM is missing for, indexed", """
+-- Every agent marks, after every task, the waiting tasks it could take but has no LLM for (those
+-- without steps: sql.MARK_WAITING_PLAIN). Through the claim's index that read every waiting task's
+-- document (8.7 ms with 7,000 waiting, after each task: a backlog of 10,000 drained at a sixth of
+-- the rate of 2,000); this index holds only those tasks, none on a board of steps tasks.
+CREATE INDEX tasks_plain_todo ON tasks (id) WHERE status = 'todo' AND NOT has_steps;
+"""),
 )
 
 SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")

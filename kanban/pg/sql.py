@@ -238,12 +238,14 @@ JOURNAL_PRUNE_SIZE = """SELECT count(DISTINCT task_id) AS tasks, count(*) AS row
 JOURNAL_PRUNE = """DELETE FROM journal WHERE task_id = ANY(%(ids)s::text[]) AND kind <> 'llm'"""
 
 # The waiting note on every todo task it applies to (all, or those `agent` could claim now), written
-# only where it differs; rows a claimer holds locked are skipped, not waited for.
-MARK_WAITING = """
+# only where it differs; rows a claimer holds locked are skipped, not waited for. Two statements:
+# the one every agent runs after every task, on the tasks without steps (MARK_WAITING_PLAIN), says
+# `NOT t.has_steps` as a literal so the planner can read them from their own index (schema v6),
+# not every waiting task; MARK_WAITING is for all of them.
+_MARK_WAITING = """
 WITH noted AS (
     SELECT t.id FROM tasks t
-    WHERE t.status = 'todo'
-      AND (NOT %(needs_llm)s::boolean OR NOT t.has_steps)
+    WHERE t.status = 'todo'{plain}
       AND t.document->'waiting' IS DISTINCT FROM to_jsonb(%(reason)s::text)
       AND (%(agent)s::text IS NULL OR (
             (t.assignee IS NULL OR t.assignee = %(agent)s::text)
@@ -256,3 +258,5 @@ WITH noted AS (
 UPDATE tasks t SET document = CASE WHEN %(reason)s::text IS NULL THEN t.document - 'waiting'
         ELSE t.document || jsonb_build_object('waiting', %(reason)s::text) END
     FROM noted WHERE t.id = noted.id AND t.status = 'todo'"""
+MARK_WAITING = _MARK_WAITING.format(plain="")
+MARK_WAITING_PLAIN = _MARK_WAITING.format(plain="\n      AND NOT t.has_steps")
