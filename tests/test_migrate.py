@@ -191,6 +191,8 @@ def test_migrate_copies_every_field_of_every_task_and_the_events_and_a_second_ru
     assert report["events"]["copied"] == len(events_before) and report["switch"].startswith("board: {backend: postgres")
     # The file board is left as it was: a copy, not a move.
     assert board_files(ws) == files_before
+    # The table is analyzed: planned as empty, each claim would read and sort every copied task.
+    assert _rows(database, "SELECT reltuples FROM pg_class WHERE oid = 'hermes_sup.tasks'::regclass") == [(8.0,)]
 
     config = (ws / "hermes.yaml").read_text()
     _switch(ws)

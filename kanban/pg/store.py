@@ -306,7 +306,7 @@ class PgStore(ClaimsMixin, JournalRowsMixin, HostsMixin, StreamMixin, TaskIdsMix
         analyze_at = ANALYZE_AFTER
         for path in found:
             if len(report.ingested) >= analyze_at:
-                self._analyze()
+                self.analyze()
                 analyze_at *= 2
             try:
                 read = read_drop(path)
@@ -320,8 +320,8 @@ class PgStore(ClaimsMixin, JournalRowsMixin, HostsMixin, StreamMixin, TaskIdsMix
                                                 "on the next ingest"})
         return {path.name for path in found} | {name.removeprefix("inbox/") for name in waiting}
 
-    def _analyze(self) -> None:
-        """Tell the planner the tasks table grew (a burst of drops, mid-ingest). Until autovacuum
+    def analyze(self) -> None:
+        """Tell the planner the tasks table grew (a burst of drops, mid-ingest; a migration). Until autovacuum
         came, a table never analyzed was planned as nearly empty: each claim read and sorted every
         waiting task (8 ms with 8,000), not the first of its index. Without ownership of the table
         the server only warns."""

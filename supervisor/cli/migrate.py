@@ -136,6 +136,8 @@ def _copy(store: Any, importing: Any, snapshot: dict[str, Any], *, dry_run: bool
             target.write(plan.copy, plan.events, marker_record(
                 at=target.now(), source=source, inode=snapshot["inode"], offset=snapshot["end"],
                 tasks=len(plan.copy), events=len(plan.events)))
+    if not dry_run and plan.copy:
+        store.analyze()  # claims planned for an empty table would read every copied task
     return {"dry_run": dry_run, "to": "postgres", "file_board": source, "file_board_changed": False,
             "copied": plan.counts(plan.copy), "skipped": plan.skipped,
             "events": {"copied": len(plan.events), "copied_before": plan.events_already,
