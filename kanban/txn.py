@@ -40,7 +40,7 @@ from pathlib import Path
 
 import psutil
 
-from . import doccache, liveness, rules
+from . import doccache, liveness, markers, rules
 from .base import ERROR_SUFFIX, Folder, TaskDoc, _bounded
 from .errors import BoardError, Damaged
 from .events import event
@@ -55,7 +55,7 @@ from .fsio import (
     write_json_atomic,
     write_temp,
 )
-from .liveness import holder_alive, start_time
+from .liveness import holder_alive
 from .task import STATUSES, is_valid_id, now_iso
 
 # A temp file whose writer is alive is left alone unless it is older than this.
@@ -102,6 +102,7 @@ class Transactions:
         # What writes a new document before its commit: `write_new`, or what the board stands in
         # for it (Board._prepare, which a test's board overrides to act between a pick and its commit).
         self.prepare: Callable[[str, TaskDoc], Path] = self.write_new
+        self.owner = markers.owner_for(disk.root / ".pending")  # what this process's markers link to
 
     # -- writing: the one transition path -------------------------------------------------------
     #
@@ -133,11 +134,11 @@ class Transactions:
         """Place the marker for a transition made under the lock (replacing any other)."""
         marker = self.marker(task_id)
         self.remove_marker(marker)
-        os.symlink(_owner_text(), marker)
+        self.owner.place(marker)
 
     def remove_marker(self, marker: Path) -> None:
-        """Remove a marker (under the lock). The board's markers are symlinks; anything else in
-        .pending/ was put there by hand and is moved aside, so it can neither hide its task nor
+        """Remove a marker (under the lock). The board's markers are files (markers.py); a folder
+        in .pending/ was put there by hand and is moved aside, so it can neither hide its task nor
         stop every transition with an error."""
         try:
             marker.unlink(missing_ok=True)
@@ -151,12 +152,11 @@ class Transactions:
 
     def marker_is_live(self, path: Path) -> bool:
         """Whether the process a marker names is still running (a live claimer's reservation)."""
-        try:
-            pid_text, started_text = os.readlink(path).split()
-            pid, started = int(pid_text), float(started_text)
-        except (OSError, ValueError):
+        owner = markers.owner_of(path)
+        if owner is None:
             return False
-        if pid == os.getpid() and abs(started - _own_start_time()) < 0.05:
+        pid, started = owner
+        if pid == os.getpid() and abs(started - markers.own_start_time()) < 0.05:
             return self.reservations.holds(path.name)
         return holder_alive(pid, started, liveness.HOST) is not False
 
@@ -249,6 +249,7 @@ class Transactions:
         if not sweep:
             return
         self.last_sweep = time.monotonic()
+        markers.sweep_owners(self.disk.root / ".pending")
         for status in (*STATUSES, ""):
             with contextlib.suppress(FileNotFoundError):
                 for item in os.scandir(self.disk.root / status):
@@ -352,21 +353,6 @@ def _unlink_marker(marker: Path) -> None:
     # locked pass to move aside.
     with contextlib.suppress(FileNotFoundError, IsADirectoryError):
         marker.unlink()
-
-
-_START_TIME: list[tuple[int, float]] = []
-
-
-def _own_start_time() -> float:
-    pid = os.getpid()
-    if not _START_TIME or _START_TIME[0][0] != pid:  # recomputed after a fork
-        _START_TIME[:] = [(pid, start_time(pid) or 0.0)]
-    return _START_TIME[0][1]
-
-
-def _owner_text() -> str:
-    """What a marker says of its owner: pid and process start time."""
-    return f"{os.getpid()} {_own_start_time()!r}"
 
 
 def _writer_gone(pid: int, path: Path) -> bool:

@@ -182,7 +182,7 @@ def test_a_claim_does_not_read_the_tasks_others_have_reserved(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """With 16 agents each claim read and parsed the tasks the others had just reserved (their
     markers made, their commits not yet seen) before finding the markers: it reserves first now."""
-    from hermes_sup.kanban.txn import _owner_text
+    from hermes_sup.kanban.markers import owner_text as _owner_text
 
     reads: list[str] = []
     real = Folder.raw

@@ -49,5 +49,5 @@ def check_invariants(backend: Backend, store: Store) -> dict[str, dict[str, Any]
         assert moves.get(task_id, []) == history, f"{task_id}: events {moves.get(task_id)} but history {history}"
         completions = sum(1 for entry in doc["history"] if (entry["from"], entry["to"]) == ("doing", "done"))
         assert completions <= 1, f"{task_id} was completed {completions} times"
-    assert backend.leftovers(store) == [], "a transition left something half-done behind"
+    assert backend.leftovers(store) == [], f"a transition left something half-done behind: {backend.leftovers(store)}"
     return by_id
