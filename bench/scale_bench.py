@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.scale_huey import huey_rate, huey_version  # noqa: E402
-from bench.scale_limits import board_alone, disk_rate  # noqa: E402
+from bench.scale_limits import board_alone, disk_rate, settle, settle_seconds  # noqa: E402
 from bench.scale_team import Team  # noqa: E402
 
 DESCRIPTION = """\
@@ -129,6 +129,8 @@ class Run:
         self.stack = stack
         self.base = Path(tempfile.mkdtemp(prefix="hermes-scale-"))
         stack.callback(quietly("removing the temp dir", lambda: shutil.rmtree(self.base, ignore_errors=True)))
+        # Each drain, and each peer's, starts after the bench's own deletions have aged (scale_limits).
+        self.settle_s = settle_seconds(self.base) if args.settle is None else args.settle
         self.server: Any = None
         self.rows: list[dict[str, Any]] = []  # one per drain of every repeat
         # The peers' rates by repeat, so a drain is set against the peers measured in its own repeat.
@@ -169,6 +171,7 @@ class Run:
                              functools.partial(self.huey_cell, rep, agents, backlog))
 
     def huey_cell(self, rep: int, agents: int, backlog: int) -> None:
+        settle(self.settle_s)
         row = huey_rate(self.folder("huey"), agents, backlog, poll_interval(backlog))
         self.huey.setdefault((agents, backlog), {})[rep] = row["per_second"]
         log(f"[{rep + 1}] huey, {agents} worker(s), {backlog} tasks: {row['per_second']:,.1f} tasks/s")
@@ -185,14 +188,17 @@ class Run:
             if self.args.syscalls and rep == 0 and agents == self.args.agents[0]:
                 self.trace(backend, team)
         for backlog in self.args.backlogs:
+            settle(self.settle_s)
             rate = board_alone(backend, agents, backlog, self.folder("board"), self.server.dsn if dsn else None)
             self.board.setdefault((backend, agents, backlog), {})[rep] = rate
             log(f"[{rep + 1}] {backend} board alone, {agents} claimer(s), {backlog} tasks: {rate:,.1f} tasks/s")
 
     def drain(self, rep: int, backend: str, team: Team, up: float, backlog: int) -> dict[str, Any]:
         seconds = self.args.fsync_seconds
+        settle(self.settle_s)
         disk1_before = disk_rate(self.folder("disk"), 1, seconds)
         disk_n = disk_rate(self.folder("disk"), team.agents, seconds)
+        settle(self.settle_s)  # the probes' renames freed thousands of inodes
         row = team.drain(f"r{rep}-b{backlog}-", backlog, poll_interval(backlog))
         disk1 = (disk1_before + disk_rate(self.folder("disk"), 1, seconds)) / 2
         log(f"[{rep + 1}] {backend}, {team.agents} agent(s), {backlog} tasks: {row['per_second']:,.1f} tasks/s "
@@ -295,6 +301,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--syscall-tasks", type=int, default=200, help="tasks of the --syscalls drain")
     parser.add_argument("--fork-server", choices=("on", "off"), help="override hermes.yaml's fork_server (default: on)")
     parser.add_argument("--fsync-seconds", type=float, help="length of each disk-rate probe (default 2; --quick 1)")
+    parser.add_argument("--settle", type=float, metavar="SECONDS",
+                        help="wait before each drain and peer, after a sync (default: 31 on ext4 without a journal, "
+                             "else 0; see bench/scale_limits.settle_seconds)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="where the JSON is written")
     parser.add_argument("--show", type=Path, metavar="JSON", help="print the table of a report written before; no run")
     args = parser.parse_args(argv)
@@ -314,7 +323,8 @@ def measure(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, 
                               "load_before": os.getloadavg(), "huey_version": huey_version(),
                               "settings": {"agents": args.agents, "backlogs": args.backlogs,
                                            "backends": args.backends, "repeat": args.repeat,
-                                           "fork_server": args.fork_server, "fsync_seconds": args.fsync_seconds}}
+                                           "fork_server": args.fork_server, "fsync_seconds": args.fsync_seconds,
+                                           "settle_seconds": run.settle_s}}
     if "pg" in args.backends:
         report["pg_version"] = run.start_pg()
     started = time.monotonic()
