@@ -18,7 +18,7 @@ from .fsio import write_json_atomic
 from .liveness import start_time
 from .markers import changed_at, own_start_time
 from .task import now_iso
-from .txn import Transactions, _unlink_marker
+from .txn import Transactions
 
 # A reservation marker this old may be a dead claimer's: the locked path looks at its owner.
 STALE_MARKER_AGE = 1.0
@@ -96,7 +96,7 @@ class Claims(ClaimIndex):
                     if _read_or_none(self.disk.path("todo", doc["id"])) == raw:
                         committed, prepared = self.txn.commit("todo", new, prepared, reserved=True), None
             finally:
-                _unlink_marker(self.txn.marker(doc["id"]))
+                self.txn.owner.remove_own(self.txn.marker(doc["id"]))
                 if prepared is not None:
                     prepared.unlink(missing_ok=True)
                 if keeper is not None:
@@ -176,7 +176,7 @@ class Claims(ClaimIndex):
         return raw, doc
 
     def _release(self, task_id: str) -> None:
-        _unlink_marker(self.txn.marker(task_id))
+        self.txn.owner.remove_own(self.txn.marker(task_id))
         self.txn.reservations.done(task_id)
 
     def _try_reserve(self, task_id: str, *, locked: bool) -> bool:
@@ -205,6 +205,10 @@ class Claims(ClaimIndex):
         return False
 
     def _stale_marker(self, marker: Path) -> bool:
+        if self.txn.owner.is_ours(marker):
+            # Ours: the reservation count says exactly whether it is live. (The age is no help:
+            # every marker of ours shares the owner file's change time, renewed by each claim.)
+            return not self.txn.marker_is_live(marker)
         return _older_than(marker, STALE_MARKER_AGE) and not self.txn.marker_is_live(marker)
 
     def _claimed(self, doc: TaskDoc, agent: str, lease: float | None, pid: int | None) -> TaskDoc:

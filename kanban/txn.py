@@ -152,7 +152,10 @@ class Transactions:
 
     def marker_is_live(self, path: Path) -> bool:
         """Whether the process a marker names is still running (a live claimer's reservation)."""
-        owner = markers.owner_of(path)
+        try:
+            owner = markers.owner_of(path)
+        except OSError:
+            return True  # not readable now (out of descriptors): its owner is not known dead
         if owner is None:
             return False
         pid, started = owner

@@ -118,3 +118,56 @@ def test_a_process_that_exits_takes_its_owner_file_along(board: Board) -> None:
                           timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert owner_files(board.root) == []
+
+
+def test_only_our_own_marker_is_removed_after_the_lock_and_ours_is_stale_at_once(board: Board,
+                                                                                tmp_path: Path) -> None:
+    """Outside the lock a claimer removes the marker it placed only if it is still its own: a
+    cancel of another process may have put its marker there since. And a marker of ours that no
+    reservation holds is stale at once, whatever the shared owner file's change time says."""
+    owner = board.txn.owner
+    mine = board.txn.marker("mine")
+    owner.place(mine)
+    assert owner.is_ours(mine)
+    assert board.claims._stale_marker(mine)  # no reservation of this process holds it
+    owner.remove_own(mine)
+    assert not os.path.lexists(mine)
+    theirs = board.txn.marker("theirs")
+    other = tmp_path / "other-owner"
+    other.write_text("1 2.0")
+    os.link(other, theirs)
+    owner.remove_own(theirs)
+    assert os.path.lexists(theirs)
+
+
+def test_an_owner_file_is_readable_as_its_folder_whatever_the_umask(board: Board) -> None:
+    from hermes_sup.kanban.fsio import mode_for
+
+    previous = os.umask(0o077)
+    try:
+        board.txn.owner.place(board.txn.marker("m"))
+    finally:
+        os.umask(previous)
+    [name] = owner_files(board.root)
+    assert os.lstat(board.root / ".pending" / name).st_mode & 0o777 == mode_for(board.root / ".pending")
+
+
+def test_a_marker_that_cannot_be_read_now_is_not_taken_for_a_dead_ones(board: Board, monkeypatch) -> None:
+    """Out of descriptors, a process read every marker as naming no one, and removed them all."""
+    import errno
+
+    from hermes_sup.kanban import markers
+
+    marker = board.txn.marker("busy")
+    board.txn.owner.place(marker)
+    board.txn.reservations.started("busy")
+
+    def exhausted(path: Path, limit: int) -> bytes:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(markers, "read_bytes_nofollow", exhausted)
+    assert board.txn.marker_is_live(marker)
+    board.txn.reservations.done("busy")
+    assert board.txn.marker_is_live(marker)  # not known dead while unreadable
+    markers.sweep_owners(board.root / ".pending")
+    assert len(owner_files(board.root)) == 1

@@ -326,6 +326,11 @@ class PgStore(ClaimsMixin, JournalRowsMixin, HostsMixin, StreamMixin, TaskIdsMix
         waiting task (8 ms with 8,000), not the first of its index. Without ownership of the table
         the server only warns."""
         with contextlib.suppress(psycopg.Error), self._tx() as cur:
+            # Bounded: it shares the connection with the host's heartbeat, and a VACUUM of the
+            # table (autovacuum's, a person's) holds the lock it needs. Skipped then: autovacuum
+            # will analyze the table itself.
+            cur.execute("SET LOCAL lock_timeout = '500ms'")
+            cur.execute("SET LOCAL statement_timeout = '5s'")
             cur.execute("ANALYZE tasks")
 
     def _ingest_one(self, path: Path, read: Any, report: IngestReport) -> None:
