@@ -125,17 +125,43 @@ def one_at_a_time(path: Path, timeout: float = CHECK_TIMEOUT + 5.0) -> Iterator[
 def library(runs: Path) -> Path:
     """The folder holding the copy of our package: made once per version of the code, by whichever
     process comes first, looked over before every use (intact) and made again when it changed."""
-    files = [(where, path.read_bytes()) for where, path in _package_files()]
-    key = digest(b"".join(where.encode() + b"\0" + digest(data).encode() for where, data in files))[:16]
+    found = _package_files()
+    wheres = [where for where, _ in found]
+    key = _known_key(found)
     final = runs / ".skillrun" / key
-    if intact(final, [where for where, _ in files]):
+    if intact(final, wheres):
         return final
+    files = [(where, path.read_bytes()) for where, path in found]
+    final = runs / ".skillrun" / _key_of(files)
     final.parent.mkdir(parents=True, exist_ok=True)
     # The agents of a team starting together each made and compiled a copy, all but one in vain.
     with one_at_a_time(runs / ".skillrun.lock"):
-        if intact(final, [where for where, _ in files]):
+        if intact(final, wheres):
             return final
-        return _make_library(final, key, files)
+        return _make_library(final, final.name, files)
+
+
+# The key of our code by what stat says of its files: reading and hashing all 124 cost every
+# skill call about 15 ms. Any write to a file changes its ctime, so a changed file is read again.
+_KNOWN: dict[tuple[Any, ...], str] = {}
+
+
+def _known_key(found: tuple[tuple[str, Path], ...]) -> str:
+    try:
+        seen = tuple((s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
+                     for s in (os.stat(path) for _, path in found))
+    except OSError:
+        return _key_of([(where, path.read_bytes()) for where, path in found])
+    key = _KNOWN.get(seen)
+    if key is None:
+        key = _key_of([(where, path.read_bytes()) for where, path in found])
+        _KNOWN.clear()
+        _KNOWN[seen] = key
+    return key
+
+
+def _key_of(files: list[tuple[str, bytes]]) -> str:
+    return digest(b"".join(where.encode() + b"\0" + digest(data).encode() for where, data in files))[:16]
 
 
 def _make_library(final: Path, key: str, files: list[tuple[str, bytes]]) -> Path:
@@ -212,10 +238,8 @@ def intact(folder: Path, expected: list[str]) -> bool:
     real file or folder, readable by us and by nobody else. Confined commands cannot write
     it, but under Landlock they can change modes: a folder made unreadable would break every later
     call, and one made writable to all would let another user of the machine put code in it."""
-    uid = os.geteuid()
+    uid, regular = os.geteuid(), set()
     try:
-        if not all((folder / where).is_file() for where in expected):
-            return False
         for root, folders, files in os.walk(folder):
             for path in [root, *(os.path.join(root, name) for name in (*folders, *files))]:
                 info = os.lstat(path)
@@ -223,9 +247,11 @@ def intact(folder: Path, expected: list[str]) -> bool:
                     or (stat.S_ISREG(info.st_mode) and info.st_mode & 0o400)
                 if not kind_ok or info.st_uid != uid or info.st_mode & 0o077:
                     return False
+                if stat.S_ISREG(info.st_mode):
+                    regular.add(path)
     except OSError:
         return False
-    return True
+    return all(os.path.join(folder, where) in regular for where in expected)
 
 
 def proxies(name: str, path: Path, checked: str, declared: list[dict[str, Any]], runs: Path) -> list[Tool]:

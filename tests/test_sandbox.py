@@ -334,3 +334,14 @@ def test_a_commands_temporary_folder_is_its_own_outside_the_task_and_gone_after(
     tmp = out.split("TMP=")[1].strip()
     assert not Path(tmp).is_relative_to(ctx.scratch) and not list(ctx.scratch.glob("*tmp*"))
     assert not os.path.exists(tmp) or mode == "bubblewrap", "the launcher removes it"  # bwrap's is a tmpfs
+
+
+def test_inside_says_what_pathlib_says_of_every_kind_of_path():
+    """`_inside` compares text where both paths are absolute (a plan asks it hundreds of times); it
+    must agree with `Path.parents` on every case, the root, prefixes that are no parent, and the rest."""
+    from hermes_sup.agents.sandbox import _inside
+
+    cases = ["/", "/a", "/a/b", "/a/bc", "/ab", "/a/b/c", "//a", "//", "a", "a/b", ".", "/a/b/", "/a b/c", "/a/../b"]
+    for path in map(Path, cases):
+        for root in map(Path, cases):
+            assert _inside(path, root) == (path == root or root in path.parents), (path, root)
