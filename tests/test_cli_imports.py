@@ -38,3 +38,19 @@ def test_status_imports_neither_the_config_checks_nor_the_agent_runtime(ws):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ws)
     assert done.returncode == 0, done.stderr[-2000:]
     assert '"agents"' in done.stdout
+
+
+def test_a_command_of_a_group_imports_none_of_its_siblings_modules(ws):
+    """`task add` need not import what `task log` and `task wait` do (their modules import the
+    timeline views and `up`'s), nor `board` what `board migrate` does; `task --help` still lists them."""
+    code = ("import sys\nfrom hermes_sup.supervisor.cli import main\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit as exc:\n    assert not exc.code, exc.code\n"
+            "loaded = [m for m in ('hermes_sup.supervisor.cli.tasklog', 'hermes_sup.supervisor.cli.steer',\n"
+            "                      'hermes_sup.supervisor.cli.migrate') if m in sys.modules]\n"
+            "assert not loaded, loaded\n")
+    for args in (["task", "add", "a title"], ["task", "list"], ["board"]):
+        done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60, cwd=ws)
+        assert done.returncode == 0, (args, done.stderr[-2000:])
+    helped = subprocess.run([sys.executable, "-m", "hermes_sup.supervisor", "task", "--help"], capture_output=True,
+                            text=True, timeout=60, cwd=ws)
+    assert all(f"  {name} " in helped.stdout for name in ("add", "log", "wait", "comment")), helped.stdout

@@ -8,6 +8,7 @@ commands are registered here, in one place, and nothing imports in a circle.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from pathlib import Path
@@ -32,10 +33,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prune": ("prune", "prune_command"), "completion": ("shell", "completion"),
     "systemd-unit": ("shell", "systemd_unit"),
 }
-# Commands of a group that live in other modules, added to it when it is loaded.
-SUBCOMMANDS: dict[str, tuple[tuple[str, str], ...]] = {
-    "task": (("tasklog", "task_log"), ("steer", "task_wait"), ("steer", "task_comment")),
-    "board": (("migrate", "migrate_command"),),
+# Commands of a group that live in other modules, by name: each loaded when it is asked for.
+SUBCOMMANDS: dict[str, dict[str, tuple[str, str]]] = {
+    "task": {"log": ("tasklog", "task_log"), "wait": ("steer", "task_wait"), "comment": ("steer", "task_comment")},
+    "board": {"migrate": ("migrate", "migrate_command")},
 }
 
 
@@ -54,11 +55,10 @@ class Commands(JsonUsageGroup):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in COMMANDS:
             command = _load(*COMMANDS[cmd_name])
-            if isinstance(command, click.Group):
-                for sub in SUBCOMMANDS.get(cmd_name, ()):
-                    loaded = _load(*sub)
-                    if loaded.name not in command.commands:
-                        command.add_command(loaded)
+            if isinstance(command, JsonUsageGroup):
+                for name, where in SUBCOMMANDS.get(cmd_name, {}).items():
+                    if name not in command.commands:
+                        command.lazy[name] = functools.partial(_load, *where)
             self.add_command(command, cmd_name)
         return super().get_command(ctx, cmd_name)
 
