@@ -4,13 +4,14 @@ step of every transition followed by recovery."""
 from __future__ import annotations
 
 import json
+import select
 import signal
 import subprocess
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
-from hermes_sup.kanban.faults import FAULT_ENV
 
 from .backends import FAULT_POINTS, Backend, Store, all_events, fault_points, tasks
 from .checks import check_invariants
@@ -117,6 +118,10 @@ def test_sigkill_at_every_step_of_every_transition_then_recovery(backend, tmp_pa
     points = fault_points(backend)
     assert points, "the backend declares no fault points"
     kills: Counter[str] = Counter()
+    errors = tmp_path / "lifecycles.err"
+    with errors.open("wb") as sink:
+        # Each lifecycle is forked from one process that imported the board's code (worker.lifecycles).
+        forks = workers.start("lifecycles", backend.kind, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=sink)
     for point in points:
         for nth in range(1, 40):
             board_dir = tmp_path / f"{point}-{nth}"
@@ -125,15 +130,13 @@ def test_sigkill_at_every_step_of_every_transition_then_recovery(backend, tmp_pa
                 store.add({"id": SPARE, "title": "spare", "priority": -1, "max_attempts": 20})
                 drop = backend.inbox(store) / f"{LIFE}.json"
                 drop.write_text(json.dumps({"id": LIFE, "title": "a life", "max_attempts": 20}))
-                proc = workers.start("lifecycle", backend.kind, str(board_dir), env={FAULT_ENV: f"{point}:{nth}"},
-                                     stderr=subprocess.PIPE)
-                _out, err = proc.communicate(timeout=60)
-                if proc.returncode == 0:
+                code = run_lifecycle(forks, board_dir, f"{point}:{nth}")
+                if code == 0:
                     # Past the last time the lifecycle reaches this point: it ran to the end.
                     docs = check_invariants(backend, store)
                     assert (docs[LIFE]["status"], docs[SPARE]["status"]) == ("done", "cancelled")
                     break
-                assert proc.returncode == -signal.SIGKILL, err.decode(errors="replace")[-2000:]
+                assert code == -signal.SIGKILL, errors.read_text(errors="replace")[-2000:]
                 kills[point] += 1
                 recover_and_finish(backend, store)
             finally:
@@ -142,6 +145,18 @@ def test_sigkill_at_every_step_of_every_transition_then_recovery(backend, tmp_pa
             pytest.fail(f"the lifecycle reached {point} more than 40 times")
     never = [point for point in points if not kills[point]]
     assert never == [], f"the lifecycle never reaches the declared fault points {never}: extend worker.lifecycle"
+
+
+def run_lifecycle(forks: subprocess.Popen[bytes], board_dir: Path, fault: str, timeout: float = 60) -> int:
+    """How a lifecycle forked by `forks` on `board_dir` with the fault armed ended (a returncode)."""
+    assert forks.stdin is not None and forks.stdout is not None
+    forks.stdin.write(json.dumps([str(board_dir), fault]).encode() + b"\n")
+    forks.stdin.flush()
+    ready, _, _ = select.select([forks.stdout], [], [], timeout)
+    assert ready, f"the lifecycle with {fault} did not end within {timeout} s"
+    answer = forks.stdout.readline().split()
+    assert len(answer) == 2, f"the lifecycles process ended: {forks.poll()}"
+    return int(answer[1])
 
 
 def test_the_fault_point_scan_reads_every_literal_point_once():
