@@ -148,16 +148,24 @@ _KNOWN: dict[tuple[Any, ...], str] = {}
 
 def _known_key(found: tuple[tuple[str, Path], ...]) -> str:
     try:
-        seen = tuple((s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
-                     for s in (os.stat(path) for _, path in found))
+        seen = _stats(found)
     except OSError:
         return _key_of([(where, path.read_bytes()) for where, path in found])
     key = _KNOWN.get(seen)
     if key is None:
         key = _key_of([(where, path.read_bytes()) for where, path in found])
-        _KNOWN.clear()
-        _KNOWN[seen] = key
+        with contextlib.suppress(OSError):
+            # Kept only if nothing changed while it was read: a file rewritten within one tick of
+            # a coarse clock would otherwise keep the key of what it held before.
+            if _stats(found) == seen:
+                _KNOWN.clear()
+                _KNOWN[seen] = key
     return key
+
+
+def _stats(found: tuple[tuple[str, Path], ...]) -> tuple[Any, ...]:
+    return tuple((where, s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
+                 for where, s in ((where, os.stat(path)) for where, path in found))
 
 
 def _key_of(files: list[tuple[str, bytes]]) -> str:

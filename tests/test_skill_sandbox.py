@@ -321,3 +321,7 @@ def test_the_copy_of_our_code_follows_every_change_to_it_and_is_made_again_when_
     (second / "hermes_sup" / "agents" / "b.py").unlink()
     again = skillproc.library(runs)
     assert again == second and (again / "hermes_sup" / "agents" / "b.py").read_text() == "B = 1\n"
+
+    (again / "hermes_sup" / "agents" / "b.py").unlink()  # a folder where a module should be
+    (again / "hermes_sup" / "agents" / "b.py").mkdir(mode=0o700)
+    assert (skillproc.library(runs) / "hermes_sup" / "agents" / "b.py").read_text() == "B = 1\n"
