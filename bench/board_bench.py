@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from hermes_sup.kanban import Board  # noqa: E402
 from hermes_sup.kanban.fsio import write_json_atomic  # noqa: E402
+
+from bench.claimers import run as run_claimers  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:
@@ -59,38 +62,25 @@ def fill(root: Path, count: int) -> None:
         board.add({"title": f"task {i}", "priority": i % 5})
 
 
-def claimer_main(root: str, go_file: str, out: str) -> None:
+def claimer(root: str) -> Callable[[], int]:
+    """One claimer of the board alone (bench/claimers.py), its claim index built before the clock starts."""
     board = Board(root)
-    board.claims.catch_up()  # build the claim index (one lock-free scan of the backlog) before the clock starts
-    Path(out + ".ready").touch()
-    while not os.path.exists(go_file):
-        time.sleep(0.001)
-    done = 0
-    while True:
-        doc = board.claim(f"c{os.getpid()}")
-        if doc is None:
-            break
-        board.complete(doc["id"], doc["claim"]["token"], "ok")
-        done += 1
-    Path(out).write_text(json.dumps({"done": done, "end": time.time()}))
+    board.claims.catch_up()  # one lock-free scan of the backlog
+
+    def work() -> int:
+        done = 0
+        while (doc := board.claim(f"c{os.getpid()}")) is not None:
+            board.complete(doc["id"], doc["claim"]["token"], "ok")
+            done += 1
+        return done
+    return work
 
 
 def throughput(base: Path, claimers: int, tasks: int) -> dict[str, float]:
     root = base / f"tp-{claimers}"
     fill(root, tasks)
-    go = base / f"go-{claimers}"
-    outs = [base / f"tp-{claimers}-{n}.json" for n in range(claimers)]
-    procs = [subprocess.Popen([sys.executable, __file__, "_claimer", str(root), str(go), str(out)]) for out in outs]
-    while not all(Path(str(out) + ".ready").exists() for out in outs):
-        time.sleep(0.01)
-    start = time.time()
-    go.touch()
-    for proc in procs:
-        proc.wait(timeout=600)
-    results = [json.loads(out.read_text()) for out in outs]
-    elapsed = max(r["end"] for r in results) - start
-    total = sum(r["done"] for r in results)
-    assert total == tasks, f"{total} of {tasks} tasks completed"
+    elapsed, done = run_claimers(claimer, [(str(root),)] * claimers)
+    assert sum(done) == tasks, f"{sum(done)} of {tasks} tasks completed"
     shutil.rmtree(root)
     return {"claimers": claimers, "tasks": tasks, "seconds": elapsed, "per_second": tasks / elapsed}
 
@@ -240,9 +230,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "_claimer":
-        claimer_main(*sys.argv[2:])
-    elif len(sys.argv) > 1 and sys.argv[1] == "_waiter":
+    if len(sys.argv) > 1 and sys.argv[1] == "_waiter":
         waiter_main(*sys.argv[2:])
     else:
         main()

@@ -30,6 +30,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 import psycopg  # noqa: E402
 from hermes_sup.kanban.pg.store import PgStore  # noqa: E402
 
+from bench.claimers import run as run_claimers  # noqa: E402
 from tests.pgserver import start_server  # noqa: E402
 
 DSN_ENV = "HERMES_SUP_BENCH_PG_DSN"
@@ -65,15 +67,19 @@ def store_for(dsn: str, schema: str, host: str, migrate: bool = False) -> PgStor
     return PgStore(dsn, schema=schema, host=host, boot_id="bench", migrate_schema=migrate)
 
 
-def claimer_main(schema: str, go_file: str) -> None:
-    store = store_for(os.environ[DSN_ENV], schema, f"host-{os.getpid()}")
-    store.counts()  # connected before the clock starts
-    Path(go_file + f".ready-{os.getpid()}").touch()
-    while not os.path.exists(go_file):
-        time.sleep(0.005)
-    while (doc := store.claim("bench")) is not None:
-        store.complete(doc["id"], doc["claim"]["token"], result="ok")
-    store.close()
+def claimer(schema: str, dsn: str) -> Callable[[], int]:
+    """One claimer of the board alone (bench/claimers.py): connected before the clock starts."""
+    store = store_for(dsn, schema, f"host-{os.getpid()}")
+    store.counts()
+
+    def work() -> int:
+        done = 0
+        while (doc := store.claim("bench")) is not None:
+            store.complete(doc["id"], doc["claim"]["token"], result="ok")
+            done += 1
+        store.close()
+        return done
+    return work
 
 
 def throughput(dsn: str, claimers: int, tasks: int) -> float:
@@ -81,25 +87,13 @@ def throughput(dsn: str, claimers: int, tasks: int) -> float:
     store = store_for(dsn, schema, "filler", migrate=True)
     for index in range(tasks):
         store.add({"id": f"t{index:06d}", "title": f"task {index}"})
-    go = Path(tempfile.mkdtemp()) / "go"
-    env = {**os.environ, DSN_ENV: dsn}
-    procs = [subprocess.Popen([sys.executable, __file__, "--claimer", schema, str(go)], env=env)
-             for _ in range(claimers)]
-    deadline = time.monotonic() + 60
-    while len(list(go.parent.glob("go.ready-*"))) < claimers:
-        if time.monotonic() > deadline:
-            raise SystemExit("claimers did not start")
-        time.sleep(0.01)
-    start = time.perf_counter()
-    go.touch()
-    for proc in procs:
-        proc.wait()
-    elapsed = time.perf_counter() - start
+    store.close()  # no connection of the bench's is shared with the forked claimers
+    elapsed, _ = run_claimers(claimer, [(schema, dsn)] * claimers)
+    store = store_for(dsn, schema, "filler")
     assert store.counts()["done"] == tasks, store.counts()
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
     store.close()
-    shutil.rmtree(go.parent, ignore_errors=True)
     return tasks / elapsed
 
 
@@ -346,12 +340,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer tasks, drops and trials: a check that it runs")
     parser.add_argument("--host-timeout", type=float, default=5.0, help="host_timeout of the host-death trials")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
-    parser.add_argument("--claimer", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--waiter", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--victim", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--survivor", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    for role, run in (("claimer", claimer_main), ("waiter", waiter_main), ("victim", victim_main),
+    for role, run in (("waiter", waiter_main), ("victim", victim_main),
                       ("survivor", survivor_main)):
         if getattr(args, role):
             run(*getattr(args, role))
