@@ -11,8 +11,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from hermes_sup.kanban.pg import ingest as pgingest
 from hermes_sup.kanban.pg import sql
-from hermes_sup.kanban.pg import store as pgstore
 from hermes_sup.kanban.pg.store import PgStore
 
 from . import pgserver
@@ -75,7 +75,7 @@ def test_a_burst_of_drops_has_the_table_analyzed_and_a_claim_reads_only_its_pick
         make: Callable[..., PgStore], pg_server: PgServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A table never analyzed is planned as nearly empty: after a burst of drops each claim read and
     sorted every waiting task until autovacuum came (8 ms with 8,000). The ingest has it analyzed."""
-    monkeypatch.setattr(pgstore, "ANALYZE_AFTER", 40)
+    monkeypatch.setattr(pgingest, "ANALYZE_AFTER", 40)
     store = make(drop_root=tmp_path / "kanban")
     store.ingest()  # makes inbox/
     steps = [{"tool": "write_file", "args": {"path": "out.txt", "content": "x"}}]
@@ -86,7 +86,7 @@ def test_a_burst_of_drops_has_the_table_analyzed_and_a_claim_reads_only_its_pick
     with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
         reltuples = conn.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass",
                                  (f'"{store.schema}".tasks',)).fetchone()[0]
-    assert reltuples >= 160, reltuples  # analyzed at 40, 80 and 160 tasks made
+    assert reltuples >= 160, reltuples  # analyzed between batches: past 40, 80 and 160 tasks made
     params = {"agent": "a1", "roles": [], "steps_only": False, "assigned_only": False, "host": store.host,
               "boot": store.boot_id, "pid": os.getpid(), "pid_started": 0.0, "lease": 60.0}
     plan = explain(pg_server, store.schema, sql.CLAIM, params)

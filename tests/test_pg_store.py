@@ -20,6 +20,7 @@ import psycopg
 import pytest
 from hermes_sup.kanban import rules
 from hermes_sup.kanban.errors import BoardError, ClaimLost, InvalidTransition
+from hermes_sup.kanban.pg import ingest as pgingest
 from hermes_sup.kanban.pg import open_store
 from hermes_sup.kanban.pg import store as pgstore
 from hermes_sup.kanban.pg.rules import storable
@@ -644,7 +645,7 @@ def test_a_drop_rewritten_after_it_was_read_is_ingested_as_it_is_now(make_store:
     store = make_store(drop_root=tmp_path / "kanban")
     drop = tmp_path / "kanban" / "inbox" / "note.json"
     drop.write_text(json.dumps({"id": "note", "title": "first draft"}))
-    real_read = pgstore.read_drop
+    real_read = pgingest.read_drop
 
     def read_then_rewrite(path: Path):  # the user saves again just after the board read the file
         read = real_read(path)
@@ -653,7 +654,7 @@ def test_a_drop_rewritten_after_it_was_read_is_ingested_as_it_is_now(make_store:
             os.utime(drop, ns=(time.time_ns(), time.time_ns() + 1_000_000))
         return read
 
-    monkeypatch.setattr(pgstore, "read_drop", read_then_rewrite)
+    monkeypatch.setattr(pgingest, "read_drop", read_then_rewrite)
     assert store.ingest().ingested == ["note"]
     assert store.get("note")["title"] == "final"
 
@@ -665,7 +666,7 @@ def test_two_processes_of_a_host_ingesting_the_same_drops_make_each_task_once(ma
     names = [f"d{n}" for n in range(20)]
     for name in names:
         (root / "inbox" / f"{name}.json").write_text(json.dumps({"id": name, "title": name}))
-    real_read = pgstore.read_drop
+    real_read = pgingest.read_drop
     together = threading.Barrier(2)
 
     def read_in_step(path: Path):  # both have read each drop before either writes its task
@@ -673,7 +674,7 @@ def test_two_processes_of_a_host_ingesting_the_same_drops_make_each_task_once(ma
         together.wait(timeout=30)
         return read
 
-    monkeypatch.setattr(pgstore, "read_drop", read_in_step)
+    monkeypatch.setattr(pgingest, "read_drop", read_in_step)
     # One process of a host ingests at a time (kanban/ingestturn.py); where that turn cannot be had
     # (its lock file unusable) both ingest at once, and each drop must still make one task.
     from hermes_sup.kanban.ingestturn import SoleIngester

@@ -58,7 +58,7 @@ class ClaimsMixin(StoreBase):
 
     def _event(self, cur: psycopg.Cursor[Any], values: dict[str, Any]) -> None:
         cur.execute(sql.EVENTS_LOCK_SHARED, {"lock": sql.EVENTS_LOCK})
-        cur.execute(sql.EVENT, values)
+        cur.execute(sql.EVENT_AT if "at" in values else sql.EVENT, values)
 
     def _lost(self, cur: psycopg.Cursor[Any], task_id: str, token: int) -> ClaimLost:
         row = cur.execute("SELECT status, lease_owner, fence FROM tasks WHERE id = %s", (task_id,)).fetchone()

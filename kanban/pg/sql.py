@@ -7,6 +7,8 @@ a heartbeat or a recovery.
 from __future__ import annotations
 
 NOW_ISO = """to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
+# The clock's time as it runs, not the transaction's: rows made in one transaction keep their order.
+CLOCK_ISO = """to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
 
 ROW_SELECT = """id, status, attempts, claims, max_attempts, priority, role, assignee, document,
     lease_owner, lease_host, lease_boot, lease_pid, lease_pid_started,
@@ -97,13 +99,18 @@ WRITE = """UPDATE tasks SET
         lease_claimed = NULL, lease_until = NULL, fence = NULL
     WHERE id = %(id)s"""
 
+# `created` (the claim order's second key) is the transaction's time unless given: an ingest batch's
+# tasks each give the clock's time at their drop (CLOCK_ISO), so they are claimed in their drops' order.
 INSERT_TASK = """INSERT INTO tasks (id, status, role, assignee, priority, has_steps, has_deps, attempts, max_attempts,
-        claims, document)
+        claims, document, created)
     VALUES (%(id)s, %(status)s, %(role)s, %(assignee)s, %(priority)s, %(has_steps)s, %(has_deps)s, %(attempts)s,
-        %(max_attempts)s, %(claims)s, %(document)s::jsonb)
+        %(max_attempts)s, %(claims)s, %(document)s::jsonb, COALESCE(%(created)s::timestamptz, now()))
     ON CONFLICT (id) DO NOTHING"""
 
 EVENT = "INSERT INTO events (task, src, dst, by, note) VALUES (%(id)s, %(src)s, %(dst)s, %(by)s, %(note)s)"
+# An event at a time of the clock read with its change (an ingest batch's task: see CLOCK_ISO).
+EVENT_AT = """INSERT INTO events (task, src, dst, by, note, at)
+    VALUES (%(id)s, %(src)s, %(dst)s, %(by)s, %(note)s, %(at)s::timestamptz)"""
 # Cursors come from a sequence before their transaction commits, so a smaller one can become
 # visible after a larger. Every transaction that writes an event holds this lock, shared, from
 # before it takes its cursor until it ends (writers never wait for each other); a reader takes it

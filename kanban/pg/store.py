@@ -24,11 +24,8 @@ from psycopg.types.json import Jsonb
 
 from .. import handmoves, rules
 from ..base import COMMENT_RESERVE, MAX_DOCUMENT_BYTES
-from ..drops import ready as ready_drops
 from ..errors import BoardError, InvalidTransition, TaskNotFound
 from ..faults import fault
-from ..fsio import safe_name
-from ..ingest import IngestReport, identity_of, read_drop
 from ..ingestturn import SoleIngester
 from ..reads import Listing, listed_fields
 from ..task import MAX_BYTES, STATUSES, TaskError, find_cycle, is_valid_id, normalize, slugify
@@ -41,11 +38,12 @@ from .claims import ClaimsMixin
 from .conn import Connection, redact_dsn
 from .hosts import MAX_SUMMARY_BYTES, HostsMixin
 from .ids import TaskIdsMixin
+from .ingest import IngestMixin
 from .journalrows import JournalRowsMixin
 from .listen import CHANNEL, Listener
 from .retry import again
 from .rows import one, row_params
-from .rules import document_part, landed_at, readable, row_to_doc, storable, unreadable
+from .rules import document_part, readable, row_to_doc, storable, unreadable
 from .schema import check_schema_name, migrate
 from .stream import StreamMixin
 
@@ -54,15 +52,13 @@ TaskDoc = dict[str, Any]
 DEFAULT_LEASE = 60.0
 DEFAULT_HOST_TIMEOUT = 30.0
 POLL_INTERVAL = 1.0
-# Tasks one ingest makes before it has the table analyzed, and again each time as many more.
-ANALYZE_AFTER = 500
 # Any fixed number: serializes adds that name dependencies, so two cannot close a cycle together.
 DEPENDENCY_LOCK = 0x68737570
 # Named here for the modules that import them from the store, as before its split.
 __all__ = ["DEFAULT_HOST_TIMEOUT", "DEFAULT_LEASE", "MAX_SUMMARY_BYTES", "PgStore", "redact_dsn", "row_params"]
 
 
-class PgStore(ClaimsMixin, JournalRowsMixin, HostsMixin, StreamMixin, TaskIdsMixin, Connection):
+class PgStore(ClaimsMixin, IngestMixin, JournalRowsMixin, HostsMixin, StreamMixin, TaskIdsMixin, Connection):
     """A board in a PostgreSQL schema. `dsn` is never printed; errors name `dsn_env` instead."""
 
     def __init__(self, dsn: str, *, dsn_env: str = "the DSN", schema: str = "hermes_sup", host: str,
@@ -190,9 +186,9 @@ class PgStore(ClaimsMixin, JournalRowsMixin, HostsMixin, StreamMixin, TaskIdsMix
             return self._insert(cur, doc, fixed_id="id" in fields, src=None, by=by, note="added")
 
     def _insert(self, cur: psycopg.Cursor[Any], doc: TaskDoc, *, fixed_id: bool, src: str | None, by: str,
-                note: str) -> TaskDoc:
-        """Insert a new task (checked for a dependency cycle) with its event; a generated id that is
-        taken is drawn again, a given one is refused."""
+                note: str, at: str | None = None) -> TaskDoc:
+        """Insert a new task (checked for a dependency cycle) with its event, made at `at` if given
+        (else the transaction's time); a generated id that is taken is drawn again, a given one is refused."""
         title = doc["title"]
         doc = storable(doc)
         if doc["depends_on"]:
@@ -201,7 +197,7 @@ class PgStore(ClaimsMixin, JournalRowsMixin, HostsMixin, StreamMixin, TaskIdsMix
             if cycle:
                 raise TaskError(f"depends_on creates a cycle: {' -> '.join(cycle)}")
         for _attempt in range(20):
-            cur.execute(sql.INSERT_TASK, row_params(doc))
+            cur.execute(sql.INSERT_TASK, {**row_params(doc), "created": at})
             if cur.rowcount == 1:
                 break
             if fixed_id:
@@ -212,7 +208,8 @@ class PgStore(ClaimsMixin, JournalRowsMixin, HostsMixin, StreamMixin, TaskIdsMix
         if doc["depends_on"]:
             cur.executemany("INSERT INTO dependencies (task_id, depends_on) VALUES (%s, %s)",
                             [(doc["id"], dep) for dep in doc["depends_on"]])
-        self._event(cur, {"id": doc["id"], "src": src, "dst": doc["status"], "by": by, "note": note})
+        self._event(cur, {"id": doc["id"], "src": src, "dst": doc["status"], "by": by, "note": note,
+                          **({"at": at} if at is not None else {})})
         if doc["status"] == "todo":
             cur.execute("SELECT pg_notify(%s, '')", (self.channel,))
         return doc
@@ -284,100 +281,6 @@ class PgStore(ClaimsMixin, JournalRowsMixin, HostsMixin, StreamMixin, TaskIdsMix
         with self._tx() as cur:
             cur.execute(sql.MARK_WAITING_PLAIN if needs_llm else sql.MARK_WAITING, params)
             return cur.rowcount
-
-    # -- drops --------------------------------------------------------------------------------
-
-    def ingest(self, *, wait: bool = True) -> IngestReport:
-        """Turn finished files in this host's inbox/ into tasks on the shared board; reject what
-        cannot be one into rejected/ with the reason (the file board's rules, kanban/ingest.py).
-        With `wait=False` (a waiting claimer's round) nothing is done while another process of this
-        host ingests (kanban/ingestturn.py)."""
-        report = IngestReport()
-        if self.drop_root is None or self._turn is None:
-            return report  # a store without a host folder (a tool, a test) has no inbox
-        drops.ensure_layout(self.drop_root)
-        self._turn.run(lambda: self._ingest_ready(report), wait=wait)
-        return report
-
-    def _ingest_ready(self, report: IngestReport) -> set[str]:
-        assert self.drop_root is not None
-        found, waiting = ready_drops(self.drop_root)
-        report.waiting.extend(waiting)
-        analyze_at = ANALYZE_AFTER
-        for path in found:
-            if len(report.ingested) >= analyze_at:
-                self.analyze()
-                analyze_at *= 2
-            try:
-                read = read_drop(path)
-                if read is not None:
-                    self._ingest_one(path, read, report)
-            except OSError as exc:
-                # A file that cannot be moved must not stop the drops after it; it is tried again next
-                # time, and its task, if already written, is found by its fingerprint.
-                report.failed.append({"file": f"inbox/{safe_name(path.name)}",
-                                      "reason": f"could not be taken: {exc.strerror or exc}; it is tried again "
-                                                "on the next ingest"})
-        return {path.name for path in found} | {name.removeprefix("inbox/") for name in waiting}
-
-    def analyze(self) -> None:
-        """Tell the planner the tasks table grew (a burst of drops, mid-ingest; a migration). Until autovacuum
-        came, a table never analyzed was planned as nearly empty: each claim read and sorted every
-        waiting task (8 ms with 8,000), not the first of its index. Without ownership of the table
-        the server only warns."""
-        with contextlib.suppress(psycopg.Error), self._tx() as cur:
-            # Bounded: it shares the connection with the host's heartbeat, and a VACUUM of the
-            # table (autovacuum's, a person's) holds the lock it needs. Skipped then: autovacuum
-            # will analyze the table itself.
-            cur.execute("SET LOCAL lock_timeout = '500ms'")
-            cur.execute("SET LOCAL statement_timeout = '5s'")
-            cur.execute("ANALYZE tasks")
-
-    def _ingest_one(self, path: Path, read: Any, report: IngestReport) -> None:
-        assert self.drop_root is not None
-        try:
-            if identity_of(os.lstat(path)) != read.identity:
-                # Rewritten since it was read: what lands on the board is what the file holds now.
-                read = read_drop(path)
-        except FileNotFoundError:
-            return None  # another process of this host took it
-        if read is None:
-            return None
-        if read.reason is not None or read.doc is None:
-            return self._reject(path, read.reason or "cannot be read as a task", report)
-        rel = f"inbox/{path.name}"
-        doc = {**read.doc, "source": {"file": rel, "fingerprint": read.fp}}
-        try:
-            with self._tx() as cur:
-                # Two processes of this host taking the same drop: the second waits here, then sees the
-                # first one's task with this file's fingerprint and only archives the file.
-                cur.execute("SELECT pg_advisory_xact_lock(hashtext(current_schema()), hashtext(%s))", (doc["id"],))
-                row = cur.execute("SELECT document->'source'->>'fingerprint' AS fp FROM tasks WHERE id = %s",
-                                  (doc["id"],)).fetchone()
-                if row is None:
-                    now = one(cur.execute(f"SELECT {sql.NOW_ISO} AS now"))["now"]
-                    self._insert(cur, landed_at(doc, now), fixed_id=True, src="inbox", by="ingest",
-                                 note=f"ingested from {rel}")
-                elif row["fp"] != read.fp:
-                    raise TaskError(f"a task with id '{doc['id']}' already exists")
-                # else: this very file was ingested by a process that died before moving it away
-        except TaskError as exc:
-            return self._reject(path, str(exc), report)
-        drops.archive(self.drop_root, path, doc["id"])
-        report.ingested.append(doc["id"])
-        return None
-
-    def _reject(self, path: Path, reason: str, report: IngestReport) -> None:
-        assert self.drop_root is not None
-        name = safe_name(path.name)
-        try:
-            dest = drops.set_aside(self.drop_root, path, reason)
-        except FileNotFoundError:
-            return  # another process of this host took it first
-        with self._tx() as cur:
-            self._event(cur, {"id": name, "src": "inbox", "dst": "rejected", "by": "ingest",
-                              "note": storable(reason)})
-        report.rejected.append({"file": f"inbox/{name}", "moved_to": f"rejected/{dest.name}", "reason": reason})
 
     # -- waiting ------------------------------------------------------------------------------
 

@@ -1,0 +1,184 @@
+"""A host's drops onto the shared board: the files of its inbox/ made into tasks, a batch a transaction.
+
+A transaction per drop made every task pay a commit of its own, each a WAL flush and a NOTIFY (which
+serializes commits): on 2 cores an ingest of 10,000 drops held one agent for tens of seconds while
+the others waited for work. Up to INGEST_BATCH drops now share one transaction. A drop the board
+refuses (an id taken by another task, a dependency cycle) is refused before it writes anything, so
+the others in its batch still commit; a failure of the database itself inside a batch is retried a
+drop per transaction, so that one drop PostgreSQL will not take cannot hold back the rest. A crash
+between the commit and the files' moves is repaired by the next ingest, by each file's fingerprint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from ..drops import ready as ready_drops
+from ..errors import BoardError
+from ..fsio import safe_name
+from ..ingest import IngestReport, identity_of, read_drop
+from ..task import TaskError
+from . import drops, sql
+from .rows import one
+from .rules import landed_at, storable
+from .storebase import StoreBase
+
+if TYPE_CHECKING:
+    from ..ingestturn import SoleIngester
+    from .rules import TaskDoc
+
+# Tasks one ingest makes before it has the table analyzed, and again each time as many more.
+ANALYZE_AFTER = 500
+# Drops made into tasks in one transaction: one commit for them all. A batch's first task is seen
+# by claimers when the batch commits, a few tens of milliseconds after it was read.
+INGEST_BATCH = 64
+
+
+class IngestMixin(StoreBase):
+    """PgStore's ingest: its drop folder's files onto the board, and its refusals set aside."""
+
+    drop_root: Path | None
+    _turn: SoleIngester | None
+
+    if TYPE_CHECKING:  # defined by PgStore (store.py) and ClaimsMixin (claims.py)
+        def _insert(self, cur: psycopg.Cursor[Any], doc: TaskDoc, *, fixed_id: bool, src: str | None, by: str,
+                    note: str, at: str | None = None) -> TaskDoc: ...
+
+        def _event(self, cur: psycopg.Cursor[Any], values: dict[str, Any]) -> None: ...
+
+    def ingest(self, *, wait: bool = True) -> IngestReport:
+        """Turn finished files in this host's inbox/ into tasks on the shared board; reject what
+        cannot be one into rejected/ with the reason (the file board's rules, kanban/ingest.py).
+        With `wait=False` (a waiting claimer's round) nothing is done while another process of this
+        host ingests (kanban/ingestturn.py)."""
+        report = IngestReport()
+        if self.drop_root is None or self._turn is None:
+            return report  # a store without a host folder (a tool, a test) has no inbox
+        drops.ensure_layout(self.drop_root)
+        self._turn.run(lambda: self._ingest_ready(report), wait=wait)
+        return report
+
+    def _ingest_ready(self, report: IngestReport) -> set[str]:
+        assert self.drop_root is not None
+        found, waiting = ready_drops(self.drop_root)
+        report.waiting.extend(waiting)
+        analyze_at = ANALYZE_AFTER
+        for start in range(0, len(found), INGEST_BATCH):
+            if len(report.ingested) >= analyze_at:
+                self.analyze()
+                analyze_at *= 2
+            batch = [drop for path in found[start:start + INGEST_BATCH] if (drop := self._ready(path, report))]
+            if batch:
+                self._ingest_batch(batch, report)
+        return {path.name for path in found} | {name.removeprefix("inbox/") for name in waiting}
+
+    def analyze(self) -> None:
+        """Tell the planner the tasks table grew (a burst of drops, mid-ingest; a migration). Until autovacuum
+        came, a table never analyzed was planned as nearly empty: each claim read and sorted every
+        waiting task (8 ms with 8,000), not the first of its index. Without ownership of the table
+        the server only warns."""
+        with contextlib.suppress(psycopg.Error), self._tx() as cur:
+            # Bounded: it shares the connection with the host's heartbeat, and a VACUUM of the
+            # table (autovacuum's, a person's) holds the lock it needs. Skipped then: autovacuum
+            # will analyze the table itself.
+            cur.execute("SET LOCAL lock_timeout = '500ms'")
+            cur.execute("SET LOCAL statement_timeout = '5s'")
+            cur.execute("ANALYZE tasks")
+
+    def _ready(self, path: Path, report: IngestReport) -> tuple[Path, TaskDoc, str] | None:
+        """A drop read as it is now and ready to be made a task: (its path, its task, its
+        fingerprint). None if it is gone, or it was refused or could not be read (reported)."""
+        try:
+            read = read_drop(path)
+            if read is not None and identity_of(os.lstat(path)) != read.identity:
+                # Rewritten since it was read: what lands on the board is what the file holds now.
+                read = read_drop(path)
+            if read is None:
+                return None
+            if read.reason is not None or read.doc is None:
+                self._reject(path, read.reason or "cannot be read as a task", report)
+                return None
+        except FileNotFoundError:
+            return None  # another process of this host took it
+        except OSError as exc:
+            self._failed(path, exc, report)
+            return None
+        doc = {**read.doc, "source": {"file": f"inbox/{path.name}", "fingerprint": read.fp}}
+        return path, doc, read.fp
+
+    def _ingest_batch(self, batch: list[tuple[Path, TaskDoc, str]], report: IngestReport) -> None:
+        refused: list[tuple[Path, str]] = []
+        try:
+            with self._tx() as cur:
+                for path, doc, fp in batch:
+                    try:
+                        self._make_task(cur, doc, fp)
+                    except TaskError as exc:  # raised before the drop wrote anything: the batch goes on
+                        refused.append((path, str(exc)))
+        except BoardError as exc:
+            if len(batch) > 1:
+                for drop in batch:  # one drop the database will not take must not hold back the others
+                    self._ingest_batch([drop], report)
+                return
+            if self._connection_lost():
+                raise
+            report.failed.append({"file": f"inbox/{safe_name(batch[0][0].name)}",
+                                  "reason": f"the board's database did not take it ({exc}); it is tried again "
+                                            "on the next ingest"})
+            return
+        refused_paths = {path for path, _ in refused}
+        for path, doc, _fp in batch:
+            if path not in refused_paths:
+                try:
+                    drops.archive(self.drop_root, path, doc["id"])  # type: ignore[arg-type]
+                except OSError as exc:
+                    self._failed(path, exc, report)
+                    continue
+                report.ingested.append(doc["id"])
+        for path, reason in refused:
+            try:
+                self._reject(path, reason, report)
+            except OSError as exc:
+                self._failed(path, exc, report)
+
+    def _make_task(self, cur: psycopg.Cursor[Any], doc: TaskDoc, fp: str) -> None:
+        """The drop's task, unless this very file's task is on the board already (made by a
+        process that died before moving the file away)."""
+        rel = doc["source"]["file"]
+        # Two processes of this host taking the same drop: the second waits here, then sees the
+        # first one's task with this file's fingerprint and only archives the file. (Both take the
+        # drops in the inbox's order; were they to deadlock, the database ends one's batch, which is
+        # then retried a drop at a time.)
+        cur.execute("SELECT pg_advisory_xact_lock(hashtext(current_schema()), hashtext(%s))", (doc["id"],))
+        # The clock's time, not the transaction's: the tasks of a batch keep the order of their drops.
+        row = one(cur.execute(f"SELECT (SELECT document->'source'->>'fingerprint' FROM tasks WHERE id = %s) AS fp, "
+                              f"{sql.CLOCK_ISO} AS now", (doc["id"],)))
+        if row["fp"] is None:
+            self._insert(cur, landed_at(doc, row["now"]), fixed_id=True, src="inbox", by="ingest",
+                         note=f"ingested from {rel}", at=row["now"])
+        elif row["fp"] != fp:
+            raise TaskError(f"a task with id '{doc['id']}' already exists")
+
+    def _failed(self, path: Path, exc: OSError, report: IngestReport) -> None:
+        # A file that cannot be moved must not stop the drops after it; it is tried again next
+        # time, and its task, if already written, is found by its fingerprint.
+        report.failed.append({"file": f"inbox/{safe_name(path.name)}",
+                              "reason": f"could not be taken: {exc.strerror or exc}; it is tried again "
+                                        "on the next ingest"})
+
+    def _reject(self, path: Path, reason: str, report: IngestReport) -> None:
+        assert self.drop_root is not None
+        name = safe_name(path.name)
+        try:
+            dest = drops.set_aside(self.drop_root, path, reason)
+        except FileNotFoundError:
+            return  # another process of this host took it first
+        with self._tx() as cur:
+            self._event(cur, {"id": name, "src": "inbox", "dst": "rejected", "by": "ingest",
+                              "note": storable(reason)})
+        report.rejected.append({"file": f"inbox/{name}", "moved_to": f"rejected/{dest.name}", "reason": reason})
