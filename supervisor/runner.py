@@ -60,7 +60,7 @@ from .leftovers import Leftovers
 from .operator import Operator
 from .policy import beats_only, judge_every
 from .procs import MARKER_ENV, marker_value, new_marker
-from .sessions import signal_session
+from .sessions import session_table, signal_session
 from .spawn import spawn
 from .spec import build_specs
 from .statefile import SUPERVISOR_FILE, StateWriter, quiet, read_state, task_write_at
@@ -235,8 +235,8 @@ class Supervisor:
         how = "fork" if isinstance(child.proc, Forked) else "exec"
         self.tell(line, [event("started", spec.name, line, pid=child.pid, start=how)])
 
-    def stop(self, child: Child, why: str, *, kill: bool = False) -> None:
-        """SIGTERM the agent's process group (SIGKILL after stop_timeout), or SIGKILL at once."""
+    def stop(self, child: Child, why: str, *, kill: bool = False, table: dict[int, set[int]] | None = None) -> None:
+        """SIGTERM the agent's session (SIGKILL after stop_timeout), or SIGKILL; `table`: session_table()."""
         child.stopping_for = why
         if not child.alive():
             child.restart_at = None
@@ -246,12 +246,12 @@ class Supervisor:
             return
         child.state = "stopping"
         child.stop_deadline = time.monotonic() + child.spec.stop_timeout
-        self._signal_group(child, signal.SIGKILL if kill else signal.SIGTERM)
+        self._signal_group(child, signal.SIGKILL if kill else signal.SIGTERM, table)
         self.dirty = True
 
-    def _signal_group(self, child: Child, signum: int) -> None:
+    def _signal_group(self, child: Child, signum: int, table: dict[int, set[int]] | None = None) -> None:
         if child.pid is not None:
-            signal_session(child.pid, signum)
+            signal_session(child.pid, signum, table)
 
     def _on_exit(self, child: Child) -> None:
         assert child.pidfd is not None
@@ -342,9 +342,10 @@ class Supervisor:
         if not self.shutting_down:
             self.say(f"supervisor: stopping the team ({why})")
         self.shutting_down = True
+        table = session_table()
         for child in self.children.values():
             if child.state != "stopping" or child.stopping_for != "down":
-                self.stop(child, "down")
+                self.stop(child, "down", table=table)
 
     def _deadlines(self, now: float) -> float:
         soonest = now + 60.0
@@ -394,6 +395,7 @@ class Supervisor:
                 self.boardwork.ingest()  # no agent waits for work to ingest the drops: the supervisor does
         if self.leftovers.sweep_at is not None and now >= self.leftovers.sweep_at:
             self.leftovers.sweep_strays()
+        table: dict[int, set[int]] | None = None  # read once for all the agents killed in this turn
         for child in list(self.children.values()):
             if child.restart_at is not None and now >= child.restart_at and not self.shutting_down:
                 child.restarts += 1
@@ -401,7 +403,8 @@ class Supervisor:
             if child.stop_deadline is not None and now >= child.stop_deadline and child.alive():
                 line = f"{child.spec.name}: did not stop within {child.spec.stop_timeout:g} s; SIGKILL"
                 self.tell(line, [event("killed", child.spec.name, line, pid=child.pid)])
-                self._signal_group(child, signal.SIGKILL)
+                table = session_table() if table is None else table
+                self._signal_group(child, signal.SIGKILL, table)
                 child.stop_deadline = None
             self.watchdog.heart(child, now)
         self.watchdog.memory(now)

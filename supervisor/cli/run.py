@@ -317,7 +317,13 @@ def down(ctx: click.Context, timeout: float | None, as_json: bool) -> None:
     payload: dict[str, Any] = {"cmd": "down"}
     if explicit is not None:
         payload["timeout"] = explicit
-    if ask_supervisor(ws, payload) is None:
+    try:
+        answered = ask_supervisor(ws, payload) is not None
+    except TimeoutError:
+        # Too busy to answer in time (starting or stopping hundreds of agents on 2 cores): SIGTERM
+        # asks the same of it, and is taken whether or not it has read the request yet.
+        answered = False
+    if not answered:
         if not is_supervisor_process(state["pid"]):
             raise Failure(f"pid {state['pid']} in {ws.runs_path / 'supervisor.json'} is not hermes-sup up and "
                           "its control socket does not answer; not signalling it")
