@@ -6,11 +6,11 @@ notify socket), a command from the CLI (the control socket), a signal (through s
 select timeout is the next deadline (a backoff ending, a heartbeat overdue, a stop timing out), so
 an idle supervisor sleeps (while agents are judged on heartbeats, never longer than a quarter of
 their heartbeat_timeout, so that a turn far longer than its wait shows the supervisor itself was
-stopped), and a turn woken by
-heartbeats alone, before any deadline, judges nothing (`policy.beats_only`). What to do on an
-exit is decided by `exits.on_exit` (over `policy.decide`); an agent as kept is a `child.Child`. The loop
-composes `operator.Operator` (the CLI's requests), `watchdog.Watchdog` (heartbeats, memory, the loop's own
-gaps) and `leftovers.Leftovers` (adopting a previous supervisor's agents, sweeping strays).
+stopped), and a turn woken by heartbeats alone, before any deadline, judges nothing
+(`policy.beats_only`). What to do on an exit is decided by `exits.on_exit` (over `policy.decide`);
+an agent as kept is a `child.Child`. The loop composes `operator.Operator` (the CLI's requests),
+`watchdog.Watchdog` (heartbeats, memory, the loop's own gaps) and `leftovers.Leftovers` (adopting a
+previous supervisor's agents, sweeping strays).
 """
 
 from __future__ import annotations
@@ -395,20 +395,20 @@ class Supervisor:
                 self.boardwork.ingest()  # no agent waits for work to ingest the drops: the supervisor does
         if self.leftovers.sweep_at is not None and now >= self.leftovers.sweep_at:
             self.leftovers.sweep_strays()
-        table: dict[int, set[int]] | None = None  # read once for all the agents killed in this turn
+        late = [c for c in self.children.values() if now >= (c.stop_deadline or float("inf")) and c.alive()]
+        table = session_table() if late else {}  # read once, and used at once: every kill before any telling
+        for child in late:
+            self._signal_group(child, signal.SIGKILL, table)
+            child.stop_deadline = None
+        for child in late:
+            line = f"{child.spec.name}: did not stop within {child.spec.stop_timeout:g} s; SIGKILL"
+            self.tell(line, [event("killed", child.spec.name, line, pid=child.pid)])
         for child in list(self.children.values()):
             if child.restart_at is not None and now >= child.restart_at and not self.shutting_down:
                 child.restarts += 1
                 self.start(child)
-            if child.stop_deadline is not None and now >= child.stop_deadline and child.alive():
-                line = f"{child.spec.name}: did not stop within {child.spec.stop_timeout:g} s; SIGKILL"
-                self.tell(line, [event("killed", child.spec.name, line, pid=child.pid)])
-                table = session_table() if table is None else table
-                self._signal_group(child, signal.SIGKILL, table)
-                child.stop_deadline = None
             self.watchdog.heart(child, now)
         self.watchdog.memory(now)
-
 
     def snapshot(self) -> dict[str, Any]:
         return {

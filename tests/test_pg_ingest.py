@@ -86,3 +86,37 @@ def test_a_connection_lost_before_a_batch_loses_no_drop_and_makes_none_twice(sto
     assert store.ingest().ingested == ["ok0", "ok1", "ok2"]
     assert sorted(doc["id"] for doc in store.list().tasks) == ["ok0", "ok1", "ok2"]
     assert list((Path(store.drop_root) / "inbox").iterdir()) == []
+
+
+def test_a_drop_whose_values_the_database_refuses_is_rejected_saying_so(store: PgStore) -> None:
+    """The file board takes a priority of 21 digits; the table's bigint does not: such a drop is
+    set aside for good (tried again, it would fail again), and the drops beside it land."""
+    for n in range(3):
+        doc = {"id": f"ok{n}", "title": f"drop {n}", **({"priority": 10 ** 20} if n == 1 else {})}
+        drop(store, f"n{n}.json", doc, n)
+    report = store.ingest()
+    assert report.ingested == ["ok0", "ok2"] and report.failed == []
+    assert [r["file"] for r in report.rejected] == ["inbox/n1.json"]
+    assert "refused" in report.rejected[0]["reason"], report.rejected
+    assert (Path(store.drop_root) / "rejected" / "n1.json").exists()
+
+
+def test_a_drop_renamed_over_one_being_ingested_goes_back_to_the_inbox(tmp_path: Path) -> None:
+    from hermes_sup.kanban.ingest import identity_of
+    from hermes_sup.kanban.pg import drops
+
+    root = tmp_path / "kanban"
+    drops.ensure_layout(root)
+    path = root / "inbox" / "task.json"
+    path.write_text('{"title": "first"}')
+    read = identity_of(os.lstat(path))
+    newer = root / "stage.json"
+    newer.write_text('{"title": "second"}')
+    os.rename(newer, path)  # as `mv` puts a new version in place while the first is being ingested
+    drops.archive(root, path, "first", read)
+    assert [p.read_text() for p in (root / "inbox").iterdir()] == ['{"title": "second"}']
+    assert list((root / ".ingested").iterdir()) == []
+    path.rename(root / "stage.json")
+    (root / "stage.json").rename(path)
+    drops.archive(root, path, "second", identity_of(os.lstat(path)))  # the file that was read: kept
+    assert [p.name for p in (root / ".ingested").iterdir()] == ["second--task.json"]

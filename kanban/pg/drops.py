@@ -11,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
+from typing import Any
 
 from ..errors import BoardError
 from ..fsio import create_exclusive, safe_name, unique_path
+from ..ingest import identity_of
 from ..task import now_iso
 
 ERROR_SUFFIX = ".error.txt"
@@ -48,8 +50,23 @@ def set_aside(root: Path, path: Path, reason: str) -> Path:
     return dest
 
 
-def archive(root: Path, path: Path, task_id: str) -> None:
+def archive(root: Path, path: Path, task_id: str, identity: Any = None) -> None:
     """Keep an ingested drop in .ingested/ (its task's `source` names it); gone already is fine:
-    another process of this host finished it."""
-    with contextlib.suppress(FileNotFoundError):
-        os.rename(path, unique_path(root / ".ingested", f"{task_id}--{safe_name(path.name)}"))
+    another process of this host finished it. With the `identity` of the file that was read
+    (kanban/ingest.py identity_of): a file renamed into its place since, a new drop, is put back
+    into inbox/ (under a free name), not kept as the old one's."""
+    dest = unique_path(root / ".ingested", f"{task_id}--{safe_name(path.name)}")
+    try:
+        os.rename(path, dest)
+    except FileNotFoundError:
+        return
+    if identity is None or identity_of(os.lstat(dest)) == identity:
+        return
+    for _try in range(100):
+        back = unique_path(root / "inbox", safe_name(path.name))
+        try:
+            os.link(dest, back, follow_symlinks=False)  # never over a file that took the name meanwhile
+        except FileExistsError:
+            continue
+        os.unlink(dest)
+        return

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psycopg
 
@@ -37,6 +37,16 @@ ANALYZE_AFTER = 500
 # Drops made into tasks in one transaction: one commit for them all. A batch's first task is seen
 # by claimers when the batch commits, a few tens of milliseconds after it was read.
 INGEST_BATCH = 64
+BATCH_LOCK_WAIT = "1s"
+
+
+class Drop(NamedTuple):
+    """A drop read and ready to be made a task."""
+
+    path: Path
+    doc: TaskDoc
+    fp: str          # its fingerprint: the same file after a crash is known by it
+    identity: Any    # what lstat said of the file read (kanban/ingest.py identity_of)
 
 
 class IngestMixin(StoreBase):
@@ -67,15 +77,33 @@ class IngestMixin(StoreBase):
         assert self.drop_root is not None
         found, waiting = ready_drops(self.drop_root)
         report.waiting.extend(waiting)
-        analyze_at = ANALYZE_AFTER
-        for start in range(0, len(found), INGEST_BATCH):
-            if len(report.ingested) >= analyze_at:
-                self.analyze()
-                analyze_at *= 2
-            batch = [drop for path in found[start:start + INGEST_BATCH] if (drop := self._ready(path, report))]
-            if batch:
-                self._ingest_batch(batch, report)
+        analyze_at = [ANALYZE_AFTER]
+        batch: list[Drop] = []
+        for path in found:
+            drop = self._ready(path, report)
+            if drop is None:
+                continue
+            if drop.doc.get("depends_on"):
+                # Its cycle check waits for the board's dependency lock and reads the graph: in a
+                # transaction of its own, as every drop was before batches, holding up no batch.
+                self._flush(batch, report, analyze_at)
+                batch = []
+                self._flush([drop], report, analyze_at)
+                continue
+            batch.append(drop)
+            if len(batch) >= INGEST_BATCH:
+                self._flush(batch, report, analyze_at)
+                batch = []
+        self._flush(batch, report, analyze_at)
         return {path.name for path in found} | {name.removeprefix("inbox/") for name in waiting}
+
+    def _flush(self, batch: list[Drop], report: IngestReport, analyze_at: list[int]) -> None:
+        if not batch:
+            return
+        if len(report.ingested) >= analyze_at[0]:
+            self.analyze()
+            analyze_at[0] *= 2
+        self._ingest_batch(batch, report)
 
     def analyze(self) -> None:
         """Tell the planner the tasks table grew (a burst of drops, mid-ingest; a migration). Until autovacuum
@@ -90,9 +118,9 @@ class IngestMixin(StoreBase):
             cur.execute("SET LOCAL statement_timeout = '5s'")
             cur.execute("ANALYZE tasks")
 
-    def _ready(self, path: Path, report: IngestReport) -> tuple[Path, TaskDoc, str] | None:
-        """A drop read as it is now and ready to be made a task: (its path, its task, its
-        fingerprint). None if it is gone, or it was refused or could not be read (reported)."""
+    def _ready(self, path: Path, report: IngestReport) -> Drop | None:
+        """A drop read as it is now and ready to be made a task; None if it is gone, or it was
+        refused or could not be read (reported)."""
         try:
             read = read_drop(path)
             if read is not None and identity_of(os.lstat(path)) != read.identity:
@@ -109,17 +137,22 @@ class IngestMixin(StoreBase):
             self._failed(path, exc, report)
             return None
         doc = {**read.doc, "source": {"file": f"inbox/{path.name}", "fingerprint": read.fp}}
-        return path, doc, read.fp
+        return Drop(path, doc, read.fp, read.identity)
 
-    def _ingest_batch(self, batch: list[tuple[Path, TaskDoc, str]], report: IngestReport) -> None:
+    def _ingest_batch(self, batch: list[Drop], report: IngestReport) -> None:
         refused: list[tuple[Path, str]] = []
         try:
             with self._tx() as cur:
-                for path, doc, fp in batch:
+                if len(batch) > 1:
+                    # A batch holds the events lock from its first task's event to its commit: it
+                    # waits for no other lock for long (another ingester's drop, say); it fails
+                    # instead, and its drops are taken one a transaction.
+                    cur.execute(f"SET LOCAL lock_timeout = '{BATCH_LOCK_WAIT}'")
+                for drop in batch:
                     try:
-                        self._make_task(cur, doc, fp)
+                        self._make_task(cur, drop.doc, drop.fp)
                     except TaskError as exc:  # raised before the drop wrote anything: the batch goes on
-                        refused.append((path, str(exc)))
+                        refused.append((drop.path, str(exc)))
         except BoardError as exc:
             if len(batch) > 1:
                 for drop in batch:  # one drop the database will not take must not hold back the others
@@ -127,19 +160,22 @@ class IngestMixin(StoreBase):
                 return
             if self._connection_lost():
                 raise
-            report.failed.append({"file": f"inbox/{safe_name(batch[0][0].name)}",
-                                  "reason": f"the board's database did not take it ({exc}); it is tried again "
-                                            "on the next ingest"})
-            return
+            refused_by_data = (exc.sqlstate or "")[:2] in ("22", "23")  # a value out of range, say: for good
+            if not refused_by_data:  # a lock waited for too long, a server shutting down: next time
+                report.failed.append({"file": f"inbox/{safe_name(batch[0].path.name)}",
+                                      "reason": f"{exc}; it is tried again on the next ingest"})
+                return
+            refused = [(batch[0].path, f"the board's database refused it: {exc}")]
+            batch = []
         refused_paths = {path for path, _ in refused}
-        for path, doc, _fp in batch:
-            if path not in refused_paths:
+        for drop in batch:
+            if drop.path not in refused_paths:
                 try:
-                    drops.archive(self.drop_root, path, doc["id"])  # type: ignore[arg-type]
+                    drops.archive(self.drop_root, drop.path, drop.doc["id"], drop.identity)  # type: ignore[arg-type]
                 except OSError as exc:
-                    self._failed(path, exc, report)
+                    self._failed(drop.path, exc, report)
                     continue
-                report.ingested.append(doc["id"])
+                report.ingested.append(drop.doc["id"])
         for path, reason in refused:
             try:
                 self._reject(path, reason, report)

@@ -320,9 +320,11 @@ def down(ctx: click.Context, timeout: float | None, as_json: bool) -> None:
     try:
         answered = ask_supervisor(ws, payload) is not None
     except TimeoutError:
-        # Too busy to answer in time (starting or stopping hundreds of agents on 2 cores): SIGTERM
-        # asks the same of it, and is taken whether or not it has read the request yet.
-        answered = False
+        # Too busy to answer in time (starting or stopping hundreds of agents on 2 cores). Its
+        # request waits in the socket; SIGTERM asks the same, taken even before it reads that, but
+        # with each agent's own stop_timeout: a --timeout given is left to the request alone. The
+        # pid is checked again (pid and start time) just before the signal.
+        answered = explicit is not None or not supervisor_alive(state)
     if not answered:
         if not is_supervisor_process(state["pid"]):
             raise Failure(f"pid {state['pid']} in {ws.runs_path / 'supervisor.json'} is not hermes-sup up and "
