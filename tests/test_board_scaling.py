@@ -306,3 +306,43 @@ def test_a_claimers_first_index_is_built_without_the_board_lock(tmp_path: Path,
     assert other.get(moved["id"])["status"] in ("todo", "doing"), other.get(moved["id"])
     fresh.close()
     other.close()
+
+
+def test_a_pick_found_gone_follows_the_log_instead_of_walking_the_tasks_others_took(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """16 claimers on 2 cores: a claimer whose index fell behind while it picked went through the
+    tasks the others had taken since (a reservation, a failed read and a release each), hundreds in
+    one pick while the others took more. The first one found gone sends it to the log's tail."""
+    reads: list[str] = []  # the task files this claimer's board reads
+    real = Folder.raw
+    board, other = Board(tmp_path / "kanban"), Board(tmp_path / "kanban")
+
+    def counting(self: Folder, path: Path) -> bytes:
+        if self is board.disk:
+            reads.append(path.name)
+        return real(self, path)
+
+    monkeypatch.setattr(Folder, "raw", counting)
+    ids = [board.add({"title": f"t{i}", "priority": 100 - i})["id"] for i in range(40)]
+    board.claim("warm-up-reader")  # builds this board's index; takes the first task
+    other.claim("warm-up-other")
+    caught_up = board.claims.catch_up
+
+    def then_others_take_thirty() -> bool:
+        # Between this claimer's look at the log and its pick: the others' claims it has not seen.
+        answer = caught_up()
+        if answer and len(ids) == 40:
+            for _ in range(30):
+                taken = other.claim("b1")
+                assert taken is not None
+                ids.remove(taken["id"])
+        return answer
+
+    monkeypatch.setattr(board.claims, "catch_up", then_others_take_thirty)
+    reads.clear()
+    doc = board.claim("a1")
+    assert doc is not None and doc["id"] == ids[2], doc  # the first task no one took (0 and 1: warm-ups)
+    # The one task found gone, then the tail, then its pick: not each of the 30 the other board took.
+    assert len([name for name in reads if name != f"{doc['id']}.json"]) <= 1, reads
+    board.close()
+    other.close()
