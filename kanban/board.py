@@ -36,6 +36,7 @@ from .claims import Claims
 from .errors import BoardError, Damaged, TaskNotFound
 from .events import CursorRead, append_record, check_cursor, event, log_marker, read_since
 from .fsio import write_json_atomic
+from .index import carried
 from .ingest import Ingester, IngestReport
 from .journal import FileTaskJournal
 from .liveness import stale_reason
@@ -235,7 +236,7 @@ class Board:
                     raise TaskError(f"a task with id '{doc['id']}' already exists")
             self._check_new(doc)
             write_json_atomic(self.disk.path(doc["status"], doc["id"]), doc)
-            self.disk.log.append(event(now, doc["id"], None, doc["status"], by, "added"))
+            self.disk.log.append(event(now, doc["id"], None, doc["status"], by, "added", carried(doc)))
         return doc
 
     # -- recovery -------------------------------------------------------------------------------

@@ -20,8 +20,13 @@ from typing import Any
 from .fsio import append_line, open_log, read_complete_lines, record_line
 
 
-def event(at: str, task: str, src: str | None, dst: str | None, by: str, note: str = "") -> dict[str, Any]:
-    return {"at": at, "task": task, "from": src, "to": dst, "by": by, "note": note}
+def event(at: str, task: str, src: str | None, dst: str | None, by: str, note: str = "",
+          index: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A board event; `index`: what a task entering todo carries for the claimers' indexes (index.carried)."""
+    record: dict[str, Any] = {"at": at, "task": task, "from": src, "to": dst, "by": by, "note": note}
+    if index is not None:
+        record["index"] = index
+    return record
 
 
 @dataclass

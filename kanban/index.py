@@ -26,6 +26,36 @@ def meta_of(doc: dict[str, Any]) -> Meta:
     return meta
 
 
+# What an event of a task entering todo carries of it (its meta but the id and status the event
+# has), so that every claimer need not read the task's file to index it: with 16 agents draining
+# a backlog, each new task was read and parsed by all 16. The kinds each must have (a hint checked
+# as strictly as a file: anyone who can write the log can write any line, and it is then read).
+CARRIED: dict[str, tuple[type, ...]] = {
+    "priority": (int,), "created_at": (str,), "updated_at": (str,), "assignee": (str, type(None)),
+    "role": (str, type(None)), "depends_on": (list,), "has_steps": (bool,), "waiting": (str, type(None)),
+}
+
+
+def carried(doc: dict[str, Any]) -> dict[str, Any]:
+    """What the event of `doc` entering todo carries for the indexes (pure)."""
+    meta = meta_of(doc)
+    return {key: meta[key] for key in CARRIED}
+
+
+def carried_meta(record: dict[str, Any], task_id: str) -> Meta | None:
+    """The meta an event carries for `task_id`, or None if it carries none that is well formed (pure)."""
+    values = record.get("index")
+    if not isinstance(values, dict) or values.keys() != CARRIED.keys():
+        return None
+    for key, kinds in CARRIED.items():
+        value = values[key]
+        if not isinstance(value, kinds) or (key == "priority" and isinstance(value, bool)):
+            return None
+    if not all(is_valid_id(dep) for dep in values["depends_on"]):
+        return None
+    return {"id": task_id, "status": "todo", **values}
+
+
 class BoardIndex:
     def __init__(self) -> None:
         self.status: dict[str, str] = {}
@@ -51,7 +81,9 @@ class BoardIndex:
             self._drop_todo(task_id)
 
     def put_todo(self, doc: dict[str, Any]) -> None:
-        meta = meta_of(doc)
+        self.put_meta(meta_of(doc))
+
+    def put_meta(self, meta: Meta) -> None:
         self._keep(meta)
         bisect.insort(self._todo, (sort_key(meta), meta["id"]))
 
@@ -100,8 +132,9 @@ class BoardIndex:
                 yield meta
 
     def apply_events(self, records: list[dict[str, Any]], load_todo: Callable[[str], dict[str, Any] | None]) -> None:
-        """Apply logged transitions; `load_todo(id)` reads a task that entered todo (None if gone)."""
-        entered: list[str] = []
+        """Apply logged transitions; `load_todo(id)` reads a task that entered todo (None if gone),
+        unless its event carries its meta (the last such event's, for a task that entered twice)."""
+        entered: dict[str, Meta | None] = {}
         for record in records:
             task_id, dst = record.get("task"), record.get("to")
             # Rejections are logged under the file's name, and anyone who can write the log can
@@ -110,9 +143,12 @@ class BoardIndex:
                 continue
             self.set_status(task_id, dst)
             if dst == "todo":
-                entered.append(task_id)
-        for task_id in entered:
+                entered[task_id] = carried_meta(record, task_id)
+        for task_id, meta in entered.items():
             if self.status.get(task_id) != "todo":
+                continue
+            if meta is not None:
+                self.put_meta(meta)
                 continue
             doc = load_todo(task_id)
             if doc is None or doc.get("status") != "todo":

@@ -23,6 +23,7 @@ from .errors import Damaged
 from .events import event
 from .faults import fault
 from .fsio import dumps, read_bytes_nofollow, safe_name, unique_path, write_json_atomic, write_temp
+from .index import carried
 from .ingestturn import SoleIngester
 from .parse import parse_task_file
 from .task import MAX_BYTES, TaskError, normalize, now_iso, slugify
@@ -232,7 +233,7 @@ class Ingester:
             write_json_atomic(dest, doc)
         fault("ingest-written")
         self.disk.log.append(event(doc["created_at"], doc["id"], "inbox", doc["status"], "ingest",
-                                   f"ingested from {rel}"))
+                                   f"ingested from {rel}", carried(doc)))
         self._archive(path, doc["id"])
         report.ingested.append(doc["id"])
         return prepared is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -344,5 +345,90 @@ def test_a_pick_found_gone_follows_the_log_instead_of_walking_the_tasks_others_t
     assert doc is not None and doc["id"] == ids[2], doc  # the first task no one took (0 and 1: warm-ups)
     # The one task found gone, then the tail, then its pick: not each of the 30 the other board took.
     assert len([name for name in reads if name != f"{doc['id']}.json"]) <= 1, reads
+    board.close()
+    other.close()
+
+
+def _reads_of(board_of: list[Board], monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The task files the first board of `board_of` reads from here on, by name."""
+    reads: list[str] = []
+    real = Folder.raw
+
+    def counting(self: Folder, path: Path) -> bytes:
+        if board_of and self is board_of[0].disk:
+            reads.append(path.name)
+        return real(self, path)
+
+    monkeypatch.setattr(Folder, "raw", counting)
+    return reads
+
+
+def test_a_claimer_indexes_the_tasks_others_added_from_the_log_without_reading_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With 16 agents draining a backlog each new task's file was read and parsed by all 16 to
+    index it: the event of a task entering todo carries what the index keeps."""
+    board, other = Board(tmp_path / "kanban"), Board(tmp_path / "kanban")
+    reads = _reads_of([board], monkeypatch)
+    board.claim("warm-up")  # builds this board's index (of nothing)
+    added = [other.add({"title": f"t{i}", "priority": i % 3, "role": "writer" if i % 2 else None})["id"]
+             for i in range(20)]
+    drop = tmp_path / "kanban" / "inbox" / "dropped.json"
+    drop.write_text('{"title": "d", "id": "dropped", "priority": 9}')
+    os.utime(drop, (time.time() - 5, time.time() - 5))  # finished being written (no watcher saw it)
+    assert other.ingest().ingested == ["dropped"]
+    reads.clear()
+    doc = board.claim("a1")  # no role: the best it may take is the dropped task, then priority 2
+    assert doc is not None and doc["id"] == "dropped"
+    assert reads == ["dropped.json"], reads
+    doc = board.claim("a1")
+    assert doc is not None and doc["id"] == added[2], doc["id"]  # priority 2, oldest, no role
+    assert reads == ["dropped.json", f"{added[2]}.json"], reads
+    board.close()
+    other.close()
+
+
+@pytest.mark.parametrize("index", [
+    {"priority": "9"}, {"priority": True}, {"depends_on": ["../../x"]}, {"role": 3}, {"has_steps": 1},
+    {"extra": 1}, None, [], "x",
+])
+def test_an_event_whose_carried_meta_is_malformed_makes_the_claimer_read_the_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, index: object) -> None:
+    """Anyone who can write the log can write any line: a carried meta that is not exactly what a
+    task entering todo carries is ignored, and the file is read as before."""
+    from hermes_sup.kanban.index import carried
+
+    board, other = Board(tmp_path / "kanban"), Board(tmp_path / "kanban")
+    reads = _reads_of([board], monkeypatch)
+    board.claim("warm-up")
+    doc = other.add({"title": "t", "priority": 1})
+    line = {"at": doc["created_at"], "task": doc["id"], "from": None, "to": "todo", "by": "x", "note": "again"}
+    if isinstance(index, dict):
+        line["index"] = {**carried(doc), **index}
+    elif index is not None:
+        line["index"] = index
+    with open(tmp_path / "kanban" / "events.jsonl", "a") as log:
+        log.write(json.dumps(line) + "\n")
+    reads.clear()
+    claimed = board.claim("a1")
+    assert claimed is not None and claimed["id"] == doc["id"]
+    assert reads.count(f"{doc['id']}.json") == 2, reads  # indexed from the file, then its claim's read
+    board.close()
+    other.close()
+
+
+def test_a_carried_meta_is_a_hint_the_claim_checks_against_the_file(tmp_path: Path) -> None:
+    """A well-formed line that lies (no role, where the file asks for a reviewer) gets no claimer a
+    task it may not take: the claim reads the file before taking it, as it always did."""
+    from hermes_sup.kanban.index import carried
+
+    board, other = Board(tmp_path / "kanban"), Board(tmp_path / "kanban")
+    board.claim("warm-up")
+    doc = other.add({"title": "t", "role": "reviewer"})
+    line = {"at": doc["created_at"], "task": doc["id"], "from": None, "to": "todo", "by": "x", "note": "",
+            "index": {**carried(doc), "role": None, "priority": 99}}
+    with open(tmp_path / "kanban" / "events.jsonl", "a") as log:
+        log.write(json.dumps(line) + "\n")
+    assert board.claim("a1") is None
+    assert board.claim("a2", roles=["reviewer"])["id"] == doc["id"]
     board.close()
     other.close()
