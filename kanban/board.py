@@ -236,7 +236,8 @@ class Board:
                     raise TaskError(f"a task with id '{doc['id']}' already exists")
             self._check_new(doc)
             write_json_atomic(self.disk.path(doc["status"], doc["id"]), doc)
-            self.disk.log.append(event(now, doc["id"], None, doc["status"], by, "added", carried(doc)))
+            self.disk.log.append(event(now, doc["id"], None, doc["status"], by, "added",
+                                       carried(doc) if doc["status"] == "todo" else None))
         return doc
 
     # -- recovery -------------------------------------------------------------------------------

@@ -22,6 +22,8 @@ from .txn import Transactions
 
 # A reservation marker this old may be a dead claimer's: the locked path looks at its owner.
 STALE_MARKER_AGE = 1.0
+# Walks of the index one pick may make (claims._reserve): the last walks on as picks always did.
+PICK_ROUNDS = 8
 
 
 def _older_than(marker: Path, seconds: float) -> bool:
@@ -115,22 +117,31 @@ class Claims(ClaimIndex):
         def indexed_done(dep: str) -> bool:
             return index.status.get(dep) == "done"
 
-        while True:
-            picked, behind = self._pick(agent, roles, steps_only, assigned_only, indexed_done, locked=locked)
-            if not behind:
+        follow = True
+        for _round in range(PICK_ROUNDS):
+            picked, again = self._pick(agent, roles, steps_only, assigned_only, indexed_done, locked=locked,
+                                       follow=follow)
+            if not again:
                 return picked
-            # A pick found gone was claimed by another since this index followed the log: the
-            # others are ahead of it. Follow the log again and start from its new head. Walking on
-            # instead, 16 claimers on 2 cores each went through hundreds of gone tasks in a pick
-            # (a link, a failed open and an unlink each, seconds in all) while the others took
-            # more; the log's tail has what they took for one read. Each round forgets the gone
-            # task, so the rounds end.
-            index.apply_events(self.tail.read_new(), self.load_todo)
+            # The pick's task was gone (taken by another since this index followed the log, or
+            # moved by hand), or its file orders it elsewhere than the index did (a note on an
+            # event, see index.carried, is a hint). Walking on past gone tasks, 16 claimers on 2
+            # cores each went through hundreds in a pick (a link, a failed open and an unlink each,
+            # seconds in all) while the others took more: the log's tail has what they took for
+            # one read. Followed again only while it brings something, and a few times at most
+            # (a task gone by hand, or a line naming a task with no file, is walked past).
+            records = self.tail.read_new()
+            index.apply_events(records, self.load_todo)
+            follow = again == "reordered" or bool(records)
+        return self._pick(agent, roles, steps_only, assigned_only, indexed_done, locked=locked, follow=False)[0]
 
     def _pick(self, agent: str, roles: tuple[str, ...], steps_only: bool, assigned_only: bool,
-              indexed_done: Callable[[str], bool], *, locked: bool) -> tuple[tuple[bytes, TaskDoc] | None, bool]:
-        """One walk of the index for _reserve: (the pick or None, whether it stopped at a task found
-        gone, without the lock: the index is behind the log)."""
+              indexed_done: Callable[[str], bool], *, locked: bool,
+              follow: bool) -> tuple[tuple[bytes, TaskDoc] | None, str]:
+        """One walk of the index for _reserve: (the pick or None, "" or why it stopped to be walked
+        again: "gone", a task found gone without the lock, or "reordered", a task the index had
+        in another place than its file puts it). With `follow` False, as it always did: walks on
+        past a gone task, and takes a reordered one."""
         index = self.disk.index
         for meta in index.todo_in_order():
             task_id = meta["id"]
@@ -145,10 +156,15 @@ class Claims(ClaimIndex):
             if found is None:
                 if not locked:
                     self._release(task_id)
-                    if task_id not in index.status:  # its file was gone (_reserved_doc forgot it)
-                        return None, True
+                    if follow and task_id not in index.status:  # its file was gone (_reserved_doc forgot it)
+                        return None, "gone"
                 continue
             raw, doc = found
+            if follow and rules.claim_order(doc) != rules.claim_order(meta):
+                index.put_todo(doc)
+                if not locked:
+                    self._release(task_id)
+                return None, "reordered"
             if locked:
                 if not self._try_reserve(task_id, locked=True):
                     continue
@@ -159,8 +175,8 @@ class Claims(ClaimIndex):
                     continue
             # Out of this process's candidates now; the commit's event (or a rescan) settles it.
             index.set_status(task_id, "doing")
-            return (raw, doc), False
-        return None, False
+            return (raw, doc), ""
+        return None, ""
 
     def _reserved_doc(self, task_id: str, agent: str, roles: tuple[str, ...], steps_only: bool,
                       assigned_only: bool, *, locked: bool) -> tuple[bytes, TaskDoc] | None:

@@ -1,6 +1,7 @@
 """`events.jsonl`: the append-only log of the board's transitions and the supervisor's events, and its readers.
 
-A board line is {at, task, from, to, by, note}, appended under the board lock. The supervisor's
+A board line is {at, task, from, to, by, note}, appended under the board lock; that of a task added
+or ingested into todo also carries `index`, what the claimers' indexes keep of it (index.carried). The supervisor's
 lines (an agent started, exited, restarted, ...; an alert sent) and the agents' own (a provider
 down or up, a budget reached) carry a `kind` ("supervisor", "alert", "agent") and are appended
 without the lock, each as one O_APPEND write(2) of a whole line (see append_record), so a slow

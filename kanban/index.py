@@ -22,11 +22,13 @@ META_FIELDS = ("id", "status", "priority", "created_at", "updated_at", "assignee
 def meta_of(doc: dict[str, Any]) -> Meta:
     meta = {key: doc.get(key) for key in META_FIELDS}
     meta["has_steps"] = bool(doc.get("steps"))
-    meta["waiting"] = doc.get("waiting")  # a note, not a transition: as of when this task was read
+    # A note, not a transition: as of when this task was read, or added (a carried meta: a note
+    # written since is learnt at the next rescan, or by the claim that reads the file).
+    meta["waiting"] = doc.get("waiting")
     return meta
 
 
-# What an event of a task entering todo carries of it (its meta but the id and status the event
+# What the event of a task added or ingested into todo carries of it (its meta but the id and status the event
 # has), so that every claimer need not read the task's file to index it: with 16 agents draining
 # a backlog, each new task was read and parsed by all 16. The kinds each must have (a hint checked
 # as strictly as a file: anyone who can write the log can write any line, and it is then read).

@@ -233,7 +233,7 @@ class Ingester:
             write_json_atomic(dest, doc)
         fault("ingest-written")
         self.disk.log.append(event(doc["created_at"], doc["id"], "inbox", doc["status"], "ingest",
-                                   f"ingested from {rel}", carried(doc)))
+                                   f"ingested from {rel}", carried(doc) if doc["status"] == "todo" else None))
         self._archive(path, doc["id"])
         report.ingested.append(doc["id"])
         return prepared is not None

@@ -432,3 +432,52 @@ def test_a_carried_meta_is_a_hint_the_claim_checks_against_the_file(tmp_path: Pa
     assert board.claim("a2", roles=["reviewer"])["id"] == doc["id"]
     board.close()
     other.close()
+
+
+def test_lines_naming_tasks_with_no_file_cost_a_pick_a_few_rounds_not_one_each(tmp_path: Path) -> None:
+    """A pick that finds its task gone follows the log again only a few times, and only while the
+    log brings something: 2,000 well-formed lines for tasks that have no file (a hostile writer, or
+    a log replaced by an older copy) cost one walk each before the bound (minutes in all)."""
+    from hermes_sup.kanban.index import carried
+
+    board = Board(tmp_path / "kanban")
+    real = board.add({"title": "real", "priority": 0})
+    for i in range(2000):  # ahead of the ghosts in claim order, and no one's to take
+        board.add({"title": f"r{i}", "priority": 1000, "role": "reviewer"})
+    claimer = Board(tmp_path / "kanban")
+    assert claimer.claim("warm-up", assigned_only=True) is None  # builds its index, takes nothing
+    with open(tmp_path / "kanban" / "events.jsonl", "a") as log:
+        for i in range(2000):
+            log.write(json.dumps({"at": real["created_at"], "task": f"ghost-{i}", "from": None, "to": "todo",
+                                  "by": "x", "note": "", "index": {**carried(real), "priority": 500}}) + "\n")
+    tail_reads = [0]
+    read_new = claimer.claims.tail.read_new
+
+    def counted() -> list:
+        tail_reads[0] += 1
+        return read_new()
+
+    claimer.claims.tail.read_new = counted  # type: ignore[method-assign]
+    doc = claimer.claim("a1")
+    assert doc is not None and doc["id"] == real["id"]
+    assert tail_reads[0] <= 10, tail_reads  # its catch-up and a few rounds (PICK_ROUNDS), not 2,000
+    board.close()
+    claimer.close()
+
+
+def test_a_line_that_misstates_a_tasks_priority_does_not_change_the_claim_order(tmp_path: Path) -> None:
+    """A carried meta is checked against the file the claim reads: a task the line puts first but
+    its file does not is put back in its place, and the best task by the files is taken first."""
+    from hermes_sup.kanban.index import carried
+
+    board, other = Board(tmp_path / "kanban"), Board(tmp_path / "kanban")
+    board.claim("warm-up")
+    low = other.add({"title": "low", "priority": 0})
+    high = other.add({"title": "high", "priority": 5})
+    with open(tmp_path / "kanban" / "events.jsonl", "a") as log:
+        log.write(json.dumps({"at": low["created_at"], "task": low["id"], "from": None, "to": "todo", "by": "x",
+                              "note": "", "index": {**carried(low), "priority": 99}}) + "\n")
+    assert board.claim("a1")["id"] == high["id"]
+    assert board.claim("a1")["id"] == low["id"]
+    board.close()
+    other.close()
