@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Self
 
-from . import handmoves, reads, rules, waiting
+from . import handmoves, later, reads, rules, waiting
 from .base import (  # noqa: F401 (the board's settings, named here as before the split)
     ALLOW_NETWORK_FS_ENV,
     COMMENT_RESERVE,
@@ -79,6 +79,9 @@ class Board:
         self.disk.close()
         self.ingester.turn.close()
         self.slots.close()
+        # What this process's transitions left to unlink is done too: a closed board has nothing in
+        # flight (a listing of its folders right after shows no old document's temp file).
+        later.flush()
 
     def __enter__(self) -> Self:
         return self

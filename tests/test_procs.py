@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -94,7 +95,13 @@ def test_each_agents_tree_memory_comes_from_one_scan_and_matches_its_processes()
 
         import time
         deadline = time.monotonic() + 10
-        while any(len(psutil.Process(t.pid).children()) < 2 for t in trees) and time.monotonic() < deadline:
+        def settled(pid: int) -> bool:  # both sleeps exec'd: a child forked and not yet exec'd is sh's size
+            with contextlib.suppress(psutil.Error):
+                children = psutil.Process(pid).children()
+                return len(children) == 2 and all(child.cmdline()[:1] == ["sleep"] for child in children)
+            return False
+
+        while not all(settled(t.pid) for t in trees) and time.monotonic() < deadline:
             time.sleep(0.05)
         found = trees_rss_mb(t.pid for t in trees)
         for tree in trees:
