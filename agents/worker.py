@@ -28,6 +28,7 @@ from . import (
     clirun,
     hermesrun,
     hermestools,
+    keeper,
     mcpservers,
     sandbox,
     worktrees,
@@ -441,4 +442,8 @@ def main() -> int:
         print(f"agents: started outside a supervisor ({AGENT_ENV} and {WORKSPACE_ENV} are not set); "
               "run `hermes-sup up` instead", file=sys.stderr)
         return 2
+    # First, while only stdin, stdout and stderr are open; for an agent the supervisor started only
+    # (it kills the keeper with the agent's leftovers; a delegated child's parent would not).
+    if os.environ.get(SUPERVISOR_ENV) == str(os.getppid()):
+        keeper.start()
     return Agent(json.loads(raw), Path(workspace), Path.cwd()).run()

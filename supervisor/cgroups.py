@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .procs import workspace_key
+from .proctable import same_memory
 
 PREFIX = "hermes-sup-"
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -141,20 +142,35 @@ def detect(root: Path, *, keep: bool = True) -> Containment:
     return Containment("cgroup", base, f"cgroup v2: each agent in a cgroup of its own in {base}, stopped by {how}")
 
 
-def agent_cgroup(base: Path, agent: str) -> Path:
-    return base / agent_name(agent)
+def agent_cgroups(base: Path, agent: str) -> tuple[Path, Path]:
+    """The two cgroups an agent's instances take turns in (pure). A killed agent's keeper (agents/keeper.py)
+    and what else it left are still dying in one when its replacement starts, and a process cannot
+    be born into a cgroup that cgroup.kill was written to (below), so the replacement goes into the
+    other. The second's name ends in "-b", which no agent's first ends in (that ends in hex)."""
+    first = base / agent_name(agent)
+    return first, first.with_name(first.name + "-b")
 
 
-def joiner(path: Path) -> tuple[int, int, Callable[[], None]]:
-    """`path` (created if need be) open as a folder (what clone3 is born into), its cgroup.procs open,
-    and the preexec function that moves the new process into it before it runs anything: so not even
-    its first fork escapes. The caller closes both. The function only writes prepared bytes to an open
-    fd: nothing that could wait on a lock after fork."""
+def joiner(paths: tuple[Path, ...]) -> tuple[Path, int, int, Callable[[], None]]:
+    """The first of `paths` that is empty, made anew (the first if none is), open as a folder (what
+    clone3 is born into), its cgroup.procs open, and the preexec function that moves the new process
+    into it before it runs anything: so not even its first fork escapes. The caller closes both. The
+    function only writes prepared bytes to an open fd: nothing that could wait on a lock after fork."""
     # An empty one is made anew: on some kernels (6.18) a process cloned into a cgroup that was ever
     # killed through cgroup.kill is killed at birth (the fork server's clone3; forkclone.py). One still
-    # populated, by what its last agent left dying, is kept (the server then forks the slower way).
-    with contextlib.suppress(OSError):
-        path.rmdir()
+    # populated, by what its last agent left dying, is used only if all are (the server then forks the
+    # slower way).
+    path = paths[0]
+    for candidate in paths:
+        try:
+            candidate.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError:
+            if candidate.is_dir():
+                continue  # populated (or holding a cgroup someone made in it): the next
+        path = candidate
+        break
     path.mkdir(exist_ok=True)
     folder = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -166,7 +182,7 @@ def joiner(path: Path) -> tuple[int, int, Callable[[], None]]:
     def join() -> None:
         os.write(fd, b"0")  # "0": the writing process itself
 
-    return folder, fd, join
+    return path, folder, fd, join
 
 
 def populated(path: Path) -> bool:
@@ -187,17 +203,22 @@ def members(path: Path) -> list[int]:
 
 def rss_mb(path: Path) -> float | None:
     """The resident memory of a cgroup's processes, in MB (what the agent's process tree is, and also
-    what it started that left the tree), or None when its member list cannot be read. Two small
-    reads per member: the memory check of 20 agents scanned the whole process table every 5 s
-    otherwise, most of an idle supervisor's CPU."""
+    what it started that left the tree), or None when its member list cannot be read; processes
+    sharing one address space (an agent and its keeper) count once. Two small reads per member: the
+    memory check of 20 agents scanned the whole process table every 5 s otherwise, most of an idle
+    supervisor's CPU."""
     try:
-        pids = _read(str(path / "cgroup.procs")).split()
-    except OSError:
+        pids = [int(pid) for pid in _read(str(path / "cgroup.procs")).split()]
+    except (OSError, ValueError):
         return None
+    counted: list[int] = []
     pages = 0
     for pid in pids:
         with contextlib.suppress(OSError, ValueError, IndexError):
+            if any(same_memory(pid, other) for other in counted):
+                continue
             pages += int(_read(f"/proc/{pid}/statm").split()[1])  # resident pages; a zombie's are 0
+            counted.append(pid)
     return pages * PAGE_SIZE / (1 << 20)
 
 

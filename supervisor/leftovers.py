@@ -83,8 +83,8 @@ class Leftovers:
         child.adopted, child.pid_started, child.marker = pid, info.get("pid_started"), marker
         child.env_names = environ_names(pid)
         where = cgroups.cgroup_of(pid)
-        if where is not None and where.name == cgroups.agent_name(child.spec.name) \
-                and where.parent.name == cgroups.base_name(self.sup.ws.root):
+        if where is not None and where.parent.name == cgroups.base_name(self.sup.ws.root) \
+                and where.name in {path.name for path in cgroups.agent_cgroups(where.parent, child.spec.name)}:
             child.cgroup = where
         self.sup.selector.register(child.pidfd, selectors.EVENT_READ, lambda c=child: self.sup._on_exit(c))
         now = time.monotonic()

@@ -7,6 +7,7 @@ its second on a busy 2-core machine. One read of /proc/<pid>/stat per process an
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -17,6 +18,9 @@ from ..kanban.liveness import START_TIME_TOLERANCE
 
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
+_SYS_KCMP = {"x86_64": 312, "aarch64": 272}.get(os.uname().machine)
+_KCMP_VM = 1
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 @dataclass(frozen=True)
@@ -93,10 +97,18 @@ def resident(proc: Proc) -> int:
         os.close(fd)
 
 
-def trees_rss_mb(procs: Mapping[int, Proc], pids: Iterable[int],
-                 size: Callable[[Proc], int] = resident) -> dict[int, float]:
-    """The resident memory of each of `pids` and everything it started, in MB (0 if gone); pure
-    given `size`."""
+def same_memory(a: int, b: int) -> bool:
+    """Whether processes `a` and `b` share one address space (kcmp(2)): an agent and its keeper
+    (agents/keeper.py), whose memory is counted once. False when it cannot be told."""
+    if _SYS_KCMP is None:
+        return False
+    return _libc.syscall(_SYS_KCMP, ctypes.c_long(a), ctypes.c_long(b), _KCMP_VM, 0, 0) == 0
+
+
+def trees_rss_mb(procs: Mapping[int, Proc], pids: Iterable[int], size: Callable[[Proc], int] = resident,
+                 shares: Callable[[int, int], bool] = same_memory) -> dict[int, float]:
+    """The resident memory of each of `pids` and everything it started, in MB (0 if gone); a process
+    sharing its parent's memory (`shares`) adds none. Pure given `size` and `shares`."""
     children: dict[int, list[int]] = {}
     for proc in procs.values():
         children.setdefault(proc.ppid, []).append(proc.pid)
@@ -108,7 +120,8 @@ def trees_rss_mb(procs: Mapping[int, Proc], pids: Iterable[int],
             if current in seen:
                 continue
             seen.add(current)
-            total += size(procs[current])
+            if current == pid or not shares(procs[current].ppid, current):
+                total += size(procs[current])
             stack += children.get(current, [])
         found[pid] = total / (1 << 20)
     return found

@@ -22,9 +22,8 @@ def spawn(spec: ChildSpec, env: dict[str, str], base: Path | None, forks: ForkSe
     """The agent's new process and its cgroup (None: its session only). `base`: the workspace's cgroup."""
     fd, folder, join, where = None, None, None, None
     if base is not None:
-        where = cgroups.agent_cgroup(base, spec.name)
         try:
-            folder, fd, join = cgroups.joiner(where)
+            where, folder, fd, join = cgroups.joiner(cgroups.agent_cgroups(base, spec.name))
         except OSError as exc:
             say(f"{spec.name}: cannot use its cgroup ({exc.strerror}); process group only")
             where = None

@@ -20,6 +20,8 @@ from hermes_sup.agents.forkchild import go_message
 from hermes_sup.supervisor import cgroups
 from hermes_sup.supervisor.forking import agent_argv, server_env
 
+from .conftest import wait_until
+
 # Starts the program in its argv under a seccomp filter that answers clone3 (435) with ENOSYS, as
 # Docker's default profile does; every other system call is allowed.
 NO_CLONE3 = r"""
@@ -149,8 +151,9 @@ def test_the_spawns_cgroup_is_made_anew_once_empty_so_the_clone_is_not_killed(tm
     folder = cgroup_base / "agent-c"
     folder.mkdir()
     (folder / "cgroup.kill").write_text("1")
-    opened, procs, _join = cgroups.joiner(folder)
+    path, opened, procs, _join = cgroups.joiner((folder,))
     os.close(procs)
+    assert path == folder
     try:
         with fork_server() as sock:
             fds = [os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT), *os.pipe()]
@@ -166,6 +169,42 @@ def test_the_spawns_cgroup_is_made_anew_once_empty_so_the_clone_is_not_killed(tm
             assert os.waitstatus_to_exitcode(os.waitpid(reply["pid"], 0)[1]) == 127
     finally:
         os.close(opened)
+
+
+def test_a_restart_goes_to_the_agents_other_cgroup_while_its_first_still_holds_a_dying_process(tmp_path,
+                                                                                            cgroup_base):
+    """A killed agent's keeper (and what it left) may still be dying in its cgroup, killed through
+    cgroup.kill, when the replacement starts: the replacement is born in the agent's other cgroup, by
+    the fast clone, and the two take turns from then on."""
+    if not fast_fork_here():
+        pytest.skip("no clone3 into a cgroup here (Linux < 5.7 or a seccomp filter)")
+    first, second = cgroups.agent_cgroups(cgroup_base, "worker")
+    assert first.parent == second.parent == cgroup_base and first != second
+    first.mkdir()
+    lingering = subprocess.Popen(["sleep", "60"], preexec_fn=lambda: (first / "cgroup.procs").write_text("0"))
+    try:
+        second.mkdir()
+        (second / "cgroup.kill").write_text("1")  # an earlier instance's, killed and empty: made anew
+        path, opened, procs, _join = cgroups.joiner((first, second))
+        os.close(opened)
+        os.close(procs)
+        assert path == second, "the populated one is passed over"
+        with fork_server() as sock:
+            reply, go_write, _log = ask(sock, tmp_path, second)
+            os.close(go_write)  # never told to go: it exits before running anything
+            assert reply["via"] == "clone3", reply
+            assert cgroup_of(reply["pid"]).endswith(f"/{second.name}")
+            assert os.waitstatus_to_exitcode(os.waitpid(reply["pid"], 0)[1]) == 127
+        lingering.kill()
+        lingering.wait()
+        wait_until(lambda: not cgroups.populated(first), timeout=5)
+        path, opened, procs, _join = cgroups.joiner((first, second))
+        os.close(opened)
+        os.close(procs)
+        assert path == first, "once empty, the first is made anew and taken again"
+    finally:
+        lingering.kill()
+        lingering.wait()
 
 
 def test_where_clone3_is_refused_agents_are_still_forked_into_their_cgroup(tmp_path, cgroup_base):
