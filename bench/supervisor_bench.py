@@ -28,6 +28,7 @@ supervisord with startsecs=0 and autorestart.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import select
@@ -202,7 +203,7 @@ class HermesAgents(Hermes):
     """Real agents (the agent runtime), with the fork server on or off; an openai provider is named,
     so the fork server imports that SDK (no call is ever made)."""
 
-    def __init__(self, base: Path, count: int, fork: bool, *, memory_limit: bool = False) -> None:
+    def __init__(self, base: Path, count: int, fork: bool, *, memory_limit: bool = False, spares: bool = True) -> None:
         self.ws = base / "hermes-ws"
         subprocess.run([sys.executable, "-m", "hermes_sup.supervisor", "init", str(self.ws)], check=True,
                        capture_output=True, cwd=ROOT)
@@ -214,7 +215,7 @@ class HermesAgents(Hermes):
             "defaults:\n  restart: {policy: always, backoff: {initial: 0.5, max: 30}, max_restarts: 1000000,\n"
             "            window: 1, reset_after: 0.2}\n  heartbeat_timeout: 60\n"
             + ("" if memory_limit else "  max_rss_mb: null\n") + f"agents:\n{agents}")
-        self.env = {**os.environ, "HERMES_SUP_FORK_SERVER": "1" if fork else "0"}
+        self.env = {**os.environ, "HERMES_SUP_FORK_SERVER": "1" if fork else "0", "HERMES_SUP_SPARES": str(int(spares))}
 
     def restart_at(self, pid: int) -> tuple[float, float] | None:
         """When the supervisor recorded the restart that started `pid`: its `exited` event (written
@@ -235,8 +236,10 @@ class HermesAgents(Hermes):
         return None
 
 
-def agent_restarts(fork: bool, base: Path, kills: int) -> dict[str, float]:
-    sup = HermesAgents(_folder(base, f"agents-{fork}"), 1, fork)
+def agent_restarts(fork: bool, base: Path, kills: int, spares: bool = True) -> dict[str, float]:
+    """Restarts of one agent. With spares (the default), the first restart forks anew and each later
+    one is the spare forked ahead of it (supervisor/spares.py); the first is also reported alone."""
+    sup = HermesAgents(_folder(base, f"agents-{fork}-{spares}"), 1, fork, spares=spares)
     sup.start()
     parts: dict[str, list[float]] = {"detect": [], "decide": [], "spawn": [], "heartbeat": [], "started": [],
                                      "total": []}
@@ -264,7 +267,7 @@ def agent_restarts(fork: bool, base: Path, kills: int) -> dict[str, float]:
             parts["total"].append(ready_at - killed_at)
     finally:
         sup.stop()
-    out: dict[str, float] = {"kills": kills}
+    out: dict[str, float] = {"kills": kills, "first_started_ms": 1000 * parts["started"][0]}
     for part, values in parts.items():
         out[f"{part}_median_ms"] = 1000 * statistics.median(values)
         out[f"{part}_p99_ms"] = 1000 * pct(values, 0.99)
@@ -309,10 +312,29 @@ def agent_memory(fork: bool, base: Path, count: int = 4) -> dict[str, float]:
         wait_for(lambda: len(sup.running_pids()) == count, 60, 0.01)
         time.sleep(2)  # past start-up
         infos = [psutil.Process(pid).memory_full_info() for pid in sup.running_pids()]
+        spare = spare_memory(sup) if fork else None
     finally:
         sup.stop()
     return {"agents": count, "uss_mb": [round(i.uss / (1 << 20), 1) for i in infos],
-            "rss_mb": [round(i.rss / (1 << 20), 1) for i in infos]}
+            "rss_mb": [round(i.rss / (1 << 20), 1) for i in infos], "spare_uss_mb": spare}
+
+
+def spare_memory(sup: HermesAgents) -> float:
+    """The USS of the spare process a restarted agent gets (supervisor/spares.py), in MB."""
+    old = sup.running_pids()[0]
+    os.kill(old, signal.SIGKILL)
+    wait_for(lambda: len(sup.running_pids()) == 4 and old not in sup.running_pids(), 30, 0.01)
+
+    def spare() -> int | None:
+        for child in psutil.Process(sup.proc.pid).children():
+            with contextlib.suppress(psutil.Error):
+                if child.pid not in sup.running_pids() and "run" in child.cmdline()[-1:] \
+                        and child.status() != psutil.STATUS_ZOMBIE:
+                    return child.pid
+        return None
+
+    pid = wait_for(spare, 30, 0.05)
+    return round(psutil.Process(pid).memory_full_info().uss / (1 << 20), 2)
 
 
 # -- measurements -----------------------------------------------------------------------------------
@@ -407,19 +429,23 @@ def main() -> None:
         for fork in {"off": (False,), "on": (True,), "both": (False, True)}[args.fork]:
             on = "on" if fork else "off"
             lat = agent_restarts(fork, base, args.kills) if "restart" not in args.skip else None
+            bare = agent_restarts(fork, base, args.kills, spares=False) if fork and lat else None
             mem = agent_memory(fork, base) if "memory" not in args.skip else None
             idle = agents_idle(fork, base, 20, args.idle) if "idle" not in args.skip else None
-            report[f"agent_runtime_fork_server_{on}"] = {**(lat or {}), **(mem or {}), "idle": idle}
-            if lat:
-                split = ", ".join(f"{part} {lat[f'{part}_median_ms']:.1f} (p99 {lat[f'{part}_p99_ms']:.1f})"
-                              for part in ("detect", "decide", "spawn", "heartbeat"))
-                print(f"agent runtime, fork server {on}: SIGKILL to `started`: median "
-                      f"{lat['started_median_ms']:.1f} ms (p99 {lat['started_p99_ms']:.1f}); to first heartbeat: "
-                      f"median {lat['total_median_ms']:.1f} ms (p99 {lat['total_p99_ms']:.1f})"
-                      f" over {args.kills} kills (load {os.getloadavg()[0]:.2f}); "
-                      f"split, ms: {split}")
+            report[f"agent_runtime_fork_server_{on}"] = {**(lat or {}), **(mem or {}), "idle": idle,
+                                                          "no_spares": bare}
+            for what, figures in ((f"fork server {on}", lat), ("fork server on, no spares", bare)):
+                if figures:
+                    split = ", ".join(f"{part} {figures[f'{part}_median_ms']:.1f} (p99 {figures[f'{part}_p99_ms']:.1f})"
+                                      for part in ("detect", "decide", "spawn", "heartbeat"))
+                    print(f"agent runtime, {what}: SIGKILL to `started`: median "
+                          f"{figures['started_median_ms']:.1f} ms (p99 {figures['started_p99_ms']:.1f}; the first "
+                          f"{figures['first_started_ms']:.1f}); to first heartbeat: median "
+                          f"{figures['total_median_ms']:.1f} ms (p99 {figures['total_p99_ms']:.1f})"
+                          f" over {args.kills} kills (load {os.getloadavg()[0]:.2f}); split, ms: {split}")
             if mem:
-                print(f"agent runtime, fork server {on}: 4 agents' USS {mem['uss_mb']} MB, RSS {mem['rss_mb']} MB")
+                print(f"agent runtime, fork server {on}: 4 agents' USS {mem['uss_mb']} MB, RSS {mem['rss_mb']} MB"
+                      + (f"; a spare's USS {mem['spare_uss_mb']} MB" if mem["spare_uss_mb"] is not None else ""))
             if idle:
                 print(f"agent runtime, fork server {on}: 20 idle agents over {args.idle:g} s (load "
                       f"{idle['load_average']:.2f}): supervisor {idle['supervisor_cpu_percent']:.3f}% of a core, "

@@ -43,6 +43,16 @@ class Child:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else self.adopted
 
+    def published(self, now: float, held: bool) -> dict[str, Any]:
+        """What supervisor.json (and `status`) says of it (`now`: time.monotonic())."""
+        return {
+            "pid": self.pid, "pid_started": self.pid_started, "state": self.state,
+            "restarts": self.restarts, "started_at": self.started_at if self.pid else None,
+            "uptime_s": round(now - self.started, 1) if self.pid else None,
+            "task": self.task, "last_exit": self.last_exit or None,
+            "log": str(self.spec.workdir / "agent.log"), "digest": self.spec.digest, "held": held,
+        }
+
     def alive(self) -> bool:
         if self.proc is not None:
             return self.proc.poll() is None

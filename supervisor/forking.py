@@ -134,6 +134,19 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
+def tell_go(go: int, env: Mapping[str, str], pid: int, say: Callable[[str], None]) -> bool:
+    """Tell the process forked as `pid` to go, with its environment, and close `go`; False if it had
+    exited (its log says why: its failed start, not the server's)."""
+    try:
+        _write_all(go, go_message(env))
+        return True
+    except BrokenPipeError:
+        say(f"supervisor: the agent forked as pid {pid} exited before it was told to go")
+        return False
+    finally:
+        os.close(go)
+
+
 class Forked:
     """A forked agent as Child.proc uses a Popen: pid, poll(), wait(timeout), returncode."""
 
@@ -254,13 +267,30 @@ class ForkServer:
     def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, log: int,
               cgroup: int | None) -> int | None:
         """The pid of the agent it forked, our child; None to start it by exec instead."""
-        if self.sock is None or not self.ready or not forkable(argv, env, self.env, self.python, self.room):
+        if not self.can_fork(argv, env):
             return None
+        forked = self.fork(argv, cwd, log, cgroup, env_size(env))
+        if forked is None:
+            return None
+        pid, go = forked
+        tell_go(go, env, pid, self.say)  # one that exited first is seen exiting: its failed start
+        return pid
+
+    def can_fork(self, argv: Sequence[str], env: Mapping[str, str] | None) -> bool:
+        """Whether it is ready and an agent of `argv` and `env` (None: not known yet) can be forked from it."""
+        return self.sock is not None and self.ready and (
+            forkable(argv, env, self.env, self.python, self.room) if env is not None
+            else tuple(argv) == agent_argv(self.python))
+
+    def fork(self, argv: Sequence[str], cwd: str, log: int, cgroup: int | None,
+             size: int) -> tuple[int, int] | None:
+        """A process forked to be an agent (our child, `size` bytes of environment to come), waiting for
+        its go: its pid and the write end of its go pipe (tell_go); None to start it by exec instead."""
         # The environment (keys included) never goes to the server: it would stay in its freed memory,
         # which every agent forked later copies. It goes on the go pipe, straight to the agent.
-        request = json.dumps({"argv": list(argv), "cwd": cwd, "env_size": env_size(env),
+        request = json.dumps({"argv": list(argv), "cwd": cwd, "env_size": size,
                               "cgroup": cgroup is not None}).encode()
-        if len(request) > MAX_REQUEST:
+        if self.sock is None or len(request) > MAX_REQUEST:
             return None
         # The agent runs nothing until we write "go": one we never learn the pid of reads end of file and exits.
         go_read, go_write = os.pipe2(os.O_CLOEXEC)
@@ -275,15 +305,11 @@ class ForkServer:
             os.close(go_write)
             self._lost(f"cannot be asked ({exc.strerror or exc})")
             return None
-        try:
-            if pid is not None:
-                self.deaths = 0
-                _write_all(go_write, go_message(env))
-        except BrokenPipeError:  # the agent exited before go (its log says why): its failed start, not the server's
-            self.say(f"supervisor: the agent forked as pid {pid} exited before it was told to go")
-        finally:
+        if pid is None:
             os.close(go_write)
-        return pid
+            return None
+        self.deaths = 0
+        return pid, go_write
 
     def _answer(self, data: bytes | None) -> int | None:
         """The pid in the server's reply, or None (the server then taken for lost, or its error said)."""

@@ -61,6 +61,7 @@ from .operator import Operator
 from .policy import beats_only, judge_every
 from .procs import MARKER_ENV, marker_value, new_marker
 from .sessions import session_table, signal_session
+from .spares import Spares
 from .spawn import spawn
 from .spec import build_specs
 from .statefile import SUPERVISOR_FILE, StateWriter, quiet, read_state, task_write_at
@@ -134,7 +135,7 @@ class Supervisor:
         self.leftovers = Leftovers(self)
         self.fork_wanted = enabled(config, os.environ)  # read at `up` only: a reload says a change waits
         self.forks = ForkServer(self.selector, self.say, preloads=preloads(config)) if self.fork_wanted else None
-
+        self.spares = Spares(self.forks, self.say) if self.forks is not None else None
 
     def _bind(self) -> None:
         # Whatever the umask, nothing of ours (runs/, and what the agents, who inherit it, write) is
@@ -168,7 +169,7 @@ class Supervisor:
             signal.siginterrupt(signal.SIGCHLD, False)
         elif self.forks is not None:
             self.say("supervisor: cannot be a child subreaper; agents start by exec")
-            self.forks = None
+            self.forks = self.spares = None
         self.selector.register(read_end, selectors.EVENT_READ, self._on_wakeup)
 
     def start(self, child: Child) -> None:
@@ -220,7 +221,7 @@ class Supervisor:
             env.pop(name, None)
         if self.forks is not None and spec.forkable:  # the first of its agents, started later (reload, `start`)
             self.forks.wanted(os.environ)
-        child.proc, child.cgroup = spawn(spec, env, self.containment.base, self.forks, self.say)
+        child.proc, child.cgroup = spawn(spec, env, self.containment.base, self.forks, self.say, self.spares)
         child.marker, child.env_names = marker, frozenset(env)
         child.pidfd = os.pidfd_open(child.proc.pid)
         self.selector.register(child.pidfd, selectors.EVENT_READ, lambda c=child: self._on_exit(c))
@@ -352,8 +353,9 @@ class Supervisor:
         # While `down` runs, neither the inbox nor a fork server's restart is looked at (`_due`): as
         # deadlines they would be past for good, and the loop would spin until the last agent exits.
         forks = self.forks.deadline() if self.forks is not None and not self.shutting_down else None
+        spares = self.spares.deadline(self.children.values()) if self.spares and not self.shutting_down else None
         for when in (self.control.next_deadline(), self.state_writer.retry_at if self.dirty else None,
-                     self.task_write_at, self.leftovers.sweep_at, forks):
+                     self.task_write_at, self.leftovers.sweep_at, forks, spares):
             if when is not None:
                 soonest = min(soonest, when)
         if not self.shutting_down and not any(child.state == State.RUNNING for child in self.children.values()):
@@ -386,8 +388,9 @@ class Supervisor:
 
     def _due(self, now: float) -> None:
         self.control.expire(now)
-        if self.forks is not None and not self.shutting_down:
+        if self.forks is not None and self.spares is not None and not self.shutting_down:
             self.forks.due(now, os.environ)
+            self.spares.due(now, self.children, self.containment.base)
         self._start_queued()
         if now >= self._next_ingest and not self.shutting_down:
             self._next_ingest = now + INGEST_EVERY
@@ -414,14 +417,8 @@ class Supervisor:
         return {
             "pid": os.getpid(), "pid_started": self._own_start, "started_at": self.started_at,
             "workspace": str(self.ws.root), "shutting_down": self.shutting_down, "held": sorted(self.held),
-            "agents": {name: {
-                "pid": child.pid, "pid_started": child.pid_started, "state": child.state,
-                "restarts": child.restarts, "started_at": child.started_at if child.pid else None,
-                "uptime_s": round(time.monotonic() - child.started, 1) if child.pid else None,
-                "task": child.task, "last_exit": child.last_exit or None,
-                "log": str(child.spec.workdir / "agent.log"), "digest": child.spec.digest,
-                "held": name in self.held,
-            } for name, child in self.children.items()},
+            "agents": {name: child.published(time.monotonic(), name in self.held)
+                       for name, child in self.children.items()},
         }
 
     def save(self) -> None:
@@ -477,7 +474,8 @@ class Supervisor:
                 break
             soonest = self._deadlines(time.monotonic())
         self.save()
-        if self.forks is not None:
+        if self.forks is not None and self.spares is not None:
+            self.spares.close()
             self.forks.close()
         self.alerts.stop(timeout=BOARD_LOCK_WAIT)
         self.control.close()

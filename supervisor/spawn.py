@@ -12,14 +12,19 @@ from pathlib import Path
 from . import cgroups
 from .forking import Forked, ForkServer
 from .sessions import open_log
+from .spares import Spares
 from .spec import ChildSpec
 
 Proc = subprocess.Popen[bytes] | Forked
 
 
 def spawn(spec: ChildSpec, env: dict[str, str], base: Path | None, forks: ForkServer | None,
-          say: Callable[[str], None]) -> tuple[Proc, Path | None]:
-    """The agent's new process and its cgroup (None: its session only). `base`: the workspace's cgroup."""
+          say: Callable[[str], None], spares: Spares | None = None) -> tuple[Proc, Path | None]:
+    """The agent's new process and its cgroup (None: its session only): its spare where it has one
+    waiting (spares.py). `base`: the workspace's cgroup."""
+    spare = spares.take(spec.name, spec.argv, env, str(spec.workdir)) if spares is not None else None
+    if spare is not None and spares is not None and spares.go(spare, env):
+        return Forked(spare.pid), spare.cgroup
     fd, folder, join, where = None, None, None, None
     if base is not None:
         try:
