@@ -328,7 +328,8 @@ def spare_memory(sup: HermesAgents) -> float:
     def spare() -> int | None:
         for child in psutil.Process(sup.proc.pid).children():
             with contextlib.suppress(psutil.Error):
-                if child.pid not in sup.running_pids() and "run" in child.cmdline()[-1:] \
+                command = child.cmdline()  # padded with empty arguments to the fork server's length
+                if child.pid not in sup.running_pids() and "hermes_sup.agents" in command and "run" in command \
                         and child.status() != psutil.STATUS_ZOMBIE:
                     return child.pid
         return None
