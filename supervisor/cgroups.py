@@ -151,26 +151,23 @@ def agent_cgroups(base: Path, agent: str) -> tuple[Path, Path]:
     return first, first.with_name(first.name + "-b")
 
 
-def joiner(paths: tuple[Path, ...]) -> tuple[Path, int, int, Callable[[], None]]:
-    """The first of `paths` that is empty, made anew (the first if none is), open as a folder (what
-    clone3 is born into), its cgroup.procs open, and the preexec function that moves the new process
-    into it before it runs anything: so not even its first fork escapes. The caller closes both. The
-    function only writes prepared bytes to an open fd: nothing that could wait on a lock after fork."""
+def joiner(paths: tuple[Path, ...], dead: Path | None = None) -> tuple[Path, int, int, Callable[[], None]]:
+    """The first of `paths` that is empty and not `dead` (the cgroup of the instance just exited, whose
+    leftovers are killed after the replacement runs: leftovers.exited), made anew, open as a folder
+    (what clone3 is born into), its cgroup.procs open, and the preexec function that moves the new
+    process into it before it runs anything: so not even its first fork escapes. The caller closes
+    both. The function only writes prepared bytes to an open fd: nothing that could wait on a lock
+    after fork."""
     # An empty one is made anew: on some kernels (6.18) a process cloned into a cgroup that was ever
-    # killed through cgroup.kill is killed at birth (the fork server's clone3; forkclone.py). One still
-    # populated, by what its last agent left dying, is used only if all are (the server then forks the
-    # slower way).
-    path = paths[0]
-    for candidate in paths:
-        try:
-            candidate.rmdir()
-        except FileNotFoundError:
-            pass
-        except OSError:
-            if candidate.is_dir():
-                continue  # populated (or holding a cgroup someone made in it): the next
-        path = candidate
-        break
+    # killed through cgroup.kill is killed at birth (the fork server's clone3; forkclone.py). When none
+    # is free, `dead`'s leftovers go first and the first is used, populated or not (the server then
+    # forks the slower way).
+    path = next((candidate for candidate in paths if candidate != dead and _removed(candidate)), None)
+    if path is None:
+        if dead is not None:
+            kill(dead)
+        path = paths[0]
+        _removed(path)
     path.mkdir(exist_ok=True)
     folder = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -183,6 +180,17 @@ def joiner(paths: tuple[Path, ...]) -> tuple[Path, int, int, Callable[[], None]]
         os.write(fd, b"0")  # "0": the writing process itself
 
     return path, folder, fd, join
+
+
+def _removed(path: Path) -> bool:
+    """Remove the cgroup `path` if it is empty: whether it is gone (or never was)."""
+    try:
+        path.rmdir()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return not path.is_dir()  # populated, or holding a cgroup someone made in it
+    return True
 
 
 def populated(path: Path) -> bool:

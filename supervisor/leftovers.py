@@ -7,6 +7,7 @@ import os
 import selectors
 import signal
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..kanban.task import now_iso
@@ -32,12 +33,13 @@ class Leftovers:
         self.scan_failing = False
         self.held = Held()
 
-    def exited(self, child: Child) -> None:
-        """What is left in an exited agent's cgroup goes before anything else: its replacement joins
-        the same cgroup, and nothing it started may share that with the new instance. The inotify
+    def exited(self, child: Child, cgroup: Path | None) -> None:
+        """What is left in an exited agent's `cgroup` (its keeper at least) goes, once its replacement
+        runs (not on the restart's path): that is in the agent's other cgroup, or in this one, made
+        anew because it was empty or killed first when neither was (cgroups.joiner). The inotify
         instance held for it is closed (see held.py)."""
-        if child.cgroup is not None:
-            cgroups.kill(child.cgroup)
+        if cgroup is not None and (child.proc is None or child.cgroup != cgroup):
+            cgroups.kill(cgroup)
         self.held.release(child.spec.name)
 
     def kill_leftovers(self, pid: int | None) -> None:

@@ -23,7 +23,6 @@ import random
 import selectors
 import signal
 import socket
-import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -62,7 +61,7 @@ from .policy import beats_only, judge_every
 from .procs import MARKER_ENV, marker_value, new_marker
 from .sessions import session_table, signal_session
 from .spares import Spares
-from .spawn import spawn
+from .spawn import abandon, spawn
 from .spec import build_specs
 from .statefile import SUPERVISOR_FILE, StateWriter, quiet, read_state, task_write_at
 from .steer import agent_groups, held_from
@@ -172,13 +171,17 @@ class Supervisor:
             self.forks = self.spares = None
         self.selector.register(read_end, selectors.EVENT_READ, self._on_wakeup)
 
-    def start(self, child: Child) -> None:
+    def start(self, child: Child, told: list[tuple[str, list[dict[str, Any]]]] | None = None) -> None:
         """Spawn the agent; a spawn that fails (no descriptors left, no memory, no command) is a
-        failed start of that agent, retried with backoff, never an error of the supervisor."""
+        failed start of that agent, retried with backoff, never an error of the supervisor. `told`:
+        lines and events of its exit, stamped when it happened, told once the new process runs."""
+        told = [] if told is None else told
         try:
-            self._start_now(child)
+            self._start_now(child, told)
         except (OSError, psutil.Error, ValueError) as exc:  # ValueError: a NUL in its argv or environment
-            self._abandon_spawn(child)
+            abandon(child, self.selector)
+            while told:
+                self.tell(*told.pop(0))
             err = exc.errno if isinstance(exc, OSError) else None
             error = (f"{exc.strerror or exc}" if isinstance(exc, OSError)
                      else f"{exc} in its command or environment" if isinstance(exc, ValueError) else str(exc))
@@ -189,23 +192,10 @@ class Supervisor:
             self.tell(decided.line, list(decided.events))
             self.dirty = True
 
-    def _abandon_spawn(self, child: Child) -> None:
-        """Undo a spawn that failed half-way: a process started without its pidfd would be
-        unsupervised, so it goes."""
-        if child.pidfd is not None:
-            with contextlib.suppress(KeyError, ValueError):
-                self.selector.unregister(child.pidfd)
-            os.close(child.pidfd)
-            child.pidfd = None
-        if child.proc is not None and child.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(child.proc.pid, signal.SIGKILL)  # its own session and group, just made
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                child.proc.wait(timeout=5)
-        child.proc = None
-
-    def _start_now(self, child: Child) -> None:
+    def _start_now(self, child: Child, told: list[tuple[str, list[dict[str, Any]]]]) -> None:
         if child.alive():  # never a second process for one agent
+            while told:
+                self.tell(*told.pop(0))
             self.say(f"{child.spec.name}: still running as pid {child.pid}; not starting another")
             return
         spec = child.spec
@@ -221,20 +211,24 @@ class Supervisor:
             env.pop(name, None)
         if self.forks is not None and spec.forkable:  # the first of its agents, started later (reload, `start`)
             self.forks.wanted(os.environ)
-        child.proc, child.cgroup = spawn(spec, env, self.containment.base, self.forks, self.say, self.spares)
+        child.proc, child.cgroup = spawn(spec, env, self.containment.base, self.forks, self.say, self.spares,
+                                         child.cgroup)
+        at = now_iso()  # it runs: what else there is to do and say waited for this (the `started` event's time)
+        while told:
+            self.tell(*told.pop(0))
         child.marker, child.env_names = marker, frozenset(env)
         child.pidfd = os.pidfd_open(child.proc.pid)
         self.selector.register(child.pidfd, selectors.EVENT_READ, lambda c=child: self._on_exit(c))
         child.pid_started = start_time(child.proc.pid)
         now = time.monotonic()
         child.state, child.started, child.last_beat = "starting", now, now
-        child.started_at = now_iso()
+        child.started_at = at
         child.restart_at = child.stop_deadline = None
         child.stopping_for, child.task = "", None
         self.dirty = True
         line = f"{spec.name}: started (pid {child.pid})"
         how = "fork" if isinstance(child.proc, Forked) else "exec"
-        self.tell(line, [event("started", spec.name, line, pid=child.pid, start=how)])
+        self.tell(line, [event("started", spec.name, line, pid=child.pid, start=how, at=at)])
 
     def stop(self, child: Child, why: str, *, kill: bool = False, table: dict[int, set[int]] | None = None) -> None:
         """SIGTERM the agent's session (SIGKILL after stop_timeout), or SIGKILL; `table`: session_table()."""
@@ -256,7 +250,7 @@ class Supervisor:
 
     def _on_exit(self, child: Child) -> None:
         assert child.pidfd is not None
-        pid = child.pid
+        pid, cgroup = child.pid, child.cgroup
         returncode = child.proc.wait() if child.proc is not None else None
         if isinstance(child.proc, Forked) and child.proc.lost:  # reaped elsewhere: never taken for a clean exit
             self.say(f"{child.spec.name}: its exit status was lost; taken as {returncode}")
@@ -264,7 +258,6 @@ class Supervisor:
         self.selector.unregister(child.pidfd)
         os.close(child.pidfd)
         child.pidfd = None
-        self.leftovers.exited(child)
         now = time.monotonic()
         why = Why(child.stopping_for)
         child.proc, child.task, child.stop_deadline = None, None, None
@@ -272,12 +265,15 @@ class Supervisor:
         decided = on_exit(child.spec.name, child.spec.restart, child.history, why, returncode, now=now,
                           uptime=now - child.started, held=child.spec.name in self.held, rng=self.rng)
         child.history, child.last_exit = decided.history, decided.last_exit
-        self.tell(decided.line, decided.events)
+        # Told once the replacement runs (writing them is no part of a restart), stamped now.
+        told = [(decided.line, [{**record, "at": now_iso()} for record in decided.events])]
         if decided.state is State.STARTING:
             child.restarts += int(decided.restarted)
-            self.start(child)
+            self.start(child, told)
         else:
+            self.tell(*told[0])
             child.state, child.restart_at = decided.state, decided.restart_at
+        self.leftovers.exited(child, cgroup)
         # A crashed agent's claim goes back to todo at once (one that stopped cleanly released it), on
         # the board thread: the loop never waits for the board lock. Asked once the replacement is
         # started: the thread's scan of the board held the interpreter's lock for most of the

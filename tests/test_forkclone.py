@@ -207,6 +207,35 @@ def test_a_restart_goes_to_the_agents_other_cgroup_while_its_first_still_holds_a
         lingering.wait()
 
 
+def test_when_both_cgroups_hold_something_the_dead_instances_leftovers_go_first(cgroup_base):
+    """The last instance's cgroup is never chosen while the other is free (its leftovers are killed
+    once the replacement runs); when neither is free, they are killed first and the first is taken."""
+    first, second = cgroups.agent_cgroups(cgroup_base, "busy")
+    procs = []
+    for folder in (first, second):
+        folder.mkdir()
+        join = (folder / "cgroup.procs").write_text
+        procs.append(subprocess.Popen(["sleep", "60"], preexec_fn=lambda join=join: join("0")))
+    try:
+        path, opened, fd, _join = cgroups.joiner((first, second), dead=second)
+        os.close(opened)
+        os.close(fd)
+        assert path == first
+        assert procs[1].wait(timeout=10) == -9, "the dead instance's leftovers were killed"
+        assert procs[0].poll() is None, "and nothing else"
+        procs[0].kill()
+        procs[0].wait()
+        wait_until(lambda: not cgroups.populated(first), timeout=5)
+        path, opened, fd, _join = cgroups.joiner((first, second), dead=first)
+        os.close(opened)
+        os.close(fd)
+        assert path == second, "the other, free, rather than the dead one's"
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
 def test_where_clone3_is_refused_agents_are_still_forked_into_their_cgroup(tmp_path, cgroup_base):
     folder = cgroup_base / "agent-d"
     folder.mkdir()
