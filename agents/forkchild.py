@@ -103,7 +103,6 @@ def become_agent(request: dict[str, Any], log_fd: int, go_fd: int, *, parent: in
     pid then); never returns (os._exit with its status)."""
     try:
         argv = [str(arg) for arg in request["argv"]]
-        dumpable()  # first: until then /proc shows a root-owned process the supervisor cannot read
         os.setsid()
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)
@@ -120,6 +119,10 @@ def become_agent(request: dict[str, Any], log_fd: int, go_fd: int, *, parent: in
         size = int.from_bytes(_read_exactly(go_fd, LENGTH_BYTES), "big")
         env = {str(k): str(v) for k, v in json.loads(_read_exactly(go_fd, size)).items()}
         os.close(go_fd)
+        # Only now, as exec makes a process: until its go has been read, no process of the user may
+        # open its go pipe through /proc (to read the keys, or fill it) or ptrace it; a spare waits
+        # long (supervisor/spares.py). /proc shows it as root's until then.
+        dumpable()
         os.environ.clear()
         os.environ.update(env)
         _show("environment", [os.fsencode(f"{k}={v}") for k, v in env.items()])

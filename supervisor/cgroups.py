@@ -211,22 +211,22 @@ def members(path: Path) -> list[int]:
 
 def rss_mb(path: Path) -> float | None:
     """The resident memory of a cgroup's processes, in MB (what the agent's process tree is, and also
-    what it started that left the tree), or None when its member list cannot be read; processes
-    sharing one address space (an agent and its keeper) count once. Two small reads per member: the
-    memory check of 20 agents scanned the whole process table every 5 s otherwise, most of an idle
-    supervisor's CPU."""
+    what it started that left the tree), or None when its member list cannot be read; a member
+    sharing its parent's address space (an agent's keeper) adds none. A few small reads per member:
+    the memory check of 20 agents scanned the whole process table every 5 s otherwise, most of an
+    idle supervisor's CPU."""
     try:
         pids = [int(pid) for pid in _read(str(path / "cgroup.procs")).split()]
     except (OSError, ValueError):
         return None
-    counted: list[int] = []
-    pages = 0
+    members, pages = set(pids), 0
     for pid in pids:
         with contextlib.suppress(OSError, ValueError, IndexError):
-            if any(same_memory(pid, other) for other in counted):
+            # One kcmp at most per member, with its parent: whatever the members, the check stays linear.
+            parent = int(_read(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()[1])
+            if parent in members and same_memory(parent, pid):
                 continue
             pages += int(_read(f"/proc/{pid}/statm").split()[1])  # resident pages; a zombie's are 0
-            counted.append(pid)
     return pages * PAGE_SIZE / (1 << 20)
 
 

@@ -23,6 +23,7 @@ from .spec import RUNTIME_ARGS
 ENV = "HERMES_SUP_FORK_SERVER"  # 1 or 0: overrides hermes.yaml's fork_server
 MAX_REQUEST = 16 * 1024  # bytes: argv and cwd; the server reads up to 1 MiB, the socket sends far less
 REPLY_WITHIN = 2.0  # seconds for the server's answer; after that it is taken for dead
+GO_WITHIN = 2.0  # seconds a forked agent has to read its go message (microseconds unless it is stopped)
 WARM_UP = 10.0  # seconds `up` waits for the server's imports before starting agents by exec
 RESTART_FIRST, RESTART_MAX = 1.0, 60.0  # seconds before it is started again, doubling while it dies unready
 # What the server's environment keeps of the supervisor's: nothing secret, only what imports may read.
@@ -128,17 +129,29 @@ def reap_orphans(known: set[int]) -> list[int]:
     return reaped
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
 def tell_go(go: int, env: Mapping[str, str], pid: int, say: Callable[[str], None]) -> bool:
-    """Tell the process forked as `pid` to go, with its environment, and close `go`; False if it had
-    exited (its log says why: its failed start, not the server's)."""
+    """Tell the process forked as `pid` (our child) to go, with its environment, and close `go`; False
+    if it had exited (its log says why: its failed start, not the server's) or did not take the whole
+    message within GO_WITHIN, stopped say, with a pipe too small for it (then it is SIGKILLed: the loop
+    never waits on a process of the user's)."""
+    data = memoryview(go_message(env))
+    deadline = time.monotonic() + GO_WITHIN
+    poller = select.poll()
+    poller.register(go, select.POLLOUT)
     try:
-        _write_all(go, go_message(env))
+        os.set_blocking(go, False)
+        while data:
+            try:
+                data = data[os.write(go, data):]
+            except BlockingIOError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                    say(f"supervisor: the agent forked as pid {pid} did not take its go within {GO_WITHIN:g} s; "
+                        "killed")
+                    return False
+                poller.poll(left * 1000)
         return True
     except BrokenPipeError:
         say(f"supervisor: the agent forked as pid {pid} exited before it was told to go")

@@ -65,7 +65,7 @@ from .spawn import abandon, spawn
 from .spec import build_specs
 from .statefile import SUPERVISOR_FILE, StateWriter, quiet, read_state, task_write_at
 from .steer import agent_groups, held_from
-from .supevents import SupervisorEvents
+from .supevents import SupervisorEvents, note
 from .suptelemetry import SupervisorTelemetry
 from .watchdog import Watchdog
 
@@ -211,8 +211,10 @@ class Supervisor:
             env.pop(name, None)
         if self.forks is not None and spec.forkable:  # the first of its agents, started later (reload, `start`)
             self.forks.wanted(os.environ)
-        child.proc, child.cgroup = spawn(spec, env, self.containment.base, self.forks, self.say, self.spares,
-                                         child.cgroup)
+        def say(line: str) -> None:  # what starting it says comes after what its exit said
+            told.append((line, [note(line, self.known, now_iso())])) if told else self.say(line)
+
+        child.proc, child.cgroup = spawn(spec, env, self.containment.base, self.forks, say, self.spares, child.cgroup)
         at = now_iso()  # it runs: what else there is to do and say waited for this (the `started` event's time)
         while told:
             self.tell(*told.pop(0))

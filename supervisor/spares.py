@@ -41,6 +41,18 @@ class Spare:
     cwd: str
     argv: tuple[str, ...]
     log: tuple[int, int]  # device and inode of the log it writes to: still agent.log when it goes?
+    folder: tuple[int, int]  # and of its working directory: still the agent's folder?
+
+    def current(self) -> bool:
+        """Whether its log and folder are still its agent's (the agent rotates its log: a spare writing
+        to agent.log.1 would hide every line, and keep a removed log on disk)."""
+        return (self.log == _file_id(Path(self.cwd) / "agent.log")
+                and self.folder == _file_id(Path(self.cwd)))
+
+    def exited(self) -> bool:
+        poller = select.poll()  # not select(): the pidfd may be numbered past 1024
+        poller.register(self.pidfd, select.POLLIN)
+        return bool(poller.poll(0))
 
 
 def wanted_at(child: Child, has_spare: bool, failed_at: float | None) -> float | None:
@@ -78,7 +90,7 @@ class Spares:
     def due(self, now: float, children: Mapping[str, Child], base: Path | None) -> None:
         """Drop the spares of agents that will not start again; make one for each agent whose time has come."""
         for name in [name for name, spare in self.kept.items()
-                     if name not in children or children[name].state not in KEPT_FOR]:
+                     if name not in children or children[name].state not in KEPT_FOR or not spare.current()]:
             self.drop(name)
         for child in children.values():
             at = wanted_at(child, child.spec.name in self.kept, self.failed.get(child.spec.name))
@@ -101,7 +113,7 @@ class Spares:
                     return
             log = open_log(spec.workdir / "agent.log", self.say)
             try:
-                info = os.fstat(log)
+                info, place = os.fstat(log), os.stat(spec.workdir)
                 forked = self.forks.fork(spec.argv, str(spec.workdir), log, folder, 0)
             finally:
                 os.close(log)
@@ -124,26 +136,30 @@ class Spares:
             return
         self.failed.pop(spec.name, None)
         self.kept[spec.name] = Spare(pid, pidfd, go, where, str(spec.workdir), tuple(spec.argv),
-                                     (info.st_dev, info.st_ino))
+                                     (info.st_dev, info.st_ino), (place.st_dev, place.st_ino))
 
     def take(self, name: str, argv: tuple[str, ...], env: Mapping[str, str], cwd: str) -> Spare | None:
         """The spare of agent `name`, if it has one still waiting that can be it with `argv`, `env`
-        and `cwd`, writing to its agent.log still (the agent rotates it); one that cannot is dropped."""
+        and `cwd`; one that cannot is dropped."""
         spare = self.kept.pop(name, None)
         if spare is None:
             return None
         server = self.forks
-        if (spare.argv, spare.cwd) != (tuple(argv), cwd) or spare.log != _file_id(Path(cwd) / "agent.log") \
-                or select.select([spare.pidfd], [], [], 0)[0] \
-                or not forkable(argv, env, server.env, server.python, server.room):
+        try:
+            usable = ((spare.argv, spare.cwd) == (tuple(argv), cwd) and spare.current() and not spare.exited()
+                      and forkable(argv, env, server.env, server.python, server.room))
+        except Exception:
+            usable = False
+        if not usable:
             self._end(spare)
             return None
         os.close(spare.pidfd)
         return spare
 
-    def go(self, spare: Spare, env: Mapping[str, str]) -> bool:
-        """Tell `spare` to become its agent, with `env`; False if it had exited meanwhile."""
-        return tell_go(spare.go, env, spare.pid, self.say)
+    def go(self, spare: Spare, env: Mapping[str, str], say: Callable[[str], None]) -> bool:
+        """Tell `spare` to become its agent, with `env`; False if it had exited meanwhile, or did not
+        take its go (then it is killed: forking.tell_go)."""
+        return tell_go(spare.go, env, spare.pid, say)
 
     def drop(self, name: str) -> None:
         spare = self.kept.pop(name, None)

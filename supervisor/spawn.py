@@ -28,7 +28,7 @@ def spawn(spec: ChildSpec, env: dict[str, str], base: Path | None, forks: ForkSe
     """The agent's new process and its cgroup (None: its session only): its spare where it has one
     waiting (spares.py). `base`: the workspace's cgroup; `dead`: the last instance's (cgroups.joiner)."""
     spare = spares.take(spec.name, spec.argv, env, str(spec.workdir)) if spares is not None else None
-    if spare is not None and spares is not None and spares.go(spare, env):
+    if spare is not None and spares is not None and spares.go(spare, env, say):
         return Forked(spare.pid), spare.cgroup
     fd, folder, join, where = None, None, None, None
     if base is not None:

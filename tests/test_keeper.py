@@ -19,6 +19,7 @@ from hermes_sup.supervisor import cgroups
 from hermes_sup.supervisor.proctable import Proc, same_memory, table, trees_rss_mb
 
 from .conftest import gone, wait_until
+from .test_forkclone import cgroup_base  # noqa: F401 - the fixture
 from .test_supervisor import agent, hermes, make_ws
 
 pytestmark = pytest.mark.skipif(os.uname().machine != "x86_64", reason="the keeper is made on x86_64 only")
@@ -140,3 +141,44 @@ def test_a_supervised_agent_has_a_keeper_that_goes_with_it_and_its_memory_counts
     second = wait_until(lambda: keeper_of(again), timeout=10)
     assert hermes(ws, "stop", "worker").returncode == 0
     wait_until(lambda: gone(again) and gone(second), timeout=30)
+
+
+def test_a_cgroups_memory_check_asks_kcmp_once_per_member_at_most(cgroup_base, monkeypatch):  # noqa: F811
+    """Each member is compared with its parent only: 40 processes of separate memory in an agent's
+    cgroup cost 40 comparisons, not one per pair (800), which a tool's thousands made minutes."""
+    calls = []
+
+    def counted(a: int, b: int) -> bool:
+        calls.append((a, b))
+        return same_memory(a, b)
+
+    monkeypatch.setattr(cgroups, "same_memory", counted)
+    folder = cgroup_base / "many"
+    folder.mkdir()
+    join = (folder / "cgroup.procs").write_text
+    shell = subprocess.Popen(["/bin/sh", "-c", "for i in $(seq 40); do sleep 60 & done; wait"],
+                             preexec_fn=lambda: join("0"))
+    try:
+        wait_until(lambda: len(cgroups.members(folder)) == 41, timeout=10)
+        assert cgroups.rss_mb(folder) > 0
+        assert len(calls) <= 41, len(calls)
+    finally:
+        cgroups.kill(folder)
+        shell.wait()
+
+
+def test_a_spare_past_descriptor_1024_is_still_looked_at(tmp_path):
+    from hermes_sup.supervisor.spares import Spare
+
+    child = subprocess.Popen(["sleep", "60"])
+    pidfd = os.pidfd_open(child.pid)
+    high = os.dup2(pidfd, 1500)
+    os.close(pidfd)
+    try:
+        spare = Spare(child.pid, high, -1, None, str(tmp_path), (), (0, 0), (0, 0))
+        assert not spare.exited()
+        child.kill()
+        child.wait()
+        assert spare.exited()
+    finally:
+        os.close(high)

@@ -4,6 +4,7 @@ agent stops or the team does."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -15,7 +16,7 @@ from hermes_sup.supervisor.spares import SPARE_AFTER, wanted_at
 from hermes_sup.supervisor.spec import build_specs
 
 from .conftest import gone, init_workspace, wait_until
-from .test_forkserver import environ, server_of, started, zombies
+from .test_forkserver import environ, server_of, started, traceable_by_its_user, zombies
 from .test_supervisor import agent, hermes
 
 SECRET = "spare-test-secret-0451"
@@ -74,6 +75,9 @@ def test_a_restarted_agent_is_restarted_as_its_spare_which_held_nothing_of_it_be
     assert [e.get("start") for e in started(ws, "worker")] == ["fork", "fork", "fork"]
 
     fourth = wait_until(lambda: spare_of(sup, ws, "worker"), timeout=30)  # another, for the next
+    # A waiting spare is its user's to ptrace (or to open its go pipe through /proc) only once it went:
+    # then it is dumpable, as an exec'd agent is.
+    assert traceable_by_its_user([fourth, third]) == [False, True]
     log = ws / "runs/worker/agent.log"
     os.replace(log, log.with_name("agent.log.1"))  # as the agent rotates it: the spare's log is not agent.log
     os.kill(third, signal.SIGKILL)
@@ -110,3 +114,24 @@ def test_only_a_running_restarted_agent_of_the_runtime_wants_a_spare_and_not_at_
     for state in ("starting", "backoff", "stopped", "fatal"):
         assert wanted_at(Child(spec, state=state, restarts=1, started=100.0), False, None) is None
     assert wanted_at(Child(command, state="running", restarts=1, started=100.0), False, None) is None
+
+
+def test_a_forked_agent_that_does_not_take_its_go_is_killed_and_the_supervisor_goes_on(monkeypatch):
+    """A spare waits long, and any process of the user may SIGSTOP it: a go message larger than what
+    its pipe still holds must not block the supervisor's loop (it did, until the spare was continued)."""
+    import subprocess
+
+    from hermes_sup.supervisor import forking
+
+    monkeypatch.setattr(forking, "GO_WITHIN", 0.3)
+    read, write = os.pipe()
+    reader = subprocess.Popen(["sleep", "60"], pass_fds=[read])  # holds the read end and never reads
+    os.close(read)
+    os.set_blocking(write, False)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            os.write(write, b"x" * 65536)
+    said: list[str] = []
+    assert not forking.tell_go(write, {"KEY": "v" * 1000}, reader.pid, said.append)
+    assert reader.wait(timeout=5) == -signal.SIGKILL
+    assert said and "did not take its go" in said[0]
