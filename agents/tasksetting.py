@@ -32,6 +32,16 @@ class TaskSetting:
             say(self.name, f"{note}")
         return Toolbox(grants=grants, toolsets=self.toolsets, extra={**extra, **self.mcp.tools()}, whose=whose)
 
+    def _warm_skills(self) -> None:
+        """Check the skills on a thread of their own at start, not on the first task: a check runs
+        each skill in a confined process (about a second), and the first task of every agent of a
+        new workspace waited for it while the board filled. A failure here is the first task's to
+        meet and say (it looks the same skills up again)."""
+        def warm() -> None:
+            with contextlib.suppress(Exception):
+                self.skills.catalog()
+        threading.Thread(target=warm, name="skills-warm", daemon=True).start()
+
     def _start_mcp(self) -> None:
         """Start the MCP servers granted to this agent and wait (bounded) for their first tool list."""
         if not self.mcp.servers:

@@ -389,6 +389,7 @@ class Agent(Liveness, ModelAccess, TaskSetting):
         self.has_llm()  # names the provider in state.json from the first write on
         self.write_state("idle")
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
+        self._warm_skills()
         say(self.name, f"ready (pid {os.getpid()}, roles {', '.join(self.roles) or '-'}{self._commands()})")
         self._start_mcp()
         while not self.stop.is_set():
