@@ -406,9 +406,13 @@ class Agent(Liveness, ModelAccess, TaskSetting):
             # Only on the tasks this agent could take: a task no agent has the role for, or one whose
             # dependencies are not done, does not wait for this agent's provider.
             self.board.mark_waiting(waiting[0] if waiting else None, agent=self.name, roles=self.roles)
+            # The supervisor ingests the drops for its agents (supervisor/boardwork.py): one of them
+            # ingesting a burst of drops worked nothing meanwhile. Without it (an orphan, a delegated
+            # child) the agent does it itself.
             doc = self.board.wait_for_work(self.name, roles=self.roles, stop=self.stop, steps_only=waiting is not None,
                                            timeout=waiting[1] if waiting else 60,
-                                           assigned_only=self.only_task is not None)
+                                           assigned_only=self.only_task is not None,
+                                           ingest=os.environ.get(SUPERVISOR_ENV) != str(os.getppid()))
             if doc is None:
                 continue
             with self._lock:

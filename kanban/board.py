@@ -73,6 +73,7 @@ class Board:
         self.signal = self.disk.signal
         self.watcher = self.disk.watcher
         self._last_recover = 0.0  # monotonic time of the last recover
+        self._drops_seen = -1  # the signal's generation at wait_for_drops' last return
         self.disk.ensure_layout()
 
     def close(self) -> None:
@@ -123,6 +124,13 @@ class Board:
 
     def ingest(self, *, wait: bool = True) -> IngestReport:
         return self.ingester.ingest(wait=wait)
+
+    def wait_for_drops(self, timeout: float) -> None:
+        waiting.start_watching(self.disk, drops_only=True)
+        if self.disk.watcher.mode != "inotify":
+            timeout = min(timeout, waiting.POLL_INTERVAL)
+        self.signal.wait(self._drops_seen, timeout)
+        self._drops_seen = self.signal.generation
 
     def quarantine_damaged(self, damaged: Iterable[dict[str, str]]) -> list[str]:
         return self.txn.quarantine_damaged(damaged)
@@ -307,22 +315,24 @@ class Board:
 
     def wait_for_work(self, agent: str, *, roles: Iterable[str] = (), timeout: float | None = None,
                       lease: float | None = None, stop: threading.Event | None = None,
-                      steps_only: bool = False, assigned_only: bool = False) -> TaskDoc | None:
+                      steps_only: bool = False, assigned_only: bool = False, ingest: bool = True) -> TaskDoc | None:
         """Claim a task, waiting for one to become eligible; None on timeout or when `stop` is set.
 
-        Drops are ingested and dead claims recovered while waiting, so a board needs no other
-        process to make progress. Sleeps on watcher events, never a busy poll.
+        Drops are ingested (unless not `ingest`) and dead claims recovered while waiting, so a board
+        needs no other process to make progress. Sleeps on watcher events, never a busy poll.
         """
-        waiting.start_watching(self.disk, claims_only=True)
+        waiting.start_watching(self.disk, claims_only=True, inbox=ingest)
 
         def look_after() -> None:
-            self.ingest(wait=False)  # while another process ingests, it takes the drops
+            if ingest:
+                self.ingest(wait=False)  # while another process ingests, it takes the drops
             now = time.monotonic()
             if recover_due(self._last_recover, now):
                 self.recover(sweep=recover_due(self.txn.last_sweep, now, waiting.SWEEP_INTERVAL))
 
         def ingest_only() -> None:
-            self.ingest(wait=False)
+            if ingest:
+                self.ingest(wait=False)
 
         def claim() -> TaskDoc | None:
             return self.claim(agent, roles=roles, lease=lease, steps_only=steps_only, assigned_only=assigned_only)

@@ -178,9 +178,10 @@ class BoardStore(Protocol):
 
     def wait_for_work(self, agent: str, *, roles: Iterable[str] = (), timeout: float | None = None,
                       lease: float | None = None, stop: threading.Event | None = None,
-                      steps_only: bool = False, assigned_only: bool = False) -> TaskDoc | None:
-        """`claim`, waiting for a task to become eligible (ingesting drops and recovering dead claims
-        meanwhile, so no other process is needed); None on timeout or once `stop` is set."""
+                      steps_only: bool = False, assigned_only: bool = False, ingest: bool = True) -> TaskDoc | None:
+        """`claim`, waiting for a task to become eligible (ingesting drops, unless not `ingest`, and
+        recovering dead claims meanwhile, so no other process is needed); None on timeout or once
+        `stop` is set. A supervisor's agents pass ingest=False: it ingests for them (`wait_for_drops`)."""
         ...
 
     def wake(self) -> None:
@@ -239,6 +240,12 @@ class BoardStore(Protocol):
     def ingest(self) -> IngestReport:
         """Turn finished drops in inbox/ into tasks, each atomically and at most once; a drop that is
         no valid task goes to rejected/ beside its reason. Never raises for a drop's content."""
+        ...
+
+    def wait_for_drops(self, timeout: float) -> None:
+        """Return once a drop may have arrived in this host's inbox/ since the last return (at once
+        the first time), or after `timeout` seconds, or at `wake`: an ingester's sleep between
+        `ingest` passes. Wakes on the drops' arrival alone, not on the board's other changes."""
         ...
 
     def recover(self, *, sweep: bool = True) -> builtins.list[dict[str, str]]:

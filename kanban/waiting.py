@@ -82,12 +82,15 @@ def health(disk: Folder) -> list[tuple[str, str, str]]:
     return checks
 
 
-def start_watching(disk: Folder, *, claims_only: bool = False) -> None:
-    """Start the watcher: with `claims_only` (a waiting claimer) only work arriving wakes it."""
+def start_watching(disk: Folder, *, claims_only: bool = False, drops_only: bool = False, inbox: bool = True) -> None:
+    """Start the watcher: with `claims_only` (a waiting claimer) only work arriving wakes it, and
+    drops only if `inbox` (it ingests them); with `drops_only` (an ingester) only drops arriving.
+    A watcher started for one of these and asked for another watches every change."""
     if disk.watcher.mode == "off":
-        disk.watcher.start(force_polling=disk.network_fs, claims_only=claims_only,
-                           why=f"no change events on a network filesystem ({disk.fs_type})")
-    elif not claims_only:
+        disk.watcher.start(force_polling=disk.network_fs, claims_only=claims_only, drops_only=drops_only,
+                           inbox=inbox, why=f"no change events on a network filesystem ({disk.fs_type})")
+    elif (not claims_only and not drops_only) or (claims_only and disk.watcher.drops_only) or \
+            (drops_only and disk.watcher.claims_only and not disk.watcher.inbox):
         disk.watcher.widen()
 
 

@@ -121,6 +121,8 @@ class BoardWatcher:
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
         self.claims_only = False
+        self.drops_only = False  # an ingester's watch: drops arriving in inbox/, nothing else
+        self.inbox = True  # a claimer that ingests watches inbox/ too; one whose supervisor ingests does not
         self.paused = False
         self._give: Callable[[int], object] | None = None
 
@@ -136,14 +138,17 @@ class BoardWatcher:
         """The events watched in top folder `name` (None: not watched)."""
         if quiet(name):
             return None
+        if self.drops_only:
+            return ARRIVALS if name == "inbox" else None
         if not self.claims_only:
             return FILE_EVENTS
-        if name not in CLAIM_FOLDERS:
+        if name not in CLAIM_FOLDERS or (name == "inbox" and not self.inbox):
             return None
         return ARRIVALS if name == "inbox" else MOVED_IN
 
     def _watch_folders(self, inotify: Inotify) -> None:
-        inotify.watch_folder(str(self.root), FILE_EVENTS if not self.claims_only else ROOT_ARRIVALS)
+        quiet_root = self.claims_only or self.drops_only
+        inotify.watch_folder(str(self.root), ROOT_ARRIVALS if quiet_root else FILE_EVENTS)
         for entry in os.scandir(self.root):
             mask = self._mask(entry.name)
             if mask is not None and entry.is_dir(follow_symlinks=False):
@@ -151,9 +156,9 @@ class BoardWatcher:
 
     def widen(self) -> None:
         """Watch every change, not only arrivals of work (a claimer's board asked for by a view)."""
-        if not self.claims_only:
+        if not self.claims_only and not self.drops_only:
             return
-        self.claims_only = self.paused = False
+        self.claims_only = self.drops_only = self.paused = False
         if self._inotify is not None:
             with contextlib.suppress(OSError):
                 self._watch_folders(self._inotify)
@@ -183,7 +188,8 @@ class BoardWatcher:
                 with contextlib.suppress(OSError):  # a folder gone meanwhile: its watch went with it
                     inotify.add(folder, PAUSED_MASK if self.paused else mask)
 
-    def start(self, *, force_polling: bool = False, why: str = "", claims_only: bool = False) -> None:
+    def start(self, *, force_polling: bool = False, why: str = "", claims_only: bool = False,
+              drops_only: bool = False, inbox: bool = True) -> None:
         if force_polling:
             self.mode, self.reason = "polling", why
             return
@@ -202,7 +208,7 @@ class BoardWatcher:
         except AttributeError as exc:  # a libc without inotify (not Linux)
             self.mode, self.reason = "polling", f"no inotify on this platform ({exc})"
             return
-        self.claims_only = claims_only
+        self.claims_only, self.drops_only, self.inbox = claims_only, drops_only, inbox
         try:
             self._watch_folders(inotify)
         except OSError as exc:

@@ -1,21 +1,27 @@
-"""The supervisor's board work (giving dead agents' claims back, and ingesting drops while no agent
-runs to) on a thread of its own.
+"""The supervisor's board work (giving dead agents' claims back, and ingesting the drops for its
+agents) on threads of their own.
 
 The board lock can be held by any process of the user (a `board` command paused with Ctrl-Z, a
 stalled disk), and the event loop must never wait for it: an agent's exit would go unhandled while
 it waits. So the loop only asks for a recovery; this thread takes the lock when it can, retries
 while it cannot, and hands its messages back through a pipe the loop watches.
+
+Drops are ingested here as they arrive, whether agents run or not: the supervisor's agents leave
+them to it (kanban/store.py, wait_for_work's `ingest`). An agent that ingested a burst of drops
+worked no task meanwhile, and 2,000 drops kept one of two agents at it for two seconds.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 
 from ..kanban import BoardStore
 from .loopthread import LoopThread
 
 RETRY_EVERY = 2.0  # seconds between attempts while the board cannot be changed
+# Seconds between looks at inbox/ when no event says a drop arrived: a file written in place by a
+# process this one cannot see is taken once it has been quiet (kanban/drops.py), and events can be lost.
+LOOK_EVERY = 2.0
 
 
 class BoardWork(LoopThread):
@@ -27,23 +33,46 @@ class BoardWork(LoopThread):
         self.retry_every = retry_every
         self._wanted = threading.Event()
         self._recover = threading.Event()
-        self._ingest = threading.Event()
         self._failing = False
+        self._drops = threading.Thread(target=self._ingest_drops, name="drop-ingest", daemon=True)
         self.start()
+
+    def start(self) -> None:
+        super().start()
+        self._drops.start()
+
+    def stop(self, timeout: float) -> bool:
+        stopped = super().stop(timeout)
+        self._drops.join(timeout)
+        return stopped and not self._drops.is_alive()
 
     def recover(self) -> None:
         """Ask for a recovery of dead claims (requests made before it runs are merged into one)."""
         self._recover.set()
         self._wanted.set()
 
-    def ingest(self) -> None:
-        """Ask for the drops in inbox/ to be made tasks: agents ingest them while they wait for work;
-        with none running (all stopped by hand, fatal, or still queued to start), the supervisor does."""
-        self._ingest.set()
-        self._wanted.set()
-
     def _wake_thread(self) -> None:
         self._wanted.set()
+        self.board.signal.bump()  # ends wait_for_drops
+
+    def _ingest_drops(self) -> None:
+        failing = False
+        while not self._stopping.is_set():
+            try:
+                self.board.wait_for_drops(LOOK_EVERY)
+                if self._stopping.is_set():
+                    return
+                self.board.ingest()
+            except Exception as exc:  # a BoardError, a full disk, the ingest turn held too long: retried
+                if not failing:
+                    self._post(f"board: cannot ingest drops now ({type(exc).__name__}: {exc}); "
+                               f"retrying every {self.retry_every:g} s")
+                failing = True
+                self._stopping.wait(self.retry_every)
+                continue
+            if failing:
+                failing = False
+                self._post("board: ingesting drops works again")
 
     def _run(self) -> None:
         while True:
@@ -51,10 +80,6 @@ class BoardWork(LoopThread):
             if self._stopping.is_set():
                 return
             self._wanted.clear()
-            if self._ingest.is_set():
-                self._ingest.clear()
-                with contextlib.suppress(Exception):  # a board that cannot ingest now: asked again soon
-                    self.board.ingest()
             if not self._recover.is_set():
                 continue
             self._recover.clear()

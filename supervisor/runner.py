@@ -72,7 +72,6 @@ from .watchdog import Watchdog
 STATE_FILE = SUPERVISOR_FILE
 # Agents starting at once (the rest queued): an agent's start is mostly Python's imports, on one core.
 START_AT_ONCE = max(4, 2 * (os.cpu_count() or 1))
-INGEST_EVERY = 1.0  # seconds between the supervisor's looks at inbox/ while no agent runs
 # While agents are judged on their heartbeats the loop turns at least every judge_every(their
 # timeout), never more often than this, so that a turn much longer than its wait can only mean the
 # supervisor itself was not running (see loop_gap).
@@ -122,7 +121,6 @@ class Supervisor:
         self.signals: list[int] = []
         self.dirty = True
         self.task_write_at: float | None = None  # when a change of tasks alone is written (statefile.py)
-        self._next_ingest = 0.0
         self.started_at = now_iso()
         self.containment = cgroups.detect(ws.root)
         self.state_writer = StateWriter(self.runs / STATE_FILE, self.say)
@@ -356,8 +354,6 @@ class Supervisor:
                      self.task_write_at, self.leftovers.sweep_at, forks, spares):
             if when is not None:
                 soonest = min(soonest, when)
-        if not self.shutting_down and not any(child.state == State.RUNNING for child in self.children.values()):
-            soonest = min(soonest, self._next_ingest)
         for child in self.children.values():
             if child.restart_at is not None:
                 soonest = min(soonest, child.restart_at)
@@ -390,10 +386,6 @@ class Supervisor:
             self.forks.due(now, os.environ)
             self.spares.due(now, self.children, self.containment.base)
         self._start_queued()
-        if now >= self._next_ingest and not self.shutting_down:
-            self._next_ingest = now + INGEST_EVERY
-            if not any(child.state == State.RUNNING for child in self.children.values()):
-                self.boardwork.ingest()  # no agent waits for work to ingest the drops: the supervisor does
         if self.leftovers.sweep_at is not None and now >= self.leftovers.sweep_at:
             self.leftovers.sweep_strays()
         late = [c for c in self.children.values() if now >= (c.stop_deadline or float("inf")) and c.alive()]

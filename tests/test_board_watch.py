@@ -195,3 +195,19 @@ def test_a_busy_claimer_is_woken_by_nothing_but_drops_and_misses_nothing_once_it
     finally:
         board.close()
         other.close()
+
+
+def test_an_ingester_watches_inbox_alone_and_a_claimer_that_leaves_it_the_drops_does_not(tmp_path: Path) -> None:
+    """The supervisor ingests for its agents: its watch wakes for drops and not for each of the
+    team's transitions, and its agents' watches do not wake for the drops."""
+    ingester, claimer = Board(tmp_path / "kanban"), Board(tmp_path / "kanban")
+    try:
+        ingester.wait_for_drops(0)
+        masks = watch_masks(ingester)
+        assert set(masks) == {"", "inbox"} and masks["inbox"] & inotify.IN_MOVED_TO, masks
+        assert claimer.wait_for_work("a1", timeout=0.1, ingest=False) is None
+        masks = watch_masks(claimer)
+        assert "inbox" not in masks and masks["todo"] & inotify.IN_MOVED_TO, masks
+    finally:
+        ingester.close()
+        claimer.close()

@@ -518,12 +518,21 @@ def test_a_large_team_starts_a_few_at_a_time_each_after_one_is_ready(tmp_path, u
     wait_until(lambda: [a["state"] for a in state(ws).get("agents", {}).values()] == ["running"] * count, timeout=120)
 
 
-def test_a_running_supervisor_ingests_drops_while_no_agent_runs(tmp_path, up):
-    """The contract says a running supervisor ingests the inbox; agents did it while they waited for
-    work, so with every agent stopped by hand (or fatal, or queued) a drop stayed in inbox/."""
+def test_a_running_supervisor_ingests_the_drops_for_its_agents_running_or_not(tmp_path, up):
+    """The contract says a running supervisor ingests the inbox. Agents did it while they waited for
+    work, so with every agent stopped by hand (or fatal, or queued) a drop stayed in inbox/; and an
+    agent ingesting a burst of drops worked nothing meanwhile. Its agents now leave the drops to it:
+    one is taken while the only agent is frozen, and while it is stopped by hand."""
     ws = make_ws(tmp_path, "- name: worker\n")
     up(ws)
     wait_until(lambda: agent(ws, "worker").get("state") == "running", timeout=60)
+    pid = agent(ws, "worker")["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        (ws / "kanban" / "inbox" / "meanwhile.json").write_text('{"id": "meanwhile", "title": "while it is frozen"}')
+        assert wait_until(lambda: (ws / "kanban" / "todo" / "meanwhile.json").exists(), timeout=30)
+    finally:
+        os.kill(pid, signal.SIGCONT)
     assert hermes(ws, "stop", "worker").returncode == 0
     wait_until(lambda: agent(ws, "worker").get("state") == "stopped", timeout=60)
     (ws / "kanban" / "inbox" / "later.json").write_text('{"id": "later", "title": "for when someone is back"}')

@@ -31,7 +31,7 @@ from ..reads import Listing, listed_fields
 from ..task import MAX_BYTES, STATUSES, TaskError, find_cycle, is_valid_id, normalize, slugify
 from ..waitloop import recover_due
 from ..waitloop import wait_for_work as wait_loop
-from ..watch import ChangeSignal
+from ..watch import BoardWatcher, ChangeSignal
 from ..watchslots import WatchSlots, wait_in_turn
 from . import drops, sql
 from .claims import ClaimsMixin
@@ -74,6 +74,8 @@ class PgStore(ClaimsMixin, IngestMixin, JournalRowsMixin, HostsMixin, StreamMixi
         self._slots = None if self.drop_root is None else WatchSlots(self.drop_root)
         self.problems: list[str] = []
         self.signal = ChangeSignal()
+        self._drops_seen = -1  # the signal's generation at wait_for_drops' last return
+        self._drop_watch: BoardWatcher | None = None
         self._watching = False
         self.dsn_env = dsn_env
         self.schema = check_schema_name(schema)
@@ -123,6 +125,8 @@ class PgStore(ClaimsMixin, IngestMixin, JournalRowsMixin, HostsMixin, StreamMixi
         self._disconnect()
         if self._turn is not None:
             self._turn.close()
+        if self._drop_watch is not None:
+            self._drop_watch.stop()
 
     def __enter__(self) -> PgStore:
         return self
@@ -292,19 +296,31 @@ class PgStore(ClaimsMixin, IngestMixin, JournalRowsMixin, HostsMixin, StreamMixi
             return self._listener
 
     def wake(self) -> None:
-        """Wake every thread of this process waiting in wait_for_work."""
+        """Wake every thread of this process waiting in wait_for_work or wait_for_drops."""
         self.listener().bump()
+
+    def wait_for_drops(self, timeout: float) -> None:
+        if self.drop_root is not None:
+            with self._lock:
+                if self._drop_watch is None:  # inbox/ arrivals alone: the board's changes come by NOTIFY
+                    self._drop_watch = BoardWatcher(self.drop_root, self.signal)
+                    self._drop_watch.start(drops_only=True)
+            if self._drop_watch.mode != "inotify":
+                timeout = min(timeout, POLL_INTERVAL)
+        self.signal.wait(self._drops_seen, timeout)
+        self._drops_seen = self.signal.generation
 
     def wait_for_work(self, agent: str, *, roles: Iterable[str] = (), timeout: float | None = None,
                       lease: float | None = None, stop: threading.Event | None = None,
-                      steps_only: bool = False, assigned_only: bool = False) -> TaskDoc | None:
-        """Claim a task, waiting for one (ingesting this host's drops and recovering dead claims
-        meanwhile); None on timeout or when `stop` is set. Woken by NOTIFY,
+                      steps_only: bool = False, assigned_only: bool = False, ingest: bool = True) -> TaskDoc | None:
+        """Claim a task, waiting for one (ingesting this host's drops, unless not `ingest`, and
+        recovering dead claims meanwhile); None on timeout or when `stop` is set. Woken by NOTIFY,
         and polling about once a second (jittered, so hosts do not poll in step) in case one is lost."""
         def look_after() -> None:
             # Drops into this host's inbox/ land on the shared board with no other process
             # needed (a listing of one folder per round; the file board does it per wake-up).
-            self.ingest(wait=False)  # while another process of this host ingests, it takes the drops
+            if ingest:
+                self.ingest(wait=False)  # while another process of this host ingests, it takes the drops
             if recover_due(self._last_recover, time.monotonic()):
                 self.recover()
 
@@ -320,7 +336,8 @@ class PgStore(ClaimsMixin, IngestMixin, JournalRowsMixin, HostsMixin, StreamMixi
                              tolerate=lambda exc: self._connection_lost())
 
         def ingest_only() -> None:
-            self.ingest(wait=False)
+            if ingest:
+                self.ingest(wait=False)
 
         def looking() -> TaskDoc | None:  # without a slot: dead claims are the watchers' to take back
             return wait_loop(self.signal, look_after=ingest_only, claim=claim, nap=lambda: 0.0, timeout=0.0,
