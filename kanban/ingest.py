@@ -23,6 +23,7 @@ from .errors import Damaged
 from .events import event
 from .faults import fault
 from .fsio import dumps, read_bytes_nofollow, safe_name, unique_path, write_json_atomic, write_temp
+from .fsyncs import fsync_all
 from .index import carried
 from .ingestturn import SoleIngester
 from .parse import parse_task_file
@@ -34,6 +35,10 @@ if TYPE_CHECKING:
     from .txn import Transactions
 
 TaskDoc = dict[str, Any]
+# Drops read and written before their documents are made durable together and put in place: a
+# batch's fsyncs overlap (fsyncs.py). Enough to fill the pool's threads a few times over, and few
+# enough that the first of a burst is a task within milliseconds.
+PREPARED_AT_ONCE = 32
 
 
 @dataclass
@@ -141,33 +146,50 @@ class Ingester:
         """Ingest the drops that are ready; the names of those looked at."""
         found, waiting = drops.ready(self.disk.root, self.disk.watcher.is_complete)
         report.waiting.extend(waiting)
-        for path in found:
-            prepared: Path | None = None
+        for start in range(0, len(found), PREPARED_AT_ONCE):
+            self._ingest_batch(found[start:start + PREPARED_AT_ONCE], report)
+        return {path.name for path in found} | {name.removeprefix("inbox/") for name in waiting}
+
+    def _ingest_batch(self, paths: list[Path], report: IngestReport) -> None:
+        # Each new task's document is written and made durable before the lock, as a transition's
+        # is (txn.py): the lock is then held for renames alone, and the claimers and closers of the
+        # other agents are not kept waiting a flush per drop. The batch's flushes are issued
+        # together (fsyncs.py): one after another, they were the ingest's longest wait.
+        prepared: dict[Path, tuple[DropRead, Path | None]] = {}
+        for path in paths:
             try:
                 read = read_drop(path)
-                if read is None:
-                    continue
-                # The new task's document is written and fsync'd before the lock, as a transition's
-                # is (txn.py): the lock is then held for renames alone, and the claimers and
-                # closers of the other agents are not kept waiting a flush per drop.
-                prepared = self._prepare(path, read)
-                with self.disk.locked():
-                    if self._ingest_one(path, read, report, prepared):
-                        prepared = None
+                if read is not None:
+                    prepared[path] = (read, self._prepare(path, read))
             except OSError as exc:
-                # A file the board cannot move must not stop the drops after it: they are taken
-                # oldest first, so it would fail first on every pass. It is tried again next time
-                # (a task already written for it is found by its fingerprint, never made twice).
-                name = f"inbox/{safe_name(path.name)}"
-                reason = f"could not be taken: {exc.strerror or exc}; it is tried again on the next ingest"
-                report.failed.append({"file": name, "reason": reason})
-                note = f"{name} {reason}"
-                if note not in self.disk.problems:
-                    self.disk.problems.append(note)
+                self._failed(path, exc, report)
+        written = [(path, temp) for path, (_read, temp) in prepared.items() if temp is not None]
+        for (path, temp), error in zip(written, fsync_all([temp for _path, temp in written]), strict=True):
+            if error is not None:
+                temp.unlink(missing_ok=True)
+                del prepared[path]
+                self._failed(path, error, report)
+        for path, (read, temp) in prepared.items():
+            try:
+                with self.disk.locked():
+                    if self._ingest_one(path, read, report, temp):
+                        temp = None
+            except OSError as exc:
+                self._failed(path, exc, report)
             finally:
-                if prepared is not None:  # not taken: the drop was rejected, changed, or ingested before
-                    prepared.unlink(missing_ok=True)
-        return {path.name for path in found} | {name.removeprefix("inbox/") for name in waiting}
+                if temp is not None:  # not taken: the drop was rejected, changed, or ingested before
+                    temp.unlink(missing_ok=True)
+
+    def _failed(self, path: Path, exc: OSError, report: IngestReport) -> None:
+        # A file the board cannot move must not stop the drops after it: they are taken oldest
+        # first, so it would fail first on every pass. It is tried again next time (a task already
+        # written for it is found by its fingerprint, never made twice).
+        name = f"inbox/{safe_name(path.name)}"
+        reason = f"could not be taken: {exc.strerror or exc}; it is tried again on the next ingest"
+        report.failed.append({"file": name, "reason": reason})
+        note = f"{name} {reason}"
+        if note not in self.disk.problems:
+            self.disk.problems.append(note)
 
     def _reject(self, path: Path, reason: str, report: IngestReport) -> None:
         # The dropped file's name may be anything but "/" and NUL: it is shown and reused only
@@ -181,12 +203,12 @@ class Ingester:
         report.rejected.append({"file": rel, "moved_to": f"rejected/{dest.name}", "reason": reason})
 
     def _prepare(self, path: Path, read: DropRead) -> Path | None:
-        """The task `read` would make, fsync'd to a temp file beside its place; None for a drop
-        that makes no task."""
+        """The task `read` would make, written (not yet fsync'd) to a temp file beside its place;
+        None for a drop that makes no task."""
         if read.reason is not None or read.doc is None:
             return None
         read.doc["source"] = {"file": f"inbox/{path.name}", "fingerprint": read.fp}
-        return write_temp(self.disk.path(read.doc["status"], read.doc["id"]), dumps(read.doc))
+        return write_temp(self.disk.path(read.doc["status"], read.doc["id"]), dumps(read.doc), fsync=False)
 
     def _ingest_one(self, path: Path, read: DropRead, report: IngestReport, prepared: Path | None = None) -> bool:
         """Under the lock: make the task `read` holds (from `prepared`, its document written for

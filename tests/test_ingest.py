@@ -364,3 +364,42 @@ def test_a_drops_document_is_flushed_before_the_board_lock_and_a_drop_changed_me
     assert [board.get(f"t{n}")["title"] for n in range(5)] == ["first 0", "first 1", "first 2", "second 3", "first 4"]
     assert board.get("t3")["source"]["file"] == "inbox/t3.json"
     assert not [p.name for p in (board.root / "todo").iterdir() if p.name.startswith(".")], "a temp file was left"
+
+
+def test_fsync_all_says_which_file_it_could_not_make_durable(tmp_path) -> None:
+    from hermes_sup.kanban.fsyncs import fsync_all
+
+    written = [tmp_path / f"doc-{n}.json" for n in range(12)]
+    for path in written:
+        path.write_text("{}")
+    results = fsync_all([*written[:6], tmp_path / "gone.json", *written[6:]])
+    assert results[:6] == [None] * 6 and results[7:] == [None] * 6
+    assert isinstance(results[6], FileNotFoundError)
+    assert fsync_all([]) == [] and fsync_all([tmp_path / "gone.json"])[0] is not None
+
+
+def test_a_drop_whose_document_could_not_be_made_durable_stays_and_is_taken_next_time(tmp_path, monkeypatch) -> None:
+    """A batch's documents are made durable together (kanban/fsyncs.py); one that may not be (EIO
+    from the disk) is not put in place: its drop stays in inbox/, the rest of the batch goes on."""
+    from hermes_sup.kanban import ingest as ingest_module
+
+    board = Board(tmp_path / "kanban")
+    for name in ("one", "two", "three"):
+        (board.root / "inbox" / f"{name}.json").write_text(json.dumps({"id": name, "title": name}))
+    real = ingest_module.fsync_all
+
+    def failing_for_two(paths):
+        results = real(paths)
+        return [OSError(5, "Input/output error") if ".two.json." in path.name else result
+                for path, result in zip(paths, results, strict=True)]
+    monkeypatch.setattr(ingest_module, "fsync_all", failing_for_two)
+    report = board.ingest()
+    assert sorted(report.ingested) == ["one", "three"]
+    assert [item["file"] for item in report.failed] == ["inbox/two.json"]
+    assert "Input/output error" in report.failed[0]["reason"]
+    assert (board.root / "inbox" / "two.json").exists()
+    assert not [entry for entry in os.listdir(board.root / "todo") if entry.endswith(".tmp")], "a temp file was left"
+    monkeypatch.setattr(ingest_module, "fsync_all", real)
+    assert board.ingest().ingested == ["two"]
+    assert board.get("two")["status"] == "todo"
+    board.close()
