@@ -126,11 +126,7 @@ class Board:
         return self.ingester.ingest(wait=wait)
 
     def wait_for_drops(self, timeout: float) -> None:
-        waiting.start_watching(self.disk, drops_only=True)
-        if self.disk.watcher.mode != "inotify":
-            timeout = min(timeout, waiting.POLL_INTERVAL)
-        self.signal.wait(self._drops_seen, timeout)
-        self._drops_seen = self.signal.generation
+        self._drops_seen = waiting.wait_for_drops(self.disk, self._drops_seen, timeout)
 
     def quarantine_damaged(self, damaged: Iterable[dict[str, str]]) -> list[str]:
         return self.txn.quarantine_damaged(damaged)
@@ -317,10 +313,8 @@ class Board:
                       lease: float | None = None, stop: threading.Event | None = None,
                       steps_only: bool = False, assigned_only: bool = False, ingest: bool = True) -> TaskDoc | None:
         """Claim a task, waiting for one to become eligible; None on timeout or when `stop` is set.
-
         Drops are ingested (unless not `ingest`) and dead claims recovered while waiting, so a board
-        needs no other process to make progress. Sleeps on watcher events, never a busy poll.
-        """
+        needs no other process to make progress. Sleeps on watcher events, never a busy poll."""
         waiting.start_watching(self.disk, claims_only=True, inbox=ingest)
 
         def look_after() -> None:

@@ -164,21 +164,21 @@ class Ingester:
             except OSError as exc:
                 self._failed(path, exc, report)
         written = [(path, temp) for path, (_read, temp) in prepared.items() if temp is not None]
-        for (path, temp), error in zip(written, fsync_all([temp for _path, temp in written]), strict=True):
+        for (path, unsure), error in zip(written, fsync_all([temp for _path, temp in written]), strict=True):
             if error is not None:
-                temp.unlink(missing_ok=True)
+                unsure.unlink(missing_ok=True)
                 del prepared[path]
                 self._failed(path, error, report)
-        for path, (read, temp) in prepared.items():
+        for path, (read, left) in prepared.items():
             try:
                 with self.disk.locked():
-                    if self._ingest_one(path, read, report, temp):
-                        temp = None
+                    if self._ingest_one(path, read, report, left):
+                        left = None
             except OSError as exc:
                 self._failed(path, exc, report)
             finally:
-                if temp is not None:  # not taken: the drop was rejected, changed, or ingested before
-                    temp.unlink(missing_ok=True)
+                if left is not None:  # not taken: the drop was rejected, changed, or ingested before
+                    left.unlink(missing_ok=True)
 
     def _failed(self, path: Path, exc: OSError, report: IngestReport) -> None:
         # A file the board cannot move must not stop the drops after it: they are taken oldest

@@ -94,6 +94,14 @@ def start_watching(disk: Folder, *, claims_only: bool = False, drops_only: bool 
         disk.watcher.widen()
 
 
+def wait_for_drops(disk: Folder, seen: int, timeout: float) -> int:
+    """An ingester's sleep: until its watch (drops arriving in inbox/ alone) bumped the signal past
+    generation `seen`, or `timeout` (at most POLL_INTERVAL when polling); the generation then."""
+    start_watching(disk, drops_only=True)
+    disk.signal.wait(seen, timeout if disk.watcher.mode == "inotify" else min(timeout, POLL_INTERVAL))
+    return disk.signal.generation
+
+
 def nap(disk: Folder) -> float:
     """How long a waiting claimer sleeps when nothing wakes it: events may be lost only when polling."""
     return RESCAN_INTERVAL if disk.watcher.mode == "inotify" else POLL_INTERVAL

@@ -443,9 +443,9 @@ def test_running_out_of_descriptors_while_starting_agents_is_a_failed_start_not_
     names = [f"many-{i}" for i in range(1, 25)]
     ws = make_ws(tmp_path, f"- name: many\n  count: 24\n  {BEAT}\n",
                  defaults="restart: {backoff: {initial: 0.2, max: 1}}\n")
-    # Room for the supervisor's own descriptors (its sockets, the board's and the log tail's inotify,
+    # Room for the supervisor's own descriptors (its sockets, the inotify of the drops and of the log tail,
     # the fork server's pipes) and a few agents, never for 24.
-    sup = launch(ws, nofile=30)
+    sup = launch(ws, nofile=32)
     wait_until(lambda: "Too many open files" in sup.text(), timeout=30)
 
     def degraded() -> bool:  # the ones that fit run, the others wait to be started again
