@@ -306,8 +306,9 @@ class Board:
         return waiting.watch_log(self.events_path, self.signal)
 
     def wake(self) -> None:
-        """Wake every thread of this process waiting in wait_for_work (to stop it, say)."""
+        """Wake every thread of this process waiting in wait_for_work or wait_for_drops (to stop it)."""
         self.signal.bump()
+        self.disk.watcher.arrivals.bump()
 
     def wait_for_work(self, agent: str, *, roles: Iterable[str] = (), timeout: float | None = None,
                       lease: float | None = None, stop: threading.Event | None = None,
@@ -317,16 +318,15 @@ class Board:
         needs no other process to make progress. Sleeps on watcher events, never a busy poll."""
         waiting.start_watching(self.disk, claims_only=True, inbox=ingest)
 
-        def look_after() -> None:
+        def ingest_only() -> None:
             if ingest:
                 self.ingest(wait=False)  # while another process ingests, it takes the drops
+
+        def look_after() -> None:
+            ingest_only()
             now = time.monotonic()
             if recover_due(self._last_recover, now):
                 self.recover(sweep=recover_due(self.txn.last_sweep, now, waiting.SWEEP_INTERVAL))
-
-        def ingest_only() -> None:
-            if ingest:
-                self.ingest(wait=False)
 
         def claim() -> TaskDoc | None:
             return self.claim(agent, roles=roles, lease=lease, steps_only=steps_only, assigned_only=assigned_only)

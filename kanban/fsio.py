@@ -85,12 +85,8 @@ def create_exclusive(path: Path, data: bytes) -> None:
 def write_temp(dest: Path, data: bytes, *, fsync: bool = True) -> Path:
     """Write `data` to a new hidden temp file beside `dest` and return its path; the caller renames
     it into place (under the board lock) or unlinks it."""
-    tmp = tmp_path_for(dest)
-    data = scrub_bytes(data)  # no key this process knows reaches a file: a task's error, a transcript
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    tmp, fd = write_temp_open(dest, data)
     try:
-        os.fchmod(fd, mode_for(dest.parent))  # not the umask's say: 000 would make it world-writable
-        write_all(fd, data)
         if fsync:
             os.fsync(fd)
     except BaseException:
@@ -99,6 +95,23 @@ def write_temp(dest: Path, data: bytes, *, fsync: bool = True) -> Path:
         raise
     os.close(fd)
     return tmp
+
+
+def write_temp_open(dest: Path, data: bytes) -> tuple[Path, int]:
+    """write_temp's file, not yet fsync'd, and its descriptor, left open for the caller to fsync
+    (kanban/fsyncs.py) and close: by the descriptor, what is made durable is what was written, even
+    if another process renamed something else over the temp file's name meanwhile."""
+    tmp = tmp_path_for(dest)
+    data = scrub_bytes(data)  # no key this process knows reaches a file: a task's error, a transcript
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, mode_for(dest.parent))  # not the umask's say: 000 would make it world-writable
+        write_all(fd, data)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp, fd
 
 
 def write_atomic(dest: Path, data: bytes, *, fsync: bool = True) -> None:

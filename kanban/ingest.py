@@ -9,6 +9,7 @@ between writing the task and moving the file away is repaired by the next ingest
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -22,7 +23,7 @@ from . import drops
 from .errors import Damaged
 from .events import event
 from .faults import fault
-from .fsio import dumps, read_bytes_nofollow, safe_name, unique_path, write_json_atomic, write_temp
+from .fsio import dumps, read_bytes_nofollow, safe_name, unique_path, write_json_atomic, write_temp_open
 from .fsyncs import fsync_all
 from .index import carried
 from .ingestturn import SoleIngester
@@ -156,29 +157,39 @@ class Ingester:
         # other agents are not kept waiting a flush per drop. The batch's flushes are issued
         # together (fsyncs.py): one after another, they were the ingest's longest wait.
         prepared: dict[Path, tuple[DropRead, Path | None]] = {}
-        for path in paths:
+        try:
+            fds: dict[Path, int] = {}
             try:
-                read = read_drop(path)
-                if read is not None:
-                    prepared[path] = (read, self._prepare(path, read))
-            except OSError as exc:
-                self._failed(path, exc, report)
-        written = [(path, temp) for path, (_read, temp) in prepared.items() if temp is not None]
-        for (path, unsure), error in zip(written, fsync_all([temp for _path, temp in written]), strict=True):
-            if error is not None:
-                unsure.unlink(missing_ok=True)
-                del prepared[path]
-                self._failed(path, error, report)
-        for path, (read, left) in prepared.items():
-            try:
-                with self.disk.locked():
-                    if self._ingest_one(path, read, report, left):
-                        left = None
-            except OSError as exc:
-                self._failed(path, exc, report)
+                for path in paths:
+                    try:
+                        read = read_drop(path)
+                        made = None if read is None else self._prepare(path, read)
+                    except OSError as exc:
+                        self._failed(path, exc, report)
+                        continue
+                    if read is not None:
+                        prepared[path] = (read, None if made is None else made[0])
+                    if made is not None:
+                        fds[path] = made[1]
+                for path, error in zip(list(fds), fsync_all(list(fds.values())), strict=True):
+                    if error is not None:  # not known durable: not put in place, the drop stays
+                        _unlink(prepared.pop(path)[1])
+                        self._failed(path, error, report)
             finally:
-                if left is not None:  # not taken: the drop was rejected, changed, or ingested before
-                    left.unlink(missing_ok=True)
+                for fd in fds.values():
+                    os.close(fd)
+            for path, (read, temp) in list(prepared.items()):
+                try:
+                    with self.disk.locked():
+                        if self._ingest_one(path, read, report, temp):
+                            prepared[path] = (read, None)  # taken
+                except OSError as exc:
+                    self._failed(path, exc, report)
+        finally:
+            # Not taken (rejected, changed, ingested before, or the batch cut short: the board lock
+            # not had, say): no temp file outlives the pass, whatever stopped it.
+            for _read, temp in prepared.values():
+                _unlink(temp)
 
     def _failed(self, path: Path, exc: OSError, report: IngestReport) -> None:
         # A file the board cannot move must not stop the drops after it: they are taken oldest
@@ -202,13 +213,13 @@ class Ingester:
         self.disk.log.append(event(now_iso(), name, "inbox", "rejected", "ingest", reason))
         report.rejected.append({"file": rel, "moved_to": f"rejected/{dest.name}", "reason": reason})
 
-    def _prepare(self, path: Path, read: DropRead) -> Path | None:
-        """The task `read` would make, written (not yet fsync'd) to a temp file beside its place;
-        None for a drop that makes no task."""
+    def _prepare(self, path: Path, read: DropRead) -> tuple[Path, int] | None:
+        """The task `read` would make, written (not yet fsync'd) to a temp file beside its place,
+        with the file's open descriptor; None for a drop that makes no task."""
         if read.reason is not None or read.doc is None:
             return None
         read.doc["source"] = {"file": f"inbox/{path.name}", "fingerprint": read.fp}
-        return write_temp(self.disk.path(read.doc["status"], read.doc["id"]), dumps(read.doc), fsync=False)
+        return write_temp_open(self.disk.path(read.doc["status"], read.doc["id"]), dumps(read.doc))
 
     def _ingest_one(self, path: Path, read: DropRead, report: IngestReport, prepared: Path | None = None) -> bool:
         """Under the lock: make the task `read` holds (from `prepared`, its document written for
@@ -264,3 +275,9 @@ class Ingester:
         # The user's file is kept, not deleted: the task's `source` names it.
         os.rename(path, unique_path(self.disk.root / ".ingested", f"{task_id}--{safe_name(path.name)}"))
         self.disk.watcher.forget(path)
+
+
+def _unlink(temp: Path | None) -> None:
+    if temp is not None:
+        with contextlib.suppress(OSError):  # a folder put in its place: the sweep's, not this pass's
+            temp.unlink(missing_ok=True)

@@ -90,16 +90,18 @@ def start_watching(disk: Folder, *, claims_only: bool = False, drops_only: bool 
         disk.watcher.start(force_polling=disk.network_fs, claims_only=claims_only, drops_only=drops_only,
                            inbox=inbox, why=f"no change events on a network filesystem ({disk.fs_type})")
     elif (not claims_only and not drops_only) or (claims_only and disk.watcher.drops_only) or \
-            (drops_only and disk.watcher.claims_only and not disk.watcher.inbox):
+            ((drops_only or (claims_only and inbox)) and disk.watcher.claims_only and not disk.watcher.inbox):
         disk.watcher.widen()
 
 
 def wait_for_drops(disk: Folder, seen: int, timeout: float) -> int:
-    """An ingester's sleep: until its watch (drops arriving in inbox/ alone) bumped the signal past
-    generation `seen`, or `timeout` (at most POLL_INTERVAL when polling); the generation then."""
+    """An ingester's sleep: until drops arriving in inbox/ (or a wake) bumped the watcher's
+    `arrivals` past generation `seen`, or `timeout` (at most POLL_INTERVAL when polling); the
+    generation then."""
     start_watching(disk, drops_only=True)
-    disk.signal.wait(seen, timeout if disk.watcher.mode == "inotify" else min(timeout, POLL_INTERVAL))
-    return disk.signal.generation
+    arrivals = disk.watcher.arrivals
+    arrivals.wait(seen, timeout if disk.watcher.mode == "inotify" else min(timeout, POLL_INTERVAL))
+    return arrivals.generation
 
 
 def nap(disk: Folder) -> float:

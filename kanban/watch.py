@@ -110,7 +110,7 @@ def wakes(folder: str, name: str) -> bool:
 
 
 class BoardWatcher:
-    def __init__(self, root: Path, signal: ChangeSignal) -> None:
+    def __init__(self, root: Path, signal: ChangeSignal, arrivals: ChangeSignal | None = None) -> None:
         self.root = root
         self.signal = signal
         self.mode = "off"
@@ -122,6 +122,9 @@ class BoardWatcher:
         self._timer: threading.Timer | None = None
         self.claims_only = False
         self.drops_only = False  # an ingester's watch: drops arriving in inbox/, nothing else
+        # Bumped for drops arriving (and a lost queue) alone: an ingester sleeps on it, not on
+        # `signal`, which the event log's own watch bumps too (kanban/waiting.py, watch_log).
+        self.arrivals = arrivals or ChangeSignal()
         self.inbox = True  # a claimer that ingests watches inbox/ too; one whose supervisor ingests does not
         self.paused = False
         self._give: Callable[[int], object] | None = None
@@ -229,7 +232,7 @@ class BoardWatcher:
     def _read(self, inotify: Inotify) -> None:
         root = str(self.root)
         while not inotify.closed:
-            woke = full = False
+            woke = full = arrived = False
             try:
                 for event in inotify.events(None):
                     if not event.folder:  # the kernel's queue overflowed: events were lost
@@ -248,6 +251,7 @@ class BoardWatcher:
                         full = True
                     elif top == "inbox" and event.mask & COMPLETE and not event.mask & IN_ISDIR:
                         self.mark_complete(Path(event.folder, event.name))
+                    arrived = arrived or top == "inbox"
                     woke = True
             except OSError:
                 if inotify.closed:
@@ -255,6 +259,8 @@ class BoardWatcher:
                 raise
             if full:
                 self.signal.bump(full=True)
+            if full or arrived:
+                self.arrivals.bump()
             if woke:
                 self.changed()
 

@@ -14,6 +14,7 @@ worked no task meanwhile, and 2,000 drops kept one of two agents at it for two s
 from __future__ import annotations
 
 import threading
+import time
 
 from ..kanban import BoardStore
 from .loopthread import LoopThread
@@ -42,8 +43,9 @@ class BoardWork(LoopThread):
         self._drops.start()
 
     def stop(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
         stopped = super().stop(timeout)
-        self._drops.join(timeout)
+        self._drops.join(max(0.0, deadline - time.monotonic()))
         return stopped and not self._drops.is_alive()
 
     def recover(self) -> None:
@@ -53,7 +55,7 @@ class BoardWork(LoopThread):
 
     def _wake_thread(self) -> None:
         self._wanted.set()
-        self.board.signal.bump()  # ends wait_for_drops
+        self.board.wake()  # ends wait_for_drops
 
     def _ingest_drops(self) -> None:
         failing = False

@@ -1,12 +1,12 @@
 """The supervisor's word, at once, on a drop rejected and on a dropped task no agent could ever claim.
 
-Agents ingest the drops while the team runs, so the supervisor learns of a new task from the board's
-events: a thread tails events.jsonl (woken by each append where the board can watch its log, else a
-look every POLL seconds; the new lines only), reads each task
-ingested since, judges it with kanban/why.py against the team the supervisor runs, and hands its
-lines back through a pipe the event loop watches (as boardwork.py does: the loop never waits for a
-board read). Anyone who can write the log can write a line there: only the task read from the board
-is judged.
+Drops are ingested by another thread (boardwork.py), and tasks are added by the CLI and by agents, so
+the supervisor learns of a new task from the board's events: a thread tails events.jsonl (woken by
+each append where the board can watch its log, else a look every POLL seconds; the new lines only),
+reads each task ingested since, judges it with kanban/why.py against the team the supervisor runs,
+and hands its lines back through a pipe the event loop watches (as boardwork.py does: the loop never
+waits for a board read). Anyone who can write the log can write a line there: only the task read
+from the board is judged.
 """
 
 from __future__ import annotations

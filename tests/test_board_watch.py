@@ -208,6 +208,9 @@ def test_an_ingester_watches_inbox_alone_and_a_claimer_that_leaves_it_the_drops_
         assert claimer.wait_for_work("a1", timeout=0.1, ingest=False) is None
         masks = watch_masks(claimer)
         assert "inbox" not in masks and masks["todo"] & inotify.IN_MOVED_TO, masks
+        # Its supervisor gone, the same claimer ingests again, and a drop must wake it.
+        assert claimer.wait_for_work("a1", timeout=0.1) is None
+        assert watch_masks(claimer)["inbox"] & inotify.IN_MOVED_TO
     finally:
         ingester.close()
         claimer.close()

@@ -369,13 +369,22 @@ def test_a_drops_document_is_flushed_before_the_board_lock_and_a_drop_changed_me
 def test_fsync_all_says_which_file_it_could_not_make_durable(tmp_path) -> None:
     from hermes_sup.kanban.fsyncs import fsync_all
 
-    written = [tmp_path / f"doc-{n}.json" for n in range(12)]
-    for path in written:
-        path.write_text("{}")
-    results = fsync_all([*written[:6], tmp_path / "gone.json", *written[6:]])
+    fds = [os.open(tmp_path / f"doc-{n}.json", os.O_WRONLY | os.O_CREAT) for n in range(12)]
+    closed = os.open(tmp_path / "closed.json", os.O_WRONLY | os.O_CREAT)
+    os.close(closed)
+    try:
+        results = fsync_all([*fds[:6], closed, *fds[6:]])
+    finally:
+        for fd in fds:
+            os.close(fd)
     assert results[:6] == [None] * 6 and results[7:] == [None] * 6
-    assert isinstance(results[6], FileNotFoundError)
-    assert fsync_all([]) == [] and fsync_all([tmp_path / "gone.json"])[0] is not None
+    assert isinstance(results[6], OSError)
+    assert fsync_all([]) == []
+
+
+def temp_files(board: Board) -> list[str]:
+    return [entry for status in ("todo", "doing", "done") for entry in os.listdir(board.root / status)
+            if entry.endswith(".tmp")]
 
 
 def test_a_drop_whose_document_could_not_be_made_durable_stays_and_is_taken_next_time(tmp_path, monkeypatch) -> None:
@@ -388,18 +397,39 @@ def test_a_drop_whose_document_could_not_be_made_durable_stays_and_is_taken_next
         (board.root / "inbox" / f"{name}.json").write_text(json.dumps({"id": name, "title": name}))
     real = ingest_module.fsync_all
 
-    def failing_for_two(paths):
-        results = real(paths)
-        return [OSError(5, "Input/output error") if ".two.json." in path.name else result
-                for path, result in zip(paths, results, strict=True)]
+    def failing_for_two(fds):
+        results = real(fds)
+        return [OSError(5, "Input/output error") if ".two.json." in os.readlink(f"/proc/self/fd/{fd}") else result
+                for fd, result in zip(fds, results, strict=True)]
     monkeypatch.setattr(ingest_module, "fsync_all", failing_for_two)
     report = board.ingest()
     assert sorted(report.ingested) == ["one", "three"]
     assert [item["file"] for item in report.failed] == ["inbox/two.json"]
     assert "Input/output error" in report.failed[0]["reason"]
     assert (board.root / "inbox" / "two.json").exists()
-    assert not [entry for entry in os.listdir(board.root / "todo") if entry.endswith(".tmp")], "a temp file was left"
+    assert not temp_files(board), "a temp file was left"
     monkeypatch.setattr(ingest_module, "fsync_all", real)
     assert board.ingest().ingested == ["two"]
     assert board.get("two")["status"] == "todo"
     board.close()
+
+
+def test_a_batch_cut_short_by_the_board_lock_leaves_no_temp_file_and_loses_no_drop(tmp_path) -> None:
+    """A batch writes its documents before it takes the lock: if the lock is not had (a `board`
+    command stopped with Ctrl-Z holds it), none of them may outlive the pass, which the supervisor
+    tries again every few seconds."""
+    from hermes_sup.kanban import BoardError
+
+    board, holder = Board(tmp_path / "kanban", lock_timeout=0.2), Board(tmp_path / "kanban")
+    names = [f"d{n:02d}" for n in range(40)]  # more than a batch
+    for name in names:
+        (board.root / "inbox" / f"{name}.json").write_text(json.dumps({"id": name, "title": name}))
+    with holder._locked():
+        with pytest.raises(BoardError):
+            board.ingest()
+        assert not temp_files(board), "a batch stopped by the lock left its documents behind"
+    assert sorted(os.listdir(board.root / "inbox")) == [f"{name}.json" for name in names]
+    assert sorted(board.ingest().ingested) == names
+    assert not temp_files(board)
+    board.close()
+    holder.close()

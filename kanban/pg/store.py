@@ -74,7 +74,8 @@ class PgStore(ClaimsMixin, IngestMixin, JournalRowsMixin, HostsMixin, StreamMixi
         self._slots = None if self.drop_root is None else WatchSlots(self.drop_root)
         self.problems: list[str] = []
         self.signal = ChangeSignal()
-        self._drops_seen = -1  # the signal's generation at wait_for_drops' last return
+        self._drop_signal = ChangeSignal()  # drops arriving, and wake(): what ends wait_for_drops
+        self._drops_seen = -1  # its generation at wait_for_drops' last return
         self._drop_watch: BoardWatcher | None = None
         self._watching = False
         self.dsn_env = dsn_env
@@ -297,18 +298,21 @@ class PgStore(ClaimsMixin, IngestMixin, JournalRowsMixin, HostsMixin, StreamMixi
 
     def wake(self) -> None:
         """Wake every thread of this process waiting in wait_for_work or wait_for_drops."""
+        self._drop_signal.bump()
         self.listener().bump()
 
     def wait_for_drops(self, timeout: float) -> None:
+        # Woken by drops arriving in this host's inbox/ alone (the watcher's `arrivals`) and by
+        # `wake`: the board's own changes come by NOTIFY, on `signal`.
         if self.drop_root is not None:
             with self._lock:
-                if self._drop_watch is None:  # inbox/ arrivals alone: the board's changes come by NOTIFY
-                    self._drop_watch = BoardWatcher(self.drop_root, self.signal)
+                if self._drop_watch is None:
+                    self._drop_watch = BoardWatcher(self.drop_root, ChangeSignal(), arrivals=self._drop_signal)
                     self._drop_watch.start(drops_only=True)
             if self._drop_watch.mode != "inotify":
                 timeout = min(timeout, POLL_INTERVAL)
-        self.signal.wait(self._drops_seen, timeout)
-        self._drops_seen = self.signal.generation
+        self._drop_signal.wait(self._drops_seen, timeout)
+        self._drops_seen = self._drop_signal.generation
 
     def wait_for_work(self, agent: str, *, roles: Iterable[str] = (), timeout: float | None = None,
                       lease: float | None = None, stop: threading.Event | None = None,

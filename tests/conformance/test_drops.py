@@ -51,8 +51,17 @@ def test_an_ingester_sleeps_until_a_drop_arrives_or_it_is_woken(backend, store):
     while store.signal.wait(store.signal.generation, 2 * BURST_RESCAN_DELAY):
         pass
     store.wait_for_drops(0)
-    third = waiting_for_drops(store, 60)
-    third.join(0.3)
-    assert third.is_alive()
+    stop_following = store.watch_events()  # as the supervisor's ingest warnings follow the log
+    try:
+        third = waiting_for_drops(store, 60)
+        other = store.add({"title": "added, not dropped"})  # the board changes, no drop arrives
+        claimed = store.claim("w")
+        store.complete(claimed["id"], claimed["claim"]["token"], "ok")
+        assert claimed["id"] in (other["id"], "arrived")
+        third.join(0.5)
+        assert third.is_alive(), "the ingester woke for a change that was not a drop"
+    finally:
+        if stop_following is not None:
+            stop_following()
     store.wake()  # how a stopping supervisor ends the wait
     wait_until(lambda: not third.is_alive(), timeout=10)
