@@ -527,7 +527,17 @@ def test_a_running_supervisor_ingests_the_drops_for_its_agents_running_or_not(tm
     up(ws)
     wait_until(lambda: agent(ws, "worker").get("state") == "running", timeout=60)
     pid = agent(ws, "worker")["pid"]
-    os.kill(pid, signal.SIGSTOP)
+
+    def frozen_outside_the_board_lock() -> bool:  # frozen inside, it would stop every process's board work
+        os.kill(pid, signal.SIGSTOP)
+        locks = {path.stat().st_ino for path in (ws / "kanban" / ".lock", ws / "kanban" / ".ingest.lock")
+                 if path.exists()}
+        held = [line.split() for line in Path("/proc/locks").read_text().splitlines() if "->" not in line]
+        if any(fields[4] == str(pid) and int(fields[5].rsplit(":", 1)[1]) in locks for fields in held):
+            os.kill(pid, signal.SIGCONT)
+            return False
+        return True
+    wait_until(frozen_outside_the_board_lock, timeout=30)
     try:
         (ws / "kanban" / "inbox" / "meanwhile.json").write_text('{"id": "meanwhile", "title": "while it is frozen"}')
         assert wait_until(lambda: (ws / "kanban" / "todo" / "meanwhile.json").exists(), timeout=30)
