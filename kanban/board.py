@@ -70,8 +70,7 @@ class Board:
         self.lease = lease
         self.events_path = self.disk.events_path
         self.problems = self.disk.problems
-        self.signal = self.disk.signal
-        self.watcher = self.disk.watcher
+        self.signal, self.watcher = self.disk.signal, self.disk.watcher
         self._last_recover = 0.0  # monotonic time of the last recover
         self._drops_seen = -1  # the signal's generation at wait_for_drops' last return
         self.disk.ensure_layout()
@@ -309,6 +308,7 @@ class Board:
         """Wake every thread of this process waiting in wait_for_work or wait_for_drops (to stop it)."""
         self.signal.bump()
         self.disk.watcher.arrivals.bump()
+        self.slots.wake()  # a waiter without a slot naps on the slots' bell
 
     def wait_for_work(self, agent: str, *, roles: Iterable[str] = (), timeout: float | None = None,
                       lease: float | None = None, stop: threading.Event | None = None,

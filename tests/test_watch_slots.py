@@ -3,6 +3,7 @@ without the board lock, and still find the work meant for them alone."""
 
 from __future__ import annotations
 
+import select
 import subprocess
 import sys
 import threading
@@ -95,3 +96,85 @@ def test_a_waiter_without_a_slot_is_unwoken_takes_no_lock_and_still_finds_its_ow
         second.join(timeout=10)
         for board in (watcher, passive, dropper):
             board.close()
+
+
+def napping(thread: threading.Thread) -> bool:
+    """Whether `thread` sleeps in epoll_wait: a passive waiter's nap on the bell."""
+    task = Path(f"/proc/self/task/{thread.native_id}")
+    try:
+        return (task / "wchan").read_text() in ("do_epoll_wait", "ep_poll") \
+            or (task / "syscall").read_text().split()[0] in ("232", "281")  # x86-64 epoll_wait, epoll_pwait
+    except (OSError, IndexError):
+        return False
+
+
+def test_a_waiter_that_finds_work_rings_for_one_napping_waiter_which_takes_its_slot(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backlog dropped on an idle team: the 4 watchers claimed at once and the other 12 agents
+    joined only after their nap (up to 2 s of a 6 s drain). The finder rings the bell as it leaves
+    its slot and one napper, not all, wakes: it takes the slot and looks, and rings on if it finds
+    work. With a 60 s nap, every napper that moves here was moved by the bell."""
+    monkeypatch.setattr(watchslots, "SLOTS", 1)
+    monkeypatch.setattr(watchslots, "PASSIVE_NAP", 60.0)
+    root = tmp_path / "kanban"
+    watcher, dropper = Board(root), Board(root)
+    passives = {name: Board(root) for name in ("p1", "p2", "p3")}
+    stop = threading.Event()
+    got: dict[str, object] = {}
+    looks = {name: 0 for name in passives}
+
+    def counting(name: str, real):  # type: ignore[no-untyped-def]
+        def claim(*args, **kwargs):  # type: ignore[no-untyped-def]
+            looks[name] += 1
+            return real(*args, **kwargs)
+        return claim
+
+    def wait(board: Board, name: str) -> None:
+        got[name] = board.wait_for_work(name, roles=("work",), timeout=30, stop=stop)
+
+    first = threading.Thread(target=wait, args=(watcher, "w"))
+    first.start()
+    wait_until(lambda: watcher.slots.held is not None, timeout=10)
+    threads = {}
+    for name, board in passives.items():
+        board.claim("warm-up")
+        monkeypatch.setattr(board.claims, "claim", counting(name, board.claims.claim))
+        threads[name] = threading.Thread(target=wait, args=(board, name))
+        threads[name].start()
+    try:
+        wait_until(lambda: all(napping(thread) for thread in threads.values()), timeout=10)
+        assert looks == {"p1": 1, "p2": 1, "p3": 1}, looks
+        dropper.add({"title": "one", "role": "work"})
+        first.join(timeout=10)
+        assert got.get("w") is not None, "the watcher took the task"
+        woken = wait_until(lambda: next((name for name, board in passives.items() if board.slots.held is not None),
+                                        None), timeout=10)
+        wait_until(lambda: looks[woken] == 2, timeout=10)  # it looks (finding nothing) as it takes the slot
+        # a napper woken too would be runnable now (the ring's write woke it): it would look once
+        # more (finding no slot) before it napped again
+        wait_until(lambda: all(napping(threads[name]) for name in passives if name != woken), timeout=10)
+        assert all(looks[name] == 1 for name in passives if name != woken), f"a ring woke more than one napper: {looks}"
+        # which that check sees only when a herd's other wakers ran before the one woken read the
+        # bell: the kernel is asked for one waker outright
+        for board in passives.values():
+            info = Path(f"/proc/self/fdinfo/{board.slots._poll.fileno()}").read_text()
+            [events] = [int(line.split()[3], 16) for line in info.splitlines()
+                        if line.startswith("tfd:") and int(line.split()[1]) == board.slots._bell]
+            assert events & select.EPOLLEXCLUSIVE, info
+        dropper.add({"title": "two", "role": "work"})
+        dropper.add({"title": "three", "role": "work"})
+        # the new watcher claims one and rings; the next napper wakes, takes the slot, finds the other
+        wait_until(lambda: sum(1 for name in passives if got.get(name) is not None) == 2, timeout=10)
+        assert sorted(doc["title"] for doc in got.values() if doc is not None) == ["one", "three", "two"]
+        [last] = [name for name in passives if got.get(name) is None]
+        # the finder of the last task rang too: the last napper woke and watches now, in the slot
+        wait_until(lambda: passives[last].slots.held is not None, timeout=10)
+    finally:
+        stop.set()
+        for board in (watcher, *passives.values()):
+            board.wake()
+        for thread in (first, *threads.values()):
+            thread.join(timeout=10)
+        for board in (watcher, dropper, *passives.values()):
+            board.close()
+

@@ -71,7 +71,7 @@ class PgStore(ClaimsMixin, IngestMixin, JournalRowsMixin, HostsMixin, StreamMixi
         # test) has none, and its `root` is None.
         self.root: Path = self.drop_root  # type: ignore[assignment]
         self._turn = None if self.drop_root is None else SoleIngester(self.drop_root, 60.0)
-        self._slots = None if self.drop_root is None else WatchSlots(self.drop_root)
+        self.slots = None if self.drop_root is None else WatchSlots(self.drop_root)
         self.problems: list[str] = []
         self.signal = ChangeSignal()
         self._drop_signal = ChangeSignal()  # drops arriving, and wake(): what ends wait_for_drops
@@ -115,8 +115,8 @@ class PgStore(ClaimsMixin, IngestMixin, JournalRowsMixin, HostsMixin, StreamMixi
 
     def close(self) -> None:
         self._closing.set()
-        if self._slots is not None:
-            self._slots.close()
+        if self.slots is not None:
+            self.slots.close()
         if self._listener is not None:
             self._listener.close()
             self._listener = None
@@ -300,6 +300,8 @@ class PgStore(ClaimsMixin, IngestMixin, JournalRowsMixin, HostsMixin, StreamMixi
         """Wake every thread of this process waiting in wait_for_work or wait_for_drops."""
         self._drop_signal.bump()
         self.listener().bump()
+        if self.slots is not None:
+            self.slots.wake()  # a waiter without a slot naps on the slots' bell
 
     def wait_for_drops(self, timeout: float) -> None:
         # Woken by drops arriving in this host's inbox/ alone (the watcher's `arrivals`) and by
@@ -349,7 +351,7 @@ class PgStore(ClaimsMixin, IngestMixin, JournalRowsMixin, HostsMixin, StreamMixi
 
         # Only a few of this host's waiters listen (kanban/watchslots.py): 64 agents each woken by
         # every task's notification drained 21 tasks a second on 2 cores.
-        doc = wait_in_turn(self._slots, watching=watching, looking=looking, unwatched=self._stop_listening,
+        doc = wait_in_turn(self.slots, watching=watching, looking=looking, unwatched=self._stop_listening,
                            timeout=timeout, stop=stop)
         if doc is not None:  # busy until it waits again: each task's notification need not wake it
             self._stop_listening()

@@ -1,0 +1,68 @@
+"""Waiters' turns (kanban/watchslots.py) on each backend: a waiter without a watch slot naps, and
+the bell rung by a waiter that found work, or a stop, ends its nap at once."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from hermes_sup.kanban import watchslots
+
+from ..conftest import wait_until
+from ..test_watch_slots import napping
+
+
+@pytest.fixture
+def one_slot(monkeypatch: pytest.MonkeyPatch) -> None:  # before the store is built: it reads SLOTS then
+    monkeypatch.setattr(watchslots, "SLOTS", 1)
+    monkeypatch.setattr(watchslots, "PASSIVE_NAP", 60.0)  # whatever moves a napper here is the bell or a wake
+
+
+def waiting(store: Any, name: str, got: dict[str, Any], stop: threading.Event) -> threading.Thread:
+    def wait() -> None:
+        got[name] = store.wait_for_work(name, timeout=60, stop=stop)
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_backlog_reaches_the_waiter_without_a_slot_at_once(one_slot, backend, store, tmp_path):
+    other = backend.build(tmp_path)
+    stop, got = threading.Event(), {}
+    try:
+        watcher = waiting(store, "w", got, stop)
+        wait_until(lambda: store.slots.held is not None, timeout=10)
+        passive = waiting(other, "p", got, stop)
+        wait_until(lambda: napping(passive), timeout=10)
+        store.add({"title": "one"})
+        store.add({"title": "two"})
+        watcher.join(10)
+        passive.join(10)
+        assert sorted(doc["title"] for doc in got.values() if doc) == ["one", "two"], \
+            "the napper did not take the second task before its 60 s nap ended"
+    finally:
+        stop.set()
+        store.wake()
+        other.wake()
+        other.close()
+
+
+def test_a_stop_ends_a_nap_at_once(one_slot, backend, store, tmp_path):
+    other = backend.build(tmp_path)
+    stop, got = threading.Event(), {}
+    try:
+        watcher = waiting(store, "w", got, stop)
+        wait_until(lambda: store.slots.held is not None, timeout=10)
+        passive = waiting(other, "p", got, stop)
+        wait_until(lambda: napping(passive), timeout=10)
+        stop.set()
+        other.wake()
+        passive.join(10)
+        assert not passive.is_alive(), "a stop and wake() left a napper asleep"
+        assert got["p"] is None
+    finally:
+        stop.set()
+        store.wake()
+        watcher.join(10)
+        other.close()
