@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from .fsio import write_atomic
 from .logindex import task_records
@@ -83,14 +83,16 @@ class Journal:
 
     def repair(self) -> list[str]:
         """Before appending: move a torn last line out to `<file>.damaged` (with a note) so the next
-        record starts on a line of its own. Returns the notes."""
+        record starts on a line of its own. Returns the notes. Only the log's end is read: an
+        agent's tool_calls.jsonl holds every task it worked, and reading it whole at each task's
+        first record made a task's cost grow with the tasks done before it."""
         try:
             with open(self.path, "rb+") as handle:
-                data = handle.read()
-                cut = data.rfind(b"\n") + 1
-                if cut == len(data):
+                cut = _after_last_newline(handle)
+                if cut is None:
                     return []
-                torn = data[cut:]
+                handle.seek(cut)
+                torn = handle.read()
                 damaged_path = self.path.with_name(self.path.name + ".damaged")
                 flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
                 with os.fdopen(os.open(damaged_path, flags, 0o600), "ab") as damaged:
@@ -101,6 +103,24 @@ class Journal:
                         f"{self.path.name}.damaged"]
         except FileNotFoundError:
             return []
+
+
+def _after_last_newline(handle: BinaryIO, chunk: int = 1 << 16) -> int | None:
+    """Where the torn last line of the open file starts: the byte after its last newline (0 if
+    it has none); None if the file is empty or ends with a newline. Read from the end, a chunk at a time."""
+    end = handle.seek(0, os.SEEK_END)
+    at = end
+    while at > 0:
+        start = max(0, at - chunk)
+        handle.seek(start)
+        data = handle.read(at - start)
+        if at == end and data.endswith(b"\n"):
+            return None
+        newline = data.rfind(b"\n")
+        if newline >= 0:
+            return start + newline + 1
+        at = start
+    return None if end == 0 else 0
 
 
 def holder_name(name: Any) -> bool:

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 from hermes_sup.agents.memory import MemoryEntryError, MemoryFile, apply, parse, render
-from hermes_sup.kanban.journal import Journal
+from hermes_sup.kanban import journal as journal_module
+from hermes_sup.kanban.journal import Journal, _after_last_newline
+
+real_after = _after_last_newline
 
 HERMES_FILE = """User prefers concise answers.
 §
@@ -117,3 +120,30 @@ def test_a_journal_skips_a_line_nested_past_the_recursion_limit(tmp_path):
     read = Journal(path).read()
     assert read.records == [{"a": 1}, {"a": 2}]
     assert read.notes == ["llm_calls.jsonl: line 2 is not JSON and is ignored"]
+
+
+@pytest.mark.parametrize("content, cut", [
+    (b"", None), (b"\n", None), (b'{"a":1}\n', None), (b'{"a":1}\n{"b":', 8), (b'{"torn', 0),
+    (b'{"a":1}\n' + b"x" * 50, 8), (b"\n" + b"y" * 23, 1), (b"z" * 7 + b"\n", None)])
+def test_the_torn_last_line_is_found_from_the_end_in_chunks(tmp_path, content, cut):
+    """A chunk of 4 bytes: a torn line longer than several chunks is still found whole."""
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(content)
+    with open(path, "rb") as handle:
+        assert _after_last_newline(handle, chunk=4) == cut
+
+
+def test_a_long_log_s_torn_line_longer_than_a_chunk_is_set_aside_whole(tmp_path, monkeypatch):
+    journal = Journal(tmp_path / "tool_calls.jsonl")
+    for n in range(50):
+        journal.append({"task": f"t{n}"})
+    journal.close()
+    torn = b'{"task": "t50", "text": "' + b"w" * 300
+    with open(journal.path, "ab") as handle:
+        handle.write(torn)
+    monkeypatch.setattr(journal_module, "_after_last_newline",
+                        lambda handle, chunk=64: real_after(handle, chunk))  # several chunks for the torn line
+    journal.append({"task": "t51"})
+    records = journal.read().records
+    assert [r["task"] for r in records] == [*(f"t{n}" for n in range(50)), "t51"]
+    assert torn in (tmp_path / "tool_calls.jsonl.damaged").read_bytes()
