@@ -336,15 +336,15 @@ class Board:
             return wait_loop(self.signal, look_after=look_after, claim=claim, nap=lambda: waiting.nap(self.disk),
                              timeout=left, stop=stop)
 
-        def looking() -> TaskDoc | None:
-            # Dead claims and rescans are left to the waiters that hold a slot: 256 agents each
-            # recovering and rescanning every 2 s took the board lock over a hundred times a second.
-            return wait_loop(self.signal, look_after=ingest_only, nap=lambda: 0.0, timeout=0.0, stop=stop,
-                             claim=lambda: self.claims.claim(agent, roles=roles, lease=lease, steps_only=steps_only,
-                                                             assigned_only=assigned_only, lock_free=True))
+        def once(after: Callable[[], None], take: Callable[[], TaskDoc | None]) -> Callable[[], TaskDoc | None]:
+            return lambda: wait_loop(self.signal, look_after=after, claim=take, nap=lambda: 0.0, timeout=0.0, stop=stop)
 
+        # Without a slot, dead claims and rescans are left to the waiters that hold one: 256 agents
+        # each recovering and rescanning every 2 s took the board lock over a hundred times a second.
+        looking = once(ingest_only, lambda: self.claims.claim(agent, roles=roles, lease=lease, steps_only=steps_only,
+                                                              assigned_only=assigned_only, lock_free=True))
         doc = wait_in_turn(self.slots, watching=watching, looking=looking, unwatched=self.disk.watcher.pause,
-                           timeout=timeout, stop=stop)
+                           timeout=timeout, stop=stop, eager=once(look_after, claim))
         if doc is not None:  # busy until it waits again: arrivals need not wake it (kanban/watch.py)
             self.disk.watcher.pause()
         return doc

@@ -55,6 +55,7 @@ class WatchSlots:
         self._bell: int | None = None  # the FIFO, read and written; -1 once it could not be had
         self._poll: Any = None  # an epoll on the bell (one waker) and on _waker (this process's wake)
         self._waker: int | None = None  # an eventfd: wake() ends a nap from another thread
+        self.working = False  # the last turn found work (see wait_in_turn's `eager`)
 
     def take(self) -> bool:
         """Hold a free slot; False if every one is held by another waiter. True also when the slots
@@ -158,11 +159,29 @@ class WatchSlots:
 
 def wait_in_turn(slots: WatchSlots | None, *, watching: Callable[[float | None], Any],
                  looking: Callable[[], Any], unwatched: Callable[[], None], timeout: float | None,
-                 stop: threading.Event | None, nap: float | None = None) -> Any:
+                 stop: threading.Event | None, nap: float | None = None,
+                 eager: Callable[[], Any] | None = None) -> Any:
     """A waiter's turn at the board (both backends): with a slot (or without slots at all),
     `watching(seconds left)` waits as a watcher does and its answer is returned; without one,
     `unwatched()`, then `looking()` now and every `nap` seconds (PASSIVE_NAP), trying for a slot
-    before each look, until it finds something, `stop` is set or `timeout` passes (None then)."""
+    before each look, until it finds something, `stop` is set or `timeout` passes (None then).
+    While the turns find work, `eager()` looks first, with no slot taken and no watch resumed: a
+    claimer working through a backlog resumed and paused its watch for every task (six
+    inotify_add_watch calls, and its own claim's files woke its watcher's thread three times)."""
+    found = _turn(slots, watching, looking, unwatched, timeout, stop, nap, eager)
+    if slots is not None:
+        slots.working = found is not None
+    return found
+
+
+def _turn(slots: WatchSlots | None, watching: Callable[[float | None], Any], looking: Callable[[], Any],
+          unwatched: Callable[[], None], timeout: float | None, stop: threading.Event | None,
+          nap: float | None, eager: Callable[[], Any] | None) -> Any:
+    if eager is not None and slots is not None and slots.working:
+        found = eager()
+        if found is not None:
+            slots.ring()
+            return found
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())

@@ -351,8 +351,12 @@ class PgStore(ClaimsMixin, IngestMixin, JournalRowsMixin, HostsMixin, StreamMixi
 
         # Only a few of this host's waiters listen (kanban/watchslots.py): 64 agents each woken by
         # every task's notification drained 21 tasks a second on 2 cores.
+        def eager() -> TaskDoc | None:  # while a backlog lasts: no LISTEN and UNLISTEN a task
+            return wait_loop(self.signal, look_after=look_after, claim=claim, nap=lambda: 0.0, timeout=0.0,
+                             stop=stop, tolerate=lambda exc: self._connection_lost())
+
         doc = wait_in_turn(self.slots, watching=watching, looking=looking, unwatched=self._stop_listening,
-                           timeout=timeout, stop=stop)
+                           timeout=timeout, stop=stop, eager=eager)
         if doc is not None:  # busy until it waits again: each task's notification need not wake it
             self._stop_listening()
         return doc
