@@ -10,6 +10,8 @@ dies first is removed by the board's sweep of dead writers' temp files (txn.fini
 
 One thread per process, started on first use; a child forked from the process starts its own. At
 exit what is queued is unlinked before the process ends (bounded: the sweep takes what is left).
+The thread is woken for the first unlink after a quiet spell and gathers for GATHER seconds: a
+drain's two unlinks a task each woke it, two hand-offs of the interpreter's lock a task.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 # moment's worth, whatever the disk's pace.
 MOST_WAITING = 64
 EXIT_WAIT = 2.0  # seconds the exit waits for the queue to empty
+GATHER = 0.05  # seconds the thread gathers unlinks once woken, unless half the bound is reached first
 
 
 class _Unlinker:
@@ -33,13 +36,16 @@ class _Unlinker:
         self.busy = 0  # queued and not yet removed
         self.changed = threading.Condition()
         self.thread: threading.Thread | None = None
+        self.asleep = False  # waiting for a first unlink: the next one wakes it
+        self.hurry = False  # a flush waits: the gathering ends now
 
     def unlink(self, path: Path) -> None:
         with self.changed:
             if self.busy < MOST_WAITING and self._running():
                 self.pending.append(path)
                 self.busy += 1
-                self.changed.notify_all()
+                if self.asleep or self.busy >= MOST_WAITING // 2:
+                    self.changed.notify_all()
                 return
         _remove(path)
 
@@ -56,16 +62,26 @@ class _Unlinker:
     def _run(self) -> None:
         while True:
             with self.changed:
+                self.asleep = True
                 self.changed.wait_for(lambda: self.pending)
-                path = self.pending.popleft()
-            _remove(path)
+                self.asleep = False
+                self.changed.wait_for(lambda: self.hurry or len(self.pending) >= MOST_WAITING // 2, GATHER)
+                batch = list(self.pending)
+                self.pending.clear()
+            for path in batch:
+                _remove(path)
             with self.changed:
-                self.busy -= 1
+                self.busy -= len(batch)
                 self.changed.notify_all()
 
     def flush(self, timeout: float) -> bool:
         with self.changed:
-            return self.changed.wait_for(lambda: self.busy == 0, timeout)
+            self.hurry = True
+            self.changed.notify_all()
+            try:
+                return self.changed.wait_for(lambda: self.busy == 0, timeout)
+            finally:
+                self.hurry = False
 
 
 def _remove(path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 from hermes_sup.agents.claimwatch import ClaimWatch
 
@@ -44,7 +45,7 @@ def test_a_task_whose_claim_is_gone_is_halted_and_the_next_one_is_watched_by_the
 
 def switches(thread: threading.Thread) -> int:
     """How many times the thread has gone to sleep (the kernel's count of its voluntary switches)."""
-    status = open(f"/proc/self/task/{thread.native_id}/status").read()
+    status = Path(f"/proc/self/task/{thread.native_id}/status").read_text()
     return int(next(line for line in status.splitlines() if line.startswith("voluntary_ctxt_switches")).split()[1])
 
 

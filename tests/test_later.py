@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from hermes_sup.kanban import Board, later
@@ -100,3 +101,26 @@ def test_a_forked_child_unlinks_on_a_thread_of_its_own(tmp_path: Path) -> None:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_the_thread_is_woken_once_for_unlinks_that_come_together(tmp_path: Path) -> None:
+    """A drain queues two unlinks a task, a few ms apart: waking the thread for each was two
+    hand-offs of the interpreter's lock a task. It is woken by the first after a quiet spell and
+    gathers the others for GATHER seconds."""
+    from .test_claimwatch import switches
+
+    unlinker = later._Unlinker()
+    files = [tmp_path / f"k{n}" for n in range(101)]
+    for path in files:
+        path.write_text("")
+    unlinker.unlink(files[0])
+    assert unlinker.flush(10)
+    before, began = switches(unlinker.thread), time.monotonic()
+    for path in files[1:]:
+        unlinker.unlink(path)
+        time.sleep(0.001)  # a task's work between them, the interpreter's lock let go
+    gatherings = (time.monotonic() - began) / later.GATHER + 2
+    assert unlinker.flush(10) and not any(path.exists() for path in files)
+    # a sleep or two for each gathering (about 0.15 s of unlinks: 5), not one for each of the 100
+    assert switches(unlinker.thread) - before <= min(50, 3 * gatherings), (switches(unlinker.thread) - before,
+                                                                          gatherings)
