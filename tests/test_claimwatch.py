@@ -57,7 +57,8 @@ def test_tasks_shorter_than_a_look_neither_wake_the_watcher_nor_are_looked_at():
     try:
         with watch.watching("first", 1, threading.Event()):
             pass
-        [thread] = [t for t in threading.enumerate() if t.name == "claim"]
+        thread = watch._thread
+        assert thread is not None
         wait_until(lambda: switches(thread) >= 1, 5)  # started, and asleep until its first look
         before = switches(thread)
         for n in range(200):
