@@ -109,18 +109,21 @@ def _after_last_newline(handle: BinaryIO, chunk: int = 1 << 16) -> int | None:
     """Where the torn last line of the open file starts: the byte after its last newline (0 if
     it has none); None if the file is empty or ends with a newline. Read from the end, a chunk at a time."""
     end = handle.seek(0, os.SEEK_END)
+    if end == 0:
+        return None
+    handle.seek(end - 1)
+    if handle.read(1) == b"\n":  # the usual case: one byte read
+        return None
     at = end
     while at > 0:
         start = max(0, at - chunk)
         handle.seek(start)
         data = handle.read(at - start)
-        if at == end and data.endswith(b"\n"):
-            return None
         newline = data.rfind(b"\n")
         if newline >= 0:
             return start + newline + 1
         at = start
-    return None if end == 0 else 0
+    return 0
 
 
 def holder_name(name: Any) -> bool:
