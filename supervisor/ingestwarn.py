@@ -3,10 +3,10 @@
 Drops are ingested by another thread (boardwork.py), and tasks are added by the CLI and by agents, so
 the supervisor learns of a new task from the board's events: a thread tails events.jsonl (woken by
 each append where the board can watch its log, else a look every POLL seconds; the new lines only),
-reads each task ingested since, judges it with kanban/why.py against the team the supervisor runs,
-and hands its lines back through a pipe the event loop watches (as boardwork.py does: the loop never
-waits for a board read). Anyone who can write the log can write a line there: only the task read
-from the board is judged.
+reads each task ingested since that its event does not show claimable (`to_judge`), judges it
+with kanban/why.py against the team the supervisor runs, and hands its lines back through a pipe
+the event loop watches (as boardwork.py does: the loop never waits for a board read). Anyone who
+can write the log can write a line there: only the task read from the board is judged.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from ..kanban import BoardError, BoardStore
+from ..kanban.index import carried_meta
 from ..kanban.task import STATUSES, is_valid_id
-from ..kanban.why import Member, Team, claim_warnings
+from ..kanban.why import Member, Team, claim_warnings, structural
 from .loopthread import LoopThread
 from .readers import track_reader
 
@@ -36,6 +37,26 @@ def ingested(records: list[dict[str, Any]]) -> list[str]:
     return [str(record["task"]) for record in records
             if record.get("by") == "ingest" and record.get("from") == "inbox" and record.get("to") in STATUSES
             and is_valid_id(record.get("task"))]
+
+
+def to_judge(records: list[dict[str, Any]], team: Team | None) -> list[str]:
+    """The ids of the tasks ingested (`ingested`) whose events leave a warning possible (pure).
+    Each event carries its task's role, assignee and dependencies (kanban/index.py, `carried`):
+    one with none of the latter two, and a role some agent has, is claimable by this team as
+    ingested, and its task is not read (in a drain, each drop's task was looked for across the
+    status folders, opened and parsed once more). Any other, or an event without a well-formed
+    carry, is read and judged from the board: an event may be written by anyone who can write
+    the log, so one can spare a read here, never make a warning."""
+    chosen = []
+    for record in records:
+        if not ingested([record]):
+            continue
+        task_id = str(record["task"])
+        meta = carried_meta(record, task_id)
+        if meta is None or team is None or meta["assignee"] is not None or meta["depends_on"] \
+                or structural({"id": task_id, "role": meta["role"]}, {}, team) is not None:
+            chosen.append(task_id)
+    return chosen
 
 
 def rejections(records: list[dict[str, Any]]) -> list[str]:
@@ -92,7 +113,7 @@ class IngestWarnings(LoopThread):
                 records = [record for _end, record in batch.events]
                 for line in rejections(records):  # said at once: the drop is gone from inbox/
                     self._post(line)
-                self.check(ingested(records))
+                self.check(to_judge(records, self.team))
             except Exception as exc:  # a board read failing is no reason to stop warning later
                 self._post(f"board: could not check the tasks just ingested ({type(exc).__name__}: {exc})")
             # An append made while the log was read has bumped the generation: no wait then.

@@ -179,3 +179,27 @@ def test_board_says_why_for_the_cards_it_shows_and_prints_what_the_whole_board_w
     assert document["counts"]["todo"] == 12 and len(document["columns"]["todo"]) == 12
     assert all(item["waiting"] for item in document["columns"]["todo"] + document["columns"]["blocked"])
     assert document["columns"] == whole["columns"]
+
+
+def test_a_task_its_ingest_event_shows_claimable_is_not_read_again():
+    """Each event carries its task's role, assignee and dependencies: a task claimable as
+    ingested is not read back; any other, and any event without a well-formed carry, is."""
+    from hermes_sup.kanban.index import carried
+    from hermes_sup.kanban.why import Member, Team
+    from hermes_sup.supervisor.ingestwarn import to_judge
+
+    team = Team(members=(Member(name="coder", roles=("code",), tier=None),))
+
+    def event(task_id: str, **fields: object) -> dict:
+        doc = {"priority": 0, "created_at": "2026-11-29T00:00:00Z", "updated_at": "2026-11-29T00:00:00Z",
+               "assignee": None, "role": None, "depends_on": [], "steps": [], "waiting": None, **fields}
+        return {"task": task_id, "from": "inbox", "to": "todo", "by": "ingest", "index": carried(doc)}
+
+    plain, coded = event("plain"), event("coded", role="code")
+    records = [plain, coded, event("designed", role="design"), event("assigned", assignee="coder"),
+               event("after", depends_on=["plain"]), {**event("bare"), "index": None},
+               {**event("odd"), "index": {**plain["index"], "role": 7}},
+               {**coded, "by": "cli", "from": None}]
+    assert to_judge(records, team) == ["designed", "assigned", "after", "bare", "odd"]
+    assert to_judge([plain, coded], Team(members=())) == ["plain", "coded"], "no agent at all: read and judged"
+    assert to_judge([plain], None) == ["plain"], "no team known: read and judged"
