@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Self
 
-from . import handmoves, later, reads, rules, waiting
+from . import claimturn, handmoves, later, reads, rules, waiting
 from .base import (  # noqa: F401 (the board's settings, named here as before the split)
     ALLOW_NETWORK_FS_ENV,
     COMMENT_RESERVE,
@@ -45,9 +45,7 @@ from .notes import Notes
 from .reads import Listing
 from .task import STATUSES, TaskError, find_cycle, is_valid_id, normalize, now_iso, slugify
 from .txn import Transactions
-from .waitloop import recover_due
-from .waitloop import wait_for_work as wait_loop
-from .watchslots import WatchSlots, wait_in_turn
+from .watchslots import WatchSlots
 
 
 class Board:
@@ -71,7 +69,7 @@ class Board:
         self.events_path = self.disk.events_path
         self.problems = self.disk.problems
         self.signal, self.watcher = self.disk.signal, self.disk.watcher
-        self._last_recover = 0.0  # monotonic time of the last recover
+        self.last_recover = 0.0  # monotonic time of the last recover
         self._drops_seen = -1  # the signal's generation at wait_for_drops' last return
         self.disk.ensure_layout()
 
@@ -255,7 +253,7 @@ class Board:
         now = time.time()
         swept = self.txn.last_sweep
         with self.disk.locked():
-            self._last_recover = time.monotonic()
+            self.last_recover = time.monotonic()
             # A board's first locked section finishes and sweeps (see Folder.locked): when this one was
             # it, a second pass would list every status folder again to find nothing new.
             if self.txn.last_sweep == swept:
@@ -316,38 +314,8 @@ class Board:
         """Claim a task, waiting for one to become eligible; None on timeout or when `stop` is set.
         Drops are ingested (unless not `ingest`) and dead claims recovered while waiting, so a board
         needs no other process to make progress. Sleeps on watcher events, never a busy poll."""
-        waiting.start_watching(self.disk, claims_only=True, inbox=ingest)
-
-        def ingest_only() -> None:
-            if ingest:
-                self.ingest(wait=False)  # while another process ingests, it takes the drops
-
-        def look_after() -> None:
-            ingest_only()
-            now = time.monotonic()
-            if recover_due(self._last_recover, now):
-                self.recover(sweep=recover_due(self.txn.last_sweep, now, waiting.SWEEP_INTERVAL))
-
-        def claim() -> TaskDoc | None:
-            return self.claim(agent, roles=roles, lease=lease, steps_only=steps_only, assigned_only=assigned_only)
-
-        def watching(left: float | None) -> TaskDoc | None:
-            self.disk.watcher.resume()
-            return wait_loop(self.signal, look_after=look_after, claim=claim, nap=lambda: waiting.nap(self.disk),
-                             timeout=left, stop=stop)
-
-        def once(after: Callable[[], None], take: Callable[[], TaskDoc | None]) -> Callable[[], TaskDoc | None]:
-            return lambda: wait_loop(self.signal, look_after=after, claim=take, nap=lambda: 0.0, timeout=0.0, stop=stop)
-
-        # Without a slot, dead claims and rescans are left to the waiters that hold one: 256 agents
-        # each recovering and rescanning every 2 s took the board lock over a hundred times a second.
-        looking = once(ingest_only, lambda: self.claims.claim(agent, roles=roles, lease=lease, steps_only=steps_only,
-                                                              assigned_only=assigned_only, lock_free=True))
-        doc = wait_in_turn(self.slots, watching=watching, looking=looking, unwatched=self.disk.watcher.pause,
-                           timeout=timeout, stop=stop, eager=once(look_after, claim))
-        if doc is not None:  # busy until it waits again: arrivals need not wake it (kanban/watch.py)
-            self.disk.watcher.pause()
-        return doc
+        return claimturn.wait_for_work(self, agent, roles=roles, timeout=timeout, lease=lease, stop=stop,
+                                       steps_only=steps_only, assigned_only=assigned_only, ingest=ingest)
 
     def events_since(self, cursor: int, *, max_events: int = 10_000, inode: int | None = None) -> CursorRead:
         return read_since(self.events_path, cursor, max_events, inode=inode)

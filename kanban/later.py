@@ -37,7 +37,7 @@ class _Unlinker:
         self.changed = threading.Condition()
         self.thread: threading.Thread | None = None
         self.asleep = False  # waiting for a first unlink: the next one wakes it
-        self.hurry = False  # a flush waits: the gathering ends now
+        self.hurry = 0  # flushes waiting: the gathering ends now
 
     def unlink(self, path: Path) -> None:
         with self.changed:
@@ -65,7 +65,7 @@ class _Unlinker:
                 self.asleep = True
                 self.changed.wait_for(lambda: self.pending)
                 self.asleep = False
-                self.changed.wait_for(lambda: self.hurry or len(self.pending) >= MOST_WAITING // 2, GATHER)
+                self.changed.wait_for(lambda: self.hurry > 0 or len(self.pending) >= MOST_WAITING // 2, GATHER)
                 batch = list(self.pending)
                 self.pending.clear()
             for path in batch:
@@ -76,12 +76,12 @@ class _Unlinker:
 
     def flush(self, timeout: float) -> bool:
         with self.changed:
-            self.hurry = True
+            self.hurry += 1
             self.changed.notify_all()
             try:
                 return self.changed.wait_for(lambda: self.busy == 0, timeout)
             finally:
-                self.hurry = False
+                self.hurry -= 1
 
 
 def _remove(path: Path) -> None:

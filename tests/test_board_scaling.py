@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -481,3 +482,24 @@ def test_a_line_that_misstates_a_tasks_priority_does_not_change_the_claim_order(
     assert board.claim("a1")["id"] == low["id"]
     board.close()
     other.close()
+
+
+def test_a_claimer_working_through_a_backlog_still_sees_a_task_moved_in_by_hand(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While its turns find work a claimer looks without resuming its watch, and it was the
+    resume that asked for the rescan finding what no event tells of (a task copied into todo/ by
+    hand): its look asks for it too, with the same share of the board's time."""
+    from hermes_sup.kanban import claimindex as claims
+    monkeypatch.setattr(claims, "RESCAN_SHARE", 0)
+    board = Board(tmp_path / "kanban")
+    for i in range(5):
+        board.add({"title": f"filler {i}", "priority": 1})
+    first = board.wait_for_work("a1", timeout=10)
+    assert first is not None and board.slots.working
+    other = Board(tmp_path / "elsewhere")
+    urgent = other.add({"title": "by hand", "priority": 9})
+    other.close()
+    shutil.copy(tmp_path / "elsewhere" / "todo" / f"{urgent['id']}.json", board.root / "todo")
+    claimed = board.wait_for_work("a1", timeout=10)
+    assert claimed is not None and claimed["id"] == urgent["id"], "the task moved in by hand was not seen"
+    board.close()

@@ -3,6 +3,7 @@ without the board lock, and still find the work meant for them alone."""
 
 from __future__ import annotations
 
+import os
 import select
 import subprocess
 import sys
@@ -178,3 +179,34 @@ def test_a_waiter_that_finds_work_rings_for_one_napping_waiter_which_takes_its_s
         for board in (watcher, dropper, *passives.values()):
             board.close()
 
+
+
+@pytest.mark.parametrize("planted", ["file", "symlink", "fifo-others-write", "no-epoll"])
+def test_a_bell_that_is_not_this_users_own_fifo_is_not_used_and_nothing_is_left_open(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, planted: str) -> None:
+    """Another user's FIFO, or one others may write, would let them swallow the rings or wake the
+    nappers one byte at a time; a setup that fails halfway (no EPOLLEXCLUSIVE in a sandbox) must
+    not fail the claim that rings. No bell then: the waiters nap their PASSIVE_NAP."""
+    folder = tmp_path / watchslots.SLOTS_DIR
+    folder.mkdir()
+    bell = folder / watchslots.BELL
+    if planted == "file":
+        bell.write_text("")
+    elif planted == "symlink":
+        os.mkfifo(tmp_path / "elsewhere", 0o600)
+        bell.symlink_to(tmp_path / "elsewhere")
+    elif planted == "fifo-others-write":
+        os.mkfifo(bell)
+        os.chmod(bell, 0o622)
+    else:
+        def refused() -> None:
+            raise OSError(22, "EPOLLEXCLUSIVE refused")
+        monkeypatch.setattr(select, "epoll", refused)
+    before = sorted(os.listdir("/proc/self/fd"))
+    slots = WatchSlots(tmp_path, 1)
+    slots.ring()  # never raises
+    assert slots._bell_fd() is None
+    began = time.monotonic()
+    assert slots.nap(0.2) is False and time.monotonic() - began >= 0.19, "a nap without a bell sleeps its time"
+    slots.close()
+    assert sorted(os.listdir("/proc/self/fd")) == before, "a descriptor of the bell's was left open"
