@@ -298,8 +298,13 @@ class Tracing(Telemetry):
         from opentelemetry.trace import Status, StatusCode
 
         end = time.time_ns() if end is None else end
-        span = self.tracer.start_span(name, context=self._context, attributes=attributes,
-                                      start_time=end - int(max(duration, 0.0) * 1e9))
+        start = end - int(max(duration, 0.0) * 1e9)
+        # Never before the attempt it is part of: a run's duration may be rounded (a command's to
+        # 10 ms), and a trace viewer draws a child that starts before its parent as broken.
+        begun = getattr(self._span, "start_time", None)
+        if isinstance(begun, int):
+            start = min(max(start, begun), end)
+        span = self.tracer.start_span(name, context=self._context, attributes=attributes, start_time=start)
         if error:
             span.set_status(Status(StatusCode.ERROR))
         span.end(end_time=end)

@@ -240,6 +240,19 @@ def test_a_resumed_attempt_links_to_the_one_it_continues(receiver):
     assert second["attributes"]["hermes.task.outcome"] == "done"
 
 
+def test_a_call_said_to_last_longer_than_its_attempt_starts_with_the_attempt(receiver):
+    """A command's or a Hermes run's duration is rounded (to 10 ms): a run begun right after its
+    task's span was drawn starting before its parent (CI saw 0.66 ms)."""
+    tracing = telemetry.Telemetry.from_settings({"otlp_endpoint": receiver.url}, {}, agent="a", workspace="/w")
+    try:
+        with tracing.task_span({"id": "t-3", "title": "t", "claims": 1}):
+            tracing.model_call({"provider": "p", "model": "m", "outcome": "ok", "latency_s": 5.0}, None)
+    finally:
+        tracing.close()
+    [task], [chat] = receiver.named("task "), receiver.named("chat ")
+    assert task["start"] <= chat["start"] <= chat["end"] <= task["end"]
+
+
 def test_content_is_exported_only_when_asked_and_redacted(receiver, monkeypatch):
     from hermes_sup.agents.fallback import Attempt
     from hermes_sup.agents.translate import Completion, Usage
