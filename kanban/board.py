@@ -306,7 +306,6 @@ class Board:
         """Wake every thread of this process waiting in wait_for_work or wait_for_drops (to stop it)."""
         self.signal.bump()
         self.disk.watcher.arrivals.bump()
-        self.slots.wake()  # a waiter without a slot naps on the slots' bell
 
     def wait_for_work(self, agent: str, *, roles: Iterable[str] = (), timeout: float | None = None,
                       lease: float | None = None, stop: threading.Event | None = None,

@@ -300,8 +300,6 @@ class PgStore(ClaimsMixin, IngestMixin, JournalRowsMixin, HostsMixin, StreamMixi
         """Wake every thread of this process waiting in wait_for_work or wait_for_drops."""
         self._drop_signal.bump()
         self.listener().bump()
-        if self.slots is not None:
-            self.slots.wake()  # a waiter without a slot naps on the slots' bell
 
     def wait_for_drops(self, timeout: float) -> None:
         # Woken by drops arriving in this host's inbox/ alone (the watcher's `arrivals`) and by
