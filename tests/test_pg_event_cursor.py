@@ -140,6 +140,40 @@ def test_an_event_committed_after_later_ones_is_delivered_once_after_its_commit(
     assert [task for _c, task in tasks_of(everything)] == ["before", "late", "after", "note"]
 
 
+@pytest.mark.parametrize("verb", ["claim", "complete", "ingest"])
+def test_a_claim_an_end_or_an_ingest_in_flight_holds_its_event_back_and_every_later_one(stores, monkeypatch, tmp_path,
+                                                                                      verb):
+    # A claim and a holder's end take the events lock inside a statement of their own (the claim's
+    # pick, HELD_ENDING), an ingest batch once for all its tasks' events: never after a cursor.
+    reader, writer, other = stores(), stores(), stores()
+    reader.add({"title": "held", "id": "held"})
+    write: Callable[[PgStore], Any] = lambda s: s.claim("w")  # noqa: E731
+    if verb == "complete":
+        token = writer.claim("w")["claim"]["token"]
+        write = lambda s: s.complete("held", token, "ok")  # noqa: E731
+    elif verb == "ingest":
+        writer.close()
+        writer = PgStore(reader._dsn, schema=reader.schema, host="host-a", boot_id="boot-a",
+                         drop_root=tmp_path / "kanban")
+        for name in ("one", "two"):
+            (tmp_path / "kanban" / "inbox" / f"{name}.json").write_text(f'{{"title": "{name}", "id": "{name}"}}')
+        write = lambda s: s.ingest()  # noqa: E731
+    try:
+        start = reader.events_end()
+        late = InFlight(writer, write)
+        try:
+            other.append_event({"kind": "supervisor", "event": "note", "note": "later"})
+            monkeypatch.setattr(stream, "EVENTS_WAIT", 0.3)
+            early = reader.events_since(start)
+            assert (early.events, early.cursor) == ([], start), "a later event was read past one in flight"
+        finally:
+            late.commit()
+    finally:
+        writer.close()
+    tasks = [task for _c, task in tasks_of(reader.events_since(start))]
+    assert tasks == {"ingest": ["one", "two", "note"]}.get(verb, ["held", "note"])
+
+
 def test_a_cursor_still_in_flight_is_resumed_from_never_read_from_the_start(stores, monkeypatch, capsys):
     reader, writer, other = stores(), stores(), stores()
     reader.add({"title": "one", "id": "one"})

@@ -37,17 +37,19 @@ class ClaimsMixin(StoreBase):
                   "host": self.host, "boot": self.boot_id, "pid": pid, "pid_started": start_time(pid),
                   "lease": self.lease if lease is None else float(lease)}
         for _ in range(MAX_SET_ASIDE):
+            # One statement, its own transaction: the pick, the claim, its run and its event.
+            with self._one() as conn:
+                row = conn.execute(sql.CLAIM, params).fetchone()
+            if row is None:
+                return None
+            why = unreadable(row)
+            if why is None:
+                return row_to_doc(row)
+            # Written by hand (another host, anyone with the database): no agent can run it, and
+            # left in todo it would be every claimer's first pick, failing each in turn.
             with self._tx() as cur:
-                cur.execute(sql.EVENTS_LOCK_SHARED, {"lock": sql.EVENTS_LOCK})
-                row = cur.execute(sql.CLAIM, params).fetchone()
-                if row is None:
-                    return None
-                why = unreadable(row)
-                if why is None:
-                    return row_to_doc(row)
-                # Written by hand (another host, anyone with the database): no agent can run it, and
-                # left in todo it would be every claimer's first pick, failing each in turn.
-                self._set_aside(cur, row, agent, f"set aside at its claim by {agent}: {why}")
+                if cur.execute(sql.HELD, {"id": row["id"], "token": row["fence"]}).fetchone() is not None:
+                    self._set_aside(cur, row, agent, f"set aside at its claim by {agent}: {why}")
         return None  # the rest waits for the next claim
 
     def _set_aside(self, cur: psycopg.Cursor[Any], row: dict[str, Any], by: str, note: str) -> None:
@@ -56,8 +58,26 @@ class ClaimsMixin(StoreBase):
         self._event(cur, {"id": row["id"], "src": "doing", "dst": "failed", "by": by, "note": note})
         cur.execute(sql.END_RUN, {"outcome": "failed", "token": row["fence"]})
 
+    def _once(self, cur: psycopg.Cursor[Any], what: str, statement: str, params: Any) -> None:
+        """Run `statement` unless `what` was done already in `cur`'s transaction: a lock held to its
+        end, a NOTIFY (sent once at commit however often it is asked for). An ingest batch writes
+        64 tasks and their events in one transaction, each asking for both."""
+        if self._done_in_tx[0] is not cur:
+            self._done_in_tx = (cur, set())  # `cur` is held there, so no later cursor is that object
+        if what not in self._done_in_tx[1]:
+            cur.execute(statement, params)
+            self._done_in_tx[1].add(what)
+
+    def _lock_events(self, cur: psycopg.Cursor[Any]) -> None:
+        """Hold the events lock, shared, to the end of `cur`'s transaction (sql.EVENTS_LOCK_SHARED)."""
+        self._once(cur, "events lock", sql.EVENTS_LOCK_SHARED, {"lock": sql.EVENTS_LOCK})
+
+    def _notify(self, cur: psycopg.Cursor[Any]) -> None:
+        """Wake the board's waiting claimers, on every host, when `cur`'s transaction commits."""
+        self._once(cur, "notify", "SELECT pg_notify(%s, '')", (self.channel,))
+
     def _event(self, cur: psycopg.Cursor[Any], values: dict[str, Any]) -> None:
-        cur.execute(sql.EVENTS_LOCK_SHARED, {"lock": sql.EVENTS_LOCK})
+        self._lock_events(cur)
         cur.execute(sql.EVENT_AT if "at" in values else sql.EVENT, values)
 
     def _lost(self, cur: psycopg.Cursor[Any], task_id: str, token: int) -> ClaimLost:
@@ -73,31 +93,27 @@ class ClaimsMixin(StoreBase):
         """Store `new` (a document leaving or outside doing) with its event, on a row the caller
         locked in this transaction after checking its fence; the document as stored."""
         new = storable(new)
-        cur.execute(sql.WRITE, row_params(new))
-        if cur.rowcount != 1:
-            raise TaskNotFound(f"task {new['id']} is no longer on the board")
         entry = new["history"][-1]
-        self._event(cur, {"id": new["id"], "src": entry["from"], "dst": entry["to"], "by": entry["by"],
-                          "note": entry["note"]})
-        if outcome_token is not None:
-            cur.execute(sql.END_RUN, {"outcome": new["status"], "token": outcome_token})
+        self._lock_events(cur)
+        row = cur.execute(sql.WRITE, {**row_params(new), "token": outcome_token, "src": entry["from"],
+                                      "dst": entry["to"], "by": entry["by"], "note": entry["note"]}).fetchone()
+        if row is None:
+            raise TaskNotFound(f"task {new['id']} is no longer on the board")
         # Wake the claimers for a new todo, or a done task others depend on. Not for every done
         # task: a NOTIFY serializes commits (about half the commit rate), so it is sent only when
         # it can free work.
-        if new["status"] == "todo":
-            cur.execute("SELECT pg_notify(%s, '')", (self.channel,))
-        elif new["status"] == "done":
-            cur.execute("SELECT pg_notify(%s, '') WHERE EXISTS (SELECT 1 FROM dependencies WHERE depends_on = %s)",
-                        (self.channel, new["id"]))
+        if new["status"] == "todo" or (new["status"] == "done" and row["frees"]):
+            self._notify(cur)
         return new
 
     @again
     def _end(self, task_id: str, token: int, end: Callable[[TaskDoc, str], TaskDoc]) -> TaskDoc:
         """End the claim `token` holds with the rule `end(doc, now)` (kanban/rules.py), now by the database's clock."""
         with self._tx() as cur:
-            row = cur.execute(sql.HELD, {"id": task_id, "token": token}).fetchone()
+            row = cur.execute(sql.HELD_ENDING, {"id": task_id, "token": token}).fetchone()
             if row is None:
                 raise self._lost(cur, task_id, token)
+            self._done_in_tx = (cur, {"events lock"})  # taken with the row
             return self._write(cur, end(readable(row), row["now_iso"]), outcome_token=token)
 
     @again

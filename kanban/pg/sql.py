@@ -18,13 +18,24 @@ ROW_SELECT = """id, status, attempts, claims, max_attempts, priority, role, assi
 # (A timestamp another host wrote may be 'infinity', which to_char reads as NULL and extract as a float
 # no JSON holds: the page's JSON.parse, and /api/snapshot, failed on it. Decisions stay in SQL.)
 
+# Cursors come from a sequence before their transaction commits, so a smaller one can become
+# visible after a larger. Every transaction that writes an event holds this lock, shared, from
+# before it takes its cursor until it ends (writers never wait for each other); a reader takes it
+# exclusively for an instant, and every cursor up to the sequence's value then belongs to an
+# ended transaction: it reads up to there and misses none.
+EVENTS_LOCK = 0x6873
+EVENTS_LOCK_SHARED = "SELECT pg_advisory_xact_lock_shared(%(lock)s, hashtext(current_schema()))"
+# The same lock taken inside a statement that reads the row an event will be about (a claim's pick,
+# an end's HELD): taken with that row, so before the event's cursor, and no statement of its own.
+_EVENTS_LOCKED = f"pg_advisory_xact_lock_shared({EVENTS_LOCK}, hashtext(current_schema())) IS NULL AS events_locked"
+
 # The claim, in one statement: the best claimable row not locked by another claimer (SKIP LOCKED,
 # walking the partial index in priority order), taken with a new fence from the sequence and every
 # liveness field of any earlier claim overwritten, its run and its event recorded.
 OBJECT_DOC = "(CASE WHEN jsonb_typeof(t.document) = 'object' THEN t.document ELSE '{}'::jsonb END)"
 CLAIM = f"""
 WITH picked AS (
-    SELECT t.id FROM tasks t
+    SELECT t.id, {_EVENTS_LOCKED} FROM tasks t
     WHERE t.status = 'todo'
       AND (t.assignee IS NULL OR t.assignee = %(agent)s::text)
       AND (NOT %(assigned_only)s::boolean OR t.assignee = %(agent)s::text)
@@ -74,6 +85,9 @@ SELECT {ROW_SELECT} FROM claimed
 # A holder's row, locked, only while `token` still holds it: no row means the lease is gone.
 HELD = f"""SELECT {ROW_SELECT}, {NOW_ISO} AS now_iso FROM tasks
     WHERE id = %(id)s AND status = 'doing' AND fence = %(token)s FOR UPDATE"""
+# HELD for the holder's end of its claim, the events lock taken with the row (WRITE's event follows).
+HELD_ENDING = f"""SELECT {ROW_SELECT}, {NOW_ISO} AS now_iso, {_EVENTS_LOCKED} FROM tasks
+    WHERE id = %(id)s AND status = 'doing' AND fence = %(token)s FOR UPDATE"""
 
 RENEW = f"""UPDATE tasks SET lease_until = now() + make_interval(secs => %(lease)s::float8)
     WHERE id = %(id)s AND status = 'doing' AND fence = %(token)s
@@ -93,11 +107,21 @@ SET_ASIDE = """UPDATE tasks SET status = 'failed',
 
 # Writes a whole task state, on a row its caller locked in the same transaction (HELD, STALE_HELD
 # or ANY_ROW_LOCKED): the fence was checked there, once; leaving doing clears every lease field.
-WRITE = """UPDATE tasks SET
+# With it, in the same statement, the end of the claim's run (if %(token)s names one) and the
+# transition's event, whose row comes back (none: the task was not there) saying whether a task
+# depends on this one. The caller holds the events lock (EVENTS_LOCK_SHARED) already.
+WRITE = """WITH written AS (
+    UPDATE tasks SET
         status = %(status)s, attempts = %(attempts)s, claims = %(claims)s, document = %(document)s::jsonb,
         lease_owner = NULL, lease_host = NULL, lease_boot = NULL, lease_pid = NULL, lease_pid_started = NULL,
         lease_claimed = NULL, lease_until = NULL, fence = NULL
-    WHERE id = %(id)s"""
+    WHERE id = %(id)s
+    RETURNING id
+), run AS (
+    UPDATE runs SET ended_at = now(), outcome = %(status)s WHERE fence = %(token)s AND ended_at IS NULL
+)
+INSERT INTO events (task, src, dst, by, note) SELECT id, %(src)s, %(dst)s, %(by)s, %(note)s FROM written
+RETURNING EXISTS (SELECT 1 FROM dependencies WHERE depends_on = task) AS frees"""
 
 # `created` (the claim order's second key) is the transaction's time unless given: an ingest batch's
 # tasks each give the clock's time at their drop (CLOCK_ISO), so they are claimed in their drops' order.
@@ -111,12 +135,6 @@ EVENT = "INSERT INTO events (task, src, dst, by, note) VALUES (%(id)s, %(src)s, 
 # An event at a time of the clock read with its change (an ingest batch's task: see CLOCK_ISO).
 EVENT_AT = """INSERT INTO events (task, src, dst, by, note, at)
     VALUES (%(id)s, %(src)s, %(dst)s, %(by)s, %(note)s, %(at)s::timestamptz)"""
-# Cursors come from a sequence before their transaction commits, so a smaller one can become
-# visible after a larger. Every transaction that writes an event holds this lock, shared, from
-# before it takes its cursor until it ends (writers never wait for each other); a reader takes it
-# exclusively for an instant, and every cursor up to the sequence's value then belongs to an
-# ended transaction: it reads up to there and misses none.
-EVENTS_LOCK_SHARED = "SELECT pg_advisory_xact_lock_shared(%(lock)s, hashtext(current_schema()))"
 EVENTS_TRY = "SELECT pg_try_advisory_xact_lock(%(lock)s, hashtext(current_schema())) AS got"
 EVENTS_NEWEST = "SELECT CASE WHEN is_called THEN last_value ELSE 0 END AS newest FROM events_cursor_seq"
 # Whether a writer holding the lock has said nothing in its transaction for longer than %(secs)s
@@ -148,7 +166,6 @@ EVENTS_SINCE = """SELECT cursor, to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH
 # The newest committed cursor up to a bound: where a reader starting now begins. Never the bound
 # itself, which may be a rolled-back writer's cursor, one a crash can hand out again.
 EVENTS_LAST = "SELECT COALESCE(max(cursor), 0) AS last FROM events WHERE cursor <= %(bound)s"
-EVENTS_LOCK = 0x6873
 # A look that takes no lock (the sequence's value moves at every cursor taken, committed or not), with
 # the sequence's identity (a schema recreated) and the server's start (after a crash the sequence
 # may hand out a value it gave before, to another event).
@@ -214,6 +231,15 @@ JOURNAL_FENCE = """SELECT fence FROM tasks WHERE id = %(id)s AND status = 'doing
 
 JOURNAL_INSERT = """INSERT INTO journal (task_id, fence, kind, agent, name, entry)
     VALUES (%(id)s, %(token)s, %(kind)s, %(agent)s, %(name)s, %(entry)s::jsonb)"""
+
+# Entries appended, in their order, while the token holds the task: one statement, so one round
+# trip and one transaction, the fence held (FOR SHARE) until it commits. No row back: the claim is lost.
+JOURNAL_WRITE = """INSERT INTO journal (task_id, fence, kind, agent, name, entry)
+    SELECT t.id, t.fence, %(kind)s, %(agent)s, %(name)s, e.entry
+    FROM (SELECT id, fence FROM tasks WHERE id = %(id)s AND status = 'doing' AND fence = %(token)s FOR SHARE) t,
+         jsonb_array_elements(%(entries)s::jsonb) WITH ORDINALITY AS e(entry, n)
+    ORDER BY e.n
+    RETURNING seq"""
 
 JOURNAL_ROWS = """SELECT seq, fence, task_id, kind, agent, name, entry FROM journal
     WHERE task_id = %(id)s AND kind = %(kind)s AND seq > %(after)s

@@ -92,6 +92,7 @@ class PgStore(ClaimsMixin, IngestMixin, JournalRowsMixin, HostsMixin, StreamMixi
         self._agents: Callable[[], list[dict[str, Any]]] | None = None  # published with each heartbeat
         self._closing = threading.Event()
         self._last_recover = 0.0
+        self._done_in_tx: tuple[object, set[str]] = (None, set())
         if migrate_schema:
             with self._locked() as conn:
                 migrate(conn, self.schema)
@@ -112,6 +113,15 @@ class PgStore(ClaimsMixin, IngestMixin, JournalRowsMixin, HostsMixin, StreamMixi
                 yield cur
                 fault("pg-before-commit")
             fault("pg-after-commit")
+
+    @contextlib.contextmanager
+    def _one(self) -> Iterator[psycopg.Connection[Any]]:
+        # For a write that is one statement: its own transaction (the connection autocommits), so
+        # one round trip to the server where BEGIN, the statement and COMMIT were three.
+        with self._locked() as conn:
+            fault("pg-before-commit")
+            yield conn
+        fault("pg-after-commit")
 
     def close(self) -> None:
         self._closing.set()
@@ -216,7 +226,7 @@ class PgStore(ClaimsMixin, IngestMixin, JournalRowsMixin, HostsMixin, StreamMixi
         self._event(cur, {"id": doc["id"], "src": src, "dst": doc["status"], "by": by, "note": note,
                           **({"at": at} if at is not None else {})})
         if doc["status"] == "todo":
-            cur.execute("SELECT pg_notify(%s, '')", (self.channel,))
+            self._notify(cur)
         return doc
     # -- changes by hand ----------------------------------------------------------------------
 
@@ -283,9 +293,8 @@ class PgStore(ClaimsMixin, IngestMixin, JournalRowsMixin, HostsMixin, StreamMixi
         transition: no event, no history entry; a note already there is not written again. The
         number of tasks changed."""
         params = {"reason": None if reason is None else storable(str(reason)), "agent": agent, "roles": list(roles)}
-        with self._tx() as cur:
-            cur.execute(sql.MARK_WAITING_PLAIN if needs_llm else sql.MARK_WAITING, params)
-            return cur.rowcount
+        with self._one() as conn:
+            return conn.execute(sql.MARK_WAITING_PLAIN if needs_llm else sql.MARK_WAITING, params).rowcount
 
     # -- waiting ------------------------------------------------------------------------------
 

@@ -36,9 +36,12 @@ class StoreBase(Connection):
     _agents: Callable[[], list[dict[str, Any]]] | None
     _closing: threading.Event
     _last_recover: float
+    _done_in_tx: tuple[object, set[str]]  # a transaction's cursor and what ClaimsMixin._once did in it
 
     if TYPE_CHECKING:  # defined by PgStore (store.py) and ClaimsMixin (claims.py)
         def _tx(self) -> contextlib.AbstractContextManager[psycopg.Cursor[Any]]: ...
+
+        def _one(self) -> contextlib.AbstractContextManager[psycopg.Connection[Any]]: ...
 
         def listener(self) -> Listener: ...
 
