@@ -192,6 +192,18 @@ def test_keys_never_reach_the_database(make_store: Factory, tmp_path: Path) -> N
     assert KEY not in (tmp_path / "w1" / "llm_calls.jsonl").read_text()
 
 
+def test_what_jsonb_refuses_in_a_record_is_replaced_never_refused(make_store: Factory, tmp_path: Path) -> None:
+    # A tool's result may hold a NUL or a lone surrogate (a binary file read, a broken encoder):
+    # jsonb takes neither, and a refused record would end the task.
+    store = make_store()
+    store.add({"id": "t-1", "title": "t"})
+    token = store.claim("w1")["claim"]["token"]
+    journal = store.task_journal("t-1", token, "w1", tmp_path / "w1")
+    journal.append_tool_call({"task": "t-1", "call_id": "c1", "status": "done", "result": "a\x00b \ud800 c",
+                              "turn": 0, "at": 1.0})
+    assert [r["result"] for r in journal.tool_calls()] == ["a\ufffdb \ufffd c"]
+
+
 def make_loop(llm: ScriptedLLM, store: PgStore, task: dict[str, Any], agent: str, workdir: Path,
               **kwargs: Any) -> TaskLoop:
     scratch = workdir / "scratch"

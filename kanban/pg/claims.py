@@ -14,6 +14,7 @@ import psycopg
 from .. import rules
 from ..errors import ClaimLost, TaskNotFound
 from ..liveness import start_time
+from ..markers import own_start_time
 from . import sql
 from .retry import again
 from .rows import row_params
@@ -34,7 +35,8 @@ class ClaimsMixin(StoreBase):
         """Claim the best eligible task for `agent`, or None; its claim.token fences every later write."""
         pid = os.getpid() if pid is None else pid
         params = {"agent": agent, "roles": list(roles), "steps_only": steps_only, "assigned_only": assigned_only,
-                  "host": self.host, "boot": self.boot_id, "pid": pid, "pid_started": start_time(pid),
+                  "host": self.host, "boot": self.boot_id, "pid": pid,
+                  "pid_started": own_start_time() if pid == os.getpid() else start_time(pid),
                   "lease": self.lease if lease is None else float(lease)}
         for _ in range(MAX_SET_ASIDE):
             # One statement, its own transaction: the pick, the claim, its run and its event.

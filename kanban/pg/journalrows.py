@@ -12,7 +12,7 @@ from . import sql
 from .journal import PgTaskJournal
 from .retry import again
 from .rows import one
-from .rules import storable
+from .rules import storable, storable_text
 from .storebase import StoreBase
 
 
@@ -67,7 +67,7 @@ class JournalRowsMixin(StoreBase):
             with self._one() as conn:
                 written = conn.execute(sql.JOURNAL_WRITE, {
                     "id": task_id, "token": token, "kind": kind, "agent": agent, "name": name,
-                    "entries": Jsonb([storable(entry) for entry in entries])}).fetchall()
+                    "entries": storable_text(list(entries))}).fetchall()
                 if not written:
                     with conn.cursor() as cur:
                         raise self._lost(cur, task_id, token)

@@ -91,6 +91,15 @@ def unreadable(row: Mapping[str, Any]) -> str | None:
     return None
 
 
+def storable_text(value: Any) -> str:
+    """storable(value) as JSON text, for a jsonb parameter: one encoding, where storable() and the
+    driver's Jsonb took two and a decoding (a journal row, twice a step)."""
+    text = scrub(json.dumps(value, ensure_ascii=False))
+    if "\\u0000" not in text and not _BAD_CHARS.search(text):
+        return text
+    return json.dumps(storable(value), ensure_ascii=False)
+
+
 def storable(value: Any) -> Any:
     """`value` with what jsonb refuses (NUL characters, unpaired surrogates) replaced by U+FFFD,
     and every known secret scrubbed: a task the file board accepts is stored, never refused."""
