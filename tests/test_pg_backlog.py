@@ -87,8 +87,8 @@ def test_a_burst_of_drops_has_the_table_analyzed_and_a_claim_reads_only_its_pick
         reltuples = conn.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass",
                                  (f'"{store.schema}".tasks',)).fetchone()[0]
     assert reltuples >= 160, reltuples  # analyzed between batches: past 40, 80 and 160 tasks made
-    params = {"agent": "a1", "roles": [], "steps_only": False, "assigned_only": False, "host": store.host,
+    params = {"agent": "a1", "roles": [], "host": store.host,
               "boot": store.boot_id, "pid": os.getpid(), "pid_started": 0.0, "lease": 60.0}
-    plan = explain(pg_server, store.schema, sql.CLAIM, params)
+    plan = explain(pg_server, store.schema, sql.CLAIMS[False, False], params)
     assert rows_read(plan, "tasks") <= 4, json.dumps(plan)[:3000]
     assert store.claim("a1")["id"] == "d0000"

@@ -34,14 +34,15 @@ class ClaimsMixin(StoreBase):
               pid: int | None = None, steps_only: bool = False, assigned_only: bool = False) -> TaskDoc | None:
         """Claim the best eligible task for `agent`, or None; its claim.token fences every later write."""
         pid = os.getpid() if pid is None else pid
-        params = {"agent": agent, "roles": list(roles), "steps_only": steps_only, "assigned_only": assigned_only,
+        statement = sql.CLAIMS[bool(steps_only), bool(assigned_only)]
+        params = {"agent": agent, "roles": list(roles),
                   "host": self.host, "boot": self.boot_id, "pid": pid,
                   "pid_started": own_start_time() if pid == os.getpid() else start_time(pid),
                   "lease": self.lease if lease is None else float(lease)}
         for _ in range(MAX_SET_ASIDE):
             # One statement, its own transaction: the pick, the claim, its run and its event.
             with self._one() as conn:
-                row = conn.execute(sql.CLAIM, params).fetchone()
+                row = conn.execute(statement, params).fetchone()
             if row is None:
                 return None
             why = unreadable(row)
