@@ -177,6 +177,29 @@ def test_a_write_after_the_claim_moved_on_raises_claim_lost_and_stores_nothing(m
     assert (tmp_path / "w1" / "llm_calls.jsonl").read_text().count('"tokens_in":5') == 1
 
 
+def test_a_first_claims_journal_reads_nothing_back_until_it_writes_and_a_later_claim_reads_it(
+        make_store: Factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The claim says whether the task has journal rows: none, and only this claim's token can write
+    # one, so the task's first reads (a statement each, every task) are answered without one.
+    store = make_store()
+    store.add({"id": "t-1", "title": "t"})
+    token = store.claim("w1")["claim"]["token"]
+    reads: list[Any] = []
+    real = store.journal_rows
+    monkeypatch.setattr(store, "journal_rows", lambda *a, **k: reads.append(a) or real(*a, **k))
+    journal = store.task_journal("t-1", token, "w1", tmp_path / "w1")
+    assert (journal.tool_calls(), journal.transcript().records, journal.llm_calls(), reads) == ([], [], [], [])
+    record = {"task": "t-1", "call_id": "c1", "status": "started", "turn": 0, "at": 1.0}
+    journal.append_tool_call(record)
+    assert [r["call_id"] for r in journal.tool_calls()] == ["c1"] and reads, "read back once it wrote"
+    second = store.task_journal("t-1", token, "w1", tmp_path / "w1")  # only the first starts empty
+    assert [r["call_id"] for r in second.tool_calls()] == ["c1"]
+    store.release("t-1", token)
+    token = store.claim("w1")["claim"]["token"]
+    third = store.task_journal("t-1", token, "w1", tmp_path / "w1")
+    assert [r["call_id"] for r in third.tool_calls()] == ["c1"], "a claim of a task with rows reads them"
+
+
 def test_keys_never_reach_the_database(make_store: Factory, tmp_path: Path) -> None:
     store = make_store()
     store.add({"id": "t-1", "title": "t"})

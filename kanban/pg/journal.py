@@ -89,24 +89,32 @@ def message_record(record: dict[str, Any]) -> bool:
 
 
 class PgTaskJournal:
-    def __init__(self, store: JournalRows, task_id: str, token: int, agent: str, workdir: Path) -> None:
+    def __init__(self, store: JournalRows, task_id: str, token: int, agent: str, workdir: Path, *,
+                 empty: bool = False) -> None:
         self.store = store
         self.task_id = task_id
         self.token = token
         self.agent = agent
         self._name = f"{task_id}.jsonl"
         self._llm = Journal(workdir / "llm_calls.jsonl")
+        # Known to have no row (the claim saw none, and only this claim's token can write one): read
+        # nothing back until this journal writes. A task's first read cost a statement each time.
+        self._empty = empty
+
+    def _rows(self, kind: str, agents: list[str], name: str | None = None) -> list[dict[str, Any]]:
+        return [] if self._empty else self.store.journal_rows(self.task_id, kind, agents=agents, name=name)
 
     @property
     def label(self) -> str:
         return f"{self._name} (board database)"
 
     def _write(self, kind: str, entries: list[dict[str, Any]], name: str = "", set_aside: Any = None) -> str | None:
+        self._empty = False  # before it is sent: a write that fails may still have landed
         return self.store.journal_write(self.task_id, self.token, kind=kind, agent=self.agent, name=name,
                                         entries=entries, set_aside=set_aside)
 
     def _messages(self, agent: str) -> Read:
-        read = records(self.store.journal_rows(self.task_id, "message", agents=[agent], name=self._name), self.label)
+        read = records(self._rows("message", [agent], self._name), self.label)
         kept = [record for record in read.records if message_record(record)]
         if len(kept) < len(read.records):
             read.notes.append(f"{self.label}: {len(read.records) - len(kept)} message(s) of {agent} are not "
@@ -132,13 +140,14 @@ class PgTaskJournal:
 
     def newest_transcripts(self, holders: Sequence[str]) -> list[str]:
         # The rows' seq orders the writes of every host: the transcript written last has the highest.
-        last = {mark["agent"]: mark["last"] for mark in self.store.journal_marks(self.task_id)
+        marks = [] if self._empty else self.store.journal_marks(self.task_id)
+        last = {mark["agent"]: mark["last"] for mark in marks
                 if mark["kind"] == "message" and mark["name"] == self._name and mark["rows"]}
         found = [(last[holder], -rank, holder) for rank, holder in enumerate(holders) if holder in last]
         return [holder for *_order, holder in sorted(found, reverse=True)]
 
     def _tools(self, agent: str) -> list[dict[str, Any]]:
-        return [record for record in records(self.store.journal_rows(self.task_id, "tool", agents=[agent]),
+        return [record for record in records(self._rows("tool", [agent]),
                                              self.label).records if tool_record(record)]
 
     def tool_calls(self) -> list[dict[str, Any]]:
@@ -157,7 +166,7 @@ class PgTaskJournal:
 
     def llm_calls(self, holders: Iterable[str] = ()) -> list[dict[str, Any]]:
         try:
-            rows = self.store.journal_rows(self.task_id, "llm", agents=[self.agent, *holders])
+            rows = self._rows("llm", [self.agent, *holders])
         except BoardError:  # the database away: what this host logged still counts
             return [r for r in self._llm.read().records if r.get("task") == self.task_id]
         return records(rows, self.label).records

@@ -103,5 +103,9 @@ class JournalRowsMixin(StoreBase):
         return {"tasks": int(size["tasks"]), "rows": int(size["rows"]), "bytes": int(size["bytes"])}
 
     def task_journal(self, task_id: str, token: int, agent: str, workdir: Path) -> Any:
-        """The task's journal in this database, fenced by `token` (kanban/pg/journal.py)."""
-        return PgTaskJournal(self, task_id, token, agent, Path(workdir))
+        """The task's journal in this database, fenced by `token` (kanban/pg/journal.py). The first
+        one made for a claim that found the task without journal rows knows it starts empty."""
+        empty = self._unjournaled == (task_id, token)
+        if empty:
+            self._unjournaled = None
+        return PgTaskJournal(self, task_id, token, agent, Path(workdir), empty=empty)

@@ -78,7 +78,7 @@ WITH picked AS (
     SELECT id, 'todo', 'doing', lease_owner, document->'history'->-1->>'note' FROM claimed
 
 )
-SELECT {ROW_SELECT} FROM claimed
+SELECT {ROW_SELECT}, EXISTS (SELECT 1 FROM journal j WHERE j.task_id = claimed.id) AS journaled FROM claimed
 """
 
 

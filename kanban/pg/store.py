@@ -93,6 +93,7 @@ class PgStore(ClaimsMixin, IngestMixin, JournalRowsMixin, HostsMixin, StreamMixi
         self._closing = threading.Event()
         self._last_recover = 0.0
         self._done_in_tx: tuple[object, set[str]] = (None, set())
+        self._unjournaled: tuple[str, int] | None = None
         if migrate_schema:
             with self._locked() as conn:
                 migrate(conn, self.schema)

@@ -36,6 +36,7 @@ class StoreBase(Connection):
     _agents: Callable[[], list[dict[str, Any]]] | None
     _closing: threading.Event
     _last_recover: float
+    _unjournaled: tuple[str, int] | None  # the last claim's (task, token), when the task had no journal row
     _done_in_tx: tuple[object, set[str]]  # a transaction's cursor and what ClaimsMixin._once did in it
 
     if TYPE_CHECKING:  # defined by PgStore (store.py) and ClaimsMixin (claims.py)
