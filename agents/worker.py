@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -67,6 +68,17 @@ from .tooluse import ToolUse
 # plus the moment a tool or a model call takes to notice.
 CLAIM_CHECK = 0.15
 CLAIM_LOOKS = 2
+MARK_EVERY = 1.0  # seconds between two marks of the tasks waiting for this agent's provider (Agent.run)
+
+
+def mark_due(reason: str | None, marked: tuple[str | None, float], now: float, timeout: float) -> tuple[bool, float]:
+    """Whether the tasks waiting for this agent's provider are to be marked with `reason` now, given
+    the note `marked` last and when (a new note at once, the same one again after MARK_EVERY), and
+    the timeout of the wait that follows: short enough to mark again in time (pure)."""
+    since = now - marked[1]
+    if reason != marked[0] or since >= MARK_EVERY:
+        return True, timeout
+    return False, min(timeout, MARK_EVERY - since)
 
 
 def claim_gone(doc: dict[str, Any] | None, token: int) -> str | None:
@@ -136,6 +148,7 @@ class Agent(Liveness, ModelAccess, TaskSetting):
         self._said: dict[str, object] | None = None  # what state.json said last, its heartbeat aside
         self.provider = "offline"
         self.waiting: str | None = None  # why it leaves LLM tasks in todo ("" when it does not; None: not yet known)
+        self._marked: tuple[str | None, float] = ("", -MARK_EVERY)  # the last note mark_waiting wrote, and when
         self.why_stopping = ""
         self.current: dict[str, Any] | None = None
         self._halt: threading.Event | None = None  # the current task's stop: ours, or the task taken away
@@ -404,13 +417,19 @@ class Agent(Liveness, ModelAccess, TaskSetting):
                 self.waiting = waiting[0] if waiting else ""
                 self.write_state("idle")
             # Only on the tasks this agent could take: a task no agent has the role for, or one whose
-            # dependencies are not done, does not wait for this agent's provider.
-            self.board.mark_waiting(waiting[0] if waiting else None, agent=self.name, roles=self.roles)
+            # dependencies are not done, does not wait for this agent's provider. The same note at
+            # most once a MARK_EVERY while tasks keep coming (on PostgreSQL a statement a task), and
+            # a wait meanwhile ends in time for it.
+            reason = waiting[0] if waiting else None
+            due, timeout = mark_due(reason, self._marked, time.monotonic(), waiting[1] if waiting else 60)
+            if due:
+                self.board.mark_waiting(reason, agent=self.name, roles=self.roles)
+                self._marked = (reason, time.monotonic())
             # The supervisor ingests the drops for its agents (supervisor/boardwork.py): one of them
             # ingesting a burst of drops worked nothing meanwhile. Without it (an orphan, a delegated
             # child) the agent does it itself.
             doc = self.board.wait_for_work(self.name, roles=self.roles, stop=self.stop, steps_only=waiting is not None,
-                                           timeout=waiting[1] if waiting else 60,
+                                           timeout=timeout,
                                            assigned_only=self.only_task is not None,
                                            ingest=os.environ.get(SUPERVISOR_ENV) != str(os.getppid()))
             if doc is None:
