@@ -55,6 +55,20 @@ def test_drops_become_tasks_in_their_order_and_a_refused_one_spares_its_batch(st
     assert list((Path(store.drop_root) / "inbox").iterdir()) == []
 
 
+def test_a_drop_whose_task_was_made_before_its_file_moved_is_archived_not_made_again(store: PgStore,
+                                                                                     tmp_path: Path) -> None:
+    drop(store, "d.json", {"id": "d", "title": "once"}, 0)
+    path = Path(store.drop_root) / "inbox" / "d.json"
+    keep = tmp_path / "keep.json"
+    os.link(path, keep)  # the same file (inode, times), to put back
+    assert store.ingest().ingested == ["d"]
+    os.link(keep, path)  # as if that ingest had died after its commit, before moving the file
+    report = store.ingest()
+    assert (report.ingested, report.rejected, report.failed) == (["d"], [], [])
+    assert not path.exists() and [doc["id"] for doc in store.list().tasks] == ["d"]
+    assert [e["task"] for _c, e in store.events_since(0).events if e.get("task")] == ["d"], "one event"
+
+
 def test_a_drop_the_database_will_not_take_holds_back_none_of_the_others(store: PgStore,
                                                                          pg_server: PgServer) -> None:
     with psycopg.connect(pg_server.dsn, autocommit=True) as conn:

@@ -40,6 +40,11 @@ INGEST_BATCH = 64
 BATCH_LOCK_WAIT = "1s"
 
 
+class IdTaken(TaskError):
+    """A task with the id given is on the board already (PgStore._insert): refused, or for an
+    ingest, the same drop's task made before."""
+
+
 class Drop(NamedTuple):
     """A drop read and ready to be made a task."""
 
@@ -186,19 +191,21 @@ class IngestMixin(StoreBase):
         """The drop's task, unless this very file's task is on the board already (made by a
         process that died before moving the file away)."""
         rel = doc["source"]["file"]
-        # Two processes of this host taking the same drop: the second waits here, then sees the
-        # first one's task with this file's fingerprint and only archives the file. (Both take the
-        # drops in the inbox's order; were they to deadlock, the database ends one's batch, which is
-        # then retried a drop at a time.)
-        cur.execute("SELECT pg_advisory_xact_lock(hashtext(current_schema()), hashtext(%s))", (doc["id"],))
         # The clock's time, not the transaction's: the tasks of a batch keep the order of their drops.
-        row = one(cur.execute(f"SELECT (SELECT document->'source'->>'fingerprint' FROM tasks WHERE id = %s) AS fp, "
-                              f"{sql.CLOCK_ISO} AS now", (doc["id"],)))
-        if row["fp"] is None:
-            self._insert(cur, landed_at(doc, row["now"]), fixed_id=True, src="inbox", by="ingest",
-                         note=f"ingested from {rel}", at=row["now"])
-        elif row["fp"] != fp:
-            raise TaskError(f"a task with id '{doc['id']}' already exists")
+        now = one(cur.execute(f"SELECT {sql.CLOCK_ISO} AS now"))["now"]
+        try:
+            self._insert(cur, landed_at(doc, now), fixed_id=True, src="inbox", by="ingest",
+                         note=f"ingested from {rel}", at=now)
+        except IdTaken:
+            # Taken; by this file's own task (made by a process of this host that died before
+            # moving the file, or is ingesting it now: the insert waited for its commit) when the
+            # fingerprints agree, and then the file is only archived. Both take the drops in the
+            # inbox's order; were they to deadlock, the database ends one's batch, which is then
+            # retried a drop at a time.
+            row = one(cur.execute("SELECT (SELECT document->'source'->>'fingerprint' FROM tasks WHERE id = %s) AS fp",
+                                  (doc["id"],)))
+            if row["fp"] != fp:
+                raise
 
     def _failed(self, path: Path, exc: OSError, report: IngestReport) -> None:
         # A file that cannot be moved must not stop the drops after it; it is tried again next

@@ -130,13 +130,21 @@ WRITE = """WITH written AS (
 INSERT INTO events (task, src, dst, by, note) SELECT id, %(src)s, %(dst)s, %(by)s, %(note)s FROM written
 RETURNING EXISTS (SELECT 1 FROM dependencies WHERE depends_on = task) AS frees"""
 
-# `created` (the claim order's second key) is the transaction's time unless given: an ingest batch's
-# tasks each give the clock's time at their drop (CLOCK_ISO), so they are claimed in their drops' order.
-INSERT_TASK = """INSERT INTO tasks (id, status, role, assignee, priority, has_steps, has_deps, attempts, max_attempts,
+# A new task and its event, in one statement; no row back when the id is taken. `created` (the claim
+# order's second key) and the event's time are the transaction's time unless given: an ingest
+# batch's tasks each give the clock's time at their drop (CLOCK_ISO), so they are claimed in their
+# drops' order. The caller holds the events lock (EVENTS_LOCK_SHARED).
+INSERT_TASK = """WITH made AS (
+    INSERT INTO tasks (id, status, role, assignee, priority, has_steps, has_deps, attempts, max_attempts,
         claims, document, created)
     VALUES (%(id)s, %(status)s, %(role)s, %(assignee)s, %(priority)s, %(has_steps)s, %(has_deps)s, %(attempts)s,
         %(max_attempts)s, %(claims)s, %(document)s::jsonb, COALESCE(%(created)s::timestamptz, now()))
-    ON CONFLICT (id) DO NOTHING"""
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id, status
+)
+INSERT INTO events (task, src, dst, by, note, at)
+    SELECT id, %(src)s, status, %(by)s, %(note)s, COALESCE(%(created)s::timestamptz, now()) FROM made
+    RETURNING cursor"""
 
 EVENT = "INSERT INTO events (task, src, dst, by, note) VALUES (%(id)s, %(src)s, %(dst)s, %(by)s, %(note)s)"
 # An event at a time of the clock read with its change (an ingest batch's task: see CLOCK_ISO).

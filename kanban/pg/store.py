@@ -38,7 +38,7 @@ from .claims import ClaimsMixin
 from .conn import Connection, redact_dsn
 from .hosts import MAX_SUMMARY_BYTES, HostsMixin
 from .ids import TaskIdsMixin
-from .ingest import IngestMixin
+from .ingest import IdTaken, IngestMixin
 from .journalrows import JournalRowsMixin
 from .listen import CHANNEL, Listener
 from .retry import again
@@ -212,20 +212,20 @@ class PgStore(ClaimsMixin, IngestMixin, JournalRowsMixin, HostsMixin, StreamMixi
             cycle = find_cycle(doc["id"], doc["depends_on"], self._deps_of(cur))
             if cycle:
                 raise TaskError(f"depends_on creates a cycle: {' -> '.join(cycle)}")
+        self._lock_events(cur)
         for _attempt in range(20):
-            cur.execute(sql.INSERT_TASK, {**row_params(doc), "created": at})
-            if cur.rowcount == 1:
+            made = cur.execute(sql.INSERT_TASK, {**row_params(doc), "created": at, "src": src, "by": by,
+                                                 "note": note}).fetchone()
+            if made is not None:
                 break
             if fixed_id:
-                raise TaskError(f"a task with id '{doc['id']}' already exists")
+                raise IdTaken(f"a task with id '{doc['id']}' already exists")
             doc = {**doc, "id": f"{slugify(title)}-{os.urandom(3).hex()}"}
         else:
             raise BoardError("could not find a free task id")
         if doc["depends_on"]:
             cur.executemany("INSERT INTO dependencies (task_id, depends_on) VALUES (%s, %s)",
                             [(doc["id"], dep) for dep in doc["depends_on"]])
-        self._event(cur, {"id": doc["id"], "src": src, "dst": doc["status"], "by": by, "note": note,
-                          **({"at": at} if at is not None else {})})
         if doc["status"] == "todo":
             self._notify(cur)
         return doc
