@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .fsio import append_line, open_log, read_complete_lines, record_line
+from .index import carried_meta
 
 
 def event(at: str, task: str, src: str | None, dst: str | None, by: str, note: str = "",
@@ -149,7 +150,12 @@ def event_fields(record: Any) -> dict[str, Any] | None:
     if not all(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
                for value in numbers.values()):
         return None
-    return {"kind": kind, **fields, **numbers}
+    event = {"kind": kind, **fields, **numbers}
+    # A task entering todo: what the claimers' indexes keep of it, when it is well formed (anyone who
+    # can write the log can write a line). The supervisor's look at each ingested task reads it.
+    if kind == "board" and record.get("index") is not None and carried_meta(record, event["task"]) is not None:
+        event["index"] = record["index"]
+    return event
 
 
 def agent_event(at: str, agent: str, name: str, note: str, *, provider: str | None = None,

@@ -133,7 +133,9 @@ RETURNING EXISTS (SELECT 1 FROM dependencies WHERE depends_on = task) AS frees""
 # A new task and its event, in one statement; no row back when the id is taken. `created` (the claim
 # order's second key) and the event's time are the transaction's time unless given: an ingest
 # batch's tasks each give the clock's time at their drop (CLOCK_ISO), so they are claimed in their
-# drops' order. The caller holds the events lock (EVENTS_LOCK_SHARED).
+# drops' order. A task entering todo has its event stored as the file board's log line (`record`,
+# with what the claimers' indexes keep: kanban/index.py carried), so the supervisor's look at each
+# ingested task needs no read of it (supervisor/ingestwarn.py). The caller holds the events lock.
 INSERT_TASK = """WITH made AS (
     INSERT INTO tasks (id, status, role, assignee, priority, has_steps, has_deps, attempts, max_attempts,
         claims, document, created)
@@ -142,8 +144,9 @@ INSERT_TASK = """WITH made AS (
     ON CONFLICT (id) DO NOTHING
     RETURNING id, status
 )
-INSERT INTO events (task, src, dst, by, note, at)
-    SELECT id, %(src)s, status, %(by)s, %(note)s, COALESCE(%(created)s::timestamptz, now()) FROM made
+INSERT INTO events (task, src, dst, by, note, at, record)
+    SELECT id, %(src)s, status, %(by)s, %(note)s, COALESCE(%(created)s::timestamptz, now()), %(record)s::jsonb
+    FROM made
     RETURNING cursor"""
 
 EVENT = "INSERT INTO events (task, src, dst, by, note) VALUES (%(id)s, %(src)s, %(dst)s, %(by)s, %(note)s)"

@@ -26,6 +26,7 @@ from .. import handmoves, rules
 from ..base import COMMENT_RESERVE, MAX_DOCUMENT_BYTES
 from ..errors import BoardError, InvalidTransition, TaskNotFound
 from ..faults import fault
+from ..index import carried
 from ..ingestturn import SoleIngester
 from ..reads import Listing, listed_fields
 from ..task import MAX_BYTES, STATUSES, TaskError, find_cycle, is_valid_id, normalize, slugify
@@ -43,7 +44,7 @@ from .journalrows import JournalRowsMixin
 from .listen import CHANNEL, Listener
 from .retry import again
 from .rows import one, row_params
-from .rules import document_part, readable, row_to_doc, storable, unreadable
+from .rules import document_part, readable, row_to_doc, storable, storable_text, unreadable
 from .schema import check_schema_name, migrate
 from .stream import StreamMixin
 
@@ -214,8 +215,10 @@ class PgStore(ClaimsMixin, IngestMixin, JournalRowsMixin, HostsMixin, StreamMixi
                 raise TaskError(f"depends_on creates a cycle: {' -> '.join(cycle)}")
         self._lock_events(cur)
         for _attempt in range(20):
-            made = cur.execute(sql.INSERT_TASK, {**row_params(doc), "created": at, "src": src, "by": by,
-                                                 "note": note}).fetchone()
+            line = {"task": doc["id"], "from": src, "to": doc["status"], "by": by, "note": note,
+                    "index": carried(doc)} if doc["status"] == "todo" else None
+            made = cur.execute(sql.INSERT_TASK, {**row_params(doc), "created": at, "src": src, "by": by, "note": note,
+                                                 "record": None if line is None else storable_text(line)}).fetchone()
             if made is not None:
                 break
             if fixed_id:

@@ -65,3 +65,20 @@ def test_an_ingester_sleeps_until_a_drop_arrives_or_it_is_woken(backend, store):
             stop_following()
     store.wake()  # how a stopping supervisor ends the wait
     wait_until(lambda: not third.is_alive(), timeout=10)
+
+
+def test_an_ingested_tasks_event_carries_what_the_supervisor_judges_it_by(backend, store):
+    # The supervisor's warnings judge a task claimable as ingested from its event alone
+    # (supervisor/ingestwarn.py to_judge): the event as events_since hands it out carries it.
+    from hermes_sup.kanban.why import Member, Team
+    from hermes_sup.supervisor.ingestwarn import to_judge
+
+    inbox = backend.inbox(store)
+    start = store.events_end()
+    drop(inbox, "plain")
+    (inbox / "coded.json").write_text(json.dumps({"id": "coded", "title": "coded", "role": "code"}))
+    assert sorted(store.ingest().ingested) == ["coded", "plain"]
+    events = [event for _cursor, event in store.events_since(start).events]
+    assert {event["task"]: event["index"]["role"] for event in events} == {"plain": None, "coded": "code"}
+    team = Team(members=(Member(name="writer", roles=("docs",), tier=None),))
+    assert to_judge(events, team) == ["coded"], "read back: only the task no agent of the team could claim"

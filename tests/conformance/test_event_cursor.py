@@ -169,15 +169,19 @@ def test_a_line_torn_by_a_killed_writer_is_skipped_and_the_next_event_read_once(
 
 def test_events_have_one_shape_on_every_backend(backend, store):
     # A script reading `events --json` (or the dashboard) is handed the same fields whatever the
-    # board: a transition is kind "board" with its known fields; an appended record keeps only the
-    # fields of its kind, so a hostile shape stored in it is no event.
+    # board: a transition is kind "board" with its known fields (and, into todo, `index`: what the
+    # claimers' indexes keep of the task); an appended record keeps only the fields of its kind, so
+    # a hostile shape stored in it is no event.
+    from hermes_sup.kanban.index import CARRIED
+
     task = store.add({"title": "one"})
     store.append_event({"at": "2026-01-01T00:00:00Z", "kind": "supervisor", "event": "started",
                         "agent": "a", "note": "n", "deep": {"x": [1, 2]}})
     store.append_event({"at": "2026-01-01T00:00:00Z", "kind": "supervisor", "event": {"not": "text"}})
     events = [event for _cursor, event in all_events(backend, store)]
     assert events[0]["kind"] == "board" and events[0]["task"] == task["id"] and events[0]["to"] == "todo"
-    assert set(events[0]) == {"kind", "at", "task", "from", "to", "by", "note"}
+    assert set(events[0]) == {"kind", "at", "task", "from", "to", "by", "note", "index"}
+    assert set(events[0]["index"]) == set(CARRIED) and events[0]["index"]["role"] is None
     assert {k: v for k, v in events[1].items() if k != "at"} == {
         "kind": "supervisor", "event": "started", "agent": "a", "note": "n"}
     assert len(events) == 2, events
