@@ -174,6 +174,40 @@ def test_a_claim_an_end_or_an_ingest_in_flight_holds_its_event_back_and_every_la
     assert tasks == {"ingest": ["one", "two", "note"]}.get(verb, ["held", "note"])
 
 
+def test_an_end_waiting_for_its_tasks_row_holds_no_events_lock_meanwhile(stores):
+    # Held while it waited, the lock would hold up a reader queued for it, and behind that reader
+    # every writer, the one holding the row too: a deadlock the server breaks only after a second.
+    holder, other, observer = stores(), stores(), stores()
+    holder.add({"title": "x", "id": "x"})
+    token = holder.claim("w")["claim"]["token"]
+    row_held, release = threading.Event(), threading.Event()
+
+    def hold_the_row() -> None:
+        with other._tx() as cur:
+            cur.execute("SELECT 1 FROM tasks WHERE id = 'x' FOR UPDATE")
+            row_held.set()
+            release.wait(HOLD)
+
+    holding = threading.Thread(target=hold_the_row, daemon=True)
+    holding.start()
+    assert row_held.wait(HOLD)
+    pid = backend_pid(holder)
+    ended: list[Any] = []
+    ender = threading.Thread(target=lambda: ended.append(holder.complete("x", token, "ok")), daemon=True)
+    ender.start()
+    try:
+        wait_until(lambda: waits_for_a_lock(observer, pid), timeout=30)
+        with observer._locked() as conn:
+            advisory = conn.execute("SELECT count(*) AS n FROM pg_locks WHERE pid = %s AND locktype = 'advisory'",
+                                    (pid,)).fetchone()["n"]
+        assert advisory == 0, "the end took the events lock before its row"
+    finally:
+        release.set()
+    holding.join(HOLD)
+    ender.join(HOLD)
+    assert ended and ended[0]["status"] == "done"
+
+
 def test_a_cursor_still_in_flight_is_resumed_from_never_read_from_the_start(stores, monkeypatch, capsys):
     reader, writer, other = stores(), stores(), stores()
     reader.add({"title": "one", "id": "one"})

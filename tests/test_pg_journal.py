@@ -200,6 +200,20 @@ def test_a_first_claims_journal_reads_nothing_back_until_it_writes_and_a_later_c
     assert [r["call_id"] for r in third.tool_calls()] == ["c1"], "a claim of a task with rows reads them"
 
 
+def test_a_tasks_second_claim_reads_its_journal_back_even_where_the_claim_saw_no_row(
+        make_store: Factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Another agent's claim, rows and release can all fall within one claim statement, whose EXISTS
+    # reads the statement's start: only a first claim is known to have no row.
+    store = make_store()
+    store.add({"id": "t-1", "title": "t"})
+    store.release("t-1", store.claim("w1")["claim"]["token"])
+    token = store.claim("w1")["claim"]["token"]
+    reads: list[Any] = []
+    real = store.journal_rows
+    monkeypatch.setattr(store, "journal_rows", lambda *a, **k: reads.append(a) or real(*a, **k))
+    assert store.task_journal("t-1", token, "w1", tmp_path / "w1").tool_calls() == [] and reads
+
+
 def test_keys_never_reach_the_database(make_store: Factory, tmp_path: Path) -> None:
     store = make_store()
     store.add({"id": "t-1", "title": "t"})

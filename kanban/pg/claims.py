@@ -47,9 +47,9 @@ class ClaimsMixin(StoreBase):
                 return None
             why = unreadable(row)
             if why is None:
-                # No journal row yet (a first claim, or one whose holders wrote none): the task's
-                # journal has nothing to read back until this claim writes (PgTaskJournal).
-                self._unjournaled = None if row["journaled"] else (row["id"], row["fence"])
+                # No journal row can exist yet (sql.CLAIMS, `unjournaled`): the task's journal has
+                # nothing to read back until this claim writes (PgTaskJournal).
+                self._unjournaled = (row["id"], row["fence"]) if row["unjournaled"] else None
                 return row_to_doc(row)
             # Written by hand (another host, anyone with the database): no agent can run it, and
             # left in todo it would be every claimer's first pick, failing each in turn.

@@ -26,8 +26,12 @@ ROW_SELECT = """id, status, attempts, claims, max_attempts, priority, role, assi
 EVENTS_LOCK = 0x6873
 EVENTS_LOCK_SHARED = "SELECT pg_advisory_xact_lock_shared(%(lock)s, hashtext(current_schema()))"
 # The same lock taken inside a statement that reads the row an event will be about (a claim's pick,
-# an end's HELD): taken with that row, so before the event's cursor, and no statement of its own.
-_EVENTS_LOCKED = f"pg_advisory_xact_lock_shared({EVENTS_LOCK}, hashtext(current_schema())) IS NULL AS events_locked"
+# an end's HELD): no statement of its own. It is taken in a select list above the row's lock (the
+# locking select is a subquery), so after the row is had: a writer waiting for a row while holding
+# it would hold up a reader queued for it, and every writer queued behind that reader. Its column
+# is used by what follows, so the planner cannot leave it out.
+_EVENTS_LOCKED = (f"pg_advisory_xact_lock_shared({EVENTS_LOCK}, hashtext(current_schema())) IS NOT NULL "
+                  "AS events_locked")
 
 # The claim, in one statement: the best claimable row not locked by another claimer (SKIP LOCKED,
 # walking the partial index in priority order), taken with a new fence from the sequence and every
@@ -36,16 +40,18 @@ OBJECT_DOC = "(CASE WHEN jsonb_typeof(t.document) = 'object' THEN t.document ELS
 def _claim(only: str) -> str:
     return f"""
 WITH picked AS (
-    SELECT t.id, {_EVENTS_LOCKED} FROM tasks t
-    WHERE t.status = 'todo'
-      AND (t.assignee IS NULL OR t.assignee = %(agent)s::text){only}
-      AND (t.role IS NULL OR t.role = ANY(%(roles)s::text[]))
-      AND (NOT t.has_deps OR NOT EXISTS (
-            SELECT 1 FROM dependencies d LEFT JOIN tasks dt ON dt.id = d.depends_on
-            WHERE d.task_id = t.id AND dt.status IS DISTINCT FROM 'done'))
-    ORDER BY t.priority DESC, t.created, t.id
-    LIMIT 1
-    FOR UPDATE OF t SKIP LOCKED
+    SELECT p.id, {_EVENTS_LOCKED} FROM (
+        SELECT t.id FROM tasks t
+        WHERE t.status = 'todo'
+          AND (t.assignee IS NULL OR t.assignee = %(agent)s::text){only}
+          AND (t.role IS NULL OR t.role = ANY(%(roles)s::text[]))
+          AND (NOT t.has_deps OR NOT EXISTS (
+                SELECT 1 FROM dependencies d LEFT JOIN tasks dt ON dt.id = d.depends_on
+                WHERE d.task_id = t.id AND dt.status IS DISTINCT FROM 'done'))
+        ORDER BY t.priority DESC, t.created, t.id
+        LIMIT 1
+        FOR UPDATE OF t SKIP LOCKED
+    ) p
 ), claimed AS (
     UPDATE tasks t SET
         status = 'doing',
@@ -68,7 +74,7 @@ WITH picked AS (
                 'note', format('claimed by %%s (attempt %%s of %%s)', %(agent)s::text, t.attempts + 1,
                                t.max_attempts))))
     FROM picked
-    WHERE t.id = picked.id
+    WHERE t.id = picked.id AND picked.events_locked
     RETURNING t.*
 ), run AS (
     INSERT INTO runs (fence, task_id, agent, host_id, boot_id, pid, pid_started)
@@ -78,7 +84,13 @@ WITH picked AS (
     SELECT id, 'todo', 'doing', lease_owner, document->'history'->-1->>'note' FROM claimed
 
 )
-SELECT {ROW_SELECT}, EXISTS (SELECT 1 FROM journal j WHERE j.task_id = claimed.id) AS journaled FROM claimed
+SELECT {ROW_SELECT},
+    -- No journal row can exist: its first claim (every row needs an earlier claim's token), and none
+    -- left by a task of that id before (prune keeps model calls). Judged on the row version claimed,
+    -- not on the statement's snapshot: a claim and release by another agent while this statement
+    -- ran leaves claims above 1, where EXISTS would not see their rows.
+    (claimed.claims = 1 AND NOT EXISTS (SELECT 1 FROM journal j WHERE j.task_id = claimed.id)) AS unjournaled
+FROM claimed
 """
 
 
@@ -92,9 +104,8 @@ CLAIMS = {(steps, assigned): _claim(("\n      AND t.has_steps" if steps else "")
 # A holder's row, locked, only while `token` still holds it: no row means the lease is gone.
 HELD = f"""SELECT {ROW_SELECT}, {NOW_ISO} AS now_iso FROM tasks
     WHERE id = %(id)s AND status = 'doing' AND fence = %(token)s FOR UPDATE"""
-# HELD for the holder's end of its claim, the events lock taken with the row (WRITE's event follows).
-HELD_ENDING = f"""SELECT {ROW_SELECT}, {NOW_ISO} AS now_iso, {_EVENTS_LOCKED} FROM tasks
-    WHERE id = %(id)s AND status = 'doing' AND fence = %(token)s FOR UPDATE"""
+# HELD for the holder's end of its claim, the events lock taken once the row is (WRITE's event follows).
+HELD_ENDING = f"SELECT h.*, {_EVENTS_LOCKED} FROM ({HELD}) h"
 
 RENEW = f"""UPDATE tasks SET lease_until = now() + make_interval(secs => %(lease)s::float8)
     WHERE id = %(id)s AND status = 'doing' AND fence = %(token)s
