@@ -68,7 +68,10 @@ from .tooluse import ToolUse
 # plus the moment a tool or a model call takes to notice.
 CLAIM_CHECK = 0.15
 CLAIM_LOOKS = 2
-MARK_EVERY = 1.0  # seconds between two marks of the tasks waiting for this agent's provider (Agent.run)
+# Seconds between two marks of the tasks waiting for this agent's provider with the same note
+# (Agent.run). A task that arrives within it before a claim goes unnoted until that task is done,
+# as one arriving between a mark and its claim always did: kept short, for a long task after it.
+MARK_EVERY = 0.2
 
 
 def mark_due(reason: str | None, marked: tuple[str | None, float], now: float, timeout: float) -> tuple[bool, float]:
@@ -418,8 +421,8 @@ class Agent(Liveness, ModelAccess, TaskSetting):
                 self.write_state("idle")
             # Only on the tasks this agent could take: a task no agent has the role for, or one whose
             # dependencies are not done, does not wait for this agent's provider. The same note at
-            # most once a MARK_EVERY while tasks keep coming (on PostgreSQL a statement a task), and
-            # a wait meanwhile ends in time for it.
+            # most once a MARK_EVERY while tasks keep coming (on PostgreSQL a statement a task: in a
+            # drain, once in about 50 tasks), and a wait meanwhile ends in time for it.
             reason = waiting[0] if waiting else None
             due, timeout = mark_due(reason, self._marked, time.monotonic(), waiting[1] if waiting else 60)
             if due:
