@@ -15,7 +15,7 @@ from . import cgroups
 from .child import Child
 from .exits import event
 from .held import Held
-from .procs import Marker, ScanIncomplete, environ_names, is_agent_process, marked, stop_all, strays
+from .procs import SHORT_OF, Marker, ScanIncomplete, environ_names, is_agent_process, marked, stop_all, strays
 from .sessions import process_age, signal_session
 
 if TYPE_CHECKING:
@@ -125,13 +125,23 @@ class Leftovers:
             self.adopt(child, info, marker, pidfd)
             adopted.add(name)
         keep = {child.marker.nonce for name, child in self.sup.children.items() if name in adopted and child.marker}
-        left = strays(marked(self.sup.ws.root), keep)
-        if left:
-            self.sup.say(f"supervisor: stopping {len(left)} process(es) a previous supervisor left running and "
-                     f"nobody runs now: {', '.join(f'{p.marker.agent} (pid {p.pid})' for p in left)}")
-            stop_all(left, max((c.spec.stop_timeout for c in self.sup.children.values()), default=10.0))
-        # What dropped its marker too, in the agents' cgroups (wherever the previous supervisor made them).
-        kept = {child.cgroup for child in self.sup.children.values() if child.cgroup is not None}
-        for folder in cgroups.workspace_cgroups(self.sup.ws.root) - kept:
-            cgroups.kill(folder)
+        try:
+            left = strays(marked(self.sup.ws.root), keep)
+            if left:
+                self.sup.say(f"supervisor: stopping {len(left)} process(es) a previous supervisor left running and "
+                             f"nobody runs now: {', '.join(f'{p.marker.agent} (pid {p.pid})' for p in left)}")
+                stop_all(left, max((c.spec.stop_timeout for c in self.sup.children.values()), default=10.0))
+            # What dropped its marker too, in the agents' cgroups (wherever the previous supervisor made them).
+            kept = {child.cgroup for child in self.sup.children.values() if child.cgroup is not None}
+            for folder in cgroups.workspace_cgroups(self.sup.ws.root) - kept:
+                cgroups.kill(folder)
+        except OSError as exc:
+            # Short of descriptors as it starts (a limit as low as a few agents' worth; its own threads
+            # opening files meanwhile): it supervises on, as after an agent's exit. What carries a
+            # marker goes at the first sweep that can read /proc (sweep_strays, retried on a timer);
+            # a previous supervisor's cgroups are left to the next start.
+            if not isinstance(exc, ScanIncomplete) and exc.errno not in SHORT_OF:
+                raise
+            self.sweep_at = time.monotonic()
+            self.proc_trouble(exc)
         return adopted
