@@ -370,12 +370,13 @@ def test_fsync_all_says_which_file_it_could_not_make_durable(tmp_path) -> None:
     from hermes_sup.kanban.fsyncs import fsync_all
 
     fds = [os.open(tmp_path / f"doc-{n}.json", os.O_WRONLY | os.O_CREAT) for n in range(12)]
-    closed = os.open(tmp_path / "closed.json", os.O_WRONLY | os.O_CREAT)
-    os.close(closed)
+    # A pipe cannot be fsynced (EINVAL). A closed descriptor's number is no failure to count on:
+    # another thread of the worker may open a file under that number before the fsync.
+    unsyncable, other_end = os.pipe()
     try:
-        results = fsync_all([*fds[:6], closed, *fds[6:]])
+        results = fsync_all([*fds[:6], unsyncable, *fds[6:]])
     finally:
-        for fd in fds:
+        for fd in [*fds, unsyncable, other_end]:
             os.close(fd)
     assert results[:6] == [None] * 6 and results[7:] == [None] * 6
     assert isinstance(results[6], OSError)
